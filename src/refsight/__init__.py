@@ -1,0 +1,40 @@
+"""refsight: compare new images against fixed references with a VLM, encoding each reference once.
+
+The public API is small: :class:`Engine` ties the store, the model backend, retrieval
+and the judge together; :func:`open_store` opens a store directly; the core types and
+the error tree are re-exported here. Importing refsight imports no torch.
+"""
+
+from .errors import *  # noqa: F401,F403  (the error tree is part of the public API)
+from .errors import __all__ as _error_names
+from .images import ImageInput, IntakeLimits, load_image
+from .package import EncoderFingerprint, VisualPackage, package_key
+
+
+def __getattr__(name: str):
+    # Engine and open_store pull in the store (and numpy); load them on first use.
+    if name == "Engine":
+        from .engine import Engine
+
+        return Engine
+    if name == "open_store":
+        from .store import open_store
+
+        return open_store
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Engine",
+    "open_store",
+    "ImageInput",
+    "IntakeLimits",
+    "load_image",
+    "EncoderFingerprint",
+    "VisualPackage",
+    "package_key",
+    "__version__",
+    *_error_names,
+]

@@ -1,0 +1,102 @@
+"""The :class:`Backend` interface every model runtime implements.
+
+A backend gives its :class:`~refsight.package.EncoderFingerprint`, encodes a batch
+of images into :class:`~refsight.package.VisualPackage` objects, and generates
+text from prompts whose images are any mix of cached packages and fresh images.
+Capability flags tell the engine what it may ask for.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Sequence, Union
+
+from ..images import ImageInput
+from ..package import EncoderFingerprint, VisualPackage
+
+__all__ = ["Backend", "Generation", "GenerationRequest", "Segment"]
+
+#: One piece of a prompt, in order: text, a cached package, or a fresh image.
+Segment = Union[str, VisualPackage, ImageInput]
+
+
+@dataclass
+class GenerationRequest:
+    """One prompt: segments in order (the backend wraps them in its chat template).
+
+    ``json_schema``, when set, asks a backend with ``supports_constrained_decoding``
+    to constrain its output to that schema.
+    """
+
+    segments: list[Segment]
+    max_new_tokens: int = 64
+    json_schema: dict[str, Any] | None = None
+
+    @property
+    def packages(self) -> list[VisualPackage]:
+        """The cached packages among the segments, in order."""
+        return [s for s in self.segments if isinstance(s, VisualPackage)]
+
+    @property
+    def fresh_images(self) -> list[ImageInput]:
+        """The fresh images among the segments, in order."""
+        return [s for s in self.segments if isinstance(s, ImageInput)]
+
+
+@dataclass
+class Generation:
+    """What a backend produced for one request.
+
+    ``logits`` (a ``[steps, vocab]`` float tensor) is filled only when asked for,
+    for equivalence tests. ``random_weights`` is True when the model's weights are
+    random, so its text means nothing.
+    """
+
+    text: str
+    token_ids: list[int]
+    model: str
+    random_weights: bool
+    logits: Any = None
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+class Backend(abc.ABC):
+    """A model runtime behind refsight. Subclasses set the flags and implement three methods."""
+
+    #: Can generate from cached packages without pixels.
+    supports_cached_features: ClassVar[bool] = True
+    #: Honours ``GenerationRequest.json_schema``.
+    supports_constrained_decoding: ClassVar[bool] = False
+    #: Images encoded per forward pass.
+    batch_size: int = 4
+    #: True when the weights are random (test and benchmark models).
+    random_weights: bool = False
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @abc.abstractmethod
+    def fingerprint(self) -> EncoderFingerprint:
+        """Everything that changes this backend's visual features."""
+
+    @abc.abstractmethod
+    def encode(self, images: Sequence[ImageInput]) -> list[VisualPackage]:
+        """Encode images into packages (one per image, same order), batching internally."""
+
+    @abc.abstractmethod
+    def generate(self, requests: Sequence[GenerationRequest], *, return_logits: bool = False) -> list[Generation]:
+        """Greedy generation for a batch of requests (one result per request, same order)."""
+
+    def validate_package(self, package: VisualPackage) -> None:
+        """Raise :class:`~refsight.errors.CorruptPackageError` if ``package`` cannot serve this model.
+
+        The default checks that the fingerprint matches; families add shape checks.
+        """
+        from ..errors import CorruptPackageError
+
+        if package.fingerprint != self.fingerprint():
+            raise CorruptPackageError(package.key, f"made by another encoder than {self.name}")
+
+    def close(self) -> None:
+        """Release resources (models, threads). Idempotent."""

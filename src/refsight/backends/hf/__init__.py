@@ -1,0 +1,83 @@
+"""Hugging Face transformers backends, one module per model family.
+
+:func:`load_hf_backend` takes ``hf:<hub id or local directory>``, reads the config,
+picks the family from ``config.model_type`` and loads everything with
+``from_pretrained``. A model that cannot be loaded (offline, missing files,
+unsupported architecture) raises :class:`~refsight.errors.ModelLoadError` saying which.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ...errors import ModelLoadError
+from .base import HFBackend
+
+__all__ = ["load_hf_backend", "family_for", "FAMILIES", "HFBackend"]
+
+#: ``config.model_type`` → "module:Class" of the family backend (imported on demand).
+FAMILIES: dict[str, str] = {
+    "qwen2_vl": "qwen2_vl:Qwen2VLBackend",
+    "qwen2_5_vl": "qwen2_vl:Qwen25VLBackend",
+    "qwen3_vl": "qwen3_vl:Qwen3VLBackend",
+    "smolvlm": "smolvlm:SmolVLMBackend",
+    "idefics3": "smolvlm:Idefics3Backend",
+}
+
+
+def family_for(model_type: str, name: str = "") -> type[HFBackend]:
+    """The backend class serving ``model_type``; :class:`ModelLoadError` if none does."""
+    import importlib
+
+    target = FAMILIES.get(model_type)
+    if target is None:
+        raise ModelLoadError(
+            name or model_type,
+            f"unsupported architecture {model_type!r}; supported model types: {', '.join(sorted(FAMILIES))}",
+        )
+    module, _, cls = target.partition(":")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), cls)
+
+
+def _looks_like_path(source: str) -> bool:
+    # A hub id is "name" or "org/name"; anything else that is not one is a path.
+    return source.startswith(("/", "./", "../", "~")) or source.count("/") > 1 or os.path.exists(source)
+
+
+def load_hf_backend(name: str, *, source: str | None = None, **options: Any) -> HFBackend:
+    """Load ``hf:<hub id or directory>`` (or ``source`` when given) as a refsight backend.
+
+    Options: ``dtype`` ("float32", "bfloat16" ...), ``batch_size``, ``revision`` (a hub
+    revision), ``model_id`` (the name in fingerprints), and per family ``min_pixels``
+    / ``max_pixels`` (Qwen) or ``tile_size`` / ``longest_edge`` (SmolVLM).
+    """
+    from transformers import AutoConfig
+
+    if source is None:
+        source = name[3:] if name.startswith("hf:") else name
+    if not source:
+        raise ModelLoadError(name, "no model given after 'hf:'")
+    source = os.path.expanduser(source)
+    if _looks_like_path(source):
+        path = Path(source)
+        if not path.exists():
+            raise ModelLoadError(name, f"no such model directory: {source}")
+        if not path.is_dir():
+            raise ModelLoadError(name, f"{source} is a file; give the directory that holds config.json")
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(name, f"missing files: {source} has no config.json")
+        source = str(path.resolve())
+    hub_revision = {"revision": options["revision"]} if options.get("revision") and not os.path.isdir(source) else {}
+    try:
+        config = AutoConfig.from_pretrained(source, **hub_revision)
+    except OSError as e:
+        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"}
+        hint = " (HF_HUB_OFFLINE is set and the model is not in the local cache)" if offline else ""
+        raise ModelLoadError(name, f"cannot load the config of {source}{hint}: {e}") from e
+    except (ValueError, KeyError) as e:
+        # transformers raises ValueError / KeyError for a model_type it does not know.
+        raise ModelLoadError(name, f"unsupported architecture in {source}: {e}") from e
+    backend_class = family_for(getattr(config, "model_type", ""), name)
+    return backend_class.from_pretrained(name, source, config, **options)

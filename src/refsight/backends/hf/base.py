@@ -1,0 +1,481 @@
+"""Shared logic of the Hugging Face transformers backends.
+
+:class:`HFBackend` does everything that is the same for every model family:
+loading through ``from_pretrained`` (hub id or local directory), the revision
+(hub commit, or sha256 of the weight files), the fingerprint, batched encoding,
+and greedy generation through transformers' seam for precomputed features
+(``mm_encoder_outputs``), so a cached reference runs no vision tower and no image
+processor. A family subclass (``qwen2_vl.py``, ``qwen3_vl.py``, ``smolvlm.py``)
+knows only its own package contents, its placeholder layout and its chat template.
+
+Runtime exceptions become refsight errors in one place, :func:`runtime_errors`.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, ClassVar, Iterator, Sequence
+
+from ...errors import (
+    BackendError,
+    CorruptPackageError,
+    GenerationError,
+    InvalidInputError,
+    ModelLoadError,
+    RefsightError,
+)
+from ...images import ImageInput
+from ...package import EncoderFingerprint, VisualPackage
+from ..base import Backend, Generation, GenerationRequest
+
+__all__ = ["HFBackend", "runtime_errors", "weights_revision", "MARKER_FILE"]
+
+#: A JSON file refsight writes next to the weights of the models it builds
+#: (``{"random_weights": true, "model_id": ...}``); real checkpoints have none.
+MARKER_FILE = "refsight_model.json"
+
+# Keys of an image processor's ``to_dict()`` that name the class, not a setting.
+_NON_SETTINGS = {"image_processor_type", "processor_class", "_processor_class", "_valid_processor_keys", "backend"}
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+_revision_memo: dict[tuple, str] = {}
+
+
+@contextlib.contextmanager
+def runtime_errors(model: str, error: type[BackendError] = BackendError, what: str = "") -> Iterator[None]:
+    """Turn any non-refsight exception raised inside into ``error(model, reason)``.
+
+    The one place where torch / transformers exceptions become refsight errors;
+    refsight's own errors pass through unchanged.
+    """
+    try:
+        yield
+    except RefsightError:
+        raise
+    except Exception as e:  # noqa: BLE001 - translating is the point
+        prefix = f"{what}: " if what else ""
+        raise error(model, f"{prefix}{type(e).__name__}: {e}") from e
+
+
+def weights_revision(directory: str | os.PathLike) -> str:
+    """``sha256:<hex>`` over the names and bytes of the weight files in ``directory``.
+
+    Used as the revision of a model loaded from a local directory (no hub commit).
+    Memoised per process by (path, size, mtime) because weight files are large.
+    """
+    root = Path(directory)
+    files = sorted(p for p in root.iterdir() if p.is_file() and p.name.endswith(_WEIGHT_SUFFIXES))
+    if not files:
+        raise ModelLoadError(str(directory), "no weight files (*.safetensors, *.bin) in the directory")
+    stamp = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+    cached = _revision_memo.get(stamp)
+    if cached is not None:
+        return cached
+    h = hashlib.sha256()
+    for path in files:
+        # Names are hashed too: the same bytes under another shard layout are another checkpoint.
+        h.update(f"{path.name}:{path.stat().st_size}:".encode())
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+    revision = "sha256:" + h.hexdigest()
+    _revision_memo[stamp] = revision
+    return revision
+
+
+def _constrained_available() -> bool:
+    try:
+        return importlib.util.find_spec("refsight.backends.hf.constrained") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _jsonable(value: Any) -> Any:
+    """Settings as plain JSON values (enums, tuples and numpy scalars included)."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (bool, str)) or value is None:
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if hasattr(value, "item"):
+        return value.item()
+    if hasattr(value, "value"):  # enums such as PILImageResampling
+        return _jsonable(value.value)
+    return str(value)
+
+
+class HFBackend(Backend):
+    """A transformers VLM behind refsight; subclasses implement one model family.
+
+    Construct through :func:`refsight.backends.hf.load_hf_backend` (or
+    :meth:`from_pretrained`), not directly.
+    """
+
+    supports_cached_features: ClassVar[bool] = True
+    #: Short family name, part of the fingerprint ("qwen2_vl", "qwen3_vl", "smolvlm").
+    family: ClassVar[str] = ""
+    #: ``config.model_type`` values this family serves.
+    model_types: ClassVar[tuple[str, ...]] = ()
+    #: Special tokens a user's text may not contain (they would shift the placeholders).
+    reserved_tokens: ClassVar[tuple[str, ...]] = ()
+    #: Options of ``load_hf_backend`` this family accepts for its image processor.
+    processor_options: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        model: Any,
+        tokenizer: Any,
+        image_processor: Any,
+        model_id: str,
+        revision: str,
+        random_weights: bool = False,
+        batch_size: int = 4,
+    ) -> None:
+        super().__init__(name)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.image_processor = image_processor
+        self.model_id = model_id
+        self.revision = revision
+        self.random_weights = bool(random_weights)
+        self.batch_size = int(batch_size)
+        self.supports_constrained_decoding = _constrained_available()
+        # Batches are padded on the left so every row's last token is at the same position.
+        self.tokenizer.padding_side = "left"
+        # Computed now, from the settings as loaded: later changes to the processor
+        # object (or test instrumentation on it) must not change what keys mean.
+        self._fingerprint: EncoderFingerprint | None = None
+        self._fingerprint = self.fingerprint()
+
+    # ------------------------------------------------------------------ loading
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name: str,
+        source: str,
+        config: Any,
+        *,
+        model_id: str | None = None,
+        revision: str | None = None,
+        dtype: str = "float32",
+        batch_size: int = 4,
+        random_weights: bool | None = None,
+        **options: Any,
+    ) -> "HFBackend":
+        """Load model, tokenizer and image processor from ``source`` (hub id or directory)."""
+        import torch
+        from transformers import AutoTokenizer
+
+        unknown = set(options) - set(cls.processor_options)
+        if unknown:
+            raise InvalidInputError(
+                sorted(unknown), f"unknown option(s) for {cls.family}; accepted: {', '.join(cls.processor_options) or 'none'}"
+            )
+        torch_dtype = getattr(torch, dtype, None)
+        if not isinstance(torch_dtype, torch.dtype) or not torch_dtype.is_floating_point:
+            raise InvalidInputError(dtype, "dtype must be a floating-point torch dtype such as float32 or bfloat16")
+        hub_revision = {"revision": revision} if revision and not os.path.isdir(source) else {}
+        with runtime_errors(name, ModelLoadError, f"cannot load {source}"):
+            model = cls.model_class().from_pretrained(source, config=config, dtype=torch_dtype, **hub_revision)
+            model.eval()
+            tokenizer = AutoTokenizer.from_pretrained(source, **hub_revision)
+            image_processor = cls.image_processor_class().from_pretrained(
+                source, **hub_revision, **cls.processor_kwargs(options)
+            )
+        marker = _read_marker(source)
+        if revision is None or os.path.isdir(source):
+            commit = getattr(model.config, "_commit_hash", None)
+            revision = commit if commit and not os.path.isdir(source) else weights_revision(source)
+        if random_weights is None:
+            random_weights = bool(marker.get("random_weights", False))
+        return cls(
+            name,
+            model=model,
+            tokenizer=tokenizer,
+            image_processor=image_processor,
+            model_id=model_id or marker.get("model_id") or source,
+            revision=revision,
+            random_weights=random_weights,
+            batch_size=batch_size,
+        )
+
+    @classmethod
+    @abc.abstractmethod
+    def model_class(cls) -> Any:
+        """The transformers ``*ForConditionalGeneration`` class of this family."""
+
+    @classmethod
+    @abc.abstractmethod
+    def image_processor_class(cls) -> Any:
+        """The PIL image processor class of this family (no torchvision needed)."""
+
+    @classmethod
+    def processor_kwargs(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """``from_pretrained`` overrides of the image processor built from load options."""
+        return {}
+
+    # -------------------------------------------------------------- fingerprint
+
+    def fingerprint(self) -> EncoderFingerprint:
+        """Backend, model id, revision, dtype, and every image-processor and vision-merge setting."""
+        if self._fingerprint is None:
+            settings = {
+                k: v
+                for k, v in self.image_processor.to_dict().items()
+                if k not in _NON_SETTINGS and not callable(v)
+            }
+            settings = _jsonable(settings)
+            settings["family"] = self.family
+            settings["model"] = _jsonable(self.model_settings())
+            self._fingerprint = EncoderFingerprint(
+                backend=f"hf-{self.family}",
+                model_id=self.model_id,
+                revision=self.revision,
+                dtype=str(self.model.dtype).removeprefix("torch."),
+                preprocessing=settings,
+            )
+        return self._fingerprint
+
+    def model_settings(self) -> dict[str, Any]:
+        """Model-side settings that shape the features (merge size, deepstack layers ...)."""
+        return {}
+
+    # ------------------------------------------------------------------- encode
+
+    def encode(self, images: Sequence[ImageInput]) -> list[VisualPackage]:
+        """Encode images in batches of ``batch_size`` through the vision tower and projector."""
+        import torch
+
+        images = list(images)
+        for i, image in enumerate(images):
+            if not isinstance(image, ImageInput):
+                raise InvalidInputError(f"images[{i}]", f"expected an ImageInput (use refsight.load_image), got {type(image).__name__}")
+        fingerprint = self.fingerprint()
+        packages: list[VisualPackage] = []
+        for start in range(0, len(images), max(1, self.batch_size)):
+            batch = images[start : start + max(1, self.batch_size)]
+            began = time.perf_counter()
+            with runtime_errors(self.name, BackendError, "encode failed"), torch.inference_mode():
+                encoded = self.encode_pils([image.image for image in batch])
+            # One forward serves the whole batch; each package carries its share of the time.
+            share = (time.perf_counter() - began) * 1000 / len(batch)
+            for image, (tensors, metadata) in zip(batch, encoded):
+                packages.append(
+                    VisualPackage(
+                        tensors=tensors,
+                        metadata=metadata,
+                        image_sha256=image.sha256,
+                        fingerprint=fingerprint,
+                        encode_ms=share,
+                    )
+                )
+        return packages
+
+    @abc.abstractmethod
+    def encode_pils(self, images: list[Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """Run image processor + ``get_image_features`` on RGB PIL images: (tensors, metadata) each."""
+
+    # --------------------------------------------------------- package checking
+
+    def validate_package(self, package: VisualPackage) -> None:
+        """Fingerprint equal, expected tensor names, and shapes that agree with the metadata."""
+        if not isinstance(package, VisualPackage):
+            raise InvalidInputError(repr(package)[:80], "expected a VisualPackage")
+        mine = self.fingerprint()
+        if package.fingerprint != mine:
+            theirs, ours = package.fingerprint.to_dict(), mine.to_dict()
+            fields = [k for k in ours if theirs.get(k) != ours[k]]
+            if "preprocessing" in fields:
+                fields.remove("preprocessing")
+                pre_t, pre_o = theirs["preprocessing"], ours["preprocessing"]
+                fields += [f"preprocessing.{k}" for k in sorted(set(pre_t) | set(pre_o)) if pre_t.get(k) != pre_o.get(k)]
+            raise CorruptPackageError(
+                package.key, f"made by another encoder than {self.name} (differs in: {', '.join(fields)})"
+            )
+        try:
+            self.check_package(package)
+        except CorruptPackageError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise CorruptPackageError(package.key, f"malformed metadata or tensors: {type(e).__name__}: {e}") from None
+
+    @abc.abstractmethod
+    def check_package(self, package: VisualPackage) -> None:
+        """Family checks: raise :class:`CorruptPackageError` when shapes and metadata disagree."""
+
+    # ----------------------------------------------------------------- prompts
+
+    @abc.abstractmethod
+    def image_placeholder(self, package: VisualPackage) -> str:
+        """The expanded placeholder text of one image (its token count from the metadata)."""
+
+    @abc.abstractmethod
+    def chat_prompt(self, parts: list[str]) -> str:
+        """Wrap the user turn (text and placeholder strings, in order) in the family's chat template."""
+
+    def build_prompt(self, segments: Sequence[str | VisualPackage]) -> str:
+        """The full prompt text of one request whose images are all packages by now."""
+        parts = [s if isinstance(s, str) else self.image_placeholder(s) for s in segments]
+        return self.chat_prompt(parts)
+
+    @abc.abstractmethod
+    def multimodal_inputs(self, packages: list[VisualPackage], input_ids: Any) -> dict[str, Any]:
+        """Keyword arguments for ``generate``: ``mm_encoder_outputs`` and the family's extras."""
+
+    # ----------------------------------------------------------------- generate
+
+    def generate(self, requests: Sequence[GenerationRequest], *, return_logits: bool = False) -> list[Generation]:
+        """Greedy generation for a batch; cached packages skip the vision tower entirely.
+
+        Fresh images are encoded first with :meth:`encode` (the same code as for
+        references) and then take the same ``mm_encoder_outputs`` seam. Requests
+        with a ``json_schema`` are constrained row by row in the same batch.
+        """
+        requests = list(requests)
+        self._check_requests(requests)
+        for request in requests:
+            for package in request.packages:
+                self.validate_package(package)
+
+        fresh = [image for request in requests for image in request.fresh_images]
+        began = time.perf_counter()
+        fresh_packages = iter(self.encode(fresh)) if fresh else iter(())
+        encode_ms = (time.perf_counter() - began) * 1000
+        per_image_ms = encode_ms / len(fresh) if fresh else 0.0
+        rows = [[next(fresh_packages) if isinstance(s, ImageInput) else s for s in r.segments] for r in requests]
+
+        schemas = [r.json_schema for r in requests]
+        # One generate call for the whole batch: the JSON processor constrains row by row
+        # (None leaves a row free), so constrained and free requests can share a batch.
+        processor = self._json_processor(schemas) if any(x is not None for x in schemas) else None
+        outs, lm_ms = self._run(rows, [r.max_new_tokens for r in requests], return_logits, processor)
+        return [
+            self._finish(out, lm_ms, per_image_ms * len(request.fresh_images)) for out, request in zip(outs, requests)
+        ]
+
+    def _check_requests(self, requests: list[GenerationRequest]) -> None:
+        if not requests:
+            raise InvalidInputError("requests", "at least one GenerationRequest is needed")
+        for i, request in enumerate(requests):
+            if not isinstance(request, GenerationRequest):
+                raise InvalidInputError(f"requests[{i}]", f"expected a GenerationRequest, got {type(request).__name__}")
+            if not isinstance(request.max_new_tokens, int) or request.max_new_tokens < 1:
+                raise InvalidInputError(f"requests[{i}].max_new_tokens", "must be a positive integer")
+            if not request.segments:
+                raise InvalidInputError(f"requests[{i}].segments", "a request needs at least one segment")
+            for j, segment in enumerate(request.segments):
+                if isinstance(segment, str):
+                    for token in self.reserved_tokens:
+                        if token in segment:
+                            raise InvalidInputError(
+                                f"requests[{i}].segments[{j}]", f"text may not contain the special token {token}"
+                            )
+                elif not isinstance(segment, (VisualPackage, ImageInput)):
+                    raise InvalidInputError(
+                        f"requests[{i}].segments[{j}]",
+                        f"a segment is text, a VisualPackage or an ImageInput, not {type(segment).__name__}",
+                    )
+
+    def _json_processor(self, schemas: list[dict[str, Any] | None]) -> Any:
+        if not self.supports_constrained_decoding:
+            raise BackendError(self.name, "constrained decoding is not available (refsight.backends.hf.constrained missing)")
+        from . import constrained  # lazy: only requests with a schema pay for it
+
+        vocab_size = self.model.get_output_embeddings().weight.shape[0]
+        for i, schema in enumerate(schemas):
+            if schema is not None and not isinstance(schema, dict):
+                raise InvalidInputError(f"requests[{i}].json_schema", "a JSON schema must be a dict")
+        with runtime_errors(self.name, GenerationError, "cannot build the JSON constraint"):
+            return constrained.make_json_logits_processor(
+                self.tokenizer, schemas, vocab_size, stop_token_ids=self._eos_ids() or None
+            )
+
+    def _eos_ids(self) -> list[int]:
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None]
+
+    def _run(
+        self, rows: list[list[Any]], max_new_tokens: list[int], return_logits: bool, logits_processor: Any
+    ) -> tuple[list[tuple[list[int], Any]], float]:
+        """One ``model.generate`` call over ``rows``; returns per-row (tokens, logits) and its ms."""
+        import torch
+        from transformers import LogitsProcessorList
+
+        texts = [self.build_prompt(row) for row in rows]
+        packages = [s for row in rows for s in row if isinstance(s, VisualPackage)]
+        eos_ids = self._eos_ids()
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else (eos_ids or [0])[0]
+        began = time.perf_counter()
+        with runtime_errors(self.name, GenerationError, "generation failed"), torch.inference_mode():
+            encoded = self.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
+            extra = self.multimodal_inputs(packages, encoded["input_ids"]) if packages else {}
+            output = self.model.generate(
+                input_ids=encoded["input_ids"],
+                attention_mask=encoded["attention_mask"],
+                **extra,
+                do_sample=False,
+                num_beams=1,
+                max_new_tokens=max(max_new_tokens),
+                pad_token_id=pad_id,
+                eos_token_id=eos_ids or None,
+                output_logits=return_logits,
+                return_dict_in_generate=True,
+                logits_processor=LogitsProcessorList([logits_processor]) if logits_processor is not None else None,
+            )
+        lm_ms = (time.perf_counter() - began) * 1000
+        prompt_len = encoded["input_ids"].shape[1]
+        results = []
+        for b, limit in enumerate(max_new_tokens):
+            new = output.sequences[b, prompt_len:].tolist()[:limit]
+            # A finished row is padded with pad tokens after its EOS: keep up to and including EOS.
+            for k, token in enumerate(new):
+                if token in eos_ids:
+                    new = new[: k + 1]
+                    break
+            logits = None
+            if return_logits:
+                logits = torch.stack([step[b] for step in output.logits[: len(new)]]).float()
+            results.append((new, logits))
+        return results, lm_ms
+
+    def _finish(self, out: tuple[list[int], Any], lm_ms: float, encode_ms: float) -> Generation:
+        tokens, logits = out
+        return Generation(
+            text=self.tokenizer.decode(tokens, skip_special_tokens=True),
+            token_ids=tokens,
+            model=self.name,
+            random_weights=self.random_weights,
+            logits=logits,
+            timings_ms={"encode": encode_ms, "generate": lm_ms, "total": encode_ms + lm_ms},
+        )
+
+    def close(self) -> None:
+        """Drop the model and processors so their memory can be freed."""
+        self.model = None
+
+
+def _read_marker(source: str) -> dict[str, Any]:
+    path = Path(source) / MARKER_FILE
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}

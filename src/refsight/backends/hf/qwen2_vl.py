@@ -1,0 +1,185 @@
+"""Qwen2-VL and Qwen2.5-VL: merged patch features plus ``image_grid_thw``.
+
+A package holds ``features`` (``[t*h*w / merge², hidden]``, the vision tower's
+merged and projected output for one image) and the metadata ``image_grid_thw``
+and ``num_tokens``. At generation the prompt gets ``num_tokens`` ``<|image_pad|>``
+tokens between ``<|vision_start|>`` and ``<|vision_end|>``, ``mm_token_type_ids``
+marks them for the 3D rotary positions, and the features enter through
+``mm_encoder_outputs`` with no pixels.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+from ...errors import CorruptPackageError, InvalidInputError
+from ...package import VisualPackage
+from .base import HFBackend
+
+__all__ = ["Qwen2VLBackend", "Qwen25VLBackend", "QwenFamilyBackend"]
+
+VISION_START = "<|vision_start|>"
+VISION_END = "<|vision_end|>"
+IMAGE_PAD = "<|image_pad|>"
+DEFAULT_SYSTEM = "You are a helpful assistant."
+
+
+class QwenFamilyBackend(HFBackend):
+    """What Qwen2-VL, Qwen2.5-VL and Qwen3-VL share: grid metadata, prompt and template."""
+
+    reserved_tokens: ClassVar[tuple[str, ...]] = (
+        VISION_START,
+        VISION_END,
+        IMAGE_PAD,
+        "<|video_pad|>",
+        "<|im_start|>",
+        "<|im_end|>",
+    )
+    processor_options: ClassVar[tuple[str, ...]] = ("min_pixels", "max_pixels")
+    #: Qwen2/2.5 templates open with a default system turn; Qwen3-VL's does not.
+    system_prompt: ClassVar[str | None] = DEFAULT_SYSTEM
+
+    @classmethod
+    def image_processor_class(cls) -> Any:
+        """``Qwen2VLImageProcessorPil`` (Qwen3-VL uses it too, with patch 16)."""
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+        return Qwen2VLImageProcessorPil
+
+    @classmethod
+    def processor_kwargs(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """``min_pixels`` / ``max_pixels`` override the processor's size bounds."""
+        kwargs = {}
+        for key in ("min_pixels", "max_pixels"):
+            if key in options and options[key] is not None:
+                value = options[key]
+                if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                    raise InvalidInputError(f"{key}={value!r}", "must be a positive integer number of pixels")
+                kwargs[key] = value
+        if "min_pixels" in kwargs and "max_pixels" in kwargs and kwargs["min_pixels"] > kwargs["max_pixels"]:
+            raise InvalidInputError(f"min_pixels={kwargs['min_pixels']}", "must not exceed max_pixels")
+        return kwargs
+
+    @property
+    def merge_size(self) -> int:
+        """Spatial merge size of the vision tower (2 for every released Qwen-VL)."""
+        return int(self.model.config.vision_config.spatial_merge_size)
+
+    @property
+    def feature_size(self) -> int:
+        """Width of a merged feature row (the language model's hidden size)."""
+        return int(self.model.get_input_embeddings().weight.shape[1])
+
+    def model_settings(self) -> dict[str, Any]:
+        """Merge, patch and temporal sizes of the vision tower."""
+        vision = self.model.config.vision_config
+        return {
+            "spatial_merge_size": vision.spatial_merge_size,
+            "patch_size": vision.patch_size,
+            "temporal_patch_size": vision.temporal_patch_size,
+        }
+
+    def preprocess(self, images: list[Any]) -> Any:
+        """The image processor on a batch of PIL images (one call site, easy to count in tests)."""
+        return self.image_processor.preprocess(images, return_tensors="pt")
+
+    def image_features(self, images: list[Any]) -> tuple[Any, Any]:
+        """``get_image_features`` on a batch; returns (output, image_grid_thw)."""
+        inputs = self.preprocess(images)
+        grid = inputs["image_grid_thw"]
+        output = self.model.get_image_features(
+            pixel_values=inputs["pixel_values"].to(self.model.dtype), image_grid_thw=grid, return_dict=True
+        )
+        return output, grid
+
+    def encode_pils(self, images: list[Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """Merged features per image (copied out of the batch tensor) and the grid."""
+        output, grid = self.image_features(images)
+        results = []
+        for i, features in enumerate(output.pooler_output):
+            thw = [int(x) for x in grid[i].tolist()]
+            tensors = {"features": features.contiguous().clone()}
+            tensors.update(self.extra_tensors(output, i))
+            metadata = {"image_grid_thw": thw, "num_tokens": int(features.shape[0]), "merge_size": self.merge_size}
+            results.append((tensors, metadata))
+        return results
+
+    def extra_tensors(self, output: Any, index: int) -> dict[str, Any]:
+        """Tensors beyond ``features`` a family keeps per image (Qwen3-VL: deepstack)."""
+        return {}
+
+    def check_package(self, package: VisualPackage) -> None:
+        """Grid × merge size agrees with ``num_tokens`` and the feature shape."""
+        thw = package.metadata["image_grid_thw"]
+        if len(thw) != 3 or any(int(x) <= 0 for x in thw):
+            raise CorruptPackageError(package.key, f"image_grid_thw must be three positive ints, got {thw}")
+        expected = math.prod(int(x) for x in thw) // self.merge_size**2
+        if int(package.metadata["num_tokens"]) != expected:
+            raise CorruptPackageError(package.key, f"num_tokens {package.metadata['num_tokens']} != grid {thw} / merge²")
+        shape = list(package.tensors["features"].shape)
+        if shape != [expected, self.feature_size]:
+            raise CorruptPackageError(package.key, f"features shape {shape}, expected {[expected, self.feature_size]}")
+
+    def image_placeholder(self, package: VisualPackage) -> str:
+        """``<|vision_start|>`` + num_tokens × ``<|image_pad|>`` + ``<|vision_end|>``."""
+        return VISION_START + IMAGE_PAD * int(package.metadata["num_tokens"]) + VISION_END
+
+    def chat_prompt(self, parts: list[str]) -> str:
+        """The Qwen chat template: optional system turn, one user turn, then the assistant cue."""
+        system = f"<|im_start|>system\n{self.system_prompt}<|im_end|>\n" if self.system_prompt else ""
+        return f"{system}<|im_start|>user\n{''.join(parts)}<|im_end|>\n<|im_start|>assistant\n"
+
+    def encoder_output(self, packages: list[VisualPackage]) -> Any:
+        """The ``mm_encoder_outputs["image"]`` object for these packages, in prompt order."""
+        from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+        return BaseModelOutputWithPooling(pooler_output=tuple(p.tensors["features"] for p in packages))
+
+    def multimodal_inputs(self, packages: list[VisualPackage], input_ids: Any) -> dict[str, Any]:
+        """Features via ``mm_encoder_outputs``, the grids, and ``mm_token_type_ids`` (1 on image pads)."""
+        import torch
+
+        image_token_id = int(self.model.config.image_token_id)
+        return {
+            "mm_encoder_outputs": {"image": self.encoder_output(packages)},
+            "image_grid_thw": torch.tensor([p.metadata["image_grid_thw"] for p in packages], dtype=torch.long),
+            "mm_token_type_ids": (input_ids == image_token_id).to(torch.int),
+        }
+
+
+class Qwen2VLBackend(QwenFamilyBackend):
+    """Qwen2-VL (``model_type`` ``qwen2_vl``)."""
+
+    family: ClassVar[str] = "qwen2_vl"
+    model_types: ClassVar[tuple[str, ...]] = ("qwen2_vl",)
+
+    @classmethod
+    def model_class(cls) -> Any:
+        """``Qwen2VLForConditionalGeneration``."""
+        from transformers import Qwen2VLForConditionalGeneration
+
+        return Qwen2VLForConditionalGeneration
+
+
+class Qwen25VLBackend(QwenFamilyBackend):
+    """Qwen2.5-VL (``model_type`` ``qwen2_5_vl``): windowed vision attention, same package layout."""
+
+    family: ClassVar[str] = "qwen2_5_vl"
+    model_types: ClassVar[tuple[str, ...]] = ("qwen2_5_vl",)
+
+    @classmethod
+    def model_class(cls) -> Any:
+        """``Qwen2_5_VLForConditionalGeneration``."""
+        from transformers import Qwen2_5_VLForConditionalGeneration
+
+        return Qwen2_5_VLForConditionalGeneration
+
+    def model_settings(self) -> dict[str, Any]:
+        """Qwen2-VL's settings plus the attention window layout."""
+        vision = self.model.config.vision_config
+        return {
+            **super().model_settings(),
+            "window_size": vision.window_size,
+            "fullatt_block_indexes": list(vision.fullatt_block_indexes),
+        }

@@ -1,0 +1,87 @@
+"""Model name → backend factory, loaded lazily.
+
+Built-ins register exactly like plugins: a name and a ``"module:attr"`` string,
+imported only when that model is first asked for (so listing models imports no
+torch). Third-party packages add backends through the entry-point group
+``refsight.backends``, whose entry name is the model name and whose value is a
+factory ``factory(name, **options) -> Backend``.
+
+Any name of the form ``hf:<hub id or local directory>`` loads a real Hugging Face
+model through :mod:`refsight.backends.hf`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from importlib.metadata import entry_points
+from typing import Any, Callable
+
+from ..errors import BackendError, RefsightError, UnknownModelError
+from .base import Backend
+
+__all__ = ["register_backend", "available_models", "get_backend", "resolve_factory", "HF_PREFIX"]
+
+HF_PREFIX = "hf:"
+
+_BUILTINS: dict[str, str] = {
+    "toy": "refsight.backends.toy:ToyBackend",
+    "tiny-qwen2-vl": "refsight.backends.tiny:load_tiny",
+    "tiny-qwen2.5-vl": "refsight.backends.tiny:load_tiny",
+    "tiny-qwen3-vl": "refsight.backends.tiny:load_tiny",
+    "tiny-smolvlm": "refsight.backends.tiny:load_tiny",
+    "shape-qwen2-vl-2b": "refsight.backends.tiny:load_tiny",
+    "shape-smolvlm-256m": "refsight.backends.tiny:load_tiny",
+}
+_registered: dict[str, str | Callable[..., Backend]] = {}
+_instances: dict[tuple[str, tuple], Backend] = {}
+_lock = threading.Lock()
+
+
+def register_backend(name: str, factory: str | Callable[..., Backend]) -> None:
+    """Register ``factory`` (a callable or a ``"module:attr"`` string) under ``name``."""
+    _registered[name] = factory
+    for key in [k for k in _instances if k[0] == name]:
+        _instances.pop(key).close()
+
+
+def _plugin_entries() -> dict[str, str]:
+    return {ep.name: ep.value for ep in entry_points(group="refsight.backends")}
+
+
+def available_models() -> list[str]:
+    """Every registered model name (built-ins, plugins, run-time registrations)."""
+    return sorted({*_BUILTINS, *_plugin_entries(), *_registered})
+
+
+def resolve_factory(name: str) -> Callable[..., Backend]:
+    """The factory registered for ``name``; raises :class:`UnknownModelError`."""
+    target = _registered.get(name) or _plugin_entries().get(name) or _BUILTINS.get(name)
+    if target is None and name.startswith(HF_PREFIX) and len(name) > len(HF_PREFIX):
+        target = "refsight.backends.hf:load_hf_backend"
+    if target is None:
+        raise UnknownModelError(name, available_models())
+    if callable(target):
+        return target
+    module_name, _, attr = target.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise BackendError(name, f"cannot import backend {target}: {e}") from e
+
+
+def get_backend(name: str, **options: Any) -> Backend:
+    """The backend for ``name``, built once per process and set of options."""
+    key = (name, tuple(sorted(options.items())))
+    with _lock:
+        backend = _instances.get(key)
+        if backend is None:
+            factory = resolve_factory(name)
+            try:
+                backend = factory(name, **options)
+            except RefsightError:
+                raise
+            except Exception as e:  # runtime errors become ours, here and only here
+                raise BackendError(name, f"{type(e).__name__}: {e}") from e
+            _instances[key] = backend
+        return backend

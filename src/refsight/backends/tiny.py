@@ -1,0 +1,271 @@
+"""Built-in offline models: random weights from a fixed seed, real transformers code.
+
+``tiny-*`` models are small (hidden 64, 2 layers) so tests run in seconds;
+``shape-*`` models have a real model's vision tower and projector at full size and
+a reduced language model, so benchmarks measure real encode times. Each is built
+once from a config, with a tokenizer trained in-process (see
+:mod:`refsight.backends.hf.tokenizer`), saved with ``save_pretrained`` into the
+model cache (``$REFSIGHT_MODEL_CACHE``, default ``<user cache>/refsight/models``)
+and then loaded from there through the same ``from_pretrained`` path as a real
+checkpoint. Every output they produce says ``random_weights=True``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import ModelLoadError, UnknownModelError
+from .base import Backend
+
+__all__ = ["TINY_MODELS", "load_tiny", "model_cache_dir", "ensure_model_dir"]
+
+#: Bump when a build recipe changes, so old cache entries are not reused.
+BUILD_VERSION = 1
+SEED = 0
+
+
+@dataclass(frozen=True)
+class _Spec:
+    family: str  # "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "smolvlm"
+    vision: dict[str, Any]
+    text: dict[str, Any]
+    processor: dict[str, Any]
+    extra: dict[str, Any]
+
+
+_QWEN_TEXT = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=4096,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+)
+
+TINY_MODELS: dict[str, _Spec] = {
+    "tiny-qwen2-vl": _Spec(
+        "qwen2_vl",
+        vision=dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=14, spatial_merge_size=2),
+        text=_QWEN_TEXT,
+        processor=dict(min_pixels=28 * 28, max_pixels=112 * 112),
+        extra={},
+    ),
+    "tiny-qwen2.5-vl": _Spec(
+        "qwen2_5_vl",
+        vision=dict(
+            depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=14,
+            spatial_merge_size=2, window_size=56, fullatt_block_indexes=[1],
+        ),
+        text=_QWEN_TEXT,
+        processor=dict(min_pixels=28 * 28, max_pixels=112 * 112),
+        extra={},
+    ),
+    "tiny-qwen3-vl": _Spec(
+        "qwen3_vl",
+        vision=dict(
+            depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=16,
+            spatial_merge_size=2, num_position_embeddings=256, deepstack_visual_indexes=[0, 1],
+        ),
+        text=dict(
+            _QWEN_TEXT,
+            head_dim=16,
+            rope_parameters={"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [4, 2, 2], "mrope_interleaved": True},
+        ),
+        processor=dict(patch_size=16, merge_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3, min_pixels=32 * 32, max_pixels=128 * 128),
+        extra={},
+    ),
+    "tiny-smolvlm": _Spec(
+        "smolvlm",
+        vision=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8),
+        text=dict(
+            model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=4096,
+        ),
+        processor=dict(size={"longest_edge": 64}, max_image_size={"longest_edge": 32}),
+        extra=dict(scale_factor=2),
+    ),
+    # Qwen2-VL-2B's vision tower and projector at full size; a one-layer language model.
+    "shape-qwen2-vl-2b": _Spec(
+        "qwen2_vl",
+        vision=dict(depth=32, embed_dim=1280, hidden_size=1536, num_heads=16, mlp_ratio=4, patch_size=14, spatial_merge_size=2),
+        text=dict(
+            hidden_size=1536, intermediate_size=2048, num_hidden_layers=1, num_attention_heads=12, num_key_value_heads=2,
+            max_position_embeddings=32768,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
+        ),
+        processor=dict(min_pixels=56 * 56, max_pixels=28 * 28 * 1280),
+        extra={},
+    ),
+    # SmolVLM-256M's SigLIP tower (93M) and connector at full size; a one-layer language model.
+    "shape-smolvlm-256m": _Spec(
+        "smolvlm",
+        vision=dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, image_size=512, patch_size=16),
+        text=dict(
+            model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=1, num_attention_heads=9,
+            num_key_value_heads=3, max_position_embeddings=8192,
+        ),
+        processor=dict(size={"longest_edge": 2048}, max_image_size={"longest_edge": 512}),
+        extra=dict(scale_factor=4),
+    ),
+}
+
+
+def model_cache_dir() -> Path:
+    """Where built models live: ``$REFSIGHT_MODEL_CACHE`` or the user cache dir."""
+    env = os.environ.get("REFSIGHT_MODEL_CACHE")
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("refsight")) / "models"
+
+
+def _build_id(name: str) -> str:
+    import transformers
+
+    recipe = json.dumps(
+        {"spec": TINY_MODELS[name].__dict__, "seed": SEED, "build": BUILD_VERSION, "transformers": transformers.__version__},
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(recipe.encode()).hexdigest()[:12]
+
+
+def ensure_model_dir(name: str) -> Path:
+    """Build ``name`` into the cache unless it is there already; return its directory.
+
+    The build goes into a temporary directory beside the target and is renamed
+    into place, so a reader never sees half a model; a file lock keeps two
+    processes from building the same (possibly large) model twice.
+    """
+    if name not in TINY_MODELS:
+        raise UnknownModelError(name, list(TINY_MODELS))
+    from filelock import FileLock
+
+    root = model_cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / f"{name}-{_build_id(name)}"
+    if (target / "config.json").is_file():
+        return target
+    with FileLock(str(root / f"{name}.lock")):
+        if (target / "config.json").is_file():  # another process finished while we waited
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+        try:
+            _build(name, tmp)
+            try:
+                os.rename(tmp, target)
+            except OSError:
+                # Someone without the lock (another cache user) got there first: theirs is as good.
+                if not (target / "config.json").is_file():
+                    raise
+        except Exception as e:
+            raise ModelLoadError(name, f"cannot build the built-in model in {root}: {type(e).__name__}: {e}") from e
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _build(name: str, directory: Path) -> None:
+    import torch
+    from transformers import GenerationConfig
+
+    from .hf.tokenizer import QWEN_SPECIAL_TOKENS, smolvlm_special_tokens, train_tokenizer
+
+    spec = TINY_MODELS[name]
+    if spec.family == "smolvlm":
+        tokenizer = train_tokenizer(smolvlm_special_tokens(), eos_token="<end_of_utterance>", pad_token="<|endoftext|>")
+        config, model_class, processor = _smolvlm_parts(spec, tokenizer)
+    else:
+        tokenizer = train_tokenizer(QWEN_SPECIAL_TOKENS, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+        config, model_class, processor = _qwen_parts(spec, tokenizer)
+    # A private generator state: building a model must not disturb the caller's RNG.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED)
+        model = model_class(config)
+    model.eval()
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=False
+    )
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    processor.save_pretrained(directory)
+    (directory / "refsight_model.json").write_text(
+        json.dumps({"random_weights": True, "model_id": f"refsight/{name}", "seed": SEED, "build": BUILD_VERSION})
+    )
+
+
+def _qwen_parts(spec: _Spec, tokenizer: Any) -> tuple[Any, Any, Any]:
+    import transformers
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    classes = {
+        "qwen2_vl": ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration"),
+        "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration"),
+        "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration"),
+    }[spec.family]
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")}
+    text = dict(
+        spec.text,
+        vocab_size=len(tokenizer),
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    config = getattr(transformers, classes[0])(
+        text_config=text,
+        vision_config=dict(spec.vision),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        **spec.extra,
+    )
+    processor = Qwen2VLImageProcessorPil(**spec.processor)
+    return config, getattr(transformers, classes[1]), processor
+
+
+def _smolvlm_parts(spec: _Spec, tokenizer: Any) -> tuple[Any, Any, Any]:
+    from transformers import SmolVLMConfig, SmolVLMForConditionalGeneration
+    from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
+
+    text = dict(
+        spec.text,
+        vocab_size=len(tokenizer),
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    config = SmolVLMConfig(
+        text_config=text,
+        vision_config=dict(spec.vision),
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        pad_token_id=tokenizer.pad_token_id,
+        **spec.extra,
+    )
+    processor = SmolVLMImageProcessorPil(**spec.processor)
+    return config, SmolVLMForConditionalGeneration, processor
+
+
+def load_tiny(name: str, **options: Any) -> Backend:
+    """The registry factory for ``tiny-*`` and ``shape-*``: build once, then ``from_pretrained``.
+
+    ``options`` are those of :func:`refsight.backends.hf.load_hf_backend` (``dtype``,
+    ``max_pixels``, ``tile_size`` ...).
+    """
+    from .hf import load_hf_backend
+
+    directory = ensure_model_dir(name)
+    options.setdefault("model_id", f"refsight/{name}")
+    return load_hf_backend(name, source=str(directory), random_weights=True, **options)
+
+
+_ = Callable  # typing only

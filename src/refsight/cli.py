@@ -1,0 +1,223 @@
+"""The ``refsight`` command: thin over :class:`refsight.Engine`; parses, calls, prints.
+
+Library errors become one clean message on stderr (and ``{"error": ...}`` on
+stdout with ``--json``) in exactly one place, :func:`main`, with exit code 1;
+usage errors exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Callable, Sequence
+
+from . import Engine, RefsightError
+from .config import default_model
+
+__all__ = ["main", "build_parser"]
+
+RANDOM_WEIGHTS_NOTICE = "note: {model} has RANDOM weights; its text is meaningless (timings and caching are real)"
+
+
+def _emit(args: argparse.Namespace, data: Any, human: Callable[[Any], str] | None = None) -> None:
+    if args.json or human is None:
+        print(json.dumps(data, ensure_ascii=False), flush=True)
+    else:
+        print(human(data), flush=True)
+
+
+def _parse_meta(items: Sequence[str]) -> dict[str, str]:
+    meta = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise RefsightError(f"--meta {item!r}: expected KEY=VALUE")
+        meta[key] = value
+    return meta
+
+
+def _engine(args: argparse.Namespace) -> Engine:
+    return Engine(args.store, model=getattr(args, "model", None), progress=not args.json and sys.stderr.isatty())
+
+
+# -- commands --------------------------------------------------------------------------
+def cmd_add(args: argparse.Namespace) -> int:
+    """refsight add IMAGE... [--id ID] [--meta K=V]..."""
+    if args.id and len(args.images) > 1:
+        raise RefsightError("--id names one reference; give one IMAGE with it")
+    failed = 0
+    with _engine(args) as engine:
+        ids = [args.id] if args.id else None
+        for result in engine.add_many(args.images, ids=ids, metadata=_parse_meta(args.meta)):
+            data = result.to_dict()
+            if "error" in data:
+                failed += 1
+                print(f"refsight: cannot add {data['input']}: {data['error']}", file=sys.stderr)
+                if args.json:
+                    print(json.dumps(data), flush=True)
+                continue
+            _emit(args, data, lambda d: f"{d['ref_id']}\t{'cached' if d['cached'] else 'encoded'}\t"
+                  f"{d['encode_ms']:.1f} ms\t{d['bytes']} B\t{d['package_key'][:16]}")
+    return 1 if failed else 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """refsight list"""
+    with _engine(args) as engine:
+        refs = [r.to_dict() for r in engine.references()]
+    if args.json:
+        for ref in refs:
+            print(json.dumps(ref))
+    else:
+        for ref in refs:
+            meta = " ".join(f"{k}={v}" for k, v in ref["metadata"].items())
+            print(f"{ref['ref_id']}\t{ref['image_sha256'][:12]}\t{len(ref['packages'])} package(s)\t{meta}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """refsight show ID"""
+    with _engine(args) as engine:
+        data = engine.reference(args.id).to_dict()
+    _emit(args, data, lambda d: json.dumps(d, indent=2))
+    return 0
+
+
+def cmd_remove(args: argparse.Namespace) -> int:
+    """refsight remove ID"""
+    with _engine(args) as engine:
+        ref = engine.remove(args.id)
+    _emit(args, {"removed": ref.ref_id}, lambda d: f"removed {d['removed']}")
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    """refsight stats"""
+    with _engine(args) as engine:
+        data = engine.stats()
+    _emit(args, data, lambda d: "\n".join(f"{k:>16}: {v}" for k, v in d.items()))
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """refsight verify [--repair]"""
+    with _engine(args) as engine:
+        report = engine.verify(repair=args.repair, model=args.model)
+    data = report.to_dict()
+    _emit(args, data, lambda d: f"checked {d['checked']}, corrupt {len(d['corrupt'])}, repaired {d['repaired']}"
+          + "".join(f"\n  corrupt: {k}" for k in d["corrupt"]))
+    return 0 if report.ok else 1
+
+
+def cmd_reencode(args: argparse.Namespace) -> int:
+    """refsight reencode --model NAME"""
+    with _engine(args) as engine:
+        for result in engine.reencode(model=args.model):
+            _emit(args, result.to_dict(), lambda d: f"{d['ref_id']}\t{'cached' if d['cached'] else 'encoded'}\t{d['encode_ms']:.1f} ms")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """refsight generate --ref ID... [--image CANDIDATE] --prompt TEXT [--no-cache]"""
+    with _engine(args) as engine:
+        result = engine.generate(
+            args.prompt, ref_ids=args.ref, candidate=args.image, use_cache=not args.no_cache,
+            max_new_tokens=args.max_new_tokens,
+        )
+    data = result.to_dict()
+    if data["random_weights"] and not args.json:
+        print(RANDOM_WEIGHTS_NOTICE.format(model=data["model"]), file=sys.stderr)
+    _emit(args, data, lambda d: f"{d['text']}\n[{d['model']}{' (random weights)' if d['random_weights'] else ''}; "
+          f"references cached: {d['references_cached']}; timings ms: {d['timings_ms']}]")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """refsight serve [--host 127.0.0.1] [--port 8000] [--model NAME] [--workers N] [--keys FILE]"""
+    from .server import ServerConfig, serve
+
+    serve(ServerConfig(store=args.store, model=args.model, host=args.host, port=args.port,
+                       workers=args.workers, keys_file=args.keys))
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    """refsight models"""
+    from .backends.registry import available_models
+
+    names = available_models()
+    _emit(args, {"models": names, "default": default_model()}, lambda d: "\n".join(d["models"]))
+    return 0
+
+
+# -- parser ----------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for docs and tests)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--store", metavar="DIR", default=argparse.SUPPRESS,
+                        help="store directory (default: $REFSIGHT_STORE or the user cache dir)")
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON lines")
+    with_model = argparse.ArgumentParser(add_help=False)
+    with_model.add_argument("--model", default=None, help=f"model name (default: $REFSIGHT_MODEL or {default_model()})")
+
+    parser = argparse.ArgumentParser(prog="refsight", description=__doc__.splitlines()[0], parents=[common])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, func: Callable, help: str, *, model: bool = False) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help, parents=[common] + ([with_model] if model else []))
+        p.set_defaults(func=func)
+        return p
+
+    p = add("add", cmd_add, "add reference images and encode each once", model=True)
+    p.add_argument("images", nargs="+", metavar="IMAGE")
+    p.add_argument("--id", help="reference id (one image only; default: the file name)")
+    p.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE", help="metadata (repeatable)")
+
+    add("list", cmd_list, "list references")
+    p = add("show", cmd_show, "show one reference")
+    p.add_argument("id", metavar="ID")
+    p = add("remove", cmd_remove, "remove a reference (and packages no other reference uses)")
+    p.add_argument("id", metavar="ID")
+    add("stats", cmd_stats, "cache statistics")
+    p = add("verify", cmd_verify, "check every stored package; exit 0 only when none is corrupt", model=True)
+    p.add_argument("--repair", action="store_true", help="re-encode corrupt packages from the kept images")
+    p = add("reencode", cmd_reencode, "encode every reference for another model", model=True)
+    p = add("generate", cmd_generate, "generate text from cached references and a fresh candidate", model=True)
+    p.add_argument("--ref", action="append", default=[], metavar="ID", help="reference id (repeatable)")
+    p.add_argument("--image", metavar="CANDIDATE", help="a fresh candidate image")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--no-cache", action="store_true", help="re-encode the references from their kept images")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    add("models", cmd_models, "list the registered models")
+    p = add("serve", cmd_serve, "serve the HTTP API and the page (FastAPI on uvicorn)", model=True)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (non-loopback needs API keys)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--workers", type=int, default=2, help="threads running model work")
+    p.add_argument("--keys", metavar="FILE", help="API keys, one KEY=NAMESPACE a line (default: $REFSIGHT_API_KEYS)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``refsight`` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.store = getattr(args, "store", None)
+    args.json = getattr(args, "json", False)
+    try:
+        return args.func(args)
+    except RefsightError as e:
+        # The one place library errors become a clean message and an exit code.
+        print(f"refsight: error: {e}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"error": str(e), "type": type(e).__name__}))
+        return 1
+    except KeyboardInterrupt:
+        print("refsight: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

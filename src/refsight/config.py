@@ -1,0 +1,26 @@
+"""Defaults that come from the environment: store location and model name."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["DEFAULT_MODEL", "default_store_dir", "default_model"]
+
+#: The model used when none is named: an offline random-weight Qwen2-VL, labelled as such.
+DEFAULT_MODEL = "tiny-qwen2-vl"
+
+
+def default_store_dir() -> Path:
+    """``$REFSIGHT_STORE``, else ``<user cache dir>/refsight/store``."""
+    env = os.environ.get("REFSIGHT_STORE")
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("refsight")) / "store"
+
+
+def default_model() -> str:
+    """``$REFSIGHT_MODEL``, else :data:`DEFAULT_MODEL`."""
+    return os.environ.get("REFSIGHT_MODEL") or DEFAULT_MODEL

@@ -1,0 +1,144 @@
+"""Every error refsight raises, in one tree.
+
+::
+
+    RefsightError
+    ├── InvalidInputError (also ValueError)     bad input named with the reason
+    │   ├── ImageError                          an image that cannot be taken in
+    │   ├── InvalidReferenceIdError             an id with path tricks or bad characters
+    │   └── RubricError                         an unusable rubric
+    ├── NotFoundError (also KeyError)
+    │   ├── ReferenceNotFoundError
+    │   ├── PackageNotFoundError                a cache miss that the caller asked to fail
+    │   └── UnknownModelError                   no backend registered under that name
+    ├── CorruptPackageError                     a stored package failed its checks
+    ├── StoreError                              the store itself cannot work
+    └── BackendError                            a model runtime failed
+        ├── ModelLoadError                      weights/config could not be loaded
+        └── GenerationError                     generation failed
+
+Errors carry the data that explains them (the input, the key, the reason) as
+attributes, so callers never need to parse messages.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "RefsightError",
+    "InvalidInputError",
+    "ImageError",
+    "InvalidReferenceIdError",
+    "RubricError",
+    "NotFoundError",
+    "ReferenceNotFoundError",
+    "PackageNotFoundError",
+    "UnknownModelError",
+    "CorruptPackageError",
+    "StoreError",
+    "BackendError",
+    "ModelLoadError",
+    "GenerationError",
+]
+
+
+class RefsightError(Exception):
+    """Base class of every error refsight raises on purpose."""
+
+
+class InvalidInputError(RefsightError, ValueError):
+    """An input was rejected; ``input`` names it and ``reason`` says why."""
+
+    def __init__(self, input: object, reason: str) -> None:
+        self.input = input
+        self.reason = reason
+        super().__init__(f"{_describe(input)}: {reason}")
+
+
+class ImageError(InvalidInputError):
+    """An image could not be decoded, or breaks a limit."""
+
+
+class InvalidReferenceIdError(InvalidInputError):
+    """A reference id is empty, too long, or could escape a directory."""
+
+    def __init__(self, input: object, reason: str) -> None:
+        super().__init__(input, reason)
+        self.args = (f"reference id {_describe(input)!r}: {reason}",)
+
+
+class RubricError(InvalidInputError):
+    """A rubric is empty, too large, or holds invalid criteria."""
+
+
+class NotFoundError(RefsightError, KeyError):
+    """Something asked for by name does not exist."""
+
+    def __init__(self, name: str, what: str = "item") -> None:
+        self.name = name
+        self.what = what
+        super().__init__(name)
+
+    def __str__(self) -> str:
+        return f"{self.what} not found: {self.name!r}"
+
+
+class ReferenceNotFoundError(NotFoundError):
+    """No reference has this id (in this namespace)."""
+
+    def __init__(self, ref_id: str) -> None:
+        super().__init__(ref_id, "reference")
+
+
+class PackageNotFoundError(NotFoundError):
+    """No stored package has this key."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key, "package")
+
+
+class UnknownModelError(NotFoundError):
+    """No backend is registered under this model name; ``known`` lists those that are."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.known = sorted(known)
+        super().__init__(name, "model")
+
+    def __str__(self) -> str:
+        return f"unknown model {self.name!r}; known models: {', '.join(self.known)}"
+
+
+class CorruptPackageError(RefsightError):
+    """A stored package failed its checksum or shape checks; it is never served."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        self.key = key
+        self.reason = reason
+        super().__init__(f"package {key} is corrupt: {reason}")
+
+
+class StoreError(RefsightError):
+    """The store cannot be opened or written."""
+
+
+class BackendError(RefsightError):
+    """A model runtime raised; ``model`` names the model."""
+
+    def __init__(self, model: str, reason: str) -> None:
+        self.model = model
+        self.reason = reason
+        super().__init__(f"{model}: {reason}")
+
+
+class ModelLoadError(BackendError):
+    """A model could not be loaded (offline, missing files, unsupported architecture)."""
+
+
+class GenerationError(BackendError):
+    """Generation failed inside the runtime."""
+
+
+def _describe(input: object) -> str:
+    if isinstance(input, (bytes, bytearray, memoryview)):
+        return f"<{len(input)} bytes>"
+    text = str(input)
+    return text if len(text) <= 200 else text[:197] + "..."

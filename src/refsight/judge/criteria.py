@@ -1,0 +1,227 @@
+"""Rubric → criteria: what "similar" means for one request, parsed and checked.
+
+A rubric is written by a person, so it is accepted in the forms people write:
+
+- **free text**: one criterion per line (``-``, ``*``, ``•``, ``1.``, ``1)`` bullets
+  are stripped), or a single line separated by semicolons, or, when a single line has
+  no semicolon, by commas. Lines of a multi-line rubric are never split on commas
+  ("white paws, like socks" stays one criterion).
+- **JSON**: text starting with ``[`` or ``{``: a list of strings or of
+  ``{"text", "weight", "required"}`` objects, or ``{"criteria": [...]}``.
+- **YAML**: text starting with ``---`` or ``criteria:``, or whose first item is a
+  ``- text:`` mapping (plain ``- item`` lists read the same as free text anyway).
+- **data**: the same structures already decoded (a list or a dict), or a :class:`Rubric`.
+
+Every problem raises :class:`~refsight.errors.RubricError` naming the rubric or the
+criterion and the reason: an empty rubric, a duplicate criterion (compared without
+case and extra spaces), a weight that is not a positive finite number, a ``required``
+that is not a boolean, an unknown key, too many criteria or characters, a criterion
+that is too long, malformed JSON or YAML.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+from ..errors import RubricError
+from ..package import canonical_json
+
+__all__ = [
+    "Criterion",
+    "Rubric",
+    "parse_rubric",
+    "MAX_CRITERIA",
+    "MAX_RUBRIC_CHARS",
+    "MAX_CRITERION_CHARS",
+]
+
+#: Default limits. They bound the prompt and the constrained output, whose token
+#: budget grows with every criterion (each is echoed back in the verdict JSON).
+MAX_CRITERIA = 32
+MAX_RUBRIC_CHARS = 8000
+MAX_CRITERION_CHARS = 300
+
+_BULLET = re.compile(r"^\s*(?:[-*•‣◦·]|\(?\d{1,3}[.)](?=\s)|\(?[a-zA-Z]\)(?=\s))\s*")
+_SPACES = re.compile(r"\s+")
+_YAML_START = re.compile(r"^(?:---|criteria\s*:|-\s+text\s*:)", re.IGNORECASE)
+_KEYS = {"text", "weight", "required"}
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """One thing to judge: its text, its weight in the score, and whether a mismatch fails all."""
+
+    text: str
+    weight: float = 1.0
+    required: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"text", "weight", "required"}``."""
+        return {"text": self.text, "weight": self.weight, "required": self.required}
+
+
+@dataclass(frozen=True)
+class Rubric:
+    """An ordered, validated tuple of :class:`Criterion` (build it with :func:`parse_rubric`)."""
+
+    criteria: tuple[Criterion, ...]
+
+    def __iter__(self) -> Iterator[Criterion]:
+        return iter(self.criteria)
+
+    def __len__(self) -> int:
+        return len(self.criteria)
+
+    def __getitem__(self, index: int) -> Criterion:
+        return self.criteria[index]
+
+    @property
+    def texts(self) -> list[str]:
+        """The criterion texts, in order."""
+        return [c.text for c in self.criteria]
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"criteria": [{"text", "weight", "required"}, ...]}``; parses back to an equal rubric."""
+        return {"criteria": [c.to_dict() for c in self.criteria]}
+
+    @property
+    def digest(self) -> str:
+        """sha256 hex of the canonical JSON of the criteria (order, weights and flags included)."""
+        return hashlib.sha256(canonical_json(self.to_dict()).encode()).hexdigest()
+
+
+def parse_rubric(
+    source: str | Sequence[Any] | dict[str, Any] | Rubric,
+    *,
+    max_criteria: int = MAX_CRITERIA,
+    max_chars: int = MAX_RUBRIC_CHARS,
+    max_criterion_chars: int = MAX_CRITERION_CHARS,
+) -> Rubric:
+    """Parse free text, JSON, YAML or decoded data into a :class:`Rubric`, or raise RubricError.
+
+    ``max_chars`` bounds the raw text and the sum of criterion texts; ``max_criteria``
+    the number of criteria; ``max_criterion_chars`` each criterion's text.
+    """
+    if isinstance(source, Rubric):
+        items: list[Any] = [c.to_dict() for c in source.criteria]
+    elif isinstance(source, str):
+        if len(source) > max_chars:
+            raise RubricError("rubric", f"{len(source)} characters, over the {max_chars}-character limit")
+        items = _items_from_text(source)
+    elif isinstance(source, (list, tuple, dict)):
+        items = _items_from_data(source)
+    else:
+        raise RubricError(repr(source)[:80], f"a rubric must be text, a list or a mapping, not {type(source).__name__}")
+
+    criteria = [_criterion(i, item, max_criterion_chars) for i, item in enumerate(items, start=1)]
+    criteria = [c for c in criteria if c is not None]
+    if not criteria:
+        raise RubricError("rubric", "the rubric is empty: give at least one criterion")
+    if len(criteria) > max_criteria:
+        raise RubricError("rubric", f"{len(criteria)} criteria, over the limit of {max_criteria}")
+    total = sum(len(c.text) for c in criteria)
+    if total > max_chars:
+        raise RubricError("rubric", f"criteria hold {total} characters, over the {max_chars}-character limit")
+    seen: dict[str, int] = {}
+    for i, c in enumerate(criteria, start=1):
+        key = c.text.casefold()
+        if key in seen:
+            raise RubricError(
+                f"criterion {i} ({c.text!r})", f"duplicate of criterion {seen[key]} (case and spacing are ignored)"
+            )
+        seen[key] = i
+    return Rubric(tuple(criteria))
+
+
+def _items_from_text(text: str) -> list[Any]:
+    stripped = text.strip()
+    if not stripped:
+        return []
+    if stripped[0] in "[{":
+        try:
+            data = json.loads(stripped)
+        except json.JSONDecodeError as e:
+            raise RubricError("rubric", f"malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+        return _items_from_data(data)
+    if _YAML_START.match(stripped):
+        return _items_from_data(_load_yaml(stripped))
+    return _items_from_free_text(stripped)
+
+
+def _load_yaml(text: str) -> Any:
+    try:
+        import yaml
+    except ImportError:  # pragma: no cover - pyyaml is a dependency
+        raise RubricError("rubric", "a YAML rubric needs the pyyaml package") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise RubricError("rubric", f"malformed YAML{where}: {problem}") from None
+
+
+def _items_from_free_text(text: str) -> list[str]:
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) > 1:
+        return [_BULLET.sub("", line, count=1) for line in lines]
+    line = _BULLET.sub("", lines[0], count=1)
+    separator = ";" if ";" in line else ","
+    return line.split(separator)
+
+
+def _items_from_data(data: Any) -> list[Any]:
+    if isinstance(data, dict):
+        unknown = set(data) - {"criteria"}
+        if unknown:
+            raise RubricError("rubric", f"unknown key(s) {sorted(map(str, unknown))}; expected only 'criteria'")
+        if "criteria" not in data:
+            raise RubricError("rubric", "a rubric mapping needs a 'criteria' list")
+        data = data["criteria"]
+    if data is None:
+        return []
+    if not isinstance(data, (list, tuple)):
+        raise RubricError("rubric", f"criteria must be a list, not {type(data).__name__}")
+    return list(data)
+
+
+def _criterion(index: int, item: Any, max_chars: int) -> Criterion | None:
+    where = f"criterion {index}"
+    weight: Any = 1.0
+    required: Any = False
+    if isinstance(item, str):
+        text = item
+    elif isinstance(item, dict):
+        unknown = set(item) - _KEYS
+        if unknown:
+            raise RubricError(where, f"unknown key(s) {sorted(map(str, unknown))}; allowed: text, weight, required")
+        if "text" not in item:
+            raise RubricError(where, "a criterion mapping needs a 'text'")
+        text, weight, required = item["text"], item.get("weight", 1.0), item.get("required", False)
+        if not isinstance(text, str):
+            raise RubricError(where, f"text must be a string, not {type(text).__name__}")
+    else:
+        raise RubricError(where, f"a criterion must be a string or a mapping, not {type(item).__name__}")
+
+    text = _SPACES.sub(" ", text).strip()
+    if not any(ch.isalnum() for ch in text):
+        if isinstance(item, dict):
+            raise RubricError(where, "text is empty" if not text else f"text {text!r} has no letters or digits")
+        return None  # a stray separator or blank bullet in free text, not a criterion
+    where = f"criterion {index} ({text[:60]!r})"
+    if len(text) > max_chars:
+        raise RubricError(where, f"{len(text)} characters, over the {max_chars}-character limit per criterion")
+    # bool is an int subclass: True must not pass as weight 1.
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+        raise RubricError(where, f"weight must be a positive number, not {weight!r}")
+    if not math.isfinite(weight) or weight <= 0:
+        raise RubricError(where, f"weight must be a positive finite number, not {weight!r}")
+    if not isinstance(required, bool):
+        raise RubricError(where, f"required must be true or false, not {required!r}")
+    return Criterion(text=text, weight=float(weight), required=required)

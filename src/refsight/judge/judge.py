@@ -1,0 +1,275 @@
+"""The judge: rubric → criteria → attribute settling → one VLM call per reference → scored verdicts.
+
+For each reference, the criteria the attribute sidecars can settle are answered from
+them (``"source": "attributes"``); the rest are put to the VLM in one prompt
+(references first, see :mod:`.prompts`). A backend that supports constrained decoding
+gets the verdict schema and, with ``max_new_tokens`` at the schema's token budget,
+always answers valid JSON. Any answer is parsed and validated all the same; an invalid
+one is retried once (the retry prompt says what was wrong), after which its criteria
+become ``"uncertain"`` with the reason as evidence. The score is refsight's, from the
+verdicts and weights (:func:`.verdict.score_verdicts`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence, Union
+
+from ..backends.base import Backend, GenerationRequest
+from ..errors import BackendError, InvalidInputError, ModelLoadError
+from ..images import ImageInput
+from ..package import VisualPackage
+from .attributes import AttributeSource, ImageNetAttributeSource, SettleThresholds, merge_records, settle_criteria
+from .criteria import Criterion, Rubric, parse_rubric
+from .prompts import build_judge_request
+from .verdict import (
+    DEFAULT_EVIDENCE_CHARS,
+    CriterionVerdict,
+    VerdictParseError,
+    parse_verdicts,
+    score_verdicts,
+    token_budget,
+    uncertain_verdicts,
+    verdict_schema,
+)
+
+__all__ = ["Judge", "ReferenceResult", "JudgeReference"]
+
+Visual = Union[VisualPackage, ImageInput]
+#: ``(ref_id, package or image, attribute record or None)``
+JudgeReference = tuple[str, Visual, Union[Mapping[str, Any], None]]
+
+#: Extra tokens for a free-form (unconstrained) answer: code fences, a short preamble.
+_FREE_FORM_SLACK = 64
+
+
+@dataclass
+class ReferenceResult:
+    """The verdicts on one reference, in rubric order, and the score refsight computed from them."""
+
+    ref_id: str
+    score: float
+    criteria: list[CriterionVerdict]
+    #: VLM requests sent for this reference (0 when attributes settled everything, 2 after a retry)
+    vlm_requests: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"ref_id", "score", "criteria": [{"criterion", "verdict", "confidence", "evidence", "source"}]}``."""
+        return {"ref_id": self.ref_id, "score": self.score, "criteria": [v.to_dict() for v in self.criteria]}
+
+
+@dataclass
+class _Pending:
+    index: int  # position in the references list
+    visual: Visual
+    criteria: list[Criterion]
+    schema: dict  # the one validated against (loose strings)
+    grammar_schema: dict | None  # the one generation is constrained to, when the backend can
+    reason: str | None = None
+    verdicts: list[CriterionVerdict] | None = field(default=None)
+
+
+class Judge:
+    """Judges a candidate against references under a rubric with one backend.
+
+    ``attribute_sources`` fill missing attribute records (the engine normally passes
+    stored ones); ``force_vlm`` sends every criterion to the VLM; ``max_new_tokens``
+    caps generation (default: the schema's token budget, which never truncates);
+    ``text_encoder`` matches criteria to attributes (default: all-MiniLM-L6-v2, loaded
+    only when there are records to match). ``vlm_calls`` counts generation requests sent.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        attribute_sources: Sequence[AttributeSource] = (),
+        force_vlm: bool = False,
+        max_new_tokens: int | None = None,
+        text_encoder: Any = None,
+        evidence_max_chars: int = DEFAULT_EVIDENCE_CHARS,
+        thresholds: SettleThresholds = SettleThresholds(),
+    ) -> None:
+        if max_new_tokens is not None and (not isinstance(max_new_tokens, int) or max_new_tokens < 1):
+            raise InvalidInputError("max_new_tokens", f"must be a positive integer, not {max_new_tokens!r}")
+        if not isinstance(evidence_max_chars, int) or not 1 <= evidence_max_chars <= 1000:
+            raise InvalidInputError("evidence_max_chars", f"must be an integer in 1..1000, not {evidence_max_chars!r}")
+        self.backend = backend
+        self.attribute_sources = tuple(attribute_sources)
+        self.force_vlm = force_vlm
+        self.max_new_tokens = max_new_tokens
+        self.evidence_max_chars = evidence_max_chars
+        self.thresholds = thresholds
+        self._text_encoder = text_encoder
+        self._encoder_failed = False
+        #: generation requests sent (first tries and retries)
+        self.vlm_calls = 0
+        #: of which retries after an invalid answer
+        self.vlm_retries = 0
+
+    # -- attributes ------------------------------------------------------------------------------
+    def attributes_for(self, items: Sequence[Visual]) -> list[dict[str, Any] | None]:
+        """Records from this judge's sources (no store); ImageNet skips packages, which have no pixels."""
+        merged: list[list[dict[str, Any]]] = [[] for _ in items]
+        for source in self.attribute_sources:
+            usable = [
+                i for i, item in enumerate(items)
+                if not (isinstance(source, ImageNetAttributeSource) and not isinstance(item, ImageInput))
+            ]
+            if not usable:
+                continue
+            for i, record in zip(usable, source.compute([items[i] for i in usable])):
+                merged[i].append(record)
+        return [merge_records(*records) if records else None for records in merged]
+
+    def _encoder(self) -> Any:
+        if self._text_encoder is None and not self._encoder_failed:
+            try:
+                from ..models import load_minilm
+
+                self._text_encoder = load_minilm()
+            except (ModelLoadError, ImportError) as e:
+                # Without the text model nothing can be matched: every criterion goes to the VLM.
+                self._encoder_failed = True
+                warnings.warn(f"attribute settling disabled, text encoder unavailable: {e}", stacklevel=3)
+        return self._text_encoder
+
+    # -- judging ---------------------------------------------------------------------------------
+    def judge(
+        self,
+        references: Sequence[JudgeReference | tuple[str, Visual]],
+        candidate: Visual,
+        rubric: Rubric | str | Sequence[Any] | Mapping[str, Any],
+        candidate_attrs: Mapping[str, Any] | None = None,
+    ) -> list[ReferenceResult]:
+        """Verdicts per reference, in the order given; ``rubric`` may also be raw text or data."""
+        rubric = rubric if isinstance(rubric, Rubric) else parse_rubric(rubric)
+        refs = self._check_references(references)
+        if not isinstance(candidate, (VisualPackage, ImageInput)):
+            raise InvalidInputError("candidate", f"must be a VisualPackage or an ImageInput, not {type(candidate).__name__}")
+
+        if self.attribute_sources and not self.force_vlm:
+            missing = [i for i, (_, _, attrs) in enumerate(refs) if attrs is None]
+            items = [refs[i][1] for i in missing] + ([candidate] if candidate_attrs is None else [])
+            computed = self.attributes_for(items) if items else []
+            for i, record in zip(missing, computed):
+                refs[i] = (refs[i][0], refs[i][1], record)
+            if candidate_attrs is None and computed:
+                candidate_attrs = computed[-1]
+
+        settled: list[list[CriterionVerdict | None]] = []
+        encoder = None
+        can_settle = not self.force_vlm and candidate_attrs and any(attrs for _, _, attrs in refs)
+        if can_settle:
+            encoder = self._encoder()
+        for _, _, attrs in refs:
+            settled.append(
+                settle_criteria(
+                    rubric.criteria, attrs, candidate_attrs, encoder, force_vlm=self.force_vlm, thresholds=self.thresholds
+                )
+                if encoder is not None
+                else [None] * len(rubric)
+            )
+
+        pending = []
+        for i, ((_, visual, _), answers) in enumerate(zip(refs, settled)):
+            todo = [c for c, a in zip(rubric.criteria, answers) if a is None]
+            if todo:
+                constrained = self.backend.supports_constrained_decoding
+                pending.append(
+                    _Pending(
+                        index=i,
+                        visual=visual,
+                        criteria=todo,
+                        schema=verdict_schema(todo, evidence_max_chars=self.evidence_max_chars, for_grammar=False),
+                        grammar_schema=verdict_schema(todo, evidence_max_chars=self.evidence_max_chars)
+                        if constrained
+                        else None,
+                    )
+                )
+        requests_per_ref = [0] * len(refs)
+        self._run(pending, candidate, requests_per_ref)
+
+        results = []
+        by_index = {p.index: p for p in pending}
+        for i, ((ref_id, _, _), answers) in enumerate(zip(refs, settled)):
+            vlm = iter(by_index[i].verdicts or []) if i in by_index else iter(())
+            verdicts = [a if a is not None else next(vlm) for a in answers]
+            results.append(
+                ReferenceResult(ref_id, score_verdicts(rubric.criteria, verdicts), verdicts, requests_per_ref[i])
+            )
+        return results
+
+    def _check_references(self, references: Any) -> list[JudgeReference]:
+        if isinstance(references, (str, bytes)) or not isinstance(references, Sequence) or not references:
+            raise InvalidInputError("references", "give at least one (ref_id, package or image, attributes) tuple")
+        out: list[JudgeReference] = []
+        seen: set[str] = set()
+        for n, entry in enumerate(references):
+            if not isinstance(entry, tuple) or len(entry) not in (2, 3):
+                raise InvalidInputError(f"references[{n}]", "must be a (ref_id, package or image, attributes) tuple")
+            ref_id, visual, attrs = (*entry, None) if len(entry) == 2 else entry
+            if not isinstance(ref_id, str) or not ref_id:
+                raise InvalidInputError(f"references[{n}]", f"ref_id must be a non-empty string, not {ref_id!r}")
+            if ref_id in seen:
+                raise InvalidInputError(ref_id, "reference given twice")
+            seen.add(ref_id)
+            if not isinstance(visual, (VisualPackage, ImageInput)):
+                raise InvalidInputError(ref_id, f"must be a VisualPackage or an ImageInput, not {type(visual).__name__}")
+            if attrs is not None and not isinstance(attrs, Mapping):
+                raise InvalidInputError(ref_id, f"attributes must be a mapping or None, not {type(attrs).__name__}")
+            out.append((ref_id, visual, attrs))
+        return out
+
+    def _request(self, p: _Pending, candidate: Visual) -> GenerationRequest:
+        budget = token_budget(p.criteria, evidence_max_chars=self.evidence_max_chars)
+        if p.grammar_schema is None:
+            budget += _FREE_FORM_SLACK
+        if self.max_new_tokens is not None:
+            budget = min(budget, self.max_new_tokens)
+        return build_judge_request(
+            [p.visual],
+            candidate,
+            p.criteria,
+            evidence_max_chars=self.evidence_max_chars,
+            max_new_tokens=budget,
+            json_schema=p.grammar_schema,
+            retry_reason=p.reason,
+        )
+
+    def _run(self, pending: list[_Pending], candidate: Visual, requests_per_ref: list[int]) -> None:
+        todo = pending
+        for attempt in range(2):  # the first try, then one retry told what was wrong
+            if not todo:
+                return
+            texts = self._generate([self._request(p, candidate) for p in todo])
+            for p in todo:
+                requests_per_ref[p.index] += 1
+            if attempt:
+                self.vlm_retries += len(todo)
+            failed = []
+            for p, text in zip(todo, texts):
+                try:
+                    p.verdicts = parse_verdicts(text, p.criteria, p.schema)
+                except VerdictParseError as e:
+                    p.reason = e.reason
+                    failed.append(p)
+            todo = failed
+        for p in todo:
+            # Never invent a verdict: after the retry, say we do not know, and why.
+            p.verdicts = uncertain_verdicts(
+                p.criteria, f"no valid answer after a retry: {p.reason}", max_chars=self.evidence_max_chars
+            )
+
+    def _generate(self, requests: list[GenerationRequest]) -> list[str]:
+        texts: list[str] = []
+        step = max(1, int(getattr(self.backend, "batch_size", 1) or 1))
+        for start in range(0, len(requests), step):
+            chunk = requests[start : start + step]
+            self.vlm_calls += len(chunk)
+            generations = self.backend.generate(chunk)
+            if len(generations) != len(chunk):
+                raise BackendError(self.backend.name, f"returned {len(generations)} results for {len(chunk)} requests")
+            texts += [g.text for g in generations]
+        return texts

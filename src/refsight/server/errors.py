@@ -1,0 +1,176 @@
+"""Every error the service returns, as ``{"error": {"code", "message"}}`` with a stable ``code``.
+
+Clients branch on ``code``; ``message`` is for people. Library errors (the
+:mod:`refsight.errors` tree) are translated here and only here. Unexpected
+exceptions are logged on the server with their traceback and reach the client as a
+generic ``internal_error``: stack traces and internals never leave the process.
+
+Codes, by status::
+
+    400 invalid_input, invalid_image, invalid_rubric, invalid_reference_id, unsupported
+    401 unauthorized          403 forbidden         404 not_found, reference_not_found, model_not_found
+    405 method_not_allowed    413 body_too_large    415 unsupported_media_type
+    422 validation_error      429 overloaded        500 internal_error, backend_error, store_error
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..errors import (
+    BackendError,
+    ImageError,
+    InvalidInputError,
+    InvalidReferenceIdError,
+    NotFoundError,
+    ReferenceNotFoundError,
+    RefsightError,
+    RubricError,
+    StoreError,
+    UnknownModelError,
+)
+
+__all__ = ["ApiError", "error_body", "error_response", "install_error_handlers", "ERROR_RESPONSES"]
+
+log = logging.getLogger("refsight.server")
+
+#: Generic codes for HTTP statuses raised by the framework itself (routing, methods).
+_STATUS_CODES = {
+    400: "invalid_input",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    413: "body_too_large",
+    415: "unsupported_media_type",
+    422: "validation_error",
+    429: "overloaded",
+}
+
+
+class ApiError(Exception):
+    """An error meant for the client: HTTP ``status``, stable ``code``, human ``message``."""
+
+    def __init__(self, status: int, code: str, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers or {}
+
+
+def error_body(code: str, message: str) -> dict[str, Any]:
+    """The JSON body of every error response."""
+    return {"error": {"code": code, "message": message}}
+
+
+def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    """A JSON error response (also used by the ASGI middlewares, which cannot raise into handlers)."""
+    return JSONResponse(error_body(code, message), status_code=status, headers=headers)
+
+
+def from_refsight(error: RefsightError) -> ApiError:
+    """Translate a library error into the client's view of it."""
+    if isinstance(error, ImageError):
+        return ApiError(400, "invalid_image", str(error))
+    if isinstance(error, RubricError):
+        return ApiError(400, "invalid_rubric", str(error))
+    if isinstance(error, InvalidReferenceIdError):
+        return ApiError(400, "invalid_reference_id", str(error))
+    if isinstance(error, InvalidInputError):
+        return ApiError(400, "invalid_input", str(error))
+    if isinstance(error, ReferenceNotFoundError):
+        # The same words whether the id never existed or belongs to another tenant.
+        return ApiError(404, "reference_not_found", f"reference not found: {error.name!r}")
+    if isinstance(error, UnknownModelError):
+        return ApiError(404, "model_not_found", f"model not found: {error.name!r}")
+    if isinstance(error, NotFoundError):
+        return ApiError(404, "not_found", str(error))
+    if isinstance(error, BackendError):
+        return ApiError(500, "backend_error", "the model failed to process the request")
+    if isinstance(error, StoreError):
+        return ApiError(500, "store_error", "the reference store failed")
+    return ApiError(500, "internal_error", "internal server error")
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+        parts.append(f"{where}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts) or "the request is invalid"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Make every error the app can raise a JSON error body with a stable code."""
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status, exc.code, exc.message, exc.headers)
+
+    @app.exception_handler(RefsightError)
+    async def _refsight_error(request: Request, exc: RefsightError) -> JSONResponse:
+        api = from_refsight(exc)
+        if api.status >= 500:
+            # The details stay in the server log; the client gets the generic message.
+            log.error("%s %s failed: %s", request.method, request.url.path, exc, exc_info=exc)
+        return error_response(api.status, api.code, api.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(422, "validation_error", _validation_message(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _STATUS_CODES.get(exc.status_code, "internal_error" if exc.status_code >= 500 else "http_error")
+        message = exc.detail if isinstance(exc.detail, str) else "request failed"
+        if exc.status_code == 404 and message == "Not Found":
+            message = f"no such endpoint: {request.method} {request.url.path}"
+        if exc.status_code == 405:
+            message = f"method {request.method} is not allowed on {request.url.path}"
+        return error_response(exc.status_code, code, message, getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.error("%s %s crashed", request.method, request.url.path, exc_info=exc)
+        return error_response(500, "internal_error", "internal server error")
+
+
+def _schema(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["error"],
+                    "properties": {
+                        "error": {
+                            "type": "object",
+                            "required": ["code", "message"],
+                            "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+                        }
+                    },
+                }
+            }
+        },
+    }
+
+
+#: OpenAPI ``responses`` entries documenting the error body, for route decorators.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: _schema("Bad input (the message names the input and the reason)"),
+    401: _schema("Missing or wrong API key"),
+    404: _schema("Not found (another tenant's reference reads exactly like an absent one)"),
+    413: _schema("Request body over the limit"),
+    422: _schema("Request does not match the schema"),
+    429: _schema("Too many requests in flight; retry later"),
+    500: _schema("Internal error (no details are given to clients)"),
+}

@@ -1,0 +1,115 @@
+"""Limits that keep one client from taking the service down: body size and concurrent model work.
+
+- :class:`BodyLimitMiddleware` refuses a request body over ``max_bytes`` with 413
+  before any handler sees it: a declared ``Content-Length`` is checked up front, and
+  a chunked body is counted as it arrives, so a lying or absent header does not help.
+- :class:`WorkPool` runs blocking model work in a bounded set of threads (off the
+  event loop). At most ``workers`` jobs run and at most ``queue`` wait; one more is
+  refused at once with 429 ``overloaded`` instead of piling up unbounded latency.
+
+Image pixel limits are the library's own (:class:`refsight.IntakeLimits`), applied
+by the engines the app builds.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, TypeVar
+
+import anyio
+import anyio.to_thread
+
+from .errors import ApiError, error_response
+
+__all__ = ["BodyLimitMiddleware", "WorkPool"]
+
+T = TypeVar("T")
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class BodyLimitMiddleware:
+    """ASGI middleware: request bodies over ``max_bytes`` get 413 ``body_too_large``."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None:
+            try:
+                too_large = int(declared) > self.max_bytes
+            except ValueError:
+                too_large = False  # the server itself rejects a malformed header
+            if too_large:
+                await self._refuse(scope, receive, send)
+                return
+        # Buffer the body (it is bounded by the limit) so a chunked body that grows past
+        # the limit is refused before the handler has done anything with it.
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._refuse(scope, receive, send)
+                return
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # afterwards only a disconnect can arrive
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: dict, receive: Callable, send: Callable) -> None:
+        response = error_response(413, "body_too_large", f"request body is over the {self.max_bytes}-byte limit")
+        await response(scope, receive, send)
+
+
+class WorkPool:
+    """Runs blocking callables in at most ``workers`` threads with at most ``queue`` waiting."""
+
+    def __init__(self, workers: int, queue: int) -> None:
+        self.workers = workers
+        self.queue = queue
+        self._capacity = anyio.CapacityLimiter(workers)
+        self._pending = 0  # running + waiting; only touched on the event loop, so no lock
+
+    @property
+    def pending(self) -> int:
+        """Jobs running or waiting now."""
+        return self._pending
+
+    async def run(self, func: Callable[..., T], *args: Any) -> T:
+        """Run ``func(*args)`` in a worker thread; raise 429 ``overloaded`` when the queue is full."""
+        if self._pending >= self.workers + self.queue:
+            raise ApiError(
+                429, "overloaded",
+                f"{self._pending} requests are already running or queued (limit {self.workers + self.queue}); retry later",
+                headers={"Retry-After": "1"},
+            )
+        self._pending += 1
+        try:
+            return await anyio.to_thread.run_sync(func, *args, limiter=self._capacity)
+        finally:
+            self._pending -= 1
+
+    async def run_light(self, func: Callable[..., T], *args: Any) -> T:
+        """Run cheap blocking work (catalog reads, thumbnails) in the shared thread pool, never refused."""
+        return await anyio.to_thread.run_sync(func, *args)

@@ -1,0 +1,37 @@
+"""The page at ``/``: plain HTML and JavaScript served by the app, no build step.
+
+It shows the reference gallery (thumbnails, ids, metadata, cache state) and a form
+to compare a candidate against chosen references (or the top k recalled), with the
+verdicts per criterion coloured and their evidence beside the reference images. It
+calls the same JSON API as any client, with the API key the user types in.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+
+from fastapi import APIRouter
+from fastapi.responses import HTMLResponse
+
+__all__ = ["router", "page_html"]
+
+router = APIRouter(include_in_schema=False)
+
+
+@lru_cache(maxsize=1)
+def page_html() -> str:
+    """The page's HTML (read once from the package)."""
+    return resources.files("refsight.server").joinpath("static/index.html").read_text(encoding="utf-8")
+
+
+@router.get("/", response_class=HTMLResponse)
+async def index() -> HTMLResponse:
+    """The gallery and comparison page."""
+    # No inline event handlers or remote resources: a strict CSP costs nothing here.
+    headers = {
+        "Content-Security-Policy": "default-src 'self'; img-src 'self' blob: data:; style-src 'self' 'unsafe-inline'; "
+        "script-src 'self' 'unsafe-inline'; connect-src 'self'",
+        "X-Content-Type-Options": "nosniff",
+    }
+    return HTMLResponse(page_html(), headers=headers)

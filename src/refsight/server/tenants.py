@@ -1,0 +1,139 @@
+"""API keys → namespaces (tenants).
+
+Keys come from a file (one ``key=namespace`` pair a line; ``#`` comments and blank
+lines allowed) or from ``$REFSIGHT_API_KEYS`` (the same pairs separated by commas,
+semicolons or whitespace). A key mapped to the special namespace ``@operator`` may
+read ``/metrics`` (whose counters span every tenant) and nothing else.
+
+Keys are secrets: only their sha256 digests are kept in memory, they never appear
+in an error message or a log line (a bad line is named by its number), and a
+presented key is compared against *every* known digest with
+:func:`hmac.compare_digest`, so the time taken says nothing about which key, or
+which prefix, was close.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from ..errors import InvalidInputError
+
+__all__ = ["Tenants", "OPERATOR", "ENV_VAR", "is_loopback", "parse_key_pairs", "load_keys"]
+
+#: Namespace of keys that may read operator-level data (``/metrics``) but no tenant's references.
+OPERATOR = "@operator"
+#: Environment variable holding ``key=namespace`` pairs.
+ENV_VAR = "REFSIGHT_API_KEYS"
+
+_NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_MIN_KEY_CHARS = 8
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8")).digest()
+
+
+def parse_key_pairs(text: str, *, source: str, lines: bool) -> dict[str, str]:
+    """Parse ``key=namespace`` pairs; errors name ``source`` and the line or pair number, never the key."""
+    pairs: dict[str, str] = {}
+    items = text.splitlines() if lines else re.split(r"[\s,;]+", text)
+    unit = "line" if lines else "pair"
+    for number, raw in enumerate(items, 1):
+        item = raw.split("#", 1)[0].strip() if lines else raw.strip()
+        if not item:
+            continue
+        key, sep, namespace = item.rpartition("=")
+        key, namespace = key.strip(), namespace.strip()
+        where = f"{source} {unit} {number}"
+        if not sep or not key:
+            raise InvalidInputError(where, "expected KEY=NAMESPACE")
+        if len(key) < _MIN_KEY_CHARS or any(c.isspace() for c in key):
+            raise InvalidInputError(where, f"a key has at least {_MIN_KEY_CHARS} characters and no spaces")
+        if namespace != OPERATOR and not _NAMESPACE.fullmatch(namespace):
+            raise InvalidInputError(
+                where, f"namespace {namespace!r}: use 1-64 letters, digits, '.', '_' or '-', or {OPERATOR}"
+            )
+        if key in pairs:
+            raise InvalidInputError(where, "this key is listed twice")
+        pairs[key] = namespace
+    return pairs
+
+
+def load_keys(path: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Keys from ``path`` if given, else from ``$REFSIGHT_API_KEYS``; ``{}`` when neither is set."""
+    if path is not None:
+        label = f"keys file {os.fspath(path)}"
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as e:
+            raise InvalidInputError(label, f"cannot read: {e.strerror or e}") from None
+        except UnicodeDecodeError:
+            raise InvalidInputError(label, "not UTF-8 text") from None
+        keys = parse_key_pairs(text, source=label, lines=True)
+        if not keys:
+            raise InvalidInputError(label, "holds no KEY=NAMESPACE lines")
+        return keys
+    env = (environ if environ is not None else os.environ).get(ENV_VAR, "")
+    return parse_key_pairs(env, source=f"${ENV_VAR}", lines=False) if env.strip() else {}
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only accepts connections from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class _Entry:
+    digest: bytes
+    namespace: str
+
+
+class Tenants:
+    """Resolves a presented API key to its namespace in constant time over the key set."""
+
+    def __init__(self, keys: Mapping[str, str] | None = None, *, default_namespace: str = "default") -> None:
+        self._entries = tuple(_Entry(_digest(k), ns) for k, ns in (keys or {}).items())
+        self.default_namespace = default_namespace
+
+    @property
+    def enabled(self) -> bool:
+        """True when keys are configured (every request must then carry one)."""
+        return bool(self._entries)
+
+    @property
+    def namespaces(self) -> list[str]:
+        """The tenant namespaces (without the operator pseudo-namespace)."""
+        return sorted({e.namespace for e in self._entries if e.namespace != OPERATOR})
+
+    def resolve(self, presented: str | None) -> str | None:
+        """The namespace of ``presented``, or None when it matches no key.
+
+        Without configured keys every request belongs to the default namespace.
+        """
+        if not self._entries:
+            return self.default_namespace
+        if not presented:
+            return None
+        digest = _digest(presented)
+        found: str | None = None
+        # No early exit: every digest is compared, so timing does not reveal the position of a match.
+        for entry in self._entries:
+            if hmac.compare_digest(digest, entry.digest):
+                found = entry.namespace
+        return found
+
+    def __repr__(self) -> str:  # never show digests either
+        return f"Tenants({len(self._entries)} keys)"
+

@@ -1,0 +1,99 @@
+"""Storage: packages by key (memory LRU → local disk) and the catalog of references.
+
+:func:`open_store` is the one entry point most code needs::
+
+    with open_store("~/.cache/refsight") as store:
+        store.packages.put(package)          # disk first, then memory
+        store.packages.get(package.key)      # memory hit, else disk (checked), promoted
+        store.catalog.add_reference("cat-1", package.image_sha256, {"label": "tabby"})
+
+Nothing here imports torch until a package is actually read or written.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from ..errors import StoreError
+from ._sqlite import DB_NAME, SCHEMA_VERSION, Database
+from .base import COUNTER_NAMES, DEFAULT_NAMESPACE, Catalog, PackageStore, Reference, validate_ref_id
+from .catalog import SqliteCatalog
+from .local import LocalPackageStore, PackageRecord
+from .memory import MemoryPackageStore
+from .tiered import TieredPackageStore
+
+__all__ = [
+    "open_store",
+    "Store",
+    "PackageStore",
+    "Catalog",
+    "Reference",
+    "validate_ref_id",
+    "LocalPackageStore",
+    "PackageRecord",
+    "MemoryPackageStore",
+    "TieredPackageStore",
+    "SqliteCatalog",
+    "DEFAULT_NAMESPACE",
+    "COUNTER_NAMES",
+    "SCHEMA_VERSION",
+    "DEFAULT_MEMORY_BYTES",
+]
+
+DEFAULT_MEMORY_BYTES = 512 * 1024 * 1024
+
+
+class Store:
+    """An opened store directory: ``packages`` (tiered), ``local``, ``memory`` and ``catalog``.
+
+    Use as a context manager, or call :meth:`close`. Safe to open the same
+    directory from several processes at once.
+    """
+
+    def __init__(self, root: Path, database: Database, memory_bytes: int) -> None:
+        self.root = root
+        self._db = database
+        self.local = LocalPackageStore(root, database=database)
+        self.catalog = SqliteCatalog(root, database=database)
+        self.memory = MemoryPackageStore(memory_bytes)
+        self.packages = TieredPackageStore([self.memory, self.local], catalog=self.catalog)
+
+    def close(self) -> None:
+        """Drop the memory tier and close the database connections. Idempotent."""
+        self.memory.clear()
+        self._db.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Store({str(self.root)!r})"
+
+
+def open_store(root: str | os.PathLike, *, memory_bytes: int = DEFAULT_MEMORY_BYTES) -> Store:
+    """Open (creating if needed) the store in directory ``root``.
+
+    Raises :class:`StoreError` when the directory cannot be created or written, or
+    when ``root`` holds a database that is not a refsight store (or a newer one).
+    """
+    path = Path(os.path.expanduser(os.fspath(root)))
+    if path.exists() and not path.is_dir():
+        raise StoreError(f"store path {path} exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(f"cannot create store directory {path}: {exc.strerror or exc}") from exc
+    # Probe writability now, so the failure names the directory instead of surfacing
+    # later as an obscure SQLite or rename error halfway through a write.
+    try:
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise StoreError(f"store directory {path} is not writable: {exc.strerror or exc}") from exc
+    database = Database(path)
+    return Store(path, database, memory_bytes)

@@ -1,0 +1,158 @@
+"""Store interfaces: packages by key, and the catalog of references.
+
+A :class:`PackageStore` is a content-addressed map ``key -> VisualPackage``
+(memory, local disk, later shared tiers). The :class:`Catalog` holds what users
+name: references (a validated id, metadata, an image hash, one package per
+fingerprint), the original image bytes, and the persistent counters.
+"""
+
+from __future__ import annotations
+
+import abc
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from ..errors import InvalidReferenceIdError
+from ..package import VisualPackage
+
+__all__ = [
+    "PackageStore",
+    "Catalog",
+    "Reference",
+    "validate_ref_id",
+    "DEFAULT_NAMESPACE",
+    "COUNTER_NAMES",
+]
+
+DEFAULT_NAMESPACE = "default"
+#: Counters every store keeps across processes.
+COUNTER_NAMES = ("hits", "misses", "evictions", "encode_ms_saved")
+
+_REF_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+=-]{0,127}")
+
+
+def validate_ref_id(ref_id: object) -> str:
+    """Return ``ref_id`` if it is a safe reference id, else raise :class:`InvalidReferenceIdError`.
+
+    Allowed: 1–128 characters of letters, digits and ``. _ - @ + =``, starting with a
+    letter or digit, with no ``..`` (ids may appear in paths and URLs).
+    """
+    if not isinstance(ref_id, str):
+        raise InvalidReferenceIdError(ref_id, "a reference id must be a string")
+    if not ref_id:
+        raise InvalidReferenceIdError(ref_id, "a reference id cannot be empty")
+    if len(ref_id) > 128:
+        raise InvalidReferenceIdError(ref_id, "a reference id has at most 128 characters")
+    if ".." in ref_id or not _REF_ID.fullmatch(ref_id):
+        raise InvalidReferenceIdError(
+            ref_id, "use letters, digits and . _ - @ + = only, starting with a letter or digit, and no '..'"
+        )
+    return ref_id
+
+
+@dataclass
+class Reference:
+    """A user-named reference image: id, metadata, image hash, and its packages by fingerprint digest."""
+
+    ref_id: str
+    image_sha256: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+    created_at: float = 0.0
+    namespace: str = DEFAULT_NAMESPACE
+    packages: dict[str, str] = field(default_factory=dict)  # fingerprint digest -> package key
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready view (without the namespace, which callers already know)."""
+        return {
+            "ref_id": self.ref_id,
+            "image_sha256": self.image_sha256,
+            "metadata": self.metadata,
+            "created_at": self.created_at,
+            "packages": self.packages,
+        }
+
+
+class PackageStore(abc.ABC):
+    """A content-addressed map from package key to :class:`VisualPackage`."""
+
+    @abc.abstractmethod
+    def get(self, key: str) -> VisualPackage | None:
+        """The package, or None when absent. Raises CorruptPackageError, never serves a bad one."""
+
+    @abc.abstractmethod
+    def put(self, package: VisualPackage) -> int:
+        """Store ``package`` under ``package.key`` (idempotent); returns its size in bytes."""
+
+    @abc.abstractmethod
+    def contains(self, key: str) -> bool:
+        """Whether a package is stored under ``key`` (without loading it)."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> bool:
+        """Remove a package; True when something was removed."""
+
+    @abc.abstractmethod
+    def keys(self) -> Iterator[str]:
+        """Every stored key."""
+
+    def close(self) -> None:
+        """Release files and connections. Idempotent."""
+
+
+class Catalog(abc.ABC):
+    """References, their package links, the kept image bytes, and persistent counters.
+
+    Every method takes a ``namespace`` (tenants); ids are unique per namespace.
+    """
+
+    # -- references -------------------------------------------------------------
+    @abc.abstractmethod
+    def add_reference(
+        self, ref_id: str, image_sha256: str, metadata: dict[str, Any], *, namespace: str = DEFAULT_NAMESPACE
+    ) -> Reference:
+        """Create a reference, or return the existing one when it has the same image.
+
+        Raises InvalidInputError when ``ref_id`` exists with another image (metadata of an
+        existing reference with the same image is merged).
+        """
+
+    @abc.abstractmethod
+    def get_reference(self, ref_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> Reference:
+        """The reference; raises ReferenceNotFoundError."""
+
+    @abc.abstractmethod
+    def find_references(self, image_sha256: str, *, namespace: str = DEFAULT_NAMESPACE) -> list[Reference]:
+        """References in ``namespace`` whose image has this hash."""
+
+    @abc.abstractmethod
+    def list_references(self, *, namespace: str = DEFAULT_NAMESPACE) -> list[Reference]:
+        """All references in ``namespace``, oldest first."""
+
+    @abc.abstractmethod
+    def remove_reference(self, ref_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> tuple[Reference, list[str]]:
+        """Remove a reference; returns it and the package keys no reference uses any more."""
+
+    @abc.abstractmethod
+    def link_package(
+        self, ref_id: str, fingerprint_digest: str, package_key: str, *, namespace: str = DEFAULT_NAMESPACE
+    ) -> None:
+        """Record that ``package_key`` is the reference's package under that fingerprint."""
+
+    # -- image bytes --------------------------------------------------------------
+    @abc.abstractmethod
+    def put_image(self, image_sha256: str, data: bytes, fmt: str | None) -> None:
+        """Keep the original bytes of an image, content-addressed by its pixel hash (idempotent)."""
+
+    @abc.abstractmethod
+    def get_image(self, image_sha256: str) -> bytes:
+        """The kept original bytes; raises NotFoundError."""
+
+    # -- counters -----------------------------------------------------------------
+    @abc.abstractmethod
+    def bump(self, **amounts: float) -> None:
+        """Add to persistent counters (see COUNTER_NAMES), atomically across processes."""
+
+    @abc.abstractmethod
+    def counters(self) -> dict[str, float]:
+        """Current counter values."""

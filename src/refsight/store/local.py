@@ -1,0 +1,323 @@
+"""The embedded, durable package store: an SQLite index beside one safetensors file per package.
+
+Layout under ``root``::
+
+    refsight.db                              index (and the catalog's tables)
+    packages/ab/cd/<key>.safetensors         tensors + the package header as metadata
+
+The index row is the truth: a file without a row (a writer killed between its
+rename and its insert) is invisible to readers and removed by :meth:`gc`. Each row
+keeps the file's size and xxh3-128 checksum, the tensor spec and the fingerprint;
+:meth:`get` checks all of them and raises :class:`CorruptPackageError` rather than
+serve a package that does not match. Several processes may read and write one
+store at once (SQLite WAL + ``BEGIN IMMEDIATE`` around every publish).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import xxhash
+
+from ..errors import CorruptPackageError, InvalidInputError, StoreError
+from ..package import EncoderFingerprint, VisualPackage, canonical_json, package_key, tensor_spec
+from . import _safetensors
+from ._files import TEMP_PREFIX, publish, write_temp
+from ._sqlite import Database
+from .base import PackageStore
+
+__all__ = ["LocalPackageStore", "PackageRecord"]
+
+_KEY = re.compile(r"[0-9a-f]{64}")
+_HEADER_FIELD = "refsight.header"
+_SUFFIX = ".safetensors"
+_COLUMNS = "key, image_sha256, fingerprint_digest, fingerprint_json, bytes, spec_json, created_at, encode_ms, checksum"
+
+
+@dataclass(frozen=True)
+class PackageRecord:
+    """One index row: what the store knows about a package without reading its file."""
+
+    key: str
+    image_sha256: str
+    fingerprint_digest: str
+    fingerprint_json: str
+    bytes: int
+    spec_json: str
+    created_at: float
+    encode_ms: float
+    checksum: str
+
+    @property
+    def fingerprint(self) -> EncoderFingerprint:
+        """The fingerprint the package was encoded under."""
+        return EncoderFingerprint.from_json(self.fingerprint_json)
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        """Name -> dtype and shape of every tensor."""
+        return json.loads(self.spec_json)
+
+
+def _check_key(key: object) -> str:
+    # Keys become file paths: only 64 lowercase hex characters may pass.
+    if not isinstance(key, str) or not _KEY.fullmatch(key):
+        raise InvalidInputError(key, "a package key is 64 lowercase hex characters (a sha256)")
+    return key
+
+
+@functools.lru_cache(maxsize=256)
+def _fingerprint(fingerprint_json: str) -> tuple[EncoderFingerprint, str, dict[str, Any]]:
+    # A store holds few fingerprints: parse and hash each once, not on every get().
+    fingerprint = EncoderFingerprint.from_json(fingerprint_json)
+    return fingerprint, fingerprint.digest, fingerprint.to_dict()
+
+
+@functools.lru_cache(maxsize=4096)
+def _key(image_sha256: str, fingerprint_json: str) -> str:
+    # package_key is pure; memoised because re-serialising the fingerprint costs ~20 µs.
+    return package_key(image_sha256, _fingerprint(fingerprint_json)[0])
+
+
+class LocalPackageStore(PackageStore):
+    """Packages as safetensors files under ``root/packages``, indexed in ``root/refsight.db``."""
+
+    def __init__(self, root: str | Path, *, database: Database | None = None) -> None:
+        self.root = Path(root)
+        self._owns_db = database is None
+        if database is None:
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"cannot create store directory {self.root}: {exc}") from exc
+        self._db = database if database is not None else Database(self.root)
+        self.packages_dir = self.root / "packages"
+
+    # -- paths ------------------------------------------------------------------
+    def path_for(self, key: str) -> Path:
+        """Where the file of ``key`` lives (two levels of 256 shards keep directories small)."""
+        _check_key(key)
+        return self.packages_dir / key[:2] / key[2:4] / f"{key}{_SUFFIX}"
+
+    # -- index ------------------------------------------------------------------
+    def record(self, key: str) -> PackageRecord | None:
+        """The index row of ``key``, or None."""
+        _check_key(key)
+        row = self._db.connection().execute(f"SELECT {_COLUMNS} FROM packages WHERE key = ?", (key,)).fetchone()
+        return PackageRecord(*row) if row else None
+
+    def contains(self, key: str) -> bool:
+        """Whether the index has a row for ``key`` (the file is not read)."""
+        _check_key(key)
+        return self._db.connection().execute("SELECT 1 FROM packages WHERE key = ?", (key,)).fetchone() is not None
+
+    def keys(self) -> Iterator[str]:
+        """Every indexed key, in key order."""
+        rows = self._db.connection().execute("SELECT key FROM packages ORDER BY key").fetchall()
+        return iter([r[0] for r in rows])
+
+    def records(self) -> Iterator[PackageRecord]:
+        """Every index row, in key order."""
+        rows = self._db.connection().execute(f"SELECT {_COLUMNS} FROM packages ORDER BY key").fetchall()
+        return iter([PackageRecord(*r) for r in rows])
+
+    def stats(self) -> dict[str, int]:
+        """``{"packages": count, "bytes": total file bytes}``."""
+        count, total = self._db.connection().execute("SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM packages").fetchone()
+        return {"packages": int(count), "bytes": int(total)}
+
+    def __len__(self) -> int:
+        return self.stats()["packages"]
+
+    # -- write ------------------------------------------------------------------
+    def put(self, package: VisualPackage) -> int:
+        """Store ``package`` durably (idempotent); returns the size of its file in bytes."""
+        key = package.key
+        existing = self.record(key)
+        if existing is not None:
+            return existing.bytes
+        try:
+            header_text = canonical_json(package.header())
+            chunks = _safetensors.encode(package.tensors, {_HEADER_FIELD: header_text})
+        except (TypeError, ValueError) as exc:
+            raise InvalidInputError(f"package {key}", f"cannot be stored: {exc}") from exc
+        final = self.path_for(key)
+        try:
+            # 1. Write and fsync a temp file next to the final name, outside any lock:
+            #    the slow part runs in parallel across processes.
+            temp, digest, size = write_temp(final.parent, chunks)
+        except OSError as exc:
+            raise StoreError(f"cannot write package {key} under {final.parent}: {exc}") from exc
+        fingerprint = package.fingerprint
+        row = (
+            key,
+            package.image_sha256,
+            fingerprint.digest,
+            fingerprint.to_json(),
+            size,
+            canonical_json(package.spec),
+            float(package.created_at),
+            float(package.encode_ms),
+            digest,
+        )
+        published = False
+        try:
+            # 2. Under the database write lock: another process may have published the
+            #    same key meanwhile. Its file and row must stay paired (our file differs in
+            #    created_at, so replacing it would break its checksum): keep theirs.
+            with self._db.write() as conn:
+                won = conn.execute("SELECT bytes FROM packages WHERE key = ?", (key,)).fetchone()
+                if won is not None:
+                    return int(won[0])
+                # 3. Rename, then fsync the directory, *then* insert the row: a row must
+                #    never point at a name that a crash could still lose. A crash between
+                #    the rename and the commit leaves an orphan file, invisible to
+                #    readers (they go through the index) and removed by gc().
+                publish(temp, final)
+                published = True
+                conn.execute(f"INSERT INTO packages ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+        except OSError as exc:
+            raise StoreError(f"cannot publish package {key}: {exc}") from exc
+        finally:
+            if not published:
+                temp.unlink(missing_ok=True)
+        return size
+
+    def delete(self, key: str) -> bool:
+        """Remove the row, then the file; True when a row was removed."""
+        _check_key(key)
+        # Drop the row first: from that moment no reader can reach the file.
+        with self._db.write() as conn:
+            removed = conn.execute("DELETE FROM packages WHERE key = ?", (key,)).rowcount > 0
+        if removed:
+            self._unlink_if_unindexed(key)
+        return removed
+
+    def _unlink_if_unindexed(self, key: str) -> bool:
+        # Unlink under the write lock, after checking again: a concurrent put of the same
+        # key may have published a new file and row since our DELETE, and that file must
+        # stay. Puts publish under the same lock, so the check and the unlink are one step.
+        path = self.path_for(key)
+        with self._db.write() as conn:
+            if conn.execute("SELECT 1 FROM packages WHERE key = ?", (key,)).fetchone():
+                return False
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                return False
+        return True
+
+    # -- read -------------------------------------------------------------------
+    def get(self, key: str) -> VisualPackage | None:
+        """Load and check the package; None when not indexed; CorruptPackageError on any mismatch."""
+        record = self.record(key)
+        if record is None:
+            return None
+        try:
+            return self._load(record)
+        except CorruptPackageError:
+            # A concurrent delete (and maybe a new put) may have changed the file between
+            # our row read and our file read: judge against the current row, once.
+            current = self.record(key)
+            if current is None:
+                return None
+            if current == record:
+                raise
+            return self._load(current)
+
+    def _load(self, record: PackageRecord) -> VisualPackage:
+        key = record.key
+        path = self.path_for(key)
+        try:
+            buf = _safetensors.read_buffer(path, record.bytes)
+        except FileNotFoundError:
+            raise CorruptPackageError(key, f"file {path} is missing") from None
+        except ValueError as exc:
+            raise CorruptPackageError(key, f"size mismatch: {exc}") from None
+        except OSError as exc:
+            raise CorruptPackageError(key, f"cannot read {path}: {exc}") from None
+        # The checksum covers every byte (header and tensors): check it before parsing anything.
+        digest = xxhash.xxh3_128_hexdigest(buf)
+        if digest != record.checksum:
+            raise CorruptPackageError(key, f"checksum mismatch (file {digest}, index {record.checksum})")
+        return self._parse(record, buf)
+
+    def _parse(self, record: PackageRecord, buf: memoryview) -> VisualPackage:
+        key = record.key
+        try:
+            tensors, meta, _ = _safetensors.decode(buf)
+            header = json.loads(meta[_HEADER_FIELD])
+            image_sha256 = header["image_sha256"]
+            # Parsed and hashed once per fingerprint (cached): get() stays close to a raw read.
+            fingerprint, fingerprint_digest, fingerprint_dict = _fingerprint(record.fingerprint_json)
+        except (_safetensors.SafetensorsFormatError, KeyError, TypeError, ValueError) as exc:
+            raise CorruptPackageError(key, f"unreadable file: {exc}") from None
+        if header.get("fingerprint") != fingerprint_dict or fingerprint_digest != record.fingerprint_digest:
+            raise CorruptPackageError(key, "fingerprint differs from the index")
+        if image_sha256 != record.image_sha256 or _key(image_sha256, record.fingerprint_json) != key:
+            raise CorruptPackageError(key, "the file holds another package (image hash or fingerprint differ)")
+        spec = tensor_spec(tensors)
+        if spec != json.loads(record.spec_json) or spec != header.get("spec"):
+            raise CorruptPackageError(key, f"tensor names, dtypes or shapes differ from the index: {spec}")
+        return VisualPackage(
+            tensors=tensors,
+            metadata=header.get("metadata", {}),
+            image_sha256=image_sha256,
+            fingerprint=fingerprint,
+            created_at=float(header.get("created_at", record.created_at)),
+            encode_ms=float(header.get("encode_ms", record.encode_ms)),
+        )
+
+    def verify(self, key: str) -> str | None:
+        """None when the package of ``key`` passes every check, else the problem in words."""
+        record = self.record(key)
+        if record is None:
+            return "not in the index"
+        try:
+            self._load(record)
+        except CorruptPackageError as exc:
+            return exc.reason
+        return None
+
+    def verify_all(self) -> Iterator[tuple[str, str | None]]:
+        """``(key, problem or None)`` for every indexed package (what ``refsight verify`` reports)."""
+        for key in self.keys():
+            problem = self.verify(key)
+            if problem != "not in the index":  # deleted while we walked: not a problem
+                yield key, problem
+
+    # -- maintenance --------------------------------------------------------------
+    def gc(self, *, temp_age_s: float = 3600.0) -> dict[str, int]:
+        """Remove orphan package files (no index row) and temp files older than ``temp_age_s``.
+
+        Temp files younger than that may belong to a live writer, so they stay.
+        Returns ``{"orphans": n, "temps": n}``.
+        """
+        removed = {"orphans": 0, "temps": 0}
+        if not self.packages_dir.is_dir():
+            return removed
+        now = time.time()
+        for path in sorted(self.packages_dir.glob("*/*/*")):
+            name = path.name
+            if name.startswith(TEMP_PREFIX):
+                try:
+                    if now - path.stat().st_mtime >= temp_age_s:
+                        path.unlink()
+                        removed["temps"] += 1
+                except FileNotFoundError:
+                    pass  # its writer renamed or removed it meanwhile
+            elif name.endswith(_SUFFIX) and _KEY.fullmatch(name[: -len(_SUFFIX)]):
+                if self._unlink_if_unindexed(name[: -len(_SUFFIX)]):
+                    removed["orphans"] += 1
+        return removed
+
+    def close(self) -> None:
+        """Close the database connections this store opened. Idempotent."""
+        if self._owns_db:
+            self._db.close()

@@ -1,0 +1,69 @@
+"""Run in a NEW process by test_equivalence.py: the cached path from packages on disk.
+
+Reads a JSON spec (store directory, cases of requests whose segments are text,
+reference package keys or candidate image paths), loads every reference package
+from ``refsight.store`` with ``.get(key)``, generates with ``return_logits=True``
+and writes tokens, logits, the random-weights flag and how many times the vision
+tower and the image processor ran to a ``torch.save`` file.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main(spec_path: str) -> None:
+    import torch
+
+    from refsight.backends.base import GenerationRequest
+    from refsight.backends.registry import get_backend
+    from refsight.images import load_image
+    from refsight.store import open_store
+
+    torch.set_num_threads(1)
+    with open(spec_path) as f:
+        spec = json.load(f)
+    out: dict[str, object] = {}
+    with open_store(spec["store"]) as store:
+        for case in spec["cases"]:
+            backend = get_backend(case["model"])
+            tower = getattr(backend.model.model, "visual", None) or backend.model.model.vision_model
+            counts = {"vision": 0, "preprocess": 0}
+            hook = tower.register_forward_hook(lambda *a: counts.__setitem__("vision", counts["vision"] + 1))
+            original = backend.image_processor.preprocess
+
+            def counted(*args, _original=original, **kwargs):
+                counts["preprocess"] += len(args[0])
+                return _original(*args, **kwargs)
+
+            backend.image_processor.preprocess = counted
+            requests = []
+            for row in case["rows"]:
+                segments = []
+                for segment in row:
+                    if "text" in segment:
+                        segments.append(segment["text"])
+                    elif "ref" in segment:
+                        package = store.packages.get(segment["ref"])
+                        if package is None:
+                            raise SystemExit(f"package {segment['ref']} missing from the store")
+                        segments.append(package)
+                    else:
+                        segments.append(load_image(segment["image"]))
+                requests.append(GenerationRequest(segments, max_new_tokens=case["max_new_tokens"]))
+            generations = backend.generate(requests, return_logits=True)
+            hook.remove()
+            backend.image_processor.preprocess = original
+            out[case["id"]] = {
+                "rows": [
+                    {"tokens": g.token_ids, "logits": g.logits, "random_weights": g.random_weights, "timings": g.timings_ms}
+                    for g in generations
+                ],
+                "counts": counts,
+            }
+    torch.save(out, spec["out"])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

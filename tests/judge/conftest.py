@@ -1,0 +1,135 @@
+"""Fixtures for the judge tests: real photos, a byte-level BPE trained here, a tiny random LM,
+and a scripted fake backend (for orchestration only: what it answers is the test's input).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from refsight.backends.base import Backend, Generation, GenerationRequest
+from refsight.images import ImageInput, load_image
+from refsight.package import EncoderFingerprint, VisualPackage
+
+EOS = "<|endoftext|>"
+PAD = "<|pad|>"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def judge_model_cache():
+    """A session-private ``REFSIGHT_MODEL_CACHE`` so tiny models never touch the user's cache."""
+    with tempfile.TemporaryDirectory(prefix="refsight-judge-models-") as path, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("REFSIGHT_MODEL_CACHE", path)
+        yield Path(path)
+
+
+@pytest.fixture
+def one_thread():
+    """Run torch on one thread: the host is shared, and tiny models gain nothing from more."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def photo(name: str, size: tuple[int, int] | None = None, flip: bool = False) -> ImageInput:
+    """A real photo from ``skimage.data`` as an ImageInput (optionally resized or mirrored)."""
+    from skimage import data
+
+    image = Image.fromarray(np.asarray(getattr(data, name)())).convert("RGB")
+    if size is not None:
+        image = image.resize(size, Image.BICUBIC)
+    if flip:
+        image = image.transpose(Image.FLIP_LEFT_RIGHT)
+    return load_image(image, name=name + ("-flipped" if flip else ""))
+
+
+@pytest.fixture(scope="session")
+def byte_tokenizer():
+    """A byte-level BPE ``PreTrainedTokenizerFast`` trained in-process (ids 0, 1 = eos, pad)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=420,
+        special_tokens=[EOS, PAD],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    corpus = [
+        '{"criteria": [{"criterion": "is a cat", "verdict": "match", "confidence": 0.75, "evidence": "same fur"}]}',
+        "the cat has orange fur, pointed ears and white paws; uncertain mismatch",
+        "Judge the candidate against the reference image under these criteria.",
+    ]
+    tokenizer.train_from_iterator(corpus * 5, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS, pad_token=PAD)
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(byte_tokenizer):
+    """A tiny Qwen2 causal LM with random weights (seeded); its logits are wider than the vocabulary."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=len(byte_tokenizer) + 12,  # padded like real checkpoints: ids the tokenizer never uses
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=8192,
+        eos_token_id=byte_tokenizer.eos_token_id,
+        pad_token_id=byte_tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    return Qwen2ForCausalLM(config).eval()
+
+
+def fake_package(name: str = "ref") -> VisualPackage:
+    """A package with no tensors, for orchestration tests that never run a model."""
+    fp = EncoderFingerprint(backend="fake", model_id="fake", revision="1", dtype="float32")
+    return VisualPackage(tensors={}, metadata={"num_tokens": 1}, image_sha256=name * 4, fingerprint=fp)
+
+
+class ScriptedBackend(Backend):
+    """Answers from a script: ``answers(request) -> text``; records every request it gets.
+
+    Orchestration only (retry, batching, counting): the tiny-model tests are the proof
+    that the real paths produce valid JSON.
+    """
+
+    supports_constrained_decoding = False
+    random_weights = True
+
+    def __init__(self, answers, *, batch_size: int = 4, constrained: bool = False) -> None:
+        super().__init__("scripted")
+        self.answers = answers
+        self.batch_size = batch_size
+        self.supports_constrained_decoding = constrained
+        self.requests: list[GenerationRequest] = []
+        self.batches: list[int] = []
+
+    def fingerprint(self) -> EncoderFingerprint:
+        return EncoderFingerprint(backend="fake", model_id="fake", revision="1", dtype="float32")
+
+    def encode(self, images: Sequence[ImageInput]) -> list[VisualPackage]:
+        raise AssertionError("the judge never encodes")
+
+    def generate(self, requests: Sequence[GenerationRequest], *, return_logits: bool = False) -> list[Generation]:
+        self.batches.append(len(requests))
+        self.requests += list(requests)
+        return [
+            Generation(text=self.answers(r), token_ids=[], model=self.name, random_weights=True) for r in requests
+        ]

@@ -1,0 +1,195 @@
+"""The `refsight` CLI end to end on a real store, with the toy encoder.
+
+The toy encoder is enough here: these tests are about storage, ids, JSON output,
+exit codes and error handling; the model paths are proven in tests/backends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from refsight.cli import main
+
+
+def run(capsys, *argv: str) -> tuple[int, list, str]:
+    """Run the CLI in-process; return (exit code, JSON lines on stdout, stderr)."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    lines = [line for line in out.splitlines() if line.strip()]
+    return code, [json.loads(line) for line in lines] if "--json" in argv else lines, err
+
+
+@pytest.fixture
+def store(tmp_path) -> Path:
+    return tmp_path / "store"
+
+
+@pytest.fixture
+def photos(tmp_path, real_photo) -> dict[str, Path]:
+    paths = {}
+    for name in ("chelsea", "coffee", "rocket"):
+        path = tmp_path / f"{name}.png"
+        real_photo(name).save(path)
+        paths[name] = path
+    return paths
+
+
+def snapshot(store: Path) -> dict[str, bytes]:
+    """Every file in the store except SQLite's own journal files, by relative path."""
+    return {
+        str(p.relative_to(store)): p.read_bytes()
+        for p in sorted(store.rglob("*"))
+        if p.is_file() and not p.name.endswith(("-wal", "-shm"))
+    }
+
+
+def test_add_prints_one_json_line_per_input_and_second_add_is_cached(capsys, store, photos):
+    code, lines, _ = run(capsys, "add", str(photos["chelsea"]), str(photos["coffee"]), "--store", str(store), "--json", "--model", "toy")
+    assert code == 0
+    assert [line["ref_id"] for line in lines] == ["chelsea", "coffee"]
+    for line in lines:
+        assert set(line) == {"ref_id", "image_sha256", "package_key", "model", "cached", "encode_ms", "bytes"}
+        assert line["cached"] is False and line["model"] == "toy" and line["bytes"] > 0
+    code, again, _ = run(capsys, "add", str(photos["chelsea"]), "--store", str(store), "--json", "--model", "toy")
+    assert code == 0
+    assert again[0]["cached"] is True and again[0]["encode_ms"] == 0
+    assert again[0]["package_key"] == lines[0]["package_key"]
+    code, stats, _ = run(capsys, "stats", "--store", str(store), "--json")
+    assert stats[0]["references"] == 2 and stats[0]["packages"] == 2
+    assert stats[0]["hits"] == 1 and stats[0]["misses"] == 2
+    assert set(stats[0]) == {"references", "packages", "bytes", "hits", "misses", "evictions", "encode_ms_saved"}
+
+
+def test_cached_add_runs_no_encoder(store, photos):
+    from refsight import Engine
+    from refsight.backends.registry import get_backend
+
+    toy = get_backend("toy")
+    with Engine(store, model="toy") as engine:
+        engine.add(photos["chelsea"])
+        before = toy.images_encoded
+        result = engine.add(photos["chelsea"], ref_id="chelsea-again")
+    assert result.cached and toy.images_encoded == before
+
+
+def test_bad_inputs_fail_alone_exit_1_and_leave_the_store_unchanged(capsys, store, photos, bad_image_corpus):
+    run(capsys, "add", str(photos["chelsea"]), "--store", str(store), "--model", "toy")
+    before = snapshot(store)
+    bad = [str(bad_image_corpus[name]) for name in ("zero_bytes", "text_as_jpeg", "truncated_jpeg", "bomb_header_png")]
+    code, lines, err = run(capsys, "add", *bad, "--store", str(store), "--json", "--model", "toy")
+    assert code == 1
+    assert [line["input"] for line in lines] == bad
+    assert all(line["error"] for line in lines)
+    assert "cannot add" in err and "zero_bytes" in err
+    assert snapshot(store) == before
+
+    # A mixed batch: the good one is stored, the bad ones reported, exit code 1.
+    code, lines, _ = run(capsys, "add", bad[0], str(photos["coffee"]), bad[1], "--store", str(store), "--json", "--model", "toy")
+    assert code == 1
+    assert [("error" in line) for line in lines] == [True, False, True]
+    code, refs, _ = run(capsys, "list", "--store", str(store), "--json")
+    assert sorted(r["ref_id"] for r in refs) == ["chelsea", "coffee"]
+
+
+def test_id_and_metadata_show_and_remove(capsys, store, photos):
+    code, lines, _ = run(capsys, "add", str(photos["rocket"]), "--id", "r-1", "--meta", "kind=rocket", "--meta", "n=1",
+                         "--store", str(store), "--json", "--model", "toy")
+    assert code == 0 and lines[0]["ref_id"] == "r-1"
+    code, shown, _ = run(capsys, "show", "r-1", "--store", str(store), "--json")
+    assert shown[0]["metadata"] == {"kind": "rocket", "n": "1"}
+    assert len(shown[0]["packages"]) == 1
+    code, removed, _ = run(capsys, "remove", "r-1", "--store", str(store), "--json")
+    assert code == 0 and removed[0] == {"removed": "r-1"}
+    code, stats, _ = run(capsys, "stats", "--store", str(store), "--json")
+    assert stats[0]["references"] == 0 and stats[0]["packages"] == 0
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["show", "nope"], "not found"),
+    (["remove", "../etc"], "reference id"),
+    (["add", "IMG", "--id", "a/b"], "reference id"),
+    (["add", "IMG", "--meta", "novalue"], "KEY=VALUE"),
+    (["add", "IMG", "--model", "no-such-model"], "unknown model"),
+])
+def test_errors_are_clean_messages_with_exit_1(capsys, store, photos, argv, needle):
+    argv = [str(photos["chelsea"]) if a == "IMG" else a for a in argv]
+    code, lines, err = run(capsys, *argv, "--store", str(store), "--json")
+    assert code == 1
+    assert needle in err and "Traceback" not in err
+    assert needle in lines[-1]["error"]
+
+
+def test_same_id_with_another_image_is_refused_and_keeps_the_first(capsys, store, photos):
+    run(capsys, "add", str(photos["chelsea"]), "--id", "x", "--store", str(store), "--model", "toy")
+    code, lines, _ = run(capsys, "add", str(photos["coffee"]), "--id", "x", "--store", str(store), "--json", "--model", "toy")
+    assert code == 1 and "error" in lines[0]
+    code, shown, _ = run(capsys, "show", "x", "--store", str(store), "--json")
+    assert shown[0]["image_sha256"] == json.loads(json.dumps(shown[0]))["image_sha256"]
+    code, first, _ = run(capsys, "add", str(photos["chelsea"]), "--id", "x", "--store", str(store), "--json", "--model", "toy")
+    assert first[0]["cached"] is True and first[0]["image_sha256"] == shown[0]["image_sha256"]
+
+
+def test_verify_catches_a_flipped_byte_and_repair_restores_it(capsys, store, photos):
+    code, lines, _ = run(capsys, "add", str(photos["chelsea"]), str(photos["coffee"]), "--store", str(store), "--json", "--model", "toy")
+    key = lines[0]["package_key"]
+    code, report, _ = run(capsys, "verify", "--store", str(store), "--json", "--model", "toy")
+    assert code == 0 and report[0]["checked"] == 2 and report[0]["corrupt"] == []
+    path = next((store / "packages").rglob(f"{key}*"))
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x40
+    path.write_bytes(bytes(data))
+    code, report, _ = run(capsys, "verify", "--store", str(store), "--json", "--model", "toy")
+    assert code == 1 and report[0]["corrupt"] == [key] and report[0]["repaired"] == 0
+    code, report, _ = run(capsys, "verify", "--repair", "--store", str(store), "--json", "--model", "toy")
+    assert code == 0 and report[0]["corrupt"] == [key] and report[0]["repaired"] == 1
+    code, report, _ = run(capsys, "verify", "--store", str(store), "--json", "--model", "toy")
+    assert code == 0 and report[0]["corrupt"] == []
+
+
+def test_a_corrupt_package_is_never_served_but_re_encoded(store, photos):
+    from refsight import Engine
+
+    with Engine(store, model="toy") as engine:
+        added = engine.add(photos["chelsea"])
+        ref = engine.reference(added.ref_id)
+        good, _ = engine.package_for(ref)
+        expected = good.tensors["features"].clone()
+    path = next((store / "packages").rglob(f"{added.package_key}*"))
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0x01
+    path.write_bytes(bytes(data))
+    with Engine(store, model="toy") as engine:  # a new engine: nothing in memory
+        package, cached = engine.package_for(engine.reference(added.ref_id))
+    assert cached is False
+    assert package.tensors["features"].equal(expected)
+
+
+def test_reencode_encodes_every_reference_for_another_model(capsys, store, photos):
+    from refsight.backends.registry import register_backend
+    from refsight.backends.toy import ToyBackend
+
+    register_backend("toy-grid4", lambda name: ToyBackend(name, grid=4))
+    run(capsys, "add", str(photos["chelsea"]), str(photos["coffee"]), "--store", str(store), "--model", "toy")
+    code, lines, _ = run(capsys, "reencode", "--model", "toy-grid4", "--store", str(store), "--json")
+    assert code == 0 and [line["cached"] for line in lines] == [False, False]
+    code, lines, _ = run(capsys, "reencode", "--model", "toy-grid4", "--store", str(store), "--json")
+    assert [line["cached"] for line in lines] == [True, True]
+    code, shown, _ = run(capsys, "show", "chelsea", "--store", str(store), "--json")
+    assert len(shown[0]["packages"]) == 2
+
+
+def test_store_defaults_to_the_environment_variable(tmp_path, photos):
+    env = {**os.environ, "REFSIGHT_STORE": str(tmp_path / "env-store")}
+    done = subprocess.run(
+        [sys.executable, "-m", "refsight.cli", "add", str(photos["chelsea"]), "--json", "--model", "toy"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["ref_id"] == "chelsea"
+    assert (tmp_path / "env-store").is_dir()
