@@ -142,6 +142,79 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_criteria(value: str) -> str:
+    if value.startswith("@"):
+        path = value[1:]
+        try:
+            with open(path, encoding="utf-8") as handle:
+                return handle.read()
+        except OSError as e:
+            raise RefsightError(f"--criteria {value}: cannot read {path}: {e.strerror or e}") from None
+    return value
+
+
+def _parse_where(items: Sequence[str]) -> dict[str, str] | None:
+    return _parse_meta(items) if items else None
+
+
+def format_comparison(data: dict[str, Any]) -> str:
+    """A readable table per reference for ``refsight compare`` without ``--json``."""
+    lines = []
+    if data["random_weights"]:
+        lines.append(f"!! {data['model']} has RANDOM weights: VLM verdicts below are meaningless !!")
+    if data.get("recalled"):
+        lines.append("recalled: " + ", ".join(f"{r['ref_id']} ({r['score']:.3f})" for r in data["recalled"]))
+    for result in data["results"]:
+        cached = "from cache" if result["reference_cached"] else "encoded now"
+        lines.append(f"\n{result['ref_id']}  score {result['score']:.2f}  ({cached})")
+        width = max([len(c["criterion"]) for c in result["criteria"]] + [9])
+        for c in result["criteria"]:
+            lines.append(f"  {c['criterion']:<{width}}  {c['verdict']:<9} {c['confidence']:.2f}  "
+                         f"[{c['source']}]  {c['evidence']}")
+    timings = ", ".join(f"{k} {v:.0f} ms" for k, v in data["timings_ms"].items())
+    lines.append(f"\ntimings: {timings}")
+    return "\n".join(lines)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """refsight compare CANDIDATE (--ref ID... | --top-k K [--query TEXT]) --criteria TEXT|@FILE"""
+    with _engine(args) as engine:
+        result = engine.compare(
+            args.candidate, criteria=_read_criteria(args.criteria), ref_ids=args.ref, top_k=args.top_k,
+            query=args.query, use_cache=not args.no_cache, force_vlm=args.force_vlm,
+            attributes=[] if args.no_attributes else ["imagenet"] + (["vlm"] if args.vlm_attributes else []),
+        )
+    _emit(args, result.to_dict(), format_comparison)
+    return 0
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    """refsight search TEXT | --image PATH [--k K] [--where KEY=VALUE]"""
+    if (args.text is None) == (args.image is None):
+        raise RefsightError("search needs a TEXT query or --image PATH (one of them)")
+    with _engine(args) as engine:
+        data = engine.search(args.text, image=args.image, k=args.k, where=_parse_where(args.where))
+    _emit(args, data, lambda d: "\n".join(f"{r['score']:.4f}  {r['ref_id']}" for r in d["results"])
+          or "no references match")
+    return 0
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    """refsight index [--rebuild]"""
+    with _engine(args) as engine:
+        retriever = engine.sync_index(rebuild=args.rebuild)
+        data = {"embedder": retriever.embedder_name, "indexed": retriever.count(engine.namespace)}
+    _emit(args, data, lambda d: f"{d['indexed']} references indexed with {d['embedder']}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """refsight demo"""
+    from .demo import run_demo
+
+    return run_demo(store=args.store, model=args.model, as_json=args.json, report=args.report)
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     """refsight models"""
     from .backends.registry import available_models
@@ -189,6 +262,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", required=True)
     p.add_argument("--no-cache", action="store_true", help="re-encode the references from their kept images")
     p.add_argument("--max-new-tokens", type=int, default=64)
+    p = add("compare", cmd_compare, "judge a candidate against references, criterion by criterion", model=True)
+    p.add_argument("candidate", metavar="CANDIDATE")
+    p.add_argument("--ref", action="append", default=[], metavar="ID", help="reference id (repeatable)")
+    p.add_argument("--top-k", type=int, default=None, metavar="K", help="recall K references by retrieval first")
+    p.add_argument("--query", default=None, help="recall by this text instead of the candidate image")
+    p.add_argument("--criteria", required=True, metavar="TEXT|@FILE", help="the rubric, or @file (text, JSON, YAML)")
+    p.add_argument("--no-cache", action="store_true", help="re-encode the references (same verdicts, other timings)")
+    p.add_argument("--force-vlm", action="store_true", help="send every criterion to the VLM, none to the sidecars")
+    p.add_argument("--no-attributes", action="store_true", help="use no attribute sidecar")
+    p.add_argument("--vlm-attributes", action="store_true", help="also fill the VLM attribute sidecar")
+    p = add("search", cmd_search, "recall references by text or image")
+    p.add_argument("text", nargs="?", default=None, metavar="TEXT")
+    p.add_argument("--image", default=None, metavar="PATH")
+    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help="metadata filter (repeatable)")
+    p = add("index", cmd_index, "bring the retrieval index up to date with the references")
+    p.add_argument("--rebuild", action="store_true", help="rebuild the index files from the store")
+    p = add("demo", cmd_demo, "ingest bundled photos, compare a cat photo against them twice (cold, then cached)",
+            model=True)
+    p.add_argument("--report", default=None, metavar="HTML", help="also write an HTML report here")
     add("models", cmd_models, "list the registered models")
     p = add("serve", cmd_serve, "serve the HTTP API and the page (FastAPI on uvicorn)", model=True)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (non-loopback needs API keys)")

@@ -20,79 +20,18 @@ from .config import default_model, default_store_dir
 from .errors import CorruptPackageError, InvalidInputError, RefsightError
 from .images import ImageInput, ImageSource, IntakeLimits, load_image
 from .package import EncoderFingerprint, VisualPackage, package_key
+from .results import AddFailure, AddResult, CompareResult, GenerateResult, VerifyReport
 from .store.base import DEFAULT_NAMESPACE, Reference, validate_ref_id
 
-__all__ = ["Engine", "AddResult", "AddFailure", "VerifyReport", "GenerateResult", "ReferenceSegment"]
-
-
-@dataclass
-class AddResult:
-    """One stored reference, as ``refsight add --json`` prints it."""
-
-    ref_id: str
-    image_sha256: str
-    package_key: str
-    model: str
-    cached: bool
-    encode_ms: float
-    bytes: int
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields."""
-        return asdict(self)
-
-
-@dataclass
-class AddFailure:
-    """An input that could not be added; nothing was stored for it."""
-
-    input: str
-    error: str
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields."""
-        return asdict(self)
-
-
-@dataclass
-class VerifyReport:
-    """What ``verify`` found: keys checked, corrupt keys, keys repaired, keys left unrepairable."""
-
-    checked: int = 0
-    corrupt: list[str] = field(default_factory=list)
-    repaired: list[str] = field(default_factory=list)
-    unrepairable: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        """True when no corruption remains."""
-        return len(self.repaired) == len(self.corrupt)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields (``repaired`` as a count, the keys beside it)."""
-        return {
-            "checked": self.checked,
-            "corrupt": self.corrupt,
-            "repaired": len(self.repaired),
-            "repaired_keys": self.repaired,
-            "unrepairable": self.unrepairable,
-        }
-
-
-@dataclass
-class GenerateResult:
-    """The answer of ``generate``: text, tokens and where the time went."""
-
-    text: str
-    tokens: list[int]
-    model: str
-    random_weights: bool
-    references_cached: list[bool]
-    timings_ms: dict[str, float]
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields."""
-        return asdict(self)
+__all__ = [
+    "Engine",
+    "ReferenceSegment",
+    "AddResult",
+    "AddFailure",
+    "VerifyReport",
+    "GenerateResult",
+    "CompareResult",
+]
 
 
 @dataclass(frozen=True)
@@ -122,7 +61,8 @@ class Engine:
 
     ``store`` is a directory (default: ``$REFSIGHT_STORE`` or the user cache dir) or an
     open :class:`~refsight.store.Store`; ``model`` a registered model name (default:
-    ``$REFSIGHT_MODEL`` or ``tiny-qwen2-vl``). The backend loads on first use.
+    ``$REFSIGHT_MODEL`` or ``tiny-qwen2-vl``). The backend loads on first use, and so
+    does ``embedder``, the retrieval embedder (default: EfficientNet-Lite0 + MiniLM).
     """
 
     def __init__(
@@ -134,9 +74,12 @@ class Engine:
         limits: IntakeLimits = IntakeLimits(),
         memory_bytes: int | None = None,
         progress: bool = False,
+        embedder: Any = None,
     ) -> None:
         from .store import Store, open_store
 
+        # An engine closes only a store it opened itself (tenants share one store).
+        self._owns_store = not isinstance(store, Store)
         if isinstance(store, Store):
             self.store = store
         else:
@@ -148,11 +91,23 @@ class Engine:
         self.progress = progress
         self._backends: dict[str, Any] = {}
         self._locks = _KeyedLocks()
+        # Loaded on first use: the attribute sidecar store and classifier, the retriever.
+        self._attrs = None
+        self._imagenet = None
+        self._retriever = None
+        self._embedder = embedder
 
     # -- lifecycle ---------------------------------------------------------------
     def close(self) -> None:
-        """Close the store (backends stay cached in the registry for reuse)."""
-        self.store.close()
+        """Close what this engine opened (backends stay cached in the registry for reuse)."""
+        if self._attrs is not None:
+            self._attrs.close()
+            self._attrs = None
+        if self._retriever is not None:
+            self._retriever.close()
+            self._retriever = None
+        if self._owns_store:
+            self.store.close()
 
     def __enter__(self) -> "Engine":
         return self
@@ -262,7 +217,6 @@ class Engine:
             except RefsightError as e:
                 yield AddFailure(input=image.name or ref_id, error=str(e))
                 continue
-            self._on_reference_added(ref_id, image, meta)
             if key in encoded:
                 package = encoded.pop(key)
                 catalog.bump(misses=1)
@@ -271,9 +225,6 @@ class Engine:
                 record = self.store.local.record(key)
                 catalog.bump(hits=1, encode_ms_saved=record.encode_ms)
                 yield AddResult(ref_id, image.sha256, key, backend.name, True, 0.0, record.bytes)
-
-    def _on_reference_added(self, ref_id: str, image: ImageInput, metadata: Mapping[str, Any]) -> None:
-        """Hook for the retrieval index (filled in by :meth:`_index_reference`)."""
 
     def _choose_ref_id(self, ref_id: str | None, source: object, image: ImageInput) -> str:
         if ref_id is not None:
@@ -299,7 +250,24 @@ class Engine:
         ref, orphaned = self.store.catalog.remove_reference(validate_ref_id(ref_id), namespace=self.namespace)
         for key in orphaned:
             self.store.packages.delete(key)
+        self._unindex(ref.ref_id)
         return ref
+
+    def _unindex(self, ref_id: str) -> None:
+        # The index must never point at a removed reference. Dropping the live entry is
+        # enough and needs no model: every index answer is checked against live entries.
+        if self._retriever is not None:
+            self._retriever.remove(ref_id, namespace=self.namespace)
+            return
+        database = self.store.root / "retrieval" / "vectors.sqlite"
+        if database.exists():
+            from .retrieval.vectors import VectorDB
+
+            vectors = VectorDB(database)
+            try:
+                vectors.delete_ref(self.namespace, ref_id)
+            finally:
+                vectors.close()
 
     # -- packages --------------------------------------------------------------------
     def package_for(self, ref: Reference, *, model: str | None = None, use_cache: bool = True) -> tuple[VisualPackage | ImageInput, bool]:
@@ -417,6 +385,217 @@ class Engine:
                 return package, True
         return image, False
 
+    # -- retrieval -------------------------------------------------------------------------
+    def search(
+        self,
+        text: str | None = None,
+        *,
+        image: ImageSource | None = None,
+        k: int = 10,
+        where: Mapping[str, Any] | None = None,
+        restrict_to: Sequence[str] | None = None,
+    ) -> dict[str, Any]:
+        """Recall the ``k`` references best matching ``text`` or ``image``.
+
+        Returns ``{"embedder", "results": [{"ref_id", "score"}]}``, best first. The
+        index is brought up to date with the catalog first (each image is embedded
+        once per embedder, ever), so a search always sees every reference.
+        ``restrict_to`` limits the results to those reference ids.
+        """
+        if (text is None) == (image is None):
+            raise InvalidInputError("query", "give exactly one of a text query or an image")
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 1000:
+            raise InvalidInputError("k", f"must be an integer in 1..1000, not {k!r}")
+        retriever = self.sync_index()
+        wanted = set(restrict_to) if restrict_to else None
+        # With a restriction, over-fetch from the index and filter (the shortlist is small).
+        fetch = k if wanted is None else max(k, retriever.count(self.namespace))
+        if text is not None:
+            hits = retriever.search_text(text, k=fetch, where=where, namespace=self.namespace)
+        else:
+            query = load_image(image, limits=self.limits, name=_label(image))
+            hits = retriever.search_image(query, k=fetch, where=where, namespace=self.namespace)
+        if wanted is not None:
+            hits = [hit for hit in hits if hit[0] in wanted]
+        return {
+            "embedder": retriever.embedder_name,
+            "results": [{"ref_id": ref_id, "score": round(float(score), 6)} for ref_id, score in hits[:k]],
+        }
+
+    def sync_index(self, *, rebuild: bool = False):
+        """The retriever, its index holding exactly this namespace's references.
+
+        References added since the last sync are embedded (cached per image), removed
+        ones dropped; ``rebuild`` reconstructs the index files from the catalog.
+        """
+        retriever = self.retriever()
+        refs = self.references()
+        indexed = retriever.count(self.namespace)
+        if rebuild or indexed != len(refs) or any(not self._indexed(retriever, ref) for ref in refs):
+            items = [(ref.ref_id, self.reference_image(ref), ref.metadata) for ref in refs]
+            retriever.rebuild(items, namespace=self.namespace)
+            retriever.flush()
+        return retriever
+
+    def _indexed(self, retriever, ref: Reference) -> bool:
+        entry = retriever.db.entry_for_ref(retriever.embedder.digest, self.namespace, ref.ref_id)
+        return entry is not None and entry.image_sha256 == ref.image_sha256 and entry.metadata == ref.metadata
+
+    def retriever(self):
+        """The retriever over this store with the engine's embedder (default: EfficientNet-Lite0 + MiniLM)."""
+        if self._retriever is None:
+            from .retrieval import Retriever, default_embedder
+
+            self._retriever = Retriever(self.store.root, self._embedder or default_embedder())
+        return self._retriever
+
+    # -- judging ---------------------------------------------------------------------------
+    def compare(
+        self,
+        candidate: ImageSource,
+        *,
+        criteria: Any,
+        ref_ids: Sequence[str] = (),
+        top_k: int | None = None,
+        query: str | None = None,
+        use_cache: bool = True,
+        force_vlm: bool = False,
+        attributes: Sequence[str] = ("imagenet",),
+        model: str | None = None,
+    ) -> CompareResult:
+        """Judge ``candidate`` against references, criterion by criterion.
+
+        References are ``ref_ids``, or the ``top_k`` recalled by retrieval (by the
+        candidate image, or by ``query`` text when given; within ``ref_ids`` when both
+        are given). The candidate is encoded once; references come from their cached
+        packages (``use_cache=False`` re-encodes them: same verdicts, other timings).
+        Criteria the attribute sidecars (``attributes``: ``"imagenet"``, ``"vlm"``) can
+        settle are answered from them unless ``force_vlm``.
+        """
+        from .judge import Judge, parse_rubric
+
+        rubric = parse_rubric(criteria)  # a bad rubric fails before any model work
+        backend = self.backend(model)
+        unknown = set(attributes) - {"imagenet", "vlm"}
+        if unknown:
+            raise InvalidInputError("attributes", f"unknown attribute sources {sorted(unknown)}; use imagenet, vlm")
+        timings: dict[str, float] = {}
+        start = time.perf_counter()
+        image = load_image(candidate, limits=self.limits, name=_label(candidate))
+
+        recalled: list[dict[str, Any]] = []
+        if top_k is not None:
+            clock = time.perf_counter()
+            found = self.search(query, image=None if query else image, k=top_k, restrict_to=ref_ids or None)
+            recalled = found["results"]
+            ref_ids = [hit["ref_id"] for hit in recalled]
+            timings["retrieval"] = _ms(clock)
+        if not ref_ids:
+            raise InvalidInputError("references", "no reference to compare with: name --ref IDs or use --top-k")
+        refs = [self.reference(r) for r in ref_ids]
+
+        clock = time.perf_counter()
+        # Encoded once, then shared by every reference's request.
+        candidate_package = self._candidate_package(image, backend, use_cache)
+        timings["candidate_encode"] = _ms(clock)
+
+        clock = time.perf_counter()
+        visuals = [self.package_for(ref, model=model, use_cache=use_cache) for ref in refs]
+        timings["reference_load"] = _ms(clock)
+
+        ref_attrs: list[Any] = [None] * len(refs)
+        candidate_attrs = None
+        if attributes and not force_vlm:
+            clock = time.perf_counter()
+            ref_attrs, candidate_attrs = self._attributes(refs, [v for v, _ in visuals], image, candidate_package, attributes, backend)
+            timings["attributes"] = _ms(clock)
+
+        clock = time.perf_counter()
+        judge = Judge(backend, force_vlm=force_vlm)
+        results = judge.judge(
+            [(ref.ref_id, visual, attrs) for ref, (visual, _), attrs in zip(refs, visuals, ref_attrs)],
+            candidate_package,
+            rubric,
+            candidate_attrs=candidate_attrs,
+        )
+        timings["generate"] = _ms(clock)
+        timings["total"] = _ms(start)
+        return CompareResult(
+            candidate_sha256=image.sha256,
+            model=backend.name,
+            random_weights=bool(backend.random_weights),
+            results=[
+                {**result.to_dict(), "reference_cached": cached}
+                for result, (_, cached) in zip(results, visuals)
+            ],
+            timings_ms=timings,
+            recalled=recalled,
+            vlm_calls=judge.vlm_calls,
+        )
+
+    def _candidate_package(self, image: ImageInput, backend, use_cache: bool) -> VisualPackage:
+        """The candidate's package: from the store when seen before, else encoded once.
+
+        A fresh candidate's package goes to the memory tier only (bounded, evicted
+        by LRU), never to disk: candidates are not references. The per-key lock
+        makes concurrent compares of the same new candidate encode it once.
+        """
+        if not use_cache:
+            return backend.encode([image])[0]
+        key = package_key(image.sha256, backend.fingerprint())
+        with self._locks.hold(key):
+            try:
+                package = self.store.packages.get(key)
+            except CorruptPackageError:
+                package = None
+            if package is not None:
+                self.store.catalog.bump(hits=1, encode_ms_saved=package.encode_ms)
+                return package
+            package = backend.encode([image])[0]
+            self.store.memory.put(package)
+            self.store.catalog.bump(misses=1)
+            return package
+
+    def _attributes(self, refs, visuals, image, candidate_package, sources, backend):
+        """Stored sidecar records for each reference and the candidate, computed once when missing."""
+        from .judge import AttributeStore, ImageNetAttributeSource, VlmAttributeSource, merge_records
+
+        store = self._attribute_store()
+        ref_records: list[list[dict]] = [[] for _ in refs]
+        candidate_records: list[dict] = []
+        for name in sources:
+            if name == "imagenet":
+                source = self._imagenet_source()
+                # The classifier needs pixels: decode a reference's kept image only when its record is missing.
+                stored = [store.get(ref.image_sha256, source.fingerprint, source.schema_digest) for ref in refs]
+                items = [self.reference_image(ref) if record is None else ref for ref, record in zip(refs, stored)]
+                todo = [i for i, record in enumerate(stored) if record is None]
+                computed = store.get_or_compute(source, [items[i] for i in todo] + [image])
+                for i, record in zip(todo, computed):
+                    stored[i] = record
+                candidate_records.append(computed[-1])
+            else:
+                source = VlmAttributeSource(backend)
+                stored = store.get_or_compute(source, list(visuals) + [candidate_package])
+                candidate_records.append(stored.pop())
+            for records, record in zip(ref_records, stored):
+                records.append(record)
+        return [merge_records(*r) for r in ref_records], merge_records(*candidate_records)
+
+    def _attribute_store(self):
+        if self._attrs is None:
+            from .judge import AttributeStore
+
+            self._attrs = AttributeStore(self.store.root)
+        return self._attrs
+
+    def _imagenet_source(self):
+        if self._imagenet is None:
+            from .judge import ImageNetAttributeSource
+
+            self._imagenet = ImageNetAttributeSource()
+        return self._imagenet
+
     # -- maintenance -------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """``{"references", "packages", "bytes", "hits", "misses", "evictions", "encode_ms_saved"}``."""
@@ -495,6 +674,10 @@ class Engine:
         # Only worth a bar for several images; it goes to stderr so --json stays clean.
         with tqdm(total=total, desc=description, unit="img", disable=not self.progress or total < 2, leave=False) as bar:
             yield bar
+
+
+def _ms(since: float) -> float:
+    return round((time.perf_counter() - since) * 1000, 3)
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._@+=-]+")

@@ -65,7 +65,7 @@ def cached_results(load, photos, tmp_path_factory):
                 cases.append({"id": f"{name}/{n}", "model": name, "rows": rows, "max_new_tokens": MAX_NEW_TOKENS})
     spec = tmp / "spec.json"
     out = tmp / "cached.pt"
-    spec.write_text(json.dumps({"store": str(tmp / "store"), "cases": cases, "out": str(out)}))
+    spec.write_text(json.dumps({"store": str(tmp / "store"), "cases": cases, "out": str(out), "threads": torch.get_num_threads()}))
     proc = subprocess.run([sys.executable, str(WORKER), str(spec)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return torch.load(out, weights_only=False)

@@ -26,7 +26,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence, Union
@@ -161,8 +161,7 @@ class AttributeSchema:
             if s.values is not None:
                 props[s.name] = {"type": "string", "enum": [*s.values, UNKNOWN]}
             else:
-                n = self.value_max_chars
-                props[s.name] = {"type": "string", "maxLength": n, "pattern": '^[^\\x00-\\x1f"\\\\]{0,%d}$' % n}
+                props[s.name] = {"type": "string", "maxLength": self.value_max_chars}
         return {"type": "object", "properties": props, "required": self.names, "additionalProperties": False}
 
     def token_budget(self) -> int:

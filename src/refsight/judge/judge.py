@@ -64,8 +64,8 @@ class _Pending:
     index: int  # position in the references list
     visual: Visual
     criteria: list[Criterion]
-    schema: dict  # the one validated against (loose strings)
-    grammar_schema: dict | None  # the one generation is constrained to, when the backend can
+    schema: dict  # validated against, and passed to the backend when it can constrain
+    constrained: bool
     reason: str | None = None
     verdicts: list[CriterionVerdict] | None = field(default=None)
 
@@ -176,16 +176,14 @@ class Judge:
         for i, ((_, visual, _), answers) in enumerate(zip(refs, settled)):
             todo = [c for c, a in zip(rubric.criteria, answers) if a is None]
             if todo:
-                constrained = self.backend.supports_constrained_decoding
+                schema = verdict_schema(todo, evidence_max_chars=self.evidence_max_chars)
                 pending.append(
                     _Pending(
                         index=i,
                         visual=visual,
                         criteria=todo,
-                        schema=verdict_schema(todo, evidence_max_chars=self.evidence_max_chars, for_grammar=False),
-                        grammar_schema=verdict_schema(todo, evidence_max_chars=self.evidence_max_chars)
-                        if constrained
-                        else None,
+                        schema=schema,
+                        constrained=self.backend.supports_constrained_decoding,
                     )
                 )
         requests_per_ref = [0] * len(refs)
@@ -224,7 +222,7 @@ class Judge:
 
     def _request(self, p: _Pending, candidate: Visual) -> GenerationRequest:
         budget = token_budget(p.criteria, evidence_max_chars=self.evidence_max_chars)
-        if p.grammar_schema is None:
+        if not p.constrained:
             budget += _FREE_FORM_SLACK
         if self.max_new_tokens is not None:
             budget = min(budget, self.max_new_tokens)
@@ -234,7 +232,7 @@ class Judge:
             p.criteria,
             evidence_max_chars=self.evidence_max_chars,
             max_new_tokens=budget,
-            json_schema=p.grammar_schema,
+            json_schema=p.schema if p.constrained else None,
             retry_reason=p.reason,
         )
 

@@ -6,10 +6,9 @@ is a ``const``). Every string is bounded, and ``confidence`` is a number in [0, 
 the schema's output has a known maximum size (:func:`token_budget`): a constrained
 generation of that many tokens always completes.
 
-In constrained output ``evidence`` may not hold control characters, ``"`` or ``\\``:
-with no escapes, one character is one code point of at most 4 UTF-8 bytes, which keeps
-the budget tight, and the JSON stays valid under a strict parser. Free-form answers are
-validated against the same schema without that pattern.
+Constrained decoding writes bounded strings without escapes (see
+:mod:`refsight.backends.hf.constrained`), so one character of ``evidence`` is one code
+point of at most 4 UTF-8 bytes, which keeps the budget tight.
 
 The score is computed here, never asked of the model (:func:`score_verdicts`).
 """
@@ -74,27 +73,13 @@ class CriterionVerdict:
         }
 
 
-def _evidence_pattern(max_chars: int) -> str:
-    # The bound lives in the regex too: xgrammar ignores maxLength next to a pattern.
-    return '^[^\\x00-\\x1f"\\\\]{0,%d}$' % max_chars
-
-
-def verdict_schema(
-    criteria: Sequence[Criterion], *, evidence_max_chars: int = DEFAULT_EVIDENCE_CHARS, for_grammar: bool = True
-) -> dict:
-    """The JSON schema (draft 2020-12) of the answer for exactly these criteria, in order.
-
-    ``for_grammar=True`` adds the evidence ``pattern`` (no control characters, quotes or
-    backslashes) that bounds constrained output; ``False`` gives the looser schema that
-    free-form answers are validated against (escaped quotes are fine there).
-    """
+def verdict_schema(criteria: Sequence[Criterion], *, evidence_max_chars: int = DEFAULT_EVIDENCE_CHARS) -> dict:
+    """The JSON schema (draft 2020-12) of the answer for exactly these criteria, in order."""
     if not criteria:
         raise ValueError("verdict_schema needs at least one criterion")
     if evidence_max_chars < 0:
         raise ValueError(f"evidence_max_chars must be >= 0, not {evidence_max_chars}")
-    evidence: dict[str, Any] = {"type": "string", "maxLength": evidence_max_chars}
-    if for_grammar:
-        evidence["pattern"] = _evidence_pattern(evidence_max_chars)
+    evidence = {"type": "string", "maxLength": evidence_max_chars}
     items = [
         {
             "type": "object",
@@ -123,9 +108,10 @@ def verdict_schema(
 def token_budget(criteria: Sequence[Criterion], *, evidence_max_chars: int = DEFAULT_EVIDENCE_CHARS) -> int:
     """An upper bound on the tokens of any schema-valid answer, plus the stop token.
 
-    Counted in UTF-8 bytes of the longest answer (compact separators allowed, xgrammar's
-    default ``", "`` and ``": "`` assumed): a byte-level tokenizer never spends more than
-    one token per byte. Sizing ``max_new_tokens`` to this makes truncation impossible.
+    Counted in UTF-8 bytes of the longest constrained answer (xgrammar's ``", "`` and
+    ``": "`` separators, no escapes in evidence, at most 4 bytes per character): a
+    byte-level tokenizer never spends more than one token per byte. Sizing
+    ``max_new_tokens`` to this makes truncation impossible.
     """
     worst_entry = {
         "criterion": "",
@@ -163,12 +149,12 @@ def extract_json(text: str) -> Any:
 def parse_verdicts(text: str, criteria: Sequence[Criterion], schema: dict | None = None) -> list[CriterionVerdict]:
     """Parse and validate a model's answer for ``criteria``; raises :class:`VerdictParseError`.
 
-    ``schema`` defaults to the loose :func:`verdict_schema` of the criteria (pass one built
-    with the same ``evidence_max_chars`` as the generation's).
+    ``schema`` defaults to :func:`verdict_schema` of the criteria (pass the one the
+    generation used when its ``evidence_max_chars`` differs).
     """
     import jsonschema
 
-    schema = schema if schema is not None else verdict_schema(criteria, for_grammar=False)
+    schema = schema if schema is not None else verdict_schema(criteria)
     data = extract_json(text)
     validator = jsonschema.Draft202012Validator(schema)
     error = jsonschema.exceptions.best_match(validator.iter_errors(data))

@@ -197,10 +197,33 @@ class EfficientNetConSEEmbedder(Embedder):
 
 @functools.cache
 def _label_vectors(template: str) -> np.ndarray:
+    """MiniLM embeddings of the 1000 class names, [1000, 384].
+
+    Embedding 1000 sentences costs seconds to a minute on a busy CPU, so the vectors for the
+    default template ship precomputed (``refsight/models/imagenet_labels_minilm.npy``). They
+    are used only when their recorded template, text-model weights hash and labels-file hash
+    all match this process; otherwise they are computed here.
+    """
+    import json
+    from importlib import resources
+
     from refsight.models.efficientnet_lite import imagenet_labels
     from refsight.models.minilm import load_minilm
 
-    return load_minilm().encode([template.format(label) for label in imagenet_labels()])
+    encoder = load_minilm()
+    pkg = resources.files("refsight.models")
+    try:
+        meta = json.loads(pkg.joinpath("imagenet_labels_minilm.json").read_text("utf-8"))
+        labels_sha = hashlib.sha256(pkg.joinpath("imagenet_labels.txt").read_bytes()).hexdigest()
+        if (meta.get("template") == template and meta.get("text_model") == encoder.fingerprint
+                and meta.get("labels_sha256") == labels_sha):
+            with pkg.joinpath("imagenet_labels_minilm.npy").open("rb") as f:
+                vectors = np.load(f)
+            if vectors.shape == (1000, encoder.dim):
+                return vectors.astype(np.float32)
+    except (OSError, ValueError):
+        pass  # no usable precomputed file: compute below
+    return encoder.encode([template.format(label) for label in imagenet_labels()])
 
 
 @functools.cache

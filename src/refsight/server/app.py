@@ -1,9 +1,11 @@
 """The FastAPI app: thin routes over :class:`~refsight.server.service.Service`.
 
-Every route resolves the caller's namespace first (:func:`~refsight.server.auth.require_tenant`), reads and checks
-its body on the event loop (cheap), then runs the blocking work in the
-:class:`~refsight.server.limits.WorkPool`. Errors of any kind become JSON bodies with a
-stable code (:mod:`refsight.server.errors`).
+Every route resolves the caller's namespace first
+(:func:`~refsight.server.auth.require_tenant`), reads and checks its body on the event
+loop (cheap), then runs the blocking work in the
+:class:`~refsight.server.limits.WorkPool`; catalog reads and thumbnails use the shared
+thread pool instead, so they never queue behind the model. Errors of any kind become
+JSON bodies with a stable code (:mod:`refsight.server.errors`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from .. import __version__
 from .auth import REF_ID_PATH as _REF_ID, require_operator, require_tenant
 from .bodies import AddReferenceBody, CompareBody, SearchBody, body_schema, decode_image_field, read_body
 from .config import ServerConfig
-from .errors import ERROR_RESPONSES, ApiError, install_error_handlers
+from .errors import ERROR_RESPONSES, ApiError, CatchAllMiddleware, install_error_handlers
 from .limits import BodyLimitMiddleware, WorkPool
 from .metrics import CONTENT_TYPE_LATEST, Metrics
 from .service import Service
@@ -28,6 +30,7 @@ from .tenants import Tenants
 __all__ = ["create_app"]
 
 log = logging.getLogger("refsight.server")
+
 
 def create_app(config: ServerConfig | None = None) -> FastAPI:
     """Build the app for ``config``: opens the store and loads the model at startup.
@@ -70,6 +73,8 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
     metrics = Metrics(lambda: _cache_stats(service))
     app.state.metrics = metrics
     install_error_handlers(app)
+    # Innermost first: crashes become JSON 500s that the timing middleware then counts.
+    app.add_middleware(CatchAllMiddleware)
     app.middleware("http")(metrics.middleware())
     # Outermost: a body over the limit is refused before routing, parsing or timing.
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)

@@ -36,7 +36,7 @@ from ..errors import (
     UnknownModelError,
 )
 
-__all__ = ["ApiError", "error_body", "error_response", "install_error_handlers", "ERROR_RESPONSES"]
+__all__ = ["ApiError", "error_body", "error_response", "install_error_handlers", "CatchAllMiddleware", "ERROR_RESPONSES"]
 
 log = logging.getLogger("refsight.server")
 
@@ -141,6 +141,38 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.error("%s %s crashed", request.method, request.url.path, exc_info=exc)
         return error_response(500, "internal_error", "internal server error")
+
+
+class CatchAllMiddleware:
+    """ASGI middleware: an unexpected exception becomes a JSON 500, logged here with its traceback.
+
+    Starlette's own last-resort handler re-raises after answering, which makes the
+    server drop the connection; a client with a keep-alive connection would then see
+    its *next* request fail. Catching here answers and keeps the connection usable.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: dict) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            log.error("%s %s crashed", scope.get("method"), scope.get("path"), exc_info=exc)
+            if started:  # too late for a clean answer: let the server close the connection
+                raise
+            await error_response(500, "internal_error", "internal server error")(scope, receive, send)
 
 
 def _schema(description: str) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import StoreError
-from ._sqlite import DB_NAME, SCHEMA_VERSION, Database
+from ._sqlite import SCHEMA_VERSION, Database
 from .base import COUNTER_NAMES, DEFAULT_NAMESPACE, Catalog, PackageStore, Reference, validate_ref_id
 from .catalog import SqliteCatalog
 from .local import LocalPackageStore, PackageRecord

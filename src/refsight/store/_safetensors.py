@@ -19,7 +19,7 @@ import os
 import sys
 from typing import Any, Mapping
 
-__all__ = ["encode", "decode", "read_buffer", "SafetensorsFormatError"]
+__all__ = ["prepare", "encode", "decode", "read_buffer", "SafetensorsFormatError"]
 
 if sys.byteorder != "little":  # pragma: no cover - every platform refsight targets is little-endian
     raise ImportError("refsight's package store needs a little-endian machine (safetensors is little-endian)")
@@ -66,12 +66,12 @@ def _dtype_tables() -> tuple[dict[Any, str], dict[str, Any]]:
     return to_code, from_code
 
 
-def encode(tensors: Mapping[str, Any], metadata: Mapping[str, str]) -> list[Any]:
-    """The file as a list of chunks (header bytes, then each tensor's bytes as a memoryview).
+def prepare(tensors: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """Check ``tensors`` and order them for :func:`encode`; raises :class:`SafetensorsFormatError`.
 
     Tensors are laid out by decreasing element size, then name, so that every
     tensor starts at an offset aligned to its element size (as the reference
-    implementation does) and ``frombuffer`` views are aligned.
+    implementation does) and the views built on read are aligned.
     """
     import torch
 
@@ -88,7 +88,17 @@ def encode(tensors: Mapping[str, Any], metadata: Mapping[str, str]) -> list[Any]
             raise SafetensorsFormatError(f"tensor {name!r} is {tensor.layout}; only dense tensors are stored")
         prepared.append((name, tensor.detach().to("cpu").contiguous()))
     prepared.sort(key=lambda item: (-item[1].element_size(), item[0]))
+    return prepared
 
+
+def encode(prepared: list[tuple[str, Any]], metadata: Mapping[str, str]) -> list[Any]:
+    """The file as a list of chunks: header bytes, then each tensor's own memory (no copy).
+
+    ``prepared`` comes from :func:`prepare`.
+    """
+    import torch
+
+    to_code, _ = _dtype_tables()
     header: dict[str, Any] = {"__metadata__": dict(metadata)}
     chunks: list[Any] = []
     offset = 0

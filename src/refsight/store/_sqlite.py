@@ -119,13 +119,22 @@ class Database:
     def write(self) -> Iterator[sqlite3.Connection]:
         """A ``BEGIN IMMEDIATE`` transaction: the write lock is held from the start, committed on success."""
         conn = self.connection()
-        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            # Another process held the write lock for the whole busy_timeout (or the disk failed).
+            raise StoreError(f"{self.path}: cannot start a write: {exc}") from exc
         try:
             yield conn
         except BaseException:
             conn.execute("ROLLBACK")
             raise
-        conn.execute("COMMIT")
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise StoreError(f"{self.path}: cannot commit a write: {exc}") from exc
 
     def close(self) -> None:
         """Close the connections this process opened. Idempotent."""

@@ -143,8 +143,10 @@ class LocalPackageStore(PackageStore):
         if existing is not None:
             return existing.bytes
         try:
+            # Tensors first: a non-tensor gets a clearer message than header() would give.
+            prepared = _safetensors.prepare(package.tensors)
             header_text = canonical_json(package.header())
-            chunks = _safetensors.encode(package.tensors, {_HEADER_FIELD: header_text})
+            chunks = _safetensors.encode(prepared, {_HEADER_FIELD: header_text})
         except (TypeError, ValueError) as exc:
             raise InvalidInputError(f"package {key}", f"cannot be stored: {exc}") from exc
         final = self.path_for(key)
@@ -303,6 +305,9 @@ class LocalPackageStore(PackageStore):
         if not self.packages_dir.is_dir():
             return removed
         now = time.time()
+        # A snapshot of the index narrows the candidates; each candidate is then checked
+        # again under the write lock, so a package published meanwhile is never removed.
+        indexed = set(self.keys())
         for path in sorted(self.packages_dir.glob("*/*/*")):
             name = path.name
             if name.startswith(TEMP_PREFIX):
@@ -313,7 +318,8 @@ class LocalPackageStore(PackageStore):
                 except FileNotFoundError:
                     pass  # its writer renamed or removed it meanwhile
             elif name.endswith(_SUFFIX) and _KEY.fullmatch(name[: -len(_SUFFIX)]):
-                if self._unlink_if_unindexed(name[: -len(_SUFFIX)]):
+                key = name[: -len(_SUFFIX)]
+                if key not in indexed and self._unlink_if_unindexed(key):
                     removed["orphans"] += 1
         return removed
 

@@ -190,12 +190,14 @@ class HFBackend(Backend):
         if not isinstance(torch_dtype, torch.dtype) or not torch_dtype.is_floating_point:
             raise InvalidInputError(dtype, "dtype must be a floating-point torch dtype such as float32 or bfloat16")
         hub_revision = {"revision": revision} if revision and not os.path.isdir(source) else {}
+        # Validate the options before the (possibly slow) weight load.
+        processor_kwargs = cls.processor_kwargs(options)
         with runtime_errors(name, ModelLoadError, f"cannot load {source}"):
             model = cls.model_class().from_pretrained(source, config=config, dtype=torch_dtype, **hub_revision)
             model.eval()
             tokenizer = AutoTokenizer.from_pretrained(source, **hub_revision)
             image_processor = cls.image_processor_class().from_pretrained(
-                source, **hub_revision, **cls.processor_kwargs(options)
+                source, **hub_revision, **processor_kwargs
             )
         marker = _read_marker(source)
         if revision is None or os.path.isdir(source):

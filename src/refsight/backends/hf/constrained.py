@@ -6,6 +6,10 @@ complete only the stop tokens stay allowed, so generation ends there (pass the s
 ids as ``generate``'s ``eos_token_id``). Even a random-weight model therefore returns
 schema-valid JSON, provided ``max_new_tokens`` covers the schema's longest output.
 
+Strings with ``maxLength`` are written without escapes and, unlike xgrammar's
+default, without raw control characters (JSON forbids them) or surrogates, so the
+output parses under a strict JSON parser and each character costs at most 4 bytes.
+
 Compiling a grammar costs milliseconds to seconds (it scales with the vocabulary), so
 compiled grammars are cached per (tokenizer, vocab size, stop tokens, schema). The
 processor itself holds per-sequence matcher state: build a new one for every
@@ -43,21 +47,24 @@ _grammars: "OrderedDict[tuple, xgr.CompiledGrammar]" = OrderedDict()
 _stats = {"hits": 0, "misses": 0}
 
 
-def _grammar_schema(schema: Any) -> Any:
-    """The schema as xgrammar should see it.
+# xgrammar writes a string with maxLength as a run of this character class: no escapes,
+# but raw control characters allowed (invalid JSON) ...
+_BOUNDED_CHAR = r'[^\"\\\r\n]'
+# ... so it is replaced with one that also refuses control characters and surrogates.
+# The EBNF class decodes UTF-8 strictly (no overlong forms), unlike xgrammar's regex
+# path for ``pattern``, which lets overlong 3-byte sequences through.
+_STRICT_CHAR = r'[^\0-\x1f\"\\\uD800-\uDFFF]'
 
-    xgrammar ignores ``minLength``/``maxLength`` next to a ``pattern`` (with a warning on
-    stderr), so they are dropped there; the pattern must carry the bound itself.
-    """
-    if isinstance(schema, dict):
-        out = {k: _grammar_schema(v) for k, v in schema.items()}
-        if "pattern" in out:
-            out.pop("minLength", None)
-            out.pop("maxLength", None)
-        return out
-    if isinstance(schema, list):
-        return [_grammar_schema(v) for v in schema]
-    return schema
+
+def _json_grammar(schema_text: str) -> "xgr.Grammar":
+    """The schema's grammar, with bounded strings made strict JSON (see _STRICT_CHAR)."""
+    # any_whitespace=False: free whitespace would let a weak model pad forever and would
+    # make the output length unbounded.
+    grammar = xgr.Grammar.from_json_schema(schema_text, any_whitespace=False, strict_mode=True)
+    text = str(grammar)
+    if _BOUNDED_CHAR in text:
+        grammar = xgr.Grammar.from_ebnf(text.replace(_BOUNDED_CHAR, _STRICT_CHAR))
+    return grammar
 
 
 def _stop_ids(tokenizer: Any, stop_token_ids: int | Sequence[int] | None) -> tuple[int, ...]:
@@ -101,7 +108,7 @@ def compile_json_grammar(
         raise ValueError(f"vocab_size {vocab_size} is smaller than the tokenizer's {len(tokenizer)} tokens")
     stops = _stop_ids(tokenizer, stop_token_ids)
     # Key order is kept: xgrammar emits properties in the declared order.
-    text = json.dumps(_grammar_schema(schema), ensure_ascii=False)
+    text = json.dumps(schema, ensure_ascii=False)
     with _lock:
         compiler = _compiler(tokenizer, vocab_size, stops)
         key = (id(compiler), text)
@@ -112,9 +119,7 @@ def compile_json_grammar(
             return grammar
         _stats["misses"] += 1
     try:
-        # any_whitespace=False: free whitespace would let a weak model pad forever and
-        # would make the output length unbounded.
-        grammar = compiler.compile_json_schema(text, any_whitespace=False, strict_mode=True)
+        grammar = compiler.compile_grammar(_json_grammar(text))
     except Exception as e:  # xgrammar raises RuntimeError/ValueError subclasses for bad schemas
         raise ValueError(f"cannot compile JSON schema into a grammar: {e}") from e
     with _lock:

@@ -1,0 +1,198 @@
+"""Cache speed-up: one candidate against R references, fresh path vs cached path.
+
+For R = 1 and 4 (at 448×448 by default), greedy, same prompt, in one run:
+
+- ``fresh_ms``: refsight's fresh path, every reference re-encoded from its image;
+- ``cached_ms``: refsight's cached path, reference packages loaded from a
+  ``refsight.store`` on disk (a newly opened store, so the memory tier is cold)
+  plus the fresh candidate; the load time is included;
+- ``peer_ms``: the plain transformers way (image processor + ``model.generate``
+  with every image as pixels, every request).
+
+Reference side: ``reference_encode_ms`` (encode one reference) and
+``reference_load_ms`` (load its package from disk), ``ref_side_ratio`` = their
+quotient. ``cached_over_encode_plus_lm`` compares ``cached_ms`` with the
+candidate's encode time plus the language-model time measured inside the same
+cached call (target ≤ 1.10: the cache adds no cost of its own).
+
+Prints ONE JSON line: the R = 4 figures at top level (as the issue names them)
+and every R under ``runs``. Weights are random (``random_weights: true``): the
+timings are real, the text is not.
+
+    python benchmarks/cache_speedup.py --model shape-qwen2-vl-2b
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+
+
+def _photos(size: int):
+    import numpy as np
+    from PIL import Image
+    from skimage import data
+
+    from refsight.images import load_image
+
+    def photo(name: str):
+        array = np.asarray(getattr(data, name)())
+        return load_image(Image.fromarray(array).convert("RGB").resize((size, size), Image.BICUBIC), name=name)
+
+    return [photo(n) for n in ("chelsea", "coffee", "astronaut", "rocket")], photo("immunohistochemistry")
+
+
+def _segments(refs: list, candidate, *, prompt: str) -> list:
+    return [*refs, "Compare the candidate", candidate, prompt]
+
+
+def _peer(backend, images: list, prompt: str, max_new_tokens: int) -> tuple[list[int], float]:
+    """The plain transformers way: processor on all images, placeholders from its output, generate with pixels."""
+    import torch
+
+    began = time.perf_counter()
+    processor = backend.image_processor
+    if backend.family.startswith("qwen"):
+        pixels = processor(images, return_tensors="pt")
+        merge = backend.model.config.vision_config.spatial_merge_size
+        counts = (pixels["image_grid_thw"].prod(-1) // merge**2).tolist()
+        parts = ["<|vision_start|>" + "<|image_pad|>" * c + "<|vision_end|>" for c in counts]
+        extra = {"pixel_values": pixels["pixel_values"], "image_grid_thw": pixels["image_grid_thw"]}
+    else:
+        from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_string
+
+        pixels = processor([images], return_tensors="pt", return_row_col_info=True)
+        parts = [
+            get_image_prompt_string(r, c, backend.model.model.image_seq_len, "<fake_token_around_image>", "<image>", "<global-img>")
+            for r, c in zip(pixels["rows"][0], pixels["cols"][0])
+        ]
+        extra = {"pixel_values": pixels["pixel_values"], "pixel_attention_mask": pixels["pixel_attention_mask"]}
+    text = backend.chat_prompt([*parts[:-1], "Compare the candidate", parts[-1], prompt])
+    encoded = backend.tokenizer([text], return_tensors="pt", add_special_tokens=False)
+    if backend.family.startswith("qwen"):
+        extra["mm_token_type_ids"] = (encoded["input_ids"] == backend.model.config.image_token_id).int()
+    eos = backend.tokenizer.eos_token_id
+    with torch.inference_mode():
+        out = backend.model.generate(
+            **encoded, **extra, do_sample=False, max_new_tokens=max_new_tokens,
+            pad_token_id=backend.tokenizer.pad_token_id, eos_token_id=[eos],
+        )
+    ms = (time.perf_counter() - began) * 1000
+    tokens = out[0, encoded["input_ids"].shape[1]:].tolist()
+    if eos in tokens:
+        tokens = tokens[: tokens.index(eos) + 1]
+    return tokens, ms
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the benchmark and print one JSON line; returns the figures."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="shape-qwen2-vl-2b")
+    parser.add_argument("--size", type=int, default=448, help="image side in pixels")
+    parser.add_argument("--refs", default="1,4", help="comma-separated reference counts")
+    parser.add_argument("--max-new-tokens", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from refsight.backends.base import GenerationRequest
+    from refsight.backends.registry import get_backend
+    from refsight.store import open_store
+
+    torch.set_num_threads(args.threads)
+    counts = [int(r) for r in args.refs.split(",")]
+    refs, candidate = _photos(args.size)
+    if max(counts) > len(refs):
+        raise SystemExit(f"at most {len(refs)} references")
+
+    began = time.perf_counter()
+    backend = get_backend(args.model)
+    load_s = (time.perf_counter() - began)
+    prompt = " Does the candidate match the references?"
+    mnt = args.max_new_tokens
+
+    # Warm-up (first-call allocations, lazy imports) on a small image: not timed.
+    small = _photos(112)[1]
+    backend.generate([GenerationRequest(_segments([], small, prompt=prompt), max_new_tokens=2)])
+
+    with tempfile.TemporaryDirectory(prefix="refsight-bench-") as tmp:
+        # Reference side: encode each reference once, store it, load it back cold.
+        encode_ms, packages = [], []
+        for ref in refs[: max(counts)]:
+            t = time.perf_counter()
+            packages.append(backend.encode([ref])[0])
+            encode_ms.append((time.perf_counter() - t) * 1000)
+        with open_store(tmp) as store:
+            for package in packages:
+                store.packages.put(package)
+        load_ms = []
+        with open_store(tmp) as store:  # a new Store: empty memory tier, packages come from disk
+            for package in packages:
+                t = time.perf_counter()
+                loaded = store.packages.get(package.key)
+                load_ms.append((time.perf_counter() - t) * 1000)
+                assert loaded is not None
+
+        runs = []
+        for r in counts:
+            fresh_request = GenerationRequest(_segments(refs[:r], candidate, prompt=prompt), max_new_tokens=mnt)
+            t = time.perf_counter()
+            fresh = backend.generate([fresh_request])[0]
+            fresh_ms = (time.perf_counter() - t) * 1000
+
+            with open_store(tmp) as store:
+                t = time.perf_counter()
+                cached_refs = [store.packages.get(p.key) for p in packages[:r]]
+                request = GenerationRequest(_segments(cached_refs, candidate, prompt=prompt), max_new_tokens=mnt)
+                cached = backend.generate([request])[0]
+                cached_ms = (time.perf_counter() - t) * 1000
+
+            peer_tokens, peer_ms = _peer(backend, [i.image for i in (*refs[:r], candidate)], prompt, mnt)
+            inner = cached.timings_ms["encode"] + cached.timings_ms["generate"]
+            runs.append(
+                {
+                    "references": r,
+                    "fresh_ms": round(fresh_ms, 1),
+                    "cached_ms": round(cached_ms, 1),
+                    "peer_ms": round(peer_ms, 1),
+                    "speedup": round(fresh_ms / cached_ms, 3),
+                    "peer_speedup": round(peer_ms / cached_ms, 3),
+                    "candidate_encode_ms": round(cached.timings_ms["encode"], 1),
+                    "lm_ms": round(cached.timings_ms["generate"], 1),
+                    "cached_over_encode_plus_lm": round(cached_ms / inner, 4),
+                    "tokens_equal": fresh.token_ids == cached.token_ids == peer_tokens,
+                }
+            )
+
+    ref_encode = statistics.mean(encode_ms)
+    ref_load = statistics.mean(load_ms)
+    headline = runs[-1]
+    result = {
+        "model": args.model,
+        "references": headline["references"],
+        "fresh_ms": headline["fresh_ms"],
+        "cached_ms": headline["cached_ms"],
+        "speedup": headline["speedup"],
+        "peer_ms": headline["peer_ms"],
+        "reference_encode_ms": round(ref_encode, 1),
+        "reference_load_ms": round(ref_load, 3),
+        "ref_side_ratio": round(ref_encode / ref_load, 1),
+        "package_bytes": packages[0].nbytes,
+        "image_size": args.size,
+        "threads": args.threads,
+        "max_new_tokens": mnt,
+        "model_load_s": round(load_s, 1),
+        "random_weights": backend.random_weights,
+        "runs": runs,
+    }
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

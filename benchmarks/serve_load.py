@@ -1,0 +1,182 @@
+"""Load on the HTTP service: N concurrent clients, cached-reference compares and searches.
+
+Starts the real app under uvicorn on 127.0.0.1 (a free port) in this process, adds
+R reference photos over HTTP, then N client threads (httpx) send a fixed number of
+requests: compares of C candidate photos against two cached references each, and
+text searches. The backend's ``encode`` is wrapped to count every image it encodes,
+across adds, references and candidates, so the run proves there was no duplicate
+encoding under concurrency: ``encodes`` must equal ``distinct_images`` (R + C).
+
+Prints one JSON line: ``{"requests", "errors", "rps", "p50_ms", "p99_ms", "encodes", ...}``.
+
+    python benchmarks/serve_load.py [--model tiny-qwen2-vl] [--clients 16] [--requests 48]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import json
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+PHOTOS = ("chelsea", "coffee", "astronaut", "rocket", "horse", "camera")
+RUBRIC = "striped fur\npointed ears\nsame colour pattern"
+QUERIES = ("a cat", "a cup of coffee", "a rocket", "a person")
+
+
+def _photo_b64(name: str, size: int, flip: bool = False) -> str:
+    import numpy as np
+    import skimage.data
+    from PIL import Image
+
+    array = np.asarray(getattr(skimage.data, name)())
+    image = Image.fromarray(array).convert("RGB").resize((size, size))
+    if flip:
+        image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+class _Server:
+    def __init__(self, app) -> None:
+        import uvicorn
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> "_Server":
+        self.thread.start()
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise SystemExit("the server failed to start")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny-qwen2-vl")
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=48, help="requests in the timed phase")
+    parser.add_argument("--references", type=int, default=4)
+    parser.add_argument("--candidates", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2, help="server threads running model work")
+    parser.add_argument("--size", type=int, default=56, help="side of the square test photos in pixels")
+    parser.add_argument("--search-every", type=int, default=4, help="every n-th request is a search (0: none)")
+    parser.add_argument("--store", default=None, help="store directory (default: a fresh temporary one)")
+    args = parser.parse_args(argv)
+    if args.references + args.candidates > len(PHOTOS) * 2:
+        parser.error(f"at most {len(PHOTOS) * 2} distinct images")
+
+    import httpx
+
+    from refsight.backends.registry import get_backend
+    from refsight.server import ServerConfig, create_app
+
+    # Count encodes at the backend itself: every image any path hands to the vision encoder.
+    backend = get_backend(args.model)
+    encoded: list[str] = []
+    lock = threading.Lock()
+    original_encode = backend.encode
+
+    def counting_encode(images):
+        with lock:
+            encoded.extend(image.sha256 for image in images)
+        return original_encode(images)
+
+    backend.encode = counting_encode
+
+    names = [(PHOTOS[i % len(PHOTOS)], i >= len(PHOTOS)) for i in range(args.references + args.candidates)]
+    images = [_photo_b64(name, args.size, flip) for name, flip in names]
+    references, candidates = images[: args.references], images[args.references :]
+    ref_ids = [f"ref{i}" for i in range(args.references)]
+
+    store = args.store or tempfile.mkdtemp(prefix="refsight-serve-load-")
+    config = ServerConfig(store=store, model=args.model, keys={}, workers=args.workers, queue=4 * args.clients)
+    with _Server(create_app(config)) as server:
+        # References are added concurrently too (twice each): each must still be encoded once.
+        def add(i: int) -> int:
+            body = {"image": references[i % args.references], "id": ref_ids[i % args.references]}
+            return httpx.post(f"{server.url}/v1/references", json=body, timeout=600).status_code
+
+        with ThreadPoolExecutor(args.clients) as pool:
+            add_status = list(pool.map(add, range(2 * args.references)))
+        if any(status != 201 for status in add_status):
+            raise SystemExit(f"adding references failed: {add_status}")
+
+        def job(i: int) -> tuple[bool, float]:
+            if args.search_every and i % args.search_every == args.search_every - 1:
+                request = ("/v1/search", {"text": QUERIES[i % len(QUERIES)], "k": 2})
+            else:
+                pair = [ref_ids[i % args.references], ref_ids[(i + 1) % args.references]]
+                request = ("/v1/compare", {"candidate": candidates[i % args.candidates], "criteria": RUBRIC, "ref_ids": pair})
+            start = time.perf_counter()
+            try:
+                response = client().post(request[0], json=request[1])
+                ok = response.status_code == 200
+                if not ok:
+                    print(f"error: {request[0]} -> {response.status_code} {response.text[:200]}", file=sys.stderr)
+            except httpx.HTTPError as e:
+                ok = False
+                print(f"error: {request[0]} -> {e!r}", file=sys.stderr)
+            return ok, (time.perf_counter() - start) * 1000
+
+        local = threading.local()
+        clients: list[httpx.Client] = []
+
+        def client() -> httpx.Client:  # one connection pool per client thread
+            if not hasattr(local, "client"):
+                local.client = httpx.Client(base_url=server.url, timeout=600)
+                with lock:
+                    clients.append(local.client)
+            return local.client
+
+        try:
+            started = time.perf_counter()
+            with ThreadPoolExecutor(args.clients) as pool:
+                outcomes = list(pool.map(job, range(args.requests)))
+            elapsed = time.perf_counter() - started
+        finally:
+            for client in clients:
+                client.close()
+    backend.encode = original_encode
+
+    latencies = [ms for _, ms in outcomes]
+    figures = {
+        "requests": len(outcomes),
+        "errors": sum(not ok for ok, _ in outcomes),
+        "rps": round(len(outcomes) / elapsed, 3),
+        "p50_ms": round(statistics.median(latencies), 1),
+        "p99_ms": round(_percentile(latencies, 0.99), 1),
+        "encodes": len(encoded),
+        "distinct_encoded": len(set(encoded)),
+        "distinct_images": len(set(images)),
+        "clients": args.clients,
+        "model": args.model,
+    }
+    print(json.dumps(figures), flush=True)
+    return 0 if figures["errors"] == 0 and figures["encodes"] == figures["distinct_images"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""The retrieval stage: embed references once, recall a shortlist by text or by image.
+
+``Retriever(root, embedder)`` keeps everything under ``<root>/retrieval/`` (``root`` is the
+store root): the SQLite database of cached vectors and live entries, and one ANN index folder
+per embedder digest and namespace. It does not know about packages or backends; the engine
+calls ``add``/``remove`` alongside the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from refsight.errors import InvalidInputError, ReferenceNotFoundError
+from refsight.images import ImageInput
+from refsight.retrieval.embedders import Embedder
+from refsight.retrieval.index import EXACT_THRESHOLD, VectorIndex
+from refsight.retrieval.vectors import VectorDB, validate_where
+
+__all__ = ["Retriever"]
+
+DB_NAME = "vectors.sqlite"
+
+
+def _check_namespace(namespace: object) -> str:
+    # namespaces name a folder, so they follow the reference-id rules
+    from refsight.store.base import validate_ref_id
+
+    if not isinstance(namespace, str):
+        raise InvalidInputError(namespace, "a namespace must be a string")
+    try:
+        return validate_ref_id(namespace)
+    except InvalidInputError as exc:
+        raise InvalidInputError(namespace, f"invalid namespace: {exc.reason}") from None
+
+
+class Retriever:
+    """Embedding cache + per-namespace index for one embedder under ``<root>/retrieval``."""
+
+    def __init__(self, root: Path | str, embedder: Embedder, *, exact_threshold: int = EXACT_THRESHOLD):
+        if not isinstance(embedder, Embedder):
+            raise InvalidInputError("embedder", f"expected an Embedder, got {type(embedder).__name__}")
+        self.root = Path(root) / "retrieval"
+        self.embedder = embedder
+        self.db = VectorDB(self.root / DB_NAME)
+        self.exact_threshold = exact_threshold
+        self._indexes: dict[str, VectorIndex] = {}
+
+    @property
+    def embedder_name(self) -> str:
+        """The embedder's short name (reported with search results)."""
+        return self.embedder.name
+
+    def _index(self, namespace: str) -> VectorIndex:
+        namespace = _check_namespace(namespace)
+        idx = self._indexes.get(namespace)
+        if idx is None:
+            idx = VectorIndex(self.root, self.db, self.embedder.digest, namespace, self.embedder.dim, exact_threshold=self.exact_threshold)
+            self._indexes[namespace] = idx
+        return idx
+
+    # -- embedding cache ------------------------------------------------------------------
+
+    def vectors(self, images: list[ImageInput]) -> np.ndarray:
+        """Vectors for these images, computing only those not cached under this embedder."""
+        digest = self.embedder.digest
+        cached = self.db.get_vectors(digest, [im.sha256 for im in images])
+        todo = [im for im in dict((im.sha256, im) for im in images).values() if im.sha256 not in cached]
+        if todo:
+            fresh = self.embedder.embed_images(todo)
+            new = {im.sha256: v for im, v in zip(todo, fresh)}
+            self.db.put_vectors(digest, new)
+            cached.update(new)
+        return np.stack([cached[im.sha256] for im in images]) if images else np.zeros((0, self.embedder.dim), np.float32)
+
+    # -- updates --------------------------------------------------------------------------
+
+    def add(self, ref_id: str, image: ImageInput, metadata: Mapping[str, Any] | None = None, namespace: str = "default") -> None:
+        """Index a reference (replacing any earlier entry with this id); embeds at most once per image."""
+        from refsight.store.base import validate_ref_id
+
+        validate_ref_id(ref_id)
+        if not isinstance(image, ImageInput):
+            raise InvalidInputError("image", f"expected an ImageInput, got {type(image).__name__}")
+        metadata = dict(metadata or {})
+        idx = self._index(namespace)
+        vec = self.vectors([image])[0]
+        # database first, index second: if we crash in between, the entry is live in the DB and
+        # the next open adds it to the index; the reverse order could leave an unbacked label
+        label, old = self.db.upsert_entry(self.embedder.digest, namespace, ref_id, image.sha256, metadata)
+        if old is not None:
+            idx.removed([old])
+        idx.added(label, vec)
+
+    def remove(self, ref_id: str, namespace: str = "default") -> bool:
+        """Remove a reference from every embedder's index in this namespace; False if absent."""
+        idx = self._index(namespace)
+        removed = self.db.delete_ref(namespace, ref_id)
+        mine = [label for digest, label in removed if digest == self.embedder.digest]
+        idx.removed(mine)
+        # other embedders' index files still hold their labels: harmless, since every result is
+        # checked against the live entries and reconciled on the next open
+        return bool(removed)
+
+    def rebuild(self, items: Iterable[tuple[str, ImageInput, Mapping[str, Any]]] | None = None, namespace: str = "default") -> int:
+        """Rebuild the namespace from scratch; returns the number of entries.
+
+        With ``items`` the namespace's entries are replaced by exactly these (cached vectors are
+        reused, new images embedded). With ``None`` the index is rebuilt from the database alone,
+        which never needs the model.
+        """
+        idx = self._index(namespace)
+        if items is not None:
+            items = list(items)
+            for i, item in enumerate(items):
+                if not (isinstance(item, tuple) and len(item) == 3 and isinstance(item[1], ImageInput)):
+                    raise InvalidInputError(f"items[{i}]", "expected (ref_id, ImageInput, metadata)")
+            self.vectors([im for _, im, _ in items])  # batch-embed what is not cached
+            self.db.clear_namespace(self.embedder.digest, namespace)
+            idx.reset()
+            for ref_id, image, metadata in items:
+                self.db.upsert_entry(self.embedder.digest, namespace, ref_id, image.sha256, dict(metadata or {}))
+        count = self.db.count(self.embedder.digest, namespace)
+        idx.reset()
+        if count >= self.exact_threshold:
+            idx.rebuild()
+        return count
+
+    def flush(self) -> None:
+        """Persist every ANN index that changed (call before exit; a crash only costs catch-up time)."""
+        for idx in self._indexes.values():
+            idx.flush()
+
+    def close(self) -> None:
+        """Flush and close the database."""
+        self.flush()
+        self.db.close()
+
+    def __enter__(self) -> "Retriever":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- queries --------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self.db.count(self.embedder.digest, "default")
+
+    def count(self, namespace: str = "default") -> int:
+        """Live entries in a namespace for this embedder."""
+        return self.db.count(self.embedder.digest, _check_namespace(namespace))
+
+    def metadata(self, ref_id: str, namespace: str = "default") -> dict[str, Any]:
+        """The metadata stored with an indexed reference."""
+        entry = self.db.entry_for_ref(self.embedder.digest, _check_namespace(namespace), ref_id)
+        if entry is None:
+            raise ReferenceNotFoundError(ref_id)
+        return entry.metadata
+
+    def search_text(self, query: str, k: int = 10, where: Mapping[str, Any] | None = None, namespace: str = "default",
+                    instruction: str | None = None) -> list[tuple[str, float]]:
+        """References best matching a text, as [(ref_id, score)], best first."""
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidInputError(query, "a text query must be a non-empty string")
+        return self.search_vector(self.embedder.embed_texts([query], instruction)[0], k, where, namespace)
+
+    def search_image(self, image: ImageInput, k: int = 10, where: Mapping[str, Any] | None = None,
+                     namespace: str = "default") -> list[tuple[str, float]]:
+        """References most similar to an image, as [(ref_id, score)], best first."""
+        if not isinstance(image, ImageInput):
+            raise InvalidInputError("image", f"expected an ImageInput, got {type(image).__name__}")
+        return self.search_vector(self.vectors([image])[0], k, where, namespace)
+
+    def search_vector(self, vector: np.ndarray, k: int = 10, where: Mapping[str, Any] | None = None,
+                      namespace: str = "default") -> list[tuple[str, float]]:
+        """Search with a ready query vector in this embedder's space."""
+        where = validate_where(where)
+        idx = self._index(namespace)
+        allowed = self.db.filtered_labels(self.embedder.digest, namespace, where) if where else None
+        hits = idx.search(vector, k, allowed)
+        entries = self.db.entries(self.embedder.digest, namespace, [label for label, _ in hits])
+        # the final liveness check: a label deleted since the index answered is dropped here
+        return [(entries[label].ref_id, score) for label, score in hits if label in entries]

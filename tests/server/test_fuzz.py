@@ -1,0 +1,40 @@
+"""Property-based fuzzing of the live API from its own OpenAPI schema (schemathesis): never a 5xx.
+
+Bounded for CI: a few dozen examples per operation, the instant ``toy`` model. Every
+error response must also be the documented JSON error body with a stable code.
+"""
+
+from __future__ import annotations
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+
+from live_server import LiveServer, b64, photo_png
+from refsight.server import ServerConfig, create_app
+
+
+# The schema does not depend on the store or keys; building the app opens nothing (that
+# happens at startup), so the schema is read at collection time and the server per module.
+schema = schemathesis.openapi.from_dict(create_app(ServerConfig(store="/nonexistent", model="toy", keys={})).openapi())
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    server = LiveServer(create_app(ServerConfig(store=tmp_path_factory.mktemp("fuzz-store"), model="toy", keys={}))).start()
+    with server.client() as c:  # something to find, so id lookups sometimes hit
+        c.post("/v1/references", json={"image": b64(photo_png()), "id": "cat", "metadata": {"species": "cat"}})
+        # Load the embedders now, so no fuzzed request pays a one-time model load against its timeout.
+        assert c.post("/v1/search", json={"text": "a cat", "k": 1}, timeout=300).status_code == 200
+    yield server
+    server.stop()
+
+
+@schema.parametrize()
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+def test_no_server_errors(case, live):
+    response = case.call(base_url=live.url, timeout=120)
+    assert response.status_code < 500, (case.method, case.path, response.status_code, response.text[:500])
+    if response.status_code >= 400:
+        body = response.json()
+        assert isinstance(body["error"]["code"], str) and isinstance(body["error"]["message"], str), body

@@ -1,0 +1,82 @@
+"""The page at ``/`` in a real headless Chromium (Debian's build, driven by Playwright; no download)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from live_server import b64, photo_png
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"{CHROMIUM} is missing: .ci/services installs Debian's chromium")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        yield browser
+        browser.close()
+
+
+def test_page_shows_the_gallery_and_a_verdict_table(server, browser):
+    with server.client() as c:
+        for name in ("chelsea", "coffee"):
+            c.post("/v1/references", json={"image": b64(photo_png(name)), "id": name, "metadata": {"photo": name}})
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(server.url + "/")
+
+    # Gallery: both references with thumbnails (fetched with the key, shown as blob URLs), metadata and cache state.
+    cards = page.locator("#gallery .card")
+    cards.nth(1).wait_for()
+    assert cards.count() == 2
+    page.wait_for_function("[...document.querySelectorAll('#gallery img')].every(i => i.src.startsWith('blob:') && i.naturalWidth > 0)")
+    assert "photo=chelsea" in page.locator('#gallery .card[data-ref-id="chelsea"] .meta').inner_text()
+    assert page.locator('#gallery .card[data-ref-id="chelsea"] .badge').inner_text() .startswith("cached")
+    assert page.locator("#random-weights").is_visible()
+
+    # Compare a candidate against the ticked reference.
+    page.check('#gallery .card[data-ref-id="chelsea"] input.pick')
+    page.set_input_files("#candidate", files=[{"name": "candidate.png", "mimeType": "image/png",
+                                               "buffer": photo_png("chelsea", flip=True)}])
+    page.fill("#rubric", "striped fur\npointed ears\ngreen eyes")
+    page.click("#compare-button")
+    table = page.locator('#results .result[data-ref-id="chelsea"] table.verdicts')
+    table.wait_for(timeout=120_000)
+
+    assert page.locator("#error").inner_text() == ""
+    rows = table.locator("tr")
+    assert rows.count() == 4  # header + one row per criterion
+    assert [rows.nth(i).locator("td").first.inner_text() for i in (1, 2, 3)] == ["striped fur", "pointed ears", "green eyes"]
+    for i in (1, 2, 3):
+        cell = rows.nth(i).locator("td.verdict")
+        verdict = cell.inner_text()
+        assert verdict in ("match", "mismatch", "uncertain")
+        assert verdict in cell.get_attribute("class")  # coloured by verdict
+        colour = cell.evaluate("c => getComputedStyle(c).backgroundColor")
+        assert colour not in ("rgba(0, 0, 0, 0)", "transparent")
+        assert rows.nth(i).locator("td.evidence").inner_text().strip()  # evidence shown
+    assert page.locator("#results .random-label").is_visible()
+    # The reference image sits beside the candidate.
+    page.wait_for_function("[...document.querySelectorAll('#results .pair img')].every(i => i.naturalWidth > 0)")
+    assert page.locator("#results .pair img").count() == 2
+    assert errors == []
+
+
+def test_page_reports_api_errors_readably(make_server, browser):
+    live = make_server(keys={"page-key-123456": "p"})
+    page = browser.new_page()
+    page.goto(live.url + "/")
+    page.wait_for_function("document.getElementById('error').textContent.length > 0")
+    assert page.locator("#error").inner_text() == "unauthorized: missing API key"
+    page.fill("#api-key", "page-key-123456")
+    page.dispatch_event("#api-key", "change")
+    page.wait_for_function("document.getElementById('error').textContent === ''")
+    assert page.locator("#gallery-empty").is_visible()

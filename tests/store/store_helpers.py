@@ -1,0 +1,38 @@
+"""Helpers shared by the store tests and their subprocess workers: real packages from torch tensors."""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from refsight.package import EncoderFingerprint, VisualPackage
+
+
+def image_hash(n: int) -> str:
+    """A stand-in image hash (the store treats it as an opaque sha256 hex)."""
+    return hashlib.sha256(f"image-{n}".encode()).hexdigest()
+
+
+def fingerprint(model: str = "tiny-vlm", **preprocessing) -> EncoderFingerprint:
+    """A fingerprint like a real backend's: bf16 features, processor settings."""
+    return EncoderFingerprint(
+        backend="test", model_id=model, revision="rev-1", dtype="bfloat16", preprocessing=preprocessing or {"max_pixels": 448 * 448}
+    )
+
+
+def make_package(n: int, *, tokens: int = 16, dims: int = 32, model: str = "tiny-vlm") -> VisualPackage:
+    """A Qwen-like package: bf16 features, deepstack layers, int64 grid, metadata."""
+    g = torch.Generator().manual_seed(n)
+    return VisualPackage(
+        tensors={
+            "features": torch.randn(tokens, dims, generator=g).to(torch.bfloat16),
+            "deepstack.0": torch.randn(tokens, dims, generator=g).to(torch.bfloat16),
+            "image_grid_thw": torch.tensor([[1, 2 * n + 2, 8]], dtype=torch.int64),
+            "mask": torch.rand(tokens, generator=g) > 0.5,
+        },
+        metadata={"image_grid_thw": [[1, 2 * n + 2, 8]], "num_tokens": tokens, "note": f"package {n}"},
+        image_sha256=image_hash(n),
+        fingerprint=fingerprint(model),
+        encode_ms=12.5 + n,
+    )

@@ -1,0 +1,135 @@
+"""SqliteCatalog: references per namespace, id validation, image bytes, orphan keys, counters."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from store_helpers import fingerprint, image_hash, make_package
+
+from refsight.errors import InvalidInputError, InvalidReferenceIdError, NotFoundError, ReferenceNotFoundError, StoreError
+from refsight.store import SqliteCatalog, open_store
+
+
+@pytest.fixture
+def catalog(tmp_path):
+    c = SqliteCatalog(tmp_path)
+    yield c
+    c.close()
+
+
+def test_add_get_list_and_metadata_merge(catalog):
+    ref = catalog.add_reference("cat-1", image_hash(1), {"label": "tabby"})
+    assert ref.ref_id == "cat-1" and ref.image_sha256 == image_hash(1) and ref.packages == {}
+    again = catalog.add_reference("cat-1", image_hash(1), {"colour": "grey"})
+    assert again.metadata == {"label": "tabby", "colour": "grey"}
+    assert again.created_at == ref.created_at
+    catalog.add_reference("cat-2", image_hash(2), {})
+    assert [r.ref_id for r in catalog.list_references()] == ["cat-1", "cat-2"]
+    assert [r.ref_id for r in catalog.find_references(image_hash(1))] == ["cat-1"]
+    assert catalog.count_references() == 2
+
+
+def test_namespaces_are_isolated(catalog):
+    catalog.add_reference("same-id", image_hash(1), {"tenant": "a"}, namespace="tenant-a")
+    catalog.add_reference("same-id", image_hash(2), {"tenant": "b"}, namespace="tenant-b")
+    assert catalog.get_reference("same-id", namespace="tenant-a").image_sha256 == image_hash(1)
+    assert catalog.get_reference("same-id", namespace="tenant-b").image_sha256 == image_hash(2)
+    with pytest.raises(ReferenceNotFoundError):
+        catalog.get_reference("same-id")
+    assert catalog.find_references(image_hash(1), namespace="tenant-b") == []
+    assert catalog.namespaces() == ["tenant-a", "tenant-b"]
+    catalog.remove_reference("same-id", namespace="tenant-a")
+    assert catalog.get_reference("same-id", namespace="tenant-b").metadata == {"tenant": "b"}
+    with pytest.raises(InvalidInputError, match="namespace"):
+        catalog.list_references(namespace="../x")
+
+
+@pytest.mark.parametrize("bad", ["", "../etc", "a/b", ".hidden", "a..b", "x" * 129, "sp ace", None, 7, "é"])
+def test_invalid_ids_are_refused(catalog, bad):
+    with pytest.raises(InvalidReferenceIdError) as info:
+        catalog.add_reference(bad, image_hash(1), {})
+    assert info.value.input == bad
+    assert catalog.count_references() == 0
+
+
+def test_same_id_with_another_image_is_refused(catalog):
+    catalog.add_reference("ref", image_hash(1), {"v": 1})
+    with pytest.raises(InvalidInputError, match="another image") as info:
+        catalog.add_reference("ref", image_hash(2), {"v": 2})
+    assert info.value.input == "ref"
+    assert catalog.get_reference("ref").metadata == {"v": 1}
+
+
+def test_bad_hashes_and_metadata_are_refused(catalog):
+    with pytest.raises(InvalidInputError, match="sha256"):
+        catalog.add_reference("ref", "../../x", {})
+    with pytest.raises(InvalidInputError, match="JSON"):
+        catalog.add_reference("ref", image_hash(1), {"x": object()})
+    with pytest.raises(InvalidInputError, match="string keys"):
+        catalog.add_reference("ref", image_hash(1), {1: "x"})
+
+
+def test_link_package_and_remove_returns_only_orphaned_keys(catalog):
+    fp_a, fp_b = fingerprint("model-a"), fingerprint("model-b")
+    shared_key = make_package(1, model="model-a").key
+    own_key = make_package(1, model="model-b").key
+    catalog.add_reference("one", image_hash(1), {})
+    catalog.add_reference("two", image_hash(1), {})
+    catalog.link_package("one", fp_a.digest, shared_key)
+    catalog.link_package("one", fp_b.digest, own_key)
+    catalog.link_package("two", fp_a.digest, shared_key)
+    assert catalog.get_reference("one").packages == {fp_a.digest: shared_key, fp_b.digest: own_key}
+    removed, orphans = catalog.remove_reference("one")
+    assert removed.ref_id == "one" and orphans == [own_key]
+    removed, orphans = catalog.remove_reference("two")
+    assert orphans == [shared_key]
+    with pytest.raises(ReferenceNotFoundError):
+        catalog.remove_reference("two")
+    with pytest.raises(ReferenceNotFoundError):
+        catalog.link_package("ghost", fp_a.digest, shared_key)
+
+
+def test_image_bytes_are_kept_and_deleted_with_the_last_reference(catalog, tmp_path):
+    data = b"\x89PNG original bytes"
+    catalog.put_image(image_hash(1), data, "PNG")
+    catalog.put_image(image_hash(1), b"a lossless re-save", "BMP")  # same pixels: first bytes kept
+    assert catalog.get_image(image_hash(1)) == data and catalog.image_format(image_hash(1)) == "PNG"
+    path = catalog.image_path(image_hash(1))
+    assert path == tmp_path / "images" / image_hash(1)[:2] / image_hash(1)
+    catalog.add_reference("a", image_hash(1), {}, namespace="ns1")
+    catalog.add_reference("b", image_hash(1), {}, namespace="ns2")
+    catalog.remove_reference("a", namespace="ns1")
+    assert path.exists(), "still used by a reference in another namespace"
+    catalog.remove_reference("b", namespace="ns2")
+    assert not path.exists() and not catalog.has_image(image_hash(1))
+    with pytest.raises(NotFoundError):
+        catalog.get_image(image_hash(1))
+    with pytest.raises(InvalidInputError):
+        catalog.put_image(image_hash(2), b"", "PNG")
+
+
+def test_damaged_image_bytes_are_reported(catalog):
+    catalog.put_image(image_hash(3), b"some image bytes", "JPEG")
+    path = catalog.image_path(image_hash(3))
+    path.write_bytes(b"some image bytez")
+    with pytest.raises(StoreError, match="checksum"):
+        catalog.get_image(image_hash(3))
+
+
+def test_counters_persist_across_reopen_and_processes(tmp_path):
+    root = tmp_path / "s"
+    with open_store(root) as store:
+        assert store.catalog.counters() == {"hits": 0, "misses": 0, "evictions": 0, "encode_ms_saved": 0}
+        store.catalog.bump(hits=2, encode_ms_saved=10.5)
+        store.catalog.bump(misses=1)
+    code = "import sys; from refsight.store import open_store; s = open_store(sys.argv[1]); s.catalog.bump(hits=3); s.close()"
+    assert subprocess.run([sys.executable, "-c", code, str(root)]).returncode == 0
+    with open_store(root) as store:
+        counters = store.catalog.counters()
+        assert counters["hits"] == 5 and counters["misses"] == 1 and counters["encode_ms_saved"] == 10.5
+        with pytest.raises(InvalidInputError):
+            store.catalog.bump(**{"DROP TABLE": 1})
+        with pytest.raises(InvalidInputError):
+            store.catalog.bump(hits=float("inf"))
