@@ -27,6 +27,8 @@ REAL_DEMO_MODEL = "hf:HuggingFaceTB/SmolVLM-256M-Instruct"
 #: The offline random-weight model used otherwise.
 FALLBACK_DEMO_MODEL = "tiny-qwen2-vl"
 DEMO_RUBRIC = "- is a cat\n- short fur\n- triangular ears\n- dark forehead stripes"
+#: Short evidence keeps a random-weight model (which always writes to the bound) quick.
+DEMO_EVIDENCE_CHARS = 40
 
 
 def _real_model_available(name: str) -> bool:
@@ -97,9 +99,11 @@ def run_demo(*, store: str | None = None, model: str | None = None, as_json: boo
             ref_ids = [row["ref_id"] for row in added if "error" not in row]
             say(f"\n3. Comparing a new photo (mirrored crop of the cat) with all {len(ref_ids)} references.")
             say("   a) the way stacks do it today: every reference re-encoded for the request")
-            fresh = engine.compare(candidate, criteria=DEMO_RUBRIC, ref_ids=ref_ids, use_cache=False).to_dict()
+            fresh = engine.compare(candidate, criteria=DEMO_RUBRIC, ref_ids=ref_ids, use_cache=False,
+                                   evidence_max_chars=DEMO_EVIDENCE_CHARS).to_dict()
             say("   b) with refsight's cache: only the candidate is encoded")
-            cached = engine.compare(candidate, criteria=DEMO_RUBRIC, ref_ids=ref_ids).to_dict()
+            cached = engine.compare(candidate, criteria=DEMO_RUBRIC, ref_ids=ref_ids,
+                                    evidence_max_chars=DEMO_EVIDENCE_CHARS).to_dict()
             say("\n" + format_comparison(cached))
             stats = engine.stats()
 

@@ -461,6 +461,7 @@ class Engine:
         use_cache: bool = True,
         force_vlm: bool = False,
         attributes: Sequence[str] = ("imagenet",),
+        evidence_max_chars: int | None = None,
         model: str | None = None,
     ) -> CompareResult:
         """Judge ``candidate`` against references, criterion by criterion.
@@ -470,7 +471,8 @@ class Engine:
         are given). The candidate is encoded once; references come from their cached
         packages (``use_cache=False`` re-encodes them: same verdicts, other timings).
         Criteria the attribute sidecars (``attributes``: ``"imagenet"``, ``"vlm"``) can
-        settle are answered from them unless ``force_vlm``.
+        settle are answered from them unless ``force_vlm``. ``evidence_max_chars`` bounds
+        each evidence string (and so the generation budget).
         """
         from .judge import Judge, parse_rubric
 
@@ -511,7 +513,8 @@ class Engine:
             timings["attributes"] = _ms(clock)
 
         clock = time.perf_counter()
-        judge = Judge(backend, force_vlm=force_vlm)
+        options = {} if evidence_max_chars is None else {"evidence_max_chars": evidence_max_chars}
+        judge = Judge(backend, force_vlm=force_vlm, **options)
         results = judge.judge(
             [(ref.ref_id, visual, attrs) for ref, (visual, _), attrs in zip(refs, visuals, ref_attrs)],
             candidate_package,

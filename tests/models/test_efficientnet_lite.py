@@ -36,9 +36,9 @@ def test_state_dict_keys_match_weights_file_exactly():
     import torch
 
     state = torch.load(weights_path(), map_location="cpu", weights_only=True)
-    net_keys = set(EfficientNetLite0().state_dict())
-    assert net_keys == set(state)
-    assert all(EfficientNetLite0().state_dict()[k].shape == v.shape for k, v in state.items())
+    net_state = EfficientNetLite0().state_dict()
+    assert set(net_state) == set(state)
+    assert all(net_state[k].shape == v.shape for k, v in state.items())
 
 
 def test_loader_is_cached_per_process(clf):

@@ -103,7 +103,6 @@ def test_readding_an_id_replaces_its_image(retriever):
 
 
 def test_ann_mode_and_rebuild_from_the_database(retriever, tmp_path, counting):
-    retriever.exact_threshold = 5  # force the HNSW path on the small photo set
     ann = Retriever(tmp_path, counting, exact_threshold=5)
     assert ann.search_text("a cup of coffee", k=1)[0][0] == "coffee"
     ann.flush()
@@ -115,7 +114,8 @@ def test_ann_mode_and_rebuild_from_the_database(retriever, tmp_path, counting):
     assert fresh.rebuild() == len(BUNDLED)  # from cached vectors: no model call
     assert counting.images_embedded == before
     assert fresh.search_text("a cat", k=1)[0][0] == "chelsea"
-    ann.close(), fresh.close()
+    ann.close()
+    fresh.close()
 
 
 def test_rebuild_with_items_replaces_the_namespace(retriever):

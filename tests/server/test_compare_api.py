@@ -82,3 +82,12 @@ def test_search_shape_and_errors(refs_client):
     assert by_image["results"][0]["ref_id"] == "coffee"
     assert_error(refs_client.post("/v1/search", json={"k": 3}), 400, "invalid_input")
     assert_error(refs_client.post("/v1/search", json={"text": "x", "image": b64(photo_png())}), 400, "invalid_input")
+
+
+def test_compare_top_k_recalls_then_judges_only_those(refs_client):
+    response = refs_client.post("/v1/compare", json={"candidate": b64(photo_png("coffee", flip=True)), "criteria": RUBRIC,
+                                                     "top_k": 1, "query": "a cup of coffee"})
+    assert response.status_code == 200, response.text
+    data = response.json()
+    assert [r["ref_id"] for r in data["results"]] == ["coffee"]
+    assert [r["ref_id"] for r in data["recalled"]] == ["coffee"] and isinstance(data["recalled"][0]["score"], float)

@@ -308,7 +308,8 @@ class VectorIndex:
     def _ann_search(self, query: np.ndarray, k: int, allowed: np.ndarray | None) -> list[tuple[int, float]]:
         assert self._ann is not None
         allowed_set = None if allowed is None else set(map(int, allowed))
-        fetch = k * 2 if allowed is None else k * 8
+        # the int8 graph misorders near-ties; rescoring 3k candidates restores recall (benchmarked)
+        fetch = k * 3 if allowed is None else k * 8
         while True:
             cand, _ = self._ann.search(query, fetch)
             if allowed_set is not None:

@@ -1,0 +1,43 @@
+"""Fixtures for engine-level tests: a private model cache, the bundled photos, a pixel embedder."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from refsight.retrieval import Embedder
+
+
+@pytest.fixture(scope="session", autouse=True)
+def engine_model_cache():
+    """Tiny models are built once into a session-private cache (subprocesses inherit it)."""
+    with tempfile.TemporaryDirectory(prefix="refsight-models-") as path, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("REFSIGHT_MODEL_CACHE", path)
+        yield Path(path)
+
+
+class PixelEmbedder(Embedder):
+    """A 4x4 thumbnail as the vector: cheap and deterministic, for orchestration tests only."""
+
+    name = "pixels-4x4"
+
+    @property
+    def dim(self) -> int:
+        return 48
+
+    def fingerprint(self) -> dict:
+        return {"model": "pixels-4x4", "revision": "1"}
+
+    def _embed_images(self, images):
+        return np.stack([np.asarray(i.image.resize((4, 4)), np.float32).reshape(-1) + 1.0 for i in images])
+
+    def _embed_texts(self, texts, instruction):
+        raise NotImplementedError("the pixel embedder has no text side")
+
+
+@pytest.fixture
+def pixel_embedder() -> PixelEmbedder:
+    return PixelEmbedder()
