@@ -175,9 +175,30 @@ def test_clip_embedder_refuses_other_models_and_missing_dirs(tmp_path):
         ClipEmbedder(tmp_path / "nope")
 
 
-def test_vlm_embedder_needs_a_backend_that_can_pool(tmp_path):
+def test_vlm_embedder_refuses_a_backend_that_cannot_pool():
     class NoPooling:
         name = "no-pooling"
 
-    with pytest.raises(ModelLoadError, match="embed_last_token"):
+    with pytest.raises(ModelLoadError, match="cannot embed"):
         VlmEmbedder(NoPooling())
+
+
+def test_vlm_embedder_on_tiny_qwen2_vl_reuses_cached_packages():
+    from refsight.errors import UnknownModelError
+
+    try:
+        emb = VlmEmbedder("tiny-qwen2-vl")
+    except (UnknownModelError, ModelLoadError) as exc:  # the backend is another module's job
+        pytest.skip(f"tiny-qwen2-vl backend unavailable: {exc}")
+    small = [load_image(bundled_photo(n).image.resize((64, 48))) for n in ("chelsea", "coffee")]
+    v = emb.embed_images(small)
+    assert v.shape == (2, emb.dim) and v.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
+    # from the cached visual packages: identical vectors, no vision tower needed
+    np.testing.assert_allclose(emb.embed_packages(emb.backend.encode(small)), v, atol=1e-5)
+    np.testing.assert_allclose(emb.embed_images(small[:1])[0], v[0], atol=1e-4)  # padding-independent
+    t = emb.embed_texts(["a cat", "a cup of coffee"])
+    assert t.shape == (2, emb.dim) and not np.allclose(t[0], t[1])
+    # the instruction is part of the input, so it changes the vector
+    assert not np.allclose(emb.embed_texts(["a cat"], instruction="Describe the fur.")[0], t[0])
+    assert emb.fingerprint()["embedder"] == "vlm-last-token/v1"

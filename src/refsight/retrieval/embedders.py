@@ -334,10 +334,14 @@ def _dir_digest(source: str) -> str | None:
 class VlmEmbedder(Embedder):
     """Last-token pooling of a VLM's final hidden state over an instruction plus image or text.
 
-    The recipe of VLM2Vec and Qwen3-VL-Embedding: the same decoder reads
-    ``<instruction> <image or text>`` and the hidden state of the last token is the embedding.
-    It needs a backend that exposes ``embed_last_token(items, instruction)``; the backend does
-    the model-specific prompt building (and may reuse a cached visual package for the image).
+    The recipe of VLM2Vec and Qwen3-VL-Embedding: the decoder reads the chat-formatted
+    ``<instruction> <image or text>`` and the final-layer hidden state of the last prompt token
+    is the embedding. Works with any transformers backend of :mod:`refsight.backends.hf`
+    (it uses only their public prompt/encode methods): images go through ``backend.encode``,
+    and :meth:`embed_packages` takes already cached visual packages, so a reference's vision
+    tower output is reused instead of re-encoding the image. A backend may instead provide its
+    own ``embed_last_token(items, instruction)`` and ``embedding_dim``.
+
     ``refsight.backends`` is imported only when a backend is named by string.
     """
 
@@ -349,12 +353,19 @@ class VlmEmbedder(Embedder):
             from refsight.backends import get_backend
 
             backend = get_backend(backend)
-        if not callable(getattr(backend, "embed_last_token", None)):
-            raise ModelLoadError(getattr(backend, "name", str(backend)), "backend has no embed_last_token(); it cannot serve as an embedder")
+        self._custom = callable(getattr(backend, "embed_last_token", None))
+        generic = all(hasattr(backend, a) for a in ("encode", "build_prompt", "multimodal_inputs", "model", "tokenizer"))
+        if not (self._custom or generic):
+            raise ModelLoadError(getattr(backend, "name", str(backend)),
+                                 "backend has neither embed_last_token() nor the transformers prompt methods; it cannot embed")
         self.backend = backend
         self.name = f"vlm:{backend.name}"
         self.image_instruction = instruction or self.default_instruction
-        self._dim = int(backend.embedding_dim)
+        if self._custom:
+            self._dim = int(backend.embedding_dim)
+        else:
+            cfg = backend.model.config
+            self._dim = int(getattr(getattr(cfg, "text_config", cfg), "hidden_size"))
         self.batch_size = 4
 
     @property
@@ -371,8 +382,35 @@ class VlmEmbedder(Embedder):
             "image_instruction": self.image_instruction,
         }
 
+    def embed_packages(self, packages: Sequence[Any]) -> np.ndarray:
+        """Unit vectors for references from their cached visual packages (no vision tower run)."""
+        packages = list(packages)
+        if self._custom:
+            raise ModelLoadError(self.name, "this backend embeds images itself; pass images instead")
+        return self._batched(packages, lambda chunk: self._pool([[self.image_instruction, p] for p in chunk]))
+
     def _embed_images(self, images: list[ImageInput]) -> np.ndarray:
-        return np.asarray(self.backend.embed_last_token(images, self.image_instruction), np.float32)
+        if self._custom:
+            return np.asarray(self.backend.embed_last_token(images, self.image_instruction), np.float32)
+        return self._pool([[self.image_instruction, p] for p in self.backend.encode(images)])
 
     def _embed_texts(self, texts: list[str], instruction: str | None) -> np.ndarray:
-        return np.asarray(self.backend.embed_last_token(texts, instruction or self.default_text_instruction), np.float32)
+        instruction = instruction or self.default_text_instruction
+        if self._custom:
+            return np.asarray(self.backend.embed_last_token(texts, instruction), np.float32)
+        return self._pool([[instruction, t] for t in texts])
+
+    def _pool(self, rows: list[list[Any]]) -> np.ndarray:
+        import torch
+
+        b = self.backend
+        texts = [b.build_prompt(row) for row in rows]
+        packages = [seg for row in rows for seg in row if not isinstance(seg, str)]
+        # left padding (the backends set it) puts every row's last prompt token at position -1
+        b.tokenizer.padding_side = "left"
+        enc = b.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
+        extra = b.multimodal_inputs(packages, enc["input_ids"]) if packages else {}
+        with torch.inference_mode():
+            out = b.model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], **extra,
+                          output_hidden_states=True, use_cache=False)
+        return out.hidden_states[-1][:, -1, :].float().numpy()

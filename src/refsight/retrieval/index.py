@@ -51,9 +51,9 @@ class AnnIndex:
         dim: int,
         *,
         dtype: str = "i8",
-        connectivity: int = 16,
-        expansion_add: int = 128,
-        expansion_search: int = 96,
+        connectivity: int = 32,
+        expansion_add: int = 200,
+        expansion_search: int = 128,
     ):
         from usearch.index import Index
 
