@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from conftest import (
+from image_corpus import (
     BOMB_SIDE,
     CORPUS_ACCEPTED,
     CORPUS_REJECTED,

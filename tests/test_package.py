@@ -11,7 +11,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from conftest import encode
+from image_corpus import encode
 from refsight.errors import InvalidInputError, InvalidReferenceIdError, RefsightError
 from refsight.images import load_image
 from refsight.package import (

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-TINY_FAMILIES = ("tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl", "tiny-smolvlm")
+from backend_models import TINY_FAMILIES  # noqa: F401  (re-exported)
 
 #: Real photos from scikit-image and the (width, height) each is shrunk to; the
 #: sizes differ so grids, tile layouts and prompt lengths differ between images.

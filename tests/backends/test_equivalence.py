@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY_FAMILIES
+from backend_models import TINY_FAMILIES
 
 REFS = ("chelsea", "coffee", "astronaut")
 CANDIDATE = "rocket"

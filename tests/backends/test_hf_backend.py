@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from conftest import TINY_FAMILIES
+from backend_models import TINY_FAMILIES
 from refsight.backends.base import GenerationRequest
 from refsight.errors import CorruptPackageError, InvalidInputError, ModelLoadError
 from refsight.package import VisualPackage

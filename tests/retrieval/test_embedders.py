@@ -11,7 +11,7 @@ from refsight.images import load_image
 from refsight.retrieval import EfficientNetConSEEmbedder, Embedder, VlmEmbedder, default_embedder
 from refsight.retrieval.embedders import ClipEmbedder
 
-from conftest import BUNDLED, bundled_photo
+from bundled_photos import BUNDLED, bundled_photo
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def _variants(image: Image.Image) -> list[Image.Image]:
 
 def test_image_queries_find_their_source_and_features_beat_conse_alone(emb, doc_vectors):
     """The measurement behind the design: penultimate features separate photos better than ConSE."""
-    from conftest import _array
+    from bundled_photos import photo_array as _array
 
     queries, truth = [], []
     for i, name in enumerate(BUNDLED):

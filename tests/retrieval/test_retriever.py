@@ -10,7 +10,7 @@ from refsight.errors import InvalidInputError, InvalidReferenceIdError, Referenc
 from refsight.images import load_image
 from refsight.retrieval import EfficientNetConSEEmbedder, Retriever, default_embedder
 
-from conftest import BUNDLED, bundled_photo
+from bundled_photos import BUNDLED, bundled_photo
 
 SPECIES = {"chelsea": "cat", "horse": "horse"}
 
