@@ -109,7 +109,6 @@ def measure_size(store, tokens: int, dims: int, repeats: int) -> dict:
 
 
 def measure_lookup(store, entries: int, repeats: int) -> tuple[float, int]:
-    conn = store.local._db.connection()
     existing = store.local.stats()["packages"]
     rows = [
         (f"{random.getrandbits(256):064x}", f"{n:064x}", "0" * 64, "{}", 0, "{}", 0.0, 0.0, "0" * 32)

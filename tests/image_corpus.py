@@ -12,7 +12,6 @@ import io
 import struct
 import zlib
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 from PIL import Image

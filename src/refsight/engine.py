@@ -12,9 +12,9 @@ import re
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from .config import default_model, default_store_dir
 from .errors import CorruptPackageError, InvalidInputError, RefsightError
@@ -42,18 +42,29 @@ class ReferenceSegment:
 
 
 class _KeyedLocks:
-    """One lock per key, so concurrent requests for the same new image encode it once."""
+    """One lock per key, so concurrent requests for the same new image encode it once.
+
+    A key's lock lives only while someone holds or waits for it, so a long-running
+    server does not accumulate one lock per image it ever saw.
+    """
 
     def __init__(self) -> None:
         self._guard = threading.Lock()
-        self._locks: dict[str, threading.Lock] = {}
+        self._locks: dict[str, list] = {}  # key -> [lock, holders and waiters]
 
     @contextmanager
     def hold(self, key: str) -> Iterator[None]:
         with self._guard:
-            lock = self._locks.setdefault(key, threading.Lock())
-        with lock:
-            yield
+            entry = self._locks.setdefault(key, [threading.Lock(), 0])
+            entry[1] += 1
+        try:
+            with entry[0]:
+                yield
+        finally:
+            with self._guard:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del self._locks[key]
 
 
 class Engine:
@@ -283,20 +294,26 @@ class Engine:
         fingerprint = backend.fingerprint()
         key = package_key(ref.image_sha256, fingerprint)
         with self._locks.hold(key):
-            try:
-                package = self.store.packages.get(key)
-            except CorruptPackageError:
-                # Never serve a corrupt package: drop it and fall through to re-encode.
-                self.store.packages.delete(key)
-                package = None
+            package = self._stored_package(key)
             if package is not None:
-                self.store.catalog.bump(hits=1, encode_ms_saved=package.encode_ms)
                 return package, True
             package = backend.encode([self.reference_image(ref)])[0]
             self.store.packages.put(package)
             self.store.catalog.link_package(ref.ref_id, fingerprint.digest, key, namespace=ref.namespace)
             self.store.catalog.bump(misses=1)
             return package, False
+
+    def _stored_package(self, key: str) -> VisualPackage | None:
+        """The stored package under ``key`` (a hit is counted), or None when absent or corrupt."""
+        try:
+            package = self.store.packages.get(key)
+        except CorruptPackageError:
+            # Never serve a corrupt package: drop it, so the caller re-encodes.
+            self.store.packages.delete(key)
+            return None
+        if package is not None:
+            self.store.catalog.bump(hits=1, encode_ms_saved=package.encode_ms)
+        return package
 
     def reference_image(self, ref: Reference) -> ImageInput:
         """The reference's image, decoded from its kept original bytes."""
@@ -321,7 +338,8 @@ class Engine:
         for i, ref_id in enumerate(ref_ids, 1):
             segments += [f"Reference {i} ({ref_id}):", ReferenceSegment(ref_id)]
         if candidate is not None:
-            segments += ["Candidate:", candidate]
+            # Loaded here: in chat() a plain string is text, so a path must not reach it as one.
+            segments += ["Candidate:", load_image(candidate, limits=self.limits, name=_label(candidate))]
         segments.append(prompt)
         return self.chat(segments, use_cache=use_cache, max_new_tokens=max_new_tokens, model=model)
 
@@ -334,8 +352,8 @@ class Engine:
         json_schema: dict[str, Any] | None = None,
         model: str | None = None,
     ) -> GenerateResult:
-        """Generate from segments in order: text, :class:`ReferenceSegment` (a stored
-        reference by id), or any image source (path, bytes, PIL, ImageInput).
+        """Generate from segments in order: text (``str``), :class:`ReferenceSegment` (a
+        stored reference by id), or an image (``Path``, bytes, PIL image, ImageInput).
 
         References come from their cached packages; an image source whose package
         is already stored (a reference's image sent again as bytes) is served from
@@ -375,13 +393,8 @@ class Engine:
     def _image_segment(self, source: Any, backend, use_cache: bool) -> tuple[VisualPackage | ImageInput, bool]:
         image = load_image(source, limits=self.limits, name=_label(source))
         if use_cache:
-            key = package_key(image.sha256, backend.fingerprint())
-            try:
-                package = self.store.packages.get(key)
-            except CorruptPackageError:
-                package = None
+            package = self._stored_package(package_key(image.sha256, backend.fingerprint()))
             if package is not None:
-                self.store.catalog.bump(hits=1, encode_ms_saved=package.encode_ms)
                 return package, True
         return image, False
 
@@ -547,12 +560,8 @@ class Engine:
             return backend.encode([image])[0]
         key = package_key(image.sha256, backend.fingerprint())
         with self._locks.hold(key):
-            try:
-                package = self.store.packages.get(key)
-            except CorruptPackageError:
-                package = None
+            package = self._stored_package(key)
             if package is not None:
-                self.store.catalog.bump(hits=1, encode_ms_saved=package.encode_ms)
                 return package
             package = backend.encode([image])[0]
             self.store.memory.put(package)
@@ -561,7 +570,7 @@ class Engine:
 
     def _attributes(self, refs, visuals, image, candidate_package, sources, backend):
         """Stored sidecar records for each reference and the candidate, computed once when missing."""
-        from .judge import AttributeStore, ImageNetAttributeSource, VlmAttributeSource, merge_records
+        from .judge import VlmAttributeSource, merge_records
 
         store = self._attribute_store()
         ref_records: list[list[dict]] = [[] for _ in refs]

@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from backend_models import TINY_FAMILIES
 from refsight.backends.base import GenerationRequest
