@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any, Callable, Sequence
 
@@ -293,6 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``refsight`` console script; returns the exit code."""
+    # transformers draws a bar per weight load; refsight's own bars show the work that
+    # matters (ingest), so silence the hub's unless the user asked for them.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     parser = build_parser()
     args = parser.parse_args(argv)
     args.store = getattr(args, "store", None)

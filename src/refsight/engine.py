@@ -9,9 +9,8 @@ the stored copy is corrupt, and counted either way.
 from __future__ import annotations
 
 import re
-import threading
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -19,6 +18,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from .config import default_model, default_store_dir
 from .errors import CorruptPackageError, InvalidInputError, RefsightError
 from .images import ImageInput, ImageSource, IntakeLimits, load_image
+from .locks import KeyedLocks
 from .package import EncoderFingerprint, VisualPackage, package_key
 from .results import AddFailure, AddResult, CompareResult, GenerateResult, VerifyReport
 from .store.base import DEFAULT_NAMESPACE, Reference, validate_ref_id
@@ -41,30 +41,9 @@ class ReferenceSegment:
     ref_id: str
 
 
-class _KeyedLocks:
-    """One lock per key, so concurrent requests for the same new image encode it once.
-
-    A key's lock lives only while someone holds or waits for it, so a long-running
-    server does not accumulate one lock per image it ever saw.
-    """
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._locks: dict[str, list] = {}  # key -> [lock, holders and waiters]
-
-    @contextmanager
-    def hold(self, key: str) -> Iterator[None]:
-        with self._guard:
-            entry = self._locks.setdefault(key, [threading.Lock(), 0])
-            entry[1] += 1
-        try:
-            with entry[0]:
-                yield
-        finally:
-            with self._guard:
-                entry[1] -= 1
-                if entry[1] == 0:
-                    del self._locks[key]
+#: Package keys are content-addressed and the same in every engine of a process (tenants
+#: share one store), so one lock table serves them all: an image is encoded once.
+_PACKAGE_LOCKS = KeyedLocks()
 
 
 class Engine:
@@ -101,7 +80,6 @@ class Engine:
         self.limits = limits
         self.progress = progress
         self._backends: dict[str, Any] = {}
-        self._locks = _KeyedLocks()
         # Loaded on first use: the attribute sidecar store and classifier, the retriever.
         self._attrs = None
         self._imagenet = None
@@ -209,15 +187,18 @@ class Engine:
         catalog, packages = self.store.catalog, self.store.packages
         keys = [package_key(image.sha256, fingerprint) for _, _, image in batch]
         # Encode each distinct missing image once, in one batched call.
-        missing: dict[str, ImageInput] = {}
-        for key, (_, _, image) in zip(keys, batch):
-            if key not in missing and not packages.contains(key):
-                missing[key] = image
+        images_by_key = {key: image for key, (_, _, image) in zip(keys, batch)}
         encoded: dict[str, VisualPackage] = {}
-        if missing:
-            for key, package in zip(missing, backend.encode(list(missing.values()))):
-                packages.put(package)
-                encoded[key] = package
+        with ExitStack() as held:
+            # Sorted, so two batches that share keys never wait on each other in a cycle.
+            for key in sorted(k for k in images_by_key if not packages.contains(k)):
+                held.enter_context(_PACKAGE_LOCKS.hold(key))
+                if not packages.contains(key):  # another thread may have stored it meanwhile
+                    encoded[key] = None
+            if encoded:
+                for key, package in zip(list(encoded), backend.encode([images_by_key[k] for k in encoded])):
+                    packages.put(package)
+                    encoded[key] = package
         for key, (_, ref_id, image) in zip(keys, batch):
             try:
                 # Bytes and package land before the reference row that points at them,
@@ -293,7 +274,7 @@ class Engine:
             return self.reference_image(ref), False
         fingerprint = backend.fingerprint()
         key = package_key(ref.image_sha256, fingerprint)
-        with self._locks.hold(key):
+        with _PACKAGE_LOCKS.hold(key):
             package = self._stored_package(key)
             if package is not None:
                 return package, True
@@ -559,7 +540,7 @@ class Engine:
         if not use_cache:
             return backend.encode([image])[0]
         key = package_key(image.sha256, backend.fingerprint())
-        with self._locks.hold(key):
+        with _PACKAGE_LOCKS.hold(key):
             package = self._stored_package(key)
             if package is not None:
                 return package

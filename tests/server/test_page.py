@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -11,6 +12,20 @@ from live_server import b64, photo_png
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def wait_until(page, expression: str, timeout_s: float = 15.0) -> None:
+    """Poll a JS expression from Python until it is truthy.
+
+    Not ``page.wait_for_function``: that evaluates its predicate with ``eval`` inside the
+    page, which the page's Content-Security-Policy (no 'unsafe-eval') rightly refuses.
+    ``page.evaluate`` runs through the DevTools protocol, outside the page's CSP.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not page.evaluate(expression):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for: {expression}")
+        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -37,7 +52,7 @@ def test_page_shows_the_gallery_and_a_verdict_table(server, browser):
     cards = page.locator("#gallery .card")
     cards.nth(1).wait_for()
     assert cards.count() == 2
-    page.wait_for_function("[...document.querySelectorAll('#gallery img')].every(i => i.src.startsWith('blob:') && i.naturalWidth > 0)")
+    wait_until(page, "[...document.querySelectorAll('#gallery img')].every(i => i.src.startsWith('blob:') && i.naturalWidth > 0)")
     assert "photo=chelsea" in page.locator('#gallery .card[data-ref-id="chelsea"] .meta').inner_text()
     assert page.locator('#gallery .card[data-ref-id="chelsea"] .badge').inner_text() .startswith("cached")
     assert page.locator("#random-weights").is_visible()
@@ -65,7 +80,7 @@ def test_page_shows_the_gallery_and_a_verdict_table(server, browser):
         assert rows.nth(i).locator("td.evidence").inner_text().strip()  # evidence shown
     assert page.locator("#results .random-label").is_visible()
     # The reference image sits beside the candidate.
-    page.wait_for_function("[...document.querySelectorAll('#results .pair img')].every(i => i.naturalWidth > 0)")
+    wait_until(page, "[...document.querySelectorAll('#results .pair img')].every(i => i.naturalWidth > 0)")
     assert page.locator("#results .pair img").count() == 2
     assert errors == []
 
@@ -74,10 +89,10 @@ def test_page_reports_api_errors_readably(make_server, browser):
     live = make_server(keys={"page-key-123456": "p"})
     page = browser.new_page()
     page.goto(live.url + "/")
-    page.wait_for_function("document.getElementById('error').textContent.length > 0")
+    wait_until(page, "document.getElementById('error').textContent.length > 0")
     assert page.locator("#error").inner_text() == "unauthorized: missing API key"
     page.fill("#api-key", "page-key-123456")
     page.dispatch_event("#api-key", "change")
-    page.wait_for_function("document.getElementById('error').textContent === ''")
+    wait_until(page, "document.getElementById('error').textContent === ''")
     # The error clears before the gallery request returns: wait for the gallery, don't race it.
     page.locator("#gallery-empty").wait_for(state="visible", timeout=10_000)

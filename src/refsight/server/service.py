@@ -22,36 +22,14 @@ from __future__ import annotations
 
 import io
 import threading
-from contextlib import contextmanager
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from .. import Engine, ImageInput, IntakeLimits, InvalidInputError, load_image, package_key
 from ..engine import AddFailure, ReferenceSegment
+from ..locks import KeyedLocks
 from .config import ServerConfig
 
 __all__ = ["Service"]
-
-
-class _KeyedLocks:
-    """One lock per key; entries are dropped when nobody holds or waits for them."""
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._locks: dict[str, list] = {}  # key -> [lock, users]
-
-    @contextmanager
-    def hold(self, key: str) -> Iterator[None]:
-        with self._guard:
-            entry = self._locks.setdefault(key, [threading.Lock(), 0])
-            entry[1] += 1
-        try:
-            with entry[0]:
-                yield
-        finally:
-            with self._guard:
-                entry[1] -= 1
-                if entry[1] == 0:
-                    self._locks.pop(key, None)
 
 
 class Service:
@@ -63,7 +41,7 @@ class Service:
         self.store = None
         self._engines: dict[str, Engine] = {}
         self._engines_lock = threading.Lock()
-        self._image_locks = _KeyedLocks()
+        self._image_locks = KeyedLocks()
         self._thumbs: dict[tuple[str, int], bytes] = {}
         self._thumbs_lock = threading.Lock()
 
