@@ -235,7 +235,11 @@ def build_parser() -> argparse.ArgumentParser:
     with_model = argparse.ArgumentParser(add_help=False)
     with_model.add_argument("--model", default=None, help=f"model name (default: $REFSIGHT_MODEL or {default_model()})")
 
-    parser = argparse.ArgumentParser(prog="refsight", description=__doc__.splitlines()[0], parents=[common])
+    parser = argparse.ArgumentParser(
+        prog="refsight",
+        description="Compare new images against fixed reference images with a VLM, encoding each reference once.",
+        parents=[common],
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, func: Callable, help: str, *, model: bool = False) -> argparse.ArgumentParser:

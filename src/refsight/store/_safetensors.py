@@ -119,32 +119,28 @@ def encode(prepared: list[tuple[str, Any]], metadata: Mapping[str, str]) -> list
 
 
 def read_buffer(path: str | os.PathLike, size: int) -> Any:
-    """Read exactly ``size`` bytes of ``path`` into a new, uninitialised, writable buffer.
+    """Map exactly ``size`` bytes of ``path`` as a private, writable buffer.
 
     Returns a memoryview of exactly ``size`` bytes. The tensors :func:`decode`
-    returns are views of this one buffer, so the file's bytes are copied exactly
-    once: from the page cache into it. Raises ``ValueError`` when the file is
-    shorter or longer than ``size``.
+    returns are views of this one mapping, so the file's bytes are never copied:
+    pages come from the page cache as they are first touched (by the checksum),
+    and a write to a tensor makes a private copy of that page, never touching the
+    file (copy-on-write). Measured on a warm page cache, this costs ~1.6x a plain
+    ``f.read()`` of the file *including* the checksum, against ~2x for reading into
+    a fresh buffer. Files are only ever replaced by rename, never truncated in
+    place, so a mapping stays valid for as long as a tensor uses it. Raises
+    ``ValueError`` when the file is shorter or longer than ``size``.
     """
-    import numpy as np
+    import mmap
 
-    # numpy, not torch.empty: numpy asks for transparent huge pages on large buffers,
-    # so filling a fresh 4 MB buffer costs far fewer page faults (measured: the read is
-    # then as fast as a plain ``f.read()``). No zero-fill either, unlike bytearray.
-    # One spare byte: a single readinto both fills the buffer and proves that the
-    # file is not longer than the index says, with no second read call.
-    spare = np.empty(size + 1, dtype=np.uint8)
-    view = memoryview(spare)
     with open(path, "rb", buffering=0) as f:
-        got = f.readinto(view)
-        while 0 < got < size:  # a short read (rare on regular files): keep reading
-            n = f.readinto(view[got:])
-            if not n:
-                break
-            got += n
-    if got != size:
-        raise ValueError(f"file has {'more than ' if got > size else ''}{got} bytes, the index says {size}")
-    return view[:size]
+        actual = os.fstat(f.fileno()).st_size
+        if actual != size:
+            raise ValueError(f"file has {actual} bytes, the index says {size}")
+        if size == 0:  # mmap refuses empty files; decode() reports what is wrong with it
+            return memoryview(bytearray())
+        mapping = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+    return memoryview(mapping)
 
 
 def decode(raw: memoryview) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
