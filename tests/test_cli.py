@@ -50,7 +50,9 @@ def snapshot(store: Path) -> dict[str, bytes]:
 
 
 def test_add_prints_one_json_line_per_input_and_second_add_is_cached(capsys, store, photos):
-    code, lines, _ = run(capsys, "add", str(photos["chelsea"]), str(photos["coffee"]), "--store", str(store), "--json", "--model", "toy")
+    code, lines, _ = run(
+        capsys, "add", str(photos["chelsea"]), str(photos["coffee"]), "--store", str(store), "--json", "--model", "toy"
+    )
     assert code == 0
     assert [line["ref_id"] for line in lines] == ["chelsea", "coffee"]
     for line in lines:
@@ -90,7 +92,9 @@ def test_bad_inputs_fail_alone_exit_1_and_leave_the_store_unchanged(capsys, stor
     assert snapshot(store) == before
 
     # A mixed batch: the good one is stored, the bad ones reported, exit code 1.
-    code, lines, _ = run(capsys, "add", bad[0], str(photos["coffee"]), bad[1], "--store", str(store), "--json", "--model", "toy")
+    code, lines, _ = run(
+        capsys, "add", bad[0], str(photos["coffee"]), bad[1], "--store", str(store), "--json", "--model", "toy"
+    )
     assert code == 1
     assert [("error" in line) for line in lines] == [True, False, True]
     code, refs, _ = run(capsys, "list", "--store", str(store), "--json")
@@ -98,8 +102,22 @@ def test_bad_inputs_fail_alone_exit_1_and_leave_the_store_unchanged(capsys, stor
 
 
 def test_id_and_metadata_show_and_remove(capsys, store, photos):
-    code, lines, _ = run(capsys, "add", str(photos["rocket"]), "--id", "r-1", "--meta", "kind=rocket", "--meta", "n=1",
-                         "--store", str(store), "--json", "--model", "toy")
+    code, lines, _ = run(
+        capsys,
+        "add",
+        str(photos["rocket"]),
+        "--id",
+        "r-1",
+        "--meta",
+        "kind=rocket",
+        "--meta",
+        "n=1",
+        "--store",
+        str(store),
+        "--json",
+        "--model",
+        "toy",
+    )
     assert code == 0 and lines[0]["ref_id"] == "r-1"
     code, shown, _ = run(capsys, "show", "r-1", "--store", str(store), "--json")
     assert shown[0]["metadata"] == {"kind": "rocket", "n": "1"}
@@ -110,13 +128,16 @@ def test_id_and_metadata_show_and_remove(capsys, store, photos):
     assert stats[0]["references"] == 0 and stats[0]["packages"] == 0
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["show", "nope"], "not found"),
-    (["remove", "../etc"], "reference id"),
-    (["add", "IMG", "--id", "a/b"], "reference id"),
-    (["add", "IMG", "--meta", "novalue"], "KEY=VALUE"),
-    (["add", "IMG", "--model", "no-such-model"], "unknown model"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["show", "nope"], "not found"),
+        (["remove", "../etc"], "reference id"),
+        (["add", "IMG", "--id", "a/b"], "reference id"),
+        (["add", "IMG", "--meta", "novalue"], "KEY=VALUE"),
+        (["add", "IMG", "--model", "no-such-model"], "unknown model"),
+    ],
+)
 def test_errors_are_clean_messages_with_exit_1(capsys, store, photos, argv, needle):
     argv = [str(photos["chelsea"]) if a == "IMG" else a for a in argv]
     code, lines, err = run(capsys, *argv, "--store", str(store), "--json")
@@ -127,16 +148,22 @@ def test_errors_are_clean_messages_with_exit_1(capsys, store, photos, argv, need
 
 def test_same_id_with_another_image_is_refused_and_keeps_the_first(capsys, store, photos):
     run(capsys, "add", str(photos["chelsea"]), "--id", "x", "--store", str(store), "--model", "toy")
-    code, lines, _ = run(capsys, "add", str(photos["coffee"]), "--id", "x", "--store", str(store), "--json", "--model", "toy")
+    code, lines, _ = run(
+        capsys, "add", str(photos["coffee"]), "--id", "x", "--store", str(store), "--json", "--model", "toy"
+    )
     assert code == 1 and "error" in lines[0]
     code, shown, _ = run(capsys, "show", "x", "--store", str(store), "--json")
     assert shown[0]["image_sha256"] == json.loads(json.dumps(shown[0]))["image_sha256"]
-    code, first, _ = run(capsys, "add", str(photos["chelsea"]), "--id", "x", "--store", str(store), "--json", "--model", "toy")
+    code, first, _ = run(
+        capsys, "add", str(photos["chelsea"]), "--id", "x", "--store", str(store), "--json", "--model", "toy"
+    )
     assert first[0]["cached"] is True and first[0]["image_sha256"] == shown[0]["image_sha256"]
 
 
 def test_verify_catches_a_flipped_byte_and_repair_restores_it(capsys, store, photos):
-    code, lines, _ = run(capsys, "add", str(photos["chelsea"]), str(photos["coffee"]), "--store", str(store), "--json", "--model", "toy")
+    code, lines, _ = run(
+        capsys, "add", str(photos["chelsea"]), str(photos["coffee"]), "--store", str(store), "--json", "--model", "toy"
+    )
     key = lines[0]["package_key"]
     code, report, _ = run(capsys, "verify", "--store", str(store), "--json", "--model", "toy")
     assert code == 0 and report[0]["checked"] == 2 and report[0]["corrupt"] == []
@@ -188,7 +215,10 @@ def test_store_defaults_to_the_environment_variable(tmp_path, photos):
     env = {**os.environ, "REFSIGHT_STORE": str(tmp_path / "env-store")}
     done = subprocess.run(
         [sys.executable, "-m", "refsight.cli", "add", str(photos["chelsea"]), "--json", "--model", "toy"],
-        env=env, capture_output=True, text=True, timeout=120,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["ref_id"] == "chelsea"

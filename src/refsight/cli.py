@@ -58,8 +58,14 @@ def cmd_add(args: argparse.Namespace) -> int:
                 if args.json:
                     print(json.dumps(data), flush=True)
                 continue
-            _emit(args, data, lambda d: f"{d['ref_id']}\t{'cached' if d['cached'] else 'encoded'}\t"
-                  f"{d['encode_ms']:.1f} ms\t{d['bytes']} B\t{d['package_key'][:16]}")
+            _emit(
+                args,
+                data,
+                lambda d: (
+                    f"{d['ref_id']}\t{'cached' if d['cached'] else 'encoded'}\t"
+                    f"{d['encode_ms']:.1f} ms\t{d['bytes']} B\t{d['package_key'][:16]}"
+                ),
+            )
     return 1 if failed else 0
 
 
@@ -106,8 +112,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     with _engine(args) as engine:
         report = engine.verify(repair=args.repair, model=args.model)
     data = report.to_dict()
-    _emit(args, data, lambda d: f"checked {d['checked']}, corrupt {len(d['corrupt'])}, repaired {d['repaired']}"
-          + "".join(f"\n  corrupt: {k}" for k in d["corrupt"]))
+    _emit(
+        args,
+        data,
+        lambda d: (
+            f"checked {d['checked']}, corrupt {len(d['corrupt'])}, repaired {d['repaired']}"
+            + "".join(f"\n  corrupt: {k}" for k in d["corrupt"])
+        ),
+    )
     return 0 if report.ok else 1
 
 
@@ -115,7 +127,11 @@ def cmd_reencode(args: argparse.Namespace) -> int:
     """refsight reencode --model NAME"""
     with _engine(args) as engine:
         for result in engine.reencode(model=args.model):
-            _emit(args, result.to_dict(), lambda d: f"{d['ref_id']}\t{'cached' if d['cached'] else 'encoded'}\t{d['encode_ms']:.1f} ms")
+            _emit(
+                args,
+                result.to_dict(),
+                lambda d: f"{d['ref_id']}\t{'cached' if d['cached'] else 'encoded'}\t{d['encode_ms']:.1f} ms",
+            )
     return 0
 
 
@@ -123,14 +139,23 @@ def cmd_generate(args: argparse.Namespace) -> int:
     """refsight generate --ref ID... [--image CANDIDATE] --prompt TEXT [--no-cache]"""
     with _engine(args) as engine:
         result = engine.generate(
-            args.prompt, ref_ids=args.ref, candidate=args.image, use_cache=not args.no_cache,
+            args.prompt,
+            ref_ids=args.ref,
+            candidate=args.image,
+            use_cache=not args.no_cache,
             max_new_tokens=args.max_new_tokens,
         )
     data = result.to_dict()
     if data["random_weights"] and not args.json:
         print(RANDOM_WEIGHTS_NOTICE.format(model=data["model"]), file=sys.stderr)
-    _emit(args, data, lambda d: f"{d['text']}\n[{d['model']}{' (random weights)' if d['random_weights'] else ''}; "
-          f"references cached: {d['references_cached']}; timings ms: {d['timings_ms']}]")
+    _emit(
+        args,
+        data,
+        lambda d: (
+            f"{d['text']}\n[{d['model']}{' (random weights)' if d['random_weights'] else ''}; "
+            f"references cached: {d['references_cached']}; timings ms: {d['timings_ms']}]"
+        ),
+    )
     return 0
 
 
@@ -138,8 +163,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """refsight serve [--host 127.0.0.1] [--port 8000] [--model NAME] [--workers N] [--keys FILE]"""
     from .server import ServerConfig, serve
 
-    serve(ServerConfig(store=args.store, model=args.model, host=args.host, port=args.port,
-                       workers=args.workers, keys_file=args.keys))
+    serve(
+        ServerConfig(
+            store=args.store,
+            model=args.model,
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            keys_file=args.keys,
+        )
+    )
     return 0
 
 
@@ -170,8 +203,10 @@ def format_comparison(data: dict[str, Any]) -> str:
         lines.append(f"\n{result['ref_id']}  score {result['score']:.2f}  ({cached})")
         width = max([len(c["criterion"]) for c in result["criteria"]] + [9])
         for c in result["criteria"]:
-            lines.append(f"  {c['criterion']:<{width}}  {c['verdict']:<9} {c['confidence']:.2f}  "
-                         f"[{c['source']}]  {c['evidence']}")
+            lines.append(
+                f"  {c['criterion']:<{width}}  {c['verdict']:<9} {c['confidence']:.2f}  "
+                f"[{c['source']}]  {c['evidence']}"
+            )
     timings = ", ".join(f"{k} {v:.0f} ms" for k, v in data["timings_ms"].items())
     lines.append(f"\ntimings: {timings}")
     return "\n".join(lines)
@@ -181,8 +216,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """refsight compare CANDIDATE (--ref ID... | --top-k K [--query TEXT]) --criteria TEXT|@FILE"""
     with _engine(args) as engine:
         result = engine.compare(
-            args.candidate, criteria=_read_criteria(args.criteria), ref_ids=args.ref, top_k=args.top_k,
-            query=args.query, use_cache=not args.no_cache, force_vlm=args.force_vlm,
+            args.candidate,
+            criteria=_read_criteria(args.criteria),
+            ref_ids=args.ref,
+            top_k=args.top_k,
+            query=args.query,
+            use_cache=not args.no_cache,
+            force_vlm=args.force_vlm,
             attributes=[] if args.no_attributes else ["imagenet"] + (["vlm"] if args.vlm_attributes else []),
         )
     _emit(args, result.to_dict(), format_comparison)
@@ -195,8 +235,11 @@ def cmd_search(args: argparse.Namespace) -> int:
         raise RefsightError("search needs a TEXT query or --image PATH (one of them)")
     with _engine(args) as engine:
         data = engine.search(args.text, image=args.image, k=args.k, where=_parse_where(args.where))
-    _emit(args, data, lambda d: "\n".join(f"{r['score']:.4f}  {r['ref_id']}" for r in d["results"])
-          or "no references match")
+    _emit(
+        args,
+        data,
+        lambda d: "\n".join(f"{r['score']:.4f}  {r['ref_id']}" for r in d["results"]) or "no references match",
+    )
     return 0
 
 
@@ -229,8 +272,12 @@ def cmd_models(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for docs and tests)."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--store", metavar="DIR", default=argparse.SUPPRESS,
-                        help="store directory (default: $REFSIGHT_STORE or the user cache dir)")
+    common.add_argument(
+        "--store",
+        metavar="DIR",
+        default=argparse.SUPPRESS,
+        help="store directory (default: $REFSIGHT_STORE or the user cache dir)",
+    )
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON lines")
     with_model = argparse.ArgumentParser(add_help=False)
     with_model.add_argument("--model", default=None, help=f"model name (default: $REFSIGHT_MODEL or {default_model()})")
@@ -284,8 +331,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help="metadata filter (repeatable)")
     p = add("index", cmd_index, "bring the retrieval index up to date with the references")
     p.add_argument("--rebuild", action="store_true", help="rebuild the index files from the store")
-    p = add("demo", cmd_demo, "ingest bundled photos, compare a cat photo against them twice (cold, then cached)",
-            model=True)
+    p = add(
+        "demo",
+        cmd_demo,
+        "ingest bundled photos, compare a cat photo against them twice (cold, then cached)",
+        model=True,
+    )
     p.add_argument("--report", default=None, metavar="HTML", help="also write an HTML report here")
     add("models", cmd_models, "list the registered models")
     p = add("serve", cmd_serve, "serve the HTTP API and the page (FastAPI on uvicorn)", model=True)

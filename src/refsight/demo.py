@@ -60,8 +60,9 @@ def _strip(result: dict[str, Any]) -> list[dict[str, Any]]:
     return [{k: v for k, v in r.items() if k != "reference_cached"} for r in result["results"]]
 
 
-def run_demo(*, store: str | None = None, model: str | None = None, as_json: bool = False,
-             report: str | None = None) -> int:
+def run_demo(
+    *, store: str | None = None, model: str | None = None, as_json: bool = False, report: str | None = None
+) -> int:
     """Run the demo; returns the exit code. ``store`` keeps the demo's store (default: a temp dir)."""
     from . import Engine
     from .cli import format_comparison
@@ -72,10 +73,12 @@ def run_demo(*, store: str | None = None, model: str | None = None, as_json: boo
     if model is None:
         model = REAL_DEMO_MODEL if _real_model_available(REAL_DEMO_MODEL) else FALLBACK_DEMO_MODEL
         if model == FALLBACK_DEMO_MODEL:
-            say(f"No real VLM weights on this machine ({REAL_DEMO_MODEL.removeprefix('hf:')} is not in the local "
+            say(
+                f"No real VLM weights on this machine ({REAL_DEMO_MODEL.removeprefix('hf:')} is not in the local "
                 f"Hugging Face cache), so this demo falls back to {FALLBACK_DEMO_MODEL}, an offline model with "
                 "RANDOM weights: its verdict text is meaningless. Timings, caching and the ImageNet attribute "
-                "sidecar (real EfficientNet-Lite0 weights) are real.\n")
+                "sidecar (real EfficientNet-Lite0 weights) are real.\n"
+            )
     scratch = Path(tempfile.mkdtemp(prefix="refsight-demo-"))
     store_dir = Path(store) if store else scratch / "store"
     try:
@@ -99,11 +102,17 @@ def run_demo(*, store: str | None = None, model: str | None = None, as_json: boo
             ref_ids = [row["ref_id"] for row in added if "error" not in row]
             say(f"\n3. Comparing a new photo (mirrored crop of the cat) with all {len(ref_ids)} references.")
             say("   a) the way stacks do it today: every reference re-encoded for the request")
-            fresh = engine.compare(candidate, criteria=DEMO_RUBRIC, ref_ids=ref_ids, use_cache=False,
-                                   evidence_max_chars=DEMO_EVIDENCE_CHARS).to_dict()
+            fresh = engine.compare(
+                candidate,
+                criteria=DEMO_RUBRIC,
+                ref_ids=ref_ids,
+                use_cache=False,
+                evidence_max_chars=DEMO_EVIDENCE_CHARS,
+            ).to_dict()
             say("   b) with refsight's cache: only the candidate is encoded")
-            cached = engine.compare(candidate, criteria=DEMO_RUBRIC, ref_ids=ref_ids,
-                                    evidence_max_chars=DEMO_EVIDENCE_CHARS).to_dict()
+            cached = engine.compare(
+                candidate, criteria=DEMO_RUBRIC, ref_ids=ref_ids, evidence_max_chars=DEMO_EVIDENCE_CHARS
+            ).to_dict()
             say("\n" + format_comparison(cached))
             stats = engine.stats()
 
@@ -121,11 +130,15 @@ def run_demo(*, store: str | None = None, model: str | None = None, as_json: boo
             "stats": stats,
             "seconds": round(time.perf_counter() - started, 1),
         }
-        say(f"\nReferences re-encoded (today's way): {fresh['timings_ms']['reference_load']:.0f} ms; "
+        say(
+            f"\nReferences re-encoded (today's way): {fresh['timings_ms']['reference_load']:.0f} ms; "
             f"served from cache: {cached['timings_ms']['reference_load']:.0f} ms "
-            f"({saved:.0f} ms of encoder time saved on this request).")
-        say(f"Every reference from cache: {summary['all_references_cached']}; "
-            f"verdicts identical to the fresh path: {same}.")
+            f"({saved:.0f} ms of encoder time saved on this request)."
+        )
+        say(
+            f"Every reference from cache: {summary['all_references_cached']}; "
+            f"verdicts identical to the fresh path: {same}."
+        )
         say(f"Store: {json.dumps(stats)}")
         if report:
             from .report import write_comparison_report

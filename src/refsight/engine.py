@@ -9,6 +9,7 @@ the stored copy is corrupt, and counted either way.
 from __future__ import annotations
 
 import re
+from functools import partial
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -80,9 +81,8 @@ class Engine:
         self.limits = limits
         self.progress = progress
         self._backends: dict[str, Any] = {}
-        # Loaded on first use: the attribute sidecar store and classifier, the retriever.
+        # Loaded on first use: the attribute sidecars, the retriever.
         self._attrs = None
-        self._imagenet = None
         self._retriever = None
         self._embedder = embedder
 
@@ -212,7 +212,9 @@ class Engine:
             if key in encoded:
                 package = encoded.pop(key)
                 catalog.bump(misses=1)
-                yield AddResult(ref_id, image.sha256, key, backend.name, False, round(package.encode_ms, 3), package.nbytes)
+                yield AddResult(
+                    ref_id, image.sha256, key, backend.name, False, round(package.encode_ms, 3), package.nbytes
+                )
             else:
                 record = self.store.local.record(key)
                 catalog.bump(hits=1, encode_ms_saved=record.encode_ms)
@@ -262,7 +264,9 @@ class Engine:
                 vectors.close()
 
     # -- packages --------------------------------------------------------------------
-    def package_for(self, ref: Reference, *, model: str | None = None, use_cache: bool = True) -> tuple[VisualPackage | ImageInput, bool]:
+    def package_for(
+        self, ref: Reference, *, model: str | None = None, use_cache: bool = True
+    ) -> tuple[VisualPackage | ImageInput, bool]:
         """The reference's package under ``model`` and whether it came from the cache.
 
         With ``use_cache=False`` the kept image itself is returned, so the backend
@@ -469,12 +473,15 @@ class Engine:
         each evidence string (and so the generation budget).
         """
         from .judge import Judge, parse_rubric
+        from .judge.sidecars import SIDECAR_SOURCES
 
         rubric = parse_rubric(criteria)  # a bad rubric fails before any model work
         backend = self.backend(model)
-        unknown = set(attributes) - {"imagenet", "vlm"}
+        unknown = set(attributes) - set(SIDECAR_SOURCES)
         if unknown:
-            raise InvalidInputError("attributes", f"unknown attribute sources {sorted(unknown)}; use imagenet, vlm")
+            raise InvalidInputError(
+                "attributes", f"unknown attribute sources {sorted(unknown)}; use {', '.join(SIDECAR_SOURCES)}"
+            )
         timings: dict[str, float] = {}
         start = time.perf_counter()
         image = load_image(candidate, limits=self.limits, name=_label(candidate))
@@ -503,7 +510,16 @@ class Engine:
         candidate_attrs = None
         if attributes and not force_vlm:
             clock = time.perf_counter()
-            ref_attrs, candidate_attrs = self._attributes(refs, [v for v, _ in visuals], image, candidate_package, attributes, backend)
+            ref_attrs, candidate_attrs = self._sidecars().records(
+                [
+                    (ref.image_sha256, visual, partial(self.reference_image, ref))
+                    for ref, (visual, _) in zip(refs, visuals)
+                ],
+                image,
+                candidate_package,
+                attributes,
+                backend,
+            )
             timings["attributes"] = _ms(clock)
 
         clock = time.perf_counter()
@@ -521,10 +537,7 @@ class Engine:
             candidate_sha256=image.sha256,
             model=backend.name,
             random_weights=bool(backend.random_weights),
-            results=[
-                {**result.to_dict(), "reference_cached": cached}
-                for result, (_, cached) in zip(results, visuals)
-            ],
+            results=[{**result.to_dict(), "reference_cached": cached} for result, (_, cached) in zip(results, visuals)],
             timings_ms=timings,
             recalled=recalled,
             vlm_calls=judge.vlm_calls,
@@ -549,45 +562,12 @@ class Engine:
             self.store.catalog.bump(misses=1)
             return package
 
-    def _attributes(self, refs, visuals, image, candidate_package, sources, backend):
-        """Stored sidecar records for each reference and the candidate, computed once when missing."""
-        from .judge import VlmAttributeSource, merge_records
-
-        store = self._attribute_store()
-        ref_records: list[list[dict]] = [[] for _ in refs]
-        candidate_records: list[dict] = []
-        for name in sources:
-            if name == "imagenet":
-                source = self._imagenet_source()
-                # The classifier needs pixels: decode a reference's kept image only when its record is missing.
-                stored = [store.get(ref.image_sha256, source.fingerprint, source.schema_digest) for ref in refs]
-                items = [self.reference_image(ref) if record is None else ref for ref, record in zip(refs, stored)]
-                todo = [i for i, record in enumerate(stored) if record is None]
-                computed = store.get_or_compute(source, [items[i] for i in todo] + [image])
-                for i, record in zip(todo, computed):
-                    stored[i] = record
-                candidate_records.append(computed[-1])
-            else:
-                source = VlmAttributeSource(backend)
-                stored = store.get_or_compute(source, list(visuals) + [candidate_package])
-                candidate_records.append(stored.pop())
-            for records, record in zip(ref_records, stored):
-                records.append(record)
-        return [merge_records(*r) for r in ref_records], merge_records(*candidate_records)
-
-    def _attribute_store(self):
+    def _sidecars(self):
         if self._attrs is None:
-            from .judge import AttributeStore
+            from .judge.sidecars import SidecarRecords
 
-            self._attrs = AttributeStore(self.store.root)
+            self._attrs = SidecarRecords(self.store.root)
         return self._attrs
-
-    def _imagenet_source(self):
-        if self._imagenet is None:
-            from .judge import ImageNetAttributeSource
-
-            self._imagenet = ImageNetAttributeSource()
-        return self._imagenet
 
     # -- maintenance -------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -657,7 +637,15 @@ class Engine:
                     yield AddResult(ref.ref_id, ref.image_sha256, key, backend.name, True, 0.0, record.bytes)
                 else:
                     package, _ = self.package_for(ref, model=model)
-                    yield AddResult(ref.ref_id, ref.image_sha256, key, backend.name, False, round(package.encode_ms, 3), package.nbytes)
+                    yield AddResult(
+                        ref.ref_id,
+                        ref.image_sha256,
+                        key,
+                        backend.name,
+                        False,
+                        round(package.encode_ms, 3),
+                        package.nbytes,
+                    )
                 bar.update(1)
 
     @contextmanager
@@ -665,7 +653,9 @@ class Engine:
         from tqdm import tqdm
 
         # Only worth a bar for several images; it goes to stderr so --json stays clean.
-        with tqdm(total=total, desc=description, unit="img", disable=not self.progress or total < 2, leave=False) as bar:
+        with tqdm(
+            total=total, desc=description, unit="img", disable=not self.progress or total < 2, leave=False
+        ) as bar:
             yield bar
 
 

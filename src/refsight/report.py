@@ -35,7 +35,7 @@ def render_comparison_report(result: Mapping[str, Any], *, candidate: Path, refe
     for item in result["results"]:
         cells = "".join(
             f'<tr><td>{e(c["criterion"])}</td><td style="color:{_COLOURS.get(c["verdict"], "#333")};font-weight:600">'
-            f'{e(c["verdict"])}</td><td>{c["confidence"]:.2f}</td><td>{e(c["source"])}</td><td>{e(c["evidence"])}</td></tr>'
+            f"{e(c['verdict'])}</td><td>{c['confidence']:.2f}</td><td>{e(c['source'])}</td><td>{e(c['evidence'])}</td></tr>"
             for c in item["criteria"]
         )
         image = references.get(item["ref_id"])
@@ -61,11 +61,12 @@ table{{border-collapse:collapse}} td,th{{padding:.2em .8em;text-align:left;borde
 <h1>refsight comparison</h1>{warning}
 <div class="ref"><img src="{_thumbnail(candidate)}" alt="candidate"><div><b>candidate</b><br>
 <small>{e(result["candidate_sha256"][:16])}</small><br>model {e(result["model"])}</div></div>
-{''.join(rows)}<p><small>timings: {timings}</small></p></body></html>"""
+{"".join(rows)}<p><small>timings: {timings}</small></p></body></html>"""
 
 
-def write_comparison_report(path: str | Path, result: Mapping[str, Any], *, candidate: Path,
-                            references: Mapping[str, Path]) -> Path:
+def write_comparison_report(
+    path: str | Path, result: Mapping[str, Any], *, candidate: Path, references: Mapping[str, Path]
+) -> Path:
     """Write the report to ``path`` and return it."""
     path = Path(path)
     path.write_text(render_comparison_report(result, candidate=candidate, references=references), encoding="utf-8")

@@ -53,10 +53,27 @@ def test_compare_cli_json_shape_and_table(tmp_path, real_photo, capsys):
         assert main(["add", str(path), "--store", str(store), "--model", "tiny-qwen2-vl"]) == 0
     candidate = tmp_path / "candidate.png"
     real_photo("chelsea", size=None).transpose(Image.Transpose.FLIP_LEFT_RIGHT).save(candidate)
-    (tmp_path / "rubric.yaml").write_text("criteria:\n  - text: short fur\n    weight: 2\n  - text: is a cat\n    required: true\n")
+    (tmp_path / "rubric.yaml").write_text(
+        "criteria:\n  - text: short fur\n    weight: 2\n  - text: is a cat\n    required: true\n"
+    )
     capsys.readouterr()
-    code = main(["compare", str(candidate), "--ref", "chelsea", "--ref", "coffee", "--criteria", f"@{tmp_path / 'rubric.yaml'}",
-                 "--store", str(store), "--model", "tiny-qwen2-vl", "--json"])
+    code = main(
+        [
+            "compare",
+            str(candidate),
+            "--ref",
+            "chelsea",
+            "--ref",
+            "coffee",
+            "--criteria",
+            f"@{tmp_path / 'rubric.yaml'}",
+            "--store",
+            str(store),
+            "--model",
+            "tiny-qwen2-vl",
+            "--json",
+        ]
+    )
     out = json.loads(capsys.readouterr().out)
     assert code == 0
     assert set(out) == {"candidate_sha256", "model", "random_weights", "results", "timings_ms", "vlm_calls"}
@@ -74,25 +91,43 @@ def test_compare_cli_json_shape_and_table(tmp_path, real_photo, capsys):
     assert cat["coffee"]["source"] == "attributes" and cat["coffee"]["verdict"] == "mismatch"
     assert next(r for r in out["results"] if r["ref_id"] == "coffee")["score"] == 0  # required mismatch
 
-    code = main(["compare", str(candidate), "--ref", "chelsea", "--criteria", "short fur", "--store", str(store),
-                 "--model", "tiny-qwen2-vl", "--force-vlm"])
+    code = main(
+        [
+            "compare",
+            str(candidate),
+            "--ref",
+            "chelsea",
+            "--criteria",
+            "short fur",
+            "--store",
+            str(store),
+            "--model",
+            "tiny-qwen2-vl",
+            "--force-vlm",
+        ]
+    )
     table = capsys.readouterr().out
     assert code == 0 and "RANDOM weights" in table and "chelsea" in table and "short fur" in table
 
 
-@pytest.mark.parametrize("criteria,needle", [
-    ("", "empty"),
-    ("fur; Fur", "duplicate"),
-    ('[{"text": "fur", "weight": -1}]', "weight"),
-    ("x" * 9000, "characters"),
-])
+@pytest.mark.parametrize(
+    "criteria,needle",
+    [
+        ("", "empty"),
+        ("fur; Fur", "duplicate"),
+        ('[{"text": "fur", "weight": -1}]', "weight"),
+        ("x" * 9000, "characters"),
+    ],
+)
 def test_bad_rubrics_fail_before_any_model_work(tmp_path, real_photo, capsys, criteria, needle):
     store = tmp_path / "store"
     path = tmp_path / "a.png"
     real_photo("coffee", size=(32, 32)).save(path)
     main(["add", str(path), "--store", str(store), "--model", "toy"])
     capsys.readouterr()
-    code = main(["compare", str(path), "--ref", "a", "--criteria", criteria, "--store", str(store), "--model", "toy", "--json"])
+    code = main(
+        ["compare", str(path), "--ref", "a", "--criteria", criteria, "--store", str(store), "--model", "toy", "--json"]
+    )
     captured = capsys.readouterr()
     assert code == 1 and needle in captured.err.lower() and "Traceback" not in captured.err
     with Engine(store, model="toy") as engine, pytest.raises(RubricError):

@@ -20,8 +20,24 @@ def test_generate_from_cached_references_matches_the_fresh_path(tmp_path, real_p
 
     candidate = tmp_path / "candidate.png"
     real_photo("astronaut", size=(64, 64)).save(candidate)
-    argv = ["generate", "--ref", "chelsea", "--ref", "coffee", "--image", str(candidate), "--prompt", "Which is closer?",
-            "--store", str(store), "--model", "tiny-qwen2-vl", "--max-new-tokens", "12", "--json"]
+    argv = [
+        "generate",
+        "--ref",
+        "chelsea",
+        "--ref",
+        "coffee",
+        "--image",
+        str(candidate),
+        "--prompt",
+        "Which is closer?",
+        "--store",
+        str(store),
+        "--model",
+        "tiny-qwen2-vl",
+        "--max-new-tokens",
+        "12",
+        "--json",
+    ]
     assert main(argv) == 0
     cached = json.loads(capsys.readouterr().out)
     assert main(argv + ["--no-cache"]) == 0

@@ -21,7 +21,9 @@ def photo_store(tmp_path_factory):
     return store
 
 
-@pytest.mark.parametrize("query,expected", [("a cat", "chelsea"), ("a cup of coffee", "coffee"), ("a rocket", "rocket")])
+@pytest.mark.parametrize(
+    "query,expected", [("a cat", "chelsea"), ("a cup of coffee", "coffee"), ("a rocket", "rocket")]
+)
 def test_text_search_ranks_the_right_photo_first(photo_store, capsys, query, expected):
     assert main(["search", query, "--k", "3", "--store", str(photo_store), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -33,7 +35,10 @@ def test_where_filter_and_image_query(photo_store, capsys):
     assert main(["search", "a cat", "--where", "kind=other", "--store", str(photo_store), "--json"]) == 0
     ids = [r["ref_id"] for r in json.loads(capsys.readouterr().out)["results"]]
     assert ids and "chelsea" not in ids and "horse" not in ids
-    assert main(["search", "--image", str(sample_paths()["coffee"]), "--k", "1", "--store", str(photo_store), "--json"]) == 0
+    assert (
+        main(["search", "--image", str(sample_paths()["coffee"]), "--k", "1", "--store", str(photo_store), "--json"])
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["results"][0]["ref_id"] == "coffee"
 
 
