@@ -155,9 +155,5 @@ def run_demo(
 
 def photos_by_id(added: list[dict[str, Any]], photos: dict[str, Path]) -> dict[str, Path]:
     """Map each added reference id to its photo file."""
-    by_path = {str(p): p for p in photos.values()}
-    result = {}
-    for row, path in zip(added, photos.values()):
-        if "error" not in row:
-            result[row["ref_id"]] = by_path[str(path)]
-    return result
+    # add_many answers in input order, so rows and photos pair up one to one.
+    return {row["ref_id"]: path for row, path in zip(added, photos.values()) if "error" not in row}

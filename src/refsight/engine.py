@@ -423,15 +423,30 @@ class Engine:
     def sync_index(self, *, rebuild: bool = False):
         """The retriever, its index holding exactly this namespace's references.
 
-        References added since the last sync are embedded (cached per image), removed
-        ones dropped; ``rebuild`` reconstructs the index files from the catalog.
+        Only references added or changed since the last sync are decoded and embedded
+        (vectors are cached per image), removed ones are dropped; ``rebuild``
+        reconstructs the index files from the catalog.
         """
         retriever = self.retriever()
         refs = self.references()
-        indexed = retriever.count(self.namespace)
-        if rebuild or indexed != len(refs) or any(not self._indexed(retriever, ref) for ref in refs):
+        if rebuild:
             items = [(ref.ref_id, self.reference_image(ref), ref.metadata) for ref in refs]
             retriever.rebuild(items, namespace=self.namespace)
+            retriever.flush()
+            return retriever
+        stale = [ref for ref in refs if not self._indexed(retriever, ref)]
+        images = [self.reference_image(ref) for ref in stale]
+        retriever.vectors(images)  # one batched embedding pass; the adds below hit its cache
+        for ref, image in zip(stale, images):
+            retriever.add(ref.ref_id, image, ref.metadata, namespace=self.namespace)
+        removed = 0
+        if retriever.count(self.namespace) != len(refs):
+            live = {ref.ref_id for ref in refs}
+            vectors, digest = retriever.db, retriever.embedder.digest
+            for entry in vectors.entries(digest, self.namespace, vectors.labels(digest, self.namespace)).values():
+                if entry.ref_id not in live:
+                    removed += retriever.remove(entry.ref_id, namespace=self.namespace)
+        if stale or removed:
             retriever.flush()
         return retriever
 
