@@ -2,6 +2,7 @@
 
     python benchmarks/retrieval.py --n 200000 --dim 512 [--k 10] [--queries 1000]
                                    [--library usearch|faiss|hnswlib] [--dtype f32|f16|i8]
+                                   [--ef 48,64,96] [--connectivity 32] [--expansion-add 200]
 
 Data: synthetic *clustered* unit vectors shaped like real embeddings, not uniform noise
 (uniform noise in 512-d has no near neighbours, so every index looks equally bad and the
@@ -13,6 +14,9 @@ Recall@k is measured against exact (brute-force inner product) search over the s
 in the same run. Latency is per query, one thread, one query at a time (the interactive case).
 ``--library usearch`` (the default) measures refsight's own index code
 (:mod:`refsight.retrieval.index`); faiss and hnswlib are the comparison points.
+
+Several ``--ef`` values are measured on one build (a 1M build takes ~25 minutes on 2 cores);
+the first gives the top-level figures and all of them are listed under ``"sweep"``.
 
 Prints ONE JSON line:
 ``{"n", "dim", "build_s", "p50_ms", "p99_ms", "recall_at_10", "bytes_per_vector", "exact_p50_ms", "library", ...}``
@@ -90,69 +94,173 @@ def _timed(queries, k, fetch, search, rescore):
     return lat, found
 
 
-def run_refsight(data, queries, k, dtype, ef, tmp):
+class Built:
+    """One built index: its build time and size, and how to search it at a given breadth."""
+
+    def __init__(self, build_s, nbytes, params, set_ef, search, fetch, rescore):
+        self.build_s, self.nbytes, self.params = build_s, nbytes, params
+        self.set_ef, self.search, self.fetch, self.rescore = set_ef, search, fetch, rescore
+        self.saved: Path | None = None  # the saved usearch file (refsight's index only)
+
+
+class StorePath:
+    """refsight's whole search path over the same vectors: ``Retriever.search_vector``.
+
+    The vectors go into a real retrieval database (SQLite) and the graph built above is
+    placed where the retriever looks for it, so this adds exactly what a search costs on top
+    of the graph: the change check, rescoring from the database's float32 copy, and the
+    liveness check that maps labels to reference ids.
+    """
+
+    def __init__(self, data: np.ndarray, saved: Path, dtype: str, tmp: str):
+        from refsight.retrieval import Retriever
+        from refsight.retrieval.embedders import Embedder
+
+        class StoredVectors(Embedder):
+            name = "stored-vectors"
+            dim = data.shape[1]
+
+            def fingerprint(self):
+                return {"model": "benchmark", "dim": self.dim}
+
+            def _embed_images(self, images):
+                raise RuntimeError("the benchmark only searches stored vectors")
+
+            _embed_texts = _embed_images
+
+        t0 = time.perf_counter()
+        self.retriever = Retriever(Path(tmp) / "store", StoredVectors())
+        digest, db = self.retriever.embedder.digest, self.retriever.db
+        with db._lock:  # one transaction per chunk: a bulk load, not a million commits
+            conn = db._conn
+            for s in range(0, len(data), 50_000):
+                chunk = data[s : s + 50_000]
+                ids = range(s, s + len(chunk))
+                conn.execute("BEGIN")
+                conn.executemany("INSERT INTO embeddings VALUES (?,?,?,?)",
+                                 ((digest, f"{i:064x}", data.shape[1], v.tobytes()) for i, v in zip(ids, chunk)))
+                conn.executemany("INSERT INTO entries (embedder, namespace, ref_id, image_sha256) VALUES (?,?,?,?)",
+                                 ((digest, "default", f"r{i}", f"{i:064x}") for i in ids))
+                conn.execute("COMMIT")
+        index = self.retriever._index("default")
+        index.directory.mkdir(parents=True, exist_ok=True)
+        os.replace(saved, index.directory / "hnsw.usearch")
+        (index.directory / "manifest.json").write_text(json.dumps(index._manifest(), sort_keys=True))
+        self.retriever.search_vector(data[0], 1)  # open: load the graph, reconcile with the database
+        assert not index.rebuilt, "the benchmark graph was not accepted by the retriever"
+        self.index = index
+        self.load_s = time.perf_counter() - t0
+
+    def measure(self, queries: np.ndarray, k: int, ef: int) -> tuple[list[float], list[np.ndarray]]:
+        """Latency and results of ``search_vector`` at search breadth ``ef``."""
+        self.index._ann.expansion_search = ef
+        lat, found = [], []
+        for q in queries:
+            t = time.perf_counter()
+            hits = self.retriever.search_vector(q, k)
+            lat.append(time.perf_counter() - t)
+            found.append(np.asarray([int(ref_id[1:]) for ref_id, _ in hits], np.int64))
+        return lat, found
+
+
+def build_refsight(data, k, dtype, graph, tmp):
     from refsight.retrieval.index import AnnIndex
 
     t0 = time.perf_counter()
-    index = AnnIndex(data.shape[1], dtype=dtype)
-    index.add(np.arange(len(data), dtype=np.uint64), data)
+    index = AnnIndex(data.shape[1], dtype=dtype, **graph)
+    # keys 1..n: the labels the retrieval database hands out, so the store path can reuse this graph
+    index.add(np.arange(1, len(data) + 1, dtype=np.uint64), data)
     build_s = time.perf_counter() - t0
-    if ef:
-        index.expansion_search = ef
     path = Path(tmp) / "bench.usearch"
     index.save(path)
-    nbytes = path.stat().st_size
     quantised = dtype != "f32"
-    fetch = k * RESCORE if quantised else k
-    lat, found = _timed(queries, k, fetch, lambda q, n: index.search(q, n)[0], _rescorer(data, tmp) if quantised else None)
-    return build_s, lat, found, nbytes, {"dtype": dtype, "expansion_search": index.expansion_search, "rescored_from": fetch if quantised else None,
-                                          # the float32 copy used for rescoring lives on disk (vector DB), not in the index
-                                          "disk_f32_bytes_per_vector": 4 * data.shape[1] if quantised else 0}
+
+    def set_ef(ef):
+        index.expansion_search = ef
+        return index.expansion_search
+
+    params = {"dtype": dtype, **graph, "rescored_from": k * RESCORE if quantised else None,
+              # the float32 copy used for rescoring lives on disk (vector DB), not in the index
+              "disk_f32_bytes_per_vector": 4 * data.shape[1] if quantised else 0}
+    rescore = _rescorer(data, tmp) if quantised else None
+    built = Built(build_s, path.stat().st_size, params, set_ef, lambda q, n: index.search(q, n)[0] - 1,
+                  k * RESCORE if quantised else k, rescore)
+    built.saved = path
+    return built
 
 
-def run_faiss(data, queries, k, dtype, ef, tmp):
+def build_faiss(data, k, dtype, graph, tmp):
     import faiss
 
-    d = data.shape[1]
+    d, m = data.shape[1], graph["connectivity"]
     t0 = time.perf_counter()
     if dtype == "f32":
-        index = faiss.IndexHNSWFlat(d, 16, faiss.METRIC_INNER_PRODUCT)
+        index = faiss.IndexHNSWFlat(d, m, faiss.METRIC_INNER_PRODUCT)
     else:
         qt = {"f16": faiss.ScalarQuantizer.QT_fp16, "i8": faiss.ScalarQuantizer.QT_8bit}[dtype]
-        index = faiss.IndexHNSWSQ(d, qt, 16, faiss.METRIC_INNER_PRODUCT)
+        index = faiss.IndexHNSWSQ(d, qt, m, faiss.METRIC_INNER_PRODUCT)
         index.train(data[:100_000])
-    index.hnsw.efConstruction = 128
+    index.hnsw.efConstruction = graph["expansion_add"]
     index.add(data)
     build_s = time.perf_counter() - t0
-    index.hnsw.efSearch = ef or 96
     nbytes = len(faiss.serialize_index(index))
     faiss.omp_set_num_threads(1)
     quantised = dtype != "f32"
-    fetch = k * RESCORE if quantised else k
-    lat, found = _timed(queries, k, fetch, lambda q, n: index.search(q[None, :], n)[1][0], _rescorer(data, tmp) if quantised else None)
-    return build_s, lat, found, nbytes, {"dtype": dtype, "ef_search": index.hnsw.efSearch}
+
+    def set_ef(ef):
+        index.hnsw.efSearch = ef
+        return ef
+
+    return Built(build_s, nbytes, {"dtype": dtype, **graph}, set_ef, lambda q, n: index.search(q[None, :], n)[1][0],
+                 k * RESCORE if quantised else k, _rescorer(data, tmp) if quantised else None)
 
 
-def run_hnswlib(data, queries, k, dtype, ef, tmp):
+def build_hnswlib(data, k, dtype, graph, tmp):
     import hnswlib
 
     if dtype != "f32":
         raise SystemExit("hnswlib stores float32 only")
     t0 = time.perf_counter()
     index = hnswlib.Index(space="ip", dim=data.shape[1])
-    index.init_index(max_elements=len(data), M=16, ef_construction=128)
+    index.init_index(max_elements=len(data), M=graph["connectivity"], ef_construction=graph["expansion_add"])
     index.add_items(data, np.arange(len(data)))
     build_s = time.perf_counter() - t0
-    index.set_ef(ef or 96)
     index.set_num_threads(1)
     path = os.path.join(tmp, "bench.hnsw")
     index.save_index(path)
-    nbytes = os.path.getsize(path)
-    lat, found = _timed(queries, k, k, lambda q, n: index.knn_query(q[None, :], n)[0][0], None)
-    return build_s, lat, found, nbytes, {"dtype": dtype, "ef": ef or 96}
+
+    def set_ef(ef):
+        index.set_ef(ef)
+        return ef
+
+    return Built(build_s, os.path.getsize(path), {"dtype": dtype, **graph}, set_ef,
+                 lambda q, n: index.knn_query(q[None, :], n)[0][0], k, None)
+
+
+def _ef_list(text: str) -> list[int]:
+    """``"48,64,96"`` -> ``[48, 64, 96]``; ``"0"`` means refsight's default breadth."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--ef wants comma-separated integers, got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"--ef wants non-negative integers, got {text!r}")
+    return values
+
+
+def _figures(lat, found, truth, k) -> dict:
+    recall = float(np.mean([len(set(map(int, f[:k])) & set(map(int, t))) / k for f, t in zip(found, truth)]))
+    lat_ms = np.asarray(lat) * 1000
+    return {
+        "p50_ms": round(float(np.percentile(lat_ms, 50)), 3),
+        "p99_ms": round(float(np.percentile(lat_ms, 99)), 3),
+        f"recall_at_{k}": round(recall, 4),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
+    from refsight.retrieval.index import DEFAULT_GRAPH, EXACT_THRESHOLD
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=200_000)
     parser.add_argument("--dim", type=int, default=512)
@@ -160,7 +268,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--library", choices=("usearch", "faiss", "hnswlib"), default="usearch")
     parser.add_argument("--dtype", choices=("f32", "f16", "i8"), default="i8")
-    parser.add_argument("--ef", type=int, default=0, help="search expansion (0: the library/refsight default)")
+    parser.add_argument("--ef", type=_ef_list, default=[0],
+                        help="search breadth, or several comma-separated ones measured on ONE build "
+                             "(the first gives the top-level figures; 0: refsight's default)")
+    parser.add_argument("--connectivity", type=int, default=DEFAULT_GRAPH["connectivity"], help="HNSW graph degree (M)")
+    parser.add_argument("--expansion-add", type=int, default=DEFAULT_GRAPH["expansion_add"], help="build breadth")
+    parser.add_argument("--index-only", action="store_true",
+                        help="skip the store path (Retriever.search_vector over a real retrieval database)")
     parser.add_argument("--clusters", type=int, default=1000)
     parser.add_argument("--rank", type=int, default=48)
     parser.add_argument("--seed", type=int, default=0)
@@ -179,23 +293,40 @@ def main(argv: list[str] | None = None) -> int:
         np.argpartition(-scores, args.k)[: args.k]
         exact_lat.append(time.perf_counter() - t)
 
-    runner = {"usearch": run_refsight, "faiss": run_faiss, "hnswlib": run_hnswlib}[args.library]
+    builder = {"usearch": build_refsight, "faiss": build_faiss, "hnswlib": build_hnswlib}[args.library]
+    graph = {"connectivity": args.connectivity, "expansion_add": args.expansion_add}
+    sweep, store = [], None
     with tempfile.TemporaryDirectory() as tmp:
-        build_s, lat, found, nbytes, params = runner(data, queries, args.k, args.dtype, args.ef, tmp)
-    recall = float(np.mean([len(set(map(int, f[: args.k])) & set(map(int, t))) / args.k for f, t in zip(found, truth)]))
-    lat_ms = np.asarray(lat) * 1000
+        built = builder(data, args.k, args.dtype, graph, tmp)
+        for ef in args.ef:
+            ef = built.set_ef(ef or DEFAULT_GRAPH["expansion_search"])
+            lat, found = _timed(queries, args.k, built.fetch, built.search, built.rescore)
+            sweep.append({"expansion_search": ef, **_figures(lat, found, truth, args.k)})
+        if built.saved is not None and not args.index_only and args.n >= EXACT_THRESHOLD:
+            store = StorePath(data, built.saved, args.dtype, tmp)
+            for entry in sweep:
+                lat, found = store.measure(queries, args.k, entry["expansion_search"])
+                entry.update({f"store_{key}": value for key, value in _figures(lat, found, truth, args.k).items()})
+            store.retriever.close()
+    first = sweep[0]
     result = {
         "n": args.n,
         "dim": args.dim,
-        "build_s": round(build_s, 2),
-        "p50_ms": round(float(np.percentile(lat_ms, 50)), 3),
-        "p99_ms": round(float(np.percentile(lat_ms, 99)), 3),
-        f"recall_at_{args.k}": round(recall, 4),
-        "bytes_per_vector": round(nbytes / args.n, 1),
+        "build_s": round(built.build_s, 2),
+        "p50_ms": first["p50_ms"],
+        "p99_ms": first["p99_ms"],
+        f"recall_at_{args.k}": first[f"recall_at_{args.k}"],
+        "bytes_per_vector": round(built.nbytes / args.n, 1),
         "exact_p50_ms": round(float(np.percentile(np.asarray(exact_lat) * 1000, 50)), 3),
         "library": args.library,
-        **params,
+        "expansion_search": first["expansion_search"],
+        **built.params,
     }
+    if store is not None:
+        result.update({key: first[key] for key in first if key.startswith("store_")})
+        result["store_load_s"] = round(store.load_s, 2)
+    if len(sweep) > 1:
+        result["sweep"] = sweep
     print(json.dumps(result), flush=True)
     return 0
 

@@ -22,7 +22,7 @@ from .images import ImageInput, ImageSource, IntakeLimits, load_image
 from .locks import KeyedLocks
 from .package import EncoderFingerprint, VisualPackage, package_key
 from .results import AddFailure, AddResult, CompareResult, GenerateResult, VerifyReport
-from .store.base import DEFAULT_NAMESPACE, Reference, validate_ref_id
+from .store.base import DEFAULT_NAMESPACE, Reference, ReferenceRow, validate_ref_id
 
 __all__ = [
     "Engine",
@@ -300,7 +300,7 @@ class Engine:
             self.store.catalog.bump(hits=1, encode_ms_saved=package.encode_ms)
         return package
 
-    def reference_image(self, ref: Reference) -> ImageInput:
+    def reference_image(self, ref: Reference | ReferenceRow) -> ImageInput:
         """The reference's image, decoded from its kept original bytes."""
         data = self.store.catalog.get_image(ref.image_sha256)
         return load_image(data, limits=self.limits, name=f"reference {ref.ref_id}")
@@ -405,54 +405,37 @@ class Engine:
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 1000:
             raise InvalidInputError("k", f"must be an integer in 1..1000, not {k!r}")
         retriever = self.sync_index()
-        wanted = set(restrict_to) if restrict_to else None
-        # With a restriction, over-fetch from the index and filter (the shortlist is small).
-        fetch = k if wanted is None else max(k, retriever.count(self.namespace))
+        scope = {"where": where, "namespace": self.namespace, "ref_ids": restrict_to or None}
         if text is not None:
-            hits = retriever.search_text(text, k=fetch, where=where, namespace=self.namespace)
+            hits = retriever.search_text(text, k=k, **scope)
         else:
             query = load_image(image, limits=self.limits, name=_label(image))
-            hits = retriever.search_image(query, k=fetch, where=where, namespace=self.namespace)
-        if wanted is not None:
-            hits = [hit for hit in hits if hit[0] in wanted]
+            hits = retriever.search_image(query, k=k, **scope)
         return {
             "embedder": retriever.embedder_name,
-            "results": [{"ref_id": ref_id, "score": round(float(score), 6)} for ref_id, score in hits[:k]],
+            "results": [{"ref_id": ref_id, "score": round(float(score), 6)} for ref_id, score in hits],
         }
 
     def sync_index(self, *, rebuild: bool = False):
         """The retriever, its index holding exactly this namespace's references.
 
-        Only references added or changed since the last sync are decoded and embedded
-        (vectors are cached per image), removed ones are dropped; ``rebuild``
-        reconstructs the index files from the catalog.
+        Costs O(changes since the last sync): references added or changed are decoded and
+        embedded in batches (vectors are cached per image), removed ones are dropped, and
+        with no change it only compares two revisions. ``rebuild`` reconstructs the
+        entries and index files from the catalog (see :mod:`refsight.retrieval.catalog_sync`).
         """
-        retriever = self.retriever()
-        refs = self.references()
-        if rebuild:
-            items = [(ref.ref_id, self.reference_image(ref), ref.metadata) for ref in refs]
-            retriever.rebuild(items, namespace=self.namespace)
-            retriever.flush()
-            return retriever
-        stale = [ref for ref in refs if not self._indexed(retriever, ref)]
-        images = [self.reference_image(ref) for ref in stale]
-        retriever.vectors(images)  # one batched embedding pass; the adds below hit its cache
-        for ref, image in zip(stale, images):
-            retriever.add(ref.ref_id, image, ref.metadata, namespace=self.namespace)
-        removed = 0
-        if retriever.count(self.namespace) != len(refs):
-            live = {ref.ref_id for ref in refs}
-            vectors, digest = retriever.db, retriever.embedder.digest
-            for entry in vectors.entries(digest, self.namespace, vectors.labels(digest, self.namespace)).values():
-                if entry.ref_id not in live:
-                    removed += retriever.remove(entry.ref_id, namespace=self.namespace)
-        if stale or removed:
-            retriever.flush()
-        return retriever
+        from .retrieval.catalog_sync import sync_with_catalog
 
-    def _indexed(self, retriever, ref: Reference) -> bool:
-        entry = retriever.db.entry_for_ref(retriever.embedder.digest, self.namespace, ref.ref_id)
-        return entry is not None and entry.image_sha256 == ref.image_sha256 and entry.metadata == ref.metadata
+        retriever = self.retriever()
+        sync_with_catalog(
+            retriever,
+            self.store.catalog,
+            self.namespace,
+            self.reference_image,
+            rebuild=rebuild,
+            progress_bar=lambda total: self._progress_bar(total, "indexing"),
+        )
+        return retriever
 
     def retriever(self):
         """The retriever over this store with the engine's embedder (default: EfficientNet-Lite0 + MiniLM)."""
@@ -590,7 +573,7 @@ class Engine:
         counters = self.store.catalog.counters()
         local = self.store.local.stats()
         return {
-            "references": len(self.references()),
+            "references": self.store.catalog.count_references(namespace=self.namespace),
             "packages": local["packages"],
             "bytes": local["bytes"],
             "hits": int(counters.get("hits", 0)),

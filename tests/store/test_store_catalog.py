@@ -133,3 +133,55 @@ def test_counters_persist_across_reopen_and_processes(tmp_path):
             store.catalog.bump(**{"DROP TABLE": 1})
         with pytest.raises(InvalidInputError):
             store.catalog.bump(hits=float("inf"))
+
+
+def test_change_journal_tracks_adds_metadata_changes_and_removals(catalog):
+    assert catalog.revision() == 0
+    assert catalog.changes_since(None) == (0, [], [])
+    catalog.add_reference("a", image_hash(1), {"k": 1})
+    catalog.add_reference("b", image_hash(2), {})
+    r2 = catalog.revision()
+    assert r2 == 2
+    catalog.add_reference("a", image_hash(1), {"k": 1})  # same metadata: not a change
+    assert catalog.revision() == r2
+    catalog.add_reference("a", image_hash(1), {"k": 2})
+    catalog.remove_reference("b")
+    changes = catalog.changes_since(r2)
+    assert changes.revision == 4
+    assert [(row.ref_id, row.metadata) for row in changes.changed] == [("a", {"k": 2})]
+    assert changes.removed == ["b"]
+    # re-adding a removed id turns its tombstone back into a change
+    catalog.add_reference("b", image_hash(3), {})
+    later = catalog.changes_since(4)
+    assert later.removed == [] and [(r.ref_id, r.image_sha256) for r in later.changed] == [("b", image_hash(3))]
+    assert catalog.changes_since(catalog.revision()) == (5, [], [])
+    # None lists the whole namespace, as changes
+    assert sorted(r.ref_id for r in catalog.changes_since(None).changed) == ["a", "b"]
+
+
+def test_change_journal_is_per_namespace(catalog):
+    catalog.add_reference("x", image_hash(1), {}, namespace="tenant-a")
+    assert catalog.revision(namespace="tenant-a") == 1
+    assert catalog.revision() == 0 and catalog.changes_since(0) == (0, [], [])
+
+
+def test_a_version_1_store_is_migrated_in_place(tmp_path):
+    import sqlite3
+
+    root = tmp_path / "old"
+    with open_store(root) as store:
+        store.catalog.add_reference("kept", image_hash(1), {"k": "v"})
+    # make it look like a store written before the change journal existed
+    conn = sqlite3.connect(root / "refsight.db")
+    conn.execute("DROP TABLE reference_changes")
+    conn.execute("UPDATE meta SET value = '1' WHERE name = 'schema_version'")
+    conn.commit()
+    conn.close()
+    with open_store(root) as store:
+        assert store.catalog.get_reference("kept").metadata == {"k": "v"}
+        assert store.catalog.revision() == 0
+        store.catalog.add_reference("new", image_hash(2), {})
+        assert [r.ref_id for r in store.catalog.changes_since(0).changed] == ["new"]
+    conn = sqlite3.connect(root / "refsight.db")
+    assert conn.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()[0] == "2"
+    conn.close()

@@ -38,13 +38,15 @@ import numpy as np
 from refsight.errors import InvalidInputError
 from refsight.retrieval.vectors import VectorDB
 
-__all__ = ["AnnIndex", "VectorIndex", "EXACT_THRESHOLD", "FORMAT_VERSION"]
+__all__ = ["AnnIndex", "VectorIndex", "DEFAULT_GRAPH", "EXACT_THRESHOLD", "FORMAT_VERSION"]
 
 #: Below this many live vectors, search is exact (a matrix product beats any graph here).
 EXACT_THRESHOLD = 10_000
 #: With a filter matching at most this many entries, search them exactly instead of over-fetching.
 EXACT_FILTER_LIMIT = 20_000
 FORMAT_VERSION = 1
+#: HNSW settings: graph degree, build breadth and search breadth (see benchmarks/retrieval.py).
+DEFAULT_GRAPH = {"connectivity": 32, "expansion_add": 200, "expansion_search": 128}
 _INDEX_FILE = "hnsw.usearch"
 _MANIFEST = "manifest.json"
 
@@ -57,9 +59,9 @@ class AnnIndex:
         dim: int,
         *,
         dtype: str = "i8",
-        connectivity: int = 32,
-        expansion_add: int = 200,
-        expansion_search: int = 128,
+        connectivity: int = DEFAULT_GRAPH["connectivity"],
+        expansion_add: int = DEFAULT_GRAPH["expansion_add"],
+        expansion_search: int = DEFAULT_GRAPH["expansion_search"],
     ):
         from usearch.index import Index
 
@@ -158,6 +160,7 @@ class VectorIndex:
         self._ann: AnnIndex | None = None
         self._exact: tuple[np.ndarray, np.ndarray] | None = None  # (labels, vectors) in memory
         self._seen_max = 0  # highest label merged into the in-memory structures
+        self._seen_version: tuple[int, int] | None = None  # database version at the last sync
         self._dirty = False
         self.rebuilt = False  # whether the last open had to rebuild the ANN file
 
@@ -170,6 +173,13 @@ class VectorIndex:
 
     def _sync(self) -> None:
         """Bring the in-memory structures up to date with the database."""
+        version = self.db.version()
+        if version == self._seen_version:
+            return  # nothing committed since: skip the O(n) count and label scan
+        self._sync_from_db()
+        self._seen_version = version
+
+    def _sync_from_db(self) -> None:
         live = self.db.count(self.embedder, self.namespace)
         if live < self.exact_threshold:
             if self._ann is not None:
@@ -278,6 +288,7 @@ class VectorIndex:
         """Forget in-memory state and delete the ANN files (after a namespace is cleared)."""
         self._ann = self._exact = None
         self._seen_max = 0
+        self._seen_version = None
         self._dirty = False
         for name in (_INDEX_FILE, _MANIFEST):
             try:

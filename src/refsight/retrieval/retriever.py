@@ -8,7 +8,7 @@ calls ``add``/``remove`` alongside the store.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -162,25 +162,35 @@ class Retriever:
         return entry.metadata
 
     def search_text(self, query: str, k: int = 10, where: Mapping[str, Any] | None = None, namespace: str = "default",
-                    instruction: str | None = None) -> list[tuple[str, float]]:
+                    instruction: str | None = None, ref_ids: Sequence[str] | None = None) -> list[tuple[str, float]]:
         """References best matching a text, as [(ref_id, score)], best first."""
         if not isinstance(query, str) or not query.strip():
             raise InvalidInputError(query, "a text query must be a non-empty string")
-        return self.search_vector(self.embedder.embed_texts([query], instruction)[0], k, where, namespace)
+        return self.search_vector(self.embedder.embed_texts([query], instruction)[0], k, where, namespace, ref_ids)
 
     def search_image(self, image: ImageInput, k: int = 10, where: Mapping[str, Any] | None = None,
-                     namespace: str = "default") -> list[tuple[str, float]]:
+                     namespace: str = "default", ref_ids: Sequence[str] | None = None) -> list[tuple[str, float]]:
         """References most similar to an image, as [(ref_id, score)], best first."""
         if not isinstance(image, ImageInput):
             raise InvalidInputError("image", f"expected an ImageInput, got {type(image).__name__}")
-        return self.search_vector(self.vectors([image])[0], k, where, namespace)
+        return self.search_vector(self.vectors([image])[0], k, where, namespace, ref_ids)
 
     def search_vector(self, vector: np.ndarray, k: int = 10, where: Mapping[str, Any] | None = None,
-                      namespace: str = "default") -> list[tuple[str, float]]:
-        """Search with a ready query vector in this embedder's space."""
+                      namespace: str = "default", ref_ids: Sequence[str] | None = None) -> list[tuple[str, float]]:
+        """Search with a ready query vector in this embedder's space.
+
+        ``where`` keeps references whose metadata matches; ``ref_ids`` keeps only those
+        references (both are exact searches over the allowed set when it is small).
+        """
         where = validate_where(where)
         idx = self._index(namespace)
-        allowed = self.db.filtered_labels(self.embedder.digest, namespace, where) if where else None
+        digest = self.embedder.digest
+        allowed = self.db.filtered_labels(digest, namespace, where) if where else None
+        if ref_ids is not None:
+            if isinstance(ref_ids, str):
+                raise InvalidInputError("ref_ids", "expected a list of reference ids, got a single string")
+            chosen = np.fromiter((e.label for e in self.db.entries_by_ref(digest, namespace, ref_ids).values()), np.int64)
+            allowed = chosen if allowed is None else np.intersect1d(allowed, chosen)
         hits = idx.search(vector, k, allowed)
         entries = self.db.entries(self.embedder.digest, namespace, [label for label, _ in hits])
         # the final liveness check: a label deleted since the index answered is dropped here

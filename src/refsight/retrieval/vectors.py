@@ -10,6 +10,7 @@ Tables::
     embeddings(embedder, image_sha256, dim, vector)   one row per image per embedder digest
     entries(label, embedder, namespace, ref_id,        one row per indexed reference
             image_sha256, metadata)
+    synced(embedder, namespace, revision)             the catalog revision the entries reflect
 
 ``label`` is ``INTEGER PRIMARY KEY AUTOINCREMENT``: SQLite never hands out the same label
 twice, even after deletes, so a stale index can never map an old label onto a new reference.
@@ -34,6 +35,11 @@ __all__ = ["VectorDB", "Entry", "validate_where"]
 _KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 # SQLite caps bound parameters per statement (32766 by default); stay well below
 _CHUNK = 900
+# Queries by label name the table "NOT INDEXED": otherwise the planner prefers the
+# (embedder, namespace, ref_id) index and scans the whole namespace (23 ms at 100k entries)
+# instead of a few rowid lookups (0.03 ms). NOT INDEXED still allows the rowid.
+_BY_LABEL = "NOT INDEXED"
+_MMAP_BYTES = 1 << 34
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS embeddings (
@@ -53,6 +59,12 @@ CREATE TABLE IF NOT EXISTS entries (
     UNIQUE (embedder, namespace, ref_id)
 );
 CREATE INDEX IF NOT EXISTS entries_by_ref ON entries (namespace, ref_id);
+CREATE TABLE IF NOT EXISTS synced (
+    embedder TEXT NOT NULL,
+    namespace TEXT NOT NULL,
+    revision INTEGER NOT NULL,
+    PRIMARY KEY (embedder, namespace)
+);
 """
 
 
@@ -98,6 +110,10 @@ class VectorDB:
             # NORMAL is durable in WAL mode up to the last checkpoint; a crash loses at most the
             # last transactions, never corrupts, and the derived indexes tolerate either outcome
             self._conn.execute("PRAGMA synchronous=NORMAL")
+            # Searches rescore a few dozen float32 rows scattered over the file: reading them
+            # through a memory map instead of read() calls cut that step 3.5x (0.55 ms against
+            # 1.9 ms for 30 rows at 100k entries). SQLite clamps this to its own maximum (2 GB).
+            self._conn.execute(f"PRAGMA mmap_size={_MMAP_BYTES}")
             self._conn.executescript(_SCHEMA)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open retrieval database {self.path}: {exc}") from exc
@@ -202,14 +218,51 @@ class VectorDB:
         except sqlite3.Error:
             pass  # nothing was open
 
+    def version(self) -> tuple[int, int]:
+        """Changes whenever anything is committed, by this connection or any other (cheap: no table scan).
+
+        ``PRAGMA data_version`` moves with other connections' commits, ``total_changes``
+        with our own; together they tell a cache it may skip re-reading the tables.
+        """
+        with self._lock:
+            try:
+                return int(self._conn.execute("PRAGMA data_version").fetchone()[0]), self._conn.total_changes
+            except sqlite3.Error as exc:
+                raise StoreError(f"retrieval database {self.path}: {exc}") from exc
+
+    def synced_revision(self, embedder: str, namespace: str) -> int | None:
+        """The catalog revision these entries were last brought up to (None: never synced)."""
+        rows = self._q("SELECT revision FROM synced WHERE embedder=? AND namespace=?", [embedder, namespace])
+        return int(rows[0][0]) if rows else None
+
+    def mark_synced(self, embedder: str, namespace: str, revision: int | None) -> None:
+        """Record the catalog revision the entries now reflect (``None`` forgets it: next sync is full)."""
+        if revision is None:
+            self._q("DELETE FROM synced WHERE embedder=? AND namespace=?", [embedder, namespace])
+        else:
+            self._q("INSERT OR REPLACE INTO synced VALUES (?,?,?)", [embedder, namespace, int(revision)])
+
+    def entries_by_ref(self, embedder: str, namespace: str, ref_ids: Iterable[str] | None = None) -> dict[str, Entry]:
+        """Live entries keyed by reference id: these ids (absent ones are left out), or all."""
+        sql = "SELECT label, ref_id, image_sha256, metadata FROM entries WHERE embedder=? AND namespace=?"
+        if ref_ids is None:
+            rows = self._q(sql, [embedder, namespace])
+        else:
+            ids, rows = list(ref_ids), []
+            for s in range(0, len(ids), _CHUNK):
+                chunk = ids[s : s + _CHUNK]
+                rows += self._q(sql + f" AND ref_id IN ({','.join('?' * len(chunk))})", [embedder, namespace, *chunk])
+        return {ref_id: Entry(label, ref_id, sha, json.loads(meta)) for label, ref_id, sha, meta in rows}
+
     def count(self, embedder: str, namespace: str) -> int:
         """Live entries of one embedder × namespace."""
         return self._q("SELECT COUNT(*) FROM entries WHERE embedder=? AND namespace=?", [embedder, namespace])[0][0]
 
     def labels(self, embedder: str, namespace: str, after: int = 0) -> np.ndarray:
         """Live labels (sorted), optionally only those above ``after``."""
+        hint = _BY_LABEL if after > 0 else ""  # new labels are a rowid range
         rows = self._q(
-            "SELECT label FROM entries WHERE embedder=? AND namespace=? AND label>? ORDER BY label",
+            f"SELECT label FROM entries {hint} WHERE embedder=? AND namespace=? AND label>? ORDER BY label",
             [embedder, namespace, after],
         )
         return np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
@@ -222,7 +275,7 @@ class VectorDB:
             chunk = labels[s : s + _CHUNK]
             marks = ",".join("?" * len(chunk))
             for label, ref_id, sha, meta in self._q(
-                f"SELECT label, ref_id, image_sha256, metadata FROM entries "
+                f"SELECT label, ref_id, image_sha256, metadata FROM entries {_BY_LABEL} "
                 f"WHERE embedder=? AND namespace=? AND label IN ({marks})",
                 [embedder, namespace, *chunk],
             ):
@@ -231,11 +284,7 @@ class VectorDB:
 
     def entry_for_ref(self, embedder: str, namespace: str, ref_id: str) -> Entry | None:
         """The live entry of one reference, if indexed."""
-        rows = self._q(
-            "SELECT label, ref_id, image_sha256, metadata FROM entries WHERE embedder=? AND namespace=? AND ref_id=?",
-            [embedder, namespace, ref_id],
-        )
-        return Entry(rows[0][0], rows[0][1], rows[0][2], json.loads(rows[0][3])) if rows else None
+        return self.entries_by_ref(embedder, namespace, [ref_id]).get(ref_id)
 
     def filtered_labels(self, embedder: str, namespace: str, where: Mapping[str, Any]) -> np.ndarray:
         """Live labels whose metadata has every ``where`` key equal to its value (JSON types)."""
@@ -259,18 +308,19 @@ class VectorDB:
         ``labels=None`` gives the whole namespace (used for exact search and rebuilds).
         """
         base = (
-            "SELECT e.label, v.vector FROM entries e JOIN embeddings v "
+            "SELECT e.label, v.vector FROM entries e {hint} JOIN embeddings v "
             "ON v.embedder = e.embedder AND v.image_sha256 = e.image_sha256 "
             "WHERE e.embedder=? AND e.namespace=?"
         )
         if labels is None:
-            rows = self._q(base + " ORDER BY e.label", [embedder, namespace])
+            rows = self._q(base.format(hint="") + " ORDER BY e.label", [embedder, namespace])
         else:
             rows = []
             labels = [int(x) for x in labels]
+            by_label = base.format(hint=_BY_LABEL)
             for s in range(0, len(labels), _CHUNK):
                 chunk = labels[s : s + _CHUNK]
-                rows += self._q(base + f" AND e.label IN ({','.join('?' * len(chunk))})", [embedder, namespace, *chunk])
+                rows += self._q(by_label + f" AND e.label IN ({','.join('?' * len(chunk))})", [embedder, namespace, *chunk])
         if not rows:
             return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
         lbl = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))

@@ -18,7 +18,16 @@ from pathlib import Path
 
 from ..errors import StoreError
 from ._sqlite import SCHEMA_VERSION, Database
-from .base import COUNTER_NAMES, DEFAULT_NAMESPACE, Catalog, PackageStore, Reference, validate_ref_id
+from .base import (
+    COUNTER_NAMES,
+    DEFAULT_NAMESPACE,
+    Catalog,
+    PackageStore,
+    Reference,
+    ReferenceChanges,
+    ReferenceRow,
+    validate_ref_id,
+)
 from .catalog import SqliteCatalog
 from .local import LocalPackageStore, PackageRecord
 from .memory import MemoryPackageStore
@@ -30,6 +39,8 @@ __all__ = [
     "PackageStore",
     "Catalog",
     "Reference",
+    "ReferenceRow",
+    "ReferenceChanges",
     "validate_ref_id",
     "LocalPackageStore",
     "PackageRecord",

@@ -21,8 +21,9 @@ from ..errors import StoreError
 
 __all__ = ["Database", "SCHEMA_VERSION", "APPLICATION", "DB_NAME"]
 
-#: Bumped when the tables change; a store written by a newer refsight is refused.
-SCHEMA_VERSION = 1
+#: Bumped when the tables change; a store written by a newer refsight is refused,
+#: an older one is migrated in place (see ``_MIGRATIONS``).
+SCHEMA_VERSION = 2
 APPLICATION = "refsight"
 DB_NAME = "refsight.db"
 BUSY_TIMEOUT_MS = 30_000
@@ -66,7 +67,23 @@ CREATE TABLE images (
     checksum TEXT NOT NULL
 ) WITHOUT ROWID;
 CREATE TABLE counters (name TEXT PRIMARY KEY, value REAL NOT NULL) WITHOUT ROWID;
+""" + """
+-- version 2: a change journal, so derived indexes catch up in O(changes), not O(references)
+CREATE TABLE reference_changes (
+    namespace TEXT NOT NULL,
+    ref_id TEXT NOT NULL,
+    revision INTEGER NOT NULL,
+    removed INTEGER NOT NULL,
+    PRIMARY KEY (namespace, ref_id)
+) WITHOUT ROWID;
+CREATE INDEX reference_changes_by_revision ON reference_changes (namespace, revision);
 """
+
+#: Statements that bring a store from version ``v`` to ``v + 1``.
+_MIGRATIONS = {
+    # The journal starts empty: a reader that has never synced lists every reference anyway.
+    1: _SCHEMA[_SCHEMA.index("-- version 2") :],
+}
 
 
 class Database:
@@ -169,6 +186,8 @@ class Database:
                 if "meta" not in tables:
                     raise StoreError(f"{self.path} is an SQLite database but not a refsight store")
                 meta = dict(conn.execute("SELECT name, value FROM meta"))
+                if meta.get("application") == APPLICATION:
+                    meta["schema_version"] = str(_migrate(conn, int(meta.get("schema_version", "0"))))
         except sqlite3.DatabaseError as exc:
             self.close()
             raise StoreError(f"{self.path} is not a refsight store: {exc}") from exc
@@ -187,3 +206,14 @@ class Database:
         if version < SCHEMA_VERSION:
             self.close()
             raise StoreError(f"{self.path} has schema version {version}, which this refsight cannot read")
+
+
+def _migrate(conn: sqlite3.Connection, version: int) -> int:
+    """Upgrade an older store in the caller's write transaction; returns the resulting version."""
+    while version < SCHEMA_VERSION and version in _MIGRATIONS:
+        for statement in _MIGRATIONS[version].split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        version += 1
+        conn.execute("UPDATE meta SET value = ? WHERE name = 'schema_version'", (str(version),))
+    return version

@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 from ..errors import InvalidReferenceIdError
 from ..package import VisualPackage
@@ -20,6 +20,8 @@ __all__ = [
     "PackageStore",
     "Catalog",
     "Reference",
+    "ReferenceRow",
+    "ReferenceChanges",
     "validate_ref_id",
     "DEFAULT_NAMESPACE",
     "COUNTER_NAMES",
@@ -71,6 +73,22 @@ class Reference:
             "created_at": self.created_at,
             "packages": self.packages,
         }
+
+
+class ReferenceRow(NamedTuple):
+    """What a derived index needs of a reference: its id, image and metadata (no package links)."""
+
+    ref_id: str
+    image_sha256: str
+    metadata: dict[str, Any]
+
+
+class ReferenceChanges(NamedTuple):
+    """A namespace's changes after some revision: ``revision`` is the one they bring it up to."""
+
+    revision: int
+    changed: list[ReferenceRow]  # added, or given new metadata
+    removed: list[str]  # ids removed (and not re-added since)
 
 
 class PackageStore(abc.ABC):
@@ -132,6 +150,14 @@ class Catalog(abc.ABC):
     @abc.abstractmethod
     def remove_reference(self, ref_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> tuple[Reference, list[str]]:
         """Remove a reference; returns it and the package keys no reference uses any more."""
+
+    @abc.abstractmethod
+    def revision(self, *, namespace: str = DEFAULT_NAMESPACE) -> int:
+        """A counter that grows with every change to the namespace's references."""
+
+    @abc.abstractmethod
+    def changes_since(self, revision: int | None, *, namespace: str = DEFAULT_NAMESPACE) -> ReferenceChanges:
+        """References changed and removed after ``revision``; ``None`` lists every reference as changed."""
 
     @abc.abstractmethod
     def link_package(

@@ -21,7 +21,15 @@ from ..package import canonical_json
 from ._files import checksum as file_checksum
 from ._files import publish, read_exact, write_temp
 from ._sqlite import Database
-from .base import COUNTER_NAMES, DEFAULT_NAMESPACE, Catalog, Reference, validate_ref_id
+from .base import (
+    COUNTER_NAMES,
+    DEFAULT_NAMESPACE,
+    Catalog,
+    Reference,
+    ReferenceChanges,
+    ReferenceRow,
+    validate_ref_id,
+)
 
 __all__ = ["SqliteCatalog"]
 
@@ -104,16 +112,17 @@ class SqliteCatalog(Catalog):
                     'INSERT INTO "references" (namespace, ref_id, image_sha256, metadata, created_at) VALUES (?, ?, ?, ?, ?)',
                     (namespace, ref_id, image_sha256, canonical_json(metadata), time.time()),
                 )
+                _journal(conn, namespace, ref_id, removed=False)
             elif row[0] != image_sha256:
                 raise InvalidInputError(
                     ref_id, f"reference already exists with another image ({row[0][:12]}…); remove it first or pick another id"
                 )
-            elif metadata:
-                merged = {**json.loads(row[1]), **metadata}
+            elif metadata and (merged := canonical_json({**json.loads(row[1]), **metadata})) != row[1]:
                 conn.execute(
                     'UPDATE "references" SET metadata = ? WHERE namespace = ? AND ref_id = ?',
-                    (canonical_json(merged), namespace, ref_id),
+                    (merged, namespace, ref_id),
                 )
+                _journal(conn, namespace, ref_id, removed=False)
         return self.get_reference(ref_id, namespace=namespace)
 
     def get_reference(self, ref_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> Reference:
@@ -172,6 +181,49 @@ class SqliteCatalog(Catalog):
         _check_namespace(namespace)
         return int(conn.execute('SELECT COUNT(*) FROM "references" WHERE namespace = ?', (namespace,)).fetchone()[0])
 
+    def revision(self, *, namespace: str = DEFAULT_NAMESPACE) -> int:
+        """The namespace's change counter: it grows with every added, changed or removed reference."""
+        _check_namespace(namespace)
+        row = self._db.connection().execute(
+            "SELECT MAX(revision) FROM reference_changes WHERE namespace = ?", (namespace,)
+        ).fetchone()
+        return int(row[0] or 0)
+
+    def changes_since(self, revision: int | None, *, namespace: str = DEFAULT_NAMESPACE) -> ReferenceChanges:
+        """What changed in ``namespace`` after ``revision`` (``None``: every reference, as changed).
+
+        Reads one snapshot, so the returned revision covers exactly the returned rows.
+        """
+        _check_namespace(namespace)
+        conn = self._db.connection()
+        conn.execute("BEGIN")
+        try:
+            now = int(conn.execute(
+                "SELECT MAX(revision) FROM reference_changes WHERE namespace = ?", (namespace,)
+            ).fetchone()[0] or 0)
+            if revision is not None and now <= revision:
+                return ReferenceChanges(now, [], [])  # the common case: nothing new
+            if revision is None:
+                rows = conn.execute(
+                    'SELECT ref_id, image_sha256, metadata FROM "references" WHERE namespace = ?', (namespace,)
+                ).fetchall()
+                removed: list[str] = []
+            else:
+                rows = conn.execute(
+                    'SELECT r.ref_id, r.image_sha256, r.metadata FROM reference_changes c JOIN "references" r '
+                    "ON r.namespace = c.namespace AND r.ref_id = c.ref_id "
+                    "WHERE c.namespace = ? AND c.revision > ? AND c.removed = 0",
+                    (namespace, revision),
+                ).fetchall()
+                removed = [r[0] for r in conn.execute(
+                    "SELECT ref_id FROM reference_changes WHERE namespace = ? AND revision > ? AND removed = 1",
+                    (namespace, revision),
+                )]
+        finally:
+            conn.execute("COMMIT")
+        changed = [ReferenceRow(ref_id, sha, json.loads(meta)) for ref_id, sha, meta in rows]
+        return ReferenceChanges(now, changed, removed)
+
     def referenced_package_keys(self) -> set[str]:
         """Every package key some reference (in any namespace) links to."""
         rows = self._db.connection().execute("SELECT DISTINCT package_key FROM reference_packages")
@@ -196,6 +248,7 @@ class SqliteCatalog(Catalog):
             reference = self._reference(conn, row)
             conn.execute("DELETE FROM reference_packages WHERE namespace = ? AND ref_id = ?", (namespace, ref_id))
             conn.execute('DELETE FROM "references" WHERE namespace = ? AND ref_id = ?', (namespace, ref_id))
+            _journal(conn, namespace, ref_id, removed=True)
             orphans = sorted(
                 key
                 for key in set(reference.packages.values())
@@ -337,3 +390,13 @@ class SqliteCatalog(Catalog):
         """Close the database connections this catalog opened. Idempotent."""
         if self._owns_db:
             self._db.close()
+
+
+def _journal(conn, namespace: str, ref_id: str, *, removed: bool) -> None:
+    # Inside the caller's BEGIN IMMEDIATE, so MAX()+1 cannot race another writer.
+    conn.execute(
+        "INSERT INTO reference_changes (namespace, ref_id, revision, removed) "
+        "SELECT ?, ?, COALESCE(MAX(revision), 0) + 1, ? FROM reference_changes WHERE namespace = ? "
+        "ON CONFLICT (namespace, ref_id) DO UPDATE SET revision = excluded.revision, removed = excluded.removed",
+        (namespace, ref_id, int(removed), namespace),
+    )

@@ -1,0 +1,101 @@
+"""Keep a retriever's entries equal to one catalog namespace, in O(changes) per sync.
+
+The catalog journals every added, changed and removed reference under a growing
+``revision``; the retrieval database remembers the revision its entries reflect. A sync
+with nothing new costs two indexed lookups (no listing of references), so it can run
+before every search even with a million references. The first sync of a namespace (and
+``rebuild``) lists the namespace once and diffs it against the entries in bulk.
+
+Images are decoded and embedded in batches, so the first sync of a large catalog never
+holds more than one batch of images in memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from refsight.images import ImageInput
+from refsight.retrieval.retriever import Retriever
+from refsight.retrieval.vectors import Entry
+from refsight.store.base import Catalog, ReferenceRow
+
+__all__ = ["SyncReport", "sync_with_catalog"]
+
+#: References decoded and embedded together (bounds memory on a first sync).
+BATCH = 64
+
+
+@dataclass(frozen=True)
+class SyncReport:
+    """What one sync did: the catalog revision reached, entries (re)indexed and removed."""
+
+    revision: int
+    indexed: int
+    removed: int
+    full: bool  # whether the whole namespace was listed (first sync or rebuild)
+
+
+def sync_with_catalog(
+    retriever: Retriever,
+    catalog: Catalog,
+    namespace: str,
+    load_image: Callable[[ReferenceRow], ImageInput],
+    *,
+    rebuild: bool = False,
+    progress_bar: Callable[[int], AbstractContextManager[Any]] | None = None,
+) -> SyncReport:
+    """Bring ``retriever``'s entries for ``namespace`` up to the catalog's current revision.
+
+    ``load_image`` decodes a reference's kept image (called only for references that need
+    embedding); ``progress_bar(total)`` opens a bar (tqdm-like, with ``update(n)``) for the
+    references to embed. ``rebuild``
+    drops the namespace's entries and index files first (cached vectors are kept, so only
+    images never embedded by this embedder run the model).
+    """
+    db, digest = retriever.db, retriever.embedder.digest
+    if rebuild:
+        retriever.rebuild([], namespace=namespace)
+        db.mark_synced(digest, namespace, None)
+    synced = db.synced_revision(digest, namespace)
+    changes = catalog.changes_since(synced, namespace=namespace)
+    if synced is not None and changes.revision < synced:
+        # revisions only grow, so this is another catalog (the store was recreated): diff all
+        synced, changes = None, catalog.changes_since(None, namespace=namespace)
+    if synced is not None and changes.revision == synced:
+        return SyncReport(synced, 0, 0, full=False)
+
+    full = synced is None
+    indexed = db.entries_by_ref(digest, namespace, None if full else [row.ref_id for row in changes.changed])
+    stale = [row for row in changes.changed if not _indexed_as(indexed.get(row.ref_id), row)]
+    if full:
+        live = {row.ref_id for row in changes.changed}
+        gone = [ref_id for ref_id in indexed if ref_id not in live]
+    else:
+        gone = changes.removed
+
+    silent = nullcontext(SimpleNamespace(update=lambda n: None))
+    with progress_bar(len(stale)) if progress_bar else silent as bar:
+        for start in range(0, len(stale), BATCH):
+            batch = stale[start : start + BATCH]
+            images = [load_image(row) for row in batch]
+            retriever.vectors(images)  # one batched model pass; the adds below hit its cache
+            for row, image in zip(batch, images):
+                retriever.add(row.ref_id, image, row.metadata, namespace=namespace)
+            bar.update(len(batch))
+    removed = sum(retriever.remove(ref_id, namespace=namespace) for ref_id in gone)
+    if rebuild:
+        retriever.rebuild(namespace=namespace)  # the ANN file now, from the cached vectors
+    elif stale or removed:
+        retriever.flush()
+    # Recorded last: a crash before this line only means the next sync redoes the work.
+    db.mark_synced(digest, namespace, changes.revision)
+    return SyncReport(changes.revision, len(stale), removed, full)
+
+
+def _indexed_as(entry: Entry | None, row: ReferenceRow) -> bool:
+    return entry is not None and entry.image_sha256 == row.image_sha256 and entry.metadata == row.metadata
+

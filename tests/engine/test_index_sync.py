@@ -1,0 +1,117 @@
+"""The index follows the catalog in O(changes): journal-driven sync, no listing when idle, scoped search."""
+
+from __future__ import annotations
+
+import pytest
+
+from refsight import Engine
+from refsight.retrieval.catalog_sync import SyncReport, sync_with_catalog
+from refsight.samples import sample_paths
+
+
+@pytest.fixture
+def engine(tmp_path, pixel_embedder):
+    with Engine(tmp_path / "store", model="toy", embedder=pixel_embedder) as engine:
+        for name in ("chelsea", "coffee", "rocket"):
+            engine.add(sample_paths()[name], ref_id=name)
+        yield engine
+
+
+def _sync(engine, loads, **kwargs) -> SyncReport:
+    def load(row):
+        loads.append(row.ref_id)
+        return engine.reference_image(row)
+
+    return sync_with_catalog(engine.retriever(), engine.store.catalog, engine.namespace, load, **kwargs)
+
+
+def _indexed(engine) -> dict:
+    retriever = engine.retriever()
+    return retriever.db.entries_by_ref(retriever.embedder.digest, engine.namespace)
+
+
+def test_sync_decodes_only_what_changed_and_reads_no_listing_when_idle(engine):
+    loads: list[str] = []
+    first = _sync(engine, loads)
+    assert first.full and first.indexed == 3 and sorted(loads) == ["chelsea", "coffee", "rocket"]
+
+    # Nothing changed: no image decoded and the catalog's references table never read.
+    loads.clear()
+    statements: list[str] = []
+    engine.store.catalog._db.connection().set_trace_callback(statements.append)
+    try:
+        idle = _sync(engine, loads)
+    finally:
+        engine.store.catalog._db.connection().set_trace_callback(None)
+    assert idle == SyncReport(first.revision, 0, 0, full=False) and loads == []
+    assert statements and not any('"references"' in s for s in statements)
+
+    # Changes made straight in the catalog (as another process would): one new reference,
+    # new metadata on one, one removed. Only those are touched.
+    catalog = engine.store.catalog
+    engine.add(sample_paths()["horse"], ref_id="horse")
+    catalog.add_reference("chelsea", catalog.get_reference("chelsea").image_sha256, {"kind": "cat"})
+    catalog.remove_reference("rocket")
+    step = _sync(engine, loads)
+    assert not step.full and (step.indexed, step.removed) == (2, 1)
+    assert sorted(loads) == ["chelsea", "horse"]
+    indexed = _indexed(engine)
+    assert sorted(indexed) == ["chelsea", "coffee", "horse"]
+    assert indexed["chelsea"].metadata == {"kind": "cat"}
+    assert step.revision == catalog.revision()
+
+
+def test_rebuild_lists_everything_again_and_keeps_the_same_entries(engine):
+    loads: list[str] = []
+    _sync(engine, loads)
+    before = {ref_id: entry.image_sha256 for ref_id, entry in _indexed(engine).items()}
+    loads.clear()
+    rebuilt = _sync(engine, loads, rebuild=True)
+    assert rebuilt.full and rebuilt.indexed == 3 and sorted(loads) == sorted(before)
+    assert {ref_id: entry.image_sha256 for ref_id, entry in _indexed(engine).items()} == before
+
+
+def test_a_lost_sync_mark_falls_back_to_a_full_diff(engine):
+    loads: list[str] = []
+    _sync(engine, loads)
+    retriever = engine.retriever()
+    retriever.db.mark_synced(retriever.embedder.digest, engine.namespace, None)
+    engine.store.catalog.remove_reference("coffee")
+    loads.clear()
+    report = _sync(engine, loads)
+    # the full diff finds the removal and re-decodes nothing that is already indexed as is
+    assert report.full and (report.indexed, report.removed) == (0, 1) and loads == []
+    assert sorted(_indexed(engine)) == ["chelsea", "rocket"]
+
+
+def test_search_restricted_to_ids_only_returns_those(engine):
+    everything = engine.search(image=sample_paths()["chelsea"], k=3)["results"]
+    assert everything[0]["ref_id"] == "chelsea"
+    scoped = engine.search(image=sample_paths()["chelsea"], k=3, restrict_to=["coffee", "rocket", "absent"])
+    assert sorted(r["ref_id"] for r in scoped["results"]) == ["coffee", "rocket"]
+    # the scores are the same scores, only the scope differs
+    scores = {r["ref_id"]: r["score"] for r in everything}
+    assert all(scores[r["ref_id"]] == r["score"] for r in scoped["results"])
+
+
+def test_repeated_searches_skip_the_index_bookkeeping_when_nothing_was_committed(engine):
+    engine.search(image=sample_paths()["coffee"], k=1)
+    db = engine.retriever().db
+    statements: list[str] = []
+    db._conn.set_trace_callback(statements.append)
+    try:
+        assert engine.search(image=sample_paths()["coffee"], k=1)["results"][0]["ref_id"] == "coffee"
+    finally:
+        db._conn.set_trace_callback(None)
+    assert not any("COUNT(" in s for s in statements), statements
+
+
+def test_a_mark_ahead_of_the_catalog_means_another_catalog_and_forces_a_full_diff(engine):
+    loads: list[str] = []
+    _sync(engine, loads)
+    retriever = engine.retriever()
+    retriever.db.mark_synced(retriever.embedder.digest, engine.namespace, 10_000)
+    engine.store.catalog.remove_reference("rocket")
+    report = _sync(engine, loads)
+    assert report.full and report.removed == 1 and sorted(_indexed(engine)) == ["chelsea", "coffee"]
+    assert report.revision == engine.store.catalog.revision()
