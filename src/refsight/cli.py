@@ -247,8 +247,20 @@ def cmd_index(args: argparse.Namespace) -> int:
     """refsight index [--rebuild]"""
     with _engine(args) as engine:
         retriever = engine.sync_index(rebuild=args.rebuild)
-        data = {"embedder": retriever.embedder_name, "indexed": retriever.count(engine.namespace)}
-    _emit(args, data, lambda d: f"{d['indexed']} references indexed with {d['embedder']}")
+        sync = engine.last_sync
+        data = {
+            "embedder": retriever.embedder_name,
+            "indexed": retriever.count(engine.namespace),
+            "embedded_now": sync.indexed,
+            "removed_now": sync.removed,
+            "revision": sync.revision,
+        }
+    _emit(
+        args,
+        data,
+        lambda d: f"{d['indexed']} references indexed with {d['embedder']} "
+        f"({d['embedded_now']} indexed now, {d['removed_now']} removed)",
+    )
     return 0
 
 

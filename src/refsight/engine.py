@@ -84,6 +84,8 @@ class Engine:
         # Loaded on first use: the attribute sidecars, the retriever.
         self._attrs = None
         self._retriever = None
+        #: what the last index sync did (a :class:`~refsight.retrieval.catalog_sync.SyncReport`)
+        self.last_sync = None
         self._embedder = embedder
 
     # -- lifecycle ---------------------------------------------------------------
@@ -427,7 +429,7 @@ class Engine:
         from .retrieval.catalog_sync import sync_with_catalog
 
         retriever = self.retriever()
-        sync_with_catalog(
+        self.last_sync = sync_with_catalog(
             retriever,
             self.store.catalog,
             self.namespace,

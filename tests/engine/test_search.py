@@ -61,7 +61,11 @@ def test_removed_reference_leaves_every_index_and_added_one_joins(tmp_path, caps
         index_file.write_bytes(b"garbage")
     capsys.readouterr()
     assert main(["index", "--rebuild", "--store", str(store), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["indexed"] == 3
+    report = json.loads(capsys.readouterr().out)
+    assert report["indexed"] == 3 and report["embedded_now"] == 3 and report["removed_now"] == 0
+    # nothing changed since: the next sync indexes nothing
+    assert main(["index", "--store", str(store)]) == 0
+    assert capsys.readouterr().out.strip().endswith("(0 indexed now, 0 removed)")
 
 
 def test_search_needs_exactly_one_query(tmp_path, capsys):

@@ -220,3 +220,24 @@ def test_killed_writer_leaves_a_searchable_consistent_index(tmp_path):
         assert len(hits) == 10 and {lbl for lbl, _ in hits} <= live
         assert hits[0][1] == pytest.approx(1.0, abs=1e-5)  # each live vector finds itself
     db.close()
+
+
+def test_a_new_vector_database_uses_large_pages_and_an_existing_one_keeps_its_own(tmp_path):
+    import sqlite3
+
+    from refsight.retrieval.vectors import VectorDB
+
+    fresh = VectorDB(tmp_path / "new" / "vectors.sqlite")
+    assert fresh._conn.execute("PRAGMA page_size").fetchone()[0] == 16384
+    fresh.close()
+    old_path = tmp_path / "old.sqlite"
+    conn = sqlite3.connect(old_path)
+    conn.execute("PRAGMA page_size=4096")
+    conn.execute("CREATE TABLE keep (x)")
+    conn.execute("INSERT INTO keep VALUES (1)")
+    conn.commit()
+    conn.close()
+    old = VectorDB(old_path)  # opens, adds its tables, keeps the page size and the data
+    assert old._conn.execute("PRAGMA page_size").fetchone()[0] == 4096
+    assert old._conn.execute("SELECT x FROM keep").fetchall() == [(1,)]
+    old.close()

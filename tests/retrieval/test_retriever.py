@@ -117,6 +117,20 @@ def test_ann_mode_and_rebuild_from_the_database(retriever, tmp_path, counting):
     fresh.close()
 
 
+def test_search_breadth_applies_to_built_and_loaded_graphs(retriever, tmp_path, counting):
+    with pytest.raises(InvalidInputError, match="expansion_search"):
+        Retriever(tmp_path, counting, expansion_search=0)
+    built = Retriever(tmp_path, counting, exact_threshold=5, expansion_search=7)
+    assert built.search_text("a cat", k=1)[0][0] == "chelsea"
+    assert built._index("default")._ann.expansion_search == 7
+    built.close()
+    loaded = Retriever(tmp_path, counting, exact_threshold=5, expansion_search=9)
+    assert loaded.search_text("a cat", k=1)[0][0] == "chelsea"
+    index = loaded._index("default")
+    assert not index.rebuilt and index._ann.expansion_search == 9
+    loaded.close()
+
+
 def test_rebuild_with_items_replaces_the_namespace(retriever):
     assert retriever.rebuild([("only-rocket", bundled_photo("rocket"), {})]) == 1
     assert retriever.search_text("a cat", k=5) == [("only-rocket", pytest.approx(retriever.search_text("a cat", k=1)[0][1]))]

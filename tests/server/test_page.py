@@ -57,8 +57,20 @@ def test_page_shows_the_gallery_and_a_verdict_table(server, browser):
     assert page.locator('#gallery .card[data-ref-id="chelsea"] .badge').inner_text() .startswith("cached")
     assert page.locator("#random-weights").is_visible()
 
-    # Compare a candidate against the ticked reference.
-    page.check('#gallery .card[data-ref-id="chelsea"] input.pick')
+    # Search by text (the real offline embedder): ranked thumbnails with scores.
+    page.fill("#search-text", "a cat")
+    page.fill("#search-k", "2")
+    page.click("#search-button")
+    hits = page.locator("#search-results .hit")
+    hits.nth(1).wait_for(timeout=60_000)
+    assert hits.count() == 2 and hits.first.get_attribute("data-ref-id") == "chelsea"
+    assert hits.first.locator(".score").inner_text().startswith("score ")
+    assert page.locator("#search-embedder").inner_text().startswith("embedder: ")
+    wait_until(page, "[...document.querySelectorAll('#search-results img')].every(i => i.naturalWidth > 0)")
+
+    # Ticking the hit ticks the reference in the gallery; compare the candidate against it.
+    hits.first.locator("input[type=checkbox]").check()
+    assert page.locator('#gallery .card[data-ref-id="chelsea"] input.pick').is_checked()
     page.set_input_files("#candidate", files=[{"name": "candidate.png", "mimeType": "image/png",
                                                "buffer": photo_png("chelsea", flip=True)}])
     page.fill("#rubric", "striped fur\npointed ears\ngreen eyes")

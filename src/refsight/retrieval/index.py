@@ -51,6 +51,13 @@ _INDEX_FILE = "hnsw.usearch"
 _MANIFEST = "manifest.json"
 
 
+def checked_breadth(expansion_search: object) -> int:
+    """``expansion_search`` if it is a positive integer, else :class:`InvalidInputError`."""
+    if not isinstance(expansion_search, int) or isinstance(expansion_search, bool) or expansion_search < 1:
+        raise InvalidInputError("expansion_search", f"must be a positive integer, got {expansion_search!r}")
+    return expansion_search
+
+
 class AnnIndex:
     """A usearch HNSW index over unit vectors (inner product), keyed by integer labels."""
 
@@ -126,10 +133,11 @@ class AnnIndex:
                 os.unlink(tmp)
 
     @classmethod
-    def load(cls, path: Path, dim: int, dtype: str) -> "AnnIndex":
+    def load(cls, path: Path, dim: int, dtype: str, expansion_search: int = DEFAULT_GRAPH["expansion_search"]) -> "AnnIndex":
         """Load a saved index; raises ``ValueError``/``RuntimeError``/``OSError`` if unreadable."""
         idx = cls(dim, dtype=dtype)
         idx._index.load(str(path))
+        idx.expansion_search = expansion_search  # a search setting: not taken from the file
         if idx._index.ndim != dim:
             raise ValueError(f"index has dim {idx._index.ndim}, expected {dim}")
         return idx
@@ -152,7 +160,9 @@ class VectorIndex:
         *,
         exact_threshold: int = EXACT_THRESHOLD,
         dtype: str = "i8",
+        expansion_search: int = DEFAULT_GRAPH["expansion_search"],
     ):
+        self.expansion_search = checked_breadth(expansion_search)
         self.directory = Path(root) / embedder / namespace
         self.db, self.embedder, self.namespace, self.dim = db, embedder, namespace, int(dim)
         self.exact_threshold = exact_threshold
@@ -219,7 +229,7 @@ class VectorIndex:
         try:
             manifest = json.loads((self.directory / _MANIFEST).read_text())
             if manifest == self._manifest() and path.is_file():
-                ann = AnnIndex.load(path, self.dim, self.dtype)
+                ann = AnnIndex.load(path, self.dim, self.dtype, self.expansion_search)
         except (OSError, ValueError, RuntimeError):
             ann = None  # missing, truncated or foreign: rebuild below
         if ann is None:
@@ -244,7 +254,7 @@ class VectorIndex:
         """Rebuild the ANN file from the cached vectors (no model runs) and save it."""
         self._exact = None
         labels, vectors = self.db.vectors_for_labels(self.embedder, self.namespace)
-        ann = AnnIndex(self.dim, dtype=self.dtype)
+        ann = AnnIndex(self.dim, dtype=self.dtype, expansion_search=self.expansion_search)
         ann.add(labels, vectors)
         self._ann = ann
         self._seen_max = int(labels.max()) if len(labels) else 0

@@ -17,7 +17,7 @@ import numpy as np
 from refsight.errors import InvalidInputError, ReferenceNotFoundError
 from refsight.images import ImageInput
 from refsight.retrieval.embedders import Embedder
-from refsight.retrieval.index import EXACT_THRESHOLD, VectorIndex
+from refsight.retrieval.index import DEFAULT_GRAPH, EXACT_THRESHOLD, VectorIndex, checked_breadth
 from refsight.retrieval.vectors import VectorDB, validate_where
 
 __all__ = ["Retriever"]
@@ -40,9 +40,18 @@ def _check_namespace(namespace: object) -> str:
 class Retriever:
     """Embedding cache + per-namespace index for one embedder under ``<root>/retrieval``."""
 
-    def __init__(self, root: Path | str, embedder: Embedder, *, exact_threshold: int = EXACT_THRESHOLD):
+    def __init__(
+        self,
+        root: Path | str,
+        embedder: Embedder,
+        *,
+        exact_threshold: int = EXACT_THRESHOLD,
+        expansion_search: int = DEFAULT_GRAPH["expansion_search"],
+    ):
         if not isinstance(embedder, Embedder):
             raise InvalidInputError("embedder", f"expected an Embedder, got {type(embedder).__name__}")
+        #: HNSW search breadth for large namespaces: higher gives better recall, slower searches
+        self.expansion_search = checked_breadth(expansion_search)
         self.root = Path(root) / "retrieval"
         self.embedder = embedder
         self.db = VectorDB(self.root / DB_NAME)
@@ -58,7 +67,10 @@ class Retriever:
         namespace = _check_namespace(namespace)
         idx = self._indexes.get(namespace)
         if idx is None:
-            idx = VectorIndex(self.root, self.db, self.embedder.digest, namespace, self.embedder.dim, exact_threshold=self.exact_threshold)
+            idx = VectorIndex(
+                self.root, self.db, self.embedder.digest, namespace, self.embedder.dim,
+                exact_threshold=self.exact_threshold, expansion_search=self.expansion_search,
+            )
             self._indexes[namespace] = idx
         return idx
 
