@@ -112,7 +112,7 @@ class StorePath:
     liveness check that maps labels to reference ids.
     """
 
-    def __init__(self, data: np.ndarray, saved: Path, dtype: str, tmp: str):
+    def __init__(self, data: np.ndarray, saved: Path, tmp: str):
         from refsight.retrieval import Retriever
         from refsight.retrieval.embedders import Embedder
 
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
             lat, found = _timed(queries, args.k, built.fetch, built.search, built.rescore)
             sweep.append({"expansion_search": ef, **_figures(lat, found, truth, args.k)})
         if built.saved is not None and not args.index_only and args.n >= EXACT_THRESHOLD:
-            store = StorePath(data, built.saved, args.dtype, tmp)
+            store = StorePath(data, built.saved, tmp)
             for entry in sweep:
                 lat, found = store.measure(queries, args.k, entry["expansion_search"])
                 entry.update({f"store_{key}": value for key, value in _figures(lat, found, truth, args.k).items()})

@@ -52,9 +52,8 @@ def sync_with_catalog(
 
     ``load_image`` decodes a reference's kept image (called only for references that need
     embedding); ``progress_bar(total)`` opens a bar (tqdm-like, with ``update(n)``) for the
-    references to embed. ``rebuild``
-    drops the namespace's entries and index files first (cached vectors are kept, so only
-    images never embedded by this embedder run the model).
+    references to embed. ``rebuild`` drops the namespace's entries and index files first
+    (cached vectors are kept, so only images never embedded by this embedder run the model).
     """
     db, digest = retriever.db, retriever.embedder.digest
     if rebuild:

@@ -67,8 +67,8 @@ CREATE TABLE images (
     checksum TEXT NOT NULL
 ) WITHOUT ROWID;
 CREATE TABLE counters (name TEXT PRIMARY KEY, value REAL NOT NULL) WITHOUT ROWID;
-""" + """
--- version 2: a change journal, so derived indexes catch up in O(changes), not O(references)
+-- version 2: a change journal (one row per id ever used in a namespace, holding its latest
+-- revision), so derived indexes catch up in O(changes), not O(references)
 CREATE TABLE reference_changes (
     namespace TEXT NOT NULL,
     ref_id TEXT NOT NULL,

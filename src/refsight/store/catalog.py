@@ -5,6 +5,8 @@ Original image bytes live content-addressed as ``images/ab/<sha256>`` (written
 with the same temp-fsync-rename-then-row sequence as packages), so a reference
 can be re-encoded for another model later. Counters are updated with
 ``value = value + ?`` inside SQLite, so concurrent processes never lose a bump.
+Every added, changed or removed reference is journaled under a per-namespace revision
+in the same transaction, so derived indexes can ask for :meth:`SqliteCatalog.changes_since`.
 """
 
 from __future__ import annotations
