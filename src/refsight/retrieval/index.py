@@ -49,9 +49,10 @@ EXACT_THRESHOLD = 10_000
 EXACT_FILTER_LIMIT = 20_000
 FORMAT_VERSION = 1
 #: HNSW settings: graph degree, build breadth and search breadth. From ``benchmarks/retrieval.py``
-#: at n=1,000,000, dim=512 on 2 cores: search breadth 96 gave recall@10 0.969-0.970 at p50
-#: 1.99-2.19 ms (two builds); 128 gave 0.985 at 2.32-2.61 ms, 80 gave 0.949-0.954 at 1.82-2.12 ms.
-#: Connectivity 16 was worse at equal recall (0.963 needed breadth 160: 2.28 ms).
+#: at n=1,000,000, dim=512 on 2 cores, three builds: search breadth 96 gave recall@10 0.969-0.970
+#: at p50 1.99-2.21 ms; 80 gave 0.949-0.954 at 1.78-2.12 ms; 128 gave 0.985 at 2.32-2.61 ms.
+#: 96 keeps recall clear of 0.95 for a shortlist the VLM judges. Connectivity 16 was worse at
+#: equal recall (0.963 needed breadth 160: 2.28 ms).
 DEFAULT_GRAPH = {"connectivity": 32, "expansion_add": 200, "expansion_search": 96}
 _INDEX_FILE = "hnsw.usearch"
 _MANIFEST = "manifest.json"
