@@ -9,10 +9,10 @@ the stored copy is corrupt, and counted either way.
 from __future__ import annotations
 
 import re
-from functools import partial
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 

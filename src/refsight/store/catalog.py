@@ -186,10 +186,7 @@ class SqliteCatalog(Catalog):
     def revision(self, *, namespace: str = DEFAULT_NAMESPACE) -> int:
         """The namespace's change counter: it grows with every added, changed or removed reference."""
         _check_namespace(namespace)
-        row = self._db.connection().execute(
-            "SELECT MAX(revision) FROM reference_changes WHERE namespace = ?", (namespace,)
-        ).fetchone()
-        return int(row[0] or 0)
+        return _revision(self._db.connection(), namespace)
 
     def changes_since(self, revision: int | None, *, namespace: str = DEFAULT_NAMESPACE) -> ReferenceChanges:
         """What changed in ``namespace`` after ``revision`` (``None``: every reference, as changed).
@@ -200,9 +197,7 @@ class SqliteCatalog(Catalog):
         conn = self._db.connection()
         conn.execute("BEGIN")
         try:
-            now = int(conn.execute(
-                "SELECT MAX(revision) FROM reference_changes WHERE namespace = ?", (namespace,)
-            ).fetchone()[0] or 0)
+            now = _revision(conn, namespace)
             if revision is not None and now <= revision:
                 return ReferenceChanges(now, [], [])  # the common case: nothing new
             if revision is None:
@@ -392,6 +387,12 @@ class SqliteCatalog(Catalog):
         """Close the database connections this catalog opened. Idempotent."""
         if self._owns_db:
             self._db.close()
+
+
+def _revision(conn, namespace: str) -> int:
+    # The journal's highest revision in the namespace (an index lookup, not a scan).
+    row = conn.execute("SELECT MAX(revision) FROM reference_changes WHERE namespace = ?", (namespace,)).fetchone()
+    return int(row[0] or 0)
 
 
 def _journal(conn, namespace: str, ref_id: str, *, removed: bool) -> None:
