@@ -14,6 +14,7 @@ import pytest
 
 from refsight.errors import InvalidInputError
 from refsight.retrieval import index as index_mod
+from refsight.retrieval.exact_copy import ExactCopy
 from refsight.retrieval.index import AnnIndex, VectorIndex
 from refsight.retrieval.vectors import VectorDB
 
@@ -219,6 +220,11 @@ def test_killed_writer_leaves_a_searchable_consistent_index(tmp_path):
         hits = idx.search(q, 10)
         assert len(hits) == 10 and {lbl for lbl, _ in hits} <= live
         assert hits[0][1] == pytest.approx(1.0, abs=1e-5)  # each live vector finds itself
+    # every row the float32 copy holds (maybe cut mid-append) is its label's vector
+    labels, vectors = db.vectors_for_labels(EMB, "default")
+    found, copied, _ = ExactCopy(tmp_path / "retrieval" / EMB / "default", DIM).get(labels)
+    assert len(found) > 50
+    np.testing.assert_array_equal(copied, vectors[np.isin(labels, found)])
     db.close()
 
 

@@ -1,7 +1,8 @@
 """Nearest-neighbour search over one embedder × namespace: exact when small, HNSW when large.
 
 Library: **usearch** (HNSW, int8-quantised vectors, inner product, connectivity 32), with the
-top ``3k`` candidates rescored against the float32 vectors in the database. Chosen after
+top ``3k`` candidates rescored against exact float32 vectors (a memory-mapped copy beside the
+graph, see exact_copy.py; the database when the copy lacks a row). Chosen after
 ``benchmarks/retrieval.py`` runs (n=20,000, dim=512, clustered data, 2 busy cores): at equal
 graph settings usearch, faiss (``IndexHNSWFlat``/``IndexHNSWSQ``) and hnswlib reached the same
 recall (0.74–0.78 at ef=96 on that hard small set), faiss was a little faster per query, and
@@ -20,12 +21,14 @@ Layout beside the store::
     <root>/retrieval/<embedder digest>/<namespace>/  one index per embedder and namespace
         hnsw.usearch                                 the ANN graph (derived, rebuildable)
         manifest.json                                format, library, dim, dtype
+        exact.f32, exact.labels                      float32 rows for rescoring (derived)
 
 Crash safety. The index file is only ever replaced whole (write a temp file, fsync,
 ``os.replace``), so it is either the old or the new version, never half-written. It may be
 *stale*: on open we reconcile it with the live labels in the database (add what is missing,
 drop what was removed), and every result is checked against the live set again at query time.
 A file that cannot be loaded, or whose manifest disagrees, is rebuilt from the cached vectors.
+The float32 copy has its own append-only crash story (exact_copy.py) and the same fallback.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from refsight.errors import InvalidInputError
+from refsight.retrieval.exact_copy import ExactCopy
 from refsight.retrieval.vectors import VectorDB
 
 __all__ = ["AnnIndex", "VectorIndex", "DEFAULT_GRAPH", "EXACT_THRESHOLD", "FORMAT_VERSION"]
@@ -48,6 +52,8 @@ EXACT_THRESHOLD = 10_000
 #: With a filter matching at most this many entries, search them exactly instead of over-fetching.
 EXACT_FILTER_LIMIT = 20_000
 FORMAT_VERSION = 1
+#: The float32 copy is rewritten on open once it holds more than twice the live rows plus this.
+COPY_SLACK_ROWS = 1000
 #: HNSW settings: graph degree, build breadth and search breadth. From ``benchmarks/retrieval.py``
 #: at n=1,000,000, dim=512 on 2 cores, three builds: search breadth 96 gave recall@10 0.969-0.970
 #: at p50 1.99-2.21 ms; 80 gave 0.949-0.954 at 1.78-2.12 ms; 128 gave 0.985 at 2.32-2.61 ms.
@@ -175,6 +181,7 @@ class VectorIndex:
         self.exact_threshold = exact_threshold
         self.dtype = dtype
         self._ann: AnnIndex | None = None
+        self._copy: ExactCopy | None = None  # float32 rows for rescoring, beside the graph
         self._exact: tuple[np.ndarray, np.ndarray] | None = None  # (labels, vectors) in memory
         self._seen_max = 0  # highest label merged into the in-memory structures
         self._seen_version: tuple[int, int] | None = None  # database version at the last sync
@@ -199,8 +206,7 @@ class VectorIndex:
     def _sync_from_db(self) -> None:
         live = self.db.count(self.embedder, self.namespace)
         if live < self.exact_threshold:
-            if self._ann is not None:
-                self._ann = None
+            self._ann = self._copy = None
             if self._exact is None:
                 self._exact = self.db.vectors_for_labels(self.embedder, self.namespace)
                 self._seen_max = int(self._exact[0].max()) if len(self._exact[0]) else 0
@@ -214,10 +220,12 @@ class VectorIndex:
         if self._ann is None:
             self._open_ann()
         else:
+            self._copy.refresh()  # rows other processes wrote since
             new = self.db.labels(self.embedder, self.namespace, after=self._seen_max)
             if len(new):
                 lbl, vec = self.db.vectors_for_labels(self.embedder, self.namespace, new)
                 self._ann.add(lbl, vec)
+                self._copy.append(lbl, vec)
                 self._seen_max = int(new.max())
                 self._dirty = True
 
@@ -256,6 +264,17 @@ class VectorIndex:
         self._seen_max = int(live.max()) if len(live) else 0
         self._dirty = bool(len(dead) or len(missing))
         self.rebuilt = False
+        self._open_copy(live)
+
+    def _open_copy(self, live: np.ndarray) -> None:
+        """Open the float32 copy and fill in what it lacks; rewrite it when mostly dead rows."""
+        copy = self._copy = ExactCopy(self.directory, self.dim)
+        lacking = np.setdiff1d(live, copy.held(), assume_unique=True)
+        if copy.rows_written > 2 * len(live) + COPY_SLACK_ROWS or len(lacking) > len(live) // 2:
+            copy.replace(*self.db.vectors_for_labels(self.embedder, self.namespace))
+        elif len(lacking):
+            copy.append(*self.db.vectors_for_labels(self.embedder, self.namespace, lacking))
+            self._dirty = True
 
     def rebuild(self) -> None:
         """Rebuild the ANN file from the cached vectors (no model runs) and save it."""
@@ -264,6 +283,8 @@ class VectorIndex:
         ann = AnnIndex(self.dim, dtype=self.dtype, expansion_search=self.expansion_search)
         ann.add(labels, vectors)
         self._ann = ann
+        self._copy = ExactCopy(self.directory, self.dim)
+        self._copy.replace(labels, vectors)
         self._seen_max = int(labels.max()) if len(labels) else 0
         self._dirty = True
         self.rebuilt = True
@@ -274,6 +295,7 @@ class VectorIndex:
         if self._ann is None or not self._dirty:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._copy.flush()
         # the index file first, then the manifest: a crash in between leaves a valid pair
         # (the manifest only names the format, which does not change between saves)
         self._ann.save(self.directory / _INDEX_FILE)
@@ -286,6 +308,7 @@ class VectorIndex:
         """Tell the index a label was inserted in the database (call after the insert)."""
         if self._ann is not None:
             self._ann.add(np.array([label], np.int64), vector[None, :])
+            self._copy.append(np.array([label], np.int64), vector[None, :])
             self._seen_max = max(self._seen_max, int(label))
             self._dirty = True
         elif self._exact is not None:
@@ -307,6 +330,9 @@ class VectorIndex:
         self._seen_max = 0
         self._seen_version = None
         self._dirty = False
+        if self.directory.is_dir():
+            (self._copy or ExactCopy(self.directory, self.dim)).clear()
+        self._copy = None
         for name in (_INDEX_FILE, _MANIFEST):
             try:
                 (self.directory / name).unlink()
@@ -337,7 +363,16 @@ class VectorIndex:
         return self._ann_search(query, k, allowed)
 
     def _live(self, labels: np.ndarray) -> set[int]:
-        return set(self.db.entries(self.embedder, self.namespace, labels))
+        return self.db.live_labels(self.embedder, self.namespace, labels)
+
+    def _exact_vectors(self, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Float32 vectors for these labels: from the copy beside the graph, else the database."""
+        found, vectors, lacking = self._copy.get(labels)
+        if len(lacking):  # not copied yet (another process added them): the database has them
+            lbl, vec = self.db.vectors_for_labels(self.embedder, self.namespace, lacking)
+            if len(lbl):
+                found, vectors = np.concatenate([found, lbl]), np.concatenate([vectors, vec])
+        return found, vectors
 
     def _ann_search(self, query: np.ndarray, k: int, allowed: np.ndarray | None) -> list[tuple[int, float]]:
         assert self._ann is not None
@@ -348,9 +383,9 @@ class VectorIndex:
             cand, _ = self._ann.search(query, fetch)
             if allowed_set is not None:
                 cand = np.asarray([c for c in cand if int(c) in allowed_set], np.int64)
-            # rescore with the exact float32 vectors; labels no longer live drop out here
-            labels, vectors = self.db.vectors_for_labels(self.embedder, self.namespace, cand)
-            hits = _exact_top(labels, vectors, query, k, None)
+            # rescore with the exact float32 vectors, keeping live labels only
+            labels, vectors = self._exact_vectors(cand)
+            hits = _exact_top(labels, vectors, query, k, self._live)
             if len(hits) >= k or fetch >= len(self._ann):
                 return hits
             fetch = min(fetch * 4, len(self._ann))  # too few survived the filter: look further

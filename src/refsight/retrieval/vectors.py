@@ -287,6 +287,18 @@ class VectorDB:
                 out[label] = Entry(label, ref_id, sha, json.loads(meta))
         return out
 
+    def live_labels(self, embedder: str, namespace: str, labels: Iterable[int]) -> set[int]:
+        """Those of these labels that are still live (no metadata decoded: cheaper than ``entries``)."""
+        labels = [int(x) for x in labels]
+        out: set[int] = set()
+        for s in range(0, len(labels), _CHUNK):
+            chunk = labels[s : s + _CHUNK]
+            out.update(row[0] for row in self._q(
+                f"SELECT label FROM entries {_BY_LABEL} WHERE embedder=? AND namespace=? AND label IN ({','.join('?' * len(chunk))})",
+                [embedder, namespace, *chunk],
+            ))
+        return out
+
     def entry_for_ref(self, embedder: str, namespace: str, ref_id: str) -> Entry | None:
         """The live entry of one reference, if indexed."""
         return self.entries_by_ref(embedder, namespace, [ref_id]).get(ref_id)
