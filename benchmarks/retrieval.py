@@ -1,8 +1,8 @@
 """Benchmark the retrieval index: build time, single-threaded query latency, recall@k, memory.
 
     python benchmarks/retrieval.py --n 200000 --dim 512 [--k 10] [--queries 1000]
-                                   [--library usearch|faiss|hnswlib] [--dtype f32|f16|i8]
-                                   [--ef 48,64,96] [--connectivity 32] [--expansion-add 200]
+                                   [--library refsight|usearch|faiss|hnswlib] [--dtype f32|f16|i8]
+                                   [--ef 96,128] [--connectivity 32] [--expansion-add 200]
 
 Data: synthetic *clustered* unit vectors shaped like real embeddings, not uniform noise
 (uniform noise in 512-d has no near neighbours, so every index looks equally bad and the
@@ -12,8 +12,9 @@ isotropic noise, then L2-normalised. Queries are fresh draws from the same mixtu
 
 Recall@k is measured against exact (brute-force inner product) search over the same vectors
 in the same run. Latency is per query, one thread, one query at a time (the interactive case).
-``--library usearch`` (the default) measures refsight's own index code
-(:mod:`refsight.retrieval.index`); faiss and hnswlib are the comparison points.
+``--library refsight`` (the default) measures refsight's own index code
+(:mod:`refsight.retrieval.ann`, hnswlib float32, exact scores); usearch (int8 by default, its
+candidates rescored exactly), faiss and raw hnswlib are the comparison points.
 
 Several ``--ef`` values are measured on one build (a 1M build takes ~25 minutes on 2 cores);
 the first gives the top-level figures and all of them are listed under ``"sweep"``.
@@ -66,7 +67,7 @@ def exact_top_k(data: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
-RESCORE = 3  # candidates per result fetched from a quantised index, as in VectorIndex
+RESCORE = 3  # candidates per result fetched from a quantised index, then rescored exactly
 
 
 def _rescorer(data: np.ndarray, tmp: str):
@@ -100,7 +101,7 @@ class Built:
     def __init__(self, build_s, nbytes, params, set_ef, search, fetch, rescore):
         self.build_s, self.nbytes, self.params = build_s, nbytes, params
         self.set_ef, self.search, self.fetch, self.rescore = set_ef, search, fetch, rescore
-        self.saved: Path | None = None  # the saved usearch file (refsight's index only)
+        self.saved: Path | None = None  # the saved graph file (refsight's index only)
 
 
 class StorePath:
@@ -144,7 +145,7 @@ class StorePath:
                 conn.execute("COMMIT")
         index = self.retriever._index("default")
         index.directory.mkdir(parents=True, exist_ok=True)
-        os.replace(saved, index.directory / "hnsw.usearch")
+        os.replace(saved, index.directory / "hnsw.bin")
         (index.directory / "manifest.json").write_text(json.dumps(index._manifest(), sort_keys=True))
         self.retriever.search_vector(data[0], 1)  # open: load the graph, reconcile with the database
         assert not index.rebuilt, "the benchmark graph was not accepted by the retriever"
@@ -164,29 +165,46 @@ class StorePath:
 
 
 def build_refsight(data, k, dtype, graph, tmp):
-    from refsight.retrieval.index import AnnIndex
+    from refsight.retrieval.ann import AnnIndex
 
     t0 = time.perf_counter()
-    index = AnnIndex(data.shape[1], dtype=dtype, **graph)
+    index = AnnIndex(data.shape[1], capacity=len(data), **graph)
     # keys 1..n: the labels the retrieval database hands out, so the store path can reuse this graph
     index.add(np.arange(1, len(data) + 1, dtype=np.uint64), data)
     build_s = time.perf_counter() - t0
-    path = Path(tmp) / "bench.usearch"
+    path = Path(tmp) / "bench.bin"
     index.save(path)
-    quantised = dtype != "f32"
 
     def set_ef(ef):
         index.expansion_search = ef
         return index.expansion_search
 
-    params = {"dtype": dtype, **graph, "rescored_from": k * RESCORE if quantised else None,
-              # the float32 copy used for rescoring lives on disk (vector DB), not in the index
-              "disk_f32_bytes_per_vector": 4 * data.shape[1] if quantised else 0}
-    rescore = _rescorer(data, tmp) if quantised else None
-    built = Built(build_s, path.stat().st_size, params, set_ef, lambda q, n: index.search(q, n)[0] - 1,
-                  k * RESCORE if quantised else k, rescore)
+    # float32 in the graph: its scores are exact, nothing to rescore
+    built = Built(build_s, path.stat().st_size, {"dtype": "f32", **graph}, set_ef,
+                  lambda q, n: index.search(q, n)[0] - 1, k, None)
     built.saved = path
     return built
+
+
+def build_usearch(data, k, dtype, graph, tmp):
+    from usearch.index import Index
+
+    t0 = time.perf_counter()
+    index = Index(ndim=data.shape[1], metric="ip", dtype=dtype, **graph)
+    index.add(np.arange(len(data), dtype=np.uint64), data, threads=0)
+    build_s = time.perf_counter() - t0
+    path = os.path.join(tmp, "bench.usearch")
+    index.save(path)
+    quantised = dtype != "f32"
+
+    def set_ef(ef):
+        index.expansion_search = ef
+        return ef
+
+    params = {"dtype": dtype, **graph, "rescored_from": k * RESCORE if quantised else None}
+    return Built(build_s, os.path.getsize(path), params, set_ef,
+                 lambda q, n: index.search(q, n, threads=1).keys.astype(np.int64),
+                 k * RESCORE if quantised else k, _rescorer(data, tmp) if quantised else None)
 
 
 def build_faiss(data, k, dtype, graph, tmp):
@@ -266,8 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dim", type=int, default=512)
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--queries", type=int, default=1000)
-    parser.add_argument("--library", choices=("usearch", "faiss", "hnswlib"), default="usearch")
-    parser.add_argument("--dtype", choices=("f32", "f16", "i8"), default="i8")
+    parser.add_argument("--library", choices=("refsight", "usearch", "faiss", "hnswlib"), default="refsight")
+    parser.add_argument("--dtype", choices=("f32", "f16", "i8"), default="i8",
+                        help="storage of the usearch and faiss graphs (refsight and hnswlib store float32)")
     parser.add_argument("--ef", type=_ef_list, default=[0],
                         help="search breadth, or several comma-separated ones measured on ONE build "
                              "(the first gives the top-level figures; 0: refsight's default)")
@@ -293,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         np.argpartition(-scores, args.k)[: args.k]
         exact_lat.append(time.perf_counter() - t)
 
-    builder = {"usearch": build_refsight, "faiss": build_faiss, "hnswlib": build_hnswlib}[args.library]
+    builder = {"refsight": build_refsight, "usearch": build_usearch, "faiss": build_faiss, "hnswlib": build_hnswlib}[args.library]
     graph = {"connectivity": args.connectivity, "expansion_add": args.expansion_add}
     sweep, store = [], None
     with tempfile.TemporaryDirectory() as tmp:

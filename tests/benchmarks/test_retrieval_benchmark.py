@@ -24,6 +24,6 @@ def test_sweep_on_one_build_and_the_store_path_finds_what_the_graph_finds():
     assert [entry["expansion_search"] for entry in figures["sweep"]] == [16, 64]
     assert figures["expansion_search"] == 16 and figures["recall_at_10"] == figures["sweep"][0]["recall_at_10"]
     for entry in figures["sweep"]:
-        # the same graph and the same exact rescoring: the database path returns the same neighbours
+        # the same graph at the same breadth: the database path returns the same neighbours
         assert entry["store_recall_at_10"] == entry["recall_at_10"]
         assert 0.5 < entry["recall_at_10"] <= 1.0

@@ -57,7 +57,7 @@ def test_removed_reference_leaves_every_index_and_added_one_joins(tmp_path, caps
         engine.add(paths["chelsea"], ref_id="cat-again")
         assert engine.search("a cat", k=1)["results"][0]["ref_id"] == "cat-again"
     # The index files can always be rebuilt from the store.
-    for index_file in (store / "retrieval").rglob("*.usearch"):
+    for index_file in (store / "retrieval").rglob("hnsw.bin"):
         index_file.write_bytes(b"garbage")
     capsys.readouterr()
     assert main(["index", "--rebuild", "--store", str(store), "--json"]) == 0

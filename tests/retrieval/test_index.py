@@ -1,4 +1,4 @@
-"""The index: exact below the threshold, usearch HNSW above, the database as the truth."""
+"""The index: exact below the threshold, hnswlib HNSW above, the database as the truth."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import pytest
 
 from refsight.errors import InvalidInputError
 from refsight.retrieval import index as index_mod
-from refsight.retrieval.exact_copy import ExactCopy
 from refsight.retrieval.index import AnnIndex, VectorIndex
 from refsight.retrieval.vectors import VectorDB
 
@@ -57,7 +56,7 @@ def test_exact_mode_below_threshold_matches_brute_force(tmp_path, db):
     assert idx.mode == "exact"
     q = clustered(1, 99)[0]
     assert [lbl for lbl, _ in idx.search(q, 5)] == brute(vecs, np.array(labels), q, 5)
-    assert not (tmp_path / "retrieval" / EMB / "default" / "hnsw.usearch").exists()
+    assert not (tmp_path / "retrieval" / EMB / "default" / "hnsw.bin").exists()
 
 
 def test_ann_mode_above_threshold_has_high_recall_and_exact_scores(tmp_path, db):
@@ -93,7 +92,7 @@ def test_damaged_index_file_is_rebuilt_from_the_database(tmp_path, db, damage):
     want = idx.search(q, 5)
     idx.flush()
     folder = tmp_path / "retrieval" / EMB / "default"
-    f = folder / "hnsw.usearch"
+    f = folder / "hnsw.bin"
     if damage == "truncate":
         f.write_bytes(f.read_bytes()[: f.stat().st_size // 3])
     elif damage == "garbage":
@@ -124,6 +123,31 @@ def test_stale_index_catches_up_and_never_returns_removed_refs(tmp_path, db):
     assert hits[0][0] == new_label  # the new entry (identical vector to the removed ref0) is found
     assert not gone & {lbl for lbl, _ in hits}
     assert not reopened.rebuilt  # reconciled, not rebuilt
+
+
+def test_an_ann_search_reads_no_vectors_from_the_database(tmp_path, db):
+    vecs = clustered(120, 14)
+    labels = fill(db, vecs)
+    idx = open_index(tmp_path, db)
+    idx.search(vecs[0], 1)  # open: builds the graph
+    statements: list[str] = []
+    db._conn.set_trace_callback(statements.append)
+    hits = idx.search(vecs[3], 5)
+    assert hits[0] == (labels[3], pytest.approx(1.0, abs=1e-5))
+    for label, score in hits:  # the graph's float32 scores are the exact ones
+        assert score == pytest.approx(float(vecs[labels.index(label)] @ vecs[3]), abs=1e-5)
+    assert statements and not any("embeddings" in s for s in statements)  # only the liveness check
+
+
+def test_an_index_of_an_earlier_format_is_rebuilt_and_its_files_deleted(tmp_path, db):
+    fill(db, clustered(120, 15))
+    folder = tmp_path / "retrieval" / EMB / "default"
+    folder.mkdir(parents=True)
+    (folder / "hnsw.usearch").write_bytes(b"usearch" + bytes(1000))
+    (folder / "manifest.json").write_text('{"format": 1, "library": "usearch"}')
+    idx = open_index(tmp_path, db)
+    assert len(idx.search(clustered(1, 16)[0], 5)) == 5 and idx.rebuilt
+    assert sorted(p.name for p in folder.iterdir()) == ["hnsw.bin", "manifest.json"]
 
 
 def test_removed_label_is_filtered_even_before_the_index_hears_of_it(tmp_path, db):
@@ -172,9 +196,10 @@ def test_bad_queries_raise(tmp_path, db):
 def test_atomic_save_leaves_no_temp_files(tmp_path):
     ann = AnnIndex(DIM)
     ann.add(np.arange(10), clustered(10, 13))
-    ann.save(tmp_path / "x.usearch")
-    assert [p.name for p in tmp_path.iterdir()] == ["x.usearch"]
-    assert len(AnnIndex.load(tmp_path / "x.usearch", DIM, "i8")) == 10
+    ann.save(tmp_path / "x.bin")
+    assert [p.name for p in tmp_path.iterdir()] == ["x.bin"]
+    loaded = AnnIndex.load(tmp_path / "x.bin", DIM)
+    assert len(loaded.retain(np.arange(10))) == 0 and len(loaded) == 10
 
 
 WRITER = textwrap.dedent(
@@ -220,11 +245,6 @@ def test_killed_writer_leaves_a_searchable_consistent_index(tmp_path):
         hits = idx.search(q, 10)
         assert len(hits) == 10 and {lbl for lbl, _ in hits} <= live
         assert hits[0][1] == pytest.approx(1.0, abs=1e-5)  # each live vector finds itself
-    # every row the float32 copy holds (maybe cut mid-append) is its label's vector
-    labels, vectors = db.vectors_for_labels(EMB, "default")
-    found, copied, _ = ExactCopy(tmp_path / "retrieval" / EMB / "default", DIM).get(labels)
-    assert len(found) > 50
-    np.testing.assert_array_equal(copied, vectors[np.isin(labels, found)])
     db.close()
 
 

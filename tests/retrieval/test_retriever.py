@@ -105,7 +105,7 @@ def test_ann_mode_and_rebuild_from_the_database(retriever, tmp_path, counting):
     ann = Retriever(tmp_path, counting, exact_threshold=5)
     assert ann.search_text("a cup of coffee", k=1)[0][0] == "coffee"
     ann.flush()
-    index_file = next((tmp_path / "retrieval").glob("*/default/hnsw.usearch"))
+    index_file = next((tmp_path / "retrieval").glob("*/default/hnsw.bin"))
     index_file.write_bytes(index_file.read_bytes()[:100])  # corrupt it
     fresh = Retriever(tmp_path, counting, exact_threshold=5)
     assert fresh.search_text("a rocket", k=1)[0][0] == "rocket"

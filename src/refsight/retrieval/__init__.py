@@ -4,7 +4,7 @@
   per namespace, search by text or image with metadata filters.
 * :class:`Embedder` and implementations in :mod:`refsight.retrieval.embedders`;
   :func:`default_embedder` is the offline EfficientNet-Lite0 + MiniLM ConSE embedder.
-* :mod:`refsight.retrieval.index` – exact search below 10,000 vectors, usearch HNSW above.
+* :mod:`refsight.retrieval.index` – exact search below 10,000 vectors, hnswlib HNSW above.
 
 Nothing here imports torch or ``refsight.backends`` at import time.
 """

@@ -1,34 +1,39 @@
 """Nearest-neighbour search over one embedder × namespace: exact when small, HNSW when large.
 
-Library: **usearch** (HNSW, int8-quantised vectors, inner product, connectivity 32), with the
-top ``3k`` candidates rescored against exact float32 vectors (a memory-mapped copy beside the
-graph, see exact_copy.py; the database when the copy lacks a row). Chosen after
-``benchmarks/retrieval.py`` runs (n=20,000, dim=512, clustered data, 2 busy cores): at equal
-graph settings usearch, faiss (``IndexHNSWFlat``/``IndexHNSWSQ``) and hnswlib reached the same
-recall (0.74–0.78 at ef=96 on that hard small set), faiss was a little faster per query, and
-int8 cut the index to ~660 bytes/vector against ~2,200 for float32. The deciding features are
-usearch's: ``remove`` by key (faiss HNSW cannot remove; hnswlib only marks deleted and stores
-float32 only), int8 storage with a one-file atomic ``save``/``load``, and multi-threaded build.
-The int8 graph misorders near-ties (recall plateaus near 0.96 alone); rescoring 3k candidates
-with exact vectors brings it to ~1.0 at the same ef (measured at n=20,000). Rescoring more
-candidates (the whole ef-sized pool) gained nothing at n=200,000: past that, recall is bounded
-by the graph walk, and the walk is bound by memory latency (p50 barely moves from 200k to 1M).
-faiss IVF-SQ8 (nlist 1024) needed nprobe 64 and 4 ms for recall 0.968 at n=200,000: no better.
+Library: **hnswlib** (HNSW over float32 vectors, inner product, connectivity 32; wrapped in
+ann.py), chosen on ``benchmarks/retrieval.py`` figures: clustered data, dim 512, one query at
+a time on one core, recall@10 against brute force in the same run.
+
+- n=1,000,000: search breadth 128 gave recall 0.983 at p50 1.41 ms (1.55 ms through the whole
+  ``Retriever.search_vector`` path), breadth 96 gave 0.970 at 1.17 ms. The usearch int8 graph
+  used before, with its 30 best candidates rescored exactly, needed 1.99-2.21 ms for 0.97
+  (breadth 96, three builds), and 2.9-3.5 ms through the store path, which read the float32
+  rows from SQLite.
+- n=200,000, one run per library, same settings: hnswlib 0.964 at 1.68 ms (breadth 128);
+  usearch int8 + rescoring 0.950 at 1.96 ms (96) and 0.968 at 2.24 ms (128).
+
+The walk is bound by memory latency (a million nodes far exceed the caches). hnswlib keeps a
+node's vector and links in one block and prefetches the next neighbour's block while it
+scores the current one; and its float32 scores are exact, so there is no rescoring read. The
+costs: float32 in memory (2,324 bytes per vector at connectivity 32, against 788 for usearch
+int8; within 1.3x the raw float32 size), removal only marks a node deleted (a later add
+reuses the slot), and pip builds it from source. Also measured and not taken: faiss IVF-SQ8
+(nlist 1024) needed nprobe 64 and 4 ms for recall 0.968 at n=200,000; connectivity 16 was
+worse than 32 at equal recall (usearch, n=1,000,000).
 
 Layout beside the store::
 
     <root>/retrieval/vectors.sqlite                  source of truth (see vectors.py)
     <root>/retrieval/<embedder digest>/<namespace>/  one index per embedder and namespace
-        hnsw.usearch                                 the ANN graph (derived, rebuildable)
+        hnsw.bin                                     the ANN graph (derived, rebuildable)
         manifest.json                                format, library, dim, dtype
-        exact.f32, exact.labels                      float32 rows for rescoring (derived)
 
 Crash safety. The index file is only ever replaced whole (write a temp file, fsync,
 ``os.replace``), so it is either the old or the new version, never half-written. It may be
 *stale*: on open we reconcile it with the live labels in the database (add what is missing,
-drop what was removed), and every result is checked against the live set again at query time.
-A file that cannot be loaded, or whose manifest disagrees, is rebuilt from the cached vectors.
-The float32 copy has its own append-only crash story (exact_copy.py) and the same fallback.
+mark what was removed deleted), and every result is checked against the live set again at
+query time. A file that cannot be loaded, or whose manifest disagrees (an earlier format
+included), is rebuilt from the cached vectors.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from refsight.errors import InvalidInputError
-from refsight.retrieval.exact_copy import ExactCopy
+from refsight.retrieval.ann import DEFAULT_GRAPH, AnnIndex
 from refsight.retrieval.vectors import VectorDB
 
 __all__ = ["AnnIndex", "VectorIndex", "DEFAULT_GRAPH", "EXACT_THRESHOLD", "FORMAT_VERSION"]
@@ -51,17 +56,12 @@ __all__ = ["AnnIndex", "VectorIndex", "DEFAULT_GRAPH", "EXACT_THRESHOLD", "FORMA
 EXACT_THRESHOLD = 10_000
 #: With a filter matching at most this many entries, search them exactly instead of over-fetching.
 EXACT_FILTER_LIMIT = 20_000
-FORMAT_VERSION = 1
-#: The float32 copy is rewritten on open once it holds more than twice the live rows plus this.
-COPY_SLACK_ROWS = 1000
-#: HNSW settings: graph degree, build breadth and search breadth. From ``benchmarks/retrieval.py``
-#: at n=1,000,000, dim=512 on 2 cores, three builds: search breadth 96 gave recall@10 0.969-0.970
-#: at p50 1.99-2.21 ms; 80 gave 0.949-0.954 at 1.78-2.12 ms; 128 gave 0.985 at 2.32-2.61 ms.
-#: 96 keeps recall clear of 0.95 for a shortlist the VLM judges. Connectivity 16 was worse at
-#: equal recall (0.963 needed breadth 160: 2.28 ms).
-DEFAULT_GRAPH = {"connectivity": 32, "expansion_add": 200, "expansion_search": 96}
-_INDEX_FILE = "hnsw.usearch"
+#: 2: hnswlib float32 graphs (1 was usearch int8; such files are rebuilt on open).
+FORMAT_VERSION = 2
+_INDEX_FILE = "hnsw.bin"
 _MANIFEST = "manifest.json"
+# Files of earlier formats: a rebuild deletes them (a million-vector usearch graph is 800 MB).
+_LEGACY_FILES = ("hnsw.usearch", "exact.f32", "exact.labels", "exact.lock")
 
 
 def checked_breadth(expansion_search: object) -> int:
@@ -71,96 +71,10 @@ def checked_breadth(expansion_search: object) -> int:
     return expansion_search
 
 
-class AnnIndex:
-    """A usearch HNSW index over unit vectors (inner product), keyed by integer labels."""
-
-    def __init__(
-        self,
-        dim: int,
-        *,
-        dtype: str = "i8",
-        connectivity: int = DEFAULT_GRAPH["connectivity"],
-        expansion_add: int = DEFAULT_GRAPH["expansion_add"],
-        expansion_search: int = DEFAULT_GRAPH["expansion_search"],
-    ):
-        from usearch.index import Index
-
-        self.dim = int(dim)
-        self.dtype = dtype
-        self._index = Index(
-            ndim=self.dim,
-            metric="ip",
-            dtype=dtype,
-            connectivity=connectivity,
-            expansion_add=expansion_add,
-            expansion_search=expansion_search,
-        )
-
-    @property
-    def expansion_search(self) -> int:
-        """HNSW search breadth (higher: better recall, slower)."""
-        return int(self._index.expansion_search)
-
-    @expansion_search.setter
-    def expansion_search(self, value: int) -> None:
-        self._index.expansion_search = int(value)
-
-    def __len__(self) -> int:
-        return len(self._index)
-
-    def keys(self) -> np.ndarray:
-        """All labels held (int64)."""
-        return np.asarray(self._index.keys, dtype=np.int64) if len(self._index) else np.zeros(0, np.int64)
-
-    def add(self, labels: np.ndarray, vectors: np.ndarray) -> None:
-        """Add vectors under labels (labels must not be present already)."""
-        if len(labels):
-            self._index.add(np.asarray(labels, np.uint64), np.ascontiguousarray(vectors, np.float32), threads=0)
-
-    def remove(self, labels: np.ndarray) -> None:
-        """Remove labels (absent ones are ignored)."""
-        if len(labels):
-            self._index.remove(np.asarray(labels, np.uint64))
-
-    def search(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Up to k (labels, scores) by descending inner product, one thread."""
-        k = min(int(k), len(self._index))
-        if k <= 0:
-            return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        m = self._index.search(np.asarray(query, np.float32), k, threads=1)
-        # usearch's "ip" distance is 1 - dot
-        return np.asarray(m.keys, np.int64), (1.0 - np.asarray(m.distances, np.float32))
-
-    def save(self, path: Path) -> None:
-        """Write atomically: a temp file in the same folder, fsync, then rename over ``path``."""
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-        os.close(fd)
-        try:
-            self._index.save(tmp)
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-
-    @classmethod
-    def load(cls, path: Path, dim: int, dtype: str, expansion_search: int = DEFAULT_GRAPH["expansion_search"]) -> "AnnIndex":
-        """Load a saved index; raises ``ValueError``/``RuntimeError``/``OSError`` if unreadable."""
-        idx = cls(dim, dtype=dtype)
-        idx._index.load(str(path))
-        idx.expansion_search = expansion_search  # a search setting: not taken from the file
-        if idx._index.ndim != dim:
-            raise ValueError(f"index has dim {idx._index.ndim}, expected {dim}")
-        return idx
-
-
 class VectorIndex:
     """Search one embedder × namespace; the database is the truth, the ANN file a cache.
 
-    ``search`` returns ``[(label, score)]`` for live labels only, scored exactly with the
-    float32 vectors from the database (the int8 graph only proposes candidates).
+    ``search`` returns ``[(label, score)]`` for live labels only, with exact float32 scores.
     """
 
     def __init__(
@@ -172,16 +86,13 @@ class VectorIndex:
         dim: int,
         *,
         exact_threshold: int = EXACT_THRESHOLD,
-        dtype: str = "i8",
         expansion_search: int = DEFAULT_GRAPH["expansion_search"],
     ):
         self.expansion_search = checked_breadth(expansion_search)
         self.directory = Path(root) / embedder / namespace
         self.db, self.embedder, self.namespace, self.dim = db, embedder, namespace, int(dim)
         self.exact_threshold = exact_threshold
-        self.dtype = dtype
         self._ann: AnnIndex | None = None
-        self._copy: ExactCopy | None = None  # float32 rows for rescoring, beside the graph
         self._exact: tuple[np.ndarray, np.ndarray] | None = None  # (labels, vectors) in memory
         self._seen_max = 0  # highest label merged into the in-memory structures
         self._seen_version: tuple[int, int] | None = None  # database version at the last sync
@@ -206,7 +117,7 @@ class VectorIndex:
     def _sync_from_db(self) -> None:
         live = self.db.count(self.embedder, self.namespace)
         if live < self.exact_threshold:
-            self._ann = self._copy = None
+            self._ann = None
             if self._exact is None:
                 self._exact = self.db.vectors_for_labels(self.embedder, self.namespace)
                 self._seen_max = int(self._exact[0].max()) if len(self._exact[0]) else 0
@@ -220,12 +131,10 @@ class VectorIndex:
         if self._ann is None:
             self._open_ann()
         else:
-            self._copy.refresh()  # rows other processes wrote since
             new = self.db.labels(self.embedder, self.namespace, after=self._seen_max)
             if len(new):
                 lbl, vec = self.db.vectors_for_labels(self.embedder, self.namespace, new)
                 self._ann.add(lbl, vec)
-                self._copy.append(lbl, vec)
                 self._seen_max = int(new.max())
                 self._dirty = True
 
@@ -236,7 +145,7 @@ class VectorIndex:
         self._seen_max = max(self._seen_max, int(lbl.max()))
 
     def _manifest(self) -> dict[str, Any]:
-        return {"format": FORMAT_VERSION, "library": "usearch", "dim": self.dim, "dtype": self.dtype, "metric": "ip"}
+        return {"format": FORMAT_VERSION, "library": "hnswlib", "dim": self.dim, "dtype": "f32", "metric": "ip"}
 
     def _open_ann(self) -> None:
         path = self.directory / _INDEX_FILE
@@ -244,58 +153,43 @@ class VectorIndex:
         try:
             manifest = json.loads((self.directory / _MANIFEST).read_text())
             if manifest == self._manifest() and path.is_file():
-                ann = AnnIndex.load(path, self.dim, self.dtype, self.expansion_search)
-        except (OSError, ValueError, RuntimeError):
+                ann = AnnIndex.load(path, self.dim, self.expansion_search)
+        except (OSError, ValueError, RuntimeError, MemoryError):
             ann = None  # missing, truncated or foreign: rebuild below
         if ann is None:
             self.rebuild()
             return
         # reconcile: the file may predate adds (crash before flush) or removes
         live = self.db.labels(self.embedder, self.namespace)
-        held = ann.keys()
-        missing = np.setdiff1d(live, held, assume_unique=True)
-        dead = np.setdiff1d(held, live, assume_unique=True)
-        if len(dead):
-            ann.remove(dead)
+        before = len(ann)
+        missing = ann.retain(live)  # marks removed labels deleted
         if len(missing):
             lbl, vec = self.db.vectors_for_labels(self.embedder, self.namespace, missing)
             ann.add(lbl, vec)
         self._ann = ann
         self._seen_max = int(live.max()) if len(live) else 0
-        self._dirty = bool(len(dead) or len(missing))
+        self._dirty = bool(len(missing) or len(ann) != before)
         self.rebuilt = False
-        self._open_copy(live)
-
-    def _open_copy(self, live: np.ndarray) -> None:
-        """Open the float32 copy and fill in what it lacks; rewrite it when mostly dead rows."""
-        copy = self._copy = ExactCopy(self.directory, self.dim)
-        lacking = np.setdiff1d(live, copy.held(), assume_unique=True)
-        if copy.rows_written > 2 * len(live) + COPY_SLACK_ROWS or len(lacking) > len(live) // 2:
-            copy.replace(*self.db.vectors_for_labels(self.embedder, self.namespace))
-        elif len(lacking):
-            copy.append(*self.db.vectors_for_labels(self.embedder, self.namespace, lacking))
-            self._dirty = True
 
     def rebuild(self) -> None:
         """Rebuild the ANN file from the cached vectors (no model runs) and save it."""
         self._exact = None
         labels, vectors = self.db.vectors_for_labels(self.embedder, self.namespace)
-        ann = AnnIndex(self.dim, dtype=self.dtype, expansion_search=self.expansion_search)
+        ann = AnnIndex(self.dim, expansion_search=self.expansion_search, capacity=len(labels))
         ann.add(labels, vectors)
         self._ann = ann
-        self._copy = ExactCopy(self.directory, self.dim)
-        self._copy.replace(labels, vectors)
         self._seen_max = int(labels.max()) if len(labels) else 0
         self._dirty = True
         self.rebuilt = True
         self.flush()
+        for name in _LEGACY_FILES:
+            _unlink_if_present(self.directory / name)
 
     def flush(self) -> None:
         """Persist the ANN index if it changed (exact mode has nothing to persist)."""
         if self._ann is None or not self._dirty:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._copy.flush()
         # the index file first, then the manifest: a crash in between leaves a valid pair
         # (the manifest only names the format, which does not change between saves)
         self._ann.save(self.directory / _INDEX_FILE)
@@ -308,7 +202,6 @@ class VectorIndex:
         """Tell the index a label was inserted in the database (call after the insert)."""
         if self._ann is not None:
             self._ann.add(np.array([label], np.int64), vector[None, :])
-            self._copy.append(np.array([label], np.int64), vector[None, :])
             self._seen_max = max(self._seen_max, int(label))
             self._dirty = True
         elif self._exact is not None:
@@ -330,14 +223,8 @@ class VectorIndex:
         self._seen_max = 0
         self._seen_version = None
         self._dirty = False
-        if self.directory.is_dir():
-            (self._copy or ExactCopy(self.directory, self.dim)).clear()
-        self._copy = None
-        for name in (_INDEX_FILE, _MANIFEST):
-            try:
-                (self.directory / name).unlink()
-            except FileNotFoundError:
-                pass
+        for name in (_INDEX_FILE, _MANIFEST, *_LEGACY_FILES):
+            _unlink_if_present(self.directory / name)
 
     # -- search ---------------------------------------------------------------------------
 
@@ -365,44 +252,36 @@ class VectorIndex:
     def _live(self, labels: np.ndarray) -> set[int]:
         return self.db.live_labels(self.embedder, self.namespace, labels)
 
-    def _exact_vectors(self, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Float32 vectors for these labels: from the copy beside the graph, else the database."""
-        found, vectors, lacking = self._copy.get(labels)
-        if len(lacking):  # not copied yet (another process added them): the database has them
-            lbl, vec = self.db.vectors_for_labels(self.embedder, self.namespace, lacking)
-            if len(lbl):
-                found, vectors = np.concatenate([found, lbl]), np.concatenate([vectors, vec])
-        return found, vectors
-
     def _ann_search(self, query: np.ndarray, k: int, allowed: np.ndarray | None) -> list[tuple[int, float]]:
         assert self._ann is not None
         allowed_set = None if allowed is None else set(map(int, allowed))
-        # the int8 graph misorders near-ties; rescoring 3k candidates restores recall (benchmarked)
-        fetch = k * 3 if allowed is None else k * 8
+        # The graph's scores are exact (float32), so k is all we need. Labels another process
+        # removed since (the graph has not heard yet) fail the liveness check; then, as when a
+        # filter leaves too few, the loop asks the graph for more.
+        fetch = k if allowed is None else k * 8
         while True:
-            cand, _ = self._ann.search(query, fetch)
+            labels, scores = self._ann.search(query, fetch)
             if allowed_set is not None:
-                cand = np.asarray([c for c in cand if int(c) in allowed_set], np.int64)
-            # rescore with the exact float32 vectors, keeping live labels only
-            labels, vectors = self._exact_vectors(cand)
-            hits = _exact_top(labels, vectors, query, k, self._live)
+                keep = np.fromiter((int(c) in allowed_set for c in labels), bool, count=len(labels))
+                labels, scores = labels[keep], scores[keep]
+            hits = _top_live(labels, scores, k, self._live)
             if len(hits) >= k or fetch >= len(self._ann):
                 return hits
             fetch = min(fetch * 4, len(self._ann))  # too few survived the filter: look further
 
 
 def _exact_top(labels: np.ndarray, vectors: np.ndarray, query: np.ndarray, k: int, live) -> list[tuple[int, float]]:
-    if not len(labels):
-        return []
-    scores = vectors @ query
+    return _top_live(labels, vectors @ query if len(labels) else np.zeros(0, np.float32), k, live)
+
+
+def _top_live(labels: np.ndarray, scores: np.ndarray, k: int, live) -> list[tuple[int, float]]:
+    """The k best (label, score) whose labels ``live`` confirms, checked best first in chunks."""
     order = np.argsort(-scores, kind="stable")
-    if live is None:
-        return [(int(labels[i]), float(scores[i])) for i in order[:k]]
-    # exact mode reads from memory, which another process may have made stale: confirm liveness
     out: list[tuple[int, float]] = []
     start = 0
     while len(out) < k and start < len(order):
         chunk = order[start : start + 2 * k]
+        # the graph and exact mode read from memory, which another process may have made stale
         alive = live(labels[chunk])
         out += [(int(labels[i]), float(scores[i])) for i in chunk if int(labels[i]) in alive]
         start += len(chunk)
@@ -420,3 +299,10 @@ def _atomic_write_text(path: Path, text: str) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _unlink_if_present(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
