@@ -24,9 +24,9 @@ import numpy as np
 __all__ = ["DEFAULT_GRAPH", "AnnIndex"]
 
 #: HNSW settings: graph degree, build breadth and search breadth. ``benchmarks/retrieval.py`` at
-#: n=1,000,000, dim=512: breadth 96 gave recall@10 0.970 at p50 1.17 ms, 112 gave 0.979 at
-#: 1.26 ms, 128 gave 0.983 at 1.41 ms, 160 gave 0.991 at 1.65 ms. 128 keeps recall clear of 0.95
-#: on harder, smaller sets too (0.964 at n=200,000, where 96 gave 0.938).
+#: n=1,000,000, dim=512, two builds: breadth 96 gave recall@10 0.970 / 0.963 at p50 1.17 / 1.20 ms,
+#: 128 gave 0.983 / 0.984 at 1.41 / 1.28 ms, 160 gave 0.991 / 0.990 at 1.65 / 1.64 ms. 128 keeps
+#: recall clear of 0.95 on a harder, smaller set too (0.962 at n=200,000, where 96 gave 0.935).
 DEFAULT_GRAPH = {"connectivity": 32, "expansion_add": 200, "expansion_search": 128}
 _MIN_CAPACITY = 1024
 # hnswlib's file header: offsetLevel0, max_elements, count, size_per_element, label_offset, data_offset

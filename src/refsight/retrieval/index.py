@@ -4,8 +4,9 @@ Library: **hnswlib** (HNSW over float32 vectors, inner product, connectivity 32;
 ann.py), chosen on ``benchmarks/retrieval.py`` figures: clustered data, dim 512, one query at
 a time on one core, recall@10 against brute force in the same run.
 
-- n=1,000,000: search breadth 128 gave recall 0.983 at p50 1.41 ms (1.55 ms through the whole
-  ``Retriever.search_vector`` path), breadth 96 gave 0.970 at 1.17 ms. The usearch int8 graph
+- n=1,000,000, two builds: search breadth 128 gave recall 0.983 / 0.984 at p50 1.41 / 1.28 ms
+  (1.55 / 1.73 ms through the whole ``Retriever.search_vector`` path), breadth 96 gave 0.970 /
+  0.963 at 1.17 / 1.20 ms. The usearch int8 graph
   used before, with its 30 best candidates rescored exactly, needed 1.99-2.21 ms for 0.97
   (breadth 96, three builds), and 2.9-3.5 ms through the store path, which read the float32
   rows from SQLite.
