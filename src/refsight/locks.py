@@ -1,12 +1,13 @@
-"""Per-key locks, so concurrent work on the same content-addressed key happens once."""
+"""Locks: per key, so concurrent work on the same content-addressed key happens once; and
+readers-writer, so searches can overlap while changes run alone."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
-__all__ = ["KeyedLocks"]
+__all__ = ["KeyedLocks", "ReadWriteLock"]
 
 
 class KeyedLocks:
@@ -37,3 +38,48 @@ class KeyedLocks:
 
     def __len__(self) -> int:
         return len(self._locks)
+
+
+class ReadWriteLock:
+    """Many readers at once, or one writer alone; not reentrant.
+
+    A writer that is waiting holds back readers that arrive after it, so a steady stream of
+    readers cannot starve it.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = 0
+        self._writing = False
+        self._writers_waiting = 0
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Hold the lock shared for the duration of the ``with`` block."""
+        with self._cond:
+            while self._writing or self._writers_waiting:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if not self._readers:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def writing(self) -> Iterator[None]:
+        """Hold the lock exclusively for the duration of the ``with`` block."""
+        with self._cond:
+            self._writers_waiting += 1
+            while self._writing or self._readers:
+                self._cond.wait()
+            self._writers_waiting -= 1
+            self._writing = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()

@@ -81,3 +81,44 @@ def test_unreadable_or_foreign_files_raise_instead_of_loading(tmp_path, damage):
         path.write_bytes(path.read_bytes()[:48] + bytes(range(256)) * 64)
     with pytest.raises((ValueError, RuntimeError)):
         AnnIndex.load(path, DIM * 2 if damage == "other-dim" else DIM)
+
+
+def test_searches_adds_and_removals_from_many_threads_leave_a_consistent_graph():
+    import threading
+
+    vecs = unit(2000, 7)
+    ann = AnnIndex(DIM, capacity=16)  # small: adds must resize while others search
+    ann.add(np.arange(1, 201), vecs[:200])
+    errors: list[BaseException] = []
+
+    def guarded(fn):
+        def run():
+            try:
+                fn()
+            except BaseException as exc:  # noqa: BLE001 - any failure in a thread fails the test
+                errors.append(exc)
+        return run
+
+    def adder():
+        for start in range(200, 2000, 100):
+            ann.add(np.arange(start + 1, start + 101), vecs[start : start + 100])
+
+    def remover():
+        for label in range(1, 200, 2):
+            ann.remove(np.array([label]))
+
+    def searcher():
+        for q in vecs[:300]:
+            _, scores = ann.search(q, 5)
+            assert list(scores) == sorted(scores, reverse=True)
+
+    threads = [threading.Thread(target=guarded(f)) for f in (adder, remover, searcher, searcher)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(ann) == 2000 - 100
+    removed = set(range(1, 200, 2))
+    for q in vecs[200:260]:
+        assert not removed & set(ann.search(q, 10)[0].tolist())

@@ -16,10 +16,11 @@ from __future__ import annotations
 import os
 import struct
 import tempfile
-import threading
 from pathlib import Path
 
 import numpy as np
+
+from refsight.locks import ReadWriteLock
 
 __all__ = ["DEFAULT_GRAPH", "AnnIndex"]
 
@@ -36,8 +37,9 @@ _HEADER = struct.Struct("<6Q")
 class AnnIndex:
     """An hnswlib HNSW graph over unit vectors (inner product), keyed by integer labels.
 
-    Thread-safe: one lock serialises changes and searches (hnswlib's resize and delete
-    marks may not run beside a search).
+    Thread-safe: searches and saves share a readers-writer lock and run side by side (hnswlib
+    releases the GIL while it walks); adds, removals and breadth changes take it alone, since
+    hnswlib's resize and delete marks may not run beside a search.
     """
 
     def __init__(
@@ -53,7 +55,7 @@ class AnnIndex:
         import hnswlib
 
         self.dim = int(dim)
-        self._lock = threading.Lock()
+        self._lock = ReadWriteLock()
         self._deleted: int | None = 0  # slots holding a deleted label; None: unknown (after a load)
         self._index = hnswlib.Index(space="ip", dim=self.dim)
         if not _empty:
@@ -68,7 +70,7 @@ class AnnIndex:
 
     @expansion_search.setter
     def expansion_search(self, value: int) -> None:
-        with self._lock:
+        with self._lock.writing():
             self._index.set_ef(int(value))
 
     def __len__(self) -> int:
@@ -77,7 +79,7 @@ class AnnIndex:
 
     def keys(self) -> np.ndarray:
         """Every label with a slot, deleted ones included until their slot is reused (int64)."""
-        with self._lock:
+        with self._lock.reading():
             return np.asarray(self._index.get_ids_list(), dtype=np.int64)
 
     def retain(self, live: np.ndarray) -> np.ndarray:
@@ -89,7 +91,7 @@ class AnnIndex:
         live = np.asarray(live, np.int64)
         held = self.keys()
         dead = np.setdiff1d(held, live, assume_unique=True)
-        with self._lock:
+        with self._lock.writing():
             for label in dead:
                 try:
                     self._index.mark_deleted(int(label))
@@ -104,7 +106,7 @@ class AnnIndex:
         if not len(labels):
             return
         vectors = np.ascontiguousarray(vectors, np.float32).reshape(len(labels), self.dim)
-        with self._lock:
+        with self._lock.writing():
             deleted = self._deleted or 0
             needed = self._index.element_count + max(0, len(labels) - deleted)
             if needed > self._index.max_elements:
@@ -115,7 +117,7 @@ class AnnIndex:
 
     def remove(self, labels: np.ndarray) -> None:
         """Mark labels deleted (absent or already deleted ones are ignored)."""
-        with self._lock:
+        with self._lock.writing():
             for label in np.asarray(labels, np.int64).reshape(-1):
                 try:
                     self._index.mark_deleted(int(label))
@@ -128,7 +130,7 @@ class AnnIndex:
         """Up to k (labels, exact scores) by descending inner product, one thread."""
         k = min(int(k), len(self))
         q = np.asarray(query, np.float32).reshape(1, -1)
-        with self._lock:
+        with self._lock.reading():
             while k > 0:
                 try:
                     labels, distances = self._index.knn_query(q, k=k, num_threads=1)
@@ -144,7 +146,7 @@ class AnnIndex:
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
         os.close(fd)
         try:
-            with self._lock:
+            with self._lock.reading():  # a save only reads: searches may overlap it, changes wait
                 self._index.save_index(tmp)
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
