@@ -53,8 +53,9 @@ def test_a_loaded_graph_counts_its_deleted_slots_after_retain(tmp_path):
     ann.save(tmp_path / "g.bin")
     loaded = AnnIndex.load(tmp_path / "g.bin", DIM)
     live = np.arange(21, 131)  # 121..130 were added to the database after the save
-    missing = loaded.retain(np.setdiff1d(live, [50]))  # and 50 was removed
+    missing, marked = loaded.retain(np.setdiff1d(live, [50]))  # and 50 was removed
     assert list(missing) == list(range(121, 131))
+    assert marked == 1  # 1..20 were marked in the file already
     assert len(loaded) == 99
     assert 50 not in loaded.search(vecs[49], 10)[0]
 

@@ -150,6 +150,21 @@ def test_an_index_of_an_earlier_format_is_rebuilt_and_its_files_deleted(tmp_path
     assert sorted(p.name for p in folder.iterdir()) == ["hnsw.bin", "manifest.json"]
 
 
+def test_a_reopened_index_rewrites_its_file_only_for_new_removals(tmp_path, db):
+    fill(db, clustered(120, 17))
+    first = open_index(tmp_path, db)
+    first.search(clustered(1, 18)[0], 1)
+    first.flush()
+    db.delete_ref("default", "ref4")
+    second = open_index(tmp_path, db)
+    second.search(clustered(1, 18)[0], 1)
+    assert second._dirty  # ref4 is newly marked deleted: the file must learn it
+    second.flush()
+    third = open_index(tmp_path, db)
+    third.search(clustered(1, 18)[0], 1)
+    assert not third._dirty and not third.rebuilt  # already marked in the file: nothing to save
+
+
 def test_removed_label_is_filtered_even_before_the_index_hears_of_it(tmp_path, db):
     vecs = clustered(120, 9)
     labels = fill(db, vecs)
@@ -199,7 +214,8 @@ def test_atomic_save_leaves_no_temp_files(tmp_path):
     ann.save(tmp_path / "x.bin")
     assert [p.name for p in tmp_path.iterdir()] == ["x.bin"]
     loaded = AnnIndex.load(tmp_path / "x.bin", DIM)
-    assert len(loaded.retain(np.arange(10))) == 0 and len(loaded) == 10
+    missing, marked = loaded.retain(np.arange(10))
+    assert len(missing) == 0 and marked == 0 and len(loaded) == 10
 
 
 WRITER = textwrap.dedent(

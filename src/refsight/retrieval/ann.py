@@ -82,23 +82,27 @@ class AnnIndex:
         with self._lock.reading():
             return np.asarray(self._index.get_ids_list(), dtype=np.int64)
 
-    def retain(self, live: np.ndarray) -> np.ndarray:
-        """Mark every held label not in ``live`` deleted; returns the live labels not held.
+    def retain(self, live: np.ndarray) -> tuple[np.ndarray, int]:
+        """Mark every held label not in ``live`` deleted.
 
+        Returns the live labels not held and how many labels this call newly marked (labels
+        already marked in a saved file do not count: the file needs no rewrite for them).
         This is how a loaded graph is reconciled with the database, and it makes the
         deleted-slot count exact again.
         """
         live = np.asarray(live, np.int64)
         held = self.keys()
         dead = np.setdiff1d(held, live, assume_unique=True)
+        marked = 0
         with self._lock.writing():
             for label in dead:
                 try:
                     self._index.mark_deleted(int(label))
+                    marked += 1
                 except RuntimeError:
                     pass  # deleted already: still a deleted slot, counted below
             self._deleted = len(dead)
-        return np.setdiff1d(live, held, assume_unique=True)
+        return np.setdiff1d(live, held, assume_unique=True), marked
 
     def add(self, labels: np.ndarray, vectors: np.ndarray) -> None:
         """Add vectors under labels (labels must be new); reuses deleted slots first."""

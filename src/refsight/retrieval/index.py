@@ -162,14 +162,13 @@ class VectorIndex:
             return
         # reconcile: the file may predate adds (crash before flush) or removes
         live = self.db.labels(self.embedder, self.namespace)
-        before = len(ann)
-        missing = ann.retain(live)  # marks removed labels deleted
+        missing, newly_deleted = ann.retain(live)
         if len(missing):
             lbl, vec = self.db.vectors_for_labels(self.embedder, self.namespace, missing)
             ann.add(lbl, vec)
         self._ann = ann
         self._seen_max = int(live.max()) if len(live) else 0
-        self._dirty = bool(len(missing) or len(ann) != before)
+        self._dirty = bool(len(missing) or newly_deleted)
         self.rebuilt = False
 
     def rebuild(self) -> None:
