@@ -183,7 +183,7 @@ class VectorIndex:
         self.rebuilt = True
         self.flush()
         for name in _LEGACY_FILES:
-            _unlink_if_present(self.directory / name)
+            (self.directory / name).unlink(missing_ok=True)
 
     def flush(self) -> None:
         """Persist the ANN index if it changed (exact mode has nothing to persist)."""
@@ -224,7 +224,7 @@ class VectorIndex:
         self._seen_version = None
         self._dirty = False
         for name in (_INDEX_FILE, _MANIFEST, *_LEGACY_FILES):
-            _unlink_if_present(self.directory / name)
+            (self.directory / name).unlink(missing_ok=True)
 
     # -- search ---------------------------------------------------------------------------
 
@@ -299,10 +299,3 @@ def _atomic_write_text(path: Path, text: str) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-
-
-def _unlink_if_present(path: Path) -> None:
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        pass

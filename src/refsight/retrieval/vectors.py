@@ -272,32 +272,27 @@ class VectorDB:
         )
         return np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
 
-    def entries(self, embedder: str, namespace: str, labels: Iterable[int]) -> dict[int, Entry]:
-        """Live entries for these labels; labels no longer live are simply absent."""
+    def _entry_rows(self, columns: str, embedder: str, namespace: str, labels: Iterable[int]) -> list[tuple]:
+        """``columns`` of the live entries with these labels (rowid lookups, in chunks)."""
         labels = [int(x) for x in labels]
-        out: dict[int, Entry] = {}
+        rows: list[tuple] = []
         for s in range(0, len(labels), _CHUNK):
             chunk = labels[s : s + _CHUNK]
-            marks = ",".join("?" * len(chunk))
-            for label, ref_id, sha, meta in self._q(
-                f"SELECT label, ref_id, image_sha256, metadata FROM entries {_BY_LABEL} "
-                f"WHERE embedder=? AND namespace=? AND label IN ({marks})",
+            rows += self._q(
+                f"SELECT {columns} FROM entries {_BY_LABEL} "
+                f"WHERE embedder=? AND namespace=? AND label IN ({','.join('?' * len(chunk))})",
                 [embedder, namespace, *chunk],
-            ):
-                out[label] = Entry(label, ref_id, sha, json.loads(meta))
-        return out
+            )
+        return rows
+
+    def entries(self, embedder: str, namespace: str, labels: Iterable[int]) -> dict[int, Entry]:
+        """Live entries for these labels; labels no longer live are simply absent."""
+        rows = self._entry_rows("label, ref_id, image_sha256, metadata", embedder, namespace, labels)
+        return {label: Entry(label, ref_id, sha, json.loads(meta)) for label, ref_id, sha, meta in rows}
 
     def live_labels(self, embedder: str, namespace: str, labels: Iterable[int]) -> set[int]:
         """Those of these labels that are still live (no metadata decoded: cheaper than ``entries``)."""
-        labels = [int(x) for x in labels]
-        out: set[int] = set()
-        for s in range(0, len(labels), _CHUNK):
-            chunk = labels[s : s + _CHUNK]
-            out.update(row[0] for row in self._q(
-                f"SELECT label FROM entries {_BY_LABEL} WHERE embedder=? AND namespace=? AND label IN ({','.join('?' * len(chunk))})",
-                [embedder, namespace, *chunk],
-            ))
-        return out
+        return {row[0] for row in self._entry_rows("label", embedder, namespace, labels)}
 
     def entry_for_ref(self, embedder: str, namespace: str, ref_id: str) -> Entry | None:
         """The live entry of one reference, if indexed."""
