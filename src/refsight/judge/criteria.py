@@ -30,6 +30,7 @@ from typing import Any, Iterator, Sequence
 
 from ..errors import RubricError
 from ..package import canonical_json
+from ..jsonlimits import MAX_JSON_DEPTH, check_json_depth, data_depth
 
 __all__ = [
     "Criterion",
@@ -143,6 +144,8 @@ def _items_from_text(text: str) -> list[Any]:
     if not stripped:
         return []
     if stripped[0] in "[{":
+        # Deep nesting would make json.loads recurse until RecursionError: refuse it first.
+        check_json_depth(stripped, "rubric", error=RubricError)
         try:
             data = json.loads(stripped)
         except json.JSONDecodeError as e:
@@ -159,12 +162,18 @@ def _load_yaml(text: str) -> Any:
     except ImportError:  # pragma: no cover - pyyaml is a dependency
         raise RubricError("rubric", "a YAML rubric needs the pyyaml package") from None
     try:
-        return yaml.safe_load(text)
+        data = yaml.safe_load(text)
+    except RecursionError:
+        # PyYAML composes nested nodes recursively; the stack unwinds cleanly, so say why.
+        raise RubricError("rubric", f"YAML nested more than {MAX_JSON_DEPTH} levels deep") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise RubricError("rubric", f"malformed YAML{where}: {problem}") from None
+    if data_depth(data, stop_above=MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        raise RubricError("rubric", f"YAML nested more than {MAX_JSON_DEPTH} levels deep (the limit is {MAX_JSON_DEPTH})")
+    return data
 
 
 def _items_from_free_text(text: str) -> list[str]:

@@ -16,6 +16,8 @@ from typing import Any
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..jsonlimits import check_json_depth
+from ..jsonlimits import loads as json_loads
 from .errors import ApiError
 
 __all__ = [
@@ -101,6 +103,19 @@ def _validation_error(exc: ValidationError) -> ApiError:
     return ApiError(422, "validation_error", "; ".join(parts))
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise _DuplicateKey(f"key {key!r} appears twice in one object")
+        data[key] = value
+    return data
+
+
 _LIST_FIELDS = {"ref_ids"}
 _JSON_FIELDS = {"metadata", "where"}
 
@@ -114,8 +129,12 @@ async def read_body(request: Request, model: type[BaseModel], *, files: set[str]
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "application/json" or content_type.endswith("+json"):
         raw = await request.body()
+        check_json_depth(raw, "request body")  # BodyLimitMiddleware checked already; this is for other hosts
         try:
-            data = json.loads(raw)
+            # Duplicate keys would otherwise silently keep the last value.
+            data = json.loads(raw, object_pairs_hook=_no_duplicate_keys)
+        except _DuplicateKey as e:
+            raise ApiError(400, "invalid_input", f"request body: {e}") from None
         except (ValueError, UnicodeDecodeError) as e:
             raise ApiError(400, "invalid_input", f"request body: not valid JSON ({e})") from None
         if not isinstance(data, dict):
@@ -145,6 +164,9 @@ async def _read_multipart(request: Request, model: type[BaseModel], files: set[s
     try:
         for name in set(form.keys()):
             values = form.getlist(name)
+            if len(values) > 1 and name not in _LIST_FIELDS:
+                # Two image parts (or two ids): which one was meant is a guess, so refuse.
+                raise ApiError(400, "invalid_input", f"{name}: given {len(values)} times; send it once")
             if name in files:
                 value = values[-1]
                 if isinstance(value, UploadFile):
@@ -157,10 +179,7 @@ async def _read_multipart(request: Request, model: type[BaseModel], files: set[s
             elif any(isinstance(v, UploadFile) for v in values):
                 raise ApiError(422, "validation_error", f"{name}: expected a text field, got a file")
             elif name in _JSON_FIELDS:
-                try:
-                    data[name] = json.loads(values[-1]) if values[-1].strip() else None
-                except ValueError as e:
-                    raise ApiError(400, "invalid_input", f"{name}: not valid JSON ({e})") from None
+                data[name] = json_loads(values[-1], name) if values[-1].strip() else None
             else:
                 data[name] = values[-1] if values[-1] != "" else None
     finally:

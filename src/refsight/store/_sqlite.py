@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import StoreError
+from ._failures import store_failure
 
 __all__ = ["Database", "SCHEMA_VERSION", "APPLICATION", "DB_NAME"]
 
@@ -127,7 +128,8 @@ class Database:
             # orphan file without a row, which gc() removes. Rows never point at lost data.
             conn.execute("PRAGMA synchronous = NORMAL")
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{self.path} is not a refsight store: {exc}") from exc
+            # A full or read-only disk is named as such, not as "not a refsight store".
+            raise store_failure(exc, self.path, f"cannot open the store database {self.path}") from exc
         with self._lock:
             self._connections.append((os.getpid(), conn))
         return conn
@@ -140,18 +142,31 @@ class Database:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
             # Another process held the write lock for the whole busy_timeout (or the disk failed).
-            raise StoreError(f"{self.path}: cannot start a write: {exc}") from exc
+            raise store_failure(exc, self.path, "cannot start a write") from exc
         try:
             yield conn
+        except sqlite3.Error as exc:
+            # A statement failed (a full disk shows here as SQLITE_FULL): roll back, and say why
+            # as a refsight error instead of letting a raw sqlite3 exception escape.
+            self._rollback(conn)
+            raise store_failure(exc, self.path, "cannot write to the store") from exc
         except BaseException:
-            conn.execute("ROLLBACK")
+            self._rollback(conn)
             raise
         try:
             conn.execute("COMMIT")
         except sqlite3.OperationalError as exc:
-            if conn.in_transaction:
+            self._rollback(conn)
+            raise store_failure(exc, self.path, "cannot commit a write") from exc
+
+    @staticmethod
+    def _rollback(conn: sqlite3.Connection) -> None:
+        # SQLite may already have rolled back by itself (e.g. after SQLITE_FULL).
+        if conn.in_transaction:
+            try:
                 conn.execute("ROLLBACK")
-            raise StoreError(f"{self.path}: cannot commit a write: {exc}") from exc
+            except sqlite3.Error:
+                pass
 
     def close(self) -> None:
         """Close the connections this process opened. Idempotent."""
@@ -190,7 +205,7 @@ class Database:
                     meta["schema_version"] = str(_migrate(conn, int(meta.get("schema_version", "0"))))
         except sqlite3.DatabaseError as exc:
             self.close()
-            raise StoreError(f"{self.path} is not a refsight store: {exc}") from exc
+            raise store_failure(exc, self.path, f"cannot open the store database {self.path}") from exc
         except StoreError:
             self.close()
             raise
