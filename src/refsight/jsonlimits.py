@@ -20,12 +20,12 @@ from typing import Any
 
 from .errors import InvalidInputError
 
-__all__ = ["MAX_JSON_DEPTH", "json_depth", "data_depth", "check_json_depth", "loads"]
+__all__ = ["MAX_JSON_DEPTH", "check_json_depth", "data_depth", "json_depth", "loads"]
 
 #: Deepest nesting of arrays and objects accepted in any JSON input (bodies, fields, rubrics).
 MAX_JSON_DEPTH = 64
 
-_ESCAPE = re.compile(rb"\\.", re.S)
+_ESCAPE = re.compile(rb"\\.", re.DOTALL)
 _STRING = re.compile(rb'"[^"]*"')
 _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
 _CHUNK = 1 << 20

@@ -15,7 +15,7 @@ import os
 import stat
 from pathlib import Path
 
-__all__ = ["FileReadError", "read_regular_file", "file_kind"]
+__all__ = ["FileReadError", "file_kind", "read_regular_file"]
 
 
 class FileReadError(Exception):

@@ -25,20 +25,21 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from ..errors import RubricError
-from ..package import canonical_json
 from ..jsonlimits import MAX_JSON_DEPTH, check_json_depth, data_depth
+from ..package import canonical_json
 
 __all__ = [
+    "MAX_CRITERIA",
+    "MAX_CRITERION_CHARS",
+    "MAX_RUBRIC_CHARS",
     "Criterion",
     "Rubric",
     "parse_rubric",
-    "MAX_CRITERIA",
-    "MAX_RUBRIC_CHARS",
-    "MAX_CRITERION_CHARS",
 ]
 
 #: Default limits. They bound the prompt and the constrained output, whose token

@@ -18,19 +18,20 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..jsonlimits import check_json_depth
 from ..jsonlimits import loads as json_loads
+from ..retrieval.vectors import MAX_WHERE_KEYS
 from .errors import ApiError
 
 __all__ = [
     "AddReferenceBody",
     "CompareBody",
     "SearchBody",
-    "read_body",
-    "decode_image_field",
-    "decode_data_url",
     "body_schema",
+    "decode_data_url",
+    "decode_image_field",
+    "read_body",
 ]
 
-_DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(?:;[\w.+-]+=[^;,]*)*)(?P<b64>;base64)?,(?P<data>.*)", re.S)
+_DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(?:;[\w.+-]+=[^;,]*)*)(?P<b64>;base64)?,(?P<data>.*)", re.DOTALL)
 
 
 class AddReferenceBody(BaseModel):
@@ -67,7 +68,11 @@ class SearchBody(BaseModel):
     text: str | None = Field(None, max_length=2000)
     image: str | None = Field(None, description="a query image as base64 or a data: URL")
     k: int = Field(10, ge=1, le=1000)
-    where: dict[str, str | int | float | bool] | None = Field(None, description="metadata filters, KEY: VALUE")
+    where: dict[str, str | int | float | bool] | None = Field(
+        None,
+        description=f"metadata filters, KEY: VALUE (at most {MAX_WHERE_KEYS} keys)",
+        json_schema_extra={"maxProperties": MAX_WHERE_KEYS},
+    )
 
 
 def decode_data_url(url: str, field: str) -> bytes:

@@ -37,6 +37,8 @@ class ServerConfig:
     max_image_pixels: int = 40_000_000
     #: Largest ``max_tokens`` a chat request may ask for.
     max_new_tokens: int = 1024
+    #: Most text tokens (the backend's tokenizer) a chat prompt may hold; images are not counted.
+    max_prompt_tokens: int = 8192
     #: Memory tier budget of the package store (None: the store's default).
     memory_bytes: int | None = None
     thumbnail_px: int = 256
@@ -49,7 +51,7 @@ class ServerConfig:
 
     def validate(self, keys: dict[str, str]) -> None:
         """Raise InvalidInputError for settings that cannot work, naming the setting."""
-        for name in ("workers", "max_body_bytes", "max_image_pixels", "max_new_tokens", "thumbnail_px"):
+        for name in ("workers", "max_body_bytes", "max_image_pixels", "max_new_tokens", "max_prompt_tokens", "thumbnail_px"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise InvalidInputError(name, f"must be a positive integer, got {value!r}")

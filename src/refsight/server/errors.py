@@ -11,11 +11,16 @@ Codes, by status::
     401 unauthorized          403 forbidden         404 not_found, reference_not_found, model_not_found
     405 method_not_allowed    413 body_too_large    415 unsupported_media_type
     422 validation_error      429 overloaded        500 internal_error, backend_error, store_error
+    503 store_unavailable     (the store's disk is full or read-only; nothing stored is lost, retry later)
+
+Messages use the HTTP API's words: a library message that names a command-line flag
+(``--top-k``) is translated to the request field (``top_k``) by :func:`http_wording`.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -33,6 +38,7 @@ from ..errors import (
     RefsightError,
     RubricError,
     StoreError,
+    StoreUnavailableError,
     UnknownModelError,
 )
 
@@ -76,16 +82,37 @@ def error_response(status: int, code: str, message: str, headers: dict[str, str]
     return JSONResponse(error_body(code, message), status_code=status, headers=headers)
 
 
+#: Command-line flags that library messages may name, and the request fields they mean.
+_FLAG_FIELDS = {
+    "--ref": "ref_ids",
+    "--top-k": "top_k",
+    "--query": "query",
+    "--criteria": "criteria",
+    "--where": "where",
+    "--meta": "metadata",
+    "--id": "id",
+    "--image": "image",
+    "--k": "k",
+}
+_FLAG = re.compile(r"(?<![\w-])(" + "|".join(re.escape(f) for f in sorted(_FLAG_FIELDS, key=len, reverse=True)) + r")(?![\w-])")
+
+
+def http_wording(message: str) -> str:
+    """``message`` with command-line flags replaced by the HTTP request fields they correspond to."""
+    message = message.replace("name --ref IDs or use --top-k", "give ref_ids, or top_k to recall references")
+    return _FLAG.sub(lambda m: _FLAG_FIELDS[m.group(1)], message)
+
+
 def from_refsight(error: RefsightError) -> ApiError:
-    """Translate a library error into the client's view of it."""
+    """Translate a library error into the client's view of it (in the HTTP API's words)."""
     if isinstance(error, ImageError):
-        return ApiError(400, "invalid_image", str(error))
+        return ApiError(400, "invalid_image", http_wording(str(error)))
     if isinstance(error, RubricError):
-        return ApiError(400, "invalid_rubric", str(error))
+        return ApiError(400, "invalid_rubric", http_wording(str(error)))
     if isinstance(error, InvalidReferenceIdError):
-        return ApiError(400, "invalid_reference_id", str(error))
+        return ApiError(400, "invalid_reference_id", http_wording(str(error)))
     if isinstance(error, InvalidInputError):
-        return ApiError(400, "invalid_input", str(error))
+        return ApiError(400, "invalid_input", http_wording(str(error)))
     if isinstance(error, ReferenceNotFoundError):
         # The same words whether the id never existed or belongs to another tenant.
         return ApiError(404, "reference_not_found", f"reference not found: {error.name!r}")
@@ -95,6 +122,12 @@ def from_refsight(error: RefsightError) -> ApiError:
         return ApiError(404, "not_found", str(error))
     if isinstance(error, BackendError):
         return ApiError(500, "backend_error", "the model failed to process the request")
+    if isinstance(error, StoreUnavailableError):
+        # A full or read-only disk: reads still work and nothing is lost; the client may retry.
+        return ApiError(
+            503, "store_unavailable", f"the reference store cannot be written: {error.reason}; retry later",
+            headers={"Retry-After": "60"},
+        )
     if isinstance(error, StoreError):
         return ApiError(500, "store_error", "the reference store failed")
     return ApiError(500, "internal_error", "internal server error")
@@ -121,7 +154,7 @@ def install_error_handlers(app: FastAPI) -> None:
         if api.status >= 500:
             # The details stay in the server log; the client gets the generic message.
             log.error("%s %s failed: %s", request.method, request.url.path, exc, exc_info=exc)
-        return error_response(api.status, api.code, api.message)
+        return error_response(api.status, api.code, api.message, api.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -205,4 +238,5 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     422: _schema("Request does not match the schema"),
     429: _schema("Too many requests in flight; retry later"),
     500: _schema("Internal error (no details are given to clients)"),
+    503: _schema("The store cannot be written now (disk full or read-only); nothing is lost, retry later"),
 }

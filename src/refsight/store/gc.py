@@ -28,7 +28,7 @@ from ._files import TEMP_PREFIX
 if TYPE_CHECKING:  # pragma: no cover
     from . import Store
 
-__all__ = ["collect_garbage", "sweep_stale_temps", "DEFAULT_GRACE_S", "STARTUP_TEMP_AGE_S"]
+__all__ = ["DEFAULT_GRACE_S", "STARTUP_TEMP_AGE_S", "collect_garbage", "sweep_stale_temps"]
 
 #: Rows and temp files younger than this are assumed to belong to a write in progress.
 DEFAULT_GRACE_S = 600.0
@@ -37,7 +37,7 @@ STARTUP_TEMP_AGE_S = 3600.0
 _SWEEP_STAMP = ".temp-sweep"
 
 
-def collect_garbage(store: "Store", *, grace_s: float = DEFAULT_GRACE_S) -> dict[str, int]:
+def collect_garbage(store: Store, *, grace_s: float = DEFAULT_GRACE_S) -> dict[str, int]:
     """Remove interrupted writes' leftovers from ``store``; returns how many of each were removed.
 
     Keys of the result: ``temp_files``, ``orphan_package_files``, ``orphan_image_files``,
@@ -63,7 +63,7 @@ def collect_garbage(store: "Store", *, grace_s: float = DEFAULT_GRACE_S) -> dict
     return counts
 
 
-def _unlinked_packages(store: "Store", cutoff: float) -> int:
+def _unlinked_packages(store: Store, cutoff: float) -> int:
     db = store._db
     candidates = [
         row[0]
@@ -89,7 +89,7 @@ def _unlinked_packages(store: "Store", cutoff: float) -> int:
     return removed
 
 
-def _unreferenced_images(store: "Store", cutoff: float) -> int:
+def _unreferenced_images(store: Store, cutoff: float) -> int:
     db, catalog = store._db, store.catalog
     rows = db.connection().execute(
         'SELECT sha256, path FROM images i WHERE NOT EXISTS (SELECT 1 FROM "references" r WHERE r.image_sha256 = i.sha256)'
@@ -110,7 +110,7 @@ def _unreferenced_images(store: "Store", cutoff: float) -> int:
     return removed
 
 
-def _image_files(store: "Store", cutoff: float) -> tuple[int, int]:
+def _image_files(store: Store, cutoff: float) -> tuple[int, int]:
     catalog = store.catalog
     images_dir: Path = catalog.images_dir
     if not images_dir.is_dir():
@@ -124,9 +124,8 @@ def _image_files(store: "Store", cutoff: float) -> tuple[int, int]:
                 temps += _unlink(path)
         elif len(name) == 64 and name not in indexed and _is_hex(name):
             # _unlink_image_if_unindexed looks again under the write lock.
-            if path.exists():
-                catalog._unlink_image_if_unindexed(name)
-                orphans += not path.exists()
+            catalog._unlink_image_if_unindexed(name)
+            orphans += not path.exists()
     return temps, orphans
 
 
