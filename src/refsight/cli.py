@@ -15,6 +15,8 @@ from typing import Any, Callable, Sequence
 
 from . import Engine, RefsightError
 from .config import default_model
+from .reading import FileReadError, read_regular_file
+from .terminal import escape_controls
 
 __all__ = ["main", "build_parser"]
 
@@ -25,7 +27,17 @@ def _emit(args: argparse.Namespace, data: Any, human: Callable[[Any], str] | Non
     if args.json or human is None:
         print(json.dumps(data, ensure_ascii=False), flush=True)
     else:
-        print(human(data), flush=True)
+        # Human output may carry user or model text: its control characters are shown, not obeyed.
+        print(escape_controls(human(data), keep=_LAYOUT), flush=True)
+
+
+#: Characters the human-readable formats use for layout; every other control character is escaped.
+_LAYOUT = "\n\t"
+
+
+def _say(message: str) -> None:
+    """A message on stderr, control characters escaped (it may quote user input such as a path)."""
+    print(escape_controls(message), file=sys.stderr)
 
 
 def _parse_meta(items: Sequence[str]) -> dict[str, str]:
@@ -54,7 +66,7 @@ def cmd_add(args: argparse.Namespace) -> int:
             data = result.to_dict()
             if "error" in data:
                 failed += 1
-                print(f"refsight: cannot add {data['input']}: {data['error']}", file=sys.stderr)
+                _say(f"refsight: cannot add {data['input']}: {data['error']}")
                 if args.json:
                     print(json.dumps(data), flush=True)
                 continue
@@ -79,7 +91,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     else:
         for ref in refs:
             meta = " ".join(f"{k}={v}" for k, v in ref["metadata"].items())
-            print(f"{ref['ref_id']}\t{ref['image_sha256'][:12]}\t{len(ref['packages'])} package(s)\t{meta}")
+            print(f"{ref['ref_id']}\t{ref['image_sha256'][:12]}\t{len(ref['packages'])} package(s)\t{escape_controls(meta)}")
     return 0
 
 
@@ -159,8 +171,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_gc(args: argparse.Namespace) -> int:
+    """refsight gc [--grace SECONDS]"""
+    with _engine(args) as engine:
+        data = engine.gc(grace_s=args.grace)
+    _emit(args, data, lambda d: "removed " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in d.items()))
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
-    """refsight serve [--host 127.0.0.1] [--port 8000] [--model NAME] [--workers N] [--keys FILE]"""
+    """refsight serve [--host 127.0.0.1] [--port 8000] [--model NAME] [--workers N] [--keys FILE] [--max-prompt-tokens N]"""
     from .server import ServerConfig, serve
 
     serve(
@@ -171,6 +191,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             port=args.port,
             workers=args.workers,
             keys_file=args.keys,
+            max_prompt_tokens=args.max_prompt_tokens,
         )
     )
     return 0
@@ -178,17 +199,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def _read_criteria(value: str) -> str:
     if value.startswith("@"):
+        from .judge.criteria import MAX_RUBRIC_CHARS
+
         path = value[1:]
         try:
-            with open(path, encoding="utf-8") as handle:
-                return handle.read()
-        except OSError as e:
-            raise RefsightError(f"--criteria {value}: cannot read {path}: {e.strerror or e}") from None
+            # A regular file only, never blocking (a FIFO) and never unbounded (/dev/zero);
+            # a little over the rubric's own limit, so parse_rubric reports the exact size.
+            data = read_regular_file(path, 4 * MAX_RUBRIC_CHARS + 4)
+        except FileReadError as e:
+            raise RefsightError(f"--criteria {value}: cannot read {path}: {e.reason}") from None
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise RefsightError(f"--criteria {value}: {path} is not UTF-8 text") from None
     return value
 
 
 def _parse_where(items: Sequence[str]) -> dict[str, str] | None:
-    return _parse_meta(items) if items else None
+    from .retrieval.vectors import validate_where
+
+    # Checked now (key names, at most MAX_WHERE_KEYS keys), before the index is synced.
+    return validate_where(_parse_meta(items)) if items else None
 
 
 def format_comparison(data: dict[str, Any]) -> str:
@@ -201,11 +232,13 @@ def format_comparison(data: dict[str, Any]) -> str:
     for result in data["results"]:
         cached = "from cache" if result["reference_cached"] else "encoded now"
         lines.append(f"\n{result['ref_id']}  score {result['score']:.2f}  ({cached})")
-        width = max([len(c["criterion"]) for c in result["criteria"]] + [9])
-        for c in result["criteria"]:
+        # Criteria and evidence are user and model text: one line each, controls escaped.
+        shown = [(escape_controls(c["criterion"]), escape_controls(str(c["evidence"]))) for c in result["criteria"]]
+        width = max([len(text) for text, _ in shown] + [9])
+        for c, (text, evidence) in zip(result["criteria"], shown):
             lines.append(
-                f"  {c['criterion']:<{width}}  {c['verdict']:<9} {c['confidence']:.2f}  "
-                f"[{c['source']}]  {c['evidence']}"
+                f"  {text:<{width}}  {c['verdict']:<9} {c['confidence']:.2f}  "
+                f"[{c['source']}]  {evidence}"
             )
     timings = ", ".join(f"{k} {v:.0f} ms" for k, v in data["timings_ms"].items())
     lines.append(f"\ntimings: {timings}")
@@ -356,6 +389,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--workers", type=int, default=2, help="threads running model work")
     p.add_argument("--keys", metavar="FILE", help="API keys, one KEY=NAMESPACE a line (default: $REFSIGHT_API_KEYS)")
+    p.add_argument(
+        "--max-prompt-tokens", type=int, default=8192, metavar="N",
+        help="most text tokens a chat prompt may hold (default 8192); longer prompts get 400",
+    )
+    p = add("gc", cmd_gc, "remove what interrupted writes left (temp files, orphan files and rows)")
+    p.add_argument(
+        "--grace", type=float, default=600.0, metavar="SECONDS",
+        help="leave rows and temp files younger than this alone: a write may still own them (default 600)",
+    )
     return parser
 
 
@@ -372,7 +414,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args)
     except RefsightError as e:
         # The one place library errors become a clean message and an exit code.
-        print(f"refsight: error: {e}", file=sys.stderr)
+        _say(f"refsight: error: {e}")
         if args.json:
             print(json.dumps({"error": str(e), "type": type(e).__name__}))
         return 1

@@ -658,6 +658,10 @@ class Engine:
         ) as bar:
             yield bar
 
+    def gc(self, **options: Any) -> dict[str, int]:
+        """Remove what interrupted writes left in the store (see :meth:`refsight.store.Store.gc`); returns counts."""
+        return self.store.gc(**options)
+
 
 def _ms(since: float) -> float:
     return round((time.perf_counter() - since) * 1000, 3)
