@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import RubricError
+from ..errors import InvalidInputError, RubricError
 from ..jsonlimits import MAX_JSON_DEPTH, check_json_depth, data_depth
 from ..package import canonical_json
 
@@ -145,8 +145,9 @@ def _items_from_text(text: str) -> list[Any]:
     if not stripped:
         return []
     if stripped[0] in "[{":
-        # Deep nesting would make json.loads recurse until RecursionError: refuse it first.
-        check_json_depth(stripped, "rubric", error=RubricError)
+        # Deep nesting would make json.loads recurse until RecursionError: refuse it first
+        # (an input-format problem like any over-deep JSON, so InvalidInputError, not RubricError).
+        check_json_depth(stripped, "rubric")
         try:
             data = json.loads(stripped)
         except json.JSONDecodeError as e:
@@ -166,14 +167,14 @@ def _load_yaml(text: str) -> Any:
         data = yaml.safe_load(text)
     except RecursionError:
         # PyYAML composes nested nodes recursively; the stack unwinds cleanly, so say why.
-        raise RubricError("rubric", f"YAML nested more than {MAX_JSON_DEPTH} levels deep") from None
+        raise InvalidInputError("rubric", f"YAML nested more than {MAX_JSON_DEPTH} levels deep") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise RubricError("rubric", f"malformed YAML{where}: {problem}") from None
     if data_depth(data, stop_above=MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
-        raise RubricError("rubric", f"YAML nested more than {MAX_JSON_DEPTH} levels deep (the limit is {MAX_JSON_DEPTH})")
+        raise InvalidInputError("rubric", f"YAML nested more than {MAX_JSON_DEPTH} levels deep (the limit is {MAX_JSON_DEPTH})")
     return data
 
 
