@@ -26,9 +26,26 @@ from .auth import authenticate, credential_headers, require_operator, require_te
 from .errors import ApiError, error_response
 from .tenants import Tenants
 
-__all__ = ["AuthGateMiddleware", "route_guard"]
+__all__ = ["AuthGateMiddleware", "route_guard", "flat_routes"]
 
 TENANT, OPERATOR, PUBLIC = "tenant", "operator", "public"
+
+
+def flat_routes(routes: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
+    """``(matcher, route)`` for every route, routers included with ``include_router`` expanded.
+
+    Recent FastAPI keeps an included router as one lazy entry of ``app.routes`` whose
+    ``effective_route_contexts()`` yields the real routes (each able to ``matches`` a
+    scope, with the original route and its dependencies behind it); older versions copy
+    the routes themselves into ``app.routes``. Both shapes come out the same here.
+    """
+    for route in routes:
+        expand = getattr(route, "effective_route_contexts", None)
+        if callable(expand):
+            for context in expand():
+                yield context, getattr(context, "original_route", context)
+        else:
+            yield route, route
 
 
 def route_guard(route: Any) -> str:
@@ -57,7 +74,7 @@ class AuthGateMiddleware:
 
     def _guard(self, scope: dict) -> str:
         if self._guards is None:  # routes are all added by the first request
-            self._guards = [(route, route_guard(route)) for route in self._routes_of()]
+            self._guards = [(matcher, route_guard(route)) for matcher, route in flat_routes(self._routes_of())]
         partial = None
         for route, guard in self._guards:
             match, _ = route.matches(scope)
