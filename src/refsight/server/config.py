@@ -58,10 +58,11 @@ class ServerConfig:
         if not isinstance(self.queue, int) or self.queue < 0:
             raise InvalidInputError("queue", f"must be a non-negative integer, got {self.queue!r}")
         if not keys and not is_loopback(self.host):
+            # Neutral words (not CLI flags): this is raised to library callers too.
             raise InvalidInputError(
-                f"--host {self.host}",
+                f"host {self.host}",
                 "no API keys are configured, so refsight serves on loopback only "
-                "(127.0.0.1 / ::1); give --keys FILE or set REFSIGHT_API_KEYS to bind elsewhere",
+                "(127.0.0.1 / ::1); configure API keys (a keys file or $REFSIGHT_API_KEYS) to bind elsewhere",
             )
 
     @property
