@@ -40,6 +40,9 @@ class ServerConfig:
     max_image_pixels: int = 40_000_000
     #: Largest ``max_tokens`` a chat request may ask for.
     max_new_tokens: int = 1024
+    #: Share packages across tenants: saves encodes, but reveals by timing that SOME tenant
+    #: holds an image. Off by default: each tenant's namespace salts its package keys.
+    share_encodes: bool = False
     #: Memory tier budget of the package store (None: the store's default).
     memory_bytes: int | None = None
     thumbnail_px: int = 256

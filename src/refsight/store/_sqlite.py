@@ -102,6 +102,11 @@ class Database:
         self._closed = False
         self._ensure_schema()
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has been called."""
+        return self._closed
+
     # -- connections ------------------------------------------------------------
     def connection(self) -> sqlite3.Connection:
         """This thread's connection (opened on first use; a new one after a fork)."""
