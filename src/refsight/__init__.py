@@ -9,14 +9,29 @@ from .errors import *  # noqa: F401,F403  (the error tree is part of the public 
 from .errors import __all__ as _error_names
 from .images import ImageInput, IntakeLimits, load_image
 from .package import EncoderFingerprint, VisualPackage, package_key
+from .results import (
+    AddFailure,
+    AddResult,
+    CompareResult,
+    GenerateResult,
+    IndexReport,
+    SearchHit,
+    SearchResult,
+    StoreStats,
+    VerifyReport,
+)
 
 
 def __getattr__(name: str):
     # Engine and open_store pull in the store (and numpy); load them on first use.
-    if name == "Engine":
-        from .engine import Engine
+    if name in ("Engine", "ReferenceSegment", "PackageState"):
+        from . import engine
 
-        return Engine
+        return getattr(engine, name)
+    if name == "BackendOptions":
+        from .backends.options import BackendOptions
+
+        return BackendOptions
     if name == "open_store":
         from .store import open_store
 
@@ -28,7 +43,19 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Engine",
+    "ReferenceSegment",
+    "PackageState",
+    "BackendOptions",
     "open_store",
+    "AddResult",
+    "AddFailure",
+    "CompareResult",
+    "GenerateResult",
+    "IndexReport",
+    "SearchHit",
+    "SearchResult",
+    "StoreStats",
+    "VerifyReport",
     "ImageInput",
     "IntakeLimits",
     "load_image",

@@ -51,7 +51,7 @@ def seeded(server):
 # -- row 2: deep JSON ------------------------------------------------------------------------
 def test_deep_json_is_400_invalid_input_wherever_it_comes(seeded):
     server, c = seeded
-    root = server.service.store.root
+    root = server.service.engine.store.root
     before = store_snapshot(root)
     deep = _deep(1500)
     candidate = json.dumps(b64(photo_png(flip=True)))
@@ -82,13 +82,13 @@ def test_deep_json_is_400_invalid_input_wherever_it_comes(seeded):
 # -- row 3: where with many keys -----------------------------------------------------------
 def test_where_over_the_key_limit_is_400_before_any_model_work(seeded):
     server, c = seeded
-    before = store_snapshot(server.service.store.root)
+    before = store_snapshot(server.service.engine.store.root)
     start = time.monotonic()
     error = assert_error(c.post("/v1/search", json={"text": "cat", "where": {f"k{i}": i for i in range(999)}}),
                          400, "invalid_input")
     assert "999 keys, over the limit of 32" in error["message"]
     assert time.monotonic() - start < 5
-    assert store_snapshot(server.service.store.root) == before
+    assert store_snapshot(server.service.engine.store.root) == before
 
 
 def test_the_library_enforces_the_where_limit_too(tmp_path):
@@ -257,19 +257,19 @@ def test_a_key_in_the_query_string_never_reaches_the_log(served_with_keys):
 )
 def test_ambiguous_or_wrong_credentials_are_401(make_server, headers, needle):
     live = make_server(keys={KEY: "team", OTHER_KEY: "other"})
-    before = store_snapshot(live.service.store.root)
+    before = store_snapshot(live.service.engine.store.root)
     response = httpx.post(f"{live.url}/v1/references", json={"image": b64(photo_png()), "id": "cat"},
                           headers=headers, timeout=30)
     error = assert_error(response, 401, "unauthorized")
     assert needle in error["message"] and KEY not in error["message"]
-    assert store_snapshot(live.service.store.root) == before
+    assert store_snapshot(live.service.engine.store.root) == before
     same = httpx.get(f"{live.url}/v1/references", headers={"Authorization": f"Bearer {KEY}", "X-API-Key": KEY})
     assert same.status_code == 200  # the same key in both headers is not ambiguous
 
 
 def test_two_image_parts_or_repeated_keys_are_400(seeded):
     server, c = seeded
-    before = store_snapshot(server.service.store.root)
+    before = store_snapshot(server.service.engine.store.root)
     two = c.post("/v1/references", files=[("image", ("a.png", photo_png(flip=True), "image/png")),
                                           ("image", ("b.png", photo_png(size=(40, 40)), "image/png"))])
     assert "image: given 2 times" in assert_error(two, 400, "invalid_input")["message"]
@@ -279,13 +279,13 @@ def test_two_image_parts_or_repeated_keys_are_400(seeded):
     query_only = c.post("/v1/compare", json={"candidate": b64(photo_png()), "criteria": "fur", "ref_ids": ["cat"],
                                              "query": "a cat"})
     assert "needs top_k" in assert_error(query_only, 400, "invalid_input")["message"]
-    assert store_snapshot(server.service.store.root) == before
+    assert store_snapshot(server.service.engine.store.root) == before
 
 
 # -- rows 12 and 13: one code for one mistake, HTTP words for HTTP errors -------------------------------
 def test_an_invalid_reference_id_has_one_code_in_bodies_and_paths(seeded):
     server, c = seeded
-    before = store_snapshot(server.service.store.root)
+    before = store_snapshot(server.service.engine.store.root)
     candidate = b64(photo_png(flip=True))
     for bad in ("a..b", "a" * 300, "x\x1b[31m", "-leading-dash"):
         responses = [
@@ -299,7 +299,7 @@ def test_an_invalid_reference_id_has_one_code_in_bodies_and_paths(seeded):
         ]
         for response in responses:
             assert_error(response, 400, "invalid_reference_id")
-    assert store_snapshot(server.service.store.root) == before
+    assert store_snapshot(server.service.engine.store.root) == before
 
 
 def test_http_errors_use_http_words(server):

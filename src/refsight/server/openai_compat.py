@@ -23,7 +23,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..engine import ReferenceSegment
+from .. import ReferenceSegment
 from .auth import require_tenant
 from .bodies import decode_data_url
 from .errors import ERROR_RESPONSES, ApiError
@@ -189,7 +189,7 @@ async def chat_completions(body: ChatRequest, request: Request, namespace: str =
     # count in the shared thread pool (never in a model worker).
     texts = prompt_texts(body.messages)
     check_prompt_chars(texts, config.max_prompt_tokens)
-    backend = service.engine("default").backend()
+    backend = service.engine.backend()
     await request.app.state.pool.run_light(check_prompt_tokens, texts, config.max_prompt_tokens, backend.count_text_tokens)
 
     def work() -> dict[str, Any]:
