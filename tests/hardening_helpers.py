@@ -63,16 +63,42 @@ def run_bounded(argv: list[str], *, timeout: float = 60.0, stdin: int | None = s
         reader.start()
     killer = threading.Timer(timeout, process.kill)
     killer.start()
+    # Peak memory is read from the child's own VmHWM: ru_maxrss would also count the pages
+    # it shared with this (possibly large) test process between fork and exec.
+    peak = [0.0]
+    done = threading.Event()
+    poller = threading.Thread(target=_poll_hwm, args=(process.pid, peak, done), daemon=True)
+    poller.start()
     try:
-        # wait4 reaps this very child and gives its own peak resident memory (KiB on Linux).
-        _, status, usage = os.wait4(process.pid, 0)
+        _, status, _ = os.wait4(process.pid, 0)
     finally:
+        done.set()
         killer.cancel()
+    poller.join(timeout=5)
     process.returncode = os.waitstatus_to_exitcode(status)
     for reader in readers:
         reader.join(timeout=10)
     seconds = time.monotonic() - start
-    return Bounded(process.returncode, out.get("stdout", ""), out.get("stderr", ""), seconds, usage.ru_maxrss / 1024)
+    return Bounded(process.returncode, out.get("stdout", ""), out.get("stderr", ""), seconds, peak[0])
+
+
+def _vm_hwm_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None  # exited (a zombie has no memory figures)
+
+
+def _poll_hwm(pid: int, peak: list[float], done: threading.Event) -> None:
+    # VmHWM only grows within one program image, so the last reading is at most one interval old.
+    while not done.is_set():
+        value = _vm_hwm_mb(pid)
+        if value is not None:
+            peak[0] = max(peak[0], value)
+        done.wait(0.01)
 
 
 def free_port() -> int:
@@ -118,11 +144,10 @@ class ServeProcess:
                 time.sleep(0.2)
 
     def peak_rss_mb(self) -> float:
-        """The server's peak resident memory so far (VmHWM)."""
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-        raise AssertionError("no VmHWM")
+        """The server's peak resident memory so far (VmHWM of its program image)."""
+        value = _vm_hwm_mb(self.process.pid)
+        assert value is not None, "the server is not running"
+        return value
 
     def stop(self) -> None:
         if self.process.poll() is None:

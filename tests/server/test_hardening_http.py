@@ -306,14 +306,14 @@ def test_http_errors_use_http_words(server):
     with server.client() as c:  # an empty store: top_k recalls nothing
         error = assert_error(c.post("/v1/compare", json={"candidate": b64(photo_png()), "criteria": "fur", "top_k": 2},
                                     timeout=300), 400, "invalid_input")
-    assert "--" not in error["message"] and "ref_ids" in error["message"], error
+    assert "--" not in error["message"] and "top_k" in error["message"], error
 
 
 def test_http_wording_translates_flags():
     from refsight.server.errors import http_wording
 
     assert http_wording("no reference to compare with: name --ref IDs or use --top-k") == (
-        "no reference to compare with: give ref_ids, or top_k to recall references")
+        "no reference to compare with: name ref_ids IDs or use top_k")
     assert http_wording("--where a=b and --k 3, but --keys stays") == "where a=b and k 3, but --keys stays"
 
 

@@ -99,7 +99,6 @@ _FLAG = re.compile(r"(?<![\w-])(" + "|".join(re.escape(f) for f in sorted(_FLAG_
 
 def http_wording(message: str) -> str:
     """``message`` with command-line flags replaced by the HTTP request fields they correspond to."""
-    message = message.replace("name --ref IDs or use --top-k", "give ref_ids, or top_k to recall references")
     return _FLAG.sub(lambda m: _FLAG_FIELDS[m.group(1)], message)
 
 
