@@ -238,3 +238,19 @@ def test_store_defaults_to_the_environment_variable(tmp_path, photos):
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["ref_id"] == "chelsea"
     assert (tmp_path / "env-store").is_dir()
+
+
+def test_compare_then_add_in_the_cli_stores_the_reference_durably(capsys, store, photos):
+    model = ("--model", "tiny-qwen2-vl")
+    run(capsys, "add", str(photos["coffee"]), "--id", "cup", "--store", str(store), *model)
+    code, _, err = run(
+        capsys, "compare", str(photos["chelsea"]), "--ref", "cup", "--criteria", "short fur", "--no-attributes",
+        "--store", str(store), "--json", *model,
+    )
+    assert code == 0, err
+    code, added, err = run(capsys, "add", str(photos["chelsea"]), "--id", "cat", "--store", str(store), "--json", *model)
+    assert code == 0 and added[0]["ref_id"] == "cat", err
+    code, report, _ = run(capsys, "verify", "--store", str(store), "--json")
+    assert code == 0 and report[0]["checked"] == 2  # both packages on disk, sound
+    code, again, _ = run(capsys, "reencode", "--store", str(store), "--json", *model)
+    assert code == 0 and all(row["cached"] for row in again)

@@ -15,6 +15,7 @@ from .results import (
     CompareResult,
     GenerateResult,
     IndexReport,
+    PackageState,
     SearchHit,
     SearchResult,
     StoreStats,
@@ -24,10 +25,14 @@ from .results import (
 
 def __getattr__(name: str):
     # Engine and open_store pull in the store (and numpy); load them on first use.
-    if name in ("Engine", "ReferenceSegment", "PackageState"):
-        from . import engine
+    if name == "Engine":
+        from .engine import Engine
 
-        return getattr(engine, name)
+        return Engine
+    if name == "ReferenceSegment":
+        from .references import ReferenceSegment
+
+        return ReferenceSegment
     if name == "BackendOptions":
         from .backends.options import BackendOptions
 

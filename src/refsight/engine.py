@@ -19,7 +19,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -31,13 +30,14 @@ from .errors import InvalidInputError
 from .images import ImageInput, ImageSource, IntakeLimits, load_image
 from .maintenance import Maintenance
 from .packages import CachedPackage, PackageCache
-from .references import ReferenceBook, load_kept_image, source_label
+from .references import ReferenceBook, ReferenceSegment, load_kept_image, source_label
 from .results import (
     AddFailure,
     AddResult,
     CompareResult,
     GenerateResult,
     IndexReport,
+    PackageState,
     SearchResult,
     StoreStats,
     VerifyReport,
@@ -46,22 +46,10 @@ from .retrieval.embedders import Embedder
 from .retrieval.store_index import StoreIndex
 from .store import DEFAULT_NAMESPACE, Reference, Store, open_store
 
-__all__ = ["Engine", "ReferenceSegment", "PackageState"]
+__all__ = ["Engine", "PackageState", "ReferenceSegment"]
 
 
-@dataclass(frozen=True)
-class ReferenceSegment:
-    """A prompt segment naming a stored reference by id (its package is looked up)."""
-
-    ref_id: str
-
-
-@dataclass(frozen=True)
-class PackageState:
-    """Where a reference's package for the current model is: on disk (``cached``) and/or in memory."""
-
-    cached: bool
-    in_memory: bool
+_DEFAULT_LIMITS = IntakeLimits()
 
 
 class Engine:
@@ -80,7 +68,7 @@ class Engine:
         *,
         model: str | None = None,
         namespace: str = DEFAULT_NAMESPACE,
-        limits: IntakeLimits = IntakeLimits(),
+        limits: IntakeLimits = _DEFAULT_LIMITS,
         memory_bytes: int | None = None,
         progress: bool = False,
         embedder: Embedder | None = None,
@@ -125,7 +113,7 @@ class Engine:
         if self._owns_store:
             self.store.close()
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -149,13 +137,8 @@ class Engine:
 
     # -- references ----------------------------------------------------------------------
     def add(
-        self,
-        source: ImageSource,
-        *,
-        ref_id: str | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        model: str | None = None,
-        namespace: str | None = None,
+        self, source: ImageSource, *, ref_id: str | None = None, metadata: Mapping[str, Any] | None = None,
+        model: str | None = None, namespace: str | None = None,
     ) -> AddResult:
         """Add one reference image and make sure its package is on disk; raises on bad input."""
         result = next(iter(self.add_many([source], ids=[ref_id], metadata=metadata, model=model, namespace=namespace)))
@@ -164,20 +147,13 @@ class Engine:
         return result
 
     def add_many(
-        self,
-        sources: Sequence[ImageSource],
-        *,
-        ids: Sequence[str | None] | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        model: str | None = None,
-        namespace: str | None = None,
+        self, sources: Sequence[ImageSource], *, ids: Sequence[str | None] | None = None,
+        metadata: Mapping[str, Any] | None = None, model: str | None = None, namespace: str | None = None,
     ) -> Iterator[AddResult | AddFailure]:
         """Add references, one result per input in order; a bad input fails alone (see ReferenceBook)."""
         namespace = self._ns(namespace)
-        return self.book.add_many(
-            sources, ids=ids, metadata=metadata, backend=self.backend(model), namespace=namespace,
-            scope=self.scope(namespace),
-        )
+        backend, scope = self.backend(model), self.scope(namespace)
+        return self.book.add_many(sources, ids=ids, metadata=metadata, backend=backend, namespace=namespace, scope=scope)
 
     def references(self, *, namespace: str | None = None) -> list[Reference]:
         """All references in the namespace, oldest first."""
@@ -206,15 +182,8 @@ class Engine:
 
     # -- generation --------------------------------------------------------------------------
     def generate(
-        self,
-        prompt: str,
-        *,
-        ref_ids: Sequence[str] = (),
-        candidate: ImageSource | None = None,
-        use_cache: bool = True,
-        max_new_tokens: int = 64,
-        model: str | None = None,
-        namespace: str | None = None,
+        self, prompt: str, *, ref_ids: Sequence[str] = (), candidate: ImageSource | None = None,
+        use_cache: bool = True, max_new_tokens: int = 64, model: str | None = None, namespace: str | None = None,
     ) -> GenerateResult:
         """Generate from references (cached packages unless ``use_cache=False``) plus an optional fresh candidate."""
         if not prompt or not prompt.strip():
@@ -229,13 +198,8 @@ class Engine:
         return self.chat(segments, use_cache=use_cache, max_new_tokens=max_new_tokens, model=model, namespace=namespace)
 
     def chat(
-        self,
-        segments: Sequence[str | ReferenceSegment | ImageSource],
-        *,
-        use_cache: bool = True,
-        max_new_tokens: int = 64,
-        json_schema: dict[str, Any] | None = None,
-        model: str | None = None,
+        self, segments: Sequence[str | ReferenceSegment | ImageSource], *, use_cache: bool = True,
+        max_new_tokens: int = 64, json_schema: dict[str, Any] | None = None, model: str | None = None,
         namespace: str | None = None,
     ) -> GenerateResult:
         """Generate from segments in order: text (``str``), :class:`ReferenceSegment`, or an image.
@@ -245,7 +209,7 @@ class Engine:
         as pixels: the runtime's own fresh path. ``references_cached`` has one flag per image.
         """
         namespace = self._ns(namespace)
-        backend = self.backend(model)
+        backend, scope = self.backend(model), self.scope(namespace)
         start = time.perf_counter()
         resolved: list[Any] = []
         cached: list[bool] = []
@@ -255,22 +219,15 @@ class Engine:
                 resolved.append(segment)
                 continue
             if isinstance(segment, ReferenceSegment):
-                ref = self.reference(segment.ref_id, namespace=namespace)
-                if not use_cache:
-                    resolved.append(self.reference_image(ref))
-                    cached.append(False)
-                    continue
-                found = self.packages.reference(backend, ref, scope=self.scope(namespace))
+                visual = self.packages.visual(
+                    backend, self.reference(segment.ref_id, namespace=namespace), use_cache=use_cache, scope=scope
+                )
             else:
                 image = load_image(segment, limits=self.limits, name=source_label(segment))
-                if not use_cache:
-                    resolved.append(image)
-                    cached.append(False)
-                    continue
-                found = self.packages.candidate(backend, image, scope=self.scope(namespace))
-            resolved.append(found.package)
-            cached.append(found.cached)
-            encode_ms += found.encode_ms
+                visual = self.packages.visual(backend, image, use_cache=use_cache, scope=scope)
+            resolved.append(visual.item)
+            cached.append(visual.cached)
+            encode_ms += visual.encode_ms
         load_ms = (time.perf_counter() - start) * 1000 - encode_ms
         request = GenerationRequest(segments=resolved, max_new_tokens=max_new_tokens, json_schema=json_schema)
         generation = backend.generate([request])[0]
@@ -289,14 +246,8 @@ class Engine:
 
     # -- retrieval -------------------------------------------------------------------------
     def search(
-        self,
-        text: str | None = None,
-        *,
-        image: ImageSource | None = None,
-        k: int = 10,
-        where: Mapping[str, Any] | None = None,
-        restrict_to: Sequence[str] | None = None,
-        namespace: str | None = None,
+        self, text: str | None = None, *, image: ImageSource | None = None, k: int = 10,
+        where: Mapping[str, Any] | None = None, restrict_to: Sequence[str] | None = None, namespace: str | None = None,
     ) -> SearchResult:
         """Recall the ``k`` references best matching ``text`` or ``image`` (``restrict_to``: only those ids).
 
@@ -318,19 +269,10 @@ class Engine:
 
     # -- judging ---------------------------------------------------------------------------
     def compare(
-        self,
-        candidate: ImageSource,
-        *,
-        criteria: Any,
-        ref_ids: Sequence[str] = (),
-        top_k: int | None = None,
-        query: str | None = None,
-        use_cache: bool = True,
-        force_vlm: bool = False,
-        attributes: Sequence[str] = ("imagenet",),
-        evidence_max_chars: int | None = None,
-        model: str | None = None,
-        namespace: str | None = None,
+        self, candidate: ImageSource, *, criteria: Any, ref_ids: Sequence[str] = (), top_k: int | None = None,
+        query: str | None = None, use_cache: bool = True, force_vlm: bool = False,
+        attributes: Sequence[str] = ("imagenet",), evidence_max_chars: int | None = None,
+        model: str | None = None, namespace: str | None = None,
     ) -> CompareResult:
         """Judge ``candidate`` against references, criterion by criterion.
 
@@ -348,72 +290,46 @@ class Engine:
         rubric = parse_rubric(criteria)  # a bad rubric fails before any model work
         unknown = set(attributes) - set(SIDECAR_SOURCES)
         if unknown:
-            raise InvalidInputError(
-                "attributes", f"unknown attribute sources {sorted(unknown)}; use {', '.join(SIDECAR_SOURCES)}"
-            )
-        backend = self.backend(model)
-        timings: dict[str, float] = {}
-        start = time.perf_counter()
+            raise InvalidInputError("attributes", f"unknown sources {sorted(unknown)}; use {', '.join(SIDECAR_SOURCES)}")
+        backend, scope = self.backend(model), self.scope(namespace)
+        timer = _Timer()
         image = load_image(candidate, limits=self.limits, name=source_label(candidate))
-
         recalled: list[dict[str, Any]] = []
         if top_k is not None:
-            clock = time.perf_counter()
-            found = self.retrieval.search(
-                text=query, image=None if query else image, k=top_k, namespace=namespace, restrict_to=ref_ids or None
-            )
-            recalled = [hit.to_dict() for hit in found.hits]
-            ref_ids = found.ref_ids
-            timings["retrieval"] = _ms(clock)
+            with timer("retrieval"):
+                found = self.retrieval.search(
+                    text=query, image=None if query else image, k=top_k, namespace=namespace, restrict_to=ref_ids or None
+                )
+            recalled, ref_ids = [hit.to_dict() for hit in found.hits], found.ref_ids
         if not ref_ids:
             raise InvalidInputError("references", "no reference to compare with: give reference ids, or recall them with top_k")
         refs = [self.reference(r, namespace=namespace) for r in ref_ids]
-
-        clock = time.perf_counter()
-        scope = self.scope(namespace)
-        # Encoded once (memory only), then shared by every reference's request.
-        candidate_visual = self.packages.candidate(backend, image, scope=scope).package if use_cache else image
-        timings["candidate_encode"] = _ms(clock)
-
-        clock = time.perf_counter()
-        if use_cache:
-            visuals: list[Any] = [self.packages.reference(backend, ref, scope=scope) for ref in refs]
-        else:
-            visuals = [self.reference_image(ref) for ref in refs]
-        timings["reference_load"] = _ms(clock)
-        inputs = [v.package if isinstance(v, CachedPackage) else v for v in visuals]
-        cached_flags = [isinstance(v, CachedPackage) and v.cached for v in visuals]
-
+        with timer("candidate_encode"):  # encoded once (memory only), shared by every reference's request
+            candidate_visual = self.packages.visual(backend, image, use_cache=use_cache, scope=scope).item
+        with timer("reference_load"):
+            visuals = [self.packages.visual(backend, ref, use_cache=use_cache, scope=scope) for ref in refs]
+        inputs = [v.item for v in visuals]
         ref_attrs: list[Any] = [None] * len(refs)
         candidate_attrs = None
         if attributes and not force_vlm:
-            clock = time.perf_counter()
-            ref_attrs, candidate_attrs = self._sidecar_records().records(
-                [(ref.image_sha256, visual, partial(self.reference_image, ref)) for ref, visual in zip(refs, inputs)],
-                image,
-                candidate_visual,
-                attributes,
-                backend,
-            )
-            timings["attributes"] = _ms(clock)
-
-        clock = time.perf_counter()
+            with timer("attributes"):
+                ref_attrs, candidate_attrs = self._sidecar_records().records(
+                    [(ref.image_sha256, item, partial(self.reference_image, ref)) for ref, item in zip(refs, inputs)],
+                    image, candidate_visual, attributes, backend,
+                )
         options = {} if evidence_max_chars is None else {"evidence_max_chars": evidence_max_chars}
         judge = Judge(backend, force_vlm=force_vlm, **options)
-        results = judge.judge(
-            [(ref.ref_id, visual, attrs) for ref, visual, attrs in zip(refs, inputs, ref_attrs)],
-            candidate_visual,
-            rubric,
-            candidate_attrs=candidate_attrs,
-        )
-        timings["generate"] = _ms(clock)
-        timings["total"] = _ms(start)
+        with timer("generate"):
+            results = judge.judge(
+                [(ref.ref_id, item, attrs) for ref, item, attrs in zip(refs, inputs, ref_attrs)],
+                candidate_visual, rubric, candidate_attrs=candidate_attrs,
+            )
         return CompareResult(
             candidate_sha256=image.sha256,
             model=backend.name,
             random_weights=bool(backend.random_weights),
-            results=[{**result.to_dict(), "reference_cached": flag} for result, flag in zip(results, cached_flags)],
-            timings_ms=timings,
+            results=[{**result.to_dict(), "reference_cached": v.cached} for result, v in zip(results, visuals)],
+            timings_ms=timer.done(),
             recalled=recalled,
             vlm_calls=judge.vlm_calls,
         )
@@ -453,6 +369,24 @@ class Engine:
         # Only worth a bar for several images; it goes to stderr so --json stays clean.
         with tqdm(total=total, desc=description, unit="img", disable=not self.progress or total < 2, leave=False) as bar:
             yield bar
+
+
+class _Timer:
+    """Milliseconds per named stage of a pipeline, plus the total since it was made."""
+
+    def __init__(self) -> None:
+        self._start = time.perf_counter()
+        self.timings: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        clock = time.perf_counter()
+        yield
+        self.timings[stage] = _ms(clock)
+
+    def done(self) -> dict[str, float]:
+        """The stage timings and ``total``."""
+        return {**self.timings, "total": _ms(self._start)}
 
 
 def _ms(since: float) -> float:

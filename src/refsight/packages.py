@@ -31,11 +31,20 @@ from .locks import KeyedLocks
 from .package import VisualPackage, package_key
 from .store import Reference, Store
 
-__all__ = ["PackageCache", "CachedPackage", "PACKAGE_LOCKS"]
+__all__ = ["PackageCache", "CachedPackage", "Visual", "PACKAGE_LOCKS"]
 
 #: Package keys are content-addressed and mean the same in every engine of a process (tenants
 #: share one store), so one lock table serves them all: an image is encoded once.
 PACKAGE_LOCKS = KeyedLocks()
+
+
+@dataclass(frozen=True)
+class Visual:
+    """What a backend gets for one image: a package, or pixels (``use_cache=False``), and how it came."""
+
+    item: VisualPackage | ImageInput
+    cached: bool
+    encode_ms: float
 
 
 @dataclass(frozen=True)
@@ -92,6 +101,20 @@ class PackageCache:
                     self.store.memory.put(package)  # bounded and never written to disk
                     found = CachedPackage(package, cached=False)
         return found
+
+    def visual(
+        self, backend: Backend, source: Reference | ImageInput, *, use_cache: bool, scope: str | None = None
+    ) -> Visual:
+        """A reference's durable package, a candidate's memory-only package (in ``scope``), or with
+        ``use_cache=False`` the pixels themselves, so the runtime takes its own fresh path."""
+        if not use_cache:
+            image = self._kept_image(source.image_sha256) if isinstance(source, Reference) else source
+            return Visual(image, False, 0.0)
+        if isinstance(source, Reference):
+            found = self.reference(backend, source, scope=scope)
+        else:
+            found = self.candidate(backend, source, scope=scope)
+        return Visual(found.package, found.cached, found.encode_ms)
 
     def durable(self, backend: Backend, images: Sequence[ImageInput], *, scope: str | None) -> list[CachedPackage]:
         """Durable packages for new references, in order; the missing ones encoded in one batch.

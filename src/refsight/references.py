@@ -15,6 +15,7 @@ import json
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,14 @@ from .packages import CachedPackage, PackageCache
 from .results import AddFailure, AddResult
 from .store import Catalog, Reference, Store, validate_ref_id
 
-__all__ = ["ReferenceBook", "RemovalListener", "load_kept_image", "source_label", "validate_metadata"]
+__all__ = ["ReferenceBook", "ReferenceSegment", "RemovalListener", "load_kept_image", "source_label", "validate_metadata"]
+
+@dataclass(frozen=True)
+class ReferenceSegment:
+    """A prompt segment naming a stored reference by id (its package is looked up, never re-encoded)."""
+
+    ref_id: str
+
 
 #: Called as ``listener(namespace, ref_id)`` after a reference is removed.
 RemovalListener = Callable[[str, str], None]

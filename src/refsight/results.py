@@ -11,6 +11,7 @@ __all__ = [
     "VerifyReport",
     "GenerateResult",
     "CompareResult",
+    "PackageState",
     "SearchHit",
     "SearchResult",
     "IndexReport",
@@ -111,6 +112,14 @@ class CompareResult:
         if not self.recalled:
             data.pop("recalled")
         return data
+
+
+@dataclass(frozen=True)
+class PackageState:
+    """Where a reference's package for the current model is: on disk (``cached``) and/or in memory."""
+
+    cached: bool
+    in_memory: bool
 
 
 @dataclass(frozen=True)
