@@ -20,9 +20,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 
@@ -132,7 +132,7 @@ class ServeProcess:
         """Everything the server printed so far."""
         return "".join(self._lines)
 
-    def wait_ready(self, timeout: float = 90.0) -> "ServeProcess":
+    def wait_ready(self, timeout: float = 90.0) -> ServeProcess:
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -196,13 +196,13 @@ def small_tmpfs(path: Path, size: str) -> Iterator[SmallDisk]:
     import pytest
 
     path.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True, check=False)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip()}); a real full disk is needed")
     try:
         yield SmallDisk(path)
     finally:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
 
 
 def store_snapshot(root: Path) -> dict:

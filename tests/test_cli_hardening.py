@@ -12,9 +12,9 @@ import os
 
 import numpy as np
 import pytest
+from hardening_helpers import run_bounded, store_snapshot
 from PIL import Image
 
-from hardening_helpers import run_bounded, store_snapshot
 from refsight.cli import main
 
 # The CLI with the toy model peaks near 150 MiB; /dev/zero used to reach 9 GB in 20 s.
@@ -174,16 +174,16 @@ def test_a_full_disk_is_named_and_loses_nothing(tmp_path, capsys):
 def test_sqlite_full_errors_are_store_unavailable(tmp_path):
     """The library-level mapping, on a real full file system: SQLite's own errors name the disk."""
     from hardening_helpers import small_tmpfs
+
     from refsight import StoreUnavailableError, open_store
 
-    with small_tmpfs(tmp_path / "disk", "2m") as disk:
-        with open_store(disk.path / "store") as store:
-            disk.fill()
-            with pytest.raises(StoreUnavailableError, match="no space left on device") as caught:
-                # A big row makes SQLite itself grow the file: SQLITE_FULL, not an OSError.
-                store.catalog.add_reference("big", "a" * 64, {"blob": "x" * 3_000_000})
-            assert caught.value.reason == "no space left on device"
-            disk.free()
-            assert store.catalog.list_references() == []
-            store.catalog.add_reference("small", "a" * 64, {})
-            assert [r.ref_id for r in store.catalog.list_references()] == ["small"]
+    with small_tmpfs(tmp_path / "disk", "2m") as disk, open_store(disk.path / "store") as store:
+        disk.fill()
+        with pytest.raises(StoreUnavailableError, match="no space left on device") as caught:
+            # A big row makes SQLite itself grow the file: SQLITE_FULL, not an OSError.
+            store.catalog.add_reference("big", "a" * 64, {"blob": "x" * 3_000_000})
+        assert caught.value.reason == "no space left on device"
+        disk.free()
+        assert store.catalog.list_references() == []
+        store.catalog.add_reference("small", "a" * 64, {})
+        assert [r.ref_id for r in store.catalog.list_references()] == ["small"]

@@ -17,7 +17,6 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-
 from hardening_helpers import ServeProcess, small_tmpfs, store_snapshot
 from live_server import assert_error, b64, photo_png
 
@@ -348,7 +347,7 @@ def test_sigkill_during_concurrent_adds_leaves_nothing_gc_cannot_clean(tmp_path)
         unreferenced = conn.execute('SELECT COUNT(*) FROM images i WHERE NOT EXISTS '
                                     '(SELECT 1 FROM "references" r WHERE r.image_sha256 = i.sha256)').fetchone()[0]
         assert unlinked == unreferenced == 0
-        indexed = {key for key in opened.local.keys()}
+        indexed = set(opened.local.keys())
         on_disk = {p.name.removesuffix(".safetensors") for p in (store / "packages").glob("*/*/*.safetensors")}
         assert on_disk == indexed
         for ref in opened.catalog.list_references():

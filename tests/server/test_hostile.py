@@ -22,8 +22,8 @@ from urllib.parse import quote
 import httpx
 import pytest
 from fastapi.routing import APIRoute
-
 from live_server import LiveServer, b64, photo_png
+
 from refsight.server import ServerConfig, create_app
 from refsight.server.gate import OPERATOR, PUBLIC, flat_routes, route_guard
 

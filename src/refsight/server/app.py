@@ -21,7 +21,8 @@ from .. import __version__
 from ..retrieval.vectors import validate_where
 from ..store.base import validate_ref_id
 from .access_log import install as install_access_log_redaction
-from .auth import REF_ID_PATH as _REF_ID, require_operator, require_tenant
+from .auth import REF_ID_PATH as _REF_ID
+from .auth import require_operator, require_tenant
 from .bodies import AddReferenceBody, CompareBody, SearchBody, body_schema, decode_image_field, read_body
 from .config import ServerConfig
 from .errors import ERROR_RESPONSES, ApiError, CatchAllMiddleware, install_error_handlers

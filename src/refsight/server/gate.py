@@ -17,7 +17,7 @@ unknown path cannot be used to make the server buffer a body.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from starlette.routing import Match
@@ -26,7 +26,7 @@ from .auth import authenticate, credential_headers, require_operator, require_te
 from .errors import ApiError, error_response
 from .tenants import Tenants
 
-__all__ = ["AuthGateMiddleware", "route_guard", "flat_routes"]
+__all__ = ["AuthGateMiddleware", "flat_routes", "route_guard"]
 
 TENANT, OPERATOR, PUBLIC = "tenant", "operator", "public"
 
