@@ -1,6 +1,6 @@
 """``refsight demo``: the whole product on bundled real photos, in under three minutes.
 
-1. Ingest nine real photos as references (each encoded once, with a progress bar).
+1. Ingest the seven bundled real photos as references (each encoded once, with a progress bar).
 2. Recall by text with the real offline embedder ("a tabby cat").
 3. Judge a new candidate (a flipped crop of the cat photo) against every reference
    with a cat rubric, first the way stacks do it today (every reference re-encoded),

@@ -36,14 +36,12 @@ def model_cache():
 @pytest.fixture(scope="session")
 def photos():
     """name -> ImageInput of a small real photo."""
-    from skimage import data
-
     from refsight.images import load_image
+    from refsight.samples import load_sample
 
     out = {}
     for name, size in PHOTO_SIZES.items():
-        array = np.asarray(getattr(data, name)())
-        out[name] = load_image(Image.fromarray(array).convert("RGB").resize(size, Image.BICUBIC), name=name)
+        out[name] = load_image(load_sample(name, size), name=name)
     return out
 
 
