@@ -178,6 +178,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """refsight serve [--host 127.0.0.1] [--port 8000] [--model NAME] [--workers N] [--keys FILE]"""
+    # The HTTP stack is the optional [server] extra: without it, say how to get it (exit 2,
+    # a usage-level error) instead of failing with an ImportError traceback.
+    try:
+        import fastapi  # noqa: F401
+        import multipart  # noqa: F401  (python-multipart)
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        print(
+            f"refsight: error: `refsight serve` needs the server extra ({exc.name or exc} is not installed): "
+            "pip install 'refsight[server]'",
+            file=sys.stderr,
+        )
+        return 2
     from .server import ServerConfig, serve
 
     serve(
