@@ -65,7 +65,7 @@ def run_demo(
 ) -> int:
     """Run the demo; returns the exit code. ``store`` keeps the demo's store (default: a temp dir)."""
     from . import Engine
-    from .cli import format_comparison
+    from .report import format_comparison
     from .samples import sample_paths
 
     say = (lambda *a: None) if as_json else (lambda *a: print(*a, flush=True))
