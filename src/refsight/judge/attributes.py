@@ -5,8 +5,9 @@ Two sources fill *attribute records*:
 - :class:`VlmAttributeSource` asks the VLM, with constrained JSON, to fill the
   attributes of an :class:`AttributeSchema` (by default fur_length, ear_shape,
   color_pattern, facial_markings), once per reference package and schema.
-- :class:`ImageNetAttributeSource` runs the real EfficientNet-Lite0 ImageNet classifier:
-  ``{"imagenet_top5": [{"label", "score"}, ...]}``. It needs pixels, not packages.
+- :class:`~refsight.models.imagenet_source.ImageNetAttributeSource` (model code, so it lives
+  in :mod:`refsight.models`; re-exported here) runs the real EfficientNet-Lite0 ImageNet
+  classifier: ``{"imagenet_top5": [{"label", "score"}, ...]}``. It needs pixels, not packages.
 
 An :class:`AttributeStore` (SQLite under ``<store_root>/attributes/``) keeps records
 keyed by (image sha256, source fingerprint, schema digest); ``get_or_compute`` is the
@@ -34,6 +35,7 @@ from typing import Any, Mapping, Protocol, Sequence, Union
 from ..backends.base import Backend
 from ..errors import InvalidInputError, StoreError
 from ..images import ImageInput
+from ..models.imagenet_source import IMAGENET_KEY, ImageNetAttributeSource
 from ..package import VisualPackage, canonical_json
 from .criteria import Criterion
 from .prompts import build_attribute_request
@@ -57,8 +59,6 @@ __all__ = [
 
 Visual = Union[VisualPackage, ImageInput]
 
-#: Key of the ImageNet record; reserved, so no schema attribute may use it.
-IMAGENET_KEY = "imagenet_top5"
 #: The value a VLM gives when it cannot tell; never settles anything.
 UNKNOWN = "unknown"
 #: Key a source adds to a record it could not fill; such records are not stored.
@@ -276,47 +276,6 @@ class VlmAttributeSource:
         for i in pending:
             records[i] = {**{n: UNKNOWN for n in self.schema.names}, ERROR_KEY: reasons[i]}
         return [r for r in records if r is not None]
-
-
-class ImageNetAttributeSource:
-    """Top-k ImageNet labels from the real EfficientNet-Lite0 classifier (loaded on first use)."""
-
-    name = "imagenet"
-
-    def __init__(self, classifier: Any = None, *, k: int = 5) -> None:
-        if not isinstance(k, int) or not 1 <= k <= 20:
-            raise InvalidInputError("k", f"must be an integer in 1..20, not {k!r}")
-        self._classifier = classifier
-        self.k = k
-
-    @property
-    def classifier(self) -> Any:
-        """The classifier, loaded lazily (torch is imported only then)."""
-        if self._classifier is None:
-            from ..models import load_efficientnet_lite0
-
-            self._classifier = load_efficientnet_lite0()
-        return self._classifier
-
-    @property
-    def fingerprint(self) -> str:
-        """The classifier's fingerprint (model, weights hash, preprocessing)."""
-        return _digest({"source": "imagenet", "classifier": self.classifier.fingerprint})
-
-    @property
-    def schema_digest(self) -> str:
-        """Names the record shape: the top-k list."""
-        return _digest({"record": IMAGENET_KEY, "k": self.k})
-
-    def compute(self, items: Sequence[Visual]) -> list[dict[str, Any]]:
-        """``{"imagenet_top5": [{"label", "score"}]}`` per image; packages are refused (no pixels)."""
-        for i, item in enumerate(items):
-            if not isinstance(item, ImageInput):
-                raise InvalidInputError(
-                    f"item {i} ({type(item).__name__})", "the ImageNet sidecar needs the image's pixels, not a package"
-                )
-        tops = self.classifier.top_k([item.image for item in items], k=self.k)
-        return [{IMAGENET_KEY: [{"label": label, "score": round(float(s), 6)} for label, s in top]} for top in tops]
 
 
 def merge_records(*records: Mapping[str, Any] | None) -> dict[str, Any]:

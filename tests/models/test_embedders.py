@@ -8,8 +8,8 @@ from PIL import Image, ImageEnhance
 
 from refsight.errors import InvalidInputError, ModelLoadError
 from refsight.images import load_image
-from refsight.retrieval import EfficientNetConSEEmbedder, Embedder, VlmEmbedder, default_embedder
-from refsight.retrieval.embedders import ClipEmbedder
+from refsight.models import ClipEmbedder, EfficientNetConSEEmbedder, VlmEmbedder
+from refsight.retrieval import Embedder, default_embedder
 
 from bundled_photos import BUNDLED, bundled_photo
 
@@ -81,7 +81,7 @@ def test_image_queries_find_their_source_and_features_beat_conse_alone(emb, doc_
 
 def test_shipped_label_vectors_match_a_fresh_encoding(emb):
     from refsight.models.efficientnet_lite import imagenet_labels
-    from refsight.retrieval.embedders import _label_vectors
+    from refsight.models.conse import _label_vectors
 
     shipped = _label_vectors(emb.label_template)
     idx = [0, 281, 282, 504, 657, 967, 999]
