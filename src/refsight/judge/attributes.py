@@ -24,7 +24,6 @@ import hashlib
 import json
 import re
 import sqlite3
-import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -33,10 +32,11 @@ from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence, Union
 
 from ..backends.base import Backend
-from ..errors import InvalidInputError, StoreError
+from ..errors import InvalidInputError
 from ..images import ImageInput
 from ..models.imagenet_source import IMAGENET_KEY, ImageNetAttributeSource
 from ..package import VisualPackage, canonical_json
+from ..store.sqlite import SqliteConnections
 from .criteria import Criterion
 from .prompts import build_attribute_request
 from .verdict import CriterionVerdict, VerdictParseError, extract_json
@@ -300,37 +300,26 @@ class AttributeStore:
 
     def __init__(self, root: str | Path) -> None:
         self.path = Path(root) / "attributes" / "attributes.sqlite"
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(
-                "CREATE TABLE IF NOT EXISTS attributes (subject TEXT NOT NULL, source TEXT NOT NULL,"
-                " schema TEXT NOT NULL, record TEXT NOT NULL, created_at REAL NOT NULL,"
-                " PRIMARY KEY (subject, source, schema))"
-            )
-        except (OSError, sqlite3.Error) as e:
-            raise StoreError(f"cannot open the attribute store at {self.path}: {e}") from e
-        self._lock = threading.Lock()
+        self._sqlite = SqliteConnections(
+            self.path, schema=_create_table, open_error="cannot open the attribute store at {path}: {exc}"
+        )
         self.hits = 0
         self.misses = 0
 
     def get(self, subject: str, source_fingerprint: str, schema_digest: str) -> dict[str, Any] | None:
         """The stored record, or None."""
-        with self._lock:
-            row = self._db.execute(
-                "SELECT record FROM attributes WHERE subject=? AND source=? AND schema=?",
-                (subject, source_fingerprint, schema_digest),
-            ).fetchone()
+        row = self._sqlite.connection().execute(
+            "SELECT record FROM attributes WHERE subject=? AND source=? AND schema=?",
+            (subject, source_fingerprint, schema_digest),
+        ).fetchone()
         return None if row is None else json.loads(row[0])
 
     def put(self, subject: str, source_fingerprint: str, schema_digest: str, record: Mapping[str, Any]) -> None:
         """Store a record (a no-op when one is already stored under the key)."""
-        with self._lock:
-            self._db.execute(
-                "INSERT OR IGNORE INTO attributes VALUES (?, ?, ?, ?, ?)",
-                (subject, source_fingerprint, schema_digest, canonical_json(dict(record)), time.time()),
-            )
+        self._sqlite.connection().execute(
+            "INSERT OR IGNORE INTO attributes VALUES (?, ?, ?, ?, ?)",
+            (subject, source_fingerprint, schema_digest, canonical_json(dict(record)), time.time()),
+        )
 
     def get_or_compute(self, source: AttributeSource, items: Sequence[Visual]) -> list[dict[str, Any]]:
         """Each item's record from ``source``: stored ones are read, the rest computed in one batch and stored."""
@@ -349,8 +338,15 @@ class AttributeStore:
 
     def close(self) -> None:
         """Close the database. Idempotent."""
-        with self._lock:
-            self._db.close()
+        self._sqlite.close()
+
+
+def _create_table(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS attributes (subject TEXT NOT NULL, source TEXT NOT NULL,"
+        " schema TEXT NOT NULL, record TEXT NOT NULL, created_at REAL NOT NULL,"
+        " PRIMARY KEY (subject, source, schema))"
+    )
 
 
 # -- settling criteria ---------------------------------------------------------------------------
