@@ -10,9 +10,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
 
 from backend_models import TINY_FAMILIES  # noqa: F401  (re-exported)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
 from PIL import Image
 
 from refsight.backends.base import Backend, Generation, GenerationRequest

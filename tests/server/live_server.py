@@ -9,7 +9,6 @@ import threading
 import time
 
 import httpx
-import numpy as np
 import uvicorn
 from PIL import Image
 
