@@ -238,6 +238,38 @@ def test_no_import_cycles_between_modules_at_module_level():
     )
 
 
+# -- test hygiene ------------------------------------------------------------------------------------
+
+TESTS = Path(__file__).resolve().parent
+
+
+def test_tests_that_register_backends_restore_the_registry():
+    """A fake model registered in the process-wide registry must not outlive its test."""
+    offenders = []
+    for path in sorted(TESTS.rglob("*.py")):
+        if path.name == "conftest.py" and path.parent == TESTS:
+            continue  # defines backend_registry itself
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            calls = any(
+                isinstance(c, ast.Call) and getattr(c.func, "id", getattr(c.func, "attr", None)) == "register_backend"
+                for c in ast.walk(node)
+            )
+            if calls and "backend_registry" not in [a.arg for a in node.args.args]:
+                offenders.append(f"{path.relative_to(TESTS)}:{node.lineno} {node.name}")
+    assert not offenders, "these call register_backend without the backend_registry fixture: " + ", ".join(offenders)
+
+
+def test_tiny_models_are_built_in_one_session_cache():
+    """Only tests/conftest.py points REFSIGHT_MODEL_CACHE somewhere: one build per model per session."""
+    others = [
+        str(path.relative_to(TESTS)) for path in TESTS.rglob("conftest.py")
+        if path.parent != TESTS and "REFSIGHT_MODEL_CACHE" in path.read_text("utf-8")
+    ]
+    assert not others, f"per-folder model caches rebuild the tiny models: {others}"
+
+
 # -- the package key is frozen --------------------------------------------------------------------
 
 #: The key derivation as of PACKAGE_FORMAT_VERSION 1. Stored packages are found by these keys:
