@@ -115,7 +115,7 @@ class StorePath:
 
     def __init__(self, data: np.ndarray, saved: Path, tmp: str):
         from refsight.retrieval import Retriever
-        from refsight.retrieval.embedder import Embedder
+        from refsight.retrieval.embedders import Embedder
 
         class StoredVectors(Embedder):
             name = "stored-vectors"

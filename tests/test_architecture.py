@@ -131,7 +131,7 @@ def test_the_collector_sees_the_modules_and_their_imports():
     # a known function-local import and a known module-level one
     assert any(i.module == "refsight.models.conse" and i.target == "refsight.models.efficientnet_lite"
                and not i.module_level for i in IMPORTS)
-    assert any(i.module == "refsight.retrieval.retriever" and i.target == "refsight.retrieval.embedder"
+    assert any(i.module == "refsight.retrieval.retriever" and i.target == "refsight.retrieval.embedders"
                and i.module_level for i in IMPORTS)
 
 

@@ -64,9 +64,10 @@ def test_write_commits_or_rolls_back_as_a_whole(tmp_path):
         conn.execute("INSERT INTO t VALUES (2)")
         raise RuntimeError("half-way")
     assert db.connection().execute("SELECT x FROM t").fetchall() == [(1,)]
-    assert not db.connection().in_transaction
+    assert not db.connection().in_transaction and not db.closed
     db.close()
     db.close()  # idempotent
+    assert db.closed
     with pytest.raises(StoreError, match="closed"):
         db.connection()
 

@@ -26,7 +26,7 @@ from refsight.errors import ModelLoadError, UnknownModelError
 from refsight.models._errors import embedder_errors
 
 if TYPE_CHECKING:  # pragma: no cover
-    from refsight.retrieval.embedder import Embedder
+    from refsight.retrieval.embedders import Embedder
 
 __all__ = [
     "DEFAULT_EMBEDDER",

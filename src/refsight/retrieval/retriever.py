@@ -16,7 +16,7 @@ import numpy as np
 
 from refsight.errors import InvalidInputError, ReferenceNotFoundError
 from refsight.images import ImageInput
-from refsight.retrieval.embedder import Embedder
+from refsight.retrieval.embedders import Embedder
 from refsight.retrieval.index import DEFAULT_GRAPH, EXACT_THRESHOLD, VectorIndex, checked_breadth
 from refsight.retrieval.vectors import VectorDB, validate_where
 

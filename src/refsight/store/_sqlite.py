@@ -111,7 +111,7 @@ class Database:
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` has been called."""
-        return self._closed
+        return self._sqlite.closed
 
     # -- connections ------------------------------------------------------------
     def connection(self) -> sqlite3.Connection:

@@ -73,6 +73,11 @@ class SqliteConnections:
                 self.close()
                 raise
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has been called."""
+        return self._closed
+
     def connection(self) -> sqlite3.Connection:
         """The connection for this thread (or process), opened on first use and again after a fork."""
         pid = os.getpid()
