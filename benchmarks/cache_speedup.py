@@ -33,17 +33,13 @@ import time
 
 
 def _photos(size: int):
-    import numpy as np
-    from PIL import Image
-    from skimage import data
-
     from refsight.images import load_image
+    from refsight.samples import load_sample
 
     def photo(name: str):
-        array = np.asarray(getattr(data, name)())
-        return load_image(Image.fromarray(array).convert("RGB").resize((size, size), Image.BICUBIC), name=name)
+        return load_image(load_sample(name, (size, size)), name=name)
 
-    return [photo(n) for n in ("chelsea", "coffee", "astronaut", "rocket")], photo("immunohistochemistry")
+    return [photo(n) for n in ("chelsea", "coffee", "astronaut", "rocket")], photo("china")
 
 
 def _segments(refs: list, candidate, *, prompt: str) -> list:

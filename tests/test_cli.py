@@ -212,7 +212,7 @@ def test_a_corrupt_package_is_never_served_but_re_encoded(store, photos):
     assert found.package.tensors["features"].equal(expected)
 
 
-def test_reencode_encodes_every_reference_for_another_model(capsys, store, photos):
+def test_reencode_encodes_every_reference_for_another_model(capsys, store, photos, backend_registry):
     from refsight.backends.registry import register_backend
     from refsight.backends.toy import ToyBackend
 

@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 from . import Engine, RefsightError
 from .backends.options import OPTION_HELP, BackendOptions, parse_key_values
 from .config import default_model
+from .report import format_comparison
 
 __all__ = ["main", "build_parser"]
 
@@ -178,6 +179,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """refsight serve [--host 127.0.0.1] [--port 8000] [--model NAME] [--workers N] [--keys FILE]"""
+    # The HTTP stack is the optional [server] extra: without it, say how to get it (exit 2,
+    # a usage-level error) instead of failing with an ImportError traceback.
+    try:
+        import fastapi  # noqa: F401
+        import multipart  # noqa: F401  (python-multipart)
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        print(
+            f"refsight: error: `refsight serve` needs the server extra ({exc.name or exc} is not installed): "
+            "pip install 'refsight[server]'",
+            file=sys.stderr,
+        )
+        return 2
     from .server import ServerConfig, serve
 
     serve(
@@ -208,27 +223,6 @@ def _read_criteria(value: str) -> str:
 
 def _parse_where(items: Sequence[str]) -> dict[str, str] | None:
     return _parse_meta(items) if items else None
-
-
-def format_comparison(data: dict[str, Any]) -> str:
-    """A readable table per reference for ``refsight compare`` without ``--json``."""
-    lines = []
-    if data["random_weights"]:
-        lines.append(f"!! {data['model']} has RANDOM weights: VLM verdicts below are meaningless !!")
-    if data.get("recalled"):
-        lines.append("recalled: " + ", ".join(f"{r['ref_id']} ({r['score']:.3f})" for r in data["recalled"]))
-    for result in data["results"]:
-        cached = "from cache" if result["reference_cached"] else "encoded now"
-        lines.append(f"\n{result['ref_id']}  score {result['score']:.2f}  ({cached})")
-        width = max([len(c["criterion"]) for c in result["criteria"]] + [9])
-        for c in result["criteria"]:
-            lines.append(
-                f"  {c['criterion']:<{width}}  {c['verdict']:<9} {c['confidence']:.2f}  "
-                f"[{c['source']}]  {c['evidence']}"
-            )
-    timings = ", ".join(f"{k} {v:.0f} ms" for k, v in data["timings_ms"].items())
-    lines.append(f"\ntimings: {timings}")
-    return "\n".join(lines)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
