@@ -7,6 +7,7 @@ user's cache. Each tiny model is built and loaded once per session.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
@@ -54,7 +55,8 @@ def tiny(name: str, **options):
     """The tiny backend ``name`` with ``options``, loaded once per session."""
     from refsight.backends.tiny import load_tiny
 
-    key = (name, tuple(sorted(options.items())))
+    # Options may hold mappings (processor_kwargs): key by their JSON text.
+    key = (name, json.dumps(options, sort_keys=True))
     if key not in _loaded:
         _loaded[key] = load_tiny(name, **options)
     return _loaded[key]

@@ -87,6 +87,8 @@ def load_hf_backend(name: str, *, source: str | None = None, **options: Any) -> 
         offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"}
         hint = " (HF_HUB_OFFLINE is set and the model is not in the local cache)" if offline else ""
         raise ModelLoadError(name, f"cannot load the config of {source}{hint}: {e}") from e
+    except MemoryError as e:
+        raise ModelLoadError(name, f"out of memory reading the config of {source}") from e
     except (ValueError, KeyError) as e:
         # transformers raises ValueError / KeyError for a model_type it does not know.
         raise ModelLoadError(name, f"unsupported architecture in {source}: {e}") from e
