@@ -19,12 +19,17 @@ from typing import Any, Iterable
 
 from .errors import CorruptPackageError, InvalidInputError
 
-__all__ = ["PROBE_PROMPT", "PackageDrift", "DriftReport", "check_drift"]
+__all__ = ["PROBE_PROMPT", "DEFAULT_THRESHOLD", "PackageDrift", "DriftReport", "check_drift"]
 
 #: The text asked about each image; greedy tokens from stored and fresh packages must agree.
 PROBE_PROMPT = "Describe this image in one short sentence."
 #: Tokens generated for the probe (enough to expose a changed argmax, cheap on a CPU).
 PROBE_TOKENS = 8
+#: A threshold for ``refsight verify --fresh``: far above float32 batching noise (features of
+#: one image encoded alone or in a batch differ by ~1e-7), far below a damaged package. A
+#: bfloat16 store whose packages were encoded in other batch shapes may differ by one bf16
+#: rounding step (2^-8 of a feature's magnitude): judge those with ``max_rel_diff``.
+DEFAULT_THRESHOLD = 1e-3
 
 
 @dataclass
@@ -44,6 +49,8 @@ class PackageDrift:
     problem: str | None = None
     #: The stored package's provenance (device, versions, date), when it has one.
     stored_provenance: dict[str, Any] | None = None
+    #: ``max_abs_diff`` over the largest |stored| element (scale-free; inf when incomparable).
+    max_rel_diff: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready view (an infinite difference becomes null)."""
@@ -52,6 +59,7 @@ class PackageDrift:
             "image_sha256": self.image_sha256,
             "key": self.key,
             "max_abs_diff": self.max_abs_diff if self.max_abs_diff != float("inf") else None,
+            "max_rel_diff": self.max_rel_diff if self.max_rel_diff != float("inf") else None,
             "tokens_agree": self.tokens_agree,
             "ok": self.ok,
             "problem": self.problem,
@@ -106,18 +114,21 @@ class DriftReport:
         }
 
 
-def _max_abs_diff(stored: dict[str, Any], fresh: dict[str, Any]) -> tuple[float, str | None]:
+def _max_diff(stored: dict[str, Any], fresh: dict[str, Any]) -> tuple[float, float, str | None]:
+    """(max |Δ|, max |Δ| / max |stored|, problem) over every tensor of two packages."""
+    inf = float("inf")
     if set(stored) != set(fresh):
-        return float("inf"), f"tensor names differ: stored {sorted(stored)}, fresh {sorted(fresh)}"
-    worst = 0.0
+        return inf, inf, f"tensor names differ: stored {sorted(stored)}, fresh {sorted(fresh)}"
+    worst = scale = 0.0
     for name in sorted(stored):
         a, b = stored[name], fresh[name]
         if tuple(a.shape) != tuple(b.shape):
-            return float("inf"), f"{name}: shape {list(a.shape)} stored, {list(b.shape)} fresh"
+            return inf, inf, f"{name}: shape {list(a.shape)} stored, {list(b.shape)} fresh"
         if a.numel():
             # float64 so that the difference itself adds no rounding.
             worst = max(worst, float((a.double() - b.double()).abs().max()))
-    return worst, None
+            scale = max(scale, float(a.double().abs().max()))
+    return worst, (worst / scale if scale else (0.0 if worst == 0 else inf)), None
 
 
 def check_drift(
@@ -173,6 +184,11 @@ def check_drift(
     return report
 
 
+def _unreadable(ref_id: str, image_sha256: str, key: str, problem: str) -> PackageDrift:
+    inf = float("inf")
+    return PackageDrift(ref_id, image_sha256, key, inf, tokens_agree=False, ok=False, problem=problem, max_rel_diff=inf)
+
+
 def _check_one(store: Any, backend: Any, ref: Any, key: str, threshold: float, load_image: Any) -> PackageDrift:
     from .backends.base import GenerationRequest
 
@@ -180,12 +196,12 @@ def _check_one(store: Any, backend: Any, ref: Any, key: str, threshold: float, l
     try:
         stored = store.packages.get(key)
     except CorruptPackageError as e:
-        return PackageDrift(ref_id, ref.image_sha256, key, float("inf"), False, False, f"corrupt: {e.reason}")
+        return _unreadable(ref_id, ref.image_sha256, key, f"corrupt: {e.reason}")
     if stored is None:  # removed since we looked
-        return PackageDrift(ref_id, ref.image_sha256, key, float("inf"), False, False, "no longer stored")
+        return _unreadable(ref_id, ref.image_sha256, key, "no longer stored")
     image = load_image(store.catalog.get_image(ref.image_sha256))
     fresh = backend.encode([image])[0]
-    diff, problem = _max_abs_diff(stored.tensors, fresh.tensors)
+    diff, relative, problem = _max_diff(stored.tensors, fresh.tensors)
     agree = False
     if problem is None:
         try:
@@ -209,6 +225,7 @@ def _check_one(store: Any, backend: Any, ref: Any, key: str, threshold: float, l
         ok=problem is None and diff <= threshold,
         problem=problem,
         stored_provenance=provenance if isinstance(provenance, dict) else None,
+        max_rel_diff=relative,
     )
 
 
