@@ -25,6 +25,8 @@ from refsight.backends.base import GenerationRequest
 from refsight.errors import BackendError, InvalidInputError, ModelLoadError
 
 REFS = ("chelsea", "coffee")
+#: The device the equivalence test runs on: cpu here; benchmarks/gpu_check.sh sets cuda.
+DEVICE = os.environ.get("REFSIGHT_TEST_DEVICE", "cpu")
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
@@ -42,8 +44,12 @@ def _env(**extra: str) -> dict[str, str]:
 def test_cached_equals_fresh_tokens_in_each_dtype(load, photos, tmp_path, monkeypatch, name, dtype):
     from refsight.store import open_store
 
-    backend = load(name) if dtype == "float32" else load(name, dtype=dtype)
+    if DEVICE == "cpu":
+        backend = load(name) if dtype == "float32" else load(name, dtype=dtype)
+    else:
+        backend = load(name, dtype=dtype, device=DEVICE)
     assert backend.fingerprint().dtype == dtype  # auto on the CPU is float32
+    assert backend.device.split(":")[0] == DEVICE.split(":")[0]
     # One image per forward on both paths: batching has its own (measured) bound below.
     monkeypatch.setattr(backend, "batch_size", 1)
     keys = []
@@ -54,12 +60,17 @@ def test_cached_equals_fresh_tokens_in_each_dtype(load, photos, tmp_path, monkey
     with open_store(tmp_path / "store") as store:  # read back from disk, not memory
         cached = [store.packages.get(k) for k in keys]
     assert all(p.tensors["features"].dtype == getattr(torch, dtype) for p in cached)
+    assert all(p.tensors["features"].device.type == "cpu" for p in cached)  # stored on the CPU, moved at use
+    assert all(p.metadata["provenance"]["device"] == backend.device for p in cached)
     prompt = [cached[0], "versus", cached[1], "and", photos["rocket"], "same?"]
     fresh = [photos["chelsea"], "versus", photos["coffee"], "and", photos["rocket"], "same?"]
     # Two calls, not two rows of one batch: a row's place in a batch may move its last bits.
     (a,) = backend.generate([GenerationRequest(prompt, max_new_tokens=6)], return_logits=True)
     (b,) = backend.generate([GenerationRequest(fresh, max_new_tokens=6)], return_logits=True)
     assert a.token_ids == b.token_ids
+    assert a.logits.device.type == "cpu"
+    # Same inputs, same shapes, same kernels: bit-identical (on a GPU too, where
+    # forward kernels are deterministic for a fixed shape).
     assert (a.logits - b.logits).abs().max().item() == 0.0
 
 

@@ -258,7 +258,7 @@ class HFBackend(Backend):
             load["attn_implementation"] = attn
         if device_name != "cpu":
             # Straight onto the accelerator: a large checkpoint never sits whole in host memory.
-            load["device_map"] = device_name
+            load["device_map"] = {"": device_name}
         what = f"cannot load {source}" + (f" with attn={attn!r}" if attn else "")
         with runtime_errors(name, ModelLoadError, what, device=device_name, dtype=dtype_name):
             model = cls.model_class().from_pretrained(source, **load)
