@@ -79,7 +79,7 @@ def runtime_errors(
         yield
     except RefsightError:
         raise
-    except (Exception, MemoryError) as e:  # noqa: BLE001 - translating is the point
+    except (Exception, MemoryError) as e:  # translating is the point
         from .runtime import OOM_HINT, is_out_of_memory, release_memory
 
         prefix = f"{what}: " if what else ""
