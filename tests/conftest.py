@@ -8,6 +8,8 @@ user's cache.
 
 from __future__ import annotations
 
+import json
+
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -52,7 +54,8 @@ def load(model_cache) -> Callable[..., Any]:
     from refsight.backends.tiny import load_tiny
 
     def tiny(name: str, **options: Any) -> Any:
-        key = (name, tuple(sorted(options.items())))
+        # Options may hold mappings (processor_kwargs): key by their JSON text.
+        key = (name, json.dumps(options, sort_keys=True))
         if key not in _tiny_loaded:
             _tiny_loaded[key] = load_tiny(name, **options)
         return _tiny_loaded[key]

@@ -45,10 +45,17 @@ def _parse_meta(items: Sequence[str]) -> dict[str, str]:
 
 
 def _backend_options(args: argparse.Namespace) -> BackendOptions:
-    """The backend options given as flags (only those the user set)."""
+    """The backend options: the config file (``--config FILE`` or the store's ``refsight.toml``), then the flags."""
+    from .config import default_store_dir
+    from .settings import load_settings
+
     values = {name: getattr(args, name, None) for name in OPTION_HELP if name != "processor_kwargs"}
     values["processor_kwargs"] = parse_key_values(getattr(args, "processor_kwarg", None) or [], flag="--processor-kwarg")
-    return BackendOptions(**{k: v for k, v in values.items() if v is not None})
+    flags = BackendOptions(**{k: v for k, v in values.items() if v is not None})
+    store = getattr(args, "store", None) or default_store_dir()
+    settings = load_settings(store, getattr(args, "config", None))
+    # Flags win over the file; the file's [models."NAME"] table wins over its [backend].
+    return settings.backend_options(getattr(args, "model", None) or default_model()).merged(flags)
 
 
 def _engine(args: argparse.Namespace) -> Engine:
@@ -296,6 +303,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="store directory (default: $REFSIGHT_STORE or the user cache dir)",
     )
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON lines")
+    common.add_argument(
+        "--config",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help="config file of backend options (default: refsight.toml in the store directory); flags override it",
+    )
     with_model = argparse.ArgumentParser(add_help=False)
     with_model.add_argument("--model", default=None, help=f"model name (default: $REFSIGHT_MODEL or {default_model()})")
     for name, help_text in OPTION_HELP.items():
