@@ -27,7 +27,9 @@ RUNTIME_EXCEPTIONS = {
     "refsight.store._safetensors": "visual packages are torch tensors; the store decodes them",
 }
 #: What cli.py and server/ may import: the public API ...
-PUBLIC_API = ("refsight", "refsight.errors", "refsight.results", "refsight.config", "refsight.report")
+PUBLIC_API = (
+    "refsight", "refsight.errors", "refsight.results", "refsight.config", "refsight.report", "refsight.settings",
+)
 #: ... plus their own subpackage (for the CLI: the entry points its `serve` and `demo` commands hand over to).
 OWN = {"refsight.cli": ("refsight.server", "refsight.demo"), "refsight.server": ("refsight.server",)}
 

@@ -14,7 +14,7 @@ import sys
 from typing import Any, Callable, Sequence
 
 from . import Engine, RefsightError
-from .backends.options import OPTION_HELP, BackendOptions, parse_key_values
+from .settings import OPTION_HELP, BackendOptions, load_settings, parse_key_values
 from .config import default_model
 from .report import format_comparison
 
@@ -47,7 +47,6 @@ def _parse_meta(items: Sequence[str]) -> dict[str, str]:
 def _backend_options(args: argparse.Namespace) -> BackendOptions:
     """The backend options: the config file (``--config FILE`` or the store's ``refsight.toml``), then the flags."""
     from .config import default_store_dir
-    from .settings import load_settings
 
     values = {name: getattr(args, name, None) for name in OPTION_HELP if name != "processor_kwargs"}
     values["processor_kwargs"] = parse_key_values(getattr(args, "processor_kwarg", None) or [], flag="--processor-kwarg")
@@ -59,11 +58,14 @@ def _backend_options(args: argparse.Namespace) -> BackendOptions:
 
 
 def _engine(args: argparse.Namespace) -> Engine:
+    from .config import default_store_dir
+
     return Engine(
         args.store,
         model=getattr(args, "model", None),
         progress=not args.json and sys.stderr.isatty(),
         backend_options=_backend_options(args),
+        settings=load_settings(args.store or default_store_dir(), getattr(args, "config", None)),
     )
 
 
@@ -133,7 +135,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    """refsight verify [--repair]"""
+    """refsight verify [--repair] [--fresh N [--threshold T]]"""
+    if args.fresh is not None:
+        with _engine(args) as engine:
+            drift = engine.check_drift(args.fresh, model=args.model, threshold=args.threshold)
+        _emit(args, drift.to_dict(), lambda d: json.dumps(d, indent=2))
+        return 0 if drift.ok else 1
     with _engine(args) as engine:
         report = engine.verify(repair=args.repair, model=args.model)
     data = report.to_dict()
@@ -207,6 +214,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             store=args.store,
             model=args.model,
             backend_options=_backend_options(args),
+            config_file=getattr(args, "config", None),
             host=args.host,
             port=args.port,
             workers=args.workers,
@@ -285,7 +293,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_models(args: argparse.Namespace) -> int:
     """refsight models"""
-    from .backends.registry import available_models
+    from . import available_models
 
     names = available_models()
     _emit(args, {"models": names, "default": default_model()}, lambda d: "\n".join(d["models"]))
@@ -345,6 +353,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("stats", cmd_stats, "cache statistics")
     p = add("verify", cmd_verify, "check every stored package; exit 0 only when none is corrupt", model=True)
     p.add_argument("--repair", action="store_true", help="re-encode corrupt packages from the kept images")
+    p.add_argument(
+        "--fresh", type=int, default=None, metavar="N",
+        help="re-encode N random references with today's runtime and report drift from the stored features",
+    )
+    p.add_argument("--threshold", type=float, default=None, help="largest relative drift accepted with --fresh")
     p = add("reencode", cmd_reencode, "encode every reference for another model", model=True)
     p = add("generate", cmd_generate, "generate text from cached references and a fresh candidate", model=True)
     p.add_argument("--ref", action="append", default=[], metavar="ID", help="reference id (repeatable)")

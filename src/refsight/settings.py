@@ -28,10 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .backends.options import BackendOptions
+from .backends.options import OPTION_HELP, BackendOptions, parse_key_values
 from .errors import InvalidInputError
 
-__all__ = ["CONFIG_NAME", "Settings", "load_settings"]
+# The options themselves are defined beside the backends that take them; front ends (CLI,
+# server) reach them here, with the config file, as one public module.
+__all__ = ["CONFIG_NAME", "Settings", "load_settings", "BackendOptions", "OPTION_HELP", "parse_key_values"]
 
 #: The file looked for in the store directory.
 CONFIG_NAME = "refsight.toml"
