@@ -33,6 +33,10 @@ def __getattr__(name: str):
         from .references import ReferenceSegment
 
         return ReferenceSegment
+    if name == "available_models":
+        from .backends.registry import available_models
+
+        return available_models
     if name == "BackendOptions":
         from .backends.options import BackendOptions
 
@@ -51,6 +55,7 @@ __all__ = [
     "ReferenceSegment",
     "PackageState",
     "BackendOptions",
+    "available_models",
     "open_store",
     "AddResult",
     "AddFailure",

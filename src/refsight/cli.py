@@ -14,8 +14,9 @@ import sys
 from typing import Any, Callable, Sequence
 
 from . import Engine, RefsightError
-from .backends.options import OPTION_HELP, BackendOptions, parse_key_values
+from .settings import OPTION_HELP, BackendOptions, load_settings, parse_key_values
 from .config import default_model
+from .report import format_comparison
 from .reading import FileReadError, read_regular_file
 from .terminal import escape_controls
 
@@ -56,18 +57,27 @@ def _parse_meta(items: Sequence[str]) -> dict[str, str]:
 
 
 def _backend_options(args: argparse.Namespace) -> BackendOptions:
-    """The backend options given as flags (only those the user set)."""
+    """The backend options: the config file (``--config FILE`` or the store's ``refsight.toml``), then the flags."""
+    from .config import default_store_dir
+
     values = {name: getattr(args, name, None) for name in OPTION_HELP if name != "processor_kwargs"}
     values["processor_kwargs"] = parse_key_values(getattr(args, "processor_kwarg", None) or [], flag="--processor-kwarg")
-    return BackendOptions(**{k: v for k, v in values.items() if v is not None})
+    flags = BackendOptions(**{k: v for k, v in values.items() if v is not None})
+    store = getattr(args, "store", None) or default_store_dir()
+    settings = load_settings(store, getattr(args, "config", None))
+    # Flags win over the file; the file's [models."NAME"] table wins over its [backend].
+    return settings.backend_options(getattr(args, "model", None) or default_model()).merged(flags)
 
 
 def _engine(args: argparse.Namespace) -> Engine:
+    from .config import default_store_dir
+
     return Engine(
         args.store,
         model=getattr(args, "model", None),
         progress=not args.json and sys.stderr.isatty(),
         backend_options=_backend_options(args),
+        settings=load_settings(args.store or default_store_dir(), getattr(args, "config", None)),
     )
 
 
@@ -137,7 +147,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    """refsight verify [--repair]"""
+    """refsight verify [--repair] [--fresh N [--threshold T]]"""
+    if args.fresh is not None:
+        with _engine(args) as engine:
+            drift = engine.check_drift(args.fresh, model=args.model, threshold=args.threshold)
+        _emit(args, drift.to_dict(), lambda d: json.dumps(d, indent=2))
+        return 0 if drift.ok else 1
     with _engine(args) as engine:
         report = engine.verify(repair=args.repair, model=args.model)
     data = report.to_dict()
@@ -198,6 +213,20 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """refsight serve [--host 127.0.0.1] [--port 8000] [--model NAME] [--workers N] [--keys FILE] [--max-prompt-tokens N]"""
+    # The HTTP stack is the optional [server] extra: without it, say how to get it (exit 2,
+    # a usage-level error) instead of failing with an ImportError traceback.
+    try:
+        import fastapi  # noqa: F401
+        import multipart  # noqa: F401  (python-multipart)
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        print(
+            f"refsight: error: `refsight serve` needs the server extra ({exc.name or exc} is not installed): "
+            "pip install 'refsight[server]'",
+            file=sys.stderr,
+        )
+        return 2
     from .server import ServerConfig, serve
 
     serve(
@@ -205,6 +234,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             store=args.store,
             model=args.model,
             backend_options=_backend_options(args),
+            config_file=getattr(args, "config", None),
             host=args.host,
             port=args.port,
             workers=args.workers,
@@ -239,29 +269,6 @@ def _parse_where(items: Sequence[str]) -> dict[str, str] | None:
 
     # Checked now (key names, at most MAX_WHERE_KEYS keys), before the index is synced.
     return validate_where(_parse_meta(items)) if items else None
-
-
-def format_comparison(data: dict[str, Any]) -> str:
-    """A readable table per reference for ``refsight compare`` without ``--json``."""
-    lines = []
-    if data["random_weights"]:
-        lines.append(f"!! {data['model']} has RANDOM weights: VLM verdicts below are meaningless !!")
-    if data.get("recalled"):
-        lines.append("recalled: " + ", ".join(f"{r['ref_id']} ({r['score']:.3f})" for r in data["recalled"]))
-    for result in data["results"]:
-        cached = "from cache" if result["reference_cached"] else "encoded now"
-        lines.append(f"\n{result['ref_id']}  score {result['score']:.2f}  ({cached})")
-        # Criteria and evidence are user and model text: one line each, controls escaped.
-        shown = [(escape_controls(c["criterion"]), escape_controls(str(c["evidence"]))) for c in result["criteria"]]
-        width = max([len(text) for text, _ in shown] + [9])
-        for c, (text, evidence) in zip(result["criteria"], shown):
-            lines.append(
-                f"  {text:<{width}}  {c['verdict']:<9} {c['confidence']:.2f}  "
-                f"[{c['source']}]  {evidence}"
-            )
-    timings = ", ".join(f"{k} {v:.0f} ms" for k, v in data["timings_ms"].items())
-    lines.append(f"\ntimings: {timings}")
-    return "\n".join(lines)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -317,7 +324,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_models(args: argparse.Namespace) -> int:
     """refsight models"""
-    from .backends.registry import available_models
+    from . import available_models
 
     names = available_models()
     _emit(args, {"models": names, "default": default_model()}, lambda d: "\n".join(d["models"]))
@@ -335,6 +342,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="store directory (default: $REFSIGHT_STORE or the user cache dir)",
     )
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON lines")
+    common.add_argument(
+        "--config",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help="config file of backend options (default: refsight.toml in the store directory); flags override it",
+    )
     with_model = argparse.ArgumentParser(add_help=False)
     with_model.add_argument("--model", default=None, help=f"model name (default: $REFSIGHT_MODEL or {default_model()})")
     for name, help_text in OPTION_HELP.items():
@@ -371,6 +384,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("stats", cmd_stats, "cache statistics")
     p = add("verify", cmd_verify, "check every stored package; exit 0 only when none is corrupt", model=True)
     p.add_argument("--repair", action="store_true", help="re-encode corrupt packages from the kept images")
+    p.add_argument(
+        "--fresh", type=int, default=None, metavar="N",
+        help="re-encode N random references with today's runtime and report drift from the stored features",
+    )
+    p.add_argument("--threshold", type=float, default=None, help="largest relative drift accepted with --fresh")
     p = add("reencode", cmd_reencode, "encode every reference for another model", model=True)
     p = add("generate", cmd_generate, "generate text from cached references and a fresh candidate", model=True)
     p.add_argument("--ref", action="append", default=[], metavar="ID", help="reference id (repeatable)")

@@ -25,6 +25,7 @@ from typing import Any
 
 from .backends.base import Backend, GenerationRequest
 from .backends.options import BackendOptions
+from .drift import DriftReport
 from .config import default_model, default_store_dir
 from .errors import InvalidInputError
 from .images import ImageInput, ImageSource, IntakeLimits, load_image
@@ -44,6 +45,7 @@ from .results import (
 )
 from .retrieval.embedders import Embedder
 from .retrieval.store_index import StoreIndex
+from .settings import Settings, load_settings
 from .store import DEFAULT_NAMESPACE, Reference, Store, open_store
 
 __all__ = ["Engine", "PackageState", "ReferenceSegment"]
@@ -58,7 +60,7 @@ class Engine:
     ``store`` is a directory (default: ``$REFSIGHT_STORE`` or the user cache dir) or an
     open :class:`~refsight.store.Store` (then the caller closes it); ``model`` a
     registered model name (default: ``$REFSIGHT_MODEL`` or ``tiny-qwen2-vl``), loaded on
-    first use with ``backend_options``; ``embedder`` the retrieval embedder (default:
+    first use with ``backend_options`` over the config file's (``settings``); ``embedder`` the retrieval embedder (default:
     EfficientNet-Lite0 + MiniLM, loaded on first use).
     """
 
@@ -73,6 +75,7 @@ class Engine:
         progress: bool = False,
         embedder: Embedder | None = None,
         backend_options: BackendOptions | None = None,
+        settings: Settings | None = None,
         share_packages: bool = True,
     ) -> None:
         self._owns_store = not isinstance(store, Store)
@@ -86,6 +89,8 @@ class Engine:
         self.limits = limits
         self.progress = progress
         self.backend_options = backend_options or BackendOptions()
+        #: The config file's options (``refsight.toml`` in the store unless given); explicit options win.
+        self.settings = settings if settings is not None else load_settings(self.store.root)
         self.share_packages = share_packages
         self._backends: dict[str, Backend] = {}
         self._sidecars = None  # the attribute sidecars, opened at the first comparison that uses them
@@ -125,7 +130,8 @@ class Engine:
 
         name = model or self.model
         if name not in self._backends:
-            self._backends[name] = get_backend(name, **self.backend_options.as_kwargs())
+            options = self.settings.backend_options(name).merged(self.backend_options)
+            self._backends[name] = get_backend(name, **options.as_kwargs())
         return self._backends[name]
 
     def scope(self, namespace: str | None = None) -> str | None:
@@ -352,6 +358,17 @@ class Engine:
     def verify(self, *, repair: bool = False, model: str | None = None) -> VerifyReport:
         """Check every package; with ``repair``, re-encode corrupt ones from the kept images with ``model``."""
         return self.maintenance.verify(repair=repair, backend=lambda: self.backend(model))
+
+    def check_drift(
+        self, sample: int, *, model: str | None = None, namespace: str | None = None, seed: int = 0,
+        threshold: float | None = None,
+    ) -> DriftReport:
+        """Re-encode ``sample`` random references with today's runtime and compare with the stored packages."""
+        namespace = self._ns(namespace)
+        return self.maintenance.drift(
+            self.backend(model), namespace=namespace, scope=self.scope(namespace), sample=sample, seed=seed,
+            threshold=threshold,
+        )
 
     def reencode(self, *, model: str | None = None, namespace: str | None = None) -> Iterator[AddResult]:
         """Encode every reference of the namespace for ``model`` (packages already there are skipped)."""

@@ -11,6 +11,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from .backends.base import Backend
+from .drift import DEFAULT_THRESHOLD, DriftReport, check_drift
 from .errors import RefsightError
 from .packages import PackageCache
 from .references import ReferenceBook
@@ -108,6 +109,15 @@ class Maintenance:
             evictions=int(counters.get("evictions", 0)),
             encode_ms_saved=round(float(counters.get("encode_ms_saved", 0.0)), 3),
             memory_bytes=self.store.memory.nbytes,
+        )
+
+    def drift(
+        self, backend: Backend, *, namespace: str, scope: str | None, sample: int, seed: int, threshold: float | None
+    ) -> DriftReport:
+        """``refsight verify --fresh``: stored features against a fresh encode of a random sample."""
+        return check_drift(
+            self.store, backend, self.references.list(namespace=namespace), sample=sample, seed=seed,
+            threshold=DEFAULT_THRESHOLD if threshold is None else threshold, scope=scope,
         )
 
     def gc(self, **options: Any) -> dict[str, int]:

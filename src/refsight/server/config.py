@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..backends.options import BackendOptions
+from ..settings import BackendOptions
 from ..errors import InvalidInputError
 from .tenants import is_loopback, load_keys
 
@@ -28,6 +28,8 @@ class ServerConfig:
     model: str | None = None
     #: How the model is loaded (device, dtype, processor settings ...), as for the CLI.
     backend_options: BackendOptions = field(default_factory=BackendOptions)
+    #: A config file (``refsight.toml``) to read instead of the one in the store directory.
+    config_file: str | os.PathLike | None = None
     host: str = "127.0.0.1"
     port: int = 8000
     #: Threads that run model work (encode, generate, search) off the event loop.
