@@ -13,12 +13,10 @@ import os
 import sys
 from typing import Any, Callable, Sequence
 
-from . import Engine, RefsightError
+from . import Engine, FileReadError, RefsightError, escape_controls, read_regular_file
 from .settings import OPTION_HELP, BackendOptions, load_settings, parse_key_values
 from .config import default_model
 from .report import format_comparison
-from .reading import FileReadError, read_regular_file
-from .terminal import escape_controls
 
 __all__ = ["main", "build_parser"]
 
@@ -248,13 +246,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def _read_criteria(value: str) -> str:
     if value.startswith("@"):
-        from .judge.criteria import MAX_RUBRIC_CHARS
-
         path = value[1:]
         try:
             # A regular file only, never blocking (a FIFO) and never unbounded (/dev/zero);
-            # a little over the rubric's own limit, so parse_rubric reports the exact size.
-            data = read_regular_file(path, 4 * MAX_RUBRIC_CHARS + 4)
+            # well over any rubric's own limit, so parse_rubric reports the exact size.
+            data = read_regular_file(path, _MAX_CRITERIA_FILE_BYTES)
         except FileReadError as e:
             raise RefsightError(f"--criteria {value}: cannot read {path}: {e.reason}") from None
         try:
@@ -264,8 +260,12 @@ def _read_criteria(value: str) -> str:
     return value
 
 
+#: Largest rubric file read for ``--criteria @FILE`` (rubrics themselves are far smaller).
+_MAX_CRITERIA_FILE_BYTES = 1 << 20
+
+
 def _parse_where(items: Sequence[str]) -> dict[str, str] | None:
-    from .retrieval.vectors import validate_where
+    from . import validate_where
 
     # Checked now (key names, at most MAX_WHERE_KEYS keys), before the index is synced.
     return validate_where(_parse_meta(items)) if items else None

@@ -20,7 +20,7 @@ from typing import Any
 
 from .errors import InvalidInputError
 
-__all__ = ["MAX_JSON_DEPTH", "check_json_depth", "data_depth", "json_depth", "loads"]
+__all__ = ["MAX_JSON_DEPTH", "check_json_depth", "data_depth", "json_depth", "load_json"]
 
 #: Deepest nesting of arrays and objects accepted in any JSON input (bodies, fields, rubrics).
 MAX_JSON_DEPTH = 64
@@ -92,7 +92,7 @@ def check_json_depth(
         raise error(what, f"JSON nested more than {limit} levels deep (the limit is {limit})")
 
 
-def loads(
+def load_json(
     text: str | bytes | bytearray,
     what: str,
     *,

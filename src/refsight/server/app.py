@@ -18,8 +18,7 @@ from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from .. import __version__
-from ..retrieval.vectors import validate_where
-from ..store.base import validate_ref_id
+from .. import validate_ref_id, validate_where
 from .access_log import install as install_access_log_redaction
 from .auth import REF_ID_PATH as _REF_ID
 from .auth import require_operator, require_tenant

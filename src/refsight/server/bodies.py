@@ -16,9 +16,7 @@ from typing import Any
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..jsonlimits import check_json_depth
-from ..jsonlimits import loads as json_loads
-from ..retrieval.vectors import MAX_WHERE_KEYS
+from .. import MAX_WHERE_KEYS, check_json_depth, load_json
 from .errors import ApiError
 
 __all__ = [
@@ -184,7 +182,7 @@ async def _read_multipart(request: Request, model: type[BaseModel], files: set[s
             elif any(isinstance(v, UploadFile) for v in values):
                 raise ApiError(422, "validation_error", f"{name}: expected a text field, got a file")
             elif name in _JSON_FIELDS:
-                data[name] = json_loads(values[-1], name) if values[-1].strip() else None
+                data[name] = load_json(values[-1], name) if values[-1].strip() else None
             else:
                 data[name] = values[-1] if values[-1] != "" else None
     finally:

@@ -21,7 +21,7 @@ from typing import Any, Callable, TypeVar
 import anyio
 import anyio.to_thread
 
-from ..jsonlimits import MAX_JSON_DEPTH, json_depth
+from .. import MAX_JSON_DEPTH, json_depth
 from .errors import ApiError, error_response
 
 __all__ = ["BodyLimitMiddleware", "WorkPool"]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ..errors import InvalidInputError
-from ..reading import FileReadError, read_regular_file
+from .. import FileReadError, read_regular_file
 
 __all__ = ["Tenants", "OPERATOR", "ENV_VAR", "is_loopback", "parse_key_pairs", "load_keys"]
 
