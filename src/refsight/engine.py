@@ -374,9 +374,9 @@ class Engine:
         namespace = self._ns(namespace)
         return self.maintenance.reencode(backend=self.backend(model), namespace=namespace, scope=self.scope(namespace))
 
-    def gc(self) -> dict[str, int]:
-        """Remove orphan files and stale temp files from the store (counts by kind)."""
-        return self.maintenance.gc()
+    def gc(self, **options: Any) -> dict[str, int]:
+        """Remove what interrupted writes left in the store (see :meth:`refsight.store.Store.gc`); returns counts."""
+        return self.store.gc(**options)
 
     def _progress_bar(self, total: int, description: str) -> AbstractContextManager[Any]:
         return progress_bar(total, description, enabled=self.progress)
