@@ -24,7 +24,7 @@ from typing import Any, Callable
 from ..errors import ModelLoadError, UnknownModelError
 from .base import Backend
 
-__all__ = ["TINY_MODELS", "load_tiny", "model_cache_dir", "ensure_model_dir"]
+__all__ = ["TINY_MODELS", "ModelSpec", "load_tiny", "model_cache_dir", "ensure_model_dir", "build_checkpoint"]
 
 #: Bump when a build recipe changes, so old cache entries are not reused.
 BUILD_VERSION = 1
@@ -49,6 +49,9 @@ _QWEN_TEXT = dict(
     max_position_embeddings=4096,
     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
 )
+
+#: The public name of a build recipe (family, vision, text, processor settings).
+ModelSpec = _Spec
 
 TINY_MODELS: dict[str, _Spec] = {
     "tiny-qwen2-vl": _Spec(
@@ -175,12 +178,20 @@ def ensure_model_dir(name: str) -> Path:
 
 
 def _build(name: str, directory: Path) -> None:
+    build_checkpoint(name, TINY_MODELS[name], directory)
+
+
+def build_checkpoint(name: str, spec: _Spec, directory: Path) -> None:
+    """Build the random-weight HF checkpoint of ``spec`` into ``directory`` (``save_pretrained``).
+
+    Public so that other runtimes' built-in models (the llama.cpp GGUFs) start
+    from the same checkpoints, with their own specs.
+    """
     import torch
     from transformers import GenerationConfig
 
     from .hf.tokenizer import QWEN_SPECIAL_TOKENS, smolvlm_special_tokens, train_tokenizer
 
-    spec = TINY_MODELS[name]
     if spec.family == "smolvlm":
         tokenizer = train_tokenizer(smolvlm_special_tokens(), eos_token="<end_of_utterance>", pad_token="<|endoftext|>")
         config, model_class, processor = _smolvlm_parts(spec, tokenizer)
