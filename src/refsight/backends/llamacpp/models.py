@@ -105,7 +105,8 @@ GGUF_MODELS: dict[str, GgufSpec] = {
             "smolvlm",
             vision=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2, image_size=32, patch_size=8),
             text=dict(
-                model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                # hidden 96, not Qwen's 64: the two families' mmprojs must not fit each other's model.
+                model_type="llama", hidden_size=96, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, max_position_embeddings=4096,
                 # The converter picks the language model class from the text config's architecture.
                 architectures=["VLlama3ForCausalLM"],
