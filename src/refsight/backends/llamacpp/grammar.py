@@ -10,6 +10,9 @@ grammar (so anything the grammar allows is still valid under the original schema
 * whitespace: the converter allows a space after every token; answers are made
   compact instead, so they never exceed the judge's token budget (counted for
   ``json.dumps``' ``", "`` / ``": "`` separators).
+* string characters: the converter's ``char`` admits raw control characters (a
+  newline inside a string, which JSON forbids) and ``\\uXXXX`` escapes (lone
+  surrogates); here ``char`` is any other character or a one-letter escape.
 """
 
 from __future__ import annotations
@@ -58,4 +61,8 @@ def schema_to_gbnf(schema: dict[str, Any]) -> str:
     compact, n = re.subn(r"^space ::= .*$", 'space ::= ""', grammar, flags=re.MULTILINE)
     if n != 1:  # pragma: no cover - a converter that names its whitespace rule differently
         raise ValueError("the JSON-schema converter produced no 'space' rule to compact")
-    return compact
+    return re.sub(r"^char ::= .*$", lambda _: _CHAR, compact, flags=re.MULTILINE)
+
+
+# JSON string characters: no quote, backslash, DEL or control character; or a short escape.
+_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] | "\\" ["\\/bfnrt]'
