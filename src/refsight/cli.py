@@ -14,6 +14,7 @@ import sys
 from typing import Any, Callable, Sequence
 
 from . import Engine, RefsightError
+from .backends.options import OPTION_HELP, BackendOptions, parse_key_values
 from .config import default_model
 
 __all__ = ["main", "build_parser"]
@@ -38,8 +39,20 @@ def _parse_meta(items: Sequence[str]) -> dict[str, str]:
     return meta
 
 
+def _backend_options(args: argparse.Namespace) -> BackendOptions:
+    """The backend options given as flags (only those the user set)."""
+    values = {name: getattr(args, name, None) for name in OPTION_HELP if name != "processor_kwargs"}
+    values["processor_kwargs"] = parse_key_values(getattr(args, "processor_kwarg", None) or [], flag="--processor-kwarg")
+    return BackendOptions(**{k: v for k, v in values.items() if v is not None})
+
+
 def _engine(args: argparse.Namespace) -> Engine:
-    return Engine(args.store, model=getattr(args, "model", None), progress=not args.json and sys.stderr.isatty())
+    return Engine(
+        args.store,
+        model=getattr(args, "model", None),
+        progress=not args.json and sys.stderr.isatty(),
+        backend_options=_backend_options(args),
+    )
 
 
 # -- commands --------------------------------------------------------------------------
@@ -167,6 +180,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ServerConfig(
             store=args.store,
             model=args.model,
+            backend_options=_backend_options(args),
             host=args.host,
             port=args.port,
             workers=args.workers,
@@ -293,6 +307,14 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON lines")
     with_model = argparse.ArgumentParser(add_help=False)
     with_model.add_argument("--model", default=None, help=f"model name (default: $REFSIGHT_MODEL or {default_model()})")
+    for name, help_text in OPTION_HELP.items():
+        if name == "processor_kwargs":
+            with_model.add_argument(
+                "--processor-kwarg", action="append", default=[], metavar="KEY=VALUE", help=help_text
+            )
+        else:
+            kind = int if name in ("min_pixels", "max_pixels", "batch_size") else str
+            with_model.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None, help=help_text)
 
     parser = argparse.ArgumentParser(
         prog="refsight",

@@ -66,7 +66,9 @@ class Engine:
         memory_bytes: int | None = None,
         progress: bool = False,
         embedder: Any = None,
+        backend_options: "BackendOptions | None" = None,
     ) -> None:
+        from .backends.options import BackendOptions
         from .store import Store, open_store
 
         # An engine closes only a store it opened itself (tenants share one store).
@@ -87,6 +89,7 @@ class Engine:
         #: what the last index sync did (a :class:`~refsight.retrieval.catalog_sync.SyncReport`)
         self.last_sync = None
         self._embedder = embedder
+        self.backend_options = backend_options or BackendOptions()
 
     # -- lifecycle ---------------------------------------------------------------
     def close(self) -> None:
@@ -112,7 +115,7 @@ class Engine:
 
         name = model or self.model
         if name not in self._backends:
-            self._backends[name] = get_backend(name)
+            self._backends[name] = get_backend(name, **self.backend_options.as_kwargs())
         return self._backends[name]
 
     # -- references ------------------------------------------------------------------

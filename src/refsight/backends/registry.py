@@ -19,6 +19,7 @@ from importlib.metadata import entry_points
 from typing import Any, Callable
 
 from ..errors import BackendError, RefsightError, UnknownModelError
+from ..package import canonical_json
 from .base import Backend
 
 __all__ = ["register_backend", "available_models", "get_backend", "resolve_factory", "HF_PREFIX", "LLAMACPP_PREFIX"]
@@ -42,7 +43,7 @@ _BUILTINS: dict[str, str] = {
     "shape-qwen2-vl-2b-gguf": "refsight.backends.llamacpp:load_builtin",
 }
 _registered: dict[str, str | Callable[..., Backend]] = {}
-_instances: dict[tuple[str, tuple], Backend] = {}
+_instances: dict[tuple[str, str], Backend] = {}
 _lock = threading.Lock()
 
 
@@ -82,7 +83,8 @@ def resolve_factory(name: str) -> Callable[..., Backend]:
 
 def get_backend(name: str, **options: Any) -> Backend:
     """The backend for ``name``, built once per process and set of options."""
-    key = (name, tuple(sorted(options.items())))
+    # Options may hold mappings (processor settings): key by their canonical JSON.
+    key = (name, canonical_json(options))
     with _lock:
         backend = _instances.get(key)
         if backend is None:

@@ -67,7 +67,13 @@ class Service:
         with self._engines_lock:
             engine = self._engines.get(namespace)
             if engine is None:
-                engine = Engine(self.store, model=self.config.model, namespace=namespace, limits=self.limits)
+                engine = Engine(
+                    self.store,
+                    model=self.config.model,
+                    namespace=namespace,
+                    limits=self.limits,
+                    backend_options=self.config.backend_options,
+                )
                 self._engines[namespace] = engine
             return engine
 
