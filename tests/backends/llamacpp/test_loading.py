@@ -72,20 +72,26 @@ def test_mismatched_or_wrong_mmproj_is_a_load_error(gguf_files, tmp_path):
 
 def test_bad_files_write_nothing_to_the_store(gguf_files, photos, tmp_path):
     from refsight import Engine
-    from refsight.backends.llamacpp import load_llamacpp_backend
-    from refsight.backends.registry import register_backend
+    from refsight.backends.options import BackendOptions
 
-    model, _ = gguf_files(QWEN)
+    model, mmproj = gguf_files(QWEN)
     _, smol_mmproj = gguf_files(SMOL)
-    register_backend("llama-mismatched", lambda name, **o: load_llamacpp_backend(name, source=str(model), mmproj=str(smol_mmproj)))
     photo = tmp_path / "cat.png"
     photos["chelsea"].image.save(photo)
-    for model_name in ("llama-mismatched", f"llamacpp:{model}"):  # mismatched mmproj; no mmproj at all
-        with Engine(tmp_path / "store", model=model_name) as engine:
+    for options in (
+        BackendOptions(mmproj=str(smol_mmproj)),  # made for another model
+        BackendOptions(),  # no mmproj at all
+        BackendOptions(mmproj=str(tmp_path / "absent.gguf")),
+    ):
+        with Engine(tmp_path / "store", model=f"llamacpp:{model}", backend_options=options) as engine:
             with pytest.raises(ModelLoadError):
                 engine.add(photo, ref_id="cat")
             assert engine.stats()["packages"] == 0
             assert engine.stats()["references"] == 0
+    # The same store then works with the right mmproj.
+    with Engine(tmp_path / "store", model=f"llamacpp:{model}", backend_options=BackendOptions(mmproj=str(mmproj))) as engine:
+        assert engine.add(photo, ref_id="cat").cached is False
+        assert engine.stats()["packages"] == 1
 
 
 def test_unsupported_options_are_refused_by_name(gguf_files):
@@ -95,6 +101,8 @@ def test_unsupported_options_are_refused_by_name(gguf_files):
             _load(model, mmproj=str(mmproj), **{option: value})
     with pytest.raises(InvalidInputError, match="image_max_tokens"):
         _load(model, mmproj=str(mmproj), image_max_tokens="many")
+    with pytest.raises(InvalidInputError, match="do_resize"):
+        _load(model, mmproj=str(mmproj), processor_kwargs={"do_resize": False})
 
 
 def test_keys_change_with_mmproj_model_file_and_token_limits(gguf_files, photos, tmp_path):
@@ -104,7 +112,7 @@ def test_keys_change_with_mmproj_model_file_and_token_limits(gguf_files, photos,
         "mmproj": _load(model, mmproj=str(_tweaked_copy(mmproj, tmp_path, "mmproj2.gguf"))),
         "model": _load(_tweaked_copy(model, tmp_path, "model2.gguf"), mmproj=str(mmproj)),
         "image_min_tokens": _load(model, mmproj=str(mmproj), image_min_tokens=8),
-        "image_max_tokens": _load(model, mmproj=str(mmproj), image_max_tokens=16),
+        "image_max_tokens": _load(model, mmproj=str(mmproj), processor_kwargs={"image_max_tokens": 16}),
     }
     image = photos["chelsea"]
     key = base.encode([image])[0].key

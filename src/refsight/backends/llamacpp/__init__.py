@@ -29,7 +29,12 @@ __all__ = ["LLAMACPP_PREFIX", "load_llamacpp_backend", "load_builtin", "SUPPORTE
 LLAMACPP_PREFIX = "llamacpp:"
 
 #: Options the factory takes; any other option is refused by name.
-SUPPORTED_OPTIONS = ("mmproj", "device", "batch_size", "n_ctx", "n_threads", "image_min_tokens", "image_max_tokens")
+SUPPORTED_OPTIONS = (
+    "mmproj", "device", "dtype", "batch_size", "processor_kwargs", "n_ctx", "n_threads",
+    "image_min_tokens", "image_max_tokens",
+)
+#: mtmd's image settings, also accepted inside ``processor_kwargs`` (the CLI's ``--processor KEY=VALUE``).
+MTMD_SETTINGS = ("image_min_tokens", "image_max_tokens")
 
 
 def _require_runtime(name: str) -> None:
@@ -77,27 +82,55 @@ def _settings(options: dict[str, Any]):
         raise InvalidInputError(
             unknown, f"option(s) not supported by the llama.cpp backend; accepted: {', '.join(SUPPORTED_OPTIONS)}"
         )
+    extra = dict(options.get("processor_kwargs") or {})
+    bad = sorted(set(extra) - set(MTMD_SETTINGS))
+    if bad:
+        raise InvalidInputError(bad, f"llama.cpp's image settings are {', '.join(MTMD_SETTINGS)}")
+    for key in MTMD_SETTINGS:
+        if key in extra and options.get(key) is not None and options[key] != extra[key]:
+            raise InvalidInputError(key, "given twice with different values")
+    options = {**options, **extra}
     device = options.get("device") or "cpu"
-    if device not in ("cpu", "gpu", "cuda"):
-        raise InvalidInputError("device", f"the llama.cpp backend runs on 'cpu' or 'gpu', not {device!r}")
+    if device not in ("auto", "cpu", "gpu", "cuda", "mps") and not str(device).startswith("cuda:"):
+        raise InvalidInputError("device", f"the llama.cpp backend runs on cpu, cuda or mps, not {device!r}")
+    # The GGUF fixes the weights' types and mtmd hands out float32 features: no dtype to choose.
+    if options.get("dtype") not in (None, "auto", "float32"):
+        raise InvalidInputError("dtype", "the llama.cpp backend takes the weight types of the GGUF files; quantise those instead")
     _int_option(options, "batch_size", 1, 1)  # requests run one after another whatever the batch size
     return RuntimeSettings(
         n_ctx=_int_option(options, "n_ctx", 4096, 256),
         n_threads=_int_option(options, "n_threads", 0, 0),
         image_min_tokens=_int_option(options, "image_min_tokens", -1, -1),
         image_max_tokens=_int_option(options, "image_max_tokens", -1, -1),
-        use_gpu=device != "cpu",
+        use_gpu=_use_gpu(device),
     )
+
+
+def _use_gpu(device: str) -> bool:
+    if device == "cpu":
+        return False
+    if device == "auto":
+        try:
+            import llama_cpp
+
+            return bool(llama_cpp.llama_supports_gpu_offload())
+        except ImportError:
+            return False
+    return True
 
 
 def load_llamacpp_backend(name: str, *, source: str | None = None, model_id: str | None = None,
                           random_weights: bool = False, **options: Any):
     """The registry factory for ``llamacpp:<model.gguf>``; ``mmproj=<mmproj.gguf>`` is required.
 
-    Options: ``mmproj``, ``device`` ("cpu" or "gpu"), ``n_ctx``, ``n_threads``,
-    ``image_min_tokens`` / ``image_max_tokens`` (mtmd's limits; they change the chunks
-    and so the keys), ``batch_size``. Anything else raises :class:`InvalidInputError`
-    naming it. Missing or mismatched files raise :class:`ModelLoadError`.
+    Options (the :class:`~refsight.backends.options.BackendOptions` names where they
+    exist): ``mmproj``, ``device`` (cpu, auto, cuda[:N], mps), ``batch_size``,
+    ``image_min_tokens`` / ``image_max_tokens`` (mtmd's limits; they change the
+    chunks and so the keys; also accepted in ``processor_kwargs``), ``n_ctx``,
+    ``n_threads``; ``dtype`` only as "auto"/"float32" (the GGUF fixes the weights).
+    Anything else (``attn``, ``min_pixels``, ``revision`` ...) raises
+    :class:`InvalidInputError` naming it. Missing or mismatched files raise
+    :class:`ModelLoadError`.
     """
     settings = _settings(options)
     if source is None:

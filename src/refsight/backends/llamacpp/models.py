@@ -100,6 +100,24 @@ GGUF_MODELS: dict[str, GgufSpec] = {
         pre_tokenizer="qwen2",
         chat_template=CHATML_TEMPLATE,
     ),
+    "tiny-qwen3-vl-gguf": GgufSpec(
+        ModelSpec(
+            "qwen3_vl",
+            vision=dict(
+                depth=3, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=16,
+                spatial_merge_size=2, num_position_embeddings=256, deepstack_visual_indexes=[0, 1],
+            ),
+            text=dict(
+                _QWEN_TEXT,
+                head_dim=16,
+                rope_parameters={"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [4, 2, 2], "mrope_interleaved": True},
+            ),
+            processor=dict(patch_size=16, merge_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3, min_pixels=32 * 32, max_pixels=128 * 128),
+            extra={},
+        ),
+        pre_tokenizer="qwen2",
+        chat_template=CHATML_TEMPLATE,
+    ),
     "tiny-smolvlm-gguf": GgufSpec(
         ModelSpec(
             "smolvlm",
