@@ -242,7 +242,6 @@ class LlamaCppBackend(Backend):
         from .generation import decode_prompt, sample
 
         with self._lock:
-            encode_before = self.runtime.encode_calls
             began = time.perf_counter()
             with _native_errors(self.name, GenerationError, "generation failed"):
                 text = self.prompt_text(request.segments)
@@ -252,7 +251,6 @@ class LlamaCppBackend(Backend):
                     temperature=temperature, return_logits=return_logits,
                 )
             total_ms = (time.perf_counter() - began) * 1000
-            encoded = self.runtime.encode_calls - encode_before
         piece = b"".join(self.runtime.piece(t) for t in tokens)
         if return_logits:
             import torch
@@ -269,7 +267,6 @@ class LlamaCppBackend(Backend):
                 "encode": encode_ms,
                 "generate": total_ms - encode_ms,
                 "total": total_ms,
-                "encoded_chunks": float(encoded),
             },
         )
 

@@ -64,18 +64,24 @@ _log_callbacks: list = []
 
 
 def _quiet_logs(L, M) -> None:
-    """Route llama.cpp's and mtmd's chatty stderr logging to nothing unless REFSIGHT_LLAMA_LOG is set."""
+    """Send llama.cpp's and mtmd's stderr chatter to the ``refsight.llamacpp`` logger, errors only.
+
+    ``REFSIGHT_LLAMA_LOG=1`` keeps llama.cpp's own (verbose) stderr logging instead.
+    """
     if os.environ.get("REFSIGHT_LLAMA_LOG"):
         return
+    import logging
+
+    log = logging.getLogger("refsight.llamacpp")
 
     @L.llama_log_callback
-    def _silent(level, text, user_data):  # noqa: ARG001 - the C signature
-        return None
+    def _to_logging(level, text, user_data):  # noqa: ARG001 - the C signature
+        if level == 3:  # GGML_LOG_LEVEL_ERROR: why a model or an image was refused
+            log.error("%s", text.decode("utf-8", "replace").rstrip())
 
-    _log_callbacks.append(_silent)
-    L.llama_log_set(_silent, ctypes.c_void_p(0))
-    if hasattr(M, "mtmd_log_set"):
-        M.mtmd_log_set(_silent, ctypes.c_void_p(0))
+    _log_callbacks.append(_to_logging)
+    L.llama_log_set(_to_logging, ctypes.c_void_p(0))
+    M.mtmd_log_set(_to_logging, ctypes.c_void_p(0))
 
 
 @dataclass(frozen=True)
