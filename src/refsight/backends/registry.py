@@ -39,7 +39,6 @@ _BUILTINS: dict[str, str] = {
     # llama.cpp (GGUF) built-ins: need the ``llamacpp`` extra
     "tiny-qwen2-vl-gguf": "refsight.backends.llamacpp:load_builtin",
     "tiny-qwen2.5-vl-gguf": "refsight.backends.llamacpp:load_builtin",
-    "tiny-qwen3-vl-gguf": "refsight.backends.llamacpp:load_builtin",
     "tiny-smolvlm-gguf": "refsight.backends.llamacpp:load_builtin",
     "shape-qwen2-vl-2b-gguf": "refsight.backends.llamacpp:load_builtin",
 }

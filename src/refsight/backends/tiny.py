@@ -181,11 +181,13 @@ def _build(name: str, directory: Path) -> None:
     build_checkpoint(name, TINY_MODELS[name], directory)
 
 
-def build_checkpoint(name: str, spec: _Spec, directory: Path) -> None:
+def build_checkpoint(name: str, spec: _Spec, directory: Path, *, extra_tokens: tuple[str, ...] = ()) -> None:
     """Build the random-weight HF checkpoint of ``spec`` into ``directory`` (``save_pretrained``).
 
     Public so that other runtimes' built-in models (the llama.cpp GGUFs) start
-    from the same checkpoints, with their own specs.
+    from the same checkpoints, with their own specs. ``extra_tokens`` are added to
+    the vocabulary before the model is sized to it (llama.cpp's SmolVLM support
+    looks up ``"\\n\\n"`` as a single token, as in SmolLM's real vocabulary).
     """
     import torch
     from transformers import GenerationConfig
@@ -194,9 +196,15 @@ def build_checkpoint(name: str, spec: _Spec, directory: Path) -> None:
 
     if spec.family == "smolvlm":
         tokenizer = train_tokenizer(smolvlm_special_tokens(), eos_token="<end_of_utterance>", pad_token="<|endoftext|>")
-        config, model_class, processor = _smolvlm_parts(spec, tokenizer)
     else:
         tokenizer = train_tokenizer(QWEN_SPECIAL_TOKENS, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    if extra_tokens:
+        from tokenizers import AddedToken
+
+        tokenizer.add_tokens([AddedToken(t, normalized=False, special=False) for t in extra_tokens])
+    if spec.family == "smolvlm":
+        config, model_class, processor = _smolvlm_parts(spec, tokenizer)
+    else:
         config, model_class, processor = _qwen_parts(spec, tokenizer)
     # A private generator state: building a model must not disturb the caller's RNG.
     with torch.random.fork_rng(devices=[]):

@@ -61,6 +61,7 @@ class GgufSpec:
     chat_template: str
     outtype: str = "f32"  # of the language model
     mmproj_outtype: str = "f32"
+    extra_tokens: tuple[str, ...] = ()  # added to the trained vocabulary
 
 
 _QWEN_TEXT = dict(
@@ -100,24 +101,6 @@ GGUF_MODELS: dict[str, GgufSpec] = {
         pre_tokenizer="qwen2",
         chat_template=CHATML_TEMPLATE,
     ),
-    "tiny-qwen3-vl-gguf": GgufSpec(
-        ModelSpec(
-            "qwen3_vl",
-            vision=dict(
-                depth=3, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=16,
-                spatial_merge_size=2, num_position_embeddings=256, deepstack_visual_indexes=[0, 1],
-            ),
-            text=dict(
-                _QWEN_TEXT,
-                head_dim=16,
-                rope_parameters={"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [4, 2, 2], "mrope_interleaved": True},
-            ),
-            processor=dict(patch_size=16, merge_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3, min_pixels=32 * 32, max_pixels=128 * 128),
-            extra={},
-        ),
-        pre_tokenizer="qwen2",
-        chat_template=CHATML_TEMPLATE,
-    ),
     "tiny-smolvlm-gguf": GgufSpec(
         ModelSpec(
             "smolvlm",
@@ -134,6 +117,8 @@ GGUF_MODELS: dict[str, GgufSpec] = {
         ),
         pre_tokenizer="smollm",
         chat_template=SMOLVLM_TEMPLATE,
+        # mtmd's Idefics3 layout puts the token "\n\n" (looked up whole) before the overview image.
+        extra_tokens=("\n\n",),
     ),
     # Qwen2-VL-2B's vision tower and projector at full size (f16, as published mmproj
     # files are); a one-layer language model. For the benchmark.
@@ -167,6 +152,7 @@ def _build_id(name: str) -> str:
             "pre": entry.pre_tokenizer,
             "template": entry.chat_template,
             "outtypes": [entry.outtype, entry.mmproj_outtype],
+            "extra_tokens": list(entry.extra_tokens),
             "build": BUILD_VERSION,
             "transformers": transformers.__version__,
             "converter": LLAMA_CPP_PYTHON_VERSION,
@@ -214,7 +200,7 @@ def ensure_gguf(name: str) -> tuple[Path, Path]:
 def _build(name: str, directory: Path) -> None:
     entry = GGUF_MODELS[name]
     hf_dir = directory / "hf"
-    build_checkpoint(name, entry.spec, hf_dir)
+    build_checkpoint(name, entry.spec, hf_dir, extra_tokens=entry.extra_tokens)
     (hf_dir / "chat_template.jinja").write_text(entry.chat_template)
     source = converter_dir()
     for outfile, outtype, extra in (

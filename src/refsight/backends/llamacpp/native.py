@@ -81,7 +81,7 @@ def _quiet_logs(L, M) -> None:
 
     _log_callbacks.append(_to_logging)
     L.llama_log_set(_to_logging, ctypes.c_void_p(0))
-    M.mtmd_log_set(_to_logging, ctypes.c_void_p(0))
+    M.mtmd_helper_log_set(_to_logging, ctypes.c_void_p(0))  # mtmd and clip too
 
 
 @dataclass(frozen=True)
