@@ -111,7 +111,7 @@ def test_keys_change_with_mmproj_model_file_and_token_limits(gguf_files, photos,
     variants = {
         "mmproj": _load(model, mmproj=str(_tweaked_copy(mmproj, tmp_path, "mmproj2.gguf"))),
         "model": _load(_tweaked_copy(model, tmp_path, "model2.gguf"), mmproj=str(mmproj)),
-        "image_min_tokens": _load(model, mmproj=str(mmproj), image_min_tokens=8),
+        "image_min_tokens": _load(model, mmproj=str(mmproj), image_min_tokens=16),
         "image_max_tokens": _load(model, mmproj=str(mmproj), processor_kwargs={"image_max_tokens": 16}),
     }
     image = photos["chelsea"]
@@ -134,7 +134,14 @@ def test_packages_of_another_encoder_are_refused(gguf, photos):
 
 def test_token_limits_change_the_chunks(gguf_files, photos):
     model, mmproj = gguf_files(QWEN)
-    small = _load(model, mmproj=str(mmproj), image_max_tokens=4).encode([photos["chelsea"]])[0]
+    small = _load(model, mmproj=str(mmproj), image_max_tokens=8).encode([photos["chelsea"]])[0]
+    large = _load(model, mmproj=str(mmproj), image_min_tokens=16).encode([photos["chelsea"]])[0]
     default = _load(model, mmproj=str(mmproj)).encode([photos["chelsea"]])[0]
     n = lambda p: sum(c["n_tokens"] for c in p.metadata["chunks"] if c["type"] == "image")  # noqa: E731
-    assert n(small) <= 4 < n(default)
+    assert n(small) <= 8 < n(default) < 16 <= n(large)
+
+
+def test_impossible_token_limits_say_why(gguf_files):
+    model, mmproj = gguf_files(QWEN)
+    with pytest.raises(ModelLoadError, match="less than image_min_pixels"):
+        _load(model, mmproj=str(mmproj), image_max_tokens=4)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +62,14 @@ def _init_backend() -> None:
 
 # Kept alive for the life of the process: ctypes callbacks must not be collected.
 _log_callbacks: list = []
+# The last error lines llama.cpp logged: a failed load returns NULL, the reason is only logged.
+_recent_errors: deque[str] = deque(maxlen=32)
+
+
+def _last_error() -> str:
+    """The recent llama.cpp lines that say what failed, joined ("" if none)."""
+    lines = [line for line in _recent_errors if "fail" in line.lower() or "error" in line.lower()]
+    return "; ".join(lines[-3:])
 
 
 def _quiet_logs(L, M) -> None:
@@ -76,8 +85,11 @@ def _quiet_logs(L, M) -> None:
 
     @L.llama_log_callback
     def _to_logging(level, text, user_data):  # noqa: ARG001 - the C signature
-        if level == 3:  # GGML_LOG_LEVEL_ERROR: why a model or an image was refused
-            log.error("%s", text.decode("utf-8", "replace").rstrip())
+        line = text.decode("utf-8", "replace").rstrip()
+        # Kept at every level: some load failures are logged as warnings or info.
+        _recent_errors.append(line)
+        if level == 3:  # GGML_LOG_LEVEL_ERROR
+            log.error("%s", line)
 
     _log_callbacks.append(_to_logging)
     L.llama_log_set(_to_logging, ctypes.c_void_p(0))
@@ -153,12 +165,13 @@ class LlamaRuntime:
         self.encode_calls = 0
         self.model = self.ctx = self.mctx = self._sampler = None
         _init_backend()
+        _recent_errors.clear()
         params = L.llama_model_default_params()
         if not settings.use_gpu:
             params.n_gpu_layers = 0
         self.model = L.llama_model_load_from_file(str(model_path).encode(), params)
         if not self.model:
-            raise NativeError(f"llama.cpp cannot load {model_path} as a language model GGUF")
+            raise NativeError(f"llama.cpp cannot load {model_path} as a language model GGUF ({_last_error() or 'no reason given'})")
         try:
             self.vocab = L.llama_model_get_vocab(self.model)
             self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
@@ -182,8 +195,8 @@ class LlamaRuntime:
             self.mctx = M.mtmd_init_from_file(str(mmproj_path).encode(), self.model, mp)
             if not self.mctx:
                 raise NativeError(
-                    f"mtmd cannot load {mmproj_path} as the vision projector of {model_path} "
-                    "(not an mmproj GGUF, or made for another model: embedding sizes differ)"
+                    f"mtmd cannot load {mmproj_path} as the vision projector of {model_path}: "
+                    f"{_last_error() or 'not an mmproj GGUF, or made for another model'}"
                 )
             if not M.mtmd_support_vision(self.mctx):
                 raise NativeError(f"{mmproj_path} has no vision encoder")
