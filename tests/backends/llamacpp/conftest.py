@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("llama_cpp.mtmd_cpp", reason="llama-cpp-python is not installed (pip install 'refsight[llamacpp]')")
 
-from llama_models import GGUF_FAMILIES  # noqa: E402,F401  (re-exported)
+from llama_models import GGUF_FAMILIES  # noqa: F401  (re-exported)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import jsonschema
 import pytest
-
 from llama_models import GGUF_FAMILIES
 
 RUBRIC = "short fur; triangular ears; a red collar"

@@ -39,7 +39,7 @@ MTMD_SETTINGS = ("image_min_tokens", "image_max_tokens")
 
 def _require_runtime(name: str) -> None:
     try:
-        import llama_cpp  # noqa: F401
+        import llama_cpp
         import llama_cpp.mtmd_cpp  # noqa: F401
     except ImportError as e:
         raise ModelLoadError(name, f"llama-cpp-python is not installed: pip install 'refsight[llamacpp]' ({e})") from e

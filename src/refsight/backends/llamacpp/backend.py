@@ -16,8 +16,9 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Iterator, Sequence
+from typing import Any, ClassVar
 
 from ...errors import (
     BackendError,
@@ -30,7 +31,7 @@ from ...images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
 from ..base import Backend, Generation, GenerationRequest
 from . import package_format as fmt
-from .native import Bitmap, LlamaRuntime, NativeError, RuntimeSettings, llama_cpp_version
+from .native import Bitmap, LlamaRuntime, RuntimeSettings, llama_cpp_version
 from .prompt import render_prompt
 
 __all__ = ["LlamaCppBackend"]
@@ -43,7 +44,7 @@ def _native_errors(model: str, error: type[BackendError], what: str) -> Iterator
         yield
     except RefsightError:
         raise
-    except Exception as e:  # noqa: BLE001 - translating is the point
+    except Exception as e:  # translating is the point
         raise error(model, f"{what}: {type(e).__name__}: {e}") from e
 
 

@@ -11,7 +11,8 @@ token at a time through llama.cpp's sampler chain.
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -239,7 +239,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 def _convert(source: Path, hf_dir: Path, out: Path, outtype: str, pre: str, extra: list[str]) -> None:
     env = dict(os.environ, REFSIGHT_CONVERTER_DIR=str(source), REFSIGHT_PRE_TOKENIZER=pre)
     cmd = [sys.executable, "-c", _CONVERT, str(hf_dir), "--outfile", str(out), "--outtype", outtype, *extra]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0 or not out.is_file():
         raise ModelLoadError(str(hf_dir), f"convert_hf_to_gguf.py {' '.join(extra)} failed: {proc.stderr[-2000:]}")
 
@@ -279,7 +279,7 @@ def converter_dir() -> Path:
             proc = subprocess.run(
                 [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
                  f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", "-d", str(root)],
-                capture_output=True, text=True,
+                capture_output=True, text=True, check=False,
             )
             tarballs = sorted(root.glob(f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"))
             if not tarballs:

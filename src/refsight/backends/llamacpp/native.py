@@ -17,10 +17,10 @@ from __future__ import annotations
 import ctypes
 import os
 from collections import deque
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -84,7 +84,7 @@ def _quiet_logs(L, M) -> None:
     log = logging.getLogger("refsight.llamacpp")
 
     @L.llama_log_callback
-    def _to_logging(level, text, user_data):  # noqa: ARG001 - the C signature
+    def _to_logging(level, text, user_data):
         line = text.decode("utf-8", "replace").rstrip()
         # Kept at every level: some load failures are logged as warnings or info.
         _recent_errors.append(line)
@@ -368,7 +368,7 @@ class LlamaRuntime:
 
     # ---------------------------------------------------------------- sampling
 
-    def sampler(self, grammar: str | None, seed: int | None, temperature: float) -> "Sampler":
+    def sampler(self, grammar: str | None, seed: int | None, temperature: float) -> Sampler:
         """A sampler chain: optional GBNF grammar, then greedy (``seed is None``) or seeded sampling."""
         return Sampler(self, grammar, seed, temperature)
 
