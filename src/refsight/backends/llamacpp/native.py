@@ -73,9 +73,11 @@ def _last_error() -> str:
 
 
 def _quiet_logs(L, M) -> None:
-    """Send llama.cpp's and mtmd's stderr chatter to the ``refsight.llamacpp`` logger, errors only.
+    """Send llama.cpp's and mtmd's stderr chatter to the ``refsight.llamacpp`` logger (DEBUG).
 
-    ``REFSIGHT_LLAMA_LOG=1`` keeps llama.cpp's own (verbose) stderr logging instead.
+    Failures reach the user in the exception instead (:func:`_last_error`): clip logs
+    advice such as "Qwen-VL models require at minimum 1024 image tokens" at error
+    level on every load. ``REFSIGHT_LLAMA_LOG=1`` keeps llama.cpp's own stderr logging.
     """
     if os.environ.get("REFSIGHT_LLAMA_LOG"):
         return
@@ -88,8 +90,7 @@ def _quiet_logs(L, M) -> None:
         line = text.decode("utf-8", "replace").rstrip()
         # Kept at every level: some load failures are logged as warnings or info.
         _recent_errors.append(line)
-        if level == 3:  # GGML_LOG_LEVEL_ERROR
-            log.error("%s", line)
+        log.debug("%s", line)
 
     _log_callbacks.append(_to_logging)
     L.llama_log_set(_to_logging, ctypes.c_void_p(0))
