@@ -35,7 +35,16 @@ def test_prefix_loads_through_the_registry_with_mmproj(gguf_files):
     backend = get_backend(f"llamacpp:{model}", mmproj=str(mmproj))
     assert backend.fingerprint().backend == "llamacpp-qwen2vl"
     assert backend.supports_constrained_decoding
-    assert backend.random_weights is False  # a user's GGUF: refsight cannot tell
+    assert backend.random_weights is True  # refsight's marker file beside the GGUF says so
+    assert backend.fingerprint().model_id == "refsight/tiny-qwen2-vl-gguf"
+
+
+def test_a_users_gguf_is_not_marked_random(gguf_files, tmp_path):
+    model, mmproj = gguf_files(QWEN)
+    copy = shutil.copyfile(model, tmp_path / "model.gguf")  # no marker file beside it
+    backend = _load(copy, mmproj=str(mmproj))
+    assert backend.random_weights is False
+    assert backend.fingerprint().model_id != "refsight/tiny-qwen2-vl-gguf"
 
 
 def test_backend_names_never_share_keys_with_hf(gguf):
@@ -120,7 +129,8 @@ def test_keys_change_with_mmproj_model_file_and_token_limits(gguf_files, photos,
     assert key not in keys.values()
     assert len(set(keys.values())) == len(keys)
     # The same files under the same settings give the same key (content hashes, not paths).
-    same = _load(shutil.copyfile(model, tmp_path / "same.gguf"), mmproj=str(mmproj))
+    moved = shutil.copytree(model.parent, tmp_path / "moved")
+    same = _load(moved / model.name, mmproj=str(moved / mmproj.name))
     assert same.encode([image])[0].key == key
 
 

@@ -27,6 +27,7 @@ from ...errors import InvalidInputError, ModelLoadError
 __all__ = ["LLAMACPP_PREFIX", "load_llamacpp_backend", "load_builtin", "SUPPORTED_OPTIONS"]
 
 LLAMACPP_PREFIX = "llamacpp:"
+MARKER_FILE = "refsight_model.json"
 
 #: Options the factory takes; any other option is refused by name.
 SUPPORTED_OPTIONS = (
@@ -119,8 +120,16 @@ def _use_gpu(device: str) -> bool:
     return True
 
 
+def _marker(model_path: Path) -> dict[str, Any]:
+    """The ``refsight_model.json`` refsight writes beside the GGUFs it builds (random weights), or {}."""
+    try:
+        return json.loads((model_path.parent / MARKER_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def load_llamacpp_backend(name: str, *, source: str | None = None, model_id: str | None = None,
-                          random_weights: bool = False, **options: Any):
+                          random_weights: bool | None = None, **options: Any):
     """The registry factory for ``llamacpp:<model.gguf>``; ``mmproj=<mmproj.gguf>`` is required.
 
     Options (the :class:`~refsight.backends.options.BackendOptions` names where they
@@ -142,6 +151,11 @@ def load_llamacpp_backend(name: str, *, source: str | None = None, model_id: str
         )
     mmproj_path = _existing_file(name, "mmproj GGUF", options["mmproj"])
     _require_runtime(name)
+    marker = _marker(model_path)
+    if random_weights is None:
+        # A GGUF refsight built (its outputs must say so wherever it is loaded from).
+        random_weights = bool(marker.get("random_weights", False))
+    model_id = model_id or marker.get("model_id")
     from .backend import LlamaCppBackend
     from .native import NativeError
 
@@ -163,8 +177,4 @@ def load_builtin(name: str, **options: Any):
     from .models import ensure_gguf
 
     model_path, mmproj_path = ensure_gguf(name)
-    marker = json.loads((model_path.parent / "refsight_model.json").read_text())
-    return load_llamacpp_backend(
-        name, source=str(model_path), model_id=marker["model_id"], random_weights=bool(marker.get("random_weights")),
-        **{**options, "mmproj": str(mmproj_path)},
-    )
+    return load_llamacpp_backend(name, source=str(model_path), **{**options, "mmproj": str(mmproj_path)})
