@@ -9,3 +9,10 @@ PROMPTS = {
     "tiny-qwen2.5-vl-gguf": "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n",
     "tiny-smolvlm-gguf": "<|im_start|>User: {}<end_of_utterance>\nAssistant:",
 }
+
+
+def require_llama_cpp() -> None:
+    """Skip the calling test module, with the reason, when llama-cpp-python is not installed."""
+    import pytest
+
+    pytest.importorskip("llama_cpp.mtmd_cpp", reason="llama-cpp-python is not installed (pip install 'refsight[llamacpp]')")

@@ -6,6 +6,10 @@ import importlib.util
 import json
 from pathlib import Path
 
+from llama_models import require_llama_cpp
+
+require_llama_cpp()
+
 SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "cache_speedup.py"
 
 

@@ -23,7 +23,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from llama_models import GGUF_FAMILIES, PROMPTS
+from llama_models import (
+    GGUF_FAMILIES,
+    PROMPTS,
+    require_llama_cpp,
+)
+
+require_llama_cpp()
 
 REFS = ("chelsea", "coffee", "astronaut")
 CANDIDATE = "rocket"

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import jsonschema
 import pytest
-from llama_models import GGUF_FAMILIES
+from llama_models import (
+    GGUF_FAMILIES,
+    require_llama_cpp,
+)
+
+require_llama_cpp()
 
 RUBRIC = "short fur; triangular ears; a red collar"
 

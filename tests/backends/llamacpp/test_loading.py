@@ -5,8 +5,11 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from llama_models import require_llama_cpp
 
 from refsight.errors import InvalidInputError, ModelLoadError
+
+require_llama_cpp()
 
 QWEN = "tiny-qwen2-vl-gguf"
 SMOL = "tiny-smolvlm-gguf"

@@ -5,9 +5,12 @@ from __future__ import annotations
 import copy
 
 import pytest
+from llama_models import require_llama_cpp
 
 from refsight.backends.base import GenerationRequest
 from refsight.errors import CorruptPackageError
+
+require_llama_cpp()
 
 
 def test_qwen_image_is_one_chunk_smolvlm_several_with_text_between(gguf, photos):
