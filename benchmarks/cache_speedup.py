@@ -21,7 +21,7 @@ Prints ONE JSON line: the R = 4 figures at top level (as the issue names them)
 and every R under ``runs``. Weights are random (``random_weights: true``): the
 timings are real, the text is not.
 
-    python benchmarks/cache_speedup.py --model shape-qwen2-vl-2b
+    python benchmarks/cache_speedup.py --model shape-qwen2-vl-2b [--device cuda --dtype bfloat16]
     python benchmarks/cache_speedup.py --model shape-qwen2-vl-2b-gguf
     python benchmarks/cache_speedup.py --model llamacpp:M.gguf --mmproj P.gguf
 """
@@ -37,17 +37,13 @@ import time
 
 
 def _photos(size: int):
-    import numpy as np
-    from PIL import Image
-    from skimage import data
-
     from refsight.images import load_image
+    from refsight.samples import load_sample
 
     def photo(name: str):
-        array = np.asarray(getattr(data, name)())
-        return load_image(Image.fromarray(array).convert("RGB").resize((size, size), Image.BICUBIC), name=name)
+        return load_image(load_sample(name, (size, size)), name=name)
 
-    return [photo(n) for n in ("chelsea", "coffee", "astronaut", "rocket")], photo("immunohistochemistry")
+    return [photo(n) for n in ("chelsea", "coffee", "astronaut", "rocket")], photo("china")
 
 
 def _segments(refs: list, candidate, *, prompt: str) -> list:
@@ -79,6 +75,9 @@ def _peer(backend, images: list, prompt: str, max_new_tokens: int) -> tuple[list
     encoded = backend.tokenizer([text], return_tensors="pt", add_special_tokens=False)
     if backend.family.startswith("qwen"):
         extra["mm_token_type_ids"] = (encoded["input_ids"] == backend.model.config.image_token_id).int()
+    # The model's device (cuda with --device cuda); the model casts pixels to its dtype.
+    encoded = {k: v.to(backend.device) for k, v in encoded.items()}
+    extra = {k: v.to(backend.device) for k, v in extra.items()}
     eos = backend.tokenizer.eos_token_id
     with torch.inference_mode():
         out = backend.model.generate(
@@ -134,6 +133,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--refs", default="1,4", help="comma-separated reference counts")
     parser.add_argument("--max-new-tokens", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default=None, help="auto, cpu, cuda, cuda:N or mps (default: the backend's, auto)")
+    parser.add_argument("--dtype", default=None, help="auto, float32, bfloat16 or float16 (default: auto)")
     parser.add_argument("--mmproj", default=None, help="the mmproj GGUF of a llamacpp:M.gguf model")
     args = parser.parse_args(argv)
 
@@ -151,9 +152,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     began = time.perf_counter()
     llama = args.model.startswith("llamacpp:") or args.model.endswith("-gguf")
-    options = {"n_threads": args.threads} if llama else {}
-    if args.mmproj:
-        options["mmproj"] = args.mmproj
+    options = {k: v for k, v in (("device", args.device), ("dtype", args.dtype), ("mmproj", args.mmproj)) if v is not None}
+    if llama:
+        options["n_threads"] = args.threads
     backend = get_backend(args.model, **options)
     load_s = (time.perf_counter() - began)
     prompt = " Does the candidate match the references?"
@@ -234,6 +235,8 @@ def main(argv: list[str] | None = None) -> dict:
         "threads": args.threads,
         "max_new_tokens": mnt,
         "model_load_s": round(load_s, 1),
+        "device": backend.device,
+        "dtype": backend.fingerprint().dtype,
         "random_weights": backend.random_weights,
         "runs": runs,
     }

@@ -14,10 +14,15 @@ import sys
 from typing import Any, Callable, Sequence
 
 from . import Engine, RefsightError
-from .backends.options import OPTION_HELP, BackendOptions, parse_key_values
+from .settings import OPTION_HELP, BackendOptions, load_settings, parse_key_values
 from .config import default_model
+from .report import format_comparison
 
 __all__ = ["main", "build_parser"]
+
+class UsageError(RefsightError):
+    """The command line itself is wrong (flags that do not go together): exit code 2, like argparse."""
+
 
 RANDOM_WEIGHTS_NOTICE = "note: {model} has RANDOM weights; its text is meaningless (timings and caching are real)"
 
@@ -34,24 +39,33 @@ def _parse_meta(items: Sequence[str]) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise RefsightError(f"--meta {item!r}: expected KEY=VALUE")
+            raise UsageError(f"--meta {item!r}: expected KEY=VALUE")
         meta[key] = value
     return meta
 
 
 def _backend_options(args: argparse.Namespace) -> BackendOptions:
-    """The backend options given as flags (only those the user set)."""
+    """The backend options: the config file (``--config FILE`` or the store's ``refsight.toml``), then the flags."""
+    from .config import default_store_dir
+
     values = {name: getattr(args, name, None) for name in OPTION_HELP if name != "processor_kwargs"}
     values["processor_kwargs"] = parse_key_values(getattr(args, "processor_kwarg", None) or [], flag="--processor-kwarg")
-    return BackendOptions(**{k: v for k, v in values.items() if v is not None})
+    flags = BackendOptions(**{k: v for k, v in values.items() if v is not None})
+    store = getattr(args, "store", None) or default_store_dir()
+    settings = load_settings(store, getattr(args, "config", None))
+    # Flags win over the file; the file's [models."NAME"] table wins over its [backend].
+    return settings.backend_options(getattr(args, "model", None) or default_model()).merged(flags)
 
 
 def _engine(args: argparse.Namespace) -> Engine:
+    from .config import default_store_dir
+
     return Engine(
         args.store,
         model=getattr(args, "model", None),
         progress=not args.json and sys.stderr.isatty(),
         backend_options=_backend_options(args),
+        settings=load_settings(args.store or default_store_dir(), getattr(args, "config", None)),
     )
 
 
@@ -59,7 +73,7 @@ def _engine(args: argparse.Namespace) -> Engine:
 def cmd_add(args: argparse.Namespace) -> int:
     """refsight add IMAGE... [--id ID] [--meta K=V]..."""
     if args.id and len(args.images) > 1:
-        raise RefsightError("--id names one reference; give one IMAGE with it")
+        raise UsageError("--id names one reference; give one IMAGE with it")
     failed = 0
     with _engine(args) as engine:
         ids = [args.id] if args.id else None
@@ -115,13 +129,18 @@ def cmd_remove(args: argparse.Namespace) -> int:
 def cmd_stats(args: argparse.Namespace) -> int:
     """refsight stats"""
     with _engine(args) as engine:
-        data = engine.stats()
+        data = engine.stats().to_dict()
     _emit(args, data, lambda d: "\n".join(f"{k:>16}: {v}" for k, v in d.items()))
     return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    """refsight verify [--repair]"""
+    """refsight verify [--repair] [--fresh N [--threshold T]]"""
+    if args.fresh is not None:
+        with _engine(args) as engine:
+            drift = engine.check_drift(args.fresh, model=args.model, threshold=args.threshold)
+        _emit(args, drift.to_dict(), lambda d: json.dumps(d, indent=2))
+        return 0 if drift.ok else 1
     with _engine(args) as engine:
         report = engine.verify(repair=args.repair, model=args.model)
     data = report.to_dict()
@@ -174,6 +193,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """refsight serve [--host 127.0.0.1] [--port 8000] [--model NAME] [--workers N] [--keys FILE]"""
+    # The HTTP stack is the optional [server] extra: without it, say how to get it (exit 2,
+    # a usage-level error) instead of failing with an ImportError traceback.
+    try:
+        import fastapi  # noqa: F401
+        import multipart  # noqa: F401  (python-multipart)
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        print(
+            f"refsight: error: `refsight serve` needs the server extra ({exc.name or exc} is not installed): "
+            "pip install 'refsight[server]'",
+            file=sys.stderr,
+        )
+        return 2
     from .server import ServerConfig, serve
 
     serve(
@@ -181,10 +214,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             store=args.store,
             model=args.model,
             backend_options=_backend_options(args),
+            config_file=getattr(args, "config", None),
             host=args.host,
             port=args.port,
             workers=args.workers,
             keys_file=args.keys,
+            share_encodes=args.share_encodes,
         )
     )
     return 0
@@ -203,27 +238,6 @@ def _read_criteria(value: str) -> str:
 
 def _parse_where(items: Sequence[str]) -> dict[str, str] | None:
     return _parse_meta(items) if items else None
-
-
-def format_comparison(data: dict[str, Any]) -> str:
-    """A readable table per reference for ``refsight compare`` without ``--json``."""
-    lines = []
-    if data["random_weights"]:
-        lines.append(f"!! {data['model']} has RANDOM weights: VLM verdicts below are meaningless !!")
-    if data.get("recalled"):
-        lines.append("recalled: " + ", ".join(f"{r['ref_id']} ({r['score']:.3f})" for r in data["recalled"]))
-    for result in data["results"]:
-        cached = "from cache" if result["reference_cached"] else "encoded now"
-        lines.append(f"\n{result['ref_id']}  score {result['score']:.2f}  ({cached})")
-        width = max([len(c["criterion"]) for c in result["criteria"]] + [9])
-        for c in result["criteria"]:
-            lines.append(
-                f"  {c['criterion']:<{width}}  {c['verdict']:<9} {c['confidence']:.2f}  "
-                f"[{c['source']}]  {c['evidence']}"
-            )
-    timings = ", ".join(f"{k} {v:.0f} ms" for k, v in data["timings_ms"].items())
-    lines.append(f"\ntimings: {timings}")
-    return "\n".join(lines)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -246,9 +260,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_search(args: argparse.Namespace) -> int:
     """refsight search TEXT | --image PATH [--k K] [--where KEY=VALUE]"""
     if (args.text is None) == (args.image is None):
-        raise RefsightError("search needs a TEXT query or --image PATH (one of them)")
+        raise UsageError("search needs a TEXT query or --image PATH (one of them)")
     with _engine(args) as engine:
-        data = engine.search(args.text, image=args.image, k=args.k, where=_parse_where(args.where))
+        data = engine.search(args.text, image=args.image, k=args.k, where=_parse_where(args.where)).to_dict()
     _emit(
         args,
         data,
@@ -260,15 +274,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 def cmd_index(args: argparse.Namespace) -> int:
     """refsight index [--rebuild]"""
     with _engine(args) as engine:
-        retriever = engine.sync_index(rebuild=args.rebuild)
-        sync = engine.last_sync
-        data = {
-            "embedder": retriever.embedder_name,
-            "indexed": retriever.count(engine.namespace),
-            "embedded_now": sync.indexed,
-            "removed_now": sync.removed,
-            "revision": sync.revision,
-        }
+        data = engine.index(rebuild=args.rebuild).to_dict()
     _emit(
         args,
         data,
@@ -287,7 +293,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_models(args: argparse.Namespace) -> int:
     """refsight models"""
-    from .backends.registry import available_models
+    from . import available_models
 
     names = available_models()
     _emit(args, {"models": names, "default": default_model()}, lambda d: "\n".join(d["models"]))
@@ -305,6 +311,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="store directory (default: $REFSIGHT_STORE or the user cache dir)",
     )
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON lines")
+    common.add_argument(
+        "--config",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help="config file of backend options (default: refsight.toml in the store directory); flags override it",
+    )
     with_model = argparse.ArgumentParser(add_help=False)
     with_model.add_argument("--model", default=None, help=f"model name (default: $REFSIGHT_MODEL or {default_model()})")
     for name, help_text in OPTION_HELP.items():
@@ -341,6 +353,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("stats", cmd_stats, "cache statistics")
     p = add("verify", cmd_verify, "check every stored package; exit 0 only when none is corrupt", model=True)
     p.add_argument("--repair", action="store_true", help="re-encode corrupt packages from the kept images")
+    p.add_argument(
+        "--fresh", type=int, default=None, metavar="N",
+        help="re-encode N random references with today's runtime and report drift from the stored features",
+    )
+    p.add_argument("--threshold", type=float, default=None, help="largest relative drift accepted with --fresh")
     p = add("reencode", cmd_reencode, "encode every reference for another model", model=True)
     p = add("generate", cmd_generate, "generate text from cached references and a fresh candidate", model=True)
     p.add_argument("--ref", action="append", default=[], metavar="ID", help="reference id (repeatable)")
@@ -378,6 +395,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--workers", type=int, default=2, help="threads running model work")
     p.add_argument("--keys", metavar="FILE", help="API keys, one KEY=NAMESPACE a line (default: $REFSIGHT_API_KEYS)")
+    p.add_argument(
+        "--share-encodes",
+        action="store_true",
+        help="share packages across tenants (fewer encodes, but timing reveals that some tenant holds an image)",
+    )
     return parser
 
 
@@ -397,7 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"refsight: error: {e}", file=sys.stderr)
         if args.json:
             print(json.dumps({"error": str(e), "type": type(e).__name__}))
-        return 1
+        return 2 if isinstance(e, UsageError) else 1
     except KeyboardInterrupt:
         print("refsight: interrupted", file=sys.stderr)
         return 130

@@ -277,11 +277,18 @@ def _smolvlm_parts(spec: _Spec, tokenizer: Any) -> tuple[Any, Any, Any]:
 def load_tiny(name: str, **options: Any) -> Backend:
     """The registry factory for ``tiny-*`` and ``shape-*``: build once, then ``from_pretrained``.
 
-    ``options`` are those of :func:`refsight.backends.hf.load_hf_backend` (``dtype``,
-    ``max_pixels``, ``tile_size`` ...).
+    ``options`` are those of :func:`refsight.backends.hf.load_hf_backend` (every
+    :class:`~refsight.backends.options.BackendOptions` field but ``revision``, ``mmproj``
+    and ``encoder``, which are refused by name, plus ``tile_size`` ...).
     """
+    from ..errors import InvalidInputError
     from .hf import load_hf_backend
+    from .hf.base import refuse_other_backend_options
 
+    # Refuse before the (possibly long) first build.
+    refuse_other_backend_options(options)
+    if options.get("revision") is not None:
+        raise InvalidInputError("revision", f"{name} is built locally and has no hub revision (its files are hashed)")
     directory = ensure_model_dir(name)
     options.setdefault("model_id", f"refsight/{name}")
     return load_hf_backend(name, source=str(directory), random_weights=True, **options)

@@ -13,7 +13,7 @@ package keeps, in order:
   ``{"type": "text", "tokens"}`` for the text mtmd put around and between them.
 
 The fingerprint names the GGUF and mmproj by content (sha256, memoised per
-``(path, size, mtime)``), the llama-cpp-python build, and every setting that
+``(path, size, mtime, inode)`` in and across processes), the llama-cpp-python build, and every setting that
 changes the chunks (image min/max tokens, flash attention, device).
 """
 
@@ -37,27 +37,15 @@ __all__ = ["file_sha256", "make_fingerprint", "chunks_metadata", "check_package"
 #: Version of the layout above; part of every fingerprint.
 LAYOUT_VERSION = 1
 
-_memo: dict[tuple[str, int, int], str] = {}
-_memo_lock = threading.Lock()
-
-
 def file_sha256(path: str | os.PathLike) -> str:
-    """``sha256:<hex>`` of a file's bytes, memoised in-process per (path, size, mtime): GGUFs are large."""
-    resolved = Path(path).resolve()
-    stat = resolved.stat()
-    stamp = (str(resolved), stat.st_size, stat.st_mtime_ns)
-    with _memo_lock:
-        cached = _memo.get(stamp)
-    if cached is not None:
-        return cached
-    h = hashlib.sha256()
-    with open(resolved, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    digest = "sha256:" + h.hexdigest()
-    with _memo_lock:
-        _memo[stamp] = digest
-    return digest
+    """``sha256:<hex>`` of a file's bytes; memoised per (path, size, mtime, inode), across processes too.
+
+    GGUFs are gigabytes: the digest comes from refsight's shared file-hash memo
+    (:mod:`refsight.backends.hf.hashing`, the same one local HF checkpoints use).
+    """
+    from ..hf.hashing import file_sha256 as shared_file_sha256
+
+    return "sha256:" + shared_file_sha256(path)
 
 
 def make_fingerprint(
