@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import threading
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
