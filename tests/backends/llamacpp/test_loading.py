@@ -98,12 +98,12 @@ def test_bad_files_write_nothing_to_the_store(gguf_files, photos, tmp_path):
         with Engine(tmp_path / "store", model=f"llamacpp:{model}", backend_options=options) as engine:
             with pytest.raises(ModelLoadError):
                 engine.add(photo, ref_id="cat")
-            assert engine.stats()["packages"] == 0
-            assert engine.stats()["references"] == 0
+            assert engine.stats().packages == 0
+            assert engine.stats().references == 0
     # The same store then works with the right mmproj.
     with Engine(tmp_path / "store", model=f"llamacpp:{model}", backend_options=BackendOptions(mmproj=str(mmproj))) as engine:
         assert engine.add(photo, ref_id="cat").cached is False
-        assert engine.stats()["packages"] == 1
+        assert engine.stats().packages == 1
 
 
 def test_unsupported_options_are_refused_by_name(gguf_files):

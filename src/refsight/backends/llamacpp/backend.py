@@ -73,6 +73,8 @@ class LlamaCppBackend(Backend):
         # One request at a time: a llama context holds one KV cache.
         self.batch_size = 1
         self.random_weights = bool(random_weights)
+        #: Where llama.cpp runs the model ("cpu", or "gpu" when layers are offloaded).
+        self.device = "gpu" if settings.use_gpu else "cpu"
         self.model_path, self.mmproj_path = Path(model_path), Path(mmproj_path)
         self._lock = threading.RLock()
         self.runtime = LlamaRuntime(self.model_path, self.mmproj_path, settings)
