@@ -34,7 +34,7 @@ require_llama_cpp()
 REFS = ("chelsea", "coffee", "astronaut")
 CANDIDATE = "rocket"
 MAX_NEW_TOKENS = 6
-WORKER = Path(__file__).with_name("_cached_worker.py")
+WORKER = Path(__file__).with_name("_llamacpp_cached_worker.py")
 
 
 def layout(n_refs: int) -> list[list[tuple]]:

@@ -1,4 +1,4 @@
-"""Run in a NEW process by test_equivalence.py: the cached path from packages on disk.
+"""Run in a NEW process by test_llamacpp_equivalence.py: the cached path from packages on disk.
 
 Reads a JSON spec (store directory, cases of requests whose segments are text,
 reference package keys or candidate image paths), loads every reference package
