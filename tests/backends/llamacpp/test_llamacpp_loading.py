@@ -150,7 +150,10 @@ def test_token_limits_change_the_chunks(gguf_files, photos):
     small = _load(model, mmproj=str(mmproj), image_max_tokens=8).encode([photos["chelsea"]])[0]
     large = _load(model, mmproj=str(mmproj), image_min_tokens=16).encode([photos["chelsea"]])[0]
     default = _load(model, mmproj=str(mmproj)).encode([photos["chelsea"]])[0]
-    n = lambda p: sum(c["n_tokens"] for c in p.metadata["chunks"] if c["type"] == "image")
+
+    def n(package):
+        return sum(c["n_tokens"] for c in package.metadata["chunks"] if c["type"] == "image")
+
     assert n(small) <= 8 < n(default) < 16 <= n(large)
 
 
