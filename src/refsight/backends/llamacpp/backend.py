@@ -207,6 +207,11 @@ class LlamaCppBackend(Backend):
                         f"a segment is text, a VisualPackage or an ImageInput, not {type(segment).__name__}",
                     )
 
+    def count_text_tokens(self, text: str) -> int:
+        """The exact number of tokens the model's own vocabulary makes of ``text`` (special tokens not parsed)."""
+        with self._lock, _native_errors(self.name, BackendError, "cannot tokenize"):
+            return len(self.runtime.tokenize(text, False)) if text else 0
+
     def _check_text(self, text: str, where: str) -> None:
         # User text must stay text: a media marker or a special token in it would
         # shift the images or end the turn early.
