@@ -356,6 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--workers", type=int, default=2, help="threads running model work")
     p.add_argument("--keys", metavar="FILE", help="API keys, one KEY=NAMESPACE a line (default: $REFSIGHT_API_KEYS)")
+    from .backends.vllm.cli import register_commands as add_vllm_commands  # vllm-env, vllm-serve
+
+    add_vllm_commands(add)
     return parser
 
 

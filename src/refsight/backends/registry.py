@@ -7,7 +7,8 @@ torch). Third-party packages add backends through the entry-point group
 factory ``factory(name, **options) -> Backend``.
 
 Any name of the form ``hf:<hub id or local directory>`` loads a real Hugging Face
-model through :mod:`refsight.backends.hf`.
+model through :mod:`refsight.backends.hf`; ``vllm:http://HOST:PORT`` generates on a
+vLLM server through :mod:`refsight.backends.vllm`.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from typing import Any, Callable
 from ..errors import BackendError, RefsightError, UnknownModelError
 from .base import Backend
 
-__all__ = ["register_backend", "available_models", "get_backend", "resolve_factory", "HF_PREFIX"]
+__all__ = ["register_backend", "available_models", "get_backend", "resolve_factory", "HF_PREFIX", "VLLM_PREFIX"]
 
 HF_PREFIX = "hf:"
+VLLM_PREFIX = "vllm:"
 
 _BUILTINS: dict[str, str] = {
     "toy": "refsight.backends.toy:ToyBackend",
@@ -32,6 +34,9 @@ _BUILTINS: dict[str, str] = {
     "tiny-smolvlm": "refsight.backends.tiny:load_tiny",
     "shape-qwen2-vl-2b": "refsight.backends.tiny:load_tiny",
     "shape-smolvlm-256m": "refsight.backends.tiny:load_tiny",
+    "tiny-qwen2-vl-vllm": "refsight.backends.vllm.tiny:load_tiny_vllm",
+    "tiny-qwen2.5-vl-vllm": "refsight.backends.vllm.tiny:load_tiny_vllm",
+    "tiny-qwen3-vl-vllm": "refsight.backends.vllm.tiny:load_tiny_vllm",
 }
 _registered: dict[str, str | Callable[..., Backend]] = {}
 _instances: dict[tuple[str, tuple], Backend] = {}
@@ -59,6 +64,8 @@ def resolve_factory(name: str) -> Callable[..., Backend]:
     target = _registered.get(name) or _plugin_entries().get(name) or _BUILTINS.get(name)
     if target is None and name.startswith(HF_PREFIX) and len(name) > len(HF_PREFIX):
         target = "refsight.backends.hf:load_hf_backend"
+    if target is None and name.startswith(VLLM_PREFIX) and len(name) > len(VLLM_PREFIX):
+        target = "refsight.backends.vllm.backend:load_vllm_backend"
     if target is None:
         raise UnknownModelError(name, available_models())
     if callable(target):

@@ -1,0 +1,1 @@
+"""vLLM backend (see backend.py)."""
