@@ -12,7 +12,8 @@ refsight loads the *same weights* through its own Hugging Face backend, the
   package key, so vLLM runs no vision encoder for it;
 * a request with no package at all (the ``--no-cache`` path, where the engine
   passes every image as an :class:`~refsight.images.ImageInput`) sends every image
-  as pixels (a PNG data URL) and vLLM runs its own processor and encoder;
+  as pixels (a PNG data URL, already resized to its grid: see :meth:`VLLMBackend._on_grid`)
+  and vLLM runs its own processor and encoder;
 * vLLM refuses to mix pixels and embeddings in one request, so a fresh image next
   to a package is encoded here and sent as embeddings too.
 
@@ -153,7 +154,7 @@ class VLLMBackend(Backend):
             elif isinstance(segment, VisualPackage):
                 parts.append(self._embeds_part(segment))
             else:
-                parts.append({"type": "image_url", "image_url": {"url": _png_data_url(segment)}})
+                parts.append({"type": "image_url", "image_url": {"url": _png_data_url(self._on_grid(segment.image))}})
         body: dict[str, Any] = {
             "model": self.served_model,
             "messages": [{"role": "user", "content": parts}],
@@ -170,6 +171,27 @@ class VLLMBackend(Backend):
         if return_logits:
             body.update(logprobs=True, top_logprobs=TOP_LOGPROBS, return_tokens_as_token_ids=True)
         return body
+
+    def _on_grid(self, image: Any) -> Any:
+        """``image`` resized with PIL to the size the processor would give it (a no-op there).
+
+        refsight's encoder resizes with PIL, vLLM's processor with torchvision, and the two
+        bicubic kernels differ in the last bits. Sending the image already at its
+        target size makes vLLM's resize a no-op, so the pixel path sees exactly the pixels
+        refsight's encoder would (the same target: same smart_resize, same settings).
+        """
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+        processor = self.encoder.image_processor
+        size = processor.size
+        low = getattr(size, "shortest_edge", None) or getattr(processor, "min_pixels", None)
+        high = getattr(size, "longest_edge", None) or getattr(processor, "max_pixels", None)
+        height, width = smart_resize(
+            image.height, image.width, factor=processor.patch_size * processor.merge_size, min_pixels=low, max_pixels=high
+        )
+        if (width, height) == image.size:
+            return image
+        return image.resize((width, height), resample=int(processor.resample))
 
     def _embeds_part(self, package: VisualPackage) -> dict[str, Any]:
         """An ``image_embeds`` part: features (+ deepstack on the hidden axis), grid, uuid = key."""
@@ -238,10 +260,10 @@ def _schema_grammar(schema: dict[str, Any]) -> str:
         raise InvalidInputError("json_schema", f"cannot compile into a grammar: {e}") from None
 
 
-def _png_data_url(image: ImageInput) -> str:
-    """The image as a lossless PNG data URL: vLLM decodes exactly these pixels."""
+def _png_data_url(image: Any) -> str:
+    """A PIL image as a lossless PNG data URL: vLLM decodes exactly these pixels."""
     buffer = io.BytesIO()
-    image.image.save(buffer, format="PNG")
+    image.save(buffer, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
