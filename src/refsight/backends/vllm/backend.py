@@ -311,5 +311,41 @@ def load_vllm_backend(
     if family not in _QWEN_FAMILIES:
         backend.close()
         raise ModelLoadError(name, f"encoder {encoder_name} is {family or type(backend).__name__}; the vllm backend serves {', '.join(_QWEN_FAMILIES)}")
+    try:
+        _check_same_model(name, str(served.get("root") or served.get("id")), encoder_name, backend)
+    except Exception:
+        backend.close()
+        raise
     return VLLMBackend(name, client=client, served_model=str(served["id"]), encoder=backend)
+
+
+def _embedding_width(config: Any) -> tuple[str, int]:
+    """(model type, width of one image-embedding row vLLM expects) from a Qwen-VL config."""
+    text = getattr(config, "text_config", config)
+    deepstack = len(getattr(getattr(config, "vision_config", None), "deepstack_visual_indexes", None) or [])
+    return str(getattr(config, "model_type", "")), int(text.hidden_size) * (1 + deepstack)
+
+
+def _check_same_model(name: str, root: str, encoder_name: str, encoder: Backend) -> None:
+    """Refuse an encoder whose embeddings the served model cannot take.
+
+    vLLM does not check the width of ``image_embeds``: a wrong one kills its engine
+    (HTTP 500, then every request fails). So the served model's config is read, when
+    refsight can read it (a local folder, or a hub id in the local cache), and its type
+    and embedding width are compared with the encoder's before anything is sent.
+    """
+    from transformers import AutoConfig
+
+    try:
+        served = AutoConfig.from_pretrained(root, local_files_only=True)
+    except Exception:  # noqa: BLE001 - a remote server's model may not be readable here
+        return
+    theirs = _embedding_width(served)
+    ours = _embedding_width(encoder.model.config)
+    if theirs != ours:
+        raise ModelLoadError(
+            name,
+            f"encoder {encoder_name} ({ours[0]}, embeddings {ours[1]} wide) does not fit the served model "
+            f"{root} ({theirs[0]}, {theirs[1]} wide); give encoder= with the server's weights",
+        )
 
