@@ -65,7 +65,9 @@ def test_add_prints_one_json_line_per_input_and_second_add_is_cached(capsys, sto
     code, stats, _ = run(capsys, "stats", "--store", str(store), "--json")
     assert stats[0]["references"] == 2 and stats[0]["packages"] == 2
     assert stats[0]["hits"] == 1 and stats[0]["misses"] == 2
-    assert set(stats[0]) == {"references", "packages", "bytes", "hits", "misses", "evictions", "encode_ms_saved"}
+    assert set(stats[0]) == {
+        "references", "packages", "bytes", "hits", "misses", "evictions", "encode_ms_saved", "memory_bytes", "scope",
+    }
 
 
 def test_cached_add_runs_no_encoder(store, photos):
@@ -134,7 +136,6 @@ def test_id_and_metadata_show_and_remove(capsys, store, photos):
         (["show", "nope"], "not found"),
         (["remove", "../etc"], "reference id"),
         (["add", "IMG", "--id", "a/b"], "reference id"),
-        (["add", "IMG", "--meta", "novalue"], "KEY=VALUE"),
         (["add", "IMG", "--model", "no-such-model"], "unknown model"),
     ],
 )
@@ -144,6 +145,21 @@ def test_errors_are_clean_messages_with_exit_1(capsys, store, photos, argv, need
     assert code == 1
     assert needle in err and "Traceback" not in err
     assert needle in lines[-1]["error"]
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["add", "IMG", "--meta", "novalue"], "KEY=VALUE"),
+        (["add", "IMG", "IMG", "--id", "one"], "--id names one reference"),
+        (["search"], "TEXT query or --image"),
+    ],
+)
+def test_usage_errors_exit_2_with_a_clean_message(capsys, store, photos, argv, needle):
+    argv = [str(photos["chelsea"]) if a == "IMG" else a for a in argv]
+    code, lines, err = run(capsys, *argv, "--store", str(store), "--json")
+    assert code == 2
+    assert needle in err and "Traceback" not in err
 
 
 def test_same_id_with_another_image_is_refused_and_keeps_the_first(capsys, store, photos):
@@ -185,16 +201,15 @@ def test_a_corrupt_package_is_never_served_but_re_encoded(store, photos):
     with Engine(store, model="toy") as engine:
         added = engine.add(photos["chelsea"])
         ref = engine.reference(added.ref_id)
-        good, _ = engine.package_for(ref)
-        expected = good.tensors["features"].clone()
+        expected = engine.reference_package(ref).package.tensors["features"].clone()
     path = next((store / "packages").rglob(f"{added.package_key}*"))
     data = bytearray(path.read_bytes())
     data[-5] ^= 0x01
     path.write_bytes(bytes(data))
     with Engine(store, model="toy") as engine:  # a new engine: nothing in memory
-        package, cached = engine.package_for(engine.reference(added.ref_id))
-    assert cached is False
-    assert package.tensors["features"].equal(expected)
+        found = engine.reference_package(engine.reference(added.ref_id))
+    assert found.cached is False
+    assert found.package.tensors["features"].equal(expected)
 
 
 def test_reencode_encodes_every_reference_for_another_model(capsys, store, photos):
@@ -223,3 +238,19 @@ def test_store_defaults_to_the_environment_variable(tmp_path, photos):
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["ref_id"] == "chelsea"
     assert (tmp_path / "env-store").is_dir()
+
+
+def test_compare_then_add_in_the_cli_stores_the_reference_durably(capsys, store, photos):
+    model = ("--model", "tiny-qwen2-vl")
+    run(capsys, "add", str(photos["coffee"]), "--id", "cup", "--store", str(store), *model)
+    code, _, err = run(
+        capsys, "compare", str(photos["chelsea"]), "--ref", "cup", "--criteria", "short fur", "--no-attributes",
+        "--store", str(store), "--json", *model,
+    )
+    assert code == 0, err
+    code, added, err = run(capsys, "add", str(photos["chelsea"]), "--id", "cat", "--store", str(store), "--json", *model)
+    assert code == 0 and added[0]["ref_id"] == "cat", err
+    code, report, _ = run(capsys, "verify", "--store", str(store), "--json")
+    assert code == 0 and report[0]["checked"] == 2  # both packages on disk, sound
+    code, again, _ = run(capsys, "reencode", "--store", str(store), "--json", *model)
+    assert code == 0 and all(row["cached"] for row in again)

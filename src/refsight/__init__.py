@@ -9,6 +9,18 @@ from .errors import *  # noqa: F401,F403  (the error tree is part of the public 
 from .errors import __all__ as _error_names
 from .images import ImageInput, IntakeLimits, load_image
 from .package import EncoderFingerprint, VisualPackage, package_key
+from .results import (
+    AddFailure,
+    AddResult,
+    CompareResult,
+    GenerateResult,
+    IndexReport,
+    PackageState,
+    SearchHit,
+    SearchResult,
+    StoreStats,
+    VerifyReport,
+)
 
 
 def __getattr__(name: str):
@@ -17,6 +29,14 @@ def __getattr__(name: str):
         from .engine import Engine
 
         return Engine
+    if name == "ReferenceSegment":
+        from .references import ReferenceSegment
+
+        return ReferenceSegment
+    if name == "BackendOptions":
+        from .backends.options import BackendOptions
+
+        return BackendOptions
     if name == "open_store":
         from .store import open_store
 
@@ -28,7 +48,19 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Engine",
+    "ReferenceSegment",
+    "PackageState",
+    "BackendOptions",
     "open_store",
+    "AddResult",
+    "AddFailure",
+    "CompareResult",
+    "GenerateResult",
+    "IndexReport",
+    "SearchHit",
+    "SearchResult",
+    "StoreStats",
+    "VerifyReport",
     "ImageInput",
     "IntakeLimits",
     "load_image",

@@ -14,9 +14,14 @@ import sys
 from typing import Any, Callable, Sequence
 
 from . import Engine, RefsightError
+from .backends.options import OPTION_HELP, BackendOptions, parse_key_values
 from .config import default_model
 
 __all__ = ["main", "build_parser"]
+
+class UsageError(RefsightError):
+    """The command line itself is wrong (flags that do not go together): exit code 2, like argparse."""
+
 
 RANDOM_WEIGHTS_NOTICE = "note: {model} has RANDOM weights; its text is meaningless (timings and caching are real)"
 
@@ -33,20 +38,32 @@ def _parse_meta(items: Sequence[str]) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise RefsightError(f"--meta {item!r}: expected KEY=VALUE")
+            raise UsageError(f"--meta {item!r}: expected KEY=VALUE")
         meta[key] = value
     return meta
 
 
+def _backend_options(args: argparse.Namespace) -> BackendOptions:
+    """The backend options given as flags (only those the user set)."""
+    values = {name: getattr(args, name, None) for name in OPTION_HELP if name != "processor_kwargs"}
+    values["processor_kwargs"] = parse_key_values(getattr(args, "processor_kwarg", None) or [], flag="--processor-kwarg")
+    return BackendOptions(**{k: v for k, v in values.items() if v is not None})
+
+
 def _engine(args: argparse.Namespace) -> Engine:
-    return Engine(args.store, model=getattr(args, "model", None), progress=not args.json and sys.stderr.isatty())
+    return Engine(
+        args.store,
+        model=getattr(args, "model", None),
+        progress=not args.json and sys.stderr.isatty(),
+        backend_options=_backend_options(args),
+    )
 
 
 # -- commands --------------------------------------------------------------------------
 def cmd_add(args: argparse.Namespace) -> int:
     """refsight add IMAGE... [--id ID] [--meta K=V]..."""
     if args.id and len(args.images) > 1:
-        raise RefsightError("--id names one reference; give one IMAGE with it")
+        raise UsageError("--id names one reference; give one IMAGE with it")
     failed = 0
     with _engine(args) as engine:
         ids = [args.id] if args.id else None
@@ -102,7 +119,7 @@ def cmd_remove(args: argparse.Namespace) -> int:
 def cmd_stats(args: argparse.Namespace) -> int:
     """refsight stats"""
     with _engine(args) as engine:
-        data = engine.stats()
+        data = engine.stats().to_dict()
     _emit(args, data, lambda d: "\n".join(f"{k:>16}: {v}" for k, v in d.items()))
     return 0
 
@@ -167,10 +184,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ServerConfig(
             store=args.store,
             model=args.model,
+            backend_options=_backend_options(args),
             host=args.host,
             port=args.port,
             workers=args.workers,
             keys_file=args.keys,
+            share_encodes=args.share_encodes,
         )
     )
     return 0
@@ -232,9 +251,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_search(args: argparse.Namespace) -> int:
     """refsight search TEXT | --image PATH [--k K] [--where KEY=VALUE]"""
     if (args.text is None) == (args.image is None):
-        raise RefsightError("search needs a TEXT query or --image PATH (one of them)")
+        raise UsageError("search needs a TEXT query or --image PATH (one of them)")
     with _engine(args) as engine:
-        data = engine.search(args.text, image=args.image, k=args.k, where=_parse_where(args.where))
+        data = engine.search(args.text, image=args.image, k=args.k, where=_parse_where(args.where)).to_dict()
     _emit(
         args,
         data,
@@ -246,15 +265,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 def cmd_index(args: argparse.Namespace) -> int:
     """refsight index [--rebuild]"""
     with _engine(args) as engine:
-        retriever = engine.sync_index(rebuild=args.rebuild)
-        sync = engine.last_sync
-        data = {
-            "embedder": retriever.embedder_name,
-            "indexed": retriever.count(engine.namespace),
-            "embedded_now": sync.indexed,
-            "removed_now": sync.removed,
-            "revision": sync.revision,
-        }
+        data = engine.index(rebuild=args.rebuild).to_dict()
     _emit(
         args,
         data,
@@ -293,6 +304,14 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON lines")
     with_model = argparse.ArgumentParser(add_help=False)
     with_model.add_argument("--model", default=None, help=f"model name (default: $REFSIGHT_MODEL or {default_model()})")
+    for name, help_text in OPTION_HELP.items():
+        if name == "processor_kwargs":
+            with_model.add_argument(
+                "--processor-kwarg", action="append", default=[], metavar="KEY=VALUE", help=help_text
+            )
+        else:
+            kind = int if name in ("min_pixels", "max_pixels", "batch_size") else str
+            with_model.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None, help=help_text)
 
     parser = argparse.ArgumentParser(
         prog="refsight",
@@ -356,6 +375,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--workers", type=int, default=2, help="threads running model work")
     p.add_argument("--keys", metavar="FILE", help="API keys, one KEY=NAMESPACE a line (default: $REFSIGHT_API_KEYS)")
+    p.add_argument(
+        "--share-encodes",
+        action="store_true",
+        help="share packages across tenants (fewer encodes, but timing reveals that some tenant holds an image)",
+    )
     from .backends.vllm.cli import register_commands as add_vllm_commands  # vllm-env, vllm-serve
 
     add_vllm_commands(add)
@@ -378,7 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"refsight: error: {e}", file=sys.stderr)
         if args.json:
             print(json.dumps({"error": str(e), "type": type(e).__name__}))
-        return 1
+        return 2 if isinstance(e, UsageError) else 1
     except KeyboardInterrupt:
         print("refsight: interrupted", file=sys.stderr)
         return 130

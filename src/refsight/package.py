@@ -131,18 +131,26 @@ class EncoderFingerprint:
         return hash(self.to_json())
 
 
-def package_key(image_sha256: str, fingerprint: EncoderFingerprint) -> str:
-    """The key of the package of one image under one fingerprint.
+def package_key(image_sha256: str, fingerprint: EncoderFingerprint, scope: str | None = None) -> str:
+    """The key of the package of one image under one fingerprint (and one isolation scope).
 
-    Both parts are length-prefixed with their field names so that no choice of
-    strings can make two different (image, fingerprint) pairs hash alike.
+    Every part is length-prefixed with its field name so that no choice of strings can
+    make two different (image, fingerprint, scope) triples hash alike. ``scope`` salts
+    the key for tenant isolation: packages of the same image in two scopes are two
+    packages, so no tenant's cache state can be observed by another (``None``, the
+    default, shares packages and gives the same keys as before scopes existed).
     """
     if not isinstance(image_sha256, str) or not image_sha256:
         raise InvalidInputError("image_sha256", f"must be a non-empty hex string, got {image_sha256!r}")
     if not isinstance(fingerprint, EncoderFingerprint):
         raise InvalidInputError("fingerprint", f"must be an EncoderFingerprint, got {type(fingerprint).__name__}")
+    if scope is not None and (not isinstance(scope, str) or not scope):
+        raise InvalidInputError("scope", f"must be None or a non-empty string, got {scope!r}")
+    parts = [("image_sha256", image_sha256), ("fingerprint", fingerprint.to_json())]
+    if scope is not None:
+        parts.append(("scope", scope))
     h = hashlib.sha256()
-    for name, value in (("image_sha256", image_sha256), ("fingerprint", fingerprint.to_json())):
+    for name, value in parts:
         data = value.encode()
         h.update(f"{name}:{len(data)}:".encode())
         h.update(data)
@@ -171,11 +179,13 @@ class VisualPackage:
     fingerprint: EncoderFingerprint
     created_at: float = field(default_factory=time.time)
     encode_ms: float = 0.0
+    #: The isolation scope salting the key (a tenant namespace), or None when shared.
+    scope: str | None = None
 
     @property
     def key(self) -> str:
-        """``package_key(image_sha256, fingerprint)``."""
-        return package_key(self.image_sha256, self.fingerprint)
+        """``package_key(image_sha256, fingerprint, scope)``."""
+        return package_key(self.image_sha256, self.fingerprint, self.scope)
 
     @property
     def nbytes(self) -> int:
@@ -196,4 +206,6 @@ class VisualPackage:
             "created_at": self.created_at,
             "encode_ms": self.encode_ms,
             "spec": self.spec,
+            # Only scoped packages carry the field, so shared ones keep their old header.
+            **({"scope": self.scope} if self.scope is not None else {}),
         }

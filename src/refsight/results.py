@@ -5,7 +5,18 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["AddResult", "AddFailure", "VerifyReport", "GenerateResult", "CompareResult"]
+__all__ = [
+    "AddResult",
+    "AddFailure",
+    "VerifyReport",
+    "GenerateResult",
+    "CompareResult",
+    "PackageState",
+    "SearchHit",
+    "SearchResult",
+    "IndexReport",
+    "StoreStats",
+]
 
 
 @dataclass
@@ -101,3 +112,78 @@ class CompareResult:
         if not self.recalled:
             data.pop("recalled")
         return data
+
+
+@dataclass(frozen=True)
+class PackageState:
+    """Where a reference's package for the current model is: on disk (``cached``) and/or in memory."""
+
+    cached: bool
+    in_memory: bool
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    """One recalled reference and its similarity score (higher is closer)."""
+
+    ref_id: str
+    score: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields."""
+        return {"ref_id": self.ref_id, "score": self.score}
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """What ``search`` recalled, best first, and with which embedder."""
+
+    embedder: str
+    hits: list[SearchHit]
+
+    @property
+    def ref_ids(self) -> list[str]:
+        """The recalled ids, best first."""
+        return [hit.ref_id for hit in self.hits]
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"embedder", "results": [{"ref_id", "score"}]}`` as ``refsight search --json`` prints it."""
+        return {"embedder": self.embedder, "results": [hit.to_dict() for hit in self.hits]}
+
+
+@dataclass(frozen=True)
+class IndexReport:
+    """What bringing the retrieval index up to date did."""
+
+    embedder: str
+    indexed: int  # entries in the namespace now
+    embedded_now: int
+    removed_now: int
+    revision: int  # the catalog revision the index reflects
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """Cache statistics: references of the namespace, packages and bytes on disk, and the counters.
+
+    The counters span the whole store (every namespace); a tenant-scoped view leaves them
+    out (``None``), since they would tell one tenant about another's traffic.
+    """
+
+    references: int
+    packages: int
+    bytes: int
+    hits: int | None
+    misses: int | None
+    evictions: int | None
+    encode_ms_saved: float | None
+    memory_bytes: int = 0
+    scope: str = "store"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields."""
+        return asdict(self)

@@ -22,11 +22,11 @@ def _sync(engine, loads, **kwargs) -> SyncReport:
         loads.append(row.ref_id)
         return engine.reference_image(row)
 
-    return sync_with_catalog(engine.retriever(), engine.store.catalog, engine.namespace, load, **kwargs)
+    return sync_with_catalog(engine.retrieval.retriever(), engine.store.catalog, engine.namespace, load, **kwargs)
 
 
 def _indexed(engine) -> dict:
-    retriever = engine.retriever()
+    retriever = engine.retrieval.retriever()
     return retriever.db.entries_by_ref(retriever.embedder.digest, engine.namespace)
 
 
@@ -74,7 +74,7 @@ def test_rebuild_lists_everything_again_and_keeps_the_same_entries(engine):
 def test_a_lost_sync_mark_falls_back_to_a_full_diff(engine):
     loads: list[str] = []
     _sync(engine, loads)
-    retriever = engine.retriever()
+    retriever = engine.retrieval.retriever()
     retriever.db.mark_synced(retriever.embedder.digest, engine.namespace, None)
     engine.store.catalog.remove_reference("coffee")
     loads.clear()
@@ -85,9 +85,11 @@ def test_a_lost_sync_mark_falls_back_to_a_full_diff(engine):
 
 
 def test_search_restricted_to_ids_only_returns_those(engine):
-    everything = engine.search(image=sample_paths()["chelsea"], k=3)["results"]
+    everything = engine.search(image=sample_paths()["chelsea"], k=3).to_dict()["results"]
     assert everything[0]["ref_id"] == "chelsea"
-    scoped = engine.search(image=sample_paths()["chelsea"], k=3, restrict_to=["coffee", "rocket", "absent"])
+    scoped = engine.search(
+        image=sample_paths()["chelsea"], k=3, restrict_to=["coffee", "rocket", "absent"]
+    ).to_dict()
     assert sorted(r["ref_id"] for r in scoped["results"]) == ["coffee", "rocket"]
     # the scores are the same scores, only the scope differs
     scores = {r["ref_id"]: r["score"] for r in everything}
@@ -96,11 +98,11 @@ def test_search_restricted_to_ids_only_returns_those(engine):
 
 def test_repeated_searches_skip_the_index_bookkeeping_when_nothing_was_committed(engine):
     engine.search(image=sample_paths()["coffee"], k=1)
-    db = engine.retriever().db
+    db = engine.retrieval.retriever().db
     statements: list[str] = []
     db._conn.set_trace_callback(statements.append)
     try:
-        assert engine.search(image=sample_paths()["coffee"], k=1)["results"][0]["ref_id"] == "coffee"
+        assert engine.search(image=sample_paths()["coffee"], k=1).ref_ids[0] == "coffee"
     finally:
         db._conn.set_trace_callback(None)
     assert not any("COUNT(" in s for s in statements), statements
@@ -109,7 +111,7 @@ def test_repeated_searches_skip_the_index_bookkeeping_when_nothing_was_committed
 def test_a_mark_ahead_of_the_catalog_means_another_catalog_and_forces_a_full_diff(engine):
     loads: list[str] = []
     _sync(engine, loads)
-    retriever = engine.retriever()
+    retriever = engine.retrieval.retriever()
     retriever.db.mark_synced(retriever.embedder.digest, engine.namespace, 10_000)
     engine.store.catalog.remove_reference("rocket")
     report = _sync(engine, loads)

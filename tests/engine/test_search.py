@@ -48,14 +48,14 @@ def test_removed_reference_leaves_every_index_and_added_one_joins(tmp_path, caps
     with Engine(store, model="toy") as engine:
         for name in ("chelsea", "coffee", "rocket"):
             engine.add(paths[name], ref_id=name)
-        assert engine.search("a cat", k=1)["results"][0]["ref_id"] == "chelsea"
+        assert engine.search("a cat", k=1).ref_ids[0] == "chelsea"
     # Removal in another process (the CLI) must drop it from the index at once.
     assert main(["remove", "chelsea", "--store", str(store)]) == 0
     with Engine(store, model="toy") as engine:
-        ids = [r["ref_id"] for r in engine.search("a cat", k=3)["results"]]
+        ids = engine.search("a cat", k=3).ref_ids
         assert "chelsea" not in ids and sorted(ids) == ["coffee", "rocket"]
         engine.add(paths["chelsea"], ref_id="cat-again")
-        assert engine.search("a cat", k=1)["results"][0]["ref_id"] == "cat-again"
+        assert engine.search("a cat", k=1).ref_ids[0] == "cat-again"
     # The index files can always be rebuilt from the store.
     for index_file in (store / "retrieval").rglob("hnsw.bin"):
         index_file.write_bytes(b"garbage")

@@ -102,7 +102,7 @@ def test_tiny_qwen2_vl_serves_a_reference_by_id_from_its_package(tiny):
     reference, candidate = photo_png("chelsea", (56, 56)), photo_png("coffee", (56, 56))
     with tiny.client(KEY) as c:
         assert c.post("/v1/references", json={"image": b64(reference), "id": "cat"}).status_code == 201
-    backend = tiny.service.engine("one").backend()
+    backend = tiny.service.engine.backend()
     counts, restore = _count_encodes(backend)
     try:
         def ask(reference_part):
@@ -114,10 +114,12 @@ def test_tiny_qwen2_vl_serves_a_reference_by_id_from_its_package(tiny):
         by_id = ask({"type": "image_url", "image_url": {"url": "refsight://ref/cat"}})
         assert counts["images"] == 1  # only the fresh candidate ran the vision encoder
         by_bytes = ask({"type": "image_url", "image_url": {"url": data_url(reference)}})
+        assert counts["images"] == 1  # the candidate's package stayed in memory: not encoded again
     finally:
         restore()
     assert by_id.model_extra["refsight"]["references_cached"] == [True, False]
-    assert by_bytes.model_extra["refsight"]["references_cached"] == [True, False]  # seen before: served from the store
+    # the reference's bytes are served from the store; the candidate from the memory tier
+    assert by_bytes.model_extra["refsight"]["references_cached"] == [True, True]
     assert by_id.choices[0].message.content == by_bytes.choices[0].message.content
     assert by_id.usage.completion_tokens >= 1
     assert by_id.model_extra["refsight"]["random_weights"] is True

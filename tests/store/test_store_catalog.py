@@ -174,6 +174,7 @@ def test_a_version_1_store_is_migrated_in_place(tmp_path):
     # make it look like a store written before the change journal existed
     conn = sqlite3.connect(root / "refsight.db")
     conn.execute("DROP TABLE reference_changes")
+    conn.execute("ALTER TABLE packages DROP COLUMN scope")  # added by version 3
     conn.execute("UPDATE meta SET value = '1' WHERE name = 'schema_version'")
     conn.commit()
     conn.close()
@@ -183,5 +184,26 @@ def test_a_version_1_store_is_migrated_in_place(tmp_path):
         store.catalog.add_reference("new", image_hash(2), {})
         assert [r.ref_id for r in store.catalog.changes_since(0).changed] == ["new"]
     conn = sqlite3.connect(root / "refsight.db")
-    assert conn.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()[0] == "2"
+    assert conn.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()[0] == "3"
     conn.close()
+
+
+def test_a_version_2_store_keeps_its_packages_as_shared(tmp_path):
+    import sqlite3
+
+    from store_helpers import make_package
+
+    root = tmp_path / "v2"
+    package = make_package(1)
+    with open_store(root) as store:
+        store.packages.put(package)
+    # a store written before isolation scopes existed: no scope column
+    conn = sqlite3.connect(root / "refsight.db")
+    conn.execute("ALTER TABLE packages DROP COLUMN scope")
+    conn.execute("UPDATE meta SET value = '2' WHERE name = 'schema_version'")
+    conn.commit()
+    conn.close()
+    with open_store(root) as store:
+        loaded = store.local.get(package.key)
+        assert loaded is not None and loaded.scope is None and loaded.key == package.key
+        assert store.local.record(package.key).scope is None

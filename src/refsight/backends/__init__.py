@@ -5,10 +5,12 @@ package imports no torch.
 """
 
 from .base import Backend, Generation, GenerationRequest, Segment
+from .options import BackendOptions
 from .registry import available_models, get_backend, register_backend
 
 __all__ = [
     "Backend",
+    "BackendOptions",
     "Generation",
     "GenerationRequest",
     "Segment",

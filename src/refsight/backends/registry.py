@@ -19,6 +19,7 @@ from importlib.metadata import entry_points
 from typing import Any, Callable
 
 from ..errors import BackendError, RefsightError, UnknownModelError
+from ..package import canonical_json
 from .base import Backend
 
 __all__ = ["register_backend", "available_models", "get_backend", "resolve_factory", "HF_PREFIX", "VLLM_PREFIX"]
@@ -39,7 +40,7 @@ _BUILTINS: dict[str, str] = {
     "tiny-qwen3-vl-vllm": "refsight.backends.vllm.tiny:load_tiny_vllm",
 }
 _registered: dict[str, str | Callable[..., Backend]] = {}
-_instances: dict[tuple[str, tuple], Backend] = {}
+_instances: dict[tuple[str, str], Backend] = {}
 _lock = threading.Lock()
 
 
@@ -79,7 +80,8 @@ def resolve_factory(name: str) -> Callable[..., Backend]:
 
 def get_backend(name: str, **options: Any) -> Backend:
     """The backend for ``name``, built once per process and set of options."""
-    key = (name, tuple(sorted(options.items())))
+    # Options may hold mappings (processor settings): key by their canonical JSON.
+    key = (name, canonical_json(options))
     with _lock:
         backend = _instances.get(key)
         if backend is None:

@@ -49,6 +49,8 @@ __all__ = [
     "SettleThresholds",
     "settle_criteria",
     "merge_records",
+    "subject_of",
+    "ERROR_KEY",
     "IMAGENET_KEY",
     "UNKNOWN",
 ]
@@ -69,8 +71,12 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(canonical_json(value).encode()).hexdigest()
 
 
-def _subject(item: Visual) -> str:
-    return item.image_sha256 if isinstance(item, VisualPackage) else item.sha256
+def subject_of(item: Visual) -> str:
+    """What an attribute record is stored under: the image hash (and the isolation scope of a scoped package)."""
+    if isinstance(item, VisualPackage):
+        # A scoped (tenant-isolated) package's record is that tenant's alone.
+        return item.image_sha256 if item.scope is None else f"{item.image_sha256}@{item.scope}"
+    return item.sha256
 
 
 # -- schema ---------------------------------------------------------------------------------
@@ -370,7 +376,7 @@ class AttributeStore:
     def get_or_compute(self, source: AttributeSource, items: Sequence[Visual]) -> list[dict[str, Any]]:
         """Each item's record from ``source``: stored ones are read, the rest computed in one batch and stored."""
         fp, schema = source.fingerprint, source.schema_digest
-        records: list[dict[str, Any] | None] = [self.get(_subject(item), fp, schema) for item in items]
+        records: list[dict[str, Any] | None] = [self.get(subject_of(item), fp, schema) for item in items]
         missing = [i for i, r in enumerate(records) if r is None]
         self.hits += len(items) - len(missing)
         self.misses += len(missing)
@@ -379,7 +385,7 @@ class AttributeStore:
             for i, record in zip(missing, computed):
                 records[i] = record
                 if ERROR_KEY not in record:  # a failed record would hide a later success
-                    self.put(_subject(items[i]), fp, schema, record)
+                    self.put(subject_of(items[i]), fp, schema, record)
         return [r for r in records if r is not None]
 
     def close(self) -> None:

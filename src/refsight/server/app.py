@@ -42,7 +42,8 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
     keys = config.resolved_keys()
     config.validate(keys)
     tenants = Tenants(keys)
-    service = Service(config)
+    # Tenants are isolated (keys salted by namespace) unless the operator chose to share encodes.
+    service = Service(config, share_packages=config.share_encodes or not tenants.enabled)
     pool = WorkPool(config.workers, config.queue)
 
     @asynccontextmanager
@@ -89,12 +90,7 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
 
 
 def _cache_stats(service: Service) -> dict[str, Any]:
-    if service.store is None:
-        return {}
-    stats = dict(service.global_stats())
-    stats["references"] = service.store.catalog.count_references()
-    stats["memory_bytes"] = service.store.memory.nbytes
-    return stats
+    return service.global_stats() if service.engine is not None else {}
 
 
 def _add_routes(app: FastAPI, service: Service, pool: WorkPool, tenants: Tenants, metrics: Metrics) -> None:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..backends.options import BackendOptions
 from ..errors import InvalidInputError
 from .tenants import is_loopback, load_keys
 
@@ -25,6 +26,8 @@ class ServerConfig:
 
     store: str | os.PathLike | None = None
     model: str | None = None
+    #: How the model is loaded (device, dtype, processor settings ...), as for the CLI.
+    backend_options: BackendOptions = field(default_factory=BackendOptions)
     host: str = "127.0.0.1"
     port: int = 8000
     #: Threads that run model work (encode, generate, search) off the event loop.
@@ -37,6 +40,9 @@ class ServerConfig:
     max_image_pixels: int = 40_000_000
     #: Largest ``max_tokens`` a chat request may ask for.
     max_new_tokens: int = 1024
+    #: Share packages across tenants: saves encodes, but reveals by timing that SOME tenant
+    #: holds an image. Off by default: each tenant's namespace salts its package keys.
+    share_encodes: bool = False
     #: Memory tier budget of the package store (None: the store's default).
     memory_bytes: int | None = None
     thumbnail_px: int = 256

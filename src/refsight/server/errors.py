@@ -25,10 +25,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import (
     BackendError,
+    CorruptPackageError,
+    GenerationError,
     ImageError,
     InvalidInputError,
     InvalidReferenceIdError,
+    ModelLoadError,
     NotFoundError,
+    PackageNotFoundError,
     ReferenceNotFoundError,
     RefsightError,
     RubricError,
@@ -36,7 +40,17 @@ from ..errors import (
     UnknownModelError,
 )
 
-__all__ = ["ApiError", "error_body", "error_response", "install_error_handlers", "CatchAllMiddleware", "ERROR_RESPONSES"]
+__all__ = [
+    "ApiError",
+    "ERROR_STATUS",
+    "status_of",
+    "from_refsight",
+    "error_body",
+    "error_response",
+    "install_error_handlers",
+    "CatchAllMiddleware",
+    "ERROR_RESPONSES",
+]
 
 log = logging.getLogger("refsight.server")
 
@@ -76,28 +90,52 @@ def error_response(status: int, code: str, message: str, headers: dict[str, str]
     return JSONResponse(error_body(code, message), status_code=status, headers=headers)
 
 
+#: Every library error class → (HTTP status, stable code). Looked up along the class's MRO, so
+#: a subclass without its own row maps like its parent; a test enumerates every subclass.
+ERROR_STATUS: dict[type[RefsightError], tuple[int, str]] = {
+    RefsightError: (500, "internal_error"),
+    InvalidInputError: (400, "invalid_input"),
+    ImageError: (400, "invalid_image"),
+    RubricError: (400, "invalid_rubric"),
+    InvalidReferenceIdError: (400, "invalid_reference_id"),
+    NotFoundError: (404, "not_found"),
+    ReferenceNotFoundError: (404, "reference_not_found"),
+    PackageNotFoundError: (404, "not_found"),
+    UnknownModelError: (404, "model_not_found"),
+    CorruptPackageError: (500, "store_error"),
+    StoreError: (500, "store_error"),
+    BackendError: (500, "backend_error"),
+    ModelLoadError: (500, "backend_error"),
+    GenerationError: (500, "backend_error"),
+}
+
+#: What a client is told for server-side failures (details stay in the server log).
+_GENERIC = {
+    "internal_error": "internal server error",
+    "store_error": "the reference store failed",
+    "backend_error": "the model failed to process the request",
+}
+
+
+def status_of(error: RefsightError) -> tuple[int, str]:
+    """The (status, code) of a library error: the row of its nearest class in :data:`ERROR_STATUS`."""
+    for cls in type(error).__mro__:
+        if cls in ERROR_STATUS:
+            return ERROR_STATUS[cls]
+    return ERROR_STATUS[RefsightError]
+
+
 def from_refsight(error: RefsightError) -> ApiError:
     """Translate a library error into the client's view of it."""
-    if isinstance(error, ImageError):
-        return ApiError(400, "invalid_image", str(error))
-    if isinstance(error, RubricError):
-        return ApiError(400, "invalid_rubric", str(error))
-    if isinstance(error, InvalidReferenceIdError):
-        return ApiError(400, "invalid_reference_id", str(error))
-    if isinstance(error, InvalidInputError):
-        return ApiError(400, "invalid_input", str(error))
+    status, code = status_of(error)
     if isinstance(error, ReferenceNotFoundError):
         # The same words whether the id never existed or belongs to another tenant.
-        return ApiError(404, "reference_not_found", f"reference not found: {error.name!r}")
+        return ApiError(status, code, f"reference not found: {error.name!r}")
     if isinstance(error, UnknownModelError):
-        return ApiError(404, "model_not_found", f"model not found: {error.name!r}")
-    if isinstance(error, NotFoundError):
-        return ApiError(404, "not_found", str(error))
-    if isinstance(error, BackendError):
-        return ApiError(500, "backend_error", "the model failed to process the request")
-    if isinstance(error, StoreError):
-        return ApiError(500, "store_error", "the reference store failed")
-    return ApiError(500, "internal_error", "internal server error")
+        return ApiError(status, code, f"model not found: {error.name!r}")
+    if status >= 500:
+        return ApiError(status, code, _GENERIC.get(code, str(error)))
+    return ApiError(status, code, str(error))
 
 
 def _validation_message(exc: RequestValidationError) -> str:

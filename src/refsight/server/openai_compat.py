@@ -23,7 +23,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..engine import ReferenceSegment
+from .. import ReferenceSegment
 from .auth import require_tenant
 from .bodies import decode_data_url
 from .errors import ERROR_RESPONSES, ApiError

@@ -29,6 +29,7 @@ from .base import (
     validate_ref_id,
 )
 from .catalog import SqliteCatalog
+from .counters import CounterBuffer
 from .local import LocalPackageStore, PackageRecord
 from .memory import MemoryPackageStore
 from .tiered import TieredPackageStore
@@ -47,6 +48,7 @@ __all__ = [
     "MemoryPackageStore",
     "TieredPackageStore",
     "SqliteCatalog",
+    "CounterBuffer",
     "DEFAULT_NAMESPACE",
     "COUNTER_NAMES",
     "SCHEMA_VERSION",
@@ -57,10 +59,11 @@ DEFAULT_MEMORY_BYTES = 512 * 1024 * 1024
 
 
 class Store:
-    """An opened store directory: ``packages`` (tiered), ``local``, ``memory`` and ``catalog``.
+    """An opened store directory: ``packages`` (tiered), ``local``, ``memory``, ``catalog`` and ``counters``.
 
     Use as a context manager, or call :meth:`close`. Safe to open the same
-    directory from several processes at once.
+    directory from several processes at once. ``counters`` buffers the cache
+    counters in memory (reads never write; see :mod:`refsight.store.counters`).
     """
 
     def __init__(self, root: Path, database: Database, memory_bytes: int) -> None:
@@ -68,11 +71,15 @@ class Store:
         self._db = database
         self.local = LocalPackageStore(root, database=database)
         self.catalog = SqliteCatalog(root, database=database)
-        self.memory = MemoryPackageStore(memory_bytes)
-        self.packages = TieredPackageStore([self.memory, self.local], catalog=self.catalog)
+        self.counters = CounterBuffer(self.catalog)
+        self.memory = MemoryPackageStore(memory_bytes, on_evict=lambda key, package: self.counters.add(evictions=1))
+        self.packages = TieredPackageStore([self.memory, self.local])
 
     def close(self) -> None:
-        """Drop the memory tier and close the database connections. Idempotent."""
+        """Write pending counters, drop the memory tier and close the database connections. Idempotent."""
+        if self._db.closed:
+            return
+        self.counters.close()
         self.memory.clear()
         self._db.close()
 

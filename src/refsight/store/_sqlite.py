@@ -23,7 +23,7 @@ __all__ = ["Database", "SCHEMA_VERSION", "APPLICATION", "DB_NAME"]
 
 #: Bumped when the tables change; a store written by a newer refsight is refused,
 #: an older one is migrated in place (see ``_MIGRATIONS``).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 APPLICATION = "refsight"
 DB_NAME = "refsight.db"
 BUSY_TIMEOUT_MS = 30_000
@@ -77,12 +77,16 @@ CREATE TABLE reference_changes (
     PRIMARY KEY (namespace, ref_id)
 ) WITHOUT ROWID;
 CREATE INDEX reference_changes_by_revision ON reference_changes (namespace, revision);
+-- version 3: the isolation scope that salts a package's key (NULL: shared across namespaces)
+ALTER TABLE packages ADD COLUMN scope TEXT;
 """
 
 #: Statements that bring a store from version ``v`` to ``v + 1``.
 _MIGRATIONS = {
     # The journal starts empty: a reader that has never synced lists every reference anyway.
-    1: _SCHEMA[_SCHEMA.index("-- version 2") :],
+    1: _SCHEMA[_SCHEMA.index("-- version 2") : _SCHEMA.index("-- version 3")],
+    # Existing packages were all shared: NULL is exactly their scope.
+    2: _SCHEMA[_SCHEMA.index("-- version 3") :],
 }
 
 
@@ -97,6 +101,11 @@ class Database:
         self._connections: list[tuple[int, sqlite3.Connection]] = []
         self._closed = False
         self._ensure_schema()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has been called."""
+        return self._closed
 
     # -- connections ------------------------------------------------------------
     def connection(self) -> sqlite3.Connection:

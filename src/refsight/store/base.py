@@ -136,6 +136,20 @@ class Catalog(abc.ABC):
         """
 
     @abc.abstractmethod
+    def ingest_reference(
+        self,
+        ref_id: str,
+        image_sha256: str,
+        data: bytes,
+        fmt: str | None,
+        metadata: dict[str, Any],
+        *,
+        namespace: str = DEFAULT_NAMESPACE,
+        link: tuple[str, str] | None = None,
+    ) -> Reference:
+        """Keep the image bytes, create or merge the reference and link its package: all or nothing."""
+
+    @abc.abstractmethod
     def get_reference(self, ref_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> Reference:
         """The reference; raises ReferenceNotFoundError."""
 

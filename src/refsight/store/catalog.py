@@ -98,12 +98,7 @@ class SqliteCatalog(Catalog):
         validate_ref_id(ref_id)
         _check_namespace(namespace)
         _check_sha(image_sha256)
-        if not isinstance(metadata, dict) or not all(isinstance(k, str) for k in metadata):
-            raise InvalidInputError(metadata, "reference metadata must be a dict with string keys")
-        try:
-            canonical_json(metadata)
-        except (TypeError, ValueError) as exc:
-            raise InvalidInputError(metadata, f"reference metadata must be JSON: {exc}") from None
+        metadata_json = _metadata_json(metadata)
         with self._db.write() as conn:
             row = conn.execute(
                 'SELECT image_sha256, metadata FROM "references" WHERE namespace = ? AND ref_id = ?',
@@ -112,7 +107,7 @@ class SqliteCatalog(Catalog):
             if row is None:
                 conn.execute(
                     'INSERT INTO "references" (namespace, ref_id, image_sha256, metadata, created_at) VALUES (?, ?, ?, ?, ?)',
-                    (namespace, ref_id, image_sha256, canonical_json(metadata), time.time()),
+                    (namespace, ref_id, image_sha256, metadata_json, time.time()),
                 )
                 _journal(conn, namespace, ref_id, removed=False)
             elif row[0] != image_sha256:
@@ -126,6 +121,89 @@ class SqliteCatalog(Catalog):
                 )
                 _journal(conn, namespace, ref_id, removed=False)
         return self.get_reference(ref_id, namespace=namespace)
+
+    def ingest_reference(
+        self,
+        ref_id: str,
+        image_sha256: str,
+        data: bytes,
+        fmt: str | None,
+        metadata: dict[str, Any],
+        *,
+        namespace: str = DEFAULT_NAMESPACE,
+        link: tuple[str, str] | None = None,
+    ) -> Reference:
+        """Keep the image bytes, create (or merge) the reference and link its package, in ONE transaction.
+
+        ``link`` is ``(fingerprint digest, package key)``. Either all of it is recorded or
+        nothing is: a conflicting id raises :class:`InvalidInputError` before any file is
+        published, and a crash between the image file and the commit leaves only an
+        unindexed file, which :meth:`gc` removes.
+        """
+        validate_ref_id(ref_id)
+        _check_namespace(namespace)
+        _check_sha(image_sha256)
+        metadata_json = _metadata_json(metadata)
+        if link is not None:
+            _check_sha(link[0])
+            _check_sha(link[1])
+        if not isinstance(data, (bytes, bytearray, memoryview)) or not len(data):
+            raise InvalidInputError(image_sha256, "image bytes must be non-empty bytes")
+        final = self.image_path(image_sha256)
+        temp = None
+        if not self.has_image(image_sha256):
+            try:
+                temp, digest, size = write_temp(final.parent, [data])
+            except OSError as exc:
+                raise StoreError(f"cannot write image {image_sha256} under {final.parent}: {exc}") from exc
+        published = False
+        try:
+            with self._db.write() as conn:
+                row = conn.execute(
+                    'SELECT image_sha256, metadata FROM "references" WHERE namespace = ? AND ref_id = ?',
+                    (namespace, ref_id),
+                ).fetchone()
+                if row is not None and row[0] != image_sha256:
+                    raise InvalidInputError(
+                        ref_id,
+                        f"reference already exists with another image ({row[0][:12]}…); remove it first or pick another id",
+                    )
+                if temp is not None and not conn.execute("SELECT 1 FROM images WHERE sha256 = ?", (image_sha256,)).fetchone():
+                    # The file is renamed into place and fsynced before its row commits.
+                    publish(temp, final)
+                    published = True
+                    conn.execute(
+                        "INSERT INTO images (sha256, path, bytes, format, checksum) VALUES (?, ?, ?, ?, ?)",
+                        (image_sha256, str(final.relative_to(self.root)), size, fmt, digest),
+                    )
+                if row is None:
+                    conn.execute(
+                        'INSERT INTO "references" (namespace, ref_id, image_sha256, metadata, created_at) VALUES (?, ?, ?, ?, ?)',
+                        (namespace, ref_id, image_sha256, metadata_json, time.time()),
+                    )
+                    _journal(conn, namespace, ref_id, removed=False)
+                elif metadata and (merged := canonical_json({**json.loads(row[1]), **metadata})) != row[1]:
+                    conn.execute(
+                        'UPDATE "references" SET metadata = ? WHERE namespace = ? AND ref_id = ?',
+                        (merged, namespace, ref_id),
+                    )
+                    _journal(conn, namespace, ref_id, removed=False)
+                if link is not None:
+                    _link(conn, namespace, ref_id, *link)
+                reference = self._reference(
+                    conn,
+                    conn.execute(
+                        'SELECT namespace, ref_id, image_sha256, metadata, created_at FROM "references" '
+                        "WHERE namespace = ? AND ref_id = ?",
+                        (namespace, ref_id),
+                    ).fetchone(),
+                )
+        except OSError as exc:
+            raise StoreError(f"cannot publish image {image_sha256}: {exc}") from exc
+        finally:
+            if temp is not None and not published:
+                temp.unlink(missing_ok=True)
+        return reference
 
     def get_reference(self, ref_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> Reference:
         """The reference, with its package links; raises :class:`ReferenceNotFoundError`."""
@@ -275,11 +353,7 @@ class SqliteCatalog(Catalog):
             ).fetchone()
             if exists is None:
                 raise ReferenceNotFoundError(ref_id)
-            conn.execute(
-                "INSERT INTO reference_packages (namespace, ref_id, fingerprint_digest, package_key) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (namespace, ref_id, fingerprint_digest) DO UPDATE SET package_key = excluded.package_key",
-                (namespace, ref_id, fingerprint_digest, package_key),
-            )
+            _link(conn, namespace, ref_id, fingerprint_digest, package_key)
 
     # -- image bytes --------------------------------------------------------------
     def image_path(self, image_sha256: str) -> Path:
@@ -387,6 +461,24 @@ class SqliteCatalog(Catalog):
         """Close the database connections this catalog opened. Idempotent."""
         if self._owns_db:
             self._db.close()
+
+
+def _link(conn, namespace: str, ref_id: str, fingerprint_digest: str, package_key: str) -> None:
+    # One link per (reference, fingerprint): a newer package for the same model replaces the older.
+    conn.execute(
+        "INSERT INTO reference_packages (namespace, ref_id, fingerprint_digest, package_key) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT (namespace, ref_id, fingerprint_digest) DO UPDATE SET package_key = excluded.package_key",
+        (namespace, ref_id, fingerprint_digest, package_key),
+    )
+
+
+def _metadata_json(metadata: object) -> str:
+    if not isinstance(metadata, dict) or not all(isinstance(k, str) for k in metadata):
+        raise InvalidInputError(metadata, "reference metadata must be a dict with string keys")
+    try:
+        return canonical_json(metadata)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(metadata, f"reference metadata must be JSON: {exc}") from None
 
 
 def _revision(conn, namespace: str) -> int:

@@ -37,7 +37,7 @@ __all__ = ["LocalPackageStore", "PackageRecord"]
 _KEY = re.compile(r"[0-9a-f]{64}")
 _HEADER_FIELD = "refsight.header"
 _SUFFIX = ".safetensors"
-_COLUMNS = "key, image_sha256, fingerprint_digest, fingerprint_json, bytes, spec_json, created_at, encode_ms, checksum"
+_COLUMNS = "key, image_sha256, fingerprint_digest, fingerprint_json, bytes, spec_json, created_at, encode_ms, checksum, scope"
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,7 @@ class PackageRecord:
     created_at: float
     encode_ms: float
     checksum: str
+    scope: str | None = None  # the isolation scope salting the key (None: shared)
 
     @property
     def fingerprint(self) -> EncoderFingerprint:
@@ -80,9 +81,9 @@ def _fingerprint(fingerprint_json: str) -> tuple[EncoderFingerprint, str, dict[s
 
 
 @functools.lru_cache(maxsize=4096)
-def _key(image_sha256: str, fingerprint_json: str) -> str:
+def _key(image_sha256: str, fingerprint_json: str, scope: str | None) -> str:
     # package_key is pure; memoised because re-serialising the fingerprint costs ~20 µs.
-    return package_key(image_sha256, _fingerprint(fingerprint_json)[0])
+    return package_key(image_sha256, _fingerprint(fingerprint_json)[0], scope)
 
 
 class LocalPackageStore(PackageStore):
@@ -167,6 +168,7 @@ class LocalPackageStore(PackageStore):
             float(package.created_at),
             float(package.encode_ms),
             digest,
+            package.scope,
         )
         published = False
         try:
@@ -183,7 +185,7 @@ class LocalPackageStore(PackageStore):
                 #    readers (they go through the index) and removed by gc().
                 publish(temp, final)
                 published = True
-                conn.execute(f"INSERT INTO packages ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+                conn.execute(f"INSERT INTO packages ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
         except OSError as exc:
             raise StoreError(f"cannot publish package {key}: {exc}") from exc
         finally:
@@ -262,7 +264,10 @@ class LocalPackageStore(PackageStore):
             raise CorruptPackageError(key, f"unreadable file: {exc}") from None
         if header.get("fingerprint") != fingerprint_dict or fingerprint_digest != record.fingerprint_digest:
             raise CorruptPackageError(key, "fingerprint differs from the index")
-        if image_sha256 != record.image_sha256 or _key(image_sha256, record.fingerprint_json) != key:
+        scope = header.get("scope")
+        if scope != record.scope:
+            raise CorruptPackageError(key, "the file's isolation scope differs from the index")
+        if image_sha256 != record.image_sha256 or _key(image_sha256, record.fingerprint_json, scope) != key:
             raise CorruptPackageError(key, "the file holds another package (image hash or fingerprint differ)")
         spec = tensor_spec(tensors)
         if spec != json.loads(record.spec_json) or spec != header.get("spec"):
@@ -274,6 +279,7 @@ class LocalPackageStore(PackageStore):
             fingerprint=fingerprint,
             created_at=float(header.get("created_at", record.created_at)),
             encode_ms=float(header.get("encode_ms", record.encode_ms)),
+            scope=scope,
         )
 
     def verify(self, key: str) -> str | None:

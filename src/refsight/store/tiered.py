@@ -3,8 +3,8 @@
 Reads try each tier in order and copy a hit into every faster tier (so the next
 read of a hot package costs a dictionary lookup). Writes go to every tier, the
 most durable first: if the process dies mid-write, the package is on disk or
-nowhere, never only in memory. Evictions from tiers that report them (the memory
-tier's ``on_evict``) are counted in the catalog's persistent ``evictions`` counter.
+nowhere, never only in memory. (Evictions are counted by whoever owns the memory
+tier, through its ``on_evict``: the :class:`~refsight.store.Store` counts them.)
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Iterator, Sequence
 
 from ..errors import InvalidInputError
 from ..package import VisualPackage
-from .base import Catalog, PackageStore
+from .base import PackageStore
 
 __all__ = ["TieredPackageStore"]
 
@@ -21,20 +21,10 @@ __all__ = ["TieredPackageStore"]
 class TieredPackageStore(PackageStore):
     """``tiers[0]`` is the fastest; ``tiers[-1]`` the durable one."""
 
-    def __init__(self, tiers: Sequence[PackageStore], *, catalog: Catalog | None = None) -> None:
+    def __init__(self, tiers: Sequence[PackageStore]) -> None:
         if not tiers:
             raise InvalidInputError(tiers, "a tiered store needs at least one tier")
         self.tiers = list(tiers)
-        self.catalog = catalog
-        if catalog is not None:
-            for tier in self.tiers:
-                # Only wire tiers that can evict and have no owner for that event yet.
-                if hasattr(tier, "on_evict") and getattr(tier, "on_evict") is None:
-                    tier.on_evict = self._count_eviction  # type: ignore[attr-defined]
-
-    def _count_eviction(self, key: str, package: VisualPackage) -> None:
-        assert self.catalog is not None
-        self.catalog.bump(evictions=1)
 
     def get(self, key: str) -> VisualPackage | None:
         """The first tier's hit, promoted into the faster tiers; None when no tier has it."""

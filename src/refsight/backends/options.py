@@ -1,0 +1,127 @@
+"""How a model is loaded: one definition of the backend options, shared by Engine, CLI and server.
+
+:class:`BackendOptions` holds what a user may set about a model runtime (device, dtype,
+attention implementation, image-processor settings, revision, batch size, and the
+runtime-specific files such as llama.cpp's ``mmproj``). Only the options a user actually
+set reach the backend factory (:meth:`BackendOptions.as_kwargs`), so each backend keeps
+its own defaults and refuses, by name, an option it does not support.
+
+The CLI flags (``--device``, ``--dtype`` ...) and the server's settings are built from
+this one definition (:data:`OPTION_HELP`), so the three front ends can never drift apart.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Mapping
+
+from ..errors import InvalidInputError
+
+__all__ = ["BackendOptions", "OPTION_HELP", "DEVICES", "DTYPES", "parse_key_values"]
+
+#: Accepted ``device`` values (``cuda:N`` names one GPU).
+DEVICES = ("auto", "cpu", "cuda", "mps")
+#: Accepted ``dtype`` values.
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+_DEVICE = re.compile(r"(auto|cpu|mps|cuda(:\d{1,3})?)")
+
+#: One line of help per option, used by the CLI flags and the docs.
+OPTION_HELP: dict[str, str] = {
+    "device": "where the model runs: auto, cpu, cuda, cuda:N or mps",
+    "dtype": "weights and features dtype: auto, float32, bfloat16 or float16",
+    "attn": "attention implementation (e.g. sdpa, eager, flash_attention_2)",
+    "min_pixels": "smallest image area the processor resizes to (Qwen)",
+    "max_pixels": "largest image area the processor resizes to (Qwen); bounds image tokens",
+    "processor_kwargs": "any other image-processor setting, KEY=VALUE (repeatable)",
+    "revision": "hub revision (branch, tag or commit); resolved to a commit before use",
+    "batch_size": "images encoded per forward pass",
+    "mmproj": "llama.cpp: the multimodal projector GGUF beside the model GGUF",
+    "encoder": "vLLM: the local weights refsight encodes with (a directory or a model name)",
+}
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """Options for loading a model; ``None`` (or an empty mapping) means "the backend's default"."""
+
+    device: str | None = None
+    dtype: str | None = None
+    attn: str | None = None
+    min_pixels: int | None = None
+    max_pixels: int | None = None
+    processor_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    revision: str | None = None
+    batch_size: int | None = None
+    mmproj: str | None = None
+    encoder: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.device is not None and not (isinstance(self.device, str) and _DEVICE.fullmatch(self.device)):
+            raise InvalidInputError(f"device {self.device!r}", f"use one of {', '.join(DEVICES)} or cuda:N")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise InvalidInputError(f"dtype {self.dtype!r}", f"use one of {', '.join(DTYPES)}")
+        for name in ("min_pixels", "max_pixels", "batch_size"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise InvalidInputError(name, f"must be a positive integer, got {value!r}")
+        if self.min_pixels and self.max_pixels and self.min_pixels > self.max_pixels:
+            raise InvalidInputError("min_pixels", f"{self.min_pixels} is larger than max_pixels {self.max_pixels}")
+        for name in ("attn", "revision", "mmproj", "encoder"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise InvalidInputError(name, f"must be a non-empty string, got {value!r}")
+        if not isinstance(self.processor_kwargs, Mapping) or not all(
+            isinstance(k, str) and k for k in self.processor_kwargs
+        ):
+            raise InvalidInputError("processor_kwargs", "must map setting names to values")
+        # A private, sorted copy: options are compared and hashed by value.
+        object.__setattr__(self, "processor_kwargs", dict(sorted(self.processor_kwargs.items())))
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """The options the user set, as keyword arguments for a backend factory."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None or (f.name == "processor_kwargs" and not value):
+                continue
+            out[f.name] = dict(value) if f.name == "processor_kwargs" else value
+        return out
+
+    def merged(self, override: "BackendOptions | None") -> "BackendOptions":
+        """These options with every option set in ``override`` taking precedence (CLI over config file)."""
+        if override is None:
+            return self
+        changes = override.as_kwargs()
+        if "processor_kwargs" in changes:
+            changes["processor_kwargs"] = {**self.processor_kwargs, **changes["processor_kwargs"]}
+        return replace(self, **changes)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, source: str = "options") -> "BackendOptions":
+        """Options from a mapping (a config file section, a JSON body); unknown names are refused."""
+        if not isinstance(data, Mapping):
+            raise InvalidInputError(source, "backend options must be a table of NAME = VALUE")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise InvalidInputError(f"{source}: {', '.join(unknown)}", f"unknown option(s); known: {', '.join(sorted(known))}")
+        return cls(**dict(data))
+
+
+def parse_key_values(items: list[str] | tuple[str, ...], *, flag: str) -> dict[str, Any]:
+    """``["KEY=VALUE", ...]`` → a dict; values that read as JSON numbers or booleans become them."""
+    import json
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise InvalidInputError(f"{flag} {item!r}", "expected KEY=VALUE")
+        try:
+            parsed = json.loads(value)
+            out[key.strip()] = parsed if isinstance(parsed, (int, float, bool)) else value
+        except ValueError:
+            out[key.strip()] = value
+    return out

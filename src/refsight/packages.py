@@ -1,0 +1,200 @@
+"""The package cache: the ONE place where "take the package from the store, or encode it" happens.
+
+Every visual package refsight uses goes through :class:`PackageCache`, under one policy:
+
+- **Reference packages are durable.** A reference's package is served from the memory tier
+  or the disk store; when absent (a new model) or corrupt (it is never served), it is
+  encoded from the reference's kept image bytes, written to disk and linked to the
+  reference. A package that is in memory only (the image was compared as a candidate
+  before) is written to disk the moment it is needed as a reference, without encoding.
+- **Candidate packages stay in memory.** A compared image is not a reference: its package
+  goes to the bounded memory tier only, so it leaves nothing on disk.
+- **Encode once.** A per-key lock (shared by every engine in the process) makes concurrent
+  requests for the same new image run the encoder once; the others wait and hit.
+- **Reads do not write.** A hit takes no cross-process lock and issues no SQL write; hits,
+  misses and the encoder time saved are counted here, once, in the store's
+  :class:`~refsight.store.counters.CounterBuffer`.
+- **Scopes isolate.** ``scope`` salts the key (see :func:`refsight.package.package_key`): a
+  tenant whose scope differs can neither hit nor observe another tenant's packages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+from .backends.base import Backend
+from .errors import CorruptPackageError
+from .images import ImageInput
+from .locks import KeyedLocks
+from .package import VisualPackage, package_key
+from .store import Reference, Store
+
+__all__ = ["PackageCache", "CachedPackage", "Visual", "PACKAGE_LOCKS"]
+
+#: Package keys are content-addressed and mean the same in every engine of a process (tenants
+#: share one store), so one lock table serves them all: an image is encoded once.
+PACKAGE_LOCKS = KeyedLocks()
+
+
+@dataclass(frozen=True)
+class Visual:
+    """What a backend gets for one image: a package, or pixels (``use_cache=False``), and how it came."""
+
+    item: VisualPackage | ImageInput
+    cached: bool
+    encode_ms: float
+
+
+@dataclass(frozen=True)
+class CachedPackage:
+    """A package and how it was obtained: ``cached`` when no encoder ran for it now."""
+
+    package: VisualPackage
+    cached: bool
+
+    @property
+    def encode_ms(self) -> float:
+        """Encoder time spent on this lookup (0 on a hit)."""
+        return 0.0 if self.cached else self.package.encode_ms
+
+
+class PackageCache:
+    """Get-or-encode over one store; ``kept_image(sha256)`` decodes a reference's kept bytes."""
+
+    def __init__(self, store: Store, kept_image: Callable[[str], ImageInput]) -> None:
+        self.store = store
+        self._kept_image = kept_image
+
+    @staticmethod
+    def key(backend: Backend, image_sha256: str, scope: str | None) -> str:
+        """The key of ``image_sha256``'s package under ``backend`` in ``scope``."""
+        return package_key(image_sha256, backend.fingerprint(), scope)
+
+    # -- lookups ---------------------------------------------------------------------
+    def reference(self, backend: Backend, ref: Reference, *, scope: str | None) -> CachedPackage:
+        """The reference's durable package (encoded from the kept image when missing or corrupt)."""
+        key = self.key(backend, ref.image_sha256, scope)
+        found = self._durable_hit(key)
+        if found is None:
+            with PACKAGE_LOCKS.hold(key):
+                found = self._durable_hit(key)  # another thread may have stored it while we waited
+                if found is None:
+                    package = self._encode(backend, [self._kept_image(ref.image_sha256)], scope)[0]
+                    self.store.packages.put(package)
+                    found = CachedPackage(package, cached=False)
+        if not found.cached or ref.packages.get(backend.fingerprint().digest) != key:
+            # Written now (or made durable now): link it, so it is the reference's and not garbage.
+            self.store.catalog.link_package(ref.ref_id, backend.fingerprint().digest, key, namespace=ref.namespace)
+        return found
+
+    def candidate(self, backend: Backend, image: ImageInput, *, scope: str | None) -> CachedPackage:
+        """The package of a compared image: a stored one when it exists, else encoded into memory only."""
+        key = self.key(backend, image.sha256, scope)
+        found = self._hit(key)
+        if found is None:
+            with PACKAGE_LOCKS.hold(key):
+                found = self._hit(key)
+                if found is None:
+                    package = self._encode(backend, [image], scope)[0]
+                    self.store.memory.put(package)  # bounded and never written to disk
+                    found = CachedPackage(package, cached=False)
+        return found
+
+    def visual(
+        self, backend: Backend, source: Reference | ImageInput, *, use_cache: bool, scope: str | None = None
+    ) -> Visual:
+        """A reference's durable package, a candidate's memory-only package (in ``scope``), or with
+        ``use_cache=False`` the pixels themselves, so the runtime takes its own fresh path."""
+        if not use_cache:
+            image = self._kept_image(source.image_sha256) if isinstance(source, Reference) else source
+            return Visual(image, False, 0.0)
+        if isinstance(source, Reference):
+            found = self.reference(backend, source, scope=scope)
+        else:
+            found = self.candidate(backend, source, scope=scope)
+        return Visual(found.package, found.cached, found.encode_ms)
+
+    def durable(self, backend: Backend, images: Sequence[ImageInput], *, scope: str | None) -> list[CachedPackage]:
+        """Durable packages for new references, in order; the missing ones encoded in one batch.
+
+        The caller links each to its reference (in the same transaction that creates it).
+        """
+        keys = [self.key(backend, image.sha256, scope) for image in images]
+        found: dict[str, CachedPackage] = {}
+        for key in dict.fromkeys(keys):
+            hit = self._durable_hit(key)
+            if hit is not None:
+                found[key] = hit
+        missing = {key: image for key, image in zip(keys, images) if key not in found}
+        if missing:
+            with ExitStack() as held:
+                # Sorted, so two batches that share keys never wait on each other in a cycle.
+                for key in sorted(missing):
+                    held.enter_context(PACKAGE_LOCKS.hold(key))
+                for key in list(missing):
+                    hit = self._durable_hit(key)
+                    if hit is not None:
+                        found[key] = hit
+                        del missing[key]
+                if missing:
+                    for key, package in zip(missing, self._encode(backend, list(missing.values()), scope)):
+                        self.store.packages.put(package)
+                        found[key] = CachedPackage(package, cached=False)
+        return [found[key] for key in keys]
+
+    def rebuild(self, backend: Backend, image_sha256: str, *, scope: str | None) -> VisualPackage:
+        """Encode again from the kept image and replace what is stored under the key (repair)."""
+        key = self.key(backend, image_sha256, scope)
+        with PACKAGE_LOCKS.hold(key):
+            package = self._encode(backend, [self._kept_image(image_sha256)], scope)[0]
+            # Delete first: put() is idempotent and would otherwise keep the corrupt file.
+            self.store.packages.delete(key)
+            self.store.packages.put(package)
+        return package
+
+    def stored(self, key: str) -> VisualPackage | None:
+        """The package under ``key`` if the store holds a sound one (a hit is counted), else None."""
+        found = self._hit(key)
+        return found.package if found is not None else None
+
+    # -- internals ---------------------------------------------------------------------
+    def _hit(self, key: str) -> CachedPackage | None:
+        try:
+            package = self.store.packages.get(key)
+        except CorruptPackageError:
+            # Never serve a corrupt package: drop it, so the caller re-encodes from the kept image.
+            self.store.packages.delete(key)
+            return None
+        if package is None:
+            return None
+        self.store.counters.add(hits=1, encode_ms_saved=package.encode_ms)
+        return CachedPackage(package, cached=True)
+
+    def _durable_hit(self, key: str) -> CachedPackage | None:
+        found = self._hit(key)
+        if found is not None and not self.store.local.contains(key):
+            # In memory only (it was a candidate): a reference's package must survive a restart.
+            self.store.local.put(found.package)
+        return found
+
+    def _encode(self, backend: Backend, images: list[ImageInput], scope: str | None) -> list[VisualPackage]:
+        packages = backend.encode(images)
+        if scope is not None:
+            packages = [_scoped(package, scope) for package in packages]
+        self.store.counters.add(misses=len(packages))
+        return packages
+
+
+def _scoped(package: VisualPackage, scope: str) -> VisualPackage:
+    """The same tensors under an isolation scope (a new key; tensors are shared, never copied)."""
+    return VisualPackage(
+        tensors=package.tensors,
+        metadata=package.metadata,
+        image_sha256=package.image_sha256,
+        fingerprint=package.fingerprint,
+        created_at=package.created_at,
+        encode_ms=package.encode_ms,
+        scope=scope,
+    )

@@ -1,0 +1,221 @@
+"""References: ingest (batched, encode once), look-ups, and removal with listeners.
+
+:class:`ReferenceBook` is what users name: reference ids in namespaces, their metadata
+and kept images. Adding a reference decodes and checks the image, gets its durable
+package from the :class:`~refsight.packages.PackageCache` (images are encoded in batches
+of the backend's ``batch_size``; known ones skip the encoder), then records the kept
+bytes, the reference and its package link in ONE catalog transaction. Removing a
+reference notifies listeners (the retrieval index drops its entry), so nothing here
+knows where derived data lives.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .backends.base import Backend
+from .errors import InvalidInputError, ReferenceNotFoundError, RefsightError
+from .images import ImageInput, ImageSource, IntakeLimits, load_image
+from .packages import CachedPackage, PackageCache
+from .results import AddFailure, AddResult
+from .store import Catalog, Reference, Store, validate_ref_id
+
+__all__ = ["ReferenceBook", "ReferenceSegment", "RemovalListener", "load_kept_image", "source_label", "validate_metadata"]
+
+@dataclass(frozen=True)
+class ReferenceSegment:
+    """A prompt segment naming a stored reference by id (its package is looked up, never re-encoded)."""
+
+    ref_id: str
+
+
+#: Called as ``listener(namespace, ref_id)`` after a reference is removed.
+RemovalListener = Callable[[str, str], None]
+#: Opens a progress bar: ``progress(total, description)`` → a context manager with ``update(n)``.
+ProgressFactory = Callable[[int, str], AbstractContextManager[Any]]
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._@+=-]+")
+#: Largest metadata object a reference may carry, as JSON.
+MAX_METADATA_BYTES = 64 * 1024
+
+
+class ReferenceBook:
+    """The references of one store (every namespace); every method names its namespace."""
+
+    def __init__(self, store: Store, packages: PackageCache, limits: IntakeLimits, progress: ProgressFactory) -> None:
+        self.store = store
+        self.packages = packages
+        self.limits = limits
+        self._progress = progress
+        self._listeners: list[RemovalListener] = []
+
+    def on_remove(self, listener: RemovalListener) -> None:
+        """Call ``listener(namespace, ref_id)`` after every removal."""
+        self._listeners.append(listener)
+
+    # -- ingest ---------------------------------------------------------------------------
+    def add_many(
+        self,
+        sources: Sequence[ImageSource],
+        *,
+        ids: Sequence[str | None] | None,
+        metadata: Mapping[str, Any] | None,
+        backend: Backend,
+        namespace: str,
+        scope: str | None,
+    ) -> Iterator[AddResult | AddFailure]:
+        """Add references, one result per input in input order; a bad input fails alone, storing nothing."""
+        ids = list(ids) if ids is not None else [None] * len(sources)
+        if len(ids) != len(sources):
+            raise InvalidInputError("ids", f"{len(ids)} ids for {len(sources)} images")
+        meta = validate_metadata(metadata or {})
+        batch: list[tuple[int, str, ImageInput]] = []
+        done: dict[int, AddResult | AddFailure] = {}
+        next_index = 0
+
+        def ready() -> Iterator[AddResult | AddFailure]:
+            # Results come out in input order, whatever order batches finish in.
+            nonlocal next_index
+            while next_index in done:
+                yield done.pop(next_index)
+                next_index += 1
+
+        with self._progress(len(sources), "adding") as bar:
+
+            def flush() -> None:
+                for (index, ref_id, image), result in zip(batch, self._store_batch(batch, meta, backend, namespace, scope)):
+                    done[index] = result
+                bar.update(len(batch))
+                batch.clear()
+
+            for index, (source, ref_id) in enumerate(zip(sources, ids)):
+                try:
+                    image = load_image(source, limits=self.limits, name=source_label(source))
+                    ref_id = self._choose_id(ref_id, source, image, namespace)
+                except RefsightError as e:
+                    done[index] = AddFailure(input=source_label(source), error=str(e))
+                    bar.update(1)
+                else:
+                    batch.append((index, ref_id, image))
+                    if len(batch) >= max(1, backend.batch_size):
+                        flush()
+                yield from ready()
+            if batch:
+                flush()
+            yield from ready()
+
+    def _store_batch(
+        self, batch: list[tuple[int, str, ImageInput]], meta: dict[str, Any], backend: Backend, namespace: str, scope: str | None
+    ) -> list[AddResult | AddFailure]:
+        packages: list[CachedPackage] = self.packages.durable(backend, [image for _, _, image in batch], scope=scope)
+        digest = backend.fingerprint().digest
+        results: list[AddResult | AddFailure] = []
+        for (_, ref_id, image), found in zip(batch, packages):
+            package = found.package
+            try:
+                self.store.catalog.ingest_reference(
+                    ref_id, image.sha256, image.source_bytes, image.source_format, meta,
+                    namespace=namespace, link=(digest, package.key),
+                )
+            except RefsightError as e:
+                results.append(AddFailure(input=image.name or ref_id, error=str(e)))
+                continue
+            results.append(
+                AddResult(
+                    ref_id, image.sha256, package.key, backend.name, found.cached, round(found.encode_ms, 3), package.nbytes
+                )
+            )
+        return results
+
+    def _choose_id(self, ref_id: str | None, source: object, image: ImageInput, namespace: str) -> str:
+        if ref_id is not None:
+            validate_ref_id(ref_id)
+            existing = self._find(ref_id, namespace)
+            if existing is not None and existing.image_sha256 != image.sha256:
+                # Checked before any encode: a conflicting id must not leave a package behind.
+                raise InvalidInputError(
+                    ref_id, f"reference already exists with another image ({existing.image_sha256[:12]}…); "
+                    "remove it first or pick another id",
+                )
+            return ref_id
+        base = _id_from_source(source) or image.sha256[:16]
+        existing = self._find(base, namespace)
+        # A derived id never overwrites another image: add a hash suffix instead.
+        return base if existing is None or existing.image_sha256 == image.sha256 else f"{base}-{image.sha256[:8]}"
+
+    def _find(self, ref_id: str, namespace: str) -> Reference | None:
+        try:
+            return self.store.catalog.get_reference(ref_id, namespace=namespace)
+        except ReferenceNotFoundError:
+            return None
+
+    # -- look-ups -------------------------------------------------------------------------
+    def get(self, ref_id: str, *, namespace: str) -> Reference:
+        """One reference; raises ReferenceNotFoundError (also for another namespace's id)."""
+        return self.store.catalog.get_reference(validate_ref_id(ref_id), namespace=namespace)
+
+    def list(self, *, namespace: str) -> list[Reference]:
+        """Every reference of ``namespace``, oldest first."""
+        return self.store.catalog.list_references(namespace=namespace)
+
+    def image(self, ref: Reference) -> ImageInput:
+        """The reference's image, decoded from its kept original bytes."""
+        return self.kept_image(ref.image_sha256, label=f"reference {ref.ref_id}")
+
+    def kept_image(self, image_sha256: str, *, label: str | None = None) -> ImageInput:
+        """A kept image by hash, decoded under the intake limits."""
+        return load_kept_image(self.store.catalog, image_sha256, limits=self.limits, label=label)
+
+    # -- removal ----------------------------------------------------------------------------
+    def remove(self, ref_id: str, *, namespace: str) -> Reference:
+        """Remove a reference and the packages no other reference uses; listeners are told."""
+        ref, orphaned = self.store.catalog.remove_reference(validate_ref_id(ref_id), namespace=namespace)
+        for key in orphaned:
+            self.store.packages.delete(key)
+        for listener in self._listeners:
+            listener(namespace, ref.ref_id)
+        return ref
+
+
+def load_kept_image(catalog: Catalog, image_sha256: str, *, limits: IntakeLimits, label: str | None = None) -> ImageInput:
+    """The kept original bytes of an image, decoded under ``limits`` (what re-encoding starts from)."""
+    data = catalog.get_image(image_sha256)
+    return load_image(data, limits=limits, name=label or f"image {image_sha256[:12]}")
+
+
+def source_label(source: object) -> str:
+    """How an image source is named in messages: its path, its size, or its type."""
+    if isinstance(source, (str, Path)):
+        return str(source)
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return f"<{len(source)} bytes>"
+    return getattr(source, "name", None) or type(source).__name__
+
+
+def validate_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """``metadata`` as a plain dict, or InvalidInputError naming the problem."""
+    if not isinstance(metadata, Mapping):
+        raise InvalidInputError("metadata", "metadata must be a mapping of keys to values")
+    for key in metadata:
+        if not isinstance(key, str) or not key or len(key) > 128:
+            raise InvalidInputError(f"metadata key {key!r}", "keys are non-empty strings of at most 128 characters")
+    try:
+        text = json.dumps(dict(metadata))
+    except (TypeError, ValueError, RecursionError) as e:
+        raise InvalidInputError("metadata", f"not JSON-serialisable: {e}") from None
+    if len(text) > MAX_METADATA_BYTES:
+        raise InvalidInputError("metadata", f"larger than {MAX_METADATA_BYTES // 1024} KiB")
+    return dict(metadata)
+
+
+def _id_from_source(source: object) -> str | None:
+    if isinstance(source, (str, Path)):
+        stem = _UNSAFE.sub("-", Path(source).stem).replace("..", ".").lstrip("._@+=-")[:100]
+        return stem or None
+    return None

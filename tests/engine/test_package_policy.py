@@ -1,0 +1,158 @@
+"""The package cache's policies, on a real tiny model: candidates stay in memory, reads never
+write, a candidate later added as a reference is made durable, and scopes isolate tenants."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image, ImageOps
+
+from refsight import Engine, load_image
+from refsight.samples import sample_paths
+
+MODEL = "tiny-qwen2-vl"
+RUBRIC = "short fur\ntriangular ears"
+
+
+@pytest.fixture
+def photos(tmp_path) -> dict[str, Path]:
+    paths = sample_paths()
+    out = {}
+    for name in ("chelsea", "coffee"):
+        with Image.open(paths[name]) as image:
+            small = image.convert("RGB").resize((56, 56))
+        out[name] = tmp_path / f"{name}.png"
+        small.save(out[name])
+        out[f"{name}-flip"] = tmp_path / f"{name}-flip.png"
+        ImageOps.mirror(small).save(out[f"{name}-flip"])
+    return out
+
+
+def _every_byte_of(store: Path) -> bytes:
+    """Every file name and every byte under the store, SQLite databases as dumps (WAL included)."""
+    chunks = []
+    for path in sorted(store.rglob("*")):
+        chunks.append(str(path).encode())
+        if path.is_file() and path.suffix in (".db", ".sqlite"):
+            conn = sqlite3.connect(path)
+            chunks.extend(line.encode() for line in conn.iterdump())
+            conn.close()
+        elif path.is_file():
+            chunks.append(path.read_bytes())
+    return b"\n".join(chunks)
+
+
+def test_a_compared_candidate_leaves_nothing_on_disk(tmp_path, photos):
+    store = tmp_path / "store"
+    with Engine(store, model=MODEL) as engine:
+        engine.add(photos["chelsea"], ref_id="cat")
+        engine.add(photos["coffee"], ref_id="cup")
+        candidate = load_image(photos["chelsea-flip"])
+        key = engine.packages.key(engine.backend(), candidate.sha256, None)
+        result = engine.compare(candidate, criteria=RUBRIC, top_k=2)  # recall, attributes and judge all run
+        assert len(result.results) == 2 and "attributes" in result.timings_ms
+        assert engine.store.memory.contains(key)  # it is cached, in memory
+    everything = _every_byte_of(store)
+    assert candidate.sha256.encode() not in everything
+    assert key.encode() not in everything
+
+
+def test_compare_then_add_makes_the_candidate_package_durable(tmp_path, photos):
+    store = tmp_path / "store"
+    with Engine(store, model=MODEL) as engine:
+        engine.add(photos["coffee"], ref_id="cup")
+        engine.compare(photos["chelsea"], criteria=RUBRIC, ref_ids=["cup"], attributes=())
+        added = engine.add(photos["chelsea"], ref_id="cat")  # failed with AttributeError before the redesign
+        assert added.cached is True and added.encode_ms == 0.0
+        assert engine.store.local.contains(added.package_key)
+        assert engine.reference("cat").packages == {engine.backend().fingerprint().digest: added.package_key}
+    # A new process: the package is on disk and serves with zero encodes.
+    with Engine(store, model=MODEL) as engine:
+        found = engine.reference_package(engine.reference("cat"))
+        assert found.cached and engine.verify().ok
+
+
+def test_reencode_after_compare_makes_the_package_durable(tmp_path, photos):
+    store = tmp_path / "store"
+    with Engine(store, model="toy") as engine:
+        engine.add(photos["chelsea"], ref_id="cat")
+        engine.compare(photos["chelsea"], criteria=RUBRIC, ref_ids=["cat"], model=MODEL, attributes=())
+        # the reference has no package for MODEL yet, but the candidate lookup left one in memory
+        results = list(engine.reencode(model=MODEL))
+        assert [r.cached for r in results] == [True]
+        assert engine.store.local.contains(results[0].package_key)
+
+
+def test_cached_reads_issue_no_sql_write(tmp_path, photos):
+    store = tmp_path / "store"
+    with Engine(store, model=MODEL) as engine:
+        engine.add(photos["chelsea"], ref_id="cat")
+        engine.generate("Same?", ref_ids=["cat"], max_new_tokens=2)  # warm: links and memory tier
+    with Engine(store, model=MODEL) as engine:
+        engine.generate("Same?", ref_ids=["cat"], max_new_tokens=2)  # disk hit, promoted to memory
+        statements: list[str] = []
+        connection = engine.store._db.connection()
+        connection.set_trace_callback(statements.append)
+        try:
+            result = engine.generate("Same?", ref_ids=["cat"], max_new_tokens=2)
+        finally:
+            connection.set_trace_callback(None)
+        assert result.references_cached == [True]
+        writes = [s for s in statements if s.split()[0].upper() in ("INSERT", "UPDATE", "DELETE", "REPLACE")]
+        assert not writes and not any("IMMEDIATE" in s.upper() for s in statements), statements
+        pending = engine.store.counters.pending()
+        assert pending["hits"] >= 2
+    # Counted in memory, flushed on close: they survive the restart.
+    with Engine(store, model=MODEL) as engine:
+        stats = engine.stats()
+        assert stats.hits >= 2 and stats.misses == 1
+
+
+def test_counters_lost_to_a_sigkill_are_bounded(tmp_path, photos):
+    """A process killed before any flush loses only its own last interval's counts, nothing else."""
+    store = tmp_path / "store"
+    with Engine(store, model="toy") as engine:
+        engine.add(photos["chelsea"], ref_id="cat")
+    script = (
+        "import os, signal, sys\n"
+        "from refsight import Engine\n"
+        f"engine = Engine({str(store)!r}, model='toy')\n"
+        "engine.generate('x', ref_ids=['cat'], max_new_tokens=1)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=False, timeout=120)
+    with Engine(store, model="toy") as engine:
+        stats = engine.stats()
+        assert stats.references == 1 and stats.misses == 1  # the add's count, flushed on close
+        assert engine.verify().ok
+
+
+def _field_shape(reply: dict) -> dict:
+    """A chat/compare reply with timing values replaced by whether they are zero."""
+    out = dict(reply)
+    out["timings_ms"] = {k: v > 0 for k, v in reply["timings_ms"].items()}
+    return out
+
+
+def test_tenants_isolated_by_scope_learn_nothing_of_each_other(tmp_path, photos):
+    store = tmp_path / "store"
+    with Engine(store, model=MODEL, share_packages=False) as engine:
+        a = engine.add(photos["chelsea"], ref_id="cat", namespace="tenant-a")
+        engine.compare(photos["coffee"], criteria=RUBRIC, ref_ids=["cat"], namespace="tenant-a", attributes=())
+        # Tenant B sends the same two images: the reference A stored, and A's compared candidate.
+        b = engine.add(photos["chelsea"], ref_id="mine", namespace="tenant-b")
+        assert (b.cached, b.encode_ms > 0) == (False, True) and b.package_key != a.package_key
+        cold = engine.chat(["look", load_image(photos["coffee-flip"])], namespace="tenant-b", max_new_tokens=2)
+        seen_by_a = engine.chat(["look", load_image(photos["coffee"])], namespace="tenant-b", max_new_tokens=2)
+        assert _field_shape(seen_by_a.to_dict())["timings_ms"] == _field_shape(cold.to_dict())["timings_ms"]
+        assert seen_by_a.references_cached == cold.references_cached == [False]
+        assert seen_by_a.timings_ms["encode"] > 0
+    # Sharing is the explicit alternative: then B hits A's package.
+    with Engine(store, model=MODEL, share_packages=True) as engine:
+        shared_a = engine.add(photos["coffee"], ref_id="cup", namespace="tenant-a")
+        shared_b = engine.add(photos["coffee"], ref_id="cup", namespace="tenant-b")
+        assert shared_a.package_key == shared_b.package_key and shared_b.cached
