@@ -22,12 +22,15 @@ RUBRICS = (
 @pytest.fixture(scope="module")
 def engine(vllm_servers, photos, tmp_path_factory):
     from refsight import Engine
+    from refsight.backends.options import BackendOptions
 
     server = vllm_servers.get(MODEL, 8)
     tmp = tmp_path_factory.mktemp("vllm-judge")
     for name in photos:
         photos[name].image.save(tmp / f"{name}.png")
-    with Engine(tmp / "store", model=f"vllm:{server.url}") as engine:
+    # The encoder named through BackendOptions, as the CLI's --encoder does.
+    options = BackendOptions(encoder=MODEL)
+    with Engine(tmp / "store", model=f"vllm:{server.url}", backend_options=options) as engine:
         for name in ("chelsea", "coffee", "astronaut"):
             engine.add(tmp / f"{name}.png", ref_id=name)
         engine.images = tmp
