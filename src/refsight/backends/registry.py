@@ -38,6 +38,7 @@ _BUILTINS: dict[str, str] = {
     "tiny-qwen2-vl-vllm": "refsight.backends.vllm.tiny:load_tiny_vllm",
     "tiny-qwen2.5-vl-vllm": "refsight.backends.vllm.tiny:load_tiny_vllm",
     "tiny-qwen3-vl-vllm": "refsight.backends.vllm.tiny:load_tiny_vllm",
+    "shape-qwen2-vl-2b-vllm": "refsight.backends.vllm.tiny:load_tiny_vllm",
 }
 _registered: dict[str, str | Callable[..., Backend]] = {}
 _instances: dict[tuple[str, str], Backend] = {}

@@ -63,6 +63,9 @@ VLLM_TINY_MODELS: dict[str, _Spec] = {
         extra={},
         finish=_FINISH,
     ),
+    # For benchmarks: shape-qwen2-vl-2b (Qwen2-VL-2B's vision tower and projector at full
+    # size, a one-layer language model; text heads of 128) with vLLM's files.
+    "shape-qwen2-vl-2b-vllm": _Spec(**{**TINY_MODELS["shape-qwen2-vl-2b"].__dict__, "finish": _FINISH}),
 }
 TINY_MODELS.update(VLLM_TINY_MODELS)
 
