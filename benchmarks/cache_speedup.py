@@ -26,7 +26,11 @@ timings are real, the text is not.
 With ``vllm:`` the encoder runs here (``--threads``) and the language model in the
 server; pick ``--size`` on the model's patch grid and within its pixel bounds, so that
 vLLM's torchvision resize and refsight's PIL resize are both no-ops and the peer's
-tokens can be compared.
+tokens can be compared. Start that server without vLLM's own caches, or the fresh and
+peer requests (the same images again) are served from them::
+
+    refsight vllm-serve shape-qwen2-vl-2b-vllm --port 8000 \
+        --vllm-args "--no-enable-prefix-caching --mm-processor-cache-gb 0"
 """
 
 from __future__ import annotations
