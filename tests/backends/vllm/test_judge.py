@@ -66,3 +66,21 @@ def test_generate_with_and_without_cache_gives_the_same_tokens(engine):
     assert cached.references_cached[:2] == [True, True]
     assert fresh.references_cached == [False, False, False]
     assert cached.tokens == fresh.tokens
+
+
+def test_return_logits_are_vllms_top_logprobs(engine, photos):
+    """An OpenAI server returns no full logits: ``logits`` holds vLLM's top-k log-probabilities."""
+    import torch
+
+    from refsight.backends.base import GenerationRequest
+    from refsight.backends.vllm.backend import TOP_LOGPROBS
+
+    backend = engine.backend()
+    generation = backend.generate(
+        [GenerationRequest(["Describe", photos["chelsea"]], max_new_tokens=4)], return_logits=True
+    )[0]
+    logits = generation.logits
+    assert logits.shape == (len(generation.token_ids), backend.vocab_size)
+    assert (torch.isfinite(logits).sum(dim=1) == TOP_LOGPROBS).all()
+    assert logits.argmax(dim=1).tolist() == generation.token_ids  # greedy: the top token is the one chosen
+    assert (logits[torch.isfinite(logits)] <= 0).all()
