@@ -40,7 +40,10 @@ def cmd_vllm_serve(args: argparse.Namespace) -> int:
         image_limit=args.image_limit,
         env_dir=args.env,
         extra_args=shlex.split(args.vllm_args or ""),
+        cancel=stop.is_set,
     )
+    if server is None:  # stopped before it answered
+        return 0
     try:
         info = {"url": server.url, "pid": server.pid, "model_dir": str(server.model_dir), "image_limit": args.image_limit}
         if args.json:

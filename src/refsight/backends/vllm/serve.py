@@ -18,7 +18,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Sequence
+from typing import IO, Callable, Sequence
 
 from ...errors import BackendError, InvalidInputError
 
@@ -115,12 +115,14 @@ def start_server(
     extra_args: Sequence[str] = (),
     log: IO[str] | None = None,
     timeout: float = START_TIMEOUT_S,
-) -> VLLMServer:
+    cancel: Callable[[], bool] | None = None,
+) -> VLLMServer | None:
     """Start vLLM for ``model`` (folder or tiny name) and return once it answers ``/v1/models``.
 
     The vLLM venv must exist (``refsight vllm-env``); its output goes to ``log``
     (default: this process's stderr). Raises :class:`BackendError` if the server
-    exits or does not answer within ``timeout`` seconds.
+    exits or does not answer within ``timeout`` seconds. When ``cancel()`` turns true
+    while waiting (a SIGTERM to ``vllm-serve``), the server is stopped and None returned.
     """
     from .env import default_env_dir, find_vllm_env
 
@@ -140,6 +142,9 @@ def start_server(
     server = VLLMServer(url=f"http://127.0.0.1:{port}", process=process, model_dir=model_dir)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if cancel is not None and cancel():
+            server.stop()
+            return None
         if process.poll() is not None:
             raise BackendError("vllm-serve", f"the vLLM server exited with code {process.returncode} (see its log)")
         try:
