@@ -1,4 +1,4 @@
-"""Run in a NEW process by test_equivalence.py: the cached path from packages on disk.
+"""Run in a NEW process by test_vllm_equivalence.py: the cached path from packages on disk.
 
 Reads a JSON spec (store directory, the ``vllm:`` model name, rows of segments that
 are text, reference package keys or candidate image paths), loads every reference
