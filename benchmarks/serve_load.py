@@ -26,18 +26,17 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-PHOTOS = ("chelsea", "coffee", "astronaut", "rocket", "horse", "camera")
+PHOTOS = ("chelsea", "coffee", "astronaut", "rocket", "horse", "china")
 RUBRIC = "striped fur\npointed ears\nsame colour pattern"
 QUERIES = ("a cat", "a cup of coffee", "a rocket", "a person")
 
 
 def _photo_b64(name: str, size: int, flip: bool = False) -> str:
-    import numpy as np
-    import skimage.data
     from PIL import Image
 
-    array = np.asarray(getattr(skimage.data, name)())
-    image = Image.fromarray(array).convert("RGB").resize((size, size))
+    from refsight.samples import load_sample
+
+    image = load_sample(name).resize((size, size))
     if flip:
         image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     buffer = io.BytesIO()

@@ -1,9 +1,19 @@
-"""Shared fixtures: small real photos and the corpus of bad image files (see image_corpus.py)."""
+"""Shared fixtures: the session's model cache and tiny models, registry hygiene, real photos, bad files.
+
+``REFSIGHT_MODEL_CACHE`` points at one session-private directory for the whole run (set
+before any model is built, inherited by the subprocesses tests start): each tiny model is
+built on disk once per session, whichever folder's tests ask for it first, and never in the
+user's cache.
+"""
 
 from __future__ import annotations
 
+import json
+
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 import pytest
 from PIL import Image
@@ -21,3 +31,54 @@ def real_photo() -> Callable[..., Image.Image]:
 def bad_image_corpus(tmp_path: Path) -> dict[str, Path]:
     """:func:`build_bad_image_corpus` written into a fresh temporary directory."""
     return build_bad_image_corpus(tmp_path / "corpus")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def model_cache() -> Iterator[Path]:
+    """The session-private ``REFSIGHT_MODEL_CACHE`` (subprocesses inherit it).
+
+    Not under pytest's basetemp: a concurrent pytest run prunes old basetemp
+    directories, which would pull the models out from under this session.
+    """
+    with tempfile.TemporaryDirectory(prefix="refsight-models-") as path, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("REFSIGHT_MODEL_CACHE", path)
+        yield Path(path)
+
+
+_tiny_loaded: dict[tuple, Any] = {}
+
+
+@pytest.fixture(scope="session")
+def load(model_cache) -> Callable[..., Any]:
+    """``load(name, **options)`` -> the tiny backend ``name``, built and loaded once per session."""
+    from refsight.backends.tiny import load_tiny
+
+    def tiny(name: str, **options: Any) -> Any:
+        # Options may hold mappings (processor_kwargs): key by their JSON text.
+        key = (name, json.dumps(options, sort_keys=True))
+        if key not in _tiny_loaded:
+            _tiny_loaded[key] = load_tiny(name, **options)
+        return _tiny_loaded[key]
+
+    return tiny
+
+
+@pytest.fixture
+def backend_registry() -> Iterator[None]:
+    """For tests that call ``register_backend``: the global registry is restored afterwards.
+
+    Names registered during the test are dropped and backends built under them are closed,
+    so no fake model leaks into a later test (or shadows a real name).
+    """
+    from refsight.backends import registry
+
+    registered, instances = dict(registry._registered), dict(registry._instances)
+    yield
+    with registry._lock:
+        built = [b for key, b in registry._instances.items() if instances.get(key) is not b]
+        registry._registered.clear()
+        registry._registered.update(registered)
+        registry._instances.clear()
+        registry._instances.update(instances)
+    for backend in built:
+        backend.close()

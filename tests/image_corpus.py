@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-#: Photos from scikit-image's bundled sample data (shipped with the package, no download).
+#: Photos from refsight's bundled sample data (package data of ``refsight.samples``).
 PHOTO_NAMES = ("chelsea", "coffee", "astronaut", "rocket")
 
 #: Corpus entries that intake must refuse with ImageError (default limits).
@@ -46,17 +46,17 @@ BOMB_SIDE = 100_000
 
 @functools.lru_cache(maxsize=None)
 def _photo_array(name: str) -> np.ndarray:
-    import skimage.data
+    from refsight.samples import load_sample
 
     if name not in PHOTO_NAMES:
         raise ValueError(f"unknown photo {name!r}; choose from {PHOTO_NAMES}")
-    array = getattr(skimage.data, name)()
+    array = np.asarray(load_sample(name))
     array.setflags(write=False)  # cached and shared: nobody may edit it in place
     return array
 
 
 def load_photo(name: str = "chelsea", size: tuple[int, int] | None = (96, 64)) -> Image.Image:
-    """A real RGB photo from ``skimage.data`` as a fresh PIL image, resized to ``size`` (None: full size)."""
+    """A real RGB photo from ``refsight.samples`` as a fresh PIL image, resized to ``size`` (None: full size)."""
     image = Image.fromarray(np.array(_photo_array(name)), mode="RGB")
     if size is not None:
         image = image.resize(size, Image.Resampling.BILINEAR)

@@ -13,9 +13,10 @@ import os
 import sys
 from typing import Any, Callable, Sequence
 
-from . import Engine, RefsightError
-from .backends.options import OPTION_HELP, BackendOptions, parse_key_values
+from . import Engine, FileReadError, RefsightError, escape_controls, read_regular_file
+from .settings import OPTION_HELP, BackendOptions, load_settings, parse_key_values
 from .config import default_model
+from .report import format_comparison
 
 __all__ = ["main", "build_parser"]
 
@@ -30,7 +31,17 @@ def _emit(args: argparse.Namespace, data: Any, human: Callable[[Any], str] | Non
     if args.json or human is None:
         print(json.dumps(data, ensure_ascii=False), flush=True)
     else:
-        print(human(data), flush=True)
+        # Human output may carry user or model text: its control characters are shown, not obeyed.
+        print(escape_controls(human(data), keep=_LAYOUT), flush=True)
+
+
+#: Characters the human-readable formats use for layout; every other control character is escaped.
+_LAYOUT = "\n\t"
+
+
+def _say(message: str) -> None:
+    """A message on stderr, control characters escaped (it may quote user input such as a path)."""
+    print(escape_controls(message), file=sys.stderr)
 
 
 def _parse_meta(items: Sequence[str]) -> dict[str, str]:
@@ -44,18 +55,27 @@ def _parse_meta(items: Sequence[str]) -> dict[str, str]:
 
 
 def _backend_options(args: argparse.Namespace) -> BackendOptions:
-    """The backend options given as flags (only those the user set)."""
+    """The backend options: the config file (``--config FILE`` or the store's ``refsight.toml``), then the flags."""
+    from .config import default_store_dir
+
     values = {name: getattr(args, name, None) for name in OPTION_HELP if name != "processor_kwargs"}
     values["processor_kwargs"] = parse_key_values(getattr(args, "processor_kwarg", None) or [], flag="--processor-kwarg")
-    return BackendOptions(**{k: v for k, v in values.items() if v is not None})
+    flags = BackendOptions(**{k: v for k, v in values.items() if v is not None})
+    store = getattr(args, "store", None) or default_store_dir()
+    settings = load_settings(store, getattr(args, "config", None))
+    # Flags win over the file; the file's [models."NAME"] table wins over its [backend].
+    return settings.backend_options(getattr(args, "model", None) or default_model()).merged(flags)
 
 
 def _engine(args: argparse.Namespace) -> Engine:
+    from .config import default_store_dir
+
     return Engine(
         args.store,
         model=getattr(args, "model", None),
         progress=not args.json and sys.stderr.isatty(),
         backend_options=_backend_options(args),
+        settings=load_settings(args.store or default_store_dir(), getattr(args, "config", None)),
     )
 
 
@@ -71,7 +91,7 @@ def cmd_add(args: argparse.Namespace) -> int:
             data = result.to_dict()
             if "error" in data:
                 failed += 1
-                print(f"refsight: cannot add {data['input']}: {data['error']}", file=sys.stderr)
+                _say(f"refsight: cannot add {data['input']}: {data['error']}")
                 if args.json:
                     print(json.dumps(data), flush=True)
                 continue
@@ -96,7 +116,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     else:
         for ref in refs:
             meta = " ".join(f"{k}={v}" for k, v in ref["metadata"].items())
-            print(f"{ref['ref_id']}\t{ref['image_sha256'][:12]}\t{len(ref['packages'])} package(s)\t{meta}")
+            print(f"{ref['ref_id']}\t{ref['image_sha256'][:12]}\t{len(ref['packages'])} package(s)\t{escape_controls(meta)}")
     return 0
 
 
@@ -125,7 +145,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    """refsight verify [--repair]"""
+    """refsight verify [--repair] [--fresh N [--threshold T]]"""
+    if args.fresh is not None:
+        with _engine(args) as engine:
+            drift = engine.check_drift(args.fresh, model=args.model, threshold=args.threshold)
+        _emit(args, drift.to_dict(), lambda d: json.dumps(d, indent=2))
+        return 0 if drift.ok else 1
     with _engine(args) as engine:
         report = engine.verify(repair=args.repair, model=args.model)
     data = report.to_dict()
@@ -176,8 +201,30 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_gc(args: argparse.Namespace) -> int:
+    """refsight gc [--grace SECONDS]"""
+    with _engine(args) as engine:
+        data = engine.gc(grace_s=args.grace)
+    _emit(args, data, lambda d: "removed " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in d.items()))
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
-    """refsight serve [--host 127.0.0.1] [--port 8000] [--model NAME] [--workers N] [--keys FILE]"""
+    """refsight serve [--host 127.0.0.1] [--port 8000] [--model NAME] [--workers N] [--keys FILE] [--max-prompt-tokens N]"""
+    # The HTTP stack is the optional [server] extra: without it, say how to get it (exit 2,
+    # a usage-level error) instead of failing with an ImportError traceback.
+    try:
+        import fastapi  # noqa: F401
+        import multipart  # noqa: F401  (python-multipart)
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        print(
+            f"refsight: error: `refsight serve` needs the server extra ({exc.name or exc} is not installed): "
+            "pip install 'refsight[server]'",
+            file=sys.stderr,
+        )
+        return 2
     from .server import ServerConfig, serve
 
     serve(
@@ -185,11 +232,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
             store=args.store,
             model=args.model,
             backend_options=_backend_options(args),
+            config_file=getattr(args, "config", None),
             host=args.host,
             port=args.port,
             workers=args.workers,
             keys_file=args.keys,
             share_encodes=args.share_encodes,
+            max_prompt_tokens=args.max_prompt_tokens,
         )
     )
     return 0
@@ -199,36 +248,27 @@ def _read_criteria(value: str) -> str:
     if value.startswith("@"):
         path = value[1:]
         try:
-            with open(path, encoding="utf-8") as handle:
-                return handle.read()
-        except OSError as e:
-            raise RefsightError(f"--criteria {value}: cannot read {path}: {e.strerror or e}") from None
+            # A regular file only, never blocking (a FIFO) and never unbounded (/dev/zero);
+            # well over any rubric's own limit, so parse_rubric reports the exact size.
+            data = read_regular_file(path, _MAX_CRITERIA_FILE_BYTES)
+        except FileReadError as e:
+            raise RefsightError(f"--criteria {value}: cannot read {path}: {e.reason}") from None
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise RefsightError(f"--criteria {value}: {path} is not UTF-8 text") from None
     return value
 
 
+#: Largest rubric file read for ``--criteria @FILE`` (rubrics themselves are far smaller).
+_MAX_CRITERIA_FILE_BYTES = 1 << 20
+
+
 def _parse_where(items: Sequence[str]) -> dict[str, str] | None:
-    return _parse_meta(items) if items else None
+    from . import validate_where
 
-
-def format_comparison(data: dict[str, Any]) -> str:
-    """A readable table per reference for ``refsight compare`` without ``--json``."""
-    lines = []
-    if data["random_weights"]:
-        lines.append(f"!! {data['model']} has RANDOM weights: VLM verdicts below are meaningless !!")
-    if data.get("recalled"):
-        lines.append("recalled: " + ", ".join(f"{r['ref_id']} ({r['score']:.3f})" for r in data["recalled"]))
-    for result in data["results"]:
-        cached = "from cache" if result["reference_cached"] else "encoded now"
-        lines.append(f"\n{result['ref_id']}  score {result['score']:.2f}  ({cached})")
-        width = max([len(c["criterion"]) for c in result["criteria"]] + [9])
-        for c in result["criteria"]:
-            lines.append(
-                f"  {c['criterion']:<{width}}  {c['verdict']:<9} {c['confidence']:.2f}  "
-                f"[{c['source']}]  {c['evidence']}"
-            )
-    timings = ", ".join(f"{k} {v:.0f} ms" for k, v in data["timings_ms"].items())
-    lines.append(f"\ntimings: {timings}")
-    return "\n".join(lines)
+    # Checked now (key names, at most MAX_WHERE_KEYS keys), before the index is synced.
+    return validate_where(_parse_meta(items)) if items else None
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -284,7 +324,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_models(args: argparse.Namespace) -> int:
     """refsight models"""
-    from .backends.registry import available_models
+    from . import available_models
 
     names = available_models()
     _emit(args, {"models": names, "default": default_model()}, lambda d: "\n".join(d["models"]))
@@ -302,6 +342,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="store directory (default: $REFSIGHT_STORE or the user cache dir)",
     )
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON lines")
+    common.add_argument(
+        "--config",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help="config file of backend options (default: refsight.toml in the store directory); flags override it",
+    )
     with_model = argparse.ArgumentParser(add_help=False)
     with_model.add_argument("--model", default=None, help=f"model name (default: $REFSIGHT_MODEL or {default_model()})")
     for name, help_text in OPTION_HELP.items():
@@ -338,6 +384,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("stats", cmd_stats, "cache statistics")
     p = add("verify", cmd_verify, "check every stored package; exit 0 only when none is corrupt", model=True)
     p.add_argument("--repair", action="store_true", help="re-encode corrupt packages from the kept images")
+    p.add_argument(
+        "--fresh", type=int, default=None, metavar="N",
+        help="re-encode N random references with today's runtime and report drift from the stored features",
+    )
+    p.add_argument("--threshold", type=float, default=None, help="largest relative drift accepted with --fresh")
     p = add("reencode", cmd_reencode, "encode every reference for another model", model=True)
     p = add("generate", cmd_generate, "generate text from cached references and a fresh candidate", model=True)
     p.add_argument("--ref", action="append", default=[], metavar="ID", help="reference id (repeatable)")
@@ -380,6 +431,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="share packages across tenants (fewer encodes, but timing reveals that some tenant holds an image)",
     )
+    p.add_argument(
+        "--max-prompt-tokens", type=int, default=8192, metavar="N",
+        help="most text tokens a chat prompt may hold (default 8192); longer prompts get 400",
+    )
+    p = add("gc", cmd_gc, "remove what interrupted writes left (temp files, orphan files and rows)")
+    p.add_argument(
+        "--grace", type=float, default=600.0, metavar="SECONDS",
+        help="leave rows and temp files younger than this alone: a write may still own them (default 600)",
+    )
     from .backends.vllm.cli import register_commands as add_vllm_commands  # vllm-env, vllm-serve
 
     add_vllm_commands(add)
@@ -399,7 +459,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args)
     except RefsightError as e:
         # The one place library errors become a clean message and an exit code.
-        print(f"refsight: error: {e}", file=sys.stderr)
+        _say(f"refsight: error: {e}")
         if args.json:
             print(json.dumps({"error": str(e), "type": type(e).__name__}))
         return 2 if isinstance(e, UsageError) else 1

@@ -1,6 +1,6 @@
 """``refsight demo``: the whole product on bundled real photos, in under three minutes.
 
-1. Ingest nine real photos as references (each encoded once, with a progress bar).
+1. Ingest the seven bundled real photos as references (each encoded once, with a progress bar).
 2. Recall by text with the real offline embedder ("a tabby cat").
 3. Judge a new candidate (a flipped crop of the cat photo) against every reference
    with a cat rubric, first the way stacks do it today (every reference re-encoded),
@@ -65,7 +65,7 @@ def run_demo(
 ) -> int:
     """Run the demo; returns the exit code. ``store`` keeps the demo's store (default: a temp dir)."""
     from . import Engine
-    from .cli import format_comparison
+    from .report import format_comparison
     from .samples import sample_paths
 
     say = (lambda *a: None) if as_json else (lambda *a: print(*a, flush=True))

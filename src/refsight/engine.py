@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from typing import Any
 from .backends.base import Backend, GenerationRequest
 from .backends.options import BackendOptions
 from .config import default_model, default_store_dir
+from .drift import DriftReport
 from .errors import InvalidInputError
 from .images import ImageInput, ImageSource, IntakeLimits, load_image
 from .maintenance import Maintenance
@@ -44,7 +45,9 @@ from .results import (
 )
 from .retrieval.embedders import Embedder
 from .retrieval.store_index import StoreIndex
+from .settings import Settings, load_settings
 from .store import DEFAULT_NAMESPACE, Reference, Store, open_store
+from .timing import StageTimer, elapsed_ms, progress_bar
 
 __all__ = ["Engine", "PackageState", "ReferenceSegment"]
 
@@ -58,7 +61,7 @@ class Engine:
     ``store`` is a directory (default: ``$REFSIGHT_STORE`` or the user cache dir) or an
     open :class:`~refsight.store.Store` (then the caller closes it); ``model`` a
     registered model name (default: ``$REFSIGHT_MODEL`` or ``tiny-qwen2-vl``), loaded on
-    first use with ``backend_options``; ``embedder`` the retrieval embedder (default:
+    first use with ``backend_options`` over the config file's (``settings``); ``embedder`` the retrieval embedder (default:
     EfficientNet-Lite0 + MiniLM, loaded on first use).
     """
 
@@ -73,6 +76,7 @@ class Engine:
         progress: bool = False,
         embedder: Embedder | None = None,
         backend_options: BackendOptions | None = None,
+        settings: Settings | None = None,
         share_packages: bool = True,
     ) -> None:
         self._owns_store = not isinstance(store, Store)
@@ -86,6 +90,8 @@ class Engine:
         self.limits = limits
         self.progress = progress
         self.backend_options = backend_options or BackendOptions()
+        #: The config file's options (``refsight.toml`` in the store unless given); explicit options win.
+        self.settings = settings if settings is not None else load_settings(self.store.root)
         self.share_packages = share_packages
         self._backends: dict[str, Backend] = {}
         self._sidecars = None  # the attribute sidecars, opened at the first comparison that uses them
@@ -125,7 +131,8 @@ class Engine:
 
         name = model or self.model
         if name not in self._backends:
-            self._backends[name] = get_backend(name, **self.backend_options.as_kwargs())
+            options = self.settings.backend_options(name).merged(self.backend_options)
+            self._backends[name] = get_backend(name, **options.as_kwargs())
         return self._backends[name]
 
     def scope(self, namespace: str | None = None) -> str | None:
@@ -234,7 +241,7 @@ class Engine:
         timings = {k: round(v, 3) for k, v in generation.timings_ms.items()}
         timings["encode"] = round(timings.get("encode", 0.0) + encode_ms, 3)
         timings["reference_load"] = round(load_ms, 3)
-        timings["total"] = _ms(start)
+        timings["total"] = elapsed_ms(start)
         return GenerateResult(
             text=generation.text,
             tokens=list(generation.token_ids),
@@ -292,7 +299,7 @@ class Engine:
         if unknown:
             raise InvalidInputError("attributes", f"unknown sources {sorted(unknown)}; use {', '.join(SIDECAR_SOURCES)}")
         backend, scope = self.backend(model), self.scope(namespace)
-        timer = _Timer()
+        timer = StageTimer()
         image = load_image(candidate, limits=self.limits, name=source_label(candidate))
         recalled: list[dict[str, Any]] = []
         if top_k is not None:
@@ -345,49 +352,31 @@ class Engine:
     def stats(self, *, namespace: str | None = None, tenant_view: bool = False, all_namespaces: bool = False) -> StoreStats:
         """Cache statistics (``tenant_view``: only the namespace's packages, no store-wide counters;
         ``all_namespaces``: references counted across every namespace)."""
-        return self.maintenance.stats(
-            namespace=None if all_namespaces else self._ns(namespace), tenant_view=tenant_view
-        )
+        return self.maintenance.stats(namespace=None if all_namespaces else self._ns(namespace), tenant_view=tenant_view)
 
     def verify(self, *, repair: bool = False, model: str | None = None) -> VerifyReport:
         """Check every package; with ``repair``, re-encode corrupt ones from the kept images with ``model``."""
         return self.maintenance.verify(repair=repair, backend=lambda: self.backend(model))
+
+    def check_drift(
+        self, sample: int, *, model: str | None = None, namespace: str | None = None, seed: int = 0,
+        threshold: float | None = None,
+    ) -> DriftReport:
+        """Re-encode ``sample`` random references with today's runtime and compare with the stored packages."""
+        namespace = self._ns(namespace)
+        return self.maintenance.drift(
+            self.backend(model), namespace=namespace, scope=self.scope(namespace), sample=sample, seed=seed,
+            threshold=threshold,
+        )
 
     def reencode(self, *, model: str | None = None, namespace: str | None = None) -> Iterator[AddResult]:
         """Encode every reference of the namespace for ``model`` (packages already there are skipped)."""
         namespace = self._ns(namespace)
         return self.maintenance.reencode(backend=self.backend(model), namespace=namespace, scope=self.scope(namespace))
 
-    def gc(self) -> dict[str, int]:
-        """Remove orphan files and stale temp files from the store (counts by kind)."""
-        return self.maintenance.gc()
+    def gc(self, **options: Any) -> dict[str, int]:
+        """Remove what interrupted writes left in the store (see :meth:`refsight.store.Store.gc`); returns counts."""
+        return self.store.gc(**options)
 
-    @contextmanager
-    def _progress_bar(self, total: int, description: str) -> Iterator[Any]:
-        from tqdm import tqdm
-
-        # Only worth a bar for several images; it goes to stderr so --json stays clean.
-        with tqdm(total=total, desc=description, unit="img", disable=not self.progress or total < 2, leave=False) as bar:
-            yield bar
-
-
-class _Timer:
-    """Milliseconds per named stage of a pipeline, plus the total since it was made."""
-
-    def __init__(self) -> None:
-        self._start = time.perf_counter()
-        self.timings: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, stage: str) -> Iterator[None]:
-        clock = time.perf_counter()
-        yield
-        self.timings[stage] = _ms(clock)
-
-    def done(self) -> dict[str, float]:
-        """The stage timings and ``total``."""
-        return {**self.timings, "total": _ms(self._start)}
-
-
-def _ms(since: float) -> float:
-    return round((time.perf_counter() - since) * 1000, 3)
+    def _progress_bar(self, total: int, description: str) -> AbstractContextManager[Any]:
+        return progress_bar(total, description, enabled=self.progress)

@@ -11,6 +11,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from .backends.base import Backend
+from .drift import DEFAULT_THRESHOLD, DriftReport, check_drift
 from .errors import RefsightError
 from .packages import PackageCache
 from .references import ReferenceBook
@@ -61,7 +62,7 @@ class Maintenance:
         if record is None:
             return None  # removed meanwhile: nothing corrupt is left
         if record.fingerprint_digest != backend.fingerprint().digest:
-            return f"made by another encoder ({record.fingerprint.model_id}); run verify --repair --model for that model"
+            return f"made by another encoder ({record.fingerprint.model_id}); repair it with that model"
         try:
             self.packages.rebuild(backend, record.image_sha256, scope=record.scope)
         except RefsightError as e:
@@ -110,6 +111,15 @@ class Maintenance:
             memory_bytes=self.store.memory.nbytes,
         )
 
-    def gc(self) -> dict[str, int]:
-        """Remove what no reference needs: orphan package files and stale temp files (counts by kind)."""
-        return self.store.local.gc()
+    def drift(
+        self, backend: Backend, *, namespace: str, scope: str | None, sample: int, seed: int, threshold: float | None
+    ) -> DriftReport:
+        """``refsight verify --fresh``: stored features against a fresh encode of a random sample."""
+        return check_drift(
+            self.store, backend, self.references.list(namespace=namespace), sample=sample, seed=seed,
+            threshold=DEFAULT_THRESHOLD if threshold is None else threshold, scope=scope,
+        )
+
+    def gc(self, **options: Any) -> dict[str, int]:
+        """Remove what interrupted writes left (see :meth:`refsight.store.Store.gc`); counts by kind."""
+        return self.store.gc(**options)

@@ -1,7 +1,8 @@
-"""A self-contained HTML page of a comparison: thumbnails beside coloured verdicts.
+"""How comparisons are shown to people: a text table and a self-contained HTML page.
 
-Results people would rather look at than read: ``refsight demo --report out.html``
-writes one, with the images inlined so the file can be mailed or archived.
+* :func:`format_comparison` – the readable table ``refsight compare`` and ``refsight demo`` print.
+* :func:`write_comparison_report` – thumbnails beside coloured verdicts; ``refsight demo
+  --report out.html`` writes one, with the images inlined so the file can be mailed or archived.
 """
 
 from __future__ import annotations
@@ -12,7 +13,32 @@ import io
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["write_comparison_report", "render_comparison_report"]
+from .terminal import escape_controls
+
+__all__ = ["format_comparison", "write_comparison_report", "render_comparison_report"]
+
+def format_comparison(data: dict[str, Any]) -> str:
+    """A readable table per reference for ``refsight compare`` without ``--json``."""
+    lines = []
+    if data["random_weights"]:
+        lines.append(f"!! {data['model']} has RANDOM weights: VLM verdicts below are meaningless !!")
+    if data.get("recalled"):
+        lines.append("recalled: " + ", ".join(f"{r['ref_id']} ({r['score']:.3f})" for r in data["recalled"]))
+    for result in data["results"]:
+        cached = "from cache" if result["reference_cached"] else "encoded now"
+        lines.append(f"\n{result['ref_id']}  score {result['score']:.2f}  ({cached})")
+        # Criteria and evidence are user and model text: one line each, controls escaped.
+        shown = [(escape_controls(c["criterion"]), escape_controls(str(c["evidence"]))) for c in result["criteria"]]
+        width = max([len(text) for text, _ in shown] + [9])
+        for c, (text, evidence) in zip(result["criteria"], shown):
+            lines.append(
+                f"  {text:<{width}}  {c['verdict']:<9} {c['confidence']:.2f}  "
+                f"[{c['source']}]  {evidence}"
+            )
+    timings = ", ".join(f"{k} {v:.0f} ms" for k, v in data["timings_ms"].items())
+    lines.append(f"\ntimings: {timings}")
+    return "\n".join(lines)
+
 
 _COLOURS = {"match": "#1b7f3b", "mismatch": "#b3261e", "uncertain": "#8a6d00"}
 

@@ -1,22 +1,12 @@
-"""Fixtures for engine-level tests: a private model cache, the bundled photos, a pixel embedder."""
+"""Fixtures for engine-level tests: a pixel embedder (the model cache is the session's, from tests/conftest.py)."""
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from refsight.retrieval import Embedder
-
-
-@pytest.fixture(scope="session", autouse=True)
-def engine_model_cache():
-    """Tiny models are built once into a session-private cache (subprocesses inherit it)."""
-    with tempfile.TemporaryDirectory(prefix="refsight-models-") as path, pytest.MonkeyPatch.context() as mp:
-        mp.setenv("REFSIGHT_MODEL_CACHE", path)
-        yield Path(path)
 
 
 class PixelEmbedder(Embedder):

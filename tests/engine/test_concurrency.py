@@ -18,7 +18,7 @@ class SlowToy(ToyBackend):
         return super().encode(images)
 
 
-def test_same_new_image_added_by_many_threads_and_tenants_is_encoded_once(tmp_path, real_photo):
+def test_same_new_image_added_by_many_threads_and_tenants_is_encoded_once(tmp_path, real_photo, backend_registry):
     backend = SlowToy("slow-toy")
     register_backend("slow-toy", lambda name: backend)
     image = real_photo("coffee", size=(40, 30))

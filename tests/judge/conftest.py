@@ -4,21 +4,11 @@ and a scripted fake backend (for orchestration only: what it answers is the test
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
 
 import pytest
 
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
-
-
-@pytest.fixture(scope="session", autouse=True)
-def judge_model_cache():
-    """A session-private ``REFSIGHT_MODEL_CACHE`` so tiny models never touch the user's cache."""
-    with tempfile.TemporaryDirectory(prefix="refsight-judge-models-") as path, pytest.MonkeyPatch.context() as mp:
-        mp.setenv("REFSIGHT_MODEL_CACHE", path)
-        yield Path(path)
 
 
 @pytest.fixture(scope="module")

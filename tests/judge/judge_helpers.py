@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
 from PIL import Image
 
 from refsight.backends.base import Backend, Generation, GenerationRequest
@@ -13,12 +12,10 @@ from refsight.package import EncoderFingerprint, VisualPackage
 
 
 def photo(name: str, size: tuple[int, int] | None = None, flip: bool = False) -> ImageInput:
-    """A real photo from ``skimage.data`` as an ImageInput (optionally resized or mirrored)."""
-    from skimage import data
+    """A bundled real photo (``refsight.samples``) as an ImageInput (optionally resized or mirrored)."""
+    from refsight.samples import load_sample
 
-    image = Image.fromarray(np.asarray(getattr(data, name)())).convert("RGB")
-    if size is not None:
-        image = image.resize(size, Image.BICUBIC)
+    image = load_sample(name, size)
     if flip:
         image = image.transpose(Image.FLIP_LEFT_RIGHT)
     return load_image(image, name=name + ("-flipped" if flip else ""))

@@ -30,8 +30,8 @@ def images():
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-def test_cached_packages_and_fresh_images_give_identical_schema_valid_verdicts(name, images, one_thread):
-    backend = tiny.load_tiny(name)
+def test_cached_packages_and_fresh_images_give_identical_schema_valid_verdicts(name, images, one_thread, load):
+    backend = load(name)
     assert backend.supports_constrained_decoding
     packages = backend.encode([images["chelsea"], images["coffee"]])
     judge = Judge(backend, evidence_max_chars=24)
@@ -51,8 +51,8 @@ def test_cached_packages_and_fresh_images_give_identical_schema_valid_verdicts(n
         assert 0.0 <= result.score <= 1.0
 
 
-def test_imagenet_sidecar_settles_is_a_cat_and_the_vlm_answers_the_rest(images, one_thread):
-    backend = tiny.load_tiny("tiny-qwen2-vl")
+def test_imagenet_sidecar_settles_is_a_cat_and_the_vlm_answers_the_rest(images, one_thread, load):
+    backend = load("tiny-qwen2-vl")
     [package] = backend.encode([images["chelsea"]])
     source = ImageNetAttributeSource()
     # the engine keeps reference records in the AttributeStore; pixels come from the kept image

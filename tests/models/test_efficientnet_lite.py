@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import skimage.data
 from PIL import Image
 
 from refsight.errors import InvalidInputError, ModelLoadError
@@ -16,6 +15,7 @@ from refsight.models.efficientnet_lite import (
     load_efficientnet_lite0,
     weights_path,
 )
+from refsight.samples import load_sample
 
 CAT_LABELS = {"tabby", "tiger cat", "Egyptian cat"}
 COFFEE_LABELS = {"cup", "espresso", "coffee mug"}
@@ -29,7 +29,7 @@ def clf() -> EfficientNetLite0Classifier:
 
 @pytest.fixture(scope="module")
 def photos() -> dict[str, Image.Image]:
-    return {n: Image.fromarray(getattr(skimage.data, n)()).convert("RGB") for n in ("chelsea", "coffee", "rocket")}
+    return {n: load_sample(n) for n in ("chelsea", "coffee", "rocket")}
 
 
 def test_state_dict_keys_match_weights_file_exactly():

@@ -7,7 +7,8 @@ from PIL import Image
 
 from refsight.errors import InvalidInputError, InvalidReferenceIdError, ReferenceNotFoundError
 from refsight.images import load_image
-from refsight.retrieval import EfficientNetConSEEmbedder, Retriever, default_embedder
+from refsight.models import EfficientNetConSEEmbedder
+from refsight.retrieval import Retriever, default_embedder
 
 from bundled_photos import BUNDLED, bundled_photo
 

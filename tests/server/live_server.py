@@ -9,7 +9,6 @@ import threading
 import time
 
 import httpx
-import numpy as np
 import uvicorn
 from PIL import Image
 
@@ -54,10 +53,10 @@ class LiveServer:
 
 
 def photo_png(name: str = "chelsea", size: tuple[int, int] = (64, 48), *, flip: bool = False) -> bytes:
-    """A real photo from ``skimage.data`` as PNG bytes (``flip`` mirrors it: a different image)."""
-    import skimage.data
+    """A bundled real photo (``refsight.samples``) as PNG bytes (``flip`` mirrors it: a different image)."""
+    from refsight.samples import load_sample
 
-    image = Image.fromarray(np.asarray(getattr(skimage.data, name)()), mode="RGB").resize(size)
+    image = load_sample(name).resize(size)
     if flip:
         image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     buffer = io.BytesIO()

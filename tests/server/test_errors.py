@@ -23,7 +23,7 @@ class Crashing(ToyBackend):
 
 
 @pytest.fixture
-def crashing(make_server):
+def crashing(make_server, backend_registry):
     register_backend("crashing-toy-server-tests", lambda name, **options: Crashing(name))
     return make_server(model="crashing-toy-server-tests")
 

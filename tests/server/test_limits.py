@@ -29,7 +29,7 @@ class SlowToy(ToyBackend):
 
 
 @pytest.fixture
-def slow_model() -> str:
+def slow_model(backend_registry) -> str:
     name = "slow-toy-server-tests"
     register_backend(name, lambda model, **options: SlowToy(model))  # re-registering drops an old instance
     return name

@@ -27,7 +27,7 @@ def start_writer(root: Path, count: int, hang_after: int) -> subprocess.Popen:
 
 def read_until(proc: subprocess.Popen, prefix: str, times: int) -> list[str]:
     lines = []
-    while len([l for l in lines if l.startswith(prefix)]) < times:
+    while len([entry for entry in lines if entry.startswith(prefix)]) < times:
         line = proc.stdout.readline()
         if not line:
             proc.kill()
@@ -59,7 +59,7 @@ def test_sigkill_during_many_writes_leaves_only_verified_packages(tmp_path):
     lines = read_until(proc, "PUT", 25)
     os.kill(proc.pid, signal.SIGKILL)  # lands in whatever write comes next
     proc.wait()
-    written = {l.split()[1] for l in lines if l.startswith("PUT")}
+    written = {entry.split()[1] for entry in lines if entry.startswith("PUT")}
     assert_store_is_clean(root, written)
 
 
@@ -70,8 +70,8 @@ def test_sigkill_between_rename_and_index_row_leaves_an_orphan_that_gc_removes(t
     # The writer now holds the database write lock, with its file renamed but no row.
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    written = {l.split()[1] for l in lines if l.startswith("PUT")}
-    orphan_name = next(l.split()[1] for l in lines if l.startswith("RENAMED"))
+    written = {entry.split()[1] for entry in lines if entry.startswith("PUT")}
+    orphan_name = next(entry.split()[1] for entry in lines if entry.startswith("RENAMED"))
     orphan_key = orphan_name.removesuffix(".safetensors")
     with open_store(root) as store:
         # The kill released the lock: this store can write at once.

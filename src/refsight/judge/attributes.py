@@ -5,8 +5,9 @@ Two sources fill *attribute records*:
 - :class:`VlmAttributeSource` asks the VLM, with constrained JSON, to fill the
   attributes of an :class:`AttributeSchema` (by default fur_length, ear_shape,
   color_pattern, facial_markings), once per reference package and schema.
-- :class:`ImageNetAttributeSource` runs the real EfficientNet-Lite0 ImageNet classifier:
-  ``{"imagenet_top5": [{"label", "score"}, ...]}``. It needs pixels, not packages.
+- :class:`~refsight.models.imagenet_source.ImageNetAttributeSource` (model code, so it lives
+  in :mod:`refsight.models`; re-exported here) runs the real EfficientNet-Lite0 ImageNet
+  classifier: ``{"imagenet_top5": [{"label", "score"}, ...]}``. It needs pixels, not packages.
 
 An :class:`AttributeStore` (SQLite under ``<store_root>/attributes/``) keeps records
 keyed by (image sha256, source fingerprint, schema digest); ``get_or_compute`` is the
@@ -23,7 +24,6 @@ import hashlib
 import json
 import re
 import sqlite3
-import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -32,9 +32,11 @@ from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence, Union
 
 from ..backends.base import Backend
-from ..errors import InvalidInputError, StoreError
+from ..errors import InvalidInputError
 from ..images import ImageInput
+from ..models.imagenet_source import IMAGENET_KEY, ImageNetAttributeSource
 from ..package import VisualPackage, canonical_json
+from ..store.sqlite import SqliteConnections
 from .criteria import Criterion
 from .prompts import build_attribute_request
 from .verdict import CriterionVerdict, VerdictParseError, extract_json
@@ -57,8 +59,6 @@ __all__ = [
 
 Visual = Union[VisualPackage, ImageInput]
 
-#: Key of the ImageNet record; reserved, so no schema attribute may use it.
-IMAGENET_KEY = "imagenet_top5"
 #: The value a VLM gives when it cannot tell; never settles anything.
 UNKNOWN = "unknown"
 #: Key a source adds to a record it could not fill; such records are not stored.
@@ -278,47 +278,6 @@ class VlmAttributeSource:
         return [r for r in records if r is not None]
 
 
-class ImageNetAttributeSource:
-    """Top-k ImageNet labels from the real EfficientNet-Lite0 classifier (loaded on first use)."""
-
-    name = "imagenet"
-
-    def __init__(self, classifier: Any = None, *, k: int = 5) -> None:
-        if not isinstance(k, int) or not 1 <= k <= 20:
-            raise InvalidInputError("k", f"must be an integer in 1..20, not {k!r}")
-        self._classifier = classifier
-        self.k = k
-
-    @property
-    def classifier(self) -> Any:
-        """The classifier, loaded lazily (torch is imported only then)."""
-        if self._classifier is None:
-            from ..models import load_efficientnet_lite0
-
-            self._classifier = load_efficientnet_lite0()
-        return self._classifier
-
-    @property
-    def fingerprint(self) -> str:
-        """The classifier's fingerprint (model, weights hash, preprocessing)."""
-        return _digest({"source": "imagenet", "classifier": self.classifier.fingerprint})
-
-    @property
-    def schema_digest(self) -> str:
-        """Names the record shape: the top-k list."""
-        return _digest({"record": IMAGENET_KEY, "k": self.k})
-
-    def compute(self, items: Sequence[Visual]) -> list[dict[str, Any]]:
-        """``{"imagenet_top5": [{"label", "score"}]}`` per image; packages are refused (no pixels)."""
-        for i, item in enumerate(items):
-            if not isinstance(item, ImageInput):
-                raise InvalidInputError(
-                    f"item {i} ({type(item).__name__})", "the ImageNet sidecar needs the image's pixels, not a package"
-                )
-        tops = self.classifier.top_k([item.image for item in items], k=self.k)
-        return [{IMAGENET_KEY: [{"label": label, "score": round(float(s), 6)} for label, s in top]} for top in tops]
-
-
 def merge_records(*records: Mapping[str, Any] | None) -> dict[str, Any]:
     """One attribute dict from several sources' records (``None`` and errors skipped)."""
     merged: dict[str, Any] = {}
@@ -341,37 +300,26 @@ class AttributeStore:
 
     def __init__(self, root: str | Path) -> None:
         self.path = Path(root) / "attributes" / "attributes.sqlite"
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(
-                "CREATE TABLE IF NOT EXISTS attributes (subject TEXT NOT NULL, source TEXT NOT NULL,"
-                " schema TEXT NOT NULL, record TEXT NOT NULL, created_at REAL NOT NULL,"
-                " PRIMARY KEY (subject, source, schema))"
-            )
-        except (OSError, sqlite3.Error) as e:
-            raise StoreError(f"cannot open the attribute store at {self.path}: {e}") from e
-        self._lock = threading.Lock()
+        self._sqlite = SqliteConnections(
+            self.path, schema=_create_table, open_error="cannot open the attribute store at {path}: {exc}"
+        )
         self.hits = 0
         self.misses = 0
 
     def get(self, subject: str, source_fingerprint: str, schema_digest: str) -> dict[str, Any] | None:
         """The stored record, or None."""
-        with self._lock:
-            row = self._db.execute(
-                "SELECT record FROM attributes WHERE subject=? AND source=? AND schema=?",
-                (subject, source_fingerprint, schema_digest),
-            ).fetchone()
+        row = self._sqlite.connection().execute(
+            "SELECT record FROM attributes WHERE subject=? AND source=? AND schema=?",
+            (subject, source_fingerprint, schema_digest),
+        ).fetchone()
         return None if row is None else json.loads(row[0])
 
     def put(self, subject: str, source_fingerprint: str, schema_digest: str, record: Mapping[str, Any]) -> None:
         """Store a record (a no-op when one is already stored under the key)."""
-        with self._lock:
-            self._db.execute(
-                "INSERT OR IGNORE INTO attributes VALUES (?, ?, ?, ?, ?)",
-                (subject, source_fingerprint, schema_digest, canonical_json(dict(record)), time.time()),
-            )
+        self._sqlite.connection().execute(
+            "INSERT OR IGNORE INTO attributes VALUES (?, ?, ?, ?, ?)",
+            (subject, source_fingerprint, schema_digest, canonical_json(dict(record)), time.time()),
+        )
 
     def get_or_compute(self, source: AttributeSource, items: Sequence[Visual]) -> list[dict[str, Any]]:
         """Each item's record from ``source``: stored ones are read, the rest computed in one batch and stored."""
@@ -390,8 +338,15 @@ class AttributeStore:
 
     def close(self) -> None:
         """Close the database. Idempotent."""
-        with self._lock:
-            self._db.close()
+        self._sqlite.close()
+
+
+def _create_table(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS attributes (subject TEXT NOT NULL, source TEXT NOT NULL,"
+        " schema TEXT NOT NULL, record TEXT NOT NULL, created_at REAL NOT NULL,"
+        " PRIMARY KEY (subject, source, schema))"
+    )
 
 
 # -- settling criteria ---------------------------------------------------------------------------

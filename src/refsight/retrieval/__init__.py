@@ -2,14 +2,16 @@
 
 * :class:`Retriever` – embed each reference once (cached per image and embedder), index it
   per namespace, search by text or image with metadata filters.
-* :class:`Embedder` and implementations in :mod:`refsight.retrieval.embedders`;
+* :class:`Embedder` – the interface (:mod:`refsight.retrieval.embedders`); the implementations
+  live in :mod:`refsight.models` and are named through :func:`refsight.models.get_embedder`.
   :func:`default_embedder` is the offline EfficientNet-Lite0 + MiniLM ConSE embedder.
 * :mod:`refsight.retrieval.index` – exact search below 10,000 vectors, hnswlib HNSW above.
 
-Nothing here imports torch or ``refsight.backends`` at import time.
+Nothing here imports torch or ``refsight.backends``.
 """
 
-from refsight.retrieval.embedders import ClipEmbedder, EfficientNetConSEEmbedder, Embedder, VlmEmbedder, default_embedder
+from refsight.models.registry import default_embedder
+from refsight.retrieval.embedders import Embedder
 from refsight.retrieval.retriever import Retriever
 
-__all__ = ["Retriever", "Embedder", "default_embedder", "EfficientNetConSEEmbedder", "ClipEmbedder", "VlmEmbedder"]
+__all__ = ["Embedder", "Retriever", "default_embedder"]

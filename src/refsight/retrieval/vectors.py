@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 
 from refsight.errors import InvalidInputError, StoreError
+from refsight.store.sqlite import SqliteConnections
 
-__all__ = ["VectorDB", "Entry", "validate_where"]
+__all__ = ["VectorDB", "Entry", "validate_where", "MAX_WHERE_KEYS"]
 
 _KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 # SQLite caps bound parameters per statement (32766 by default); stay well below
@@ -69,6 +70,13 @@ CREATE TABLE IF NOT EXISTS synced (
 """
 
 
+def _create_tables(conn: sqlite3.Connection) -> None:
+    # One statement at a time: executescript() would commit the caller's transaction.
+    for statement in _SCHEMA.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+
+
 class Entry(tuple):
     """(label, ref_id, image_sha256, metadata) of one indexed reference."""
 
@@ -83,12 +91,19 @@ class Entry(tuple):
     metadata = property(lambda self: self[3], doc="the reference's metadata dict")
 
 
+#: Most keys one ``where`` filter may hold. Each key is one SQL term, and SQLite refuses an
+#: expression tree over 1000 deep, so a bound well below that keeps every filter answerable.
+MAX_WHERE_KEYS = 32
+
+
 def validate_where(where: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Check a metadata filter: keys are plain names, values JSON scalars; returns a copy."""
+    """Check a metadata filter: at most MAX_WHERE_KEYS keys, plain names, JSON scalar values; returns a copy."""
     if where is None:
         return {}
     if not isinstance(where, Mapping):
         raise InvalidInputError(where, "where must be a mapping of metadata key to value")
+    if len(where) > MAX_WHERE_KEYS:
+        raise InvalidInputError("where", f"{len(where)} keys, over the limit of {MAX_WHERE_KEYS} keys in one filter")
     out = {}
     for key, value in where.items():
         if not isinstance(key, str) or not _KEY.fullmatch(key):
@@ -104,30 +119,39 @@ class VectorDB:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._conn = sqlite3.connect(str(self.path), timeout=30, check_same_thread=False, isolation_level=None)
-            # A float32 row of 512 dims is ~2.1 KB: one per 4 KB page wastes half of each page.
-            # 16 KB pages hold seven, which cut a million-vector file from 4.3 to 2.6 GB and a
-            # 30-row read by 40%. Only takes effect on a new (empty) file.
-            self._conn.execute(f"PRAGMA page_size={_PAGE_BYTES}")
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            # NORMAL is durable in WAL mode up to the last checkpoint; a crash loses at most the
-            # last transactions, never corrupts, and the derived indexes tolerate either outcome
-            self._conn.execute("PRAGMA synchronous=NORMAL")
-            # Filtered searches read float32 rows scattered over the file: through a memory map
-            # instead of read() calls, 30 rows took 0.55 ms against 1.9 ms at 100k entries.
-            # SQLite clamps this to its own maximum (2 GB).
-            self._conn.execute(f"PRAGMA mmap_size={_MMAP_BYTES}")
-            self._conn.executescript(_SCHEMA)
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot open retrieval database {self.path}: {exc}") from exc
+        self._sqlite = SqliteConnections(
+            self.path,
+            schema=_create_tables,
+            pragmas=(
+                # A float32 row of 512 dims is ~2.1 KB: one per 4 KB page wastes half of each page.
+                # 16 KB pages hold seven, which cut a million-vector file from 4.3 to 2.6 GB and a
+                # 30-row read by 40%. Only takes effect on a new (empty) file.
+                f"page_size = {_PAGE_BYTES}",
+                # NORMAL is durable in WAL mode up to the last checkpoint; a crash loses at most the
+                # last transactions, never corrupts, and the derived indexes tolerate either outcome
+                "synchronous = NORMAL",
+                # Filtered searches read float32 rows scattered over the file: through a memory map
+                # instead of read() calls, 30 rows took 0.55 ms against 1.9 ms at 100k entries.
+                # SQLite clamps this to its own maximum (2 GB).
+                f"mmap_size = {_MMAP_BYTES}",
+            ),
+            # One connection per process, used under self._lock: version() compares
+            # PRAGMA data_version and total_changes, which are per connection.
+            per_thread=False,
+            open_error="cannot open retrieval database {path}: {exc}",
+            closed_error="retrieval database {path} is closed",
+        )
         self._lock = threading.RLock()
+
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        """This process's connection (a new one after a fork)."""
+        return self._sqlite.connection()
 
     def close(self) -> None:
         """Close the connection."""
         with self._lock:
-            self._conn.close()
+            self._sqlite.close()
 
     def _q(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
         with self._lock:
@@ -176,19 +200,17 @@ class VectorDB:
         meta = json.dumps(dict(metadata), sort_keys=True, ensure_ascii=False)
         with self._lock:
             try:
-                self._conn.execute("BEGIN IMMEDIATE")
-                old = self._conn.execute(
-                    "SELECT label FROM entries WHERE embedder=? AND namespace=? AND ref_id=?", [embedder, namespace, ref_id]
-                ).fetchone()
-                if old:
-                    self._conn.execute("DELETE FROM entries WHERE label=?", [old[0]])
-                cur = self._conn.execute(
-                    "INSERT INTO entries (embedder, namespace, ref_id, image_sha256, metadata) VALUES (?,?,?,?,?)",
-                    [embedder, namespace, ref_id, sha, meta],
-                )
-                self._conn.execute("COMMIT")
+                with self._sqlite.write() as conn:
+                    old = conn.execute(
+                        "SELECT label FROM entries WHERE embedder=? AND namespace=? AND ref_id=?", [embedder, namespace, ref_id]
+                    ).fetchone()
+                    if old:
+                        conn.execute("DELETE FROM entries WHERE label=?", [old[0]])
+                    cur = conn.execute(
+                        "INSERT INTO entries (embedder, namespace, ref_id, image_sha256, metadata) VALUES (?,?,?,?,?)",
+                        [embedder, namespace, ref_id, sha, meta],
+                    )
             except sqlite3.Error as exc:
-                self._rollback()
                 raise StoreError(f"retrieval database {self.path}: {exc}") from exc
         return int(cur.lastrowid), (int(old[0]) if old else None)
 
@@ -202,12 +224,10 @@ class VectorDB:
             where, params = where + " AND embedder=?", params + [embedder]
         with self._lock:
             try:
-                self._conn.execute("BEGIN IMMEDIATE")
-                rows = self._conn.execute(f"SELECT embedder, label FROM entries WHERE {where}", params).fetchall()
-                self._conn.execute(f"DELETE FROM entries WHERE {where}", params)
-                self._conn.execute("COMMIT")
+                with self._sqlite.write() as conn:
+                    rows = conn.execute(f"SELECT embedder, label FROM entries WHERE {where}", params).fetchall()
+                    conn.execute(f"DELETE FROM entries WHERE {where}", params)
             except sqlite3.Error as exc:
-                self._rollback()
                 raise StoreError(f"retrieval database {self.path}: {exc}") from exc
         return [(e, int(lbl)) for e, lbl in rows]
 
@@ -216,12 +236,6 @@ class VectorDB:
         rows = self._q("SELECT COUNT(*) FROM entries WHERE embedder=? AND namespace=?", [embedder, namespace])
         self._q("DELETE FROM entries WHERE embedder=? AND namespace=?", [embedder, namespace])
         return rows[0][0]
-
-    def _rollback(self) -> None:
-        try:
-            self._conn.execute("ROLLBACK")
-        except sqlite3.Error:
-            pass  # nothing was open
 
     def version(self) -> tuple[int, int]:
         """Changes whenever anything is committed, by this connection or any other (cheap: no table scan).

@@ -22,6 +22,8 @@ import threading
 from typing import Any, Mapping, Sequence
 
 from .. import AddFailure, Engine, ImageInput, IntakeLimits, InvalidInputError, ReferenceSegment, load_image
+from ..config import default_store_dir
+from ..settings import load_settings
 from .config import ServerConfig
 
 __all__ = ["Service", "ReferenceSegment"]
@@ -47,6 +49,7 @@ class Service:
             model=self.config.model,
             limits=self.limits,
             backend_options=self.config.backend_options,
+            settings=load_settings(self.config.store_dir or default_store_dir(), self.config.config_file),
             share_packages=self.share_packages,
             **options,
         )

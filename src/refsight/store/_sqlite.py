@@ -1,23 +1,20 @@
 """The SQLite database a store's package index and catalog share (``<root>/refsight.db``).
 
-One connection per thread and per process (SQLite connections must not cross a
-``fork``), WAL mode so readers never block the writer, and a ``busy_timeout`` so
-writers from several processes queue instead of failing. Writes go through
-:meth:`Database.write`, a ``BEGIN IMMEDIATE`` transaction: it takes the database's
-write lock up front, which serialises writers across processes, and lets callers
+Connections come from :class:`~refsight.store.sqlite.SqliteConnections` (one per thread
+and per process, WAL, a busy timeout; shared with the retrieval and attribute databases).
+Writes go through :meth:`Database.write`, a ``BEGIN IMMEDIATE`` transaction: it takes the
+database's write lock up front, which serialises writers across processes, and lets callers
 do a check-then-act (is the row there? then rename, then insert) as one step.
 """
 
 from __future__ import annotations
 
-import os
 import sqlite3
-import threading
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Iterator
 
 from ..errors import StoreError
+from .sqlite import SqliteConnections
 
 __all__ = ["Database", "SCHEMA_VERSION", "APPLICATION", "DB_NAME"]
 
@@ -26,7 +23,6 @@ __all__ = ["Database", "SCHEMA_VERSION", "APPLICATION", "DB_NAME"]
 SCHEMA_VERSION = 3
 APPLICATION = "refsight"
 DB_NAME = "refsight.db"
-BUSY_TIMEOUT_MS = 30_000
 
 _SCHEMA = """
 CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
@@ -91,91 +87,44 @@ _MIGRATIONS = {
 
 
 class Database:
-    """Per-thread, per-process connections to one refsight SQLite file, with its schema checked."""
+    """Per-thread, per-process connections to one refsight SQLite file, with its schema checked.
+
+    The connection handling is :class:`~refsight.store.sqlite.SqliteConnections`, shared with
+    the retrieval and attribute databases; this class adds the store's schema, its version
+    check and its migrations.
+    """
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.path = self.root / DB_NAME
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        self._connections: list[tuple[int, sqlite3.Connection]] = []
-        self._closed = False
+        self._sqlite = SqliteConnections(
+            self.path,
+            # NORMAL is safe in WAL (never corrupts); a power loss can only drop the last
+            # commits. Package files are fsynced before their rows, so the worst case is an
+            # orphan file without a row, which gc() removes. Rows never point at lost data.
+            pragmas=("synchronous = NORMAL",),
+            open_error="{path} is not a refsight store: {exc}",
+            closed_error=f"store {self.root} is closed",
+        )
         self._ensure_schema()
 
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` has been called."""
-        return self._closed
+        return self._sqlite.closed
 
     # -- connections ------------------------------------------------------------
     def connection(self) -> sqlite3.Connection:
         """This thread's connection (opened on first use; a new one after a fork)."""
-        conn = getattr(self._local, "conn", None)
-        if conn is not None and self._local.pid == os.getpid():
-            return conn
-        if self._closed:
-            raise StoreError(f"store {self.root} is closed")
-        conn = self._open()
-        self._local.conn = conn
-        self._local.pid = os.getpid()
-        return conn
+        return self._sqlite.connection()
 
-    def _open(self) -> sqlite3.Connection:
-        try:
-            # isolation_level=None: we issue BEGIN ourselves, so no implicit transactions
-            # hold locks behind our back. check_same_thread=False only so close() can close
-            # every thread's connection; each is still used by its own thread alone.
-            conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False)
-            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            # WAL: readers and one writer proceed together, across processes.
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                raise StoreError(f"{self.path}: cannot switch the database to WAL mode (got {mode!r})")
-            # NORMAL is safe in WAL (never corrupts); a power loss can only drop the last
-            # commits. Package files are fsynced before their rows, so the worst case is an
-            # orphan file without a row, which gc() removes. Rows never point at lost data.
-            conn.execute("PRAGMA synchronous = NORMAL")
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{self.path} is not a refsight store: {exc}") from exc
-        with self._lock:
-            self._connections.append((os.getpid(), conn))
-        return conn
-
-    @contextmanager
-    def write(self) -> Iterator[sqlite3.Connection]:
+    def write(self) -> AbstractContextManager[sqlite3.Connection]:
         """A ``BEGIN IMMEDIATE`` transaction: the write lock is held from the start, committed on success."""
-        conn = self.connection()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
-            # Another process held the write lock for the whole busy_timeout (or the disk failed).
-            raise StoreError(f"{self.path}: cannot start a write: {exc}") from exc
-        try:
-            yield conn
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        try:
-            conn.execute("COMMIT")
-        except sqlite3.OperationalError as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise StoreError(f"{self.path}: cannot commit a write: {exc}") from exc
+        return self._sqlite.write()
 
     def close(self) -> None:
         """Close the connections this process opened. Idempotent."""
-        with self._lock:
-            self._closed = True
-            mine = [c for pid, c in self._connections if pid == os.getpid()]
-            # Connections inherited through fork are left alone: closing them in the
-            # child could disturb the parent's locks.
-            self._connections = [(pid, c) for pid, c in self._connections if pid != os.getpid()]
-        for conn in mine:
-            try:
-                conn.close()
-            except sqlite3.Error:
-                pass
-        self._local = threading.local()
+        self._sqlite.close()
 
     # -- schema -----------------------------------------------------------------
     def _ensure_schema(self) -> None:

@@ -49,12 +49,19 @@ def _looks_like_path(source: str) -> bool:
 def load_hf_backend(name: str, *, source: str | None = None, **options: Any) -> HFBackend:
     """Load ``hf:<hub id or directory>`` (or ``source`` when given) as a refsight backend.
 
-    Options: ``dtype`` ("float32", "bfloat16" ...), ``batch_size``, ``revision`` (a hub
-    revision), ``model_id`` (the name in fingerprints), and per family ``min_pixels``
-    / ``max_pixels`` (Qwen) or ``tile_size`` / ``longest_edge`` (SmolVLM).
+    ``options`` are the :class:`~refsight.backends.options.BackendOptions` fields —
+    ``device``, ``dtype``, ``attn``, ``min_pixels``, ``max_pixels``, ``processor_kwargs``,
+    ``revision``, ``batch_size`` (``mmproj`` and ``encoder`` belong to other runtimes and
+    are refused by name) — plus ``model_id`` (the name in fingerprints), ``random_weights``
+    and SmolVLM's ``tile_size`` / ``longest_edge`` / ``do_image_splitting``.
+    A hub revision is resolved to its commit before anything loads.
     """
     from transformers import AutoConfig
 
+    from .base import refuse_other_backend_options
+    from .revision import resolve_hub_revision
+
+    refuse_other_backend_options(options)
     if source is None:
         source = name[3:] if name.startswith("hf:") else name
     if not source:
@@ -69,13 +76,19 @@ def load_hf_backend(name: str, *, source: str | None = None, **options: Any) -> 
         if not (path / "config.json").is_file():
             raise ModelLoadError(name, f"missing files: {source} has no config.json")
         source = str(path.resolve())
-    hub_revision = {"revision": options["revision"]} if options.get("revision") and not os.path.isdir(source) else {}
+    hub_revision: dict[str, str] = {}
+    if not os.path.isdir(source):
+        # Pin the commit first: the config must come from the same commit as the weights.
+        options["revision"] = resolve_hub_revision(name, source, options.get("revision"))
+        hub_revision = {"revision": options["revision"]}
     try:
         config = AutoConfig.from_pretrained(source, **hub_revision)
     except OSError as e:
         offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"}
         hint = " (HF_HUB_OFFLINE is set and the model is not in the local cache)" if offline else ""
         raise ModelLoadError(name, f"cannot load the config of {source}{hint}: {e}") from e
+    except MemoryError as e:
+        raise ModelLoadError(name, f"out of memory reading the config of {source}") from e
     except (ValueError, KeyError) as e:
         # transformers raises ValueError / KeyError for a model_type it does not know.
         raise ModelLoadError(name, f"unsupported architecture in {source}: {e}") from e

@@ -1,27 +1,30 @@
 """Shared logic of the Hugging Face transformers backends.
 
 :class:`HFBackend` does everything that is the same for every model family:
-loading through ``from_pretrained`` (hub id or local directory), the revision
-(hub commit, or sha256 of the weight files), the fingerprint, batched encoding,
-and greedy generation through transformers' seam for precomputed features
-(``mm_encoder_outputs``), so a cached reference runs no vision tower and no image
-processor. A family subclass (``qwen2_vl.py``, ``qwen3_vl.py``, ``smolvlm.py``)
-knows only its own package contents, its placeholder layout and its chat template.
+loading through ``from_pretrained`` (hub id or local directory) on the chosen
+device, dtype and attention implementation; the revision (a hub commit, or the
+content hash of a local checkpoint: :mod:`.revision`); the fingerprint; batched
+encoding; and greedy generation through transformers' seam for precomputed
+features (``mm_encoder_outputs``), so a cached reference runs no vision tower and
+no image processor. A family subclass (``qwen2_vl.py``, ``qwen3_vl.py``,
+``smolvlm.py``) knows only its own package contents, its placeholder layout and
+its chat template.
 
-Runtime exceptions become refsight errors in one place, :func:`runtime_errors`.
+Packages are always stored on the CPU; their tensors move to the model's device
+when a prompt uses them. Runtime exceptions become refsight errors in one place,
+:func:`runtime_errors` (out-of-memory named as such, with dtype and device).
 """
 
 from __future__ import annotations
 
 import abc
 import contextlib
-import hashlib
 import importlib.util
 import json
 import os
 import time
 from pathlib import Path
-from typing import Any, ClassVar, Iterator, Sequence
+from typing import Any, ClassVar, Iterator, Mapping, Sequence
 
 from ...errors import (
     BackendError,
@@ -34,8 +37,9 @@ from ...errors import (
 from ...images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
 from ..base import Backend, Generation, GenerationRequest
+from .revision import directory_revision
 
-__all__ = ["HFBackend", "runtime_errors", "weights_revision", "MARKER_FILE"]
+__all__ = ["HFBackend", "runtime_errors", "weights_revision", "refuse_other_backend_options", "MARKER_FILE"]
 
 #: A JSON file refsight writes next to the weights of the models it builds
 #: (``{"random_weights": true, "model_id": ...}``); real checkpoints have none.
@@ -44,50 +48,46 @@ MARKER_FILE = "refsight_model.json"
 # Keys of an image processor's ``to_dict()`` that name the class, not a setting.
 _NON_SETTINGS = {"image_processor_type", "processor_class", "_processor_class", "_valid_processor_keys", "backend"}
 
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
-_revision_memo: dict[tuple, str] = {}
+#: Backend options that belong to other runtimes: the transformers backends refuse them by name.
+_OTHER_RUNTIMES = {"mmproj": "the llama.cpp backend", "encoder": "the vLLM backend"}
+
+#: The revision of a local checkpoint directory (kept under its old name).
+weights_revision = directory_revision
+
+
+def refuse_other_backend_options(options: Mapping[str, Any]) -> None:
+    """Raise :class:`InvalidInputError` naming an option of another runtime (``mmproj``, ``encoder``)."""
+    for option, owner in _OTHER_RUNTIMES.items():
+        if options.get(option) is not None:
+            raise InvalidInputError(
+                option, f"is an option of {owner}; the transformers backends (hf:, tiny-*, shape-*) do not use it"
+            )
 
 
 @contextlib.contextmanager
-def runtime_errors(model: str, error: type[BackendError] = BackendError, what: str = "") -> Iterator[None]:
+def runtime_errors(
+    model: str, error: type[BackendError] = BackendError, what: str = "", *, device: str = "", dtype: str = ""
+) -> Iterator[None]:
     """Turn any non-refsight exception raised inside into ``error(model, reason)``.
 
     The one place where torch / transformers exceptions become refsight errors;
-    refsight's own errors pass through unchanged.
+    refsight's own errors pass through unchanged. Running out of memory says so,
+    with the dtype and device and what to change, and returns the allocator's
+    cache so the process can go on serving smaller requests.
     """
     try:
         yield
     except RefsightError:
         raise
-    except Exception as e:  # noqa: BLE001 - translating is the point
+    except (Exception, MemoryError) as e:  # translating is the point
+        from .runtime import OOM_HINT, is_out_of_memory, release_memory
+
         prefix = f"{what}: " if what else ""
+        if is_out_of_memory(e):
+            release_memory(device or "cpu")
+            placement = f" (dtype {dtype or '?'} on device {device or '?'})"
+            raise error(model, f"{prefix}out of memory{placement}; {OOM_HINT}. {type(e).__name__}: {e}") from e
         raise error(model, f"{prefix}{type(e).__name__}: {e}") from e
-
-
-def weights_revision(directory: str | os.PathLike) -> str:
-    """``sha256:<hex>`` over the names and bytes of the weight files in ``directory``.
-
-    Used as the revision of a model loaded from a local directory (no hub commit).
-    Memoised per process by (path, size, mtime) because weight files are large.
-    """
-    root = Path(directory)
-    files = sorted(p for p in root.iterdir() if p.is_file() and p.name.endswith(_WEIGHT_SUFFIXES))
-    if not files:
-        raise ModelLoadError(str(directory), "no weight files (*.safetensors, *.bin) in the directory")
-    stamp = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
-    cached = _revision_memo.get(stamp)
-    if cached is not None:
-        return cached
-    h = hashlib.sha256()
-    for path in files:
-        # Names are hashed too: the same bytes under another shard layout are another checkpoint.
-        h.update(f"{path.name}:{path.stat().st_size}:".encode())
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                h.update(block)
-    revision = "sha256:" + h.hexdigest()
-    _revision_memo[stamp] = revision
-    return revision
 
 
 def _constrained_available() -> bool:
@@ -116,6 +116,19 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+def _to_device(value: Any, device: str) -> Any:
+    """``value`` (a tensor, or a tuple / list / dict of them) on ``device``; no copy when already there."""
+    if hasattr(value, "to") and hasattr(value, "device"):
+        return value if str(value.device) == device else value.to(device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_device(v, device) for v in value)
+    if isinstance(value, dict):
+        moved = {k: _to_device(v, device) for k, v in value.items()}
+        # transformers' ModelOutput classes are dicts with attributes: rebuild the same class.
+        return moved if type(value) is dict else type(value)(**moved)
+    return value
+
+
 class HFBackend(Backend):
     """A transformers VLM behind refsight; subclasses implement one model family.
 
@@ -130,7 +143,8 @@ class HFBackend(Backend):
     model_types: ClassVar[tuple[str, ...]] = ()
     #: Special tokens a user's text may not contain (they would shift the placeholders).
     reserved_tokens: ClassVar[tuple[str, ...]] = ()
-    #: Options of ``load_hf_backend`` this family accepts for its image processor.
+    #: Family-specific load options beyond :class:`~refsight.backends.options.BackendOptions`
+    #: (SmolVLM's ``tile_size`` ...), mapped onto the image processor by :meth:`processor_overrides`.
     processor_options: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
@@ -144,6 +158,7 @@ class HFBackend(Backend):
         revision: str,
         random_weights: bool = False,
         batch_size: int = 4,
+        device: str = "cpu",
     ) -> None:
         super().__init__(name)
         self.model = model
@@ -153,6 +168,8 @@ class HFBackend(Backend):
         self.revision = revision
         self.random_weights = bool(random_weights)
         self.batch_size = int(batch_size)
+        #: Where the model runs ("cpu", "cuda:0", "mps"); packages stay on the CPU.
+        self.device = device
         self.supports_constrained_decoding = _constrained_available()
         # Batches are padded on the left so every row's last token is at the same position.
         self.tokenizer.padding_side = "left"
@@ -160,6 +177,11 @@ class HFBackend(Backend):
         # object (or test instrumentation on it) must not change what keys mean.
         self._fingerprint: EncoderFingerprint | None = None
         self._fingerprint = self.fingerprint()
+
+    def count_text_tokens(self, text: str) -> int:
+        """The exact number of tokens the model's tokenizer makes of ``text`` (no special tokens added)."""
+        with runtime_errors(self.name, BackendError, "cannot tokenize"):
+            return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     # ------------------------------------------------------------------ loading
 
@@ -172,37 +194,82 @@ class HFBackend(Backend):
         *,
         model_id: str | None = None,
         revision: str | None = None,
-        dtype: str = "float32",
-        batch_size: int = 4,
+        dtype: str | None = None,
+        device: str | None = None,
+        attn: str | None = None,
+        batch_size: int | None = None,
+        processor_kwargs: Mapping[str, Any] | None = None,
         random_weights: bool | None = None,
         **options: Any,
     ) -> "HFBackend":
-        """Load model, tokenizer and image processor from ``source`` (hub id or directory)."""
-        import torch
+        """Load model, tokenizer and image processor from ``source`` (hub id or directory).
+
+        Takes every :class:`~refsight.backends.options.BackendOptions` field except the
+        other runtimes' ``mmproj`` / ``encoder`` (refused by name), plus the family's
+        :attr:`processor_options`. Options are checked and the image processor is built
+        and tried before the (possibly slow) weight load.
+        """
         from transformers import AutoTokenizer
 
-        unknown = set(options) - set(cls.processor_options)
+        from .preprocessing import check_processor_kwargs, probe_processor
+        from .revision import resolve_hub_revision
+        from .runtime import resolve_device, resolve_dtype
+
+        refuse_other_backend_options(options)
+        options = {k: v for k, v in options.items() if k not in _OTHER_RUNTIMES}
+        accepted = {"min_pixels", "max_pixels", *cls.processor_options}
+        unknown = sorted(set(options) - accepted)
         if unknown:
             raise InvalidInputError(
-                sorted(unknown), f"unknown option(s) for {cls.family}; accepted: {', '.join(cls.processor_options) or 'none'}"
+                ", ".join(unknown), f"unknown option(s) for {cls.family}; accepted: {', '.join(sorted(accepted))}"
             )
-        torch_dtype = getattr(torch, dtype, None)
-        if not isinstance(torch_dtype, torch.dtype) or not torch_dtype.is_floating_point:
-            raise InvalidInputError(dtype, "dtype must be a floating-point torch dtype such as float32 or bfloat16")
-        hub_revision = {"revision": revision} if revision and not os.path.isdir(source) else {}
-        # Validate the options before the (possibly slow) weight load.
-        processor_kwargs = cls.processor_kwargs(options)
-        with runtime_errors(name, ModelLoadError, f"cannot load {source}"):
-            model = cls.model_class().from_pretrained(source, config=config, dtype=torch_dtype, **hub_revision)
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+            raise InvalidInputError("batch_size", f"must be a positive integer, got {batch_size!r}")
+        local = os.path.isdir(source)
+        if local and revision is not None:
+            raise InvalidInputError(
+                "revision", f"applies to hub models; {source} is a local directory, named by the hash of its files"
+            )
+        device_name = resolve_device(device)
+        torch_dtype = resolve_dtype(dtype, device_name, config)
+        dtype_name = str(torch_dtype).removeprefix("torch.")
+        # A branch or tag moves: pin the commit now and load every file at it.
+        commit = None if local else resolve_hub_revision(name, source, revision)
+        hub = {} if local else {"revision": commit}
+
+        processor_class = cls.image_processor_class()
+        user_settings = check_processor_kwargs(processor_class, processor_kwargs)
+        with runtime_errors(name, ModelLoadError, f"cannot load the image processor of {source}"):
+            base_processor = processor_class.from_pretrained(source, **hub)
+        mapped = cls.processor_overrides(options, base_processor)
+        clash = sorted(set(mapped) & set(user_settings))
+        if clash:
+            raise InvalidInputError(
+                f"processor_kwargs: {', '.join(clash)}", "also set by a dedicated option (--min/max-pixels ...); set it once"
+            )
+        overrides = {**user_settings, **mapped}
+        image_processor = base_processor
+        if overrides:
+            try:
+                image_processor = processor_class.from_pretrained(source, **hub, **overrides)
+            except Exception as e:  # noqa: BLE001 - a bad value of a setting the user named
+                raise InvalidInputError(
+                    f"processor settings {', '.join(sorted(overrides))}", f"{type(e).__name__}: {e}"
+                ) from None
+            probe_processor(image_processor, list(overrides))
+
+        load: dict[str, Any] = {"config": config, "dtype": torch_dtype, **hub}
+        if attn is not None:
+            load["attn_implementation"] = attn
+        if device_name != "cpu":
+            # Straight onto the accelerator: a large checkpoint never sits whole in host memory.
+            load["device_map"] = {"": device_name}
+        what = f"cannot load {source}" + (f" with attn={attn!r}" if attn else "")
+        with runtime_errors(name, ModelLoadError, what, device=device_name, dtype=dtype_name):
+            model = cls.model_class().from_pretrained(source, **load)
             model.eval()
-            tokenizer = AutoTokenizer.from_pretrained(source, **hub_revision)
-            image_processor = cls.image_processor_class().from_pretrained(
-                source, **hub_revision, **processor_kwargs
-            )
+            tokenizer = AutoTokenizer.from_pretrained(source, **hub)
         marker = _read_marker(source)
-        if revision is None or os.path.isdir(source):
-            commit = getattr(model.config, "_commit_hash", None)
-            revision = commit if commit and not os.path.isdir(source) else weights_revision(source)
         if random_weights is None:
             random_weights = bool(marker.get("random_weights", False))
         return cls(
@@ -211,9 +278,10 @@ class HFBackend(Backend):
             tokenizer=tokenizer,
             image_processor=image_processor,
             model_id=model_id or marker.get("model_id") or source,
-            revision=revision,
+            revision=directory_revision(source) if local else commit,
             random_weights=random_weights,
-            batch_size=batch_size,
+            batch_size=batch_size or 4,
+            device=device_name,
         )
 
     @classmethod
@@ -227,14 +295,20 @@ class HFBackend(Backend):
         """The PIL image processor class of this family (no torchvision needed)."""
 
     @classmethod
-    def processor_kwargs(cls, options: dict[str, Any]) -> dict[str, Any]:
-        """``from_pretrained`` overrides of the image processor built from load options."""
+    def processor_overrides(cls, options: dict[str, Any], processor: Any) -> dict[str, Any]:
+        """Image-processor settings from the load options (``min_pixels`` ...), given the checkpoint's processor.
+
+        The base class maps nothing and refuses ``min_pixels`` / ``max_pixels``; families override.
+        """
+        for key in ("min_pixels", "max_pixels"):
+            if options.get(key) is not None:
+                raise InvalidInputError(key, f"is not a setting of the {cls.family} image processor")
         return {}
 
     # -------------------------------------------------------------- fingerprint
 
     def fingerprint(self) -> EncoderFingerprint:
-        """Backend, model id, revision, dtype, and every image-processor and vision-merge setting."""
+        """Backend, model id, revision, dtype, processor class and settings, attention and vision-merge settings."""
         if self._fingerprint is None:
             settings = {
                 k: v
@@ -244,6 +318,10 @@ class HFBackend(Backend):
             settings = _jsonable(settings)
             settings["family"] = self.family
             settings["model"] = _jsonable(self.model_settings())
+            # The class actually run (the saved config may name a torchvision twin):
+            # two implementations of one processor need not agree to the last bit.
+            settings["processor"] = type(self.image_processor).__name__
+            settings["attn_implementation"] = self.attn_implementation()
             self._fingerprint = EncoderFingerprint(
                 backend=f"hf-{self.family}",
                 model_id=self.model_id,
@@ -253,15 +331,37 @@ class HFBackend(Backend):
             )
         return self._fingerprint
 
+    def attn_implementation(self) -> dict[str, str]:
+        """The attention kernels in use, per (sub-)config: they change features beyond rounding."""
+        config = self.model.config
+        out = {}
+        for part, holder in (("model", config), ("text", getattr(config, "text_config", None)), ("vision", getattr(config, "vision_config", None))):
+            value = getattr(holder, "_attn_implementation", None) if holder is not None else None
+            if value is not None:
+                out[part] = str(value)
+        return out
+
     def model_settings(self) -> dict[str, Any]:
         """Model-side settings that shape the features (merge size, deepstack layers ...)."""
         return {}
 
     # ------------------------------------------------------------------- encode
 
+    @property
+    def dtype_name(self) -> str:
+        """The model's dtype as text ("float32", "bfloat16" ...)."""
+        return str(self.model.dtype).removeprefix("torch.")
+
     def encode(self, images: Sequence[ImageInput]) -> list[VisualPackage]:
-        """Encode images in batches of ``batch_size`` through the vision tower and projector."""
+        """Encode images in batches of ``batch_size`` through the vision tower and projector.
+
+        Packages come back on the CPU (that is how they are stored) with a
+        ``provenance`` record in their metadata: device, library versions and date,
+        which describe the encode but are not part of the key.
+        """
         import torch
+
+        from .runtime import provenance
 
         images = list(images)
         for i, image in enumerate(images):
@@ -269,18 +369,23 @@ class HFBackend(Backend):
                 raise InvalidInputError(f"images[{i}]", f"expected an ImageInput (use refsight.load_image), got {type(image).__name__}")
         fingerprint = self.fingerprint()
         packages: list[VisualPackage] = []
-        for start in range(0, len(images), max(1, self.batch_size)):
-            batch = images[start : start + max(1, self.batch_size)]
+        step = max(1, self.batch_size)
+        for start in range(0, len(images), step):
+            batch = images[start : start + step]
             began = time.perf_counter()
-            with runtime_errors(self.name, BackendError, "encode failed"), torch.inference_mode():
+            with runtime_errors(
+                self.name, BackendError, "encode failed", device=self.device, dtype=self.dtype_name
+            ), torch.inference_mode():
                 encoded = self.encode_pils([image.image for image in batch])
+                encoded = [({k: v.cpu() for k, v in tensors.items()}, metadata) for tensors, metadata in encoded]
             # One forward serves the whole batch; each package carries its share of the time.
             share = (time.perf_counter() - began) * 1000 / len(batch)
+            made = provenance(self.device)
             for image, (tensors, metadata) in zip(batch, encoded):
                 packages.append(
                     VisualPackage(
                         tensors=tensors,
-                        metadata=metadata,
+                        metadata={**metadata, "provenance": dict(made)},
                         image_sha256=image.sha256,
                         fingerprint=fingerprint,
                         encode_ms=share,
@@ -290,7 +395,10 @@ class HFBackend(Backend):
 
     @abc.abstractmethod
     def encode_pils(self, images: list[Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-        """Run image processor + ``get_image_features`` on RGB PIL images: (tensors, metadata) each."""
+        """Run image processor + ``get_image_features`` on RGB PIL images: (tensors, metadata) each.
+
+        Inputs go to :attr:`device` in the model's dtype; the tensors may come back on the device.
+        """
 
     # --------------------------------------------------------- package checking
 
@@ -425,9 +533,13 @@ class HFBackend(Backend):
         eos_ids = self._eos_ids()
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else (eos_ids or [0])[0]
         began = time.perf_counter()
-        with runtime_errors(self.name, GenerationError, "generation failed"), torch.inference_mode():
+        with runtime_errors(
+            self.name, GenerationError, "generation failed", device=self.device, dtype=self.dtype_name
+        ), torch.inference_mode():
             encoded = self.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
-            extra = self.multimodal_inputs(packages, encoded["input_ids"]) if packages else {}
+            encoded = {k: _to_device(v, self.device) for k, v in encoded.items()}
+            # Packages are stored on the CPU; their tensors join the prompt on the model's device.
+            extra = _to_device(self.multimodal_inputs(packages, encoded["input_ids"]), self.device) if packages else {}
             output = self.model.generate(
                 input_ids=encoded["input_ids"],
                 attention_mask=encoded["attention_mask"],
@@ -453,7 +565,7 @@ class HFBackend(Backend):
                     break
             logits = None
             if return_logits:
-                logits = torch.stack([step[b] for step in output.logits[: len(new)]]).float()
+                logits = torch.stack([step[b] for step in output.logits[: len(new)]]).float().cpu()
             results.append((new, logits))
         return results, lm_ms
 

@@ -48,8 +48,8 @@ class QwenFamilyBackend(HFBackend):
         return Qwen2VLImageProcessorPil
 
     @classmethod
-    def processor_kwargs(cls, options: dict[str, Any]) -> dict[str, Any]:
-        """``min_pixels`` / ``max_pixels`` override the processor's size bounds."""
+    def processor_overrides(cls, options: dict[str, Any], processor: Any) -> dict[str, Any]:
+        """``min_pixels`` / ``max_pixels`` override the processor's size bounds (checked against each other)."""
         kwargs = {}
         for key in ("min_pixels", "max_pixels"):
             if key in options and options[key] is not None:
@@ -57,8 +57,15 @@ class QwenFamilyBackend(HFBackend):
                 if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                     raise InvalidInputError(f"{key}={value!r}", "must be a positive integer number of pixels")
                 kwargs[key] = value
-        if "min_pixels" in kwargs and "max_pixels" in kwargs and kwargs["min_pixels"] > kwargs["max_pixels"]:
-            raise InvalidInputError(f"min_pixels={kwargs['min_pixels']}", "must not exceed max_pixels")
+        # One bound given: it must still agree with the checkpoint's other bound.
+        size = dict(getattr(processor, "size", None) or {})
+        low = kwargs.get("min_pixels", size.get("shortest_edge"))
+        high = kwargs.get("max_pixels", size.get("longest_edge"))
+        if low is not None and high is not None and low > high:
+            name = "min_pixels" if "min_pixels" in kwargs else "max_pixels"
+            raise InvalidInputError(
+                f"{name}={kwargs[name]}", f"min_pixels {low} would exceed max_pixels {high} (the other from the checkpoint)"
+            )
         return kwargs
 
     @property
@@ -89,7 +96,9 @@ class QwenFamilyBackend(HFBackend):
         inputs = self.preprocess(images)
         grid = inputs["image_grid_thw"]
         output = self.model.get_image_features(
-            pixel_values=inputs["pixel_values"].to(self.model.dtype), image_grid_thw=grid, return_dict=True
+            pixel_values=inputs["pixel_values"].to(self.device, self.model.dtype),
+            image_grid_thw=grid.to(self.device),
+            return_dict=True,
         )
         return output, grid
 

@@ -11,6 +11,7 @@ images), and the vision tower + pixel-shuffle connector turn each tile into
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 from ...errors import CorruptPackageError, InvalidInputError
@@ -62,8 +63,19 @@ class SmolVLMBackend(HFBackend):
         return SmolVLMImageProcessorPil
 
     @classmethod
-    def processor_kwargs(cls, options: dict[str, Any]) -> dict[str, Any]:
-        """Map ``tile_size`` / ``longest_edge`` / ``do_image_splitting`` onto processor settings."""
+    def processor_overrides(cls, options: dict[str, Any], processor: Any) -> dict[str, Any]:
+        """Map ``tile_size`` / ``longest_edge`` / ``do_image_splitting`` / ``max_pixels`` onto processor settings.
+
+        SmolVLM resizes every image so its longest edge is ``size.longest_edge`` and then
+        rounds both edges up to whole tiles. ``max_pixels`` therefore becomes the largest
+        whole number of tiles ``n`` with ``(n·tile)² <= max_pixels``: every resized image
+        then has at most ``max_pixels`` pixels. ``min_pixels`` has no SmolVLM equivalent
+        and is refused.
+        """
+        if options.get("min_pixels") is not None:
+            raise InvalidInputError(
+                "min_pixels", "SmolVLM has no lower size bound (it resizes the longest edge to size.longest_edge)"
+            )
         kwargs: dict[str, Any] = {}
         for key, target in (("tile_size", "max_image_size"), ("longest_edge", "size")):
             value = options.get(key)
@@ -74,6 +86,19 @@ class SmolVLMBackend(HFBackend):
             kwargs[target] = {"longest_edge": value}
         if options.get("do_image_splitting") is not None:
             kwargs["do_image_splitting"] = bool(options["do_image_splitting"])
+        max_pixels = options.get("max_pixels")
+        if max_pixels is not None:
+            if "size" in kwargs:
+                raise InvalidInputError("max_pixels", "give max_pixels or longest_edge, not both")
+            if not isinstance(max_pixels, int) or isinstance(max_pixels, bool) or max_pixels <= 0:
+                raise InvalidInputError(f"max_pixels={max_pixels!r}", "must be a positive integer number of pixels")
+            tile = int((kwargs.get("max_image_size") or processor.max_image_size)["longest_edge"])
+            tiles = math.isqrt(max_pixels) // tile
+            if tiles < 1:
+                raise InvalidInputError(
+                    f"max_pixels={max_pixels}", f"is below one {tile}×{tile} tile ({tile * tile} pixels)"
+                )
+            kwargs["size"] = {"longest_edge": tiles * tile}
         return kwargs
 
     @property
@@ -94,8 +119,8 @@ class SmolVLMBackend(HFBackend):
         """Per-tile features ``[tiles, image_seq_len, hidden]`` and the tile layout per image."""
         inputs = self.preprocess(images)
         output = self.model.get_image_features(
-            pixel_values=inputs["pixel_values"].to(self.model.dtype),
-            pixel_attention_mask=inputs["pixel_attention_mask"],
+            pixel_values=inputs["pixel_values"].to(self.device, self.model.dtype),
+            pixel_attention_mask=inputs["pixel_attention_mask"].to(self.device),
             return_dict=True,
         )
         results = []

@@ -8,8 +8,8 @@ from PIL import Image, ImageEnhance
 
 from refsight.errors import InvalidInputError, ModelLoadError
 from refsight.images import load_image
-from refsight.retrieval import EfficientNetConSEEmbedder, Embedder, VlmEmbedder, default_embedder
-from refsight.retrieval.embedders import ClipEmbedder
+from refsight.models import ClipEmbedder, EfficientNetConSEEmbedder, VlmEmbedder
+from refsight.retrieval import Embedder, default_embedder
 
 from bundled_photos import BUNDLED, bundled_photo
 
@@ -27,7 +27,7 @@ def doc_vectors(emb) -> np.ndarray:
 @pytest.mark.parametrize(
     "query,expected",
     [("a cat", "chelsea"), ("a cup of coffee", "coffee"), ("a rocket", "rocket"), ("a tabby cat", "chelsea"),
-     ("a horse", "horse"), ("a flower", "flower"), ("a motorcycle", "motorcycle_left")],
+     ("a horse", "horse"), ("a flower", "flower")],
 )
 def test_text_query_ranks_the_right_photo_first(emb, doc_vectors, query, expected):
     scores = doc_vectors @ emb.embed_texts([query])[0]
@@ -35,7 +35,7 @@ def test_text_query_ranks_the_right_photo_first(emb, doc_vectors, query, expecte
 
 
 def test_vectors_are_unit_float32_of_the_declared_dim(emb, doc_vectors):
-    assert doc_vectors.shape == (len(BUNDLED), emb.dim) == (9, 1664)
+    assert doc_vectors.shape == (len(BUNDLED), emb.dim) == (7, 1664)
     assert doc_vectors.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(doc_vectors, axis=1), 1.0, atol=1e-5)
     t = emb.embed_texts(["a cat", "a dog"], instruction="ignored by MiniLM")
@@ -54,15 +54,11 @@ def _variants(image: Image.Image) -> list[Image.Image]:
 
 def test_image_queries_find_their_source_and_features_beat_conse_alone(emb, doc_vectors):
     """The measurement behind the design: penultimate features separate photos better than ConSE."""
-    from bundled_photos import photo_array as _array
-
     queries, truth = [], []
     for i, name in enumerate(BUNDLED):
         for v in _variants(bundled_photo(name).image):
             queries.append(v)
             truth.append(i)
-    queries.append(Image.fromarray(_array("motorcycle_right")))  # the other stereo view
-    truth.append(BUNDLED.index("motorcycle_left"))
     # one forward pass per query; the image vector is rebuilt from its parts (checked below)
     feats_q, probs_q = emb.classifier.features_and_probabilities(queries)
     conse_q = emb.conse(probs_q)
@@ -85,7 +81,7 @@ def test_image_queries_find_their_source_and_features_beat_conse_alone(emb, doc_
 
 def test_shipped_label_vectors_match_a_fresh_encoding(emb):
     from refsight.models.efficientnet_lite import imagenet_labels
-    from refsight.retrieval.embedders import _label_vectors
+    from refsight.models.conse import _label_vectors
 
     shipped = _label_vectors(emb.label_template)
     idx = [0, 281, 282, 504, 657, 967, 999]

@@ -1,0 +1,140 @@
+"""sha256 of checkpoint files, memoised across processes.
+
+Hashing a multi-gigabyte checkpoint takes tens of seconds, and every process that
+loads a model from a local directory needs the hash (it names the revision in the
+package keys). So each file's digest is kept in a small JSON memo keyed by what
+changes when the file does: (path, size, mtime_ns, inode). Only the first process
+ever reads a checkpoint through; the others stat its files and hit the memo. A
+rewritten or merely touched file has a new mtime, so it is hashed again.
+
+The memo lives in ``$REFSIGHT_CACHE``, else the model cache directory
+(:func:`refsight.backends.tiny.model_cache_dir`), as ``file-hashes.json``. It is
+rewritten atomically (temp file + ``os.replace``) under a file lock, merging with
+what other processes wrote meanwhile. A memo that cannot be read or written only
+costs time: hashing never fails because of it.
+
+:data:`memo_hits` and :data:`files_hashed` count, per process, digests served from
+the memo and files actually read, so tests can prove which happened.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+__all__ = ["file_sha256", "memo_path", "memo_hits", "files_hashed", "PROGRESS_MIN_BYTES"]
+
+#: Files at least this large show a tqdm progress bar on stderr while they are hashed.
+PROGRESS_MIN_BYTES = 256 * 1024 * 1024
+_MEMO_NAME = "file-hashes.json"
+_MEMO_VERSION = 1
+_BLOCK = 1 << 22
+
+#: Digests served from the memo (in-process or on disk) in this process.
+memo_hits = 0
+#: Files read and hashed in this process.
+files_hashed = 0
+
+_lock = threading.Lock()
+_memory: dict[str, dict] = {}
+
+
+def memo_path() -> Path:
+    """The memo file: ``$REFSIGHT_CACHE/file-hashes.json`` or ``<model cache>/file-hashes.json``."""
+    env = os.environ.get("REFSIGHT_CACHE")
+    if env:
+        return Path(env).expanduser() / _MEMO_NAME
+    from ..tiny import model_cache_dir
+
+    return model_cache_dir() / _MEMO_NAME
+
+
+def _stamp(path: Path) -> dict:
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino}
+
+
+def _read(memo: Path) -> dict[str, dict]:
+    try:
+        data = json.loads(memo.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("version") != _MEMO_VERSION or not isinstance(data.get("entries"), dict):
+        return {}
+    return data["entries"]
+
+
+def _write(memo: Path, key: str, entry: dict) -> None:
+    """Add one entry, merging with the file as it is now (other processes may have added theirs)."""
+    from filelock import FileLock, Timeout
+
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(memo) + ".lock", timeout=30):
+            entries = _read(memo)
+            entries[key] = entry
+            # Forget files that are gone, so the memo does not grow without bound.
+            entries = {k: v for k, v in entries.items() if os.path.exists(k)}
+            fd, tmp = tempfile.mkstemp(prefix=".file-hashes-", dir=memo.parent)
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump({"version": _MEMO_VERSION, "entries": entries}, f, sort_keys=True)
+                # Readers see the old memo or the new one, never half a file.
+                os.replace(tmp, memo)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+    except (OSError, Timeout):
+        pass  # an unwritable memo only means the next process hashes again
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 hex of one file's bytes, from the memo when (path, size, mtime_ns, inode) still match."""
+    global memo_hits, files_hashed
+
+    path = Path(path).resolve()
+    key = str(path)
+    stamp = _stamp(path)
+    with _lock:
+        entry = _memory.get(key)
+        if entry is None or {k: entry.get(k) for k in stamp} != stamp:
+            entry = _read(memo_path()).get(key)
+        if isinstance(entry, dict) and {k: entry.get(k) for k in stamp} == stamp and isinstance(entry.get("sha256"), str):
+            _memory[key] = entry
+            memo_hits += 1
+            return entry["sha256"]
+    digest = _hash(path, stamp["size"])
+    if _stamp(path) != stamp:
+        # Rewritten while we read it: the digest is of no version in particular; do not memoise.
+        return digest
+    entry = {**stamp, "sha256": digest}
+    with _lock:
+        files_hashed += 1
+        _memory[key] = entry
+    _write(memo_path(), key, entry)
+    return digest
+
+
+def _hash(path: Path, size: int) -> str:
+    h = hashlib.sha256()
+    bar = None
+    if size >= PROGRESS_MIN_BYTES:
+        from tqdm import tqdm
+
+        # Only the first process that meets a large checkpoint pays for this; say so.
+        bar = tqdm(total=size, unit="B", unit_scale=True, desc=f"hashing {path.name}", file=sys.stderr, leave=False)
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(_BLOCK), b""):
+                h.update(block)
+                if bar is not None:
+                    bar.update(len(block))
+    finally:
+        if bar is not None:
+            bar.close()
+    return h.hexdigest()

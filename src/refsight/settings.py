@@ -1,0 +1,115 @@
+"""The config file: ``refsight.toml`` in the store directory, or one named with ``--config FILE``.
+
+::
+
+    [backend]                      # every model
+    device = "cuda"
+    dtype = "bfloat16"
+    batch_size = 8
+
+    [backend.processor_kwargs]     # any image-processor setting
+    do_normalize = true
+
+    [models."hf:Qwen/Qwen2.5-VL-3B-Instruct"]   # one model; wins over [backend]
+    max_pixels = 802816
+    revision = "main"
+
+Keys are the :class:`~refsight.backends.options.BackendOptions` fields. The options
+for a model are ``[backend]`` overlaid with its ``[models."NAME"]`` table; command-line
+flags overlay both (``BackendOptions.merged``). A bad key or value is an
+:class:`~refsight.errors.InvalidInputError` that names the file and the key.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from .backends.options import OPTION_HELP, BackendOptions, parse_key_values
+from .errors import InvalidInputError
+from .reading import FileReadError, read_regular_file
+
+# The options themselves are defined beside the backends that take them; front ends (CLI,
+# server) reach them here, with the config file, as one public module.
+__all__ = ["CONFIG_NAME", "Settings", "load_settings", "BackendOptions", "OPTION_HELP", "parse_key_values"]
+
+#: The file looked for in the store directory.
+CONFIG_NAME = "refsight.toml"
+_TABLES = ("backend", "models")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a config file says: default backend options and per-model overrides."""
+
+    #: The file read, or None when there was none.
+    path: Path | None = None
+    #: ``[backend]``: options for every model.
+    backend: BackendOptions = field(default_factory=BackendOptions)
+    #: ``[models."NAME"]``: options for one model, over ``backend``.
+    models: Mapping[str, BackendOptions] = field(default_factory=dict)
+
+    def backend_options(self, model: str) -> BackendOptions:
+        """The options for ``model``: ``[backend]`` overlaid with ``[models."model"]``."""
+        return self.backend.merged(self.models.get(model))
+
+
+def _options(data: Any, file: Path, table: str) -> BackendOptions:
+    source = f"{file} [{table}]"
+    if not isinstance(data, Mapping):
+        raise InvalidInputError(source, "must be a table of NAME = VALUE")
+    try:
+        return BackendOptions.from_mapping(data, source=source)
+    except InvalidInputError as e:
+        if str(e.input).startswith(str(file)):
+            raise
+        # A bad value: BackendOptions names the key; add where it was written.
+        raise InvalidInputError(f"{source} {e.input}", e.reason) from None
+    except TypeError as e:  # a value of a type no option takes (a table for device ...)
+        raise InvalidInputError(source, str(e)) from None
+
+
+#: Largest config file read (a real one is a few hundred bytes).
+_MAX_CONFIG_BYTES = 1 << 20
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # ENAMETOOLONG, EACCES on a parent ...: not a config file we can use
+        return False
+
+
+def load_settings(store_dir: str | os.PathLike | None, path: str | os.PathLike | None = None) -> Settings:
+    """Read ``path`` (it must exist), else ``<store_dir>/refsight.toml`` when there is one.
+
+    No file is no error: the result then holds no options at all.
+    """
+    if path is not None:
+        file = Path(path).expanduser()
+        if not _is_file(file):
+            raise InvalidInputError(str(file), "no such config file")
+    elif store_dir is not None and _is_file(Path(store_dir).expanduser() / CONFIG_NAME):
+        file = Path(store_dir).expanduser() / CONFIG_NAME
+    else:
+        # (A store path the OS refuses, e.g. a name too long, is reported by open_store.)
+        return Settings()
+    try:
+        # Bounded and never blocking, like every user-named file (issue 18).
+        data = tomllib.loads(read_regular_file(file, _MAX_CONFIG_BYTES).decode("utf-8"))
+    except FileReadError as e:
+        raise InvalidInputError(str(file), f"cannot read the config file: {e.reason}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise InvalidInputError(str(file), f"not valid TOML: {e}") from None
+    unknown = sorted(set(data) - set(_TABLES))
+    if unknown:
+        raise InvalidInputError(f"{file}: {', '.join(unknown)}", f"unknown table or key; known: {', '.join(_TABLES)}")
+    backend = _options(data.get("backend", {}), file, "backend")
+    models_table = data.get("models", {})
+    if not isinstance(models_table, Mapping):
+        raise InvalidInputError(f"{file} models", 'must hold tables: [models."NAME"]')
+    models = {str(name): _options(table, file, f'models."{name}"') for name, table in models_table.items()}
+    return Settings(path=file, backend=backend, models=models)

@@ -1,0 +1,316 @@
+"""Architecture guards: the import rules of DESIGN.md, checked on the source, and the frozen package key.
+
+The import rules are read from the AST of every module under ``src/refsight`` (no import is
+executed), so they hold for function-local imports too and cost no model load.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from refsight.package import PACKAGE_FORMAT_VERSION, EncoderFingerprint, package_key
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "refsight"
+
+#: Packages that may import a model runtime (torch, transformers).
+RUNTIME_OWNERS = ("refsight.backends", "refsight.models")
+RUNTIMES = ("torch", "transformers")
+#: Modules outside RUNTIME_OWNERS allowed to import a runtime, each with the reason.
+RUNTIME_EXCEPTIONS = {
+    # The package codec builds torch tensors as zero-copy views of a mapped file: a visual
+    # package *is* torch tensors, and the store must not import backends/ or models/.
+    "refsight.store._safetensors": "visual packages are torch tensors; the store decodes them",
+}
+#: What cli.py and server/ may import: the public API ...
+PUBLIC_API = (
+    "refsight", "refsight.errors", "refsight.results", "refsight.config", "refsight.report", "refsight.settings",
+)
+#: ... plus their own subpackage (for the CLI: the entry points its `serve` and `demo` commands hand over to).
+OWN = {"refsight.cli": ("refsight.server", "refsight.demo"), "refsight.server": ("refsight.server",)}
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import statement's target as seen from ``module``."""
+
+    module: str  # the importing module, dotted
+    target: str  # the imported module (or package, for ``from package import name``)
+    names: tuple[str, ...]  # for ``from X import a, b``: the names; () for ``import X``
+    line: int
+    module_level: bool  # executed when the module is imported (not in a function or TYPE_CHECKING)
+
+    def __str__(self) -> str:
+        where = "" if self.module_level else " (function-local)"
+        names = f" ({', '.join(self.names)})" if self.names else ""
+        return f"{self.module}:{self.line} imports {self.target}{names}{where}"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(SRC.rglob("*.py"))}
+
+
+class _Collector(ast.NodeVisitor):
+    def __init__(self, module: str, is_package: bool) -> None:
+        self.module = module
+        self.package = module if is_package else module.rpartition(".")[0]
+        self.depth = 0  # inside functions or TYPE_CHECKING blocks
+        self.found: list[Import] = []
+
+    def _nested(self, node: ast.AST) -> None:
+        self.depth += 1
+        self.generic_visit(node)
+        self.depth -= 1
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = _nested
+
+    def visit_If(self, node: ast.If) -> None:
+        test = node.test
+        if (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+            isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+        ):
+            self.depth += 1
+            for child in node.body:
+                self.visit(child)
+            self.depth -= 1
+            for child in node.orelse:
+                self.visit(child)
+        else:
+            self.generic_visit(node)
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self.found.append(Import(self.module, alias.name, (), node.lineno, self.depth == 0))
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.level:
+            base = self.package.split(".")
+            base = base[: len(base) - (node.level - 1)]
+            target = ".".join(base + ([node.module] if node.module else []))
+        else:
+            target = node.module or ""
+        names = tuple(a.name for a in node.names)
+        submodules = [n for n in names if f"{target}.{n}" in MODULES]
+        for name in submodules:
+            self.found.append(Import(self.module, f"{target}.{name}", (), node.lineno, self.depth == 0))
+        rest = tuple(n for n in names if n not in submodules)
+        if rest:
+            self.found.append(Import(self.module, target, rest, node.lineno, self.depth == 0))
+
+
+def _imports() -> list[Import]:
+    found = []
+    for module, path in MODULES.items():
+        collector = _Collector(module, path.name == "__init__.py")
+        collector.visit(ast.parse(path.read_text("utf-8"), str(path)))
+        found.extend(collector.found)
+    return found
+
+
+IMPORTS = _imports()
+
+
+def _under(module: str, *packages: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def _report(violations: list[Import], rule: str) -> str:
+    return f"{rule}; violations:\n  " + "\n  ".join(map(str, violations))
+
+
+def test_the_collector_sees_the_modules_and_their_imports():
+    assert {"refsight", "refsight.cli", "refsight.backends.registry", "refsight.models.registry"} <= set(MODULES)
+    # a known function-local import and a known module-level one
+    assert any(i.module == "refsight.models.conse" and i.target == "refsight.models.efficientnet_lite"
+               and not i.module_level for i in IMPORTS)
+    assert any(i.module == "refsight.retrieval.retriever" and i.target == "refsight.retrieval.embedders"
+               and i.module_level for i in IMPORTS)
+
+
+def test_only_backends_and_models_import_torch_or_transformers():
+    violations = [
+        i for i in IMPORTS
+        if i.target.split(".")[0] in RUNTIMES
+        and not _under(i.module, *RUNTIME_OWNERS)
+        and i.module not in RUNTIME_EXCEPTIONS
+    ]
+    assert not violations, _report(violations, "only backends/ and models/ import torch or transformers")
+
+
+def test_retrieval_and_judge_never_import_the_engine():
+    violations = [
+        i for i in IMPORTS
+        if _under(i.module, "refsight.retrieval", "refsight.judge")
+        and (_under(i.target, "refsight.engine") or (i.target == "refsight" and "Engine" in i.names))
+    ]
+    assert not violations, _report(violations, "retrieval/ and judge/ never import the engine")
+
+
+def test_store_and_retrieval_never_import_backends_and_backends_never_import_store_cli_or_server():
+    violations = [
+        i for i in IMPORTS
+        if (_under(i.module, "refsight.store", "refsight.retrieval") and _under(i.target, "refsight.backends"))
+        or (_under(i.module, "refsight.backends")
+            and _under(i.target, "refsight.store", "refsight.cli", "refsight.server", "refsight.engine"))
+    ]
+    assert not violations, _report(violations, "store/ and retrieval/ never import backends/; backends/ never import store/, cli, server, engine")
+
+
+def test_cli_and_server_use_only_the_public_api():
+    violations = []
+    for i in IMPORTS:
+        owner = "refsight.cli" if i.module == "refsight.cli" else "refsight.server" if _under(i.module, "refsight.server") else None
+        if owner is None or not _under(i.target, "refsight"):
+            continue
+        allowed = i.target in PUBLIC_API or _under(i.target, *OWN[owner])
+        if owner == "refsight.cli" and i.target in OWN[owner]:
+            allowed = True  # the package itself, not its internals
+        elif owner == "refsight.cli" and _under(i.target, *OWN[owner]):
+            allowed = False
+        if not allowed:
+            violations.append(i)
+    assert not violations, _report(
+        violations, f"cli.py and server/ import only the public API {PUBLIC_API} and their own subpackage"
+    )
+
+
+def _cycles(edges: dict[str, set[str]]) -> Iterator[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), each as a sorted list."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    counter = 0
+
+    def connect(v: str) -> Iterator[list[str]]:
+        nonlocal counter
+        index[v] = low[v] = counter
+        counter += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                yield from connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in edges.get(v, ()):
+                yield sorted(component)
+
+    for v in sorted(edges):
+        if v not in index:
+            yield from connect(v)
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert list(_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}})) == [["a", "b", "c"]]
+    assert list(_cycles({"a": {"b"}, "b": set()})) == []
+
+
+def test_no_import_cycles_between_modules_at_module_level():
+    edges: dict[str, set[str]] = {}
+    for i in IMPORTS:
+        if i.module_level and i.target in MODULES and i.target != i.module:
+            edges.setdefault(i.module, set()).add(i.target)
+    cycles = list(_cycles(edges))
+    detail = [
+        str(i) for i in IMPORTS
+        if i.module_level and any(i.module in c and i.target in c for c in cycles)
+    ]
+    assert not cycles, "module-level import cycles: " + "; ".join(" <-> ".join(c) for c in cycles) + (
+        "\n  " + "\n  ".join(detail)
+    )
+
+
+# -- test hygiene ------------------------------------------------------------------------------------
+
+TESTS = Path(__file__).resolve().parent
+
+
+def test_tests_that_register_backends_restore_the_registry():
+    """A fake model registered in the process-wide registry must not outlive its test."""
+    offenders = []
+    for path in sorted(TESTS.rglob("*.py")):
+        if path.name == "conftest.py" and path.parent == TESTS:
+            continue  # defines backend_registry itself
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            calls = any(
+                isinstance(c, ast.Call) and getattr(c.func, "id", getattr(c.func, "attr", None)) == "register_backend"
+                for c in ast.walk(node)
+            )
+            if calls and "backend_registry" not in [a.arg for a in node.args.args]:
+                offenders.append(f"{path.relative_to(TESTS)}:{node.lineno} {node.name}")
+    assert not offenders, "these call register_backend without the backend_registry fixture: " + ", ".join(offenders)
+
+
+def test_tiny_models_are_built_in_one_session_cache():
+    """Only tests/conftest.py points REFSIGHT_MODEL_CACHE somewhere: one build per model per session."""
+    others = [
+        str(path.relative_to(TESTS)) for path in TESTS.rglob("conftest.py")
+        if path.parent != TESTS and "REFSIGHT_MODEL_CACHE" in path.read_text("utf-8")
+    ]
+    assert not others, f"per-folder model caches rebuild the tiny models: {others}"
+
+
+# -- the package key is frozen --------------------------------------------------------------------
+
+#: The key derivation as of PACKAGE_FORMAT_VERSION 1. Stored packages are found by these keys:
+#: a change that moves them silently orphans every store on disk.
+GOLDEN_FORMAT_VERSION = 1
+GOLDEN_IMAGE_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+GOLDEN_KEY = "0eba6105f4d0a46cb5bd3c2ab31fd9834b1978627dc9bb2c630bfea9c788544c"
+GOLDEN_SCOPED_KEY = "689fbaf00a38502c660f357c2212ea3c7037a68859e93e6bd15348d688a3911f"  # scope "tenant-a"
+
+
+def _golden_fingerprint() -> EncoderFingerprint:
+    return EncoderFingerprint(
+        backend="hf",
+        model_id="Qwen/Qwen2-VL-2B-Instruct",
+        revision="895c3a49bc3fa70a340399125c650a463535e71c",
+        dtype="bfloat16",
+        preprocessing={"min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14, "merge_size": 2,
+                       "image_mean": [0.48145466, 0.4578275, 0.40821073]},
+    )
+
+
+def test_package_key_derivation_is_frozen():
+    keys = (
+        package_key(GOLDEN_IMAGE_SHA256, _golden_fingerprint()),
+        package_key(GOLDEN_IMAGE_SHA256, _golden_fingerprint(), "tenant-a"),
+    )
+    if PACKAGE_FORMAT_VERSION != GOLDEN_FORMAT_VERSION:
+        # A bumped format version must give new keys (old packages are then re-encoded, not misread).
+        assert keys[0] != GOLDEN_KEY and keys[1] != GOLDEN_SCOPED_KEY, (
+            f"PACKAGE_FORMAT_VERSION is {PACKAGE_FORMAT_VERSION} but the keys equal those of version "
+            f"{GOLDEN_FORMAT_VERSION}: the version no longer reaches the key"
+        )
+        pytest.skip(
+            f"PACKAGE_FORMAT_VERSION moved from {GOLDEN_FORMAT_VERSION} to {PACKAGE_FORMAT_VERSION}: record the new "
+            f"keys here (GOLDEN_FORMAT_VERSION = {PACKAGE_FORMAT_VERSION}, GOLDEN_KEY = {keys[0]!r}, "
+            f"GOLDEN_SCOPED_KEY = {keys[1]!r})"
+        )
+    assert keys == (GOLDEN_KEY, GOLDEN_SCOPED_KEY), (
+        "package_key() no longer derives the frozen keys, so every stored package would be orphaned. "
+        "If the change is intended, bump PACKAGE_FORMAT_VERSION in src/refsight/package.py "
+        f"(then record the new keys here); got {keys}"
+    )

@@ -1,0 +1,89 @@
+"""The config file (refsight.toml) and how the CLI merges it with flags."""
+
+from __future__ import annotations
+
+import pytest
+
+from refsight.backends.options import BackendOptions
+from refsight.cli import _backend_options, build_parser
+from refsight.errors import InvalidInputError
+from refsight.settings import CONFIG_NAME, load_settings
+
+CONFIG = """
+[backend]
+device = "cpu"
+dtype = "bfloat16"
+batch_size = 8
+
+[backend.processor_kwargs]
+do_normalize = true
+
+[models."tiny-qwen2-vl"]
+max_pixels = 12544
+dtype = "float32"
+
+[models."tiny-qwen2-vl".processor_kwargs]
+resample = 2
+"""
+
+
+def test_store_file_gives_backend_and_model_options(tmp_path):
+    (tmp_path / CONFIG_NAME).write_text(CONFIG)
+    settings = load_settings(tmp_path)
+    assert settings.path == tmp_path / CONFIG_NAME
+    assert settings.backend_options("tiny-smolvlm") == BackendOptions(
+        device="cpu", dtype="bfloat16", batch_size=8, processor_kwargs={"do_normalize": True}
+    )
+    assert settings.backend_options("tiny-qwen2-vl") == BackendOptions(
+        device="cpu", dtype="float32", batch_size=8, max_pixels=12544, processor_kwargs={"do_normalize": True, "resample": 2}
+    )
+
+
+def test_no_file_is_no_options(tmp_path):
+    assert load_settings(tmp_path).backend_options("any") == BackendOptions()
+    assert load_settings(None).path is None
+
+
+def test_explicit_file_wins_and_must_exist(tmp_path):
+    (tmp_path / CONFIG_NAME).write_text(CONFIG)
+    other = tmp_path / "other.toml"
+    other.write_text('[backend]\nattn = "eager"\n')
+    assert load_settings(tmp_path, other).backend_options("tiny-qwen2-vl") == BackendOptions(attn="eager")
+    with pytest.raises(InvalidInputError, match="missing.toml: no such config file"):
+        load_settings(tmp_path, tmp_path / "missing.toml")
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ('[backend]\ndevise = "cpu"\n', r"refsight.toml \[backend\]: devise: unknown option"),
+        ('[backend]\ndtype = "float64"\n', r"refsight.toml \[backend\] dtype 'float64'"),
+        ('[models."m"]\nmax_pixels = -3\n', r'refsight.toml \[models."m"\] max_pixels'),
+        ('[models."m"]\nbatch_size = "four"\n', r'refsight.toml \[models."m"\] batch_size'),
+        ("[backends]\n", r"refsight.toml: backends: unknown table"),
+        ("models = 3\n", r"refsight.toml models: must hold tables"),
+        ("[backend\n", r"refsight.toml: not valid TOML"),
+    ],
+)
+def test_bad_keys_and_values_name_file_and_key(tmp_path, text, match):
+    (tmp_path / CONFIG_NAME).write_text(text)
+    with pytest.raises(InvalidInputError, match=match):
+        load_settings(tmp_path)
+
+
+def test_cli_flags_override_the_file(tmp_path):
+    (tmp_path / CONFIG_NAME).write_text(CONFIG)
+    parser = build_parser()
+    args = parser.parse_args(["add", "x.png", "--store", str(tmp_path), "--model", "tiny-qwen2-vl", "--batch-size", "2",
+                              "--processor-kwarg", "do_rescale=false"])
+    assert _backend_options(args) == BackendOptions(
+        device="cpu", dtype="float32", batch_size=2, max_pixels=12544,
+        processor_kwargs={"do_normalize": True, "resample": 2, "do_rescale": False},
+    )
+    other = tmp_path / "cli.toml"
+    other.write_text('[backend]\ndevice = "cpu"\n')
+    args = parser.parse_args(["--config", str(other), "add", "x.png", "--store", str(tmp_path), "--dtype", "bfloat16"])
+    assert _backend_options(args) == BackendOptions(device="cpu", dtype="bfloat16")
+    # The global flag also works after the command.
+    args = parser.parse_args(["list", "--store", str(tmp_path), "--config", str(other)])
+    assert _backend_options(args) == BackendOptions(device="cpu")
