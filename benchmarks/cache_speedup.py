@@ -10,6 +10,8 @@ For R = 1 and 4 (at 448×448 by default), greedy, same prompt, in one run:
   with every image as pixels, every request); for a llama.cpp model, llama.cpp on
   its own (``mtmd_tokenize`` with every real bitmap + ``mtmd_helper_eval_chunks``,
   i.e. re-encoding every reference every request, as llama-server does).
+  For ``--model vllm:URL``, the plain vLLM way: every image sent to the server as a
+  PNG, every request.
 
 Reference side: ``reference_encode_ms`` (encode one reference) and
 ``reference_load_ms`` (load its package from disk), ``ref_side_ratio`` = their
@@ -24,6 +26,16 @@ timings are real, the text is not.
     python benchmarks/cache_speedup.py --model shape-qwen2-vl-2b [--device cuda --dtype bfloat16]
     python benchmarks/cache_speedup.py --model shape-qwen2-vl-2b-gguf
     python benchmarks/cache_speedup.py --model llamacpp:M.gguf --mmproj P.gguf
+    python benchmarks/cache_speedup.py --model vllm:http://127.0.0.1:8000 --size 112
+
+With ``vllm:`` the encoder runs here (``--threads``) and the language model in the
+server; pick ``--size`` on the model's patch grid and within its pixel bounds, so that
+vLLM's torchvision resize and refsight's PIL resize are both no-ops and the peer's
+tokens can be compared. Start that server without vLLM's own caches, or the fresh and
+peer requests (the same images again) are served from them::
+
+    refsight vllm-serve shape-qwen2-vl-2b-vllm --port 8000 \
+        --vllm-args "--no-enable-prefix-caching --mm-processor-cache-gb 0"
 """
 
 from __future__ import annotations
@@ -89,6 +101,32 @@ def _peer(backend, images: list, prompt: str, max_new_tokens: int) -> tuple[list
     if eos in tokens:
         tokens = tokens[: tokens.index(eos) + 1]
     return tokens, ms
+
+
+def _vllm_peer(backend, images: list, prompt: str, max_new_tokens: int) -> tuple[list[int], float]:
+    """The plain vLLM way: one OpenAI request with every image as a PNG (no refsight request code)."""
+    import base64
+    import io
+    import urllib.request
+
+    def part(image):
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()}}
+
+    began = time.perf_counter()
+    content = [*map(part, images[:-1]), {"type": "text", "text": "Compare the candidate"}, part(images[-1]), {"type": "text", "text": prompt}]
+    body = {
+        "model": backend.served_model, "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_new_tokens, "temperature": 0.0, "return_token_ids": True,
+    }
+    request = urllib.request.Request(
+        f"{backend.client.base_url}/v1/chat/completions", data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=3600) as response:
+        answer = json.loads(response.read())
+    return answer["choices"][0]["token_ids"], (time.perf_counter() - began) * 1000
 
 
 def _peer_llamacpp(backend, images: list, prompt: str, max_new_tokens: int) -> tuple[list[int], float]:
@@ -199,7 +237,8 @@ def main(argv: list[str] | None = None) -> dict:
             if llama:
                 peer_tokens, peer_ms = _peer_llamacpp(backend, [*refs[:r], candidate], prompt, mnt)
             else:
-                peer_tokens, peer_ms = _peer(backend, [i.image for i in (*refs[:r], candidate)], prompt, mnt)
+                peer = _vllm_peer if args.model.startswith("vllm:") else _peer
+                peer_tokens, peer_ms = peer(backend, [i.image for i in (*refs[:r], candidate)], prompt, mnt)
             inner = cached.timings_ms["encode"] + cached.timings_ms["generate"]
             runs.append(
                 {

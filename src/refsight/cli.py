@@ -440,6 +440,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--grace", type=float, default=600.0, metavar="SECONDS",
         help="leave rows and temp files younger than this alone: a write may still own them (default 600)",
     )
+    from .backends.vllm.cli import register_commands as add_vllm_commands  # vllm-env, vllm-serve
+
+    add_vllm_commands(add)
     return parser
 
 

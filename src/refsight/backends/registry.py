@@ -8,7 +8,8 @@ factory ``factory(name, **options) -> Backend``.
 
 Any name of the form ``hf:<hub id or local directory>`` loads a real Hugging Face
 model through :mod:`refsight.backends.hf`; ``llamacpp:<model.gguf>`` (option
-``mmproj=<mmproj.gguf>``) a GGUF model through :mod:`refsight.backends.llamacpp`.
+``mmproj=<mmproj.gguf>``) a GGUF model through :mod:`refsight.backends.llamacpp`;
+``vllm:http://HOST:PORT`` generates on a vLLM server through :mod:`refsight.backends.vllm`.
 """
 
 from __future__ import annotations
@@ -22,11 +23,16 @@ from ..errors import BackendError, RefsightError, UnknownModelError
 from ..package import canonical_json
 from .base import Backend
 
-__all__ = ["register_backend", "available_models", "get_backend", "resolve_factory", "HF_PREFIX", "LLAMACPP_PREFIX"]
+__all__ = [
+    "register_backend", "available_models", "get_backend", "resolve_factory", "HF_PREFIX", "LLAMACPP_PREFIX",
+    "VLLM_PREFIX",
+]
 
 HF_PREFIX = "hf:"
 #: ``llamacpp:<model.gguf>`` (with the option ``mmproj=<mmproj.gguf>``) loads a GGUF VLM through llama.cpp.
 LLAMACPP_PREFIX = "llamacpp:"
+#: ``vllm:http://HOST:PORT`` generates on a vLLM OpenAI server (refsight encodes).
+VLLM_PREFIX = "vllm:"
 
 _BUILTINS: dict[str, str] = {
     "toy": "refsight.backends.toy:ToyBackend",
@@ -41,6 +47,10 @@ _BUILTINS: dict[str, str] = {
     "tiny-qwen2.5-vl-gguf": "refsight.backends.llamacpp:load_builtin",
     "tiny-smolvlm-gguf": "refsight.backends.llamacpp:load_builtin",
     "shape-qwen2-vl-2b-gguf": "refsight.backends.llamacpp:load_builtin",
+    "tiny-qwen2-vl-vllm": "refsight.backends.vllm.tiny:load_tiny_vllm",
+    "tiny-qwen2.5-vl-vllm": "refsight.backends.vllm.tiny:load_tiny_vllm",
+    "tiny-qwen3-vl-vllm": "refsight.backends.vllm.tiny:load_tiny_vllm",
+    "shape-qwen2-vl-2b-vllm": "refsight.backends.vllm.tiny:load_tiny_vllm",
 }
 _registered: dict[str, str | Callable[..., Backend]] = {}
 _instances: dict[tuple[str, str], Backend] = {}
@@ -70,6 +80,8 @@ def resolve_factory(name: str) -> Callable[..., Backend]:
         target = "refsight.backends.hf:load_hf_backend"
     if target is None and name.startswith(LLAMACPP_PREFIX) and len(name) > len(LLAMACPP_PREFIX):
         target = "refsight.backends.llamacpp:load_llamacpp_backend"
+    if target is None and name.startswith(VLLM_PREFIX) and len(name) > len(VLLM_PREFIX):
+        target = "refsight.backends.vllm.backend:load_vllm_backend"
     if target is None:
         raise UnknownModelError(name, available_models())
     if callable(target):

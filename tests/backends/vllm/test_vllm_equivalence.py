@@ -1,0 +1,152 @@
+"""Cached packages through vLLM == vLLM's own pixel path, token for token.
+
+For tiny Qwen2-VL, Qwen2.5-VL and Qwen3-VL on a real vLLM server (CPU):
+
+(a) cached: references encoded by refsight, stored in a ``refsight.store``, loaded
+back with ``.get(key)`` in a NEW process and sent to vLLM as ``image_embeds`` (+ grid;
+deepstack concatenated for Qwen3-VL) beside a fresh candidate;
+(b) vLLM's pixel path: the same prompt sent straight to the server with every image
+as a PNG, by code independent of refsight's (``vllm_helpers.pixel_tokens``).
+
+Greedy tokens must be identical, with 1 and 3 references in two layouts.
+
+The photos here already sit on the processor's patch grid: refsight's encoder resizes
+with PIL, vLLM's processor with torchvision, and the two bicubic kernels differ in the
+last bits, so an independent client sending raw off-grid pixels would compare resize
+kernels, not the cache. refsight's own pixel path resizes with PIL before sending
+(vLLM's resize is then a no-op): ``test_no_cache_path_...`` proves it equal to the
+cached path on off-grid photos.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_helpers import MAX_NEW_TOKENS, VLLM_FAMILIES, pixel_tokens
+
+pytestmark = pytest.mark.vllm
+
+REFS = ("chelsea", "coffee", "astronaut")
+CANDIDATE = "rocket"
+WORKER = Path(__file__).with_name("_vllm_cached_worker.py")
+
+
+def layout(n_refs: int) -> list[list[tuple]]:
+    """Two prompts, references in different places relative to text and the candidate."""
+    refs = [("ref", i) for i in range(n_refs)]
+    return [
+        [*refs, ("text", "Compare the candidate"), ("cand",), ("text", " with the references. Same colour?")],
+        [("text", "Describe"), *refs, ("text", " and"), ("cand",)],
+    ]
+
+
+@pytest.fixture(scope="module", params=VLLM_FAMILIES)
+def served(request, vllm_servers):
+    """(tiny model name, its running server with pixels allowed)."""
+    return request.param, vllm_servers.get(request.param, 8)
+
+
+@pytest.fixture(scope="module")
+def grid_photos(served, photos):
+    """The test photos resized onto the family's grid (multiples of patch × merge, within the pixel bounds)."""
+    from PIL import Image
+
+    from refsight.images import load_image
+
+    factor = 32 if "qwen3" in served[0] else 28
+    shapes = {"chelsea": (4, 3), "coffee": (3, 2), "astronaut": (3, 3), "rocket": (2, 4)}
+    return {
+        name: load_image(photos[name].image.resize((w * factor, h * factor), Image.BICUBIC), name=name)
+        for name, (w, h) in shapes.items()
+    }
+
+
+@pytest.fixture(scope="module")
+def cached(served, grid_photos, tmp_path_factory):
+    """Encode and store the references here; run the cached path in a new process."""
+    from refsight.backends.registry import get_backend
+    from refsight.store import open_store
+
+    name, server = served
+    model = f"vllm:{server.url}"
+    tmp = tmp_path_factory.mktemp("vllm-equivalence")
+    candidate_png = tmp / "candidate.png"
+    grid_photos[CANDIDATE].image.save(candidate_png)
+    packages = get_backend(model).encode([grid_photos[r] for r in REFS])
+    with open_store(tmp / "store") as store:
+        for package in packages:
+            store.packages.put(package)
+    keys = [p.key for p in packages]
+    cases = []
+    for n in (1, 3):
+        rows = [
+            [
+                {"text": s[1]} if s[0] == "text" else {"ref": keys[s[1]]} if s[0] == "ref" else {"image": str(candidate_png)}
+                for s in row
+            ]
+            for row in layout(n)
+        ]
+        cases.append({"id": str(n), "rows": rows, "max_new_tokens": MAX_NEW_TOKENS})
+    spec, out = tmp / "spec.json", tmp / "out.json"
+    spec.write_text(json.dumps({"store": str(tmp / "store"), "model": model, "cases": cases, "out": str(out)}))
+    proc = subprocess.run([sys.executable, str(WORKER), str(spec)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def _pixel_row(row: list[tuple], photos) -> list:
+    return [s[1] if s[0] == "text" else photos[REFS[s[1]]].image if s[0] == "ref" else photos[CANDIDATE].image for s in row]
+
+
+@pytest.mark.parametrize("n_refs", [1, 3])
+def test_cached_packages_from_disk_in_new_process_equal_vllm_pixel_path(served, cached, grid_photos, n_refs):
+    _, server = served
+    result = cached[str(n_refs)]
+    for row, tokens in zip(layout(n_refs), result["tokens"]):
+        assert tokens  # up to MAX_NEW_TOKENS, ending early at <|im_end|>
+        assert tokens == pixel_tokens(server.url, _pixel_row(row, grid_photos))
+    assert all(result["random_weights"])
+
+
+def test_only_candidates_are_encoded_by_refsight_in_new_process(cached):
+    # One candidate per prompt, two prompts: the stored references are never re-encoded.
+    assert [cached[n]["preprocessed"] for n in ("1", "3")] == [2, 2]
+
+
+def test_no_cache_path_sends_pixels_and_gives_the_same_tokens(served, photos):
+    """Off-grid photos, every image an ImageInput (what --no-cache passes): vLLM gets pixels,
+    refsight encodes nothing, and the tokens equal those from refsight's packages."""
+    from refsight.backends.base import GenerationRequest
+    from refsight.backends.registry import get_backend
+
+    _, server = served
+    backend = get_backend(f"vllm:{server.url}")
+    packages = dict(zip(REFS, backend.encode([photos[r] for r in REFS])))
+
+    def rows(ref):
+        return [[s[1] if s[0] == "text" else ref(REFS[s[1]]) if s[0] == "ref" else photos[CANDIDATE] for s in row] for row in layout(3)]
+
+    calls = []
+    original = backend.encoder.preprocess
+    backend.encoder.preprocess = lambda images: calls.append(len(images)) or original(images)
+    try:
+        fresh = backend.generate([GenerationRequest(row, max_new_tokens=MAX_NEW_TOKENS) for row in rows(photos.get)])
+        assert calls == []  # pixels went to vLLM; refsight's encoder never ran
+        cached = backend.generate([GenerationRequest(row, max_new_tokens=MAX_NEW_TOKENS) for row in rows(packages.get)])
+        assert calls == [2]  # only the two candidates, in one batch
+    finally:
+        backend.encoder.preprocess = original
+    assert [g.token_ids for g in fresh] == [g.token_ids for g in cached]
+
+
+def test_fingerprint_is_the_hf_encoders(served):
+    """Same weights, same preprocessing: vllm: and the HF backend share package keys."""
+    from refsight.backends.registry import get_backend
+
+    name, server = served
+    assert get_backend(f"vllm:{server.url}").fingerprint() == get_backend(name).fingerprint()

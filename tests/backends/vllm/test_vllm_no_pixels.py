@@ -1,0 +1,52 @@
+"""Cached references reach vLLM as embeddings only: its vision encoder never runs for them.
+
+The server here is started with an image limit of 0: vLLM then handles images as
+embeddings only and does not build its vision encoder at all (its log says so), and
+it refuses any request that carries pixels. refsight's cached path (references from
+the store, the candidate encoded by refsight) still works on it, and gives the same
+tokens as the pixel path of a server of the same weights that may take pixels.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+MODEL = "tiny-qwen2-vl-vllm"
+PROMPT = "Same colour?"
+
+
+@pytest.fixture(scope="module")
+def images(photos, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("vllm-no-pixels")
+    for name in photos:
+        photos[name].image.save(tmp / f"{name}.png")
+    return tmp
+
+
+def test_embeddings_only_server_loads_no_vision_encoder(vllm_servers):
+    server = vllm_servers.get(MODEL, 0)
+    assert "modalities handled as embedding-only: ('video', 'image')" in server.log.read_text()
+
+
+def test_cached_references_need_no_pixels_and_match_the_pixel_path(vllm_servers, images, tmp_path):
+    from refsight import Engine
+    from refsight.errors import GenerationError
+
+    no_pixels = vllm_servers.get(MODEL, 0)
+    kwargs = dict(ref_ids=["chelsea", "coffee", "astronaut"], candidate=images / "rocket.png", max_new_tokens=8)
+    with Engine(tmp_path / "store", model=f"vllm:{no_pixels.url}") as engine:
+        for name in ("chelsea", "coffee", "astronaut"):
+            engine.add(images / f"{name}.png", ref_id=name)
+        cached = engine.generate(PROMPT, **kwargs)
+        assert cached.references_cached == [True, True, True, False]
+        # The same request with pixels (--no-cache) is refused by this server: the cached
+        # path above therefore sent none.
+        with pytest.raises(GenerationError, match="At most 0 image"):
+            engine.generate(PROMPT, use_cache=False, **kwargs)
+    pixels = vllm_servers.get(MODEL, 8)
+    # Same weights, same encoder fingerprint: the same store serves the other server.
+    with Engine(tmp_path / "store", model=f"vllm:{pixels.url}") as engine:
+        fresh = engine.generate(PROMPT, use_cache=False, **kwargs)
+    assert cached.tokens == fresh.tokens
