@@ -11,6 +11,12 @@ Codes, by status::
     401 unauthorized          403 forbidden         404 not_found, reference_not_found, model_not_found
     405 method_not_allowed    413 body_too_large    415 unsupported_media_type
     422 validation_error      429 overloaded        500 internal_error, backend_error, store_error
+
+The OpenAI-compatible routes (:data:`OPENAI_PATHS`) answer in OpenAI's error shape so the
+OpenAI SDKs raise their own typed exceptions: the same ``code`` and ``message`` plus
+``type`` (``invalid_request_error``, ``authentication_error`` ...) and ``param`` (the
+request field at fault, or null), and a request that does not match the schema is a 400
+there (OpenAI's status), not a 422.
 """
 
 from __future__ import annotations
@@ -50,6 +56,8 @@ __all__ = [
     "install_error_handlers",
     "CatchAllMiddleware",
     "ERROR_RESPONSES",
+    "OPENAI_PATHS",
+    "openai_error_body",
 ]
 
 log = logging.getLogger("refsight.server")
@@ -70,14 +78,44 @@ _STATUS_CODES = {
 
 
 class ApiError(Exception):
-    """An error meant for the client: HTTP ``status``, stable ``code``, human ``message``."""
+    """An error meant for the client: HTTP ``status``, stable ``code``, human ``message``.
 
-    def __init__(self, status: int, code: str, message: str, *, headers: dict[str, str] | None = None) -> None:
+    ``param`` names the request field at fault (shown by the OpenAI-compatible routes).
+    """
+
+    def __init__(
+        self, status: int, code: str, message: str, *, headers: dict[str, str] | None = None, param: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.headers = headers or {}
+        self.param = param
+
+
+#: Route prefixes that answer errors in the OpenAI shape.
+OPENAI_PATHS = ("/v1/chat/", "/v1/models")
+
+#: OpenAI's error ``type`` per HTTP status (anything else 4xx: invalid_request_error).
+_OPENAI_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+}
+
+
+def openai_error_body(status: int, code: str, message: str, param: str | None = None) -> dict[str, Any]:
+    """The OpenAI error shape: ``{"error": {"message", "type", "param", "code"}}``."""
+    kind = "server_error" if status >= 500 else _OPENAI_TYPES.get(status, "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def _respond(request: Request, status: int, code: str, message: str, headers=None, param: str | None = None) -> JSONResponse:
+    if request.url.path.startswith(OPENAI_PATHS):
+        return JSONResponse(openai_error_body(status, code, message, param), status_code=status, headers=headers)
+    return error_response(status, code, message, headers)
 
 
 def error_body(code: str, message: str) -> dict[str, Any]:
@@ -138,6 +176,12 @@ def from_refsight(error: RefsightError) -> ApiError:
     return ApiError(status, code, str(error))
 
 
+def _param_of(error: RefsightError) -> str | None:
+    # An InvalidInputError names its input; only a field name (a short string) is a param.
+    named = getattr(error, "input", None)
+    return named if isinstance(named, str) and len(named) <= 80 else None
+
+
 def _validation_message(exc: RequestValidationError) -> str:
     parts = []
     for err in exc.errors()[:5]:
@@ -151,7 +195,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc.status, exc.code, exc.message, exc.headers)
+        return _respond(request, exc.status, exc.code, exc.message, exc.headers, exc.param)
 
     @app.exception_handler(RefsightError)
     async def _refsight_error(request: Request, exc: RefsightError) -> JSONResponse:
@@ -159,10 +203,15 @@ def install_error_handlers(app: FastAPI) -> None:
         if api.status >= 500:
             # The details stay in the server log; the client gets the generic message.
             log.error("%s %s failed: %s", request.method, request.url.path, exc, exc_info=exc)
-        return error_response(api.status, api.code, api.message)
+        return _respond(request, api.status, api.code, api.message, param=_param_of(exc) if api.status < 500 else None)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        if request.url.path.startswith(OPENAI_PATHS):
+            # OpenAI answers a malformed request with 400 and names the field.
+            first = (exc.errors() or [{}])[0]
+            param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+            return _respond(request, 400, "invalid_input", _validation_message(exc), param=param)
         return error_response(422, "validation_error", _validation_message(exc))
 
     @app.exception_handler(StarletteHTTPException)
@@ -173,12 +222,12 @@ def install_error_handlers(app: FastAPI) -> None:
             message = f"no such endpoint: {request.method} {request.url.path}"
         if exc.status_code == 405:
             message = f"method {request.method} is not allowed on {request.url.path}"
-        return error_response(exc.status_code, code, message, getattr(exc, "headers", None))
+        return _respond(request, exc.status_code, code, message, getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.error("%s %s crashed", request.method, request.url.path, exc_info=exc)
-        return error_response(500, "internal_error", "internal server error")
+        return _respond(request, 500, "internal_error", "internal server error")
 
 
 class CatchAllMiddleware:
