@@ -259,6 +259,10 @@ class CatchAllMiddleware:
             log.error("%s %s crashed", scope.get("method"), scope.get("path"), exc_info=exc)
             if started:  # too late for a clean answer: let the server close the connection
                 raise
+            if str(scope.get("path", "")).startswith(OPENAI_PATHS):
+                body = openai_error_body(500, "internal_error", "internal server error")
+                await JSONResponse(body, status_code=500)(scope, receive, send)
+                return
             await error_response(500, "internal_error", "internal server error")(scope, receive, send)
 
 
