@@ -37,8 +37,7 @@ from typing import Any, AsyncIterator, Literal
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from .. import InvalidInputError, ReferenceSegment
-from ..backends.sampling import Sampling, unsupported_fields
+from .. import InvalidInputError, ReferenceSegment, Sampling
 from .auth import require_tenant
 from .bodies import decode_data_url
 from .errors import ERROR_RESPONSES, ApiError, from_refsight, openai_error_body
@@ -234,7 +233,7 @@ def _check_request(body: ChatRequest, service: Any, max_limit: int) -> tuple[int
     except InvalidInputError as e:
         raise ApiError(400, "invalid_input", str(e), param=str(e.input)) from None
     backend = service.engine.backend()
-    refused = unsupported_fields(sampling, backend.sampling_fields)
+    refused = [name for name in sampling.non_default() if name not in backend.sampling_fields]
     if refused:
         raise ApiError(
             400, "unsupported", f"{refused[0]}: the served backend ({service.model}) does not support it", param=refused[0]
