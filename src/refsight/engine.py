@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -27,8 +27,8 @@ from typing import Any
 from .backends.base import ROLES, Backend, GenerationRequest
 from .backends.sampling import Sampling, unsupported_fields
 from .backends.options import BackendOptions
-from .drift import DriftReport
 from .config import default_model, default_store_dir
+from .drift import DriftReport
 from .errors import InvalidInputError
 from .images import ImageInput, ImageSource, IntakeLimits, load_image
 from .maintenance import Maintenance
@@ -49,6 +49,7 @@ from .retrieval.embedders import Embedder
 from .retrieval.store_index import StoreIndex
 from .settings import Settings, load_settings
 from .store import DEFAULT_NAMESPACE, Reference, Store, open_store
+from .timing import StageTimer, elapsed_ms, progress_bar
 
 __all__ = ["Engine", "PackageState", "ReferenceSegment"]
 
@@ -260,7 +261,7 @@ class Engine:
         timings = {k: round(v, 3) for k, v in generation.timings_ms.items()}
         timings["encode"] = round(timings.get("encode", 0.0) + encode_ms, 3)
         timings["reference_load"] = round(load_ms, 3)
-        timings["total"] = _ms(start)
+        timings["total"] = elapsed_ms(start)
         finish = generation.finish_reason or ("length" if len(generation.token_ids) >= max_new_tokens else "stop")
         # Image tokens pair with the images in order; a backend that does not count them reports none.
         image_tokens = list(generation.image_tokens)
@@ -324,7 +325,7 @@ class Engine:
         if unknown:
             raise InvalidInputError("attributes", f"unknown sources {sorted(unknown)}; use {', '.join(SIDECAR_SOURCES)}")
         backend, scope = self.backend(model), self.scope(namespace)
-        timer = _Timer()
+        timer = StageTimer()
         image = load_image(candidate, limits=self.limits, name=source_label(candidate))
         recalled: list[dict[str, Any]] = []
         if top_k is not None:
@@ -377,9 +378,7 @@ class Engine:
     def stats(self, *, namespace: str | None = None, tenant_view: bool = False, all_namespaces: bool = False) -> StoreStats:
         """Cache statistics (``tenant_view``: only the namespace's packages, no store-wide counters;
         ``all_namespaces``: references counted across every namespace)."""
-        return self.maintenance.stats(
-            namespace=None if all_namespaces else self._ns(namespace), tenant_view=tenant_view
-        )
+        return self.maintenance.stats(namespace=None if all_namespaces else self._ns(namespace), tenant_view=tenant_view)
 
     def verify(self, *, repair: bool = False, model: str | None = None) -> VerifyReport:
         """Check every package; with ``repair``, re-encode corrupt ones from the kept images with ``model``."""
@@ -401,39 +400,12 @@ class Engine:
         namespace = self._ns(namespace)
         return self.maintenance.reencode(backend=self.backend(model), namespace=namespace, scope=self.scope(namespace))
 
-    def gc(self) -> dict[str, int]:
-        """Remove orphan files and stale temp files from the store (counts by kind)."""
-        return self.maintenance.gc()
+    def gc(self, **options: Any) -> dict[str, int]:
+        """Remove what interrupted writes left in the store (see :meth:`refsight.store.Store.gc`); returns counts."""
+        return self.store.gc(**options)
 
-    @contextmanager
-    def _progress_bar(self, total: int, description: str) -> Iterator[Any]:
-        from tqdm import tqdm
-
-        # Only worth a bar for several images; it goes to stderr so --json stays clean.
-        with tqdm(total=total, desc=description, unit="img", disable=not self.progress or total < 2, leave=False) as bar:
-            yield bar
-
-
-class _Timer:
-    """Milliseconds per named stage of a pipeline, plus the total since it was made."""
-
-    def __init__(self) -> None:
-        self._start = time.perf_counter()
-        self.timings: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, stage: str) -> Iterator[None]:
-        clock = time.perf_counter()
-        yield
-        self.timings[stage] = _ms(clock)
-
-    def done(self) -> dict[str, float]:
-        """The stage timings and ``total``."""
-        return {**self.timings, "total": _ms(self._start)}
-
-
-def _ms(since: float) -> float:
-    return round((time.perf_counter() - since) * 1000, 3)
+    def _progress_bar(self, total: int, description: str) -> AbstractContextManager[Any]:
+        return progress_bar(total, description, enabled=self.progress)
 
 
 def _chat_turns(

@@ -13,6 +13,8 @@ import io
 from pathlib import Path
 from typing import Any, Mapping
 
+from .terminal import escape_controls
+
 __all__ = ["format_comparison", "write_comparison_report", "render_comparison_report"]
 
 def format_comparison(data: dict[str, Any]) -> str:
@@ -25,11 +27,13 @@ def format_comparison(data: dict[str, Any]) -> str:
     for result in data["results"]:
         cached = "from cache" if result["reference_cached"] else "encoded now"
         lines.append(f"\n{result['ref_id']}  score {result['score']:.2f}  ({cached})")
-        width = max([len(c["criterion"]) for c in result["criteria"]] + [9])
-        for c in result["criteria"]:
+        # Criteria and evidence are user and model text: one line each, controls escaped.
+        shown = [(escape_controls(c["criterion"]), escape_controls(str(c["evidence"]))) for c in result["criteria"]]
+        width = max([len(text) for text, _ in shown] + [9])
+        for c, (text, evidence) in zip(result["criteria"], shown):
             lines.append(
-                f"  {c['criterion']:<{width}}  {c['verdict']:<9} {c['confidence']:.2f}  "
-                f"[{c['source']}]  {c['evidence']}"
+                f"  {text:<{width}}  {c['verdict']:<9} {c['confidence']:.2f}  "
+                f"[{c['source']}]  {evidence}"
             )
     timings = ", ".join(f"{k} {v:.0f} ms" for k, v in data["timings_ms"].items())
     lines.append(f"\ntimings: {timings}")

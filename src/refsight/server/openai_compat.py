@@ -41,6 +41,7 @@ from .. import InvalidInputError, ReferenceSegment, Sampling
 from .auth import require_tenant
 from .bodies import decode_data_url
 from .errors import ERROR_RESPONSES, ApiError, from_refsight, openai_error_body
+from .prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
 from .streaming import SSE_DONE, EventStreamResponse, Finished, sse_event, stream_in_pool
 
 __all__ = ["router", "ChatRequest", "messages_to_segments", "REF_URL_PREFIX", "IGNORED_FIELDS"]
@@ -201,7 +202,25 @@ def _json_schema(fmt: ResponseFormat | None) -> dict[str, Any] | None:
             400, "invalid_input", "response_format.json_schema.schema: a json_schema format needs a schema",
             param="response_format",
         )
-    return fmt.json_schema.schema_
+    schema = fmt.json_schema.schema_
+    _check_schema(schema)
+    return schema
+
+
+def _check_schema(schema: dict[str, Any]) -> None:
+    """400 naming the problem when ``schema`` is not a valid JSON Schema (checked against its meta-schema)."""
+    from jsonschema import SchemaError
+    from jsonschema.validators import validator_for
+
+    try:
+        validator_for(schema).check_schema(schema)
+    except SchemaError as e:
+        where = "/".join(str(p) for p in e.absolute_path) or "(root)"
+        raise ApiError(
+            400, "invalid_input",
+            f"response_format.json_schema.schema: not a valid JSON Schema at {where}: {e.message[:300]}",
+            param="response_format",
+        ) from None
 
 
 def _check_request(body: ChatRequest, service: Any, max_limit: int) -> tuple[int, Sampling]:
@@ -274,6 +293,12 @@ async def chat_completions(body: ChatRequest, request: Request, namespace: str =
     pool = request.app.state.pool
     max_new_tokens, sampling = _check_request(body, service, config.max_new_tokens)
     json_schema = _json_schema(body.response_format)
+    # Before any model work: a character bound on the event loop, then the tokenizer's
+    # count in the shared thread pool (never in a model worker).
+    texts = prompt_texts(body.messages)
+    check_prompt_chars(texts, config.max_prompt_tokens)
+    backend = service.engine.backend()
+    await pool.run_light(check_prompt_tokens, texts, config.max_prompt_tokens, backend.count_text_tokens)
     completion_id = f"chatcmpl-{uuidlib.uuid4().hex}"
     created = int(time.time())
 
