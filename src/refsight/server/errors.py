@@ -25,6 +25,7 @@ there (OpenAI's status), not a 422.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from typing import Any
@@ -63,6 +64,7 @@ __all__ = [
     "CatchAllMiddleware",
     "ERROR_RESPONSES",
     "OPENAI_PATHS",
+    "OpenAIErrorShapeMiddleware",
     "openai_error_body",
 ]
 
@@ -264,6 +266,57 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.error("%s %s crashed", request.method, request.url.path, exc_info=exc)
         return _respond(request, 500, "internal_error", "internal server error")
+
+
+class OpenAIErrorShapeMiddleware:
+    """ASGI middleware: on :data:`OPENAI_PATHS`, every JSON error body gets OpenAI's ``type`` and ``param``.
+
+    Route handlers already answer in that shape; this catches the errors that middlewares
+    answer before any route runs (the auth gate, body size, JSON depth), so a client of
+    the OpenAI SDK sees one shape whatever refused its request.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not str(scope.get("path", "")).startswith(OPENAI_PATHS):
+            await self.app(scope, receive, send)
+            return
+        held: dict[str, Any] = {}
+        chunks: list[bytes] = []
+
+        async def shaping_send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                content_type = dict(message.get("headers") or []).get(b"content-type", b"")
+                if message["status"] >= 400 and content_type.startswith(b"application/json"):
+                    held["start"] = message  # an error: hold it until its body is complete
+                    return
+                await send(message)
+                return
+            if "start" not in held or message["type"] != "http.response.body":
+                await send(message)
+                return
+            chunks.append(message.get("body", b""))
+            if message.get("more_body", False):
+                return
+            body = b"".join(chunks)
+            try:
+                data = json.loads(body)
+                error = data["error"]
+                if isinstance(error, dict) and "code" in error and "message" in error:
+                    error.setdefault("type", openai_error_body(held["start"]["status"], "", "")["error"]["type"])
+                    error.setdefault("param", None)
+                    body = json.dumps(data).encode()
+            except (ValueError, KeyError, TypeError):
+                pass  # not an error body of ours: pass it on unchanged
+            start = dict(held.pop("start"))
+            start["headers"] = [(k, v) for k, v in start.get("headers") or [] if k.lower() != b"content-length"]
+            start["headers"].append((b"content-length", str(len(body)).encode()))
+            await send(start)
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+
+        await self.app(scope, receive, shaping_send)
 
 
 class CatchAllMiddleware:
