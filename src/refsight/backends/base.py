@@ -121,7 +121,11 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def generate(self, requests: Sequence[GenerationRequest], *, return_logits: bool = False) -> list[Generation]:
-        """Greedy generation for a batch of requests (one result per request, same order)."""
+        """Generation for a batch of requests (one result per request, same order).
+
+        Greedy unless a request's ``sampling`` says otherwise; a backend honours only the
+        fields in :attr:`sampling_fields` (callers refuse the others before asking).
+        """
 
     def generate_stream(
         self, request: GenerationRequest, *, on_text: TextCallback, stop_event: threading.Event | None = None

@@ -4,7 +4,8 @@
 loading through ``from_pretrained`` (hub id or local directory) on the chosen
 device, dtype and attention implementation; the revision (a hub commit, or the
 content hash of a local checkpoint: :mod:`.revision`); the fingerprint; batched
-encoding; and greedy generation through transformers' seam for precomputed
+encoding; and generation (greedy by default; sampling, stop strings, streaming and
+cancellation through :mod:`.decoding`) through transformers' seam for precomputed
 features (``mm_encoder_outputs``), so a cached reference runs no vision tower and
 no image processor. A family subclass (``qwen2_vl.py``, ``qwen3_vl.py``,
 ``smolvlm.py``) knows only its own package contents, its placeholder layout and
@@ -477,7 +478,7 @@ class HFBackend(Backend):
     # ----------------------------------------------------------------- generate
 
     def generate(self, requests: Sequence[GenerationRequest], *, return_logits: bool = False) -> list[Generation]:
-        """Greedy generation for a batch; cached packages skip the vision tower entirely.
+        """Generation for a batch (greedy unless ``sampling`` says otherwise); cached packages skip the vision tower.
 
         Fresh images are encoded first with :meth:`encode` (the same code as for
         references) and then take the same ``mm_encoder_outputs`` seam. Requests
