@@ -266,3 +266,24 @@ def test_openai_error_types(make_server):
     assert info.value.body["param"].startswith("messages")
     models = sdk(live).models.list().data
     assert [(m.id, m.model_extra["random_weights"]) for m in models] == [("toy", True)]
+
+
+def test_a_client_that_leaves_during_the_prefill_stops_generation_too(tiny):
+    """Before the first token no byte has been sent; a disconnect then is noticed once the stream starts."""
+    import httpx
+
+    backend = tiny.service.engine.backend()
+    with Recorder(backend) as rec:
+        recorded = backend.generate_stream
+
+        def slow_prefill(request, **kw):
+            time.sleep(1.5)  # a long prompt on a big model: the client gives up meanwhile
+            return recorded(request, **kw)
+
+        backend.generate_stream = slow_prefill
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{tiny.url}/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=httpx.Timeout(30, read=0.4),
+                       json={"model": MODEL, "messages": ASK, "max_tokens": 1000, "stream": True})
+        assert rec.finished.wait(30)
+    generation = rec.generations[0]
+    assert generation.finish_reason == "cancelled" and len(generation.token_ids) <= 2, generation.token_ids
