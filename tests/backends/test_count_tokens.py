@@ -23,3 +23,14 @@ def test_the_default_is_a_cheap_estimate():
     assert toy.count_text_tokens("") == 0
     assert toy.count_text_tokens("abcd") == 1 and toy.count_text_tokens("abcde") == 2
     assert toy.count_text_tokens("猫" * 4) == 3  # UTF-8 bytes, not characters
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen2-vl-gguf", "tiny-smolvlm-gguf"])
+def test_the_llamacpp_backend_counts_with_its_vocabulary(name):
+    pytest.importorskip("llama_cpp")
+    from refsight.backends.registry import get_backend
+
+    backend = get_backend(name)
+    text = "Compare the candidate image with the reference images."
+    assert backend.count_text_tokens(text) == len(backend.runtime.tokenize(text, False)) > 0
+    assert backend.count_text_tokens("") == 0
