@@ -46,6 +46,10 @@ def __getattr__(name: str):
         from .backends.options import BackendOptions
 
         return BackendOptions
+    if name == "Sampling":
+        from .backends.sampling import Sampling
+
+        return Sampling
     if name == "open_store":
         from .store import open_store
 
@@ -68,6 +72,7 @@ __all__ = [
     "ReferenceSegment",
     "PackageState",
     "BackendOptions",
+    "Sampling",
     "available_models",
     "open_store",
     "AddResult",

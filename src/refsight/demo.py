@@ -60,11 +60,26 @@ def _strip(result: dict[str, Any]) -> list[dict[str, Any]]:
     return [{k: v for k, v in r.items() if k != "reference_cached"} for r in result["results"]]
 
 
+def browse_hint(store: str | None, model: str) -> str:
+    """The command line that serves the demo's references, and where to open them."""
+    from .config import default_model
+
+    flags = "" if store is None else f" --store {store}"
+    flags += "" if model == default_model() else f" --model {model}"
+    return f"refsight serve{flags}, then open http://127.0.0.1:8000/"
+
+
 def run_demo(
     *, store: str | None = None, model: str | None = None, as_json: bool = False, report: str | None = None
 ) -> int:
-    """Run the demo; returns the exit code. ``store`` keeps the demo's store (default: a temp dir)."""
+    """Run the demo; returns the exit code.
+
+    The references go to ``store`` (default: the user's default store, the one every
+    command and ``refsight serve`` use), so they stay to be browsed, and a second run
+    finds them all cached.
+    """
     from . import Engine
+    from .config import default_store_dir
     from .report import format_comparison
     from .samples import sample_paths
 
@@ -79,8 +94,10 @@ def run_demo(
                 "RANDOM weights: its verdict text is meaningless. Timings, caching and the ImageNet attribute "
                 "sidecar (real EfficientNet-Lite0 weights) are real.\n"
             )
+    # Only the candidate photo is scratch; the references stay in the user's store.
     scratch = Path(tempfile.mkdtemp(prefix="refsight-demo-"))
-    store_dir = Path(store) if store else scratch / "store"
+    store_dir = Path(store) if store else default_store_dir()
+    say(f"References are kept in your store: {store_dir} (later runs find them cached).\n")
     try:
         photos = sample_paths()
         with Engine(store_dir, model=model, progress=not as_json) as engine:
@@ -94,7 +111,7 @@ def run_demo(
                     say(f"   {row['ref_id']:<14} {state:<20} {row['bytes'] / 1024:.0f} KiB package")
 
             say('\n2. Text search "a tabby cat" (real offline embedder, no VLM):')
-            found = engine.search("a tabby cat", k=3)
+            found = engine.search("a tabby cat", k=3).to_dict()
             for hit in found["results"]:
                 say(f"   {hit['score']:.3f}  {hit['ref_id']}")
 
@@ -114,7 +131,7 @@ def run_demo(
                 candidate, criteria=DEMO_RUBRIC, ref_ids=ref_ids, evidence_max_chars=DEMO_EVIDENCE_CHARS
             ).to_dict()
             say("\n" + format_comparison(cached))
-            stats = engine.stats()
+            stats = engine.stats().to_dict()
 
         same = _strip(fresh) == _strip(cached)
         saved = fresh["timings_ms"]["reference_load"] - cached["timings_ms"]["reference_load"]
@@ -129,6 +146,8 @@ def run_demo(
             "verdicts_identical": same,
             "stats": stats,
             "seconds": round(time.perf_counter() - started, 1),
+            "store": str(store_dir),
+            "browse": browse_hint(store, model),
         }
         say(
             f"\nReferences re-encoded (today's way): {fresh['timings_ms']['reference_load']:.0f} ms; "
@@ -146,6 +165,7 @@ def run_demo(
             write_comparison_report(report, cached, candidate=candidate, references=photos_by_id(added, photos))
             say(f"HTML report: {report}")
         say(f"Done in {summary['seconds']} s.")
+        say(f"Browse the references and chat with them: {summary['browse']}")
         if as_json:
             print(json.dumps(summary), flush=True)
         return 0 if same and summary["all_references_cached"] else 1

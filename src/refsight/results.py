@@ -75,7 +75,12 @@ class VerifyReport:
 
 @dataclass
 class GenerateResult:
-    """The answer of ``generate``: text, tokens and where the time went."""
+    """The answer of ``generate``: text, tokens and where the time went.
+
+    ``prompt_tokens`` counts the prompt (text and image tokens; 0 when the backend cannot
+    tell), ``cached_tokens`` the image tokens among them served from cached packages.
+    ``finish_reason``: ``"stop"``, ``"length"`` or ``"cancelled"``.
+    """
 
     text: str
     tokens: list[int]
@@ -83,6 +88,9 @@ class GenerateResult:
     random_weights: bool
     references_cached: list[bool]
     timings_ms: dict[str, float]
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    finish_reason: str = "stop"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields."""

@@ -43,7 +43,10 @@ def test_generate_from_cached_references_matches_the_fresh_path(tmp_path, real_p
     assert main(argv + ["--no-cache"]) == 0
     fresh = json.loads(capsys.readouterr().out)
 
-    assert set(cached) == {"text", "tokens", "model", "random_weights", "references_cached", "timings_ms"}
+    assert set(cached) == {
+        "text", "tokens", "model", "random_weights", "references_cached", "timings_ms", "prompt_tokens", "cached_tokens",
+        "finish_reason",
+    }
     assert cached["random_weights"] is True and cached["model"] == "tiny-qwen2-vl"
     assert cached["references_cached"] == [True, True, False]  # two references, then the fresh candidate
     assert fresh["references_cached"] == [False, False, False]

@@ -79,7 +79,10 @@ def assert_error(response: httpx.Response, status: int, code: str) -> dict:
     assert response.status_code == status, (response.status_code, response.text)
     assert response.headers["content-type"].startswith("application/json"), response.headers
     body = response.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"code", "message"}, body
+    # The OpenAI-compatible routes add OpenAI's ``type`` and ``param`` (so the SDK's typed errors work).
+    openai_route = response.request.url.path.startswith(("/v1/chat/", "/v1/models"))
+    keys = {"code", "message", "type", "param"} if openai_route else {"code", "message"}
+    assert set(body) == {"error"} and set(body["error"]) == keys, body
     assert body["error"]["code"] == code, body
     assert "Traceback" not in body["error"]["message"]
     return body["error"]

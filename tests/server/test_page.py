@@ -108,3 +108,40 @@ def test_page_reports_api_errors_readably(make_server, browser):
     wait_until(page, "document.getElementById('error').textContent === ''")
     # The error clears before the gallery request returns: wait for the gallery, don't race it.
     page.locator("#gallery-empty").wait_for(state="visible", timeout=10_000)
+
+
+def test_page_chat_streams_an_answer_that_grows(make_server, browser):
+    """The chat box reads the SSE stream as it arrives: the answer is seen growing, then equals the plain answer."""
+    pytest.importorskip("transformers")
+    live = make_server(model="tiny-qwen2-vl")
+    with live.client() as c:
+        assert c.post("/v1/references", json={"image": b64(photo_png("chelsea", (56, 56))), "id": "cat"}).status_code == 201
+        plain = c.post("/v1/chat/completions", json={"model": "tiny-qwen2-vl", "max_tokens": 300, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Describe it."},
+                                         {"type": "image_url", "image_url": {"url": "refsight://ref/cat"}}]}]}).json()
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(live.url + "/")
+    page.locator('#gallery .card[data-ref-id="cat"] .pick').check()
+    # Generous bounds: the CI machine may be busy; the assertions below are about order, not speed.
+    wait_until(page, "document.getElementById('model').textContent === 'model: tiny-qwen2-vl'", timeout_s=60)
+    page.fill("#chat-message", "Describe it.")
+    page.fill("#chat-max", "300")
+    page.click("#chat-button")
+    lengths = []
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        lengths.append(page.evaluate("document.getElementById('chat-answer').textContent.length"))
+        if page.evaluate("document.getElementById('chat-usage').textContent !== ''"):
+            break
+        time.sleep(0.02)
+    assert page.evaluate("document.getElementById('chat-usage').textContent !== ''"), (
+        "no usage line: the stream did not finish", page.locator("#chat-error").inner_text(), lengths[-5:])
+    final = page.evaluate("document.getElementById('chat-answer').textContent")  # textContent, as measured above
+    growing = sorted({n for n in lengths if 0 < n < len(final)})
+    assert len(growing) >= 3, (lengths, len(final))  # seen part-way, several times: streamed, not one blob
+    assert lengths == sorted(lengths)
+    assert page.evaluate("document.getElementById('chat-answer').textContent") == plain["choices"][0]["message"]["content"]
+    assert f"answer {plain['usage']['completion_tokens']} tokens" in page.locator("#chat-usage").inner_text() and "from cached images" in page.locator("#chat-usage").inner_text()
+    assert errors == []

@@ -9,13 +9,20 @@ Capability flags tell the engine what it may ask for.
 from __future__ import annotations
 
 import abc
+import threading
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Sequence, Union
+from typing import Any, Callable, ClassVar, Sequence, Union
 
 from ..images import ImageInput
 from ..package import EncoderFingerprint, VisualPackage
+from .sampling import Sampling
 
-__all__ = ["Backend", "Generation", "GenerationRequest", "Segment"]
+__all__ = ["Backend", "Generation", "GenerationRequest", "Segment", "Sampling", "TextCallback", "ROLES"]
+
+#: Called with each new piece of answer text, in order, as a backend produces it.
+TextCallback = Callable[[str], None]
+#: The chat roles a turn may have.
+ROLES = ("system", "user", "assistant")
 
 #: One piece of a prompt, in order: text, a cached package, or a fresh image.
 Segment = Union[str, VisualPackage, ImageInput]
@@ -26,12 +33,27 @@ class GenerationRequest:
     """One prompt: segments in order (the backend wraps them in its chat template).
 
     ``json_schema``, when set, asks a backend with ``supports_constrained_decoding``
-    to constrain its output to that schema.
+    to constrain its output to that schema. ``sampling`` (default: greedy) picks tokens.
+    ``turns``, when set, splits ``segments`` into chat turns: ``(role, count)`` pairs whose
+    counts add up to ``len(segments)``; ``None`` is one user turn (the prompt every
+    single-turn request has always had).
     """
 
     segments: list[Segment]
     max_new_tokens: int = 64
     json_schema: dict[str, Any] | None = None
+    sampling: Sampling = field(default_factory=Sampling)
+    turns: list[tuple[str, int]] | None = None
+
+    def turn_segments(self) -> list[tuple[str, list[Segment]]]:
+        """``(role, segments)`` per turn (one user turn when :attr:`turns` is None)."""
+        if self.turns is None:
+            return [("user", list(self.segments))]
+        out, start = [], 0
+        for role, count in self.turns:
+            out.append((role, list(self.segments[start:start + count])))
+            start += count
+        return out
 
     @property
     def packages(self) -> list[VisualPackage]:
@@ -50,7 +72,11 @@ class Generation:
 
     ``logits`` (a ``[steps, vocab]`` float tensor) is filled only when asked for,
     for equivalence tests. ``random_weights`` is True when the model's weights are
-    random, so its text means nothing.
+    random, so its text means nothing. ``prompt_tokens`` counts the whole prompt (text
+    and image tokens; 0 when the backend cannot tell) and ``image_tokens`` the tokens of
+    each image in prompt order. ``finish_reason`` is ``"stop"`` (end of text or a stop
+    string), ``"length"`` (``max_new_tokens`` reached) or ``"cancelled"`` (the stop event
+    was set); ``None`` when the backend does not say.
     """
 
     text: str
@@ -59,6 +85,9 @@ class Generation:
     random_weights: bool
     logits: Any = None
     timings_ms: dict[str, float] = field(default_factory=dict)
+    prompt_tokens: int = 0
+    image_tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
 
 
 class Backend(abc.ABC):
@@ -68,6 +97,12 @@ class Backend(abc.ABC):
     supports_cached_features: ClassVar[bool] = True
     #: Honours ``GenerationRequest.json_schema``.
     supports_constrained_decoding: ClassVar[bool] = False
+    #: The :class:`Sampling` fields this backend honours; callers refuse a request setting any other.
+    sampling_fields: ClassVar[frozenset[str]] = frozenset()
+    #: Renders ``GenerationRequest.turns`` in its chat template; otherwise the engine labels turns in text.
+    supports_turns: ClassVar[bool] = False
+    #: :meth:`generate_stream` yields text as it is generated (not once at the end).
+    supports_streaming: ClassVar[bool] = False
     #: Images encoded per forward pass.
     batch_size: int = 4
     #: True when the weights are random (test and benchmark models).
@@ -86,7 +121,29 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def generate(self, requests: Sequence[GenerationRequest], *, return_logits: bool = False) -> list[Generation]:
-        """Greedy generation for a batch of requests (one result per request, same order)."""
+        """Generation for a batch of requests (one result per request, same order).
+
+        Greedy unless a request's ``sampling`` says otherwise; a backend honours only the
+        fields in :attr:`sampling_fields` (callers refuse the others before asking).
+        """
+
+    def generate_stream(
+        self, request: GenerationRequest, *, on_text: TextCallback, stop_event: threading.Event | None = None
+    ) -> Generation:
+        """Generate one request, calling ``on_text`` with each new piece of text as it is produced.
+
+        Generation ends early, with ``finish_reason="cancelled"``, once ``stop_event`` is set
+        (the caller went away). The pieces joined equal the returned ``Generation.text``.
+        This default runs :meth:`generate` and hands over the whole text at once, so
+        every backend streams (late); backends with ``supports_streaming`` override it.
+        """
+        if stop_event is not None and stop_event.is_set():
+            return Generation(text="", token_ids=[], model=self.name, random_weights=self.random_weights,
+                              finish_reason="cancelled")
+        generation = self.generate([request])[0]
+        if generation.text:
+            on_text(generation.text)
+        return generation
 
     def count_text_tokens(self, text: str) -> int:
         """How many tokens ``text`` becomes in a prompt (images not counted).

@@ -24,7 +24,7 @@ from .auth import REF_ID_PATH as _REF_ID
 from .auth import require_operator, require_tenant
 from .bodies import AddReferenceBody, CompareBody, SearchBody, body_schema, decode_image_field, read_body
 from .config import ServerConfig
-from .errors import ERROR_RESPONSES, ApiError, CatchAllMiddleware, install_error_handlers
+from .errors import ERROR_RESPONSES, ApiError, CatchAllMiddleware, OpenAIErrorShapeMiddleware, install_error_handlers
 from .gate import AuthGateMiddleware
 from .limits import BodyLimitMiddleware, WorkPool
 from .metrics import CONTENT_TYPE_LATEST, Metrics
@@ -85,6 +85,8 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     # Outermost: a request without a valid key is refused before its body is read at all.
     app.add_middleware(AuthGateMiddleware, tenants=tenants, routes=lambda: app.routes)
+    # Around everything: errors on the OpenAI routes, whoever answers them, carry OpenAI's type/param.
+    app.add_middleware(OpenAIErrorShapeMiddleware)
     install_access_log_redaction()
 
     _add_routes(app, service, pool, tenants, metrics)

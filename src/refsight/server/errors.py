@@ -15,10 +15,17 @@ Codes, by status::
 
 Messages use the HTTP API's words: a library message that names a command-line flag
 (``--top-k``) is translated to the request field (``top_k``) by :func:`http_wording`.
+
+The OpenAI-compatible routes (:data:`OPENAI_PATHS`) answer in OpenAI's error shape so the
+OpenAI SDKs raise their own typed exceptions: the same ``code`` and ``message`` plus
+``type`` (``invalid_request_error``, ``authentication_error`` ...) and ``param`` (the
+request field at fault, or null), and a request that does not match the schema is a 400
+there (OpenAI's status), not a 422.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from typing import Any
@@ -56,6 +63,9 @@ __all__ = [
     "install_error_handlers",
     "CatchAllMiddleware",
     "ERROR_RESPONSES",
+    "OPENAI_PATHS",
+    "OpenAIErrorShapeMiddleware",
+    "openai_error_body",
 ]
 
 log = logging.getLogger("refsight.server")
@@ -76,14 +86,44 @@ _STATUS_CODES = {
 
 
 class ApiError(Exception):
-    """An error meant for the client: HTTP ``status``, stable ``code``, human ``message``."""
+    """An error meant for the client: HTTP ``status``, stable ``code``, human ``message``.
 
-    def __init__(self, status: int, code: str, message: str, *, headers: dict[str, str] | None = None) -> None:
+    ``param`` names the request field at fault (shown by the OpenAI-compatible routes).
+    """
+
+    def __init__(
+        self, status: int, code: str, message: str, *, headers: dict[str, str] | None = None, param: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.headers = headers or {}
+        self.param = param
+
+
+#: Route prefixes that answer errors in the OpenAI shape.
+OPENAI_PATHS = ("/v1/chat/", "/v1/models")
+
+#: OpenAI's error ``type`` per HTTP status (anything else 4xx: invalid_request_error).
+_OPENAI_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+}
+
+
+def openai_error_body(status: int, code: str, message: str, param: str | None = None) -> dict[str, Any]:
+    """The OpenAI error shape: ``{"error": {"message", "type", "param", "code"}}``."""
+    kind = "server_error" if status >= 500 else _OPENAI_TYPES.get(status, "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def _respond(request: Request, status: int, code: str, message: str, headers=None, param: str | None = None) -> JSONResponse:
+    if request.url.path.startswith(OPENAI_PATHS):
+        return JSONResponse(openai_error_body(status, code, message, param), status_code=status, headers=headers)
+    return error_response(status, code, message, headers)
 
 
 def error_body(code: str, message: str) -> dict[str, Any]:
@@ -171,6 +211,12 @@ def from_refsight(error: RefsightError) -> ApiError:
     return ApiError(status, code, http_wording(str(error)))
 
 
+def _param_of(error: RefsightError) -> str | None:
+    # An InvalidInputError names its input; only a field name (a short string) is a param.
+    named = getattr(error, "input", None)
+    return named if isinstance(named, str) and len(named) <= 80 else None
+
+
 def _validation_message(exc: RequestValidationError) -> str:
     parts = []
     for err in exc.errors()[:5]:
@@ -184,7 +230,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc.status, exc.code, exc.message, exc.headers)
+        return _respond(request, exc.status, exc.code, exc.message, exc.headers, exc.param)
 
     @app.exception_handler(RefsightError)
     async def _refsight_error(request: Request, exc: RefsightError) -> JSONResponse:
@@ -192,10 +238,18 @@ def install_error_handlers(app: FastAPI) -> None:
         if api.status >= 500:
             # The details stay in the server log; the client gets the generic message.
             log.error("%s %s failed: %s", request.method, request.url.path, exc, exc_info=exc)
-        return error_response(api.status, api.code, api.message, api.headers)
+        return _respond(
+            request, api.status, api.code, api.message, api.headers,
+            param=_param_of(exc) if api.status < 500 else None,
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        if request.url.path.startswith(OPENAI_PATHS):
+            # OpenAI answers a malformed request with 400 and names the field.
+            first = (exc.errors() or [{}])[0]
+            param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+            return _respond(request, 400, "invalid_input", _validation_message(exc), param=param)
         return error_response(422, "validation_error", _validation_message(exc))
 
     @app.exception_handler(StarletteHTTPException)
@@ -206,12 +260,63 @@ def install_error_handlers(app: FastAPI) -> None:
             message = f"no such endpoint: {request.method} {request.url.path}"
         if exc.status_code == 405:
             message = f"method {request.method} is not allowed on {request.url.path}"
-        return error_response(exc.status_code, code, message, getattr(exc, "headers", None))
+        return _respond(request, exc.status_code, code, message, getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.error("%s %s crashed", request.method, request.url.path, exc_info=exc)
-        return error_response(500, "internal_error", "internal server error")
+        return _respond(request, 500, "internal_error", "internal server error")
+
+
+class OpenAIErrorShapeMiddleware:
+    """ASGI middleware: on :data:`OPENAI_PATHS`, every JSON error body gets OpenAI's ``type`` and ``param``.
+
+    Route handlers already answer in that shape; this catches the errors that middlewares
+    answer before any route runs (the auth gate, body size, JSON depth), so a client of
+    the OpenAI SDK sees one shape whatever refused its request.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not str(scope.get("path", "")).startswith(OPENAI_PATHS):
+            await self.app(scope, receive, send)
+            return
+        held: dict[str, Any] = {}
+        chunks: list[bytes] = []
+
+        async def shaping_send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                content_type = dict(message.get("headers") or []).get(b"content-type", b"")
+                if message["status"] >= 400 and content_type.startswith(b"application/json"):
+                    held["start"] = message  # an error: hold it until its body is complete
+                    return
+                await send(message)
+                return
+            if "start" not in held or message["type"] != "http.response.body":
+                await send(message)
+                return
+            chunks.append(message.get("body", b""))
+            if message.get("more_body", False):
+                return
+            body = b"".join(chunks)
+            try:
+                data = json.loads(body)
+                error = data["error"]
+                if isinstance(error, dict) and "code" in error and "message" in error:
+                    error.setdefault("type", openai_error_body(held["start"]["status"], "", "")["error"]["type"])
+                    error.setdefault("param", None)
+                    body = json.dumps(data).encode()
+            except (ValueError, KeyError, TypeError):
+                pass  # not an error body of ours: pass it on unchanged
+            start = dict(held.pop("start"))
+            start["headers"] = [(k, v) for k, v in start.get("headers") or [] if k.lower() != b"content-length"]
+            start["headers"].append((b"content-length", str(len(body)).encode()))
+            await send(start)
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+
+        await self.app(scope, receive, shaping_send)
 
 
 class CatchAllMiddleware:
@@ -243,6 +348,10 @@ class CatchAllMiddleware:
             log.error("%s %s crashed", scope.get("method"), scope.get("path"), exc_info=exc)
             if started:  # too late for a clean answer: let the server close the connection
                 raise
+            if str(scope.get("path", "")).startswith(OPENAI_PATHS):
+                body = openai_error_body(500, "internal_error", "internal server error")
+                await JSONResponse(body, status_code=500)(scope, receive, send)
+                return
             await error_response(500, "internal_error", "internal server error")(scope, receive, send)
 
 

@@ -8,32 +8,51 @@ References resolve in the caller's namespace only, so another tenant's id is a 4
 exactly like an absent one. Remote ``http(s)`` URLs are refused: the server makes
 no outbound requests on a client's behalf.
 
+Conversations: ``system``/``developer``, ``user`` and ``assistant`` messages, in any
+number, with images in any user turn, are rendered in the model's own chat template.
+
+``stream: true`` answers with server-sent ``chat.completion.chunk`` events as tokens are
+generated (:mod:`.streaming`); a client that disconnects stops generation. Sampling:
+``temperature`` (default 0: greedy, unlike OpenAI's 1, so answers are reproducible),
+``top_p``, ``seed``, ``stop``, ``frequency_penalty``, ``presence_penalty`` where the
+served backend honours them; any other field, or one the backend cannot honour, is a 400
+naming it, never silently ignored. ``usage`` counts the real prompt (text and image
+tokens), with ``prompt_tokens_details.cached_tokens`` = image tokens served from cached
+packages.
+
 ``response_format`` ``json_schema`` (or ``json_object``) is passed to the engine's
 constrained decoding. The answer is a standard ``chat.completion`` plus a
 ``refsight`` object (``random_weights``, ``references_cached``, ``timings_ms``); text
-from a random-weight model is labelled there, since it carries no meaning.
+from a random-weight model is labelled there, since it carries no meaning. Errors use
+OpenAI's error shape (:func:`refsight.server.errors.openai_error_body`).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid as uuidlib
-from typing import Any, Literal
+from typing import Any, AsyncIterator, Literal
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from .. import ReferenceSegment
+from .. import InvalidInputError, ReferenceSegment, Sampling
 from .auth import require_tenant
 from .bodies import decode_data_url
-from .errors import ERROR_RESPONSES, ApiError
+from .errors import ERROR_RESPONSES, ApiError, from_refsight, openai_error_body
 from .prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
+from .streaming import SSE_DONE, EventStreamResponse, Finished, sse_event, stream_in_pool
 
-__all__ = ["router", "ChatRequest", "messages_to_segments", "REF_URL_PREFIX"]
+__all__ = ["router", "ChatRequest", "messages_to_segments", "REF_URL_PREFIX", "IGNORED_FIELDS"]
 
 #: URL scheme naming a stored reference instead of sending its bytes.
 REF_URL_PREFIX = "refsight://ref/"
 RANDOM_WEIGHTS_NOTICE = "random weights: this text is meaningless (timings and caching are real)"
+#: Request fields accepted and deliberately without effect (an end-user label).
+IGNORED_FIELDS = frozenset({"user"})
+#: The chat role each OpenAI role is rendered as.
+_ROLE = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 router = APIRouter(tags=["openai"])
 
@@ -81,47 +100,75 @@ class ResponseFormat(BaseModel):
     json_schema: JSONSchemaFormat | None = None
 
 
+class StreamOptions(BaseModel):
+    """``stream_options``: ``include_usage`` adds a last chunk with the usage."""
+
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool | None = None
+
+
 class ChatRequest(BaseModel):
-    """The subset of the OpenAI chat request refsight honours; other fields are accepted and ignored."""
+    """The OpenAI chat request fields refsight honours; any other field is refused by name (400)."""
 
     model_config = ConfigDict(extra="allow")
     model: str
     messages: list[Message] = Field(min_length=1, max_length=256)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = None
-    n: int | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    stop: str | list[str] | None = None
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    n: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
     stream: bool | None = None
+    stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
 
+    def sampling(self) -> Sampling:
+        """The request's :class:`Sampling` (greedy unless it says otherwise)."""
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stop) > 4 or any(not s for s in stop):
+            raise ApiError(400, "invalid_input", "stop: give at most 4 non-empty strings", param="stop")
+        return Sampling(
+            temperature=self.temperature or 0.0,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            seed=self.seed,
+            stop=tuple(stop),
+            frequency_penalty=self.frequency_penalty or 0.0,
+            presence_penalty=self.presence_penalty or 0.0,
+        )
 
-def messages_to_segments(messages: list[Message], decode) -> list[Any]:
-    """Flatten messages into engine segments: text, ReferenceSegment, or decoded images.
+
+def messages_to_segments(messages: list[Message], decode) -> tuple[list[Any], list[tuple[str, int]]]:
+    """Messages as engine segments (text, ReferenceSegment, or decoded images) and their turns.
 
     ``decode(data, label)`` turns image bytes into an image input (it applies the
-    server's pixel limits). A single user message is passed as is; with several
-    messages each is introduced by its role so the turns stay apart.
+    server's pixel limits). Returns the flat segments and ``(role, count)`` per message
+    (``developer`` is rendered as ``system``), as :meth:`refsight.Engine.chat` takes them.
     """
     segments: list[Any] = []
-    labelled = len(messages) > 1 or messages[0].role != "user"
+    turns: list[tuple[str, int]] = []
     for i, message in enumerate(messages):
-        if labelled:
-            segments.append(f"{message.role}:")
+        before = len(segments)
         content = message.content
-        if content is None:
-            continue
         if isinstance(content, str):
             segments.append(content)
-            continue
-        for j, part in enumerate(content):
-            where = f"messages[{i}].content[{j}]"
-            if part.type == "text":
-                if part.text is None:
-                    raise ApiError(400, "invalid_input", f"{where}.text: a text part needs text")
-                segments.append(part.text)
-                continue
-            segments.append(_image_segment(part, where, decode))
-    return segments
+        elif content is not None:
+            for j, part in enumerate(content):
+                where = f"messages[{i}].content[{j}]"
+                if part.type == "text":
+                    if part.text is None:
+                        raise ApiError(400, "invalid_input", f"{where}.text: a text part needs text", param=f"{where}.text")
+                    segments.append(part.text)
+                    continue
+                if message.role != "user":
+                    raise ApiError(400, "unsupported", f"{where}: images are accepted in user messages only", param=where)
+                segments.append(_image_segment(part, where, decode))
+        turns.append((_ROLE[message.role], len(segments) - before))
+    return segments, turns
 
 
 def _image_segment(part: ContentPart, where: str, decode) -> Any:
@@ -131,16 +178,18 @@ def _image_segment(part: ContentPart, where: str, decode) -> Any:
     if url.startswith(REF_URL_PREFIX):
         ref_id = url[len(REF_URL_PREFIX):]
         if not ref_id:
-            raise ApiError(400, "invalid_input", f"{where}.image_url.url: {REF_URL_PREFIX} needs a reference id")
+            raise ApiError(400, "invalid_input", f"{where}.image_url.url: {REF_URL_PREFIX} needs a reference id", param=where)
         return ReferenceSegment(ref_id)
     if url.startswith("data:"):
         return decode(decode_data_url(url, f"{where}.image_url.url"), f"{where}.image_url")
     if url.startswith(("http://", "https://")):
         raise ApiError(
             400, "unsupported",
-            f"{where}.image_url.url: remote URLs are not fetched; send a data: URL or {REF_URL_PREFIX}<id>",
+            f"{where}.image_url.url: remote URLs are not fetched; send a data: URL or {REF_URL_PREFIX}<id>", param=where,
         )
-    raise ApiError(400, "invalid_input", f"{where}.image_url: give a data: URL, {REF_URL_PREFIX}<id>, or a uuid")
+    raise ApiError(
+        400, "invalid_input", f"{where}.image_url: give a data: URL, {REF_URL_PREFIX}<id>, or a uuid", param=where
+    )
 
 
 def _json_schema(fmt: ResponseFormat | None) -> dict[str, Any] | None:
@@ -149,7 +198,10 @@ def _json_schema(fmt: ResponseFormat | None) -> dict[str, Any] | None:
     if fmt.type == "json_object":
         return {"type": "object"}
     if fmt.json_schema is None or fmt.json_schema.schema_ is None:
-        raise ApiError(400, "invalid_input", "response_format.json_schema.schema: a json_schema format needs a schema")
+        raise ApiError(
+            400, "invalid_input", "response_format.json_schema.schema: a json_schema format needs a schema",
+            param="response_format",
+        )
     schema = fmt.json_schema.schema_
     _check_schema(schema)
     return schema
@@ -167,37 +219,58 @@ def _check_schema(schema: dict[str, Any]) -> None:
         raise ApiError(
             400, "invalid_input",
             f"response_format.json_schema.schema: not a valid JSON Schema at {where}: {e.message[:300]}",
+            param="response_format",
         ) from None
 
 
-@router.post("/v1/chat/completions", responses={k: ERROR_RESPONSES[k] for k in (400, 404)})
-async def chat_completions(body: ChatRequest, request: Request, namespace: str = Depends(require_tenant)) -> dict[str, Any]:
-    """OpenAI-compatible chat with images; reference packages come from the store, never re-encoded."""
-    service = request.app.state.service
-    config = request.app.state.config
+def _check_request(body: ChatRequest, service: Any, max_limit: int) -> tuple[int, Sampling]:
+    """Refuse what cannot be honoured (400 naming the field); the token bound and the sampling."""
+    unknown = sorted(set(body.model_extra or {}) - IGNORED_FIELDS)
+    if unknown:
+        raise ApiError(400, "unsupported", f"{unknown[0]}: this field is not supported by refsight", param=unknown[0])
     if body.model != service.model:
-        raise ApiError(404, "model_not_found", f"model {body.model!r} is not served here; this server serves {service.model!r}")
-    if body.stream:
-        raise ApiError(400, "unsupported", "stream: streaming is not supported; send stream=false")
+        raise ApiError(
+            404, "model_not_found", f"model {body.model!r} is not served here; this server serves {service.model!r}",
+            param="model",
+        )
     if body.n not in (None, 1):
-        raise ApiError(400, "unsupported", "n: only one choice (n=1) is supported")
+        raise ApiError(400, "unsupported", "n: only one choice (n=1) is supported", param="n")
+    if body.logprobs:
+        raise ApiError(400, "unsupported", "logprobs: log probabilities are not returned", param="logprobs")
+    if body.stream_options is not None and not body.stream:
+        raise ApiError(400, "invalid_input", "stream_options: only allowed with stream=true", param="stream_options")
+    if body.max_tokens is not None and body.max_completion_tokens is not None and body.max_tokens != body.max_completion_tokens:
+        raise ApiError(400, "invalid_input", "max_tokens: differs from max_completion_tokens; give one", param="max_tokens")
     max_new_tokens = body.max_completion_tokens or body.max_tokens or 128
-    if max_new_tokens > config.max_new_tokens:
-        raise ApiError(400, "invalid_input", f"max_tokens: {max_new_tokens} is over the limit of {config.max_new_tokens}")
-    json_schema = _json_schema(body.response_format)
-    # Before any model work: a character bound on the event loop, then the tokenizer's
-    # count in the shared thread pool (never in a model worker).
-    texts = prompt_texts(body.messages)
-    check_prompt_chars(texts, config.max_prompt_tokens)
+    if max_new_tokens > max_limit:
+        raise ApiError(
+            400, "invalid_input", f"max_tokens: {max_new_tokens} is over the limit of {max_limit}",
+            param="max_completion_tokens" if body.max_completion_tokens else "max_tokens",
+        )
+    try:
+        sampling = body.sampling()
+    except InvalidInputError as e:
+        raise ApiError(400, "invalid_input", str(e), param=str(e.input)) from None
     backend = service.engine.backend()
-    await request.app.state.pool.run_light(check_prompt_tokens, texts, config.max_prompt_tokens, backend.count_text_tokens)
+    refused = [name for name in sampling.non_default() if name not in backend.sampling_fields]
+    if refused:
+        raise ApiError(
+            400, "unsupported", f"{refused[0]}: the served backend ({service.model}) does not support it", param=refused[0]
+        )
+    return max_new_tokens, sampling
 
-    def work() -> dict[str, Any]:
-        segments = messages_to_segments(body.messages, service.decode)
-        return service.chat(namespace, segments, max_new_tokens=max_new_tokens, json_schema=json_schema)
 
-    result = await request.app.state.pool.run(work)
+def _usage(result: dict[str, Any]) -> dict[str, Any]:
     completion = len(result["tokens"])
+    return {
+        "prompt_tokens": result["prompt_tokens"],
+        "completion_tokens": completion,
+        "total_tokens": result["prompt_tokens"] + completion,
+        "prompt_tokens_details": {"cached_tokens": result["cached_tokens"]},
+    }
+
+
+def _extra(result: dict[str, Any]) -> dict[str, Any]:
     extra = {
         "random_weights": result["random_weights"],
         "references_cached": result["references_cached"],
@@ -205,23 +278,109 @@ async def chat_completions(body: ChatRequest, request: Request, namespace: str =
     }
     if result["random_weights"]:
         extra["notice"] = RANDOM_WEIGHTS_NOTICE
+    return extra
+
+
+@router.post("/v1/chat/completions", responses={k: ERROR_RESPONSES[k] for k in (400, 404)})
+async def chat_completions(body: ChatRequest, request: Request, namespace: str = Depends(require_tenant)) -> Any:
+    """OpenAI-compatible chat with images; reference packages come from the store, never re-encoded.
+
+    With ``stream: true`` the answer is ``text/event-stream`` of ``chat.completion.chunk``
+    events, ``data: [DONE]`` last.
+    """
+    service = request.app.state.service
+    config = request.app.state.config
+    pool = request.app.state.pool
+    max_new_tokens, sampling = _check_request(body, service, config.max_new_tokens)
+    json_schema = _json_schema(body.response_format)
+    # Before any model work: a character bound on the event loop, then the tokenizer's
+    # count in the shared thread pool (never in a model worker).
+    texts = prompt_texts(body.messages)
+    check_prompt_chars(texts, config.max_prompt_tokens)
+    backend = service.engine.backend()
+    await pool.run_light(check_prompt_tokens, texts, config.max_prompt_tokens, backend.count_text_tokens)
+    completion_id = f"chatcmpl-{uuidlib.uuid4().hex}"
+    created = int(time.time())
+
+    def work(on_text=None, stop_event=None) -> dict[str, Any]:
+        segments, turns = messages_to_segments(body.messages, service.decode)
+        return service.chat(
+            namespace, segments, turns=turns, max_new_tokens=max_new_tokens, json_schema=json_schema,
+            sampling=sampling, on_text=on_text, stop_event=stop_event,
+        )
+
+    if body.stream:
+        stop = threading.Event()
+        source = stream_in_pool(pool, lambda on_text: work(on_text, stop))
+        # The first event is awaited here, before any byte is sent: an error up to the first
+        # token (a missing reference, a full pool, a bad image) is a plain HTTP error.
+        try:
+            first = await source.__anext__()
+        except BaseException:
+            stop.set()
+            raise
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        events = _chunks(first, source, completion_id, created, service.model, include_usage)
+        return EventStreamResponse(events, stop)
+
+    result = await pool.run(work)
     return {
-        "id": f"chatcmpl-{uuidlib.uuid4().hex}",
+        "id": completion_id,
         "object": "chat.completion",
-        "created": int(time.time()),
+        "created": created,
         "model": result["model"],
         "choices": [
             {
                 "index": 0,
                 "message": {"role": "assistant", "content": result["text"]},
-                "finish_reason": "length" if completion >= max_new_tokens else "stop",
+                "finish_reason": result["finish_reason"],
                 "logprobs": None,
             }
         ],
-        # refsight does not count prompt tokens (image tokens depend on the backend's template).
-        "usage": {"prompt_tokens": 0, "completion_tokens": completion, "total_tokens": completion},
-        "refsight": extra,
+        "usage": _usage(result),
+        "refsight": _extra(result),
     }
+
+
+async def _chunks(
+    first: Any, source: AsyncIterator[Any], completion_id: str, created: int, model: str, include_usage: bool
+) -> AsyncIterator[bytes]:
+    """The SSE events of one streamed answer, in the order the OpenAI SDK expects."""
+
+    def chunk(delta: dict[str, Any], finish_reason: str | None = None, **more: Any) -> bytes:
+        data = {
+            "id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+            **more,
+        }
+        if include_usage:
+            data.setdefault("usage", None)  # OpenAI: null on every chunk but the last
+        return sse_event(data)
+
+    yield chunk({"role": "assistant", "content": ""})
+    item = first
+    try:
+        while not isinstance(item, Finished):
+            yield chunk({"content": item})
+            item = await source.__anext__()
+    except ApiError as e:
+        yield sse_event(openai_error_body(e.status, e.code, e.message, e.param))
+        return
+    except Exception as e:  # noqa: BLE001 -- after the headers an error can only be an event
+        from .. import RefsightError
+
+        api = from_refsight(e) if isinstance(e, RefsightError) else ApiError(500, "internal_error", "internal server error")
+        yield sse_event(openai_error_body(api.status, api.code, api.message))
+        return
+    result = item.result
+    finish = result["finish_reason"] if result["finish_reason"] in ("stop", "length") else "stop"
+    yield chunk({}, finish, refsight=_extra(result))
+    if include_usage:
+        yield sse_event({
+            "id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [], "usage": _usage(result),
+        })
+    yield SSE_DONE
 
 
 @router.get("/v1/models")

@@ -41,7 +41,7 @@ def prompt_texts(messages: Iterable[Any]) -> list[str]:
 
 
 def _too_long(what: str, limit: int) -> ApiError:
-    return ApiError(400, "invalid_input", f"messages: the prompt has {what}, over the limit of {limit} prompt tokens")
+    return ApiError(400, "invalid_input", f"messages: the prompt has {what}, over the limit of {limit} prompt tokens", param="messages")
 
 
 def check_prompt_chars(texts: list[str], limit: int) -> None:

@@ -4,7 +4,8 @@
 loading through ``from_pretrained`` (hub id or local directory) on the chosen
 device, dtype and attention implementation; the revision (a hub commit, or the
 content hash of a local checkpoint: :mod:`.revision`); the fingerprint; batched
-encoding; and greedy generation through transformers' seam for precomputed
+encoding; and generation (greedy by default; sampling, stop strings, streaming and
+cancellation through :mod:`.decoding`) through transformers' seam for precomputed
 features (``mm_encoder_outputs``), so a cached reference runs no vision tower and
 no image processor. A family subclass (``qwen2_vl.py``, ``qwen3_vl.py``,
 ``smolvlm.py``) knows only its own package contents, its placeholder layout and
@@ -22,6 +23,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any, ClassVar, Iterator, Mapping, Sequence
@@ -36,7 +38,8 @@ from ...errors import (
 )
 from ...images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
-from ..base import Backend, Generation, GenerationRequest
+from ..base import Backend, Generation, GenerationRequest, TextCallback
+from ..sampling import SAMPLING_FIELDS
 from .revision import directory_revision
 
 __all__ = ["HFBackend", "runtime_errors", "weights_revision", "refuse_other_backend_options", "MARKER_FILE"]
@@ -137,6 +140,9 @@ class HFBackend(Backend):
     """
 
     supports_cached_features: ClassVar[bool] = True
+    sampling_fields: ClassVar[frozenset[str]] = frozenset(SAMPLING_FIELDS)
+    supports_turns: ClassVar[bool] = True
+    supports_streaming: ClassVar[bool] = True
     #: Short family name, part of the fingerprint ("qwen2_vl", "qwen3_vl", "smolvlm").
     family: ClassVar[str] = ""
     #: ``config.model_type`` values this family serves.
@@ -438,10 +444,32 @@ class HFBackend(Backend):
     def chat_prompt(self, parts: list[str]) -> str:
         """Wrap the user turn (text and placeholder strings, in order) in the family's chat template."""
 
-    def build_prompt(self, segments: Sequence[str | VisualPackage]) -> str:
-        """The full prompt text of one request whose images are all packages by now."""
+    def chat_prompt_turns(self, turns: list[tuple[str, list[str]]]) -> str:
+        """Wrap several turns (``(role, parts)``, roles system/user/assistant) in the chat template.
+
+        Families override it; this default serves only the single user turn.
+        """
+        if len(turns) == 1 and turns[0][0] == "user":
+            return self.chat_prompt(turns[0][1])
+        raise InvalidInputError("messages", f"{self.family or self.name} renders a single user turn only")
+
+    def build_prompt(self, segments: Sequence[str | VisualPackage], turns: list[tuple[str, int]] | None = None) -> str:
+        """The full prompt text of one request whose images are all packages by now.
+
+        Without ``turns`` it is one user turn, exactly as :meth:`chat_prompt` renders it.
+        """
         parts = [s if isinstance(s, str) else self.image_placeholder(s) for s in segments]
-        return self.chat_prompt(parts)
+        if turns is None:
+            return self.chat_prompt(parts)
+        split, start = [], 0
+        for role, count in turns:
+            split.append((role, parts[start:start + count]))
+            start += count
+        return self.chat_prompt_turns(split)
+
+    def image_token_count(self, package: VisualPackage) -> int:
+        """Prompt tokens one image takes (its placeholder, tokenized)."""
+        return len(self.tokenizer(self.image_placeholder(package), add_special_tokens=False)["input_ids"])
 
     @abc.abstractmethod
     def multimodal_inputs(self, packages: list[VisualPackage], input_ids: Any) -> dict[str, Any]:
@@ -450,7 +478,7 @@ class HFBackend(Backend):
     # ----------------------------------------------------------------- generate
 
     def generate(self, requests: Sequence[GenerationRequest], *, return_logits: bool = False) -> list[Generation]:
-        """Greedy generation for a batch; cached packages skip the vision tower entirely.
+        """Generation for a batch (greedy unless ``sampling`` says otherwise); cached packages skip the vision tower.
 
         Fresh images are encoded first with :meth:`encode` (the same code as for
         references) and then take the same ``mm_encoder_outputs`` seam. Requests
@@ -473,10 +501,36 @@ class HFBackend(Backend):
         # One generate call for the whole batch: the JSON processor constrains row by row
         # (None leaves a row free), so constrained and free requests can share a batch.
         processor = self._json_processor(schemas) if any(x is not None for x in schemas) else None
-        outs, lm_ms = self._run(rows, [r.max_new_tokens for r in requests], return_logits, processor)
+        outs, lm_ms = self._run(rows, requests, return_logits, processor)
         return [
-            self._finish(out, lm_ms, per_image_ms * len(request.fresh_images)) for out, request in zip(outs, requests)
+            self._finish(out, lm_ms, per_image_ms * len(request.fresh_images), row, request)
+            for out, row, request in zip(outs, rows, requests)
         ]
+
+    def generate_stream(
+        self, request: GenerationRequest, *, on_text: TextCallback, stop_event: threading.Event | None = None
+    ) -> Generation:
+        """One request, its text handed to ``on_text`` token by token from inside ``model.generate``.
+
+        The same prompt, processors and decoding as :meth:`generate` (so a greedy stream
+        equals the non-streamed text); a set ``stop_event`` ends generation after the
+        current token.
+        """
+        from .decoding import TextStreamer
+
+        self._check_requests([request])
+        for package in request.packages:
+            self.validate_package(package)
+        fresh = request.fresh_images
+        began = time.perf_counter()
+        fresh_packages = iter(self.encode(fresh)) if fresh else iter(())
+        encode_ms = (time.perf_counter() - began) * 1000
+        row = [next(fresh_packages) if isinstance(s, ImageInput) else s for s in request.segments]
+        processor = self._json_processor([request.json_schema]) if request.json_schema is not None else None
+        decode = lambda tokens: self.tokenizer.decode(tokens, skip_special_tokens=True)  # noqa: E731
+        streamer = TextStreamer(decode, on_text, request.sampling.stop)
+        outs, lm_ms = self._run([row], [request], False, processor, streamer=streamer, stop_event=stop_event)
+        return self._finish(outs[0], lm_ms, encode_ms, row, request)
 
     def _check_requests(self, requests: list[GenerationRequest]) -> None:
         if not requests:
@@ -522,22 +576,48 @@ class HFBackend(Backend):
         return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None]
 
     def _run(
-        self, rows: list[list[Any]], max_new_tokens: list[int], return_logits: bool, logits_processor: Any
-    ) -> tuple[list[tuple[list[int], Any]], float]:
-        """One ``model.generate`` call over ``rows``; returns per-row (tokens, logits) and its ms."""
-        import torch
-        from transformers import LogitsProcessorList
+        self, rows: list[list[Any]], requests: list[GenerationRequest], return_logits: bool, logits_processor: Any,
+        *, streamer: Any = None, stop_event: threading.Event | None = None,
+    ) -> tuple[list[dict[str, Any]], float]:
+        """One ``model.generate`` call over ``rows``; returns per-row results and its ms.
 
-        texts = [self.build_prompt(row) for row in rows]
+        Each row's result holds ``tokens``, ``logits``, ``prompt_tokens`` and
+        ``finish_reason``. Sampling, stop strings and cancellation ride on logits
+        processors and stopping criteria (:mod:`.decoding`); ``generate`` itself stays
+        greedy, so a request that asks for nothing decodes exactly as before.
+        """
+        import torch
+        from transformers import LogitsProcessorList, StoppingCriteriaList
+
+        from .decoding import CancelOnEvent, SamplingProcessor, StopStrings
+
+        max_new_tokens = [r.max_new_tokens for r in requests]
+        texts = [self.build_prompt(row, request.turns) for row, request in zip(rows, requests)]
         packages = [s for row in rows for s in row if isinstance(s, VisualPackage)]
         eos_ids = self._eos_ids()
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else (eos_ids or [0])[0]
+        decode = lambda tokens: self.tokenizer.decode(tokens, skip_special_tokens=True)  # noqa: E731
         began = time.perf_counter()
         with runtime_errors(
             self.name, GenerationError, "generation failed", device=self.device, dtype=self.dtype_name
         ), torch.inference_mode():
             encoded = self.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
             encoded = {k: _to_device(v, self.device) for k, v in encoded.items()}
+            prompt_len = encoded["input_ids"].shape[1]
+            processors = [logits_processor] if logits_processor is not None else []
+            # Only when some row asks for it: greedy rows without penalties keep the plain path.
+            if any(r.sampling.non_default() for r in requests):
+                processors.append(SamplingProcessor([r.sampling for r in requests], prompt_len, self.device))
+            criteria = []
+            stops = None
+            if streamer is not None:
+                criteria.append(_StreamerStopped(streamer))
+            elif any(r.sampling.stop for r in requests):
+                stops = StopStrings(decode, [r.sampling.stop for r in requests], prompt_len)
+                criteria.append(stops)
+            cancel = CancelOnEvent(stop_event) if stop_event is not None else None
+            if cancel is not None:
+                criteria.append(cancel)
             # Packages are stored on the CPU; their tensors join the prompt on the model's device.
             extra = _to_device(self.multimodal_inputs(packages, encoded["input_ids"]), self.device) if packages else {}
             output = self.model.generate(
@@ -551,38 +631,67 @@ class HFBackend(Backend):
                 eos_token_id=eos_ids or None,
                 output_logits=return_logits,
                 return_dict_in_generate=True,
-                logits_processor=LogitsProcessorList([logits_processor]) if logits_processor is not None else None,
+                logits_processor=LogitsProcessorList(processors) if processors else None,
+                stopping_criteria=StoppingCriteriaList(criteria) if criteria else None,
+                streamer=streamer,
             )
         lm_ms = (time.perf_counter() - began) * 1000
-        prompt_len = encoded["input_ids"].shape[1]
         results = []
         for b, limit in enumerate(max_new_tokens):
             new = output.sequences[b, prompt_len:].tolist()[:limit]
+            finish = "length" if len(new) >= limit else "stop"
             # A finished row is padded with pad tokens after its EOS: keep up to and including EOS.
             for k, token in enumerate(new):
                 if token in eos_ids:
-                    new = new[: k + 1]
+                    new, finish = new[: k + 1], "stop"
                     break
+            text = decode(new)
+            tracker = streamer.tracker if streamer is not None else (stops.trackers[b] if stops is not None else None)
+            if tracker is not None and tracker.stop:
+                # The stop string and what follows it are not part of the answer.
+                if tracker.update(text) or tracker.stopped:
+                    text, finish = tracker.text, "stop"
+            if cancel is not None and cancel.cancelled:
+                finish = "cancelled"
             logits = None
             if return_logits:
                 logits = torch.stack([step[b] for step in output.logits[: len(new)]]).float().cpu()
-            results.append((new, logits))
+            results.append({
+                "tokens": new, "logits": logits, "text": text, "finish_reason": finish,
+                "prompt_tokens": int(encoded["attention_mask"][b].sum()),
+            })
         return results, lm_ms
 
-    def _finish(self, out: tuple[list[int], Any], lm_ms: float, encode_ms: float) -> Generation:
-        tokens, logits = out
+    def _finish(
+        self, out: dict[str, Any], lm_ms: float, encode_ms: float, row: list[Any], request: GenerationRequest
+    ) -> Generation:
         return Generation(
-            text=self.tokenizer.decode(tokens, skip_special_tokens=True),
-            token_ids=tokens,
+            text=out["text"],
+            token_ids=out["tokens"],
             model=self.name,
             random_weights=self.random_weights,
-            logits=logits,
+            logits=out["logits"],
             timings_ms={"encode": encode_ms, "generate": lm_ms, "total": encode_ms + lm_ms},
+            prompt_tokens=out["prompt_tokens"],
+            image_tokens=[self.image_token_count(s) for s in row if isinstance(s, VisualPackage)],
+            finish_reason=out["finish_reason"],
         )
 
     def close(self) -> None:
         """Drop the model and processors so their memory can be freed."""
         self.model = None
+
+
+class _StreamerStopped:
+    """Stopping criterion: the streamer saw a stop string (it decodes anyway, so it decides)."""
+
+    def __init__(self, streamer: Any) -> None:
+        self.streamer = streamer
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        import torch
+
+        return torch.full((input_ids.shape[0],), self.streamer.stopped, dtype=torch.bool, device=input_ids.device)
 
 
 def _read_marker(source: str) -> dict[str, Any]:

@@ -139,6 +139,17 @@ class QwenFamilyBackend(HFBackend):
         system = f"<|im_start|>system\n{self.system_prompt}<|im_end|>\n" if self.system_prompt else ""
         return f"{system}<|im_start|>user\n{''.join(parts)}<|im_end|>\n<|im_start|>assistant\n"
 
+    def chat_prompt_turns(self, turns: list[tuple[str, list[str]]]) -> str:
+        """Several turns as Qwen's template renders them: a leading system turn replaces the default one."""
+        if len(turns) == 1 and turns[0][0] == "user":
+            return self.chat_prompt(turns[0][1])  # byte-identical to the single-turn prompt
+        text = "" if turns and turns[0][0] == "system" or not self.system_prompt else (
+            f"<|im_start|>system\n{self.system_prompt}<|im_end|>\n"
+        )
+        for role, parts in turns:
+            text += f"<|im_start|>{role}\n{''.join(parts)}<|im_end|>\n"
+        return text + "<|im_start|>assistant\n"
+
     def encoder_output(self, packages: list[VisualPackage]) -> Any:
         """The ``mm_encoder_outputs["image"]`` object for these packages, in prompt order."""
         from transformers.modeling_outputs import BaseModelOutputWithPooling

@@ -157,6 +157,16 @@ class SmolVLMBackend(HFBackend):
         separator = ":" if parts and parts[0].startswith(FAKE) else ": "
         return f"{self.bos_text}User{separator}{''.join(parts)}<end_of_utterance>\nAssistant:"
 
+    def chat_prompt_turns(self, turns: list[tuple[str, list[str]]]) -> str:
+        """Several turns as SmolVLM's template renders them (``System:``/``User:``/``Assistant:`` each)."""
+        if len(turns) == 1 and turns[0][0] == "user":
+            return self.chat_prompt(turns[0][1])  # byte-identical to the single-turn prompt
+        text = self.bos_text
+        for role, parts in turns:
+            separator = ":" if parts and parts[0].startswith(FAKE) else ": "
+            text += f"{role.capitalize()}{separator}{''.join(parts)}<end_of_utterance>\n"
+        return text + "Assistant:"
+
     def multimodal_inputs(self, packages: list[VisualPackage], input_ids: Any) -> dict[str, Any]:
         """Per-image features flattened to ``[tiles*seq, hidden]`` through ``mm_encoder_outputs``."""
         from transformers.modeling_outputs import BaseModelOutputWithPooling

@@ -1,0 +1,149 @@
+"""transformers pieces that carry :class:`~refsight.backends.sampling.Sampling`, stop strings,
+cancellation and streaming into ``model.generate``.
+
+``generate`` itself always runs greedy (``do_sample=False``): :class:`SamplingProcessor`,
+applied last, draws each sampled row's token with that row's own ``torch.Generator`` and
+leaves only that token finite, so argmax picks it. A per-request generator (seeded from
+``Sampling.seed``) makes a seeded answer repeatable without touching torch's global RNG,
+which concurrent requests on other worker threads share.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Callable, Sequence
+
+import torch
+from transformers import LogitsProcessor, StoppingCriteria
+from transformers.generation.streamers import BaseStreamer
+
+from ..sampling import Sampling, StopText
+
+__all__ = ["SamplingProcessor", "StopStrings", "CancelOnEvent", "TextStreamer", "row_generator"]
+
+
+def row_generator(sampling: Sampling, device: Any) -> torch.Generator | None:
+    """The random generator of one sampled row (None for a greedy row)."""
+    if sampling.greedy:
+        return None
+    generator = torch.Generator(device=device)
+    seed = sampling.seed if sampling.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
+    generator.manual_seed(seed)
+    return generator
+
+
+class SamplingProcessor(LogitsProcessor):
+    """Per-row penalties, temperature, top-p and a seeded draw, after every other processor.
+
+    ``prompt_length`` is the (padded) prompt width: tokens after it are the generated ones
+    the OpenAI penalties count.
+    """
+
+    def __init__(self, samplings: Sequence[Sampling], prompt_length: int, device: Any) -> None:
+        self.samplings = list(samplings)
+        self.prompt_length = prompt_length
+        self.generators = [row_generator(s, device) for s in self.samplings]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        scores = scores.clone()
+        for row, sampling in enumerate(self.samplings):
+            logits = scores[row].float()
+            if sampling.frequency_penalty or sampling.presence_penalty:
+                generated = input_ids[row, self.prompt_length:]
+                if generated.numel():
+                    counts = torch.bincount(generated, minlength=logits.shape[0])[: logits.shape[0]].to(logits)
+                    logits = logits - sampling.frequency_penalty * counts - sampling.presence_penalty * (counts > 0).to(logits)
+            if sampling.greedy:
+                scores[row] = logits.to(scores.dtype)
+                continue
+            logits = logits / sampling.temperature
+            probs = torch.softmax(logits, dim=-1)
+            if sampling.top_p < 1.0:
+                # Keep the smallest set of most likely tokens whose mass reaches top_p.
+                sorted_probs, order = torch.sort(probs, descending=True)
+                before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+                sorted_probs[before >= sampling.top_p] = 0.0
+                probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+            token = torch.multinomial(probs, 1, generator=self.generators[row]).item()
+            chosen = torch.full_like(scores[row], float("-inf"))
+            chosen[token] = 0.0
+            scores[row] = chosen
+        return scores
+
+
+class StopStrings(StoppingCriteria):
+    """Ends each row once its decoded generated text contains one of its stop strings."""
+
+    def __init__(self, decode: Callable[[list[int]], str], stops: Sequence[tuple[str, ...]], prompt_length: int) -> None:
+        self.decode = decode
+        self.trackers = [StopText(s) for s in stops]
+        self.prompt_length = prompt_length
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+        done = []
+        for row, tracker in enumerate(self.trackers):
+            if tracker.stop and not tracker.stopped:
+                tracker.update(self.decode(input_ids[row, self.prompt_length:].tolist()))
+            done.append(tracker.stopped)
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+class CancelOnEvent(StoppingCriteria):
+    """Ends every row once ``event`` is set (the client went away); checked after each token."""
+
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+        self.cancelled = False
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+        self.cancelled = self.event.is_set()
+        return torch.full((input_ids.shape[0],), self.cancelled, dtype=torch.bool, device=input_ids.device)
+
+
+class TextStreamer(BaseStreamer):
+    """Hands each new piece of one row's text to ``on_text`` as ``generate`` produces tokens.
+
+    Runs on the generating thread (no extra thread or queue). Text that could still turn
+    into a stop string, or ends in an incomplete UTF-8 character, is held back until it
+    cannot. ``stopped`` tells the matching stopping criterion that a stop string appeared.
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str], on_text: Callable[[str], None], stop: Sequence[str] = ()) -> None:
+        self.decode = decode
+        self.on_text = on_text
+        self.tracker = StopText(tuple(stop))
+        self.tokens: list[int] = []
+        self.sent = 0
+        self._prompt_seen = False
+
+    @property
+    def stopped(self) -> bool:
+        """True once a stop string appeared in the text."""
+        return self.tracker.stopped
+
+    def put(self, value: torch.Tensor) -> None:
+        """Called by ``generate``: first with the prompt (skipped), then with each new token."""
+        if not self._prompt_seen:
+            self._prompt_seen = True
+            return
+        if self.tracker.stopped:
+            return
+        self.tokens.extend(int(t) for t in value.reshape(-1).tolist())
+        self.tracker.update(self.decode(self.tokens))
+        self._flush(final=False)
+
+    def end(self) -> None:
+        """Called by ``generate`` when it finishes: send what was held back."""
+        self._flush(final=True)
+
+    def _flush(self, final: bool) -> None:
+        text = self.tracker.text
+        safe = self.tracker.safe_length(final)
+        if not final:
+            # A token may end inside a multi-byte character: decode shows U+FFFD until it completes.
+            while safe > self.sent and text[safe - 1] == "\ufffd":
+                safe -= 1
+        if safe > self.sent:
+            piece, self.sent = text[self.sent:safe], safe
+            self.on_text(piece)

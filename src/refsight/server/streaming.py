@@ -1,0 +1,114 @@
+"""Server-sent events: model work that streams text out of a WorkPool thread, and the ASGI
+response that carries it and stops the work when the client goes away.
+
+:func:`stream_in_pool` runs ``func(on_text)`` in a :class:`~refsight.server.limits.WorkPool`
+slot (the same bound as every other model call) and yields each piece of text the moment
+the worker thread hands it over, then a :class:`Finished` with the function's result.
+
+:class:`EventStreamResponse` sends those events and watches the ASGI ``receive`` channel at
+the same time: the ``http.disconnect`` message sets a :class:`threading.Event` that the
+backend checks after every token (``stop_event``), so generation ends within a token or
+two of the client leaving and the pool slot frees as soon as the worker returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
+
+import anyio
+from starlette.responses import Response
+
+from .limits import WorkPool
+
+__all__ = ["Finished", "stream_in_pool", "EventStreamResponse", "sse_event", "SSE_DONE"]
+
+#: The last event of an OpenAI stream.
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def sse_event(data: Any) -> bytes:
+    """One ``data:`` event holding ``data`` as compact JSON."""
+    return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+@dataclass
+class Finished:
+    """The end of a stream: the worker function's return value."""
+
+    result: Any
+
+
+async def stream_in_pool(pool: WorkPool, func: Callable[[Callable[[str], None]], Any]) -> AsyncIterator[Any]:
+    """Run ``func(on_text)`` in a pool slot; yield each text piece as it comes, then :class:`Finished`.
+
+    An exception of ``func`` (or the pool's 429) is raised from the iterator after the text
+    already yielded. Closing the iterator early does not stop ``func``: the caller's
+    ``stop_event`` does that; the pool slot stays taken until ``func`` returns.
+    """
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+    def on_text(piece: str) -> None:
+        # Called on the worker thread: hand the piece to the event loop, never block the model.
+        loop.call_soon_threadsafe(queue.put_nowait, ("text", piece))
+
+    task = asyncio.ensure_future(pool.run(func, on_text))
+    # Scheduled after every on_text callback the thread posted before returning, so order holds.
+    task.add_done_callback(lambda _: queue.put_nowait(("end", None)))
+    while True:
+        kind, value = await queue.get()
+        if kind == "end":
+            break
+        yield value
+    yield Finished(task.result())
+
+
+class EventStreamResponse(Response):
+    """An ASGI ``text/event-stream`` response over an async iterator of encoded events.
+
+    ``stop`` is set when the client disconnects (or the send fails), so the generating
+    thread can end early; the event iterator is closed either way.
+    """
+
+    def __init__(self, events: AsyncIterator[bytes], stop: threading.Event, *, status_code: int = 200) -> None:
+        super().__init__(status_code=status_code, media_type="text/event-stream")
+        self.events = events
+        self.stop = stop
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        async def watch_disconnect(cancel: anyio.CancelScope) -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    self.stop.set()
+                    cancel.cancel()
+                    return
+
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(watch_disconnect, group.cancel_scope)
+                await send({
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": [
+                        (b"content-type", b"text/event-stream; charset=utf-8"),
+                        (b"cache-control", b"no-cache"),
+                        (b"x-accel-buffering", b"no"),  # proxies must not buffer the stream
+                    ],
+                })
+                async for event in self.events:
+                    await send({"type": "http.response.body", "body": event, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                group.cancel_scope.cancel()  # done: stop watching for a disconnect
+        except OSError:
+            pass  # the client went away while we were writing
+        finally:
+            self.stop.set()  # harmless after a normal end; stops the model after anything else
+            aclose = getattr(self.events, "aclose", None)
+            if aclose is not None:
+                with anyio.CancelScope(shield=True):
+                    await aclose()

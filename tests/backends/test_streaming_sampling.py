@@ -1,0 +1,68 @@
+"""Streaming, sampling and chat turns in every tiny transformers family (real models, random weights)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from backend_models import TINY_FAMILIES
+from refsight.backends.base import GenerationRequest
+from refsight.backends.sampling import Sampling, StopText
+
+pytest.importorskip("transformers")
+
+
+@pytest.mark.parametrize("name", TINY_FAMILIES)
+def test_stream_equals_generate_and_cancel_stops_it(load, photos, name):
+    backend = load(name)
+    package = backend.encode([photos["chelsea"]])[0]
+    request = GenerationRequest(segments=["Look:", package, "Describe it."], max_new_tokens=24)
+    plain = backend.generate([request])[0]
+    pieces: list[str] = []
+    streamed = backend.generate_stream(request, on_text=pieces.append)
+    assert "".join(pieces) == streamed.text == plain.text and streamed.token_ids == plain.token_ids
+    assert streamed.prompt_tokens == plain.prompt_tokens > streamed.image_tokens[0] > 0
+    assert streamed.finish_reason == plain.finish_reason
+
+    stop = threading.Event()
+    seen: list[str] = []
+
+    def on_text(piece: str) -> None:
+        seen.append(piece)
+        stop.set()  # the caller "leaves" after the first piece
+
+    cancelled = backend.generate_stream(
+        GenerationRequest(segments=["Describe it."], max_new_tokens=200), on_text=on_text, stop_event=stop)
+    assert cancelled.finish_reason == "cancelled" and len(cancelled.token_ids) <= 3
+
+
+@pytest.mark.parametrize("name", TINY_FAMILIES)
+def test_seeded_sampling_repeats_and_turns_render_in_the_template(load, name):
+    backend = load(name)
+
+    def sample(seed: int) -> str:
+        sampling = Sampling(temperature=1.0, seed=seed)
+        return backend.generate([GenerationRequest(segments=["Hello"], max_new_tokens=12, sampling=sampling)])[0].text
+
+    assert sample(1) == sample(1) and len({sample(1), sample(2), sample(3)}) > 1
+    # One user turn is the single-turn prompt, byte for byte; several turns keep every role.
+    assert backend.build_prompt(["hi"], [("user", 1)]) == backend.build_prompt(["hi"])
+    prompt = backend.build_prompt(["Be brief.", "hi", "hello", "and?"],
+                                  [("system", 1), ("user", 1), ("assistant", 1), ("user", 1)])
+    for text in ("Be brief.", "hi", "hello", "and?"):
+        assert text in prompt
+    assert prompt.index("Be brief.") < prompt.index("hi") < prompt.index("hello") < prompt.index("and?")
+    if "smolvlm" in name:
+        assert "System: Be brief.<end_of_utterance>\nUser: hi<end_of_utterance>\nAssistant: hello" in prompt
+        assert prompt.endswith("User: and?<end_of_utterance>\nAssistant:")
+    else:
+        assert "<|im_start|>assistant\nhello<|im_end|>\n<|im_start|>user\nand?<|im_end|>\n<|im_start|>assistant\n" in prompt
+        assert prompt.count("<|im_start|>system") == 1  # the given system turn replaces the default one
+
+
+def test_stop_text_holds_back_only_a_possible_stop_prefix():
+    tracker = StopText(("STOP",))
+    assert not tracker.update("abc ST") and tracker.safe_length() == 4
+    assert not tracker.update("abc STX") and tracker.safe_length() == 7
+    assert tracker.update("abc STX STOP and more") and tracker.text == "abc STX "
