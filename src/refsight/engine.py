@@ -24,9 +24,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .backends.base import ROLES, Backend, GenerationRequest
-from .backends.sampling import Sampling, unsupported_fields
+from .backends.base import Backend, GenerationRequest
 from .backends.options import BackendOptions
+from .backends.sampling import Sampling, check_supported
+from .backends.turns import plan_turns
 from .config import default_model, default_store_dir
 from .drift import DriftReport
 from .errors import InvalidInputError
@@ -214,24 +215,18 @@ class Engine:
     ) -> GenerateResult:
         """Generate from segments in order: text (``str``), :class:`ReferenceSegment`, or an image.
 
-        References come from their durable packages; other images through the package cache
-        as candidates (memory only). With ``use_cache=False`` every image goes to the backend
-        as pixels: the runtime's own fresh path. ``references_cached`` has one flag per image.
-
-        ``sampling`` (default greedy) must only set fields the backend honours
-        (``Backend.sampling_fields``), else :class:`InvalidInputError`. ``turns`` splits the
-        segments into chat turns (``(role, count)``; roles system/user/assistant); a backend
-        without ``supports_turns`` gets them as one user turn with ``"role:"`` labels.
-        ``on_text`` streams the answer piece by piece as it is generated; a set
-        ``stop_event`` ends generation early (``finish_reason="cancelled"``).
+        References come from their durable packages, other images through the package cache as
+        candidates (memory only); ``use_cache=False`` sends pixels (the runtime's own fresh path).
+        ``references_cached`` has one flag per image. ``sampling`` (default greedy) may set only
+        fields the backend honours; ``turns`` splits the segments into chat turns (``(role,
+        count)``, see :func:`~refsight.backends.turns.plan_turns`); ``on_text`` streams the answer
+        as it is generated; a set ``stop_event`` ends it early (``finish_reason="cancelled"``).
         """
         namespace = self._ns(namespace)
         backend, scope = self.backend(model), self.scope(namespace)
         sampling = sampling or Sampling()
-        refused = unsupported_fields(sampling, backend.sampling_fields)
-        if refused:
-            raise InvalidInputError(refused[0], f"{backend.name} does not support {', '.join(refused)}")
-        segments, turns = _chat_turns(list(segments), turns, backend.supports_turns)
+        check_supported(sampling, backend.sampling_fields, backend.name)
+        segments, turns = plan_turns(list(segments), turns, backend.supports_turns)
         start = time.perf_counter()
         resolved: list[Any] = []
         cached: list[bool] = []
@@ -262,19 +257,9 @@ class Engine:
         timings["encode"] = round(timings.get("encode", 0.0) + encode_ms, 3)
         timings["reference_load"] = round(load_ms, 3)
         timings["total"] = elapsed_ms(start)
-        finish = generation.finish_reason or ("length" if len(generation.token_ids) >= max_new_tokens else "stop")
-        # Image tokens pair with the images in order; a backend that does not count them reports none.
-        image_tokens = list(generation.image_tokens)
-        return GenerateResult(
-            text=generation.text,
-            tokens=list(generation.token_ids),
-            model=backend.name,
-            random_weights=bool(generation.random_weights or backend.random_weights),
-            references_cached=cached,
-            timings_ms=timings,
-            prompt_tokens=int(generation.prompt_tokens),
-            cached_tokens=sum(n for n, hit in zip(image_tokens, cached) if hit) if len(image_tokens) == len(cached) else 0,
-            finish_reason=finish,
+        return GenerateResult.of(
+            generation, model=backend.name, random_weights=backend.random_weights, references_cached=cached,
+            timings_ms=timings, max_new_tokens=max_new_tokens,
         )
 
     # -- retrieval -------------------------------------------------------------------------
@@ -407,30 +392,3 @@ class Engine:
     def _progress_bar(self, total: int, description: str) -> AbstractContextManager[Any]:
         return progress_bar(total, description, enabled=self.progress)
 
-
-def _chat_turns(
-    segments: list[Any], turns: Sequence[tuple[str, int]] | None, supported: bool
-) -> tuple[list[Any], list[tuple[str, int]] | None]:
-    """Check ``turns`` against ``segments``; for a backend without turns, label them in text instead."""
-    if turns is None:
-        return segments, None
-    turns = [(str(role), int(count)) for role, count in turns]
-    for i, (role, count) in enumerate(turns):
-        if role not in ROLES:
-            raise InvalidInputError(f"turns[{i}]", f"role must be one of {', '.join(ROLES)}, not {role!r}")
-        if count < 0:
-            raise InvalidInputError(f"turns[{i}]", "a turn's segment count cannot be negative")
-    if sum(count for _, count in turns) != len(segments):
-        raise InvalidInputError("turns", f"the turns cover {sum(c for _, c in turns)} segments, not {len(segments)}")
-    if len(turns) == 1 and turns[0][0] == "user":
-        return segments, None  # one user turn is the plain prompt
-    if supported:
-        return segments, turns
-    # The backend renders one user turn: each turn is introduced by its role in the text.
-    labelled: list[Any] = []
-    start = 0
-    for role, count in turns:
-        labelled.append(f"{role}:")
-        labelled += segments[start:start + count]
-        start += count
-    return labelled, None

@@ -92,6 +92,28 @@ class GenerateResult:
     cached_tokens: int = 0
     finish_reason: str = "stop"
 
+    @classmethod
+    def of(
+        cls, generation: Any, *, model: str, random_weights: bool, references_cached: list[bool],
+        timings_ms: dict[str, float], max_new_tokens: int,
+    ) -> GenerateResult:
+        """The result of a backend's ``Generation`` (duck-typed: this module imports no backend)."""
+        finish = generation.finish_reason or ("length" if len(generation.token_ids) >= max_new_tokens else "stop")
+        # Image tokens pair with the images in order; a backend that does not count them reports none.
+        image_tokens = list(generation.image_tokens)
+        paired = len(image_tokens) == len(references_cached)
+        return cls(
+            text=generation.text,
+            tokens=list(generation.token_ids),
+            model=model,
+            random_weights=bool(generation.random_weights or random_weights),
+            references_cached=references_cached,
+            timings_ms=timings_ms,
+            prompt_tokens=int(generation.prompt_tokens),
+            cached_tokens=sum(n for n, hit in zip(image_tokens, references_cached) if hit) if paired else 0,
+            finish_reason=finish,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields."""
         return asdict(self)

@@ -17,7 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["Sampling", "StopText", "unsupported_fields", "SAMPLING_FIELDS"]
+from ..errors import InvalidInputError
+
+__all__ = ["Sampling", "StopText", "check_supported", "unsupported_fields", "SAMPLING_FIELDS"]
 
 #: Every field of :class:`Sampling`, in the OpenAI spelling.
 SAMPLING_FIELDS = ("temperature", "top_p", "seed", "stop", "frequency_penalty", "presence_penalty")
@@ -72,6 +74,13 @@ def unsupported_fields(sampling: Sampling | None, supported: Any) -> list[str]:
     if sampling is None:
         return []
     return [name for name in sampling.non_default() if name not in supported]
+
+
+def check_supported(sampling: Sampling | None, supported: Any, backend: str) -> None:
+    """Raise :class:`InvalidInputError` naming the first field ``sampling`` sets that ``backend`` would ignore."""
+    refused = unsupported_fields(sampling, supported)
+    if refused:
+        raise InvalidInputError(refused[0], f"{backend} does not support {', '.join(refused)}")
 
 
 class StopText:
