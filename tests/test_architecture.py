@@ -30,8 +30,11 @@ RUNTIME_EXCEPTIONS = {
 PUBLIC_API = (
     "refsight", "refsight.errors", "refsight.results", "refsight.config", "refsight.report", "refsight.settings",
 )
-#: ... plus their own subpackage (for the CLI: the entry points its `serve` and `demo` commands hand over to).
-OWN = {"refsight.cli": ("refsight.server", "refsight.demo"), "refsight.server": ("refsight.server",)}
+#: ... plus their own subpackage (for the CLI: the entry points its `serve`, `demo` and `vllm-*` commands hand over to).
+OWN = {
+    "refsight.cli": ("refsight.server", "refsight.demo", "refsight.backends.vllm.cli"),
+    "refsight.server": ("refsight.server",),
+}
 
 
 @dataclass(frozen=True)
