@@ -88,6 +88,17 @@ class Backend(abc.ABC):
     def generate(self, requests: Sequence[GenerationRequest], *, return_logits: bool = False) -> list[Generation]:
         """Greedy generation for a batch of requests (one result per request, same order)."""
 
+    def score_yes_no(self, requests: Sequence[GenerationRequest]) -> list[float]:
+        """P("yes") per request from the next-token logits after its prompt (no decoding).
+
+        The reranker's one call (Qwen3-VL-Reranker style): one forward pass per request,
+        softmax over the logits of the "yes" and "no" tokens at the answer position. A
+        backend that cannot score raises :class:`~refsight.errors.BackendError` saying so.
+        """
+        from ..errors import BackendError
+
+        raise BackendError(self.name, "yes/no scoring is not supported by this backend (use the embedding reranker)")
+
     def validate_package(self, package: VisualPackage) -> None:
         """Raise :class:`~refsight.errors.CorruptPackageError` if ``package`` cannot serve this model.
 
