@@ -257,6 +257,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             query=args.query,
             recall=args.recall,
             rerank=args.rerank,
+            recall_k=args.recall_k,
             reranker=args.reranker,
             use_cache=not args.no_cache,
             force_vlm=args.force_vlm,
@@ -391,6 +392,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--query", default=None, help="recall by this text instead of the rubric")
     p.add_argument("--rerank", type=int, default=None, metavar="N", help="recall N, rerank them, judge the --top-k best")
+    p.add_argument(
+        "--recall-k", type=int, default=None, metavar="D",
+        help="recall D (default: N of --rerank, else K); the best N by recall score are reranked",
+    )
     p.add_argument(
         "--reranker", choices=("vlm", "embedding"), default="vlm",
         help="vlm: P(yes) of the model in one forward pass (default); embedding: cosine under the embedder",

@@ -2,14 +2,16 @@
 
 :func:`run_compare` is what :meth:`refsight.Engine.compare` runs. The stages:
 
-1. **recall** (with ``top_k``): the store index returns ``rerank or top_k`` references for the
+1. **recall** (with ``top_k``): the store index returns ``recall_k or rerank or top_k`` references for the
    query vector built from the candidate image and/or the recall text
    (:mod:`refsight.retrieval.query`); without ``top_k`` the given ``ref_ids`` are the shortlist.
 2. **prefilter**: references whose *stored* attribute records settle a required criterion as a
    mismatch are dropped (``stage: "filtered"``, ``filtered_by``) before any VLM work
    (:mod:`refsight.judge.prefilter`).
-3. **rerank** (with ``rerank``): a :class:`~refsight.rerank.Reranker` scores the survivors and
-   the ``top_k`` best go on; the rest are reported with ``stage: "reranked"``.
+3. **rerank** (with ``rerank``): a :class:`~refsight.rerank.Reranker` scores the best ``rerank``
+   survivors (by recall score) and the ``top_k`` best go on; the rest are reported with
+   ``stage: "reranked"`` (and survivors beyond ``rerank``, or beyond ``top_k`` without a
+   reranker, with ``stage: "recalled"``).
 4. **judge**: criterion-by-criterion verdicts (:class:`~refsight.judge.Judge`) for the finalists.
 
 Results are sorted: judged references by score (ties by rerank score, then recall score),
@@ -53,6 +55,9 @@ class CompareOptions:
     query: str | None = None
     recall: str | None = None
     rerank: int | None = None
+    #: references recalled (default: ``rerank``, else ``top_k``); with more than ``rerank``, the best
+    #: ``rerank`` by recall score (after the prefilter) are reranked, the rest reported as ``recalled``
+    recall_k: int | None = None
     reranker: str | Reranker = "vlm"
     use_cache: bool = True
     force_vlm: bool = False
@@ -62,7 +67,7 @@ class CompareOptions:
 
     def check(self) -> None:
         """Raise InvalidInputError for counts that cannot work together."""
-        for name in ("top_k", "rerank"):
+        for name in ("top_k", "rerank", "recall_k"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000):
                 raise InvalidInputError(name, f"must be an integer in 1..1000, not {value!r}")
@@ -71,6 +76,11 @@ class CompareOptions:
                 raise InvalidInputError("rerank", "reranks a recalled shortlist: give top_k (the references to judge) too")
             if self.rerank < self.top_k:
                 raise InvalidInputError("rerank", f"recalls {self.rerank} to rerank, fewer than top_k={self.top_k} to judge")
+        if self.recall_k is not None:
+            if self.top_k is None:
+                raise InvalidInputError("recall_k", "is the depth of recall: give top_k too")
+            if self.recall_k < (self.rerank or self.top_k):
+                raise InvalidInputError("recall_k", f"recalls {self.recall_k}, fewer than the {self.rerank or self.top_k} that go on")
         if not isinstance(self.reranker, Reranker) and self.reranker not in ("vlm", "embedding"):
             raise InvalidInputError("reranker", f"use 'vlm', 'embedding' or a Reranker, not {self.reranker!r}")
 
@@ -115,7 +125,7 @@ def run_compare(engine: Engine, candidate: ImageSource, options: CompareOptions,
         with timer("retrieval"):
             vector = query_vector(engine.retrieval.embedder(), image=image, text=text, mode=mode)
             found = engine.retrieval.search(
-                text=None, image=None, vector=vector, k=options.rerank or options.top_k, namespace=namespace,
+                text=None, image=None, vector=vector, k=options.recall_k or options.rerank or options.top_k, namespace=namespace,
                 restrict_to=ref_ids or None,
             )
         recalled, ref_ids = [hit.to_dict() for hit in found.hits], found.ref_ids
@@ -141,8 +151,9 @@ def run_compare(engine: Engine, candidate: ImageSource, options: CompareOptions,
     survivors = [ref for ref in refs if ref.ref_id not in filtered]
 
     rerank_scores: dict[str, float] = {}
-    finalists = survivors
+    finalists = survivors[: options.top_k] if options.rerank is None and options.recall_k else survivors
     if options.rerank is not None and survivors:
+        survivors = survivors[: options.rerank]  # recall order: the best by recall score go on
         reranker = _reranker(engine, options, backend, scope)
         query = RerankQuery(image=image, criteria=tuple(rubric.texts), text=text, mode=mode)
         with timer("rerank"):

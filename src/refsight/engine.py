@@ -309,7 +309,7 @@ class Engine:
         query: str | None = None, use_cache: bool = True, force_vlm: bool = False,
         attributes: Sequence[str] = ("imagenet",), evidence_max_chars: int | None = None,
         model: str | None = None, namespace: str | None = None, recall: str | None = None,
-        rerank: int | None = None, reranker: str | Reranker = "vlm",
+        rerank: int | None = None, reranker: str | Reranker = "vlm", recall_k: int | None = None,
     ) -> CompareResult:
         """Judge ``candidate`` against references, criterion by criterion (see :mod:`refsight.compare`).
 
@@ -318,7 +318,8 @@ class Engine:
         ``"text"`` (``query``, else the rubric) or ``"both"`` (default; ``"text"`` when ``query``
         is given). ``rerank=N`` recalls N, reranks them with ``reranker`` (``"vlm"``: P(yes) of
         the model, ``"embedding"``: cosine, or a :class:`~refsight.rerank.Reranker`) and judges
-        the ``top_k`` best. References whose stored attribute records settle a required
+        the ``top_k`` best (``recall_k``: recall that many, rerank the best ``rerank`` of them by recall
+        score). References whose stored attribute records settle a required
         criterion as a mismatch are dropped first (``stage: "filtered"``). The candidate is
         encoded once (memory only); references come from their durable packages
         (``use_cache=False`` sends every image as pixels). Criteria the attribute sidecars
@@ -329,7 +330,7 @@ class Engine:
 
         options = CompareOptions(
             criteria=criteria, ref_ids=tuple(ref_ids), top_k=top_k, query=query, recall=recall, rerank=rerank,
-            reranker=reranker, use_cache=use_cache, force_vlm=force_vlm, attributes=tuple(attributes),
+            reranker=reranker, recall_k=recall_k, use_cache=use_cache, force_vlm=force_vlm, attributes=tuple(attributes),
             evidence_max_chars=evidence_max_chars, model=model,
         )
         return run_compare(self, candidate, options, self._ns(namespace))

@@ -70,6 +70,17 @@ def test_rerank_20_top_3_over_1000_references_scores_20_and_judges_3(counting_st
     assert all(r["recall_score"] is not None for r in out.results)
 
 
+def test_recall_deeper_than_rerank_reports_the_rest_as_recalled(counting_store):
+    engine, backend, _ = counting_store
+    _reset(backend)
+    out = engine.compare(_png(11), criteria="looks alike", top_k=3, rerank=20, recall_k=50, attributes=[])
+    assert len(backend.scored) == 20 and backend.judge_requests == 3
+    assert out.stages == {"recalled": 50, "filtered": 0, "reranked": 20, "judged": 3}
+    assert [r["stage"] for r in out.results] == ["judged"] * 3 + ["reranked"] * 17 + ["recalled"] * 30
+    rest = [r["recall_score"] for r in out.results[20:]]
+    assert rest == sorted(rest, reverse=True) and all(r["rerank_score"] is None for r in out.results[20:])
+
+
 def test_required_mismatch_settled_by_the_records_never_reaches_the_reranker(counting_store):
     engine, backend, by_sha = counting_store
     _reset(backend)
