@@ -33,12 +33,12 @@ def _png(seed: int) -> bytes:
 @pytest.fixture(scope="module")
 def counting_store(tmp_path_factory):
     """1,000 generated references, their VLM attribute records computed at ingest (custom schema from a file)."""
-    register_backend("counting", lambda name, **options: CountingBackend(name))
     root = tmp_path_factory.mktemp("pipeline")
     schema = root / "schema.yaml"
     schema.write_text("color_pattern: [tabby, solid]\n")
     engine = Engine(root / "store", model="counting", embedder=PixelEmbedder(), attribute_schema=schema)
-    backend = engine.backend()
+    # Handed to this engine alone, not registered: no fake model in the process-wide registry.
+    backend = engine._backends["counting"] = CountingBackend("counting")
     added = list(engine.add_many([_png(i) for i in range(N)], ids=[f"r{i}" for i in range(N)], attributes=("vlm",)))
     assert all(not hasattr(r, "error") for r in added)
     assert backend.attribute_requests == N  # computed at ingest, once per reference
@@ -132,7 +132,7 @@ def test_add_without_attributes_loads_no_attribute_model(tmp_path, pixel_embedde
         assert engine._sidecars is None  # the ingest hook is not even built
 
 
-def test_cli_rerank_flags(tmp_path, capsys):
+def test_cli_rerank_flags(tmp_path, capsys, backend_registry):
     register_backend("counting", lambda name, **options: CountingBackend(name))
     store = tmp_path / "store"
     paths = []
@@ -147,4 +147,7 @@ def test_cli_rerank_flags(tmp_path, capsys):
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["stages"] == {"recalled": 4, "filtered": 0, "reranked": 4, "judged": 2}
+    assert main(args[:-1]) == 0  # the table: a ranking line for every reference
+    table = capsys.readouterr().out
+    assert "#1 " in table and "#4 " in table and table.count("reranked") == 2
     assert main(["compare", paths[2], "--rerank", "4", "--store", str(store), "--criteria", "a"]) == 2
