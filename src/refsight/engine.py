@@ -8,7 +8,8 @@ The parts, each a module with one concern:
 - :class:`~refsight.maintenance.Maintenance`: verify, repair, re-encode, stats, gc;
 - the judge (:mod:`refsight.judge`) and the model backends (:mod:`refsight.backends`).
 
-The engine runs three pipelines over them: ``compare`` (recall → judge), ``chat`` /
+The engine runs three pipelines over them: ``compare`` (recall → attribute prefilter → rerank →
+judge, in :mod:`refsight.compare`), ``chat`` /
 ``generate`` and ``search``. Every method takes a ``namespace`` (default: the engine's),
 so one engine serves every tenant of a server. With ``share_packages=False`` the
 namespace also salts every package key, so tenants never share (or observe) encodes.

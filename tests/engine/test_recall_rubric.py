@@ -50,3 +50,27 @@ def test_imagenet_records_are_computed_at_ingest(photo_engine):
     before = sidecars.store.misses
     photo_engine.compare(sample_path("chelsea"), criteria="is a cat", ref_ids=list(SAMPLE_NAMES))
     assert sidecars.store.misses == before  # nothing computed for the references at compare time
+
+
+def test_the_vlm_embedder_is_chosen_by_name_in_the_cli(tmp_path, capsys):
+    import json
+
+    from refsight.cli import main
+    from refsight.samples import load_sample
+
+    store = tmp_path / "store"
+    paths = []
+    for name in ("chelsea", "coffee"):
+        path = tmp_path / f"{name}.png"
+        load_sample(name, (64, 48)).save(path)
+        paths.append(str(path))
+    assert main(["add", *paths, "--store", str(store), "--model", "toy", "--attributes", "none", "--json"]) == 0
+    capsys.readouterr()
+    assert main(["search", "a cat", "--k", "2", "--embedder", "vlm:tiny-qwen2-vl", "--store", str(store), "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["embedder"] == "vlm:tiny-qwen2-vl" and {r["ref_id"] for r in found["results"]} == {"chelsea", "coffee"}
+    args = ["compare", paths[0], "--top-k", "1", "--embedder", "vlm:tiny-qwen2-vl", "--criteria", "short fur",
+            "--no-attributes", "--store", str(store), "--model", "toy", "--json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stages"]["recalled"] == 1 and len(out["recalled"]) == 1
