@@ -7,7 +7,9 @@ For R = 1 and 4 (at 448×448 by default), greedy, same prompt, in one run:
   ``refsight.store`` on disk (a newly opened store, so the memory tier is cold)
   plus the fresh candidate; the load time is included;
 - ``peer_ms``: the plain transformers way (image processor + ``model.generate``
-  with every image as pixels, every request).
+  with every image as pixels, every request); for a llama.cpp model, llama.cpp on
+  its own (``mtmd_tokenize`` with every real bitmap + ``mtmd_helper_eval_chunks``,
+  i.e. re-encoding every reference every request, as llama-server does).
 
 Reference side: ``reference_encode_ms`` (encode one reference) and
 ``reference_load_ms`` (load its package from disk), ``ref_side_ratio`` = their
@@ -20,6 +22,8 @@ and every R under ``runs``. Weights are random (``random_weights: true``): the
 timings are real, the text is not.
 
     python benchmarks/cache_speedup.py --model shape-qwen2-vl-2b [--device cuda --dtype bfloat16]
+    python benchmarks/cache_speedup.py --model shape-qwen2-vl-2b-gguf
+    python benchmarks/cache_speedup.py --model llamacpp:M.gguf --mmproj P.gguf
 """
 
 from __future__ import annotations
@@ -87,6 +91,40 @@ def _peer(backend, images: list, prompt: str, max_new_tokens: int) -> tuple[list
     return tokens, ms
 
 
+def _peer_llamacpp(backend, images: list, prompt: str, max_new_tokens: int) -> tuple[list[int], float]:
+    """llama.cpp alone: real bitmaps for every image, ``mtmd_helper_eval_chunks``, greedy decoding."""
+    import ctypes
+
+    import llama_cpp as L
+    import llama_cpp.mtmd_cpp as M
+
+    rt = backend.runtime
+    began = time.perf_counter()
+    text = backend.prompt_text([*images[:-1], "Compare the candidate", images[-1], prompt]).encode()
+    rt.clear()
+    bitmaps = []
+    for image in images:
+        rgb = image.image.tobytes()
+        bitmaps.append(M.mtmd_bitmap_init(image.image.width, image.image.height, (ctypes.c_uint8 * len(rgb)).from_buffer_copy(rgb)))
+    chunks = M.mtmd_input_chunks_init()
+    inp = M.mtmd_input_text()
+    inp.text, inp.text_len, inp.add_special, inp.parse_special = text, len(text), False, True
+    assert M.mtmd_tokenize(rt.mctx, chunks, ctypes.byref(inp), (M.mtmd_bitmap_p_ctypes * len(bitmaps))(*bitmaps), len(bitmaps)) == 0
+    n_past = L.llama_pos(0)
+    assert M.mtmd_helper_eval_chunks(rt.mctx, rt.ctx, chunks, 0, 0, rt.settings.n_batch, True, ctypes.byref(n_past)) == 0
+    M.mtmd_input_chunks_free(chunks)
+    for b in bitmaps:
+        M.mtmd_bitmap_free(b)
+    tokens, pos = [], n_past.value
+    for step in range(max_new_tokens):
+        token = int(rt.last_logits().argmax())
+        tokens.append(token)
+        if rt.is_eog(token) or step + 1 == max_new_tokens:
+            break
+        pos = rt.decode_token(token, pos)
+    return tokens, (time.perf_counter() - began) * 1000
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark and print one JSON line; returns the figures."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -97,6 +135,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default=None, help="auto, cpu, cuda, cuda:N or mps (default: the backend's, auto)")
     parser.add_argument("--dtype", default=None, help="auto, float32, bfloat16 or float16 (default: auto)")
+    parser.add_argument("--mmproj", default=None, help="the mmproj GGUF of a llamacpp:M.gguf model")
     args = parser.parse_args(argv)
 
     import torch
@@ -112,7 +151,10 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"at most {len(refs)} references")
 
     began = time.perf_counter()
-    options = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v is not None}
+    llama = args.model.startswith("llamacpp:") or args.model.endswith("-gguf")
+    options = {k: v for k, v in (("device", args.device), ("dtype", args.dtype), ("mmproj", args.mmproj)) if v is not None}
+    if llama:
+        options["n_threads"] = args.threads
     backend = get_backend(args.model, **options)
     load_s = (time.perf_counter() - began)
     prompt = " Does the candidate match the references?"
@@ -154,7 +196,10 @@ def main(argv: list[str] | None = None) -> dict:
                 cached = backend.generate([request])[0]
                 cached_ms = (time.perf_counter() - t) * 1000
 
-            peer_tokens, peer_ms = _peer(backend, [i.image for i in (*refs[:r], candidate)], prompt, mnt)
+            if llama:
+                peer_tokens, peer_ms = _peer_llamacpp(backend, [*refs[:r], candidate], prompt, mnt)
+            else:
+                peer_tokens, peer_ms = _peer(backend, [i.image for i in (*refs[:r], candidate)], prompt, mnt)
             inner = cached.timings_ms["encode"] + cached.timings_ms["generate"]
             runs.append(
                 {
@@ -181,6 +226,7 @@ def main(argv: list[str] | None = None) -> dict:
         "cached_ms": headline["cached_ms"],
         "speedup": headline["speedup"],
         "peer_ms": headline["peer_ms"],
+        "peer_speedup": headline["peer_speedup"],
         "reference_encode_ms": round(ref_encode, 1),
         "reference_load_ms": round(ref_load, 3),
         "ref_side_ratio": round(ref_encode / ref_load, 1),

@@ -2,12 +2,17 @@
 
 The public API is small: :class:`Engine` ties the store, the model backend, retrieval
 and the judge together; :func:`open_store` opens a store directly; the core types and
-the error tree are re-exported here. Importing refsight imports no torch.
+the error tree are re-exported here, and so are the input checks every front end applies
+before any work (reference ids, ``where`` filters, JSON depth, reading a user-named file,
+escaping control characters for a terminal). Importing refsight imports no torch.
 """
 
 from .errors import *  # noqa: F401,F403  (the error tree is part of the public API)
 from .errors import __all__ as _error_names
 from .images import ImageInput, IntakeLimits, load_image
+from .jsonlimits import MAX_JSON_DEPTH, check_json_depth, json_depth, load_json
+from .reading import FileReadError, read_regular_file
+from .terminal import escape_controls
 from .package import EncoderFingerprint, VisualPackage, package_key
 from .results import (
     AddFailure,
@@ -45,6 +50,14 @@ def __getattr__(name: str):
         from .store import open_store
 
         return open_store
+    if name == "validate_ref_id":
+        from .store.base import validate_ref_id
+
+        return validate_ref_id
+    if name in ("validate_where", "MAX_WHERE_KEYS"):
+        from .retrieval import vectors
+
+        return getattr(vectors, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -72,6 +85,16 @@ __all__ = [
     "EncoderFingerprint",
     "VisualPackage",
     "package_key",
+    "validate_ref_id",
+    "validate_where",
+    "MAX_WHERE_KEYS",
+    "MAX_JSON_DEPTH",
+    "json_depth",
+    "check_json_depth",
+    "load_json",
+    "read_regular_file",
+    "FileReadError",
+    "escape_controls",
     "__version__",
     *_error_names,
 ]

@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any, Callable, Sequence
 
-from . import Engine, RefsightError
+from . import Engine, FileReadError, RefsightError, escape_controls, read_regular_file
 from .settings import OPTION_HELP, BackendOptions, load_settings, parse_key_values
 from .config import default_model
 from .report import format_comparison
@@ -31,7 +31,17 @@ def _emit(args: argparse.Namespace, data: Any, human: Callable[[Any], str] | Non
     if args.json or human is None:
         print(json.dumps(data, ensure_ascii=False), flush=True)
     else:
-        print(human(data), flush=True)
+        # Human output may carry user or model text: its control characters are shown, not obeyed.
+        print(escape_controls(human(data), keep=_LAYOUT), flush=True)
+
+
+#: Characters the human-readable formats use for layout; every other control character is escaped.
+_LAYOUT = "\n\t"
+
+
+def _say(message: str) -> None:
+    """A message on stderr, control characters escaped (it may quote user input such as a path)."""
+    print(escape_controls(message), file=sys.stderr)
 
 
 def _parse_meta(items: Sequence[str]) -> dict[str, str]:
@@ -84,7 +94,7 @@ def cmd_add(args: argparse.Namespace) -> int:
             data = result.to_dict()
             if "error" in data:
                 failed += 1
-                print(f"refsight: cannot add {data['input']}: {data['error']}", file=sys.stderr)
+                _say(f"refsight: cannot add {data['input']}: {data['error']}")
                 if args.json:
                     print(json.dumps(data), flush=True)
                 continue
@@ -109,7 +119,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     else:
         for ref in refs:
             meta = " ".join(f"{k}={v}" for k, v in ref["metadata"].items())
-            print(f"{ref['ref_id']}\t{ref['image_sha256'][:12]}\t{len(ref['packages'])} package(s)\t{meta}")
+            print(f"{ref['ref_id']}\t{ref['image_sha256'][:12]}\t{len(ref['packages'])} package(s)\t{escape_controls(meta)}")
     return 0
 
 
@@ -194,8 +204,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_gc(args: argparse.Namespace) -> int:
+    """refsight gc [--grace SECONDS]"""
+    with _engine(args) as engine:
+        data = engine.gc(grace_s=args.grace)
+    _emit(args, data, lambda d: "removed " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in d.items()))
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
-    """refsight serve [--host 127.0.0.1] [--port 8000] [--model NAME] [--workers N] [--keys FILE]"""
+    """refsight serve [--host 127.0.0.1] [--port 8000] [--model NAME] [--workers N] [--keys FILE] [--max-prompt-tokens N]"""
     # The HTTP stack is the optional [server] extra: without it, say how to get it (exit 2,
     # a usage-level error) instead of failing with an ImportError traceback.
     try:
@@ -224,6 +242,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             keys_file=args.keys,
             share_encodes=args.share_encodes,
             embedder=args.embedder,
+            max_prompt_tokens=args.max_prompt_tokens,
         )
     )
     return 0
@@ -233,15 +252,27 @@ def _read_criteria(value: str) -> str:
     if value.startswith("@"):
         path = value[1:]
         try:
-            with open(path, encoding="utf-8") as handle:
-                return handle.read()
-        except OSError as e:
-            raise RefsightError(f"--criteria {value}: cannot read {path}: {e.strerror or e}") from None
+            # A regular file only, never blocking (a FIFO) and never unbounded (/dev/zero);
+            # well over any rubric's own limit, so parse_rubric reports the exact size.
+            data = read_regular_file(path, _MAX_CRITERIA_FILE_BYTES)
+        except FileReadError as e:
+            raise RefsightError(f"--criteria {value}: cannot read {path}: {e.reason}") from None
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise RefsightError(f"--criteria {value}: {path} is not UTF-8 text") from None
     return value
 
 
+#: Largest rubric file read for ``--criteria @FILE`` (rubrics themselves are far smaller).
+_MAX_CRITERIA_FILE_BYTES = 1 << 20
+
+
 def _parse_where(items: Sequence[str]) -> dict[str, str] | None:
-    return _parse_meta(items) if items else None
+    from . import validate_where
+
+    # Checked now (key names, at most MAX_WHERE_KEYS keys), before the index is synced.
+    return validate_where(_parse_meta(items)) if items else None
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -435,6 +466,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="share packages across tenants (fewer encodes, but timing reveals that some tenant holds an image)",
     )
     p.add_argument("--embedder", default=None, metavar="NAME", help=embedder_help)
+    p.add_argument(
+        "--max-prompt-tokens", type=int, default=8192, metavar="N",
+        help="most text tokens a chat prompt may hold (default 8192); longer prompts get 400",
+    )
+    p = add("gc", cmd_gc, "remove what interrupted writes left (temp files, orphan files and rows)")
+    p.add_argument(
+        "--grace", type=float, default=600.0, metavar="SECONDS",
+        help="leave rows and temp files younger than this alone: a write may still own them (default 600)",
+    )
     return parser
 
 
@@ -451,7 +491,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args)
     except RefsightError as e:
         # The one place library errors become a clean message and an exit code.
-        print(f"refsight: error: {e}", file=sys.stderr)
+        _say(f"refsight: error: {e}")
         if args.json:
             print(json.dumps({"error": str(e), "type": type(e).__name__}))
         return 2 if isinstance(e, UsageError) else 1

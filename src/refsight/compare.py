@@ -21,9 +21,7 @@ references each stage took in; ``timings_ms`` times every stage.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -34,11 +32,12 @@ from .references import source_label
 from .rerank import EmbeddingReranker, Reranker, RerankQuery, VlmReranker
 from .results import CompareResult
 from .retrieval.query import check_recall_mode, query_vector, recall_text
+from .timing import StageTimer
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import Engine
 
-__all__ = ["CompareOptions", "STAGES", "run_compare", "Timer"]
+__all__ = ["CompareOptions", "STAGES", "run_compare", "sort_results"]
 
 #: The stage a result reached, furthest last (``filtered`` is reported, never silent).
 STAGES = ("filtered", "recalled", "reranked", "judged")
@@ -85,25 +84,6 @@ class CompareOptions:
             raise InvalidInputError("reranker", f"use 'vlm', 'embedding' or a Reranker, not {self.reranker!r}")
 
 
-class Timer:
-    """Milliseconds per named stage of a pipeline, plus the total since it was made."""
-
-    def __init__(self) -> None:
-        self._start = time.perf_counter()
-        self.timings: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, stage: str) -> Iterator[None]:
-        """Time the block under ``stage`` (added to what the stage took before)."""
-        clock = time.perf_counter()
-        yield
-        self.timings[stage] = round(self.timings.get(stage, 0.0) + _ms(clock), 3)
-
-    def done(self) -> dict[str, float]:
-        """The stage timings and ``total``."""
-        return {**self.timings, "total": _ms(self._start)}
-
-
 def run_compare(engine: Engine, candidate: ImageSource, options: CompareOptions, namespace: str) -> CompareResult:
     """Run the pipeline for one candidate (see the module docstring)."""
     from .judge import Judge, parse_rubric
@@ -115,7 +95,7 @@ def run_compare(engine: Engine, candidate: ImageSource, options: CompareOptions,
     options.check()
     mode = check_recall_mode(options.recall, query=options.query)
     backend, scope = engine.backend(options.model), engine.scope(namespace)
-    timer = Timer()
+    timer = StageTimer()
     image = load_image(candidate, limits=engine.limits, name=source_label(candidate))
     text = recall_text(rubric.texts, options.query)
     recall_scores: dict[str, float] = {}
@@ -250,7 +230,3 @@ def _reranker(engine: Engine, options: CompareOptions, backend: Any, scope: str 
     if options.reranker == "embedding":
         return EmbeddingReranker(engine.retrieval.embedder(), engine.retrieval.reference_vectors)
     return VlmReranker(backend, engine.packages, scope=scope, use_cache=options.use_cache)
-
-
-def _ms(since: float) -> float:
-    return round((time.perf_counter() - since) * 1000, 3)

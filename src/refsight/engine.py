@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .backends.base import Backend, GenerationRequest
 from .backends.options import BackendOptions
-from .drift import DriftReport
 from .config import default_model, default_store_dir
+from .drift import DriftReport
 from .errors import InvalidInputError
 from .images import ImageInput, ImageSource, IntakeLimits, load_image
 from .maintenance import Maintenance
@@ -48,6 +48,7 @@ from .retrieval.embedders import Embedder
 from .retrieval.store_index import StoreIndex
 from .settings import Settings, load_settings
 from .store import DEFAULT_NAMESPACE, Reference, Store, open_store
+from .timing import elapsed_ms, progress_bar
 
 if TYPE_CHECKING:  # pragma: no cover
     from .judge.attributes import AttributeSchema
@@ -271,7 +272,7 @@ class Engine:
         timings = {k: round(v, 3) for k, v in generation.timings_ms.items()}
         timings["encode"] = round(timings.get("encode", 0.0) + encode_ms, 3)
         timings["reference_load"] = round(load_ms, 3)
-        timings["total"] = _ms(start)
+        timings["total"] = elapsed_ms(start)
         return GenerateResult(
             text=generation.text,
             tokens=list(generation.token_ids),
@@ -347,9 +348,7 @@ class Engine:
     def stats(self, *, namespace: str | None = None, tenant_view: bool = False, all_namespaces: bool = False) -> StoreStats:
         """Cache statistics (``tenant_view``: only the namespace's packages, no store-wide counters;
         ``all_namespaces``: references counted across every namespace)."""
-        return self.maintenance.stats(
-            namespace=None if all_namespaces else self._ns(namespace), tenant_view=tenant_view
-        )
+        return self.maintenance.stats(namespace=None if all_namespaces else self._ns(namespace), tenant_view=tenant_view)
 
     def verify(self, *, repair: bool = False, model: str | None = None) -> VerifyReport:
         """Check every package; with ``repair``, re-encode corrupt ones from the kept images with ``model``."""
@@ -371,18 +370,9 @@ class Engine:
         namespace = self._ns(namespace)
         return self.maintenance.reencode(backend=self.backend(model), namespace=namespace, scope=self.scope(namespace))
 
-    def gc(self) -> dict[str, int]:
-        """Remove orphan files and stale temp files from the store (counts by kind)."""
-        return self.maintenance.gc()
+    def gc(self, **options: Any) -> dict[str, int]:
+        """Remove what interrupted writes left in the store (see :meth:`refsight.store.Store.gc`); returns counts."""
+        return self.store.gc(**options)
 
-    @contextmanager
-    def _progress_bar(self, total: int, description: str) -> Iterator[Any]:
-        from tqdm import tqdm
-
-        # Only worth a bar for several images; it goes to stderr so --json stays clean.
-        with tqdm(total=total, desc=description, unit="img", disable=not self.progress or total < 2, leave=False) as bar:
-            yield bar
-
-
-def _ms(since: float) -> float:
-    return round((time.perf_counter() - since) * 1000, 3)
+    def _progress_bar(self, total: int, description: str) -> AbstractContextManager[Any]:
+        return progress_bar(total, description, enabled=self.progress)

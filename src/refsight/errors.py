@@ -13,6 +13,7 @@
     │   └── UnknownModelError                   no backend registered under that name
     ├── CorruptPackageError                     a stored package failed its checks
     ├── StoreError                              the store itself cannot work
+    │   └── StoreUnavailableError               its disk is full or read-only (retry later)
     └── BackendError                            a model runtime failed
         ├── ModelLoadError                      weights/config could not be loaded
         └── GenerationError                     generation failed
@@ -35,6 +36,7 @@ __all__ = [
     "UnknownModelError",
     "CorruptPackageError",
     "StoreError",
+    "StoreUnavailableError",
     "BackendError",
     "ModelLoadError",
     "GenerationError",
@@ -118,6 +120,18 @@ class CorruptPackageError(RefsightError):
 
 class StoreError(RefsightError):
     """The store cannot be opened or written."""
+
+
+class StoreUnavailableError(StoreError):
+    """The store cannot be written for now: its disk is full, over quota, or read-only.
+
+    Nothing stored is lost; the write can succeed once space is freed. ``reason`` is
+    the condition in words (e.g. ``"no space left on device"``).
+    """
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class BackendError(RefsightError):

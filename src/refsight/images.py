@@ -30,6 +30,7 @@ from typing import Union
 from PIL import Image, ImageOps
 
 from .errors import ImageError
+from .reading import FileReadError, read_regular_file
 
 __all__ = ["ImageInput", "IntakeLimits", "SUPPORTED_FORMATS", "load_image", "pixel_hash", "ImageSource"]
 
@@ -112,18 +113,11 @@ def load_image(source: ImageSource, *, limits: IntakeLimits = IntakeLimits(), na
         path = Path(source)
         label = name or str(path)
         try:
-            size = path.stat().st_size
-            if size > limits.max_bytes:
-                raise ImageError(label, f"file is {size} bytes, over the {limits.max_bytes}-byte limit")
-            data = path.read_bytes()
-        except FileNotFoundError:
-            raise ImageError(label, "no such file") from None
-        except IsADirectoryError:
-            raise ImageError(label, "is a directory, not an image file") from None
-        except PermissionError:
-            raise ImageError(label, "permission denied") from None
-        except (OSError, ValueError) as e:  # ENAMETOOLONG, ELOOP, a NUL in the path ...
-            raise ImageError(label, f"cannot read file: {e}") from None
+            # Regular files only, opened without blocking and read no further than the
+            # limit: /dev/zero, a FIFO or a /proc file cannot hang or exhaust memory.
+            data = read_regular_file(path, limits.max_bytes)
+        except FileReadError as e:
+            raise ImageError(label, e.reason) from None
     elif isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
         label = name or f"<{len(data)} bytes>"

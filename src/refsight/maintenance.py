@@ -62,7 +62,7 @@ class Maintenance:
         if record is None:
             return None  # removed meanwhile: nothing corrupt is left
         if record.fingerprint_digest != backend.fingerprint().digest:
-            return f"made by another encoder ({record.fingerprint.model_id}); run verify --repair --model for that model"
+            return f"made by another encoder ({record.fingerprint.model_id}); repair it with that model"
         try:
             self.packages.rebuild(backend, record.image_sha256, scope=record.scope)
         except RefsightError as e:
@@ -120,6 +120,6 @@ class Maintenance:
             threshold=DEFAULT_THRESHOLD if threshold is None else threshold, scope=scope,
         )
 
-    def gc(self) -> dict[str, int]:
-        """Remove what no reference needs: orphan package files and stale temp files (counts by kind)."""
-        return self.store.local.gc()
+    def gc(self, **options: Any) -> dict[str, int]:
+        """Remove what interrupted writes left (see :meth:`refsight.store.Store.gc`); counts by kind."""
+        return self.store.gc(**options)

@@ -154,11 +154,6 @@ class PackageCache:
             self.store.packages.put(package)
         return package
 
-    def stored(self, key: str) -> VisualPackage | None:
-        """The package under ``key`` if the store holds a sound one (a hit is counted), else None."""
-        found = self._hit(key)
-        return found.package if found is not None else None
-
     # -- internals ---------------------------------------------------------------------
     def _hit(self, key: str) -> CachedPackage | None:
         try:

@@ -13,6 +13,8 @@ import io
 from pathlib import Path
 from typing import Any, Mapping
 
+from .terminal import escape_controls
+
 __all__ = ["format_comparison", "write_comparison_report", "render_comparison_report"]
 
 def format_comparison(data: dict[str, Any]) -> str:
@@ -29,16 +31,18 @@ def format_comparison(data: dict[str, Any]) -> str:
         )
         if result.get("stage", "judged") != "judged":
             # Not judged: the ranking line says how far it got (and why, when filtered).
-            why = f"  filtered by: {'; '.join(result['filtered_by'])}" if result.get("filtered_by") else ""
-            lines.append(f"\n#{rank} {result['ref_id']}  {result['stage']}{scores}{why}")
+            why = result.get("filtered_by") and f"  filtered by: {escape_controls('; '.join(result['filtered_by']))}"
+            lines.append(f"\n#{rank} {result['ref_id']}  {result['stage']}{scores}{why or ''}")
             continue
         cached = "from cache" if result["reference_cached"] else "encoded now"
         lines.append(f"\n#{rank} {result['ref_id']}  score {result['score']:.2f}{scores}  ({cached})")
-        width = max([len(c["criterion"]) for c in result["criteria"]] + [9])
-        for c in result["criteria"]:
+        # Criteria and evidence are user and model text: one line each, controls escaped.
+        shown = [(escape_controls(c["criterion"]), escape_controls(str(c["evidence"]))) for c in result["criteria"]]
+        width = max([len(text) for text, _ in shown] + [9])
+        for c, (text, evidence) in zip(result["criteria"], shown):
             lines.append(
-                f"  {c['criterion']:<{width}}  {c['verdict']:<9} {c['confidence']:.2f}  "
-                f"[{c['source']}]  {c['evidence']}"
+                f"  {text:<{width}}  {c['verdict']:<9} {c['confidence']:.2f}  "
+                f"[{c['source']}]  {evidence}"
             )
     timings = ", ".join(f"{k} {v:.0f} ms" for k, v in data["timings_ms"].items())
     lines.append(f"\ntimings: {timings}")

@@ -30,6 +30,7 @@ from typing import Any, Mapping
 
 from .backends.options import OPTION_HELP, BackendOptions, parse_key_values
 from .errors import InvalidInputError
+from .reading import FileReadError, read_regular_file
 
 # The options themselves are defined beside the backends that take them; front ends (CLI,
 # server) reach them here, with the config file, as one public module.
@@ -71,6 +72,17 @@ def _options(data: Any, file: Path, table: str) -> BackendOptions:
         raise InvalidInputError(source, str(e)) from None
 
 
+#: Largest config file read (a real one is a few hundred bytes).
+_MAX_CONFIG_BYTES = 1 << 20
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # ENAMETOOLONG, EACCES on a parent ...: not a config file we can use
+        return False
+
+
 def load_settings(store_dir: str | os.PathLike | None, path: str | os.PathLike | None = None) -> Settings:
     """Read ``path`` (it must exist), else ``<store_dir>/refsight.toml`` when there is one.
 
@@ -78,16 +90,18 @@ def load_settings(store_dir: str | os.PathLike | None, path: str | os.PathLike |
     """
     if path is not None:
         file = Path(path).expanduser()
-        if not file.is_file():
+        if not _is_file(file):
             raise InvalidInputError(str(file), "no such config file")
-    elif store_dir is not None and (Path(store_dir).expanduser() / CONFIG_NAME).is_file():
+    elif store_dir is not None and _is_file(Path(store_dir).expanduser() / CONFIG_NAME):
         file = Path(store_dir).expanduser() / CONFIG_NAME
     else:
+        # (A store path the OS refuses, e.g. a name too long, is reported by open_store.)
         return Settings()
     try:
-        data = tomllib.loads(file.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise InvalidInputError(str(file), f"cannot read the config file: {e}") from None
+        # Bounded and never blocking, like every user-named file (issue 18).
+        data = tomllib.loads(read_regular_file(file, _MAX_CONFIG_BYTES).decode("utf-8"))
+    except FileReadError as e:
+        raise InvalidInputError(str(file), f"cannot read the config file: {e.reason}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise InvalidInputError(str(file), f"not valid TOML: {e}") from None
     unknown = sorted(set(data) - set(_TABLES))

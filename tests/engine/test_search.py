@@ -69,5 +69,5 @@ def test_removed_reference_leaves_every_index_and_added_one_joins(tmp_path, caps
 
 
 def test_search_needs_exactly_one_query(tmp_path, capsys):
-    assert main(["search", "--store", str(tmp_path / "s")]) == 1
+    assert main(["search", "--store", str(tmp_path / "s")]) == 2  # a usage error
     assert "TEXT query or --image" in capsys.readouterr().err

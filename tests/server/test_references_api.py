@@ -73,7 +73,7 @@ def test_bad_image_is_a_400_naming_the_input_and_stores_nothing(client):
 
 
 def test_bad_ids_and_conflicts_are_400(client):
-    assert_error(client.post("/v1/references", json={"image": b64(photo_png()), "id": "../etc"}), 400, "invalid_input")
+    assert_error(client.post("/v1/references", json={"image": b64(photo_png()), "id": "../etc"}), 400, "invalid_reference_id")  # one code for one mistake (issue 18 row 12)
     assert_error(client.get("/v1/references/a..b"), 400, "invalid_reference_id")
     client.post("/v1/references", json={"image": b64(photo_png()), "id": "taken"})
     conflict = client.post("/v1/references", json={"image": b64(photo_png(flip=True)), "id": "taken"})

@@ -154,3 +154,17 @@ def test_without_keys_only_loopback_may_be_bound(tmp_path):
         capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "REFSIGHT_API_KEYS": ""},
     )
     assert run.returncode == 1 and "loopback" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_keys_file_that_is_not_a_regular_file_is_refused_at_once(tmp_path):
+    """Issue 18 rows 6-7 for the keys file: a FIFO or a device never blocks or fills memory."""
+    import os
+
+    from refsight.server.tenants import load_keys
+
+    fifo = tmp_path / "keys-fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(InvalidInputError, match="FIFO"):
+        load_keys(fifo)
+    with pytest.raises(InvalidInputError, match="character device"):
+        load_keys("/dev/zero")

@@ -99,6 +99,15 @@ class Backend(abc.ABC):
 
         raise BackendError(self.name, "yes/no scoring is not supported by this backend (use the embedding reranker)")
 
+    def count_text_tokens(self, text: str) -> int:
+        """How many tokens ``text`` becomes in a prompt (images not counted).
+
+        Used to refuse an over-long prompt before any model work. This default is a
+        cheap estimate (about four UTF-8 bytes a token, rounded up); backends with a
+        tokenizer count exactly.
+        """
+        return -(-len(text.encode("utf-8", "surrogatepass")) // 4)
+
     def validate_package(self, package: VisualPackage) -> None:
         """Raise :class:`~refsight.errors.CorruptPackageError` if ``package`` cannot serve this model.
 

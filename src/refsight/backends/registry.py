@@ -7,7 +7,8 @@ torch). Third-party packages add backends through the entry-point group
 factory ``factory(name, **options) -> Backend``.
 
 Any name of the form ``hf:<hub id or local directory>`` loads a real Hugging Face
-model through :mod:`refsight.backends.hf`.
+model through :mod:`refsight.backends.hf`; ``llamacpp:<model.gguf>`` (option
+``mmproj=<mmproj.gguf>``) a GGUF model through :mod:`refsight.backends.llamacpp`.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from ..errors import BackendError, RefsightError, UnknownModelError
 from ..package import canonical_json
 from .base import Backend
 
-__all__ = ["register_backend", "available_models", "get_backend", "resolve_factory", "HF_PREFIX"]
+__all__ = ["register_backend", "available_models", "get_backend", "resolve_factory", "HF_PREFIX", "LLAMACPP_PREFIX"]
 
 HF_PREFIX = "hf:"
+#: ``llamacpp:<model.gguf>`` (with the option ``mmproj=<mmproj.gguf>``) loads a GGUF VLM through llama.cpp.
+LLAMACPP_PREFIX = "llamacpp:"
 
 _BUILTINS: dict[str, str] = {
     "toy": "refsight.backends.toy:ToyBackend",
@@ -33,6 +36,11 @@ _BUILTINS: dict[str, str] = {
     "tiny-smolvlm": "refsight.backends.tiny:load_tiny",
     "shape-qwen2-vl-2b": "refsight.backends.tiny:load_tiny",
     "shape-smolvlm-256m": "refsight.backends.tiny:load_tiny",
+    # llama.cpp (GGUF) built-ins: need the ``llamacpp`` extra
+    "tiny-qwen2-vl-gguf": "refsight.backends.llamacpp:load_builtin",
+    "tiny-qwen2.5-vl-gguf": "refsight.backends.llamacpp:load_builtin",
+    "tiny-smolvlm-gguf": "refsight.backends.llamacpp:load_builtin",
+    "shape-qwen2-vl-2b-gguf": "refsight.backends.llamacpp:load_builtin",
 }
 _registered: dict[str, str | Callable[..., Backend]] = {}
 _instances: dict[tuple[str, str], Backend] = {}
@@ -60,6 +68,8 @@ def resolve_factory(name: str) -> Callable[..., Backend]:
     target = _registered.get(name) or _plugin_entries().get(name) or _BUILTINS.get(name)
     if target is None and name.startswith(HF_PREFIX) and len(name) > len(HF_PREFIX):
         target = "refsight.backends.hf:load_hf_backend"
+    if target is None and name.startswith(LLAMACPP_PREFIX) and len(name) > len(LLAMACPP_PREFIX):
+        target = "refsight.backends.llamacpp:load_llamacpp_backend"
     if target is None:
         raise UnknownModelError(name, available_models())
     if callable(target):

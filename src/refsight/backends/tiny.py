@@ -24,7 +24,7 @@ from typing import Any, Callable
 from ..errors import ModelLoadError, UnknownModelError
 from .base import Backend
 
-__all__ = ["TINY_MODELS", "load_tiny", "model_cache_dir", "ensure_model_dir"]
+__all__ = ["TINY_MODELS", "ModelSpec", "load_tiny", "model_cache_dir", "ensure_model_dir", "build_checkpoint"]
 
 #: Bump when a build recipe changes, so old cache entries are not reused.
 BUILD_VERSION = 1
@@ -49,6 +49,9 @@ _QWEN_TEXT = dict(
     max_position_embeddings=4096,
     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
 )
+
+#: The public name of a build recipe (family, vision, text, processor settings).
+ModelSpec = _Spec
 
 TINY_MODELS: dict[str, _Spec] = {
     "tiny-qwen2-vl": _Spec(
@@ -175,17 +178,33 @@ def ensure_model_dir(name: str) -> Path:
 
 
 def _build(name: str, directory: Path) -> None:
+    build_checkpoint(name, TINY_MODELS[name], directory)
+
+
+def build_checkpoint(name: str, spec: _Spec, directory: Path, *, extra_tokens: tuple[str, ...] = ()) -> None:
+    """Build the random-weight HF checkpoint of ``spec`` into ``directory`` (``save_pretrained``).
+
+    Public so that other runtimes' built-in models (the llama.cpp GGUFs) start
+    from the same checkpoints, with their own specs. ``extra_tokens`` are added to
+    the vocabulary before the model is sized to it (llama.cpp's SmolVLM support
+    looks up ``"\\n\\n"`` as a single token, as in SmolLM's real vocabulary).
+    """
     import torch
     from transformers import GenerationConfig
 
     from .hf.tokenizer import QWEN_SPECIAL_TOKENS, smolvlm_special_tokens, train_tokenizer
 
-    spec = TINY_MODELS[name]
     if spec.family == "smolvlm":
         tokenizer = train_tokenizer(smolvlm_special_tokens(), eos_token="<end_of_utterance>", pad_token="<|endoftext|>")
-        config, model_class, processor = _smolvlm_parts(spec, tokenizer)
     else:
         tokenizer = train_tokenizer(QWEN_SPECIAL_TOKENS, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    if extra_tokens:
+        from tokenizers import AddedToken
+
+        tokenizer.add_tokens([AddedToken(t, normalized=False, special=False) for t in extra_tokens])
+    if spec.family == "smolvlm":
+        config, model_class, processor = _smolvlm_parts(spec, tokenizer)
+    else:
         config, model_class, processor = _qwen_parts(spec, tokenizer)
     # A private generator state: building a model must not disturb the caller's RNG.
     with torch.random.fork_rng(devices=[]):

@@ -25,19 +25,21 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
-from ..errors import RubricError
+from ..errors import InvalidInputError, RubricError
+from ..jsonlimits import MAX_JSON_DEPTH, check_json_depth, data_depth
 from ..package import canonical_json
 
 __all__ = [
+    "MAX_CRITERIA",
+    "MAX_CRITERION_CHARS",
+    "MAX_RUBRIC_CHARS",
     "Criterion",
     "Rubric",
     "parse_rubric",
-    "MAX_CRITERIA",
-    "MAX_RUBRIC_CHARS",
-    "MAX_CRITERION_CHARS",
 ]
 
 #: Default limits. They bound the prompt and the constrained output, whose token
@@ -143,6 +145,9 @@ def _items_from_text(text: str) -> list[Any]:
     if not stripped:
         return []
     if stripped[0] in "[{":
+        # Deep nesting would make json.loads recurse until RecursionError: refuse it first
+        # (an input-format problem like any over-deep JSON, so InvalidInputError, not RubricError).
+        check_json_depth(stripped, "rubric")
         try:
             data = json.loads(stripped)
         except json.JSONDecodeError as e:
@@ -159,12 +164,18 @@ def _load_yaml(text: str) -> Any:
     except ImportError:  # pragma: no cover - pyyaml is a dependency
         raise RubricError("rubric", "a YAML rubric needs the pyyaml package") from None
     try:
-        return yaml.safe_load(text)
+        data = yaml.safe_load(text)
+    except RecursionError:
+        # PyYAML composes nested nodes recursively; the stack unwinds cleanly, so say why.
+        raise InvalidInputError("rubric", f"YAML nested more than {MAX_JSON_DEPTH} levels deep") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise RubricError("rubric", f"malformed YAML{where}: {problem}") from None
+    if data_depth(data, stop_above=MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        raise InvalidInputError("rubric", f"YAML nested more than {MAX_JSON_DEPTH} levels deep (the limit is {MAX_JSON_DEPTH})")
+    return data
 
 
 def _items_from_free_text(text: str) -> list[str]:

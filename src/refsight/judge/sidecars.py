@@ -57,11 +57,16 @@ def load_attribute_schema(value: AttributeSchema | Mapping[str, Any] | str | Pat
     if isinstance(value, (str, Path)):
         import yaml
 
+        from ..reading import FileReadError, read_regular_file
+
         path = Path(value)
         try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as e:
-            raise InvalidInputError(str(path), f"cannot read the attribute schema: {e.strerror or e}") from None
+            # A regular file only, never blocking (a FIFO) and never unbounded (/dev/zero).
+            text = read_regular_file(path, 1024 * 1024).decode("utf-8")
+        except FileReadError as e:
+            raise InvalidInputError(str(path), f"cannot read the attribute schema: {e.reason}") from None
+        except UnicodeDecodeError:
+            raise InvalidInputError(str(path), "the attribute schema is not UTF-8 text") from None
         try:
             value = yaml.safe_load(text)  # JSON is YAML too
         except yaml.YAMLError as e:

@@ -31,7 +31,7 @@ import numpy as np
 from refsight.errors import InvalidInputError, StoreError
 from refsight.store.sqlite import SqliteConnections
 
-__all__ = ["VectorDB", "Entry", "validate_where"]
+__all__ = ["VectorDB", "Entry", "validate_where", "MAX_WHERE_KEYS"]
 
 _KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 # SQLite caps bound parameters per statement (32766 by default); stay well below
@@ -91,12 +91,19 @@ class Entry(tuple):
     metadata = property(lambda self: self[3], doc="the reference's metadata dict")
 
 
+#: Most keys one ``where`` filter may hold. Each key is one SQL term, and SQLite refuses an
+#: expression tree over 1000 deep, so a bound well below that keeps every filter answerable.
+MAX_WHERE_KEYS = 32
+
+
 def validate_where(where: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Check a metadata filter: keys are plain names, values JSON scalars; returns a copy."""
+    """Check a metadata filter: at most MAX_WHERE_KEYS keys, plain names, JSON scalar values; returns a copy."""
     if where is None:
         return {}
     if not isinstance(where, Mapping):
         raise InvalidInputError(where, "where must be a mapping of metadata key to value")
+    if len(where) > MAX_WHERE_KEYS:
+        raise InvalidInputError("where", f"{len(where)} keys, over the limit of {MAX_WHERE_KEYS} keys in one filter")
     out = {}
     for key, value in where.items():
         if not isinstance(key, str) or not _KEY.fullmatch(key):

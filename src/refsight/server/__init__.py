@@ -25,6 +25,11 @@ def serve(config: ServerConfig) -> None:
     """Run the app under uvicorn until interrupted (checks the settings before binding)."""
     import uvicorn
 
+    from .access_log import log_config
+
     app = create_app(config)  # raises for a non-loopback host without keys, before any socket opens
-    # The access log shows method, path and status only: never headers, so never keys.
-    uvicorn.run(app, host=config.host, port=config.port, log_level="info", server_header=False)
+    # The access log shows method, path and status only: never headers, and the query
+    # string is redacted (a key sent as ?api_key=... must not reach the log either).
+    uvicorn.run(
+        app, host=config.host, port=config.port, log_level="info", server_header=False, log_config=log_config()
+    )

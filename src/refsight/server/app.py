@@ -18,10 +18,14 @@ from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from .. import __version__
-from .auth import REF_ID_PATH as _REF_ID, require_operator, require_tenant
+from .. import validate_ref_id, validate_where
+from .access_log import install as install_access_log_redaction
+from .auth import REF_ID_PATH as _REF_ID
+from .auth import require_operator, require_tenant
 from .bodies import AddReferenceBody, CompareBody, SearchBody, body_schema, decode_image_field, read_body
 from .config import ServerConfig
 from .errors import ERROR_RESPONSES, ApiError, CatchAllMiddleware, install_error_handlers
+from .gate import AuthGateMiddleware
 from .limits import BodyLimitMiddleware, WorkPool
 from .metrics import CONTENT_TYPE_LATEST, Metrics
 from .service import Service
@@ -65,7 +69,7 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
         version=__version__,
         description="Compare new images against fixed references with a VLM, encoding each reference once.",
         lifespan=lifespan,
-        responses={k: v for k, v in ERROR_RESPONSES.items() if k in (401, 413, 422, 429, 500)},
+        responses={k: v for k, v in ERROR_RESPONSES.items() if k in (401, 413, 422, 429, 500, 503)},
     )
     app.state.config = config
     app.state.tenants = tenants
@@ -77,8 +81,11 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
     # Innermost first: crashes become JSON 500s that the timing middleware then counts.
     app.add_middleware(CatchAllMiddleware)
     app.middleware("http")(metrics.middleware())
-    # Outermost: a body over the limit is refused before routing, parsing or timing.
+    # A body over the limit (or JSON nested too deep) is refused before routing, parsing or timing.
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    # Outermost: a request without a valid key is refused before its body is read at all.
+    app.add_middleware(AuthGateMiddleware, tenants=tenants, routes=lambda: app.routes)
+    install_access_log_redaction()
 
     _add_routes(app, service, pool, tenants, metrics)
     from .openai_compat import router as openai_router
@@ -116,6 +123,8 @@ def _add_routes(app: FastAPI, service: Service, pool: WorkPool, tenants: Tenants
     async def add_reference(request: Request, namespace: str = Depends(require_tenant)) -> JSONResponse:
         """Add a reference image (JSON with base64, or multipart); the same fields as ``refsight add --json``."""
         body, blobs = await read_body(request, AddReferenceBody, files={"image"})
+        if body.id is not None:
+            validate_ref_id(body.id)  # the same 400 invalid_reference_id as a bad id in a URL
         data = blobs.get("image") or decode_image_field(body.image, "image")
 
         def work() -> dict[str, Any]:
@@ -161,6 +170,11 @@ def _add_routes(app: FastAPI, service: Service, pool: WorkPool, tenants: Tenants
             raise ApiError(400, "invalid_input", "ref_ids/top_k: name references with ref_ids, or recall them with top_k")
         if body.rerank is not None and body.top_k is None:
             raise ApiError(400, "invalid_input", "rerank: recalls N and judges the top_k best; give top_k too")
+        if body.query is not None and body.top_k is None:
+            # query only steers recall; without top_k it would be silently ignored.
+            raise ApiError(400, "invalid_input", "query: recalls references by text, so it needs top_k")
+        for ref_id in body.ref_ids:
+            validate_ref_id(ref_id)
         data = blobs.get("candidate") or decode_image_field(body.candidate, "candidate")
 
         def work() -> dict[str, Any]:
@@ -182,6 +196,7 @@ def _add_routes(app: FastAPI, service: Service, pool: WorkPool, tenants: Tenants
             raise ApiError(400, "invalid_input", "text/image: give exactly one of text or image")
         if body.text is not None and not body.text.strip():
             raise ApiError(400, "invalid_input", "text: the query text is empty")
+        validate_where(body.where)  # at most MAX_WHERE_KEYS keys: 400 here, before any model work
         data = decode_image_field(body.image, "image") if body.image is not None else None
 
         def work() -> dict[str, Any]:

@@ -16,19 +16,20 @@ from typing import Any, Literal
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .. import MAX_WHERE_KEYS, check_json_depth, load_json
 from .errors import ApiError
 
 __all__ = [
     "AddReferenceBody",
     "CompareBody",
     "SearchBody",
-    "read_body",
-    "decode_image_field",
-    "decode_data_url",
     "body_schema",
+    "decode_data_url",
+    "decode_image_field",
+    "read_body",
 ]
 
-_DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(?:;[\w.+-]+=[^;,]*)*)(?P<b64>;base64)?,(?P<data>.*)", re.S)
+_DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(?:;[\w.+-]+=[^;,]*)*)(?P<b64>;base64)?,(?P<data>.*)", re.DOTALL)
 
 
 class AddReferenceBody(BaseModel):
@@ -72,7 +73,11 @@ class SearchBody(BaseModel):
     text: str | None = Field(None, max_length=2000)
     image: str | None = Field(None, description="a query image as base64 or a data: URL")
     k: int = Field(10, ge=1, le=1000)
-    where: dict[str, str | int | float | bool] | None = Field(None, description="metadata filters, KEY: VALUE")
+    where: dict[str, str | int | float | bool] | None = Field(
+        None,
+        description=f"metadata filters, KEY: VALUE (at most {MAX_WHERE_KEYS} keys)",
+        json_schema_extra={"maxProperties": MAX_WHERE_KEYS},
+    )
 
 
 def decode_data_url(url: str, field: str) -> bytes:
@@ -108,6 +113,19 @@ def _validation_error(exc: ValidationError) -> ApiError:
     return ApiError(422, "validation_error", "; ".join(parts))
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise _DuplicateKey(f"key {key!r} appears twice in one object")
+        data[key] = value
+    return data
+
+
 _LIST_FIELDS = {"ref_ids"}
 _JSON_FIELDS = {"metadata", "where"}
 
@@ -121,8 +139,12 @@ async def read_body(request: Request, model: type[BaseModel], *, files: set[str]
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "application/json" or content_type.endswith("+json"):
         raw = await request.body()
+        check_json_depth(raw, "request body")  # BodyLimitMiddleware checked already; this is for other hosts
         try:
-            data = json.loads(raw)
+            # Duplicate keys would otherwise silently keep the last value.
+            data = json.loads(raw, object_pairs_hook=_no_duplicate_keys)
+        except _DuplicateKey as e:
+            raise ApiError(400, "invalid_input", f"request body: {e}") from None
         except (ValueError, UnicodeDecodeError) as e:
             raise ApiError(400, "invalid_input", f"request body: not valid JSON ({e})") from None
         if not isinstance(data, dict):
@@ -152,6 +174,9 @@ async def _read_multipart(request: Request, model: type[BaseModel], files: set[s
     try:
         for name in set(form.keys()):
             values = form.getlist(name)
+            if len(values) > 1 and name not in _LIST_FIELDS:
+                # Two image parts (or two ids): which one was meant is a guess, so refuse.
+                raise ApiError(400, "invalid_input", f"{name}: given {len(values)} times; send it once")
             if name in files:
                 value = values[-1]
                 if isinstance(value, UploadFile):
@@ -164,10 +189,7 @@ async def _read_multipart(request: Request, model: type[BaseModel], files: set[s
             elif any(isinstance(v, UploadFile) for v in values):
                 raise ApiError(422, "validation_error", f"{name}: expected a text field, got a file")
             elif name in _JSON_FIELDS:
-                try:
-                    data[name] = json.loads(values[-1]) if values[-1].strip() else None
-                except ValueError as e:
-                    raise ApiError(400, "invalid_input", f"{name}: not valid JSON ({e})") from None
+                data[name] = load_json(values[-1], name) if values[-1].strip() else None
             else:
                 data[name] = values[-1] if values[-1] != "" else None
     finally:

@@ -45,6 +45,8 @@ class ServerConfig:
     #: Share packages across tenants: saves encodes, but reveals by timing that SOME tenant
     #: holds an image. Off by default: each tenant's namespace salts its package keys.
     share_encodes: bool = False
+    #: Most text tokens (the backend's tokenizer) a chat prompt may hold; images are not counted.
+    max_prompt_tokens: int = 8192
     #: Memory tier budget of the package store (None: the store's default).
     memory_bytes: int | None = None
     thumbnail_px: int = 256
@@ -59,17 +61,18 @@ class ServerConfig:
 
     def validate(self, keys: dict[str, str]) -> None:
         """Raise InvalidInputError for settings that cannot work, naming the setting."""
-        for name in ("workers", "max_body_bytes", "max_image_pixels", "max_new_tokens", "thumbnail_px"):
+        for name in ("workers", "max_body_bytes", "max_image_pixels", "max_new_tokens", "max_prompt_tokens", "thumbnail_px"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise InvalidInputError(name, f"must be a positive integer, got {value!r}")
         if not isinstance(self.queue, int) or self.queue < 0:
             raise InvalidInputError("queue", f"must be a non-negative integer, got {self.queue!r}")
         if not keys and not is_loopback(self.host):
+            # Neutral words (not CLI flags): this is raised to library callers too.
             raise InvalidInputError(
-                f"--host {self.host}",
+                f"host {self.host}",
                 "no API keys are configured, so refsight serves on loopback only "
-                "(127.0.0.1 / ::1); give --keys FILE or set REFSIGHT_API_KEYS to bind elsewhere",
+                "(127.0.0.1 / ::1); configure API keys (a keys file or $REFSIGHT_API_KEYS) to bind elsewhere",
             )
 
     @property

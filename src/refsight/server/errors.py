@@ -11,11 +11,16 @@ Codes, by status::
     401 unauthorized          403 forbidden         404 not_found, reference_not_found, model_not_found
     405 method_not_allowed    413 body_too_large    415 unsupported_media_type
     422 validation_error      429 overloaded        500 internal_error, backend_error, store_error
+    503 store_unavailable     (the store's disk is full or read-only; nothing stored is lost, retry later)
+
+Messages use the HTTP API's words: a library message that names a command-line flag
+(``--top-k``) is translated to the request field (``top_k``) by :func:`http_wording`.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -37,6 +42,7 @@ from ..errors import (
     RefsightError,
     RubricError,
     StoreError,
+    StoreUnavailableError,
     UnknownModelError,
 )
 
@@ -90,6 +96,26 @@ def error_response(status: int, code: str, message: str, headers: dict[str, str]
     return JSONResponse(error_body(code, message), status_code=status, headers=headers)
 
 
+#: Command-line flags that library messages may name, and the request fields they mean.
+_FLAG_FIELDS = {
+    "--ref": "ref_ids",
+    "--top-k": "top_k",
+    "--query": "query",
+    "--criteria": "criteria",
+    "--where": "where",
+    "--meta": "metadata",
+    "--id": "id",
+    "--image": "image",
+    "--k": "k",
+}
+_FLAG = re.compile(r"(?<![\w-])(" + "|".join(re.escape(f) for f in sorted(_FLAG_FIELDS, key=len, reverse=True)) + r")(?![\w-])")
+
+
+def http_wording(message: str) -> str:
+    """``message`` with command-line flags replaced by the HTTP request fields they correspond to."""
+    return _FLAG.sub(lambda m: _FLAG_FIELDS[m.group(1)], message)
+
+
 #: Every library error class → (HTTP status, stable code). Looked up along the class's MRO, so
 #: a subclass without its own row maps like its parent; a test enumerates every subclass.
 ERROR_STATUS: dict[type[RefsightError], tuple[int, str]] = {
@@ -104,6 +130,7 @@ ERROR_STATUS: dict[type[RefsightError], tuple[int, str]] = {
     UnknownModelError: (404, "model_not_found"),
     CorruptPackageError: (500, "store_error"),
     StoreError: (500, "store_error"),
+    StoreUnavailableError: (503, "store_unavailable"),
     BackendError: (500, "backend_error"),
     ModelLoadError: (500, "backend_error"),
     GenerationError: (500, "backend_error"),
@@ -126,8 +153,14 @@ def status_of(error: RefsightError) -> tuple[int, str]:
 
 
 def from_refsight(error: RefsightError) -> ApiError:
-    """Translate a library error into the client's view of it."""
+    """Translate a library error into the client's view of it (in the HTTP API's words)."""
     status, code = status_of(error)
+    if isinstance(error, StoreUnavailableError):
+        # A full or read-only disk: reads still work and nothing is lost; the client may retry.
+        return ApiError(
+            status, code, f"the reference store cannot be written: {error.reason}; retry later",
+            headers={"Retry-After": "60"},
+        )
     if isinstance(error, ReferenceNotFoundError):
         # The same words whether the id never existed or belongs to another tenant.
         return ApiError(status, code, f"reference not found: {error.name!r}")
@@ -135,7 +168,7 @@ def from_refsight(error: RefsightError) -> ApiError:
         return ApiError(status, code, f"model not found: {error.name!r}")
     if status >= 500:
         return ApiError(status, code, _GENERIC.get(code, str(error)))
-    return ApiError(status, code, str(error))
+    return ApiError(status, code, http_wording(str(error)))
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -159,7 +192,7 @@ def install_error_handlers(app: FastAPI) -> None:
         if api.status >= 500:
             # The details stay in the server log; the client gets the generic message.
             log.error("%s %s failed: %s", request.method, request.url.path, exc, exc_info=exc)
-        return error_response(api.status, api.code, api.message)
+        return error_response(api.status, api.code, api.message, api.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -243,4 +276,5 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     422: _schema("Request does not match the schema"),
     429: _schema("Too many requests in flight; retry later"),
     500: _schema("Internal error (no details are given to clients)"),
+    503: _schema("The store cannot be written now (disk full or read-only); nothing is lost, retry later"),
 }

@@ -3,6 +3,9 @@
 - :class:`BodyLimitMiddleware` refuses a request body over ``max_bytes`` with 413
   before any handler sees it: a declared ``Content-Length`` is checked up front, and
   a chunked body is counted as it arrives, so a lying or absent header does not help.
+  A JSON body (or one without a content type, which FastAPI parses as JSON) nested
+  deeper than :data:`refsight.jsonlimits.MAX_JSON_DEPTH` is refused with 400
+  ``invalid_input`` in the same pass, before any parser could recurse on it.
 - :class:`WorkPool` runs blocking model work in a bounded set of threads (off the
   event loop). At most ``workers`` jobs run and at most ``queue`` wait; one more is
   refused at once with 429 ``overloaded`` instead of piling up unbounded latency.
@@ -18,11 +21,15 @@ from typing import Any, Callable, TypeVar
 import anyio
 import anyio.to_thread
 
+from .. import MAX_JSON_DEPTH, json_depth
 from .errors import ApiError, error_response
 
 __all__ = ["BodyLimitMiddleware", "WorkPool"]
 
 T = TypeVar("T")
+
+#: Bodies up to this size have their JSON depth checked on the event loop (well under a millisecond).
+_INLINE_CHECK_BYTES = 1 << 20
 
 
 class _TooLarge(Exception):
@@ -66,6 +73,10 @@ class BodyLimitMiddleware:
             chunks.append(chunk)
             more = message.get("more_body", False)
         body = b"".join(chunks)
+        problem = await _json_depth_problem(scope, body)
+        if problem is not None:
+            await error_response(400, "invalid_input", problem)(scope, receive, send)
+            return
         replayed = False
 
         async def replay() -> dict:
@@ -80,6 +91,26 @@ class BodyLimitMiddleware:
     async def _refuse(self, scope: dict, receive: Callable, send: Callable) -> None:
         response = error_response(413, "body_too_large", f"request body is over the {self.max_bytes}-byte limit")
         await response(scope, receive, send)
+
+
+def _is_json(scope: dict) -> bool:
+    # FastAPI parses a body without a content type as JSON too, so that counts.
+    content_type = dict(scope.get("headers") or []).get(b"content-type", b"").split(b";")[0].strip().lower()
+    return not content_type or content_type == b"application/json" or content_type.endswith(b"+json")
+
+
+async def _json_depth_problem(scope: dict, body: bytes) -> str | None:
+    """Why a JSON body is refused for its nesting, or None."""
+    if not body or not _is_json(scope):
+        return None
+    # Milliseconds for ordinary bodies; an adversarial one of brackets takes longer, off the loop.
+    if len(body) > _INLINE_CHECK_BYTES:
+        depth = await anyio.to_thread.run_sync(lambda: json_depth(body, stop_above=MAX_JSON_DEPTH))
+    else:
+        depth = json_depth(body, stop_above=MAX_JSON_DEPTH)
+    if depth > MAX_JSON_DEPTH:
+        return f"request body: JSON nested more than {MAX_JSON_DEPTH} levels deep (the limit is {MAX_JSON_DEPTH})"
+    return None
 
 
 class WorkPool:

@@ -27,6 +27,7 @@ from .. import ReferenceSegment
 from .auth import require_tenant
 from .bodies import decode_data_url
 from .errors import ERROR_RESPONSES, ApiError
+from .prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
 
 __all__ = ["router", "ChatRequest", "messages_to_segments", "REF_URL_PREFIX"]
 
@@ -149,7 +150,24 @@ def _json_schema(fmt: ResponseFormat | None) -> dict[str, Any] | None:
         return {"type": "object"}
     if fmt.json_schema is None or fmt.json_schema.schema_ is None:
         raise ApiError(400, "invalid_input", "response_format.json_schema.schema: a json_schema format needs a schema")
-    return fmt.json_schema.schema_
+    schema = fmt.json_schema.schema_
+    _check_schema(schema)
+    return schema
+
+
+def _check_schema(schema: dict[str, Any]) -> None:
+    """400 naming the problem when ``schema`` is not a valid JSON Schema (checked against its meta-schema)."""
+    from jsonschema import SchemaError
+    from jsonschema.validators import validator_for
+
+    try:
+        validator_for(schema).check_schema(schema)
+    except SchemaError as e:
+        where = "/".join(str(p) for p in e.absolute_path) or "(root)"
+        raise ApiError(
+            400, "invalid_input",
+            f"response_format.json_schema.schema: not a valid JSON Schema at {where}: {e.message[:300]}",
+        ) from None
 
 
 @router.post("/v1/chat/completions", responses={k: ERROR_RESPONSES[k] for k in (400, 404)})
@@ -167,6 +185,12 @@ async def chat_completions(body: ChatRequest, request: Request, namespace: str =
     if max_new_tokens > config.max_new_tokens:
         raise ApiError(400, "invalid_input", f"max_tokens: {max_new_tokens} is over the limit of {config.max_new_tokens}")
     json_schema = _json_schema(body.response_format)
+    # Before any model work: a character bound on the event loop, then the tokenizer's
+    # count in the shared thread pool (never in a model worker).
+    texts = prompt_texts(body.messages)
+    check_prompt_chars(texts, config.max_prompt_tokens)
+    backend = service.engine.backend()
+    await request.app.state.pool.run_light(check_prompt_tokens, texts, config.max_prompt_tokens, backend.count_text_tokens)
 
     def work() -> dict[str, Any]:
         segments = messages_to_segments(body.messages, service.decode)

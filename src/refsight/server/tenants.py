@@ -20,10 +20,10 @@ import ipaddress
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Mapping
 
 from ..errors import InvalidInputError
+from .. import FileReadError, read_regular_file
 
 __all__ = ["Tenants", "OPERATOR", "ENV_VAR", "is_loopback", "parse_key_pairs", "load_keys"]
 
@@ -34,6 +34,7 @@ ENV_VAR = "REFSIGHT_API_KEYS"
 
 _NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _MIN_KEY_CHARS = 8
+_MAX_KEYS_FILE_BYTES = 1 << 20
 
 
 def _digest(key: str) -> bytes:
@@ -71,9 +72,10 @@ def load_keys(path: str | os.PathLike | None = None, environ: Mapping[str, str] 
     if path is not None:
         label = f"keys file {os.fspath(path)}"
         try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as e:
-            raise InvalidInputError(label, f"cannot read: {e.strerror or e}") from None
+            # A regular file of sane size only: a FIFO or /dev/zero must not hang or fill memory.
+            text = read_regular_file(path, _MAX_KEYS_FILE_BYTES).decode("utf-8")
+        except FileReadError as e:
+            raise InvalidInputError(label, f"cannot read: {e.reason}") from None
         except UnicodeDecodeError:
             raise InvalidInputError(label, "not UTF-8 text") from None
         keys = parse_key_pairs(text, source=label, lines=True)

@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import StoreError
+from ._failures import store_failure, unavailable_reason
 from ._sqlite import SCHEMA_VERSION, Database
 from .base import (
     COUNTER_NAMES,
@@ -30,6 +31,7 @@ from .base import (
 )
 from .catalog import SqliteCatalog
 from .counters import CounterBuffer
+from .gc import DEFAULT_GRACE_S, collect_garbage, sweep_stale_temps
 from .local import LocalPackageStore, PackageRecord
 from .memory import MemoryPackageStore
 from .tiered import TieredPackageStore
@@ -75,6 +77,15 @@ class Store:
         self.memory = MemoryPackageStore(memory_bytes, on_evict=lambda key, package: self.counters.add(evictions=1))
         self.packages = TieredPackageStore([self.memory, self.local])
 
+    def gc(self, *, grace_s: float = DEFAULT_GRACE_S) -> dict[str, int]:
+        """Remove what interrupted writes left behind (see :mod:`refsight.store.gc`); returns counts.
+
+        Temp files, package and image files without an index row, package rows no
+        reference links to and image rows no reference uses; rows and temp files
+        younger than ``grace_s`` seconds are left to the writes that may still own them.
+        """
+        return collect_garbage(self, grace_s=grace_s)
+
     def close(self) -> None:
         """Write pending counters, drop the memory tier and close the database connections. Idempotent."""
         if self._db.closed:
@@ -100,18 +111,30 @@ def open_store(root: str | os.PathLike, *, memory_bytes: int = DEFAULT_MEMORY_BY
     when ``root`` holds a database that is not a refsight store (or a newer one).
     """
     path = Path(os.path.expanduser(os.fspath(root)))
+    try:
+        return _open(path, memory_bytes)
+    except OSError as exc:
+        # ENAMETOOLONG, ELOOP, EACCES on a parent ...: a StoreError naming the path, not a traceback.
+        raise store_failure(exc, path, f"cannot open store directory {path}") from exc
+
+
+def _open(path: Path, memory_bytes: int) -> Store:
     if path.exists() and not path.is_dir():
         raise StoreError(f"store path {path} exists and is not a directory")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise StoreError(f"cannot create store directory {path}: {exc.strerror or exc}") from exc
+        raise store_failure(exc, path, f"cannot create store directory {path}") from exc
     # Probe writability now, so the failure names the directory instead of surfacing
     # later as an obscure SQLite or rename error halfway through a write.
     try:
         with tempfile.TemporaryFile(dir=path):
             pass
     except OSError as exc:
-        raise StoreError(f"store directory {path} is not writable: {exc.strerror or exc}") from exc
+        if unavailable_reason(exc, path) is None:
+            raise StoreError(f"store directory {path} is not writable: {exc.strerror or exc}") from exc
+        raise store_failure(exc, path, f"store directory {path} is not writable") from exc
     database = Database(path)
+    # Temp files of writers killed long ago (an hour or more); cheap, at most hourly.
+    sweep_stale_temps(path)
     return Store(path, database, memory_bytes)

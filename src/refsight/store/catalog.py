@@ -20,6 +20,7 @@ from typing import Any
 
 from ..errors import InvalidInputError, NotFoundError, ReferenceNotFoundError, StoreError
 from ..package import canonical_json
+from ._failures import store_failure
 from ._files import checksum as file_checksum
 from ._files import publish, read_exact, write_temp
 from ._sqlite import Database
@@ -372,7 +373,7 @@ class SqliteCatalog(Catalog):
         try:
             temp, digest, size = write_temp(final.parent, [data])
         except OSError as exc:
-            raise StoreError(f"cannot write image {image_sha256} under {final.parent}: {exc}") from exc
+            raise store_failure(exc, final.parent, f"cannot write image {image_sha256}") from exc
         published = False
         try:
             # Same ordering as packages: fsynced file, rename + directory fsync, then the
@@ -387,7 +388,7 @@ class SqliteCatalog(Catalog):
                     (image_sha256, str(final.relative_to(self.root)), size, fmt, digest),
                 )
         except OSError as exc:
-            raise StoreError(f"cannot publish image {image_sha256}: {exc}") from exc
+            raise store_failure(exc, final, f"cannot publish image {image_sha256}") from exc
         finally:
             if not published:
                 temp.unlink(missing_ok=True)

@@ -28,6 +28,7 @@ import xxhash
 from ..errors import CorruptPackageError, InvalidInputError, StoreError
 from ..package import EncoderFingerprint, VisualPackage, canonical_json, package_key, tensor_spec
 from . import _safetensors
+from ._failures import store_failure
 from ._files import TEMP_PREFIX, publish, write_temp
 from ._sqlite import Database
 from .base import PackageStore
@@ -156,7 +157,7 @@ class LocalPackageStore(PackageStore):
             #    the slow part runs in parallel across processes.
             temp, digest, size = write_temp(final.parent, chunks)
         except OSError as exc:
-            raise StoreError(f"cannot write package {key} under {final.parent}: {exc}") from exc
+            raise store_failure(exc, final.parent, f"cannot write package {key}") from exc
         fingerprint = package.fingerprint
         row = (
             key,
@@ -187,7 +188,7 @@ class LocalPackageStore(PackageStore):
                 published = True
                 conn.execute(f"INSERT INTO packages ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
         except OSError as exc:
-            raise StoreError(f"cannot publish package {key}: {exc}") from exc
+            raise store_failure(exc, final, f"cannot publish package {key}") from exc
         finally:
             if not published:
                 temp.unlink(missing_ok=True)

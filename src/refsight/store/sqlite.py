@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..errors import StoreError
+from ..errors import StoreError, StoreUnavailableError
+from ._failures import store_failure, unavailable_reason
 
 __all__ = ["BUSY_TIMEOUT_MS", "SqliteConnections"]
 
@@ -68,7 +69,7 @@ class SqliteConnections:
                     schema(conn)
             except sqlite3.Error as exc:
                 self.close()
-                raise StoreError(self._open_error.format(path=self.path, exc=exc)) from exc
+                raise self._open_failure(exc) from exc
             except BaseException:
                 self.close()
                 raise
@@ -116,7 +117,7 @@ class SqliteConnections:
                 conn.close()
                 raise sqlite3.OperationalError(f"cannot switch the database to WAL mode (got {mode!r})")
         except (OSError, sqlite3.Error) as exc:
-            raise StoreError(self._open_error.format(path=self.path, exc=exc)) from exc
+            raise self._open_failure(exc) from exc
         with self._lock:
             self._connections.append((os.getpid(), conn))
         return conn
@@ -129,19 +130,30 @@ class SqliteConnections:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
             # Another process held the write lock for the whole busy_timeout (or the disk failed).
-            raise StoreError(f"{self.path}: cannot start a write: {exc}") from exc
+            raise store_failure(exc, self.path, f"{self.path}: cannot start a write") from exc
         try:
             yield conn
+        except sqlite3.Error as exc:
+            # A statement failed (a full disk shows here as SQLITE_FULL): roll back and say why,
+            # as a refsight error rather than a raw sqlite3 exception.
+            _rollback(conn)
+            raise store_failure(exc, self.path, f"{self.path}: cannot write") from exc
         except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+            _rollback(conn)
             raise
         try:
             conn.execute("COMMIT")
         except sqlite3.OperationalError as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise StoreError(f"{self.path}: cannot commit a write: {exc}") from exc
+            _rollback(conn)
+            raise store_failure(exc, self.path, f"{self.path}: cannot commit a write") from exc
+
+    def _open_failure(self, exc: BaseException) -> StoreError:
+        # A full or read-only disk is named as such (StoreUnavailableError), never as
+        # "not a refsight store"; anything else keeps the caller's wording.
+        reason = unavailable_reason(exc, self.path)
+        if reason is not None:
+            return StoreUnavailableError(f"cannot open the database {self.path}: {reason}", reason)
+        return StoreError(self._open_error.format(path=self.path, exc=exc))
 
     def close(self) -> None:
         """Close the connections this process opened; later use raises :class:`StoreError`. Idempotent."""
@@ -158,3 +170,12 @@ class SqliteConnections:
             except sqlite3.Error:
                 pass
         self._local = threading.local()
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    # SQLite may already have rolled back by itself (e.g. after SQLITE_FULL).
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass

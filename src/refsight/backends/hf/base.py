@@ -178,6 +178,11 @@ class HFBackend(Backend):
         self._fingerprint: EncoderFingerprint | None = None
         self._fingerprint = self.fingerprint()
 
+    def count_text_tokens(self, text: str) -> int:
+        """The exact number of tokens the model's tokenizer makes of ``text`` (no special tokens added)."""
+        with runtime_errors(self.name, BackendError, "cannot tokenize"):
+            return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
     # ------------------------------------------------------------------ loading
 
     @classmethod

@@ -1,0 +1,180 @@
+"""llama.cpp backend: GGUF VLMs (language model + mmproj) through llama-cpp-python's mtmd bindings.
+
+``--model llamacpp:/models/qwen2-vl-2b.gguf --mmproj /models/mmproj-qwen2-vl-2b.gguf``
+(or ``get_backend("llamacpp:M.gguf", mmproj="P.gguf")``). Built-in offline models
+with random weights: ``tiny-qwen2-vl-gguf``, ``tiny-qwen2.5-vl-gguf``,
+``tiny-smolvlm-gguf`` and the real-shape ``shape-qwen2-vl-2b-gguf``, built on first
+use (see :mod:`.models`). Needs ``pip install 'refsight[llamacpp]'``
+(llama-cpp-python, pinned: the signature of ``mtmd_helper_decode_image_chunk``
+changes between releases).
+
+Modules: :mod:`.native` (the only code calling llama.cpp), :mod:`.package_format`
+(the package and its fingerprint), :mod:`.prompt` (chat template),
+:mod:`.generation` (prompt evaluation and decoding), :mod:`.grammar` (JSON schema →
+GBNF), :mod:`.backend` (the :class:`~refsight.backends.base.Backend`), :mod:`.models`
+(built-in GGUFs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ...errors import InvalidInputError, ModelLoadError
+
+__all__ = ["LLAMACPP_PREFIX", "load_llamacpp_backend", "load_builtin", "SUPPORTED_OPTIONS"]
+
+LLAMACPP_PREFIX = "llamacpp:"
+MARKER_FILE = "refsight_model.json"
+
+#: Options the factory takes; any other option is refused by name.
+SUPPORTED_OPTIONS = (
+    "mmproj", "device", "dtype", "batch_size", "processor_kwargs", "n_ctx", "n_threads",
+    "image_min_tokens", "image_max_tokens",
+)
+#: mtmd's image settings, also accepted inside ``processor_kwargs`` (the CLI's ``--processor KEY=VALUE``).
+MTMD_SETTINGS = ("image_min_tokens", "image_max_tokens")
+
+
+def _require_runtime(name: str) -> None:
+    try:
+        import llama_cpp
+        import llama_cpp.mtmd_cpp  # noqa: F401
+    except ImportError as e:
+        raise ModelLoadError(name, f"llama-cpp-python is not installed: pip install 'refsight[llamacpp]' ({e})") from e
+    from .models import LLAMA_CPP_PYTHON_VERSION
+    from .native import llama_cpp_version
+
+    if llama_cpp_version() != LLAMA_CPP_PYTHON_VERSION:
+        raise ModelLoadError(
+            name,
+            f"llama-cpp-python {llama_cpp_version()} is installed; refsight needs exactly {LLAMA_CPP_PYTHON_VERSION} "
+            "(its mtmd helper signatures change between releases)",
+        )
+
+
+def _existing_file(name: str, what: str, path: Any) -> Path:
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise ModelLoadError(name, f"no {what} given")
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ModelLoadError(name, f"no such {what}: {p}")
+    if not p.is_file():
+        raise ModelLoadError(name, f"{what} {p} is not a file")
+    return p.resolve()
+
+
+def _int_option(options: dict[str, Any], key: str, default: int, minimum: int) -> int:
+    value = options.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidInputError(key, f"must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _settings(options: dict[str, Any]):
+    from .native import RuntimeSettings
+
+    unknown = sorted(set(options) - set(SUPPORTED_OPTIONS))
+    if unknown:
+        raise InvalidInputError(
+            unknown, f"option(s) not supported by the llama.cpp backend; accepted: {', '.join(SUPPORTED_OPTIONS)}"
+        )
+    extra = dict(options.get("processor_kwargs") or {})
+    bad = sorted(set(extra) - set(MTMD_SETTINGS))
+    if bad:
+        raise InvalidInputError(bad, f"llama.cpp's image settings are {', '.join(MTMD_SETTINGS)}")
+    for key in MTMD_SETTINGS:
+        if key in extra and options.get(key) is not None and options[key] != extra[key]:
+            raise InvalidInputError(key, "given twice with different values")
+    options = {**options, **extra}
+    device = options.get("device") or "cpu"
+    if device not in ("auto", "cpu", "gpu", "cuda", "mps") and not str(device).startswith("cuda:"):
+        raise InvalidInputError("device", f"the llama.cpp backend runs on cpu, cuda or mps, not {device!r}")
+    # The GGUF fixes the weights' types and mtmd hands out float32 features: no dtype to choose.
+    if options.get("dtype") not in (None, "auto", "float32"):
+        raise InvalidInputError("dtype", "the llama.cpp backend takes the weight types of the GGUF files; quantise those instead")
+    _int_option(options, "batch_size", 1, 1)  # requests run one after another whatever the batch size
+    return RuntimeSettings(
+        n_ctx=_int_option(options, "n_ctx", 4096, 256),
+        n_threads=_int_option(options, "n_threads", 0, 0),
+        image_min_tokens=_int_option(options, "image_min_tokens", -1, -1),
+        image_max_tokens=_int_option(options, "image_max_tokens", -1, -1),
+        use_gpu=_use_gpu(device),
+    )
+
+
+def _use_gpu(device: str) -> bool:
+    if device == "cpu":
+        return False
+    if device == "auto":
+        try:
+            import llama_cpp
+
+            return bool(llama_cpp.llama_supports_gpu_offload())
+        except ImportError:
+            return False
+    return True
+
+
+def _marker(model_path: Path) -> dict[str, Any]:
+    """The ``refsight_model.json`` refsight writes beside the GGUFs it builds (random weights), or {}."""
+    try:
+        return json.loads((model_path.parent / MARKER_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def load_llamacpp_backend(name: str, *, source: str | None = None, model_id: str | None = None,
+                          random_weights: bool | None = None, **options: Any):
+    """The registry factory for ``llamacpp:<model.gguf>``; ``mmproj=<mmproj.gguf>`` is required.
+
+    Options (the :class:`~refsight.backends.options.BackendOptions` names where they
+    exist): ``mmproj``, ``device`` (cpu, auto, cuda[:N], mps), ``batch_size``,
+    ``image_min_tokens`` / ``image_max_tokens`` (mtmd's limits; they change the
+    chunks and so the keys; also accepted in ``processor_kwargs``), ``n_ctx``,
+    ``n_threads``; ``dtype`` only as "auto"/"float32" (the GGUF fixes the weights).
+    Anything else (``attn``, ``min_pixels``, ``revision`` ...) raises
+    :class:`InvalidInputError` naming it. Missing or mismatched files raise
+    :class:`ModelLoadError`.
+    """
+    settings = _settings(options)
+    if source is None:
+        source = name[len(LLAMACPP_PREFIX):] if name.startswith(LLAMACPP_PREFIX) else name
+    model_path = _existing_file(name, "model GGUF", source)
+    if options.get("mmproj") is None:
+        raise ModelLoadError(
+            name, "a llama.cpp VLM needs its vision projector: give mmproj=PATH.gguf (CLI: --mmproj PATH.gguf)"
+        )
+    mmproj_path = _existing_file(name, "mmproj GGUF", options["mmproj"])
+    _require_runtime(name)
+    marker = _marker(model_path)
+    if random_weights is None:
+        # A GGUF refsight built (its outputs must say so wherever it is loaded from).
+        random_weights = bool(marker.get("random_weights", False))
+    model_id = model_id or marker.get("model_id")
+    from .backend import LlamaCppBackend
+    from .native import NativeError
+
+    try:
+        return LlamaCppBackend(
+            name, model_path=model_path, mmproj_path=mmproj_path, settings=settings,
+            model_id=model_id, random_weights=random_weights,
+        )
+    except NativeError as e:
+        raise ModelLoadError(name, str(e)) from e
+
+
+def load_builtin(name: str, **options: Any):
+    """The registry factory for the built-in ``*-gguf`` models: build once (see :mod:`.models`), then load."""
+    if options.get("mmproj") is not None:
+        raise InvalidInputError("mmproj", f"{name} is a built-in model with its own mmproj")
+    _settings(options)  # refuse bad options before a possibly long build
+    _require_runtime(name)
+    from .models import ensure_gguf
+
+    model_path, mmproj_path = ensure_gguf(name)
+    return load_llamacpp_backend(name, source=str(model_path), **{**options, "mmproj": str(mmproj_path)})

@@ -1,0 +1,279 @@
+""":class:`LlamaCppBackend`: refsight's Backend on llama.cpp (GGUF language model + mmproj).
+
+Encoding tokenizes one media marker with the real bitmap and keeps every image
+chunk's embeddings (:mod:`.package_format`). Generation renders the GGUF's chat
+template around media markers and tokenizes it with mtmd; a cached package's image
+is a size-only placeholder bitmap whose chunks are decoded from the saved
+embeddings, a fresh image goes through llama.cpp's own pixel path. Decoding then
+runs llama.cpp's sampler chain (greedy, or seeded sampling), with a GBNF grammar
+made from the request's JSON schema when there is one (:mod:`.grammar`).
+
+Runtime failures become refsight errors here and only here (:func:`_native_errors`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ...errors import (
+    BackendError,
+    CorruptPackageError,
+    GenerationError,
+    InvalidInputError,
+    RefsightError,
+)
+from ...images import ImageInput
+from ...package import EncoderFingerprint, VisualPackage
+from ..base import Backend, Generation, GenerationRequest
+from . import package_format as fmt
+from .native import Bitmap, LlamaRuntime, RuntimeSettings, llama_cpp_version
+from .prompt import render_prompt
+
+__all__ = ["LlamaCppBackend"]
+
+
+@contextlib.contextmanager
+def _native_errors(model: str, error: type[BackendError], what: str) -> Iterator[None]:
+    """llama.cpp failures (and stray runtime exceptions) become ``error(model, ...)``; ours pass through."""
+    try:
+        yield
+    except RefsightError:
+        raise
+    except Exception as e:  # translating is the point
+        raise error(model, f"{what}: {type(e).__name__}: {e}") from e
+
+
+def _bitmap(image: ImageInput, image_id: str, *, placeholder: bool = False, size: tuple[int, int] | None = None) -> Bitmap:
+    width, height = size or image.image.size
+    return Bitmap(width, height, None if placeholder else image.image.tobytes(), image_id)
+
+
+class LlamaCppBackend(Backend):
+    """A GGUF VLM served by llama.cpp. Build it with :func:`refsight.backends.llamacpp.load_llamacpp_backend`."""
+
+    supports_cached_features: ClassVar[bool] = True
+    supports_constrained_decoding: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        model_path: Path,
+        mmproj_path: Path,
+        settings: RuntimeSettings,
+        model_id: str | None = None,
+        random_weights: bool = False,
+    ) -> None:
+        super().__init__(name)
+        # One request at a time: a llama context holds one KV cache.
+        self.batch_size = 1
+        self.random_weights = bool(random_weights)
+        #: Where llama.cpp runs the model ("cpu", or "gpu" when layers are offloaded).
+        self.device = "gpu" if settings.use_gpu else "cpu"
+        self.model_path, self.mmproj_path = Path(model_path), Path(mmproj_path)
+        self._lock = threading.RLock()
+        self.runtime = LlamaRuntime(self.model_path, self.mmproj_path, settings)
+        try:
+            self.arch = self.runtime.meta("general.architecture") or "unknown"
+            self.model_id = model_id or self.runtime.meta("general.name") or self.model_path.stem
+            self._template = self.runtime.chat_template()
+            self._fingerprint = fmt.make_fingerprint(
+                arch=self.arch,
+                model_id=self.model_id,
+                model_sha256=fmt.file_sha256(self.model_path),
+                mmproj_sha256=fmt.file_sha256(self.mmproj_path),
+                runtime_version=llama_cpp_version(),
+                settings={
+                    "image_min_tokens": settings.image_min_tokens,
+                    "image_max_tokens": settings.image_max_tokens,
+                    "flash_attn_type": self.runtime.flash_attn_type,
+                    "device": "gpu" if settings.use_gpu else "cpu",
+                    "n_embd_inp": self.runtime.n_embd_inp,
+                    "media_marker": self.runtime.marker,
+                },
+            )
+        except BaseException:
+            self.runtime.close()
+            raise
+
+    # ---------------------------------------------------------------- Backend
+
+    @property
+    def encode_calls(self) -> int:
+        """How many image chunks went through the vision encoder so far (explicit or pixel-path)."""
+        return self.runtime.encode_calls
+
+    def fingerprint(self) -> EncoderFingerprint:
+        """GGUF + mmproj content hashes, llama-cpp-python version and every chunk-changing setting."""
+        return self._fingerprint
+
+    def encode(self, images: Sequence[ImageInput]) -> list[VisualPackage]:
+        """One package per image: every image chunk's embeddings plus the chunk layout."""
+        images = list(images)
+        for i, image in enumerate(images):
+            if not isinstance(image, ImageInput):
+                raise InvalidInputError(f"images[{i}]", f"expected an ImageInput (use refsight.load_image), got {type(image).__name__}")
+        packages = []
+        for image in images:
+            began = time.perf_counter()
+            with self._lock, _native_errors(self.name, BackendError, "encode failed"):
+                tensors, metadata = self._encode_one(image)
+            packages.append(
+                VisualPackage(
+                    tensors=tensors,
+                    metadata=metadata,
+                    image_sha256=image.sha256,
+                    fingerprint=self._fingerprint,
+                    encode_ms=(time.perf_counter() - began) * 1000,
+                )
+            )
+        return packages
+
+    def _encode_one(self, image: ImageInput) -> tuple[dict[str, Any], dict[str, Any]]:
+        import torch
+
+        bitmap = _bitmap(image, "0")
+        try:
+            # The marker alone: mtmd's own expansion of one image, text between tiles included.
+            with self.runtime.tokenized(self.runtime.marker, [bitmap]) as chunks:
+                infos = [self.runtime.chunk_info(c) for c in chunks]
+                tensors = {}
+                for chunk, meta in zip(chunks, fmt.chunks_metadata(infos)):
+                    if meta["type"] == "image":
+                        embd = self.runtime.encode_chunk(chunk, meta["n_tokens"])
+                        tensors[meta["tensor"]] = torch.from_numpy(embd)
+                metadata = {
+                    "runtime": "llama.cpp",
+                    "image_size": list(image.image.size),
+                    "n_embd": self.runtime.n_embd_inp,
+                    "chunks": fmt.chunks_metadata(infos),
+                }
+        finally:
+            bitmap.free()
+        return tensors, metadata
+
+    def validate_package(self, package: VisualPackage) -> None:
+        """Same fingerprint, and tensors that agree with the chunk metadata."""
+        if not isinstance(package, VisualPackage):
+            raise InvalidInputError(repr(package)[:80], "expected a VisualPackage")
+        if package.fingerprint != self._fingerprint:
+            ours, theirs = self._fingerprint.to_dict(), package.fingerprint.to_dict()
+            fields = [k for k in ours if k != "preprocessing" and ours[k] != theirs.get(k)]
+            pre_o, pre_t = ours["preprocessing"], theirs.get("preprocessing", {})
+            fields += [f"preprocessing.{k}" for k in sorted(set(pre_o) | set(pre_t)) if pre_o.get(k) != pre_t.get(k)]
+            raise CorruptPackageError(package.key, f"made by another encoder than {self.name} (differs in: {', '.join(fields)})")
+        fmt.check_package(package, self.runtime.n_embd_inp)
+
+    # --------------------------------------------------------------- generate
+
+    def generate(
+        self,
+        requests: Sequence[GenerationRequest],
+        *,
+        return_logits: bool = False,
+        seed: int | None = None,
+        temperature: float = 0.8,
+    ) -> list[Generation]:
+        """Generate for each request in turn: greedy, or sampled with ``seed`` (llama.cpp's dist sampler)."""
+        requests = list(requests)
+        self._check_requests(requests)
+        for request in requests:
+            for package in request.packages:
+                self.validate_package(package)
+        grammars = [self._grammar(i, r.json_schema) for i, r in enumerate(requests)]
+        return [self._generate_one(r, g, return_logits, seed, temperature) for r, g in zip(requests, grammars)]
+
+    def _check_requests(self, requests: list[GenerationRequest]) -> None:
+        if not requests:
+            raise InvalidInputError("requests", "at least one GenerationRequest is needed")
+        for i, request in enumerate(requests):
+            if not isinstance(request, GenerationRequest):
+                raise InvalidInputError(f"requests[{i}]", f"expected a GenerationRequest, got {type(request).__name__}")
+            if not isinstance(request.max_new_tokens, int) or request.max_new_tokens < 1:
+                raise InvalidInputError(f"requests[{i}].max_new_tokens", "must be a positive integer")
+            if not request.segments:
+                raise InvalidInputError(f"requests[{i}].segments", "a request needs at least one segment")
+            for j, segment in enumerate(request.segments):
+                if isinstance(segment, str):
+                    self._check_text(segment, f"requests[{i}].segments[{j}]")
+                elif not isinstance(segment, (VisualPackage, ImageInput)):
+                    raise InvalidInputError(
+                        f"requests[{i}].segments[{j}]",
+                        f"a segment is text, a VisualPackage or an ImageInput, not {type(segment).__name__}",
+                    )
+
+    def _check_text(self, text: str, where: str) -> None:
+        # User text must stay text: a media marker or a special token in it would
+        # shift the images or end the turn early.
+        if self.runtime.marker in text:
+            raise InvalidInputError(where, f"text may not contain the media marker {self.runtime.marker}")
+        with self._lock:
+            if self.runtime.tokenize(text, True) != self.runtime.tokenize(text, False):
+                raise InvalidInputError(where, "text may not contain the model's special tokens")
+
+    def _grammar(self, i: int, schema: dict[str, Any] | None) -> str | None:
+        if schema is None:
+            return None
+        if not isinstance(schema, dict):
+            raise InvalidInputError(f"requests[{i}].json_schema", "a JSON schema must be a dict")
+        from .grammar import schema_to_gbnf
+
+        with _native_errors(self.name, GenerationError, "cannot turn the JSON schema into a grammar"):
+            return schema_to_gbnf(schema)
+
+    def prompt_text(self, segments: Sequence[Any]) -> str:
+        """The rendered prompt of ``segments`` (each image a media marker), as mtmd will tokenize it."""
+        content = "".join(s if isinstance(s, str) else self.runtime.marker for s in segments)
+        bos = self.runtime.piece(self._special("bos"), special=True).decode("utf-8", "replace") if self._special("bos") >= 0 else ""
+        eos = self.runtime.piece(self._special("eos"), special=True).decode("utf-8", "replace") if self._special("eos") >= 0 else ""
+        return render_prompt(self._template, self.arch, content, bos=bos, eos=eos)
+
+    def _special(self, which: str) -> int:
+        import llama_cpp
+
+        fn = llama_cpp.llama_vocab_bos if which == "bos" else llama_cpp.llama_vocab_eos
+        return int(fn(self.runtime.vocab))
+
+    def _generate_one(
+        self, request: GenerationRequest, grammar: str | None, return_logits: bool, seed: int | None, temperature: float
+    ) -> Generation:
+        from .generation import decode_prompt, sample
+
+        with self._lock:
+            began = time.perf_counter()
+            with _native_errors(self.name, GenerationError, "generation failed"):
+                text = self.prompt_text(request.segments)
+                n_past, prompt_timings = decode_prompt(self.runtime, text, request.segments)
+                tokens, logits = sample(
+                    self.runtime, n_past, request.max_new_tokens, grammar=grammar, seed=seed,
+                    temperature=temperature, return_logits=return_logits,
+                )
+            total_ms = (time.perf_counter() - began) * 1000
+        piece = b"".join(self.runtime.piece(t) for t in tokens)
+        if return_logits:
+            import torch
+
+            logits = torch.from_numpy(logits)
+        encode_ms = prompt_timings["encode"]
+        return Generation(
+            text=piece.decode("utf-8", "replace"),
+            token_ids=tokens,
+            model=self.name,
+            random_weights=self.random_weights,
+            logits=logits if return_logits else None,
+            timings_ms={
+                "encode": encode_ms,
+                "generate": total_ms - encode_ms,
+                "total": total_ms,
+            },
+        )
+
+    def close(self) -> None:
+        """Free llama.cpp's model and contexts. Idempotent."""
+        with self._lock:
+            self.runtime.close()

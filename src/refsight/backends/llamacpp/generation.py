@@ -1,0 +1,124 @@
+"""Prompt evaluation and the decoding loop of one llama.cpp request.
+
+:func:`decode_prompt` tokenizes the rendered prompt with mtmd (a placeholder bitmap
+per cached package, the real pixels per fresh image), checks that each package's
+saved chunks are exactly the chunks mtmd laid out for its placeholder, and fills the
+KV cache: text chunks and fresh images through mtmd's helpers (llama.cpp's own
+path), cached images from their saved embeddings. :func:`sample` then decodes one
+token at a time through llama.cpp's sampler chain.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ...errors import CorruptPackageError, GenerationError
+from ...images import ImageInput
+from ...package import VisualPackage
+from . import package_format as fmt
+from .native import Bitmap, LlamaRuntime
+
+__all__ = ["decode_prompt", "sample"]
+
+
+def _bitmaps(segments: Sequence[Any]) -> tuple[list[Bitmap], dict[str, VisualPackage]]:
+    """One bitmap per image segment, in order, with ids "0", "1", ...; and id → package for cached ones."""
+    bitmaps: list[Bitmap] = []
+    cached: dict[str, VisualPackage] = {}
+    try:
+        for segment in segments:
+            if isinstance(segment, str):
+                continue
+            image_id = str(len(bitmaps))
+            if isinstance(segment, VisualPackage):
+                width, height = (int(v) for v in segment.metadata["image_size"])
+                bitmaps.append(Bitmap(width, height, None, image_id))
+                cached[image_id] = segment
+            elif isinstance(segment, ImageInput):
+                width, height = segment.image.size
+                bitmaps.append(Bitmap(width, height, segment.image.tobytes(), image_id))
+    except BaseException:
+        for b in bitmaps:
+            b.free()
+        raise
+    return bitmaps, cached
+
+
+def decode_prompt(runtime: LlamaRuntime, text: str, segments: Sequence[Any]) -> tuple[int, dict[str, float]]:
+    """Evaluate the whole prompt into a cleared KV cache; returns ``n_past`` and ``{"encode": ms}``."""
+    bitmaps, cached = _bitmaps(segments)
+    encode_ms = 0.0
+    try:
+        runtime.clear()
+        with runtime.tokenized(text, bitmaps) as chunks:
+            infos = [runtime.chunk_info(c) for c in chunks]
+            saved = {image_id: _saved_chunks(package, image_id, infos) for image_id, package in cached.items()}
+            total = sum(info.n_pos for info in infos)
+            if total >= runtime.settings.n_ctx:
+                raise GenerationError("llama.cpp", f"the prompt needs {total} positions; n_ctx is {runtime.settings.n_ctx}")
+            n_past = 0
+            for i, (chunk, info) in enumerate(zip(chunks, infos)):
+                last = i == len(chunks) - 1
+                if info.kind == "text":
+                    n_past = runtime.eval_chunk(chunk, n_past, last, image=False)
+                elif info.image_id in saved:
+                    n_past = runtime.decode_image(chunk, saved[info.image_id].pop(0), n_past)
+                else:
+                    began = time.perf_counter()
+                    n_past = runtime.eval_chunk(chunk, n_past, last, image=True)
+                    encode_ms += (time.perf_counter() - began) * 1000
+    finally:
+        for b in bitmaps:
+            b.free()
+    return n_past, {"encode": encode_ms}
+
+
+def _saved_chunks(package: VisualPackage, image_id: str, infos: list) -> list[np.ndarray]:
+    """The package's embeddings, after checking mtmd laid out the same image chunks for its placeholder."""
+    mine = [info for info in infos if info.kind == "image" and info.image_id == image_id]
+    expected = fmt.image_chunk_layout(package.metadata["chunks"])
+    got = fmt.image_chunk_layout(mine)
+    if got != expected:
+        raise CorruptPackageError(
+            package.key,
+            f"mtmd lays this image out as {got} (n_tokens, n_pos, nx, ny) per chunk, the package holds {expected}",
+        )
+    return fmt.embeddings(package)
+
+
+def sample(
+    runtime: LlamaRuntime,
+    n_past: int,
+    max_new_tokens: int,
+    *,
+    grammar: str | None,
+    seed: int | None,
+    temperature: float,
+    return_logits: bool,
+) -> tuple[list[int], np.ndarray | None]:
+    """Decode up to ``max_new_tokens`` (the end-of-generation token is kept, then stops).
+
+    Logits are the model's raw logits at each step, before the grammar masks them.
+    """
+    room = runtime.settings.n_ctx - n_past
+    if room < max_new_tokens:
+        raise GenerationError("llama.cpp", f"max_new_tokens {max_new_tokens} does not fit: {room} positions left in n_ctx")
+    sampler = runtime.sampler(grammar, seed, temperature)
+    tokens: list[int] = []
+    rows: list[np.ndarray] = []
+    try:
+        for step in range(max_new_tokens):
+            if return_logits:
+                rows.append(runtime.last_logits())
+            token = sampler.sample()
+            tokens.append(token)
+            if runtime.is_eog(token) or step + 1 == max_new_tokens:
+                break
+            n_past = runtime.decode_token(token, n_past)
+    finally:
+        sampler.free()
+    return tokens, (np.stack(rows) if return_logits else None)

@@ -1,0 +1,315 @@
+"""Built-in offline GGUF models: tiny random HF checkpoints converted with llama.cpp's own converter.
+
+Each model is a :class:`~refsight.backends.tiny.ModelSpec` built with the same code
+as the transformers ``tiny-*`` models (:func:`refsight.backends.tiny.build_checkpoint`),
+then converted twice by ``convert_hf_to_gguf.py`` from the llama-cpp-python sdist
+(once for the language model, once with ``--mmproj`` for the vision side). The specs
+respect what the converter and the runtime need: vision depth ≥ 3, vision head
+dims divisible by 4, and for Qwen ``sum(mrope_section) * 2 == head_dim``. The
+trained tokenizer's pre-tokenizer is unknown to the converter (it identifies
+pre-tokenizers by hashing their output), so it is mapped to one llama.cpp knows.
+
+Results live in the model cache (``$REFSIGHT_MODEL_CACHE``) as
+``<name>-<build id>/{model.gguf,mmproj.gguf}``; the sdist is fetched once with
+``pip download`` into the same cache (or taken from ``$REFSIGHT_LLAMA_CPP_SRC``,
+an unpacked sdist or its ``vendor/llama.cpp``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...errors import ModelLoadError, UnknownModelError
+from ..tiny import ModelSpec, build_checkpoint, model_cache_dir
+
+__all__ = ["GGUF_MODELS", "GgufSpec", "ensure_gguf", "converter_dir", "LLAMA_CPP_PYTHON_VERSION"]
+
+#: The llama-cpp-python release whose runtime and converter refsight is tested with.
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+#: Bump when a recipe below changes, so old cache entries are not reused.
+BUILD_VERSION = 1
+MODEL_FILE = "model.gguf"
+MMPROJ_FILE = "mmproj.gguf"
+
+# Chat templates written into the checkpoints (the converter copies them into the
+# GGUF), so the built-in models carry their own template like real GGUFs do.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SMOLVLM_TEMPLATE = (
+    "<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}: {{ message['content'] }}"
+    "<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class GgufSpec:
+    """A built-in GGUF model: the HF recipe, the pre-tokenizer it maps to, the output types."""
+
+    spec: ModelSpec
+    pre_tokenizer: str  # a name llama.cpp knows: "qwen2", "smollm"
+    chat_template: str
+    outtype: str = "f32"  # of the language model
+    mmproj_outtype: str = "f32"
+    extra_tokens: tuple[str, ...] = ()  # added to the trained vocabulary
+
+
+_QWEN_TEXT = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=4096,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+)
+_QWEN_PROCESSOR = dict(min_pixels=28 * 28, max_pixels=112 * 112)
+
+GGUF_MODELS: dict[str, GgufSpec] = {
+    "tiny-qwen2-vl-gguf": GgufSpec(
+        ModelSpec(
+            "qwen2_vl",
+            vision=dict(depth=3, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=14, spatial_merge_size=2),
+            text=_QWEN_TEXT,
+            processor=_QWEN_PROCESSOR,
+            extra={},
+        ),
+        pre_tokenizer="qwen2",
+        chat_template=CHATML_TEMPLATE,
+    ),
+    "tiny-qwen2.5-vl-gguf": GgufSpec(
+        ModelSpec(
+            "qwen2_5_vl",
+            vision=dict(
+                depth=3, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=14,
+                spatial_merge_size=2, window_size=56, fullatt_block_indexes=[2],
+            ),
+            text=_QWEN_TEXT,
+            processor=_QWEN_PROCESSOR,
+            extra={},
+        ),
+        pre_tokenizer="qwen2",
+        chat_template=CHATML_TEMPLATE,
+    ),
+    "tiny-smolvlm-gguf": GgufSpec(
+        ModelSpec(
+            "smolvlm",
+            vision=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2, image_size=32, patch_size=8),
+            text=dict(
+                # hidden 96, not Qwen's 64: the two families' mmprojs must not fit each other's model.
+                model_type="llama", hidden_size=96, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=4096,
+                # The converter picks the language model class from the text config's architecture.
+                architectures=["VLlama3ForCausalLM"],
+            ),
+            processor=dict(size={"longest_edge": 64}, max_image_size={"longest_edge": 32}),
+            extra=dict(scale_factor=2),
+        ),
+        pre_tokenizer="smollm",
+        chat_template=SMOLVLM_TEMPLATE,
+        # mtmd's Idefics3 layout puts the token "\n\n" (looked up whole) before the overview image.
+        extra_tokens=("\n\n",),
+    ),
+    # Qwen2-VL-2B's vision tower and projector at full size (f16, as published mmproj
+    # files are); a one-layer language model. For the benchmark.
+    "shape-qwen2-vl-2b-gguf": GgufSpec(
+        ModelSpec(
+            "qwen2_vl",
+            vision=dict(depth=32, embed_dim=1280, hidden_size=1536, num_heads=16, mlp_ratio=4, patch_size=14, spatial_merge_size=2),
+            text=dict(
+                hidden_size=1536, intermediate_size=2048, num_hidden_layers=1, num_attention_heads=12, num_key_value_heads=2,
+                max_position_embeddings=32768,
+                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
+            ),
+            processor=dict(min_pixels=56 * 56, max_pixels=28 * 28 * 1280),
+            extra={},
+        ),
+        pre_tokenizer="qwen2",
+        chat_template=CHATML_TEMPLATE,
+        outtype="f16",
+        mmproj_outtype="f16",
+    ),
+}
+
+
+def _build_id(name: str) -> str:
+    import transformers
+
+    entry = GGUF_MODELS[name]
+    recipe = json.dumps(
+        {
+            "spec": entry.spec.__dict__,
+            "pre": entry.pre_tokenizer,
+            "template": entry.chat_template,
+            "outtypes": [entry.outtype, entry.mmproj_outtype],
+            "extra_tokens": list(entry.extra_tokens),
+            "build": BUILD_VERSION,
+            "transformers": transformers.__version__,
+            "converter": LLAMA_CPP_PYTHON_VERSION,
+        },
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(recipe.encode()).hexdigest()[:12]
+
+
+def ensure_gguf(name: str) -> tuple[Path, Path]:
+    """Build ``name`` into the model cache unless it is there; return (model GGUF, mmproj GGUF).
+
+    Built in a temporary directory beside the target and renamed into place, under a
+    file lock, like :func:`refsight.backends.tiny.ensure_model_dir`.
+    """
+    if name not in GGUF_MODELS:
+        raise UnknownModelError(name, list(GGUF_MODELS))
+    from filelock import FileLock
+
+    root = model_cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / f"{name}-{_build_id(name)}"
+    done = target / MMPROJ_FILE
+    if not done.is_file():
+        with FileLock(str(root / f"{name}.lock")):
+            if not done.is_file():  # another process may have finished while we waited
+                tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+                try:
+                    _build(name, tmp)
+                    try:
+                        os.rename(tmp, target)
+                    except OSError:
+                        if not done.is_file():
+                            raise
+                except ModelLoadError:
+                    raise
+                except Exception as e:
+                    raise ModelLoadError(name, f"cannot build the built-in GGUF in {root}: {type(e).__name__}: {e}") from e
+                finally:
+                    shutil.rmtree(tmp, ignore_errors=True)
+    return target / MODEL_FILE, target / MMPROJ_FILE
+
+
+def _build(name: str, directory: Path) -> None:
+    entry = GGUF_MODELS[name]
+    hf_dir = directory / "hf"
+    build_checkpoint(name, entry.spec, hf_dir, extra_tokens=entry.extra_tokens)
+    (hf_dir / "chat_template.jinja").write_text(entry.chat_template)
+    source = converter_dir()
+    for outfile, outtype, extra in (
+        (MODEL_FILE, entry.outtype, []),
+        (MMPROJ_FILE, entry.mmproj_outtype, ["--mmproj"]),
+    ):
+        _convert(source, hf_dir, directory / outfile, outtype, entry.pre_tokenizer, extra)
+    (directory / "refsight_model.json").write_text(
+        json.dumps({"random_weights": True, "model_id": f"refsight/{name}", "build": BUILD_VERSION})
+    )
+    # The HF checkpoint was only the converter's input; the GGUFs are the model now.
+    shutil.rmtree(hf_dir)
+
+
+# Runs the converter with the unknown pre-tokenizer hash mapped to a known name. A
+# separate process: the converter parses sys.argv and configures logging globally.
+_CONVERT = """
+import os, runpy, sys
+src = os.environ["REFSIGHT_CONVERTER_DIR"]
+sys.path[:0] = [src, os.path.join(src, "gguf-py")]
+import conversion.base as base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: os.environ["REFSIGHT_PRE_TOKENIZER"]
+# Qwen's set_vocab tries SentencePiece first and falls back to BPE on FileNotFoundError;
+# without the sentencepiece package it fails on the import instead. Our tokenizers are BPE.
+_sp = base.TextModel._set_vocab_sentencepiece
+def _set_vocab_sentencepiece(self, *args, **kwargs):
+    if not (self.dir_model / "tokenizer.model").is_file():
+        raise FileNotFoundError(self.dir_model / "tokenizer.model")
+    return _sp(self, *args, **kwargs)
+base.TextModel._set_vocab_sentencepiece = _set_vocab_sentencepiece
+sys.argv = [os.path.join(src, "convert_hf_to_gguf.py")] + sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def _convert(source: Path, hf_dir: Path, out: Path, outtype: str, pre: str, extra: list[str]) -> None:
+    env = dict(os.environ, REFSIGHT_CONVERTER_DIR=str(source), REFSIGHT_PRE_TOKENIZER=pre)
+    cmd = [sys.executable, "-c", _CONVERT, str(hf_dir), "--outfile", str(out), "--outtype", outtype, *extra]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0 or not out.is_file():
+        raise ModelLoadError(str(hf_dir), f"convert_hf_to_gguf.py {' '.join(extra)} failed: {proc.stderr[-2000:]}")
+
+
+def _looks_like_converter(path: Path) -> bool:
+    return (path / "convert_hf_to_gguf.py").is_file() and (path / "gguf-py").is_dir()
+
+
+def converter_dir() -> Path:
+    """The ``vendor/llama.cpp`` directory of the llama-cpp-python sdist (fetched once with pip).
+
+    ``$REFSIGHT_LLAMA_CPP_SRC`` may name an unpacked sdist, its ``vendor/llama.cpp``,
+    or the sdist tarball, for machines that cannot reach the package index.
+    """
+    env = os.environ.get("REFSIGHT_LLAMA_CPP_SRC")
+    if env:
+        given = Path(env).expanduser()
+        for candidate in (given, given / "vendor" / "llama.cpp"):
+            if _looks_like_converter(candidate):
+                return candidate
+        if given.is_file():
+            return _unpack(given)
+        raise ModelLoadError(env, "REFSIGHT_LLAMA_CPP_SRC is neither an unpacked llama-cpp-python sdist nor its tarball")
+    from filelock import FileLock
+
+    root = model_cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    unpacked = root / f"llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}-src" / "vendor" / "llama.cpp"
+    if _looks_like_converter(unpacked):
+        return unpacked
+    with FileLock(str(root / "llama-cpp-python-src.lock")):
+        if _looks_like_converter(unpacked):
+            return unpacked
+        tarballs = sorted(root.glob(f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"))
+        if not tarballs:
+            # pip is the ordinary client of the package index (and honours its config: mirrors, proxies).
+            proc = subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                 f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", "-d", str(root)],
+                capture_output=True, text=True, check=False,
+            )
+            tarballs = sorted(root.glob(f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"))
+            if not tarballs:
+                raise ModelLoadError(
+                    f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
+                    "cannot fetch the sdist for convert_hf_to_gguf.py (set REFSIGHT_LLAMA_CPP_SRC to an unpacked copy): "
+                    + proc.stderr[-1000:],
+                )
+        return _unpack(tarballs[0], root)
+
+
+def _unpack(tarball: Path, root: Path | None = None) -> Path:
+    """Unpack only what the converter needs (``convert_hf_to_gguf.py``, ``conversion/``, ``gguf-py/``)."""
+    root = root or model_cache_dir()
+    final = root / f"llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}-src"
+    tmp = Path(tempfile.mkdtemp(prefix=".llama-cpp-src-", dir=root))
+    try:
+        with tarfile.open(tarball) as tar:
+            wanted = [
+                m for m in tar.getmembers()
+                if "/vendor/llama.cpp/" in m.name
+                and m.name.split("/vendor/llama.cpp/", 1)[1].split("/")[0] in {"convert_hf_to_gguf.py", "conversion", "gguf-py"}
+            ]
+            tar.extractall(tmp, members=wanted, filter="data")
+        top = next(tmp.iterdir())
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(top, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    result = final / "vendor" / "llama.cpp"
+    if not _looks_like_converter(result):
+        raise ModelLoadError(str(tarball), "the sdist has no vendor/llama.cpp/convert_hf_to_gguf.py")
+    return result

@@ -1,0 +1,419 @@
+"""The one module that calls llama.cpp (through llama-cpp-python's ctypes bindings).
+
+:class:`LlamaRuntime` owns a language model, its context and the mtmd (multimodal)
+context of an mmproj file, and offers the few operations refsight needs:
+tokenizing a prompt whose images are real bitmaps or size-only placeholders,
+encoding one image chunk to float embeddings, evaluating text chunks, decoding an
+image chunk from saved embeddings, decoding generated tokens, and reading logits.
+
+Every call that runs the vision encoder increments :attr:`LlamaRuntime.encode_calls`
+(explicit encodes and pixel-path evaluations alike), so tests can prove that a
+cached reference never reaches the encoder. The runtime is not thread-safe: the
+backend serialises calls with a lock.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections import deque
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["LlamaRuntime", "RuntimeSettings", "Bitmap", "ChunkInfo", "NativeError", "llama_cpp_version"]
+
+IMAGE_CHUNK = 1  # MTMD_INPUT_CHUNK_TYPE_IMAGE
+TEXT_CHUNK = 0  # MTMD_INPUT_CHUNK_TYPE_TEXT
+
+
+class NativeError(RuntimeError):
+    """A llama.cpp call failed (the backend turns this into a refsight error)."""
+
+
+def _bindings():
+    import llama_cpp
+    import llama_cpp.mtmd_cpp as mtmd
+
+    return llama_cpp, mtmd
+
+
+def llama_cpp_version() -> str:
+    """The installed llama-cpp-python version (it pins the llama.cpp commit it vendors)."""
+    import llama_cpp
+
+    return str(llama_cpp.__version__)
+
+
+_backend_ready = False
+
+
+def _init_backend() -> None:
+    global _backend_ready
+    if not _backend_ready:
+        L, M = _bindings()
+        L.llama_backend_init()
+        _quiet_logs(L, M)
+        _backend_ready = True
+
+
+# Kept alive for the life of the process: ctypes callbacks must not be collected.
+_log_callbacks: list = []
+# The last error lines llama.cpp logged: a failed load returns NULL, the reason is only logged.
+_recent_errors: deque[str] = deque(maxlen=32)
+
+
+def _last_error() -> str:
+    """The recent llama.cpp lines that say what failed, joined ("" if none)."""
+    lines = [line for line in _recent_errors if "fail" in line.lower() or "error" in line.lower()]
+    return "; ".join(lines[-3:])
+
+
+def _quiet_logs(L, M) -> None:
+    """Send llama.cpp's and mtmd's stderr chatter to the ``refsight.llamacpp`` logger (DEBUG).
+
+    Failures reach the user in the exception instead (:func:`_last_error`): clip logs
+    advice such as "Qwen-VL models require at minimum 1024 image tokens" at error
+    level on every load. ``REFSIGHT_LLAMA_LOG=1`` keeps llama.cpp's own stderr logging.
+    """
+    if os.environ.get("REFSIGHT_LLAMA_LOG"):
+        return
+    import logging
+
+    log = logging.getLogger("refsight.llamacpp")
+
+    @L.llama_log_callback
+    def _to_logging(level, text, user_data):
+        line = text.decode("utf-8", "replace").rstrip()
+        # Kept at every level: some load failures are logged as warnings or info.
+        _recent_errors.append(line)
+        log.debug("%s", line)
+
+    _log_callbacks.append(_to_logging)
+    L.llama_log_set(_to_logging, ctypes.c_void_p(0))
+    M.mtmd_helper_log_set(_to_logging, ctypes.c_void_p(0))  # mtmd and clip too
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """Load-time settings. ``image_min_tokens`` / ``image_max_tokens`` change the chunks (-1: the model's default)."""
+
+    n_ctx: int = 4096
+    n_batch: int = 2048
+    n_threads: int = 0  # 0: every core this process may use
+    image_min_tokens: int = -1
+    image_max_tokens: int = -1
+    use_gpu: bool = False
+
+    def threads(self) -> int:
+        """The thread count to give llama.cpp."""
+        if self.n_threads > 0:
+            return self.n_threads
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except AttributeError:  # pragma: no cover - not Linux
+            return max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class ChunkInfo:
+    """What mtmd says about one chunk of a tokenized prompt."""
+
+    kind: str  # "text" or "image"
+    n_tokens: int
+    n_pos: int
+    image_id: str = ""  # the id of the bitmap an image chunk came from
+    nx: int = 0
+    ny: int = 0
+    tokens: tuple[int, ...] = ()  # text chunks only
+
+
+class Bitmap:
+    """An mtmd bitmap: real RGB pixels, or a size-only placeholder (``rgb=None``) for a cached image."""
+
+    def __init__(self, width: int, height: int, rgb: bytes | None, image_id: str) -> None:
+        L, M = _bindings()
+        self._M = M
+        if rgb is not None:
+            if len(rgb) != width * height * 3:
+                raise NativeError(f"bitmap of {width}x{height} needs {width * height * 3} bytes, got {len(rgb)}")
+            buffer = (ctypes.c_uint8 * len(rgb)).from_buffer_copy(rgb)
+            self.ptr = M.mtmd_bitmap_init(width, height, buffer)
+        else:
+            self.ptr = M.mtmd_bitmap_init(width, height, None)
+        if not self.ptr:
+            raise NativeError(f"mtmd_bitmap_init({width}, {height}) failed")
+        M.mtmd_bitmap_set_id(self.ptr, image_id.encode())
+        self.placeholder = rgb is None
+
+    def free(self) -> None:
+        """Release the native bitmap. Idempotent."""
+        if self.ptr:
+            self._M.mtmd_bitmap_free(self.ptr)
+            self.ptr = None
+
+
+class LlamaRuntime:
+    """A loaded GGUF language model + mmproj, one llama context, one mtmd context."""
+
+    def __init__(self, model_path: Path, mmproj_path: Path, settings: RuntimeSettings) -> None:
+        L, M = _bindings()
+        self._L, self._M = L, M
+        self.settings = settings
+        self.encode_calls = 0
+        self.model = self.ctx = self.mctx = self._sampler = None
+        _init_backend()
+        _recent_errors.clear()
+        params = L.llama_model_default_params()
+        if not settings.use_gpu:
+            params.n_gpu_layers = 0
+        self.model = L.llama_model_load_from_file(str(model_path).encode(), params)
+        if not self.model:
+            raise NativeError(f"llama.cpp cannot load {model_path} as a language model GGUF ({_last_error() or 'no reason given'})")
+        try:
+            self.vocab = L.llama_model_get_vocab(self.model)
+            self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
+            self.n_embd_inp = int(L.llama_model_n_embd_inp(self.model))
+            cp = L.llama_context_default_params()
+            cp.n_ctx = settings.n_ctx
+            # One batch for a whole image chunk: non-causal image chunks must not be split.
+            cp.n_batch = cp.n_ubatch = min(settings.n_batch, settings.n_ctx)
+            cp.n_threads = cp.n_threads_batch = settings.threads()
+            self.ctx = L.llama_init_from_model(self.model, cp)
+            if not self.ctx:
+                raise NativeError("llama_init_from_model failed (n_ctx too large for memory?)")
+            mp = M.mtmd_context_params_default()
+            mp.use_gpu = settings.use_gpu
+            mp.n_threads = settings.threads()
+            mp.warmup = False
+            mp.print_timings = False
+            mp.image_min_tokens = settings.image_min_tokens
+            mp.image_max_tokens = settings.image_max_tokens
+            self.flash_attn_type = int(mp.flash_attn_type)
+            self.mctx = M.mtmd_init_from_file(str(mmproj_path).encode(), self.model, mp)
+            if not self.mctx:
+                raise NativeError(
+                    f"mtmd cannot load {mmproj_path} as the vision projector of {model_path}: "
+                    f"{_last_error() or 'not an mmproj GGUF, or made for another model'}"
+                )
+            if not M.mtmd_support_vision(self.mctx):
+                raise NativeError(f"{mmproj_path} has no vision encoder")
+            self.marker = M.mtmd_default_marker().decode()
+            self.use_mrope = bool(M.mtmd_decode_use_mrope(self.mctx))
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------- model facts
+
+    def meta(self, key: str) -> str | None:
+        """A GGUF metadata string of the language model (``general.architecture`` ...), or None."""
+        buf = ctypes.create_string_buffer(4096)
+        n = self._L.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def chat_template(self) -> str | None:
+        """The chat template stored in the GGUF, if any."""
+        raw = self._L.llama_model_chat_template(self.model, None)
+        return raw.decode("utf-8", "replace") if raw else None
+
+    def is_eog(self, token: int) -> bool:
+        """True for end-of-generation tokens (EOS, EOT, <|im_end|> ...)."""
+        return bool(self._L.llama_vocab_is_eog(self.vocab, token))
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """The bytes of one token (special tokens render as empty unless ``special``)."""
+        buf = ctypes.create_string_buffer(256)
+        n = self._L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = self._L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[: max(n, 0)]
+
+    def tokenize(self, text: str, parse_special: bool) -> list[int]:
+        """Plain text tokenization (no BOS), with or without special-token parsing."""
+        data = text.encode()
+        cap = len(data) + 8
+        out = (self._L.llama_token * cap)()
+        n = self._L.llama_tokenize(self.vocab, data, len(data), out, cap, False, parse_special)
+        if n < 0:
+            cap = -n
+            out = (self._L.llama_token * cap)()
+            n = self._L.llama_tokenize(self.vocab, data, len(data), out, cap, False, parse_special)
+        return list(out[:n])
+
+    # ---------------------------------------------------------------- prompts
+
+    @contextmanager
+    def tokenized(self, text: str, bitmaps: Sequence[Bitmap]) -> Iterator[list]:
+        """Tokenize ``text`` (one media marker per bitmap) into mtmd chunks; yields the chunk pointers."""
+        M = self._M
+        chunks = M.mtmd_input_chunks_init()
+        try:
+            data = text.encode()
+            inp = M.mtmd_input_text()
+            # No BOS: templates that want one write it themselves (as llama-server does).
+            inp.text, inp.text_len, inp.add_special, inp.parse_special = data, len(data), False, True
+            array = (M.mtmd_bitmap_p_ctypes * max(1, len(bitmaps)))(*[b.ptr for b in bitmaps])
+            rc = M.mtmd_tokenize(self.mctx, chunks, ctypes.byref(inp), array, len(bitmaps))
+            if rc != 0:
+                raise NativeError(f"mtmd_tokenize failed ({rc}): markers and images disagree, or an image is unusable")
+            yield [M.mtmd_input_chunks_get(chunks, i) for i in range(M.mtmd_input_chunks_size(chunks))]
+        finally:
+            M.mtmd_input_chunks_free(chunks)
+
+    def chunk_info(self, chunk) -> ChunkInfo:
+        """Type, token and position counts, image id and grid of one chunk."""
+        M = self._M
+        kind = M.mtmd_input_chunk_get_type(chunk)
+        n_tokens = int(M.mtmd_input_chunk_get_n_tokens(chunk))
+        n_pos = int(M.mtmd_input_chunk_get_n_pos(chunk))
+        if kind == TEXT_CHUNK:
+            count = ctypes.c_size_t()
+            ptr = M.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(count))
+            return ChunkInfo("text", n_tokens, n_pos, tokens=tuple(int(ptr[i]) for i in range(count.value)))
+        if kind != IMAGE_CHUNK:
+            raise NativeError(f"unsupported mtmd chunk type {kind} (audio?)")
+        image = M.mtmd_input_chunk_get_tokens_image(chunk)
+        raw_id = M.mtmd_input_chunk_get_id(chunk)
+        return ChunkInfo(
+            "image",
+            n_tokens,
+            n_pos,
+            image_id=raw_id.decode() if raw_id else "",
+            nx=int(M.mtmd_image_tokens_get_nx(image)),
+            ny=int(M.mtmd_image_tokens_get_ny(image)),
+        )
+
+    # ------------------------------------------------------------------ encode
+
+    def encode_chunk(self, chunk, n_tokens: int) -> np.ndarray:
+        """Run the vision encoder + projector on one image chunk: float32 ``[n_tokens, n_embd_inp]``."""
+        M = self._M
+        self.encode_calls += 1
+        rc = M.mtmd_encode_chunk(self.mctx, chunk)
+        if rc != 0:
+            raise NativeError(f"mtmd_encode_chunk failed ({rc})")
+        ptr = M.mtmd_get_output_embd(self.mctx)
+        # Copy: the buffer belongs to mtmd and is overwritten by the next encode.
+        return np.ctypeslib.as_array(ptr, shape=(n_tokens, self.n_embd_inp)).astype(np.float32, copy=True)
+
+    # ------------------------------------------------------------------ decode
+
+    def clear(self) -> None:
+        """Forget the KV cache (a new prompt starts at position 0)."""
+        self._L.llama_memory_clear(self._L.llama_get_memory(self.ctx), True)
+
+    def eval_chunk(self, chunk, n_past: int, logits_last: bool, *, image: bool) -> int:
+        """Evaluate a chunk the way llama.cpp does on its own (an image chunk is encoded from its pixels)."""
+        L, M = self._L, self._M
+        if image:
+            self.encode_calls += 1
+        out = L.llama_pos(n_past)
+        rc = M.mtmd_helper_eval_chunk_single(
+            self.mctx, self.ctx, chunk, n_past, 0, self._n_batch(), logits_last, ctypes.byref(out)
+        )
+        if rc != 0:
+            raise NativeError(f"mtmd_helper_eval_chunk_single failed ({rc})")
+        return int(out.value)
+
+    def decode_image(self, chunk, embeddings: np.ndarray, n_past: int) -> int:
+        """Decode an image chunk from saved embeddings (no encoder); returns the new ``n_past``.
+
+        The helper places the embeddings (M-RoPE positions for Qwen) and switches to
+        non-causal attention for chunks that need it (``mtmd_decode_use_non_causal``).
+        """
+        L, M = self._L, self._M
+        embd = np.ascontiguousarray(embeddings, dtype=np.float32)
+        out = L.llama_pos(n_past)
+        rc = M.mtmd_helper_decode_image_chunk(
+            self.mctx, self.ctx, chunk, embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), n_past, 0,
+            self._n_batch(), ctypes.byref(out), M.mtmd_helper_post_decode_callback(), None,
+        )
+        if rc != 0:
+            raise NativeError(f"mtmd_helper_decode_image_chunk failed ({rc})")
+        return int(out.value)
+
+    def decode_token(self, token: int, n_past: int) -> int:
+        """Append one generated token at ``n_past`` (logits computed for it); returns ``n_past + 1``."""
+        L = self._L
+        # One position even for M-RoPE models: llama.cpp spreads a text token's
+        # position over every rope section itself.
+        batch = L.llama_batch_init(1, 0, 1)
+        try:
+            batch.n_tokens = 1
+            batch.token[0] = token
+            batch.pos[0] = n_past
+            batch.n_seq_id[0] = 1
+            batch.seq_id[0][0] = 0
+            batch.logits[0] = True
+            rc = L.llama_decode(self.ctx, batch)
+        finally:
+            L.llama_batch_free(batch)
+        if rc != 0:
+            raise NativeError(f"llama_decode failed ({rc}): context full?")
+        return n_past + 1
+
+    def last_logits(self) -> np.ndarray:
+        """float32 ``[n_vocab]`` logits of the last evaluated position (a copy)."""
+        ptr = self._L.llama_get_logits_ith(self.ctx, -1)
+        if not ptr:
+            raise NativeError("no logits for the last position")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+
+    def _n_batch(self) -> int:
+        return min(self.settings.n_batch, self.settings.n_ctx)
+
+    # ---------------------------------------------------------------- sampling
+
+    def sampler(self, grammar: str | None, seed: int | None, temperature: float) -> Sampler:
+        """A sampler chain: optional GBNF grammar, then greedy (``seed is None``) or seeded sampling."""
+        return Sampler(self, grammar, seed, temperature)
+
+    # ------------------------------------------------------------------- close
+
+    def close(self) -> None:
+        """Free the mtmd context, the llama context and the model. Idempotent."""
+        L, M = self._L, self._M
+        if self.mctx:
+            M.mtmd_free(self.mctx)
+            self.mctx = None
+        if self.ctx:
+            L.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            L.llama_model_free(self.model)
+            self.model = None
+
+
+class Sampler:
+    """llama.cpp's own sampler chain over the context's last logits (grammar first, then the choice)."""
+
+    def __init__(self, runtime: LlamaRuntime, grammar: str | None, seed: int | None, temperature: float) -> None:
+        L = runtime._L
+        self._L, self._runtime = L, runtime
+        self.chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+        if grammar is not None:
+            g = L.llama_sampler_init_grammar(runtime.vocab, grammar.encode(), b"root")
+            if not g:
+                L.llama_sampler_free(self.chain)
+                raise NativeError("llama.cpp rejected the JSON grammar")
+            L.llama_sampler_chain_add(self.chain, g)
+        if seed is None:
+            L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_greedy())
+        else:
+            L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_temp(float(temperature)))
+            L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_dist(int(seed) & 0xFFFFFFFF))
+
+    def sample(self) -> int:
+        """Choose the next token from the last logits (and advance the grammar)."""
+        return int(self._L.llama_sampler_sample(self.chain, self._runtime.ctx, -1))
+
+    def free(self) -> None:
+        """Release the chain (and the samplers it owns). Idempotent."""
+        if self.chain:
+            self._L.llama_sampler_free(self.chain)
+            self.chain = None

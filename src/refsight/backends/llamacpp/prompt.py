@@ -1,0 +1,56 @@
+"""The chat prompt of a llama.cpp request: the GGUF's own chat template around mtmd media markers.
+
+As llama-server does, the user turn is one string in which every image is mtmd's
+default media marker; mtmd expands each marker into the model's own image tokens
+(``<|vision_start|>`` ... for Qwen, tiles with ``<row_i_col_j>`` for SmolVLM).
+A GGUF without a template falls back to its family's known one.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+__all__ = ["render_prompt", "FALLBACK_TEMPLATES"]
+
+_CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_SMOLVLM = (
+    "<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}: {{ message['content'] }}"
+    "<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+
+#: ``general.architecture`` → template, for GGUFs that carry none.
+FALLBACK_TEMPLATES: dict[str, str] = {
+    "qwen2vl": _CHATML,
+    "qwen3vl": _CHATML,
+    "qwen2": _CHATML,
+    "llama": _SMOLVLM,  # SmolVLM / Idefics3 language models are llama-architecture
+}
+
+
+@functools.lru_cache(maxsize=16)
+def _compile(template: str) -> Any:
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    # The settings Hugging Face and llama-cpp-python render chat templates with.
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+    def raise_exception(message: str) -> None:
+        raise ValueError(message)
+
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(template)
+
+
+def render_prompt(template: str | None, arch: str, content: str, *, bos: str = "", eos: str = "") -> str:
+    """The full prompt for one user turn ``content`` (media markers included), ready for generation."""
+    template = template or FALLBACK_TEMPLATES.get(arch, _CHATML)
+    return _compile(template).render(
+        messages=[{"role": "user", "content": content}],
+        add_generation_prompt=True,
+        bos_token=bos,
+        eos_token=eos,
+    )

@@ -1,0 +1,57 @@
+"""Run in a NEW process by test_llamacpp_equivalence.py: the cached path from packages on disk.
+
+Reads a JSON spec (store directory, cases of requests whose segments are text,
+reference package keys or candidate image paths), loads every reference package
+from ``refsight.store`` with ``.get(key)``, generates through the registry's
+llama.cpp backend with ``return_logits=True`` and writes tokens, logits and how
+many image chunks went through the vision encoder to a ``torch.save`` file.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main(spec_path: str) -> None:
+    import torch
+
+    from refsight.backends.base import GenerationRequest
+    from refsight.backends.registry import get_backend
+    from refsight.images import load_image
+    from refsight.store import open_store
+
+    with open(spec_path) as f:
+        spec = json.load(f)
+    out: dict[str, object] = {}
+    with open_store(spec["store"]) as store:
+        for case in spec["cases"]:
+            backend = get_backend(case["model"])
+            requests = []
+            for row in case["rows"]:
+                segments = []
+                for segment in row:
+                    if "text" in segment:
+                        segments.append(segment["text"])
+                    elif "ref" in segment:
+                        package = store.packages.get(segment["ref"])
+                        if package is None:
+                            raise SystemExit(f"package {segment['ref']} missing from the store")
+                        segments.append(package)
+                    else:
+                        segments.append(load_image(segment["image"]))
+                requests.append(GenerationRequest(segments, max_new_tokens=case["max_new_tokens"]))
+            before = backend.encode_calls
+            generations = backend.generate(requests, return_logits=True)
+            out[case["id"]] = {
+                "rows": [
+                    {"tokens": g.token_ids, "logits": g.logits, "random_weights": g.random_weights, "timings": g.timings_ms}
+                    for g in generations
+                ],
+                "encode_calls": backend.encode_calls - before,
+            }
+    torch.save(out, spec["out"])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

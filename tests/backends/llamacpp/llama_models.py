@@ -1,0 +1,18 @@
+"""Names shared by the llama.cpp backend tests (a uniquely named module, like backend_models.py)."""
+
+#: The built-in GGUF families every property is proven on.
+GGUF_FAMILIES = ("tiny-qwen2-vl-gguf", "tiny-qwen2.5-vl-gguf", "tiny-smolvlm-gguf")
+
+#: The chat prompt of each family, written here independently of refsight's template code.
+PROMPTS = {
+    "tiny-qwen2-vl-gguf": "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n",
+    "tiny-qwen2.5-vl-gguf": "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n",
+    "tiny-smolvlm-gguf": "<|im_start|>User: {}<end_of_utterance>\nAssistant:",
+}
+
+
+def require_llama_cpp() -> None:
+    """Skip the calling test module, with the reason, when llama-cpp-python is not installed."""
+    import pytest
+
+    pytest.importorskip("llama_cpp.mtmd_cpp", reason="llama-cpp-python is not installed (pip install 'refsight[llamacpp]')")

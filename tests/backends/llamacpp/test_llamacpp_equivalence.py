@@ -1,0 +1,202 @@
+"""Cached path == llama.cpp's own pixel path, bit for bit, for every built-in GGUF family.
+
+(a) cached: references encoded by refsight (``mtmd_encode_chunk``), stored with
+``refsight.store``, loaded back with ``.get(key)`` in a NEW process and replayed
+from their saved embeddings (placeholder bitmaps, no pixels) beside a fresh
+candidate;
+(b) pixel path: written here with llama-cpp-python's bindings only, independent of
+refsight's prompt and decoding code: the prompt text with one media marker per
+image, ``mtmd_tokenize`` with every real bitmap, ``mtmd_helper_eval_chunks`` (which
+encodes every image), then greedy decoding by argmax.
+
+Greedy tokens must be identical and the logits' max-abs-diff exactly 0; and the
+references of (a) must never reach the vision encoder.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from llama_models import (
+    GGUF_FAMILIES,
+    PROMPTS,
+    require_llama_cpp,
+)
+
+require_llama_cpp()
+
+REFS = ("chelsea", "coffee", "astronaut")
+CANDIDATE = "rocket"
+MAX_NEW_TOKENS = 6
+WORKER = Path(__file__).with_name("_llamacpp_cached_worker.py")
+
+
+def layout(n_refs: int) -> list[list[tuple]]:
+    """Two prompts, references in different places relative to the candidate."""
+    refs = [("ref", i) for i in range(n_refs)]
+    return [
+        [*refs, ("text", "Compare the candidate"), ("cand",), ("text", " with the references. Same colour?")],
+        [("text", "Describe"), *refs, ("text", " and"), ("cand",)],
+    ]
+
+
+@pytest.fixture(scope="module")
+def cached_results(gguf, photos, tmp_path_factory):
+    """Encode the references, store them, and run the cached path in a new process."""
+    from refsight.store import open_store
+
+    tmp = tmp_path_factory.mktemp("llama-equivalence")
+    candidate_png = tmp / "candidate.png"
+    photos[CANDIDATE].image.save(candidate_png)
+    cases = []
+    with open_store(tmp / "store") as store:
+        for name in GGUF_FAMILIES:
+            packages = gguf(name).encode([photos[r] for r in REFS])
+            for package in packages:
+                store.packages.put(package)
+            keys = [p.key for p in packages]
+            for n in (1, 3):
+                rows = [
+                    [
+                        {"text": s[1]} if s[0] == "text" else {"ref": keys[s[1]]} if s[0] == "ref" else {"image": str(candidate_png)}
+                        for s in row
+                    ]
+                    for row in layout(n)
+                ]
+                cases.append({"id": f"{name}/{n}", "model": name, "rows": rows, "max_new_tokens": MAX_NEW_TOKENS})
+    spec = tmp / "spec.json"
+    out = tmp / "cached.pt"
+    spec.write_text(json.dumps({"store": str(tmp / "store"), "cases": cases, "out": str(out)}))
+    proc = subprocess.run([sys.executable, str(WORKER), str(spec)], capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import torch
+
+    return torch.load(out, weights_only=False)
+
+
+class PixelPath:
+    """llama.cpp on its own: real bitmaps, mtmd_helper_eval_chunks, argmax decoding."""
+
+    def __init__(self, model_path: Path, mmproj_path: Path, n_threads: int) -> None:
+        import llama_cpp as L
+        import llama_cpp.mtmd_cpp as M
+
+        self.L, self.M = L, M
+        L.llama_backend_init()
+        mp = L.llama_model_default_params()
+        mp.n_gpu_layers = 0
+        self.model = L.llama_model_load_from_file(str(model_path).encode(), mp)
+        cp = L.llama_context_default_params()
+        # The backend's defaults: same context and batch sizes, so the same batch splits.
+        cp.n_ctx, cp.n_batch, cp.n_ubatch = 4096, 2048, 2048
+        cp.n_threads = cp.n_threads_batch = n_threads
+        self.ctx = L.llama_init_from_model(self.model, cp)
+        mcp = M.mtmd_context_params_default()
+        mcp.use_gpu, mcp.n_threads, mcp.warmup, mcp.print_timings = False, n_threads, False, False
+        self.mctx = M.mtmd_init_from_file(str(mmproj_path).encode(), self.model, mcp)
+        assert self.mctx
+        self.vocab = L.llama_model_get_vocab(self.model)
+        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+
+    def run(self, prompt: str, images, max_new_tokens: int):
+        L, M = self.L, self.M
+        L.llama_memory_clear(L.llama_get_memory(self.ctx), True)
+        bitmaps = []
+        for image in images:
+            rgb = image.image.tobytes()
+            buf = (ctypes.c_uint8 * len(rgb)).from_buffer_copy(rgb)
+            bitmaps.append(M.mtmd_bitmap_init(image.image.width, image.image.height, buf))
+        chunks = M.mtmd_input_chunks_init()
+        text = M.mtmd_input_text()
+        data = prompt.encode()
+        text.text, text.text_len, text.add_special, text.parse_special = data, len(data), False, True
+        array = (M.mtmd_bitmap_p_ctypes * len(bitmaps))(*bitmaps)
+        assert M.mtmd_tokenize(self.mctx, chunks, ctypes.byref(text), array, len(bitmaps)) == 0
+        n_past = L.llama_pos(0)
+        assert M.mtmd_helper_eval_chunks(self.mctx, self.ctx, chunks, 0, 0, 2048, True, ctypes.byref(n_past)) == 0
+        M.mtmd_input_chunks_free(chunks)
+        for b in bitmaps:
+            M.mtmd_bitmap_free(b)
+        pos, tokens, logits = n_past.value, [], []
+        for step in range(max_new_tokens):
+            row = np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, -1), shape=(self.n_vocab,)).copy()
+            logits.append(row)
+            token = int(row.argmax())
+            tokens.append(token)
+            if L.llama_vocab_is_eog(self.vocab, token) or step + 1 == max_new_tokens:
+                break
+            batch = L.llama_batch_init(1, 0, 1)
+            batch.n_tokens, batch.token[0], batch.pos[0], batch.n_seq_id[0], batch.logits[0] = 1, token, pos, 1, True
+            batch.seq_id[0][0] = 0
+            assert L.llama_decode(self.ctx, batch) == 0
+            L.llama_batch_free(batch)
+            pos += 1
+        return tokens, np.stack(logits)
+
+    def close(self):
+        self.M.mtmd_free(self.mctx)
+        self.L.llama_free(self.ctx)
+        self.L.llama_model_free(self.model)
+
+
+def pixel_path(name: str, gguf_files, photos, n_refs: int, n_threads: int):
+    model_path, mmproj_path = gguf_files(name)
+    runner = PixelPath(model_path, mmproj_path, n_threads)
+    import llama_cpp.mtmd_cpp as M
+
+    marker = M.mtmd_default_marker().decode()
+    try:
+        out = []
+        for row in layout(n_refs):
+            content = "".join(s[1] if s[0] == "text" else marker for s in row)
+            images = [photos[REFS[s[1]]] if s[0] == "ref" else photos[CANDIDATE] for s in row if s[0] != "text"]
+            out.append(runner.run(PROMPTS[name].format(content), images, MAX_NEW_TOKENS))
+        return out
+    finally:
+        runner.close()
+
+
+@pytest.mark.parametrize("n_refs", [1, 3])
+@pytest.mark.parametrize("name", GGUF_FAMILIES)
+def test_cached_path_from_disk_in_new_process_equals_pixel_path(cached_results, gguf, gguf_files, photos, name, n_refs):
+    backend = gguf(name)
+    fresh = pixel_path(name, gguf_files, photos, n_refs, backend.runtime.settings.threads())
+    cached = cached_results[f"{name}/{n_refs}"]
+    assert len(cached["rows"]) == len(fresh) == 2
+    for row, (tokens, logits) in zip(cached["rows"], fresh):
+        assert row["tokens"] == tokens
+        assert tuple(row["logits"].shape) == logits.shape
+        assert np.abs(row["logits"].numpy() - logits).max() == 0.0
+        assert row["random_weights"] is True
+
+
+@pytest.mark.parametrize("name", GGUF_FAMILIES)
+def test_cached_references_make_no_encode_calls(cached_results, gguf, photos, name):
+    # Only the candidate's chunks (once per prompt, two prompts) reach the encoder.
+    candidate_chunks = len(gguf(name).encode([photos[CANDIDATE]])[0].tensors)
+    for n in (1, 3):
+        assert cached_results[f"{name}/{n}"]["encode_calls"] == 2 * candidate_chunks
+
+
+@pytest.mark.parametrize("name", GGUF_FAMILIES)
+def test_fresh_references_give_the_same_tokens_as_cached(gguf, photos, name):
+    """``use_cache=False`` hands references over as images: same tokens and logits as their packages."""
+    from refsight.backends.base import GenerationRequest
+
+    backend = gguf(name)
+    packages = backend.encode([photos[r] for r in REFS])
+    cached_row = [*packages, "Same as", photos[CANDIDATE], "?"]
+    fresh_row = [*[photos[r] for r in REFS], "Same as", photos[CANDIDATE], "?"]
+    before = backend.encode_calls
+    cached = backend.generate([GenerationRequest(cached_row, max_new_tokens=4)], return_logits=True)[0]
+    cached_calls = backend.encode_calls - before
+    fresh = backend.generate([GenerationRequest(fresh_row, max_new_tokens=4)], return_logits=True)[0]
+    assert cached.token_ids == fresh.token_ids
+    assert (cached.logits - fresh.logits).abs().max().item() == 0.0
+    assert cached_calls == len(backend.encode([photos[CANDIDATE]])[0].tensors)
