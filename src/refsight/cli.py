@@ -73,6 +73,8 @@ def _engine(args: argparse.Namespace) -> Engine:
     return Engine(
         args.store,
         model=getattr(args, "model", None),
+        embedder=getattr(args, "embedder", None),
+        attribute_schema=getattr(args, "attribute_schema", None),
         progress=not args.json and sys.stderr.isatty(),
         backend_options=_backend_options(args),
         settings=load_settings(args.store or default_store_dir(), getattr(args, "config", None)),
@@ -87,7 +89,8 @@ def cmd_add(args: argparse.Namespace) -> int:
     failed = 0
     with _engine(args) as engine:
         ids = [args.id] if args.id else None
-        for result in engine.add_many(args.images, ids=ids, metadata=_parse_meta(args.meta)):
+        attributes = [] if args.attributes == "none" else [args.attributes]
+        for result in engine.add_many(args.images, ids=ids, metadata=_parse_meta(args.meta), attributes=attributes):
             data = result.to_dict()
             if "error" in data:
                 failed += 1
@@ -238,6 +241,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             workers=args.workers,
             keys_file=args.keys,
             share_encodes=args.share_encodes,
+            embedder=args.embedder,
             max_prompt_tokens=args.max_prompt_tokens,
         )
     )
@@ -272,7 +276,9 @@ def _parse_where(items: Sequence[str]) -> dict[str, str] | None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """refsight compare CANDIDATE (--ref ID... | --top-k K [--query TEXT]) --criteria TEXT|@FILE"""
+    """refsight compare CANDIDATE (--ref ID... | --top-k K [--recall MODE] [--query TEXT] [--rerank N]) --criteria TEXT|@FILE"""
+    if args.rerank is not None and args.top_k is None:
+        raise UsageError("--rerank N recalls N and judges the --top-k K best: give --top-k too")
     with _engine(args) as engine:
         result = engine.compare(
             args.candidate,
@@ -280,6 +286,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
             ref_ids=args.ref,
             top_k=args.top_k,
             query=args.query,
+            recall=args.recall,
+            rerank=args.rerank,
+            recall_k=args.recall_k,
+            reranker=args.reranker,
             use_cache=not args.no_cache,
             force_vlm=args.force_vlm,
             attributes=[] if args.no_attributes else ["imagenet"] + (["vlm"] if args.vlm_attributes else []),
@@ -359,6 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
             kind = int if name in ("min_pixels", "max_pixels", "batch_size") else str
             with_model.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None, help=help_text)
 
+    embedder_help = "retrieval embedder: conse (default), clip:PATH or vlm:MODEL"
+    schema_help = "VLM attribute schema: a JSON/YAML mapping of attribute name to allowed values (or null)"
     parser = argparse.ArgumentParser(
         prog="refsight",
         description="Compare new images against fixed reference images with a VLM, encoding each reference once.",
@@ -375,6 +387,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("images", nargs="+", metavar="IMAGE")
     p.add_argument("--id", help="reference id (one image only; default: the file name)")
     p.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE", help="metadata (repeatable)")
+    p.add_argument(
+        "--attributes", choices=("imagenet", "vlm", "none"), default="imagenet",
+        help="attribute record computed and stored at ingest (default: imagenet, the ImageNet top-5; none: skip)",
+    )
+    p.add_argument("--attribute-schema", metavar="FILE", default=None, help=schema_help)
 
     add("list", cmd_list, "list references")
     p = add("show", cmd_show, "show one reference")
@@ -400,7 +417,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("candidate", metavar="CANDIDATE")
     p.add_argument("--ref", action="append", default=[], metavar="ID", help="reference id (repeatable)")
     p.add_argument("--top-k", type=int, default=None, metavar="K", help="recall K references by retrieval first")
-    p.add_argument("--query", default=None, help="recall by this text instead of the candidate image")
+    p.add_argument(
+        "--recall", choices=("image", "text", "both"), default=None,
+        help="recall query: the candidate image, the text (--query, else the rubric) or both (default; text with --query)",
+    )
+    p.add_argument("--query", default=None, help="recall by this text instead of the rubric")
+    p.add_argument("--rerank", type=int, default=None, metavar="N", help="recall N, rerank them, judge the --top-k best")
+    p.add_argument(
+        "--recall-k", type=int, default=None, metavar="D",
+        help="recall D (default: N of --rerank, else K); the best N by recall score are reranked",
+    )
+    p.add_argument(
+        "--reranker", choices=("vlm", "embedding"), default="vlm",
+        help="vlm: P(yes) of the model in one forward pass (default); embedding: cosine under the embedder",
+    )
+    p.add_argument("--attribute-schema", metavar="FILE", default=None, help=schema_help)
+    p.add_argument("--embedder", default=None, metavar="NAME", help=embedder_help)
     p.add_argument("--criteria", required=True, metavar="TEXT|@FILE", help="the rubric, or @file (text, JSON, YAML)")
     p.add_argument("--no-cache", action="store_true", help="re-encode the references (same verdicts, other timings)")
     p.add_argument("--force-vlm", action="store_true", help="send every criterion to the VLM, none to the sidecars")
@@ -411,8 +443,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image", default=None, metavar="PATH")
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help="metadata filter (repeatable)")
+    p.add_argument("--embedder", default=None, metavar="NAME", help=embedder_help)
     p = add("index", cmd_index, "bring the retrieval index up to date with the references")
     p.add_argument("--rebuild", action="store_true", help="rebuild the index files from the store")
+    p.add_argument("--embedder", default=None, metavar="NAME", help=embedder_help)
     p = add(
         "demo",
         cmd_demo,
@@ -431,6 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="share packages across tenants (fewer encodes, but timing reveals that some tenant holds an image)",
     )
+    p.add_argument("--embedder", default=None, metavar="NAME", help=embedder_help)
     p.add_argument(
         "--max-prompt-tokens", type=int, default=8192, metavar="N",
         help="most text tokens a chat prompt may hold (default 8192); longer prompts get 400",

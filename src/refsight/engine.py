@@ -8,7 +8,8 @@ The parts, each a module with one concern:
 - :class:`~refsight.maintenance.Maintenance`: verify, repair, re-encode, stats, gc;
 - the judge (:mod:`refsight.judge`) and the model backends (:mod:`refsight.backends`).
 
-The engine runs three pipelines over them: ``compare`` (recall → judge), ``chat`` /
+The engine runs three pipelines over them: ``compare`` (recall → attribute prefilter → rerank →
+judge, in :mod:`refsight.compare`), ``chat`` /
 ``generate`` and ``search``. Every method takes a ``namespace`` (default: the engine's),
 so one engine serves every tenant of a server. With ``share_packages=False`` the
 namespace also salts every package key, so tenants never share (or observe) encodes.
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .backends.base import Backend, GenerationRequest
 from .backends.options import BackendOptions
@@ -50,7 +51,11 @@ from .retrieval.embedders import Embedder
 from .retrieval.store_index import StoreIndex
 from .settings import Settings, load_settings
 from .store import DEFAULT_NAMESPACE, Reference, Store, open_store
-from .timing import StageTimer, elapsed_ms, progress_bar
+from .timing import elapsed_ms, progress_bar
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .judge.attributes import AttributeSchema
+    from .rerank import Reranker
 
 __all__ = ["Engine", "PackageState", "ReferenceSegment"]
 
@@ -64,8 +69,11 @@ class Engine:
     ``store`` is a directory (default: ``$REFSIGHT_STORE`` or the user cache dir) or an
     open :class:`~refsight.store.Store` (then the caller closes it); ``model`` a
     registered model name (default: ``$REFSIGHT_MODEL`` or ``tiny-qwen2-vl``), loaded on
-    first use with ``backend_options`` over the config file's (``settings``); ``embedder`` the retrieval embedder (default:
-    EfficientNet-Lite0 + MiniLM, loaded on first use).
+    first use with ``backend_options`` over the config file's (``settings``); ``embedder`` the retrieval
+    embedder, an :class:`~refsight.retrieval.embedders.Embedder` or a registry name (``conse``, the
+    default: EfficientNet-Lite0 + MiniLM; ``clip:PATH``; ``vlm:MODEL``), loaded on first use;
+    ``attribute_schema`` the VLM attribute record's schema (an ``AttributeSchema``, a mapping
+    ``name → allowed values or None``, or a JSON/YAML file; default: fur, ears, colour, markings).
     """
 
     def __init__(
@@ -77,7 +85,8 @@ class Engine:
         limits: IntakeLimits = _DEFAULT_LIMITS,
         memory_bytes: int | None = None,
         progress: bool = False,
-        embedder: Embedder | None = None,
+        embedder: Embedder | str | None = None,
+        attribute_schema: AttributeSchema | Mapping[str, Any] | str | Path | None = None,
         backend_options: BackendOptions | None = None,
         settings: Settings | None = None,
         share_packages: bool = True,
@@ -97,7 +106,10 @@ class Engine:
         self.settings = settings if settings is not None else load_settings(self.store.root)
         self.share_packages = share_packages
         self._backends: dict[str, Backend] = {}
-        self._sidecars = None  # the attribute sidecars, opened at the first comparison that uses them
+        self._sidecars = None  # the attribute sidecars, opened at the first ingest or comparison that uses them
+        from .judge.sidecars import load_attribute_schema
+
+        self.attribute_schema = load_attribute_schema(attribute_schema)  # a bad schema fails here, before any work
         kept = partial(load_kept_image, self.store.catalog, limits=limits)
         #: The parts (see the module docstring); the methods below are the public API.
         self.packages = PackageCache(self.store, kept)
@@ -148,10 +160,15 @@ class Engine:
     # -- references ----------------------------------------------------------------------
     def add(
         self, source: ImageSource, *, ref_id: str | None = None, metadata: Mapping[str, Any] | None = None,
-        model: str | None = None, namespace: str | None = None,
+        model: str | None = None, namespace: str | None = None, attributes: Sequence[str] = (),
     ) -> AddResult:
-        """Add one reference image and make sure its package is on disk; raises on bad input."""
-        result = next(iter(self.add_many([source], ids=[ref_id], metadata=metadata, model=model, namespace=namespace)))
+        """Add one reference image and make sure its package is on disk; raises on bad input.
+
+        ``attributes`` (``"imagenet"``, ``"vlm"``) computes and stores those attribute records now
+        (see :meth:`add_many`)."""
+        result = next(iter(self.add_many(
+            [source], ids=[ref_id], metadata=metadata, model=model, namespace=namespace, attributes=attributes
+        )))
         if isinstance(result, AddFailure):
             raise InvalidInputError(result.input, result.error)
         return result
@@ -159,11 +176,25 @@ class Engine:
     def add_many(
         self, sources: Sequence[ImageSource], *, ids: Sequence[str | None] | None = None,
         metadata: Mapping[str, Any] | None = None, model: str | None = None, namespace: str | None = None,
+        attributes: Sequence[str] = (),
     ) -> Iterator[AddResult | AddFailure]:
-        """Add references, one result per input in order; a bad input fails alone (see ReferenceBook)."""
+        """Add references, one result per input in order; a bad input fails alone (see ReferenceBook).
+
+        ``attributes`` names the attribute records (``"imagenet"``: EfficientNet-Lite0 top-5;
+        ``"vlm"``: the attribute schema filled by the model) computed and stored right after each
+        batch is stored, so comparisons find them and the prefilter can use them. Empty (the
+        default) adds nothing to ingest: records are then computed at the first compare that
+        judges the reference.
+        """
+        from .judge.sidecars import check_sources
+
+        sources_ = check_sources(attributes)
         namespace = self._ns(namespace)
         backend, scope = self.backend(model), self.scope(namespace)
-        return self.book.add_many(sources, ids=ids, metadata=metadata, backend=backend, namespace=namespace, scope=scope)
+        hook = (lambda batch: self._sidecar_records().ingest(batch, sources_, backend)) if sources_ else None
+        return self.book.add_many(
+            sources, ids=ids, metadata=metadata, backend=backend, namespace=namespace, scope=scope, after_batch=hook
+        )
 
     def references(self, *, namespace: str | None = None) -> list[Reference]:
         """All references in the namespace, oldest first."""
@@ -290,73 +321,38 @@ class Engine:
         self, candidate: ImageSource, *, criteria: Any, ref_ids: Sequence[str] = (), top_k: int | None = None,
         query: str | None = None, use_cache: bool = True, force_vlm: bool = False,
         attributes: Sequence[str] = ("imagenet",), evidence_max_chars: int | None = None,
-        model: str | None = None, namespace: str | None = None,
+        model: str | None = None, namespace: str | None = None, recall: str | None = None,
+        rerank: int | None = None, reranker: str | Reranker = "vlm", recall_k: int | None = None,
     ) -> CompareResult:
-        """Judge ``candidate`` against references, criterion by criterion.
+        """Judge ``candidate`` against references, criterion by criterion (see :mod:`refsight.compare`).
 
-        References are ``ref_ids``, or the ``top_k`` recalled by retrieval (by the candidate
-        image, or by ``query`` text; within ``ref_ids`` when both are given). The candidate
-        is encoded once (memory only); references come from their durable packages
-        (``use_cache=False`` sends every image as pixels: same verdicts, other timings).
-        Criteria the attribute sidecars (``"imagenet"``, ``"vlm"``) settle are answered from
-        them unless ``force_vlm``. ``evidence_max_chars`` bounds each evidence string.
+        References are ``ref_ids``, or the ``top_k`` recalled by retrieval (within ``ref_ids``
+        when both are given). ``recall`` builds the query from the candidate ``"image"``, the
+        ``"text"`` (``query``, else the rubric) or ``"both"`` (default; ``"text"`` when ``query``
+        is given). ``rerank=N`` recalls N, reranks them with ``reranker`` (``"vlm"``: P(yes) of
+        the model, ``"embedding"``: cosine, or a :class:`~refsight.rerank.Reranker`) and judges
+        the ``top_k`` best (``recall_k``: recall that many, rerank the best ``rerank`` of them by recall
+        score). References whose stored attribute records settle a required
+        criterion as a mismatch are dropped first (``stage: "filtered"``). The candidate is
+        encoded once (memory only); references come from their durable packages
+        (``use_cache=False`` sends every image as pixels). Criteria the attribute sidecars
+        (``"imagenet"``, ``"vlm"``) settle are answered from them unless ``force_vlm``.
+        ``evidence_max_chars`` bounds each evidence string. Results are sorted by score.
         """
-        from .judge import Judge, parse_rubric
-        from .judge.sidecars import SIDECAR_SOURCES
+        from .compare import CompareOptions, run_compare
 
-        namespace = self._ns(namespace)
-        rubric = parse_rubric(criteria)  # a bad rubric fails before any model work
-        unknown = set(attributes) - set(SIDECAR_SOURCES)
-        if unknown:
-            raise InvalidInputError("attributes", f"unknown sources {sorted(unknown)}; use {', '.join(SIDECAR_SOURCES)}")
-        backend, scope = self.backend(model), self.scope(namespace)
-        timer = StageTimer()
-        image = load_image(candidate, limits=self.limits, name=source_label(candidate))
-        recalled: list[dict[str, Any]] = []
-        if top_k is not None:
-            with timer("retrieval"):
-                found = self.retrieval.search(
-                    text=query, image=None if query else image, k=top_k, namespace=namespace, restrict_to=ref_ids or None
-                )
-            recalled, ref_ids = [hit.to_dict() for hit in found.hits], found.ref_ids
-        if not ref_ids:
-            raise InvalidInputError("references", "no reference to compare with: give reference ids, or recall them with top_k")
-        refs = [self.reference(r, namespace=namespace) for r in ref_ids]
-        with timer("candidate_encode"):  # encoded once (memory only), shared by every reference's request
-            candidate_visual = self.packages.visual(backend, image, use_cache=use_cache, scope=scope).item
-        with timer("reference_load"):
-            visuals = [self.packages.visual(backend, ref, use_cache=use_cache, scope=scope) for ref in refs]
-        inputs = [v.item for v in visuals]
-        ref_attrs: list[Any] = [None] * len(refs)
-        candidate_attrs = None
-        if attributes and not force_vlm:
-            with timer("attributes"):
-                ref_attrs, candidate_attrs = self._sidecar_records().records(
-                    [(ref.image_sha256, item, partial(self.reference_image, ref)) for ref, item in zip(refs, inputs)],
-                    image, candidate_visual, attributes, backend,
-                )
-        options = {} if evidence_max_chars is None else {"evidence_max_chars": evidence_max_chars}
-        judge = Judge(backend, force_vlm=force_vlm, **options)
-        with timer("generate"):
-            results = judge.judge(
-                [(ref.ref_id, item, attrs) for ref, item, attrs in zip(refs, inputs, ref_attrs)],
-                candidate_visual, rubric, candidate_attrs=candidate_attrs,
-            )
-        return CompareResult(
-            candidate_sha256=image.sha256,
-            model=backend.name,
-            random_weights=bool(backend.random_weights),
-            results=[{**result.to_dict(), "reference_cached": v.cached} for result, v in zip(results, visuals)],
-            timings_ms=timer.done(),
-            recalled=recalled,
-            vlm_calls=judge.vlm_calls,
+        options = CompareOptions(
+            criteria=criteria, ref_ids=tuple(ref_ids), top_k=top_k, query=query, recall=recall, rerank=rerank,
+            reranker=reranker, recall_k=recall_k, use_cache=use_cache, force_vlm=force_vlm, attributes=tuple(attributes),
+            evidence_max_chars=evidence_max_chars, model=model,
         )
+        return run_compare(self, candidate, options, self._ns(namespace))
 
     def _sidecar_records(self):
         if self._sidecars is None:
             from .judge.sidecars import SidecarRecords
 
-            self._sidecars = SidecarRecords(self.store.root)
+            self._sidecars = SidecarRecords(self.store.root, schema=self.attribute_schema)
         return self._sidecars
 
     # -- maintenance -------------------------------------------------------------------

@@ -22,11 +22,12 @@ from typing import Any
 from .backends.base import Backend
 from .errors import InvalidInputError, ReferenceNotFoundError, RefsightError
 from .images import ImageInput, ImageSource, IntakeLimits, load_image
+from .package import VisualPackage
 from .packages import CachedPackage, PackageCache
 from .results import AddFailure, AddResult
 from .store import Catalog, Reference, Store, validate_ref_id
 
-__all__ = ["ReferenceBook", "ReferenceSegment", "RemovalListener", "load_kept_image", "source_label", "validate_metadata"]
+__all__ = ["IngestHook", "ReferenceBook", "ReferenceSegment", "RemovalListener", "load_kept_image", "source_label", "validate_metadata"]
 
 @dataclass(frozen=True)
 class ReferenceSegment:
@@ -37,6 +38,8 @@ class ReferenceSegment:
 
 #: Called as ``listener(namespace, ref_id)`` after a reference is removed.
 RemovalListener = Callable[[str, str], None]
+#: Called with ``[(image, package), ...]`` of the references a batch just stored (e.g. attribute records).
+IngestHook = Callable[[list[tuple[ImageInput, "VisualPackage"]]], None]
 #: Opens a progress bar: ``progress(total, description)`` → a context manager with ``update(n)``.
 ProgressFactory = Callable[[int, str], AbstractContextManager[Any]]
 
@@ -69,8 +72,13 @@ class ReferenceBook:
         backend: Backend,
         namespace: str,
         scope: str | None,
+        after_batch: IngestHook | None = None,
     ) -> Iterator[AddResult | AddFailure]:
-        """Add references, one result per input in input order; a bad input fails alone, storing nothing."""
+        """Add references, one result per input in input order; a bad input fails alone, storing nothing.
+
+        ``after_batch`` (the ingest hook) is called with ``(image, package)`` of each batch's stored
+        references once they are committed, before their results are yielded.
+        """
         ids = list(ids) if ids is not None else [None] * len(sources)
         if len(ids) != len(sources):
             raise InvalidInputError("ids", f"{len(ids)} ids for {len(sources)} images")
@@ -89,8 +97,13 @@ class ReferenceBook:
         with self._progress(len(sources), "adding") as bar:
 
             def flush() -> None:
-                for (index, ref_id, image), result in zip(batch, self._store_batch(batch, meta, backend, namespace, scope)):
+                stored = self._store_batch(batch, meta, backend, namespace, scope)
+                for (index, ref_id, image), (result, _) in zip(batch, stored):
                     done[index] = result
+                if after_batch is not None:
+                    added = [(image, package) for (_, _, image), (result, package) in zip(batch, stored) if package is not None]
+                    if added:
+                        after_batch(added)
                 bar.update(len(batch))
                 batch.clear()
 
@@ -112,10 +125,10 @@ class ReferenceBook:
 
     def _store_batch(
         self, batch: list[tuple[int, str, ImageInput]], meta: dict[str, Any], backend: Backend, namespace: str, scope: str | None
-    ) -> list[AddResult | AddFailure]:
+    ) -> list[tuple[AddResult | AddFailure, VisualPackage | None]]:
         packages: list[CachedPackage] = self.packages.durable(backend, [image for _, _, image in batch], scope=scope)
         digest = backend.fingerprint().digest
-        results: list[AddResult | AddFailure] = []
+        results: list[tuple[AddResult | AddFailure, VisualPackage | None]] = []
         for (_, ref_id, image), found in zip(batch, packages):
             package = found.package
             try:
@@ -124,13 +137,12 @@ class ReferenceBook:
                     namespace=namespace, link=(digest, package.key),
                 )
             except RefsightError as e:
-                results.append(AddFailure(input=image.name or ref_id, error=str(e)))
+                results.append((AddFailure(input=image.name or ref_id, error=str(e)), None))
                 continue
-            results.append(
-                AddResult(
-                    ref_id, image.sha256, package.key, backend.name, found.cached, round(found.encode_ms, 3), package.nbytes
-                )
+            result = AddResult(
+                ref_id, image.sha256, package.key, backend.name, found.cached, round(found.encode_ms, 3), package.nbytes
             )
+            results.append((result, package))
         return results
 
     def _choose_id(self, ref_id: str | None, source: object, image: ImageInput, namespace: str) -> str:

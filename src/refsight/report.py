@@ -24,9 +24,18 @@ def format_comparison(data: dict[str, Any]) -> str:
         lines.append(f"!! {data['model']} has RANDOM weights: VLM verdicts below are meaningless !!")
     if data.get("recalled"):
         lines.append("recalled: " + ", ".join(f"{r['ref_id']} ({r['score']:.3f})" for r in data["recalled"]))
-    for result in data["results"]:
+    for rank, result in enumerate(data["results"], 1):
+        scores = "".join(
+            f"  {name} {result[key]:.3f}" for name, key in (("rerank", "rerank_score"), ("recall", "recall_score"))
+            if result.get(key) is not None
+        )
+        if result.get("stage", "judged") != "judged":
+            # Not judged: the ranking line says how far it got (and why, when filtered).
+            why = result.get("filtered_by") and f"  filtered by: {escape_controls('; '.join(result['filtered_by']))}"
+            lines.append(f"\n#{rank} {result['ref_id']}  {result['stage']}{scores}{why or ''}")
+            continue
         cached = "from cache" if result["reference_cached"] else "encoded now"
-        lines.append(f"\n{result['ref_id']}  score {result['score']:.2f}  ({cached})")
+        lines.append(f"\n#{rank} {result['ref_id']}  score {result['score']:.2f}{scores}  ({cached})")
         # Criteria and evidence are user and model text: one line each, controls escaped.
         shown = [(escape_controls(c["criterion"]), escape_controls(str(c["evidence"]))) for c in result["criteria"]]
         width = max([len(text) for text, _ in shown] + [9])
@@ -59,6 +68,8 @@ def render_comparison_report(result: Mapping[str, Any], *, candidate: Path, refe
     e = html.escape
     rows = []
     for item in result["results"]:
+        if item.get("stage", "judged") != "judged":
+            continue  # the report shows the judged references; the ranking of the rest is in the JSON
         cells = "".join(
             f'<tr><td>{e(c["criterion"])}</td><td style="color:{_COLOURS.get(c["verdict"], "#333")};font-weight:600">'
             f"{e(c['verdict'])}</td><td>{c['confidence']:.2f}</td><td>{e(c['source'])}</td><td>{e(c['evidence'])}</td></tr>"

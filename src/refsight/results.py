@@ -123,8 +123,11 @@ class GenerateResult:
 class CompareResult:
     """A candidate judged against references, as ``refsight compare --json`` prints it.
 
-    ``results`` holds one entry per judged reference (see
-    :meth:`refsight.judge.ReferenceResult.to_dict`) plus ``reference_cached``;
+    ``results`` holds one entry per reference of the shortlist, sorted (see
+    :func:`refsight.compare.sort_results`): a judged one as
+    :meth:`refsight.judge.ReferenceResult.to_dict` plus ``reference_cached``; every one with
+    ``stage`` (filtered / recalled / reranked / judged), ``recall_score`` and ``rerank_score``
+    (None when that stage did not score it), and ``filtered_by`` when filtered;
     ``recalled`` lists the shortlist retrieval picked (empty without ``top_k``).
     """
 
@@ -135,6 +138,8 @@ class CompareResult:
     timings_ms: dict[str, float]
     recalled: list[dict[str, Any]] = field(default_factory=list)
     vlm_calls: int = 0
+    #: references each stage took in: ``recalled``, ``filtered``, ``reranked``, ``judged``
+    stages: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (``recalled`` only when retrieval ran)."""

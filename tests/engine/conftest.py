@@ -3,29 +3,8 @@
 from __future__ import annotations
 
 
-import numpy as np
 import pytest
-
-from refsight.retrieval import Embedder
-
-
-class PixelEmbedder(Embedder):
-    """A 4x4 thumbnail as the vector: cheap and deterministic, for orchestration tests only."""
-
-    name = "pixels-4x4"
-
-    @property
-    def dim(self) -> int:
-        return 48
-
-    def fingerprint(self) -> dict:
-        return {"model": "pixels-4x4", "revision": "1"}
-
-    def _embed_images(self, images):
-        return np.stack([np.asarray(i.image.resize((4, 4)), np.float32).reshape(-1) + 1.0 for i in images])
-
-    def _embed_texts(self, texts, instruction):
-        raise NotImplementedError("the pixel embedder has no text side")
+from fake_pipeline import PixelEmbedder
 
 
 @pytest.fixture

@@ -91,3 +91,21 @@ def test_compare_top_k_recalls_then_judges_only_those(refs_client):
     data = response.json()
     assert [r["ref_id"] for r in data["results"]] == ["coffee"]
     assert [r["ref_id"] for r in data["recalled"]] == ["coffee"] and isinstance(data["recalled"][0]["score"], float)
+
+
+def test_compare_rerank_fields_and_stage_metrics(refs_client):
+    response = refs_client.post("/v1/compare", json={"candidate": b64(photo_png("coffee", flip=True)), "criteria": RUBRIC,
+                                                     "top_k": 1, "rerank": 2, "reranker": "embedding", "recall": "image"})
+    assert response.status_code == 200, response.text
+    data = response.json()
+    assert data["stages"] == {"recalled": 2, "filtered": 0, "reranked": 2, "judged": 1}
+    assert [r["stage"] for r in data["results"]] == ["judged", "reranked"]
+    assert data["results"][0]["ref_id"] == "coffee"
+    assert all(isinstance(r["rerank_score"], float) and isinstance(r["recall_score"], float) for r in data["results"])
+    assert {"retrieval", "rerank", "generate"} <= set(data["timings_ms"])
+    metrics = refs_client.get("/metrics").text
+    for stage in ("recall", "rerank", "judge"):
+        assert f'refsight_compare_stage_calls_total{{stage="{stage}"}} 1.0' in metrics
+    assert 'refsight_compare_stage_references_total{stage="reranked"} 2.0' in metrics
+    assert_error(refs_client.post("/v1/compare", json={"candidate": b64(photo_png()), "criteria": RUBRIC, "rerank": 2}),
+                 400, "invalid_input")

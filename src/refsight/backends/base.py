@@ -145,6 +145,17 @@ class Backend(abc.ABC):
             on_text(generation.text)
         return generation
 
+    def score_yes_no(self, requests: Sequence[GenerationRequest]) -> list[float]:
+        """P("yes") per request from the next-token logits after its prompt (no decoding).
+
+        The reranker's one call (Qwen3-VL-Reranker style): one forward pass per request,
+        softmax over the logits of the "yes" and "no" tokens at the answer position. A
+        backend that cannot score raises :class:`~refsight.errors.BackendError` saying so.
+        """
+        from ..errors import BackendError
+
+        raise BackendError(self.name, "yes/no scoring is not supported by this backend (use the embedding reranker)")
+
     def count_text_tokens(self, text: str) -> int:
         """How many tokens ``text`` becomes in a prompt (images not counted).
 

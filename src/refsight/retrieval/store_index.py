@@ -17,6 +17,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..images import ImageInput
 from ..results import IndexReport, SearchHit, SearchResult
 from ..store.base import Catalog, ReferenceRow
@@ -29,7 +31,12 @@ __all__ = ["StoreIndex"]
 
 
 class StoreIndex:
-    """Retrieval over the store at ``root``; ``embedder=None`` means the default (loaded on first use)."""
+    """Retrieval over the store at ``root``.
+
+    ``embedder`` is an :class:`Embedder`, a registry name (``conse``, ``clip:PATH``,
+    ``vlm:MODEL``; see :func:`refsight.models.get_embedder`) or None for the default;
+    a name is loaded on first use.
+    """
 
     def __init__(
         self,
@@ -37,7 +44,7 @@ class StoreIndex:
         catalog: Catalog,
         kept_image: Callable[[ReferenceRow], ImageInput],
         *,
-        embedder: Embedder | None = None,
+        embedder: Embedder | str | None = None,
         progress: Callable[[int, str], AbstractContextManager[Any]] | None = None,
     ) -> None:
         self.root = Path(root)
@@ -50,10 +57,16 @@ class StoreIndex:
     def retriever(self) -> Retriever:
         """The retriever (its embedder loaded now if it was not yet)."""
         if self._retriever is None:
-            from . import default_embedder
-
-            self._retriever = Retriever(self.root, self._embedder or default_embedder())
+            self._retriever = Retriever(self.root, self.embedder())
         return self._retriever
+
+    def embedder(self) -> Embedder:
+        """The embedder (loaded from the registry now when it was given by name)."""
+        if not isinstance(self._embedder, Embedder):
+            from ..models.registry import DEFAULT_EMBEDDER, get_embedder
+
+            self._embedder = get_embedder(self._embedder or DEFAULT_EMBEDDER)
+        return self._embedder
 
     def sync(self, namespace: str, *, rebuild: bool = False) -> IndexReport:
         """Bring ``namespace``'s entries up to the catalog (``rebuild``: from scratch); what it did."""
@@ -83,12 +96,15 @@ class StoreIndex:
         namespace: str,
         where: Mapping[str, Any] | None = None,
         restrict_to: Sequence[str] | None = None,
+        vector: np.ndarray | None = None,
     ) -> SearchResult:
-        """The ``k`` references of ``namespace`` closest to ``text`` or ``image`` (after a sync)."""
+        """The ``k`` references of ``namespace`` closest to ``vector``, ``text`` or ``image`` (after a sync)."""
         self._sync(namespace)
         retriever = self.retriever()
         scope = {"where": where, "namespace": namespace, "ref_ids": restrict_to or None}
-        if text is not None:
+        if vector is not None:
+            hits = retriever.search_vector(vector, k, **scope)
+        elif text is not None:
             hits = retriever.search_text(text, k=k, **scope)
         else:
             assert image is not None
@@ -96,6 +112,23 @@ class StoreIndex:
             vector = retriever.embedder.embed_images([image])[0]
             hits = retriever.search_vector(vector, k, **scope)
         return SearchResult(retriever.embedder_name, [SearchHit(r, round(float(s), 6)) for r, s in hits])
+
+    def reference_vectors(self, references: Sequence[ReferenceRow], embedder: Embedder | None = None) -> np.ndarray:
+        """Unit vectors of references under ``embedder`` (default: the index's), from the vector cache.
+
+        Only references whose vector is not cached yet are decoded and embedded (then cached).
+        """
+        retriever = self.retriever()
+        embedder = embedder or retriever.embedder
+        shas = [row.image_sha256 for row in references]
+        cached = retriever.db.get_vectors(embedder.digest, shas)
+        todo = {row.image_sha256: row for row in references if row.image_sha256 not in cached}
+        if todo:
+            fresh = embedder.embed_images([self._kept_image(row) for row in todo.values()])
+            new = dict(zip(todo, fresh))
+            retriever.db.put_vectors(embedder.digest, new)
+            cached.update(new)
+        return np.stack([cached[sha] for sha in shas]) if shas else np.zeros((0, embedder.dim), np.float32)
 
     def forget(self, namespace: str, ref_id: str) -> None:
         """Drop a removed reference's entries (every embedder); needs no model.

@@ -170,6 +170,8 @@ def _add_routes(app: FastAPI, service: Service, pool: WorkPool, tenants: Tenants
         body, blobs = await read_body(request, CompareBody, files={"candidate"})
         if not body.ref_ids and body.top_k is None:
             raise ApiError(400, "invalid_input", "ref_ids/top_k: name references with ref_ids, or recall them with top_k")
+        if body.rerank is not None and body.top_k is None:
+            raise ApiError(400, "invalid_input", "rerank: recalls N and judges the top_k best; give top_k too")
         if body.query is not None and body.top_k is None:
             # query only steers recall; without top_k it would be silently ignored.
             raise ApiError(400, "invalid_input", "query: recalls references by text, so it needs top_k")
@@ -182,9 +184,12 @@ def _add_routes(app: FastAPI, service: Service, pool: WorkPool, tenants: Tenants
             return service.compare(
                 namespace, candidate, criteria=body.criteria, ref_ids=tuple(body.ref_ids), top_k=body.top_k,
                 query=body.query, use_cache=body.use_cache, force_vlm=body.force_vlm,
+                recall=body.recall, rerank=body.rerank, reranker=body.reranker,
             )
 
-        return await pool.run(work)
+        result = await pool.run(work)
+        metrics.stages(result.get("stages", {}), result.get("timings_ms", {}))
+        return result
 
     @app.post("/v1/search", tags=["retrieval"], responses={400: ERROR_RESPONSES[400]})
     async def search(body: SearchBody, namespace: str = Depends(require_tenant)) -> dict[str, Any]:

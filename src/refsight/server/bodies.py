@@ -11,7 +11,7 @@ import base64
 import binascii
 import json
 import re
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -53,7 +53,14 @@ class CompareBody(BaseModel):
     )
     ref_ids: list[str] = Field(default_factory=list, max_length=64, description="references to judge against")
     top_k: int | None = Field(None, ge=1, le=64, description="recall this many references first, then judge them")
-    query: str | None = Field(None, max_length=2000, description="recall by this text instead of the candidate image")
+    query: str | None = Field(None, max_length=2000, description="recall by this text instead of the rubric")
+    recall: Literal["image", "text", "both"] | None = Field(
+        None, description="recall query: candidate image, text (query, else the rubric) or both (default; text with query)"
+    )
+    rerank: int | None = Field(
+        None, ge=1, le=1000, description="recall this many, rerank them, then judge the top_k best (needs top_k)"
+    )
+    reranker: Literal["vlm", "embedding"] = Field("vlm", description="vlm: P(yes) in one forward pass; embedding: cosine")
     use_cache: bool = Field(True, description="false re-encodes the references (same verdicts, slower)")
     force_vlm: bool = Field(False, description="send every criterion to the VLM, none to the attribute sidecars")
 

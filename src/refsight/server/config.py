@@ -50,6 +50,8 @@ class ServerConfig:
     #: Memory tier budget of the package store (None: the store's default).
     memory_bytes: int | None = None
     thumbnail_px: int = 256
+    #: The retrieval embedder by name (``conse``, ``clip:PATH``, ``vlm:MODEL``; None: the default).
+    embedder: str | None = None
 
     def resolved_keys(self) -> dict[str, str]:
         """The configured keys (explicit, file, or environment)."""

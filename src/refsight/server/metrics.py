@@ -11,10 +11,13 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterator
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 __all__ = ["Metrics", "CONTENT_TYPE_LATEST"]
+
+#: Compare stage → its entry in ``timings_ms`` (present exactly when the stage ran).
+_STAGE_TIMINGS = {"recall": "retrieval", "prefilter": "prefilter", "rerank": "rerank", "judge": "generate"}
 
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -66,6 +69,33 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_CacheCollector(read_cache_stats))
+        self.stage_calls = Counter(
+            "refsight_compare_stage_calls",
+            "Compare pipeline stages run (recall, prefilter, rerank, judge)",
+            ["stage"],
+            registry=self.registry,
+        )
+        self.stage_references = Counter(
+            "refsight_compare_stage_references",
+            "References each compare stage took in (recalled, filtered, reranked, judged)",
+            ["stage"],
+            registry=self.registry,
+        )
+        self.stage_seconds = Counter(
+            "refsight_compare_stage_seconds",
+            "Time spent in each compare stage",
+            ["stage"],
+            registry=self.registry,
+        )
+
+    def stages(self, counts: dict[str, int], timings_ms: dict[str, float]) -> None:
+        """Count one compare's stages: references per stage, and the stages that ran with their time."""
+        for stage, n in counts.items():
+            self.stage_references.labels(stage).inc(n)
+        for stage, timing in _STAGE_TIMINGS.items():
+            if timing in timings_ms:
+                self.stage_calls.labels(stage).inc()
+                self.stage_seconds.labels(stage).inc(timings_ms[timing] / 1000.0)
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
         """Record one request (``route`` is the template, e.g. ``/v1/references/{ref_id}``, to bound cardinality)."""

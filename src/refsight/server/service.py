@@ -51,6 +51,7 @@ class Service:
             backend_options=self.config.backend_options,
             settings=load_settings(self.config.store_dir or default_store_dir(), self.config.config_file),
             share_packages=self.share_packages,
+            embedder=self.config.embedder,
             **options,
         )
         self.engine.backend().fingerprint()

@@ -677,6 +677,55 @@ class HFBackend(Backend):
             finish_reason=out["finish_reason"],
         )
 
+    # ----------------------------------------------------------------- scoring
+
+    def answer_token_ids(self, yes: str = "yes", no: str = "no") -> tuple[int, int]:
+        """The token ids whose logits stand for "yes" and "no" at the answer position.
+
+        Real Qwen and SmolVLM tokenizers hold each word as one token; a tokenizer that
+        splits a word (the tiny models' trained one splits "no") is represented by the
+        word's first token, which is what greedy decoding would have to emit first.
+        """
+        ids = [self.tokenizer.encode(word, add_special_tokens=False) for word in (yes, no)]
+        if not ids[0] or not ids[1] or ids[0][0] == ids[1][0]:
+            raise BackendError(self.name, f"the tokenizer cannot tell {yes!r} from {no!r} by their first token")
+        return ids[0][0], ids[1][0]
+
+    def score_yes_no(self, requests: Sequence[GenerationRequest]) -> list[float]:
+        """P("yes") per request: ONE forward pass over the whole batch, no decoding.
+
+        The prompt of each request (references as packages, fresh images encoded first,
+        exactly as :meth:`generate` does) is left-padded, so every row's answer position is
+        the last one; the score is the softmax over that position's "yes"/"no" logits.
+        Cached packages take the same ``mm_encoder_outputs`` seam as generation.
+        """
+        import torch
+
+        requests = list(requests)
+        self._check_requests(requests)
+        for request in requests:
+            for package in request.packages:
+                self.validate_package(package)
+        fresh = [image for request in requests for image in request.fresh_images]
+        fresh_packages = iter(self.encode(fresh)) if fresh else iter(())
+        rows = [[next(fresh_packages) if isinstance(s, ImageInput) else s for s in r.segments] for r in requests]
+        yes_id, no_id = self.answer_token_ids()
+        texts = [self.build_prompt(row) for row in rows]
+        packages = [s for row in rows for s in row if isinstance(s, VisualPackage)]
+        with runtime_errors(
+            self.name, GenerationError, "scoring failed", device=self.device, dtype=self.dtype_name
+        ), torch.inference_mode():
+            self.tokenizer.padding_side = "left"
+            encoded = self.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
+            encoded = {k: _to_device(v, self.device) for k, v in encoded.items()}
+            extra = _to_device(self.multimodal_inputs(packages, encoded["input_ids"]), self.device) if packages else {}
+            output = self.model(
+                input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"], **extra, use_cache=False
+            )
+            pair = output.logits[:, -1, [yes_id, no_id]].float()
+            scores = torch.softmax(pair, dim=-1)[:, 0]
+        return [float(s) for s in scores.cpu()]
+
     def close(self) -> None:
         """Drop the model and processors so their memory can be freed."""
         self.model = None
