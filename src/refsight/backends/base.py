@@ -165,6 +165,37 @@ class Backend(abc.ABC):
         """
         return -(-len(text.encode("utf-8", "surrogatepass")) // 4)
 
+    def check_requests(self, requests: Sequence[GenerationRequest]) -> None:
+        """Raise :class:`~refsight.errors.InvalidInputError` naming the first request no runtime could serve.
+
+        Every backend calls this before any model work; :meth:`check_text` adds the
+        runtime's own rule for user text.
+        """
+        from ..errors import InvalidInputError
+
+        if not requests:
+            raise InvalidInputError("requests", "at least one GenerationRequest is needed")
+        for i, request in enumerate(requests):
+            if not isinstance(request, GenerationRequest):
+                raise InvalidInputError(f"requests[{i}]", f"expected a GenerationRequest, got {type(request).__name__}")
+            if not isinstance(request.max_new_tokens, int) or request.max_new_tokens < 1:
+                raise InvalidInputError(f"requests[{i}].max_new_tokens", "must be a positive integer")
+            if not request.segments:
+                raise InvalidInputError(f"requests[{i}].segments", "a request needs at least one segment")
+            if request.json_schema is not None and not isinstance(request.json_schema, dict):
+                raise InvalidInputError(f"requests[{i}].json_schema", "a JSON schema must be a dict")
+            for j, segment in enumerate(request.segments):
+                where = f"requests[{i}].segments[{j}]"
+                if isinstance(segment, str):
+                    self.check_text(segment, where)
+                elif not isinstance(segment, (VisualPackage, ImageInput)):
+                    raise InvalidInputError(
+                        where, f"a segment is text, a VisualPackage or an ImageInput, not {type(segment).__name__}"
+                    )
+
+    def check_text(self, text: str, where: str) -> None:
+        """Refuse user text this runtime cannot take as plain text (e.g. its special tokens); default: any."""
+
     def validate_package(self, package: VisualPackage) -> None:
         """Raise :class:`~refsight.errors.CorruptPackageError` if ``package`` cannot serve this model.
 

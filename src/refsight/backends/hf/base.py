@@ -485,7 +485,7 @@ class HFBackend(Backend):
         with a ``json_schema`` are constrained row by row in the same batch.
         """
         requests = list(requests)
-        self._check_requests(requests)
+        self.check_requests(requests)
         for request in requests:
             for package in request.packages:
                 self.validate_package(package)
@@ -518,7 +518,7 @@ class HFBackend(Backend):
         """
         from .decoding import TextStreamer
 
-        self._check_requests([request])
+        self.check_requests([request])
         for package in request.packages:
             self.validate_package(package)
         fresh = request.fresh_images
@@ -532,28 +532,11 @@ class HFBackend(Backend):
         outs, lm_ms = self._run([row], [request], False, processor, streamer=streamer, stop_event=stop_event)
         return self._finish(outs[0], lm_ms, encode_ms, row, request)
 
-    def _check_requests(self, requests: list[GenerationRequest]) -> None:
-        if not requests:
-            raise InvalidInputError("requests", "at least one GenerationRequest is needed")
-        for i, request in enumerate(requests):
-            if not isinstance(request, GenerationRequest):
-                raise InvalidInputError(f"requests[{i}]", f"expected a GenerationRequest, got {type(request).__name__}")
-            if not isinstance(request.max_new_tokens, int) or request.max_new_tokens < 1:
-                raise InvalidInputError(f"requests[{i}].max_new_tokens", "must be a positive integer")
-            if not request.segments:
-                raise InvalidInputError(f"requests[{i}].segments", "a request needs at least one segment")
-            for j, segment in enumerate(request.segments):
-                if isinstance(segment, str):
-                    for token in self.reserved_tokens:
-                        if token in segment:
-                            raise InvalidInputError(
-                                f"requests[{i}].segments[{j}]", f"text may not contain the special token {token}"
-                            )
-                elif not isinstance(segment, (VisualPackage, ImageInput)):
-                    raise InvalidInputError(
-                        f"requests[{i}].segments[{j}]",
-                        f"a segment is text, a VisualPackage or an ImageInput, not {type(segment).__name__}",
-                    )
+    def check_text(self, text: str, where: str) -> None:
+        """Refuse text holding one of the family's special tokens (it would shift the placeholders)."""
+        for token in self.reserved_tokens:
+            if token in text:
+                raise InvalidInputError(where, f"text may not contain the special token {token}")
 
     def _json_processor(self, schemas: list[dict[str, Any] | None]) -> Any:
         if not self.supports_constrained_decoding:
@@ -702,7 +685,7 @@ class HFBackend(Backend):
         import torch
 
         requests = list(requests)
-        self._check_requests(requests)
+        self.check_requests(requests)
         for request in requests:
             for package in request.packages:
                 self.validate_package(package)

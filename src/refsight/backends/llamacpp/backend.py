@@ -181,38 +181,20 @@ class LlamaCppBackend(Backend):
     ) -> list[Generation]:
         """Generate for each request in turn: greedy, or sampled with ``seed`` (llama.cpp's dist sampler)."""
         requests = list(requests)
-        self._check_requests(requests)
+        self.check_requests(requests)
         for request in requests:
             for package in request.packages:
                 self.validate_package(package)
         grammars = [self._grammar(i, r.json_schema) for i, r in enumerate(requests)]
         return [self._generate_one(r, g, return_logits, seed, temperature) for r, g in zip(requests, grammars)]
 
-    def _check_requests(self, requests: list[GenerationRequest]) -> None:
-        if not requests:
-            raise InvalidInputError("requests", "at least one GenerationRequest is needed")
-        for i, request in enumerate(requests):
-            if not isinstance(request, GenerationRequest):
-                raise InvalidInputError(f"requests[{i}]", f"expected a GenerationRequest, got {type(request).__name__}")
-            if not isinstance(request.max_new_tokens, int) or request.max_new_tokens < 1:
-                raise InvalidInputError(f"requests[{i}].max_new_tokens", "must be a positive integer")
-            if not request.segments:
-                raise InvalidInputError(f"requests[{i}].segments", "a request needs at least one segment")
-            for j, segment in enumerate(request.segments):
-                if isinstance(segment, str):
-                    self._check_text(segment, f"requests[{i}].segments[{j}]")
-                elif not isinstance(segment, (VisualPackage, ImageInput)):
-                    raise InvalidInputError(
-                        f"requests[{i}].segments[{j}]",
-                        f"a segment is text, a VisualPackage or an ImageInput, not {type(segment).__name__}",
-                    )
-
     def count_text_tokens(self, text: str) -> int:
         """The exact number of tokens the model's own vocabulary makes of ``text`` (special tokens not parsed)."""
         with self._lock, _native_errors(self.name, BackendError, "cannot tokenize"):
             return len(self.runtime.tokenize(text, False)) if text else 0
 
-    def _check_text(self, text: str, where: str) -> None:
+    def check_text(self, text: str, where: str) -> None:
+        """Refuse text holding the media marker or a special token of the model."""
         # User text must stay text: a media marker or a special token in it would
         # shift the images or end the turn early.
         if self.runtime.marker in text:

@@ -99,7 +99,7 @@ class VLLMBackend(Backend):
         in one batch for all requests.
         """
         requests = list(requests)
-        self._check(requests)
+        self.check_requests(requests)
         for request in requests:
             for package in request.packages:
                 self.validate_package(package)
@@ -120,30 +120,11 @@ class VLLMBackend(Backend):
             answers = list(pool.map(self._timed_chat, bodies))
         return [self._finish(answer, ms, row_encode_ms, return_logits) for (answer, ms), (_, row_encode_ms) in zip(answers, rows)]
 
-    def _check(self, requests: list[GenerationRequest]) -> None:
-        if not requests:
-            raise InvalidInputError("requests", "at least one GenerationRequest is needed")
-        reserved = getattr(self.encoder, "reserved_tokens", ())
-        for i, request in enumerate(requests):
-            if not isinstance(request, GenerationRequest):
-                raise InvalidInputError(f"requests[{i}]", f"expected a GenerationRequest, got {type(request).__name__}")
-            if not isinstance(request.max_new_tokens, int) or request.max_new_tokens < 1:
-                raise InvalidInputError(f"requests[{i}].max_new_tokens", "must be a positive integer")
-            if not request.segments:
-                raise InvalidInputError(f"requests[{i}].segments", "a request needs at least one segment")
-            if request.json_schema is not None and not isinstance(request.json_schema, dict):
-                raise InvalidInputError(f"requests[{i}].json_schema", "a JSON schema must be a dict")
-            for j, segment in enumerate(request.segments):
-                if isinstance(segment, str):
-                    # A special token in user text would shift vLLM's placeholder expansion.
-                    for token in reserved:
-                        if token in segment:
-                            raise InvalidInputError(f"requests[{i}].segments[{j}]", f"text may not contain the special token {token}")
-                elif not isinstance(segment, (VisualPackage, ImageInput)):
-                    raise InvalidInputError(
-                        f"requests[{i}].segments[{j}]",
-                        f"a segment is text, a VisualPackage or an ImageInput, not {type(segment).__name__}",
-                    )
+    def check_text(self, text: str, where: str) -> None:
+        """Refuse text holding a special token of the encoder's family (it would shift vLLM's placeholder expansion)."""
+        for token in getattr(self.encoder, "reserved_tokens", ()):
+            if token in text:
+                raise InvalidInputError(where, f"text may not contain the special token {token}")
 
     def _body(self, segments: list[Any], request: GenerationRequest, return_logits: bool) -> dict[str, Any]:
         """The OpenAI chat request: one user turn whose parts keep the segments' order."""
