@@ -235,7 +235,7 @@ class LlamaCppBackend(Backend):
             began = time.perf_counter()
             with _native_errors(self.name, GenerationError, "generation failed"):
                 text = self.prompt_text(request.segments)
-                n_past, prompt_timings = decode_prompt(self.runtime, text, request.segments)
+                n_past, prompt_timings, counts = decode_prompt(self.runtime, text, request.segments)
                 tokens, logits = sample(
                     self.runtime, n_past, request.max_new_tokens, grammar=grammar, seed=seed,
                     temperature=temperature, return_logits=return_logits,
@@ -258,6 +258,8 @@ class LlamaCppBackend(Backend):
                 "generate": total_ms - encode_ms,
                 "total": total_ms,
             },
+            prompt_tokens=counts[0],
+            image_tokens=counts[1:],
         )
 
     def close(self) -> None:

@@ -48,8 +48,12 @@ def _bitmaps(segments: Sequence[Any]) -> tuple[list[Bitmap], dict[str, VisualPac
     return bitmaps, cached
 
 
-def decode_prompt(runtime: LlamaRuntime, text: str, segments: Sequence[Any]) -> tuple[int, dict[str, float]]:
-    """Evaluate the whole prompt into a cleared KV cache; returns ``n_past`` and ``{"encode": ms}``."""
+def decode_prompt(runtime: LlamaRuntime, text: str, segments: Sequence[Any]) -> tuple[int, dict[str, float], list[int]]:
+    """Evaluate the whole prompt into a cleared KV cache.
+
+    Returns ``n_past``, ``{"encode": ms}`` and the prompt's token counts: the total first,
+    then each image's tokens in prompt order (for the OpenAI ``usage``).
+    """
     bitmaps, cached = _bitmaps(segments)
     encode_ms = 0.0
     try:
@@ -57,6 +61,11 @@ def decode_prompt(runtime: LlamaRuntime, text: str, segments: Sequence[Any]) -> 
         with runtime.tokenized(text, bitmaps) as chunks:
             infos = [runtime.chunk_info(c) for c in chunks]
             saved = {image_id: _saved_chunks(package, image_id, infos) for image_id, package in cached.items()}
+            per_image: dict[str, int] = {}
+            for info in infos:
+                if info.kind == "image":  # an image may span several chunks (SmolVLM tiles)
+                    per_image[info.image_id] = per_image.get(info.image_id, 0) + info.n_tokens
+            counts = [sum(info.n_tokens for info in infos), *per_image.values()]
             total = sum(info.n_pos for info in infos)
             if total >= runtime.settings.n_ctx:
                 raise GenerationError("llama.cpp", f"the prompt needs {total} positions; n_ctx is {runtime.settings.n_ctx}")
@@ -74,7 +83,7 @@ def decode_prompt(runtime: LlamaRuntime, text: str, segments: Sequence[Any]) -> 
     finally:
         for b in bitmaps:
             b.free()
-    return n_past, {"encode": encode_ms}
+    return n_past, {"encode": encode_ms}, counts
 
 
 def _saved_chunks(package: VisualPackage, image_id: str, infos: list) -> list[np.ndarray]:

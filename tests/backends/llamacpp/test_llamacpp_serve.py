@@ -1,0 +1,86 @@
+"""``refsight serve --model <llama.cpp model>``: the OpenAI endpoint backed by llama.cpp, as a llama-server
+user would call it (the official SDK, a real server on loopback), stored references replayed with no encode."""
+
+from __future__ import annotations
+
+import io
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from llama_models import require_llama_cpp
+
+from refsight.samples import load_sample
+
+require_llama_cpp()
+
+MODEL = "tiny-qwen2-vl-gguf"
+
+
+def _png(name: str) -> bytes:
+    buffer = io.BytesIO()
+    load_sample(name, (56, 56)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def llama_server(tmp_path: Path, gguf_files):
+    gguf_files(MODEL)  # built before the server starts, so start-up is only the load
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "refsight.cli", "serve", "--model", MODEL, "--port", str(port), "--store", str(tmp_path / "s")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 240
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"refsight serve did not start: {process.stderr.read().decode()[-2000:]}")
+        time.sleep(0.5)
+    yield url
+    process.terminate()
+    process.wait(timeout=30)
+
+
+def test_the_openai_sdk_gets_llama_cpp_answers_from_stored_references(llama_server):
+    import base64
+
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{llama_server}/v1", api_key="unused-without-keys")
+    added = httpx.post(
+        f"{llama_server}/v1/references", json={"image": base64.b64encode(_png("chelsea")).decode(), "id": "cat"}, timeout=120
+    )
+    assert added.status_code == 201, added.text
+    assert client.models.list().data[0].id == MODEL
+    candidate = "data:image/png;base64," + base64.b64encode(_png("coffee")).decode()
+    messages = [{"role": "user", "content": [
+        {"type": "text", "text": "Reference:"},
+        {"type": "image_url", "image_url": {"url": "refsight://ref/cat"}},
+        {"type": "text", "text": "Candidate:"},
+        {"type": "image_url", "image_url": {"url": candidate}},
+        {"type": "text", "text": "Same animal?"},
+    ]}]
+    first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=6)
+    again = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=6)
+    assert first.choices[0].message.content == again.choices[0].message.content  # greedy
+    assert first.model_extra["refsight"]["references_cached"][0] is True  # the stored reference: no encode
+    usage = first.usage
+    assert usage.prompt_tokens > usage.prompt_tokens_details.cached_tokens > 0  # the reference's image tokens
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
