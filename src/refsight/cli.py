@@ -243,6 +243,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             share_encodes=args.share_encodes,
             embedder=args.embedder,
             max_prompt_tokens=args.max_prompt_tokens,
+            ingest_attributes=() if args.attributes == "none" else (args.attributes,),
         )
     )
     return 0
@@ -469,6 +470,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-prompt-tokens", type=int, default=8192, metavar="N",
         help="most text tokens a chat prompt may hold (default 8192); longer prompts get 400",
+    )
+    p.add_argument(
+        "--attributes", choices=("imagenet", "vlm", "none"), default="imagenet",
+        help="attribute record computed when a reference is added over HTTP (default: imagenet; none: skip)",
     )
     p = add("gc", cmd_gc, "remove what interrupted writes left (temp files, orphan files and rows)")
     p.add_argument(

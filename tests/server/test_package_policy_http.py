@@ -130,3 +130,18 @@ def test_unknown_reference_over_http_is_a_404_code(make_server):
     live = make_server()
     with live.client() as client:
         assert_error(client.get("/v1/references/nobody"), 404, "reference_not_found")
+
+
+def test_references_added_over_http_get_their_attribute_records_at_once(make_server, tmp_path):
+    from refsight import Engine
+
+    store = tmp_path / "attr-store"
+    live = make_server(store=store)  # the toy model; the ImageNet record is real (EfficientNet-Lite0)
+    with live.client() as client:
+        assert client.post("/v1/references", json={"image": b64(photo_png("chelsea")), "id": "cat"}).status_code == 201
+    live.stop()
+    with Engine(store, model="toy") as engine:
+        sidecars = engine._sidecar_records()
+        source = sidecars.imagenet()
+        record = sidecars.store.get(engine.reference("cat").image_sha256, source.fingerprint, source.schema_digest)
+        assert record is not None and record["imagenet_top5"]

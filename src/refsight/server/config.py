@@ -52,6 +52,9 @@ class ServerConfig:
     thumbnail_px: int = 256
     #: The retrieval embedder by name (``conse``, ``clip:PATH``, ``vlm:MODEL``; None: the default).
     embedder: str | None = None
+    #: Attribute records computed when a reference is added (``imagenet``, ``vlm``), so the first
+    #: comparison against it does no reference work; ``()`` defers them to the first comparison.
+    ingest_attributes: tuple[str, ...] = ("imagenet",)
 
     def resolved_keys(self) -> dict[str, str]:
         """The configured keys (explicit, file, or environment)."""

@@ -84,7 +84,10 @@ class Service:
     # -- references ----------------------------------------------------------------------
     def add(self, namespace: str, image: ImageInput, ref_id: str | None, metadata: Mapping[str, Any]) -> dict[str, Any]:
         """Add one reference; the same fields as ``refsight add --json``."""
-        result = next(iter(self.engine.add_many([image], ids=[ref_id], metadata=dict(metadata), namespace=namespace)))
+        result = next(iter(self.engine.add_many(
+            [image], ids=[ref_id], metadata=dict(metadata), namespace=namespace,
+            attributes=self.config.ingest_attributes,
+        )))
         if isinstance(result, AddFailure):
             raise InvalidInputError(ref_id or result.input, result.error)
         return result.to_dict()
