@@ -134,14 +134,16 @@ def run_demo(
             stats = engine.stats().to_dict()
 
         same = _strip(fresh) == _strip(cached)
-        saved = fresh["timings_ms"]["reference_load"] - cached["timings_ms"]["reference_load"]
+        # The fresh path sends every reference as pixels, so its encodes happen inside generation:
+        # only the whole comparison's time compares like with like.
+        saved = fresh["timings_ms"]["total"] - cached["timings_ms"]["total"]
         summary = {
             "model": cached["model"],
             "random_weights": cached["random_weights"],
             "references": len(ref_ids),
             "search_top": found["results"][0]["ref_id"] if found["results"] else None,
-            "fresh_reference_ms": fresh["timings_ms"]["reference_load"],
-            "cached_reference_ms": cached["timings_ms"]["reference_load"],
+            "fresh_total_ms": fresh["timings_ms"]["total"],
+            "cached_total_ms": cached["timings_ms"]["total"],
             "all_references_cached": all(r["reference_cached"] for r in cached["results"]),
             "verdicts_identical": same,
             "stats": stats,
@@ -150,9 +152,8 @@ def run_demo(
             "browse": browse_hint(store, model),
         }
         say(
-            f"\nReferences re-encoded (today's way): {fresh['timings_ms']['reference_load']:.0f} ms; "
-            f"served from cache: {cached['timings_ms']['reference_load']:.0f} ms "
-            f"({saved:.0f} ms of encoder time saved on this request)."
+            f"\nThe comparison with every reference re-encoded (today's way): {fresh['timings_ms']['total']:.0f} ms; "
+            f"with references from the cache: {cached['timings_ms']['total']:.0f} ms ({saved:.0f} ms saved)."
         )
         say(
             f"Every reference from cache: {summary['all_references_cached']}; "
