@@ -139,6 +139,9 @@ class VLLMClient:
                     if isinstance(event, dict) and event.get("error"):
                         raise GenerationError(self.name, f"vLLM server at {self.base_url} failed mid-stream: {_inner_message(event)}")
                     on_chunk(event)
+                    if stop_event is not None and stop_event.is_set():
+                        cancelled.set()  # set by on_chunk's callback itself: stop reading at once
+                        return True
             except (socket.timeout, TimeoutError) as e:
                 if cancelled.is_set():
                     return True
