@@ -22,6 +22,12 @@ Qwen2-VL, Qwen2.5-VL and Qwen3-VL). JSON constraints use vLLM's structured outpu
 (``structured_outputs.grammar``: refsight's own grammar for the schema, as in the HF backend). ``return_logits`` fills a ``[steps, vocab]``
 tensor of vLLM's top-k *log-probabilities* (``logprobs``), ``-inf`` elsewhere: an
 OpenAI server does not return full logits.
+
+:meth:`VLLMBackend.generate_stream` relays vLLM's own SSE stream (``"stream": true``):
+each content delta goes to ``on_text`` as it arrives, and a set stop event closes the
+connection, which makes vLLM abort the request. Every :class:`~refsight.backends.sampling.Sampling`
+field passes through under its OpenAI name (greedy, ``temperature`` 0, by default).
+``prompt_tokens`` is vLLM's usage; ``image_tokens`` is prod(grid) / merge² per image.
 """
 
 from __future__ import annotations
