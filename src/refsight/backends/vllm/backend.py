@@ -22,13 +22,21 @@ Qwen2-VL, Qwen2.5-VL and Qwen3-VL). JSON constraints use vLLM's structured outpu
 (``structured_outputs.grammar``: refsight's own grammar for the schema, as in the HF backend). ``return_logits`` fills a ``[steps, vocab]``
 tensor of vLLM's top-k *log-probabilities* (``logprobs``), ``-inf`` elsewhere: an
 OpenAI server does not return full logits.
+
+:meth:`VLLMBackend.generate_stream` relays vLLM's own SSE stream (``"stream": true``):
+each content delta goes to ``on_text`` as it arrives, and a set stop event closes the
+connection, which makes vLLM abort the request. Every :class:`~refsight.backends.sampling.Sampling`
+field passes through under its OpenAI name (greedy, ``temperature`` 0, by default).
+``prompt_tokens`` is vLLM's usage; ``image_tokens`` is prod(grid) / merge² per image.
 """
 
 from __future__ import annotations
 
 import base64
 import io
+import math
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, Sequence
@@ -36,7 +44,8 @@ from typing import Any, ClassVar, Sequence
 from ...errors import GenerationError, InvalidInputError, ModelLoadError
 from ...images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
-from ..base import Backend, Generation, GenerationRequest
+from ..base import Backend, Generation, GenerationRequest, TextCallback
+from ..sampling import SAMPLING_FIELDS
 from .client import DEFAULT_TIMEOUT_S, VLLMClient
 
 __all__ = ["VLLMBackend", "load_vllm_backend", "VLLM_PREFIX", "TOP_LOGPROBS"]
@@ -61,6 +70,10 @@ class VLLMBackend(Backend):
 
     supports_cached_features: ClassVar[bool] = True
     supports_constrained_decoding: ClassVar[bool] = True
+    #: Every :class:`~refsight.backends.sampling.Sampling` field, passed to vLLM under its OpenAI name.
+    sampling_fields: ClassVar[frozenset[str]] = frozenset(SAMPLING_FIELDS)
+    #: :meth:`generate_stream` relays vLLM's own token stream (SSE) as it arrives.
+    supports_streaming: ClassVar[bool] = True
 
     def __init__(self, name: str, *, client: VLLMClient, served_model: str, encoder: Backend) -> None:
         super().__init__(name)
@@ -99,6 +112,66 @@ class VLLMBackend(Backend):
         in one batch for all requests.
         """
         requests = list(requests)
+        rows = self._prepare(requests)
+        bodies = [self._body(segments, r, return_logits) for (segments, _), r in zip(rows, requests)]
+        workers = max(1, min(8, len(bodies)))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="refsight-vllm") as pool:
+            answers = list(pool.map(self._timed_chat, bodies))
+        return [
+            self._finish(answer, ms, row_encode_ms, return_logits, segments)
+            for (answer, ms), (segments, row_encode_ms) in zip(answers, rows)
+        ]
+
+    def generate_stream(
+        self, request: GenerationRequest, *, on_text: TextCallback, stop_event: threading.Event | None = None
+    ) -> Generation:
+        """Relay vLLM's token stream: each content delta goes to ``on_text`` as it arrives.
+
+        The request is the one :meth:`generate` sends, with ``"stream": true``. Once
+        ``stop_event`` is set the connection is closed (vLLM aborts the request) and the
+        text so far comes back with ``finish_reason="cancelled"``.
+        """
+        if stop_event is not None and stop_event.is_set():
+            return Generation(text="", token_ids=[], model=self.name, random_weights=self.random_weights,
+                              finish_reason="cancelled")
+        ((segments, encode_ms),) = self._prepare([request])
+        body = self._body(segments, request, False)
+        body.update(stream=True, stream_options={"include_usage": True})
+        pieces: list[str] = []
+        tokens: list[int] = []
+        state: dict[str, Any] = {"finish_reason": None, "prompt_tokens": 0}
+
+        def on_chunk(chunk: dict[str, Any]) -> None:
+            usage = chunk.get("usage")
+            if isinstance(usage, dict) and usage.get("prompt_tokens") is not None:
+                state["prompt_tokens"] = int(usage["prompt_tokens"])
+            if chunk.get("prompt_token_ids") and not state["prompt_tokens"]:
+                state["prompt_tokens"] = len(chunk["prompt_token_ids"])
+            for choice in chunk.get("choices") or ():
+                tokens.extend(int(t) for t in choice.get("token_ids") or ())
+                if choice.get("finish_reason"):
+                    state["finish_reason"] = _finish_reason(choice["finish_reason"])
+                piece = (choice.get("delta") or {}).get("content")
+                if piece:
+                    pieces.append(piece)
+                    on_text(piece)
+
+        began = time.perf_counter()
+        cancelled = self.client.chat_stream(body, on_chunk, stop_event)
+        generate_ms = (time.perf_counter() - began) * 1000
+        return Generation(
+            text="".join(pieces),
+            token_ids=tokens,
+            model=self.name,
+            random_weights=self.random_weights,
+            timings_ms={"encode": encode_ms, "generate": generate_ms, "total": encode_ms + generate_ms},
+            prompt_tokens=state["prompt_tokens"],
+            image_tokens=self._image_tokens(segments),
+            finish_reason="cancelled" if cancelled else state["finish_reason"],
+        )
+
+    def _prepare(self, requests: list[GenerationRequest]) -> list[tuple[list[Any], float]]:
+        """Checked requests as (segments to send, encode ms): fresh images beside packages encoded here, in one batch."""
         self.check_requests(requests)
         for request in requests:
             for package in request.packages:
@@ -114,11 +187,7 @@ class VLLMBackend(Backend):
                 rows.append(([next(encoded) if isinstance(s, ImageInput) else s for s in r.segments], per_image * len(r.fresh_images)))
             else:
                 rows.append((list(r.segments), 0.0))
-        bodies = [self._body(segments, r, return_logits) for (segments, _), r in zip(rows, requests)]
-        workers = max(1, min(8, len(bodies)))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="refsight-vllm") as pool:
-            answers = list(pool.map(self._timed_chat, bodies))
-        return [self._finish(answer, ms, row_encode_ms, return_logits) for (answer, ms), (_, row_encode_ms) in zip(answers, rows)]
+        return rows
 
     def check_text(self, text: str, where: str) -> None:
         """Refuse text holding a special token of the encoder's family (it would shift vLLM's placeholder expansion)."""
@@ -140,9 +209,9 @@ class VLLMBackend(Backend):
             "model": self.served_model,
             "messages": [{"role": "user", "content": parts}],
             "max_tokens": request.max_new_tokens,
-            "temperature": 0.0,
             "return_token_ids": True,
         }
+        body.update(_sampling_fields(request))
         if request.json_schema is not None:
             # vLLM's structured output, given refsight's own grammar for the schema (the one
             # the HF backend uses): compact, with strict strings. A plain json_schema would
@@ -161,6 +230,13 @@ class VLLMBackend(Backend):
         target size makes vLLM's resize a no-op, so the pixel path sees exactly the pixels
         refsight's encoder would (the same target: same smart_resize, same settings).
         """
+        width, height = self._grid_size(image)
+        if (width, height) == image.size:
+            return image
+        return image.resize((width, height), resample=int(self.encoder.image_processor.resample))
+
+    def _grid_size(self, image: Any) -> tuple[int, int]:
+        """(width, height) the processor resizes ``image`` to (multiples of patch × merge)."""
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
         processor = self.encoder.image_processor
@@ -170,9 +246,7 @@ class VLLMBackend(Backend):
         height, width = smart_resize(
             image.height, image.width, factor=processor.patch_size * processor.merge_size, min_pixels=low, max_pixels=high
         )
-        if (width, height) == image.size:
-            return image
-        return image.resize((width, height), resample=int(processor.resample))
+        return width, height
 
     def _embeds_part(self, package: VisualPackage) -> dict[str, Any]:
         """An ``image_embeds`` part: features (+ deepstack on the hidden axis), grid, uuid = key."""
@@ -198,7 +272,22 @@ class VLLMBackend(Backend):
         answer = self.client.chat(body)
         return answer, (time.perf_counter() - began) * 1000
 
-    def _finish(self, answer: dict[str, Any], generate_ms: float, encode_ms: float, return_logits: bool) -> Generation:
+    def _image_tokens(self, segments: list[Any]) -> list[int]:
+        """Prompt tokens of each image in order: prod(grid) / merge² (a fresh image: the grid of its resized size)."""
+        merge = int(self.encoder.merge_size)
+        counts = []
+        for segment in segments:
+            if isinstance(segment, VisualPackage):
+                counts.append(math.prod(int(x) for x in segment.metadata["image_grid_thw"]) // merge**2)
+            elif not isinstance(segment, str):
+                width, height = self._grid_size(segment.image)
+                patch = int(self.encoder.image_processor.patch_size)
+                counts.append((height // patch) * (width // patch) // merge**2)
+        return counts
+
+    def _finish(
+        self, answer: dict[str, Any], generate_ms: float, encode_ms: float, return_logits: bool, segments: list[Any]
+    ) -> Generation:
         choice = answer["choices"][0]
         tokens = choice.get("token_ids")
         if tokens is None:
@@ -212,6 +301,9 @@ class VLLMBackend(Backend):
             random_weights=self.random_weights,
             logits=logits,
             timings_ms={"encode": encode_ms, "generate": generate_ms, "total": encode_ms + generate_ms},
+            prompt_tokens=int((answer.get("usage") or {}).get("prompt_tokens") or 0),
+            image_tokens=self._image_tokens(segments),
+            finish_reason=_finish_reason(choice.get("finish_reason")),
         )
 
     def _logprob_matrix(self, choice: dict[str, Any], steps: int) -> Any:
@@ -230,6 +322,34 @@ class VLLMBackend(Backend):
     def close(self) -> None:
         """Release the encoder (the server is not ours to stop)."""
         self.encoder.close()
+
+
+def _sampling_fields(request: GenerationRequest) -> dict[str, Any]:
+    """vLLM's request fields for ``request.sampling`` (the same OpenAI names): temperature always, greedy by default.
+
+    Only fields set away from their defaults are sent besides ``temperature``, so a request
+    naming nothing is exactly the greedy request this backend always sent.
+    """
+    sampling = request.sampling
+    fields: dict[str, Any] = {"temperature": float(sampling.temperature)}
+    for name in sampling.non_default():
+        value = getattr(sampling, name)
+        if name == "stop":
+            fields["stop"] = list(value)
+        elif name == "seed":
+            fields["seed"] = int(value)
+        elif name != "temperature":
+            fields[name] = float(value)
+    return fields
+
+
+def _finish_reason(reason: Any) -> str | None:
+    """refsight's finish reason for vLLM's (``stop``, ``length``; ``abort`` is a cancel)."""
+    if reason in ("stop", "length"):
+        return str(reason)
+    if reason == "abort":
+        return "cancelled"
+    return None if reason is None else "stop"
 
 
 def _schema_grammar(schema: dict[str, Any]) -> str:

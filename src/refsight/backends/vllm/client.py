@@ -9,11 +9,14 @@ embedding width, wrong grid, too many images) or fails (5xx) or a timeout is a
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
+import threading
 import urllib.error
+import urllib.parse
 import urllib.request
-from typing import Any
+from typing import Any, Callable
 
 from ...errors import BackendError, GenerationError
 
@@ -70,6 +73,105 @@ class VLLMClient:
             raise GenerationError(self.name, f"vLLM server at {self.base_url} returned no choices: {answer!r:.300}")
         return answer
 
+    def chat_stream(
+        self, body: dict[str, Any], on_chunk: Callable[[dict[str, Any]], None], stop_event: threading.Event | None = None
+    ) -> bool:
+        """``POST /v1/chat/completions`` with ``"stream": true``; ``on_chunk`` gets each parsed SSE event in order.
+
+        The body is read line by line as vLLM sends it. Once ``stop_event`` is set the
+        connection is shut (vLLM aborts a request whose client went away) and True is
+        returned; False when the stream ended with ``[DONE]``.
+        """
+        parsed = urllib.parse.urlsplit(self.base_url)
+        kind = http.client.HTTPSConnection if parsed.scheme == "https" else http.client.HTTPConnection
+        connection = kind(parsed.hostname, parsed.port, timeout=self.timeout)
+        finished = threading.Event()
+        cancelled = threading.Event()
+
+        def watch() -> None:
+            # Unblocks a read waiting for the next token as soon as the caller goes away.
+            while not finished.is_set():
+                if stop_event.wait(0.05):
+                    cancelled.set()
+                    sock = connection.sock
+                    if sock is not None:
+                        try:
+                            sock.shutdown(socket.SHUT_RDWR)
+                        except OSError:
+                            pass
+                    return
+
+        watcher = None
+        if stop_event is not None:
+            if stop_event.is_set():
+                return True
+            watcher = threading.Thread(target=watch, name="refsight-vllm-cancel", daemon=True)
+        try:
+            try:
+                connection.request(
+                    "POST", (parsed.path or "") + "/v1/chat/completions", body=json.dumps(body).encode(),
+                    headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
+                )
+                if watcher is not None:
+                    watcher.start()
+                response = connection.getresponse()
+                if response.status != 200:
+                    payload = response.read()
+                    raise GenerationError(
+                        self.name, f"vLLM server at {self.base_url} answered HTTP {response.status}: {_body_message(payload)}"
+                    )
+                while True:
+                    raw = response.readline()
+                    if cancelled.is_set():
+                        return True
+                    if not raw:
+                        raise GenerationError(self.name, f"vLLM server at {self.base_url} ended the stream without [DONE]")
+                    line = raw.decode("utf-8", errors="replace").strip()
+                    if not line.startswith("data:"):
+                        continue  # blank separators, comments, other SSE fields
+                    data = line[len("data:"):].strip()
+                    if data == "[DONE]":
+                        return False
+                    try:
+                        event = json.loads(data)
+                    except ValueError:
+                        raise GenerationError(self.name, f"vLLM server at {self.base_url} streamed non-JSON: {data[:200]!r}") from None
+                    if isinstance(event, dict) and event.get("error"):
+                        raise GenerationError(self.name, f"vLLM server at {self.base_url} failed mid-stream: {_inner_message(event)}")
+                    on_chunk(event)
+                    if stop_event is not None and stop_event.is_set():
+                        cancelled.set()  # set by on_chunk's callback itself: stop reading at once
+                        return True
+            except (socket.timeout, TimeoutError) as e:
+                if cancelled.is_set():
+                    return True
+                raise GenerationError(self.name, f"vLLM server at {self.base_url} did not answer within {self.timeout:g} s ({e})") from None
+            except (ConnectionError, OSError, http.client.HTTPException) as e:
+                if cancelled.is_set():
+                    return True
+                raise BackendError(self.name, f"vLLM server at {self.base_url} is not reachable: {e}") from None
+        finally:
+            finished.set()
+            connection.close()
+            if watcher is not None and watcher.is_alive():
+                watcher.join()
+
+
+def _inner_message(parsed: Any) -> str:
+    """The message of an OpenAI error object (``{"error": {"message": ...}}``)."""
+    inner = parsed.get("error", parsed) if isinstance(parsed, dict) else parsed
+    if isinstance(inner, dict):
+        return str(inner.get("message") or inner)[:1000]
+    return str(inner)[:1000]
+
+
+def _body_message(payload: bytes) -> str:
+    body = payload.decode(errors="replace")
+    try:
+        return _inner_message(json.loads(body))
+    except ValueError:
+        return body[:1000]
+
 
 def _message(error: urllib.error.HTTPError) -> str:
     """vLLM's error message out of an HTTP error body (``{"error": {"message": ...}}``)."""
@@ -78,10 +180,6 @@ def _message(error: urllib.error.HTTPError) -> str:
     except OSError:
         return error.reason or ""
     try:
-        parsed = json.loads(body)
-        inner = parsed.get("error", parsed)
-        if isinstance(inner, dict):
-            return str(inner.get("message") or inner)[:1000]
-        return str(inner)[:1000]
+        return _inner_message(json.loads(body))
     except ValueError:
         return body[:1000]

@@ -1,0 +1,142 @@
+"""``generate_stream`` relays vLLM's own token stream; sampling fields reach vLLM.
+
+On the real tiny Qwen2-VL server (the one the other files use): the streamed deltas
+join to exactly the non-streamed greedy text, arriving in more than one piece; a stop
+event set after the first delta closes the connection (vLLM aborts the request) and
+the next request is served; a seed makes a sampled answer repeatable and another
+seed changes it; stop strings cut the text; prompt and image token counts come from
+vLLM's usage and the package's grid.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+MODEL = "tiny-qwen2-vl-vllm"
+MAX_NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def backend(vllm_servers):
+    from refsight.backends.registry import get_backend
+
+    server = vllm_servers.get(MODEL, 8)
+    backend = get_backend(f"vllm:{server.url}")
+    backend.server = server
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="module")
+def package(backend, photos):
+    return backend.encode([photos["chelsea"]])[0]
+
+
+def _request(package, max_new_tokens=MAX_NEW_TOKENS, **sampling):
+    from refsight.backends.base import GenerationRequest, Sampling
+
+    return GenerationRequest(
+        ["Describe", package, " in detail."], max_new_tokens=max_new_tokens, sampling=Sampling(**sampling)
+    )
+
+
+@pytest.fixture(scope="module")
+def greedy(backend, package):
+    return backend.generate([_request(package)])[0]
+
+
+def test_streamed_deltas_join_to_the_greedy_text(backend, package, greedy):
+    assert backend.supports_streaming
+    pieces: list[str] = []
+    streamed = backend.generate_stream(_request(package), on_text=pieces.append)
+    assert greedy.text and len(greedy.token_ids) > 1
+    assert "".join(pieces) == streamed.text == greedy.text
+    assert len(pieces) > 1, pieces
+    assert streamed.token_ids == greedy.token_ids
+    assert streamed.finish_reason == greedy.finish_reason
+    assert greedy.finish_reason in ("stop", "length")
+    assert greedy.finish_reason == ("length" if len(greedy.token_ids) == MAX_NEW_TOKENS else "stop")
+
+
+def test_prompt_and_image_token_counts(backend, package, greedy):
+    grid = [int(x) for x in package.metadata["image_grid_thw"]]
+    image_tokens = math.prod(grid) // backend.encoder.merge_size**2
+    assert greedy.image_tokens == [image_tokens]
+    assert greedy.prompt_tokens > image_tokens
+    pieces: list[str] = []
+    streamed = backend.generate_stream(_request(package), on_text=pieces.append)
+    assert (streamed.prompt_tokens, streamed.image_tokens) == (greedy.prompt_tokens, greedy.image_tokens)
+
+
+def test_stop_event_after_the_first_delta_ends_the_stream(backend, package):
+    stop = threading.Event()
+    pieces: list[str] = []
+
+    def on_text(piece: str) -> None:
+        pieces.append(piece)
+        stop.set()
+
+    generated_before = _metric(backend.server.url, "vllm:generation_tokens_total{")
+    began = time.monotonic()
+    # Long enough that vLLM is still generating when the connection closes.
+    result = backend.generate_stream(_request(package, max_new_tokens=3000), on_text=on_text, stop_event=stop)
+    elapsed = time.monotonic() - began
+    assert result.finish_reason == "cancelled"
+    assert pieces and result.text == "".join(pieces)
+    assert len(result.token_ids) < 3000
+    assert elapsed < 30
+    # vLLM saw the client go away and aborted the request: nothing runs, no token is generated
+    # any more (all 3000 would take seconds here).
+    time.sleep(1.0)
+    generated = _metric(backend.server.url, "vllm:generation_tokens_total{")
+    assert _metric(backend.server.url, "vllm:num_requests_running{") == 0
+    time.sleep(1.0)
+    assert _metric(backend.server.url, "vllm:generation_tokens_total{") == generated < generated_before + 3000
+    # The next request is served as usual.
+    assert backend.generate([_request(package, max_new_tokens=4)])[0].token_ids
+
+
+def _metric(url: str, prefix: str) -> float:
+    """The sum of vLLM's Prometheus samples (``/metrics``) whose line starts with ``prefix``."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def test_a_stop_event_already_set_sends_nothing(backend, package):
+    stop = threading.Event()
+    stop.set()
+    result = backend.generate_stream(_request(package), on_text=lambda piece: None, stop_event=stop)
+    assert (result.text, result.finish_reason) == ("", "cancelled")
+
+
+def test_a_seed_repeats_a_sampled_answer_and_another_seed_changes_it(backend, package):
+    def sampled(seed):
+        return backend.generate([_request(package, temperature=1.0, seed=seed)])[0].token_ids
+
+    first, again, other = sampled(7), sampled(7), sampled(8)
+    assert first == again
+    assert first != other
+    pieces: list[str] = []
+    streamed = backend.generate_stream(_request(package, temperature=1.0, seed=7), on_text=pieces.append)
+    assert streamed.token_ids == first
+
+
+def test_stop_strings_cut_the_text(backend, package, greedy):
+    text = greedy.text
+    start = next(i for i in range(len(text) // 3, len(text)) if not text[i].isspace())
+    stop = text[start:start + 2]
+    expected = text[: text.find(stop)]
+    pieces: list[str] = []
+    streamed = backend.generate_stream(_request(package, stop=(stop,)), on_text=pieces.append)
+    plain = backend.generate([_request(package, stop=(stop,))])[0]
+    assert plain.text == streamed.text == "".join(pieces) == expected
+    assert plain.finish_reason == streamed.finish_reason == "stop"
