@@ -210,6 +210,9 @@ class LlamaCppBackend(Backend):
         non-streamed text); a set ``stop_event`` ends the loop before the next token.
         """
         self._check([request])
+        if stop_event is not None and stop_event.is_set():  # gone already: not even the prompt is evaluated
+            return Generation(text="", token_ids=[], model=self.name, random_weights=self.random_weights,
+                              finish_reason="cancelled")
         grammar = self._grammar(0, request.json_schema)
         return self._generate_one(request, grammar, False, request.sampling, on_text=on_text, stop_event=stop_event)
 
