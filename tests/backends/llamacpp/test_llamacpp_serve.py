@@ -33,8 +33,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def llama_server(tmp_path: Path, gguf_files):
+@pytest.fixture(scope="module")
+def llama_server(tmp_path_factory, gguf_files):
+    tmp_path: Path = tmp_path_factory.mktemp("serve")
     gguf_files(MODEL)  # built before the server starts, so start-up is only the load
     port = _free_port()
     process = subprocess.Popen(
@@ -84,3 +85,35 @@ def test_the_openai_sdk_gets_llama_cpp_answers_from_stored_references(llama_serv
     usage = first.usage
     assert usage.prompt_tokens > usage.prompt_tokens_details.cached_tokens > 0  # the reference's image tokens
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+def test_the_openai_sdk_streams_llama_cpp_tokens_as_they_are_generated(llama_server):
+    import base64
+
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{llama_server}/v1", api_key="unused-without-keys")
+    added = httpx.post(
+        f"{llama_server}/v1/references", json={"image": base64.b64encode(_png("chelsea")).decode(), "id": "cat-stream"},
+        timeout=120,
+    )
+    assert added.status_code == 201, added.text
+    messages = [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "refsight://ref/cat-stream"}},
+        {"type": "text", "text": "Describe it."},
+    ]}]
+    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16)
+    deltas, finish = [], None
+    for chunk in client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, stream=True):
+        if chunk.choices and chunk.choices[0].delta.content:
+            deltas.append(chunk.choices[0].delta.content)
+        if chunk.choices and chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+    assert "".join(deltas) == whole.choices[0].message.content
+    assert len(deltas) > 1  # token by token, not one chunk at the end
+    assert finish == whole.choices[0].finish_reason
+    # Sampling fields reach llama.cpp's sampler chain (none is refused): a seeded answer repeats.
+    sampled = dict(model=MODEL, messages=messages, max_tokens=12, temperature=1.0, top_p=0.9, seed=5,
+                   frequency_penalty=0.5, presence_penalty=0.5)
+    first = client.chat.completions.create(**sampled).choices[0].message.content
+    assert client.chat.completions.create(**sampled).choices[0].message.content == first

@@ -5,8 +5,11 @@ chunk's embeddings (:mod:`.package_format`). Generation renders the GGUF's chat
 template around media markers and tokenizes it with mtmd; a cached package's image
 is a size-only placeholder bitmap whose chunks are decoded from the saved
 embeddings, a fresh image goes through llama.cpp's own pixel path. Decoding then
-runs llama.cpp's sampler chain (greedy, or seeded sampling), with a GBNF grammar
-made from the request's JSON schema when there is one (:mod:`.grammar`).
+runs llama.cpp's sampler chain as the request's ``sampling`` says (greedy by default;
+penalties, temperature, top-p, a seeded draw), with a GBNF grammar made from the
+request's JSON schema when there is one (:mod:`.grammar`). Each token's text leaves
+the loop as it is sampled (:meth:`LlamaCppBackend.generate_stream`), stop strings cut
+the answer and a set stop event ends it before the next token.
 
 Runtime failures become refsight errors here and only here (:func:`_native_errors`).
 """
@@ -29,7 +32,8 @@ from ...errors import (
 )
 from ...images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
-from ..base import Backend, Generation, GenerationRequest
+from ..base import Backend, Generation, GenerationRequest, TextCallback
+from ..sampling import SAMPLING_FIELDS, Sampling
 from . import package_format as fmt
 from .native import Bitmap, LlamaRuntime, RuntimeSettings, llama_cpp_version
 from .prompt import render_prompt
@@ -58,6 +62,10 @@ class LlamaCppBackend(Backend):
 
     supports_cached_features: ClassVar[bool] = True
     supports_constrained_decoding: ClassVar[bool] = True
+    #: Every Sampling field: llama.cpp's chain has temperature, top-p, a seeded draw and OpenAI-style penalties.
+    sampling_fields: ClassVar[frozenset[str]] = frozenset(SAMPLING_FIELDS)
+    #: Each token's text leaves the token loop as soon as it is sampled.
+    supports_streaming: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -179,14 +187,42 @@ class LlamaCppBackend(Backend):
         seed: int | None = None,
         temperature: float = 0.8,
     ) -> list[Generation]:
-        """Generate for each request in turn: greedy, or sampled with ``seed`` (llama.cpp's dist sampler)."""
+        """Generate for each request in turn, as its ``sampling`` says (default: greedy).
+
+        ``seed`` (with ``temperature``) is the older spelling of seeded sampling: it applies
+        to requests whose ``sampling`` is the default.
+        """
         requests = list(requests)
+        self._check(requests)
+        grammars = [self._grammar(i, r.json_schema) for i, r in enumerate(requests)]
+        legacy = Sampling(temperature=temperature, seed=seed) if seed is not None else None
+        return [
+            self._generate_one(r, g, return_logits, legacy if legacy and r.sampling == Sampling() else r.sampling)
+            for r, g in zip(requests, grammars)
+        ]
+
+    def generate_stream(
+        self, request: GenerationRequest, *, on_text: TextCallback, stop_event: threading.Event | None = None
+    ) -> Generation:
+        """One request, each sampled token's text handed to ``on_text`` from inside the token loop.
+
+        The same prompt and sampler chain as :meth:`generate` (a greedy stream equals the
+        non-streamed text); a set ``stop_event`` ends the loop before the next token.
+        """
+        self._check([request])
+        if stop_event is not None and stop_event.is_set():  # gone already: not even the prompt is evaluated
+            return Generation(text="", token_ids=[], model=self.name, random_weights=self.random_weights,
+                              finish_reason="cancelled")
+        grammar = self._grammar(0, request.json_schema)
+        return self._generate_one(request, grammar, False, request.sampling, on_text=on_text, stop_event=stop_event)
+
+    def _check(self, requests: list[GenerationRequest]) -> None:
         self.check_requests(requests)
-        for request in requests:
+        for i, request in enumerate(requests):
+            if not isinstance(request.sampling, Sampling):
+                raise InvalidInputError(f"requests[{i}].sampling", f"expected a Sampling, got {type(request.sampling).__name__}")
             for package in request.packages:
                 self.validate_package(package)
-        grammars = [self._grammar(i, r.json_schema) for i, r in enumerate(requests)]
-        return [self._generate_one(r, g, return_logits, seed, temperature) for r, g in zip(requests, grammars)]
 
     def count_text_tokens(self, text: str) -> int:
         """The exact number of tokens the model's own vocabulary makes of ``text`` (special tokens not parsed)."""
@@ -227,7 +263,14 @@ class LlamaCppBackend(Backend):
         return int(fn(self.runtime.vocab))
 
     def _generate_one(
-        self, request: GenerationRequest, grammar: str | None, return_logits: bool, seed: int | None, temperature: float
+        self,
+        request: GenerationRequest,
+        grammar: str | None,
+        return_logits: bool,
+        sampling: Sampling,
+        *,
+        on_text: TextCallback | None = None,
+        stop_event: threading.Event | None = None,
     ) -> Generation:
         from .generation import decode_prompt, sample
 
@@ -236,19 +279,18 @@ class LlamaCppBackend(Backend):
             with _native_errors(self.name, GenerationError, "generation failed"):
                 text = self.prompt_text(request.segments)
                 n_past, prompt_timings, counts = decode_prompt(self.runtime, text, request.segments)
-                tokens, logits = sample(
-                    self.runtime, n_past, request.max_new_tokens, grammar=grammar, seed=seed,
-                    temperature=temperature, return_logits=return_logits,
+                tokens, answer, finish, logits = sample(
+                    self.runtime, n_past, request.max_new_tokens, grammar=grammar, sampling=sampling,
+                    return_logits=return_logits, on_text=on_text, stop_event=stop_event,
                 )
             total_ms = (time.perf_counter() - began) * 1000
-        piece = b"".join(self.runtime.piece(t) for t in tokens)
-        if return_logits:
+        if return_logits and logits is not None:
             import torch
 
             logits = torch.from_numpy(logits)
         encode_ms = prompt_timings["encode"]
         return Generation(
-            text=piece.decode("utf-8", "replace"),
+            text=answer,
             token_ids=tokens,
             model=self.name,
             random_weights=self.random_weights,
@@ -260,6 +302,7 @@ class LlamaCppBackend(Backend):
             },
             prompt_tokens=counts[0],
             image_tokens=counts[1:],
+            finish_reason=finish,
         )
 
     def close(self) -> None:

@@ -5,13 +5,15 @@ per cached package, the real pixels per fresh image), checks that each package's
 saved chunks are exactly the chunks mtmd laid out for its placeholder, and fills the
 KV cache: text chunks and fresh images through mtmd's helpers (llama.cpp's own
 path), cached images from their saved embeddings. :func:`sample` then decodes one
-token at a time through llama.cpp's sampler chain.
+token at a time through llama.cpp's sampler chain, handing each token's text on as
+it comes (:class:`TextStream`: stop strings and incomplete UTF-8 held back).
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,10 +21,11 @@ import numpy as np
 from ...errors import CorruptPackageError, GenerationError
 from ...images import ImageInput
 from ...package import VisualPackage
+from ..sampling import Sampling, StopText
 from . import package_format as fmt
 from .native import Bitmap, LlamaRuntime
 
-__all__ = ["decode_prompt", "sample"]
+__all__ = ["TextStream", "decode_prompt", "sample"]
 
 
 def _bitmaps(segments: Sequence[Any]) -> tuple[list[Bitmap], dict[str, VisualPackage]]:
@@ -99,35 +102,106 @@ def _saved_chunks(package: VisualPackage, image_id: str, infos: list) -> list[np
     return fmt.embeddings(package)
 
 
+class TextStream:
+    """The answer text of a token loop: bytes joined as tokens come, cut at a stop string.
+
+    :meth:`add` takes each sampled token's bytes and hands ``on_text`` every piece that
+    can no longer change: a tail that could still grow into a stop string, or that ends
+    in an incomplete UTF-8 character, is held back until it cannot. :meth:`finish` sends
+    what was held back, so the pieces joined always equal :attr:`text`.
+    """
+
+    def __init__(self, stop: Sequence[str] = (), on_text: Callable[[str], None] | None = None) -> None:
+        self.tracker = StopText(tuple(stop))
+        self.on_text = on_text
+        self.data = b""
+        self.sent = 0
+
+    @property
+    def text(self) -> str:
+        """The text so far (cut before the stop string once one appeared)."""
+        return self.tracker.text
+
+    @property
+    def stopped(self) -> bool:
+        """True once a stop string appeared."""
+        return self.tracker.stopped
+
+    def add(self, piece: bytes) -> bool:
+        """Append one token's bytes; True when a stop string has appeared (generation should end)."""
+        if self.tracker.stopped or not piece:
+            return self.tracker.stopped
+        self.data += piece
+        self.tracker.update(self.data.decode("utf-8", "replace"))
+        self._flush(final=False)
+        return self.tracker.stopped
+
+    def finish(self) -> str:
+        """Send what was held back; the final text."""
+        self._flush(final=True)
+        return self.tracker.text
+
+    def _flush(self, final: bool) -> None:
+        if self.on_text is None:
+            return
+        text = self.tracker.text
+        safe = self.tracker.safe_length(final)
+        if not final and not self.tracker.stopped:
+            # A token may end inside a multi-byte character: it decodes to U+FFFD until it completes.
+            while safe > self.sent and text[safe - 1] == "\ufffd":
+                safe -= 1
+        if safe > self.sent:
+            piece, self.sent = text[self.sent:safe], safe
+            self.on_text(piece)
+
+
 def sample(
     runtime: LlamaRuntime,
     n_past: int,
     max_new_tokens: int,
     *,
     grammar: str | None,
-    seed: int | None,
-    temperature: float,
+    sampling: Sampling,
     return_logits: bool,
-) -> tuple[list[int], np.ndarray | None]:
-    """Decode up to ``max_new_tokens`` (the end-of-generation token is kept, then stops).
+    on_text: Callable[[str], None] | None = None,
+    stop_event: threading.Event | None = None,
+) -> tuple[list[int], str, str, np.ndarray | None]:
+    """Decode up to ``max_new_tokens``: ``(tokens, text, finish_reason, logits)``.
 
-    Logits are the model's raw logits at each step, before the grammar masks them.
+    The end-of-generation token is kept in ``tokens``, then decoding stops
+    (``"stop"``), as it does at a stop string (the text is cut before it), after
+    ``max_new_tokens`` (``"length"``) or once ``stop_event`` is set (``"cancelled"``,
+    checked before every token). Each token's text goes to ``on_text`` as soon as it is
+    sampled (see :class:`TextStream`). Logits are the model's raw logits at each step,
+    before penalties and the grammar change them.
     """
     room = runtime.settings.n_ctx - n_past
     if room < max_new_tokens:
         raise GenerationError("llama.cpp", f"max_new_tokens {max_new_tokens} does not fit: {room} positions left in n_ctx")
-    sampler = runtime.sampler(grammar, seed, temperature)
+    stream = TextStream(sampling.stop, on_text)
+    sampler = runtime.sampler(grammar, sampling, max_new_tokens)
     tokens: list[int] = []
     rows: list[np.ndarray] = []
+    finish = "length"
     try:
         for step in range(max_new_tokens):
+            if stop_event is not None and stop_event.is_set():
+                finish = "cancelled"
+                break
             if return_logits:
                 rows.append(runtime.last_logits())
             token = sampler.sample()
             tokens.append(token)
-            if runtime.is_eog(token) or step + 1 == max_new_tokens:
+            if runtime.is_eog(token):
+                finish = "stop"
+                break
+            if stream.add(runtime.piece(token)):
+                finish = "stop"
+                break
+            if step + 1 == max_new_tokens:
                 break
             n_past = runtime.decode_token(token, n_past)
     finally:
         sampler.free()
-    return tokens, (np.stack(rows) if return_logits else None)
+    text = stream.finish()
+    return tokens, text, finish, (np.stack(rows) if return_logits and rows else None)
