@@ -286,4 +286,6 @@ def test_a_client_that_leaves_during_the_prefill_stops_generation_too(tiny):
                        json={"model": MODEL, "messages": ASK, "max_tokens": 1000, "stream": True})
         assert rec.finished.wait(30)
     generation = rec.generations[0]
-    assert generation.finish_reason == "cancelled" and len(generation.token_ids) <= 2, generation.token_ids
+    # The disconnect is seen when the stream's first write fails, then the event stops the loop: a few
+    # tokens of the 1000 allowed (2 on a quiet machine; 3 seen when the 2 cores were shared with CI).
+    assert generation.finish_reason == "cancelled" and len(generation.token_ids) <= 8, generation.token_ids
