@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import ModelLoadError, UnknownModelError
-from ..tiny import ModelSpec, build_checkpoint, model_cache_dir
+from ..tiny import TINY_MODELS, ModelSpec, build_checkpoint, model_cache_dir
 
 __all__ = ["GGUF_MODELS", "GgufSpec", "ensure_gguf", "converter_dir", "LLAMA_CPP_PYTHON_VERSION"]
 
@@ -123,17 +123,7 @@ GGUF_MODELS: dict[str, GgufSpec] = {
     # Qwen2-VL-2B's vision tower and projector at full size (f16, as published mmproj
     # files are); a one-layer language model. For the benchmark.
     "shape-qwen2-vl-2b-gguf": GgufSpec(
-        ModelSpec(
-            "qwen2_vl",
-            vision=dict(depth=32, embed_dim=1280, hidden_size=1536, num_heads=16, mlp_ratio=4, patch_size=14, spatial_merge_size=2),
-            text=dict(
-                hidden_size=1536, intermediate_size=2048, num_hidden_layers=1, num_attention_heads=12, num_key_value_heads=2,
-                max_position_embeddings=32768,
-                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
-            ),
-            processor=dict(min_pixels=56 * 56, max_pixels=28 * 28 * 1280),
-            extra={},
-        ),
+        TINY_MODELS["shape-qwen2-vl-2b"],  # the same checkpoint as the transformers benchmark model
         pre_tokenizer="qwen2",
         chat_template=CHATML_TEMPLATE,
         outtype="f16",
