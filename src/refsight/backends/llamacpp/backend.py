@@ -66,6 +66,8 @@ class LlamaCppBackend(Backend):
     sampling_fields: ClassVar[frozenset[str]] = frozenset(SAMPLING_FIELDS)
     #: Each token's text leaves the token loop as soon as it is sampled.
     supports_streaming: ClassVar[bool] = True
+    #: Conversations render in the GGUF's own chat template (system, user and assistant turns).
+    supports_turns: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -249,9 +251,17 @@ class LlamaCppBackend(Backend):
         with _native_errors(self.name, GenerationError, "cannot turn the JSON schema into a grammar"):
             return schema_to_gbnf(schema)
 
-    def prompt_text(self, segments: Sequence[Any]) -> str:
-        """The rendered prompt of ``segments`` (each image a media marker), as mtmd will tokenize it."""
-        content = "".join(s if isinstance(s, str) else self.runtime.marker for s in segments)
+    def prompt_text(self, segments: Sequence[Any], turns: list[tuple[str, int]] | None = None) -> str:
+        """The rendered prompt of ``segments`` (each image a media marker), as mtmd will tokenize it.
+
+        ``turns`` (``(role, count)`` pairs over the segments) renders a conversation in the GGUF's
+        own chat template; without it the segments are one user turn.
+        """
+        request = GenerationRequest(list(segments), turns=turns)
+        content = [
+            (role, "".join(s if isinstance(s, str) else self.runtime.marker for s in part))
+            for role, part in request.turn_segments()
+        ]
         bos = self.runtime.piece(self._special("bos"), special=True).decode("utf-8", "replace") if self._special("bos") >= 0 else ""
         eos = self.runtime.piece(self._special("eos"), special=True).decode("utf-8", "replace") if self._special("eos") >= 0 else ""
         return render_prompt(self._template, self.arch, content, bos=bos, eos=eos)
@@ -277,7 +287,7 @@ class LlamaCppBackend(Backend):
         with self._lock:
             began = time.perf_counter()
             with _native_errors(self.name, GenerationError, "generation failed"):
-                text = self.prompt_text(request.segments)
+                text = self.prompt_text(request.segments, request.turns)
                 n_past, prompt_timings, counts = decode_prompt(self.runtime, text, request.segments)
                 tokens, answer, finish, logits = sample(
                     self.runtime, n_past, request.max_new_tokens, grammar=grammar, sampling=sampling,

@@ -45,11 +45,15 @@ def _compile(template: str) -> Any:
     return env.from_string(template)
 
 
-def render_prompt(template: str | None, arch: str, content: str, *, bos: str = "", eos: str = "") -> str:
-    """The full prompt for one user turn ``content`` (media markers included), ready for generation."""
+def render_prompt(
+    template: str | None, arch: str, content: str | list[tuple[str, str]], *, bos: str = "", eos: str = ""
+) -> str:
+    """The full prompt, ready for generation: one user turn ``content``, or ``(role, content)`` turns
+    (roles system / user / assistant), media markers included."""
     template = template or FALLBACK_TEMPLATES.get(arch, _CHATML)
+    turns = [("user", content)] if isinstance(content, str) else content
     return _compile(template).render(
-        messages=[{"role": "user", "content": content}],
+        messages=[{"role": role, "content": text} for role, text in turns],
         add_generation_prompt=True,
         bos_token=bos,
         eos_token=eos,
