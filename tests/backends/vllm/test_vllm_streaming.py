@@ -140,3 +140,20 @@ def test_stop_strings_cut_the_text(backend, package, greedy):
     plain = backend.generate([_request(package, stop=(stop,))])[0]
     assert plain.text == streamed.text == "".join(pieces) == expected
     assert plain.finish_reason == streamed.finish_reason == "stop"
+
+
+def test_a_conversation_goes_as_messages_and_cached_equals_pixels(backend, package, photos):
+    """System, user (with the image), assistant and user turns: from the package == from vLLM's pixel path."""
+    from refsight.backends.base import GenerationRequest
+
+    turns = [("system", 1), ("user", 2), ("assistant", 1), ("user", 1)]
+
+    def ask(image):
+        segments = ["You compare animals.", image, "What is it?", "A cat.", "Are you sure?"]
+        return backend.generate([GenerationRequest(segments, max_new_tokens=8, turns=turns)])[0]
+
+    assert backend.supports_turns
+    cached, pixels = ask(package), ask(photos["chelsea"])
+    assert cached.token_ids == pixels.token_ids and cached.text == pixels.text
+    one_turn = backend.generate([GenerationRequest(["Describe", package, " in detail."], max_new_tokens=4)])[0]
+    assert cached.prompt_tokens > one_turn.prompt_tokens  # the other turns reached the template

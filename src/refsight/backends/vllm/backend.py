@@ -74,6 +74,8 @@ class VLLMBackend(Backend):
     sampling_fields: ClassVar[frozenset[str]] = frozenset(SAMPLING_FIELDS)
     #: :meth:`generate_stream` relays vLLM's own token stream (SSE) as it arrives.
     supports_streaming: ClassVar[bool] = True
+    #: Conversations go to vLLM as one message per turn, rendered in the model's own chat template.
+    supports_turns: ClassVar[bool] = True
 
     def __init__(self, name: str, *, client: VLLMClient, served_model: str, encoder: Backend) -> None:
         super().__init__(name)
@@ -196,18 +198,26 @@ class VLLMBackend(Backend):
                 raise InvalidInputError(where, f"text may not contain the special token {token}")
 
     def _body(self, segments: list[Any], request: GenerationRequest, return_logits: bool) -> dict[str, Any]:
-        """The OpenAI chat request: one user turn whose parts keep the segments' order."""
-        parts = []
-        for segment in segments:
-            if isinstance(segment, str):
-                parts.append({"type": "text", "text": segment})
-            elif isinstance(segment, VisualPackage):
-                parts.append(self._embeds_part(segment))
+        """The OpenAI chat request: one message per turn (one user turn without ``request.turns``),
+        whose parts keep the segments' order; vLLM renders them in the model's chat template."""
+        messages = []
+        for role, turn in GenerationRequest(segments, turns=request.turns).turn_segments():
+            parts = []
+            for segment in turn:
+                if isinstance(segment, str):
+                    parts.append({"type": "text", "text": segment})
+                elif isinstance(segment, VisualPackage):
+                    parts.append(self._embeds_part(segment))
+                else:
+                    parts.append({"type": "image_url", "image_url": {"url": _png_data_url(self._on_grid(segment.image))}})
+            if role != "user" and all(part["type"] == "text" for part in parts):
+                # System and assistant turns as plain strings: every chat template takes those.
+                messages.append({"role": role, "content": "".join(part["text"] for part in parts)})
             else:
-                parts.append({"type": "image_url", "image_url": {"url": _png_data_url(self._on_grid(segment.image))}})
+                messages.append({"role": role, "content": parts})
         body: dict[str, Any] = {
             "model": self.served_model,
-            "messages": [{"role": "user", "content": parts}],
+            "messages": messages,
             "max_tokens": request.max_new_tokens,
             "return_token_ids": True,
         }
