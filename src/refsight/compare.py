@@ -117,7 +117,7 @@ def run_compare(engine: Engine, candidate: ImageSource, options: CompareOptions,
     stages = {"recalled": len(refs) if options.top_k is not None else 0, "filtered": 0, "reranked": 0, "judged": 0}
 
     settle = bool(attributes) and not options.force_vlm
-    sidecars = engine._sidecar_records() if settle else None
+    sidecars = engine.sidecar_records() if settle else None
     candidate_attrs = None
     filtered: dict[str, Any] = {}
     if sidecars is not None and any(c.required for c in rubric.criteria):

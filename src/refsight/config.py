@@ -1,11 +1,11 @@
-"""Defaults that come from the environment: store location and model name."""
+"""Defaults that come from the environment: store location, model name, and where built models live."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-__all__ = ["DEFAULT_MODEL", "default_store_dir", "default_model"]
+__all__ = ["DEFAULT_MODEL", "default_store_dir", "default_model", "model_cache_dir"]
 
 #: The model used when none is named: an offline random-weight Qwen2-VL, labelled as such.
 DEFAULT_MODEL = "tiny-qwen2-vl"
@@ -24,3 +24,13 @@ def default_store_dir() -> Path:
 def default_model() -> str:
     """``$REFSIGHT_MODEL``, else :data:`DEFAULT_MODEL`."""
     return os.environ.get("REFSIGHT_MODEL") or DEFAULT_MODEL
+
+
+def model_cache_dir() -> Path:
+    """Where built models live: ``$REFSIGHT_MODEL_CACHE``, else ``<user cache dir>/refsight/models``."""
+    env = os.environ.get("REFSIGHT_MODEL_CACHE")
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("refsight")) / "models"

@@ -55,6 +55,7 @@ from .timing import elapsed_ms, progress_bar
 
 if TYPE_CHECKING:  # pragma: no cover
     from .judge.attributes import AttributeSchema
+    from .judge.sidecars import SidecarRecords
     from .rerank import Reranker
 
 __all__ = ["Engine", "PackageState", "ReferenceSegment"]
@@ -191,7 +192,7 @@ class Engine:
         sources_ = check_sources(attributes)
         namespace = self._ns(namespace)
         backend, scope = self.backend(model), self.scope(namespace)
-        hook = (lambda batch: self._sidecar_records().ingest(batch, sources_, backend)) if sources_ else None
+        hook = (lambda batch: self.sidecar_records().ingest(batch, sources_, backend)) if sources_ else None
         return self.book.add_many(
             sources, ids=ids, metadata=metadata, backend=backend, namespace=namespace, scope=scope, after_batch=hook
         )
@@ -348,7 +349,8 @@ class Engine:
         )
         return run_compare(self, candidate, options, self._ns(namespace))
 
-    def _sidecar_records(self):
+    def sidecar_records(self) -> SidecarRecords:
+        """The attribute sidecars of this store (opened on first use), as the compare pipeline reads them."""
         if self._sidecars is None:
             from .judge.sidecars import SidecarRecords
 

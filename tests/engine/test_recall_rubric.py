@@ -42,7 +42,7 @@ def test_both_adds_the_rubric_to_the_candidate_image(photo_engine):
 
 
 def test_imagenet_records_are_computed_at_ingest(photo_engine):
-    sidecars = photo_engine._sidecar_records()
+    sidecars = photo_engine.sidecar_records()
     source = sidecars.imagenet()
     chelsea = photo_engine.reference("chelsea")
     record = sidecars.store.get(chelsea.image_sha256, source.fingerprint, source.schema_digest)

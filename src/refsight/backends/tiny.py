@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from ..config import model_cache_dir  # re-exported: the builders' cache lives there
 from ..errors import ModelLoadError, UnknownModelError
 from .base import Backend
 
@@ -123,16 +124,6 @@ TINY_MODELS: dict[str, _Spec] = {
         extra=dict(scale_factor=4),
     ),
 }
-
-
-def model_cache_dir() -> Path:
-    """Where built models live: ``$REFSIGHT_MODEL_CACHE`` or the user cache dir."""
-    env = os.environ.get("REFSIGHT_MODEL_CACHE")
-    if env:
-        return Path(env).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("refsight")) / "models"
 
 
 def _build_id(name: str) -> str:

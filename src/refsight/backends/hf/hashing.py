@@ -8,7 +8,7 @@ ever reads a checkpoint through; the others stat its files and hit the memo. A
 rewritten or merely touched file has a new mtime, so it is hashed again.
 
 The memo lives in ``$REFSIGHT_CACHE``, else the model cache directory
-(:func:`refsight.backends.tiny.model_cache_dir`), as ``file-hashes.json``. It is
+(:func:`refsight.config.model_cache_dir`), as ``file-hashes.json``. It is
 rewritten atomically (temp file + ``os.replace``) under a file lock, merging with
 what other processes wrote meanwhile. A memo that cannot be read or written only
 costs time: hashing never fails because of it.
@@ -49,7 +49,7 @@ def memo_path() -> Path:
     env = os.environ.get("REFSIGHT_CACHE")
     if env:
         return Path(env).expanduser() / _MEMO_NAME
-    from ..tiny import model_cache_dir
+    from ...config import model_cache_dir
 
     return model_cache_dir() / _MEMO_NAME
 
