@@ -45,7 +45,9 @@ class _Spec:
     finish: str | None = None
 
 
-_QWEN_TEXT = dict(
+#: The language model of the tiny Qwen checkpoints (head dim 16; mrope sections sum to half of it),
+#: shared by the transformers, llama.cpp and vLLM variants.
+QWEN_TINY_TEXT = dict(
     hidden_size=64,
     intermediate_size=128,
     num_hidden_layers=2,
@@ -62,7 +64,7 @@ TINY_MODELS: dict[str, _Spec] = {
     "tiny-qwen2-vl": _Spec(
         "qwen2_vl",
         vision=dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=14, spatial_merge_size=2),
-        text=_QWEN_TEXT,
+        text=QWEN_TINY_TEXT,
         processor=dict(min_pixels=28 * 28, max_pixels=112 * 112),
         extra={},
     ),
@@ -72,7 +74,7 @@ TINY_MODELS: dict[str, _Spec] = {
             depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=14,
             spatial_merge_size=2, window_size=56, fullatt_block_indexes=[1],
         ),
-        text=_QWEN_TEXT,
+        text=QWEN_TINY_TEXT,
         processor=dict(min_pixels=28 * 28, max_pixels=112 * 112),
         extra={},
     ),
@@ -83,7 +85,7 @@ TINY_MODELS: dict[str, _Spec] = {
             spatial_merge_size=2, num_position_embeddings=256, deepstack_visual_indexes=[0, 1],
         ),
         text=dict(
-            _QWEN_TEXT,
+            QWEN_TINY_TEXT,
             head_dim=16,
             rope_parameters={"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [4, 2, 2], "mrope_interleaved": True},
         ),

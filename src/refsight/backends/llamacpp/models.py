@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import ModelLoadError, UnknownModelError
-from ..tiny import TINY_MODELS, ModelSpec, build_checkpoint, model_cache_dir
+from ..tiny import QWEN_TINY_TEXT, TINY_MODELS, ModelSpec, build_checkpoint, model_cache_dir
 
 __all__ = ["GGUF_MODELS", "GgufSpec", "ensure_gguf", "converter_dir", "LLAMA_CPP_PYTHON_VERSION"]
 
@@ -64,15 +64,6 @@ class GgufSpec:
     extra_tokens: tuple[str, ...] = ()  # added to the trained vocabulary
 
 
-_QWEN_TEXT = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=4096,
-    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
-)
 _QWEN_PROCESSOR = dict(min_pixels=28 * 28, max_pixels=112 * 112)
 
 GGUF_MODELS: dict[str, GgufSpec] = {
@@ -80,7 +71,7 @@ GGUF_MODELS: dict[str, GgufSpec] = {
         ModelSpec(
             "qwen2_vl",
             vision=dict(depth=3, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=14, spatial_merge_size=2),
-            text=_QWEN_TEXT,
+            text=QWEN_TINY_TEXT,
             processor=_QWEN_PROCESSOR,
             extra={},
         ),
@@ -94,7 +85,7 @@ GGUF_MODELS: dict[str, GgufSpec] = {
                 depth=3, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=14,
                 spatial_merge_size=2, window_size=56, fullatt_block_indexes=[2],
             ),
-            text=_QWEN_TEXT,
+            text=QWEN_TINY_TEXT,
             processor=_QWEN_PROCESSOR,
             extra={},
         ),

@@ -18,13 +18,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..tiny import TINY_MODELS, _QWEN_TEXT, _Spec, ensure_model_dir, load_tiny
+from ..tiny import TINY_MODELS, QWEN_TINY_TEXT, _Spec, ensure_model_dir, load_tiny
 
 __all__ = ["VLLM_TINY_MODELS", "ensure_vllm_model_dir", "load_tiny_vllm", "write_vllm_files"]
 
 _FINISH = "refsight.backends.vllm.tiny:write_vllm_files"
 # Two heads of 32 (vLLM CPU attention's minimum head size); mrope sections sum to 32 / 2.
-_TEXT = dict(_QWEN_TEXT, num_attention_heads=2, num_key_value_heads=1)
+_TEXT = dict(QWEN_TINY_TEXT, num_attention_heads=2, num_key_value_heads=1)
 _ROPE = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6]}
 
 #: name -> spec; registered into :data:`refsight.backends.tiny.TINY_MODELS` on import.
