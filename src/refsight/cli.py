@@ -78,6 +78,8 @@ def _engine(args: argparse.Namespace) -> Engine:
         progress=not args.json and sys.stderr.isatty(),
         backend_options=_backend_options(args),
         settings=load_settings(args.store or default_store_dir(), getattr(args, "config", None)),
+        cache=getattr(args, "cache", None),
+        max_package_bytes=getattr(args, "max_package_bytes", None),
     )
 
 
@@ -212,6 +214,26 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_prune(args: argparse.Namespace) -> int:
+    """refsight prune (--fingerprint DIGEST | --model NAME)... [--dry-run]"""
+    with _engine(args) as engine:
+        report = engine.prune(fingerprints=args.fingerprint, models=args.prune_models, dry_run=args.dry_run)
+    _emit(args, report.to_dict(), _format_prune)
+    return 0
+
+
+def _format_prune(d: dict[str, Any]) -> str:
+    lines = [
+        f"{f['fingerprint_digest'][:16]}  {f.get('backend', '?')}:{f.get('model_id', '?')}  "
+        f"{f['packages']} package(s)  {f['bytes']} B"
+        for f in d["fingerprints"]
+    ]
+    if not d["keys"] and d["dry_run"]:
+        return "\n".join(lines) or "no packages in the store"
+    verb = "would remove" if d["dry_run"] else "removed"
+    return "\n".join([*lines, f"{verb} {d['packages']} package(s), {d['bytes']} B; {d['links']} link(s) dropped"])
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """refsight serve [--host 127.0.0.1] [--port 8000] [--model NAME] [--workers N] [--keys FILE] [--max-prompt-tokens N]"""
     # The HTTP stack is the optional [server] extra: without it, say how to get it (exit 2,
@@ -244,6 +266,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             embedder=args.embedder,
             max_prompt_tokens=args.max_prompt_tokens,
             ingest_attributes=() if args.attributes == "none" else (args.attributes,),
+            cache=getattr(args, "cache", None),
+            max_package_bytes=getattr(args, "max_package_bytes", None),
         )
     )
     return 0
@@ -358,6 +382,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         default=argparse.SUPPRESS,
         help="config file of backend options (default: refsight.toml in the store directory); flags override it",
+    )
+    common.add_argument(
+        "--cache", metavar="URL", default=argparse.SUPPRESS,
+        help="Redis tier between memory and disk, e.g. redis://127.0.0.1:6379/0 (Redis >= 7; [store] cache)",
+    )
+    common.add_argument(
+        "--max-package-bytes", metavar="SIZE", default=argparse.SUPPRESS,
+        help="byte quota on packages, e.g. 20GiB: least recently used ones are evicted (re-encoded when needed)",
     )
     with_model = argparse.ArgumentParser(add_help=False)
     with_model.add_argument("--model", default=None, help=f"model name (default: $REFSIGHT_MODEL or {default_model()})")
@@ -475,6 +507,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--attributes", choices=("imagenet", "vlm", "none"), default="imagenet",
         help="attribute record computed when a reference is added over HTTP (default: imagenet; none: skip)",
     )
+    p = add("prune", cmd_prune, "drop the packages of models no longer used (references and kept images stay)")
+    p.add_argument("--fingerprint", action="append", default=[], metavar="DIGEST", help="fingerprint digest (repeatable)")
+    p.add_argument(
+        "--model", dest="prune_models", action="append", default=[], metavar="NAME",
+        help="every fingerprint of this model (its model id or registered name; repeatable)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
     p = add("gc", cmd_gc, "remove what interrupted writes left (temp files, orphan files and rows)")
     p.add_argument(
         "--grace", type=float, default=600.0, metavar="SECONDS",

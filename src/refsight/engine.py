@@ -29,12 +29,12 @@ from .backends.base import Backend, GenerationRequest
 from .backends.options import BackendOptions
 from .backends.sampling import Sampling, check_supported
 from .backends.turns import plan_turns
-from .config import default_model, default_store_dir
+from .config import default_model
 from .drift import DriftReport
 from .errors import InvalidInputError
 from .images import ImageInput, ImageSource, IntakeLimits, load_image
 from .maintenance import Maintenance
-from .packages import CachedPackage, PackageCache
+from .packages import CachedPackage, PackageCache, holding_packages
 from .references import ReferenceBook, ReferenceSegment, load_kept_image, source_label
 from .results import (
     AddFailure,
@@ -43,14 +43,15 @@ from .results import (
     GenerateResult,
     IndexReport,
     PackageState,
+    PruneReport,
     SearchResult,
     StoreStats,
     VerifyReport,
 )
 from .retrieval.embedders import Embedder
 from .retrieval.store_index import StoreIndex
-from .settings import Settings, load_settings
-from .store import DEFAULT_NAMESPACE, Reference, Store, open_store
+from .settings import Settings, load_settings, open_configured_store
+from .store import DEFAULT_NAMESPACE, Reference, Store
 from .timing import elapsed_ms, progress_bar
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -75,6 +76,7 @@ class Engine:
     default: EfficientNet-Lite0 + MiniLM; ``clip:PATH``; ``vlm:MODEL``), loaded on first use;
     ``attribute_schema`` the VLM attribute record's schema (an ``AttributeSchema``, a mapping
     ``name → allowed values or None``, or a JSON/YAML file; default: fur, ears, colour, markings).
+    ``cache`` (a ``redis://`` URL) and ``max_package_bytes`` (LRU quota) override the config's ``[store]``.
     """
 
     def __init__(
@@ -91,13 +93,11 @@ class Engine:
         backend_options: BackendOptions | None = None,
         settings: Settings | None = None,
         share_packages: bool = True,
+        cache: str | None = None, max_package_bytes: int | str | None = None,
     ) -> None:
         self._owns_store = not isinstance(store, Store)
-        if isinstance(store, Store):
-            self.store = store
-        else:
-            options = {} if memory_bytes is None else {"memory_bytes": memory_bytes}
-            self.store = open_store(Path(store) if store is not None else default_store_dir(), **options)
+        # An open Store as it is; else a directory opened with the config's [store] table under the explicit options.
+        self.store, settings = open_configured_store(store, settings, memory_bytes, cache, max_package_bytes)
         self.model = model or default_model()
         self.namespace = namespace
         self.limits = limits
@@ -239,6 +239,7 @@ class Engine:
         segments.append(prompt)
         return self.chat(segments, use_cache=use_cache, max_new_tokens=max_new_tokens, model=model, namespace=namespace)
 
+    @holding_packages
     def chat(
         self, segments: Sequence[str | ReferenceSegment | ImageSource], *, use_cache: bool = True,
         max_new_tokens: int = 64, json_schema: dict[str, Any] | None = None, model: str | None = None,
@@ -318,6 +319,7 @@ class Engine:
         return self.retrieval.sync(self._ns(namespace), rebuild=rebuild)
 
     # -- judging ---------------------------------------------------------------------------
+    @holding_packages
     def compare(
         self, candidate: ImageSource, *, criteria: Any, ref_ids: Sequence[str] = (), top_k: int | None = None,
         query: str | None = None, use_cache: bool = True, force_vlm: bool = False,
@@ -382,6 +384,10 @@ class Engine:
         """Encode every reference of the namespace for ``model`` (packages already there are skipped)."""
         namespace = self._ns(namespace)
         return self.maintenance.reencode(backend=self.backend(model), namespace=namespace, scope=self.scope(namespace))
+
+    def prune(self, *, fingerprints: Sequence[str] = (), models: Sequence[str] = (), dry_run: bool = False) -> PruneReport:
+        """Drop every package of these fingerprint digests or models (references and kept images stay)."""
+        return self.maintenance.prune(fingerprints=fingerprints, models=models, dry_run=dry_run, backend=self.backend)
 
     def gc(self, **options: Any) -> dict[str, int]:
         """Remove what interrupted writes left in the store (see :meth:`refsight.store.Store.gc`); returns counts."""

@@ -1,21 +1,22 @@
-"""Keeping a store healthy: verify and repair packages, re-encode for another model, statistics, gc.
+"""Keeping a store healthy: verify and repair packages, re-encode for another model, statistics,
+prune, gc.
 
 Everything here is maintenance a user or operator asks for (``refsight verify``,
-``reencode``, ``stats``, ``gc``); nothing runs on the request path.
+``reencode``, ``stats``, ``prune``, ``gc``); nothing runs on the request path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
 from .backends.base import Backend
 from .drift import DEFAULT_THRESHOLD, DriftReport, check_drift
-from .errors import RefsightError
+from .errors import InvalidInputError, RefsightError
 from .packages import PackageCache
 from .references import ReferenceBook
-from .results import AddResult, StoreStats, VerifyReport
+from .results import AddResult, PruneReport, StoreStats, VerifyReport
 from .store import Store
 
 __all__ = ["Maintenance"]
@@ -109,6 +110,11 @@ class Maintenance:
             evictions=int(counters.get("evictions", 0)),
             encode_ms_saved=round(float(counters.get("encode_ms_saved", 0.0)), 3),
             memory_bytes=self.store.memory.nbytes,
+            max_package_bytes=self.store.max_package_bytes,
+            quota_evictions=int(counters.get("quota_evictions", 0)),
+            quota_evicted_bytes=int(counters.get("quota_evicted_bytes", 0)),
+            pruned=int(counters.get("pruned", 0)),
+            tiers=self.store.packages.tier_stats(),
         )
 
     def drift(
@@ -119,6 +125,35 @@ class Maintenance:
             self.store, backend, self.references.list(namespace=namespace), sample=sample, seed=seed,
             threshold=DEFAULT_THRESHOLD if threshold is None else threshold, scope=scope,
         )
+
+    def prune(
+        self, *, fingerprints: Sequence[str], models: Sequence[str], dry_run: bool, backend: Callable[[str], Backend]
+    ) -> PruneReport:
+        """``refsight prune``: drop the packages of fingerprint digests and of models (by name).
+
+        A model matches the fingerprints whose ``model_id`` (or backend name) is the name; when
+        none does and the name is a registered model, ``backend(name)`` gives its fingerprint's
+        model id. With neither given, a dry run lists every fingerprint the store holds.
+        """
+        usage = self.store.local.fingerprint_usage()
+        digests = list(fingerprints)
+        for digest in digests:
+            if not isinstance(digest, str) or len(digest) != 64 or digest.strip("0123456789abcdef"):
+                raise InvalidInputError(f"fingerprint {digest!r}", "a fingerprint digest is 64 lowercase hex characters")
+        for model in models:
+            found = [u.fingerprint_digest for u in usage if model in (u.model_id, u.backend)]
+            if not found:
+                from .backends.registry import available_models
+
+                if model in available_models():
+                    model_id = backend(model).fingerprint().model_id
+                    found = [u.fingerprint_digest for u in usage if u.model_id == model_id]
+            digests += found
+        if not digests:
+            if fingerprints or models:  # named, but nothing in the store: an empty report, not an error
+                return PruneReport(fingerprints=[], packages=0, bytes=0, links=0, dry_run=dry_run)
+            return PruneReport(fingerprints=[u._asdict() for u in usage], packages=0, bytes=0, links=0, dry_run=True)
+        return self.store.prune(digests, dry_run=dry_run)
 
     def gc(self, **options: Any) -> dict[str, int]:
         """Remove what interrupted writes left (see :meth:`refsight.store.Store.gc`); counts by kind."""

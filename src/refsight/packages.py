@@ -16,13 +16,19 @@ Every visual package refsight uses goes through :class:`PackageCache`, under one
   :class:`~refsight.store.counters.CounterBuffer`.
 - **Scopes isolate.** ``scope`` salts the key (see :func:`refsight.package.package_key`): a
   tenant whose scope differs can neither hit nor observe another tenant's packages.
+- **The quota holds, never under a running request.** Each use is noted (buffered, see
+  :mod:`refsight.store.usage`) for least-recently-used eviction; every key looked up inside a
+  :meth:`PackageCache.request` stays pinned until it ends; after a durable write, the store's
+  byte quota evicts other, idle packages (:mod:`refsight.store.lifecycle`).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from .backends.base import Backend
 from .errors import CorruptPackageError
@@ -31,7 +37,7 @@ from .locks import KeyedLocks
 from .package import VisualPackage, package_key
 from .store import Reference, Store
 
-__all__ = ["PackageCache", "CachedPackage", "Visual", "PACKAGE_LOCKS"]
+__all__ = ["PackageCache", "CachedPackage", "Visual", "PACKAGE_LOCKS", "holding_packages"]
 
 #: Package keys are content-addressed and mean the same in every engine of a process (tenants
 #: share one store), so one lock table serves them all: an image is encoded once.
@@ -72,6 +78,10 @@ class PackageCache:
         """The key of ``image_sha256``'s package under ``backend`` in ``scope``."""
         return package_key(image_sha256, backend.fingerprint(), scope)
 
+    def request(self) -> AbstractContextManager[None]:
+        """A request's scope: every package looked up inside it is pinned (never evicted) until it ends."""
+        return self.store.pins.scope()
+
     # -- lookups ---------------------------------------------------------------------
     def reference(self, backend: Backend, ref: Reference, *, scope: str | None) -> CachedPackage:
         """The reference's durable package (encoded from the kept image when missing or corrupt)."""
@@ -82,7 +92,7 @@ class PackageCache:
                 found = self._durable_hit(key)  # another thread may have stored it while we waited
                 if found is None:
                     package = self._encode(backend, [self._kept_image(ref.image_sha256)], scope)[0]
-                    self.store.packages.put(package)
+                    self._write(package)
                     found = CachedPackage(package, cached=False)
         if not found.cached or ref.packages.get(backend.fingerprint().digest) != key:
             # Written now (or made durable now): link it, so it is the reference's and not garbage.
@@ -98,7 +108,8 @@ class PackageCache:
                 found = self._hit(key)
                 if found is None:
                     package = self._encode(backend, [image], scope)[0]
-                    self.store.memory.put(package)  # bounded and never written to disk
+                    self.store.pins.note(key)
+                    self.store.memory.put(package)  # bounded and never written to disk (nor to Redis)
                     found = CachedPackage(package, cached=False)
         return found
 
@@ -119,7 +130,8 @@ class PackageCache:
     def durable(self, backend: Backend, images: Sequence[ImageInput], *, scope: str | None) -> list[CachedPackage]:
         """Durable packages for new references, in order; the missing ones encoded in one batch.
 
-        The caller links each to its reference (in the same transaction that creates it).
+        The caller links each to its reference (in the same transaction that creates it), inside
+        a :meth:`request` scope so that the quota cannot take a package before its link exists.
         """
         keys = [self.key(backend, image.sha256, scope) for image in images]
         found: dict[str, CachedPackage] = {}
@@ -139,9 +151,12 @@ class PackageCache:
                         found[key] = hit
                         del missing[key]
                 if missing:
-                    for key, package in zip(missing, self._encode(backend, list(missing.values()), scope)):
-                        self.store.packages.put(package)
+                    encoded = self._encode(backend, list(missing.values()), scope)
+                    for key, package in zip(missing, encoded):
+                        self._write(package, quota=False)
                         found[key] = CachedPackage(package, cached=False)
+                    # Once for the batch; the caller's request() scope keeps them pinned until linked.
+                    self.store.enforce_quota(protect=tuple(keys))
         return [found[key] for key in keys]
 
     def rebuild(self, backend: Backend, image_sha256: str, *, scope: str | None) -> VisualPackage:
@@ -151,7 +166,7 @@ class PackageCache:
             package = self._encode(backend, [self._kept_image(image_sha256)], scope)[0]
             # Delete first: put() is idempotent and would otherwise keep the corrupt file.
             self.store.packages.delete(key)
-            self.store.packages.put(package)
+            self._write(package)
         return package
 
     # -- internals ---------------------------------------------------------------------
@@ -165,14 +180,24 @@ class PackageCache:
         if package is None:
             return None
         self.store.counters.add(hits=1, encode_ms_saved=package.encode_ms)
+        self.store.usage.note(key)  # buffered: a hit writes nothing now
+        self.store.pins.note(key)
         return CachedPackage(package, cached=True)
 
     def _durable_hit(self, key: str) -> CachedPackage | None:
         found = self._hit(key)
         if found is not None and not self.store.local.contains(key):
-            # In memory only (it was a candidate): a reference's package must survive a restart.
+            # In memory (or Redis) only: a reference's package must survive a restart.
             self.store.local.put(found.package)
+            self.store.enforce_quota(protect=(key,))
         return found
+
+    def _write(self, package: VisualPackage, *, quota: bool = True) -> None:
+        """Write a durable package to every tier; then, unless told otherwise, hold the byte quota."""
+        self.store.pins.note(package.key)
+        self.store.packages.put(package)
+        if quota:
+            self.store.enforce_quota(protect=(package.key,))
 
     def _encode(self, backend: Backend, images: list[ImageInput], scope: str | None) -> list[VisualPackage]:
         packages = backend.encode(images)
@@ -193,3 +218,17 @@ def _scoped(package: VisualPackage, scope: str) -> VisualPackage:
         encode_ms=package.encode_ms,
         scope=scope,
     )
+
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def holding_packages(method: _Method) -> _Method:
+    """Run an engine method inside ``self.packages.request()``: the packages it holds are never evicted under it."""
+
+    @functools.wraps(method)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with self.packages.request():
+            return method(self, *args, **kwargs)
+
+    return run  # type: ignore[return-value]

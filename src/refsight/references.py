@@ -126,6 +126,12 @@ class ReferenceBook:
     def _store_batch(
         self, batch: list[tuple[int, str, ImageInput]], meta: dict[str, Any], backend: Backend, namespace: str, scope: str | None
     ) -> list[tuple[AddResult | AddFailure, VisualPackage | None]]:
+        with self.packages.request():  # the batch's packages stay pinned until linked
+            return self._store_pinned(batch, meta, backend, namespace, scope)
+
+    def _store_pinned(
+        self, batch: list[tuple[int, str, ImageInput]], meta: dict[str, Any], backend: Backend, namespace: str, scope: str | None
+    ) -> list[tuple[AddResult | AddFailure, VisualPackage | None]]:
         packages: list[CachedPackage] = self.packages.durable(backend, [image for _, _, image in batch], scope=scope)
         digest = backend.fingerprint().digest
         results: list[tuple[AddResult | AddFailure, VisualPackage | None]] = []

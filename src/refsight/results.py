@@ -16,6 +16,8 @@ __all__ = [
     "SearchResult",
     "IndexReport",
     "StoreStats",
+    "QuotaReport",
+    "PruneReport",
 ]
 
 
@@ -218,6 +220,47 @@ class StoreStats:
     encode_ms_saved: float | None
     memory_bytes: int = 0
     scope: str = "store"
+    #: The byte quota on packages (None: none); packages it evicted and their bytes, and packages
+    #: ``prune`` removed (store-wide counters; None in a tenant view).
+    max_package_bytes: int | None = None
+    quota_evictions: int | None = None
+    quota_evicted_bytes: int | None = None
+    pruned: int | None = None
+    #: This process's figures per tier, fastest first (``memory``, ``redis`` when configured,
+    #: ``disk``): hits, misses, bytes served, and the tier's own state; None in a tenant view.
+    tiers: dict[str, dict[str, Any]] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields."""
+        return asdict(self)
+
+
+@dataclass
+class QuotaReport:
+    """One quota pass: packages evicted and their bytes, what was skipped because in use, the result."""
+
+    max_bytes: int
+    before: int
+    after: int
+    evicted: list[str] = field(default_factory=list)
+    evicted_bytes: int = 0
+    skipped_in_use: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields."""
+        return asdict(self)
+
+
+@dataclass
+class PruneReport:
+    """What ``prune`` removed (or, with ``dry_run``, would remove)."""
+
+    fingerprints: list[dict[str, Any]]
+    packages: int
+    bytes: int
+    links: int
+    dry_run: bool
+    keys: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields."""

@@ -14,6 +14,11 @@
     max_pixels = 802816
     revision = "main"
 
+    [store]                        # the package store (flags and Engine arguments win)
+    cache = "redis://127.0.0.1:6379/0"   # the Redis tier between memory and disk
+    max_package_bytes = "50GiB"          # byte quota on packages, least recently used evicted
+    memory_bytes = "2GiB"                # the process's memory tier
+
 Keys are the :class:`~refsight.backends.options.BackendOptions` fields. The options
 for a model are ``[backend]`` overlaid with its ``[models."NAME"]`` table; command-line
 flags overlay both (``BackendOptions.merged``). A bad key or value is an
@@ -29,16 +34,31 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .backends.options import OPTION_HELP, BackendOptions, parse_key_values
+from .config import default_store_dir
 from .errors import InvalidInputError
 from .reading import FileReadError, read_regular_file
+from .store import Store, open_store, parse_bytes
 
 # The options themselves are defined beside the backends that take them; front ends (CLI,
 # server) reach them here, with the config file, as one public module.
-__all__ = ["CONFIG_NAME", "Settings", "load_settings", "BackendOptions", "OPTION_HELP", "parse_key_values"]
+__all__ = [
+    "CONFIG_NAME", "Settings", "StoreSettings", "load_settings", "open_configured_store", "BackendOptions", "OPTION_HELP",
+    "parse_key_values", "parse_bytes",
+]
 
 #: The file looked for in the store directory.
 CONFIG_NAME = "refsight.toml"
-_TABLES = ("backend", "models")
+_TABLES = ("backend", "models", "store")
+_STORE_KEYS = ("cache", "max_package_bytes", "memory_bytes")
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """``[store]``: the Redis tier's URL, the byte quota on packages, the memory tier's budget."""
+
+    cache: str | None = None
+    max_package_bytes: int | None = None
+    memory_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -51,10 +71,37 @@ class Settings:
     backend: BackendOptions = field(default_factory=BackendOptions)
     #: ``[models."NAME"]``: options for one model, over ``backend``.
     models: Mapping[str, BackendOptions] = field(default_factory=dict)
+    #: ``[store]``: cache tier, quota, memory budget.
+    store: StoreSettings = field(default_factory=StoreSettings)
 
     def backend_options(self, model: str) -> BackendOptions:
         """The options for ``model``: ``[backend]`` overlaid with ``[models."model"]``."""
         return self.backend.merged(self.models.get(model))
+
+    def store_options(
+        self, memory_bytes: int | None = None, cache: str | None = None, max_package_bytes: int | str | None = None
+    ) -> dict[str, Any]:
+        """:func:`~refsight.store.open_store` keywords: the explicit values, else ``[store]``'s."""
+        options = {
+            "memory_bytes": memory_bytes if memory_bytes is not None else self.store.memory_bytes,
+            "cache": cache if cache is not None else self.store.cache,
+            "max_package_bytes": max_package_bytes if max_package_bytes is not None else self.store.max_package_bytes,
+        }
+        return {k: v for k, v in options.items() if v is not None}
+
+
+def open_configured_store(
+    store: str | os.PathLike | Store | None, settings: Settings | None, memory_bytes: int | None = None,
+    cache: str | None = None, max_package_bytes: int | str | None = None,
+) -> tuple[Store, Settings | None]:
+    """The store to use and the settings read for it: an open ``Store`` as it is; else the directory
+    (default: :func:`~refsight.config.default_store_dir`) opened with the explicit options over its
+    config file's ``[store]`` table."""
+    if isinstance(store, Store):
+        return store, settings
+    root = Path(store) if store is not None else default_store_dir()
+    settings = settings if settings is not None else load_settings(root)
+    return open_store(root, **settings.store_options(memory_bytes, cache, max_package_bytes)), settings
 
 
 def _options(data: Any, file: Path, table: str) -> BackendOptions:
@@ -112,4 +159,20 @@ def load_settings(store_dir: str | os.PathLike | None, path: str | os.PathLike |
     if not isinstance(models_table, Mapping):
         raise InvalidInputError(f"{file} models", 'must hold tables: [models."NAME"]')
     models = {str(name): _options(table, file, f'models."{name}"') for name, table in models_table.items()}
-    return Settings(path=file, backend=backend, models=models)
+    return Settings(path=file, backend=backend, models=models, store=_store(data.get("store", {}), file))
+
+
+def _store(data: Any, file: Path) -> StoreSettings:
+    if not isinstance(data, Mapping):
+        raise InvalidInputError(f"{file} [store]", "must be a table of NAME = VALUE")
+    unknown = sorted(set(data) - set(_STORE_KEYS))
+    if unknown:
+        raise InvalidInputError(f"{file} [store] {', '.join(unknown)}", f"unknown key; known: {', '.join(_STORE_KEYS)}")
+    cache = data.get("cache")
+    if cache is not None and not isinstance(cache, str):
+        raise InvalidInputError(f"{file} [store] cache", f"must be a redis:// URL string, not {cache!r}")
+    sizes = {
+        name: parse_bytes(data[name], name=f"{file} [store] {name}", minimum=minimum) if name in data else None
+        for name, minimum in (("max_package_bytes", 1), ("memory_bytes", 0))
+    }
+    return StoreSettings(cache=cache, **sizes)

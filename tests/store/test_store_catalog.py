@@ -9,7 +9,7 @@ import pytest
 from store_helpers import fingerprint, image_hash, make_package
 
 from refsight.errors import InvalidInputError, InvalidReferenceIdError, NotFoundError, ReferenceNotFoundError, StoreError
-from refsight.store import SqliteCatalog, open_store
+from refsight.store import COUNTER_NAMES, SqliteCatalog, open_store
 
 
 @pytest.fixture
@@ -121,7 +121,7 @@ def test_damaged_image_bytes_are_reported(catalog):
 def test_counters_persist_across_reopen_and_processes(tmp_path):
     root = tmp_path / "s"
     with open_store(root) as store:
-        assert store.catalog.counters() == {"hits": 0, "misses": 0, "evictions": 0, "encode_ms_saved": 0}
+        assert store.catalog.counters() == {name: 0 for name in COUNTER_NAMES}
         store.catalog.bump(hits=2, encode_ms_saved=10.5)
         store.catalog.bump(misses=1)
     code = "import sys; from refsight.store import open_store; s = open_store(sys.argv[1]); s.catalog.bump(hits=3); s.close()"
@@ -174,6 +174,8 @@ def test_a_version_1_store_is_migrated_in_place(tmp_path):
     # make it look like a store written before the change journal existed
     conn = sqlite3.connect(root / "refsight.db")
     conn.execute("DROP TABLE reference_changes")
+    conn.execute("DROP INDEX packages_by_use")  # added by version 4
+    conn.execute("ALTER TABLE packages DROP COLUMN last_used")
     conn.execute("ALTER TABLE packages DROP COLUMN scope")  # added by version 3
     conn.execute("UPDATE meta SET value = '1' WHERE name = 'schema_version'")
     conn.commit()
@@ -184,7 +186,7 @@ def test_a_version_1_store_is_migrated_in_place(tmp_path):
         store.catalog.add_reference("new", image_hash(2), {})
         assert [r.ref_id for r in store.catalog.changes_since(0).changed] == ["new"]
     conn = sqlite3.connect(root / "refsight.db")
-    assert conn.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()[0] == "3"
+    assert conn.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()[0] == "4"
     conn.close()
 
 
@@ -199,6 +201,8 @@ def test_a_version_2_store_keeps_its_packages_as_shared(tmp_path):
         store.packages.put(package)
     # a store written before isolation scopes existed: no scope column
     conn = sqlite3.connect(root / "refsight.db")
+    conn.execute("DROP INDEX packages_by_use")  # added by version 4
+    conn.execute("ALTER TABLE packages DROP COLUMN last_used")
     conn.execute("ALTER TABLE packages DROP COLUMN scope")
     conn.execute("UPDATE meta SET value = '2' WHERE name = 'schema_version'")
     conn.commit()
@@ -207,3 +211,25 @@ def test_a_version_2_store_keeps_its_packages_as_shared(tmp_path):
         loaded = store.local.get(package.key)
         assert loaded is not None and loaded.scope is None and loaded.key == package.key
         assert store.local.record(package.key).scope is None
+
+
+def test_a_version_3_store_gets_last_used_from_creation_time(tmp_path):
+    import sqlite3
+
+    from store_helpers import make_package
+
+    root = tmp_path / "v3"
+    package = make_package(1)
+    with open_store(root) as store:
+        store.packages.put(package)
+    # a store written before the byte quota existed: no last_used column
+    conn = sqlite3.connect(root / "refsight.db")
+    conn.execute("DROP INDEX packages_by_use")
+    conn.execute("ALTER TABLE packages DROP COLUMN last_used")
+    conn.execute("UPDATE meta SET value = '3' WHERE name = 'schema_version'")
+    conn.commit()
+    conn.close()
+    with open_store(root) as store:
+        [usage] = store.local.least_recently_used(10)
+        assert usage.key == package.key and usage.last_used == package.created_at
+        assert store.local.get(package.key) is not None

@@ -49,6 +49,10 @@ class ServerConfig:
     max_prompt_tokens: int = 8192
     #: Memory tier budget of the package store (None: the store's default).
     memory_bytes: int | None = None
+    #: The Redis tier between memory and disk (``redis://HOST:PORT/DB``; None: the config file's, or none).
+    cache: str | None = None
+    #: Byte quota on packages, least recently used evicted (``20GiB``; None: the config file's, or none).
+    max_package_bytes: int | str | None = None
     thumbnail_px: int = 256
     #: The retrieval embedder by name (``conse``, ``clip:PATH``, ``vlm:MODEL``; None: the default).
     embedder: str | None = None

@@ -3,7 +3,8 @@
 Each app gets its own :class:`prometheus_client.CollectorRegistry` (two apps in one
 process, as in tests, never clash). Cache figures are read from the store when
 ``/metrics`` is scraped, so they are the persistent, cross-process counters that
-``refsight stats`` shows, not a per-process tally.
+``refsight stats`` shows, not a per-process tally. The per-tier figures
+(``refsight_tier_*{tier="memory"|"redis"|"disk"}``) are this process's (this replica's).
 """
 
 from __future__ import annotations
@@ -44,7 +45,16 @@ class _CacheCollector:
         saved = CounterMetricFamily("refsight_cache_encode_seconds_saved", "Encoder time saved by cache hits")
         saved.add_metric([], float(stats.get("encode_ms_saved") or 0) / 1000.0)
         yield saved
+        for name, help_text in (
+            ("quota_evictions", "Packages the byte quota evicted from disk"),
+            ("pruned", "Packages removed by prune"),
+        ):
+            metric = CounterMetricFamily(f"refsight_cache_{name}", help_text)
+            metric.add_metric([], float(stats.get(name) or 0))
+            yield metric
+        yield from _tier_metrics(stats.get("tiers") or {})
         for name, key, help_text in (
+            ("refsight_cache_max_package_bytes", "max_package_bytes", "Byte quota on packages (0: none)"),
             ("refsight_cache_bytes", "bytes", "Bytes of packages on local disk"),
             ("refsight_cache_packages", "packages", "Packages on local disk"),
             ("refsight_references", "references", "References across all namespaces"),
@@ -54,6 +64,28 @@ class _CacheCollector:
                 gauge = GaugeMetricFamily(name, help_text)
                 gauge.add_metric([], float(stats[key] or 0))
                 yield gauge
+
+
+def _tier_metrics(tiers: dict[str, dict[str, Any]]) -> Iterator[Any]:
+    """Per tier (this process): hits, misses, bytes served; Redis's errors and availability."""
+    for field, help_text in (
+        ("hits", "Package lookups a tier answered (this process)"),
+        ("misses", "Package lookups a tier could not answer (this process)"),
+        ("bytes", "Tensor bytes of the packages a tier served (this process)"),
+        ("errors", "Failed calls to a tier (this process)"),
+        ("skipped", "Calls not made while a tier backs off after a failure (this process)"),
+        ("corrupt", "Values a tier held that failed their checks, deleted (this process)"),
+    ):
+        metric = CounterMetricFamily(f"refsight_tier_{field}", help_text, labels=["tier"])
+        for tier, figures in tiers.items():
+            if field in figures:
+                metric.add_metric([tier], float(figures[field] or 0))
+        yield metric
+    available = GaugeMetricFamily("refsight_tier_available", "Whether a tier is in use now (1) or backing off (0)",
+                                  labels=["tier"])
+    for tier, figures in tiers.items():
+        available.add_metric([tier], float(figures.get("available", True)))
+    yield available
 
 
 class Metrics:

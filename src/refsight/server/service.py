@@ -52,6 +52,8 @@ class Service:
             settings=load_settings(self.config.store_dir or default_store_dir(), self.config.config_file),
             share_packages=self.share_packages,
             embedder=self.config.embedder,
+            cache=self.config.cache,
+            max_package_bytes=self.config.max_package_bytes,
             **options,
         )
         self.engine.backend().fingerprint()

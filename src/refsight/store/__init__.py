@@ -17,13 +17,17 @@ import tempfile
 from pathlib import Path
 
 from ..errors import StoreError
+from ..results import PruneReport, QuotaReport
 from ._failures import store_failure, unavailable_reason
 from ._sqlite import SCHEMA_VERSION, Database
 from .base import (
     COUNTER_NAMES,
     DEFAULT_NAMESPACE,
     Catalog,
+    FingerprintUsage,
+    PackageIndex,
     PackageStore,
+    PackageUsage,
     Reference,
     ReferenceChanges,
     ReferenceRow,
@@ -32,14 +36,19 @@ from .base import (
 from .catalog import SqliteCatalog
 from .counters import CounterBuffer
 from .gc import DEFAULT_GRACE_S, collect_garbage, sweep_stale_temps
+from .lifecycle import enforce_quota, parse_bytes, prune
 from .local import LocalPackageStore, PackageRecord
 from .memory import MemoryPackageStore
 from .tiered import TieredPackageStore
+from .usage import PinnedKeys, UsageBuffer
 
 __all__ = [
     "open_store",
     "Store",
     "PackageStore",
+    "PackageIndex",
+    "PackageUsage",
+    "FingerprintUsage",
     "Catalog",
     "Reference",
     "ReferenceRow",
@@ -51,6 +60,9 @@ __all__ = [
     "TieredPackageStore",
     "SqliteCatalog",
     "CounterBuffer",
+    "PinnedKeys",
+    "UsageBuffer",
+    "parse_bytes",
     "DEFAULT_NAMESPACE",
     "COUNTER_NAMES",
     "SCHEMA_VERSION",
@@ -65,17 +77,38 @@ class Store:
 
     Use as a context manager, or call :meth:`close`. Safe to open the same
     directory from several processes at once. ``counters`` buffers the cache
-    counters in memory (reads never write; see :mod:`refsight.store.counters`).
+    counters in memory (reads never write; see :mod:`refsight.store.counters`), and
+    ``usage`` the packages' last-use times the same way. ``redis`` is the optional
+    Redis tier (tier order: memory → Redis → disk); ``max_package_bytes`` the byte
+    quota on packages (see :mod:`refsight.store.lifecycle`); ``pins`` the keys running
+    requests hold.
     """
 
-    def __init__(self, root: Path, database: Database, memory_bytes: int) -> None:
+    def __init__(
+        self, root: Path, database: Database, memory_bytes: int, *, redis: PackageStore | None = None,
+        max_package_bytes: int | None = None,
+    ) -> None:
         self.root = root
         self._db = database
         self.local = LocalPackageStore(root, database=database)
         self.catalog = SqliteCatalog(root, database=database)
-        self.counters = CounterBuffer(self.catalog)
+        self.usage = UsageBuffer(self.local)
+        self.pins = PinnedKeys()
+        self.counters = CounterBuffer(self.catalog, also=(self.usage.flush,))
         self.memory = MemoryPackageStore(memory_bytes, on_evict=lambda key, package: self.counters.add(evictions=1))
-        self.packages = TieredPackageStore([self.memory, self.local])
+        self.redis = redis
+        self.packages = TieredPackageStore([self.memory, *([redis] if redis is not None else []), self.local])
+        self.max_package_bytes = None if max_package_bytes is None else parse_bytes(max_package_bytes)
+
+    def enforce_quota(self, *, protect: tuple[str, ...] = ()) -> QuotaReport | None:
+        """Evict least recently used packages down to ``max_package_bytes`` (None: no quota, or under it)."""
+        if self.max_package_bytes is None:
+            return None
+        return enforce_quota(self, self.max_package_bytes, protect=protect)
+
+    def prune(self, fingerprint_digests: list[str], *, dry_run: bool = False) -> PruneReport:
+        """Remove the packages of these fingerprints and their links (see :mod:`refsight.store.lifecycle`)."""
+        return prune(self, fingerprint_digests, dry_run=dry_run)
 
     def gc(self, *, grace_s: float = DEFAULT_GRACE_S) -> dict[str, int]:
         """Remove what interrupted writes left behind (see :mod:`refsight.store.gc`); returns counts.
@@ -92,6 +125,8 @@ class Store:
             return
         self.counters.close()
         self.memory.clear()
+        if self.redis is not None:
+            self.redis.close()
         self._db.close()
 
     def __enter__(self) -> "Store":
@@ -104,21 +139,39 @@ class Store:
         return f"Store({str(self.root)!r})"
 
 
-def open_store(root: str | os.PathLike, *, memory_bytes: int = DEFAULT_MEMORY_BYTES) -> Store:
+def open_store(
+    root: str | os.PathLike, *, memory_bytes: int = DEFAULT_MEMORY_BYTES, cache: str | None = None,
+    max_package_bytes: int | str | None = None,
+) -> Store:
     """Open (creating if needed) the store in directory ``root``.
 
+    ``cache`` is a Redis URL (``redis://HOST:PORT/DB``) for the shared tier between memory
+    and disk; ``max_package_bytes`` a byte quota on packages (an int or ``"20GiB"``).
     Raises :class:`StoreError` when the directory cannot be created or written, or
-    when ``root`` holds a database that is not a refsight store (or a newer one).
+    when ``root`` holds a database that is not a refsight store (or a newer one);
+    :class:`~refsight.errors.InvalidInputError` for a bad cache URL or quota.
     """
     path = Path(os.path.expanduser(os.fspath(root)))
+    quota = None if max_package_bytes is None else parse_bytes(max_package_bytes)  # bad values fail before any file
+    redis = None
+    if cache is not None:
+        from .redis_tier import RedisPackageStore
+
+        redis = RedisPackageStore(cache)
     try:
-        return _open(path, memory_bytes)
+        return _open(path, memory_bytes, redis, quota)
     except OSError as exc:
         # ENAMETOOLONG, ELOOP, EACCES on a parent ...: a StoreError naming the path, not a traceback.
+        if redis is not None:
+            redis.close()
         raise store_failure(exc, path, f"cannot open store directory {path}") from exc
+    except BaseException:
+        if redis is not None:
+            redis.close()
+        raise
 
 
-def _open(path: Path, memory_bytes: int) -> Store:
+def _open(path: Path, memory_bytes: int, redis: PackageStore | None, quota: int | None) -> Store:
     if path.exists() and not path.is_dir():
         raise StoreError(f"store path {path} exists and is not a directory")
     try:
@@ -137,4 +190,4 @@ def _open(path: Path, memory_bytes: int) -> Store:
     database = Database(path)
     # Temp files of writers killed long ago (an hour or more); cheap, at most hourly.
     sweep_stale_temps(path)
-    return Store(path, database, memory_bytes)
+    return Store(path, database, memory_bytes, redis=redis, max_package_bytes=quota)

@@ -20,7 +20,7 @@ __all__ = ["Database", "SCHEMA_VERSION", "APPLICATION", "DB_NAME"]
 
 #: Bumped when the tables change; a store written by a newer refsight is refused,
 #: an older one is migrated in place (see ``_MIGRATIONS``).
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 APPLICATION = "refsight"
 DB_NAME = "refsight.db"
 
@@ -75,6 +75,11 @@ CREATE TABLE reference_changes (
 CREATE INDEX reference_changes_by_revision ON reference_changes (namespace, revision);
 -- version 3: the isolation scope that salts a package's key (NULL: shared across namespaces)
 ALTER TABLE packages ADD COLUMN scope TEXT;
+-- version 4: when each package was last used (buffered, see store/usage.py), for the byte
+-- quota's least-recently-used eviction (existing packages start at their creation time)
+ALTER TABLE packages ADD COLUMN last_used REAL NOT NULL DEFAULT 0;
+UPDATE packages SET last_used = created_at;
+CREATE INDEX packages_by_use ON packages (last_used);
 """
 
 #: Statements that bring a store from version ``v`` to ``v + 1``.
@@ -82,7 +87,8 @@ _MIGRATIONS = {
     # The journal starts empty: a reader that has never synced lists every reference anyway.
     1: _SCHEMA[_SCHEMA.index("-- version 2") : _SCHEMA.index("-- version 3")],
     # Existing packages were all shared: NULL is exactly their scope.
-    2: _SCHEMA[_SCHEMA.index("-- version 3") :],
+    2: _SCHEMA[_SCHEMA.index("-- version 3") : _SCHEMA.index("-- version 4")],
+    3: _SCHEMA[_SCHEMA.index("-- version 4") :],
 }
 
 

@@ -11,13 +11,16 @@ from __future__ import annotations
 import abc
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Iterator, Mapping, NamedTuple
 
 from ..errors import InvalidReferenceIdError
 from ..package import VisualPackage
 
 __all__ = [
     "PackageStore",
+    "PackageIndex",
+    "PackageUsage",
+    "FingerprintUsage",
     "Catalog",
     "Reference",
     "ReferenceRow",
@@ -28,8 +31,9 @@ __all__ = [
 ]
 
 DEFAULT_NAMESPACE = "default"
-#: Counters every store keeps across processes.
-COUNTER_NAMES = ("hits", "misses", "evictions", "encode_ms_saved")
+#: Counters every store keeps across processes (``quota_evictions``: packages the byte quota
+#: evicted from disk; ``pruned``: packages ``prune`` removed).
+COUNTER_NAMES = ("hits", "misses", "evictions", "encode_ms_saved", "quota_evictions", "quota_evicted_bytes", "pruned")
 
 _REF_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+=-]{0,127}")
 
@@ -94,6 +98,9 @@ class ReferenceChanges(NamedTuple):
 class PackageStore(abc.ABC):
     """A content-addressed map from package key to :class:`VisualPackage`."""
 
+    #: The tier's name in statistics (``memory``, ``redis``, ``disk``).
+    name = "store"
+
     @abc.abstractmethod
     def get(self, key: str) -> VisualPackage | None:
         """The package, or None when absent. Raises CorruptPackageError, never serves a bad one."""
@@ -116,6 +123,58 @@ class PackageStore(abc.ABC):
 
     def close(self) -> None:
         """Release files and connections. Idempotent."""
+
+
+class PackageUsage(NamedTuple):
+    """One durable package as the store lifecycle sees it: size, last use, model."""
+
+    key: str
+    bytes: int
+    last_used: float
+    fingerprint_digest: str
+
+
+class FingerprintUsage(NamedTuple):
+    """The durable packages of one encoder fingerprint: what ``prune`` lists and drops."""
+
+    fingerprint_digest: str
+    backend: str
+    model_id: str
+    packages: int
+    bytes: int
+
+
+class PackageIndex(abc.ABC):
+    """What the store lifecycle (byte quota, prune) needs of the durable packages' index.
+
+    The embedded store's SQLite index implements it (:class:`~refsight.store.LocalPackageStore`);
+    a shared catalog implements the same methods, so quota and prune run one code path
+    (:mod:`refsight.store.lifecycle`) on either.
+    """
+
+    @abc.abstractmethod
+    def total_bytes(self) -> int:
+        """Bytes of every durable package."""
+
+    @abc.abstractmethod
+    def least_recently_used(self, limit: int, *, after: tuple[float, str] | None = None) -> list[PackageUsage]:
+        """Up to ``limit`` packages, least recently used first (ties by key), after ``(last_used, key)``."""
+
+    @abc.abstractmethod
+    def touch(self, uses: Mapping[str, float]) -> None:
+        """Record uses: each key's ``last_used`` becomes the later of its own and the given time."""
+
+    @abc.abstractmethod
+    def fingerprint_usage(self) -> list[FingerprintUsage]:
+        """Packages and bytes per encoder fingerprint."""
+
+    @abc.abstractmethod
+    def packages_of(self, fingerprint_digest: str) -> list[PackageUsage]:
+        """Every durable package made under one fingerprint."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> bool:
+        """Remove one package (index row, then its bytes); True when it was there."""
 
 
 class Catalog(abc.ABC):
@@ -178,6 +237,10 @@ class Catalog(abc.ABC):
         self, ref_id: str, fingerprint_digest: str, package_key: str, *, namespace: str = DEFAULT_NAMESPACE
     ) -> None:
         """Record that ``package_key`` is the reference's package under that fingerprint."""
+
+    @abc.abstractmethod
+    def unlink_fingerprint(self, fingerprint_digest: str) -> int:
+        """Forget every reference's package link under one fingerprint (``prune``); returns how many."""
 
     # -- image bytes --------------------------------------------------------------
     @abc.abstractmethod

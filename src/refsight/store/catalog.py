@@ -356,6 +356,18 @@ class SqliteCatalog(Catalog):
                 raise ReferenceNotFoundError(ref_id)
             _link(conn, namespace, ref_id, fingerprint_digest, package_key)
 
+    def unlink_fingerprint(self, fingerprint_digest: str) -> int:
+        """Forget every reference's package link under ``fingerprint_digest`` (``prune``); returns how many.
+
+        The references themselves, their metadata and their kept images stay: a later use
+        under that model encodes again from the kept image and links the new package.
+        """
+        _check_sha(fingerprint_digest)
+        with self._db.write() as conn:
+            return conn.execute(
+                "DELETE FROM reference_packages WHERE fingerprint_digest = ?", (fingerprint_digest,)
+            ).rowcount
+
     # -- image bytes --------------------------------------------------------------
     def image_path(self, image_sha256: str) -> Path:
         """Where the kept bytes of an image live."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 
 from .base import Catalog
 
@@ -29,8 +30,12 @@ FLUSH_INTERVAL_S = 5.0
 class CounterBuffer:
     """Adds to the catalog's counters without writing on every call (thread-safe)."""
 
-    def __init__(self, catalog: Catalog, *, interval_s: float = FLUSH_INTERVAL_S) -> None:
+    def __init__(
+        self, catalog: Catalog, *, interval_s: float = FLUSH_INTERVAL_S, also: tuple[Callable[[], None], ...] = ()
+    ) -> None:
         self._catalog = catalog
+        #: Other buffers written on the same schedule (the packages' last-use times).
+        self._also = also
         self._interval = interval_s
         self._pending: dict[str, float] = defaultdict(float)
         self._lock = threading.Lock()
@@ -55,6 +60,8 @@ class CounterBuffer:
 
     def flush(self) -> None:
         """Write the pending counts now (one transaction); a failed write keeps them for the next try."""
+        for flush in self._also:
+            flush()
         with self._lock:
             pending, self._pending = dict(self._pending), defaultdict(float)
         if not pending:

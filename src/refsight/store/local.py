@@ -21,7 +21,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import xxhash
 
@@ -31,7 +31,7 @@ from . import _safetensors
 from ._failures import store_failure
 from ._files import TEMP_PREFIX, publish, write_temp
 from ._sqlite import Database
-from .base import PackageStore
+from .base import FingerprintUsage, PackageIndex, PackageStore, PackageUsage
 
 __all__ = ["LocalPackageStore", "PackageRecord"]
 
@@ -87,8 +87,10 @@ def _key(image_sha256: str, fingerprint_json: str, scope: str | None) -> str:
     return package_key(image_sha256, _fingerprint(fingerprint_json)[0], scope)
 
 
-class LocalPackageStore(PackageStore):
+class LocalPackageStore(PackageStore, PackageIndex):
     """Packages as safetensors files under ``root/packages``, indexed in ``root/refsight.db``."""
+
+    name = "disk"
 
     def __init__(self, root: str | Path, *, database: Database | None = None) -> None:
         self.root = Path(root)
@@ -186,7 +188,10 @@ class LocalPackageStore(PackageStore):
                 #    readers (they go through the index) and removed by gc().
                 publish(temp, final)
                 published = True
-                conn.execute(f"INSERT INTO packages ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+                conn.execute(
+                    f"INSERT INTO packages ({_COLUMNS}, last_used) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (*row, time.time()),
+                )
         except OSError as exc:
             raise store_failure(exc, final, f"cannot publish package {key}") from exc
         finally:
@@ -300,6 +305,52 @@ class LocalPackageStore(PackageStore):
             problem = self.verify(key)
             if problem != "not in the index":  # deleted while we walked: not a problem
                 yield key, problem
+
+    # -- lifecycle (PackageIndex) ----------------------------------------------------
+    def total_bytes(self) -> int:
+        """Bytes of every indexed package file."""
+        return self.stats()["bytes"]
+
+    def least_recently_used(self, limit: int, *, after: tuple[float, str] | None = None) -> list[PackageUsage]:
+        """Up to ``limit`` packages, least recently used first (ties by key), after ``(last_used, key)``."""
+        sql = "SELECT key, bytes, last_used, fingerprint_digest FROM packages"
+        params: tuple = ()
+        if after is not None:
+            sql += " WHERE (last_used, key) > (?, ?)"
+            params = tuple(after)
+        rows = self._db.connection().execute(f"{sql} ORDER BY last_used, key LIMIT ?", (*params, int(limit)))
+        return [PackageUsage(*row) for row in rows.fetchall()]
+
+    def touch(self, uses: Mapping[str, float]) -> None:
+        """Move each key's ``last_used`` forward to the given time (never back); one transaction."""
+        if not uses:
+            return
+        with self._db.write() as conn:
+            conn.executemany(
+                "UPDATE packages SET last_used = ? WHERE key = ? AND last_used < ?",
+                [(float(t), key, float(t)) for key, t in uses.items()],
+            )
+
+    def fingerprint_usage(self) -> list[FingerprintUsage]:
+        """Packages and bytes per fingerprint, largest first."""
+        rows = self._db.connection().execute(
+            "SELECT fingerprint_digest, MIN(fingerprint_json), COUNT(*), SUM(bytes) FROM packages "
+            "GROUP BY fingerprint_digest ORDER BY SUM(bytes) DESC, fingerprint_digest"
+        ).fetchall()
+        out = []
+        for digest, fingerprint_json, count, total in rows:
+            fingerprint = _fingerprint(fingerprint_json)[0]
+            out.append(FingerprintUsage(digest, fingerprint.backend, fingerprint.model_id, int(count), int(total)))
+        return out
+
+    def packages_of(self, fingerprint_digest: str) -> list[PackageUsage]:
+        """Every package made under ``fingerprint_digest``, least recently used first."""
+        rows = self._db.connection().execute(
+            "SELECT key, bytes, last_used, fingerprint_digest FROM packages WHERE fingerprint_digest = ? "
+            "ORDER BY last_used, key",
+            (fingerprint_digest,),
+        )
+        return [PackageUsage(*row) for row in rows.fetchall()]
 
     # -- maintenance --------------------------------------------------------------
     def gc(self, *, temp_age_s: float = 3600.0) -> dict[str, int]:

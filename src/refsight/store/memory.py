@@ -25,6 +25,8 @@ EvictCallback = Callable[[str, VisualPackage], None]
 class MemoryPackageStore(PackageStore):
     """Thread-safe LRU of packages, at most ``max_bytes`` of tensor data."""
 
+    name = "memory"
+
     def __init__(self, max_bytes: int, *, on_evict: EvictCallback | None = None) -> None:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
             raise InvalidInputError(max_bytes, "max_bytes must be a non-negative integer")
@@ -41,6 +43,10 @@ class MemoryPackageStore(PackageStore):
 
     def __len__(self) -> int:
         return len(self._items)
+
+    def tier_info(self) -> dict[str, int]:
+        """What the tier holds now: ``held_bytes`` of ``max_bytes`` (for statistics)."""
+        return {"held_bytes": self._bytes, "max_bytes": self.max_bytes}
 
     def get(self, key: str) -> VisualPackage | None:
         """The cached package object itself (marked most recently used), or None."""

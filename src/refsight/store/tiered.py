@@ -5,11 +5,16 @@ read of a hot package costs a dictionary lookup). Writes go to every tier, the
 most durable first: if the process dies mid-write, the package is on disk or
 nowhere, never only in memory. (Evictions are counted by whoever owns the memory
 tier, through its ``on_evict``: the :class:`~refsight.store.Store` counts them.)
+
+Each tier's hits, misses and bytes served (the package's tensor bytes) are counted here,
+per process, in :attr:`TieredPackageStore.counts` (``stats`` and ``/metrics`` show them).
+A tier that cannot answer (the Redis tier during an outage) answers a miss.
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+import threading
+from typing import Any, Iterator, Sequence
 
 from ..errors import InvalidInputError
 from ..package import VisualPackage
@@ -25,16 +30,41 @@ class TieredPackageStore(PackageStore):
         if not tiers:
             raise InvalidInputError(tiers, "a tiered store needs at least one tier")
         self.tiers = list(tiers)
+        self._lock = threading.Lock()
+        #: Per tier name: ``hits``, ``misses`` and ``bytes`` (tensor bytes its hits served), this process.
+        self.counts = {tier.name: {"hits": 0, "misses": 0, "bytes": 0} for tier in self.tiers}
 
     def get(self, key: str) -> VisualPackage | None:
         """The first tier's hit, promoted into the faster tiers; None when no tier has it."""
         for i, tier in enumerate(self.tiers):
-            package = tier.get(key)  # a corrupt disk copy raises here: never served
+            try:
+                package = tier.get(key)  # a corrupt disk copy raises here: never served
+            except Exception:
+                self._count(tier.name, "misses", 1)
+                raise
             if package is not None:
+                self._count(tier.name, "hits", 1, package.nbytes)
                 for faster in self.tiers[:i]:
                     faster.put(package)
                 return package
+            self._count(tier.name, "misses", 1)
         return None
+
+    def _count(self, tier: str, field: str, n: int, nbytes: int = 0) -> None:
+        with self._lock:
+            counts = self.counts[tier]
+            counts[field] += n
+            counts["bytes"] += nbytes
+
+    def tier_stats(self) -> dict[str, dict[str, Any]]:
+        """Per tier, fastest first: hits, misses, bytes served, and what the tier tells of itself (``tier_info()``)."""
+        with self._lock:
+            out = {name: dict(counts) for name, counts in self.counts.items()}
+        for tier in self.tiers:
+            info = getattr(tier, "tier_info", None)
+            if callable(info):
+                out[tier.name].update(info())
+        return out
 
     def put(self, package: VisualPackage) -> int:
         """Write to every tier, durable tier first; returns the durable tier's size."""

@@ -1,0 +1,152 @@
+"""The store's lifecycle: a byte quota on packages (least recently used first out) and ``prune``.
+
+Only *packages* are ever dropped here. References, their metadata and their kept images are
+never touched: a package is derived data, re-encoded from the kept image the next time it is
+needed (and linked again). Everything goes through a :class:`~refsight.store.base.PackageIndex`
+and the catalog's interface, so the embedded SQLite store and a shared catalog run the same code.
+
+- **Quota** (``max_package_bytes``; ``--max-package-bytes`` or ``[store] max_package_bytes`` in
+  ``refsight.toml``): after a durable write pushes the total over the quota, packages are evicted
+  least recently used first until it fits again. Keys a running request of this process holds
+  (:class:`~refsight.store.usage.PinnedKeys`) and the ones just written are skipped. Uses are
+  buffered (:mod:`refsight.store.usage`) and flushed before choosing, so this process's order is
+  exact; another process's uses are at most a flush interval old. A package a request in another
+  process has already loaded stays readable (a mapped file outlives its unlink); one it has not
+  loaded yet is a miss, re-encoded.
+- **Prune** (``refsight prune --fingerprint DIGEST | --model NAME``): every package of those
+  fingerprints, and the references' links to them, are removed (``dry_run`` lists them only).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from ..results import PruneReport, QuotaReport
+from .base import FingerprintUsage, PackageUsage
+
+if TYPE_CHECKING:  # pragma: no cover
+    from . import Store
+
+__all__ = ["enforce_quota", "prune", "fingerprints", "parse_bytes"]
+
+log = logging.getLogger("refsight.store")
+
+_PAGE = 256
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
+          "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_bytes(value: object, *, name: str = "max_package_bytes", minimum: int = 1) -> int:
+    """A byte count (at least ``minimum``) from an int or a string such as ``"500MB"``, ``"20GiB"``.
+
+    Raises InvalidInputError naming ``name`` for anything else.
+    """
+    from ..errors import InvalidInputError
+
+    if isinstance(value, bool):
+        raise InvalidInputError(name, f"must be a number of bytes, not {value!r}")
+    if isinstance(value, int):
+        number, unit = value, ""
+    elif isinstance(value, str):
+        text = value.strip().lower().replace("_", "")
+        digits = text.rstrip("abcdefghijklmnopqrstuvwxyz ")
+        unit = text[len(digits):].strip()
+        try:
+            number = float(digits)
+        except ValueError:
+            raise InvalidInputError(name, f"must be bytes like 500000000, 500MB or 20GiB, not {value!r}") from None
+    else:
+        raise InvalidInputError(name, f"must be a number of bytes, not {value!r}")
+    if unit not in _UNITS:
+        raise InvalidInputError(name, f"unknown unit {unit!r} in {value!r}; use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB")
+    total = int(number * _UNITS[unit])
+    if total < minimum:
+        raise InvalidInputError(name, f"must be at least {minimum} bytes, not {value!r}")
+    return total
+
+
+_quota_lock = threading.Lock()
+
+
+def enforce_quota(store: Store, max_bytes: int, *, protect: Iterable[str] = ()) -> QuotaReport | None:
+    """Evict least recently used packages until ``store`` holds at most ``max_bytes``; None when it already did.
+
+    ``protect`` (the keys just written) and the keys pinned by running requests are never
+    evicted; when only those are left the store stays over its quota until they are released.
+    """
+    index = store.local
+    total = index.total_bytes()
+    if total <= max_bytes:
+        return None
+    # One pass at a time in this process; another process may run its own, and a key both
+    # pick is deleted once (deletes are idempotent).
+    with _quota_lock:
+        store.usage.flush()  # this process's recent uses count before choosing
+        total = index.total_bytes()
+        report = QuotaReport(max_bytes=max_bytes, before=total, after=total)
+        protected = set(protect)
+        after: tuple[float, str] | None = None
+        while report.after > max_bytes:
+            page = index.least_recently_used(_PAGE, after=after)
+            if not page:
+                break
+            for usage in page:
+                if report.after <= max_bytes:
+                    break
+                if usage.key in protected or usage.key in store.pins:
+                    report.skipped_in_use += 1
+                    continue
+                if _evict(store, usage):
+                    report.evicted.append(usage.key)
+                    report.evicted_bytes += usage.bytes
+                    report.after -= usage.bytes
+            after = (page[-1].last_used, page[-1].key)
+        report.after = index.total_bytes()
+    if report.evicted:
+        store.counters.add(quota_evictions=len(report.evicted), quota_evicted_bytes=report.evicted_bytes)
+        log.info("refsight: quota %d B: evicted %d package(s), %d B", max_bytes, len(report.evicted), report.evicted_bytes)
+    return report
+
+
+def _evict(store: Store, usage: PackageUsage) -> bool:
+    # Every tier: a quota-evicted package must not linger in memory or Redis and be written back.
+    removed = store.local.delete(usage.key)
+    for tier in store.packages.tiers:
+        if tier is not store.local:
+            tier.delete(usage.key)
+    return removed
+
+
+def prune(store: Store, fingerprint_digests: Iterable[str], *, dry_run: bool) -> PruneReport:
+    """Remove every package of these fingerprints and the references' links to them (``dry_run``: list only)."""
+    digests = list(dict.fromkeys(fingerprint_digests))
+    usage = {u.fingerprint_digest: u for u in store.local.fingerprint_usage()}
+    fingerprints = [_describe(usage[d]) if d in usage else {"fingerprint_digest": d, "packages": 0, "bytes": 0}
+                    for d in digests]
+    victims = [p for d in digests for p in store.local.packages_of(d)]
+    report = PruneReport(
+        fingerprints=fingerprints, packages=len(victims), bytes=sum(p.bytes for p in victims), links=0,
+        dry_run=dry_run, keys=[p.key for p in victims],
+    )
+    if dry_run:
+        return report
+    for victim in victims:
+        _evict(store, victim)
+    # Links last: a crash before this leaves links to absent packages (a miss, re-encoded), never
+    # an unlinked package a later gc would have to find.
+    report.links = sum(store.catalog.unlink_fingerprint(d) for d in digests)
+    if victims:
+        store.counters.add(pruned=len(victims))
+    return report
+
+
+def fingerprints(store: Store) -> list[dict[str, Any]]:
+    """Every fingerprint with packages in the store: digest, backend, model, packages, bytes."""
+    return [_describe(u) for u in store.local.fingerprint_usage()]
+
+
+def _describe(usage: FingerprintUsage) -> dict[str, Any]:
+    return usage._asdict()
