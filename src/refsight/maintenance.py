@@ -109,6 +109,7 @@ class Maintenance:
             evictions=int(counters.get("evictions", 0)),
             encode_ms_saved=round(float(counters.get("encode_ms_saved", 0.0)), 3),
             memory_bytes=self.store.memory.nbytes,
+            replica=self.store.counters.totals(),
         )
 
     def drift(

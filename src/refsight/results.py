@@ -218,6 +218,9 @@ class StoreStats:
     encode_ms_saved: float | None
     memory_bytes: int = 0
     scope: str = "store"
+    #: This process's own counts since it opened the store (hits, misses, evictions,
+    #: encode_ms_saved): with replicas sharing one catalog, what THIS replica did.
+    replica: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields."""
