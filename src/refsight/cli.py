@@ -165,6 +165,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         lambda d: (
             f"checked {d['checked']}, corrupt {len(d['corrupt'])}, repaired {d['repaired']}"
             + "".join(f"\n  corrupt: {k}" for k in d["corrupt"])
+            + "".join(f"\n  reference without its image: {r} ({why})" for r, why in d["missing_images"].items())
         ),
     )
     return 0 if report.ok else 1
