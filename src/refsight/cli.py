@@ -72,14 +72,16 @@ def _engine(args: argparse.Namespace) -> Engine:
 
     return Engine(
         args.store,
+        catalog=args.catalog,
+        local_dir=args.local_dir,
         model=getattr(args, "model", None),
         embedder=getattr(args, "embedder", None),
         attribute_schema=getattr(args, "attribute_schema", None),
         progress=not args.json and sys.stderr.isatty(),
         backend_options=_backend_options(args),
         settings=load_settings(args.store or default_store_dir(), getattr(args, "config", None)),
-        cache=getattr(args, "cache", None),
-        max_package_bytes=getattr(args, "max_package_bytes", None),
+        cache=args.cache,
+        max_package_bytes=args.max_package_bytes,
     )
 
 
@@ -165,6 +167,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         lambda d: (
             f"checked {d['checked']}, corrupt {len(d['corrupt'])}, repaired {d['repaired']}"
             + "".join(f"\n  corrupt: {k}" for k in d["corrupt"])
+            + "".join(f"\n  reference without its image: {r} ({why})" for r, why in d["missing_images"].items())
         ),
     )
     return 0 if report.ok else 1
@@ -255,6 +258,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     serve(
         ServerConfig(
             store=args.store,
+            catalog=args.catalog,
+            local_dir=args.local_dir,
             model=args.model,
             backend_options=_backend_options(args),
             config_file=getattr(args, "config", None),
@@ -266,8 +271,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             embedder=args.embedder,
             max_prompt_tokens=args.max_prompt_tokens,
             ingest_attributes=() if args.attributes == "none" else (args.attributes,),
-            cache=getattr(args, "cache", None),
-            max_package_bytes=getattr(args, "max_package_bytes", None),
+            cache=args.cache,
+            max_package_bytes=args.max_package_bytes,
         )
     )
     return 0
@@ -376,6 +381,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,
         help="store directory (default: $REFSIGHT_STORE or the user cache dir)",
     )
+    common.add_argument(
+        "--catalog",
+        metavar="URL",
+        default=argparse.SUPPRESS,
+        help="postgresql://... : the catalog in PostgreSQL, shared by replicas; --store then names the shared "
+        "blob directory (default: $REFSIGHT_CATALOG, else the embedded SQLite catalog in the store)",
+    )
+    common.add_argument(
+        "--local-dir",
+        metavar="DIR",
+        default=argparse.SUPPRESS,
+        help="with --catalog: this replica's directory for derived data (retrieval index, attribute records)",
+    )
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON lines")
     common.add_argument(
         "--config",
@@ -385,7 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     common.add_argument(
         "--cache", metavar="URL", default=argparse.SUPPRESS,
-        help="Redis tier between memory and disk, e.g. redis://127.0.0.1:6379/0 (Redis >= 7; [store] cache)",
+        help="Redis tier between memory and disk, e.g. redis://127.0.0.1:6379/0 (Redis >= 7; default: $REFSIGHT_CACHE, "
+        "else [store] cache in refsight.toml)",
     )
     common.add_argument(
         "--max-package-bytes", metavar="SIZE", default=argparse.SUPPRESS,
@@ -533,6 +552,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.store = getattr(args, "store", None)
+    args.catalog = getattr(args, "catalog", None) or os.environ.get("REFSIGHT_CATALOG") or None
+    args.local_dir = getattr(args, "local_dir", None)
+    args.cache = getattr(args, "cache", None) or os.environ.get("REFSIGHT_CACHE") or None
+    args.max_package_bytes = getattr(args, "max_package_bytes", None)
     args.json = getattr(args, "json", False)
     try:
         return args.func(args)

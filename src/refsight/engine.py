@@ -69,14 +69,15 @@ class Engine:
     """Store + backend + retrieval + judge behind one object.
 
     ``store`` is a directory (default: ``$REFSIGHT_STORE`` or the user cache dir) or an
-    open :class:`~refsight.store.Store` (then the caller closes it); ``model`` a
+    open :class:`~refsight.store.Store` (then the caller closes it); with ``catalog`` (``postgresql://...``)
+    the directory is a blob directory shared by replicas, the catalog in PostgreSQL, derived data in
+    ``local_dir``; ``cache`` (Redis), ``max_package_bytes``: see :func:`~refsight.store.open_store`; ``model`` a
     registered model name (default: ``$REFSIGHT_MODEL`` or ``tiny-qwen2-vl``), loaded on
     first use with ``backend_options`` over the config file's (``settings``); ``embedder`` the retrieval
     embedder, an :class:`~refsight.retrieval.embedders.Embedder` or a registry name (``conse``, the
     default: EfficientNet-Lite0 + MiniLM; ``clip:PATH``; ``vlm:MODEL``), loaded on first use;
     ``attribute_schema`` the VLM attribute record's schema (an ``AttributeSchema``, a mapping
     ``name → allowed values or None``, or a JSON/YAML file; default: fur, ears, colour, markings).
-    ``cache`` (a ``redis://`` URL) and ``max_package_bytes`` (LRU quota) override the config's ``[store]``.
     """
 
     def __init__(
@@ -93,11 +94,11 @@ class Engine:
         backend_options: BackendOptions | None = None,
         settings: Settings | None = None,
         share_packages: bool = True,
+        catalog: str | None = None, local_dir: str | Path | None = None,
         cache: str | None = None, max_package_bytes: int | str | None = None,
     ) -> None:
-        self._owns_store = not isinstance(store, Store)
-        # An open Store as it is; else a directory opened with the config's [store] table under the explicit options.
-        self.store, settings = open_configured_store(store, settings, memory_bytes, cache, max_package_bytes)
+        self.store, settings, self._owns_store = open_configured_store(
+            store, settings, memory_bytes, cache, max_package_bytes, catalog=catalog, local_dir=local_dir)
         self.model = model or default_model()
         self.namespace = namespace
         self.limits = limits
@@ -116,7 +117,7 @@ class Engine:
         self.packages = PackageCache(self.store, kept)
         self.book = ReferenceBook(self.store, self.packages, limits, self._progress_bar)
         self.retrieval = StoreIndex(
-            self.store.root,
+            self.store.derived_root,
             self.store.catalog,
             lambda row: kept(row.image_sha256, label=f"reference {row.ref_id}"),
             embedder=embedder,
@@ -356,7 +357,7 @@ class Engine:
         if self._sidecars is None:
             from .judge.sidecars import SidecarRecords
 
-            self._sidecars = SidecarRecords(self.store.root, schema=self.attribute_schema)
+            self._sidecars = SidecarRecords(self.store.derived_root, schema=self.attribute_schema)
         return self._sidecars
 
     # -- maintenance -------------------------------------------------------------------

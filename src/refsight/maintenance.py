@@ -56,7 +56,23 @@ class Maintenance:
                     report.repaired.append(key)
                 else:
                     report.unrepairable[key] = reason
+        self._check_images(report)
         return report
+
+    def _check_images(self, report: VerifyReport) -> None:
+        # A reference without its kept bytes could never be re-encoded: each image read (and
+        # its checksum checked) once, however many references share it.
+        problems: dict[str, str | None] = {}
+        for namespace in self.store.catalog.namespaces():
+            for ref in self.store.catalog.list_references(namespace=namespace):
+                if ref.image_sha256 not in problems:
+                    try:
+                        self.store.catalog.get_image(ref.image_sha256)
+                        problems[ref.image_sha256] = None
+                    except RefsightError as e:
+                        problems[ref.image_sha256] = str(e)
+                if problems[ref.image_sha256] is not None:
+                    report.missing_images[f"{namespace}/{ref.ref_id}"] = problems[ref.image_sha256]
 
     def _repair(self, key: str, backend: Backend) -> str | None:
         record = self.store.local.record(key)
@@ -115,6 +131,7 @@ class Maintenance:
             quota_evicted_bytes=int(counters.get("quota_evicted_bytes", 0)),
             pruned=int(counters.get("pruned", 0)),
             tiers=self.store.packages.tier_stats(),
+            replica=self.store.counters.totals(),
         )
 
     def drift(

@@ -92,16 +92,17 @@ class Settings:
 
 def open_configured_store(
     store: str | os.PathLike | Store | None, settings: Settings | None, memory_bytes: int | None = None,
-    cache: str | None = None, max_package_bytes: int | str | None = None,
-) -> tuple[Store, Settings | None]:
-    """The store to use and the settings read for it: an open ``Store`` as it is; else the directory
-    (default: :func:`~refsight.config.default_store_dir`) opened with the explicit options over its
-    config file's ``[store]`` table."""
+    cache: str | None = None, max_package_bytes: int | str | None = None, **options: Any,
+) -> tuple[Store, Settings | None, bool]:
+    """``(store, settings read for it, whether it was opened here)``: an open ``Store`` as it is; else
+    the directory (default: :func:`~refsight.config.default_store_dir`) opened with the explicit
+    options over its config file's ``[store]`` table (``options``: more
+    :func:`~refsight.store.open_store` keywords), which the caller then closes."""
     if isinstance(store, Store):
-        return store, settings
+        return store, settings, False
     root = Path(store) if store is not None else default_store_dir()
     settings = settings if settings is not None else load_settings(root)
-    return open_store(root, **settings.store_options(memory_bytes, cache, max_package_bytes)), settings
+    return open_store(root, **settings.store_options(memory_bytes, cache, max_package_bytes), **options), settings, True
 
 
 def _options(data: Any, file: Path, table: str) -> BackendOptions:

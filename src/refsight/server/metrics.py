@@ -53,6 +53,10 @@ class _CacheCollector:
             metric.add_metric([], float(stats.get(name) or 0))
             yield metric
         yield from _tier_metrics(stats.get("tiers") or {})
+        for name, help_text in (("hits", "served without an encoder"), ("misses", "that ran the encoder")):
+            gauge = GaugeMetricFamily(f"refsight_replica_cache_{name}", f"Package lookups of this process {help_text}")
+            gauge.add_metric([], float((stats.get("replica") or {}).get(name) or 0))
+            yield gauge
         for name, key, help_text in (
             ("refsight_cache_max_package_bytes", "max_package_bytes", "Byte quota on packages (0: none)"),
             ("refsight_cache_bytes", "bytes", "Bytes of packages on local disk"),

@@ -8,18 +8,25 @@
         store.catalog.add_reference("cat-1", package.image_sha256, {"label": "tabby"})
 
 Nothing here imports torch until a package is actually read or written.
+
+With ``catalog="postgresql://..."`` the catalog and the package index live in PostgreSQL
+(:mod:`refsight.store.postgres`) and ``root`` is a shared blob directory (packages and kept
+images, content-addressed, no database in it) that several replicas open at once; each
+replica keeps its derived data (retrieval index, attribute records) in its own
+``local_dir``.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 from ..errors import StoreError
 from ..results import PruneReport, QuotaReport
 from ._failures import store_failure, unavailable_reason
-from ._sqlite import SCHEMA_VERSION, Database
+from ._sqlite import DB_NAME, SCHEMA_VERSION, Database
 from .base import (
     COUNTER_NAMES,
     DEFAULT_NAMESPACE,
@@ -39,6 +46,7 @@ from .gc import DEFAULT_GRACE_S, collect_garbage, sweep_stale_temps
 from .lifecycle import enforce_quota, parse_bytes, prune
 from .local import LocalPackageStore, PackageRecord
 from .memory import MemoryPackageStore
+from .postgres import PgDatabase, is_catalog_url, redact_url
 from .tiered import TieredPackageStore
 from .usage import PinnedKeys, UsageBuffer
 
@@ -81,15 +89,19 @@ class Store:
     ``usage`` the packages' last-use times the same way. ``redis`` is the optional
     Redis tier (tier order: memory → Redis → disk); ``max_package_bytes`` the byte
     quota on packages (see :mod:`refsight.store.lifecycle`); ``pins`` the keys running
-    requests hold.
+    requests hold. ``derived_root`` is where this process keeps derived data (the retrieval index,
+    attribute records): ``root`` itself, or with a PostgreSQL catalog a directory of the
+    replica's own; ``catalog_url`` names that catalog (password hidden), else None.
     """
 
     def __init__(
-        self, root: Path, database: Database, memory_bytes: int, *, redis: PackageStore | None = None,
-        max_package_bytes: int | None = None,
+        self, root: Path, database: Database | PgDatabase, memory_bytes: int, *, derived_root: Path | None = None,
+        redis: PackageStore | None = None, max_package_bytes: int | None = None,
     ) -> None:
         self.root = root
+        self.derived_root = derived_root or root
         self._db = database
+        self.catalog_url = database.safe_url if isinstance(database, PgDatabase) else None
         self.local = LocalPackageStore(root, database=database)
         self.catalog = SqliteCatalog(root, database=database)
         self.usage = UsageBuffer(self.local)
@@ -119,6 +131,15 @@ class Store:
         """
         return collect_garbage(self, grace_s=grace_s)
 
+    def lease(self, key: str) -> AbstractContextManager[bool]:
+        """Hold package ``key``'s encode lease across replicas (PostgreSQL catalog), else nothing to hold.
+
+        Within one process, :data:`refsight.packages.PACKAGE_LOCKS` already makes an encode happen once.
+        """
+        if isinstance(self._db, PgDatabase):
+            return self._db.lease(key)
+        return nullcontext(True)
+
     def close(self) -> None:
         """Write pending counters, drop the memory tier and close the database connections. Idempotent."""
         if self._db.closed:
@@ -140,18 +161,29 @@ class Store:
 
 
 def open_store(
-    root: str | os.PathLike, *, memory_bytes: int = DEFAULT_MEMORY_BYTES, cache: str | None = None,
+    root: str | os.PathLike,
+    *,
+    memory_bytes: int = DEFAULT_MEMORY_BYTES,
+    catalog: str | None = None,
+    local_dir: str | os.PathLike | None = None,
+    cache: str | None = None,
     max_package_bytes: int | str | None = None,
 ) -> Store:
     """Open (creating if needed) the store in directory ``root``.
 
-    ``cache`` is a Redis URL (``redis://HOST:PORT/DB``) for the shared tier between memory
-    and disk; ``max_package_bytes`` a byte quota on packages (an int or ``"20GiB"``).
-    Raises :class:`StoreError` when the directory cannot be created or written, or
-    when ``root`` holds a database that is not a refsight store (or a newer one);
+    ``catalog`` (``postgresql://user@host/db``) puts the catalog and package index in
+    PostgreSQL, shared by every replica that opens the same ``root`` with it; ``local_dir``
+    is then this replica's directory for derived data (default: one per catalog and root
+    under the user cache dir). ``cache`` is a Redis URL (``redis://HOST:PORT/DB``) for the
+    tier between memory and disk; ``max_package_bytes`` a byte quota on packages (an int or
+    ``"20GiB"``). Raises :class:`StoreError` when the directory cannot be created or written,
+    when ``root`` holds a database that is not a refsight store (or a newer one), and
+    :class:`StoreUnavailableError` when PostgreSQL cannot be reached;
     :class:`~refsight.errors.InvalidInputError` for a bad cache URL or quota.
     """
     path = Path(os.path.expanduser(os.fspath(root)))
+    if catalog is not None and not is_catalog_url(catalog):
+        raise StoreError(f"--catalog takes a postgresql:// URL (got {redact_url(str(catalog))!r})")
     quota = None if max_package_bytes is None else parse_bytes(max_package_bytes)  # bad values fail before any file
     redis = None
     if cache is not None:
@@ -159,7 +191,7 @@ def open_store(
 
         redis = RedisPackageStore(cache)
     try:
-        return _open(path, memory_bytes, redis, quota)
+        return _open(path, memory_bytes, catalog, local_dir, redis=redis, quota=quota)
     except OSError as exc:
         # ENAMETOOLONG, ELOOP, EACCES on a parent ...: a StoreError naming the path, not a traceback.
         if redis is not None:
@@ -171,7 +203,10 @@ def open_store(
         raise
 
 
-def _open(path: Path, memory_bytes: int, redis: PackageStore | None, quota: int | None) -> Store:
+def _open(
+    path: Path, memory_bytes: int, catalog: str | None = None, local_dir=None, *, redis: PackageStore | None = None,
+    quota: int | None = None,
+) -> Store:
     if path.exists() and not path.is_dir():
         raise StoreError(f"store path {path} exists and is not a directory")
     try:
@@ -187,6 +222,16 @@ def _open(path: Path, memory_bytes: int, redis: PackageStore | None, quota: int 
         if unavailable_reason(exc, path) is None:
             raise StoreError(f"store directory {path} is not writable: {exc.strerror or exc}") from exc
         raise store_failure(exc, path, f"store directory {path} is not writable") from exc
+    if catalog is not None:
+        if (path / DB_NAME).exists():
+            raise StoreError(f"{path} is an embedded store (it holds {DB_NAME}); a shared blob directory holds none")
+        from ..config import default_replica_dir
+
+        derived = Path(os.path.expanduser(os.fspath(local_dir))) if local_dir else default_replica_dir(catalog, path)
+        derived.mkdir(parents=True, exist_ok=True)
+        database = PgDatabase(catalog, path)
+        sweep_stale_temps(path)
+        return Store(path, database, memory_bytes, derived_root=derived, redis=redis, max_package_bytes=quota)
     database = Database(path)
     # Temp files of writers killed long ago (an hour or more); cheap, at most hourly.
     sweep_stale_temps(path)
