@@ -84,7 +84,9 @@ def _unlinked_packages(store: Store, cutoff: float) -> int:
             ).rowcount
         if gone:
             removed += 1
-            store.memory.delete(key)
+            for tier in store.packages.tiers:  # memory, and Redis when configured: no copy outlives the row
+                if tier is not store.local:
+                    tier.delete(key)
             store.local._unlink_if_unindexed(key)
     return removed
 

@@ -1,0 +1,108 @@
+"""The Redis tier behind a live server (real Redis, real HTTP): stopped mid-run, no request fails;
+back, it refills; each tier's figures in ``/v1/stats`` and ``/metrics``; ``refsight serve --cache``."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from live_server import b64, photo_png
+from services import free_port
+
+pytest.importorskip("redis", reason="the redis client is not installed (pip install 'refsight[redis]')")
+
+RUBRIC = "striped fur\npointed ears"
+NAMES = ("chelsea", "coffee", "rocket")
+
+
+def _metric(text: str, name: str, tier: str) -> float:
+    match = re.search(rf'^{name}{{tier="{tier}"}} ([0-9.e+-]+)$', text, re.M)
+    assert match, f"{name}{{tier={tier!r}}} not in /metrics"
+    return float(match.group(1))
+
+
+COMPARES = [0]
+
+
+def _compare(client: httpx.Client) -> httpx.Response:
+    COMPARES[0] += 1
+    return client.post("/v1/compare", json={
+        "candidate": b64(photo_png("chelsea", flip=True)), "criteria": RUBRIC, "ref_ids": list(NAMES), "force_vlm": True,
+    })
+
+
+def test_redis_stopped_mid_run_no_request_fails_and_back_it_refills(make_server, redis_server):
+    # No memory tier: every reference is read from Redis or disk (and each candidate encoded anew)
+    server = make_server(cache=redis_server.url, memory_bytes=0, ingest_attributes=())
+    COMPARES[0] = 0
+    with server.client() as client:
+        for name in NAMES:
+            assert client.post("/v1/references", json={"image": b64(photo_png(name)), "id": name}).status_code == 201
+        for _ in range(3):
+            assert _compare(client).status_code == 200
+        metrics = client.get("/metrics").text
+        assert _metric(metrics, "refsight_tier_hits_total", "redis") >= 9
+        assert _metric(metrics, "refsight_tier_available", "redis") == 1
+
+        redis_server.stop()
+        statuses = [_compare(client).status_code for _ in range(10)]
+        assert statuses == [200] * 10  # served from disk
+        down = client.get("/v1/stats").json()["tiers"]
+        assert down["redis"]["available"] is False and down["redis"]["outages"] == 1
+        assert down["redis"]["errors"] <= 3 and down["redis"]["skipped"] > 0  # backed off, not retried per call
+        assert down["disk"]["hits"] >= 30
+        metrics = client.get("/metrics").text
+        assert _metric(metrics, "refsight_tier_available", "redis") == 0
+        assert _metric(metrics, "refsight_tier_errors_total", "redis") >= 1
+
+        redis_server.start()
+        deadline = time.monotonic() + 15
+        while client.get("/v1/stats").json()["tiers"]["redis"]["available"] is False:
+            assert _compare(client).status_code == 200  # a probe rides on a real request
+            assert time.monotonic() < deadline, "the Redis tier did not come back"
+            time.sleep(0.2)
+        assert _compare(client).status_code == 200  # refills Redis from disk
+        hits = client.get("/v1/stats").json()["tiers"]["redis"]["hits"]
+        assert _compare(client).status_code == 200
+        assert client.get("/v1/stats").json()["tiers"]["redis"]["hits"] == hits + len(NAMES)
+        stats = client.get("/v1/stats").json()
+        assert stats["misses"] == len(NAMES) + COMPARES[0]  # no reference encoded again, whatever Redis did
+
+
+def test_refsight_serve_takes_cache_and_quota_flags(tmp_path, redis_server):
+    port = free_port()
+    env = {**os.environ, "REFSIGHT_API_KEYS": ""}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "refsight.cli", "--store", str(tmp_path / "store"), "serve", "--port", str(port),
+         "--model", "toy", "--workers", "1", "--attributes", "none", "--cache", redis_server.url,
+         "--max-package-bytes", "64MiB"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                httpx.get(f"{url}/healthz", timeout=2)
+                break
+            except httpx.TransportError:
+                assert process.poll() is None, process.stdout.read()
+                assert time.monotonic() < deadline, "refsight serve did not come up"
+                time.sleep(0.2)
+        added = httpx.post(f"{url}/v1/references", json={"image": b64(photo_png("coffee")), "id": "coffee"}, timeout=30)
+        assert added.status_code == 201
+        stats = httpx.get(f"{url}/v1/stats", timeout=10).json()
+        assert stats["max_package_bytes"] == 64 * 1024 * 1024
+        assert list(stats["tiers"]) == ["memory", "redis", "disk"] and stats["tiers"]["redis"]["writes"] == 1
+    finally:
+        process.send_signal(signal.SIGINT)
+        output, _ = process.communicate(timeout=30)
+    assert process.returncode == 0, output
+
