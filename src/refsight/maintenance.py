@@ -125,7 +125,8 @@ class Maintenance:
             evictions=int(counters.get("evictions", 0)),
             encode_ms_saved=round(float(counters.get("encode_ms_saved", 0.0)), 3),
             memory_bytes=self.store.memory.nbytes,
-            replica=self.store.counters.totals(),
+            replica=self.store.counters.totals()
+            | {f"{tier}_hits": n for tier, n in getattr(self.store.packages, "tier_hits", {}).items()},
         )
 
     def drift(

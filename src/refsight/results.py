@@ -222,7 +222,8 @@ class StoreStats:
     memory_bytes: int = 0
     scope: str = "store"
     #: This process's own counts since it opened the store (hits, misses, evictions,
-    #: encode_ms_saved): with replicas sharing one catalog, what THIS replica did.
+    #: encode_ms_saved, and hits per tier: ``memory_hits``, ``disk_hits``): with replicas
+    #: sharing one catalog, what THIS replica did.
     replica: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
