@@ -115,6 +115,7 @@ class Maintenance:
                 scope="namespace",
             )
         self.store.counters.flush()  # so the figures include this process's latest counts
+        tiers = self.store.packages.tier_stats()
         counters = self.store.catalog.counters()
         local = self.store.local.stats()
         return StoreStats(
@@ -130,8 +131,8 @@ class Maintenance:
             quota_evictions=int(counters.get("quota_evictions", 0)),
             quota_evicted_bytes=int(counters.get("quota_evicted_bytes", 0)),
             pruned=int(counters.get("pruned", 0)),
-            tiers=self.store.packages.tier_stats(),
-            replica=self.store.counters.totals(),
+            tiers=tiers,
+            replica=self.store.counters.totals() | {f"{tier}_hits": c["hits"] for tier, c in tiers.items()},
         )
 
     def drift(

@@ -233,7 +233,8 @@ class StoreStats:
     #: ``disk``): hits, misses, bytes served, and the tier's own state; None in a tenant view.
     tiers: dict[str, dict[str, Any]] | None = None
     #: This process's own counts since it opened the store (hits, misses, evictions,
-    #: encode_ms_saved): with replicas sharing one catalog, what THIS replica did.
+    #: encode_ms_saved, and hits per tier: ``memory_hits``, ``disk_hits``): with replicas
+    #: sharing one catalog, what THIS replica did.
     replica: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:

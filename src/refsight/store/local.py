@@ -90,7 +90,7 @@ def _key(image_sha256: str, fingerprint_json: str, scope: str | None) -> str:
 class LocalPackageStore(PackageStore, PackageIndex):
     """Packages as safetensors files under ``root/packages``, indexed in ``root/refsight.db``."""
 
-    name = "disk"
+    name = "disk"  # with a PostgreSQL catalog: the shared blob directory
 
     def __init__(self, root: str | Path, *, database: Database | None = None) -> None:
         self.root = Path(root)

@@ -56,6 +56,12 @@ class TieredPackageStore(PackageStore):
             counts[field] += n
             counts["bytes"] += nbytes
 
+    @property
+    def tier_hits(self) -> dict[str, int]:
+        """Hits per tier name in this process (the ``hits`` of :meth:`tier_stats`)."""
+        with self._lock:
+            return {name: counts["hits"] for name, counts in self.counts.items()}
+
     def tier_stats(self) -> dict[str, dict[str, Any]]:
         """Per tier, fastest first: hits, misses, bytes served, and what the tier tells of itself (``tier_info()``)."""
         with self._lock:
