@@ -14,7 +14,10 @@ Prints one JSON line: ``{"requests", "errors", "rps", "p50_ms", "p99_ms", "encod
 With ``--replicas N`` (N >= 2) it runs N ``refsight serve`` processes on one PostgreSQL catalog
 and one blob directory instead (see ``benchmarks/serve_replicas.py``)::
 
-    python benchmarks/serve_load.py --replicas 2 --references 200 [--catalog postgresql://...]
+    python benchmarks/serve_load.py --replicas 2 --references 200 [--catalog postgresql://...] [--cache auto]
+
+``--cache URL`` (``auto``: a throwaway Redis from the distribution's binary) puts every replica's
+Redis tier on that server; ``tier_share`` then shows ``redis`` between ``memory`` and ``disk``.
 """
 
 from __future__ import annotations
@@ -90,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", default=None, help="store directory (default: a fresh temporary one)")
     parser.add_argument("--replicas", type=int, default=1, help="refsight serve processes sharing one store (>= 2)")
     parser.add_argument("--catalog", default=None, help="with --replicas: the PostgreSQL URL (default: a throwaway server)")
+    parser.add_argument("--cache", default=None, help="with --replicas: a Redis URL for every replica (auto: a throwaway one)")
     args = parser.parse_args(argv)
     if args.replicas > 1:
         from serve_replicas import run

@@ -14,9 +14,10 @@ What it does, in phases (each replica counts its own encodes: ``/v1/stats`` → 
 
 Figures: ``errors`` (must be 0), ``encodes`` (sum over replicas) against ``distinct_images``
 (R + candidates), p50/p99 of the load phase, and the share of package lookups served by each
-tier (``memory``, ``disk``: the shared blob directory, ``encode``), summed over replicas.
-PostgreSQL: ``--catalog URL``, else a throwaway server from the distribution's binaries
-(``tests/services.py``, as the tests start it).
+tier (``memory``, ``redis`` with ``--cache``, ``disk``: the shared blob directory, ``encode``),
+summed over replicas. PostgreSQL: ``--catalog URL``, else a throwaway server from the distribution's
+binaries (``tests/services.py``, as the tests start it); Redis: ``--cache URL``, or ``--cache auto``
+for a throwaway one (256 MB, ``allkeys-lru``).
 """
 
 from __future__ import annotations
@@ -72,6 +73,13 @@ def run(args) -> int:
 
         server = PostgresServer()
         catalog = server.create_database("refsight")
+    redis_server, cache = None, getattr(args, "cache", None)
+    if cache == "auto":
+        from services import RedisServer
+
+        redis_server = RedisServer(maxmemory="256mb")
+        cache = redis_server.url
+    extra = ("--cache", cache) if cache else ()
     total = args.references + args.candidates
     print(f"replicas: {args.replicas}, catalog {catalog}, blobs {work / 'blobs'}; preparing {total} images",
           file=sys.stderr)
@@ -82,7 +90,7 @@ def run(args) -> int:
     try:
         for n in range(args.replicas):
             replicas.append(Replica(chr(ord("a") + n), work / "blobs", catalog, work / f"local-{n}",
-                                    model=args.model, workers=args.workers))
+                                    model=args.model, workers=args.workers, extra=extra))
         with ThreadPoolExecutor(len(replicas)) as pool:
             list(pool.map(lambda r: r.start(timeout=600), replicas))
         a, b = replicas[0], replicas[1]
@@ -146,10 +154,12 @@ def run(args) -> int:
             replica.stop()
         if server is not None:
             server.close()
+        if redis_server is not None:
+            redis_server.close()
     latencies = [ms for _, ms in load]
     encodes = int(sum(s["misses"] for s in stats))
-    tiers = {"memory": sum(s.get("memory_hits", 0) for s in stats), "disk": sum(s.get("disk_hits", 0) for s in stats),
-             "encode": encodes}
+    tiers = {name: sum(s.get(f"{name}_hits", 0) for s in stats) for name in ("memory", "redis", "disk")}
+    tiers = {name: n for name, n in tiers.items() if cache or name != "redis"} | {"encode": encodes}
     lookups = sum(tiers.values()) or 1
     figures = {
         "replicas": args.replicas,
@@ -167,6 +177,7 @@ def run(args) -> int:
         "add_s": round(add_s, 2),
         "clients": args.clients,
         "model": args.model,
+        "cache": "redis" if cache else None,
     }
     print(json.dumps(figures), flush=True)
     ok = errors == 0 and encodes == figures["distinct_images"] and proof_b_encodes == 0
