@@ -73,19 +73,24 @@ class CounterBuffer:
 
     def flush(self) -> None:
         """Write the pending counts now (one transaction); a failed write keeps them for the next try."""
+        failure: Exception | None = None
         for flush in self._also:
-            flush()
+            try:
+                flush()
+            except Exception as exc:  # noqa: BLE001 - raised below, once the counters had their chance
+                failure = exc
         with self._lock:
             pending, self._pending = dict(self._pending), defaultdict(float)
-        if not pending:
-            return
-        try:
-            self._catalog.bump(**pending)
-        except Exception:
-            with self._lock:  # put them back: statistics are worth a retry, not a crash
-                for name, amount in pending.items():
-                    self._pending[name] += amount
-            raise
+        if pending:
+            try:
+                self._catalog.bump(**pending)
+            except Exception:
+                with self._lock:  # put them back: statistics are worth a retry, not a crash
+                    for name, amount in pending.items():
+                        self._pending[name] += amount
+                raise
+        if failure is not None:
+            raise failure
 
     def _run(self) -> None:
         while not self._wake.wait(self._interval):
