@@ -15,7 +15,7 @@ import time
 import pytest
 from store_helpers import make_package
 
-from refsight.errors import InvalidInputError
+from refsight.errors import InvalidInputError, StoreError
 from refsight.store import open_store
 from refsight.store.redis_tier import KEY_PREFIX, RedisPackageStore
 
@@ -184,3 +184,62 @@ def test_the_redis_password_never_shows(tmp_path, redis_server):
         assert "s3cret" not in tier.url and "s3cret" not in repr(tier.tier_info())
     finally:
         tier.close()
+
+
+class _OldRedis:
+    """A loopback socket that answers like a Redis 6 server (no Redis 6 runs here): PING, INFO, CONFIG."""
+
+    def __init__(self, version: str = "6.2.14") -> None:
+        import socket
+
+        self.version = version
+        self._server = socket.socket()
+        self._server.bind(("127.0.0.1", 0))
+        self._server.listen()
+        self.port = self._server.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._session, args=(conn,), daemon=True).start()
+
+    def _session(self, conn) -> None:
+        reader = conn.makefile("rb")
+        with conn:
+            while True:
+                line = reader.readline()
+                if not line:
+                    return
+                words = []
+                for _ in range(int(line[1:])):
+                    size = int(reader.readline()[1:])
+                    words.append(reader.read(size + 2)[:-2].decode().upper())
+                if words[0] == "HELLO":  # the client's handshake (RESP3 map)
+                    proto = words[1] if len(words) > 1 else "3"
+                    conn.sendall(f"%3\r\n$6\r\nserver\r\n$5\r\nredis\r\n$7\r\nversion\r\n${len(self.version)}\r\n"
+                                 f"{self.version}\r\n$5\r\nproto\r\n:{proto}\r\n".encode())
+                elif words[0] == "INFO":
+                    text = f"# Server\r\nredis_version:{self.version}\r\n"
+                    conn.sendall(f"${len(text)}\r\n{text}\r\n".encode())
+                elif words[0] == "PING":
+                    conn.sendall(b"+PONG\r\n")
+                elif words[0] == "CONFIG":
+                    conn.sendall(b"%1\r\n$16\r\nmaxmemory-policy\r\n$11\r\nallkeys-lru\r\n")
+                else:
+                    conn.sendall(b"+OK\r\n")
+
+    def close(self) -> None:
+        self._server.close()
+
+
+def test_a_redis_older_than_7_is_refused_at_open_naming_the_version(tmp_path):
+    old = _OldRedis()
+    try:
+        with pytest.raises(StoreError, match=r"Redis 6\.2\.14; refsight needs Redis >= 7"):
+            open_store(tmp_path / "s", cache=f"redis://127.0.0.1:{old.port}/0")
+    finally:
+        old.close()

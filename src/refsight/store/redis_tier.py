@@ -160,7 +160,7 @@ class RedisPackageStore(PackageStore):
             except self._redis.exceptions.ResponseError:
                 policy = None  # CONFIG is often disabled on managed Redis: not our business then
             self.server["maxmemory_policy"] = policy
-        except (self._redis.exceptions.RedisError, OSError) as exc:
+        except Exception as exc:  # noqa: BLE001 - as in _call: the tier never raises to its callers
             with self._lock:
                 self._checked = False  # look again on the next successful contact
             self._failed(exc)
@@ -186,7 +186,7 @@ class RedisPackageStore(PackageStore):
                 self._probing = False
             log.debug("refsight: Redis cache refused a command: %s", exc)
             return _FAILED
-        except (self._redis.exceptions.RedisError, OSError) as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever the client raises, the tier must not fail a request
             self._failed(exc)
             return _FAILED
         self._succeeded()
