@@ -1,0 +1,74 @@
+"""The store lifecycle on both catalogs (one suite, SQLite and PostgreSQL): the byte quota's LRU order
+over buffered uses, pinned keys, prune with its links, and parse_bytes."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from store_helpers import fingerprint, make_package
+
+from refsight.errors import InvalidInputError
+from refsight.store import parse_bytes
+
+
+def _sizes(store) -> dict[str, int]:
+    return {r.key: r.bytes for r in store.local.records()}
+
+
+def test_the_quota_evicts_by_last_use_and_skips_pinned_and_protected_keys(opener, tmp_path):
+    packages = [make_package(n) for n in range(5)]
+    with opener(tmp_path / "s", memory_bytes=1 << 20) as store:
+        for package in packages:
+            store.packages.put(package)
+            time.sleep(0.002)
+        size = max(_sizes(store).values())
+        # uses are buffered (no write on a read) and count once flushed: 0 is now the most recent
+        store.usage.note(packages[0].key)
+        store.max_package_bytes = 3 * size
+        with store.pins.holding([packages[1].key]):  # a running request holds 1
+            report = store.enforce_quota(protect=(packages[4].key,))
+        assert report.evicted == [packages[2].key, packages[3].key]  # 1 pinned, 4 just written, 0 recent
+        assert report.skipped_in_use == 1 and report.after <= 3 * size
+        assert set(_sizes(store)) == {packages[0].key, packages[1].key, packages[4].key}
+        assert not store.memory.contains(packages[2].key) and store.packages.get(packages[2].key) is None
+        assert store.enforce_quota() is None  # under the quota: nothing to do, no write
+        store.counters.flush()
+        counters = store.catalog.counters()
+        assert counters["quota_evictions"] == 2 and counters["quota_evicted_bytes"] == report.evicted_bytes
+
+
+def test_prune_removes_one_fingerprints_packages_and_links_only(opener, tmp_path):
+    old = [make_package(n, model="old-vlm") for n in range(3)]
+    new = [make_package(n, model="new-vlm") for n in range(3)]
+    with opener(tmp_path / "s") as store:
+        for n, (a, b) in enumerate(zip(old, new)):
+            store.packages.put(a)
+            store.packages.put(b)
+            store.catalog.add_reference(f"r{n}", a.image_sha256, {"n": n})
+            store.catalog.link_package(f"r{n}", a.fingerprint.digest, a.key)
+            store.catalog.link_package(f"r{n}", b.fingerprint.digest, b.key)
+        usage = {u.model_id: u for u in store.local.fingerprint_usage()}
+        assert usage["old-vlm"].packages == 3 and usage["old-vlm"].fingerprint_digest == fingerprint("old-vlm").digest
+        digest = fingerprint("old-vlm").digest
+        dry = store.prune([digest], dry_run=True)
+        assert dry.packages == 3 and sorted(dry.keys) == sorted(p.key for p in old) and len(_sizes(store)) == 6
+        done = store.prune([digest])
+        assert done.packages == 3 and done.links == 3 and set(_sizes(store)) == {p.key for p in new}
+        for n in range(3):
+            ref = store.catalog.get_reference(f"r{n}")
+            assert ref.metadata == {"n": n} and ref.packages == {fingerprint("new-vlm").digest: new[n].key}
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [(1, 1), ("1", 1), ("500MB", 500 * 10**6), ("20GiB", 20 * 2**30), ("1.5 kib", 1536), ("2_000 B", 2000)],
+)
+def test_parse_bytes(value, expected):
+    assert parse_bytes(value) == expected
+
+
+@pytest.mark.parametrize("value", [0, -5, "lots", "12 parsecs", True, None, 1.5, ""])
+def test_parse_bytes_refuses_with_the_setting_named(value):
+    with pytest.raises(InvalidInputError, match="max_package_bytes"):
+        parse_bytes(value)
