@@ -123,3 +123,29 @@ def test_bad_catalog_urls_and_an_embedded_store_are_refused_clearly(tmp_path, po
         open_store(tmp_path / "b", catalog="postgresql://someone:hunter2@127.0.0.1:1/none")
     assert "hunter2" not in str(info.value)
     assert redact_url("postgresql://u:pw@h/db") == "postgresql://u:***@h/db"
+
+
+def test_cli_commands_take_a_catalog(postgres, tmp_path, capsys, monkeypatch):
+    import io
+    import json
+
+    from PIL import Image
+
+    from refsight.cli import main
+
+    image = tmp_path / "cat.png"
+    buffer = io.BytesIO()
+    Image.new("RGB", (24, 16), (200, 120, 40)).save(buffer, format="PNG")
+    image.write_bytes(buffer.getvalue())
+    flags = ["--store", str(tmp_path / "blobs"), "--local-dir", str(tmp_path / "local"), "--json"]
+    monkeypatch.setenv("REFSIGHT_CATALOG", postgres)  # the environment names the catalog, as a deployment would
+    assert main(["add", str(image), "--id", "cat", "--model", "toy", *flags]) == 0
+    assert main(["stats", *flags]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert lines[0]["ref_id"] == "cat" and lines[-1]["references"] == 1 and lines[-1]["packages"] == 1
+    assert not (tmp_path / "blobs" / "refsight.db").exists() and (tmp_path / "local").is_dir()
+    monkeypatch.delenv("REFSIGHT_CATALOG")
+    assert main(["stats", "--catalog", "mysql://u:secret@h/db", *flags]) == 1
+    assert main(["stats", "--catalog", "postgresql://u:secret@127.0.0.1:1/db", *flags]) == 1
+    err = capsys.readouterr().err
+    assert "postgresql://" in err and "unavailable" in err and "secret" not in err
