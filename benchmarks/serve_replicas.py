@@ -127,7 +127,7 @@ def run(args) -> int:
             outcomes = list(pool.map(lambda p: post(b, "/v1/compare", {
                 "candidate": references[ref_ids.index(p[0])], "criteria": RUBRIC, "ref_ids": [p[0], *p[1]]}), proof))
         errors += sum(not ok for ok, _ in outcomes)
-        proof_b_encodes = b.stats()["replica"]["misses"] - b_before
+        proof_b_encodes = int(b.stats()["replica"]["misses"] - b_before)
         print(f"proof: replica b compared against {args.references} references, {proof_b_encodes} encodes",
               file=sys.stderr)
 

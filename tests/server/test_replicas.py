@@ -75,6 +75,14 @@ def test_what_one_replica_encoded_the_other_never_encodes(deployment):
     stats = b.stats()
     assert stats["replica"]["misses"] == before, "replica B encoded something replica A had encoded"
     assert stats["replica"]["hits"] > 0 and stats["references"] == 12 and stats["packages"] == 12
+    # 4. B's own retrieval index follows the catalog's change journal: a removal through A shows in B.
+    with b.client() as client:
+        found = client.post("/v1/search", json={"text": "a pattern", "k": 12}).json()["results"]
+        assert sorted(hit["ref_id"] for hit in found) == sorted(f"r{i}" for i in range(12))
+        with a.client() as other:
+            assert other.delete("/v1/references/r11").status_code == 200
+        found = client.post("/v1/search", json={"text": "a pattern", "k": 12}).json()["results"]
+        assert sorted(hit["ref_id"] for hit in found) == sorted(f"r{i}" for i in range(11))
     _assert_no_database_in(deployment.blobs)
 
 

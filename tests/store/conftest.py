@@ -38,13 +38,15 @@ class StoreOpener:
     def args(self, root: Path) -> list[str]:
         return [str(root), self.url or "", str(self.local or "")]
 
-    def sql(self, root: Path, statements: list[str]) -> list:
+    def sql(self, root: Path, statements: list) -> list:
+        """Run each statement (a string, or ``(sql, params)`` with ``?`` placeholders); their rows."""
+        items = [(s, ()) if isinstance(s, str) else s for s in statements]
         if self.url is None:
             import sqlite3
 
             conn = sqlite3.connect(root / "refsight.db")
             try:
-                return [conn.execute(s).fetchall() for s in statements]
+                return [conn.execute(s, params).fetchall() for s, params in items]
             finally:
                 conn.commit()
                 conn.close()
@@ -52,8 +54,8 @@ class StoreOpener:
 
         with psycopg.connect(self.url, autocommit=True) as conn:
             out = []
-            for statement in statements:
-                cursor = conn.execute(statement)
+            for statement, params in items:
+                cursor = conn.execute(statement.replace("?", "%s"), params)
                 out.append(cursor.fetchall() if cursor.description else [])
             return out
 

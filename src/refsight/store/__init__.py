@@ -144,7 +144,10 @@ class Store:
         """Write pending counters, drop the memory tier and close the database connections. Idempotent."""
         if self._db.closed:
             return
-        self.counters.close()
+        try:
+            self.counters.close()
+        except StoreError:
+            pass  # the catalog is unreachable (a PostgreSQL outage): counts are statistics, closing must not fail
         self.memory.clear()
         if self.redis is not None:
             self.redis.close()
