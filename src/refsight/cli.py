@@ -231,8 +231,10 @@ def _format_prune(d: dict[str, Any]) -> str:
         f"{f['packages']} package(s)  {f['bytes']} B"
         for f in d["fingerprints"]
     ]
+    if not d["fingerprints"]:
+        return "nothing to prune: no package in the store matches (`refsight prune` alone lists the fingerprints it holds)"
     if not d["keys"] and d["dry_run"]:
-        return "\n".join(lines) or "no packages in the store"
+        return "\n".join(lines)
     verb = "would remove" if d["dry_run"] else "removed"
     return "\n".join([*lines, f"{verb} {d['packages']} package(s), {d['bytes']} B; {d['links']} link(s) dropped"])
 
