@@ -30,7 +30,7 @@ from .base import FingerprintUsage, PackageUsage
 if TYPE_CHECKING:  # pragma: no cover
     from . import Store
 
-__all__ = ["enforce_quota", "prune", "fingerprints", "parse_bytes"]
+__all__ = ["enforce_quota", "prune", "parse_bytes"]
 
 log = logging.getLogger("refsight.store")
 
@@ -84,7 +84,10 @@ def enforce_quota(store: Store, max_bytes: int, *, protect: Iterable[str] = ()) 
     # One pass at a time in this process; another process may run its own, and a key both
     # pick is deleted once (deletes are idempotent).
     with _quota_lock:
-        store.usage.flush()  # this process's recent uses count before choosing
+        try:
+            store.usage.flush()  # this process's recent uses count before choosing
+        except Exception:  # noqa: BLE001 - a busy index: choose by the uses written so far (they stay pending)
+            log.debug("refsight: could not write package uses before a quota pass", exc_info=True)
         total = index.total_bytes()
         report = QuotaReport(max_bytes=max_bytes, before=total, after=total)
         protected = set(protect)
@@ -141,11 +144,6 @@ def prune(store: Store, fingerprint_digests: Iterable[str], *, dry_run: bool) ->
     if victims:
         store.counters.add(pruned=len(victims))
     return report
-
-
-def fingerprints(store: Store) -> list[dict[str, Any]]:
-    """Every fingerprint with packages in the store: digest, backend, model, packages, bytes."""
-    return [_describe(u) for u in store.local.fingerprint_usage()]
 
 
 def _describe(usage: FingerprintUsage) -> dict[str, Any]:
