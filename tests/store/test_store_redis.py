@@ -153,15 +153,13 @@ def test_a_hung_redis_costs_one_short_timeout_then_nothing(tmp_path, redis_serve
             start = time.perf_counter()
             assert _same(store.packages.get(package.key), package)
             first = time.perf_counter() - start
-            start = time.perf_counter()
             for _ in range(20):
                 assert _same(store.packages.get(package.key), package)
-            rest = time.perf_counter() - start
         finally:
             os.kill(redis_server._proc.pid, signal.SIGCONT)
         assert first < 2.0  # one socket timeout (0.25 s), not the client's default 5 s with retries
-        assert rest < first  # 20 reads skipped Redis while it backs off
-        assert store.redis.tier_info()["errors"] == 1
+        info = store.redis.tier_info()
+        assert info["errors"] == 1 and info["skipped"] >= 20  # the next reads never waited on Redis
 
 
 def test_an_unreachable_redis_at_open_is_an_outage_and_a_bad_url_an_error(tmp_path, redis_server):
