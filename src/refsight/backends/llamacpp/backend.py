@@ -17,6 +17,7 @@ Runtime failures become refsight errors here and only here (:func:`_native_error
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -87,6 +88,8 @@ class LlamaCppBackend(Backend):
         self.device = "gpu" if settings.use_gpu else "cpu"
         self.model_path, self.mmproj_path = Path(model_path), Path(mmproj_path)
         self._lock = threading.RLock()
+        #: Where reference-prefix KV states are kept (:class:`~.prefix.PrefixStates`); None: no prefix cache.
+        self.prefix_states: Any = None
         self.runtime = LlamaRuntime(self.model_path, self.mmproj_path, settings)
         try:
             self.arch = self.runtime.meta("general.architecture") or "unknown"
@@ -266,6 +269,45 @@ class LlamaCppBackend(Backend):
         eos = self.runtime.piece(self._special("eos"), special=True).decode("utf-8", "replace") if self._special("eos") >= 0 else ""
         return render_prompt(self._template, self.arch, content, bos=bos, eos=eos)
 
+    def prefix_plan(self, request: GenerationRequest, n_segments: int | None, states: Any) -> Any:
+        """The :class:`~.prefix.PrefixPlan` of the first ``n_segments`` segments of ``request``, or None.
+
+        None when there is nothing to reuse: no store, no prefix, or a prefix holding a
+        fresh image (only cached packages have a stable identity to key a state by).
+        """
+        from .prefix import PrefixPlan
+
+        if states is None or not n_segments or n_segments >= len(request.segments):
+            return None
+        head = list(request.segments[:n_segments])
+        if any(isinstance(s, ImageInput) for s in head) or not any(isinstance(s, VisualPackage) for s in head):
+            return None
+        sentinel = "\x00refsight-prefix-end\x00"
+        turns = None
+        if request.turns is not None:
+            turns, left = [], n_segments
+            for role, count in request.turns:
+                if left <= count:
+                    turns.append((role, left + 1))
+                    break
+                turns.append((role, count))
+                left -= count
+        rendered = self.prompt_text([*head, sentinel], turns)
+        text = rendered[: rendered.index(sentinel)]
+        packages = [s for s in head if isinstance(s, VisualPackage)]
+        return PrefixPlan(
+            text=text,
+            n_images=len(packages),
+            package_keys=tuple(p.key for p in packages),
+            states=states,
+            key_base={
+                "fingerprint": self._fingerprint.to_dict(),
+                "template": hashlib.sha256((self._template or self.arch).encode()).hexdigest(),
+                "n_batch": self.runtime._n_batch(),
+                "kv": "f16",
+            },
+        )
+
     def _special(self, which: str) -> int:
         import llama_cpp
 
@@ -288,7 +330,8 @@ class LlamaCppBackend(Backend):
             began = time.perf_counter()
             with _native_errors(self.name, GenerationError, "generation failed"):
                 text = self.prompt_text(request.segments, request.turns)
-                n_past, prompt_timings, counts = decode_prompt(self.runtime, text, request.segments)
+                plan = self.prefix_plan(request, getattr(request, "prefix_segments", None), self.prefix_states)
+                n_past, prompt_timings, counts = decode_prompt(self.runtime, text, request.segments, plan)
                 tokens, answer, finish, logits = sample(
                     self.runtime, n_past, request.max_new_tokens, grammar=grammar, sampling=sampling,
                     return_logits=return_logits, on_text=on_text, stop_event=stop_event,
