@@ -358,6 +358,44 @@ class LlamaCppBackend(Backend):
             finish_reason=finish,
         )
 
+    # ----------------------------------------------------------------- scoring
+
+    def answer_token_ids(self, yes: str = "yes", no: str = "no") -> tuple[int, int]:
+        """The token ids whose logits stand for "yes" and "no": each word's first token (the HF backend's rule)."""
+        with self._lock:
+            ids = [self.runtime.tokenize(word, False) for word in (yes, no)]
+        if not ids[0] or not ids[1] or ids[0][0] == ids[1][0]:
+            raise BackendError(self.name, f"the vocabulary cannot tell {yes!r} from {no!r} by their first token")
+        return ids[0][0], ids[1][0]
+
+    def score_yes_no(self, requests: Sequence[GenerationRequest]) -> list[float]:
+        """P("yes") per request from the next-token logits after its prompt: no decoding.
+
+        Each prompt is evaluated exactly as :meth:`generate` evaluates it (cached packages
+        from their saved embeddings, fresh images through llama.cpp's pixel path, the
+        reference-prefix KV state restored when the request names a prefix and one is
+        stored); the score is the softmax over the "yes"/"no" logits at the answer
+        position, as in the HF backend.
+        """
+        import numpy as np
+
+        from .generation import decode_prompt
+
+        requests = list(requests)
+        self._check(requests)
+        yes_id, no_id = self.answer_token_ids()
+        scores = []
+        with self._lock:
+            for request in requests:
+                with _native_errors(self.name, GenerationError, "scoring failed"):
+                    text = self.prompt_text(request.segments, request.turns)
+                    plan = self.prefix_plan(request, getattr(request, "prefix_segments", None), self.prefix_states)
+                    decode_prompt(self.runtime, text, request.segments, plan)
+                    pair = self.runtime.last_logits()[[yes_id, no_id]].astype(np.float64)
+                pair = np.exp(pair - pair.max())
+                scores.append(float(pair[0] / pair.sum()))
+        return scores
+
     def close(self) -> None:
         """Free llama.cpp's model and contexts. Idempotent."""
         with self._lock:
