@@ -100,6 +100,7 @@ class Maintenance:
         self.store.counters.flush()  # so the figures include this process's latest counts
         counters = self.store.catalog.counters()
         local = self.store.local.stats()
+        prefixes = self.store.prefixes.stats()
         return StoreStats(
             references=self.store.catalog.count_references(namespace=namespace),
             packages=local["packages"],
@@ -109,6 +110,10 @@ class Maintenance:
             evictions=int(counters.get("evictions", 0)),
             encode_ms_saved=round(float(counters.get("encode_ms_saved", 0.0)), 3),
             memory_bytes=self.store.memory.nbytes,
+            prefix_hits=int(counters.get("prefix_hits", 0)),
+            prefix_misses=int(counters.get("prefix_misses", 0)),
+            prefix_bytes=prefixes["bytes"],
+            prefix_ms_saved=round(float(counters.get("prefix_ms_saved", 0.0)), 3),
         )
 
     def drift(

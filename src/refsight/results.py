@@ -218,6 +218,11 @@ class StoreStats:
     encode_ms_saved: float | None
     memory_bytes: int = 0
     scope: str = "store"
+    #: The KV prefix-state cache: states served, states built, bytes of states on disk, prefill time saved.
+    prefix_hits: int | None = None
+    prefix_misses: int | None = None
+    prefix_bytes: int | None = None
+    prefix_ms_saved: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields."""

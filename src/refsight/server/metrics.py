@@ -44,7 +44,16 @@ class _CacheCollector:
         saved = CounterMetricFamily("refsight_cache_encode_seconds_saved", "Encoder time saved by cache hits")
         saved.add_metric([], float(stats.get("encode_ms_saved") or 0) / 1000.0)
         yield saved
+        for name, help_text in (
+            ("prefix_hits", "Requests whose reference prefix state was reused (no prefill over it)"),
+            ("prefix_misses", "Reference prefix states built (not found, or found corrupt)"),
+            ("prefix_ms_saved", "Milliseconds of reference prefill saved by prefix state hits"),
+        ):
+            metric = CounterMetricFamily(f"refsight_{name}", help_text)
+            metric.add_metric([], float(stats.get(name) or 0))
+            yield metric
         for name, key, help_text in (
+            ("refsight_prefix_bytes", "prefix_bytes", "Bytes of reference prefix states on local disk"),
             ("refsight_cache_bytes", "bytes", "Bytes of packages on local disk"),
             ("refsight_cache_packages", "packages", "Packages on local disk"),
             ("refsight_references", "references", "References across all namespaces"),

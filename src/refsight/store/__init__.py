@@ -22,6 +22,7 @@ from ._sqlite import SCHEMA_VERSION, Database
 from .base import (
     COUNTER_NAMES,
     DEFAULT_NAMESPACE,
+    PREFIX_COUNTER_NAMES,
     Catalog,
     PackageStore,
     Reference,
@@ -34,6 +35,7 @@ from .counters import CounterBuffer
 from .gc import DEFAULT_GRACE_S, collect_garbage, sweep_stale_temps
 from .local import LocalPackageStore, PackageRecord
 from .memory import MemoryPackageStore
+from .prefixes import DEFAULT_PREFIX_DISK_BYTES, DEFAULT_PREFIX_MEMORY_BYTES, PrefixStore
 from .tiered import TieredPackageStore
 
 __all__ = [
@@ -53,6 +55,8 @@ __all__ = [
     "CounterBuffer",
     "DEFAULT_NAMESPACE",
     "COUNTER_NAMES",
+    "PREFIX_COUNTER_NAMES",
+    "PrefixStore",
     "SCHEMA_VERSION",
     "DEFAULT_MEMORY_BYTES",
 ]
@@ -61,14 +65,18 @@ DEFAULT_MEMORY_BYTES = 512 * 1024 * 1024
 
 
 class Store:
-    """An opened store directory: ``packages`` (tiered), ``local``, ``memory``, ``catalog`` and ``counters``.
+    """An opened store directory: ``packages`` (tiered), ``local``, ``memory``, ``catalog``, ``counters``
+    and ``prefixes`` (the language model's reference-prefix states: memory LRU, then ``prefixes/`` on disk).
 
     Use as a context manager, or call :meth:`close`. Safe to open the same
     directory from several processes at once. ``counters`` buffers the cache
     counters in memory (reads never write; see :mod:`refsight.store.counters`).
     """
 
-    def __init__(self, root: Path, database: Database, memory_bytes: int) -> None:
+    def __init__(
+        self, root: Path, database: Database, memory_bytes: int, *,
+        prefix_memory_bytes: int = DEFAULT_PREFIX_MEMORY_BYTES, prefix_disk_bytes: int = DEFAULT_PREFIX_DISK_BYTES,
+    ) -> None:
         self.root = root
         self._db = database
         self.local = LocalPackageStore(root, database=database)
@@ -76,6 +84,10 @@ class Store:
         self.counters = CounterBuffer(self.catalog)
         self.memory = MemoryPackageStore(memory_bytes, on_evict=lambda key, package: self.counters.add(evictions=1))
         self.packages = TieredPackageStore([self.memory, self.local])
+        self.prefixes = PrefixStore(
+            root, memory_bytes=prefix_memory_bytes, disk_bytes=prefix_disk_bytes,
+            on_corrupt=lambda key, reason: self.counters.add(prefix_corrupt=1),
+        )
 
     def gc(self, *, grace_s: float = DEFAULT_GRACE_S) -> dict[str, int]:
         """Remove what interrupted writes left behind (see :mod:`refsight.store.gc`); returns counts.
@@ -92,6 +104,7 @@ class Store:
             return
         self.counters.close()
         self.memory.clear()
+        self.prefixes.clear_memory()
         self._db.close()
 
     def __enter__(self) -> "Store":
