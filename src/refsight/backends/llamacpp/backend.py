@@ -69,6 +69,8 @@ class LlamaCppBackend(Backend):
     supports_streaming: ClassVar[bool] = True
     #: Conversations render in the GGUF's own chat template (system, user and assistant turns).
     supports_turns: ClassVar[bool] = True
+    #: The reference prefix's sequence state is saved and restored through ``GenerationRequest.prefix_cache``.
+    supports_prefix_cache: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -88,8 +90,6 @@ class LlamaCppBackend(Backend):
         self.device = "gpu" if settings.use_gpu else "cpu"
         self.model_path, self.mmproj_path = Path(model_path), Path(mmproj_path)
         self._lock = threading.RLock()
-        #: Where reference-prefix KV states are kept (:class:`~.prefix.PrefixStates`); None: no prefix cache.
-        self.prefix_states: Any = None
         self.runtime = LlamaRuntime(self.model_path, self.mmproj_path, settings)
         try:
             self.arch = self.runtime.meta("general.architecture") or "unknown"
@@ -269,19 +269,23 @@ class LlamaCppBackend(Backend):
         eos = self.runtime.piece(self._special("eos"), special=True).decode("utf-8", "replace") if self._special("eos") >= 0 else ""
         return render_prompt(self._template, self.arch, content, bos=bos, eos=eos)
 
-    def prefix_plan(self, request: GenerationRequest, n_segments: int | None, states: Any) -> Any:
-        """The :class:`~.prefix.PrefixPlan` of the first ``n_segments`` segments of ``request``, or None.
+    def prefix_plan(self, request: GenerationRequest) -> Any:
+        """The :class:`~.prefix.PrefixPlan` of ``request``'s reference prefix, or None.
 
-        None when there is nothing to reuse: no store, no prefix, or a prefix holding a
-        fresh image (only cached packages have a stable identity to key a state by).
+        None when there is nothing to reuse: no ``prefix_cache``, no ``prefix_segments``,
+        or a prefix holding a fresh image (only cached packages have a stable identity to
+        key a state by).
         """
         from .prefix import PrefixPlan
 
+        n_segments, states = request.prefix_segments, request.prefix_cache
         if states is None or not n_segments or n_segments >= len(request.segments):
             return None
         head = list(request.segments[:n_segments])
         if any(isinstance(s, ImageInput) for s in head) or not any(isinstance(s, VisualPackage) for s in head):
             return None
+        # The prefix's text is the prompt rendered up to a sentinel standing where the rest
+        # begins: exactly what the chat template writes before the rubric, whatever it is.
         sentinel = "\x00refsight-prefix-end\x00"
         turns = None
         if request.turns is not None:
@@ -293,19 +297,15 @@ class LlamaCppBackend(Backend):
                 turns.append((role, count))
                 left -= count
         rendered = self.prompt_text([*head, sentinel], turns)
-        text = rendered[: rendered.index(sentinel)]
         packages = [s for s in head if isinstance(s, VisualPackage)]
         return PrefixPlan(
-            text=text,
+            text=rendered[: rendered.index(sentinel)],
             n_images=len(packages),
             package_keys=tuple(p.key for p in packages),
             states=states,
-            key_base={
-                "fingerprint": self._fingerprint.to_dict(),
-                "template": hashlib.sha256((self._template or self.arch).encode()).hexdigest(),
-                "n_batch": self.runtime._n_batch(),
-                "kv": "f16",
-            },
+            # The numbers of a state also depend on the device, the batch split and the KV type.
+            model=f"{self._fingerprint.digest}:{self.device}:n_batch={self.runtime._n_batch()}:kv=f16",
+            template=hashlib.sha256((self._template or self.arch).encode()).hexdigest(),
         )
 
     def _special(self, which: str) -> int:
@@ -330,7 +330,7 @@ class LlamaCppBackend(Backend):
             began = time.perf_counter()
             with _native_errors(self.name, GenerationError, "generation failed"):
                 text = self.prompt_text(request.segments, request.turns)
-                plan = self.prefix_plan(request, getattr(request, "prefix_segments", None), self.prefix_states)
+                plan = self.prefix_plan(request)
                 n_past, prompt_timings, counts = decode_prompt(self.runtime, text, request.segments, plan)
                 tokens, answer, finish, logits = sample(
                     self.runtime, n_past, request.max_new_tokens, grammar=grammar, sampling=sampling,
@@ -356,6 +356,7 @@ class LlamaCppBackend(Backend):
             prompt_tokens=counts[0],
             image_tokens=counts[1:],
             finish_reason=finish,
+            cached_tokens=plan.prefix_tokens if plan is not None and plan.outcome == "hit" else 0,
         )
 
     # ----------------------------------------------------------------- scoring
@@ -389,7 +390,7 @@ class LlamaCppBackend(Backend):
             for request in requests:
                 with _native_errors(self.name, GenerationError, "scoring failed"):
                     text = self.prompt_text(request.segments, request.turns)
-                    plan = self.prefix_plan(request, getattr(request, "prefix_segments", None), self.prefix_states)
+                    plan = self.prefix_plan(request)
                     decode_prompt(self.runtime, text, request.segments, plan)
                     pair = self.runtime.last_logits()[[yes_id, no_id]].astype(np.float64)
                 pair = np.exp(pair - pair.max())

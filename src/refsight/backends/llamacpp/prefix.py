@@ -11,40 +11,29 @@ the saved state with ``llama_state_seq_set_data`` (the references are then neith
 decoded nor prefilled) or lets the prompt evaluate the prefix and saves
 ``llama_state_seq_get_data`` of it (one uint8 tensor) for the next request.
 
-States live in a :class:`PrefixStates` (the shared prefix-state store: memory LRU and
-checksummed disk tier); a state llama.cpp refuses is dropped and rebuilt, never used.
+States live in the request's :class:`~refsight.backends.prefix.PrefixCache` (the
+shared prefix-state store: memory LRU and checksummed disk tier) as a
+:class:`~refsight.backends.prefix.PrefixState` with one ``uint8`` tensor ``state``; a
+state whose metadata disagrees or that llama.cpp refuses is discarded and rebuilt,
+never used.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from ..prefix import PrefixCache, PrefixState, prefix_key
 from .native import ChunkInfo, LlamaRuntime, NativeError
 
-__all__ = ["PREFIX_STATE_VERSION", "PrefixPlan", "PrefixSplit", "PrefixStates", "prefix_tokens"]
+__all__ = ["PREFIX_STATE_VERSION", "PrefixPlan", "PrefixSplit", "prefix_tokens"]
 
-#: Version of the state blob and of how its key is made; part of every key.
+#: Version of the llama.cpp state layout (one ``llama_state_seq_get_data`` blob); part of every key.
 PREFIX_STATE_VERSION = 1
-
-
-class PrefixStates(Protocol):
-    """Where prefix states are kept: a uint8 state and its metadata by key."""
-
-    def get(self, key: str) -> tuple[np.ndarray, dict[str, Any]] | None:
-        """The state and metadata stored under ``key``, or None (a corrupt entry is dropped and reads as None)."""
-
-    def put(self, key: str, state: np.ndarray, metadata: dict[str, Any], build_ms: float) -> None:
-        """Keep ``state`` under ``key`` (``build_ms``: what evaluating the prefix cost, for ms-saved counting)."""
-
-    def discard(self, key: str) -> None:
-        """Forget the entry under ``key`` (the runtime refused it)."""
 
 
 @dataclass(frozen=True)
@@ -81,8 +70,9 @@ class PrefixPlan:
     text: str
     n_images: int
     package_keys: tuple[str, ...]
-    states: PrefixStates
-    key_base: dict[str, Any]
+    states: PrefixCache
+    model: str
+    template: str
     outcome: str = "none"
     build_ms: float = 0.0
     prefix_tokens: int = 0
@@ -113,13 +103,10 @@ class PrefixPlan:
         covered = list(infos[:chunk])
         tokens = prefix_tokens(covered) + (list(infos[chunk].tokens[:offset]) if offset else [])
         n_past = sum(i.n_pos for i in covered) + offset
-        key_source = json.dumps(
-            {**self.key_base, "version": PREFIX_STATE_VERSION, "packages": list(self.package_keys), "tokens": tokens},
-            sort_keys=True, separators=(",", ":"),
-        )
+        key = prefix_key(self.model, self.package_keys, tokens, f"llamacpp-state-{PREFIX_STATE_VERSION}:{self.template}")
         self.prefix_tokens = sum(i.n_tokens for i in covered) + offset
         self._began = time.perf_counter()
-        return PrefixSplit(chunk, offset, n_past, tuple(tokens), hashlib.sha256(key_source.encode()).hexdigest())
+        return PrefixSplit(chunk, offset, n_past, tuple(tokens), key)
 
     def restore(self, runtime: LlamaRuntime, split: PrefixSplit) -> bool:
         """Load the stored state of ``split`` into the cleared context; False (evaluate it instead) on a miss."""
@@ -127,13 +114,17 @@ class PrefixPlan:
         if found is None:
             self.outcome = "miss"
             return False
-        state, metadata = found
-        if metadata.get("n_past") != split.n_past or list(metadata.get("tokens", ())) != list(split.tokens):
+        meta = found.meta
+        state = found.tensors.get("state")
+        if (
+            state is None or meta.get("n_past") != split.n_past or meta.get("runtime") != "llama.cpp"
+            or list(meta.get("package_keys", ())) != list(self.package_keys) or found.tokens != self.prefix_tokens
+        ):
             self.states.discard(split.key)  # a key collision or a tampered entry: never a wrong state
             self.outcome = "rebuilt"
             return False
         try:
-            runtime.restore_state(state)
+            runtime.restore_state(_as_uint8(state))
         except NativeError:
             self.states.discard(split.key)
             self.outcome = "rebuilt"
@@ -143,6 +134,16 @@ class PrefixPlan:
 
     def save(self, runtime: LlamaRuntime, split: PrefixSplit) -> None:
         """Offer the just-evaluated prefix's state to the store."""
+        import torch
+
         self.build_ms = (time.perf_counter() - self._began) * 1000
-        metadata = {"n_past": split.n_past, "tokens": list(split.tokens), "package_keys": list(self.package_keys)}
-        self.states.put(split.key, runtime.state_bytes(), metadata, self.build_ms)
+        meta = {"runtime": "llama.cpp", "n_past": split.n_past, "package_keys": list(self.package_keys)}
+        state = torch.from_numpy(runtime.state_bytes())
+        self.states.put(split.key, PrefixState({"state": state}, meta, tokens=self.prefix_tokens, build_ms=self.build_ms))
+
+
+def _as_uint8(state: object) -> np.ndarray:
+    """A stored state tensor (torch or numpy or bytes) as a contiguous uint8 numpy array."""
+    if hasattr(state, "numpy"):
+        return np.ascontiguousarray(state.detach().cpu().numpy()).view(np.uint8).reshape(-1)
+    return np.frombuffer(memoryview(state).cast("B"), dtype=np.uint8)
