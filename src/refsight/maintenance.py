@@ -6,7 +6,7 @@ Everything here is maintenance a user or operator asks for (``refsight verify``,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -82,10 +82,12 @@ class Maintenance:
                 )
                 bar.update(1)
 
-    def stats(self, *, namespace: str | None, tenant_view: bool = False) -> StoreStats:
+    def stats(self, *, namespace: str | None, tenant_view: bool = False, backends: Sequence[Backend] = ()) -> StoreStats:
         """Statistics of the store; ``tenant_view`` counts only the namespace's packages and hides the counters.
 
-        ``namespace=None`` counts the references of every namespace.
+        ``namespace=None`` counts the references of every namespace. ``backends`` (those already
+        loaded; none is loaded for this) that keep a prefix cache of their own (a vLLM server's
+        automatic prefix caching: ``prefix_cache_stats()``) report it in ``runtime_prefix_cache``.
         """
         if tenant_view and namespace is not None:
             refs = self.references.list(namespace=namespace)
@@ -114,6 +116,7 @@ class Maintenance:
             prefix_misses=int(counters.get("prefix_misses", 0)),
             prefix_bytes=prefixes["bytes"],
             prefix_ms_saved=round(float(counters.get("prefix_ms_saved", 0.0)), 3),
+            runtime_prefix_cache=_runtime_prefix_caches(backends),
         )
 
     def drift(
@@ -128,3 +131,17 @@ class Maintenance:
     def gc(self, **options: Any) -> dict[str, int]:
         """Remove what interrupted writes left (see :meth:`refsight.store.Store.gc`); counts by kind."""
         return self.store.gc(**options)
+
+
+def _runtime_prefix_caches(backends: Sequence[Backend]) -> dict[str, dict[str, float]] | None:
+    """backend name → its runtime's own prefix-cache figures (queries, hits, hit rate), for those that report one."""
+    out: dict[str, dict[str, float]] = {}
+    for backend in backends:
+        report = getattr(backend, "prefix_cache_stats", None)
+        if report is None:
+            continue
+        try:
+            out[backend.name] = report()
+        except RefsightError as e:  # a server gone away must not fail `stats`
+            out[backend.name] = {"error": str(e)}  # type: ignore[dict-item]
+    return out or None

@@ -223,6 +223,8 @@ class StoreStats:
     prefix_misses: int | None = None
     prefix_bytes: int | None = None
     prefix_ms_saved: float | None = None
+    #: A runtime's own prefix cache, per loaded backend that keeps one (vLLM: prompt tokens queried, hit, hit rate).
+    runtime_prefix_cache: dict[str, dict[str, float]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields."""

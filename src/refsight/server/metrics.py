@@ -63,6 +63,17 @@ class _CacheCollector:
                 gauge = GaugeMetricFamily(name, help_text)
                 gauge.add_metric([], float(stats[key] or 0))
                 yield gauge
+        runtimes = stats.get("runtime_prefix_cache") or {}
+        if runtimes:
+            # A runtime's own prefix cache (vLLM's automatic prefix caching), per loaded backend.
+            rate = GaugeMetricFamily(
+                "refsight_runtime_prefix_cache_hit_rate", "Prompt tokens served from the runtime's own prefix cache, as a share",
+                labels=["backend"],
+            )
+            for backend, figures in runtimes.items():
+                if isinstance(figures, dict) and "hit_rate" in figures:
+                    rate.add_metric([backend], float(figures["hit_rate"]))
+            yield rate
 
 
 class Metrics:

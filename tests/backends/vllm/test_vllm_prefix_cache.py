@@ -105,3 +105,19 @@ def test_yes_no_scores_repeat_match_hf_and_pixels(backend, photos):
     # and kernels differ from refsight's HF encoder in the last bits of float32.
     assert pixel_delta <= 1e-6
     assert hf_delta <= 1e-6
+
+
+def test_engine_stats_report_the_servers_prefix_cache(vllm_servers, tmp_path):
+    """``Engine.stats()`` (and so ``refsight stats`` and ``/metrics``) shows a loaded vllm backend's hit rate."""
+    from refsight import Engine
+    from refsight.backends.options import BackendOptions
+
+    server = vllm_servers.get(MODEL, 8)
+    name = f"vllm:{server.url}"
+    with Engine(tmp_path / "store", model=name, backend_options=BackendOptions(encoder=MODEL)) as engine:
+        assert engine.stats().runtime_prefix_cache is None  # no backend loaded: nothing asked of the server
+        engine.backend()
+        figures = engine.stats().to_dict()["runtime_prefix_cache"][name]
+        assert figures["queries"] > 0 and figures["hits"] > 0  # the earlier tests' requests
+        assert figures["hit_rate"] == figures["hits"] / figures["queries"]
+        assert engine.stats(tenant_view=True, namespace="default").runtime_prefix_cache is None

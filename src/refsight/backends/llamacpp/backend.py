@@ -352,6 +352,8 @@ class LlamaCppBackend(Backend):
                 "encode": encode_ms,
                 "generate": total_ms - encode_ms,
                 "total": total_ms,
+                # Loading the reference prefix's state (0 without one): the rest is the request's own work.
+                "prefix_load": plan.restore_ms if plan is not None else 0.0,
             },
             prompt_tokens=counts[0],
             image_tokens=counts[1:],

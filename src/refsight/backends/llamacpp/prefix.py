@@ -75,6 +75,7 @@ class PrefixPlan:
     template: str
     outcome: str = "none"
     build_ms: float = 0.0
+    restore_ms: float = 0.0
     prefix_tokens: int = 0
     _began: float = field(default=0.0, repr=False)
 
@@ -123,6 +124,7 @@ class PrefixPlan:
             self.states.discard(split.key)  # a key collision or a tampered entry: never a wrong state
             self.outcome = "rebuilt"
             return False
+        began = time.perf_counter()
         try:
             runtime.restore_state(_as_uint8(state))
         except NativeError:
@@ -130,6 +132,7 @@ class PrefixPlan:
             self.outcome = "rebuilt"
             return False
         self.outcome = "hit"
+        self.restore_ms = (time.perf_counter() - began) * 1000
         return True
 
     def save(self, runtime: LlamaRuntime, split: PrefixSplit) -> None:
