@@ -3,7 +3,7 @@ state is read back from the store's disk tier (the memory tier of this process s
 
 Reads a JSON spec (store directory, cases of requests: prefix package keys, candidate package
 key, rubric texts), generates with ``return_logits=True`` through the engine's
-:class:`~refsight.prefixes.PrefixStateCache` and writes tokens, logits, ``cached_tokens``, the
+:class:`~refsight.prefixes.PrefixStateCache` and writes tokens, logits, ``prefix_tokens_reused``, the
 prefix counters and the language-model token count of the first forward to a ``torch.save`` file.
 """
 
@@ -50,7 +50,7 @@ def main(spec_path: str) -> None:
             finally:
                 hook.remove()
             out[case["id"]] = {
-                "rows": [{"tokens": g.token_ids, "logits": g.logits, "cached": g.cached_tokens, "prompt": g.prompt_tokens}
+                "rows": [{"tokens": g.token_ids, "logits": g.logits, "cached": g.prefix_tokens_reused, "prompt": g.prompt_tokens}
                          for g in generations],
                 "first_forward_tokens": seen[0],
             }

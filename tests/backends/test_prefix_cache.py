@@ -8,8 +8,8 @@ under :data:`LOGITS_BOUND`. The difference is not 0: the cached path multiplies 
 against a cache of N keys instead of one (N+M)-long prompt, so GEMM shapes (and float
 summation order) differ; measured here ≤ 1.2e-7 (fp32, CPU), asserted ≤ 1e-5.
 (b) **Counted.** A second rubric against the same references runs the language model over
-the suffix tokens only: its first forward takes ``prompt_tokens - cached_tokens`` tokens and
-``cached_tokens`` covers every reference image token.
+the suffix tokens only: its first forward takes ``prompt_tokens - prefix_tokens_reused`` tokens and
+``prefix_tokens_reused`` covers every reference image token.
 (c) **Corrupt or truncated state files** are detected, deleted and rebuilt, never used.
 """
 
@@ -78,7 +78,7 @@ def from_disk(load, photos, tmp_path_factory):
                 fresh[case] = backend.generate(_requests(refs[:n], candidate, RUBRICS, None), return_logits=True)
                 # Build the state (one rubric: it depends on the references only) and write it to disk.
                 built = backend.generate(_requests(refs[:n], candidate, RUBRICS[:1], cache), return_logits=True)
-                assert built[0].cached_tokens == 0 and built[0].token_ids == fresh[case][0].token_ids
+                assert built[0].prefix_tokens_reused == 0 and built[0].token_ids == fresh[case][0].token_ids
                 cases.append({
                     "id": case, "model": name, "refs": [p.key for p in refs[:n]], "candidate": candidate.key,
                     "rubrics": list(RUBRICS), "max_new_tokens": MAX_NEW_TOKENS,
@@ -152,15 +152,15 @@ def test_a_second_rubric_runs_no_prefill_over_the_references(load, photos, tmp_p
         fresh = backend.generate(_requests(refs, candidate, RUBRICS[1:2], None))[0]
         counts = _counts(store)
         assert (counts["prefix_misses"], counts["prefix_hits"]) == (1, 1) and counts["prefix_ms_saved"] > 0
-    assert first.cached_tokens == 0 and second.cached_tokens > 0
+    assert first.prefix_tokens_reused == 0 and second.prefix_tokens_reused > 0
     assert second.token_ids == fresh.token_ids
     # The state covers every reference image token (and the candidate's are all after it).
     ids = backend.tokenizer(backend.build_prompt(_requests(refs, candidate, RUBRICS[1:2], None)[0].segments),
                             add_special_tokens=False)["input_ids"]
     ref_image_tokens = sum(int(p.metadata["num_tokens"]) for p in refs)
-    assert sum(t == image_id for t in ids[: second.cached_tokens]) == ref_image_tokens
+    assert sum(t == image_id for t in ids[: second.prefix_tokens_reused]) == ref_image_tokens
     # The language model ran over the suffix once, then one token per decoding step: nothing else.
-    assert seen[0] == second.prompt_tokens - second.cached_tokens
+    assert seen[0] == second.prompt_tokens - second.prefix_tokens_reused
     assert seen[1:] == [1] * (len(second.token_ids) - 1)
 
 
@@ -193,13 +193,13 @@ def test_a_corrupt_or_truncated_state_file_is_rebuilt_never_used(load, photos, t
         after = _counts(store)
         assert after["prefix_corrupt"] == before["prefix_corrupt"] + 1
         assert after["prefix_misses"] == before["prefix_misses"] + 1
-        assert again.cached_tokens == 0  # rebuilt, not served
+        assert again.prefix_tokens_reused == 0  # rebuilt, not served
         assert again.token_ids == fresh.token_ids
         assert _max_diff(again.logits, fresh.logits) <= LOGITS_BOUND
         # The rebuilt file is whole again: the next request is served from it.
         store.prefixes.clear_memory()
         third = backend.generate(_requests(refs, candidate, RUBRICS[:1], cache))[0]
-        assert third.cached_tokens > 0 and third.token_ids == fresh.token_ids
+        assert third.prefix_tokens_reused > 0 and third.token_ids == fresh.token_ids
 
 
 @pytest.mark.parametrize("name", ["tiny-qwen3-vl", "tiny-smolvlm"])
@@ -227,12 +227,12 @@ def test_one_batch_mixes_shared_and_different_prefixes_and_rows_without_one(load
     for f, b, s in zip(fresh, built, served):
         assert f.token_ids == b.token_ids == s.token_ids
         assert max(_max_diff(f.logits, b.logits), _max_diff(f.logits, s.logits)) <= LOGITS_BOUND
-    assert [g.cached_tokens > 0 for g in served] == [True, True, True, False]
-    assert served[0].cached_tokens == served[1].cached_tokens != served[2].cached_tokens
+    assert [g.prefix_tokens_reused > 0 for g in served] == [True, True, True, False]
+    assert served[0].prefix_tokens_reused == served[1].prefix_tokens_reused != served[2].prefix_tokens_reused
 
 
 def test_without_a_prefix_cache_nothing_is_kept(load, photos, tmp_path):
     backend = load("tiny-qwen2-vl")
     packages = backend.encode([photos[r] for r in (*REFS, CANDIDATE)])
     out = backend.generate(_requests(packages[:1], packages[3], RUBRICS[:1], None))[0]
-    assert out.cached_tokens == 0 and "prefix_build" not in out.timings_ms
+    assert out.prefix_tokens_reused == 0 and "prefix_build" not in out.timings_ms and "prefix_load" not in out.timings_ms
