@@ -78,7 +78,8 @@ class GenerateResult:
     """The answer of ``generate``: text, tokens and where the time went.
 
     ``prompt_tokens`` counts the prompt (text and image tokens; 0 when the backend cannot
-    tell), ``cached_tokens`` the image tokens among them served from cached packages.
+    tell), ``cached_tokens`` the image tokens among them served from cached packages,
+    ``prefix_tokens_reused`` the prompt tokens served from a stored reference-prefix (KV) state.
     ``finish_reason``: ``"stop"``, ``"length"`` or ``"cancelled"``.
     """
 
@@ -91,6 +92,7 @@ class GenerateResult:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     finish_reason: str = "stop"
+    prefix_tokens_reused: int = 0
 
     @classmethod
     def of(
@@ -112,6 +114,7 @@ class GenerateResult:
             prompt_tokens=int(generation.prompt_tokens),
             cached_tokens=sum(n for n, hit in zip(image_tokens, references_cached) if hit) if paired else 0,
             finish_reason=finish,
+            prefix_tokens_reused=int(getattr(generation, "prefix_tokens_reused", 0) or 0),
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -84,7 +84,7 @@ class Generation:
     and image tokens; 0 when the backend cannot tell) and ``image_tokens`` the tokens of
     each image in prompt order. ``finish_reason`` is ``"stop"`` (end of text or a stop
     string), ``"length"`` (``max_new_tokens`` reached) or ``"cancelled"`` (the stop event
-    was set); ``None`` when the backend does not say. ``cached_tokens`` counts the prompt
+    was set); ``None`` when the backend does not say. ``prefix_tokens_reused`` counts the prompt
     tokens served from a reused prefix state (no prefill ran over them).
     """
 
@@ -97,7 +97,7 @@ class Generation:
     prompt_tokens: int = 0
     image_tokens: list[int] = field(default_factory=list)
     finish_reason: str | None = None
-    cached_tokens: int = 0
+    prefix_tokens_reused: int = 0
 
 
 class Backend(abc.ABC):

@@ -653,8 +653,8 @@ class HFBackend(Backend):
             results.append({
                 "tokens": new, "logits": logits, "text": text, "finish_reason": finish,
                 "prompt_tokens": int(encoded["attention_mask"][b].sum()),
-                "cached_tokens": plan.cached_tokens(b) if plan is not None else 0,
-                "prefix_build_ms": plan.build_ms if plan is not None else 0.0,
+                "prefix_tokens_reused": plan.reused_tokens(b) if plan is not None else 0,
+                "prefix_ms": {"prefix_build": plan.build_ms, "prefix_load": plan.load_ms} if plan is not None else {},
             })
         return results, lm_ms
 
@@ -669,12 +669,12 @@ class HFBackend(Backend):
             logits=out["logits"],
             timings_ms={
                 "encode": encode_ms, "generate": lm_ms, "total": encode_ms + lm_ms,
-                **({"prefix_build": out["prefix_build_ms"]} if out.get("prefix_build_ms") else {}),
+                **out.get("prefix_ms", {}),
             },
             prompt_tokens=out["prompt_tokens"],
             image_tokens=[self.image_token_count(s) for s in row if isinstance(s, VisualPackage)],
             finish_reason=out["finish_reason"],
-            cached_tokens=out.get("cached_tokens", 0),
+            prefix_tokens_reused=out.get("prefix_tokens_reused", 0),
         )
 
     # ----------------------------------------------------------------- scoring

@@ -69,9 +69,11 @@ class PrefixPlan:
 
     backend: Any
     rows: list[_Row]
+    #: Time spent building missing states, and fetching stored ones plus copying them into the batch's cache.
     build_ms: float = 0.0
+    load_ms: float = 0.0
 
-    def cached_tokens(self, b: int) -> int:
+    def reused_tokens(self, b: int) -> int:
         """Prompt tokens of row ``b`` served from a stored state (0 when built in this call)."""
         row = self.rows[b]
         return row.prefix_len if row.hit else 0
@@ -82,6 +84,7 @@ class PrefixPlan:
         import torch
 
         backend = self.backend
+        began = time.perf_counter()
         self._resolve_states()
         pad = _pad_id(backend)
         n_max = max(row.prefix_len for row in self.rows)
@@ -115,6 +118,7 @@ class PrefixPlan:
         # The fresh path's positions over the whole prompt (see the module docstring).
         extra["position_ids"] = backend.model._prepare_position_ids_for_generation(input_ids, position_kwargs)
         extra["cache"] = self._batched_cache(n_max)
+        self.load_ms = (time.perf_counter() - began) * 1000 - self.build_ms
         return {"input_ids": input_ids, "attention_mask": attention_mask}, extra
 
     # -- states --------------------------------------------------------------------------
