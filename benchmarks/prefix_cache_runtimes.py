@@ -69,10 +69,10 @@ def llamacpp(backend, refs, candidates, rubrics) -> dict:
         cache = PrefixStateCache(store)
         cached, prefix_ms = _timed(lambda: run(packages, cache))
         bytes_on_disk = store.prefixes.stats()["bytes"]
-    candidate_only_ms = sum(g.timings_ms["total"] - g.timings_ms["prefix_load"] for g in cached[1:])
+    candidate_only_ms = sum(g.timings_ms["total"] - g.timings_ms.get("prefix_load", 0.0) for g in cached[1:])
     # The first prefix call builds the state; the rest reuse it: compare like with like.
     per_hit = (prefix_ms - cached[0].timings_ms["total"]) / max(1, len(cached) - 1)
-    prefix_tokens = max(g.cached_tokens for g in cached)
+    prefix_tokens = max(g.prefix_tokens_reused for g in cached)
     return {
         "fresh_ms": round(fresh_ms, 1),
         "package_ms": round(package_ms, 1),
@@ -82,7 +82,7 @@ def llamacpp(backend, refs, candidates, rubrics) -> dict:
         "package_over_prefix": round(package_ms / prefix_ms, 3),
         "fresh_over_prefix": round(fresh_ms / prefix_ms, 3),
         "prefix_hit_over_candidate_only": round(per_hit / (candidate_only_ms / max(1, len(cached) - 1)), 3),
-        "prefix_hits": sum(g.cached_tokens > 0 for g in cached),
+        "prefix_hits": sum(g.prefix_tokens_reused > 0 for g in cached),
         "prefix_tokens": prefix_tokens,
         "prefix_bytes_per_token": round(bytes_on_disk / prefix_tokens, 1) if prefix_tokens else None,
         "tokens_equal": all(a.token_ids == b.token_ids == c.token_ids for a, b, c in zip(fresh, plain, cached)),

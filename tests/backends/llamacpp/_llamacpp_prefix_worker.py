@@ -33,7 +33,7 @@ def run(backend, request):
     after = (rt.decoded_tokens, rt.image_decodes, rt.encode_calls, rt.state_restores)
     decoded, image_decodes, encodes, restores = (a - b for a, b in zip(after, before))
     return {
-        "tokens": g.token_ids, "logits": g.logits, "prompt_tokens": g.prompt_tokens, "cached_tokens": g.cached_tokens,
+        "tokens": g.token_ids, "logits": g.logits, "prompt_tokens": g.prompt_tokens, "cached_tokens": g.prefix_tokens_reused,
         "decoded": decoded, "image_decodes": image_decodes, "encodes": encodes, "restores": restores,
     }
 

@@ -55,3 +55,27 @@ def test_answer_tokens_are_each_words_first_token(gguf):
     assert backend.runtime.tokenize("yes", False)[0] == yes
     assert backend.runtime.tokenize("no", False)[0] == no
     assert yes != no
+
+
+def test_a_stored_prefix_state_gives_the_same_score(gguf, photos, tmp_path):
+    """A references-first yes/no prompt restores its prefix state and scores exactly as without it."""
+    from refsight.backends.base import GenerationRequest
+    from refsight.judge.prompts import reference_prefix
+    from refsight.prefixes import PrefixStateCache
+    from refsight.store import open_store
+
+    backend = gguf("tiny-qwen2-vl-gguf")
+    packages = backend.encode([photos[r] for r in REFS])
+    prefix = reference_prefix(packages)
+
+    def request(criterion, cache):
+        segments = [*prefix, "Candidate:", photos["rocket"], f"\nDoes the candidate show {criterion}? Answer yes or no."]
+        return GenerationRequest(segments, max_new_tokens=1, prefix_segments=len(prefix), prefix_cache=cache)
+
+    with open_store(tmp_path / "store") as store:
+        cache = PrefixStateCache(store)
+        plain = backend.score_yes_no([request(c, None) for c in CRITERIA])
+        before = backend.runtime.state_restores
+        cached = backend.score_yes_no([request(c, cache) for c in CRITERIA])
+        assert backend.runtime.state_restores - before == len(CRITERIA) - 1  # the first builds the state
+    assert cached == plain

@@ -352,13 +352,13 @@ class LlamaCppBackend(Backend):
                 "encode": encode_ms,
                 "generate": total_ms - encode_ms,
                 "total": total_ms,
-                # Loading the reference prefix's state (0 without one): the rest is the request's own work.
-                "prefix_load": plan.restore_ms if plan is not None else 0.0,
+                # Building or loading the reference prefix's state (as the HF backend reports them).
+                **({"prefix_build": plan.build_ms, "prefix_load": plan.restore_ms} if plan is not None else {}),
             },
             prompt_tokens=counts[0],
             image_tokens=counts[1:],
             finish_reason=finish,
-            cached_tokens=plan.prefix_tokens if plan is not None and plan.outcome == "hit" else 0,
+            prefix_tokens_reused=plan.prefix_tokens if plan is not None and plan.outcome == "hit" else 0,
         )
 
     # ----------------------------------------------------------------- scoring
