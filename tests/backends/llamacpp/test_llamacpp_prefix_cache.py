@@ -173,3 +173,22 @@ def test_no_kv_cache_opt_out_and_fresh_images_build_no_state(small, photos):
     fresh = run(backend, judge_request([photos[r] for r in REFS[:2]], photos["rocket"], RUBRICS[0], cache))
     assert cache.states == {} and fresh["restores"] == 0
     assert fresh["tokens"] == plain["tokens"]
+
+
+def test_compare_reuses_the_prefix_by_default_and_no_kv_cache_opts_out(gguf, photos, tmp_path):
+    """Engine.compare on llama.cpp: a second rubric is served from stored prefix states, same verdicts as without."""
+    from refsight import Engine
+
+    gguf("tiny-qwen2-vl-gguf")
+    with Engine(tmp_path / "store", model="tiny-qwen2-vl-gguf") as engine:
+        for name in REFS[:2]:
+            engine.add(photos[name].image, ref_id=name)
+        kwargs = dict(ref_ids=list(REFS[:2]), attributes=[], evidence_max_chars=16)
+        engine.compare(photos["rocket"].image, criteria=RUBRICS[0], **kwargs)
+        built = engine.stats()
+        assert built.prefix_misses == 2 and built.prefix_hits == 0  # one state per reference
+        reused = engine.compare(photos["rocket"].image, criteria=RUBRICS[1], **kwargs).to_dict()
+        assert engine.stats().prefix_hits == 2
+        plain = engine.compare(photos["rocket"].image, criteria=RUBRICS[1], use_kv_cache=False, **kwargs).to_dict()
+        assert engine.stats().prefix_hits == 2 and engine.stats().prefix_misses == 2  # opted out: not asked
+    assert [r["criteria"] for r in reused["results"]] == [r["criteria"] for r in plain["results"]]
