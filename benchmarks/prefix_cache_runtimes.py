@@ -59,6 +59,7 @@ def llamacpp(backend, refs, candidates, rubrics) -> dict:
 
     packages = backend.encode(refs)
     work = [(c, r) for c in candidates for r in rubrics]
+    backend.generate([_request(packages, candidates[0], "warm-up", None)])  # first-call costs out of the figures
 
     def run(references, cache):
         return [backend.generate([_request(references, c, r, cache)])[0] for c, r in work]
