@@ -123,14 +123,15 @@ def vllm(backend, refs, candidates, rubrics) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
+    """Parse ``argv``, run, print the JSON line and return it as a dict."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-qwen2-vl-gguf")
     parser.add_argument("--mmproj", default=None)
     parser.add_argument("--encoder", default=None, help="vllm: the refsight model that encodes for the server")
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--refs", type=int, default=4)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     from refsight.backends.registry import get_backend
     from refsight.images import load_image
@@ -144,12 +145,13 @@ def main() -> None:
     candidates = [load_image(load_sample(n, (args.size, args.size - 28))) for n in CANDIDATES]
     runtime = "vllm" if args.model.startswith("vllm:") else "llamacpp"
     figures = (vllm if runtime == "vllm" else llamacpp)(backend, refs, candidates, RUBRICS)
-    print(json.dumps({
+    line = {
         "benchmark": "prefix_cache_runtimes", "runtime": runtime, "model": args.model, "size": args.size,
         "references": len(refs), "rubrics": len(RUBRICS), "candidates": len(candidates),
         "random_weights": bool(backend.random_weights), **figures,
-    }))
-    backend.close()
+    }
+    print(json.dumps(line))
+    return line
 
 
 if __name__ == "__main__":
