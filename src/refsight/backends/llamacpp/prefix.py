@@ -111,6 +111,7 @@ class PrefixPlan:
 
     def restore(self, runtime: LlamaRuntime, split: PrefixSplit) -> bool:
         """Load the stored state of ``split`` into the cleared context; False (evaluate it instead) on a miss."""
+        began = time.perf_counter()  # the store's read (memory or disk) counts as loading too
         found = self.states.get(split.key)
         if found is None:
             self.outcome = "miss"
@@ -124,7 +125,6 @@ class PrefixPlan:
             self.states.discard(split.key)  # a key collision or a tampered entry: never a wrong state
             self.outcome = "rebuilt"
             return False
-        began = time.perf_counter()
         try:
             runtime.restore_state(_as_uint8(state))
         except NativeError:
