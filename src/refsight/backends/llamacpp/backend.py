@@ -11,6 +11,11 @@ request's JSON schema when there is one (:mod:`.grammar`). Each token's text lea
 the loop as it is sampled (:meth:`LlamaCppBackend.generate_stream`), stop strings cut
 the answer and a set stop event ends it before the next token.
 
+A request naming its reference prefix (``prefix_segments``, with a ``prefix_cache``)
+restores llama.cpp's sequence state after that prefix instead of evaluating it
+(:mod:`.prefix`); :meth:`LlamaCppBackend.score_yes_no` scores P("yes") from the logits
+after a prompt evaluated the same way.
+
 Runtime failures become refsight errors here and only here (:func:`_native_errors`).
 """
 

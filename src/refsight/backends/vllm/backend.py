@@ -28,6 +28,12 @@ each content delta goes to ``on_text`` as it arrives, and a set stop event close
 connection, which makes vLLM abort the request. Every :class:`~refsight.backends.sampling.Sampling`
 field passes through under its OpenAI name (greedy, ``temperature`` 0, by default).
 ``prompt_tokens`` is vLLM's usage; ``image_tokens`` is prod(grid) / merge² per image.
+
+The reference-prefix KV cache is vLLM's own automatic prefix caching: references come
+first with their package keys as uuids, so a later rubric over the same references
+reuses their KV blocks inside the server (:meth:`VLLMBackend.prefix_cache_stats` reads
+the hit rate from ``/metrics``). :meth:`VLLMBackend.score_yes_no` (the reranker) reads
+P("yes") from vLLM's raw log-probabilities of the next token.
 """
 
 from __future__ import annotations
