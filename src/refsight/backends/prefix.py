@@ -45,8 +45,9 @@ PREFIX_FORMAT_VERSION = 1
 class PrefixState:
     """A language model's state after a prompt prefix.
 
-    ``tensors`` are torch tensors on the CPU (or bytes-like objects, kept as one ``uint8``
-    tensor); ``meta`` is JSON-ready (the backend's own layout facts: layers, heads ...);
+    ``tensors`` are torch tensors on the CPU, or bytes-like objects (a llama.cpp sequence state),
+    stored as a ``uint8`` tensor: :meth:`PrefixCache.get` always returns torch tensors (a blob
+    comes back as ``uint8``: ``bytes(t.numpy())``); ``meta`` is JSON-ready (the backend's own layout facts: layers, heads ...);
     ``tokens`` the prefix length in tokens; ``build_ms`` what computing it cost (counted as
     saved on every hit).
     """
