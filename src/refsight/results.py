@@ -230,5 +230,8 @@ class StoreStats:
     runtime_prefix_cache: dict[str, dict[str, float]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields."""
-        return asdict(self)
+        """JSON-ready fields (``runtime_prefix_cache`` only when a loaded backend reports one)."""
+        out = asdict(self)
+        if out["runtime_prefix_cache"] is None:
+            del out["runtime_prefix_cache"]
+        return out
