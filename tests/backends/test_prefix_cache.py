@@ -215,7 +215,8 @@ def test_one_batch_mixes_shared_and_different_prefixes_and_rows_without_one(load
         cache = PrefixStateCache(store)
 
         def batch(c):
-            rows = _requests(refs[:2], candidate, RUBRICS[:2], c)  # two rubrics share one prefix
+            rows = _requests(refs[:2], candidate, RUBRICS[:2], c)  # two rubrics share one prefix ...
+            rows += _requests(refs[:2], refs[2], RUBRICS[2:], c)  # ... with a third row: another candidate
             rows += _requests(refs[2:], candidate, RUBRICS[2:], c)  # another prefix, shorter
             rows.append(GenerationRequest(["Describe", candidate, "briefly."], max_new_tokens=MAX_NEW_TOKENS))
             return rows
@@ -227,8 +228,9 @@ def test_one_batch_mixes_shared_and_different_prefixes_and_rows_without_one(load
     for f, b, s in zip(fresh, built, served):
         assert f.token_ids == b.token_ids == s.token_ids
         assert max(_max_diff(f.logits, b.logits), _max_diff(f.logits, s.logits)) <= LOGITS_BOUND
-    assert [g.prefix_tokens_reused > 0 for g in served] == [True, True, True, False]
-    assert served[0].prefix_tokens_reused == served[1].prefix_tokens_reused != served[2].prefix_tokens_reused
+    assert [g.prefix_tokens_reused > 0 for g in served] == [True, True, True, True, False]
+    assert served[0].prefix_tokens_reused == served[1].prefix_tokens_reused == served[2].prefix_tokens_reused
+    assert served[2].prefix_tokens_reused != served[3].prefix_tokens_reused
 
 
 def test_without_a_prefix_cache_nothing_is_kept(load, photos, tmp_path):

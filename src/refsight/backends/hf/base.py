@@ -583,14 +583,14 @@ class HFBackend(Backend):
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else (eos_ids or [0])[0]
         decode = lambda tokens: self.tokenizer.decode(tokens, skip_special_tokens=True)  # noqa: E731
         plan = None
-        if any(r.prefix_cache is not None for r in requests):
-            from .prefix_cache import plan_prefixes
-
-            plan = plan_prefixes(self, rows, requests, texts)
         began = time.perf_counter()
         with runtime_errors(
             self.name, GenerationError, "generation failed", device=self.device, dtype=self.dtype_name
         ), torch.inference_mode():
+            if any(r.prefix_cache is not None for r in requests):
+                from .prefix_cache import plan_prefixes
+
+                plan = plan_prefixes(self, rows, requests, texts)
             if plan is not None:
                 # Reference prefixes from their stored states: only the suffixes are prefilled.
                 encoded, extra = plan.inputs()
