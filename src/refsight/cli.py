@@ -193,6 +193,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             ref_ids=args.ref,
             candidate=args.image,
             use_cache=not args.no_cache,
+            use_kv_cache=not args.no_kv_cache,
             max_new_tokens=args.max_new_tokens,
         )
     data = result.to_dict()
@@ -323,6 +324,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             recall_k=args.recall_k,
             reranker=args.reranker,
             use_cache=not args.no_cache,
+            use_kv_cache=not args.no_kv_cache,
             force_vlm=args.force_vlm,
             attributes=[] if args.no_attributes else ["imagenet"] + (["vlm"] if args.vlm_attributes else []),
         )
@@ -466,6 +468,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image", metavar="CANDIDATE", help="a fresh candidate image")
     p.add_argument("--prompt", required=True)
     p.add_argument("--no-cache", action="store_true", help="re-encode the references from their kept images")
+    p.add_argument(
+        "--no-kv-cache", action="store_true", help="prefill the references' prompt prefix afresh (no stored KV state)"
+    )
     p.add_argument("--max-new-tokens", type=int, default=64)
     p = add("compare", cmd_compare, "judge a candidate against references, criterion by criterion", model=True)
     p.add_argument("candidate", metavar="CANDIDATE")
@@ -489,6 +494,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--embedder", default=None, metavar="NAME", help=embedder_help)
     p.add_argument("--criteria", required=True, metavar="TEXT|@FILE", help="the rubric, or @file (text, JSON, YAML)")
     p.add_argument("--no-cache", action="store_true", help="re-encode the references (same verdicts, other timings)")
+    p.add_argument(
+        "--no-kv-cache", action="store_true", help="prefill the references' prompt prefix afresh (same verdicts, slower)"
+    )
     p.add_argument("--force-vlm", action="store_true", help="send every criterion to the VLM, none to the sidecars")
     p.add_argument("--no-attributes", action="store_true", help="use no attribute sidecar")
     p.add_argument("--vlm-attributes", action="store_true", help="also fill the VLM attribute sidecar")

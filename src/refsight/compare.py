@@ -59,6 +59,8 @@ class CompareOptions:
     recall_k: int | None = None
     reranker: str | Reranker = "vlm"
     use_cache: bool = True
+    #: reuse the language model's state after the reference prefix (needs ``use_cache``)
+    use_kv_cache: bool = True
     force_vlm: bool = False
     attributes: Sequence[str] = ("imagenet",)
     evidence_max_chars: int | None = None
@@ -161,6 +163,8 @@ def run_compare(engine: Engine, candidate: ImageSource, options: CompareOptions,
                     image, candidate_visual, attributes, backend,
                 )
         extra = {} if options.evidence_max_chars is None else {"evidence_max_chars": options.evidence_max_chars}
+        if options.use_cache and options.use_kv_cache:
+            extra["prefix_cache"] = engine.prefixes
         judge = Judge(backend, force_vlm=options.force_vlm, **extra)
         with timer("generate"):
             results = judge.judge(

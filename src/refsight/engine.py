@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from .backends.base import Backend, GenerationRequest
 from .backends.options import BackendOptions
+from .backends.prefix import reusable_prefix
 from .backends.sampling import Sampling, check_supported
 from .backends.turns import plan_turns
 from .config import default_model
@@ -35,18 +36,11 @@ from .errors import InvalidInputError
 from .images import ImageInput, ImageSource, IntakeLimits, load_image
 from .maintenance import Maintenance
 from .packages import CachedPackage, PackageCache, holding_packages
+from .prefixes import PrefixStateCache
 from .references import ReferenceBook, ReferenceSegment, load_kept_image, source_label
 from .results import (
-    AddFailure,
-    AddResult,
-    CompareResult,
-    GenerateResult,
-    IndexReport,
-    PackageState,
-    PruneReport,
-    SearchResult,
-    StoreStats,
-    VerifyReport,
+    AddFailure, AddResult, CompareResult, GenerateResult, IndexReport, PackageState, PruneReport, SearchResult,
+    StoreStats, VerifyReport,
 )
 from .retrieval.embedders import Embedder
 from .retrieval.store_index import StoreIndex
@@ -115,13 +109,12 @@ class Engine:
         kept = partial(load_kept_image, self.store.catalog, limits=limits)
         #: The parts (see the module docstring); the methods below are the public API.
         self.packages = PackageCache(self.store, kept)
+        self.prefixes = PrefixStateCache(self.store)  # reference-prefix KV states, handed to backends per request
         self.book = ReferenceBook(self.store, self.packages, limits, self._progress_bar)
         self.retrieval = StoreIndex(
-            self.store.derived_root,
-            self.store.catalog,
+            self.store.derived_root, self.store.catalog,
             lambda row: kept(row.image_sha256, label=f"reference {row.ref_id}"),
-            embedder=embedder,
-            progress=self._progress_bar,
+            embedder=embedder, progress=self._progress_bar,
         )
         self.book.on_remove(self.retrieval.forget)
         self.maintenance = Maintenance(self.store, self.packages, self.book, self._progress_bar)
@@ -227,8 +220,10 @@ class Engine:
     def generate(
         self, prompt: str, *, ref_ids: Sequence[str] = (), candidate: ImageSource | None = None,
         use_cache: bool = True, max_new_tokens: int = 64, model: str | None = None, namespace: str | None = None,
+        use_kv_cache: bool = True,
     ) -> GenerateResult:
-        """Generate from references (cached packages unless ``use_cache=False``) plus an optional fresh candidate."""
+        """Generate from references (cached packages unless ``use_cache=False``; their prefix state unless
+        ``use_kv_cache=False``) plus an optional fresh candidate."""
         if not prompt or not prompt.strip():
             raise InvalidInputError("prompt", "the prompt is empty")
         segments: list[Any] = []
@@ -238,7 +233,10 @@ class Engine:
             # Loaded here: in chat() a plain string is text, so a path must not reach it as one.
             segments += ["Candidate:", load_image(candidate, limits=self.limits, name=source_label(candidate))]
         segments.append(prompt)
-        return self.chat(segments, use_cache=use_cache, max_new_tokens=max_new_tokens, model=model, namespace=namespace)
+        return self.chat(
+            segments, use_cache=use_cache, max_new_tokens=max_new_tokens, model=model, namespace=namespace,
+            use_kv_cache=use_kv_cache,
+        )
 
     @holding_packages
     def chat(
@@ -246,6 +244,7 @@ class Engine:
         max_new_tokens: int = 64, json_schema: dict[str, Any] | None = None, model: str | None = None,
         namespace: str | None = None, sampling: Sampling | None = None, turns: Sequence[tuple[str, int]] | None = None,
         on_text: Callable[[str], None] | None = None, stop_event: threading.Event | None = None,
+        use_kv_cache: bool = True,
     ) -> GenerateResult:
         """Generate from segments in order: text (``str``), :class:`ReferenceSegment`, or an image.
 
@@ -254,13 +253,16 @@ class Engine:
         ``references_cached`` has one flag per image. ``sampling`` (default greedy) may set only
         fields the backend honours; ``turns`` splits the segments into chat turns (``(role,
         count)``, see :func:`~refsight.backends.turns.plan_turns`); ``on_text`` streams the answer
-        as it is generated; a set ``stop_event`` ends it early (``finish_reason="cancelled"``).
+        as it is generated; a set ``stop_event`` ends it early (``finish_reason="cancelled"``). When the
+        segments open with references, the language model's state after them is reused across
+        requests (:mod:`refsight.prefixes`) unless ``use_kv_cache=False``.
         """
         namespace = self._ns(namespace)
         backend, scope = self.backend(model), self.scope(namespace)
         sampling = sampling or Sampling()
         check_supported(sampling, backend.sampling_fields, backend.name)
         segments, turns = plan_turns(list(segments), turns, backend.supports_turns)
+        prefix = reusable_prefix(segments, lambda s: isinstance(s, ReferenceSegment)) if use_cache and use_kv_cache else 0
         start = time.perf_counter()
         resolved: list[Any] = []
         cached: list[bool] = []
@@ -281,7 +283,8 @@ class Engine:
             encode_ms += visual.encode_ms
         load_ms = (time.perf_counter() - start) * 1000 - encode_ms
         request = GenerationRequest(
-            segments=resolved, max_new_tokens=max_new_tokens, json_schema=json_schema, sampling=sampling, turns=turns
+            segments=resolved, max_new_tokens=max_new_tokens, json_schema=json_schema, sampling=sampling, turns=turns,
+            prefix_segments=prefix, prefix_cache=self.prefixes if prefix else None,
         )
         if on_text is not None:
             generation = backend.generate_stream(request, on_text=on_text, stop_event=stop_event)
@@ -327,6 +330,7 @@ class Engine:
         attributes: Sequence[str] = ("imagenet",), evidence_max_chars: int | None = None,
         model: str | None = None, namespace: str | None = None, recall: str | None = None,
         rerank: int | None = None, reranker: str | Reranker = "vlm", recall_k: int | None = None,
+        use_kv_cache: bool = True,
     ) -> CompareResult:
         """Judge ``candidate`` against references, criterion by criterion (see :mod:`refsight.compare`).
 
@@ -339,7 +343,8 @@ class Engine:
         score). References whose stored attribute records settle a required
         criterion as a mismatch are dropped first (``stage: "filtered"``). The candidate is
         encoded once (memory only); references come from their durable packages
-        (``use_cache=False`` sends every image as pixels). Criteria the attribute sidecars
+        (``use_cache=False`` sends every image as pixels; ``use_kv_cache=False`` prefills every
+        reference prefix afresh). Criteria the attribute sidecars
         (``"imagenet"``, ``"vlm"``) settle are answered from them unless ``force_vlm``.
         ``evidence_max_chars`` bounds each evidence string. Results are sorted by score.
         """
@@ -348,7 +353,7 @@ class Engine:
         options = CompareOptions(
             criteria=criteria, ref_ids=tuple(ref_ids), top_k=top_k, query=query, recall=recall, rerank=rerank,
             reranker=reranker, recall_k=recall_k, use_cache=use_cache, force_vlm=force_vlm, attributes=tuple(attributes),
-            evidence_max_chars=evidence_max_chars, model=model,
+            evidence_max_chars=evidence_max_chars, model=model, use_kv_cache=use_kv_cache,
         )
         return run_compare(self, candidate, options, self._ns(namespace))
 
@@ -364,7 +369,8 @@ class Engine:
     def stats(self, *, namespace: str | None = None, tenant_view: bool = False, all_namespaces: bool = False) -> StoreStats:
         """Cache statistics (``tenant_view``: only the namespace's packages, no store-wide counters;
         ``all_namespaces``: references counted across every namespace)."""
-        return self.maintenance.stats(namespace=None if all_namespaces else self._ns(namespace), tenant_view=tenant_view)
+        return self.maintenance.stats(namespace=None if all_namespaces else self._ns(namespace), tenant_view=tenant_view,
+                                      backends=() if tenant_view else list(self._backends.values()))
 
     def verify(self, *, repair: bool = False, model: str | None = None) -> VerifyReport:
         """Check every package; with ``repair``, re-encode corrupt ones from the kept images with ``model``."""

@@ -99,10 +99,12 @@ class Maintenance:
                 )
                 bar.update(1)
 
-    def stats(self, *, namespace: str | None, tenant_view: bool = False) -> StoreStats:
+    def stats(self, *, namespace: str | None, tenant_view: bool = False, backends: Sequence[Backend] = ()) -> StoreStats:
         """Statistics of the store; ``tenant_view`` counts only the namespace's packages and hides the counters.
 
-        ``namespace=None`` counts the references of every namespace.
+        ``namespace=None`` counts the references of every namespace. ``backends`` (those already
+        loaded; none is loaded for this) that keep a prefix cache of their own (a vLLM server's
+        automatic prefix caching: ``prefix_cache_stats()``) report it in ``runtime_prefix_cache``.
         """
         if tenant_view and namespace is not None:
             refs = self.references.list(namespace=namespace)
@@ -118,6 +120,7 @@ class Maintenance:
         tiers = self.store.packages.tier_stats()
         counters = self.store.catalog.counters()
         local = self.store.local.stats()
+        prefixes = self.store.prefixes.stats()
         return StoreStats(
             references=self.store.catalog.count_references(namespace=namespace),
             packages=local["packages"],
@@ -133,6 +136,11 @@ class Maintenance:
             pruned=int(counters.get("pruned", 0)),
             tiers=tiers,
             replica=self.store.counters.totals() | {f"{tier}_hits": c["hits"] for tier, c in tiers.items()},
+            prefix_hits=int(counters.get("prefix_hits", 0)),
+            prefix_misses=int(counters.get("prefix_misses", 0)),
+            prefix_bytes=prefixes["bytes"],
+            prefix_ms_saved=round(float(counters.get("prefix_ms_saved", 0.0)), 3),
+            runtime_prefix_cache=_runtime_prefix_caches(backends),
         )
 
     def drift(
@@ -176,3 +184,17 @@ class Maintenance:
     def gc(self, **options: Any) -> dict[str, int]:
         """Remove what interrupted writes left (see :meth:`refsight.store.Store.gc`); counts by kind."""
         return self.store.gc(**options)
+
+
+def _runtime_prefix_caches(backends: Sequence[Backend]) -> dict[str, dict[str, float]] | None:
+    """backend name → its runtime's own prefix-cache figures (queries, hits, hit rate), for those that report one."""
+    out: dict[str, dict[str, float]] = {}
+    for backend in backends:
+        report = getattr(backend, "prefix_cache_stats", None)
+        if report is None:
+            continue
+        try:
+            out[backend.name] = report()
+        except RefsightError as e:  # a server gone away must not fail `stats`
+            out[backend.name] = {"error": str(e)}  # type: ignore[dict-item]
+    return out or None

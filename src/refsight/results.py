@@ -83,7 +83,8 @@ class GenerateResult:
     """The answer of ``generate``: text, tokens and where the time went.
 
     ``prompt_tokens`` counts the prompt (text and image tokens; 0 when the backend cannot
-    tell), ``cached_tokens`` the image tokens among them served from cached packages.
+    tell), ``cached_tokens`` the image tokens among them served from cached packages,
+    ``prefix_tokens_reused`` the prompt tokens served from a stored reference-prefix (KV) state.
     ``finish_reason``: ``"stop"``, ``"length"`` or ``"cancelled"``.
     """
 
@@ -96,6 +97,7 @@ class GenerateResult:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     finish_reason: str = "stop"
+    prefix_tokens_reused: int = 0
 
     @classmethod
     def of(
@@ -117,6 +119,7 @@ class GenerateResult:
             prompt_tokens=int(generation.prompt_tokens),
             cached_tokens=sum(n for n, hit in zip(image_tokens, references_cached) if hit) if paired else 0,
             finish_reason=finish,
+            prefix_tokens_reused=int(getattr(generation, "prefix_tokens_reused", 0) or 0),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -236,10 +239,20 @@ class StoreStats:
     #: encode_ms_saved, and hits per tier: ``memory_hits``, ``disk_hits``): with replicas
     #: sharing one catalog, what THIS replica did.
     replica: dict[str, float] | None = None
+    #: The KV prefix-state cache: states served, states built, bytes of states on disk, prefill time saved.
+    prefix_hits: int | None = None
+    prefix_misses: int | None = None
+    prefix_bytes: int | None = None
+    prefix_ms_saved: float | None = None
+    #: A runtime's own prefix cache, per loaded backend that keeps one (vLLM: prompt tokens queried, hit, hit rate).
+    runtime_prefix_cache: dict[str, dict[str, float]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields."""
-        return asdict(self)
+        """JSON-ready fields (``runtime_prefix_cache`` only when a loaded backend reports one)."""
+        out = asdict(self)
+        if out["runtime_prefix_cache"] is None:
+            del out["runtime_prefix_cache"]
+        return out
 
 
 @dataclass

@@ -45,7 +45,7 @@ def test_generate_from_cached_references_matches_the_fresh_path(tmp_path, real_p
 
     assert set(cached) == {
         "text", "tokens", "model", "random_weights", "references_cached", "timings_ms", "prompt_tokens", "cached_tokens",
-        "finish_reason",
+        "finish_reason", "prefix_tokens_reused",
     }
     assert cached["random_weights"] is True and cached["model"] == "tiny-qwen2-vl"
     assert cached["references_cached"] == [True, True, False]  # two references, then the fresh candidate

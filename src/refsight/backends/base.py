@@ -15,6 +15,7 @@ from typing import Any, Callable, ClassVar, Sequence, Union
 
 from ..images import ImageInput
 from ..package import EncoderFingerprint, VisualPackage
+from .prefix import PrefixCache
 from .sampling import Sampling
 
 __all__ = ["Backend", "Generation", "GenerationRequest", "Segment", "Sampling", "TextCallback", "ROLES"]
@@ -37,6 +38,11 @@ class GenerationRequest:
     ``turns``, when set, splits ``segments`` into chat turns: ``(role, count)`` pairs whose
     counts add up to ``len(segments)``; ``None`` is one user turn (the prompt every
     single-turn request has always had).
+
+    ``prefix_segments`` says how many leading segments depend only on the references (the
+    judge's and ``generate``'s reference prefix; 0: none). With a ``prefix_cache`` a backend
+    that can (``supports_prefix_cache``) reuses the language model's state after that prefix
+    (see :mod:`refsight.backends.prefix`); the answer is the same either way.
     """
 
     segments: list[Segment]
@@ -44,6 +50,8 @@ class GenerationRequest:
     json_schema: dict[str, Any] | None = None
     sampling: Sampling = field(default_factory=Sampling)
     turns: list[tuple[str, int]] | None = None
+    prefix_segments: int = 0
+    prefix_cache: PrefixCache | None = None
 
     def turn_segments(self) -> list[tuple[str, list[Segment]]]:
         """``(role, segments)`` per turn (one user turn when :attr:`turns` is None)."""
@@ -76,7 +84,8 @@ class Generation:
     and image tokens; 0 when the backend cannot tell) and ``image_tokens`` the tokens of
     each image in prompt order. ``finish_reason`` is ``"stop"`` (end of text or a stop
     string), ``"length"`` (``max_new_tokens`` reached) or ``"cancelled"`` (the stop event
-    was set); ``None`` when the backend does not say.
+    was set); ``None`` when the backend does not say. ``prefix_tokens_reused`` counts the prompt
+    tokens served from a reused prefix state (no prefill ran over them).
     """
 
     text: str
@@ -88,6 +97,7 @@ class Generation:
     prompt_tokens: int = 0
     image_tokens: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    prefix_tokens_reused: int = 0
 
 
 class Backend(abc.ABC):
@@ -103,6 +113,8 @@ class Backend(abc.ABC):
     supports_turns: ClassVar[bool] = False
     #: :meth:`generate_stream` yields text as it is generated (not once at the end).
     supports_streaming: ClassVar[bool] = False
+    #: Reuses ``GenerationRequest.prefix_cache`` states for the reference prefix.
+    supports_prefix_cache: ClassVar[bool] = False
     #: Images encoded per forward pass.
     batch_size: int = 4
     #: True when the weights are random (test and benchmark models).
@@ -182,6 +194,11 @@ class Backend(abc.ABC):
                 raise InvalidInputError(f"requests[{i}].max_new_tokens", "must be a positive integer")
             if not request.segments:
                 raise InvalidInputError(f"requests[{i}].segments", "a request needs at least one segment")
+            if (
+                isinstance(request.prefix_segments, bool) or not isinstance(request.prefix_segments, int)
+                or not 0 <= request.prefix_segments <= len(request.segments)
+            ):
+                raise InvalidInputError(f"requests[{i}].prefix_segments", "must be an integer in 0..len(segments)")
             if request.json_schema is not None and not isinstance(request.json_schema, dict):
                 raise InvalidInputError(f"requests[{i}].json_schema", "a JSON schema must be a dict")
             for j, segment in enumerate(request.segments):

@@ -41,6 +41,7 @@ _BUILTINS: dict[str, str] = {
     "tiny-qwen3-vl": "refsight.backends.tiny:load_tiny",
     "tiny-smolvlm": "refsight.backends.tiny:load_tiny",
     "shape-qwen2-vl-2b": "refsight.backends.tiny:load_tiny",
+    "shape-qwen2-vl-2b-full": "refsight.backends.tiny:load_tiny",
     "shape-smolvlm-256m": "refsight.backends.tiny:load_tiny",
     # llama.cpp (GGUF) built-ins: need the ``llamacpp`` extra
     "tiny-qwen2-vl-gguf": "refsight.backends.llamacpp:load_builtin",

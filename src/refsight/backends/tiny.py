@@ -43,6 +43,8 @@ class _Spec:
     #: "module:function" called as ``f(directory, tokenizer, spec)`` after the save, for
     #: files another runtime needs (vLLM: a chat template, a processor with a video part).
     finish: str | None = None
+    #: The dtype the weights are built and saved in (None: float32, as before this field existed).
+    save_dtype: str | None = None
 
 
 #: The language model of the tiny Qwen checkpoints (head dim 16; mrope sections sum to half of it),
@@ -114,6 +116,22 @@ TINY_MODELS: dict[str, _Spec] = {
         processor=dict(min_pixels=56 * 56, max_pixels=28 * 28 * 1280),
         extra={},
     ),
+    # Qwen2-VL-2B's whole shape: the vision tower and projector above and the real 28-layer language
+    # model (hidden 1536, MLP 8960, 12 heads, 2 KV heads, head dim 128), built and saved in bf16 (~4.4 GB),
+    # so benchmarks see the language model's true share. The vocabulary is the built-in tokenizer's
+    # (small), so only the embedding and LM-head matrices are smaller than the real model's.
+    "shape-qwen2-vl-2b-full": _Spec(
+        "qwen2_vl",
+        vision=dict(depth=32, embed_dim=1280, hidden_size=1536, num_heads=16, mlp_ratio=4, patch_size=14, spatial_merge_size=2),
+        text=dict(
+            hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+            max_position_embeddings=32768, rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
+        ),
+        processor=dict(min_pixels=56 * 56, max_pixels=28 * 28 * 1280),
+        extra={},
+        save_dtype="bfloat16",
+    ),
     # SmolVLM-256M's SigLIP tower (93M) and connector at full size; a one-layer language model.
     "shape-smolvlm-256m": _Spec(
         "smolvlm",
@@ -132,7 +150,7 @@ def _build_id(name: str) -> str:
     import transformers
 
     # A spec without a finish hook hashes as before the hook existed (same cache entries).
-    spec = {k: v for k, v in TINY_MODELS[name].__dict__.items() if k != "finish" or v}
+    spec = {k: v for k, v in TINY_MODELS[name].__dict__.items() if k not in ("finish", "save_dtype") or v}
     recipe = json.dumps(
         {"spec": spec, "seed": SEED, "build": BUILD_VERSION, "transformers": transformers.__version__},
         sort_keys=True,
@@ -206,9 +224,17 @@ def build_checkpoint(name: str, spec: _Spec, directory: Path, *, extra_tokens: t
     else:
         config, model_class, processor = _qwen_parts(spec, tokenizer)
     # A private generator state: building a model must not disturb the caller's RNG.
+    dtype = getattr(torch, spec.save_dtype) if spec.save_dtype else None
+    default = torch.get_default_dtype()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
-        model = model_class(config)
+        if dtype is not None:
+            # Built in that dtype from the start: a 2B model in float32 would need twice the memory.
+            torch.set_default_dtype(dtype)
+        try:
+            model = model_class(config)
+        finally:
+            torch.set_default_dtype(default)
     model.eval()
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=False

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence, Union
 
 from ..backends.base import Backend, GenerationRequest
+from ..backends.prefix import PrefixCache
 from ..errors import BackendError, InvalidInputError, ModelLoadError
 from ..images import ImageInput
 from ..package import VisualPackage
@@ -77,7 +78,9 @@ class Judge:
     stored ones); ``force_vlm`` sends every criterion to the VLM; ``max_new_tokens``
     caps generation (default: the schema's token budget, which never truncates);
     ``text_encoder`` matches criteria to attributes (default: all-MiniLM-L6-v2, loaded
-    only when there are records to match). ``vlm_calls`` counts generation requests sent.
+    only when there are records to match). ``prefix_cache`` (a
+    :class:`~refsight.backends.prefix.PrefixCache`) lets the backend reuse its state after the
+    reference prefix across rubrics and candidates. ``vlm_calls`` counts generation requests sent.
     """
 
     def __init__(
@@ -90,6 +93,7 @@ class Judge:
         text_encoder: Any = None,
         evidence_max_chars: int = DEFAULT_EVIDENCE_CHARS,
         thresholds: SettleThresholds = SettleThresholds(),
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         if max_new_tokens is not None and (not isinstance(max_new_tokens, int) or max_new_tokens < 1):
             raise InvalidInputError("max_new_tokens", f"must be a positive integer, not {max_new_tokens!r}")
@@ -101,6 +105,7 @@ class Judge:
         self.max_new_tokens = max_new_tokens
         self.evidence_max_chars = evidence_max_chars
         self.thresholds = thresholds
+        self.prefix_cache = prefix_cache
         self._text_encoder = text_encoder
         self._encoder_failed = False
         #: generation requests sent (first tries and retries)
@@ -226,7 +231,7 @@ class Judge:
             budget += _FREE_FORM_SLACK
         if self.max_new_tokens is not None:
             budget = min(budget, self.max_new_tokens)
-        return build_judge_request(
+        request = build_judge_request(
             [p.visual],
             candidate,
             p.criteria,
@@ -235,6 +240,8 @@ class Judge:
             json_schema=p.schema if p.constrained else None,
             retry_reason=p.reason,
         )
+        request.prefix_cache = self.prefix_cache
+        return request
 
     def _run(self, pending: list[_Pending], candidate: Visual, requests_per_ref: list[int]) -> None:
         todo = pending

@@ -88,7 +88,11 @@ def build_judge_request(
     if retry_reason:
         text += f"\nYour previous answer was rejected ({retry_reason}). Reply with the JSON object only."
     segments.append(text)
-    return GenerationRequest(segments=segments, max_new_tokens=max_new_tokens, json_schema=json_schema)
+    # The reference prefix (preamble and references) is the part a backend may reuse state for.
+    return GenerationRequest(
+        segments=segments, max_new_tokens=max_new_tokens, json_schema=json_schema,
+        prefix_segments=len(reference_prefix(references)),
+    )
 
 
 def build_attribute_request(

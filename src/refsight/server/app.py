@@ -183,7 +183,7 @@ def _add_routes(app: FastAPI, service: Service, pool: WorkPool, tenants: Tenants
             candidate = service.decode(data, "candidate")
             return service.compare(
                 namespace, candidate, criteria=body.criteria, ref_ids=tuple(body.ref_ids), top_k=body.top_k,
-                query=body.query, use_cache=body.use_cache, force_vlm=body.force_vlm,
+                query=body.query, use_cache=body.use_cache, use_kv_cache=body.use_kv_cache, force_vlm=body.force_vlm,
                 recall=body.recall, rerank=body.rerank, reranker=body.reranker,
             )
 

@@ -62,6 +62,9 @@ class CompareBody(BaseModel):
     )
     reranker: Literal["vlm", "embedding"] = Field("vlm", description="vlm: P(yes) in one forward pass; embedding: cosine")
     use_cache: bool = Field(True, description="false re-encodes the references (same verdicts, slower)")
+    use_kv_cache: bool = Field(
+        True, description="false prefills the references' prompt prefix afresh instead of reusing its stored KV state"
+    )
     force_vlm: bool = Field(False, description="send every criterion to the VLM, none to the attribute sidecars")
 
 

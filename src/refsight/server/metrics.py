@@ -57,7 +57,16 @@ class _CacheCollector:
             gauge = GaugeMetricFamily(f"refsight_replica_cache_{name}", f"Package lookups of this process {help_text}")
             gauge.add_metric([], float((stats.get("replica") or {}).get(name) or 0))
             yield gauge
+        for name, help_text in (
+            ("prefix_hits", "Requests whose reference prefix state was reused (no prefill over it)"),
+            ("prefix_misses", "Reference prefix states built (not found, or found corrupt)"),
+            ("prefix_ms_saved", "Milliseconds of reference prefill saved by prefix state hits"),
+        ):
+            metric = CounterMetricFamily(f"refsight_{name}", help_text)
+            metric.add_metric([], float(stats.get(name) or 0))
+            yield metric
         for name, key, help_text in (
+            ("refsight_prefix_bytes", "prefix_bytes", "Bytes of reference prefix states on local disk"),
             ("refsight_cache_max_package_bytes", "max_package_bytes", "Byte quota on packages (0: none)"),
             ("refsight_cache_bytes", "bytes", "Bytes of packages on local disk"),
             ("refsight_cache_packages", "packages", "Packages on local disk"),
@@ -68,6 +77,17 @@ class _CacheCollector:
                 gauge = GaugeMetricFamily(name, help_text)
                 gauge.add_metric([], float(stats[key] or 0))
                 yield gauge
+        runtimes = stats.get("runtime_prefix_cache") or {}
+        if runtimes:
+            # A runtime's own prefix cache (vLLM's automatic prefix caching), per loaded backend.
+            rate = GaugeMetricFamily(
+                "refsight_runtime_prefix_cache_hit_rate", "Prompt tokens served from the runtime's own prefix cache, as a share",
+                labels=["backend"],
+            )
+            for backend, figures in runtimes.items():
+                if isinstance(figures, dict) and "hit_rate" in figures:
+                    rate.add_metric([backend], float(figures["hit_rate"]))
+            yield rate
 
 
 def _tier_metrics(tiers: dict[str, dict[str, Any]]) -> Iterator[Any]:

@@ -30,6 +30,7 @@ from ._sqlite import DB_NAME, SCHEMA_VERSION, Database
 from .base import (
     COUNTER_NAMES,
     DEFAULT_NAMESPACE,
+    PREFIX_COUNTER_NAMES,
     Catalog,
     FingerprintUsage,
     PackageIndex,
@@ -47,6 +48,7 @@ from .lifecycle import enforce_quota, parse_bytes, prune
 from .local import LocalPackageStore, PackageRecord
 from .memory import MemoryPackageStore
 from .postgres import PgDatabase, is_catalog_url, redact_url
+from .prefixes import DEFAULT_PREFIX_DISK_BYTES, DEFAULT_PREFIX_MEMORY_BYTES, PrefixStore
 from .tiered import TieredPackageStore
 from .usage import PinnedKeys, UsageBuffer
 
@@ -73,6 +75,8 @@ __all__ = [
     "parse_bytes",
     "DEFAULT_NAMESPACE",
     "COUNTER_NAMES",
+    "PREFIX_COUNTER_NAMES",
+    "PrefixStore",
     "SCHEMA_VERSION",
     "DEFAULT_MEMORY_BYTES",
 ]
@@ -81,7 +85,8 @@ DEFAULT_MEMORY_BYTES = 512 * 1024 * 1024
 
 
 class Store:
-    """An opened store directory: ``packages`` (tiered), ``local``, ``memory``, ``catalog`` and ``counters``.
+    """An opened store directory: ``packages`` (tiered), ``local``, ``memory``, ``catalog``, ``counters``
+    and ``prefixes`` (the language model's reference-prefix states: memory LRU, then ``prefixes/`` on disk).
 
     Use as a context manager, or call :meth:`close`. Safe to open the same
     directory from several processes at once. ``counters`` buffers the cache
@@ -97,6 +102,7 @@ class Store:
     def __init__(
         self, root: Path, database: Database | PgDatabase, memory_bytes: int, *, derived_root: Path | None = None,
         redis: PackageStore | None = None, max_package_bytes: int | None = None,
+        prefix_memory_bytes: int = DEFAULT_PREFIX_MEMORY_BYTES, prefix_disk_bytes: int = DEFAULT_PREFIX_DISK_BYTES,
     ) -> None:
         self.root = root
         self.derived_root = derived_root or root
@@ -111,6 +117,11 @@ class Store:
         self.redis = redis
         self.packages = TieredPackageStore([self.memory, *([redis] if redis is not None else []), self.local])
         self.max_package_bytes = None if max_package_bytes is None else parse_bytes(max_package_bytes)
+        # Prefix states are derived data of one replica's language model: kept beside its retrieval index.
+        self.prefixes = PrefixStore(
+            self.derived_root, memory_bytes=prefix_memory_bytes, disk_bytes=prefix_disk_bytes,
+            on_corrupt=lambda key, reason: self.counters.add(prefix_corrupt=1),
+        )
 
     def enforce_quota(self, *, protect: tuple[str, ...] = ()) -> QuotaReport | None:
         """Evict least recently used packages down to ``max_package_bytes`` (None: no quota, or under it)."""
@@ -151,6 +162,7 @@ class Store:
         self.memory.clear()
         if self.redis is not None:
             self.redis.close()
+        self.prefixes.clear_memory()
         self._db.close()
 
     def __enter__(self) -> "Store":

@@ -80,6 +80,10 @@ def prepare(tensors: Mapping[str, Any]) -> list[tuple[str, Any]]:
     for name, tensor in tensors.items():
         if not isinstance(name, str) or not name or name == "__metadata__":
             raise SafetensorsFormatError(f"invalid tensor name {name!r}")
+        if isinstance(tensor, (bytes, bytearray, memoryview)):
+            # An opaque blob (a llama.cpp sequence state) is kept as one uint8 tensor.
+            data = bytearray(memoryview(tensor).cast("B"))
+            tensor = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
         if not isinstance(tensor, torch.Tensor):
             raise SafetensorsFormatError(f"tensor {name!r} is a {type(tensor).__name__}, not a torch.Tensor")
         if tensor.dtype not in to_code:

@@ -28,12 +28,16 @@ __all__ = [
     "validate_ref_id",
     "DEFAULT_NAMESPACE",
     "COUNTER_NAMES",
+    "PREFIX_COUNTER_NAMES",
 ]
 
 DEFAULT_NAMESPACE = "default"
 #: Counters every store keeps across processes (``quota_evictions``: packages the byte quota
 #: evicted from disk; ``pruned``: packages ``prune`` removed).
 COUNTER_NAMES = ("hits", "misses", "evictions", "encode_ms_saved", "quota_evictions", "quota_evicted_bytes", "pruned")
+#: Counters of the KV prefix-state cache (see :mod:`refsight.prefixes`); kept apart so the package
+#: counters read exactly as before.
+PREFIX_COUNTER_NAMES = ("prefix_hits", "prefix_misses", "prefix_ms_saved", "prefix_corrupt")
 
 _REF_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+=-]{0,127}")
 

@@ -60,6 +60,7 @@ def collect_garbage(store: Store, *, grace_s: float = DEFAULT_GRACE_S) -> dict[s
     temps, orphans = _image_files(store, cutoff)
     counts["temp_files"] += temps
     counts["orphan_image_files"] += orphans
+    counts["temp_files"] += store.prefixes.gc(temp_age_s=grace_s)  # prefix states' killed writes
     return counts
 
 
@@ -146,7 +147,7 @@ def sweep_stale_temps(root: Path, *, older_than_s: float = STARTUP_TEMP_AGE_S) -
     except OSError:
         return 0  # a read-only or full store: nothing to sweep into anyway
     removed = 0
-    patterns = (("packages", f"*/*/{TEMP_PREFIX}*"), ("images", f"*/{TEMP_PREFIX}*"))
+    patterns = (("packages", f"*/*/{TEMP_PREFIX}*"), ("images", f"*/{TEMP_PREFIX}*"), ("prefixes", f"*/{TEMP_PREFIX}*"))
     for folder, pattern in patterns:
         base = root / folder
         if not base.is_dir():

@@ -143,6 +143,8 @@ class HFBackend(Backend):
     sampling_fields: ClassVar[frozenset[str]] = frozenset(SAMPLING_FIELDS)
     supports_turns: ClassVar[bool] = True
     supports_streaming: ClassVar[bool] = True
+    #: Reuses reference-prefix states (past key/values) across requests: :mod:`.prefix_cache`.
+    supports_prefix_cache: ClassVar[bool] = True
     #: Short family name, part of the fingerprint ("qwen2_vl", "qwen3_vl", "smolvlm").
     family: ClassVar[str] = ""
     #: ``config.model_type`` values this family serves.
@@ -580,12 +582,23 @@ class HFBackend(Backend):
         eos_ids = self._eos_ids()
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else (eos_ids or [0])[0]
         decode = lambda tokens: self.tokenizer.decode(tokens, skip_special_tokens=True)  # noqa: E731
+        plan = None
         began = time.perf_counter()
         with runtime_errors(
             self.name, GenerationError, "generation failed", device=self.device, dtype=self.dtype_name
         ), torch.inference_mode():
-            encoded = self.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
-            encoded = {k: _to_device(v, self.device) for k, v in encoded.items()}
+            if any(r.prefix_cache is not None for r in requests):
+                from .prefix_cache import plan_prefixes
+
+                plan = plan_prefixes(self, rows, requests, texts)
+            if plan is not None:
+                # Reference prefixes from their stored states: only the suffixes are prefilled.
+                encoded, extra = plan.inputs()
+            else:
+                encoded = self.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
+                encoded = {k: _to_device(v, self.device) for k, v in encoded.items()}
+                # Packages are stored on the CPU; their tensors join the prompt on the model's device.
+                extra = _to_device(self.multimodal_inputs(packages, encoded["input_ids"]), self.device) if packages else {}
             prompt_len = encoded["input_ids"].shape[1]
             processors = [logits_processor] if logits_processor is not None else []
             # Only when some row asks for it: greedy rows without penalties keep the plain path.
@@ -601,8 +614,6 @@ class HFBackend(Backend):
             cancel = CancelOnEvent(stop_event) if stop_event is not None else None
             if cancel is not None:
                 criteria.append(cancel)
-            # Packages are stored on the CPU; their tensors join the prompt on the model's device.
-            extra = _to_device(self.multimodal_inputs(packages, encoded["input_ids"]), self.device) if packages else {}
             output = self.model.generate(
                 input_ids=encoded["input_ids"],
                 attention_mask=encoded["attention_mask"],
@@ -642,6 +653,8 @@ class HFBackend(Backend):
             results.append({
                 "tokens": new, "logits": logits, "text": text, "finish_reason": finish,
                 "prompt_tokens": int(encoded["attention_mask"][b].sum()),
+                "prefix_tokens_reused": plan.reused_tokens(b) if plan is not None else 0,
+                "prefix_ms": {"prefix_build": plan.build_ms, "prefix_load": plan.load_ms} if plan is not None else {},
             })
         return results, lm_ms
 
@@ -654,10 +667,14 @@ class HFBackend(Backend):
             model=self.name,
             random_weights=self.random_weights,
             logits=out["logits"],
-            timings_ms={"encode": encode_ms, "generate": lm_ms, "total": encode_ms + lm_ms},
+            timings_ms={
+                "encode": encode_ms, "generate": lm_ms, "total": encode_ms + lm_ms,
+                **out.get("prefix_ms", {}),
+            },
             prompt_tokens=out["prompt_tokens"],
             image_tokens=[self.image_token_count(s) for s in row if isinstance(s, VisualPackage)],
             finish_reason=out["finish_reason"],
+            prefix_tokens_reused=out.get("prefix_tokens_reused", 0),
         )
 
     # ----------------------------------------------------------------- scoring

@@ -10,7 +10,7 @@ changes between releases).
 
 Modules: :mod:`.native` (the only code calling llama.cpp), :mod:`.package_format`
 (the package and its fingerprint), :mod:`.prompt` (chat template),
-:mod:`.generation` (prompt evaluation and decoding), :mod:`.grammar` (JSON schema →
+:mod:`.generation` (prompt evaluation and decoding), :mod:`.prefix` (the reference prefix's saved sequence state), :mod:`.grammar` (JSON schema →
 GBNF), :mod:`.backend` (the :class:`~refsight.backends.base.Backend`), :mod:`.models`
 (built-in GGUFs).
 """

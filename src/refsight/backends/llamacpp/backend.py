@@ -11,12 +11,18 @@ request's JSON schema when there is one (:mod:`.grammar`). Each token's text lea
 the loop as it is sampled (:meth:`LlamaCppBackend.generate_stream`), stop strings cut
 the answer and a set stop event ends it before the next token.
 
+A request naming its reference prefix (``prefix_segments``, with a ``prefix_cache``)
+restores llama.cpp's sequence state after that prefix instead of evaluating it
+(:mod:`.prefix`); :meth:`LlamaCppBackend.score_yes_no` scores P("yes") from the logits
+after a prompt evaluated the same way.
+
 Runtime failures become refsight errors here and only here (:func:`_native_errors`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -68,6 +74,8 @@ class LlamaCppBackend(Backend):
     supports_streaming: ClassVar[bool] = True
     #: Conversations render in the GGUF's own chat template (system, user and assistant turns).
     supports_turns: ClassVar[bool] = True
+    #: The reference prefix's sequence state is saved and restored through ``GenerationRequest.prefix_cache``.
+    supports_prefix_cache: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -266,6 +274,45 @@ class LlamaCppBackend(Backend):
         eos = self.runtime.piece(self._special("eos"), special=True).decode("utf-8", "replace") if self._special("eos") >= 0 else ""
         return render_prompt(self._template, self.arch, content, bos=bos, eos=eos)
 
+    def prefix_plan(self, request: GenerationRequest) -> Any:
+        """The :class:`~.prefix.PrefixPlan` of ``request``'s reference prefix, or None.
+
+        None when there is nothing to reuse: no ``prefix_cache``, no ``prefix_segments``,
+        or a prefix holding a fresh image (only cached packages have a stable identity to
+        key a state by).
+        """
+        from .prefix import PrefixPlan
+
+        n_segments, states = request.prefix_segments, request.prefix_cache
+        if states is None or not n_segments or n_segments >= len(request.segments):
+            return None
+        head = list(request.segments[:n_segments])
+        if any(isinstance(s, ImageInput) for s in head) or not any(isinstance(s, VisualPackage) for s in head):
+            return None
+        # The prefix's text is the prompt rendered up to a sentinel standing where the rest
+        # begins: exactly what the chat template writes before the rubric, whatever it is.
+        sentinel = "\x00refsight-prefix-end\x00"
+        turns = None
+        if request.turns is not None:
+            turns, left = [], n_segments
+            for role, count in request.turns:
+                if left <= count:
+                    turns.append((role, left + 1))
+                    break
+                turns.append((role, count))
+                left -= count
+        rendered = self.prompt_text([*head, sentinel], turns)
+        packages = [s for s in head if isinstance(s, VisualPackage)]
+        return PrefixPlan(
+            text=rendered[: rendered.index(sentinel)],
+            n_images=len(packages),
+            package_keys=tuple(p.key for p in packages),
+            states=states,
+            # The numbers of a state also depend on the device, the batch split and the KV type.
+            model=f"{self._fingerprint.digest}:{self.device}:n_batch={self.runtime._n_batch()}:kv=f16",
+            template=hashlib.sha256((self._template or self.arch).encode()).hexdigest(),
+        )
+
     def _special(self, which: str) -> int:
         import llama_cpp
 
@@ -288,7 +335,8 @@ class LlamaCppBackend(Backend):
             began = time.perf_counter()
             with _native_errors(self.name, GenerationError, "generation failed"):
                 text = self.prompt_text(request.segments, request.turns)
-                n_past, prompt_timings, counts = decode_prompt(self.runtime, text, request.segments)
+                plan = self.prefix_plan(request)
+                n_past, prompt_timings, counts = decode_prompt(self.runtime, text, request.segments, plan)
                 tokens, answer, finish, logits = sample(
                     self.runtime, n_past, request.max_new_tokens, grammar=grammar, sampling=sampling,
                     return_logits=return_logits, on_text=on_text, stop_event=stop_event,
@@ -309,11 +357,52 @@ class LlamaCppBackend(Backend):
                 "encode": encode_ms,
                 "generate": total_ms - encode_ms,
                 "total": total_ms,
+                # Building or loading the reference prefix's state (as the HF backend reports them).
+                **({"prefix_build": plan.build_ms, "prefix_load": plan.restore_ms} if plan is not None else {}),
             },
             prompt_tokens=counts[0],
             image_tokens=counts[1:],
             finish_reason=finish,
+            prefix_tokens_reused=plan.prefix_tokens if plan is not None and plan.outcome == "hit" else 0,
         )
+
+    # ----------------------------------------------------------------- scoring
+
+    def answer_token_ids(self, yes: str = "yes", no: str = "no") -> tuple[int, int]:
+        """The token ids whose logits stand for "yes" and "no": each word's first token (the HF backend's rule)."""
+        with self._lock:
+            ids = [self.runtime.tokenize(word, False) for word in (yes, no)]
+        if not ids[0] or not ids[1] or ids[0][0] == ids[1][0]:
+            raise BackendError(self.name, f"the vocabulary cannot tell {yes!r} from {no!r} by their first token")
+        return ids[0][0], ids[1][0]
+
+    def score_yes_no(self, requests: Sequence[GenerationRequest]) -> list[float]:
+        """P("yes") per request from the next-token logits after its prompt: no decoding.
+
+        Each prompt is evaluated exactly as :meth:`generate` evaluates it (cached packages
+        from their saved embeddings, fresh images through llama.cpp's pixel path, the
+        reference-prefix KV state restored when the request names a prefix and one is
+        stored); the score is the softmax over the "yes"/"no" logits at the answer
+        position, as in the HF backend.
+        """
+        import numpy as np
+
+        from .generation import decode_prompt
+
+        requests = list(requests)
+        self._check(requests)
+        yes_id, no_id = self.answer_token_ids()
+        scores = []
+        with self._lock:
+            for request in requests:
+                with _native_errors(self.name, GenerationError, "scoring failed"):
+                    text = self.prompt_text(request.segments, request.turns)
+                    plan = self.prefix_plan(request)
+                    decode_prompt(self.runtime, text, request.segments, plan)
+                    pair = self.runtime.last_logits()[[yes_id, no_id]].astype(np.float64)
+                pair = np.exp(pair - pair.max())
+                scores.append(float(pair[0] / pair.sum()))
+        return scores
 
     def close(self) -> None:
         """Free llama.cpp's model and contexts. Idempotent."""

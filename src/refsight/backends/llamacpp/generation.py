@@ -24,6 +24,7 @@ from ...package import VisualPackage
 from ..sampling import Sampling, StopText
 from . import package_format as fmt
 from .native import Bitmap, LlamaRuntime
+from .prefix import PrefixPlan
 
 __all__ = ["TextStream", "decode_prompt", "sample"]
 
@@ -51,11 +52,16 @@ def _bitmaps(segments: Sequence[Any]) -> tuple[list[Bitmap], dict[str, VisualPac
     return bitmaps, cached
 
 
-def decode_prompt(runtime: LlamaRuntime, text: str, segments: Sequence[Any]) -> tuple[int, dict[str, float], list[int]]:
+def decode_prompt(
+    runtime: LlamaRuntime, text: str, segments: Sequence[Any], prefix: PrefixPlan | None = None
+) -> tuple[int, dict[str, float], list[int]]:
     """Evaluate the whole prompt into a cleared KV cache.
 
-    Returns ``n_past``, ``{"encode": ms}`` and the prompt's token counts: the total first,
-    then each image's tokens in prompt order (for the OpenAI ``usage``).
+    With a ``prefix`` plan (:mod:`.prefix`), the prompt's reference prefix is restored
+    from a saved KV state when one matches, or evaluated and offered for saving, and
+    only the rest is evaluated. Returns ``n_past``, ``{"encode": ms}`` and the prompt's
+    token counts: the total first, then each image's tokens in prompt order (for the
+    OpenAI ``usage``).
     """
     bitmaps, cached = _bitmaps(segments)
     encode_ms = 0.0
@@ -72,21 +78,50 @@ def decode_prompt(runtime: LlamaRuntime, text: str, segments: Sequence[Any]) -> 
             total = sum(info.n_pos for info in infos)
             if total >= runtime.settings.n_ctx:
                 raise GenerationError("llama.cpp", f"the prompt needs {total} positions; n_ctx is {runtime.settings.n_ctx}")
-            n_past = 0
-            for i, (chunk, info) in enumerate(zip(chunks, infos)):
-                last = i == len(chunks) - 1
-                if info.kind == "text":
-                    n_past = runtime.eval_chunk(chunk, n_past, last, image=False)
-                elif info.image_id in saved:
-                    n_past = runtime.decode_image(chunk, saved[info.image_id].pop(0), n_past)
+            first, offset, n_past = 0, 0, 0
+            split = prefix.split(runtime, infos, bitmaps) if prefix is not None else None
+            if split is not None:
+                first, offset = split.chunk, split.offset
+                if prefix.restore(runtime, split):
+                    n_past = split.n_past
+                    for info in infos[:first]:  # restored, not decoded: their saved features go unused
+                        if info.kind == "image" and info.image_id in saved:
+                            saved[info.image_id].pop(0)
                 else:
-                    began = time.perf_counter()
-                    n_past = runtime.eval_chunk(chunk, n_past, last, image=True)
-                    encode_ms += (time.perf_counter() - began) * 1000
+                    n_past, ms = _evaluate(runtime, chunks[:first], infos[:first], saved, n_past, False)
+                    encode_ms += ms
+                    if offset:
+                        n_past = runtime.decode_tokens(infos[first].tokens[:offset], n_past, False)
+                    prefix.save(runtime, split)
+            if offset:  # the rest of the text chunk the prefix ends in
+                last = first == len(chunks) - 1
+                n_past = runtime.decode_tokens(infos[first].tokens[offset:], n_past, last)
+                first += 1
+            n_past, ms = _evaluate(runtime, chunks[first:], infos[first:], saved, n_past, True)
+            encode_ms += ms
     finally:
         for b in bitmaps:
             b.free()
     return n_past, {"encode": encode_ms}, counts
+
+
+def _evaluate(
+    runtime: LlamaRuntime, chunks: Sequence[Any], infos: Sequence[Any], saved: dict[str, list[np.ndarray]],
+    n_past: int, logits_last: bool,
+) -> tuple[int, float]:
+    """Evaluate chunks in order from ``n_past`` (logits for the very last one when asked): ``(n_past, encode ms)``."""
+    encode_ms = 0.0
+    for i, (chunk, info) in enumerate(zip(chunks, infos)):
+        last = logits_last and i == len(chunks) - 1
+        if info.kind == "text":
+            n_past = runtime.eval_chunk(chunk, n_past, last, image=False)
+        elif info.image_id in saved:
+            n_past = runtime.decode_image(chunk, saved[info.image_id].pop(0), n_past)
+        else:
+            began = time.perf_counter()
+            n_past = runtime.eval_chunk(chunk, n_past, last, image=True)
+            encode_ms += (time.perf_counter() - began) * 1000
+    return n_past, encode_ms
 
 
 def _saved_chunks(package: VisualPackage, image_id: str, infos: list) -> list[np.ndarray]:

@@ -165,6 +165,12 @@ class LlamaRuntime:
         self._L, self._M = L, M
         self.settings = settings
         self.encode_calls = 0
+        #: tokens that went through the language model (text and image chunks, generated tokens excluded)
+        self.decoded_tokens = 0
+        #: image chunks decoded into the KV cache (from pixels or from saved embeddings)
+        self.image_decodes = 0
+        #: prefix states loaded with ``llama_state_seq_set_data``
+        self.state_restores = 0
         self.model = self.ctx = self.mctx = self._sampler = None
         _init_backend()
         _recent_errors.clear()
@@ -313,6 +319,8 @@ class LlamaRuntime:
         L, M = self._L, self._M
         if image:
             self.encode_calls += 1
+            self.image_decodes += 1
+        self.decoded_tokens += int(M.mtmd_input_chunk_get_n_tokens(chunk))
         out = L.llama_pos(n_past)
         rc = M.mtmd_helper_eval_chunk_single(
             self.mctx, self.ctx, chunk, n_past, 0, self._n_batch(), logits_last, ctypes.byref(out)
@@ -329,6 +337,8 @@ class LlamaRuntime:
         """
         L, M = self._L, self._M
         embd = np.ascontiguousarray(embeddings, dtype=np.float32)
+        self.image_decodes += 1
+        self.decoded_tokens += int(M.mtmd_input_chunk_get_n_tokens(chunk))
         out = L.llama_pos(n_past)
         rc = M.mtmd_helper_decode_image_chunk(
             self.mctx, self.ctx, chunk, embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), n_past, 0,
@@ -357,6 +367,57 @@ class LlamaRuntime:
         if rc != 0:
             raise NativeError(f"llama_decode failed ({rc}): context full?")
         return n_past + 1
+
+    def decode_tokens(self, tokens: Sequence[int], n_past: int, logits_last: bool) -> int:
+        """Evaluate text tokens from ``n_past`` in ``n_batch`` pieces, as mtmd's text-chunk helper does.
+
+        Used for the part of a text chunk that follows a reused prefix state (the helper
+        only takes whole chunks). Returns the new ``n_past``.
+        """
+        L = self._L
+        tokens = list(tokens)
+        step = self._n_batch()
+        batch = L.llama_batch_init(max(1, min(step, len(tokens))), 0, 1)
+        try:
+            for start in range(0, len(tokens), step):
+                part = tokens[start:start + step]
+                batch.n_tokens = len(part)
+                for j, token in enumerate(part):
+                    batch.token[j] = token
+                    batch.pos[j] = n_past + start + j
+                    batch.n_seq_id[j] = 1
+                    batch.seq_id[j][0] = 0
+                    batch.logits[j] = False
+                if logits_last and start + step >= len(tokens):
+                    batch.logits[len(part) - 1] = True
+                rc = L.llama_decode(self.ctx, batch)
+                if rc != 0:
+                    raise NativeError(f"llama_decode failed ({rc}): context full?")
+        finally:
+            L.llama_batch_free(batch)
+        self.decoded_tokens += len(tokens)
+        return n_past + len(tokens)
+
+    def state_bytes(self) -> np.ndarray:
+        """The KV state of sequence 0 (``llama_state_seq_get_data``) as a uint8 array (a copy)."""
+        L = self._L
+        size = int(L.llama_state_seq_get_size(self.ctx, 0))
+        out = np.empty(size, dtype=np.uint8)
+        written = int(L.llama_state_seq_get_data(self.ctx, out.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, 0))
+        if written != size:
+            raise NativeError(f"llama_state_seq_get_data wrote {written} of {size} bytes")
+        return out
+
+    def restore_state(self, state: np.ndarray) -> None:
+        """Clear the KV cache and load a :meth:`state_bytes` blob into sequence 0 (``llama_state_seq_set_data``)."""
+        L = self._L
+        data = np.ascontiguousarray(state, dtype=np.uint8)
+        self.clear()
+        read = int(L.llama_state_seq_set_data(self.ctx, data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), data.size, 0))
+        if read == 0:
+            self.clear()  # a half-read state must not leak into the next prompt
+            raise NativeError("llama_state_seq_set_data refused the prefix state (made by another model or context?)")
+        self.state_restores += 1
 
     def last_logits(self) -> np.ndarray:
         """float32 ``[n_vocab]`` logits of the last evaluated position (a copy)."""

@@ -28,6 +28,12 @@ each content delta goes to ``on_text`` as it arrives, and a set stop event close
 connection, which makes vLLM abort the request. Every :class:`~refsight.backends.sampling.Sampling`
 field passes through under its OpenAI name (greedy, ``temperature`` 0, by default).
 ``prompt_tokens`` is vLLM's usage; ``image_tokens`` is prod(grid) / merge² per image.
+
+The reference-prefix KV cache is vLLM's own automatic prefix caching: references come
+first with their package keys as uuids, so a later rubric over the same references
+reuses their KV blocks inside the server (:meth:`VLLMBackend.prefix_cache_stats` reads
+the hit rate from ``/metrics``). :meth:`VLLMBackend.score_yes_no` (the reranker) reads
+P("yes") from vLLM's raw log-probabilities of the next token.
 """
 
 from __future__ import annotations
@@ -329,6 +335,55 @@ class VLLMBackend(Backend):
                     matrix[step, int(token.split(":", 1)[1])] = float(item["logprob"])
         return matrix
 
+    # --------------------------------------------------------------------- scoring
+
+    def answer_token_ids(self, yes: str = "yes", no: str = "no") -> tuple[int, int]:
+        """The "yes" / "no" token ids: the encoder's (same tokenizer as the served model, same rule as HF)."""
+        return self.encoder.answer_token_ids(yes, no)
+
+    def score_yes_no(self, requests: Sequence[GenerationRequest]) -> list[float]:
+        """P("yes") per request from vLLM's next-token log-probabilities: one token, no decoding loop.
+
+        vLLM returns *raw* log-probabilities (log-softmax of the model's logits over the
+        whole vocabulary, before any logits processor), so ``log p(yes)`` and ``log p(no)``
+        at the answer position give the HF backend's score exactly:
+        ``softmax([l_yes, l_no])[0] = 1 / (1 + exp(log p(no) - log p(yes)))``. The request
+        allows only the two answer tokens (``allowed_token_ids``) and asks for the top
+        log-probabilities; when the token not chosen is outside that top list, a second
+        one-token request allowing only it reads its log-probability (the prompt is then a
+        prefix-cache hit). Requests run concurrently (the server batches them).
+        """
+        requests = list(requests)
+        rows = self._prepare(requests)
+        yes_id, no_id = self.answer_token_ids()
+
+        def one(segments: list[Any], request: GenerationRequest) -> float:
+            body = self._body(segments, GenerationRequest(segments, max_new_tokens=1, turns=request.turns), False)
+            body.update(temperature=0.0, logprobs=True, top_logprobs=TOP_LOGPROBS, return_tokens_as_token_ids=True)
+            found = _answer_logprobs(self.client.chat({**body, "allowed_token_ids": [yes_id, no_id]}))
+            for token in (yes_id, no_id):
+                if token not in found:
+                    answer = self.client.chat({**body, "allowed_token_ids": [token], "top_logprobs": 0})
+                    found.update({t: v for t, v in _answer_logprobs(answer).items() if t == token})
+            if yes_id not in found or no_id not in found:
+                raise GenerationError(self.name, f"vLLM server at {self.client.base_url} returned no log-probability for yes/no")
+            return 1.0 / (1.0 + math.exp(found[no_id] - found[yes_id]))
+
+        workers = max(1, min(8, len(rows)))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="refsight-vllm") as pool:
+            return list(pool.map(lambda pair: one(pair[0][0], pair[1]), zip(rows, requests)))
+
+    def prefix_cache_stats(self) -> dict[str, float]:
+        """vLLM's automatic prefix cache since the server started: prompt tokens queried, hit, and the hit rate.
+
+        From the server's Prometheus ``/metrics`` (``vllm:prefix_cache_queries`` and
+        ``vllm:prefix_cache_hits``, in tokens, summed over engines).
+        """
+        text = self.client.metrics()
+        queries = _metric_sum(text, "vllm:prefix_cache_queries")
+        hits = _metric_sum(text, "vllm:prefix_cache_hits")
+        return {"queries": queries, "hits": hits, "hit_rate": hits / queries if queries else 0.0}
+
     def close(self) -> None:
         """Release the encoder (the server is not ours to stop)."""
         self.encoder.close()
@@ -351,6 +406,29 @@ def _sampling_fields(request: GenerationRequest) -> dict[str, Any]:
         elif name != "temperature":
             fields[name] = float(value)
     return fields
+
+
+def _answer_logprobs(answer: dict[str, Any]) -> dict[int, float]:
+    """token id → log-probability at the first generated position (the chosen token and the top list)."""
+    content = ((answer["choices"][0].get("logprobs") or {}).get("content")) or []
+    out: dict[int, float] = {}
+    if not content:
+        return out
+    entry = content[0]
+    for item in [entry, *(entry.get("top_logprobs") or [])]:
+        token = str(item.get("token", ""))
+        if token.startswith("token_id:") and item.get("logprob") is not None:
+            out.setdefault(int(token.split(":", 1)[1]), float(item["logprob"]))
+    return out
+
+
+def _metric_sum(text: str, name: str) -> float:
+    """The sum of a Prometheus counter's samples (``name_total{...} v`` or ``name{...} v``) in ``text``."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith((name + "_total{", name + "{", name + "_total ", name + " ")):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def _finish_reason(reason: Any) -> str | None:

@@ -66,6 +66,15 @@ class VLLMClient:
             raise BackendError(self.name, f"vLLM server at {self.base_url} serves no model: {answer!r:.200}")
         return data
 
+    def metrics(self) -> str:
+        """``GET /metrics``: the server's Prometheus text."""
+        url = f"{self.base_url}/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=min(self.timeout, 30.0)) as response:
+                return response.read().decode("utf-8", "replace")
+        except (urllib.error.URLError, OSError) as e:
+            raise BackendError(self.name, f"vLLM server at {self.base_url} gave no /metrics: {e}") from None
+
     def chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """``POST /v1/chat/completions``; returns the parsed answer."""
         answer = self._request("POST", "/v1/chat/completions", body, GenerationError, self.timeout)

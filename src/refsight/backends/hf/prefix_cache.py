@@ -1,0 +1,309 @@
+"""Reference-prefix state reuse for the transformers backends (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, SmolVLM).
+
+For each row of a ``generate`` batch whose request marks a reference prefix
+(``prefix_segments``) and carries a ``prefix_cache``:
+
+1. **Cut.** The prompt is rendered twice: in full, and up to the end of the prefix (a
+   marker segment stands where the suffix begins, so the chat template renders exactly the
+   text that precedes it). Both are tokenized; the prefix counts only when its ids are the
+   head of the full ids and hold exactly the image tokens of the prefix's packages (else,
+   cut back to the end of the last reference's placeholder, whose closing special token is
+   always a token boundary; else no reuse for that row).
+2. **Key.** :func:`~refsight.backends.prefix.prefix_key` over the fingerprint digest and
+   device, the prefix packages' keys, the prefix ids and :data:`TEMPLATE`.
+3. **State.** ``get(key)``; on a miss the prefix alone is run through the model (batch 1,
+   no padding, so a state never depends on which batch built it) and its per-layer
+   key/value tensors (after RoPE) are ``put``. Each distinct prefix is built once per call,
+   however many rows share it.
+4. **Batch.** Every row becomes ``[pad][prefix][pad][suffix]``: the states are copied into
+   one new ``DynamicCache`` (copy-on-use; left-padded with zeros that the attention mask
+   hides), and ``model.generate`` prefills only the suffixes. Rows without a usable prefix
+   put their whole prompt in the suffix part.
+
+Positions are the fresh path's, exactly: they are computed over the whole (padded) prompt
+by the model's own ``_prepare_position_ids_for_generation`` (Qwen: M-RoPE with every image's
+grid, ``[4, batch, seq]``; SmolVLM: plain positions from the mask) and handed to
+``generate``, which slices them to the uncached part and extends them per new token. So the
+stale ``rope_deltas`` a model object keeps from an earlier call never matter. Image
+features of the suffix (the candidate) enter through ``mm_encoder_outputs`` as usual; for
+Qwen3-VL the deepstack features are added at image positions only, which lie in the prefix
+(built with them) or in the suffix (passed with them).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ...package import VisualPackage
+from ..base import GenerationRequest
+from ..prefix import PrefixState, prefix_key
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .base import HFBackend
+
+__all__ = ["TEMPLATE", "PrefixPlan", "plan_prefixes"]
+
+#: The template and state layout version of HF prefix states (part of every key).
+TEMPLATE = "hf-kv-1"
+#: Stands where the suffix begins when the prefix alone is rendered (user text cannot hold NUL).
+_MARK = "\x00refsight:prefix-end\x00"
+
+
+@dataclass
+class _Row:
+    ids: list[int]
+    prefix_len: int = 0
+    key: str | None = None
+    packages: list[VisualPackage] = field(default_factory=list)  # every package of the row, in prompt order
+    prefix_packages: int = 0  # how many of them lie in the prefix
+    cache: Any = None  # the request's PrefixCache
+    state: PrefixState | None = None
+    hit: bool = False
+
+
+@dataclass
+class PrefixPlan:
+    """The rows of one batch and their prefixes; :meth:`inputs` builds what ``generate`` takes."""
+
+    backend: Any
+    rows: list[_Row]
+    #: Time spent building missing states, and fetching stored ones plus copying them into the batch's cache.
+    build_ms: float = 0.0
+    load_ms: float = 0.0
+
+    def reused_tokens(self, b: int) -> int:
+        """Prompt tokens of row ``b`` served from a stored state (0 when built in this call)."""
+        row = self.rows[b]
+        return row.prefix_len if row.hit else 0
+
+    def inputs(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(encoded, extra)``: the padded ``input_ids`` / ``attention_mask`` and the ``generate`` kwargs
+        (the copied cache, the positions, the suffix images' features). Builds missing states first."""
+        import torch
+
+        backend = self.backend
+        began = time.perf_counter()
+        self._resolve_states()
+        pad = _pad_id(backend)
+        n_max = max(row.prefix_len for row in self.rows)
+        s_max = max(len(row.ids) - row.prefix_len for row in self.rows)
+        ids, mask = [], []
+        for row in self.rows:
+            n, s = row.prefix_len, len(row.ids) - row.prefix_len
+            ids.append([pad] * (n_max - n) + row.ids[:n] + [pad] * (s_max - s) + row.ids[n:])
+            mask.append([0] * (n_max - n) + [1] * n + [0] * (s_max - s) + [1] * s)
+        device = backend.device
+        input_ids = torch.tensor(ids, dtype=torch.long, device=device)
+        attention_mask = torch.tensor(mask, dtype=torch.long, device=device)
+        every = [p for row in self.rows for p in row.packages]
+        suffix = [p for row in self.rows for p in row.packages[row.prefix_packages:]]
+        extra: dict[str, Any] = {}
+        position_kwargs: dict[str, Any] = {"attention_mask": attention_mask}
+        if every:
+            from .base import _to_device
+
+            mm = _to_device(backend.multimodal_inputs(every, input_ids), device)
+            mm.pop("mm_encoder_outputs", None)
+            position_kwargs.update(mm)
+            if "mm_token_type_ids" in mm:
+                extra["mm_token_type_ids"] = mm["mm_token_type_ids"]
+        if suffix:
+            from .base import _to_device
+
+            extra["mm_encoder_outputs"] = _to_device(
+                backend.multimodal_inputs(suffix, input_ids)["mm_encoder_outputs"], device
+            )
+        # The fresh path's positions over the whole prompt (see the module docstring).
+        extra["position_ids"] = backend.model._prepare_position_ids_for_generation(input_ids, position_kwargs)
+        extra["cache"] = self._batched_cache(n_max)
+        self.load_ms = (time.perf_counter() - began) * 1000 - self.build_ms
+        return {"input_ids": input_ids, "attention_mask": attention_mask}, extra
+
+    # -- states --------------------------------------------------------------------------
+    def _resolve_states(self) -> None:
+        built: dict[str, PrefixState] = {}
+        fetched: dict[str, PrefixState | None] = {}
+        for row in self.rows:
+            if row.key is None:
+                continue
+            if row.key in built:
+                row.state = built[row.key]
+                continue
+            if row.key not in fetched:
+                state = row.cache.get(row.key)
+                if state is not None and not _fits(self.backend, state, row.prefix_len):
+                    row.cache.discard(row.key)
+                    state = None
+                fetched[row.key] = state
+            state = fetched[row.key]
+            if state is None:
+                began = time.perf_counter()
+                state = _build(self.backend, row)
+                ms = (time.perf_counter() - began) * 1000
+                state = PrefixState(state.tensors, state.meta, state.tokens, ms)
+                self.build_ms += ms
+                row.cache.put(row.key, state)
+                built[row.key] = state
+            else:
+                row.hit = True
+            row.state = state
+
+    def _batched_cache(self, n_max: int) -> Any:
+        import torch
+        from transformers import DynamicCache
+
+        backend = self.backend
+        layers = _layer_count(backend)
+        heads, head_dim, dtype = _kv_shape(backend)
+        cache = DynamicCache(config=backend.model.config)
+        device = backend.device
+        for layer in range(layers):
+            keys, values = [], []
+            for row in self.rows:
+                for name, out in (("key", keys), ("value", values)):
+                    if row.state is None or row.prefix_len == 0:
+                        part = torch.zeros((1, heads, n_max, head_dim), dtype=dtype, device=device)
+                    else:
+                        part = row.state.tensors[f"{name}.{layer}"].to(device, dtype)
+                        if row.prefix_len < n_max:
+                            # Left padding: zeros the attention mask hides. A new tensor: the state stays as stored.
+                            part = torch.nn.functional.pad(part, (0, 0, n_max - row.prefix_len, 0))
+                    out.append(part)
+            # torch.cat makes new memory: the stored (shared) state is never written to.
+            cache.update(torch.cat(keys, dim=0), torch.cat(values, dim=0), layer)
+        return cache
+
+
+def _pad_id(backend: Any) -> int:
+    if backend.tokenizer.pad_token_id is not None:
+        return int(backend.tokenizer.pad_token_id)
+    return (backend._eos_ids() or [0])[0]
+
+
+def _layer_count(backend: Any) -> int:
+    return int(backend.model.config.get_text_config(decoder=True).num_hidden_layers)
+
+
+def _kv_shape(backend: Any) -> tuple[int, int, Any]:
+    text = backend.model.config.get_text_config(decoder=True)
+    heads = int(getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
+    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
+    return heads, head_dim, backend.model.dtype
+
+
+def _fits(backend: Any, state: PrefixState, tokens: int) -> bool:
+    """Whether a stored state has exactly the shapes this model and prefix need (else it is rebuilt)."""
+    heads, head_dim, dtype = _kv_shape(backend)
+    want = [1, heads, tokens, head_dim]
+    try:
+        for layer in range(_layer_count(backend)):
+            for name in ("key", "value"):
+                tensor = state.tensors[f"{name}.{layer}"]
+                if list(tensor.shape) != want or tensor.dtype != dtype:
+                    return False
+    except KeyError:
+        return False
+    return state.tokens == tokens and len(state.tensors) == 2 * _layer_count(backend)
+
+
+def _build(backend: Any, row: _Row) -> PrefixState:
+    """Run the prefix alone (batch 1) and keep every layer's key/value states on the CPU."""
+    import torch
+    from transformers import DynamicCache
+
+    from .base import _to_device
+
+    ids = torch.tensor([row.ids[: row.prefix_len]], dtype=torch.long, device=backend.device)
+    mask = torch.ones_like(ids)
+    packages = row.packages[: row.prefix_packages]
+    mm = _to_device(backend.multimodal_inputs(packages, ids), backend.device)
+    encoder = mm.pop("mm_encoder_outputs")
+    positions = backend.model._prepare_position_ids_for_generation(ids, {"attention_mask": mask, **mm})
+    cache = DynamicCache(config=backend.model.config)
+    # The base model (no LM head: the prefix's logits are never needed). The mask is all ones and
+    # dropped, as generate drops it for an unpadded prompt.
+    backend.model.model(
+        input_ids=ids, position_ids=positions, cache=cache, use_cache=True, mm_encoder_outputs=encoder,
+        **({"mm_token_type_ids": mm["mm_token_type_ids"]} if "mm_token_type_ids" in mm else {}),
+    )
+    tensors: dict[str, Any] = {}
+    for layer, cached in enumerate(cache.layers):
+        tensors[f"key.{layer}"] = cached.keys.detach().to("cpu").contiguous()
+        tensors[f"value.{layer}"] = cached.values.detach().to("cpu").contiguous()
+    heads, head_dim, dtype = _kv_shape(backend)
+    meta = {"layers": len(cache.layers), "kv_heads": heads, "head_dim": head_dim, "dtype": str(dtype).removeprefix("torch.")}
+    return PrefixState(tensors=tensors, meta=meta, tokens=row.prefix_len)
+
+
+def _usable_cache(backend: Any) -> bool:
+    """Only caches of plain growing layers can be cut and copied this way (no sliding windows)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    cache = DynamicCache(config=backend.model.config)
+    return bool(cache.layers) and all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
+def _prefix_text(backend: Any, row: list[Any], request: GenerationRequest, full: str) -> str | None:
+    """The text of the prompt up to the end of the prefix segments, or None when it is not a head of ``full``."""
+    k = request.prefix_segments
+    head = [*row[:k], _MARK]
+    turns = None
+    if request.turns is not None:
+        turns, start = [], 0
+        for role, count in request.turns:
+            if start + count >= k:
+                turns.append((role, k - start + 1))  # the turn holding the prefix's last segment, cut after it
+                break
+            turns.append((role, count))
+            start += count
+    text = backend.build_prompt(head, turns)
+    cut = text.find(_MARK)
+    if cut < 0 or not full.startswith(text[:cut]):
+        return None
+    return text[:cut]
+
+
+def _row_plan(backend: Any, row: list[Any], request: GenerationRequest, full: str, model: str) -> _Row:
+    tokenize = lambda text: backend.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    ids = list(tokenize(full))
+    packages = [s for s in row if isinstance(s, VisualPackage)]
+    plan = _Row(ids=ids, packages=packages)
+    k = request.prefix_segments
+    if request.prefix_cache is None or k <= 0 or any(not isinstance(s, (str, VisualPackage)) for s in row[:k]):
+        return plan
+    inside = [s for s in row[:k] if isinstance(s, VisualPackage)]
+    if not inside:
+        return plan  # text alone: nothing worth keeping a state for
+    text = _prefix_text(backend, row, request, full)
+    if text is None:
+        return plan
+    image_id = int(backend.model.config.image_token_id)
+    image_tokens = sum(int(p.metadata["num_tokens"]) for p in inside)
+    last = backend.image_placeholder(inside[-1])
+    # The whole prefix text first; else cut back to the end of the last reference's placeholder.
+    for candidate in (text, text[: text.rfind(last) + len(last)]):
+        prefix_ids = list(tokenize(candidate))
+        if ids[: len(prefix_ids)] == prefix_ids and sum(t == image_id for t in prefix_ids) == image_tokens:
+            plan.prefix_len = len(prefix_ids)
+            plan.prefix_packages = len(inside)
+            plan.cache = request.prefix_cache
+            plan.key = prefix_key(model, [p.key for p in inside], prefix_ids, f"{TEMPLATE}:{backend.family}")
+            break
+    # A prefix equal to the whole prompt leaves no token to start generation from.
+    if plan.prefix_len >= len(ids):
+        plan.prefix_len, plan.prefix_packages, plan.key, plan.cache = 0, 0, None, None
+    return plan
+
+
+def plan_prefixes(backend: HFBackend, rows: list[list[Any]], requests: list[GenerationRequest], texts: list[str]) -> PrefixPlan | None:
+    """The batch's prefix plan, or None when no row can reuse a prefix state (the plain path then runs)."""
+    if not any(r.prefix_cache is not None and r.prefix_segments for r in requests) or not _usable_cache(backend):
+        return None
+    model = f"{backend.fingerprint().digest}:{backend.device}"
+    plans = [_row_plan(backend, row, request, text, model) for row, request, text in zip(rows, requests, texts)]
+    if not any(p.key for p in plans):
+        return None
+    return PrefixPlan(backend, plans)

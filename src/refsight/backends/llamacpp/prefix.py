@@ -1,0 +1,152 @@
+"""The KV prefix cache of the llama.cpp backend: the reference prefix's sequence state, saved and restored.
+
+A judge prompt opens with everything that depends only on the references (chat
+template start, preamble, each reference image and its text). :class:`PrefixPlan`
+finds that opening in the tokenized prompt (:meth:`PrefixPlan.split`: the chunks mtmd
+lays out for the rendered prefix alone must be an exact prefix of the prompt's
+chunks, text tokens and image layouts alike; otherwise nothing is reused), keys it
+(model fingerprint, ordered package keys, the exact prefix tokens, the template and
+state versions, the context settings that change the numbers), and either restores
+the saved state with ``llama_state_seq_set_data`` (the references are then neither
+decoded nor prefilled) or lets the prompt evaluate the prefix and saves
+``llama_state_seq_get_data`` of it (one uint8 tensor) for the next request.
+
+States live in the request's :class:`~refsight.backends.prefix.PrefixCache` (the
+shared prefix-state store: memory LRU and checksummed disk tier) as a
+:class:`~refsight.backends.prefix.PrefixState` with one ``uint8`` tensor ``state``; a
+state whose metadata disagrees or that llama.cpp refuses is discarded and rebuilt,
+never used.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..prefix import PrefixCache, PrefixState, prefix_key
+from .native import ChunkInfo, LlamaRuntime, NativeError
+
+__all__ = ["PREFIX_STATE_VERSION", "PrefixPlan", "PrefixSplit", "prefix_tokens"]
+
+#: Version of the llama.cpp state layout (one ``llama_state_seq_get_data`` blob); part of every key.
+PREFIX_STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PrefixSplit:
+    """Where the prefix ends in a prompt: all of ``chunks[:chunk]`` plus ``offset`` tokens of text chunk ``chunk``."""
+
+    chunk: int
+    offset: int
+    n_past: int
+    tokens: tuple[int, ...]
+    key: str
+
+
+def prefix_tokens(infos: Sequence[ChunkInfo]) -> list[int]:
+    """The prefix as one id list: text tokens as they are, each image chunk as ``-1, n_tokens, n_pos, nx, ny``.
+
+    Image chunks carry no token ids; their content is named by the package keys in the key.
+    """
+    out: list[int] = []
+    for info in infos:
+        out += list(info.tokens) if info.kind == "text" else [-1, info.n_tokens, info.n_pos, info.nx, info.ny]
+    return out
+
+
+@dataclass
+class PrefixPlan:
+    """One request's prefix: its rendered text, images and package keys, and what became of it.
+
+    ``outcome`` is set by the prompt evaluation: ``"hit"`` (restored), ``"miss"``
+    (evaluated and saved), ``"rebuilt"`` (a stored state was refused and rebuilt) or
+    ``"none"`` (the prefix is not a token prefix of the prompt: nothing reused or saved).
+    """
+
+    text: str
+    n_images: int
+    package_keys: tuple[str, ...]
+    states: PrefixCache
+    model: str
+    template: str
+    outcome: str = "none"
+    build_ms: float = 0.0
+    restore_ms: float = 0.0
+    prefix_tokens: int = 0
+    _began: float = field(default=0.0, repr=False)
+
+    def split(self, runtime: LlamaRuntime, infos: list[ChunkInfo], bitmaps: Sequence[Any]) -> PrefixSplit | None:
+        """Where this prefix ends among the prompt's chunks, or None when it is not an exact token prefix."""
+        if self.n_images > len(bitmaps):
+            return None
+        with runtime.tokenized(self.text, list(bitmaps[: self.n_images])) as chunks:
+            mine = [runtime.chunk_info(c) for c in chunks]
+        if not mine or len(mine) > len(infos):
+            return None
+        for a, b in zip(mine[:-1], infos):
+            if a != b:
+                return None
+        last, there = mine[-1], infos[len(mine) - 1]
+        if last.kind == "image" or last == there:
+            if last != there:
+                return None
+            chunk, offset = len(mine), 0
+        elif there.kind == "text" and there.tokens[: len(last.tokens)] == last.tokens:
+            chunk, offset = len(mine) - 1, len(last.tokens)
+        else:
+            return None
+        if chunk >= len(infos) and not offset:
+            return None  # nothing would follow the prefix: no logits to continue from
+        covered = list(infos[:chunk])
+        tokens = prefix_tokens(covered) + (list(infos[chunk].tokens[:offset]) if offset else [])
+        n_past = sum(i.n_pos for i in covered) + offset
+        key = prefix_key(self.model, self.package_keys, tokens, f"llamacpp-state-{PREFIX_STATE_VERSION}:{self.template}")
+        self.prefix_tokens = sum(i.n_tokens for i in covered) + offset
+        self._began = time.perf_counter()
+        return PrefixSplit(chunk, offset, n_past, tuple(tokens), key)
+
+    def restore(self, runtime: LlamaRuntime, split: PrefixSplit) -> bool:
+        """Load the stored state of ``split`` into the cleared context; False (evaluate it instead) on a miss."""
+        began = time.perf_counter()  # the store's read (memory or disk) counts as loading too
+        found = self.states.get(split.key)
+        if found is None:
+            self.outcome = "miss"
+            return False
+        meta = found.meta
+        state = found.tensors.get("state")
+        if (
+            state is None or meta.get("n_past") != split.n_past or meta.get("runtime") != "llama.cpp"
+            or list(meta.get("package_keys", ())) != list(self.package_keys) or found.tokens != self.prefix_tokens
+        ):
+            self.states.discard(split.key)  # a key collision or a tampered entry: never a wrong state
+            self.outcome = "rebuilt"
+            return False
+        try:
+            runtime.restore_state(_as_uint8(state))
+        except NativeError:
+            self.states.discard(split.key)
+            self.outcome = "rebuilt"
+            return False
+        self.outcome = "hit"
+        self.restore_ms = (time.perf_counter() - began) * 1000
+        return True
+
+    def save(self, runtime: LlamaRuntime, split: PrefixSplit) -> None:
+        """Offer the just-evaluated prefix's state to the store."""
+        import torch
+
+        self.build_ms = (time.perf_counter() - self._began) * 1000
+        meta = {"runtime": "llama.cpp", "n_past": split.n_past, "package_keys": list(self.package_keys)}
+        state = torch.from_numpy(runtime.state_bytes())
+        self.states.put(split.key, PrefixState({"state": state}, meta, tokens=self.prefix_tokens, build_ms=self.build_ms))
+
+
+def _as_uint8(state: object) -> np.ndarray:
+    """A stored state tensor (torch or numpy or bytes) as a contiguous uint8 numpy array."""
+    if hasattr(state, "numpy"):
+        return np.ascontiguousarray(state.detach().cpu().numpy()).view(np.uint8).reshape(-1)
+    return np.frombuffer(memoryview(state).cast("B"), dtype=np.uint8)

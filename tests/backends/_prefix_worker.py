@@ -1,0 +1,63 @@
+"""Run in a NEW process by test_prefix_cache.py: judge-layout requests whose reference prefix
+state is read back from the store's disk tier (the memory tier of this process starts empty).
+
+Reads a JSON spec (store directory, cases of requests: prefix package keys, candidate package
+key, rubric texts), generates with ``return_logits=True`` through the engine's
+:class:`~refsight.prefixes.PrefixStateCache` and writes tokens, logits, ``prefix_tokens_reused``, the
+prefix counters and the language-model token count of the first forward to a ``torch.save`` file.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main(spec_path: str) -> None:
+    import torch
+
+    from refsight.backends.base import GenerationRequest
+    from refsight.backends.registry import get_backend
+    from refsight.judge.prompts import reference_prefix
+    from refsight.prefixes import PrefixStateCache
+    from refsight.store import open_store
+
+    with open(spec_path) as f:
+        spec = json.load(f)
+    # The parent's thread count: CPU GEMMs split their reductions by thread count.
+    torch.set_num_threads(spec["threads"])
+    out: dict[str, object] = {}
+    with open_store(spec["store"]) as store:
+        cache = PrefixStateCache(store)
+        before = store.catalog.counters()
+        for case in spec["cases"]:
+            backend = get_backend(case["model"])
+            refs = [store.packages.get(key) for key in case["refs"]]
+            candidate = store.packages.get(case["candidate"])
+            prefix = reference_prefix(refs)
+            requests = [
+                GenerationRequest(
+                    [*prefix, "Candidate:", candidate, "\n", rubric], max_new_tokens=case["max_new_tokens"],
+                    prefix_segments=len(prefix), prefix_cache=cache,
+                )
+                for rubric in case["rubrics"]
+            ]
+            seen: list[int] = []
+            lm = backend.model.model.language_model if hasattr(backend.model.model, "language_model") else backend.model.model.text_model
+            hook = lm.register_forward_pre_hook(lambda m, a, kw: seen.append(int(kw["inputs_embeds"].shape[1])), with_kwargs=True)
+            try:
+                generations = backend.generate(requests, return_logits=True)
+            finally:
+                hook.remove()
+            out[case["id"]] = {
+                "rows": [{"tokens": g.token_ids, "logits": g.logits, "cached": g.prefix_tokens_reused, "prompt": g.prompt_tokens}
+                         for g in generations],
+                "first_forward_tokens": seen[0],
+            }
+        store.counters.flush()
+        out["counters"] = {k: v - before.get(k, 0) for k, v in store.catalog.counters().items()}
+    torch.save(out, spec["out"])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
