@@ -35,10 +35,10 @@ def test_every_good_image_is_stored_once_with_its_package_vector_and_record(tmp_
     with Engine(tmp_path / "store", model=MODEL) as engine:
         report = ingest(engine, source, errors_file=errors, batch_size=4)
         good = len(images) + len(CORPUS_ACCEPTED)
-        assert report.to_dict() | {"wall_s": 0, "images_per_s": 0, "encode_s": 0} == {
+        assert report.to_dict() | {"wall_s": 0, "images_per_s": 0, "encode_s": 0, "hash_s": 0, "write_s": 0} == {
             "images": good + len(CORPUS_REJECTED), "added": good, "cached": 0, "failed": len(CORPUS_REJECTED),
             "encode_s": 0, "wall_s": 0, "images_per_s": 0, "actors": 0, "mode": "in-process",
-            "vectors": good, "records": good, "errors_file": str(errors),
+            "vectors": good, "records": good, "hash_s": 0, "write_s": 0, "errors_file": str(errors),
         }
         refused = [json.loads(line) for line in errors.read_text().splitlines()]
         assert sorted(Path(r["input"]).name for r in refused) == sorted(bad_image_corpus[n].name for n in CORPUS_REJECTED)

@@ -56,6 +56,8 @@ class IngestReport:
     mode: str
     vectors: int  # retrieval vectors computed now
     records: int  # ImageNet attribute records computed now
+    hash_s: float  # the hash-and-probe pass (wall)
+    write_s: float  # the driver's time writing rows (the one writer's share of the wall)
     errors_file: str | None
 
     def to_dict(self) -> dict[str, Any]:
@@ -174,8 +176,9 @@ def run_ingest(
             bar.update(len(batch["index"]))
         probe(flush=True)
 
+    hash_s = time.perf_counter() - start
     added = vectors = records = 0
-    encode_ms = 0.0
+    encode_ms = write_s = 0.0
     work = [t for t in todos if t.needs_worker and not (writer and writer.is_pending_elsewhere(t))]
     later = [t for t in todos if t.need_reference and writer and writer.is_pending_elsewhere(t)]
     by_index = {t.index: t for t in work}
@@ -187,6 +190,7 @@ def run_ingest(
                     if row["error"]:
                         errors[todo.index] = row["error"]
                     else:
+                        clock = time.perf_counter()
                         try:
                             if writer.write(todo, row):
                                 added += 1
@@ -195,6 +199,7 @@ def run_ingest(
                             records += bool(row["record"])
                         except RefsightError as e:
                             errors[todo.index] = str(e)
+                        write_s += time.perf_counter() - clock
                     bar.update(1)
     for todo in later:
         try:
@@ -210,7 +215,7 @@ def run_ingest(
         images=len(items), added=added, cached=len(items) - added - len(errors), failed=len(errors),
         encode_s=round(encode_ms / 1000, 3), wall_s=round(wall, 3),
         images_per_s=round(len(items) / wall, 3) if wall > 0 else 0.0, actors=executor.actors, mode=executor.mode,
-        vectors=vectors, records=records, errors_file=path,
+        vectors=vectors, records=records, hash_s=round(hash_s, 3), write_s=round(write_s, 3), errors_file=path,
     )
 
 
