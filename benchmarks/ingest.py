@@ -13,7 +13,7 @@ included: what a user waits for), the ingest reports' encode and write seconds, 
 scaling estimate for N GPU actors from the per-actor figures: each actor's steady rate is
 ``images / (encode_s + other stage work)``, bounded by the one writer's rate ``images / write_s``.
 
-    python benchmarks/ingest.py [--n 48] [--model shape-smolvlm-256m] [--size 512]
+    python benchmarks/ingest.py [--n 10] [--model shape-smolvlm-256m] [--size 512] [--split]
 """
 
 from __future__ import annotations
@@ -58,10 +58,15 @@ def _run(args: list[str], env: dict[str, str]) -> tuple[float, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print its JSON line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=48, help="images to ingest (generated)")
+    parser.add_argument("--n", type=int, default=10, help="images to ingest (generated)")
     parser.add_argument("--size", type=int, default=512, help="image side in pixels")
     parser.add_argument("--model", default="shape-smolvlm-256m")
     parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument(
+        "--split", action="store_true",
+        help="keep SmolVLM's image splitting: a 512² image is upscaled to 2048 and encoded as 16 tiles plus a "
+        "global one (about 17x the encode work of the default here, one 512² tile per image)",
+    )
     args = parser.parse_args(argv)
 
     env = {**os.environ, "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
@@ -69,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tmp)
         paths = _images(root / "images", args.n, args.size)
         common = ["--model", args.model, "--batch-size", str(args.batch_size)]
+        if not args.split and "smolvlm" in args.model:
+            common += ["--processor-kwarg", "do_image_splitting=false"]
         print(f"ingest benchmark: {args.n} images of {args.size}² with {args.model}", file=sys.stderr)
 
         add_wall, _ = _run(["--store", str(root / "add"), "--json", "add", *map(str, paths), *common], env)
@@ -94,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     writer_cap = args.n / max(one["write_s"], 1e-9)
     print(json.dumps({
         "benchmark": "ingest", "model": args.model, "images": args.n, "size": args.size,
-        "cpus": os.cpu_count(), "batch_size": args.batch_size,
+        "cpus": os.cpu_count(), "batch_size": args.batch_size, "image_splitting": args.split,
+        "load_average_1m": round(os.getloadavg()[0], 2),
         "wall_s": {k: round(v, 2) for k, v in walls.items()},
         "images_per_s": rate,
         "encode_s": {k: r["encode_s"] for k, r in reports.items()},

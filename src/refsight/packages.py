@@ -144,6 +144,10 @@ class PackageCache:
                         found[key] = CachedPackage(package, cached=False)
         return [found[key] for key in keys]
 
+    def is_durable(self, key: str) -> bool:
+        """Whether a package is on the durable tier under ``key`` (a lookup that loads and counts nothing)."""
+        return self.store.local.contains(key)
+
     def store_encoded(self, package: VisualPackage) -> bool:
         """Make durable a reference package another process encoded (bulk ingest); counted as the miss it was.
 
@@ -151,7 +155,7 @@ class PackageCache:
         the encode then happened twice, e.g. a retried batch, and the stored package stays.
         """
         with PACKAGE_LOCKS.hold(package.key):
-            if self.store.local.contains(package.key):
+            if self.is_durable(package.key):
                 return False
             self.store.packages.put(package)
         self.store.counters.add(misses=1)

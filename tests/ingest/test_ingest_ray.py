@@ -64,6 +64,9 @@ def test_every_good_image_is_stored_exactly_once_and_the_bad_ones_are_reported(u
     assert sorted(sha for _, sha in held["vectors"]) == sorted(shas)
     assert sorted(sha for sha, _, _ in held["records"]) == sorted(shas)
     assert len(held["links"]) == len(held["entries"]) == len(held["images"]) == good
+    # Nothing written for the bad files: one kept image and one package file per good image.
+    assert sum(p.is_file() for p in (store / "images").rglob("*")) == good
+    assert sum(1 for _ in (store / "packages").rglob("*.safetensors")) == good
 
 
 def test_a_rerun_encodes_nothing(undisturbed, source):

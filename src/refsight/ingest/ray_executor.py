@@ -61,7 +61,10 @@ class RayExecutor:
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
             if address != "local":
                 kwargs["address"] = address
-            self.ray.init(**kwargs)
+            try:
+                self.ray.init(**kwargs)
+            except (ConnectionError, RuntimeError, ValueError) as e:  # no cluster at that address, a bad address
+                raise InvalidInputError("--ray", f"cannot start or join Ray at {address!r}: {e}") from None
             self._started = True  # ours to shut down
         context = self.ray.data.DataContext.get_current()
         # refsight draws its own bar (images/s, ETA); Ray's per-operator bars would interleave with it.

@@ -99,7 +99,7 @@ class IngestWriter:
             key = package_key(sha, self.fingerprint, self.scope)
             todo = Todo(
                 index, item, sha, ref_id,
-                need_package=first and not self.engine.store.local.contains(key),
+                need_package=first and not self.engine.packages.is_durable(key),
                 need_vector=first and sha not in have_vector,
                 need_record=first and self._record_missing(sha),
                 need_reference=self._reference_missing(ref_id, sha, key, item.metadata),
