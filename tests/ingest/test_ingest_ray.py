@@ -18,6 +18,7 @@ from refsight import Engine
 from refsight.ingest import ingest
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow  # three 300-image ingests on a 2-CPU Ray instance
 
 COUNT = 300
 

@@ -14,6 +14,7 @@ Ray is imported only here, and only when ``--ray`` is given (``pip install 'refs
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -58,7 +59,8 @@ class RayExecutor:
         self.cpus_per_actor = cpus_per_actor
         self._started = False
         if not self.ray.is_initialized():
-            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+            # Ray's INFO lines would interleave with refsight's bar and JSON report: warnings and up only.
+            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
             if address != "local":
                 kwargs["address"] = address
             try:
@@ -66,6 +68,7 @@ class RayExecutor:
             except (ConnectionError, RuntimeError, ValueError) as e:  # no cluster at that address, a bad address
                 raise InvalidInputError("--ray", f"cannot start or join Ray at {address!r}: {e}") from None
             self._started = True  # ours to shut down
+        logging.getLogger("ray.data").setLevel(logging.WARNING)
         context = self.ray.data.DataContext.get_current()
         # refsight draws its own bar (images/s, ETA); Ray's per-operator bars would interleave with it.
         context.enable_progress_bars = False
