@@ -10,6 +10,11 @@ encoding under concurrency: ``encodes`` must equal ``distinct_images`` (R + C).
 Prints one JSON line: ``{"requests", "errors", "rps", "p50_ms", "p99_ms", "encodes", ...}``.
 
     python benchmarks/serve_load.py [--model tiny-qwen2-vl] [--clients 16] [--requests 48]
+
+With ``--replicas N`` (N >= 2) it runs N ``refsight serve`` processes on one PostgreSQL catalog
+and one blob directory instead (see ``benchmarks/serve_replicas.py``)::
+
+    python benchmarks/serve_load.py --replicas 2 --references 200 [--catalog postgresql://...]
 """
 
 from __future__ import annotations
@@ -83,7 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=56, help="side of the square test photos in pixels")
     parser.add_argument("--search-every", type=int, default=4, help="every n-th request is a search (0: none)")
     parser.add_argument("--store", default=None, help="store directory (default: a fresh temporary one)")
+    parser.add_argument("--replicas", type=int, default=1, help="refsight serve processes sharing one store (>= 2)")
+    parser.add_argument("--catalog", default=None, help="with --replicas: the PostgreSQL URL (default: a throwaway server)")
     args = parser.parse_args(argv)
+    if args.replicas > 1:
+        from serve_replicas import run
+
+        return run(args)
     if args.references + args.candidates > len(PHOTOS) * 2:
         parser.error(f"at most {len(PHOTOS) * 2} distinct images")
 

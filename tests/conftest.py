@@ -19,6 +19,8 @@ import pytest
 from PIL import Image
 
 from image_corpus import build_bad_image_corpus, load_photo
+# Real PostgreSQL and Redis servers (throwaway, loopback) for the tests that need them.
+from services import postgres, postgres_server, private_postgres, redis_server  # noqa: F401
 
 
 @pytest.fixture

@@ -67,6 +67,7 @@ def test_add_prints_one_json_line_per_input_and_second_add_is_cached(capsys, sto
     assert stats[0]["hits"] == 1 and stats[0]["misses"] == 2
     assert set(stats[0]) == {
         "references", "packages", "bytes", "hits", "misses", "evictions", "encode_ms_saved", "memory_bytes", "scope",
+        "replica",  # this process's own counts (replicas sharing a catalog)
     }
 
 

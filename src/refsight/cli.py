@@ -72,6 +72,8 @@ def _engine(args: argparse.Namespace) -> Engine:
 
     return Engine(
         args.store,
+        catalog=args.catalog,
+        local_dir=args.local_dir,
         model=getattr(args, "model", None),
         embedder=getattr(args, "embedder", None),
         attribute_schema=getattr(args, "attribute_schema", None),
@@ -163,6 +165,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         lambda d: (
             f"checked {d['checked']}, corrupt {len(d['corrupt'])}, repaired {d['repaired']}"
             + "".join(f"\n  corrupt: {k}" for k in d["corrupt"])
+            + "".join(f"\n  reference without its image: {r} ({why})" for r, why in d["missing_images"].items())
         ),
     )
     return 0 if report.ok else 1
@@ -233,6 +236,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     serve(
         ServerConfig(
             store=args.store,
+            catalog=args.catalog,
+            local_dir=args.local_dir,
             model=args.model,
             backend_options=_backend_options(args),
             config_file=getattr(args, "config", None),
@@ -351,6 +356,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         default=argparse.SUPPRESS,
         help="store directory (default: $REFSIGHT_STORE or the user cache dir)",
+    )
+    common.add_argument(
+        "--catalog",
+        metavar="URL",
+        default=argparse.SUPPRESS,
+        help="postgresql://... : the catalog in PostgreSQL, shared by replicas; --store then names the shared "
+        "blob directory (default: $REFSIGHT_CATALOG, else the embedded SQLite catalog in the store)",
+    )
+    common.add_argument(
+        "--local-dir",
+        metavar="DIR",
+        default=argparse.SUPPRESS,
+        help="with --catalog: this replica's directory for derived data (retrieval index, attribute records)",
     )
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON lines")
     common.add_argument(
@@ -496,6 +514,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.store = getattr(args, "store", None)
+    args.catalog = getattr(args, "catalog", None) or os.environ.get("REFSIGHT_CATALOG") or None
+    args.local_dir = getattr(args, "local_dir", None)
     args.json = getattr(args, "json", False)
     try:
         return args.func(args)

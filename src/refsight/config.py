@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["DEFAULT_MODEL", "default_store_dir", "default_model", "model_cache_dir"]
+__all__ = ["DEFAULT_MODEL", "default_store_dir", "default_model", "model_cache_dir", "default_replica_dir"]
 
 #: The model used when none is named: an offline random-weight Qwen2-VL, labelled as such.
 DEFAULT_MODEL = "tiny-qwen2-vl"
@@ -34,3 +34,20 @@ def model_cache_dir() -> Path:
     from platformdirs import user_cache_dir
 
     return Path(user_cache_dir("refsight")) / "models"
+
+
+def default_replica_dir(catalog_url: str, blob_dir: Path) -> Path:
+    """Where a replica keeps its derived data (retrieval index, attribute records) for a shared store.
+
+    ``$REFSIGHT_REPLICA_DIR``, else ``<user cache dir>/refsight/replicas/<digest>``, one per
+    catalog URL and blob directory (derived data is rebuilt from the catalog when missing).
+    """
+    env = os.environ.get("REFSIGHT_REPLICA_DIR")
+    if env:
+        return Path(env).expanduser()
+    import hashlib
+
+    from platformdirs import user_cache_dir
+
+    digest = hashlib.sha256(f"{catalog_url}\n{Path(blob_dir).resolve()}".encode()).hexdigest()[:16]
+    return Path(user_cache_dir("refsight")) / "replicas" / digest

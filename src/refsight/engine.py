@@ -68,7 +68,9 @@ class Engine:
     """Store + backend + retrieval + judge behind one object.
 
     ``store`` is a directory (default: ``$REFSIGHT_STORE`` or the user cache dir) or an
-    open :class:`~refsight.store.Store` (then the caller closes it); ``model`` a
+    open :class:`~refsight.store.Store` (then the caller closes it); with ``catalog``
+    (``postgresql://...``) the directory is a blob directory shared by replicas, the catalog
+    in PostgreSQL, derived data in ``local_dir`` (see :func:`~refsight.store.open_store`); ``model`` a
     registered model name (default: ``$REFSIGHT_MODEL`` or ``tiny-qwen2-vl``), loaded on
     first use with ``backend_options`` over the config file's (``settings``); ``embedder`` the retrieval
     embedder, an :class:`~refsight.retrieval.embedders.Embedder` or a registry name (``conse``, the
@@ -91,12 +93,15 @@ class Engine:
         backend_options: BackendOptions | None = None,
         settings: Settings | None = None,
         share_packages: bool = True,
+        catalog: str | None = None,
+        local_dir: str | Path | None = None,
     ) -> None:
         self._owns_store = not isinstance(store, Store)
         if isinstance(store, Store):
             self.store = store
         else:
-            options = {} if memory_bytes is None else {"memory_bytes": memory_bytes}
+            options = {"catalog": catalog, "local_dir": local_dir}
+            options |= {} if memory_bytes is None else {"memory_bytes": memory_bytes}
             self.store = open_store(Path(store) if store is not None else default_store_dir(), **options)
         self.model = model or default_model()
         self.namespace = namespace
@@ -116,7 +121,7 @@ class Engine:
         self.packages = PackageCache(self.store, kept)
         self.book = ReferenceBook(self.store, self.packages, limits, self._progress_bar)
         self.retrieval = StoreIndex(
-            self.store.root,
+            self.store.derived_root,
             self.store.catalog,
             lambda row: kept(row.image_sha256, label=f"reference {row.ref_id}"),
             embedder=embedder,
@@ -354,7 +359,7 @@ class Engine:
         if self._sidecars is None:
             from .judge.sidecars import SidecarRecords
 
-            self._sidecars = SidecarRecords(self.store.root, schema=self.attribute_schema)
+            self._sidecars = SidecarRecords(self.store.derived_root, schema=self.attribute_schema)
         return self._sidecars
 
     # -- maintenance -------------------------------------------------------------------

@@ -55,7 +55,23 @@ class Maintenance:
                     report.repaired.append(key)
                 else:
                     report.unrepairable[key] = reason
+        self._check_images(report)
         return report
+
+    def _check_images(self, report: VerifyReport) -> None:
+        # A reference without its kept bytes could never be re-encoded: each image read (and
+        # its checksum checked) once, however many references share it.
+        problems: dict[str, str | None] = {}
+        for namespace in self.store.catalog.namespaces():
+            for ref in self.store.catalog.list_references(namespace=namespace):
+                if ref.image_sha256 not in problems:
+                    try:
+                        self.store.catalog.get_image(ref.image_sha256)
+                        problems[ref.image_sha256] = None
+                    except RefsightError as e:
+                        problems[ref.image_sha256] = str(e)
+                if problems[ref.image_sha256] is not None:
+                    report.missing_images[f"{namespace}/{ref.ref_id}"] = problems[ref.image_sha256]
 
     def _repair(self, key: str, backend: Backend) -> str | None:
         record = self.store.local.record(key)
@@ -109,6 +125,8 @@ class Maintenance:
             evictions=int(counters.get("evictions", 0)),
             encode_ms_saved=round(float(counters.get("encode_ms_saved", 0.0)), 3),
             memory_bytes=self.store.memory.nbytes,
+            replica=self.store.counters.totals()
+            | {f"{tier}_hits": n for tier, n in getattr(self.store.packages, "tier_hits", {}).items()},
         )
 
     def drift(

@@ -10,7 +10,10 @@ Every visual package refsight uses goes through :class:`PackageCache`, under one
 - **Candidate packages stay in memory.** A compared image is not a reference: its package
   goes to the bounded memory tier only, so it leaves nothing on disk.
 - **Encode once.** A per-key lock (shared by every engine in the process) makes concurrent
-  requests for the same new image run the encoder once; the others wait and hit.
+  requests for the same new image run the encoder once; the others wait and hit. Across
+  replicas of a shared store, the store's lease (:meth:`refsight.store.Store.lease`, a
+  PostgreSQL advisory lock) does the same; a lease that times out costs an encode, never a
+  second row or a torn file (writes are content-addressed and idempotent).
 - **Reads do not write.** A hit takes no cross-process lock and issues no SQL write; hits,
   misses and the encoder time saved are counted here, once, in the store's
   :class:`~refsight.store.counters.CounterBuffer`.
@@ -78,8 +81,8 @@ class PackageCache:
         key = self.key(backend, ref.image_sha256, scope)
         found = self._durable_hit(key)
         if found is None:
-            with PACKAGE_LOCKS.hold(key):
-                found = self._durable_hit(key)  # another thread may have stored it while we waited
+            with PACKAGE_LOCKS.hold(key), self.store.lease(key):
+                found = self._durable_hit(key)  # another thread or replica may have stored it while we waited
                 if found is None:
                     package = self._encode(backend, [self._kept_image(ref.image_sha256)], scope)[0]
                     self.store.packages.put(package)
@@ -133,6 +136,8 @@ class PackageCache:
                 # Sorted, so two batches that share keys never wait on each other in a cycle.
                 for key in sorted(missing):
                     held.enter_context(PACKAGE_LOCKS.hold(key))
+                for key in sorted(missing):  # then across replicas, in the same order
+                    held.enter_context(self.store.lease(key))
                 for key in list(missing):
                     hit = self._durable_hit(key)
                     if hit is not None:
@@ -164,7 +169,7 @@ class PackageCache:
     def rebuild(self, backend: Backend, image_sha256: str, *, scope: str | None) -> VisualPackage:
         """Encode again from the kept image and replace what is stored under the key (repair)."""
         key = self.key(backend, image_sha256, scope)
-        with PACKAGE_LOCKS.hold(key):
+        with PACKAGE_LOCKS.hold(key), self.store.lease(key):
             package = self._encode(backend, [self._kept_image(image_sha256)], scope)[0]
             # Delete first: put() is idempotent and would otherwise keep the corrupt file.
             self.store.packages.delete(key)

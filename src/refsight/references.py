@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .backends.base import Backend
-from .errors import InvalidInputError, ReferenceNotFoundError, RefsightError
+from .errors import InvalidInputError, ReferenceNotFoundError, RefsightError, StoreUnavailableError
 from .images import ImageInput, ImageSource, IntakeLimits, load_image
 from .package import VisualPackage
 from .packages import CachedPackage, PackageCache
@@ -111,6 +111,8 @@ class ReferenceBook:
                 try:
                     image = load_image(source, limits=self.limits, name=source_label(source))
                     ref_id = self._choose_id(ref_id, source, image, namespace)
+                except StoreUnavailableError:
+                    raise  # the store, not this input: the whole request fails (503), nothing half-done
                 except RefsightError as e:
                     done[index] = AddFailure(input=source_label(source), error=str(e))
                     bar.update(1)
@@ -136,6 +138,8 @@ class ReferenceBook:
                     ref_id, image.sha256, image.source_bytes, image.source_format, meta,
                     namespace=namespace, link=(digest, package.key),
                 )
+            except StoreUnavailableError:
+                raise  # the store, not this input (a full disk, an unreachable catalog): 503
             except RefsightError as e:
                 results.append((AddFailure(input=image.name or ref_id, error=str(e)), None))
                 continue

@@ -56,11 +56,13 @@ class VerifyReport:
     corrupt: list[str] = field(default_factory=list)
     repaired: list[str] = field(default_factory=list)
     unrepairable: dict[str, str] = field(default_factory=dict)
+    #: ``namespace/ref_id`` → why its kept image cannot be read (missing or damaged bytes).
+    missing_images: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
-        """True when no corruption remains."""
-        return len(self.repaired) == len(self.corrupt)
+        """True when no corruption remains and every reference has its kept image."""
+        return len(self.repaired) == len(self.corrupt) and not self.missing_images
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (``repaired`` as a count, the keys beside it)."""
@@ -70,6 +72,7 @@ class VerifyReport:
             "repaired": len(self.repaired),
             "repaired_keys": self.repaired,
             "unrepairable": self.unrepairable,
+            "missing_images": self.missing_images,
         }
 
 
@@ -218,6 +221,10 @@ class StoreStats:
     encode_ms_saved: float | None
     memory_bytes: int = 0
     scope: str = "store"
+    #: This process's own counts since it opened the store (hits, misses, evictions,
+    #: encode_ms_saved, and hits per tier: ``memory_hits``, ``disk_hits``): with replicas
+    #: sharing one catalog, what THIS replica did.
+    replica: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields."""

@@ -183,3 +183,18 @@ def test_refsight_ingest_prints_one_json_report_and_exits_1_on_refused_files(tmp
     assert set(report) >= {"images", "added", "cached", "failed", "encode_s", "wall_s", "images_per_s", "actors"}
     assert "zero_bytes" in errors.read_text() and "1 image(s) refused" in out.err
     assert main(["--store", str(tmp_path / "store"), "ingest", str(tmp_path / "absent"), "--model", MODEL]) == 1
+
+
+def test_ingest_writes_through_the_catalog_interface_to_a_postgresql_catalog(tmp_path, images, postgres):
+    # The driver writes through Catalog / PackageCache only: a shared PostgreSQL catalog with a blob
+    # directory takes the same ingest, and a second replica sees every reference without encoding.
+    blobs = tmp_path / "blobs"
+    with Engine(blobs, catalog=postgres, local_dir=tmp_path / "replica-a", model=MODEL) as engine:
+        report = ingest(engine, images[0].parent.parent, batch_size=8)
+        assert (report.added, report.failed) == (len(images), 0)
+        assert engine.verify().ok and len(engine.references()) == len(images)
+    with Engine(blobs, catalog=postgres, local_dir=tmp_path / "replica-b", model=MODEL) as engine:
+        again = ingest(engine, images[0].parent.parent, batch_size=8)
+        # Packages and references are shared: nothing to encode; this replica's derived data is its own.
+        assert (again.added, again.cached, again.vectors, again.records) == (0, len(images), len(images), len(images))
+        assert len(engine.search("a photo", k=5).hits) == 5

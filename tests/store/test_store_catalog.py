@@ -1,4 +1,8 @@
-"""SqliteCatalog: references per namespace, id validation, image bytes, orphan keys, counters."""
+"""The catalog: references per namespace, id validation, image bytes, orphan keys, counters, journal, migrations.
+
+One suite, two implementations: every test runs on the embedded catalog (SQLite) and on the
+shared one (PostgreSQL, a real server on loopback; see ``tests/services.py``).
+"""
 
 from __future__ import annotations
 
@@ -9,14 +13,14 @@ import pytest
 from store_helpers import fingerprint, image_hash, make_package
 
 from refsight.errors import InvalidInputError, InvalidReferenceIdError, NotFoundError, ReferenceNotFoundError, StoreError
-from refsight.store import SqliteCatalog, open_store
+from refsight.store import SqliteCatalog
 
 
 @pytest.fixture
-def catalog(tmp_path):
-    c = SqliteCatalog(tmp_path)
-    yield c
-    c.close()
+def catalog(opener, tmp_path):
+    with opener(tmp_path) as store:
+        assert isinstance(store.catalog, SqliteCatalog)  # the one implementation of the rules, on either database
+        yield store.catalog
 
 
 def test_add_get_list_and_metadata_merge(catalog):
@@ -118,15 +122,19 @@ def test_damaged_image_bytes_are_reported(catalog):
         catalog.get_image(image_hash(3))
 
 
-def test_counters_persist_across_reopen_and_processes(tmp_path):
+def test_counters_persist_across_reopen_and_processes(opener, tmp_path):
     root = tmp_path / "s"
-    with open_store(root) as store:
+    with opener(root) as store:
         assert store.catalog.counters() == {"hits": 0, "misses": 0, "evictions": 0, "encode_ms_saved": 0}
         store.catalog.bump(hits=2, encode_ms_saved=10.5)
         store.catalog.bump(misses=1)
-    code = "import sys; from refsight.store import open_store; s = open_store(sys.argv[1]); s.catalog.bump(hits=3); s.close()"
-    assert subprocess.run([sys.executable, "-c", code, str(root)]).returncode == 0
-    with open_store(root) as store:
+    code = (
+        "import sys; from refsight.store import open_store; "
+        "s = open_store(sys.argv[1], catalog=sys.argv[2] or None, local_dir=sys.argv[3] or None); "
+        "s.catalog.bump(hits=3); s.close()"
+    )
+    assert subprocess.run([sys.executable, "-c", code, *opener.args(root)]).returncode == 0
+    with opener(root) as store:
         counters = store.catalog.counters()
         assert counters["hits"] == 5 and counters["misses"] == 1 and counters["encode_ms_saved"] == 10.5
         with pytest.raises(InvalidInputError):
@@ -165,45 +173,46 @@ def test_change_journal_is_per_namespace(catalog):
     assert catalog.revision() == 0 and catalog.changes_since(0) == (0, [], [])
 
 
-def test_a_version_1_store_is_migrated_in_place(tmp_path):
-    import sqlite3
-
+def test_a_version_1_store_is_migrated_in_place(opener, tmp_path):
     root = tmp_path / "old"
-    with open_store(root) as store:
+    with opener(root) as store:
         store.catalog.add_reference("kept", image_hash(1), {"k": "v"})
     # make it look like a store written before the change journal existed
-    conn = sqlite3.connect(root / "refsight.db")
-    conn.execute("DROP TABLE reference_changes")
-    conn.execute("ALTER TABLE packages DROP COLUMN scope")  # added by version 3
-    conn.execute("UPDATE meta SET value = '1' WHERE name = 'schema_version'")
-    conn.commit()
-    conn.close()
-    with open_store(root) as store:
+    opener.sql(root, [
+        "DROP TABLE reference_changes",
+        "ALTER TABLE packages DROP COLUMN scope",  # added by version 3
+        "UPDATE meta SET value = '1' WHERE name = 'schema_version'",
+    ])
+    with opener(root) as store:
         assert store.catalog.get_reference("kept").metadata == {"k": "v"}
         assert store.catalog.revision() == 0
         store.catalog.add_reference("new", image_hash(2), {})
         assert [r.ref_id for r in store.catalog.changes_since(0).changed] == ["new"]
-    conn = sqlite3.connect(root / "refsight.db")
-    assert conn.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()[0] == "3"
-    conn.close()
+    assert opener.sql(root, ["SELECT value FROM meta WHERE name = 'schema_version'"])[0][0][0] == "3"
 
 
-def test_a_version_2_store_keeps_its_packages_as_shared(tmp_path):
-    import sqlite3
+def test_a_newer_store_is_refused(opener, tmp_path):
+    root = tmp_path / "newer"
+    with opener(root) as store:
+        store.catalog.add_reference("kept", image_hash(1), {})
+    opener.sql(root, ["UPDATE meta SET value = '99' WHERE name = 'schema_version'"])
+    with pytest.raises(StoreError, match="newer than this refsight"):
+        opener(root)
 
+
+def test_a_version_2_store_keeps_its_packages_as_shared(opener, tmp_path):
     from store_helpers import make_package
 
     root = tmp_path / "v2"
     package = make_package(1)
-    with open_store(root) as store:
+    with opener(root) as store:
         store.packages.put(package)
     # a store written before isolation scopes existed: no scope column
-    conn = sqlite3.connect(root / "refsight.db")
-    conn.execute("ALTER TABLE packages DROP COLUMN scope")
-    conn.execute("UPDATE meta SET value = '2' WHERE name = 'schema_version'")
-    conn.commit()
-    conn.close()
-    with open_store(root) as store:
+    opener.sql(root, [
+        "ALTER TABLE packages DROP COLUMN scope",
+        "UPDATE meta SET value = '2' WHERE name = 'schema_version'",
+    ])
+    with opener(root) as store:
         loaded = store.local.get(package.key)
         assert loaded is not None and loaded.scope is None and loaded.key == package.key
         assert store.local.record(package.key).scope is None

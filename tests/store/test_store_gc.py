@@ -1,4 +1,7 @@
-"""Store.gc (issue 18 row 9): debris of killed or failed writes goes, live data and young writes stay."""
+"""Store.gc (issue 18 row 9): debris of killed or failed writes goes, live data and young writes stay.
+
+Each test runs on the embedded store and on the shared one (PostgreSQL catalog + blob directory).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,6 @@ import time
 
 from store_helpers import image_hash, make_package
 
-from refsight.store import open_store
 
 OLD = time.time() - 7200  # two hours ago: older than any grace period used here
 
@@ -48,9 +50,9 @@ def _debris(store, root):
     return orphan.key
 
 
-def test_gc_removes_every_kind_of_debris_and_keeps_live_references(tmp_path):
+def test_gc_removes_every_kind_of_debris_and_keeps_live_references(opener, tmp_path):
     root = tmp_path / "store"
-    with open_store(root) as store:
+    with opener(root) as store:
         live = [_linked_reference(store, n) for n in range(3)]
         orphan_key = _debris(store, root)
         # The orphan package is old only if its row says so: make it so in the index.
@@ -76,9 +78,9 @@ def test_gc_removes_every_kind_of_debris_and_keeps_live_references(tmp_path):
         assert store.gc() == dict.fromkeys(counts, 0)  # idempotent
 
 
-def test_gc_leaves_young_rows_and_temp_files_to_writes_in_progress(tmp_path):
+def test_gc_leaves_young_rows_and_temp_files_to_writes_in_progress(opener, tmp_path):
     root = tmp_path / "store"
-    with open_store(root) as store:
+    with opener(root) as store:
         young = make_package(7)
         store.packages.put(young)  # an add that has not linked it yet
         store.catalog.put_image(young.image_sha256, b"bytes", "PNG")
@@ -96,9 +98,9 @@ def test_gc_leaves_young_rows_and_temp_files_to_writes_in_progress(tmp_path):
         assert store.packages.get(young.key) is not None
 
 
-def test_opening_a_store_sweeps_temp_files_older_than_an_hour(tmp_path):
+def test_opening_a_store_sweeps_temp_files_older_than_an_hour(opener, tmp_path):
     root = tmp_path / "store"
-    with open_store(root) as store:
+    with opener(root) as store:
         _linked_reference(store, 1)
     old = root / "packages" / "aa" / "bb" / ".tmp-old.partial"
     new = root / "images" / "aa" / ".tmp-new.partial"
@@ -107,6 +109,6 @@ def test_opening_a_store_sweeps_temp_files_older_than_an_hour(tmp_path):
         path.write_bytes(b"x")
     _age(old)
     (root / ".temp-sweep").unlink()  # the last sweep was long ago
-    with open_store(root):
+    with opener(root):
         pass
     assert not old.exists() and new.exists()  # an hour-old temp goes; a fresh one may be a live writer's

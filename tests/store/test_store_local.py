@@ -1,9 +1,11 @@
-"""LocalPackageStore: exact round trips, checks on read, verify, gc, and the on-disk format."""
+"""LocalPackageStore: exact round trips, checks on read, verify, gc, and the on-disk format.
+
+Each test runs with the index in SQLite (embedded) and in PostgreSQL (shared blob directory).
+"""
 
 from __future__ import annotations
 
 import json
-import sqlite3
 
 import pytest
 import safetensors.torch
@@ -13,6 +15,23 @@ from store_helpers import image_hash, make_package
 from refsight.errors import CorruptPackageError, InvalidInputError
 from refsight.package import VisualPackage
 from refsight.store import LocalPackageStore
+
+
+@pytest.fixture
+def open_local(opener):
+    """``open_local(root)``: the package store of a store at ``root`` (either kind); ``.sql`` runs raw SQL."""
+    stores = []
+
+    def open_one(root):
+        store = opener(root)
+        stores.append(store)
+        assert isinstance(store.local, LocalPackageStore)
+        return store.local
+
+    open_one.sql = opener.sql
+    yield open_one
+    for store in stores:
+        store.close()
 
 
 def assert_same_package(a: VisualPackage, b: VisualPackage) -> None:
@@ -29,8 +48,8 @@ def assert_same_package(a: VisualPackage, b: VisualPackage) -> None:
     assert a.key == b.key
 
 
-def test_round_trip_is_bit_exact_for_bf16_int64_bool_and_metadata(tmp_path):
-    store = LocalPackageStore(tmp_path)
+def test_round_trip_is_bit_exact_for_bf16_int64_bool_and_metadata(open_local, tmp_path):
+    store = open_local(tmp_path)
     package = make_package(1)
     package.tensors["scalar"] = torch.tensor(3.25, dtype=torch.float64)
     package.tensors["empty"] = torch.empty(0, 7, dtype=torch.float16)
@@ -42,13 +61,13 @@ def test_round_trip_is_bit_exact_for_bf16_int64_bool_and_metadata(tmp_path):
     assert_same_package(package, loaded)
     store.close()
     # and again from a fresh process-level handle
-    reopened = LocalPackageStore(tmp_path)
+    reopened = open_local(tmp_path)
     assert_same_package(package, reopened.get(package.key))
     reopened.close()
 
 
-def test_files_are_plain_safetensors_with_the_header_as_metadata(tmp_path):
-    store = LocalPackageStore(tmp_path)
+def test_files_are_plain_safetensors_with_the_header_as_metadata(open_local, tmp_path):
+    store = open_local(tmp_path)
     package = make_package(2)
     store.put(package)
     path = store.path_for(package.key)
@@ -62,8 +81,8 @@ def test_files_are_plain_safetensors_with_the_header_as_metadata(tmp_path):
     assert header["spec"] == package.spec
 
 
-def test_put_is_idempotent_and_keeps_the_first_file(tmp_path):
-    store = LocalPackageStore(tmp_path)
+def test_put_is_idempotent_and_keeps_the_first_file(open_local, tmp_path):
+    store = open_local(tmp_path)
     package = make_package(3)
     store.put(package)
     first = store.record(package.key)
@@ -75,8 +94,8 @@ def test_put_is_idempotent_and_keeps_the_first_file(tmp_path):
     assert list(store.keys()) == [package.key]
 
 
-def test_missing_key_is_none_and_delete_removes_row_and_file(tmp_path):
-    store = LocalPackageStore(tmp_path)
+def test_missing_key_is_none_and_delete_removes_row_and_file(open_local, tmp_path):
+    store = open_local(tmp_path)
     package = make_package(4)
     assert store.get(package.key) is None and not store.contains(package.key)
     store.put(package)
@@ -88,8 +107,8 @@ def test_missing_key_is_none_and_delete_removes_row_and_file(tmp_path):
 
 
 @pytest.mark.parametrize("offset", [3, -1, "header"])
-def test_a_flipped_byte_is_caught_by_get_and_verify_all(tmp_path, offset):
-    store = LocalPackageStore(tmp_path)
+def test_a_flipped_byte_is_caught_by_get_and_verify_all(open_local, tmp_path, offset):
+    store = open_local(tmp_path)
     good, bad = make_package(5), make_package(6)
     store.put(good)
     store.put(bad)
@@ -107,8 +126,8 @@ def test_a_flipped_byte_is_caught_by_get_and_verify_all(tmp_path, offset):
     assert store.get(good.key) is not None
 
 
-def test_missing_and_truncated_files_are_corrupt_not_absent(tmp_path):
-    store = LocalPackageStore(tmp_path)
+def test_missing_and_truncated_files_are_corrupt_not_absent(open_local, tmp_path):
+    store = open_local(tmp_path)
     gone, short = make_package(7), make_package(8)
     store.put(gone)
     store.put(short)
@@ -122,40 +141,39 @@ def test_missing_and_truncated_files_are_corrupt_not_absent(tmp_path):
     assert {k: p is not None for k, p in store.verify_all()} == {gone.key: True, short.key: True}
 
 
-def test_an_index_row_that_disagrees_with_its_file_is_corrupt(tmp_path):
-    store = LocalPackageStore(tmp_path)
+def test_an_index_row_that_disagrees_with_its_file_is_corrupt(open_local, tmp_path):
+    store = open_local(tmp_path)
     package = make_package(9)
     store.put(package)
     spec = package.spec
     spec["features"]["shape"] = [1, 1]
-    with sqlite3.connect(tmp_path / "refsight.db") as conn:
-        conn.execute("UPDATE packages SET spec_json = ? WHERE key = ?", (json.dumps(spec), package.key))
+    open_local.sql(tmp_path, [("UPDATE packages SET spec_json = ? WHERE key = ?", (json.dumps(spec), package.key))])
     with pytest.raises(CorruptPackageError, match="shapes"):
         store.get(package.key)
 
 
-def test_a_file_holding_another_package_is_corrupt(tmp_path):
-    store = LocalPackageStore(tmp_path)
+def test_a_file_holding_another_package_is_corrupt(open_local, tmp_path):
+    store = open_local(tmp_path)
     a, b = make_package(10), make_package(11)
     store.put(a)
     store.put(b)
     # Swap file and checksum of b into a's place: checksum passes, identity does not.
     store.path_for(a.key).write_bytes(store.path_for(b.key).read_bytes())
     row_b = store.record(b.key)
-    with sqlite3.connect(tmp_path / "refsight.db") as conn:
-        conn.execute("UPDATE packages SET checksum = ?, bytes = ? WHERE key = ?", (row_b.checksum, row_b.bytes, a.key))
+    open_local.sql(tmp_path, [
+        ("UPDATE packages SET checksum = ?, bytes = ? WHERE key = ?", (row_b.checksum, row_b.bytes, a.key)),
+    ])
     with pytest.raises(CorruptPackageError, match="another package"):
         store.get(a.key)
 
 
-def test_gc_removes_orphan_files_and_stale_temps_but_keeps_indexed_ones(tmp_path):
-    store = LocalPackageStore(tmp_path)
+def test_gc_removes_orphan_files_and_stale_temps_but_keeps_indexed_ones(open_local, tmp_path):
+    store = open_local(tmp_path)
     kept, orphan = make_package(12), make_package(13)
     store.put(kept)
     store.put(orphan)
     # Make an orphan: a file without its row (what a kill between rename and insert leaves).
-    with sqlite3.connect(tmp_path / "refsight.db") as conn:
-        conn.execute("DELETE FROM packages WHERE key = ?", (orphan.key,))
+    open_local.sql(tmp_path, [("DELETE FROM packages WHERE key = ?", (orphan.key,))])
     temp = store.path_for(kept.key).parent / ".tmp-abandoned.partial"
     temp.write_bytes(b"half a package")
     assert list(store.keys()) == [kept.key] and store.get(orphan.key) is None
@@ -165,8 +183,8 @@ def test_gc_removes_orphan_files_and_stale_temps_but_keeps_indexed_ones(tmp_path
     assert store.get(kept.key) is not None
 
 
-def test_bad_keys_and_unstorable_packages_are_refused(tmp_path):
-    store = LocalPackageStore(tmp_path)
+def test_bad_keys_and_unstorable_packages_are_refused(open_local, tmp_path):
+    store = open_local(tmp_path)
     for key in ["../../etc/passwd", "ABC", "a" * 63, 5]:
         with pytest.raises(InvalidInputError):
             store.get(key)
@@ -182,8 +200,8 @@ def test_bad_keys_and_unstorable_packages_are_refused(tmp_path):
     assert not any(p.is_file() for p in (tmp_path / "packages").rglob("*")), "a refused put left a file behind"
 
 
-def test_stats_and_records(tmp_path):
-    store = LocalPackageStore(tmp_path)
+def test_stats_and_records(open_local, tmp_path):
+    store = open_local(tmp_path)
     packages = [make_package(n) for n in range(3)]
     sizes = [store.put(p) for p in packages]
     assert store.stats() == {"packages": 3, "bytes": sum(sizes)}
@@ -194,10 +212,10 @@ def test_stats_and_records(tmp_path):
     assert len(record.checksum) == 32
 
 
-def test_threads_share_one_store(tmp_path):
+def test_threads_share_one_store(open_local, tmp_path):
     import threading
 
-    store = LocalPackageStore(tmp_path)
+    store = open_local(tmp_path)
     packages = [make_package(n) for n in range(8)]
     errors = []
 
@@ -222,8 +240,8 @@ def test_threads_share_one_store(tmp_path):
     store.close()
 
 
-def test_repair_is_delete_then_put(tmp_path):
-    store = LocalPackageStore(tmp_path)
+def test_repair_is_delete_then_put(open_local, tmp_path):
+    store = open_local(tmp_path)
     package = make_package(20)
     store.put(package)
     store.path_for(package.key).write_bytes(b"garbage")

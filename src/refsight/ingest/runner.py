@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import InvalidInputError, RefsightError
+from ..errors import InvalidInputError, RefsightError, StoreUnavailableError
 from ..images import IntakeLimits
 from ..package import EncoderFingerprint
 from ..timing import progress_bar
@@ -197,6 +197,8 @@ def run_ingest(
                                 encode_ms += row["encode_ms"]
                             vectors += bool(row["vector"])
                             records += bool(row["record"])
+                        except StoreUnavailableError:
+                            raise  # the store, not this image (a full disk, an unreachable catalog): stop; re-run resumes
                         except RefsightError as e:
                             errors[todo.index] = str(e)
                         write_s += time.perf_counter() - clock
@@ -204,6 +206,8 @@ def run_ingest(
     for todo in later:
         try:
             writer.write_from_kept(todo)
+        except StoreUnavailableError:
+            raise
         except RefsightError as e:
             errors[todo.index] = f"{todo.item.path}: {e}"
     if writer is not None:

@@ -11,6 +11,11 @@ package, the vector, the attribute record. The driver writes each row through th
    links its package in ONE transaction (the catalog interface, so a PostgreSQL catalog works too);
 3. the retrieval vector into the vector cache, then the ImageNet record into the attribute store.
 
+With a PostgreSQL catalog (``--catalog``) the same calls go to the shared catalog and blob
+directory, and vectors and records to this replica's derived directory. Workers take no
+cross-replica encode lease: two ingests of one image at once may both encode it, and the
+second write is a no-op (keys are content-addressed, writes idempotent).
+
 A crash or Ctrl-C between two steps leaves what the probe of the next run finds missing, so
 re-running the command does only that (a package on disk is never encoded again). A row a
 retried Ray task delivers twice is written twice harmlessly (every step is idempotent).
@@ -25,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import RefsightError
+from ..errors import RefsightError, StoreUnavailableError
 from ..package import EncoderFingerprint, package_key
 from .sources import IngestItem
 
@@ -92,6 +97,8 @@ class IngestWriter:
         for index, item, sha in batch:
             try:
                 ref_id = self._choose(item, sha)
+            except StoreUnavailableError:
+                raise  # the store, not this image: the job stops (a re-run resumes)
             except RefsightError as e:
                 errors.append((index, str(e)))
                 continue

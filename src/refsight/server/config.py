@@ -25,6 +25,10 @@ class ServerConfig:
     """
 
     store: str | os.PathLike | None = None
+    #: ``postgresql://...``: the catalog in PostgreSQL, shared by replicas; ``store`` is then the
+    #: shared blob directory and ``local_dir`` this replica's derived data (see ``open_store``).
+    catalog: str | None = None
+    local_dir: str | os.PathLike | None = None
     model: str | None = None
     #: How the model is loaded (device, dtype, processor settings ...), as for the CLI.
     backend_options: BackendOptions = field(default_factory=BackendOptions)

@@ -44,6 +44,10 @@ class _CacheCollector:
         saved = CounterMetricFamily("refsight_cache_encode_seconds_saved", "Encoder time saved by cache hits")
         saved.add_metric([], float(stats.get("encode_ms_saved") or 0) / 1000.0)
         yield saved
+        for name, help_text in (("hits", "served without an encoder"), ("misses", "that ran the encoder")):
+            gauge = GaugeMetricFamily(f"refsight_replica_cache_{name}", f"Package lookups of this process {help_text}")
+            gauge.add_metric([], float((stats.get("replica") or {}).get(name) or 0))
+            yield gauge
         for name, key, help_text in (
             ("refsight_cache_bytes", "bytes", "Bytes of packages on local disk"),
             ("refsight_cache_packages", "packages", "Packages on local disk"),

@@ -46,6 +46,8 @@ class Service:
         options = {} if self.config.memory_bytes is None else {"memory_bytes": self.config.memory_bytes}
         self.engine = Engine(
             self.config.store_dir,
+            catalog=self.config.catalog,
+            local_dir=self.config.local_dir,
             model=self.config.model,
             limits=self.limits,
             backend_options=self.config.backend_options,

@@ -8,17 +8,24 @@
         store.catalog.add_reference("cat-1", package.image_sha256, {"label": "tabby"})
 
 Nothing here imports torch until a package is actually read or written.
+
+With ``catalog="postgresql://..."`` the catalog and the package index live in PostgreSQL
+(:mod:`refsight.store.postgres`) and ``root`` is a shared blob directory (packages and kept
+images, content-addressed, no database in it) that several replicas open at once; each
+replica keeps its derived data (retrieval index, attribute records) in its own
+``local_dir``.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 from ..errors import StoreError
 from ._failures import store_failure, unavailable_reason
-from ._sqlite import SCHEMA_VERSION, Database
+from ._sqlite import DB_NAME, SCHEMA_VERSION, Database
 from .base import (
     COUNTER_NAMES,
     DEFAULT_NAMESPACE,
@@ -34,6 +41,7 @@ from .counters import CounterBuffer
 from .gc import DEFAULT_GRACE_S, collect_garbage, sweep_stale_temps
 from .local import LocalPackageStore, PackageRecord
 from .memory import MemoryPackageStore
+from .postgres import PgDatabase, is_catalog_url, redact_url
 from .tiered import TieredPackageStore
 
 __all__ = [
@@ -66,11 +74,18 @@ class Store:
     Use as a context manager, or call :meth:`close`. Safe to open the same
     directory from several processes at once. ``counters`` buffers the cache
     counters in memory (reads never write; see :mod:`refsight.store.counters`).
+    ``derived_root`` is where this process keeps derived data (the retrieval index,
+    attribute records): ``root`` itself, or with a PostgreSQL catalog a directory of the
+    replica's own; ``catalog_url`` names that catalog (password hidden), else None.
     """
 
-    def __init__(self, root: Path, database: Database, memory_bytes: int) -> None:
+    def __init__(
+        self, root: Path, database: Database | PgDatabase, memory_bytes: int, *, derived_root: Path | None = None
+    ) -> None:
         self.root = root
+        self.derived_root = derived_root or root
         self._db = database
+        self.catalog_url = database.safe_url if isinstance(database, PgDatabase) else None
         self.local = LocalPackageStore(root, database=database)
         self.catalog = SqliteCatalog(root, database=database)
         self.counters = CounterBuffer(self.catalog)
@@ -86,11 +101,23 @@ class Store:
         """
         return collect_garbage(self, grace_s=grace_s)
 
+    def lease(self, key: str) -> AbstractContextManager[bool]:
+        """Hold package ``key``'s encode lease across replicas (PostgreSQL catalog), else nothing to hold.
+
+        Within one process, :data:`refsight.packages.PACKAGE_LOCKS` already makes an encode happen once.
+        """
+        if isinstance(self._db, PgDatabase):
+            return self._db.lease(key)
+        return nullcontext(True)
+
     def close(self) -> None:
         """Write pending counters, drop the memory tier and close the database connections. Idempotent."""
         if self._db.closed:
             return
-        self.counters.close()
+        try:
+            self.counters.close()
+        except StoreError:
+            pass  # the catalog is unreachable (a PostgreSQL outage): counts are statistics, closing must not fail
         self.memory.clear()
         self._db.close()
 
@@ -104,21 +131,33 @@ class Store:
         return f"Store({str(self.root)!r})"
 
 
-def open_store(root: str | os.PathLike, *, memory_bytes: int = DEFAULT_MEMORY_BYTES) -> Store:
+def open_store(
+    root: str | os.PathLike,
+    *,
+    memory_bytes: int = DEFAULT_MEMORY_BYTES,
+    catalog: str | None = None,
+    local_dir: str | os.PathLike | None = None,
+) -> Store:
     """Open (creating if needed) the store in directory ``root``.
 
-    Raises :class:`StoreError` when the directory cannot be created or written, or
-    when ``root`` holds a database that is not a refsight store (or a newer one).
+    ``catalog`` (``postgresql://user@host/db``) puts the catalog and package index in
+    PostgreSQL, shared by every replica that opens the same ``root`` with it; ``local_dir``
+    is then this replica's directory for derived data (default: one per catalog and root
+    under the user cache dir). Raises :class:`StoreError` when the directory cannot be
+    created or written, when ``root`` holds a database that is not a refsight store (or a
+    newer one), and :class:`StoreUnavailableError` when PostgreSQL cannot be reached.
     """
     path = Path(os.path.expanduser(os.fspath(root)))
+    if catalog is not None and not is_catalog_url(catalog):
+        raise StoreError(f"--catalog takes a postgresql:// URL (got {redact_url(str(catalog))!r})")
     try:
-        return _open(path, memory_bytes)
+        return _open(path, memory_bytes, catalog, local_dir)
     except OSError as exc:
         # ENAMETOOLONG, ELOOP, EACCES on a parent ...: a StoreError naming the path, not a traceback.
         raise store_failure(exc, path, f"cannot open store directory {path}") from exc
 
 
-def _open(path: Path, memory_bytes: int) -> Store:
+def _open(path: Path, memory_bytes: int, catalog: str | None = None, local_dir=None) -> Store:
     if path.exists() and not path.is_dir():
         raise StoreError(f"store path {path} exists and is not a directory")
     try:
@@ -134,6 +173,16 @@ def _open(path: Path, memory_bytes: int) -> Store:
         if unavailable_reason(exc, path) is None:
             raise StoreError(f"store directory {path} is not writable: {exc.strerror or exc}") from exc
         raise store_failure(exc, path, f"store directory {path} is not writable") from exc
+    if catalog is not None:
+        if (path / DB_NAME).exists():
+            raise StoreError(f"{path} is an embedded store (it holds {DB_NAME}); a shared blob directory holds none")
+        from ..config import default_replica_dir
+
+        derived = Path(os.path.expanduser(os.fspath(local_dir))) if local_dir else default_replica_dir(catalog, path)
+        derived.mkdir(parents=True, exist_ok=True)
+        database = PgDatabase(catalog, path)
+        sweep_stale_temps(path)
+        return Store(path, database, memory_bytes, derived_root=derived)
     database = Database(path)
     # Temp files of writers killed long ago (an hour or more); cheap, at most hourly.
     sweep_stale_temps(path)

@@ -444,11 +444,11 @@ class SqliteCatalog(Catalog):
         if not rows:
             return
         with self._db.write() as conn:
-            # value = value + excluded.value happens inside SQLite under its write lock:
+            # value = value + excluded.value happens inside the database under its write lock:
             # no read-modify-write in Python, so no bump from another process is lost.
             conn.executemany(
                 "INSERT INTO counters (name, value) VALUES (?, ?) "
-                "ON CONFLICT (name) DO UPDATE SET value = value + excluded.value",
+                "ON CONFLICT (name) DO UPDATE SET value = counters.value + excluded.value",
                 rows,
             )
 

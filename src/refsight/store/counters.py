@@ -33,6 +33,7 @@ class CounterBuffer:
         self._catalog = catalog
         self._interval = interval_s
         self._pending: dict[str, float] = defaultdict(float)
+        self._totals: dict[str, float] = defaultdict(float)  # this process's counts, never reset
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = False
@@ -43,6 +44,7 @@ class CounterBuffer:
         with self._lock:
             for name, amount in amounts.items():
                 self._pending[name] += amount
+                self._totals[name] += amount
             if self._thread is None and not self._closed:
                 # Started on first use, so an engine that never counts never owns a thread.
                 self._thread = threading.Thread(target=self._run, name="refsight-counters", daemon=True)
@@ -52,6 +54,17 @@ class CounterBuffer:
         """Counts not yet written (for ``stats`` of this process and tests)."""
         with self._lock:
             return dict(self._pending)
+
+    def totals(self) -> dict[str, float]:
+        """Everything this process counted since the store opened (hits, misses, ...; flushed or not).
+
+        With replicas on one shared catalog the persistent counters are the deployment's sums;
+        these are this replica's own.
+        """
+        from .base import COUNTER_NAMES
+
+        with self._lock:
+            return {name: 0.0 for name in COUNTER_NAMES} | dict(self._totals)
 
     def flush(self) -> None:
         """Write the pending counts now (one transaction); a failed write keeps them for the next try."""

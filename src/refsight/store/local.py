@@ -90,6 +90,8 @@ def _key(image_sha256: str, fingerprint_json: str, scope: str | None) -> str:
 class LocalPackageStore(PackageStore):
     """Packages as safetensors files under ``root/packages``, indexed in ``root/refsight.db``."""
 
+    tier_name = "disk"  # with a PostgreSQL catalog: the shared blob directory
+
     def __init__(self, root: str | Path, *, database: Database | None = None) -> None:
         self.root = Path(root)
         self._owns_db = database is None

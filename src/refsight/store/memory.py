@@ -25,6 +25,8 @@ EvictCallback = Callable[[str, VisualPackage], None]
 class MemoryPackageStore(PackageStore):
     """Thread-safe LRU of packages, at most ``max_bytes`` of tensor data."""
 
+    tier_name = "memory"
+
     def __init__(self, max_bytes: int, *, on_evict: EvictCallback | None = None) -> None:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
             raise InvalidInputError(max_bytes, "max_bytes must be a non-negative integer")

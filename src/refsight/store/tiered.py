@@ -25,12 +25,15 @@ class TieredPackageStore(PackageStore):
         if not tiers:
             raise InvalidInputError(tiers, "a tiered store needs at least one tier")
         self.tiers = list(tiers)
+        #: Hits per tier in this process (statistics: unlocked increments may rarely lose one).
+        self.tier_hits = {getattr(tier, "tier_name", type(tier).__name__): 0 for tier in self.tiers}
 
     def get(self, key: str) -> VisualPackage | None:
         """The first tier's hit, promoted into the faster tiers; None when no tier has it."""
         for i, tier in enumerate(self.tiers):
             package = tier.get(key)  # a corrupt disk copy raises here: never served
             if package is not None:
+                self.tier_hits[getattr(tier, "tier_name", type(tier).__name__)] += 1
                 for faster in self.tiers[:i]:
                     faster.put(package)
                 return package
