@@ -198,3 +198,44 @@ def test_ingest_writes_through_the_catalog_interface_to_a_postgresql_catalog(tmp
         # Packages and references are shared: nothing to encode; this replica's derived data is its own.
         assert (again.added, again.cached, again.vectors, again.records) == (0, len(images), len(images), len(images))
         assert len(engine.search("a photo", k=5).hits) == 5
+
+
+def test_a_killed_ingest_rerun_encodes_only_what_is_missing(tmp_path, images):
+    import os
+    import signal
+    import sqlite3
+    import subprocess
+    import sys
+    import time
+
+    store = tmp_path / "store"
+    root = images[0].parent.parent
+    command = [sys.executable, "-m", "refsight.cli", "--store", str(store), "ingest", str(root), "--model", MODEL,
+               "--batch-size", "4", "--errors", str(tmp_path / "errors.jsonl")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2] / "src"), os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def packages() -> int:
+        try:
+            conn = sqlite3.connect(f"file:{store / 'refsight.db'}?mode=ro", uri=True, timeout=5)
+            try:
+                return conn.execute("SELECT count(*) FROM packages").fetchone()[0]
+            finally:
+                conn.close()
+        except sqlite3.Error:
+            return 0
+
+    try:
+        deadline = time.monotonic() + 300
+        while packages() < 4 and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(process.pid, signal.SIGKILL)  # mid-job, as a crash (a Ctrl-C stops at the same points)
+    finally:
+        process.wait()
+    stored = packages()
+    assert 4 <= stored < len(images), "the ingest was not killed mid-job"
+    with Engine(store, model=MODEL) as engine:
+        report = ingest(engine, root, batch_size=4)
+        assert engine.verify().ok and len(engine.references()) == len(images)
+    assert report.added == len(images) - stored  # every package already on disk was kept, not encoded again
+    assert (report.added + report.cached, report.failed) == (len(images), 0)
