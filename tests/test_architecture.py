@@ -30,9 +30,9 @@ RUNTIME_EXCEPTIONS = {
 PUBLIC_API = (
     "refsight", "refsight.errors", "refsight.results", "refsight.config", "refsight.report", "refsight.settings",
 )
-#: ... plus their own subpackage (for the CLI: the entry points its `serve`, `demo` and `vllm-*` commands hand over to).
+#: ... plus their own subpackage (for the CLI: the entry points its `serve`, `demo`, `vllm-*` and `ingest` commands hand over to).
 OWN = {
-    "refsight.cli": ("refsight.server", "refsight.demo", "refsight.backends.vllm.cli"),
+    "refsight.cli": ("refsight.server", "refsight.demo", "refsight.backends.vllm.cli", "refsight.ingest.cli"),
     "refsight.server": ("refsight.server",),
 }
 

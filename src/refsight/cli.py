@@ -549,8 +549,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="leave rows and temp files younger than this alone: a write may still own them (default 600)",
     )
     from .backends.vllm.cli import register_commands as add_vllm_commands  # vllm-env, vllm-serve
+    from .ingest.cli import register_commands as add_ingest_commands  # ingest
 
     add_vllm_commands(add)
+    add_ingest_commands(add, _engine)
     return parser
 
 

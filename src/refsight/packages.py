@@ -40,7 +40,7 @@ from .locks import KeyedLocks
 from .package import VisualPackage, package_key
 from .store import Reference, Store
 
-__all__ = ["PackageCache", "CachedPackage", "Visual", "PACKAGE_LOCKS", "holding_packages"]
+__all__ = ["PackageCache", "CachedPackage", "Visual", "PACKAGE_LOCKS", "holding_packages", "encode_packages"]
 
 #: Package keys are content-addressed and mean the same in every engine of a process (tenants
 #: share one store), so one lock table serves them all: an image is encoded once.
@@ -164,6 +164,23 @@ class PackageCache:
                     self.store.enforce_quota(protect=tuple(keys))
         return [found[key] for key in keys]
 
+    def is_durable(self, key: str) -> bool:
+        """Whether a package is on the durable tier under ``key`` (a lookup that loads and counts nothing)."""
+        return self.store.local.contains(key)
+
+    def store_encoded(self, package: VisualPackage) -> bool:
+        """Make durable a reference package another process encoded (bulk ingest); counted as the miss it was.
+
+        Returns False when the key was already on disk (nothing written, nothing counted):
+        the encode then happened twice, e.g. a retried batch, and the stored package stays.
+        """
+        with PACKAGE_LOCKS.hold(package.key), self.store.lease(package.key):
+            if self.is_durable(package.key):
+                return False
+            self._write(package)  # every tier, then the byte quota
+        self.store.counters.add(misses=1)
+        return True
+
     def rebuild(self, backend: Backend, image_sha256: str, *, scope: str | None) -> VisualPackage:
         """Encode again from the kept image and replace what is stored under the key (repair)."""
         key = self.key(backend, image_sha256, scope)
@@ -205,11 +222,21 @@ class PackageCache:
             self.store.enforce_quota(protect=(package.key,))
 
     def _encode(self, backend: Backend, images: list[ImageInput], scope: str | None) -> list[VisualPackage]:
-        packages = backend.encode(images)
-        if scope is not None:
-            packages = [_scoped(package, scope) for package in packages]
+        packages = encode_packages(backend, images, scope)
         self.store.counters.add(misses=len(packages))
         return packages
+
+
+def encode_packages(backend: Backend, images: Sequence[ImageInput], scope: str | None) -> list[VisualPackage]:
+    """The packages of ``images`` under ``scope``: the one encode call, shared by the cache and bulk ingest.
+
+    Bulk ingest workers hold no store: they encode here and send the packages to the one
+    writer, which stores them through :meth:`PackageCache.store_encoded`.
+    """
+    packages = backend.encode(list(images))
+    if scope is not None:
+        packages = [_scoped(package, scope) for package in packages]
+    return packages
 
 
 def _scoped(package: VisualPackage, scope: str) -> VisualPackage:

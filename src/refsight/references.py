@@ -156,20 +156,29 @@ class ReferenceBook:
         return results
 
     def _choose_id(self, ref_id: str | None, source: object, image: ImageInput, namespace: str) -> str:
+        return self.choose_id(ref_id, source, image.sha256, namespace)
+
+    def choose_id(self, ref_id: str | None, source: object, image_sha256: str, namespace: str) -> str:
+        """The id an image gets: ``ref_id`` when given (InvalidInputError if it names another image),
+        else one derived from the source's file name (a hash suffix when that name is taken)."""
         if ref_id is not None:
             validate_ref_id(ref_id)
             existing = self._find(ref_id, namespace)
-            if existing is not None and existing.image_sha256 != image.sha256:
+            if existing is not None and existing.image_sha256 != image_sha256:
                 # Checked before any encode: a conflicting id must not leave a package behind.
                 raise InvalidInputError(
                     ref_id, f"reference already exists with another image ({existing.image_sha256[:12]}…); "
                     "remove it first or pick another id",
                 )
             return ref_id
-        base = _id_from_source(source) or image.sha256[:16]
+        base = _id_from_source(source) or image_sha256[:16]
         existing = self._find(base, namespace)
         # A derived id never overwrites another image: add a hash suffix instead.
-        return base if existing is None or existing.image_sha256 == image.sha256 else f"{base}-{image.sha256[:8]}"
+        return base if existing is None or existing.image_sha256 == image_sha256 else f"{base}-{image_sha256[:8]}"
+
+    def find(self, ref_id: str, namespace: str) -> Reference | None:
+        """The reference named ``ref_id`` in ``namespace``, or None."""
+        return self._find(ref_id, namespace)
 
     def _find(self, ref_id: str, namespace: str) -> Reference | None:
         try:

@@ -80,10 +80,14 @@ def sync_with_catalog(
     with progress_bar(len(stale)) if progress_bar else silent as bar:
         for start in range(0, len(stale), BATCH):
             batch = stale[start : start + BATCH]
-            images = [load_image(row) for row in batch]
-            retriever.vectors(images)  # one batched model pass; the adds below hit its cache
-            for row, image in zip(batch, images):
-                retriever.add(row.ref_id, image, row.metadata, namespace=namespace)
+            # Only images without a cached vector are decoded (bulk ingest caches them all).
+            vectors = db.get_vectors(digest, [row.image_sha256 for row in batch])
+            todo = {row.image_sha256: row for row in batch if row.image_sha256 not in vectors}
+            if todo:
+                images = [load_image(row) for row in todo.values()]
+                vectors.update(zip(todo, retriever.vectors(images)))  # one batched model pass
+            for row in batch:
+                retriever.add_vector(row.ref_id, row.image_sha256, vectors[row.image_sha256], row.metadata, namespace=namespace)
             bar.update(len(batch))
     removed = sum(retriever.remove(ref_id, namespace=namespace) for ref_id in gone)
     if rebuild:

@@ -97,12 +97,21 @@ class Retriever:
         validate_ref_id(ref_id)
         if not isinstance(image, ImageInput):
             raise InvalidInputError("image", f"expected an ImageInput, got {type(image).__name__}")
+        self.add_vector(ref_id, image.sha256, self.vectors([image])[0], metadata, namespace=namespace)
+
+    def add_vector(
+        self, ref_id: str, image_sha256: str, vec: np.ndarray, metadata: Mapping[str, Any] | None = None,
+        namespace: str = "default",
+    ) -> None:
+        """Index a reference whose vector under this embedder is already known (no image, no model)."""
+        from refsight.store.base import validate_ref_id
+
+        validate_ref_id(ref_id)
         metadata = dict(metadata or {})
         idx = self._index(namespace)
-        vec = self.vectors([image])[0]
         # database first, index second: if we crash in between, the entry is live in the DB and
         # the next open adds it to the index; the reverse order could leave an unbacked label
-        label, old = self.db.upsert_entry(self.embedder.digest, namespace, ref_id, image.sha256, metadata)
+        label, old = self.db.upsert_entry(self.embedder.digest, namespace, ref_id, image_sha256, metadata)
         if old is not None:
             idx.removed([old])
         idx.added(label, vec)

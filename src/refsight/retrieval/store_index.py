@@ -51,6 +51,10 @@ class StoreIndex:
         self.catalog = catalog
         self._kept_image = kept_image
         self._embedder = embedder
+        #: the registry name the embedder is loaded by (None when an Embedder object was given)
+        from ..models.registry import DEFAULT_EMBEDDER
+
+        self.registry_name: str | None = None if isinstance(embedder, Embedder) else (embedder or DEFAULT_EMBEDDER)
         self._progress = progress
         self._retriever: Retriever | None = None
 

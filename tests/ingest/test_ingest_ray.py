@@ -1,0 +1,136 @@
+"""``refsight ingest --ray`` on a local Ray cluster (``ray.init(num_cpus=2)``): 300 generated images
+plus the bad-image corpus, an actor killed mid-job, and a re-run that encodes nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from image_corpus import CORPUS_ACCEPTED, CORPUS_REJECTED
+from ingest_helpers import MODEL, make_images, snapshot
+from refsight import Engine
+from refsight.ingest import ingest
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow  # three 300-image ingests on a 2-CPU Ray instance
+
+COUNT = 300
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One local Ray instance for the module (workers inherit this process's environment)."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=256 * 1024 * 1024)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    """A text file naming 300 generated images and every file of the bad-image corpus."""
+    from image_corpus import build_bad_image_corpus
+
+    root = tmp_path_factory.mktemp("ray-source")
+    paths = make_images(root / "images", COUNT) + list(build_bad_image_corpus(root / "corpus").values())
+    listing = root / "paths.txt"
+    listing.write_text("\n".join(str(p) for p in paths) + "\n")
+    return listing
+
+
+@pytest.fixture(scope="module")
+def undisturbed(cluster, source, tmp_path_factory):
+    """The reference run: its store, report and snapshot."""
+    store = tmp_path_factory.mktemp("undisturbed") / "store"
+    with Engine(store, model=MODEL) as engine:
+        report = ingest(engine, source, ray="local", actors=2, batch_size=8, errors_file=store.parent / "errors.jsonl")
+    return store, report, snapshot(store)
+
+
+def test_every_good_image_is_stored_exactly_once_and_the_bad_ones_are_reported(undisturbed):
+    store, report, held = undisturbed
+    good = COUNT + len(CORPUS_ACCEPTED)
+    assert (report.images, report.added, report.cached, report.failed) == (good + len(CORPUS_REJECTED), good, 0, len(CORPUS_REJECTED))
+    assert (report.actors, report.mode, report.vectors, report.records) == (2, "ray", good, good)
+    errors = (store.parent / "errors.jsonl").read_text()
+    assert all(f"{name}." in errors for name in CORPUS_REJECTED) and errors.count("\n") == len(CORPUS_REJECTED)
+    shas = [sha for _, _, sha, _ in held["references"]]
+    assert len(shas) == len(set(shas)) == good  # each exactly once
+    assert sorted(sha for _, sha in held["packages"]) == sorted(shas)
+    assert sorted(sha for _, sha in held["vectors"]) == sorted(shas)
+    assert sorted(sha for sha, _, _ in held["records"]) == sorted(shas)
+    assert len(held["links"]) == len(held["entries"]) == len(held["images"]) == good
+    # Nothing written for the bad files: one kept image and one package file per good image.
+    assert sum(p.is_file() for p in (store / "images").rglob("*")) == good
+    assert sum(1 for _ in (store / "packages").rglob("*.safetensors")) == good
+
+
+def test_a_rerun_encodes_nothing(undisturbed, source):
+    store, _, held = undisturbed
+    with Engine(store, model=MODEL) as engine:
+        report = ingest(engine, source, ray="local", actors=2, batch_size=8)
+    assert (report.added, report.vectors, report.records, report.encode_s) == (0, 0, 0, 0.0)
+    assert report.cached == COUNT + len(CORPUS_ACCEPTED)
+    assert snapshot(store) == held
+
+
+def _encoder_actors() -> list[int]:
+    """Pids of the live encode actors (Ray titles them ``ray::MapWorker(MapBatches(EncodeStage))``)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                title = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"MapBatches(EncodeStage)" in title:
+                pids.append(int(entry.name))
+    return pids
+
+
+def _packages(store: Path) -> int:
+    try:
+        conn = sqlite3.connect(f"file:{store / 'refsight.db'}?mode=ro", uri=True, timeout=5)
+        try:
+            return conn.execute("SELECT count(*) FROM packages").fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return 0
+
+
+def test_an_actor_killed_mid_job_is_retried_and_the_store_matches_an_undisturbed_run(undisturbed, source, tmp_path):
+    _, _, expected = undisturbed
+    store = tmp_path / "store"
+    killed: list[tuple[int, int]] = []
+    done = threading.Event()
+
+    def killer() -> None:
+        # SIGKILL one encode actor once a tenth of the packages are written: mid-job, batches in flight.
+        while not done.is_set():
+            written = _packages(store)
+            actors = _encoder_actors()
+            if written >= COUNT // 10 and actors:
+                os.kill(actors[0], signal.SIGKILL)
+                killed.append((actors[0], written))
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    try:
+        with Engine(store, model=MODEL) as engine:
+            report = ingest(engine, source, ray="local", actors=2, batch_size=4)
+            verify = engine.verify()
+    finally:
+        done.set()
+        thread.join()
+    assert killed and killed[0][1] < COUNT, "the actor was not killed while the job ran"
+    assert verify.ok
+    assert report.failed == len(CORPUS_REJECTED) and report.added + report.cached == COUNT + len(CORPUS_ACCEPTED)
+    assert snapshot(store) == expected  # same keys, same references, vectors and records
