@@ -264,23 +264,9 @@ class Engine:
         segments, turns = plan_turns(list(segments), turns, backend.supports_turns)
         prefix = reusable_prefix(segments, lambda s: isinstance(s, ReferenceSegment)) if use_cache and use_kv_cache else 0
         start = time.perf_counter()
-        resolved: list[Any] = []
-        cached: list[bool] = []
-        encode_ms = 0.0
-        for segment in segments:
-            if isinstance(segment, str):
-                resolved.append(segment)
-                continue
-            if isinstance(segment, ReferenceSegment):
-                visual = self.packages.visual(
-                    backend, self.reference(segment.ref_id, namespace=namespace), use_cache=use_cache, scope=scope
-                )
-            else:
-                image = load_image(segment, limits=self.limits, name=source_label(segment))
-                visual = self.packages.visual(backend, image, use_cache=use_cache, scope=scope)
-            resolved.append(visual.item)
-            cached.append(visual.cached)
-            encode_ms += visual.encode_ms
+        resolved, cached, encode_ms = self.book.resolve_segments(
+            backend, segments, namespace=namespace, use_cache=use_cache, scope=scope
+        )
         load_ms = (time.perf_counter() - start) * 1000 - encode_ms
         request = GenerationRequest(
             segments=resolved, max_new_tokens=max_new_tokens, json_schema=json_schema, sampling=sampling, turns=turns,

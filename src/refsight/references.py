@@ -204,6 +204,31 @@ class ReferenceBook:
         return load_kept_image(self.store.catalog, image_sha256, limits=self.limits, label=label)
 
     # -- removal ----------------------------------------------------------------------------
+    def resolve_segments(
+        self, backend: Backend, segments: Sequence[Any], *, namespace: str, use_cache: bool, scope: str | None,
+    ) -> tuple[list[Any], list[bool], float]:
+        """A prompt's segments ready for a backend: text stays, references become their durable packages,
+        other images candidate packages (memory only); ``use_cache=False`` keeps pixels. Returns the
+        segments, one cached flag per image and the encode time spent (ms)."""
+        resolved: list[Any] = []
+        cached: list[bool] = []
+        encode_ms = 0.0
+        for segment in segments:
+            if isinstance(segment, str):
+                resolved.append(segment)
+                continue
+            if isinstance(segment, ReferenceSegment):
+                visual = self.packages.visual(
+                    backend, self.get(segment.ref_id, namespace=namespace), use_cache=use_cache, scope=scope
+                )
+            else:
+                image = load_image(segment, limits=self.limits, name=source_label(segment))
+                visual = self.packages.visual(backend, image, use_cache=use_cache, scope=scope)
+            resolved.append(visual.item)
+            cached.append(visual.cached)
+            encode_ms += visual.encode_ms
+        return resolved, cached, encode_ms
+
     def remove(self, ref_id: str, *, namespace: str) -> Reference:
         """Remove a reference and the packages no other reference uses; listeners are told."""
         ref, orphaned = self.store.catalog.remove_reference(validate_ref_id(ref_id), namespace=namespace)
