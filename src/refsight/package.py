@@ -21,7 +21,7 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from .errors import InvalidInputError
 
@@ -30,6 +30,7 @@ __all__ = [
     "EncoderFingerprint",
     "VisualPackage",
     "package_key",
+    "framed_sha256",
     "canonical_json",
     "tensor_spec",
 ]
@@ -149,6 +150,12 @@ def package_key(image_sha256: str, fingerprint: EncoderFingerprint, scope: str |
     parts = [("image_sha256", image_sha256), ("fingerprint", fingerprint.to_json())]
     if scope is not None:
         parts.append(("scope", scope))
+    return framed_sha256(parts)
+
+
+def framed_sha256(parts: Sequence[tuple[str, str]]) -> str:
+    """sha256 over named fields, each framed as ``name:length:value``, so no choice of strings
+    makes two different field lists hash alike (package keys, prefix-state keys)."""
     h = hashlib.sha256()
     for name, value in parts:
         data = value.encode()

@@ -35,6 +35,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
+from ..package import framed_sha256
+
 __all__ = ["PREFIX_FORMAT_VERSION", "PrefixState", "PrefixCache", "prefix_key", "token_digest", "reusable_prefix"]
 
 #: Bumped whenever the meaning of a stored prefix state changes; part of every key.
@@ -110,12 +112,7 @@ def prefix_key(model: str, package_keys: Sequence[str], token_ids: Sequence[int]
         ("tokens", f"{len(ids)}:{token_digest(ids)}"),
         ("template", template),
     ]
-    h = hashlib.sha256()
-    for name, value in parts:
-        data = value.encode()
-        h.update(f"{name}:{len(data)}:".encode())
-        h.update(data)
-    return h.hexdigest()
+    return framed_sha256(parts)
 
 
 def reusable_prefix(segments: Sequence[Any], is_reference: Any) -> int:
