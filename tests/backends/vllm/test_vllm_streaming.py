@@ -29,8 +29,9 @@ def backend(vllm_servers):
     server = vllm_servers.get(MODEL, 8)
     backend = get_backend(f"vllm:{server.url}")
     backend.server = server
-    yield backend
-    backend.close()
+    # Not closed here: get_backend caches it (and its encoder) for the whole session, and the
+    # next module asking for this server gets the same object.
+    return backend
 
 
 @pytest.fixture(scope="module")
