@@ -479,6 +479,21 @@ class HFBackend(Backend):
 
     # ----------------------------------------------------------------- generate
 
+    def _package_rows(self, requests: list[GenerationRequest]) -> tuple[list[list[Any]], int, float]:
+        """Check ``requests`` and their packages, encode their fresh images with :meth:`encode` (the
+        references' code), and return each request's segments with packages in place of images,
+        the number of fresh images and their encode time (ms)."""
+        self.check_requests(requests)
+        for request in requests:
+            for package in request.packages:
+                self.validate_package(package)
+        fresh = [image for request in requests for image in request.fresh_images]
+        began = time.perf_counter()
+        fresh_packages = iter(self.encode(fresh)) if fresh else iter(())
+        encode_ms = (time.perf_counter() - began) * 1000
+        rows = [[next(fresh_packages) if isinstance(s, ImageInput) else s for s in r.segments] for r in requests]
+        return rows, len(fresh), encode_ms
+
     def generate(self, requests: Sequence[GenerationRequest], *, return_logits: bool = False) -> list[Generation]:
         """Generation for a batch (greedy unless ``sampling`` says otherwise); cached packages skip the vision tower.
 
@@ -487,17 +502,8 @@ class HFBackend(Backend):
         with a ``json_schema`` are constrained row by row in the same batch.
         """
         requests = list(requests)
-        self.check_requests(requests)
-        for request in requests:
-            for package in request.packages:
-                self.validate_package(package)
-
-        fresh = [image for request in requests for image in request.fresh_images]
-        began = time.perf_counter()
-        fresh_packages = iter(self.encode(fresh)) if fresh else iter(())
-        encode_ms = (time.perf_counter() - began) * 1000
-        per_image_ms = encode_ms / len(fresh) if fresh else 0.0
-        rows = [[next(fresh_packages) if isinstance(s, ImageInput) else s for s in r.segments] for r in requests]
+        rows, fresh, encode_ms = self._package_rows(requests)
+        per_image_ms = encode_ms / fresh if fresh else 0.0
 
         schemas = [r.json_schema for r in requests]
         # One generate call for the whole batch: the JSON processor constrains row by row
@@ -520,14 +526,7 @@ class HFBackend(Backend):
         """
         from .decoding import TextStreamer
 
-        self.check_requests([request])
-        for package in request.packages:
-            self.validate_package(package)
-        fresh = request.fresh_images
-        began = time.perf_counter()
-        fresh_packages = iter(self.encode(fresh)) if fresh else iter(())
-        encode_ms = (time.perf_counter() - began) * 1000
-        row = [next(fresh_packages) if isinstance(s, ImageInput) else s for s in request.segments]
+        (row,), _, encode_ms = self._package_rows([request])
         processor = self._json_processor([request.json_schema]) if request.json_schema is not None else None
         decode = lambda tokens: self.tokenizer.decode(tokens, skip_special_tokens=True)  # noqa: E731
         streamer = TextStreamer(decode, on_text, request.sampling.stop)
@@ -702,13 +701,7 @@ class HFBackend(Backend):
         import torch
 
         requests = list(requests)
-        self.check_requests(requests)
-        for request in requests:
-            for package in request.packages:
-                self.validate_package(package)
-        fresh = [image for request in requests for image in request.fresh_images]
-        fresh_packages = iter(self.encode(fresh)) if fresh else iter(())
-        rows = [[next(fresh_packages) if isinstance(s, ImageInput) else s for s in r.segments] for r in requests]
+        rows, _, _ = self._package_rows(requests)
         yes_id, no_id = self.answer_token_ids()
         texts = [self.build_prompt(row) for row in rows]
         packages = [s for row in rows for s in row if isinstance(s, VisualPackage)]
