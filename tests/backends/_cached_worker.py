@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import sys
 
+from worker_spec import case_requests
+
 
 def main(spec_path: str) -> None:
     import torch
 
-    from refsight.backends.base import GenerationRequest
     from refsight.backends.registry import get_backend
-    from refsight.images import load_image
     from refsight.store import open_store
 
     with open(spec_path) as f:
@@ -40,20 +40,7 @@ def main(spec_path: str) -> None:
                 return _original(*args, **kwargs)
 
             backend.image_processor.preprocess = counted
-            requests = []
-            for row in case["rows"]:
-                segments = []
-                for segment in row:
-                    if "text" in segment:
-                        segments.append(segment["text"])
-                    elif "ref" in segment:
-                        package = store.packages.get(segment["ref"])
-                        if package is None:
-                            raise SystemExit(f"package {segment['ref']} missing from the store")
-                        segments.append(package)
-                    else:
-                        segments.append(load_image(segment["image"]))
-                requests.append(GenerationRequest(segments, max_new_tokens=case["max_new_tokens"]))
+            requests = case_requests(store, case)
             generations = backend.generate(requests, return_logits=True)
             hook.remove()
             backend.image_processor.preprocess = original

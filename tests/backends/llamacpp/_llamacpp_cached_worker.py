@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/backends: the shared spec reader
+from worker_spec import case_requests  # noqa: E402
 
 
 def main(spec_path: str) -> None:
     import torch
 
-    from refsight.backends.base import GenerationRequest
     from refsight.backends.registry import get_backend
-    from refsight.images import load_image
     from refsight.store import open_store
 
     with open(spec_path) as f:
@@ -27,20 +29,7 @@ def main(spec_path: str) -> None:
     with open_store(spec["store"]) as store:
         for case in spec["cases"]:
             backend = get_backend(case["model"])
-            requests = []
-            for row in case["rows"]:
-                segments = []
-                for segment in row:
-                    if "text" in segment:
-                        segments.append(segment["text"])
-                    elif "ref" in segment:
-                        package = store.packages.get(segment["ref"])
-                        if package is None:
-                            raise SystemExit(f"package {segment['ref']} missing from the store")
-                        segments.append(package)
-                    else:
-                        segments.append(load_image(segment["image"]))
-                requests.append(GenerationRequest(segments, max_new_tokens=case["max_new_tokens"]))
+            requests = case_requests(store, case)
             before = backend.encode_calls
             generations = backend.generate(requests, return_logits=True)
             out[case["id"]] = {
