@@ -41,6 +41,7 @@ from ...package import EncoderFingerprint, VisualPackage
 from ..base import Backend, Generation, GenerationRequest, TextCallback
 from ..sampling import SAMPLING_FIELDS
 from .revision import directory_revision
+from .runtime import to_device
 
 __all__ = ["HFBackend", "runtime_errors", "weights_revision", "refuse_other_backend_options", "MARKER_FILE"]
 
@@ -119,17 +120,6 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def _to_device(value: Any, device: str) -> Any:
-    """``value`` (a tensor, or a tuple / list / dict of them) on ``device``; no copy when already there."""
-    if hasattr(value, "to") and hasattr(value, "device"):
-        return value if str(value.device) == device else value.to(device)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_device(v, device) for v in value)
-    if isinstance(value, dict):
-        moved = {k: _to_device(v, device) for k, v in value.items()}
-        # transformers' ModelOutput classes are dicts with attributes: rebuild the same class.
-        return moved if type(value) is dict else type(value)(**moved)
-    return value
 
 
 class HFBackend(Backend):
@@ -595,9 +585,9 @@ class HFBackend(Backend):
                 encoded, extra = plan.inputs()
             else:
                 encoded = self.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
-                encoded = {k: _to_device(v, self.device) for k, v in encoded.items()}
+                encoded = {k: to_device(v, self.device) for k, v in encoded.items()}
                 # Packages are stored on the CPU; their tensors join the prompt on the model's device.
-                extra = _to_device(self.multimodal_inputs(packages, encoded["input_ids"]), self.device) if packages else {}
+                extra = to_device(self.multimodal_inputs(packages, encoded["input_ids"]), self.device) if packages else {}
             prompt_len = encoded["input_ids"].shape[1]
             processors = [logits_processor] if logits_processor is not None else []
             # Only when some row asks for it: greedy rows without penalties keep the plain path.
@@ -710,8 +700,8 @@ class HFBackend(Backend):
         ), torch.inference_mode():
             self.tokenizer.padding_side = "left"
             encoded = self.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
-            encoded = {k: _to_device(v, self.device) for k, v in encoded.items()}
-            extra = _to_device(self.multimodal_inputs(packages, encoded["input_ids"]), self.device) if packages else {}
+            encoded = {k: to_device(v, self.device) for k, v in encoded.items()}
+            extra = to_device(self.multimodal_inputs(packages, encoded["input_ids"]), self.device) if packages else {}
             output = self.model(
                 input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"], **extra, use_cache=False
             )

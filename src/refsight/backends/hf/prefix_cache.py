@@ -34,14 +34,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...package import VisualPackage
 from ..base import GenerationRequest
 from ..prefix import PrefixState, prefix_key
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .base import HFBackend
+from .runtime import to_device
 
 __all__ = ["TEMPLATE", "PrefixPlan", "plan_prefixes"]
 
@@ -102,17 +100,13 @@ class PrefixPlan:
         extra: dict[str, Any] = {}
         position_kwargs: dict[str, Any] = {"attention_mask": attention_mask}
         if every:
-            from .base import _to_device
-
-            mm = _to_device(backend.multimodal_inputs(every, input_ids), device)
+            mm = to_device(backend.multimodal_inputs(every, input_ids), device)
             mm.pop("mm_encoder_outputs", None)
             position_kwargs.update(mm)
             if "mm_token_type_ids" in mm:
                 extra["mm_token_type_ids"] = mm["mm_token_type_ids"]
         if suffix:
-            from .base import _to_device
-
-            extra["mm_encoder_outputs"] = _to_device(
+            extra["mm_encoder_outputs"] = to_device(
                 backend.multimodal_inputs(suffix, input_ids)["mm_encoder_outputs"], device
             )
         # The fresh path's positions over the whole prompt (see the module docstring).
@@ -213,12 +207,10 @@ def _build(backend: Any, row: _Row) -> PrefixState:
     import torch
     from transformers import DynamicCache
 
-    from .base import _to_device
-
     ids = torch.tensor([row.ids[: row.prefix_len]], dtype=torch.long, device=backend.device)
     mask = torch.ones_like(ids)
     packages = row.packages[: row.prefix_packages]
-    mm = _to_device(backend.multimodal_inputs(packages, ids), backend.device)
+    mm = to_device(backend.multimodal_inputs(packages, ids), backend.device)
     encoder = mm.pop("mm_encoder_outputs")
     positions = backend.model._prepare_position_ids_for_generation(ids, {"attention_mask": mask, **mm})
     cache = DynamicCache(config=backend.model.config)
@@ -298,8 +290,9 @@ def _row_plan(backend: Any, row: list[Any], request: GenerationRequest, full: st
     return plan
 
 
-def plan_prefixes(backend: HFBackend, rows: list[list[Any]], requests: list[GenerationRequest], texts: list[str]) -> PrefixPlan | None:
-    """The batch's prefix plan, or None when no row can reuse a prefix state (the plain path then runs)."""
+def plan_prefixes(backend: Any, rows: list[list[Any]], requests: list[GenerationRequest], texts: list[str]) -> PrefixPlan | None:
+    """The batch's prefix plan (``backend``: the calling HFBackend), or None when no row can reuse a
+    prefix state (the plain path then runs)."""
     if not any(r.prefix_cache is not None and r.prefix_segments for r in requests) or not _usable_cache(backend):
         return None
     model = f"{backend.fingerprint().digest}:{backend.device}"

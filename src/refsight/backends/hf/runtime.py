@@ -17,7 +17,7 @@ from typing import Any
 
 from ...errors import InvalidInputError
 
-__all__ = ["resolve_device", "resolve_dtype", "is_out_of_memory", "release_memory", "provenance", "OOM_HINT"]
+__all__ = ["resolve_device", "to_device", "resolve_dtype", "is_out_of_memory", "release_memory", "provenance", "OOM_HINT"]
 
 #: What to try when a model or a batch does not fit.
 OOM_HINT = "try --dtype bfloat16, a smaller --max-pixels or --batch-size, or another --device"
@@ -146,3 +146,16 @@ def provenance(device: str) -> dict[str, Any]:
     if device.startswith("cuda"):
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
+
+
+def to_device(value: Any, device: str) -> Any:
+    """``value`` (a tensor, or a tuple / list / dict of them) on ``device``; no copy when already there."""
+    if hasattr(value, "to") and hasattr(value, "device"):
+        return value if str(value.device) == device else value.to(device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_device(v, device) for v in value)
+    if isinstance(value, dict):
+        moved = {k: to_device(v, device) for k, v in value.items()}
+        # transformers' ModelOutput classes are dicts with attributes: rebuild the same class.
+        return moved if type(value) is dict else type(value)(**moved)
+    return value
