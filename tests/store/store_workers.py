@@ -19,12 +19,12 @@ def writer(root: str, count: int, hang_after: int) -> None:
     With ``hang_after >= 0``, the write after that many stops forever right after
     its rename, before its index row is committed (the test then SIGKILLs us).
     """
-    import refsight.store.local as local
+    import refsight.store._files as files
 
     store = open_store(root)
     done = 0
     if hang_after >= 0:
-        real_publish = local.publish
+        real_publish = files.publish
 
         def publish_then_hang(temp, final):
             real_publish(temp, final)
@@ -32,7 +32,7 @@ def writer(root: str, count: int, hang_after: int) -> None:
                 print(f"RENAMED {final.name}", flush=True)
                 time.sleep(3600)
 
-        local.publish = publish_then_hang
+        files.publish = publish_then_hang  # the one publish path's rename
     for i in range(count):
         package = make_package(i, tokens=64, dims=256)
         store.packages.put(package)

@@ -1,10 +1,17 @@
-"""Atomic, durable file writes shared by the package store and the image catalog.
+"""Atomic, durable file writes: the ONE publish path of kept images, packages and prefix states.
 
 A write is split in two steps so that callers can publish under a database lock:
 
 1. :func:`write_temp` writes the bytes to a hidden temp file *in the destination
    directory* and fsyncs it, computing the xxh3-128 checksum on the way.
 2. :func:`publish` renames it over the final name and fsyncs the directory.
+
+:func:`staged` wraps both in the order python-diskcache's ``Disk`` uses (file first, row
+second): the temp file is written outside any lock, handed to the caller, who publishes it
+inside the transaction that records its row; a failure anywhere removes the temp file (and a
+published file whose row never committed, through the owner's ``withdraw``), and an ``OSError``
+becomes the store's error for it (:func:`~refsight.store._failures.store_failure`: a full disk
+is :class:`~refsight.errors.StoreUnavailableError` "no space left on device"), in one place.
 
 Temp files start with :data:`TEMP_PREFIX`; readers never look at them (they go
 through the index), and ``gc`` removes stale ones left by killed writers.
@@ -14,12 +21,15 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable
 
 import xxhash
 
-__all__ = ["TEMP_PREFIX", "write_temp", "publish", "fsync_dir", "checksum", "read_exact"]
+from ._failures import store_failure
+
+__all__ = ["TEMP_PREFIX", "StagedFile", "staged", "write_temp", "publish", "fsync_dir", "checksum", "read_exact"]
 
 TEMP_PREFIX = ".tmp-"
 TEMP_SUFFIX = ".partial"
@@ -77,6 +87,64 @@ def publish(temp: Path, final: Path) -> None:
     """
     os.replace(temp, final)
     fsync_dir(final.parent)
+
+
+class StagedFile:
+    """A written, fsynced temp file beside ``final``, waiting for :meth:`publish` (see :func:`staged`)."""
+
+    def __init__(self, temp: Path, final: Path, checksum: str, size: int) -> None:
+        self.temp, self.final = temp, final
+        self.checksum = checksum  # xxh3-128 hex of the bytes
+        self.size = size
+        self.published = False
+
+    def publish(self) -> None:
+        """Rename into place and fsync the directory; call it inside the transaction that records the row."""
+        try:
+            publish(self.temp, self.final)
+        finally:
+            # Renamed even if the directory fsync then failed: the final name is ours to withdraw.
+            self.published = not self.temp.exists()
+
+
+@contextmanager
+def staged(
+    final: Path, chunks: Iterable[bytes | bytearray | memoryview], *, what: str,
+    withdraw: Callable[[], object] | None = None,
+) -> Iterator[StagedFile]:
+    """Write ``chunks`` to a temp file beside ``final`` and yield it for publishing; clean up on failure.
+
+    ``what`` names the file in errors (``"image <sha256>"``). When the block raises after the
+    file was published (its row did not commit), ``withdraw()`` is called to remove it again; it
+    must check under the database write lock that no row names the file (a concurrent writer
+    may have published and recorded the same name meanwhile). Without ``withdraw`` such a file
+    stays an orphan for ``gc``.
+    """
+    try:
+        temp, digest, size = write_temp(final.parent, chunks)
+    except OSError as exc:
+        raise store_failure(exc, final.parent, f"cannot write {what}") from exc
+    file = StagedFile(temp, final, digest, size)
+    try:
+        yield file
+    except OSError as exc:
+        _withdraw(file, withdraw)
+        raise store_failure(exc, final, f"cannot publish {what}") from exc
+    except BaseException:
+        _withdraw(file, withdraw)
+        raise
+    finally:
+        if not file.published:
+            temp.unlink(missing_ok=True)
+
+
+def _withdraw(file: StagedFile, withdraw: Callable[[], object] | None) -> None:
+    if not file.published or withdraw is None:
+        return
+    try:
+        withdraw()
+    except Exception:  # noqa: BLE001 - best effort: the original failure is what the caller must see; gc removes it later
+        pass
 
 
 def read_exact(path: Path, size: int) -> bytearray:

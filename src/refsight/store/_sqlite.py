@@ -16,7 +16,7 @@ from pathlib import Path
 from ..errors import StoreError
 from .sqlite import SqliteConnections
 
-__all__ = ["Database", "SCHEMA_VERSION", "APPLICATION", "DB_NAME"]
+__all__ = ["Database", "open_database", "SCHEMA_VERSION", "APPLICATION", "DB_NAME"]
 
 #: Bumped when the tables change; a store written by a newer refsight is refused,
 #: an older one is migrated in place (see ``_MIGRATIONS``).
@@ -170,6 +170,17 @@ class Database:
         if version < SCHEMA_VERSION:
             self.close()
             raise StoreError(f"{self.path} has schema version {version}, which this refsight cannot read")
+
+
+def open_database(root: Path, database=None):
+    """``database`` when given (a shared one), else the embedded database of ``root``, creating the directory."""
+    if database is not None:
+        return database
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(f"cannot create store directory {root}: {exc}") from exc
+    return Database(root)
 
 
 def _migrate(conn: sqlite3.Connection, version: int) -> int:

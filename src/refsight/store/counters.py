@@ -1,4 +1,4 @@
-"""Cache counters buffered in memory and written to the catalog in batches.
+"""Persistent counters (:class:`CounterTable`) and the buffer that writes to them in batches.
 
 A cache hit must not write: a write takes SQLite's cross-process write lock, and hits are
 the hot path (every reference of every request). So hits, misses and the encoder time they
@@ -15,16 +15,53 @@ decision depends on them.
 
 from __future__ import annotations
 
+import math
+import re
 import threading
 from collections import defaultdict
 from collections.abc import Callable
 
-from .base import Catalog
+from ..errors import InvalidInputError
+from .base import COUNTER_NAMES, Catalog
 
-__all__ = ["CounterBuffer", "FLUSH_INTERVAL_S"]
+__all__ = ["CounterBuffer", "CounterTable", "FLUSH_INTERVAL_S"]
 
 #: Longest time a count waits in memory before it is written.
 FLUSH_INTERVAL_S = 5.0
+_COUNTER = re.compile(r"[a-z][a-z0-9_]{0,63}")
+
+
+class CounterTable:
+    """The store's ``counters`` table: named totals that every process adds to atomically."""
+
+    def __init__(self, database) -> None:
+        self._db = database
+
+    def bump(self, **amounts: float) -> None:
+        """Add to persistent counters in one transaction, atomically across processes."""
+        rows = []
+        for name, amount in amounts.items():
+            if not _COUNTER.fullmatch(name):
+                raise InvalidInputError(name, "a counter name is lowercase letters, digits and _")
+            if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not math.isfinite(amount):
+                raise InvalidInputError(amount, f"counter {name!r} needs a finite number")
+            rows.append((name, float(amount)))
+        if not rows:
+            return
+        with self._db.write() as conn:
+            # value = value + excluded.value happens inside the database under its write lock:
+            # no read-modify-write in Python, so no bump from another process is lost.
+            conn.executemany(
+                "INSERT INTO counters (name, value) VALUES (?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET value = counters.value + excluded.value",
+                rows,
+            )
+
+    def values(self) -> dict[str, float]:
+        """Every counter (the standard ones default to 0)."""
+        values = {name: 0.0 for name in COUNTER_NAMES}
+        values.update(dict(self._db.connection().execute("SELECT name, value FROM counters").fetchall()))
+        return values
 
 
 class CounterBuffer:
@@ -66,8 +103,6 @@ class CounterBuffer:
         With replicas on one shared catalog the persistent counters are the deployment's sums;
         these are this replica's own.
         """
-        from .base import COUNTER_NAMES
-
         with self._lock:
             return {name: 0.0 for name in COUNTER_NAMES} | dict(self._totals)
 

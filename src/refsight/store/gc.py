@@ -88,7 +88,7 @@ def _unlinked_packages(store: Store, cutoff: float) -> int:
             for tier in store.packages.tiers:  # memory, and Redis when configured: no copy outlives the row
                 if tier is not store.local:
                     tier.delete(key)
-            store.local._unlink_if_unindexed(key)
+            store.local.unlink_if_unindexed(key)
     return removed
 
 
@@ -109,7 +109,7 @@ def _unreferenced_images(store: Store, cutoff: float) -> int:
             ).rowcount
         if gone:
             removed += 1
-            catalog._unlink_image_if_unindexed(sha256)
+            catalog.images.unlink_if_unindexed(sha256)
     return removed
 
 
@@ -126,8 +126,8 @@ def _image_files(store: Store, cutoff: float) -> tuple[int, int]:
             if _mtime(path) < cutoff:
                 temps += _unlink(path)
         elif len(name) == 64 and name not in indexed and _is_hex(name):
-            # _unlink_image_if_unindexed looks again under the write lock.
-            catalog._unlink_image_if_unindexed(name)
+            # unlink_if_unindexed looks again under the write lock.
+            catalog.images.unlink_if_unindexed(name)
             orphans += not path.exists()
     return temps, orphans
 

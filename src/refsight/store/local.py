@@ -25,12 +25,11 @@ from typing import Any, Iterator, Mapping
 
 import xxhash
 
-from ..errors import CorruptPackageError, InvalidInputError, StoreError
+from ..errors import CorruptPackageError, InvalidInputError
 from ..package import EncoderFingerprint, VisualPackage, canonical_json, package_key, tensor_spec
 from . import _safetensors
-from ._failures import store_failure
-from ._files import TEMP_PREFIX, publish, write_temp
-from ._sqlite import Database
+from ._files import TEMP_PREFIX, staged
+from ._sqlite import Database, open_database
 from .base import FingerprintUsage, PackageIndex, PackageStore, PackageUsage
 
 __all__ = ["LocalPackageStore", "PackageRecord"]
@@ -87,6 +86,16 @@ def _key(image_sha256: str, fingerprint_json: str, scope: str | None) -> str:
     return package_key(image_sha256, _fingerprint(fingerprint_json)[0], scope)
 
 
+def _row(package: VisualPackage, size: int, checksum: str) -> tuple:
+    # The index row of a package whose file holds ``size`` bytes with this checksum (``_COLUMNS``, last_used).
+    fingerprint = package.fingerprint
+    return (
+        package.key, package.image_sha256, fingerprint.digest, fingerprint.to_json(), size,
+        canonical_json(package.spec), float(package.created_at), float(package.encode_ms), checksum, package.scope,
+        time.time(),
+    )
+
+
 class LocalPackageStore(PackageStore, PackageIndex):
     """Packages as safetensors files under ``root/packages``, indexed in ``root/refsight.db``."""
 
@@ -95,12 +104,7 @@ class LocalPackageStore(PackageStore, PackageIndex):
     def __init__(self, root: str | Path, *, database: Database | None = None) -> None:
         self.root = Path(root)
         self._owns_db = database is None
-        if database is None:
-            try:
-                self.root.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise StoreError(f"cannot create store directory {self.root}: {exc}") from exc
-        self._db = database if database is not None else Database(self.root)
+        self._db = open_database(self.root, database)
         self.packages_dir = self.root / "packages"
 
     # -- paths ------------------------------------------------------------------
@@ -153,51 +157,26 @@ class LocalPackageStore(PackageStore, PackageIndex):
             chunks = _safetensors.encode(prepared, {_HEADER_FIELD: header_text})
         except (TypeError, ValueError) as exc:
             raise InvalidInputError(f"package {key}", f"cannot be stored: {exc}") from exc
-        final = self.path_for(key)
-        try:
-            # 1. Write and fsync a temp file next to the final name, outside any lock:
-            #    the slow part runs in parallel across processes.
-            temp, digest, size = write_temp(final.parent, chunks)
-        except OSError as exc:
-            raise store_failure(exc, final.parent, f"cannot write package {key}") from exc
-        fingerprint = package.fingerprint
-        row = (
-            key,
-            package.image_sha256,
-            fingerprint.digest,
-            fingerprint.to_json(),
-            size,
-            canonical_json(package.spec),
-            float(package.created_at),
-            float(package.encode_ms),
-            digest,
-            package.scope,
-        )
-        published = False
-        try:
-            # 2. Under the database write lock: another process may have published the
-            #    same key meanwhile. Its file and row must stay paired (our file differs in
-            #    created_at, so replacing it would break its checksum): keep theirs.
+        # 1. Write and fsync a temp file next to the final name, outside any lock: the slow part
+        #    runs in parallel across processes (the store's one publish path, see _files.staged).
+        with staged(self.path_for(key), chunks, what=f"package {key}", withdraw=lambda: self.unlink_if_unindexed(key)) as file:
+            # 2. Under the database write lock: another process may have published the same key
+            #    meanwhile. Its file and row must stay paired (our file differs in created_at, so
+            #    replacing it would break its checksum): keep theirs.
             with self._db.write() as conn:
                 won = conn.execute("SELECT bytes FROM packages WHERE key = ?", (key,)).fetchone()
                 if won is not None:
                     return int(won[0])
-                # 3. Rename, then fsync the directory, *then* insert the row: a row must
-                #    never point at a name that a crash could still lose. A crash between
-                #    the rename and the commit leaves an orphan file, invisible to
-                #    readers (they go through the index) and removed by gc().
-                publish(temp, final)
-                published = True
+                # 3. Rename, then fsync the directory, *then* insert the row: a row must never
+                #    point at a name that a crash could still lose. A crash between the rename and
+                #    the commit leaves an orphan file, invisible to readers (they go through the
+                #    index) and removed by gc().
+                file.publish()
                 conn.execute(
                     f"INSERT INTO packages ({_COLUMNS}, last_used) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (*row, time.time()),
+                    _row(package, file.size, file.checksum),
                 )
-        except OSError as exc:
-            raise store_failure(exc, final, f"cannot publish package {key}") from exc
-        finally:
-            if not published:
-                temp.unlink(missing_ok=True)
-        return size
+        return file.size
 
     def delete(self, key: str) -> bool:
         """Remove the row, then the file; True when a row was removed."""
@@ -206,13 +185,14 @@ class LocalPackageStore(PackageStore, PackageIndex):
         with self._db.write() as conn:
             removed = conn.execute("DELETE FROM packages WHERE key = ?", (key,)).rowcount > 0
         if removed:
-            self._unlink_if_unindexed(key)
+            self.unlink_if_unindexed(key)
         return removed
 
-    def _unlink_if_unindexed(self, key: str) -> bool:
-        # Unlink under the write lock, after checking again: a concurrent put of the same
-        # key may have published a new file and row since our DELETE, and that file must
-        # stay. Puts publish under the same lock, so the check and the unlink are one step.
+    def unlink_if_unindexed(self, key: str) -> bool:
+        """Remove the file of ``key`` if no row names it (checked under the write lock); True when removed."""
+        # A concurrent put of the same key may have published a new file and row since the
+        # caller's DELETE, and that file must stay. Puts publish under the same lock, so the
+        # check and the unlink are one step.
         path = self.path_for(key)
         with self._db.write() as conn:
             if conn.execute("SELECT 1 FROM packages WHERE key = ?", (key,)).fetchone():
@@ -377,7 +357,7 @@ class LocalPackageStore(PackageStore, PackageIndex):
                     pass  # its writer renamed or removed it meanwhile
             elif name.endswith(_SUFFIX) and _KEY.fullmatch(name[: -len(_SUFFIX)]):
                 key = name[: -len(_SUFFIX)]
-                if key not in indexed and self._unlink_if_unindexed(key):
+                if key not in indexed and self.unlink_if_unindexed(key):
                     removed["orphans"] += 1
         return removed
 

@@ -37,7 +37,7 @@ import xxhash
 
 from ..package import canonical_json, tensor_spec
 from . import _safetensors
-from ._files import TEMP_PREFIX, publish, write_temp
+from ._files import TEMP_PREFIX, staged
 
 __all__ = ["PrefixStore", "StoredPrefix", "PREFIX_DIR", "DEFAULT_PREFIX_MEMORY_BYTES", "DEFAULT_PREFIX_DISK_BYTES"]
 
@@ -192,11 +192,10 @@ class PrefixStore:
             hasher.update(chunk)
         chunks = _safetensors.encode(prepared, {_INFO: info_text, _CHECKSUM: hasher.hexdigest()})
         final = self.path_for(key)
-        temp, _, size = write_temp(final.parent, chunks)
-        try:
-            publish(temp, final)
-        finally:
-            temp.unlink(missing_ok=True)
+        # The store's one publish path; no row to record: the file checks itself on every read.
+        with staged(final, chunks, what=f"prefix state {key}") as file:
+            file.publish()
+        size = file.size
         self._remember(key, StoredPrefix(dict(prepared), info["meta"], info["tokens"], info["build_ms"], nbytes))
         self._enforce_disk_budget(keep=final)
         return size
