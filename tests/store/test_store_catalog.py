@@ -13,13 +13,13 @@ import pytest
 from store_helpers import fingerprint, image_hash, make_package
 
 from refsight.errors import InvalidInputError, InvalidReferenceIdError, NotFoundError, ReferenceNotFoundError, StoreError
-from refsight.store import COUNTER_NAMES, SqliteCatalog
+from refsight.store import COUNTER_NAMES, SqlCatalog
 
 
 @pytest.fixture
 def catalog(opener, tmp_path):
     with opener(tmp_path) as store:
-        assert isinstance(store.catalog, SqliteCatalog)  # the one implementation of the rules, on either database
+        assert isinstance(store.catalog, SqlCatalog)  # the one implementation of the rules, on either database
         yield store.catalog
 
 

@@ -10,7 +10,7 @@ import torch
 from store_helpers import make_package
 
 from refsight.errors import CorruptPackageError, StoreError
-from refsight.store import SCHEMA_VERSION, LocalPackageStore, MemoryPackageStore, TieredPackageStore, open_store
+from refsight.store import SCHEMA_VERSION, DiskPackageStore, MemoryPackageStore, TieredPackageStore, open_store
 
 
 def test_writes_reach_disk_and_memory_and_reads_promote(tmp_path):
@@ -56,7 +56,7 @@ def test_a_corrupt_disk_copy_is_never_served(tmp_path):
 
 
 def test_tiers_compose_without_open_store(tmp_path):
-    local = LocalPackageStore(tmp_path)
+    local = DiskPackageStore(tmp_path)
     memory = MemoryPackageStore(1 << 20)
     tiered = TieredPackageStore([memory, local])
     package = make_package(1)

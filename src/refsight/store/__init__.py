@@ -26,7 +26,6 @@ from pathlib import Path
 from ..errors import StoreError
 from ..results import PruneReport, QuotaReport
 from ._failures import store_failure, unavailable_reason
-from ._sqlite import DB_NAME, SCHEMA_VERSION, Database
 from .base import (
     COUNTER_NAMES,
     DEFAULT_NAMESPACE,
@@ -41,14 +40,16 @@ from .base import (
     ReferenceRow,
     validate_ref_id,
 )
-from .catalog import SqliteCatalog
+from .catalog import SqlCatalog
 from .counters import CounterBuffer
+from .disk import DiskPackageStore, PackageRecord
 from .gc import DEFAULT_GRACE_S, collect_garbage, sweep_stale_temps
 from .lifecycle import enforce_quota, parse_bytes, prune
-from .local import LocalPackageStore, PackageRecord
 from .memory import MemoryPackageStore
 from .postgres import PgDatabase, is_catalog_url, redact_url
 from .prefixes import DEFAULT_PREFIX_DISK_BYTES, DEFAULT_PREFIX_MEMORY_BYTES, PrefixStore
+from .schema import DB_NAME, SCHEMA_VERSION
+from .sqlite import SqliteDatabase
 from .tiered import TieredPackageStore
 from .usage import PinnedKeys, UsageBuffer
 
@@ -64,11 +65,11 @@ __all__ = [
     "ReferenceRow",
     "ReferenceChanges",
     "validate_ref_id",
-    "LocalPackageStore",
+    "DiskPackageStore",
     "PackageRecord",
     "MemoryPackageStore",
     "TieredPackageStore",
-    "SqliteCatalog",
+    "SqlCatalog",
     "CounterBuffer",
     "PinnedKeys",
     "UsageBuffer",
@@ -100,7 +101,7 @@ class Store:
     """
 
     def __init__(
-        self, root: Path, database: Database | PgDatabase, memory_bytes: int, *, derived_root: Path | None = None,
+        self, root: Path, database: SqliteDatabase | PgDatabase, memory_bytes: int, *, derived_root: Path | None = None,
         redis: PackageStore | None = None, max_package_bytes: int | None = None,
         prefix_memory_bytes: int = DEFAULT_PREFIX_MEMORY_BYTES, prefix_disk_bytes: int = DEFAULT_PREFIX_DISK_BYTES,
     ) -> None:
@@ -108,8 +109,8 @@ class Store:
         self.derived_root = derived_root or root
         self._db = database
         self.catalog_url = database.safe_url if isinstance(database, PgDatabase) else None
-        self.local = LocalPackageStore(root, database=database)
-        self.catalog = SqliteCatalog(root, database=database)
+        self.local = DiskPackageStore(root, database=database)
+        self.catalog = SqlCatalog(root, database=database)
         self.usage = UsageBuffer(self.local)
         self.pins = PinnedKeys()
         self.counters = CounterBuffer(self.catalog, also=(self.usage.flush,))
@@ -247,7 +248,7 @@ def _open(
         database = PgDatabase(catalog, path)
         sweep_stale_temps(path)
         return Store(path, database, memory_bytes, derived_root=derived, redis=redis, max_package_bytes=quota)
-    database = Database(path)
+    database = SqliteDatabase(path)
     # Temp files of writers killed long ago (an hour or more); cheap, at most hourly.
     sweep_stale_temps(path)
     return Store(path, database, memory_bytes, redis=redis, max_package_bytes=quota)

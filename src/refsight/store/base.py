@@ -151,7 +151,7 @@ class FingerprintUsage(NamedTuple):
 class PackageIndex(abc.ABC):
     """What the store lifecycle (byte quota, prune) needs of the durable packages' index.
 
-    The embedded store's SQLite index implements it (:class:`~refsight.store.LocalPackageStore`);
+    The embedded store's SQLite index implements it (:class:`~refsight.store.DiskPackageStore`);
     a shared catalog implements the same methods, so quota and prune run one code path
     (:mod:`refsight.store.lifecycle`) on either.
     """

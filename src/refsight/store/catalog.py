@@ -1,10 +1,10 @@
 """The catalog: references per namespace and their package links, over the store's database.
 
-It shares the store's database with :class:`~refsight.store.local.LocalPackageStore` and runs
+It shares the store's database with :class:`~refsight.store.disk.DiskPackageStore` and runs
 the same SQL on SQLite and PostgreSQL. Its parts have modules of their own: the change journal
 (:mod:`refsight.store.journal`: every added, changed or removed reference journaled under a
 per-namespace revision in the same transaction, so derived indexes ask for
-:meth:`SqliteCatalog.changes_since`), the kept image bytes (:mod:`refsight.store.images`) and the
+:meth:`SqlCatalog.changes_since`), the kept image bytes (:mod:`refsight.store.images`) and the
 persistent counters (:class:`~refsight.store.counters.CounterTable`, updated with
 ``value = value + ?`` inside the database, so concurrent processes never lose a bump).
 """
@@ -14,17 +14,20 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidInputError, ReferenceNotFoundError
 from ..package import canonical_json
 from . import journal
-from ._sqlite import Database, open_database
 from .base import DEFAULT_NAMESPACE, Catalog, Reference, ReferenceChanges, validate_ref_id
 from .counters import CounterTable
 from .images import KeptImages, check_sha
+from .sqlite import SqliteDatabase, open_database
 
-__all__ = ["SqliteCatalog"]
+if TYPE_CHECKING:  # pragma: no cover
+    from .postgres import PgDatabase
+
+__all__ = ["SqlCatalog"]
 
 _COLUMNS = "namespace, ref_id, image_sha256, metadata, created_at"
 
@@ -37,10 +40,10 @@ def _check_namespace(namespace: object) -> str:
         raise InvalidInputError(namespace, f"invalid namespace: {exc.reason}") from None
 
 
-class SqliteCatalog(Catalog):
+class SqlCatalog(Catalog):
     """References, links, kept image bytes and counters of one store."""
 
-    def __init__(self, root: str | Path, *, database: Database | None = None) -> None:
+    def __init__(self, root: str | Path, *, database: SqliteDatabase | PgDatabase | None = None) -> None:
         self.root = Path(root)
         self._owns_db = database is None
         self._db = open_database(self.root, database)

@@ -1,9 +1,9 @@
 """The catalog and package index on PostgreSQL, for replicas that share one store (psycopg 3).
 
-:class:`PgDatabase` offers what :class:`~refsight.store._sqlite.Database` offers
+:class:`PgDatabase` offers what :class:`~refsight.store.sqlite.SqliteDatabase` offers
 (``connection()``, ``write()``, ``close()``), so the catalog
-(:class:`~refsight.store.catalog.SqliteCatalog`) and the package index
-(:class:`~refsight.store.local.LocalPackageStore`) run their same, portable SQL on either:
+(:class:`~refsight.store.catalog.SqlCatalog`) and the package index
+(:class:`~refsight.store.disk.DiskPackageStore`) run their same, portable SQL on either:
 one implementation of every rule, two databases. What differs lives here:
 
 * **Placeholders**: ``?`` becomes ``%s`` on the way to psycopg.
@@ -12,7 +12,7 @@ one implementation of every rule, two databases. What differs lives here:
   rename the file, then insert) and the journal's ``MAX(revision) + 1`` stay single steps
   across replicas. The lock goes with the transaction, also when a replica dies mid-write.
 * **Read transactions** (``BEGIN``) are ``REPEATABLE READ``: one snapshot, as in SQLite.
-* **Schema**: the SQLite schema and migrations translated (``REAL`` → ``DOUBLE PRECISION``,
+* **Schema**: the store's schema and migrations (:mod:`refsight.store.schema`) translated (``REAL`` → ``DOUBLE PRECISION``,
   ``INTEGER`` → ``BIGINT``, text compared bytewise like SQLite), under the same version
   number, migrated in place the same way.
 * **Failures**: PostgreSQL down, a connection cut or a statement past its timeout raise
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StoreError, StoreUnavailableError
-from ._sqlite import _MIGRATIONS, _SCHEMA, APPLICATION, SCHEMA_VERSION
+from . import schema
 
 __all__ = ["PgDatabase", "DEFAULT_CONNECT_TIMEOUT_S", "DEFAULT_STATEMENT_TIMEOUT_MS", "DEFAULT_LEASE_TIMEOUT_S",
            "is_catalog_url", "redact_url"]
@@ -76,8 +76,8 @@ def _pg_type(sql: str) -> str:
 
 
 #: The SQLite schema and its migrations, in PostgreSQL's types (one definition of the tables).
-PG_SCHEMA = _pg_type(_SCHEMA)
-PG_MIGRATIONS = {version: _pg_type(sql) for version, sql in _MIGRATIONS.items()}
+PG_SCHEMA = _pg_type(schema.SCHEMA)
+PG_MIGRATIONS = {version: _pg_type(sql) for version, sql in schema.MIGRATIONS.items()}
 
 
 @functools.lru_cache(maxsize=512)
@@ -85,15 +85,6 @@ def _translate(sql: str) -> str:
     if sql == "BEGIN":
         return "BEGIN ISOLATION LEVEL REPEATABLE READ"
     return sql.replace("%", "%%").replace("?", "%s")
-
-
-def _statements(script: str) -> list[str]:
-    out = []
-    for statement in script.split(";"):
-        lines = [line for line in statement.splitlines() if not line.strip().startswith("--")]
-        if "".join(lines).strip():
-            out.append("\n".join(lines))
-    return out
 
 
 class PgConnection:
@@ -204,7 +195,7 @@ class PgDatabase:
         self.url = url
         self.safe_url = redact_url(url)
         self.root = Path(root)
-        self.path = self.safe_url  # what messages name, like Database.path
+        self.path = self.safe_url  # what messages name, like SqliteDatabase.path
         self._connect_timeout = max(2, int(connect_timeout_s))
         self._statement_timeout = int(statement_timeout_ms)
         self._local = threading.local()
@@ -322,26 +313,7 @@ class PgDatabase:
             if "meta" not in tables:
                 if tables & {"references", "packages"}:
                     raise StoreError(f"{self.safe_url} holds tables but is not a refsight catalog")
-                for statement in _statements(PG_SCHEMA):
-                    conn.execute(statement)
-                conn.executemany(
-                    "INSERT INTO meta (name, value) VALUES (?, ?)",
-                    [("application", APPLICATION), ("schema_version", str(SCHEMA_VERSION))],
-                )
+                schema.create(conn, PG_SCHEMA)
                 return
-            meta = dict(conn.execute("SELECT name, value FROM meta").fetchall())
-            if meta.get("application") != APPLICATION:
-                raise StoreError(f"{self.safe_url} is a database but not a refsight catalog")
-            version = int(meta.get("schema_version", "0"))
-            if version > SCHEMA_VERSION:
-                raise StoreError(
-                    f"{self.safe_url} has schema version {version}, newer than this refsight ({SCHEMA_VERSION}); "
-                    "upgrade refsight"
-                )
-            while version < SCHEMA_VERSION and version in PG_MIGRATIONS:
-                for statement in _statements(PG_MIGRATIONS[version]):
-                    conn.execute(statement)
-                version += 1
-                conn.execute("UPDATE meta SET value = ? WHERE name = 'schema_version'", (str(version),))
-            if version < SCHEMA_VERSION:
-                raise StoreError(f"{self.safe_url} has schema version {version}, which this refsight cannot read")
+            schema.upgrade(conn, self.safe_url, PG_MIGRATIONS,
+                           foreign=lambda: StoreError(f"{self.safe_url} is a database but not a refsight catalog"))

@@ -1,8 +1,9 @@
-"""Connections to one SQLite file, as every refsight database opens them.
+"""Connections to one SQLite file, as every refsight database opens them, and the embedded store's database.
 
-The store's database (``refsight.db``), the retrieval database (``retrieval/vectors.sqlite``)
-and the attribute store (``attributes/attributes.sqlite``) share this one helper; each keeps
-its own schema and migrations. What they share:
+The store's database (``refsight.db``, :class:`SqliteDatabase`), the retrieval database
+(``retrieval/vectors.sqlite``) and the attribute store (``attributes/attributes.sqlite``) share
+one helper, :class:`SqliteConnections`; each keeps its own schema and migrations (the store's
+are :mod:`refsight.store.schema`, shared with PostgreSQL). What they share:
 
 * connections that never cross a ``fork`` (a child process opens its own: an SQLite
   connection used in two processes corrupts locks), either one per thread or one per process;
@@ -20,13 +21,14 @@ import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from ..errors import StoreError, StoreUnavailableError
+from . import schema
 from ._failures import store_failure, unavailable_reason
 
-__all__ = ["BUSY_TIMEOUT_MS", "SqliteConnections"]
+__all__ = ["BUSY_TIMEOUT_MS", "SqliteConnections", "SqliteDatabase", "open_database"]
 
 BUSY_TIMEOUT_MS = 30_000
 
@@ -179,3 +181,74 @@ def _rollback(conn: sqlite3.Connection) -> None:
             conn.execute("ROLLBACK")
         except sqlite3.Error:
             pass
+
+
+class SqliteDatabase:
+    """The embedded store's database ``<root>/refsight.db``: per-thread, per-process connections, schema checked.
+
+    The connection handling is :class:`SqliteConnections`; this class adds the store's schema
+    (:mod:`refsight.store.schema`), its version check and its migrations. Writes go through
+    :meth:`write`, a ``BEGIN IMMEDIATE`` transaction: it takes the database's write lock up
+    front, which serialises writers across processes, and lets callers do a check-then-act
+    (is the row there? then rename, then insert) as one step.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.path = self.root / schema.DB_NAME
+        self._sqlite = SqliteConnections(
+            self.path,
+            # NORMAL is safe in WAL (never corrupts); a power loss can only drop the last
+            # commits. Package files are fsynced before their rows, so the worst case is an
+            # orphan file without a row, which gc() removes. Rows never point at lost data.
+            pragmas=("synchronous = NORMAL",),
+            open_error="{path} is not a refsight store: {exc}",
+            closed_error=f"store {self.root} is closed",
+        )
+        try:
+            with self.write() as conn:
+                self._ensure_schema(conn)
+        except sqlite3.DatabaseError as exc:
+            self.close()
+            raise StoreError(f"{self.path} is not a refsight store: {exc}") from exc
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has been called."""
+        return self._sqlite.closed
+
+    def connection(self) -> sqlite3.Connection:
+        """This thread's connection (opened on first use; a new one after a fork)."""
+        return self._sqlite.connection()
+
+    def write(self) -> AbstractContextManager[sqlite3.Connection]:
+        """A ``BEGIN IMMEDIATE`` transaction: the write lock is held from the start, committed on success."""
+        return self._sqlite.write()
+
+    def close(self) -> None:
+        """Close the connections this process opened. Idempotent."""
+        self._sqlite.close()
+
+    def _ensure_schema(self, conn: sqlite3.Connection) -> None:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not tables:
+            schema.create(conn)
+            return
+        foreign = lambda: StoreError(f"{self.path} is an SQLite database but not a refsight store")  # noqa: E731
+        if "meta" not in tables:
+            raise foreign()
+        schema.upgrade(conn, str(self.path), foreign=foreign)
+
+
+def open_database(root: Path, database=None):
+    """``database`` when given (a shared one), else the embedded database of ``root``, creating the directory."""
+    if database is not None:
+        return database
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(f"cannot create store directory {root}: {exc}") from exc
+    return SqliteDatabase(root)

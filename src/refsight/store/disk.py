@@ -21,7 +21,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import xxhash
 
@@ -29,10 +29,13 @@ from ..errors import CorruptPackageError, InvalidInputError
 from ..package import EncoderFingerprint, VisualPackage, canonical_json, package_key, tensor_spec
 from . import _safetensors
 from ._files import TEMP_PREFIX, staged
-from ._sqlite import Database, open_database
 from .base import FingerprintUsage, PackageIndex, PackageStore, PackageUsage
+from .sqlite import SqliteDatabase, open_database
 
-__all__ = ["LocalPackageStore", "PackageRecord"]
+if TYPE_CHECKING:  # pragma: no cover
+    from .postgres import PgDatabase
+
+__all__ = ["DiskPackageStore", "PackageRecord"]
 
 _KEY = re.compile(r"[0-9a-f]{64}")
 _HEADER_FIELD = "refsight.header"
@@ -96,12 +99,12 @@ def _row(package: VisualPackage, size: int, checksum: str) -> tuple:
     )
 
 
-class LocalPackageStore(PackageStore, PackageIndex):
+class DiskPackageStore(PackageStore, PackageIndex):
     """Packages as safetensors files under ``root/packages``, indexed in ``root/refsight.db``."""
 
     name = "disk"  # with a PostgreSQL catalog: the shared blob directory
 
-    def __init__(self, root: str | Path, *, database: Database | None = None) -> None:
+    def __init__(self, root: str | Path, *, database: SqliteDatabase | PgDatabase | None = None) -> None:
         self.root = Path(root)
         self._owns_db = database is None
         self._db = open_database(self.root, database)

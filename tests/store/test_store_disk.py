@@ -1,4 +1,4 @@
-"""LocalPackageStore: exact round trips, checks on read, verify, gc, and the on-disk format.
+"""DiskPackageStore: exact round trips, checks on read, verify, gc, and the on-disk format.
 
 Each test runs with the index in SQLite (embedded) and in PostgreSQL (shared blob directory).
 """
@@ -14,7 +14,7 @@ from store_helpers import image_hash, make_package
 
 from refsight.errors import CorruptPackageError, InvalidInputError
 from refsight.package import VisualPackage
-from refsight.store import LocalPackageStore
+from refsight.store import DiskPackageStore
 
 
 @pytest.fixture
@@ -25,7 +25,7 @@ def open_local(opener):
     def open_one(root):
         store = opener(root)
         stores.append(store)
-        assert isinstance(store.local, LocalPackageStore)
+        assert isinstance(store.local, DiskPackageStore)
         return store.local
 
     open_one.sql = opener.sql
