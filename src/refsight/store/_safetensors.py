@@ -154,9 +154,25 @@ def decode(raw: memoryview) -> tuple[dict[str, Any], dict[str, str], dict[str, A
     :class:`SafetensorsFormatError` on any inconsistency: a header that runs past
     the end, unknown dtypes, offsets that do not match shapes, holes or overlaps.
     """
-    import torch
+    header, start = _header(raw)
+    metadata = header.get("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise SafetensorsFormatError("__metadata__ must map strings to strings")
+    data_len = len(raw) - start
+    tensors: dict[str, Any] = {}
+    spans = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype, shape, begin, end = _entry(name, info, start, data_len)
+        spans.append((begin, end))
+        tensors[name] = _view(raw, dtype, shape, start + begin, end - begin)
+    _check_contiguous(spans, data_len)
+    return tensors, metadata, header
 
-    _, from_code = _dtype_tables()
+
+def _header(raw: memoryview) -> tuple[dict[str, Any], int]:
+    # The JSON header and the offset where the tensor data starts.
     total = len(raw)
     if total < 8:
         raise SafetensorsFormatError("shorter than the 8-byte header length")
@@ -169,41 +185,43 @@ def decode(raw: memoryview) -> tuple[dict[str, Any], dict[str, str], dict[str, A
         raise SafetensorsFormatError(f"header is not JSON: {exc}") from None
     if not isinstance(header, dict):
         raise SafetensorsFormatError("header is not a JSON object")
-    metadata = header.get("__metadata__", {})
-    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise SafetensorsFormatError("__metadata__ must map strings to strings")
-    start = 8 + n
-    data_len = total - start
-    tensors: dict[str, Any] = {}
-    spans = []
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype = from_code[info["dtype"]]
-            shape = [int(s) for s in info["shape"]]
-            begin, end = (int(x) for x in info["data_offsets"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise SafetensorsFormatError(f"tensor {name!r}: bad header entry ({exc!r})") from None
-        itemsize = dtype.itemsize
-        if min(shape, default=0) < 0 or begin < 0 or end > data_len or end - begin != math.prod(shape) * itemsize:
-            raise SafetensorsFormatError(f"tensor {name!r}: offsets {begin}..{end} do not match shape {shape}")
-        if (start + begin) % itemsize:
-            raise SafetensorsFormatError(f"tensor {name!r}: offset {begin} is not aligned to its {itemsize}-byte elements")
-        spans.append((begin, end))
-        count = (end - begin) // itemsize
-        if count == 0:
-            tensors[name] = torch.empty(shape, dtype=dtype)
-            continue
-        # A view of the one buffer (no copy); the tensor keeps the buffer alive.
-        tensor = torch.frombuffer(raw, dtype=dtype, count=count, offset=start + begin)
-        tensors[name] = tensor if len(shape) == 1 else tensor.view(shape)
-    spans.sort()
+    return header, 8 + n
+
+
+def _entry(name: str, info: Any, start: int, data_len: int) -> tuple[Any, list[int], int, int]:
+    # One tensor's (dtype, shape, begin, end), checked against the data it must cover exactly.
+    _, from_code = _dtype_tables()
+    try:
+        dtype = from_code[info["dtype"]]
+        shape = [int(s) for s in info["shape"]]
+        begin, end = (int(x) for x in info["data_offsets"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SafetensorsFormatError(f"tensor {name!r}: bad header entry ({exc!r})") from None
+    itemsize = dtype.itemsize
+    if min(shape, default=0) < 0 or begin < 0 or end > data_len or end - begin != math.prod(shape) * itemsize:
+        raise SafetensorsFormatError(f"tensor {name!r}: offsets {begin}..{end} do not match shape {shape}")
+    if (start + begin) % itemsize:
+        raise SafetensorsFormatError(f"tensor {name!r}: offset {begin} is not aligned to its {itemsize}-byte elements")
+    return dtype, shape, begin, end
+
+
+def _view(raw: memoryview, dtype: Any, shape: list[int], offset: int, size: int) -> Any:
+    # A view of the one buffer (no copy); the tensor keeps the buffer alive.
+    import torch
+
+    count = size // dtype.itemsize
+    if count == 0:
+        return torch.empty(shape, dtype=dtype)
+    tensor = torch.frombuffer(raw, dtype=dtype, count=count, offset=offset)
+    return tensor if len(shape) == 1 else tensor.view(shape)
+
+
+def _check_contiguous(spans: list[tuple[int, int]], data_len: int) -> None:
+    # The tensors tile the data exactly: no holes, no overlaps, nothing after the last one.
     position = 0
-    for begin, end in spans:
+    for begin, end in sorted(spans):
         if begin != position:
             raise SafetensorsFormatError("tensor data has holes or overlaps")
         position = end
     if position != data_len:
         raise SafetensorsFormatError(f"{data_len - position} bytes after the last tensor")
-    return tensors, metadata, header
