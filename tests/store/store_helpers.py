@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import threading
+from collections.abc import Callable
 
 import torch
 
@@ -36,3 +38,21 @@ def make_package(n: int, *, tokens: int = 16, dims: int = 32, model: str = "tiny
         fingerprint=fingerprint(model),
         encode_ms=12.5 + n,
     )
+
+
+def run_threads(work: Callable[[int], None], count: int = 4) -> list[BaseException]:
+    """Run ``work(0)`` … ``work(count - 1)`` on threads at once; the exceptions they raised (a thread's would vanish)."""
+    errors: list[BaseException] = []
+
+    def guarded(k: int) -> None:
+        try:
+            work(k)
+        except BaseException as exc:  # surfaced to the caller's assert
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(k,)) for k in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return errors

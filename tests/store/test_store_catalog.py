@@ -202,40 +202,29 @@ def test_a_newer_store_is_refused(opener, tmp_path):
         opener(root)
 
 
-def test_a_version_2_store_keeps_its_packages_as_shared(opener, tmp_path):
-    from store_helpers import make_package
-
-    root = tmp_path / "v2"
+def _downgraded(opener, root, version: int, statements: list[str]):
+    """A store holding one package, made to look as a refsight of schema ``version`` wrote it."""
     package = make_package(1)
     with opener(root) as store:
         store.packages.put(package)
-    # a store written before isolation scopes existed: no scope column
-    opener.sql(root, [
-        "DROP INDEX packages_by_use",  # added by version 4
-        "ALTER TABLE packages DROP COLUMN last_used",
-        "ALTER TABLE packages DROP COLUMN scope",
-        "UPDATE meta SET value = '2' WHERE name = 'schema_version'",
-    ])
-    with opener(root) as store:
+    opener.sql(root, [*statements, f"UPDATE meta SET value = '{version}' WHERE name = 'schema_version'"])
+    return package
+
+
+def test_a_version_2_store_keeps_its_packages_as_shared(opener, tmp_path):
+    # a store written before isolation scopes existed: no scope column (nor version 4's last use)
+    drops = ["DROP INDEX packages_by_use", "ALTER TABLE packages DROP COLUMN last_used", "ALTER TABLE packages DROP COLUMN scope"]
+    package = _downgraded(opener, tmp_path / "v2", 2, drops)
+    with opener(tmp_path / "v2") as store:
         loaded = store.local.get(package.key)
         assert loaded is not None and loaded.scope is None and loaded.key == package.key
         assert store.local.record(package.key).scope is None
 
 
 def test_a_version_3_store_gets_last_used_from_creation_time(opener, tmp_path):
-    from store_helpers import make_package
-
-    root = tmp_path / "v3"
-    package = make_package(1)
-    with opener(root) as store:
-        store.packages.put(package)
     # a store written before the byte quota existed: no last_used column
-    opener.sql(root, [
-        "DROP INDEX packages_by_use",
-        "ALTER TABLE packages DROP COLUMN last_used",
-        "UPDATE meta SET value = '3' WHERE name = 'schema_version'",
-    ])
-    with opener(root) as store:
+    package = _downgraded(opener, tmp_path / "v3", 3, ["DROP INDEX packages_by_use", "ALTER TABLE packages DROP COLUMN last_used"])
+    with opener(tmp_path / "v3") as store:
         [usage] = store.local.least_recently_used(10)
         assert usage.key == package.key and usage.last_used == package.created_at
         assert store.local.get(package.key) is not None

@@ -10,7 +10,7 @@ import json
 import pytest
 import safetensors.torch
 import torch
-from store_helpers import image_hash, make_package
+from store_helpers import image_hash, make_package, run_threads
 
 from refsight.errors import CorruptPackageError, InvalidInputError
 from refsight.package import VisualPackage
@@ -141,30 +141,32 @@ def test_missing_and_truncated_files_are_corrupt_not_absent(open_local, tmp_path
     assert {k: p is not None for k, p in store.verify_all()} == {gone.key: True, short.key: True}
 
 
-def test_an_index_row_that_disagrees_with_its_file_is_corrupt(open_local, tmp_path):
-    store = open_local(tmp_path)
+def _row_with_another_spec(store, sql, root) -> tuple[str, str]:
     package = make_package(9)
     store.put(package)
     spec = package.spec
     spec["features"]["shape"] = [1, 1]
-    open_local.sql(tmp_path, [("UPDATE packages SET spec_json = ? WHERE key = ?", (json.dumps(spec), package.key))])
-    with pytest.raises(CorruptPackageError, match="shapes"):
-        store.get(package.key)
+    sql(root, [("UPDATE packages SET spec_json = ? WHERE key = ?", (json.dumps(spec), package.key))])
+    return package.key, "shapes"
 
 
-def test_a_file_holding_another_package_is_corrupt(open_local, tmp_path):
-    store = open_local(tmp_path)
+def _file_of_another_package(store, sql, root) -> tuple[str, str]:
     a, b = make_package(10), make_package(11)
     store.put(a)
     store.put(b)
     # Swap file and checksum of b into a's place: checksum passes, identity does not.
     store.path_for(a.key).write_bytes(store.path_for(b.key).read_bytes())
     row_b = store.record(b.key)
-    open_local.sql(tmp_path, [
-        ("UPDATE packages SET checksum = ?, bytes = ? WHERE key = ?", (row_b.checksum, row_b.bytes, a.key)),
-    ])
-    with pytest.raises(CorruptPackageError, match="another package"):
-        store.get(a.key)
+    sql(root, [("UPDATE packages SET checksum = ?, bytes = ? WHERE key = ?", (row_b.checksum, row_b.bytes, a.key))])
+    return a.key, "another package"
+
+
+@pytest.mark.parametrize("damage", [_row_with_another_spec, _file_of_another_package])
+def test_an_index_row_that_disagrees_with_its_file_is_corrupt(open_local, tmp_path, damage):
+    store = open_local(tmp_path)
+    key, reason = damage(store, open_local.sql, tmp_path)
+    with pytest.raises(CorruptPackageError, match=reason):
+        store.get(key)
 
 
 def test_gc_removes_orphan_files_and_stale_temps_but_keeps_indexed_ones(open_local, tmp_path):
@@ -213,28 +215,17 @@ def test_stats_and_records(open_local, tmp_path):
 
 
 def test_threads_share_one_store(open_local, tmp_path):
-    import threading
-
     store = open_local(tmp_path)
     packages = [make_package(n) for n in range(8)]
-    errors = []
 
     def work(offset):
-        try:
-            for i in range(16):
-                p = packages[(i + offset) % len(packages)]
-                store.put(p)
-                loaded = store.get(p.key)
-                assert loaded is not None and loaded.key == p.key
-        except Exception as exc:  # surfaced below; a thread's assert would otherwise vanish
-            errors.append(exc)
+        for i in range(16):
+            p = packages[(i + offset) % len(packages)]
+            store.put(p)
+            loaded = store.get(p.key)
+            assert loaded is not None and loaded.key == p.key
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert run_threads(work) == []
     assert sorted(store.keys()) == sorted(p.key for p in packages)
     assert all(problem is None for _, problem in store.verify_all())
     store.close()

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
-from store_helpers import make_package
+from store_helpers import make_package, run_threads
 
 from refsight.errors import InvalidInputError
 from refsight.store import MemoryPackageStore
@@ -82,11 +81,7 @@ def test_threads_never_push_it_over_budget():
             if store.nbytes > store.max_bytes:
                 over.append(store.nbytes)
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    assert run_threads(work) == []
     assert over == []
     assert store.nbytes == sum(p.nbytes for p in packages if store.contains(p.key))
 

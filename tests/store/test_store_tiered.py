@@ -68,10 +68,9 @@ def test_tiers_compose_without_open_store(tmp_path):
 def test_open_store_refuses_unusable_paths(tmp_path):
     a_file = tmp_path / "file"
     a_file.write_text("x")
-    with pytest.raises(StoreError, match="not a directory"):
-        open_store(a_file)
-    with pytest.raises(StoreError, match="cannot create"):
-        open_store(a_file / "sub")
+    for path, reason in ((a_file, "not a directory"), (a_file / "sub", "cannot create")):
+        with pytest.raises(StoreError, match=reason):
+            open_store(path)
 
 
 def test_open_store_refuses_a_foreign_database(tmp_path):

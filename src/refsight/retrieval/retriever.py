@@ -9,6 +9,7 @@ calls ``add``/``remove`` alongside the store.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ def _check_namespace(namespace: object) -> str:
         raise InvalidInputError(namespace, f"invalid namespace: {exc.reason}") from None
 
 
-class Retriever:
+class Retriever(AbstractContextManager):
     """Embedding cache + per-namespace index for one embedder under ``<root>/retrieval``."""
 
     def __init__(
@@ -160,11 +161,8 @@ class Retriever:
         self.flush()
         self.db.close()
 
-    def __enter__(self) -> "Retriever":
-        return self
-
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        self.close()  # ``with Retriever(...)``: AbstractContextManager's __enter__ returns the retriever
 
     # -- queries --------------------------------------------------------------------------
 

@@ -54,32 +54,12 @@ from .tiered import TieredPackageStore
 from .usage import PinnedKeys, UsageBuffer
 
 __all__ = [
-    "open_store",
-    "Store",
-    "PackageStore",
-    "PackageIndex",
-    "PackageUsage",
-    "FingerprintUsage",
-    "Catalog",
-    "Reference",
-    "ReferenceRow",
-    "ReferenceChanges",
-    "validate_ref_id",
-    "DiskPackageStore",
-    "PackageRecord",
-    "MemoryPackageStore",
-    "TieredPackageStore",
-    "SqlCatalog",
-    "CounterBuffer",
-    "PinnedKeys",
-    "UsageBuffer",
-    "parse_bytes",
-    "DEFAULT_NAMESPACE",
-    "COUNTER_NAMES",
-    "PREFIX_COUNTER_NAMES",
-    "PrefixStore",
-    "SCHEMA_VERSION",
-    "DEFAULT_MEMORY_BYTES",
+    "open_store", "Store", "DiskPackageStore", "PackageRecord", "MemoryPackageStore",
+    "TieredPackageStore", "SqlCatalog", "CounterBuffer", "PinnedKeys", "UsageBuffer", "parse_bytes", "PrefixStore",
+    "SCHEMA_VERSION", "DEFAULT_MEMORY_BYTES",
+    # the interfaces and records of store/base.py
+    "PackageStore", "PackageIndex", "PackageUsage", "FingerprintUsage", "Catalog", "Reference", "ReferenceRow",
+    "ReferenceChanges", "validate_ref_id", "DEFAULT_NAMESPACE", "COUNTER_NAMES", "PREFIX_COUNTER_NAMES",
 ]
 
 DEFAULT_MEMORY_BYTES = 512 * 1024 * 1024

@@ -15,11 +15,14 @@ from __future__ import annotations
 import errno
 import os
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from ..errors import StoreError, StoreUnavailableError
 
-__all__ = ["store_failure", "unavailable_reason"]
+__all__ = ["closed_on_failure", "store_failure", "unavailable_reason"]
 
 _UNAVAILABLE_ERRNOS = {
     errno.ENOSPC: "no space left on device",
@@ -87,3 +90,13 @@ def store_failure(exc: BaseException, path: Path, action: str) -> StoreError:
         return StoreError(f"{path} is not a refsight store: {exc}")
     detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
     return StoreError(f"{action}: {detail}{where}")
+
+
+@contextmanager
+def closed_on_failure(resource: Any) -> Iterator[None]:
+    """Close ``resource`` when the block raises: a database whose setup failed keeps no connection open."""
+    try:
+        yield
+    except BaseException:
+        resource.close()
+        raise

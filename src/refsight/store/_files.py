@@ -20,6 +20,7 @@ through the index), and ``gc`` removes stale ones left by killed writers.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -29,10 +30,14 @@ import xxhash
 
 from ._failures import store_failure
 
-__all__ = ["TEMP_PREFIX", "StagedFile", "staged", "write_temp", "publish", "fsync_dir", "checksum", "read_exact"]
+__all__ = ["TEMP_PREFIX", "HEX_KEY", "SAFETENSORS_SUFFIX", "StagedFile", "staged", "write_temp", "publish", "fsync_dir", "checksum", "read_exact"]
 
 TEMP_PREFIX = ".tmp-"
 TEMP_SUFFIX = ".partial"
+#: What names a file of the store: a sha256 hex digest (an image hash, a package or prefix key).
+HEX_KEY = re.compile(r"[0-9a-f]{64}")
+#: The suffix of package and prefix-state files.
+SAFETENSORS_SUFFIX = ".safetensors"
 
 
 def checksum(data: bytes | bytearray | memoryview) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, Mapping, NamedTuple
 
 from ..errors import InvalidReferenceIdError
@@ -74,13 +74,7 @@ class Reference:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready view (without the namespace, which callers already know)."""
-        return {
-            "ref_id": self.ref_id,
-            "image_sha256": self.image_sha256,
-            "metadata": self.metadata,
-            "created_at": self.created_at,
-            "packages": self.packages,
-        }
+        return {name: value for name, value in asdict(self).items() if name != "namespace"}
 
 
 class ReferenceRow(NamedTuple):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ import xxhash
 from ..errors import CorruptPackageError, InvalidInputError
 from ..package import EncoderFingerprint, VisualPackage, canonical_json, package_key, tensor_spec
 from . import _safetensors
-from ._files import TEMP_PREFIX, staged
+from ._files import HEX_KEY, SAFETENSORS_SUFFIX, TEMP_PREFIX, staged
 from .base import FingerprintUsage, PackageIndex, PackageStore, PackageUsage
 from .sqlite import SqliteDatabase, open_database
 
@@ -37,9 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["DiskPackageStore", "PackageRecord"]
 
-_KEY = re.compile(r"[0-9a-f]{64}")
 _HEADER_FIELD = "refsight.header"
-_SUFFIX = ".safetensors"
 _COLUMNS = "key, image_sha256, fingerprint_digest, fingerprint_json, bytes, spec_json, created_at, encode_ms, checksum, scope"
 
 
@@ -71,7 +68,7 @@ class PackageRecord:
 
 def _check_key(key: object) -> str:
     # Keys become file paths: only 64 lowercase hex characters may pass.
-    if not isinstance(key, str) or not _KEY.fullmatch(key):
+    if not isinstance(key, str) or not HEX_KEY.fullmatch(key):
         raise InvalidInputError(key, "a package key is 64 lowercase hex characters (a sha256)")
     return key
 
@@ -114,7 +111,7 @@ class DiskPackageStore(PackageStore, PackageIndex):
     def path_for(self, key: str) -> Path:
         """Where the file of ``key`` lives (two levels of 256 shards keep directories small)."""
         _check_key(key)
-        return self.packages_dir / key[:2] / key[2:4] / f"{key}{_SUFFIX}"
+        return self.packages_dir / key[:2] / key[2:4] / f"{key}{SAFETENSORS_SUFFIX}"
 
     # -- index ------------------------------------------------------------------
     def record(self, key: str) -> PackageRecord | None:
@@ -358,8 +355,8 @@ class DiskPackageStore(PackageStore, PackageIndex):
                         removed["temps"] += 1
                 except FileNotFoundError:
                     pass  # its writer renamed or removed it meanwhile
-            elif name.endswith(_SUFFIX) and _KEY.fullmatch(name[: -len(_SUFFIX)]):
-                key = name[: -len(_SUFFIX)]
+            elif name.endswith(SAFETENSORS_SUFFIX) and HEX_KEY.fullmatch(name[: -len(SAFETENSORS_SUFFIX)]):
+                key = name[: -len(SAFETENSORS_SUFFIX)]
                 if key not in indexed and self.unlink_if_unindexed(key):
                     removed["orphans"] += 1
         return removed

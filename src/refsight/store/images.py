@@ -10,22 +10,19 @@ concurrent publish of the same image always keeps its file-row pair.
 
 from __future__ import annotations
 
-import re
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 from ..errors import InvalidInputError, NotFoundError, StoreError
-from ._files import StagedFile, read_exact, staged
+from ._files import HEX_KEY, StagedFile, read_exact, staged
 from ._files import checksum as file_checksum
 
 __all__ = ["KeptImages", "check_sha"]
 
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-
 
 def check_sha(value: object) -> str:
     """``value`` when it is a sha256 hex digest (image hashes name files), else :class:`InvalidInputError`."""
-    if not isinstance(value, str) or not _SHA256.fullmatch(value):
+    if not isinstance(value, str) or not HEX_KEY.fullmatch(value):
         raise InvalidInputError(value, "an image hash is 64 lowercase hex characters (a sha256)")
     return value
 

@@ -42,6 +42,7 @@ from typing import Any
 
 from ..errors import StoreError, StoreUnavailableError
 from . import schema
+from ._failures import closed_on_failure
 
 __all__ = ["PgDatabase", "DEFAULT_CONNECT_TIMEOUT_S", "DEFAULT_STATEMENT_TIMEOUT_MS", "DEFAULT_LEASE_TIMEOUT_S",
            "is_catalog_url", "redact_url"]
@@ -202,11 +203,8 @@ class PgDatabase:
         self._lock = threading.Lock()
         self._sessions: list[tuple[int, PgConnection]] = []
         self._closed = False
-        try:
+        with closed_on_failure(self):
             self._ensure_schema()
-        except BaseException:
-            self.close()
-            raise
 
     # -- connections ------------------------------------------------------------------
     @property

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -37,7 +36,7 @@ import xxhash
 
 from ..package import canonical_json, tensor_spec
 from . import _safetensors
-from ._files import TEMP_PREFIX, staged
+from ._files import HEX_KEY, SAFETENSORS_SUFFIX, TEMP_PREFIX, staged
 
 __all__ = ["PrefixStore", "StoredPrefix", "PREFIX_DIR", "DEFAULT_PREFIX_MEMORY_BYTES", "DEFAULT_PREFIX_DISK_BYTES"]
 
@@ -47,10 +46,8 @@ DEFAULT_PREFIX_DISK_BYTES = 8 * 1024 * 1024 * 1024
 #: The on-disk layout of a prefix file; a file of another format is treated as corrupt.
 PREFIX_FILE_FORMAT = 1
 
-_KEY = re.compile(r"[0-9a-f]{64}")
 _INFO = "refsight.prefix"
 _CHECKSUM = "refsight.checksum"
-_SUFFIX = ".safetensors"
 
 
 @dataclass(frozen=True)
@@ -66,7 +63,7 @@ class StoredPrefix:
 
 def _check_key(key: object) -> str:
     # Keys become file names: only 64 lowercase hex characters may pass.
-    if not isinstance(key, str) or not _KEY.fullmatch(key):
+    if not isinstance(key, str) or not HEX_KEY.fullmatch(key):
         raise ValueError(f"a prefix key is 64 lowercase hex characters, not {key!r}")
     return key
 
@@ -94,7 +91,7 @@ class PrefixStore:
     def path_for(self, key: str) -> Path:
         """Where the file of ``key`` lives (256 shards)."""
         _check_key(key)
-        return self.root / key[:2] / f"{key}{_SUFFIX}"
+        return self.root / key[:2] / f"{key}{SAFETENSORS_SUFFIX}"
 
     # -- memory tier --------------------------------------------------------------------
     @property
@@ -219,7 +216,7 @@ class PrefixStore:
     def _files(self) -> Iterator[tuple[Path, os.stat_result]]:
         if not self.root.is_dir():
             return
-        for path in self.root.glob(f"*/*{_SUFFIX}"):
+        for path in self.root.glob(f"*/*{SAFETENSORS_SUFFIX}"):
             if path.name.startswith(TEMP_PREFIX):
                 continue
             try:
@@ -245,7 +242,7 @@ class PrefixStore:
                 continue
             try:
                 path.unlink()
-                self._forget(path.name[: -len(_SUFFIX)])
+                self._forget(path.name[: -len(SAFETENSORS_SUFFIX)])
                 total -= stat.st_size
             except FileNotFoundError:
                 continue

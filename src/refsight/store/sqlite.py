@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ..errors import StoreError, StoreUnavailableError
 from . import schema
-from ._failures import store_failure, unavailable_reason
+from ._failures import closed_on_failure, store_failure, unavailable_reason
 
 __all__ = ["BUSY_TIMEOUT_MS", "SqliteConnections", "SqliteDatabase", "open_database"]
 
@@ -66,15 +66,12 @@ class SqliteConnections:
         self._connections: list[tuple[int, sqlite3.Connection]] = []
         self._closed = False
         if schema is not None:
-            try:
-                with self.write() as conn:
-                    schema(conn)
-            except sqlite3.Error as exc:
-                self.close()
-                raise self._open_failure(exc) from exc
-            except BaseException:
-                self.close()
-                raise
+            with closed_on_failure(self):
+                try:
+                    with self.write() as conn:
+                        schema(conn)
+                except sqlite3.Error as exc:
+                    raise self._open_failure(exc) from exc
 
     @property
     def closed(self) -> bool:
@@ -202,18 +199,10 @@ class SqliteDatabase:
             # commits. Package files are fsynced before their rows, so the worst case is an
             # orphan file without a row, which gc() removes. Rows never point at lost data.
             pragmas=("synchronous = NORMAL",),
+            schema=self._ensure_schema,
             open_error="{path} is not a refsight store: {exc}",
             closed_error=f"store {self.root} is closed",
         )
-        try:
-            with self.write() as conn:
-                self._ensure_schema(conn)
-        except sqlite3.DatabaseError as exc:
-            self.close()
-            raise StoreError(f"{self.path} is not a refsight store: {exc}") from exc
-        except BaseException:
-            self.close()
-            raise
 
     @property
     def closed(self) -> bool:
