@@ -233,7 +233,8 @@ WRITER = textwrap.dedent(
         v = rng.standard_normal(dim).astype(np.float32); v /= np.linalg.norm(v)
         db.put_vectors("testdigest", {f"w{i}": v})
         label, _ = db.upsert_entry("testdigest", "default", f"w{i}", f"w{i}", {})
-        idx.added(label, v)
+        if i % 3 == 0:
+            idx.search(v, 1)  # the index reads the new labels from the database
         if i % 7 == 3:
             db.delete_ref("default", f"w{i - 2}"); idx.removed([label - 2])
         if i % 5 == 0 and i > 60:

@@ -21,7 +21,7 @@ from typing import Any
 from refsight.images import ImageInput
 from refsight.retrieval.retriever import Retriever
 from refsight.retrieval.vectors import Entry
-from refsight.store.base import Catalog, ReferenceRow
+from refsight.store.base import Catalog, ReferenceChanges, ReferenceRow
 
 __all__ = ["SyncReport", "sync_with_catalog"]
 
@@ -54,6 +54,7 @@ def sync_with_catalog(
     embedding); ``progress_bar(total)`` opens a bar (tqdm-like, with ``update(n)``) for the
     references to embed. ``rebuild`` drops the namespace's entries and index files first
     (cached vectors are kept, so only images never embedded by this embedder run the model).
+    Safe to run from several threads and processes at once (see :mod:`refsight.retrieval.entry_sync`).
     """
     db, digest = retriever.db, retriever.embedder.digest
     if rebuild:
@@ -62,43 +63,57 @@ def sync_with_catalog(
     synced = db.synced_revision(digest, namespace)
     changes = catalog.changes_since(synced, namespace=namespace)
     if synced is not None and changes.revision < synced:
-        # revisions only grow, so this is another catalog (the store was recreated): diff all
+        # revisions only grow, so this is another catalog (the store was recreated): its
+        # revisions say nothing about ours, so forget them and diff everything
+        db.forget_revisions(digest, namespace)
         synced, changes = None, catalog.changes_since(None, namespace=namespace)
     if synced is not None and changes.revision == synced:
         return SyncReport(synced, 0, 0, full=False)
 
     full = synced is None
     indexed = db.entries_by_ref(digest, namespace, None if full else [row.ref_id for row in changes.changed])
-    stale = [row for row in changes.changed if not _indexed_as(indexed.get(row.ref_id), row)]
     if full:
         live = {row.ref_id for row in changes.changed}
         gone = [ref_id for ref_id in indexed if ref_id not in live]
     else:
         gone = changes.removed
+    count = _index_changed(retriever, namespace, changes, indexed, load_image, progress_bar)
+    _, removed = retriever.apply(namespace, changes.revision, removals=gone)
+    if rebuild:
+        retriever.rebuild(namespace=namespace)  # the ANN file now, from the cached vectors
+    elif count or removed:
+        retriever.flush()
+    # Recorded last: a crash before this line only means the next sync redoes the work.
+    db.advance_synced(digest, namespace, changes.revision, since=synced)
+    return SyncReport(changes.revision, count, removed, full)
 
+
+def _index_changed(
+    retriever: Retriever, namespace: str, changes: ReferenceChanges, indexed: dict[str, Entry],
+    load_image: Callable[[ReferenceRow], ImageInput], progress_bar: Callable[[int], AbstractContextManager[Any]] | None,
+) -> int:
+    """Apply the changed rows at the changes' revision, embedding in batches what has no cached vector."""
+    db, digest = retriever.db, retriever.embedder.digest
+    stale = [row for row in changes.changed if not _indexed_as(indexed.get(row.ref_id), row)]
     silent = nullcontext(SimpleNamespace(update=lambda n: None))
+    count = 0
     with progress_bar(len(stale)) if progress_bar else silent as bar:
         for start in range(0, len(stale), BATCH):
             batch = stale[start : start + BATCH]
             # Only images without a cached vector are decoded (bulk ingest caches them all).
-            vectors = db.get_vectors(digest, [row.image_sha256 for row in batch])
-            todo = {row.image_sha256: row for row in batch if row.image_sha256 not in vectors}
+            cached = db.get_vectors(digest, [row.image_sha256 for row in batch])
+            todo = {row.image_sha256: row for row in batch if row.image_sha256 not in cached}
             if todo:
-                images = [load_image(row) for row in todo.values()]
-                vectors.update(zip(todo, retriever.vectors(images)))  # one batched model pass
-            for row in batch:
-                retriever.add_vector(row.ref_id, row.image_sha256, vectors[row.image_sha256], row.metadata, namespace=namespace)
+                fresh = retriever.vectors([load_image(row) for row in todo.values()])  # one batched model pass
+                db.put_vectors(digest, dict(zip(todo, fresh)))  # under the catalog's hash: the entries join on it
+            count += retriever.apply(namespace, changes.revision, upserts=batch)[0]
             bar.update(len(batch))
-    removed = sum(retriever.remove(ref_id, namespace=namespace) for ref_id in gone)
-    if rebuild:
-        retriever.rebuild(namespace=namespace)  # the ANN file now, from the cached vectors
-    elif stale or removed:
-        retriever.flush()
-    # Recorded last: a crash before this line only means the next sync redoes the work.
-    db.mark_synced(digest, namespace, changes.revision)
-    return SyncReport(changes.revision, len(stale), removed, full)
+    # Rows indexed as they are still move to this revision, so an older snapshot cannot undo them.
+    same = [row for row in changes.changed if _indexed_as(indexed.get(row.ref_id), row)]
+    for start in range(0, len(same), 4 * BATCH):
+        retriever.apply(namespace, changes.revision, upserts=same[start : start + 4 * BATCH])
+    return count
 
 
 def _indexed_as(entry: Entry | None, row: ReferenceRow) -> bool:
     return entry is not None and entry.image_sha256 == row.image_sha256 and entry.metadata == row.metadata
-

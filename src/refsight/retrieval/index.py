@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +96,10 @@ class VectorIndex:
         self.exact_threshold = exact_threshold
         self._ann: AnnIndex | None = None
         self._exact: tuple[np.ndarray, np.ndarray] | None = None  # (labels, vectors) in memory
-        self._seen_max = 0  # highest label merged into the in-memory structures
+        self._seen_max = 0  # highest label read from the database into the in-memory structures
+        # Syncs, removals, rebuilds and saves of this process's threads, one at a time (searches
+        # read a snapshot of the exact arrays, or the graph under its own lock).
+        self._lock = threading.RLock()
         self._seen_version: tuple[int, int] | None = None  # database version at the last sync
         self._dirty = False
         self.rebuilt = False  # whether the last open had to rebuild the ANN file
@@ -109,41 +113,51 @@ class VectorIndex:
 
     def _sync(self) -> None:
         """Bring the in-memory structures up to date with the database."""
-        version = self.db.version()
-        if version == self._seen_version:
-            return  # nothing committed since: skip the O(n) count and label scan
-        self._sync_from_db()
-        self._seen_version = version
+        with self._lock:
+            version = self.db.version()
+            if version == self._seen_version:
+                return  # nothing committed since: skip the O(n) count and label scan
+            self._sync_from_db()
+            self._seen_version = version
 
     def _sync_from_db(self) -> None:
+        # Labels are handed out in commit order (AUTOINCREMENT under SQLite's write lock), so
+        # "every label above the highest one read from the database" is exactly what is new,
+        # whichever process or thread committed it. ``_seen_max`` therefore moves only with a
+        # database read, never with a label this process wrote itself: a label another writer
+        # committed just before ours would otherwise be skipped for good.
         live = self.db.count(self.embedder, self.namespace)
-        if live < self.exact_threshold:
-            self._ann = None
-            if self._exact is None:
-                self._exact = self.db.vectors_for_labels(self.embedder, self.namespace)
-                self._seen_max = int(self._exact[0].max()) if len(self._exact[0]) else 0
-            else:
-                new = self.db.labels(self.embedder, self.namespace, after=self._seen_max)
-                if len(new):
-                    lbl, vec = self.db.vectors_for_labels(self.embedder, self.namespace, new)
-                    self._append_exact(lbl, vec)
-            return
-        self._exact = None
-        if self._ann is None:
-            self._open_ann()
+        if live >= self.exact_threshold:
+            self._exact = None
+            if self._ann is None:
+                self._open_ann()
+                return
         else:
-            new = self.db.labels(self.embedder, self.namespace, after=self._seen_max)
-            if len(new):
-                lbl, vec = self.db.vectors_for_labels(self.embedder, self.namespace, new)
-                self._ann.add(lbl, vec)
-                self._seen_max = int(new.max())
-                self._dirty = True
+            self._ann = None
+            if self._exact is None or len(self._exact[0]) > 2 * live + 64:
+                # First read, or most vectors held belong to labels removed since: read afresh.
+                self._exact = self.db.vectors_for_labels(self.embedder, self.namespace)
+                self._seen_max = self._highest(self._exact[0])
+                return
+        new = self.db.labels(self.embedder, self.namespace, after=self._seen_max)
+        if not len(new):
+            return
+        lbl, vec = self.db.vectors_for_labels(self.embedder, self.namespace, new)
+        if self._ann is not None:
+            self._ann.add(lbl, vec)
+            self._dirty = True
+        else:
+            self._append_exact(lbl, vec)
+        self._seen_max = max(self._seen_max, int(new.max()))
+
+    @staticmethod
+    def _highest(labels: np.ndarray) -> int:
+        return int(labels.max()) if len(labels) else 0
 
     def _append_exact(self, lbl: np.ndarray, vec: np.ndarray) -> None:
         labels, vectors = self._exact
         vectors = vec if not len(labels) else np.concatenate([vectors, vec])
         self._exact = (np.concatenate([labels, lbl]), vectors)
-        self._seen_max = max(self._seen_max, int(lbl.max()))
 
     def _manifest(self) -> dict[str, Any]:
         return {"format": FORMAT_VERSION, "library": "hnswlib", "dim": self.dim, "dtype": "f32", "metric": "ip"}
@@ -173,58 +187,59 @@ class VectorIndex:
 
     def rebuild(self) -> None:
         """Rebuild the ANN file from the cached vectors (no model runs) and save it."""
-        self._exact = None
-        labels, vectors = self.db.vectors_for_labels(self.embedder, self.namespace)
-        ann = AnnIndex(self.dim, expansion_search=self.expansion_search, capacity=len(labels))
-        ann.add(labels, vectors)
-        self._ann = ann
-        self._seen_max = int(labels.max()) if len(labels) else 0
-        self._dirty = True
-        self.rebuilt = True
-        self.flush()
-        for name in _LEGACY_FILES:
-            (self.directory / name).unlink(missing_ok=True)
+        with self._lock:
+            self._exact = None
+            labels, vectors = self.db.vectors_for_labels(self.embedder, self.namespace)
+            ann = AnnIndex(self.dim, expansion_search=self.expansion_search, capacity=len(labels))
+            ann.add(labels, vectors)
+            self._ann = ann
+            self._seen_max = int(labels.max()) if len(labels) else 0
+            self._dirty = True
+            self.rebuilt = True
+            self.flush()
+            for name in _LEGACY_FILES:
+                (self.directory / name).unlink(missing_ok=True)
 
     def flush(self) -> None:
         """Persist the ANN index if it changed (exact mode has nothing to persist)."""
-        if self._ann is None or not self._dirty:
-            return
-        self.directory.mkdir(parents=True, exist_ok=True)
-        # the index file first, then the manifest: a crash in between leaves a valid pair
-        # (the manifest only names the format, which does not change between saves)
-        self._ann.save(self.directory / _INDEX_FILE)
-        _atomic_write_text(self.directory / _MANIFEST, json.dumps(self._manifest(), sort_keys=True))
-        self._dirty = False
+        with self._lock:
+            if self._ann is None or not self._dirty:
+                return
+            self.directory.mkdir(parents=True, exist_ok=True)
+            # the index file first, then the manifest: a crash in between leaves a valid pair
+            # (the manifest only names the format, which does not change between saves)
+            self._ann.save(self.directory / _INDEX_FILE)
+            _atomic_write_text(self.directory / _MANIFEST, json.dumps(self._manifest(), sort_keys=True))
+            self._dirty = False
 
     # -- updates --------------------------------------------------------------------------
 
-    def added(self, label: int, vector: np.ndarray) -> None:
-        """Tell the index a label was inserted in the database (call after the insert)."""
-        if self._ann is not None:
-            self._ann.add(np.array([label], np.int64), vector[None, :])
-            self._seen_max = max(self._seen_max, int(label))
-            self._dirty = True
-        elif self._exact is not None:
-            self._append_exact(np.array([label], np.int64), vector[None, :].astype(np.float32))
-
     def removed(self, labels: list[int]) -> None:
-        """Tell the index labels were deleted from the database (call after the delete)."""
+        """Tell the index labels were deleted from the database (call after the delete).
+
+        Optional: every answer is checked against the live labels anyway. New labels need no
+        telling at all: the next search reads them from the database.
+        """
         arr = np.asarray(labels, np.int64)
-        if self._ann is not None and len(arr):
-            self._ann.remove(arr)
-            self._dirty = True
-        if self._exact is not None and len(arr):
-            keep = ~np.isin(self._exact[0], arr)
-            self._exact = (self._exact[0][keep], self._exact[1][keep])
+        if not len(arr):
+            return
+        with self._lock:
+            if self._ann is not None:
+                self._ann.remove(arr)
+                self._dirty = True
+            if self._exact is not None:
+                keep = ~np.isin(self._exact[0], arr)
+                self._exact = (self._exact[0][keep], self._exact[1][keep])
 
     def reset(self) -> None:
         """Forget in-memory state and delete the ANN files (after a namespace is cleared)."""
-        self._ann = self._exact = None
-        self._seen_max = 0
-        self._seen_version = None
-        self._dirty = False
-        for name in (_INDEX_FILE, _MANIFEST, *_LEGACY_FILES):
-            (self.directory / name).unlink(missing_ok=True)
+        with self._lock:
+            self._ann = self._exact = None
+            self._seen_max = 0
+            self._seen_version = None
+            self._dirty = False
+            for name in (_INDEX_FILE, _MANIFEST, *_LEGACY_FILES):
+                (self.directory / name).unlink(missing_ok=True)
 
     # -- search ---------------------------------------------------------------------------
 

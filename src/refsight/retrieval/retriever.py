@@ -8,6 +8,7 @@ calls ``add``/``remove`` alongside the store.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -58,6 +59,7 @@ class Retriever(AbstractContextManager):
         self.db = VectorDB(self.root / DB_NAME)
         self.exact_threshold = exact_threshold
         self._indexes: dict[str, VectorIndex] = {}
+        self._lock = threading.Lock()
 
     @property
     def embedder_name(self) -> str:
@@ -66,14 +68,15 @@ class Retriever(AbstractContextManager):
 
     def _index(self, namespace: str) -> VectorIndex:
         namespace = _check_namespace(namespace)
-        idx = self._indexes.get(namespace)
-        if idx is None:
-            idx = VectorIndex(
-                self.root, self.db, self.embedder.digest, namespace, self.embedder.dim,
-                exact_threshold=self.exact_threshold, expansion_search=self.expansion_search,
-            )
-            self._indexes[namespace] = idx
-        return idx
+        with self._lock:  # one index per namespace, whichever thread asks first
+            idx = self._indexes.get(namespace)
+            if idx is None:
+                idx = VectorIndex(
+                    self.root, self.db, self.embedder.digest, namespace, self.embedder.dim,
+                    exact_threshold=self.exact_threshold, expansion_search=self.expansion_search,
+                )
+                self._indexes[namespace] = idx
+            return idx
 
     # -- embedding cache ------------------------------------------------------------------
 
@@ -110,12 +113,31 @@ class Retriever(AbstractContextManager):
         validate_ref_id(ref_id)
         metadata = dict(metadata or {})
         idx = self._index(namespace)
-        # database first, index second: if we crash in between, the entry is live in the DB and
-        # the next open adds it to the index; the reverse order could leave an unbacked label
-        label, old = self.db.upsert_entry(self.embedder.digest, namespace, ref_id, image_sha256, metadata)
+        # The vector, then the entry: the index reads every new label, with its vector, from the
+        # database at its next search (what it has not read yet is never lost, see index.py).
+        self.db.put_vectors(self.embedder.digest, {image_sha256: vec})
+        _, old = self.db.upsert_entry(self.embedder.digest, namespace, ref_id, image_sha256, metadata)
         if old is not None:
             idx.removed([old])
-        idx.added(label, vec)
+
+    def apply(
+        self, namespace: str, revision: int, *, upserts: Sequence[tuple[str, str, Mapping[str, Any]]] = (),
+        removals: Sequence[str] = (),
+    ) -> tuple[int, int]:
+        """Bring these references to the catalog's state at ``revision``; returns (indexed, removed).
+
+        ``upserts`` are ``(ref_id, image_sha256, metadata)`` whose vectors are cached already. A
+        reference whose entry reflects ``revision`` or later is left as it is (see
+        :mod:`refsight.retrieval.entry_sync`): concurrent syncs never undo each other.
+        """
+        self._index(namespace)  # the namespace is checked before anything is written
+        done = self.db.apply(self.embedder.digest, namespace, revision, upserts=upserts, removals=removals)
+        self.forget_labels(namespace, done.dropped)
+        return done.indexed, done.removed
+
+    def forget_labels(self, namespace: str, labels: Sequence[int]) -> None:
+        """Tell the namespace's index that these labels left the database (saves it checking them)."""
+        self._index(namespace).removed(list(labels))
 
     def remove(self, ref_id: str, namespace: str = "default") -> bool:
         """Remove a reference from every embedder's index in this namespace; False if absent."""

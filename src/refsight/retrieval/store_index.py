@@ -12,6 +12,7 @@ and a query never reads another tenant's cached vector (no timing can depend on 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -57,12 +58,14 @@ class StoreIndex:
         self.registry_name: str | None = None if isinstance(embedder, Embedder) else (embedder or DEFAULT_EMBEDDER)
         self._progress = progress
         self._retriever: Retriever | None = None
+        self._lock = threading.RLock()
 
     def retriever(self) -> Retriever:
         """The retriever (its embedder loaded now if it was not yet)."""
-        if self._retriever is None:
-            self._retriever = Retriever(self.root, self.embedder())
-        return self._retriever
+        with self._lock:  # one retriever for every thread of this engine
+            if self._retriever is None:
+                self._retriever = Retriever(self.root, self.embedder())
+            return self._retriever
 
     def embedder(self) -> Embedder:
         """The embedder (loaded from the registry now when it was given by name)."""
@@ -137,19 +140,31 @@ class StoreIndex:
     def forget(self, namespace: str, ref_id: str) -> None:
         """Drop a removed reference's entries (every embedder); needs no model.
 
-        The index must never point at a removed reference. Dropping the live entry is
-        enough: every index answer is checked against the live entries.
+        The index must never point at a removed reference. The removal is applied at the
+        revision the journal gave it, like any change a sync applies: a sync of an older
+        snapshot cannot bring the entry back, and when the id was re-added since (by another
+        process), the newer entry stays. Dropping the live entry is enough: every index answer
+        is checked against the live entries.
         """
+        change = self.catalog.last_change(ref_id, namespace=namespace)
+        if change is None or not change[1]:
+            return  # re-added meanwhile (or never journaled): the next sync indexes what is there
         if self._retriever is not None:
-            self._retriever.remove(ref_id, namespace=namespace)
+            self._forget(self._retriever.db, namespace, ref_id, change[0])
             return
         database = self.root / "retrieval" / DB_NAME
         if database.exists():
             vectors = VectorDB(database)
             try:
-                vectors.delete_ref(namespace, ref_id)
+                self._forget(vectors, namespace, ref_id, change[0])
             finally:
                 vectors.close()
+
+    def _forget(self, vectors: VectorDB, namespace: str, ref_id: str, revision: int) -> None:
+        for embedder in vectors.embedders_of(namespace):
+            done = vectors.apply(embedder, namespace, revision, removals=[ref_id])
+            if self._retriever is not None and embedder == self._retriever.embedder.digest:
+                self._retriever.forget_labels(namespace, done.dropped)
 
     def count(self, namespace: str) -> int:
         """Entries indexed for ``namespace``."""

@@ -8,8 +8,9 @@ result is checked against the ``entries`` table, and any index can be rebuilt fr
 Tables::
 
     embeddings(embedder, image_sha256, dim, vector)   one row per image per embedder digest
-    entries(label, embedder, namespace, ref_id,        one row per indexed reference
-            image_sha256, metadata)
+    entries(label, embedder, namespace, ref_id,        one row per indexed reference, with the catalog
+            image_sha256, metadata, revision)           revision whose state it reflects
+    removals(embedder, namespace, ref_id, revision)   tombstones of removed ids (see entry_sync.py)
     synced(embedder, namespace, revision)             the catalog revision the entries reflect
 
 ``label`` is ``INTEGER PRIMARY KEY AUTOINCREMENT``: SQLite never hands out the same label
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from refsight.errors import InvalidInputError, StoreError
+from refsight.retrieval import entry_sync
 from refsight.store.sqlite import SqliteConnections
 
 __all__ = ["VectorDB", "Entry", "validate_where", "MAX_WHERE_KEYS"]
@@ -58,6 +60,7 @@ CREATE TABLE IF NOT EXISTS entries (
     ref_id TEXT NOT NULL,
     image_sha256 TEXT NOT NULL,
     metadata TEXT NOT NULL DEFAULT '{}',
+    revision INTEGER,
     UNIQUE (embedder, namespace, ref_id)
 );
 CREATE INDEX IF NOT EXISTS entries_by_ref ON entries (namespace, ref_id);
@@ -75,6 +78,10 @@ def _create_tables(conn: sqlite3.Connection) -> None:
     for statement in _SCHEMA.split(";"):
         if statement.strip():
             conn.execute(statement)
+    # A database of an earlier refsight: entries learn their revision, removed ids their tombstones.
+    if "revision" not in {row[1] for row in conn.execute("PRAGMA table_info(entries)")}:
+        conn.execute("ALTER TABLE entries ADD COLUMN revision INTEGER")
+    conn.execute(entry_sync.MIGRATION)
 
 
 class Entry(tuple):
@@ -197,7 +204,7 @@ class VectorDB:
         A replaced reference always gets a *new* label, so an index that still holds the old
         label can never return the new image under it.
         """
-        meta = json.dumps(dict(metadata), sort_keys=True, ensure_ascii=False)
+        meta = entry_sync.metadata_text(metadata)
         with self._lock:
             try:
                 with self._sqlite.write() as conn:
@@ -235,6 +242,7 @@ class VectorDB:
         """Delete every entry of one embedder × namespace; returns how many."""
         rows = self._q("SELECT COUNT(*) FROM entries WHERE embedder=? AND namespace=?", [embedder, namespace])
         self._q("DELETE FROM entries WHERE embedder=? AND namespace=?", [embedder, namespace])
+        self._q("DELETE FROM removals WHERE embedder=? AND namespace=?", [embedder, namespace])
         return rows[0][0]
 
     def version(self) -> tuple[int, int]:
@@ -260,6 +268,36 @@ class VectorDB:
             self._q("DELETE FROM synced WHERE embedder=? AND namespace=?", [embedder, namespace])
         else:
             self._q("INSERT OR REPLACE INTO synced VALUES (?,?,?)", [embedder, namespace, int(revision)])
+
+    def _write(self, work):
+        # One write transaction under this process's lock; SQLite errors as StoreError.
+        with self._lock:
+            try:
+                with self._sqlite.write() as conn:
+                    return work(conn)
+            except sqlite3.Error as exc:
+                raise StoreError(f"retrieval database {self.path}: {exc}") from exc
+
+    def apply(self, embedder: str, namespace: str, revision: int, *, upserts=(), removals=()) -> entry_sync.Applied:
+        """Bring these ids to the catalog's state at ``revision``, one transaction (see :mod:`entry_sync`)."""
+        return self._write(lambda conn: entry_sync.apply_changes(
+            conn, embedder, namespace, revision, upserts=upserts, removals=removals))
+
+    def advance_synced(self, embedder: str, namespace: str, revision: int, *, since: int | None) -> None:
+        """Move the sync mark to ``revision`` for a sync that started at ``since`` (never back past a reset)."""
+        self._write(lambda conn: entry_sync.advance_mark(conn, embedder, namespace, revision, since=since))
+
+    def forget_revisions(self, embedder: str, namespace: str) -> None:
+        """Forget the catalog revisions the entries reflect (the catalog was recreated)."""
+        self._write(lambda conn: entry_sync.forget_revisions(conn, embedder, namespace))
+
+    def embedders_of(self, namespace: str) -> list[str]:
+        """Every embedder that indexed or synced ``namespace`` (a removal must reach each one)."""
+        rows = self._q(
+            "SELECT embedder FROM entries WHERE namespace=? UNION SELECT embedder FROM synced WHERE namespace=? ORDER BY 1",
+            [namespace, namespace],
+        )
+        return [r[0] for r in rows]
 
     def entries_by_ref(self, embedder: str, namespace: str, ref_ids: Iterable[str] | None = None) -> dict[str, Entry]:
         """Live entries keyed by reference id: these ids (absent ones are left out), or all."""

@@ -231,6 +231,10 @@ class Catalog(abc.ABC):
         """References changed and removed after ``revision``; ``None`` lists every reference as changed."""
 
     @abc.abstractmethod
+    def last_change(self, ref_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> tuple[int, bool] | None:
+        """``(revision, removed)`` of the id's latest journaled change, or None (what a removal listener checks)."""
+
+    @abc.abstractmethod
     def link_package(
         self, ref_id: str, fingerprint_digest: str, package_key: str, *, namespace: str = DEFAULT_NAMESPACE
     ) -> None:

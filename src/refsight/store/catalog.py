@@ -127,6 +127,10 @@ class SqlCatalog(Catalog):
         """
         return journal.changes_since(self._db.connection(), _check_namespace(namespace), revision)
 
+    def last_change(self, ref_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> tuple[int, bool] | None:
+        """``(revision, removed)`` of the id's latest change in the journal, or None when it has none."""
+        return journal.last_change(self._db.connection(), _check_namespace(namespace), validate_ref_id(ref_id))
+
     # -- writing --------------------------------------------------------------------------
     def add_reference(
         self, ref_id: str, image_sha256: str, metadata: dict[str, Any], *, namespace: str = DEFAULT_NAMESPACE

@@ -15,7 +15,7 @@ import json
 
 from .base import ReferenceChanges, ReferenceRow
 
-__all__ = ["record_change", "current_revision", "changes_since"]
+__all__ = ["record_change", "current_revision", "changes_since", "last_change"]
 
 
 def record_change(conn, namespace: str, ref_id: str, *, removed: bool) -> None:
@@ -32,6 +32,14 @@ def current_revision(conn, namespace: str) -> int:
     """The journal's highest revision in the namespace (an index lookup, not a scan)."""
     row = conn.execute("SELECT MAX(revision) FROM reference_changes WHERE namespace = ?", (namespace,)).fetchone()
     return int(row[0] or 0)
+
+
+def last_change(conn, namespace: str, ref_id: str) -> tuple[int, bool] | None:
+    """``(revision, removed)`` of the id's latest journaled change, or None when it never had one."""
+    row = conn.execute(
+        "SELECT revision, removed FROM reference_changes WHERE namespace = ? AND ref_id = ?", (namespace, ref_id)
+    ).fetchone()
+    return None if row is None else (int(row[0]), bool(row[1]))
 
 
 def changes_since(conn, namespace: str, revision: int | None) -> ReferenceChanges:
