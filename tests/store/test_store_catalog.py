@@ -228,3 +228,15 @@ def test_a_version_3_store_gets_last_used_from_creation_time(opener, tmp_path):
         [usage] = store.local.least_recently_used(10)
         assert usage.key == package.key and usage.last_used == package.created_at
         assert store.local.get(package.key) is not None
+
+
+@pytest.mark.parametrize("version", ["abc", "", "4.0"])
+def test_an_unreadable_schema_version_is_not_a_refsight_store(opener, tmp_path, version):
+    root = tmp_path / "damaged"
+    with opener(root) as store:
+        store.catalog.add_reference("kept", image_hash(1), {})
+    opener.sql(root, [("UPDATE meta SET value = ? WHERE name = 'schema_version'", (version,))])
+    with pytest.raises(StoreError, match="not a refsight store: unreadable schema version") as info:
+        opener(root)
+    assert repr(version) in str(info.value)
+

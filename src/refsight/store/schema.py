@@ -5,7 +5,8 @@
 PRECISION`` ...) and runs the same statements. Both set a new database up with
 :func:`create` and check (and migrate in place) an existing one with :func:`upgrade`, inside
 their write transaction, so the rules are written once: a store of a newer refsight is
-refused, an older one migrated, and another application's database is refused with a
+refused, an older one migrated, and anything that is not a refsight store — another
+application's tables, an unreadable ``schema_version`` — is refused with a
 :class:`~refsight.errors.StoreError` that says so.
 """
 
@@ -136,4 +137,7 @@ def upgrade(conn, where: str, migrations: Mapping[int, str] = MIGRATIONS, *,
 
 
 def _version(text: object, where: str) -> int:
+    # Only a plain decimal integer: 'abc', '' and '4.0' are damage, not versions.
+    if not isinstance(text, str) or not text.isascii() or not text.isdigit():
+        raise StoreError(f"{where} is not a refsight store: unreadable schema version {text!r} (an integer was expected)")
     return int(text)
