@@ -8,7 +8,10 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
 from store_helpers import image_hash, make_package
+
+from refsight.errors import InvalidInputError
 
 
 OLD = time.time() - 7200  # two hours ago: older than any grace period used here
@@ -112,3 +115,13 @@ def test_opening_a_store_sweeps_temp_files_older_than_an_hour(opener, tmp_path):
     with opener(root):
         pass
     assert not old.exists() and new.exists()  # an hour-old temp goes; a fresh one may be a live writer's
+
+
+@pytest.mark.parametrize("grace", [-5, -0.001, float("nan"), float("inf"), float("-inf"), True, "600"])
+def test_gc_refuses_a_grace_that_would_let_it_delete_what_live_writers_own(store, grace):
+    young = make_package(8)
+    store.packages.put(young)  # an add in progress: its row is younger than any real grace
+    with pytest.raises(InvalidInputError, match="grace") as info:
+        store.gc(grace_s=grace)
+    assert info.value.input == "grace"
+    assert store.packages.contains(young.key)

@@ -18,11 +18,13 @@ exactly as deletes do, so a file published meanwhile always stays.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..errors import InvalidInputError
 from ._files import TEMP_PREFIX
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -44,7 +46,7 @@ def collect_garbage(store: Store, *, grace_s: float = DEFAULT_GRACE_S) -> dict[s
     ``unlinked_packages`` (package rows no reference links to) and
     ``unreferenced_images`` (image rows no reference uses).
     """
-    cutoff = time.time() - grace_s
+    cutoff = time.time() - _checked_grace(grace_s)
     counts = {
         "temp_files": 0,
         "orphan_package_files": 0,
@@ -62,6 +64,13 @@ def collect_garbage(store: Store, *, grace_s: float = DEFAULT_GRACE_S) -> dict[s
     counts["orphan_image_files"] += orphans
     counts["temp_files"] += store.prefixes.gc(temp_age_s=grace_s)  # prefix states' killed writes
     return counts
+
+
+def _checked_grace(grace_s: object) -> float:
+    # A negative grace would let gc delete rows and files that live writers still own.
+    if isinstance(grace_s, bool) or not isinstance(grace_s, (int, float)) or not math.isfinite(grace_s) or grace_s < 0:
+        raise InvalidInputError("grace", f"must be a finite number of seconds, at least 0, not {grace_s!r}")
+    return float(grace_s)
 
 
 def _unlinked_packages(store: Store, cutoff: float) -> int:

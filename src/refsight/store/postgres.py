@@ -216,7 +216,8 @@ class PgDatabase:
         """The error a request gets while PostgreSQL cannot be reached (503 ``store_unavailable``)."""
         text = str(reason).strip().splitlines()[0] if str(reason).strip() else type(reason).__name__
         text = redact_url(text)
-        return StoreUnavailableError(f"the catalog {self.safe_url} is unavailable: {text}", f"catalog unavailable: {text}")
+        # The reason says what failed (the catalog, not the disk), for reads and writes alike.
+        return StoreUnavailableError(f"the catalog {self.safe_url} is unavailable: {text}", f"the catalog is unreachable: {text}")
 
     def connect(self):
         """A new autocommit session with the store's timeouts (raises StoreUnavailableError)."""
