@@ -240,3 +240,21 @@ def test_an_unreadable_schema_version_is_not_a_refsight_store(opener, tmp_path, 
         opener(root)
     assert repr(version) in str(info.value)
 
+
+def test_a_row_holding_text_that_is_not_unicode_never_takes_down_a_read(opener, tmp_path):
+    """Issue 25 item 2, read side: lone surrogates stored as JSON escapes come back printable, and the row deletable."""
+    import json
+
+    root = tmp_path / "poisoned"
+    with opener(root) as store:
+        store.catalog.add_reference("poisoned", image_hash(1), {"k": "v"})
+        store.catalog.add_reference("fine", image_hash(2), {"k": "v"})
+        # What an intake without the text check stored: canonical JSON escapes the lone surrogates.
+        opener.sql(root, [("UPDATE \"references\" SET metadata = ? WHERE ref_id = 'poisoned'", ('{"\\ud800":"a\\udfffb"}',))])
+        for reference in (store.catalog.get_reference("poisoned"), store.catalog.list_references()[0]):
+            assert reference.metadata == {"\ufffd": "a\ufffdb"}
+            json.dumps(reference.to_dict(), ensure_ascii=False).encode("utf-8")  # a response can be written
+        [row] = [r for r in store.catalog.changes_since(None).changed if r.ref_id == "poisoned"]
+        assert row.metadata == {"\ufffd": "a\ufffdb"}
+        removed, _ = store.catalog.remove_reference("poisoned")
+        assert removed.ref_id == "poisoned" and [r.ref_id for r in store.catalog.list_references()] == ["fine"]

@@ -9,12 +9,14 @@ fingerprint), the original image bytes, and the persistent counters.
 from __future__ import annotations
 
 import abc
+import json
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, Mapping, NamedTuple
 
 from ..errors import InvalidReferenceIdError
 from ..package import VisualPackage
+from ..text import printable_text
 
 __all__ = [
     "PackageStore",
@@ -26,6 +28,7 @@ __all__ = [
     "ReferenceRow",
     "ReferenceChanges",
     "validate_ref_id",
+    "metadata_from_json",
     "DEFAULT_NAMESPACE",
     "COUNTER_NAMES",
     "PREFIX_COUNTER_NAMES",
@@ -40,6 +43,8 @@ COUNTER_NAMES = ("hits", "misses", "evictions", "encode_ms_saved", "quota_evicti
 PREFIX_COUNTER_NAMES = ("prefix_hits", "prefix_misses", "prefix_ms_saved", "prefix_corrupt")
 
 _REF_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+=-]{0,127}")
+# A JSON escape of a UTF-16 surrogate: the only way stored (ASCII) JSON can decode to a lone one.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def validate_ref_id(ref_id: object) -> str:
@@ -59,6 +64,37 @@ def validate_ref_id(ref_id: object) -> str:
             ref_id, "use letters, digits and . _ - @ + = only, starting with a letter or digit, and no '..'"
         )
     return ref_id
+
+
+def metadata_from_json(text: str) -> dict[str, Any]:
+    """Stored metadata, decoded so that every read can be written out again.
+
+    Metadata is stored as ASCII JSON, whose ``\\uXXXX`` escapes can decode to lone surrogates
+    (text an intake without the text check let in); such code points come back as U+FFFD, so
+    a listing, a get or a search never fails on them (the row itself stays as stored).
+    """
+    value = json.loads(text)
+    if not _SURROGATE_ESCAPE.search(text):
+        return value  # the common case: nothing to repair, no walk
+    return _printable(value)
+
+
+def _printable(value: Any) -> Any:
+    # Iterative, so no nesting depth can hit the recursion limit.
+    root = [value]
+    stack: list[tuple[Any, Any]] = [(root, 0)]
+    while stack:
+        parent, slot = stack.pop()
+        item = parent[slot]
+        if isinstance(item, str):
+            parent[slot] = printable_text(item)
+        elif isinstance(item, dict):
+            fixed = {printable_text(k) if isinstance(k, str) else k: v for k, v in item.items()}
+            parent[slot] = fixed
+            stack.extend((fixed, k) for k in fixed)
+        elif isinstance(item, list):
+            stack.extend((item, i) for i in range(len(item)))
+    return root[0]
 
 
 @dataclass

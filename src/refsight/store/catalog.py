@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import InvalidInputError, ReferenceNotFoundError
 from ..package import canonical_json
 from . import journal
-from .base import DEFAULT_NAMESPACE, Catalog, Reference, ReferenceChanges, validate_ref_id
+from .base import DEFAULT_NAMESPACE, Catalog, Reference, ReferenceChanges, metadata_from_json, validate_ref_id
 from .counters import CounterTable
 from .images import KeptImages, check_sha
 from .sqlite import SqliteDatabase, open_database
@@ -59,7 +59,7 @@ class SqlCatalog(Catalog):
             (namespace, ref_id),
         )
         return Reference(
-            ref_id=ref_id, image_sha256=image_sha256, metadata=json.loads(metadata), created_at=created_at,
+            ref_id=ref_id, image_sha256=image_sha256, metadata=metadata_from_json(metadata), created_at=created_at,
             namespace=namespace, packages=dict(links.fetchall()),
         )
 

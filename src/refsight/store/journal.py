@@ -11,9 +11,7 @@ they are handed out: a reader that sees revision *r* sees every change up to *r*
 
 from __future__ import annotations
 
-import json
-
-from .base import ReferenceChanges, ReferenceRow
+from .base import ReferenceChanges, ReferenceRow, metadata_from_json
 
 __all__ = ["record_change", "current_revision", "changes_since", "last_change"]
 
@@ -67,5 +65,5 @@ def changes_since(conn, namespace: str, revision: int | None) -> ReferenceChange
             )]
     finally:
         conn.execute("COMMIT")
-    changed = [ReferenceRow(ref_id, sha, json.loads(meta)) for ref_id, sha, meta in rows]
+    changed = [ReferenceRow(ref_id, sha, metadata_from_json(meta)) for ref_id, sha, meta in rows]
     return ReferenceChanges(now, changed, removed)
