@@ -147,3 +147,24 @@ def test_stats_and_gc_know_the_prefix_tier(tmp_path):
         assert stats.prefix_bytes == store.prefixes.stats()["bytes"] > 0
         tenant = engine.stats(tenant_view=True)
         assert tenant.prefix_hits is None and tenant.prefix_bytes is None
+
+
+def test_prefix_states_of_isolated_tenants_never_meet(tmp_path):
+    """Issue 25 item 6: prefix states are scoped through their keys (the package keys are salted per tenant).
+
+    Tenant A's state over an image both tenants hold is, for tenant B, a miss: B builds its own, with
+    its own timing, and neither is ever served the other's.
+    """
+    from store_helpers import fingerprint, image_hash
+
+    from refsight.package import package_key
+
+    shared_image, fp = image_hash(7), fingerprint()
+    keys = {tenant: prefix_key(MODEL, [package_key(shared_image, fp, tenant)], [1, 2, 3], "hf-kv-1:qwen2_vl")
+            for tenant in ("tenant-a", "tenant-b")}
+    assert keys["tenant-a"] != keys["tenant-b"]
+    assert prefix_key(MODEL, [package_key(shared_image, fp, None)], [1, 2, 3], "hf-kv-1:qwen2_vl") not in keys.values()
+    with open_store(tmp_path / "store") as store:
+        store.prefixes.put(keys["tenant-a"], _hf_state(), meta={"tenant": "a"}, tokens=3, build_ms=9.0)
+        assert store.prefixes.get(keys["tenant-b"]) is None and not store.prefixes.contains(keys["tenant-b"])
+        assert store.prefixes.get(keys["tenant-a"]).meta == {"tenant": "a"}
