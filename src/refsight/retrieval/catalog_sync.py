@@ -20,7 +20,7 @@ from typing import Any
 
 from refsight.images import ImageInput
 from refsight.retrieval.retriever import Retriever
-from refsight.retrieval.vectors import Entry
+from refsight.retrieval.vectors import Entry, vector_key
 from refsight.store.base import Catalog, ReferenceChanges, ReferenceRow
 
 __all__ = ["SyncReport", "sync_with_catalog"]
@@ -47,6 +47,7 @@ def sync_with_catalog(
     *,
     rebuild: bool = False,
     progress_bar: Callable[[int], AbstractContextManager[Any]] | None = None,
+    scope: str | None = None,
 ) -> SyncReport:
     """Bring ``retriever``'s entries for ``namespace`` up to the catalog's current revision.
 
@@ -54,7 +55,10 @@ def sync_with_catalog(
     embedding); ``progress_bar(total)`` opens a bar (tqdm-like, with ``update(n)``) for the
     references to embed. ``rebuild`` drops the namespace's entries and index files first
     (cached vectors are kept, so only images never embedded by this embedder run the model).
-    Safe to run from several threads and processes at once (see :mod:`refsight.retrieval.entry_sync`).
+    ``scope`` is the namespace's isolation scope when its tenant is isolated (None: shared): new
+    entries then use vectors cached for that scope alone, so indexing time never reveals
+    whether another tenant holds an image. Safe to run from several threads and processes at
+    once (see :mod:`refsight.retrieval.entry_sync`).
     """
     db, digest = retriever.db, retriever.embedder.digest
     if rebuild:
@@ -77,7 +81,7 @@ def sync_with_catalog(
         gone = [ref_id for ref_id in indexed if ref_id not in live]
     else:
         gone = changes.removed
-    count = _index_changed(retriever, namespace, changes, indexed, load_image, progress_bar)
+    count = _index_changed(retriever, (namespace, scope), changes, indexed, load_image, progress_bar)
     _, removed = retriever.apply(namespace, changes.revision, removals=gone)
     if rebuild:
         retriever.rebuild(namespace=namespace)  # the ANN file now, from the cached vectors
@@ -89,11 +93,12 @@ def sync_with_catalog(
 
 
 def _index_changed(
-    retriever: Retriever, namespace: str, changes: ReferenceChanges, indexed: dict[str, Entry],
+    retriever: Retriever, where: tuple[str, str | None], changes: ReferenceChanges, indexed: dict[str, Entry],
     load_image: Callable[[ReferenceRow], ImageInput], progress_bar: Callable[[int], AbstractContextManager[Any]] | None,
 ) -> int:
-    """Apply the changed rows at the changes' revision, embedding in batches what has no cached vector."""
-    db, digest = retriever.db, retriever.embedder.digest
+    """Apply the changed rows of ``(namespace, scope)`` at the changes' revision, embedding what has no cached vector."""
+    namespace, scope = where
+    db, key = retriever.db, vector_key(retriever.embedder.digest, scope)
     stale = [row for row in changes.changed if not _indexed_as(indexed.get(row.ref_id), row)]
     silent = nullcontext(SimpleNamespace(update=lambda n: None))
     count = 0
@@ -101,12 +106,12 @@ def _index_changed(
         for start in range(0, len(stale), BATCH):
             batch = stale[start : start + BATCH]
             # Only images without a cached vector are decoded (bulk ingest caches them all).
-            cached = db.get_vectors(digest, [row.image_sha256 for row in batch])
+            cached = db.get_vectors(key, [row.image_sha256 for row in batch])
             todo = {row.image_sha256: row for row in batch if row.image_sha256 not in cached}
             if todo:
-                fresh = retriever.vectors([load_image(row) for row in todo.values()])  # one batched model pass
-                db.put_vectors(digest, dict(zip(todo, fresh)))  # under the catalog's hash: the entries join on it
-            count += retriever.apply(namespace, changes.revision, upserts=batch)[0]
+                fresh = retriever.vectors([load_image(row) for row in todo.values()], scope=scope)  # one model pass
+                db.put_vectors(key, dict(zip(todo, fresh)))  # under the catalog's hash: the entries join on it
+            count += retriever.apply(namespace, changes.revision, upserts=batch, scope=scope)[0]
             bar.update(len(batch))
     # Rows indexed as they are still move to this revision, so an older snapshot cannot undo them.
     same = [row for row in changes.changed if _indexed_as(indexed.get(row.ref_id), row)]

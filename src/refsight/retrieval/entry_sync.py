@@ -45,18 +45,19 @@ def metadata_text(metadata: Mapping[str, Any]) -> str:
 
 def apply_changes(
     conn, embedder: str, namespace: str, revision: int, *,
-    upserts: Iterable[tuple[str, str, Mapping[str, Any]]] = (), removals: Sequence[str] = (),
+    upserts: Iterable[tuple[str, str, Mapping[str, Any]]] = (), removals: Sequence[str] = (), scope: str | None = None,
 ) -> Applied:
     """Make these ids' entries the catalog's state at ``revision`` (inside the caller's write transaction).
 
     ``upserts`` are ``(ref_id, image_sha256, metadata)`` (their vectors already cached);
     ``removals`` are ids absent at ``revision``. An id whose entry or tombstone reflects
-    ``revision`` or a later one is left alone.
+    ``revision`` or a later one is left alone. A new entry takes its vector from the cache of
+    ``scope`` (None: the store-wide one); one indexed as is keeps the scope it has.
     """
     done = Applied()
     for ref_id, sha, metadata in upserts:
         if _applied_revision(conn, embedder, namespace, ref_id) < revision:
-            _upsert(conn, embedder, namespace, ref_id, sha, metadata_text(metadata), revision, done)
+            _upsert(conn, (embedder, namespace, ref_id), sha, metadata_text(metadata), revision, scope, done)
     for ref_id in removals:
         if _applied_revision(conn, embedder, namespace, ref_id) < revision:
             _remove(conn, embedder, namespace, ref_id, revision, done)
@@ -73,7 +74,8 @@ def _applied_revision(conn, embedder: str, namespace: str, ref_id: str) -> int:
     return -1 if row[0] is None else int(row[0])
 
 
-def _upsert(conn, embedder, namespace, ref_id, sha, meta: str, revision: int, done: Applied) -> None:
+def _upsert(conn, entry: tuple[str, str, str], sha: str, meta: str, revision: int, scope, done: Applied) -> None:
+    embedder, namespace, ref_id = entry
     conn.execute("DELETE FROM removals WHERE embedder=? AND namespace=? AND ref_id=?", [embedder, namespace, ref_id])
     old = conn.execute(
         "SELECT label, image_sha256, metadata FROM entries WHERE embedder=? AND namespace=? AND ref_id=?",
@@ -89,8 +91,8 @@ def _upsert(conn, embedder, namespace, ref_id, sha, meta: str, revision: int, do
     # A replaced reference always gets a new label: an index still holding the old one never
     # returns the new image under it.
     conn.execute(
-        "INSERT INTO entries (embedder, namespace, ref_id, image_sha256, metadata, revision) VALUES (?,?,?,?,?,?)",
-        [embedder, namespace, ref_id, sha, meta, revision],
+        "INSERT INTO entries (embedder, namespace, ref_id, image_sha256, metadata, revision, scope) VALUES (?,?,?,?,?,?,?)",
+        [embedder, namespace, ref_id, sha, meta, revision, scope],
     )
     done.indexed += 1
 

@@ -20,7 +20,7 @@ from refsight.errors import InvalidInputError, ReferenceNotFoundError
 from refsight.images import ImageInput
 from refsight.retrieval.embedders import Embedder
 from refsight.retrieval.index import DEFAULT_GRAPH, EXACT_THRESHOLD, VectorIndex, checked_breadth
-from refsight.retrieval.vectors import VectorDB, validate_where
+from refsight.retrieval.vectors import VectorDB, validate_where, vector_key
 
 __all__ = ["Retriever"]
 
@@ -80,9 +80,9 @@ class Retriever(AbstractContextManager):
 
     # -- embedding cache ------------------------------------------------------------------
 
-    def vectors(self, images: list[ImageInput]) -> np.ndarray:
-        """Vectors for these images, computing only those not cached under this embedder."""
-        digest = self.embedder.digest
+    def vectors(self, images: list[ImageInput], *, scope: str | None = None) -> np.ndarray:
+        """Vectors for these images, computing only those not cached under this embedder (and ``scope``)."""
+        digest = vector_key(self.embedder.digest, scope)
         cached = self.db.get_vectors(digest, [im.sha256 for im in images])
         todo = [im for im in dict((im.sha256, im) for im in images).values() if im.sha256 not in cached]
         if todo:
@@ -122,16 +122,17 @@ class Retriever(AbstractContextManager):
 
     def apply(
         self, namespace: str, revision: int, *, upserts: Sequence[tuple[str, str, Mapping[str, Any]]] = (),
-        removals: Sequence[str] = (),
+        removals: Sequence[str] = (), scope: str | None = None,
     ) -> tuple[int, int]:
         """Bring these references to the catalog's state at ``revision``; returns (indexed, removed).
 
         ``upserts`` are ``(ref_id, image_sha256, metadata)`` whose vectors are cached already. A
         reference whose entry reflects ``revision`` or later is left as it is (see
-        :mod:`refsight.retrieval.entry_sync`): concurrent syncs never undo each other.
+        :mod:`refsight.retrieval.entry_sync`): concurrent syncs never undo each other. New entries
+        use the vectors cached under ``scope``.
         """
         self._index(namespace)  # the namespace is checked before anything is written
-        done = self.db.apply(self.embedder.digest, namespace, revision, upserts=upserts, removals=removals)
+        done = self.db.apply(self.embedder.digest, namespace, revision, upserts=upserts, removals=removals, scope=scope)
         self.forget_labels(namespace, done.dropped)
         return done.indexed, done.removed
 

@@ -8,6 +8,9 @@ without loading any model (:meth:`StoreIndex.forget`, a removal listener).
 
 Query images are embedded and never stored: a compared candidate leaves no vector on disk,
 and a query never reads another tenant's cached vector (no timing can depend on one).
+Reference vectors are cached per image for the whole store, or, when the caller passes the
+namespace's isolation ``scope``, for that tenant alone: then how long indexing takes never
+depends on whether another tenant holds the same image.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from ..store.base import Catalog, ReferenceRow
 from .catalog_sync import SyncReport, sync_with_catalog
 from .embedders import Embedder
 from .retriever import DB_NAME, Retriever
-from .vectors import VectorDB
+from .vectors import VectorDB, vector_key
 
 __all__ = ["StoreIndex"]
 
@@ -75,9 +78,13 @@ class StoreIndex:
             self._embedder = get_embedder(self._embedder or DEFAULT_EMBEDDER)
         return self._embedder
 
-    def sync(self, namespace: str, *, rebuild: bool = False) -> IndexReport:
-        """Bring ``namespace``'s entries up to the catalog (``rebuild``: from scratch); what it did."""
-        report = self._sync(namespace, rebuild=rebuild)
+    def sync(self, namespace: str, *, rebuild: bool = False, scope: str | None = None) -> IndexReport:
+        """Bring ``namespace``'s entries up to the catalog (``rebuild``: from scratch); what it did.
+
+        ``scope`` is the namespace's isolation scope (``Engine.scope(namespace)``; None when
+        references are shared): reference vectors are then cached for that tenant alone.
+        """
+        report = self._sync(namespace, rebuild=rebuild, scope=scope)
         retriever = self.retriever()
         return IndexReport(
             embedder=retriever.embedder_name,
@@ -87,11 +94,12 @@ class StoreIndex:
             revision=report.revision,
         )
 
-    def _sync(self, namespace: str, *, rebuild: bool = False) -> SyncReport:
+    def _sync(self, namespace: str, *, rebuild: bool = False, scope: str | None = None) -> SyncReport:
         # Costs two indexed lookups when nothing changed: it runs before every search.
         progress = (lambda total: self._progress(total, "indexing")) if self._progress else None
         return sync_with_catalog(
-            self.retriever(), self.catalog, namespace, self._kept_image, rebuild=rebuild, progress_bar=progress
+            self.retriever(), self.catalog, namespace, self._kept_image, rebuild=rebuild, progress_bar=progress,
+            scope=scope,
         )
 
     def search(
@@ -104,9 +112,13 @@ class StoreIndex:
         where: Mapping[str, Any] | None = None,
         restrict_to: Sequence[str] | None = None,
         vector: np.ndarray | None = None,
+        scope: str | None = None,
     ) -> SearchResult:
-        """The ``k`` references of ``namespace`` closest to ``vector``, ``text`` or ``image`` (after a sync)."""
-        self._sync(namespace)
+        """The ``k`` references of ``namespace`` closest to ``vector``, ``text`` or ``image`` (after a sync).
+
+        ``scope``: the namespace's isolation scope, as for :meth:`sync`.
+        """
+        self._sync(namespace, scope=scope)
         retriever = self.retriever()
         scope = {"where": where, "namespace": namespace, "ref_ids": restrict_to or None}
         if vector is not None:
@@ -120,20 +132,24 @@ class StoreIndex:
             hits = retriever.search_vector(vector, k, **scope)
         return SearchResult(retriever.embedder_name, [SearchHit(r, round(float(s), 6)) for r, s in hits])
 
-    def reference_vectors(self, references: Sequence[ReferenceRow], embedder: Embedder | None = None) -> np.ndarray:
+    def reference_vectors(
+        self, references: Sequence[ReferenceRow], embedder: Embedder | None = None, *, scope: str | None = None,
+    ) -> np.ndarray:
         """Unit vectors of references under ``embedder`` (default: the index's), from the vector cache.
 
-        Only references whose vector is not cached yet are decoded and embedded (then cached).
+        Only references whose vector is not cached yet (for ``scope``, see :meth:`sync`) are
+        decoded and embedded (then cached).
         """
         retriever = self.retriever()
         embedder = embedder or retriever.embedder
+        key = vector_key(embedder.digest, scope)
         shas = [row.image_sha256 for row in references]
-        cached = retriever.db.get_vectors(embedder.digest, shas)
+        cached = retriever.db.get_vectors(key, shas)
         todo = {row.image_sha256: row for row in references if row.image_sha256 not in cached}
         if todo:
             fresh = embedder.embed_images([self._kept_image(row) for row in todo.values()])
             new = dict(zip(todo, fresh))
-            retriever.db.put_vectors(embedder.digest, new)
+            retriever.db.put_vectors(key, new)
             cached.update(new)
         return np.stack([cached[sha] for sha in shas]) if shas else np.zeros((0, embedder.dim), np.float32)
 

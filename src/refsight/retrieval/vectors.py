@@ -7,11 +7,17 @@ result is checked against the ``entries`` table, and any index can be rebuilt fr
 
 Tables::
 
-    embeddings(embedder, image_sha256, dim, vector)   one row per image per embedder digest
+    embeddings(embedder, image_sha256, dim, vector)   one row per image per vector key (see vector_key)
     entries(label, embedder, namespace, ref_id,        one row per indexed reference, with the catalog
-            image_sha256, metadata, revision)           revision whose state it reflects
+            image_sha256, metadata, revision, scope)    revision whose state it reflects and the scope
+                                                       its vector was cached under
     removals(embedder, namespace, ref_id, revision)   tombstones of removed ids (see entry_sync.py)
     synced(embedder, namespace, revision)             the catalog revision the entries reflect
+
+Vectors are cached per image for the whole store (an image embeds once, whoever adds it) unless
+a tenant's references are isolated: then they are cached under that tenant's scope
+(:func:`vector_key`), so how fast a tenant's reference is indexed never depends on whether
+another tenant holds the same image (issue 25 item 6, as packages are salted by scope).
 
 ``label`` is ``INTEGER PRIMARY KEY AUTOINCREMENT``: SQLite never hands out the same label
 twice, even after deletes, so a stale index can never map an old label onto a new reference.
@@ -33,7 +39,7 @@ from refsight.errors import InvalidInputError, StoreError
 from refsight.retrieval import entry_sync
 from refsight.store.sqlite import SqliteConnections
 
-__all__ = ["VectorDB", "Entry", "validate_where", "MAX_WHERE_KEYS"]
+__all__ = ["VectorDB", "Entry", "validate_where", "vector_key", "MAX_WHERE_KEYS"]
 
 _KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 # SQLite caps bound parameters per statement (32766 by default); stay well below
@@ -61,6 +67,7 @@ CREATE TABLE IF NOT EXISTS entries (
     image_sha256 TEXT NOT NULL,
     metadata TEXT NOT NULL DEFAULT '{}',
     revision INTEGER,
+    scope TEXT,
     UNIQUE (embedder, namespace, ref_id)
 );
 CREATE INDEX IF NOT EXISTS entries_by_ref ON entries (namespace, ref_id);
@@ -73,14 +80,25 @@ CREATE TABLE IF NOT EXISTS synced (
 """
 
 
+def vector_key(embedder_digest: str, scope: str | None = None) -> str:
+    """Under what the vectors of one embedder are cached: the digest, salted by an isolation scope."""
+    return embedder_digest if scope is None else f"{embedder_digest}@{scope}"
+
+
+# SQL for the vector key of an entry (its embedder salted by its scope), as vector_key() spells it.
+_ENTRY_VECTOR_KEY = "e.embedder || COALESCE('@' || e.scope, '')"
+
+
 def _create_tables(conn: sqlite3.Connection) -> None:
     # One statement at a time: executescript() would commit the caller's transaction.
     for statement in _SCHEMA.split(";"):
         if statement.strip():
             conn.execute(statement)
     # A database of an earlier refsight: entries learn their revision, removed ids their tombstones.
-    if "revision" not in {row[1] for row in conn.execute("PRAGMA table_info(entries)")}:
-        conn.execute("ALTER TABLE entries ADD COLUMN revision INTEGER")
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(entries)")}
+    for column in ("revision INTEGER", "scope TEXT"):
+        if column.split()[0] not in columns:
+            conn.execute(f"ALTER TABLE entries ADD COLUMN {column}")
     conn.execute(entry_sync.MIGRATION)
 
 
@@ -278,10 +296,15 @@ class VectorDB:
             except sqlite3.Error as exc:
                 raise StoreError(f"retrieval database {self.path}: {exc}") from exc
 
-    def apply(self, embedder: str, namespace: str, revision: int, *, upserts=(), removals=()) -> entry_sync.Applied:
-        """Bring these ids to the catalog's state at ``revision``, one transaction (see :mod:`entry_sync`)."""
+    def apply(
+        self, embedder: str, namespace: str, revision: int, *, upserts=(), removals=(), scope: str | None = None,
+    ) -> entry_sync.Applied:
+        """Bring these ids to the catalog's state at ``revision``, one transaction (see :mod:`entry_sync`).
+
+        New entries take their vectors from ``vector_key(embedder, scope)``.
+        """
         return self._write(lambda conn: entry_sync.apply_changes(
-            conn, embedder, namespace, revision, upserts=upserts, removals=removals))
+            conn, embedder, namespace, revision, upserts=upserts, removals=removals, scope=scope))
 
     def advance_synced(self, embedder: str, namespace: str, revision: int, *, since: int | None) -> None:
         """Move the sync mark to ``revision`` for a sync that started at ``since`` (never back past a reset)."""
@@ -373,7 +396,7 @@ class VectorDB:
         """
         base = (
             "SELECT e.label, v.vector FROM entries e {hint} JOIN embeddings v "
-            "ON v.embedder = e.embedder AND v.image_sha256 = e.image_sha256 "
+            f"ON v.embedder = {_ENTRY_VECTOR_KEY} AND v.image_sha256 = e.image_sha256 "
             "WHERE e.embedder=? AND e.namespace=?"
         )
         if labels is None:
