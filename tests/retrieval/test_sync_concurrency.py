@@ -87,13 +87,17 @@ def _unit(n: int) -> np.ndarray:
     return vector
 
 
-def test_a_label_another_process_committed_just_before_ours_is_never_skipped(tmp_path):
+@pytest.mark.parametrize("mode", ["exact", "ann"])
+def test_a_label_another_process_committed_just_before_ours_is_never_skipped(tmp_path, mode):
     """The race behind item 5: this process's own new label must not hide a lower one committed elsewhere."""
-    here, there = Retriever(tmp_path, HashEmbedder()), Retriever(tmp_path, HashEmbedder())  # two connections
+    threshold = 1 if mode == "ann" else 10_000
+    here = Retriever(tmp_path, HashEmbedder(), exact_threshold=threshold)
+    there = Retriever(tmp_path, HashEmbedder(), exact_threshold=threshold)  # its own connection: another process
     try:
         here.db.put_vectors(here.embedder.digest, {f"sha-{n}": _unit(i) for i, n in enumerate("abc")})
         here.add_vector("a", "sha-a", _unit(0))
         assert [ref for ref, _ in here.search_vector(_unit(0), 5)] == ["a"]  # this index has read label 1
+        assert here._index("default").mode == mode
         there.add_vector("b", "sha-b", _unit(1))  # label 2, committed by "another process"
         here.add_vector("c", "sha-c", _unit(2))  # label 3, this process's own
         assert sorted(ref for ref, _ in here.search_vector(np.ones(DIM, np.float32), 5)) == ["a", "b", "c"]
