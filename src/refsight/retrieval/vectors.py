@@ -185,6 +185,15 @@ class VectorDB:
             except sqlite3.Error as exc:
                 raise StoreError(f"retrieval database {self.path}: {exc}") from exc
 
+    def _write(self, work):
+        # One write transaction under this process's lock; SQLite errors as StoreError.
+        with self._lock:
+            try:
+                with self._sqlite.write() as conn:
+                    return work(conn)
+            except sqlite3.Error as exc:
+                raise StoreError(f"retrieval database {self.path}: {exc}") from exc
+
     # -- embeddings -----------------------------------------------------------------------
 
     def get_vectors(self, embedder: str, shas: Sequence[str]) -> dict[str, np.ndarray]:
@@ -223,21 +232,20 @@ class VectorDB:
         label can never return the new image under it.
         """
         meta = entry_sync.metadata_text(metadata)
-        with self._lock:
-            try:
-                with self._sqlite.write() as conn:
-                    old = conn.execute(
-                        "SELECT label FROM entries WHERE embedder=? AND namespace=? AND ref_id=?", [embedder, namespace, ref_id]
-                    ).fetchone()
-                    if old:
-                        conn.execute("DELETE FROM entries WHERE label=?", [old[0]])
-                    cur = conn.execute(
-                        "INSERT INTO entries (embedder, namespace, ref_id, image_sha256, metadata) VALUES (?,?,?,?,?)",
-                        [embedder, namespace, ref_id, sha, meta],
-                    )
-            except sqlite3.Error as exc:
-                raise StoreError(f"retrieval database {self.path}: {exc}") from exc
-        return int(cur.lastrowid), (int(old[0]) if old else None)
+
+        def replace(conn) -> tuple[int, int | None]:
+            old = conn.execute(
+                "SELECT label FROM entries WHERE embedder=? AND namespace=? AND ref_id=?", [embedder, namespace, ref_id]
+            ).fetchone()
+            if old:
+                conn.execute("DELETE FROM entries WHERE label=?", [old[0]])
+            cur = conn.execute(
+                "INSERT INTO entries (embedder, namespace, ref_id, image_sha256, metadata) VALUES (?,?,?,?,?)",
+                [embedder, namespace, ref_id, sha, meta],
+            )
+            return int(cur.lastrowid), (int(old[0]) if old else None)
+
+        return self._write(replace)
 
     def delete_ref(self, namespace: str, ref_id: str, embedder: str | None = None) -> list[tuple[str, int]]:
         """Delete a reference from one embedder's entries, or from all (``embedder=None``).
@@ -247,14 +255,13 @@ class VectorDB:
         where, params = "namespace=? AND ref_id=?", [namespace, ref_id]
         if embedder is not None:
             where, params = where + " AND embedder=?", params + [embedder]
-        with self._lock:
-            try:
-                with self._sqlite.write() as conn:
-                    rows = conn.execute(f"SELECT embedder, label FROM entries WHERE {where}", params).fetchall()
-                    conn.execute(f"DELETE FROM entries WHERE {where}", params)
-            except sqlite3.Error as exc:
-                raise StoreError(f"retrieval database {self.path}: {exc}") from exc
-        return [(e, int(lbl)) for e, lbl in rows]
+
+        def delete(conn) -> list[tuple[str, int]]:
+            rows = conn.execute(f"SELECT embedder, label FROM entries WHERE {where}", params).fetchall()
+            conn.execute(f"DELETE FROM entries WHERE {where}", params)
+            return [(e, int(lbl)) for e, lbl in rows]
+
+        return self._write(delete)
 
     def clear_namespace(self, embedder: str, namespace: str) -> int:
         """Delete every entry of one embedder × namespace; returns how many."""
@@ -286,15 +293,6 @@ class VectorDB:
             self._q("DELETE FROM synced WHERE embedder=? AND namespace=?", [embedder, namespace])
         else:
             self._q("INSERT OR REPLACE INTO synced VALUES (?,?,?)", [embedder, namespace, int(revision)])
-
-    def _write(self, work):
-        # One write transaction under this process's lock; SQLite errors as StoreError.
-        with self._lock:
-            try:
-                with self._sqlite.write() as conn:
-                    return work(conn)
-            except sqlite3.Error as exc:
-                raise StoreError(f"retrieval database {self.path}: {exc}") from exc
 
     def apply(
         self, embedder: str, namespace: str, revision: int, *, upserts=(), removals=(), scope: str | None = None,

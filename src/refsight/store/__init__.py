@@ -119,7 +119,8 @@ class Store:
 
         Temp files, package and image files without an index row, package rows no
         reference links to and image rows no reference uses; rows and temp files
-        younger than ``grace_s`` seconds are left to the writes that may still own them.
+        younger than ``grace_s`` seconds are left to the writes that may still own them. A grace
+        below 0 or not finite raises :class:`~refsight.errors.InvalidInputError` (``grace``).
         """
         return collect_garbage(self, grace_s=grace_s)
 
