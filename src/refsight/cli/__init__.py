@@ -1,0 +1,85 @@
+"""The ``refsight`` command: thin over :class:`refsight.Engine`; parses, calls, prints.
+
+Library errors become one clean message on stderr (and ``{"error": ...}`` on
+stdout with ``--json``) in exactly one place, :func:`main`, with exit code 1;
+usage errors exit 2.
+
+The commands live by concern, each command's arguments beside its handler:
+:mod:`.references` (add, list, show, remove), :mod:`.judging` (compare, search,
+generate), :mod:`.maintenance` (stats, verify, reencode, index, prune, gc),
+:mod:`.serving` (serve) and :mod:`.models` (models, demo); ``ingest`` and the
+``vllm-*`` commands come from their own packages. Model runtimes are imported only
+inside the handlers that load a model, so parsing and the cheap commands stay light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Callable
+
+from .. import RefsightError
+from . import judging, maintenance, models, references, serving
+from .arguments import UsageError, model_options, store_options
+from .context import open_engine, say
+
+__all__ = ["main", "build_parser"]
+
+#: Every command of this package, in the order ``refsight --help`` lists them.
+_COMMANDS = (*references.COMMANDS, *maintenance.COMMANDS, *judging.COMMANDS, *models.COMMANDS, *serving.COMMANDS)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for docs and tests)."""
+    common, with_model = store_options(), model_options()
+    parser = argparse.ArgumentParser(
+        prog="refsight",
+        description="Compare new images against fixed reference images with a VLM, encoding each reference once.",
+        parents=[common],
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, func: Callable, help: str, *, model: bool = False) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help, parents=[common] + ([with_model] if model else []))
+        p.set_defaults(func=func)
+        return p
+
+    for command in _COMMANDS:
+        command.arguments(add(command.name, command.run, command.help, model=command.model))
+    from ..backends.vllm.cli import register_commands as add_vllm_commands  # vllm-env, vllm-serve
+    from ..ingest.cli import register_commands as add_ingest_commands  # ingest
+
+    add_vllm_commands(add)
+    add_ingest_commands(add, open_engine)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``refsight`` console script; returns the exit code."""
+    # transformers draws a bar per weight load; refsight's own bars show the work that
+    # matters (ingest), so silence the hub's unless the user asked for them.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.store = getattr(args, "store", None)
+    args.catalog = getattr(args, "catalog", None) or os.environ.get("REFSIGHT_CATALOG") or None
+    args.local_dir = getattr(args, "local_dir", None)
+    args.cache = getattr(args, "cache", None) or os.environ.get("REFSIGHT_CACHE") or None
+    args.max_package_bytes = getattr(args, "max_package_bytes", None)
+    args.json = getattr(args, "json", False)
+    try:
+        return args.func(args)
+    except RefsightError as e:
+        # The one place library errors become a clean message and an exit code.
+        say(f"refsight: error: {e}")
+        if args.json:
+            print(json.dumps({"error": str(e), "type": type(e).__name__}))
+        return 2 if isinstance(e, UsageError) else 1
+    except KeyboardInterrupt:
+        print("refsight: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0

@@ -1,0 +1,7 @@
+"""``python -m refsight.cli``: the same command as the ``refsight`` console script."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

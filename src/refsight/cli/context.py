@@ -1,0 +1,64 @@
+"""What a command runs with: the engine its flags describe, and how it prints.
+
+Human output may carry user or model text, so its control characters are shown, not
+obeyed (:func:`refsight.escape_controls`); ``--json`` prints one JSON document a line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Callable
+
+from .. import Engine, escape_controls
+from ..config import default_model, default_store_dir
+from ..settings import OPTION_HELP, BackendOptions, load_settings, parse_key_values
+
+__all__ = ["emit", "say", "open_engine", "backend_options", "RANDOM_WEIGHTS_NOTICE"]
+
+RANDOM_WEIGHTS_NOTICE = "note: {model} has RANDOM weights; its text is meaningless (timings and caching are real)"
+
+#: Characters the human-readable formats use for layout; every other control character is escaped.
+_LAYOUT = "\n\t"
+
+
+def emit(args: argparse.Namespace, data: Any, human: Callable[[Any], str] | None = None) -> None:
+    """Print ``data``: as one JSON line with ``--json`` (or without a human format), else ``human(data)``."""
+    if args.json or human is None:
+        print(json.dumps(data, ensure_ascii=False), flush=True)
+    else:
+        print(escape_controls(human(data), keep=_LAYOUT), flush=True)
+
+
+def say(message: str) -> None:
+    """A message on stderr, control characters escaped (it may quote user input such as a path)."""
+    print(escape_controls(message), file=sys.stderr)
+
+
+def backend_options(args: argparse.Namespace) -> BackendOptions:
+    """The backend options: the config file (``--config FILE`` or the store's ``refsight.toml``), then the flags."""
+    values = {name: getattr(args, name, None) for name in OPTION_HELP if name != "processor_kwargs"}
+    values["processor_kwargs"] = parse_key_values(getattr(args, "processor_kwarg", None) or [], flag="--processor-kwarg")
+    flags = BackendOptions(**{k: v for k, v in values.items() if v is not None})
+    store = getattr(args, "store", None) or default_store_dir()
+    settings = load_settings(store, getattr(args, "config", None))
+    # Flags win over the file; the file's [models."NAME"] table wins over its [backend].
+    return settings.backend_options(getattr(args, "model", None) or default_model()).merged(flags)
+
+
+def open_engine(args: argparse.Namespace) -> Engine:
+    """The engine the command's flags describe (the caller closes it: ``with open_engine(args) as engine``)."""
+    return Engine(
+        args.store,
+        catalog=args.catalog,
+        local_dir=args.local_dir,
+        model=getattr(args, "model", None),
+        embedder=getattr(args, "embedder", None),
+        attribute_schema=getattr(args, "attribute_schema", None),
+        progress=not args.json and sys.stderr.isatty(),
+        backend_options=backend_options(args),
+        settings=load_settings(args.store or default_store_dir(), getattr(args, "config", None)),
+        cache=args.cache,
+        max_package_bytes=args.max_package_bytes,
+    )
