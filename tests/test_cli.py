@@ -268,3 +268,62 @@ def test_verify_fresh_reports_no_drift_on_an_untouched_store(capsys, store, phot
     # The references were encoded together in one batch, the check encodes one at a time: float32
     # batching moves features by ~1e-8 (the measured bound in the README), never more.
     assert report[0]["ok"] is True and report[0]["max_abs_diff"] < 1e-6 and len(report[0]["packages"]) == 2
+
+
+def test_a_model_named_on_the_command_line_is_loaded_with_its_own_table_not_the_default_models(
+    capsys, tmp_path, photos, monkeypatch, backend_registry
+):
+    """The config file is read once and laid under the flags per model by the engine: the default
+    model's ``[models."NAME"]`` table reaches that model only (it used to reach every model named)."""
+    from refsight.backends.registry import register_backend
+    from refsight.backends.toy import ToyBackend
+
+    register_backend("toy-old", lambda name: ToyBackend(name, grid=4))  # takes no backend options at all
+    monkeypatch.setenv("REFSIGHT_MODEL", "toy")
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "refsight.toml").write_text('[models."toy"]\nmax_pixels = 4096\n')
+    where = ("--store", str(store), "--json")
+
+    # prune first, on a store without packages: it loads the named model to learn its fingerprint.
+    code, lines, err = run(capsys, "prune", "--model", "toy-old", "--dry-run", *where)
+    assert code == 0, err
+    assert lines[0]["fingerprints"] == []
+    code, lines, err = run(capsys, "add", str(photos["chelsea"]), "--model", "toy-old", *where)
+    assert code == 0, err
+    assert lines[0]["model"] == "toy-old"
+    code, lines, err = run(capsys, "reencode", "--model", "toy-old", *where)
+    assert code == 0 and lines[0]["cached"] is True, err
+
+    # The default model does get its table (and toy takes no max_pixels, which is how it shows).
+    code, _, err = run(capsys, "add", str(photos["coffee"]), *where)
+    assert code == 1 and "max_pixels" in err, err
+
+
+def test_the_cli_passes_only_the_flags_typed_and_the_file_read_once(tmp_path):
+    from refsight.backends.options import BackendOptions
+    from refsight.cli import build_parser
+    from refsight.cli.context import backend_options, settings_of
+
+    (tmp_path / "refsight.toml").write_text('[backend]\ndevice = "cpu"\n[models."tiny-qwen2-vl"]\nmax_pixels = 12544\n')
+    parser = build_parser()
+
+    def parsed(*argv: str):
+        from refsight.cli import _resolve_store_options
+
+        args = parser.parse_args(list(argv))
+        _resolve_store_options(args)
+        return args
+
+    args = parsed("add", "x.png", "--store", str(tmp_path), "--model", "tiny-qwen2-vl", "--batch-size", "2",
+                  "--processor-kwarg", "do_rescale=false")
+    assert backend_options(args) == BackendOptions(batch_size=2, processor_kwargs={"do_rescale": False})
+    settings = settings_of(args)
+    assert settings_of(args) is settings  # read once
+    assert settings.backend_options("tiny-qwen2-vl").merged(backend_options(args)) == BackendOptions(
+        device="cpu", max_pixels=12544, batch_size=2, processor_kwargs={"do_rescale": False})
+    other = tmp_path / "cli.toml"
+    other.write_text('[backend]\ndevice = "cpu"\n')
+    # The global flag also works after the command.
+    args = parsed("list", "--store", str(tmp_path), "--config", str(other))
+    assert backend_options(args) == BackendOptions() and settings_of(args).path == other

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Callable
 
 from .. import RefsightError
+from ..config import default_cache_url, default_catalog_url
 from . import judging, maintenance, models, references, serving
 from .arguments import UsageError, model_options, store_options
 from .context import open_engine, say
@@ -57,6 +58,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _resolve_store_options(args: argparse.Namespace) -> None:
+    """The options every command takes, with their environment defaults (:mod:`refsight.config`)."""
+    args.store = getattr(args, "store", None)
+    args.catalog = getattr(args, "catalog", None) or default_catalog_url()
+    args.local_dir = getattr(args, "local_dir", None)
+    args.cache = getattr(args, "cache", None) or default_cache_url()
+    args.max_package_bytes = getattr(args, "max_package_bytes", None)
+    args.config = getattr(args, "config", None)
+    args.json = getattr(args, "json", False)
+    args.settings = None  # the config file, read at the first use (context.settings_of)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``refsight`` console script; returns the exit code."""
     # transformers draws a bar per weight load; refsight's own bars show the work that
@@ -64,12 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     parser = build_parser()
     args = parser.parse_args(argv)
-    args.store = getattr(args, "store", None)
-    args.catalog = getattr(args, "catalog", None) or os.environ.get("REFSIGHT_CATALOG") or None
-    args.local_dir = getattr(args, "local_dir", None)
-    args.cache = getattr(args, "cache", None) or os.environ.get("REFSIGHT_CACHE") or None
-    args.max_package_bytes = getattr(args, "max_package_bytes", None)
-    args.json = getattr(args, "json", False)
+    _resolve_store_options(args)
     try:
         return args.func(args)
     except RefsightError as e:

@@ -12,10 +12,10 @@ import sys
 from typing import Any, Callable
 
 from .. import Engine, escape_controls
-from ..config import default_model, default_store_dir
-from ..settings import OPTION_HELP, BackendOptions, load_settings, parse_key_values
+from ..config import default_store_dir
+from ..settings import OPTION_HELP, BackendOptions, Settings, load_settings, parse_key_values
 
-__all__ = ["emit", "say", "open_engine", "backend_options", "RANDOM_WEIGHTS_NOTICE"]
+__all__ = ["emit", "say", "open_engine", "backend_options", "settings_of", "RANDOM_WEIGHTS_NOTICE"]
 
 RANDOM_WEIGHTS_NOTICE = "note: {model} has RANDOM weights; its text is meaningless (timings and caching are real)"
 
@@ -36,15 +36,23 @@ def say(message: str) -> None:
     print(escape_controls(message), file=sys.stderr)
 
 
+def settings_of(args: argparse.Namespace) -> Settings:
+    """The config file (``--config FILE``, else the store's ``refsight.toml``), read once per command."""
+    if getattr(args, "settings", None) is None:
+        args.settings = load_settings(args.store or default_store_dir(), args.config)
+    return args.settings
+
+
 def backend_options(args: argparse.Namespace) -> BackendOptions:
-    """The backend options: the config file (``--config FILE`` or the store's ``refsight.toml``), then the flags."""
+    """The backend options the user typed as flags, and only those.
+
+    The config file's ``[backend]`` and ``[models."NAME"]`` tables are laid under them by the
+    engine, for each model it loads (the one place options are merged), so a command that
+    names another model never gets the default model's table.
+    """
     values = {name: getattr(args, name, None) for name in OPTION_HELP if name != "processor_kwargs"}
     values["processor_kwargs"] = parse_key_values(getattr(args, "processor_kwarg", None) or [], flag="--processor-kwarg")
-    flags = BackendOptions(**{k: v for k, v in values.items() if v is not None})
-    store = getattr(args, "store", None) or default_store_dir()
-    settings = load_settings(store, getattr(args, "config", None))
-    # Flags win over the file; the file's [models."NAME"] table wins over its [backend].
-    return settings.backend_options(getattr(args, "model", None) or default_model()).merged(flags)
+    return BackendOptions(**{k: v for k, v in values.items() if v is not None})
 
 
 def open_engine(args: argparse.Namespace) -> Engine:
@@ -58,7 +66,7 @@ def open_engine(args: argparse.Namespace) -> Engine:
         attribute_schema=getattr(args, "attribute_schema", None),
         progress=not args.json and sys.stderr.isatty(),
         backend_options=backend_options(args),
-        settings=load_settings(args.store or default_store_dir(), getattr(args, "config", None)),
+        settings=settings_of(args),
         cache=args.cache,
         max_package_bytes=args.max_package_bytes,
     )

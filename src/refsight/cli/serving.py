@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from .arguments import EMBEDDER_HELP, Command
-from .context import backend_options
+from .context import backend_options, settings_of
 
 __all__ = ["COMMANDS"]
 
@@ -58,7 +58,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     serve(ServerConfig(
         store=args.store, catalog=args.catalog, local_dir=args.local_dir, model=args.model,
-        backend_options=backend_options(args), config_file=getattr(args, "config", None),
+        backend_options=backend_options(args), settings=settings_of(args), config_file=args.config,
         host=args.host, port=args.port, workers=args.workers, keys_file=args.keys, share_encodes=args.share_encodes,
         embedder=args.embedder, max_prompt_tokens=args.max_prompt_tokens,
         ingest_attributes=() if args.attributes == "none" else (args.attributes,),

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..settings import BackendOptions
+from ..settings import BackendOptions, Settings
 from ..errors import InvalidInputError
 from .tenants import is_loopback, load_keys
 
@@ -30,8 +30,11 @@ class ServerConfig:
     catalog: str | None = None
     local_dir: str | os.PathLike | None = None
     model: str | None = None
-    #: How the model is loaded (device, dtype, processor settings ...), as for the CLI.
+    #: How the model is loaded (device, dtype, processor settings ...): the options set explicitly
+    #: (the CLI's flags). The config file's ``[backend]`` and ``[models."NAME"]`` go under them.
     backend_options: BackendOptions = field(default_factory=BackendOptions)
+    #: The config file, already read (the CLI reads it once); None: read ``config_file`` at startup.
+    settings: Settings | None = None
     #: A config file (``refsight.toml``) to read instead of the one in the store directory.
     config_file: str | os.PathLike | None = None
     host: str = "127.0.0.1"

@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 
 from .. import AddFailure, Engine, ImageInput, IntakeLimits, InvalidInputError, ReferenceSegment, load_image
 from ..config import default_store_dir
-from ..settings import load_settings
+from ..settings import Settings, load_settings
 from .config import ServerConfig
 
 __all__ = ["Service", "ReferenceSegment"]
@@ -51,7 +51,7 @@ class Service:
             model=self.config.model,
             limits=self.limits,
             backend_options=self.config.backend_options,
-            settings=load_settings(self.config.store_dir or default_store_dir(), self.config.config_file),
+            settings=self._settings(),
             share_packages=self.share_packages,
             embedder=self.config.embedder,
             cache=self.config.cache,
@@ -59,6 +59,11 @@ class Service:
             **options,
         )
         self.engine.backend().fingerprint()
+
+    def _settings(self) -> Settings:
+        if self.config.settings is not None:
+            return self.config.settings
+        return load_settings(self.config.store_dir or default_store_dir(), self.config.config_file)
 
     def close(self) -> None:
         """Close the engine (and with it the store)."""

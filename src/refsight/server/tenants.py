@@ -22,8 +22,9 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-from ..errors import InvalidInputError
 from .. import FileReadError, read_regular_file
+from ..config import default_api_keys
+from ..errors import InvalidInputError
 
 __all__ = ["Tenants", "OPERATOR", "ENV_VAR", "is_loopback", "parse_key_pairs", "load_keys"]
 
@@ -82,7 +83,7 @@ def load_keys(path: str | os.PathLike | None = None, environ: Mapping[str, str] 
         if not keys:
             raise InvalidInputError(label, "holds no KEY=NAMESPACE lines")
         return keys
-    env = (environ if environ is not None else os.environ).get(ENV_VAR, "")
+    env = environ.get(ENV_VAR, "") if environ is not None else default_api_keys()
     return parse_key_pairs(env, source=f"${ENV_VAR}", lines=False) if env.strip() else {}
 
 
