@@ -157,6 +157,12 @@ def test_errors_are_clean_messages_with_exit_1(capsys, store, photos, argv, need
         (["add", "IMG", "--meta", "novalue"], "KEY=VALUE"),
         (["add", "IMG", "IMG", "--id", "one"], "--id names one reference"),
         (["search"], "TEXT query or --image"),
+        # The library checks the rules between arguments (one layer); its error names the argument.
+        (["compare", "IMG", "--rerank", "4", "--criteria", "fur", "--model", "toy"], "--rerank: reranks a recalled "
+         "shortlist: give --top-k"),
+        (["compare", "IMG", "--top-k", "2", "--recall-k", "1", "--criteria", "fur", "--model", "toy"], "--recall-k: "),
+        (["search", "x", "--k", "0"], "--k: must be an integer in 1..1000"),
+        (["search", ""], "error: TEXT: "),  # named by the argument, not by its (empty) value
     ],
 )
 def test_usage_errors_exit_2_with_a_clean_message(capsys, store, photos, argv, needle):

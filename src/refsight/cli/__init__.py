@@ -2,7 +2,8 @@
 
 Library errors become one clean message on stderr (and ``{"error": ...}`` on
 stdout with ``--json``) in exactly one place, :func:`main`, with exit code 1;
-usage errors exit 2.
+usage errors exit 2, and so does a library error that names one of the command's
+arguments (:func:`describe_error`): the rules about inputs live in the library only.
 
 The commands live by concern, each command's arguments beside its handler:
 :mod:`.references` (add, list, show, remove), :mod:`.judging` (compare, search,
@@ -17,17 +18,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Callable
 
-from .. import RefsightError
+from .. import InvalidInputError, RefsightError
 from ..config import default_cache_url, default_catalog_url
 from . import judging, maintenance, models, references, serving
 from .arguments import UsageError, model_options, store_options
 from .context import open_engine, say
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "describe_error"]
 
 #: Every command of this package, in the order ``refsight --help`` lists them.
 _COMMANDS = (*references.COMMANDS, *maintenance.COMMANDS, *judging.COMMANDS, *models.COMMANDS, *serving.COMMANDS)
@@ -43,19 +45,46 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(name: str, func: Callable, help: str, *, model: bool = False) -> argparse.ArgumentParser:
+    def add(
+        name: str, func: Callable, help: str, *, model: bool = False, fields: Mapping[str, str] | None = None
+    ) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=help, parents=[common] + ([with_model] if model else []))
-        p.set_defaults(func=func)
+        p.set_defaults(func=func, fields=dict(fields or {}))
         return p
 
     for command in _COMMANDS:
-        command.arguments(add(command.name, command.run, command.help, model=command.model))
+        command.arguments(add(command.name, command.run, command.help, model=command.model, fields=command.fields))
     from ..backends.vllm.cli import register_commands as add_vllm_commands  # vllm-env, vllm-serve
     from ..ingest.cli import register_commands as add_ingest_commands  # ingest
 
     add_vllm_commands(add)
     add_ingest_commands(add, open_engine)
     return parser
+
+
+def describe_error(error: RefsightError, args: argparse.Namespace) -> tuple[str, bool]:
+    """``(message, is a usage error)`` for a library error, in the command line's words.
+
+    The library checks every rule about its inputs (one layer); when its error names an input
+    that is one of the command's arguments (``top_k`` of ``compare`` is ``--top-k``), the message
+    names the argument and the exit code is a usage error's. An input the library names by its
+    value rather than its field (an empty query text) is named by the argument that holds it.
+    """
+    if isinstance(error, UsageError):
+        return str(error), True
+    fields: Mapping[str, str] = getattr(args, "fields", None) or {}
+    if not isinstance(error, InvalidInputError) or not isinstance(error.input, str):
+        return str(error), False
+    argument = fields.get(error.input)
+    if argument is None and not error.input.strip():
+        argument = next((shown for dest, shown in fields.items() if getattr(args, dest, None) == error.input), None)
+    if argument is None:
+        return str(error), False
+    reason = error.reason
+    for field, flag in fields.items():
+        if "_" in field and flag.startswith("-"):
+            reason = re.sub(rf"\b{re.escape(field)}\b", flag, reason)  # top_k → --top-k
+    return f"{argument}: {reason}", True
 
 
 def _resolve_store_options(args: argparse.Namespace) -> None:
@@ -82,10 +111,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args)
     except RefsightError as e:
         # The one place library errors become a clean message and an exit code.
-        say(f"refsight: error: {e}")
+        message, usage = describe_error(e, args)
+        say(f"refsight: error: {message}")
         if args.json:
-            print(json.dumps({"error": str(e), "type": type(e).__name__}))
-        return 2 if isinstance(e, UsageError) else 1
+            print(json.dumps({"error": message, "type": type(e).__name__}))
+        return 2 if usage else 1
     except KeyboardInterrupt:
         print("refsight: interrupted", file=sys.stderr)
         return 130

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from .. import FileReadError, RefsightError, read_regular_file
 from ..report import format_comparison
-from .arguments import EMBEDDER_HELP, SCHEMA_HELP, Command, UsageError, parse_pairs
+from .arguments import EMBEDDER_HELP, SCHEMA_HELP, Command, parse_pairs
 from .context import RANDOM_WEIGHTS_NOTICE, emit, open_engine
 
 __all__ = ["COMMANDS"]
@@ -70,8 +70,6 @@ def _compare_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """refsight compare CANDIDATE (--ref ID... | --top-k K [--recall MODE] [--query TEXT] [--rerank N]) --criteria TEXT|@FILE"""
-    if args.rerank is not None and args.top_k is None:
-        raise UsageError("--rerank N recalls N and judges the --top-k K best: give --top-k too")
     with open_engine(args) as engine:
         result = engine.compare(
             args.candidate, criteria=_read_criteria(args.criteria), ref_ids=args.ref, top_k=args.top_k,
@@ -100,8 +98,6 @@ def _parse_where(items: Sequence[str]) -> dict[str, str] | None:
 
 def cmd_search(args: argparse.Namespace) -> int:
     """refsight search TEXT | --image PATH [--k K] [--where KEY=VALUE]"""
-    if (args.text is None) == (args.image is None):
-        raise UsageError("search needs a TEXT query or --image PATH (one of them)")
     with open_engine(args) as engine:
         data = engine.search(args.text, image=args.image, k=args.k, where=_parse_where(args.where)).to_dict()
     emit(args, data, lambda d: "\n".join(f"{r['score']:.4f}  {r['ref_id']}" for r in d["results"]) or "no references match")
@@ -137,10 +133,18 @@ def _generated_text(d: dict) -> str:
     )
 
 
+#: The library's names for each command's inputs → the arguments (see refsight.cli.describe_error).
+_COMPARE_FIELDS = {
+    "top_k": "--top-k", "rerank": "--rerank", "recall_k": "--recall-k", "query": "--query", "recall": "--recall",
+    "reranker": "--reranker",
+}
+_SEARCH_FIELDS = {"query": "TEXT query or --image PATH", "text": "TEXT", "image": "--image", "k": "--k"}
+_GENERATE_FIELDS = {"prompt": "--prompt", "max_new_tokens": "--max-new-tokens"}
+
 COMMANDS = (
     Command("generate", "generate text from cached references and a fresh candidate", cmd_generate, _generate_arguments,
-            model=True),
+            model=True, fields=_GENERATE_FIELDS),
     Command("compare", "judge a candidate against references, criterion by criterion", cmd_compare, _compare_arguments,
-            model=True),
-    Command("search", "recall references by text or image", cmd_search, _search_arguments),
+            model=True, fields=_COMPARE_FIELDS),
+    Command("search", "recall references by text or image", cmd_search, _search_arguments, fields=_SEARCH_FIELDS),
 )

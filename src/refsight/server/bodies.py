@@ -60,6 +60,9 @@ class CompareBody(BaseModel):
     rerank: int | None = Field(
         None, ge=1, le=1000, description="recall this many, rerank them, then judge the top_k best (needs top_k)"
     )
+    recall_k: int | None = Field(
+        None, ge=1, le=1000, description="recall this many (default: rerank, else top_k); the best rerank go on (needs top_k)"
+    )
     reranker: Literal["vlm", "embedding"] = Field("vlm", description="vlm: P(yes) in one forward pass; embedding: cosine")
     use_cache: bool = Field(True, description="false re-encodes the references (same verdicts, slower)")
     use_kv_cache: bool = Field(

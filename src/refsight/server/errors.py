@@ -28,6 +28,8 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -66,6 +68,7 @@ __all__ = [
     "OPENAI_PATHS",
     "OpenAIErrorShapeMiddleware",
     "openai_error_body",
+    "fields_named",
 ]
 
 log = logging.getLogger("refsight.server")
@@ -209,6 +212,24 @@ def from_refsight(error: RefsightError) -> ApiError:
     if status >= 500:
         return ApiError(status, code, _GENERIC.get(code, str(error)))
     return ApiError(status, code, http_wording(str(error)))
+
+
+@contextmanager
+def fields_named(**values: Any) -> Iterator[None]:
+    """Name the request field of a library error that names its input by a blank value.
+
+    The library names some inputs by their value (a query text); an empty one would read as
+    an empty field name (``": a text query must be a non-empty string"``). Inside this block
+    such an error is re-raised naming the field (``text``) that held that value.
+    """
+    try:
+        yield
+    except InvalidInputError as e:
+        if isinstance(e.input, str) and not e.input.strip():
+            field = next((name for name, value in values.items() if value == e.input), None)
+            if field is not None:
+                raise InvalidInputError(field, e.reason) from None
+        raise
 
 
 def _param_of(error: RefsightError) -> str | None:
