@@ -304,7 +304,7 @@ async def chat_completions(
     def work(on_text=None, stop_event=None) -> dict[str, Any]:
         segments, turns = messages_to_segments(body.messages, service.decode)
         return service.chat(
-            namespace, segments, turns=turns, max_new_tokens=max_new_tokens, json_schema=json_schema,
+            segments, namespace=namespace, turns=turns, max_new_tokens=max_new_tokens, json_schema=json_schema,
             sampling=sampling, on_text=on_text, stop_event=stop_event,
         )
 

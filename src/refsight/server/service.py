@@ -1,7 +1,8 @@
 """The blocking work behind every endpoint, over ONE :class:`refsight.Engine` and one open store.
 
 :class:`Service` calls only the engine's public API, naming the caller's namespace on
-every call; it reads no store tier itself. Its methods are plain synchronous calls that
+every call; its methods take their arguments as the engine's do (the input first, the
+``namespace`` a keyword); it reads no store tier itself. Its methods are plain synchronous calls that
 the routes run in the :class:`~refsight.server.limits.WorkPool`, so model work never
 blocks the event loop, and they return JSON-ready dicts (the edge of the library).
 
@@ -91,29 +92,31 @@ class Service:
         return {**ref.to_dict(), "cached": state.cached, "in_memory": state.in_memory}
 
     # -- references ----------------------------------------------------------------------
-    def add(self, namespace: str, image: ImageInput, ref_id: str | None, metadata: Mapping[str, Any]) -> dict[str, Any]:
+    def add(
+        self, image: ImageInput, *, ref_id: str | None = None, metadata: Mapping[str, Any] | None = None, namespace: str
+    ) -> dict[str, Any]:
         """Add one reference; the same fields as ``refsight add --json``."""
         result = next(iter(self.engine.add_many(
-            [image], ids=[ref_id], metadata=dict(metadata), namespace=namespace,
+            [image], ids=[ref_id], metadata=dict(metadata or {}), namespace=namespace,
             attributes=self.config.ingest_attributes,
         )))
         if isinstance(result, AddFailure):
             raise InvalidInputError(ref_id or result.input, result.error)
         return result.to_dict()
 
-    def references(self, namespace: str) -> list[dict[str, Any]]:
+    def references(self, *, namespace: str) -> list[dict[str, Any]]:
         """Every reference of the tenant, with its cache state under the served model."""
         return [self._reference_view(ref) for ref in self.engine.references(namespace=namespace)]
 
-    def reference(self, namespace: str, ref_id: str) -> dict[str, Any]:
+    def reference(self, ref_id: str, *, namespace: str) -> dict[str, Any]:
         """One reference; ReferenceNotFoundError when the tenant has none by that id."""
         return self._reference_view(self.engine.reference(ref_id, namespace=namespace))
 
-    def remove(self, namespace: str, ref_id: str) -> dict[str, Any]:
+    def remove(self, ref_id: str, *, namespace: str) -> dict[str, Any]:
         """Remove the tenant's reference (packages still used by anyone else stay)."""
         return {"removed": self.engine.remove(ref_id, namespace=namespace).ref_id}
 
-    def thumbnail(self, namespace: str, ref_id: str, size: int) -> bytes:
+    def thumbnail(self, ref_id: str, size: int, *, namespace: str) -> bytes:
         """A JPEG thumbnail (longest side ``size``) of the tenant's reference image."""
         ref = self.engine.reference(ref_id, namespace=namespace)  # the namespace check comes before any cache
         cache_key = (ref.image_sha256, size)
@@ -133,20 +136,20 @@ class Service:
         return data
 
     # -- model work --------------------------------------------------------------------------
-    def compare(self, namespace: str, candidate: ImageInput, **options: Any) -> dict[str, Any]:
+    def compare(self, candidate: ImageInput, *, namespace: str, **options: Any) -> dict[str, Any]:
         """``engine.compare`` → the JSON of ``refsight compare --json``."""
         return self.engine.compare(candidate, namespace=namespace, **options).to_dict()
 
-    def search(self, namespace: str, **options: Any) -> dict[str, Any]:
+    def search(self, *, namespace: str, **options: Any) -> dict[str, Any]:
         """``engine.search`` → the JSON of ``refsight search --json``."""
         return self.engine.search(namespace=namespace, **options).to_dict()
 
-    def chat(self, namespace: str, segments: Sequence[Any], **options: Any) -> dict[str, Any]:
+    def chat(self, segments: Sequence[Any], *, namespace: str, **options: Any) -> dict[str, Any]:
         """``engine.chat`` → the generation as JSON-ready data."""
         return self.engine.chat(list(segments), namespace=namespace, **options).to_dict()
 
     # -- stats -----------------------------------------------------------------------------
-    def stats(self, namespace: str, *, tenants: bool) -> dict[str, Any]:
+    def stats(self, *, namespace: str, tenants: bool) -> dict[str, Any]:
         """Cache statistics. Alone (no keys) the store's own; with tenants only what is the tenant's."""
         return self.engine.stats(namespace=namespace, tenant_view=tenants).to_dict()
 

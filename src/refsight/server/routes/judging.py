@@ -38,7 +38,7 @@ async def compare(
     def work() -> dict[str, Any]:
         candidate = service.decode(data, "candidate")
         return service.compare(
-            namespace, candidate, criteria=body.criteria, ref_ids=tuple(body.ref_ids), top_k=body.top_k,
+            candidate, namespace=namespace, criteria=body.criteria, ref_ids=tuple(body.ref_ids), top_k=body.top_k,
             query=body.query, use_cache=body.use_cache, use_kv_cache=body.use_kv_cache, force_vlm=body.force_vlm,
             recall=body.recall, rerank=body.rerank, recall_k=body.recall_k, reranker=body.reranker,
         )
@@ -58,6 +58,6 @@ async def search(body: SearchBody, namespace: Tenant, service: ServiceDep, pool:
     def work() -> dict[str, Any]:
         image = service.decode(data, "image") if data is not None else None
         with fields_named(text=body.text):
-            return service.search(namespace, text=body.text, image=image, k=body.k, where=body.where)
+            return service.search(namespace=namespace, text=body.text, image=image, k=body.k, where=body.where)
 
     return await pool.run(work)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
@@ -32,7 +33,7 @@ async def add_reference(request: Request, namespace: Tenant, service: ServiceDep
 
     def work() -> dict[str, Any]:
         image = service.decode(data, "image")
-        return service.add(namespace, image, body.id, body.metadata or {})
+        return service.add(image, ref_id=body.id, metadata=body.metadata, namespace=namespace)
 
     return JSONResponse(await pool.run(work), status_code=201)
 
@@ -40,13 +41,13 @@ async def add_reference(request: Request, namespace: Tenant, service: ServiceDep
 @router.get("/v1/references")
 async def list_references(namespace: Tenant, service: ServiceDep, pool: PoolDep) -> dict[str, Any]:
     """The caller's references with metadata and cache state (``cached``: a package for the served model exists)."""
-    return {"references": await pool.run_light(service.references, namespace)}
+    return {"references": await pool.run_light(partial(service.references, namespace=namespace))}
 
 
 @router.get("/v1/references/{ref_id}", responses=_ERRORS)
 async def get_reference(namespace: Tenant, service: ServiceDep, pool: PoolDep, ref_id: str = _REF_ID) -> dict[str, Any]:
     """One reference (404 ``reference_not_found`` when the caller has none by that id)."""
-    return await pool.run_light(service.reference, namespace, ref_id)
+    return await pool.run_light(partial(service.reference, ref_id, namespace=namespace))
 
 
 @router.get(
@@ -58,11 +59,11 @@ async def thumbnail(
     size: int = Query(256, ge=16, le=1024),
 ) -> Response:
     """A JPEG thumbnail of the reference image (longest side ``size``)."""
-    data = await pool.run_light(service.thumbnail, namespace, ref_id, size)
+    data = await pool.run_light(partial(service.thumbnail, ref_id, size, namespace=namespace))
     return Response(data, media_type="image/jpeg", headers={"Cache-Control": "private, max-age=60"})
 
 
 @router.delete("/v1/references/{ref_id}", responses=_ERRORS)
 async def delete_reference(namespace: Tenant, service: ServiceDep, pool: PoolDep, ref_id: str = _REF_ID) -> dict[str, Any]:
     """Remove a reference; packages still used by other references stay."""
-    return await pool.run_light(service.remove, namespace, ref_id)
+    return await pool.run_light(partial(service.remove, ref_id, namespace=namespace))

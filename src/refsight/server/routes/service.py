@@ -35,4 +35,4 @@ async def prometheus(metrics: MetricsDep) -> Response:
 @router.get("/v1/stats")
 async def stats(namespace: Tenant, service: ServiceDep, pool: PoolDep, tenants: TenantsDep) -> dict[str, Any]:
     """Cache statistics; with tenants, only the caller's references and packages (counters are operator-level)."""
-    return await pool.run_light(lambda: service.stats(namespace, tenants=tenants.enabled))
+    return await pool.run_light(lambda: service.stats(namespace=namespace, tenants=tenants.enabled))
