@@ -63,9 +63,9 @@ def _compare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--embedder", default=None, metavar="NAME", help=EMBEDDER_HELP)
     p.add_argument("--criteria", required=True, metavar="TEXT|@FILE", help="the rubric, or @file (text, JSON, YAML)")
     _cache_switches(p, outcome=" (same verdicts, other timings)")
-    p.add_argument("--force-vlm", action="store_true", help="send every criterion to the VLM, none to the sidecars")
-    p.add_argument("--no-attributes", action="store_true", help="use no attribute sidecar")
-    p.add_argument("--vlm-attributes", action="store_true", help="also fill the VLM attribute sidecar")
+    p.add_argument("--force-vlm", action="store_true", help="send every criterion to the VLM, none to the attribute records")
+    p.add_argument("--no-attributes", action="store_true", help="use no attribute record (every criterion goes to the VLM)")
+    p.add_argument("--vlm-attributes", action="store_true", help="also fill the VLM attribute record (the attribute schema, filled by the model)")
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

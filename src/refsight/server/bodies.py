@@ -68,7 +68,7 @@ class CompareBody(BaseModel):
     use_kv_cache: bool = Field(
         True, description="false prefills the references' prompt prefix afresh instead of reusing its stored KV state"
     )
-    force_vlm: bool = Field(False, description="send every criterion to the VLM, none to the attribute sidecars")
+    force_vlm: bool = Field(False, description="send every criterion to the VLM, none to the attribute records")
 
 
 class SearchBody(BaseModel):
