@@ -333,3 +333,19 @@ def test_the_cli_passes_only_the_flags_typed_and_the_file_read_once(tmp_path):
     # The global flag also works after the command.
     args = parsed("list", "--store", str(tmp_path), "--config", str(other))
     assert backend_options(args) == BackendOptions() and settings_of(args).path == other
+
+
+def test_every_argument_that_takes_a_value_is_checked_text_or_declares_its_type():
+    """The front door for text: an argument of no declared type is checked as valid Unicode
+    (``text_argument``), so a new argument cannot skip the check by accident."""
+    import argparse
+
+    from refsight.cli import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, command in {"refsight": parser, **sub.choices}.items():
+        for action in command._actions:
+            if action.nargs == 0 or isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            assert action.type is not None, f"{name} {action.option_strings or action.dest}: no type"

@@ -26,7 +26,7 @@ from typing import Callable
 from .. import InvalidInputError, RefsightError
 from ..config import default_cache_url, default_catalog_url
 from . import judging, maintenance, models, references, serving
-from .arguments import UsageError, model_options, store_options
+from .arguments import CommandParser, UsageError, model_options, store_options
 from .context import open_engine, say
 
 __all__ = ["main", "build_parser", "describe_error"]
@@ -38,7 +38,7 @@ _COMMANDS = (*references.COMMANDS, *maintenance.COMMANDS, *judging.COMMANDS, *mo
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for docs and tests)."""
     common, with_model = store_options(), model_options()
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="refsight",
         description="Compare new images against fixed reference images with a VLM, encoding each reference once.",
         parents=[common],

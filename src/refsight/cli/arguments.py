@@ -1,4 +1,5 @@
-"""The command line's shared vocabulary: a command's declaration, the options every command takes, usage errors.
+"""The command line's shared vocabulary: a command's declaration, the options every command takes, usage errors,
+and the front door for text: every argument is checked as valid Unicode unless it names a file.
 
 Each command module declares its commands as :class:`Command` values, the parser's
 arguments right beside the handler that reads them; :func:`refsight.cli.build_parser`
@@ -11,12 +12,16 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from .. import RefsightError
+from .. import InvalidInputError, RefsightError, check_text
 from ..config import default_model
 from ..settings import OPTION_HELP
 
-__all__ = ["Command", "UsageError", "parse_pairs", "store_options", "model_options", "EMBEDDER_HELP", "SCHEMA_HELP"]
+__all__ = [
+    "Command", "CommandParser", "UsageError", "text_argument", "path_argument", "parse_pairs", "store_options",
+    "model_options", "EMBEDDER_HELP", "SCHEMA_HELP",
+]
 
 EMBEDDER_HELP = "retrieval embedder: conse (default), clip:PATH or vlm:MODEL"
 SCHEMA_HELP = "VLM attribute schema: a JSON/YAML mapping of attribute name to allowed values (or null)"
@@ -24,6 +29,35 @@ SCHEMA_HELP = "VLM attribute schema: a JSON/YAML mapping of attribute name to al
 
 class UsageError(RefsightError):
     """The command line itself is wrong (flags that do not go together): exit code 2, like argparse."""
+
+
+def text_argument(value: str) -> str:
+    """An argument that is text (ids, metadata, criteria, prompts, queries, names): refused, exit 2, naming
+    the argument, when it is not valid Unicode (undecodable bytes reach ``sys.argv`` as lone surrogates)."""
+    try:
+        return check_text(value, "argument")
+    except InvalidInputError as e:
+        raise argparse.ArgumentTypeError(e.reason) from None
+
+
+def path_argument(value: str) -> str:
+    """An argument that names a file or directory: any name the OS allows, undecodable bytes included."""
+    return value
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An argument parser whose arguments are text (:func:`text_argument`) unless they declare a type.
+
+    So a new argument is checked at the front door by default; one that names a file says so
+    with ``type=path_argument``. Subcommand parsers are of this class too (argparse builds
+    them with the class of the parser they hang from).
+    """
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        """``argparse.ArgumentParser.add_argument``, with ``type=text_argument`` for values of no declared type."""
+        if kwargs.get("action", "store") in ("store", "append") and "type" not in kwargs:
+            kwargs["type"] = text_argument
+        return super().add_argument(*args, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -57,9 +91,9 @@ def parse_pairs(items: Sequence[str], flag: str) -> dict[str, str]:
 
 def store_options() -> argparse.ArgumentParser:
     """The options every command takes: where the store is, how to print, the config file, the tiers."""
-    common = argparse.ArgumentParser(add_help=False)
+    common = CommandParser(add_help=False)
     common.add_argument(
-        "--store", metavar="DIR", default=argparse.SUPPRESS,
+        "--store", metavar="DIR", default=argparse.SUPPRESS, type=path_argument,
         help="store directory (default: $REFSIGHT_STORE or the user cache dir)",
     )
     common.add_argument(
@@ -68,12 +102,12 @@ def store_options() -> argparse.ArgumentParser:
         "blob directory (default: $REFSIGHT_CATALOG, else the embedded SQLite catalog in the store)",
     )
     common.add_argument(
-        "--local-dir", metavar="DIR", default=argparse.SUPPRESS,
+        "--local-dir", metavar="DIR", default=argparse.SUPPRESS, type=path_argument,
         help="with --catalog: this replica's directory for derived data (retrieval index, attribute records)",
     )
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON lines")
     common.add_argument(
-        "--config", metavar="FILE", default=argparse.SUPPRESS,
+        "--config", metavar="FILE", default=argparse.SUPPRESS, type=path_argument,
         help="config file of backend options (default: refsight.toml in the store directory); flags override it",
     )
     common.add_argument(
@@ -90,12 +124,12 @@ def store_options() -> argparse.ArgumentParser:
 
 def model_options() -> argparse.ArgumentParser:
     """``--model`` and one flag per backend option (:data:`refsight.settings.OPTION_HELP`)."""
-    with_model = argparse.ArgumentParser(add_help=False)
+    with_model = CommandParser(add_help=False)
     with_model.add_argument("--model", default=None, help=f"model name (default: $REFSIGHT_MODEL or {default_model()})")
     for name, help_text in OPTION_HELP.items():
         if name == "processor_kwargs":
             with_model.add_argument("--processor-kwarg", action="append", default=[], metavar="KEY=VALUE", help=help_text)
         else:
-            kind = int if name in ("min_pixels", "max_pixels", "batch_size") else str
+            kind = int if name in ("min_pixels", "max_pixels", "batch_size") else text_argument
             with_model.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None, help=help_text)
     return with_model

@@ -11,11 +11,11 @@ import json
 import sys
 from typing import Any, Callable
 
-from .. import Engine, escape_controls
+from .. import Engine, escape_controls, printable_text
 from ..config import default_store_dir
 from ..settings import OPTION_HELP, BackendOptions, Settings, load_settings, parse_key_values
 
-__all__ = ["emit", "say", "open_engine", "backend_options", "settings_of", "RANDOM_WEIGHTS_NOTICE"]
+__all__ = ["emit", "show", "say", "open_engine", "backend_options", "settings_of", "RANDOM_WEIGHTS_NOTICE"]
 
 RANDOM_WEIGHTS_NOTICE = "note: {model} has RANDOM weights; its text is meaningless (timings and caching are real)"
 
@@ -26,14 +26,20 @@ _LAYOUT = "\n\t"
 def emit(args: argparse.Namespace, data: Any, human: Callable[[Any], str] | None = None) -> None:
     """Print ``data``: as one JSON line with ``--json`` (or without a human format), else ``human(data)``."""
     if args.json or human is None:
-        print(json.dumps(data, ensure_ascii=False), flush=True)
+        show(json.dumps(data, ensure_ascii=False))
     else:
-        print(escape_controls(human(data), keep=_LAYOUT), flush=True)
+        show(escape_controls(human(data), keep=_LAYOUT))
+
+
+def show(text: str) -> None:
+    """One line of output on stdout. A stored value that is not valid Unicode (it cannot be encoded)
+    is shown with U+FFFD where its lone surrogates were, never a traceback."""
+    print(printable_text(text), flush=True)
 
 
 def say(message: str) -> None:
     """A message on stderr, control characters escaped (it may quote user input such as a path)."""
-    print(escape_controls(message), file=sys.stderr)
+    print(printable_text(escape_controls(message)), file=sys.stderr)
 
 
 def settings_of(args: argparse.Namespace) -> Settings:

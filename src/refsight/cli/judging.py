@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from .. import FileReadError, RefsightError, read_regular_file
 from ..report import format_comparison
-from .arguments import EMBEDDER_HELP, SCHEMA_HELP, Command, parse_pairs
+from .arguments import EMBEDDER_HELP, SCHEMA_HELP, Command, parse_pairs, path_argument, text_argument
 from .context import RANDOM_WEIGHTS_NOTICE, emit, open_engine
 
 __all__ = ["COMMANDS"]
@@ -33,6 +33,11 @@ def _read_criteria(value: str) -> str:
         raise RefsightError(f"--criteria {value}: {path} is not UTF-8 text") from None
 
 
+def _criteria_argument(value: str) -> str:
+    """The rubric as text, or ``@FILE`` (a file name: any name the OS allows)."""
+    return value if value.startswith("@") else text_argument(value)
+
+
 def _cache_switches(p: argparse.ArgumentParser, *, outcome: str) -> None:
     p.add_argument("--no-cache", action="store_true", help=f"re-encode the references from their kept images{outcome}")
     p.add_argument(
@@ -42,7 +47,7 @@ def _cache_switches(p: argparse.ArgumentParser, *, outcome: str) -> None:
 
 
 def _compare_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("candidate", metavar="CANDIDATE")
+    p.add_argument("candidate", metavar="CANDIDATE", type=path_argument)
     p.add_argument("--ref", action="append", default=[], metavar="ID", help="reference id (repeatable)")
     p.add_argument("--top-k", type=int, default=None, metavar="K", help="recall K references by retrieval first")
     p.add_argument(
@@ -59,9 +64,11 @@ def _compare_arguments(p: argparse.ArgumentParser) -> None:
         "--reranker", choices=("vlm", "embedding"), default="vlm",
         help="vlm: P(yes) of the model in one forward pass (default); embedding: cosine under the embedder",
     )
-    p.add_argument("--attribute-schema", metavar="FILE", default=None, help=SCHEMA_HELP)
+    p.add_argument("--attribute-schema", metavar="FILE", default=None, type=path_argument, help=SCHEMA_HELP)
     p.add_argument("--embedder", default=None, metavar="NAME", help=EMBEDDER_HELP)
-    p.add_argument("--criteria", required=True, metavar="TEXT|@FILE", help="the rubric, or @file (text, JSON, YAML)")
+    p.add_argument(
+        "--criteria", required=True, metavar="TEXT|@FILE", type=_criteria_argument, help="the rubric, or @file (text, JSON, YAML)"
+    )
     _cache_switches(p, outcome=" (same verdicts, other timings)")
     p.add_argument("--force-vlm", action="store_true", help="send every criterion to the VLM, none to the attribute records")
     p.add_argument("--no-attributes", action="store_true", help="use no attribute record (every criterion goes to the VLM)")
@@ -83,7 +90,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def _search_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("text", nargs="?", default=None, metavar="TEXT")
-    p.add_argument("--image", default=None, metavar="PATH")
+    p.add_argument("--image", default=None, metavar="PATH", type=path_argument)
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help="metadata filter (repeatable)")
     p.add_argument("--embedder", default=None, metavar="NAME", help=EMBEDDER_HELP)
@@ -106,7 +113,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 def _generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ref", action="append", default=[], metavar="ID", help="reference id (repeatable)")
-    p.add_argument("--image", metavar="CANDIDATE", help="a fresh candidate image")
+    p.add_argument("--image", metavar="CANDIDATE", type=path_argument, help="a fresh candidate image")
     p.add_argument("--prompt", required=True)
     _cache_switches(p, outcome="")
     p.add_argument("--max-new-tokens", type=int, default=64)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..config import default_model
-from .arguments import Command
+from .arguments import Command, path_argument
 from .context import emit
 
 __all__ = ["COMMANDS"]
@@ -20,7 +20,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def _demo_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--report", default=None, metavar="HTML", help="also write an HTML report here")
+    p.add_argument("--report", default=None, metavar="HTML", type=path_argument, help="also write an HTML report here")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -6,21 +6,21 @@ import argparse
 import json
 
 from .. import escape_controls
-from .arguments import SCHEMA_HELP, Command, UsageError, parse_pairs
-from .context import emit, open_engine, say
+from .arguments import SCHEMA_HELP, Command, UsageError, parse_pairs, path_argument
+from .context import emit, open_engine, say, show
 
 __all__ = ["COMMANDS"]
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("images", nargs="+", metavar="IMAGE")
+    p.add_argument("images", nargs="+", metavar="IMAGE", type=path_argument)
     p.add_argument("--id", help="reference id (one image only; default: the file name)")
     p.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE", help="metadata (repeatable)")
     p.add_argument(
         "--attributes", choices=("imagenet", "vlm", "none"), default="imagenet",
         help="attribute record computed and stored at ingest (default: imagenet, the ImageNet top-5; none: skip)",
     )
-    p.add_argument("--attribute-schema", metavar="FILE", default=None, help=SCHEMA_HELP)
+    p.add_argument("--attribute-schema", metavar="FILE", default=None, type=path_argument, help=SCHEMA_HELP)
 
 
 def cmd_add(args: argparse.Namespace) -> int:
@@ -38,7 +38,7 @@ def cmd_add(args: argparse.Namespace) -> int:
                 failed += 1
                 say(f"refsight: cannot add {data['input']}: {data['error']}")
                 if args.json:
-                    print(json.dumps(data), flush=True)
+                    show(json.dumps(data))
                 continue
             emit(args, data, _added_line)
     return 1 if failed else 0
@@ -55,13 +55,12 @@ def cmd_list(args: argparse.Namespace) -> int:
     """refsight list"""
     with open_engine(args) as engine:
         refs = [r.to_dict() for r in engine.references()]
-    if args.json:
-        for ref in refs:
-            print(json.dumps(ref))
-    else:
-        for ref in refs:
+    for ref in refs:
+        if args.json:
+            show(json.dumps(ref))
+        else:
             meta = " ".join(f"{k}={v}" for k, v in ref["metadata"].items())
-            print(f"{ref['ref_id']}\t{ref['image_sha256'][:12]}\t{len(ref['packages'])} package(s)\t{escape_controls(meta)}")
+            show(f"{ref['ref_id']}\t{ref['image_sha256'][:12]}\t{len(ref['packages'])} package(s)\t{escape_controls(meta)}")
     return 0
 
 

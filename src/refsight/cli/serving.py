@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .arguments import EMBEDDER_HELP, Command
+from .arguments import EMBEDDER_HELP, Command, path_argument
 from .context import backend_options, settings_of
 
 __all__ = ["COMMANDS"]
@@ -15,7 +15,7 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (non-loopback needs API keys)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--workers", type=int, default=2, help="threads running model work")
-    p.add_argument("--keys", metavar="FILE", help="API keys, one KEY=NAMESPACE a line (default: $REFSIGHT_API_KEYS)")
+    p.add_argument("--keys", metavar="FILE", type=path_argument, help="API keys, one KEY=NAMESPACE a line (default: $REFSIGHT_API_KEYS)")
     p.add_argument(
         "--share-encodes", action="store_true",
         help="share packages across tenants (fewer encodes, but timing reveals that some tenant holds an image)",
