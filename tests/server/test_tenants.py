@@ -168,3 +168,15 @@ def test_a_keys_file_that_is_not_a_regular_file_is_refused_at_once(tmp_path):
         load_keys(fifo)
     with pytest.raises(InvalidInputError, match="character device"):
         load_keys("/dev/zero")
+
+
+def test_keys_from_the_environment_that_are_not_valid_unicode_are_refused_without_echoing_them():
+    from refsight import InvalidInputError
+    from refsight.server.tenants import load_keys
+
+    secret = "s3cret-key-\udcff-000"  # undecodable bytes in the environment arrive as lone surrogates
+    with pytest.raises(InvalidInputError) as refused:
+        load_keys(environ={"REFSIGHT_API_KEYS": f"good-key-0000001=a {secret}=b"})
+    assert str(refused.value) == "$REFSIGHT_API_KEYS pair 2: is not valid Unicode text"
+    with pytest.raises(InvalidInputError, match="pair 1: is not valid Unicode"):
+        load_keys(environ={"REFSIGHT_API_KEYS": "good-key-0000001=t\udcffeam"})

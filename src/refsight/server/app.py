@@ -27,6 +27,7 @@ from .gate import AuthGateMiddleware
 from .limits import BodyLimitMiddleware, WorkPool
 from .metrics import Metrics
 from .openai_compat import router as openai_router
+from .responses import TextSafeJSONResponse
 from .page import router as page_router
 from .routes import ROUTERS
 from .service import Service
@@ -70,6 +71,7 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
         version=__version__,
         description="Compare new images against fixed references with a VLM, encoding each reference once.",
         lifespan=lifespan,
+        default_response_class=TextSafeJSONResponse,
         responses={k: v for k, v in ERROR_RESPONSES.items() if k in (401, 413, 422, 429, 500, 503)},
     )
     app.state.config = config

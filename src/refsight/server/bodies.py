@@ -16,7 +16,7 @@ from typing import Any, Literal
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .. import MAX_WHERE_KEYS, check_json_depth, load_json
+from .. import MAX_WHERE_KEYS, check_json_depth, check_text, check_texts, load_json
 from .errors import ApiError
 
 __all__ = [
@@ -201,6 +201,9 @@ async def _read_multipart(request: Request, model: type[BaseModel], files: set[s
     finally:
         await form.close()
     data = {k: v for k, v in data.items() if v is not None}
+    for name, value in data.items():  # (JSON bodies are checked by BodyLimitMiddleware, before any route)
+        check_text(name, "multipart field name")
+        check_texts(value, name)
     try:
         return model.model_validate(data), blobs
     except ValidationError as e:

@@ -54,6 +54,7 @@ from ..errors import (
     StoreUnavailableError,
     UnknownModelError,
 )
+from .responses import TextSafeJSONResponse
 
 __all__ = [
     "ApiError",
@@ -69,6 +70,7 @@ __all__ = [
     "OpenAIErrorShapeMiddleware",
     "openai_error_body",
     "fields_named",
+    "error_response_for",
 ]
 
 log = logging.getLogger("refsight.server")
@@ -124,8 +126,15 @@ def openai_error_body(status: int, code: str, message: str, param: str | None = 
 
 
 def _respond(request: Request, status: int, code: str, message: str, headers=None, param: str | None = None) -> JSONResponse:
-    if request.url.path.startswith(OPENAI_PATHS):
-        return JSONResponse(openai_error_body(status, code, message, param), status_code=status, headers=headers)
+    return error_response_for(request.url.path, status, code, message, headers, param=param)
+
+
+def error_response_for(
+    path: str, status: int, code: str, message: str, headers: dict[str, str] | None = None, *, param: str | None = None
+) -> JSONResponse:
+    """The error response in the shape of ``path``'s routes: OpenAI's on :data:`OPENAI_PATHS`, else refsight's."""
+    if path.startswith(OPENAI_PATHS):
+        return TextSafeJSONResponse(openai_error_body(status, code, message, param), status_code=status, headers=headers)
     return error_response(status, code, message, headers)
 
 
@@ -136,7 +145,7 @@ def error_body(code: str, message: str) -> dict[str, Any]:
 
 def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     """A JSON error response (also used by the ASGI middlewares, which cannot raise into handlers)."""
-    return JSONResponse(error_body(code, message), status_code=status, headers=headers)
+    return TextSafeJSONResponse(error_body(code, message), status_code=status, headers=headers)
 
 
 #: Command-line flags that library messages may name, and the request fields they mean.
@@ -371,7 +380,7 @@ class CatchAllMiddleware:
                 raise
             if str(scope.get("path", "")).startswith(OPENAI_PATHS):
                 body = openai_error_body(500, "internal_error", "internal server error")
-                await JSONResponse(body, status_code=500)(scope, receive, send)
+                await TextSafeJSONResponse(body, status_code=500)(scope, receive, send)
                 return
             await error_response(500, "internal_error", "internal server error")(scope, receive, send)
 

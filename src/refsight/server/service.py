@@ -4,7 +4,9 @@
 every call; its methods take their arguments as the engine's do (the input first, the
 ``namespace`` a keyword); it reads no store tier itself. Its methods are plain synchronous calls that
 the routes run in the :class:`~refsight.server.limits.WorkPool`, so model work never
-blocks the event loop, and they return JSON-ready dicts (the edge of the library).
+blocks the event loop, and they return JSON-ready dicts (the edge of the library), every
+string printable (:func:`~refsight.server.responses.printable_data`: a stored value that is not
+valid Unicode shows as U+FFFD instead of failing the reply).
 
 **Tenants learn nothing about each other.** With API keys, each tenant's namespace salts
 its package keys (``Engine(share_packages=False)``): an image another tenant stored is,
@@ -26,6 +28,7 @@ from .. import AddFailure, Engine, ImageInput, IntakeLimits, InvalidInputError, 
 from ..config import default_store_dir
 from ..settings import Settings, load_settings
 from .config import ServerConfig
+from .responses import printable_data
 
 __all__ = ["Service", "ReferenceSegment"]
 
@@ -89,7 +92,7 @@ class Service:
 
     def _reference_view(self, ref) -> dict[str, Any]:
         state = self.engine.package_state(ref)
-        return {**ref.to_dict(), "cached": state.cached, "in_memory": state.in_memory}
+        return printable_data({**ref.to_dict(), "cached": state.cached, "in_memory": state.in_memory})
 
     # -- references ----------------------------------------------------------------------
     def add(
@@ -102,7 +105,7 @@ class Service:
         )))
         if isinstance(result, AddFailure):
             raise InvalidInputError(ref_id or result.input, result.error)
-        return result.to_dict()
+        return printable_data(result.to_dict())
 
     def references(self, *, namespace: str) -> list[dict[str, Any]]:
         """Every reference of the tenant, with its cache state under the served model."""
@@ -114,7 +117,7 @@ class Service:
 
     def remove(self, ref_id: str, *, namespace: str) -> dict[str, Any]:
         """Remove the tenant's reference (packages still used by anyone else stay)."""
-        return {"removed": self.engine.remove(ref_id, namespace=namespace).ref_id}
+        return printable_data({"removed": self.engine.remove(ref_id, namespace=namespace).ref_id})
 
     def thumbnail(self, ref_id: str, size: int, *, namespace: str) -> bytes:
         """A JPEG thumbnail (longest side ``size``) of the tenant's reference image."""
@@ -138,15 +141,15 @@ class Service:
     # -- model work --------------------------------------------------------------------------
     def compare(self, candidate: ImageInput, *, namespace: str, **options: Any) -> dict[str, Any]:
         """``engine.compare`` → the JSON of ``refsight compare --json``."""
-        return self.engine.compare(candidate, namespace=namespace, **options).to_dict()
+        return printable_data(self.engine.compare(candidate, namespace=namespace, **options).to_dict())
 
     def search(self, *, namespace: str, **options: Any) -> dict[str, Any]:
         """``engine.search`` → the JSON of ``refsight search --json``."""
-        return self.engine.search(namespace=namespace, **options).to_dict()
+        return printable_data(self.engine.search(namespace=namespace, **options).to_dict())
 
     def chat(self, segments: Sequence[Any], *, namespace: str, **options: Any) -> dict[str, Any]:
         """``engine.chat`` → the generation as JSON-ready data."""
-        return self.engine.chat(list(segments), namespace=namespace, **options).to_dict()
+        return printable_data(self.engine.chat(list(segments), namespace=namespace, **options).to_dict())
 
     # -- stats -----------------------------------------------------------------------------
     def stats(self, *, namespace: str, tenants: bool) -> dict[str, Any]:

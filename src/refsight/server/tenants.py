@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-from .. import FileReadError, read_regular_file
+from .. import FileReadError, is_valid_text, read_regular_file
 from ..config import default_api_keys
 from ..errors import InvalidInputError
 
@@ -51,9 +51,11 @@ def parse_key_pairs(text: str, *, source: str, lines: bool) -> dict[str, str]:
         item = raw.split("#", 1)[0].strip() if lines else raw.strip()
         if not item:
             continue
+        where = f"{source} {unit} {number}"
+        if not is_valid_text(item):  # an environment variable can hold undecodable bytes
+            raise InvalidInputError(where, "is not valid Unicode text")  # no position: it would say something of a key
         key, sep, namespace = item.rpartition("=")
         key, namespace = key.strip(), namespace.strip()
-        where = f"{source} {unit} {number}"
         if not sep or not key:
             raise InvalidInputError(where, "expected KEY=NAMESPACE")
         if len(key) < _MIN_KEY_CHARS or any(c.isspace() for c in key):

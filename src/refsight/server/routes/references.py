@@ -13,6 +13,7 @@ from ..auth import REF_ID_PATH as _REF_ID
 from ..bodies import AddReferenceBody, body_schema, decode_image_field, read_body
 from ..deps import PoolDep, ServiceDep, Tenant
 from ..errors import ERROR_RESPONSES
+from ..responses import TextSafeJSONResponse
 
 __all__ = ["router"]
 
@@ -35,7 +36,7 @@ async def add_reference(request: Request, namespace: Tenant, service: ServiceDep
         image = service.decode(data, "image")
         return service.add(image, ref_id=body.id, metadata=body.metadata, namespace=namespace)
 
-    return JSONResponse(await pool.run(work), status_code=201)
+    return TextSafeJSONResponse(await pool.run(work), status_code=201)
 
 
 @router.get("/v1/references")
