@@ -15,13 +15,13 @@ value or timing of a reply depends on another tenant's data. ``share_encodes=Tru
 :class:`~refsight.server.config.ServerConfig` (``refsight serve --share-encodes``) shares
 packages across tenants to save encodes, at the price of revealing, by timing, that some
 tenant holds an image. Without keys there is a single tenant, and packages are shared
-with the CLI's (same keys).
+with the CLI's (same keys). The thumbnail cache (:mod:`~refsight.server.thumbnails`) is
+scoped the same way; what isolation leaves is listed in ``docs/architecture.md`` (policy 4).
 """
 
 from __future__ import annotations
 
 import io
-import threading
 from typing import Any, Mapping, Sequence
 
 from .. import AddFailure, Engine, ImageInput, IntakeLimits, InvalidInputError, ReferenceSegment, load_image
@@ -29,6 +29,7 @@ from ..config import default_store_dir
 from ..settings import Settings, load_settings
 from .config import ServerConfig
 from .responses import printable_data
+from .thumbnails import ThumbnailCache
 
 __all__ = ["Service", "ReferenceSegment"]
 
@@ -41,8 +42,8 @@ class Service:
         self.limits = IntakeLimits(max_pixels=config.max_image_pixels, max_bytes=config.max_body_bytes)
         self.share_packages = share_packages
         self.engine: Engine | None = None
-        self._thumbs: dict[tuple[str, int], bytes] = {}
-        self._thumbs_lock = threading.Lock()
+        #: JPEG thumbnails, per tenant unless packages are shared (see :mod:`~refsight.server.thumbnails`).
+        self.thumbnails = ThumbnailCache()
 
     # -- lifecycle -------------------------------------------------------------------
     def open(self) -> None:
@@ -122,21 +123,16 @@ class Service:
     def thumbnail(self, ref_id: str, size: int, *, namespace: str) -> bytes:
         """A JPEG thumbnail (longest side ``size``) of the tenant's reference image."""
         ref = self.engine.reference(ref_id, namespace=namespace)  # the namespace check comes before any cache
-        cache_key = (ref.image_sha256, size)
-        with self._thumbs_lock:
-            cached = self._thumbs.get(cache_key)
-        if cached is not None:
-            return cached
+        # Scoped like the package keys: isolated tenants never see each other's cache hits (timing).
+        scope = None if self.share_packages else namespace
+        return self.thumbnails.get(scope, ref.image_sha256, size, lambda: self._render_thumbnail(ref, size))
+
+    def _render_thumbnail(self, ref: Any, size: int) -> bytes:
         image = self.engine.reference_image(ref).image.copy()
         image.thumbnail((size, size))
         buffer = io.BytesIO()
         image.save(buffer, format="JPEG", quality=85)
-        data = buffer.getvalue()
-        with self._thumbs_lock:
-            if len(self._thumbs) >= 1024:  # a small bounded cache; the oldest entry goes
-                self._thumbs.pop(next(iter(self._thumbs)))
-            self._thumbs[cache_key] = data
-        return data
+        return buffer.getvalue()
 
     # -- model work --------------------------------------------------------------------------
     def compare(self, candidate: ImageInput, *, namespace: str, **options: Any) -> dict[str, Any]:
