@@ -163,11 +163,18 @@ def test_errors_are_clean_messages_with_exit_1(capsys, store, photos, argv, need
         (["compare", "IMG", "--top-k", "2", "--recall-k", "1", "--criteria", "fur", "--model", "toy"], "--recall-k: "),
         (["search", "x", "--k", "0"], "--k: must be an integer in 1..1000"),
         (["search", ""], "error: TEXT: "),  # named by the argument, not by its (empty) value
+        (["search", "x", "--where", "k"], "--where 'k': expected KEY=VALUE"),
+        (["gc", "--grace", "-5"], "argument --grace: '-5': give a finite number of seconds, 0 or more"),
+        (["gc", "--grace", "nan"], "argument --grace: 'nan'"),
+        (["gc", "--grace", "inf"], "argument --grace: 'inf'"),
     ],
 )
 def test_usage_errors_exit_2_with_a_clean_message(capsys, store, photos, argv, needle):
     argv = [str(photos["chelsea"]) if a == "IMG" else a for a in argv]
-    code, lines, err = run(capsys, *argv, "--store", str(store), "--json")
+    try:
+        code, lines, err = run(capsys, *argv, "--store", str(store), "--json")
+    except SystemExit as exited:  # argparse's own usage errors (a bad --grace ...)
+        code, err = exited.code, capsys.readouterr().err
     assert code == 2
     assert needle in err and "Traceback" not in err
 

@@ -100,7 +100,7 @@ def _parse_where(items: Sequence[str]) -> dict[str, str] | None:
     from .. import validate_where
 
     # Checked now (key names, at most MAX_WHERE_KEYS keys), before the index is synced.
-    return validate_where(parse_pairs(items, "--meta")) if items else None
+    return validate_where(parse_pairs(items, "--where")) if items else None
 
 
 def cmd_search(args: argparse.Namespace) -> int:

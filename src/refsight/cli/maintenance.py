@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from typing import Any
 
 from .arguments import EMBEDDER_HELP, Command
@@ -104,9 +105,21 @@ def _format_prune(d: dict[str, Any]) -> str:
     return "\n".join([*lines, f"{verb} {d['packages']} package(s), {d['bytes']} B; {d['links']} link(s) dropped"])
 
 
+def _grace_seconds(value: str) -> float:
+    """``--grace``: a finite number of seconds, at least 0 (a negative grace would let gc delete what live
+    writers still own; nan and inf compare false with every age)."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise argparse.ArgumentTypeError(f"{value!r}: give a finite number of seconds, 0 or more")
+    return seconds
+
+
 def _gc_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--grace", type=float, default=600.0, metavar="SECONDS",
+        "--grace", type=_grace_seconds, default=600.0, metavar="SECONDS",
         help="leave rows and temp files younger than this alone: a write may still own them (default 600)",
     )
 
