@@ -25,6 +25,7 @@ from .config import ServerConfig
 from .errors import ERROR_RESPONSES, CatchAllMiddleware, OpenAIErrorShapeMiddleware, install_error_handlers
 from .gate import AuthGateMiddleware
 from .limits import BodyLimitMiddleware, WorkPool
+from .methods import HeadAsGetMiddleware
 from .metrics import Metrics
 from .openai_compat import router as openai_router
 from .responses import TextSafeJSONResponse
@@ -90,6 +91,8 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
     app.add_middleware(AuthGateMiddleware, tenants=tenants, routes=lambda: app.routes)
     # Around everything: errors on the OpenAI routes, whoever answers them, carry OpenAI's type/param.
     app.add_middleware(OpenAIErrorShapeMiddleware)
+    # HEAD is GET without a body, for every middleware and route alike.
+    app.add_middleware(HeadAsGetMiddleware)
     install_access_log_redaction()
 
     for router in (*ROUTERS, openai_router, page_router):

@@ -9,7 +9,8 @@ Codes, by status::
 
     400 invalid_input, invalid_image, invalid_rubric, invalid_reference_id, unsupported
     401 unauthorized          403 forbidden         404 not_found, reference_not_found, model_not_found
-    405 method_not_allowed    413 body_too_large    415 unsupported_media_type
+    405 method_not_allowed    408 request_timeout (the request did not arrive in time; see connections.py)
+    413 body_too_large        415 unsupported_media_type
     422 validation_error      429 overloaded        500 internal_error, backend_error, store_error
     503 store_unavailable     (the store's disk is full or read-only; nothing stored is lost, retry later)
 
