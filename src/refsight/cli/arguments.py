@@ -89,36 +89,31 @@ def parse_pairs(items: Sequence[str], flag: str) -> dict[str, str]:
     return pairs
 
 
+#: The options every command takes: (flag, metavar, type, help); each defaults to "not given".
+_STORE_OPTIONS = (
+    ("--store", "DIR", path_argument, "store directory (default: $REFSIGHT_STORE or the user cache dir)"),
+    ("--catalog", "URL", text_argument,
+     "postgresql://... : the catalog in PostgreSQL, shared by replicas; --store then names the shared "
+     "blob directory (default: $REFSIGHT_CATALOG, else the embedded SQLite catalog in the store)"),
+    ("--local-dir", "DIR", path_argument,
+     "with --catalog: this replica's directory for derived data (retrieval index, attribute records)"),
+    ("--config", "FILE", path_argument,
+     "config file of backend options (default: refsight.toml in the store directory); flags override it"),
+    ("--cache", "URL", text_argument,
+     "Redis tier between memory and disk, e.g. redis://127.0.0.1:6379/0 (Redis >= 7; default: $REFSIGHT_CACHE, "
+     "else [store] cache in refsight.toml)"),
+    ("--max-package-bytes", "SIZE", text_argument,
+     "byte quota on packages, e.g. 20GiB: least recently used ones are evicted (re-encoded when needed)"),
+)
+
+
 def store_options() -> argparse.ArgumentParser:
     """The options every command takes: where the store is, how to print, the config file, the tiers."""
     common = CommandParser(add_help=False)
-    common.add_argument(
-        "--store", metavar="DIR", default=argparse.SUPPRESS, type=path_argument,
-        help="store directory (default: $REFSIGHT_STORE or the user cache dir)",
-    )
-    common.add_argument(
-        "--catalog", metavar="URL", default=argparse.SUPPRESS,
-        help="postgresql://... : the catalog in PostgreSQL, shared by replicas; --store then names the shared "
-        "blob directory (default: $REFSIGHT_CATALOG, else the embedded SQLite catalog in the store)",
-    )
-    common.add_argument(
-        "--local-dir", metavar="DIR", default=argparse.SUPPRESS, type=path_argument,
-        help="with --catalog: this replica's directory for derived data (retrieval index, attribute records)",
-    )
+    for flag, metavar, kind, help_text in _STORE_OPTIONS:
+        # SUPPRESS: given before or after the command, the one the user typed wins (see cli._resolve_store_options).
+        common.add_argument(flag, metavar=metavar, type=kind, default=argparse.SUPPRESS, help=help_text)
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON lines")
-    common.add_argument(
-        "--config", metavar="FILE", default=argparse.SUPPRESS, type=path_argument,
-        help="config file of backend options (default: refsight.toml in the store directory); flags override it",
-    )
-    common.add_argument(
-        "--cache", metavar="URL", default=argparse.SUPPRESS,
-        help="Redis tier between memory and disk, e.g. redis://127.0.0.1:6379/0 (Redis >= 7; default: $REFSIGHT_CACHE, "
-        "else [store] cache in refsight.toml)",
-    )
-    common.add_argument(
-        "--max-package-bytes", metavar="SIZE", default=argparse.SUPPRESS,
-        help="byte quota on packages, e.g. 20GiB: least recently used ones are evicted (re-encoded when needed)",
-    )
     return common
 
 
