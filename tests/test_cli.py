@@ -157,11 +157,24 @@ def test_errors_are_clean_messages_with_exit_1(capsys, store, photos, argv, need
         (["add", "IMG", "--meta", "novalue"], "KEY=VALUE"),
         (["add", "IMG", "IMG", "--id", "one"], "--id names one reference"),
         (["search"], "TEXT query or --image"),
+        # The library checks the rules between arguments (one layer); its error names the argument.
+        (["compare", "IMG", "--rerank", "4", "--criteria", "fur", "--model", "toy"], "--rerank: reranks a recalled "
+         "shortlist: give --top-k"),
+        (["compare", "IMG", "--top-k", "2", "--recall-k", "1", "--criteria", "fur", "--model", "toy"], "--recall-k: "),
+        (["search", "x", "--k", "0"], "--k: must be an integer in 1..1000"),
+        (["search", ""], "error: TEXT: "),  # named by the argument, not by its (empty) value
+        (["search", "x", "--where", "k"], "--where 'k': expected KEY=VALUE"),
+        (["gc", "--grace", "-5"], "argument --grace: '-5': give a finite number of seconds, 0 or more"),
+        (["gc", "--grace", "nan"], "argument --grace: 'nan'"),
+        (["gc", "--grace", "inf"], "argument --grace: 'inf'"),
     ],
 )
 def test_usage_errors_exit_2_with_a_clean_message(capsys, store, photos, argv, needle):
     argv = [str(photos["chelsea"]) if a == "IMG" else a for a in argv]
-    code, lines, err = run(capsys, *argv, "--store", str(store), "--json")
+    try:
+        code, lines, err = run(capsys, *argv, "--store", str(store), "--json")
+    except SystemExit as exited:  # argparse's own usage errors (a bad --grace ...)
+        code, err = exited.code, capsys.readouterr().err
     assert code == 2
     assert needle in err and "Traceback" not in err
 
@@ -268,3 +281,78 @@ def test_verify_fresh_reports_no_drift_on_an_untouched_store(capsys, store, phot
     # The references were encoded together in one batch, the check encodes one at a time: float32
     # batching moves features by ~1e-8 (the measured bound in the README), never more.
     assert report[0]["ok"] is True and report[0]["max_abs_diff"] < 1e-6 and len(report[0]["packages"]) == 2
+
+
+def test_a_model_named_on_the_command_line_is_loaded_with_its_own_table_not_the_default_models(
+    capsys, tmp_path, photos, monkeypatch, backend_registry
+):
+    """The config file is read once and laid under the flags per model by the engine: the default
+    model's ``[models."NAME"]`` table reaches that model only (it used to reach every model named)."""
+    from refsight.backends.registry import register_backend
+    from refsight.backends.toy import ToyBackend
+
+    register_backend("toy-old", lambda name: ToyBackend(name, grid=4))  # takes no backend options at all
+    monkeypatch.setenv("REFSIGHT_MODEL", "toy")
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "refsight.toml").write_text('[models."toy"]\nmax_pixels = 4096\n')
+    where = ("--store", str(store), "--json")
+
+    # prune first, on a store without packages: it loads the named model to learn its fingerprint.
+    code, lines, err = run(capsys, "prune", "--model", "toy-old", "--dry-run", *where)
+    assert code == 0, err
+    assert lines[0]["fingerprints"] == []
+    code, lines, err = run(capsys, "add", str(photos["chelsea"]), "--model", "toy-old", *where)
+    assert code == 0, err
+    assert lines[0]["model"] == "toy-old"
+    code, lines, err = run(capsys, "reencode", "--model", "toy-old", *where)
+    assert code == 0 and lines[0]["cached"] is True, err
+
+    # The default model does get its table (and toy takes no max_pixels, which is how it shows).
+    code, _, err = run(capsys, "add", str(photos["coffee"]), *where)
+    assert code == 1 and "max_pixels" in err, err
+
+
+def test_the_cli_passes_only_the_flags_typed_and_the_file_read_once(tmp_path):
+    from refsight.backends.options import BackendOptions
+    from refsight.cli import build_parser
+    from refsight.cli.context import backend_options, settings_of
+
+    (tmp_path / "refsight.toml").write_text('[backend]\ndevice = "cpu"\n[models."tiny-qwen2-vl"]\nmax_pixels = 12544\n')
+    parser = build_parser()
+
+    def parsed(*argv: str):
+        from refsight.cli import _resolve_store_options
+
+        args = parser.parse_args(list(argv))
+        _resolve_store_options(args)
+        return args
+
+    args = parsed("add", "x.png", "--store", str(tmp_path), "--model", "tiny-qwen2-vl", "--batch-size", "2",
+                  "--processor-kwarg", "do_rescale=false")
+    assert backend_options(args) == BackendOptions(batch_size=2, processor_kwargs={"do_rescale": False})
+    settings = settings_of(args)
+    assert settings_of(args) is settings  # read once
+    assert settings.backend_options("tiny-qwen2-vl").merged(backend_options(args)) == BackendOptions(
+        device="cpu", max_pixels=12544, batch_size=2, processor_kwargs={"do_rescale": False})
+    other = tmp_path / "cli.toml"
+    other.write_text('[backend]\ndevice = "cpu"\n')
+    # The global flag also works after the command.
+    args = parsed("list", "--store", str(tmp_path), "--config", str(other))
+    assert backend_options(args) == BackendOptions() and settings_of(args).path == other
+
+
+def test_every_argument_that_takes_a_value_is_checked_text_or_declares_its_type():
+    """The front door for text: an argument of no declared type is checked as valid Unicode
+    (``text_argument``), so a new argument cannot skip the check by accident."""
+    import argparse
+
+    from refsight.cli import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, command in {"refsight": parser, **sub.choices}.items():
+        for action in command._actions:
+            if action.nargs == 0 or isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            assert action.type is not None, f"{name} {action.option_strings or action.dest}: no type"

@@ -187,3 +187,60 @@ def test_sqlite_full_errors_are_store_unavailable(tmp_path):
         assert store.catalog.list_references() == []
         store.catalog.add_reference("small", "a" * 64, {})
         assert [r.ref_id for r in store.catalog.list_references()] == ["small"]
+
+
+# -- issue 25 item 2: text that is not valid Unicode -------------------------------------------
+BAD = "k=\udcff"  # what `--meta $'k=\xff'` puts in sys.argv (surrogateescape)
+
+
+@pytest.mark.parametrize(
+    ("argv", "argument"),
+    [
+        (["add", "IMG", "--meta", BAD], "--meta"),
+        (["add", "IMG", "--id", "cat\udcff"], "--id"),
+        (["compare", "IMG", "--ref", "cat", "--criteria", "fur \udcff"], "--criteria"),
+        (["compare", "IMG", "--top-k", "1", "--query", "\udcff", "--criteria", "fur"], "--query"),
+        (["search", "a cat \udcff"], "TEXT"),
+        (["search", "cat", "--where", BAD], "--where"),
+        (["generate", "--ref", "cat", "--prompt", "\ud800"], "--prompt"),
+        (["add", "IMG", "--model", "toy\udcff"], "--model"),
+        (["--catalog", "postgresql://\udcff", "list"], "--catalog"),
+    ],
+)
+def test_text_arguments_that_are_not_valid_unicode_exit_2_naming_the_argument(tmp_path, capsys, argv, argument):
+    store = _seeded_store(tmp_path)
+    capsys.readouterr()
+    before = store_snapshot(store)
+    argv = [_png(tmp_path / "new.png", 3) if a == "IMG" else a for a in argv]
+    with pytest.raises(SystemExit) as exited:
+        main(["--store", str(store), *argv])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2, err
+    assert f"argument {argument}: is not valid Unicode text" in err, err
+    assert store_snapshot(store) == before
+
+
+def test_a_file_name_with_undecodable_bytes_is_a_path_not_refused_as_text(tmp_path, capsys):
+    store = _seeded_store(tmp_path)
+    capsys.readouterr()
+    name = os.fsdecode(b"caf\xe9.png")  # a Latin-1 name on a UTF-8 system: "caf\udce9.png"
+    _png(tmp_path / name, 4)
+    code = main(["--store", str(store), "add", str(tmp_path / name), "--id", "cafe", "--model", "toy"])
+    assert code == 0, capsys.readouterr().err
+
+
+def test_a_stored_value_that_is_not_valid_unicode_never_takes_down_the_output(tmp_path, capsys):
+    """A row written before intake refused such text: list and show print it (U+FFFD in text, the JSON escape
+    in JSON), no traceback. (Indexing such a row for search is the retrieval index's own read, not the CLI's.)"""
+    import sqlite3
+
+    store = _seeded_store(tmp_path)
+    with sqlite3.connect(store / "refsight.db") as db:  # as an older version could have stored it
+        db.execute("""UPDATE "references" SET metadata = '{"note": "\\udcff"}' WHERE ref_id = 'cat'""")
+    capsys.readouterr()
+    for argv in (["list"], ["--json", "list"], ["show", "cat"], ["--json", "show", "cat"]):
+        code = main(["--store", str(store), *argv])
+        captured = capsys.readouterr()
+        assert code == 0, (argv, captured.err)
+        assert "Traceback" not in captured.err
+        assert "\ufffd" in captured.out or "\\udcff" in captured.out, (argv, captured.out)

@@ -1,11 +1,10 @@
-"""The config file (refsight.toml) and how the CLI merges it with flags."""
+"""The config file (refsight.toml). What the CLI passes on (its flags, the file read once): tests/test_cli.py."""
 
 from __future__ import annotations
 
 import pytest
 
 from refsight.backends.options import BackendOptions
-from refsight.cli import _backend_options, build_parser
 from refsight.errors import InvalidInputError
 from refsight.settings import CONFIG_NAME, load_settings
 
@@ -69,21 +68,3 @@ def test_bad_keys_and_values_name_file_and_key(tmp_path, text, match):
     (tmp_path / CONFIG_NAME).write_text(text)
     with pytest.raises(InvalidInputError, match=match):
         load_settings(tmp_path)
-
-
-def test_cli_flags_override_the_file(tmp_path):
-    (tmp_path / CONFIG_NAME).write_text(CONFIG)
-    parser = build_parser()
-    args = parser.parse_args(["add", "x.png", "--store", str(tmp_path), "--model", "tiny-qwen2-vl", "--batch-size", "2",
-                              "--processor-kwarg", "do_rescale=false"])
-    assert _backend_options(args) == BackendOptions(
-        device="cpu", dtype="float32", batch_size=2, max_pixels=12544,
-        processor_kwargs={"do_normalize": True, "resample": 2, "do_rescale": False},
-    )
-    other = tmp_path / "cli.toml"
-    other.write_text('[backend]\ndevice = "cpu"\n')
-    args = parser.parse_args(["--config", str(other), "add", "x.png", "--store", str(tmp_path), "--dtype", "bfloat16"])
-    assert _backend_options(args) == BackendOptions(device="cpu", dtype="bfloat16")
-    # The global flag also works after the command.
-    args = parser.parse_args(["list", "--store", str(tmp_path), "--config", str(other)])
-    assert _backend_options(args) == BackendOptions(device="cpu")

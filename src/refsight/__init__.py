@@ -4,7 +4,7 @@ The public API is small: :class:`Engine` ties the store, the model backend, retr
 and the judge together; :func:`open_store` opens a store directly; the core types and
 the error tree are re-exported here, and so are the input checks every front end applies
 before any work (reference ids, ``where`` filters, JSON depth, reading a user-named file,
-escaping control characters for a terminal). Importing refsight imports no torch.
+escaping control characters for a terminal, text that is not valid Unicode). Importing refsight imports no torch.
 """
 
 from .errors import *  # noqa: F401,F403  (the error tree is part of the public API)
@@ -13,6 +13,7 @@ from .images import ImageInput, IntakeLimits, load_image
 from .jsonlimits import MAX_JSON_DEPTH, check_json_depth, json_depth, load_json
 from .reading import FileReadError, read_regular_file
 from .terminal import escape_controls
+from .text import check_text, check_texts, is_valid_text, printable_text
 from .package import EncoderFingerprint, VisualPackage, package_key
 from .results import (
     AddFailure,
@@ -100,6 +101,10 @@ __all__ = [
     "read_regular_file",
     "FileReadError",
     "escape_controls",
+    "check_text",
+    "check_texts",
+    "is_valid_text",
+    "printable_text",
     "__version__",
     *_error_names,
 ]

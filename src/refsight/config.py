@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["DEFAULT_MODEL", "default_store_dir", "default_model", "model_cache_dir", "default_replica_dir"]
+__all__ = [
+    "DEFAULT_MODEL", "default_store_dir", "default_model", "model_cache_dir", "default_replica_dir",
+    "default_catalog_url", "default_cache_url", "default_api_keys",
+]
 
 #: The model used when none is named: an offline random-weight Qwen2-VL, labelled as such.
 DEFAULT_MODEL = "tiny-qwen2-vl"
@@ -51,3 +54,22 @@ def default_replica_dir(catalog_url: str, blob_dir: Path) -> Path:
 
     digest = hashlib.sha256(f"{catalog_url}\n{Path(blob_dir).resolve()}".encode()).hexdigest()[:16]
     return Path(user_cache_dir("refsight")) / "replicas" / digest
+
+
+def default_catalog_url() -> str | None:
+    """``$REFSIGHT_CATALOG``: the ``postgresql://`` catalog replicas share (None: the store's own SQLite catalog)."""
+    return os.environ.get("REFSIGHT_CATALOG") or None
+
+
+def default_cache_url() -> str | None:
+    """``$REFSIGHT_CACHE``: the Redis tier's URL, ``redis://HOST:PORT/DB`` (None: no Redis tier unless configured).
+
+    It means that and nothing else (no directory of any kind is named by it).
+    """
+    return os.environ.get("REFSIGHT_CACHE") or None
+
+
+def default_api_keys() -> str:
+    """``$REFSIGHT_API_KEYS``: the server's ``key=namespace`` pairs, separated by commas, semicolons or spaces
+    (``""``: none; a keys file, ``refsight serve --keys FILE``, is read instead when given)."""
+    return os.environ.get("REFSIGHT_API_KEYS", "")

@@ -22,7 +22,11 @@ class LiveServer:
         self._sock.bind(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
+        from refsight.server.connections import uvicorn_options
+
+        # The connection settings of `refsight serve` (request deadlines), from the app's own config.
+        config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2,
+                                **uvicorn_options(app.state.config))
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._sock]}, daemon=True)
 

@@ -109,3 +109,18 @@ def test_compare_rerank_fields_and_stage_metrics(refs_client):
     assert 'refsight_compare_stage_references_total{stage="reranked"} 2.0' in metrics
     assert_error(refs_client.post("/v1/compare", json={"candidate": b64(photo_png()), "criteria": RUBRIC, "rerank": 2}),
                  400, "invalid_input")
+
+
+def test_the_rules_between_fields_are_the_librarys_and_name_the_field(refs_client):
+    """One layer checks each rule (the library); the route maps its error to a 400 naming the field."""
+    candidate = b64(photo_png())
+    cases = [
+        ("/v1/compare", {"candidate": candidate, "criteria": RUBRIC, "rerank": 2}, "rerank: "),
+        ("/v1/compare", {"candidate": candidate, "criteria": RUBRIC, "top_k": 1, "recall_k": 2, "rerank": 3}, "recall_k: "),
+        ("/v1/compare", {"candidate": candidate, "criteria": RUBRIC}, "references: "),
+        ("/v1/search", {"k": 3}, "query: "),
+        ("/v1/search", {"text": "   "}, "text: "),  # the library names the empty text by its value; the route by its field
+    ]
+    for path, body, prefix in cases:
+        error = assert_error(refs_client.post(path, json=body), 400, "invalid_input")
+        assert error["message"].startswith(prefix), (body, error)

@@ -353,3 +353,17 @@ def test_sigkill_during_concurrent_adds_leaves_nothing_gc_cannot_clean(tmp_path)
         for ref in opened.catalog.list_references():
             assert all(opened.packages.get(key) is not None for key in ref.packages.values())
     assert main(["--store", str(store), "verify"]) == 0
+
+
+# -- issue 25 item 2, the read side: a stored value that is not valid Unicode ----------------------
+def test_a_stored_value_that_is_not_valid_unicode_never_makes_a_reply_500(seeded):
+    """A row written before intake refused such text (or by another writer): the JSON reply shows U+FFFD."""
+    import sqlite3
+
+    server, c = seeded
+    with sqlite3.connect(server.service.engine.store.root / "refsight.db") as db:
+        db.execute("""UPDATE "references" SET metadata = '{"note": "\\ud800", "\\udfff": 1}' WHERE ref_id = 'cat'""")
+    for path in ("/v1/references", "/v1/references/cat"):
+        response = c.get(path)
+        assert response.status_code == 200, response.text
+        assert "\ufffd" in response.text and response.content.decode("utf-8")  # valid UTF-8 JSON

@@ -7,7 +7,10 @@ to each route and method of a live server with API keys:
 - JSON nested 1000 deep, a ``where`` of 2000 keys, control characters in every string
   and in the path, with valid credentials;
 - a body over the limit with no key; ``Basic`` auth; a bearer token and ``X-API-Key``
-  that disagree; a repeated ``Authorization`` header.
+  that disagree; a repeated ``Authorization`` header;
+- text that is not valid Unicode (a lone surrogate, sent as the JSON escape ``\\ud800``) in
+  every text field of :data:`TEXT_FIELDS`, a table of (route, body, field): 400 naming the
+  field, nothing stored. A new route or field joins by adding a row.
 
 Never a 5xx; every 4xx is the documented JSON error body; and where the answer is
 known for every route (deep JSON: 400, missing or ambiguous credentials: 401 on a
@@ -152,3 +155,96 @@ def test_an_unknown_path_needs_a_key_too(live):
     assert _json_error(response)["code"] == "unauthorized"
     with live.client(TENANT_KEY) as c:
         assert c.get("/v1/not-yet-written").status_code == 404
+
+
+# -- text that is not valid Unicode (issue 25 item 2) ----------------------------------------------
+#: A lone surrogate: what ``"\\ud800"`` in a JSON body decodes to.
+BAD = "\ud800"
+_PNG = b64(photo_png(flip=True))
+_HI = [{"role": "user", "content": "hi"}]
+
+#: (route, JSON body holding BAD, the field the 400 must name). One row per text field.
+TEXT_FIELDS = [
+    ("POST /v1/references", {"image": _PNG, "id": BAD}, "id"),
+    ("POST /v1/references", {"image": BAD}, "image"),
+    ("POST /v1/references", {"image": _PNG, "metadata": {"colour": BAD}}, "metadata.colour"),
+    ("POST /v1/references", {"image": _PNG, "metadata": {BAD: "x"}}, "metadata key"),
+    ("POST /v1/references", {"image": _PNG, "metadata": {"tags": ["ok", {"deep": BAD}]}}, "metadata.tags[1].deep"),
+    ("POST /v1/compare", {"candidate": _PNG, "criteria": BAD, "ref_ids": ["cat"]}, "criteria"),
+    ("POST /v1/compare", {"candidate": _PNG, "criteria": ["fur", BAD], "ref_ids": ["cat"]}, "criteria[1]"),
+    ("POST /v1/compare", {"candidate": _PNG, "criteria": {"criteria": [{"text": BAD}]}, "ref_ids": ["cat"]},
+     "criteria.criteria[0].text"),
+    ("POST /v1/compare", {"candidate": _PNG, "criteria": "fur", "ref_ids": [BAD]}, "ref_ids[0]"),
+    ("POST /v1/compare", {"candidate": _PNG, "criteria": "fur", "top_k": 1, "query": BAD}, "query"),
+    ("POST /v1/compare", {"candidate": BAD, "criteria": "fur", "ref_ids": ["cat"]}, "candidate"),
+    ("POST /v1/search", {"text": BAD}, "text"),
+    ("POST /v1/search", {"text": "cat", "where": {"colour": BAD}}, "where.colour"),
+    ("POST /v1/search", {"text": "cat", "where": {BAD: "x"}}, "where key"),
+    ("POST /v1/chat/completions", {"model": BAD, "messages": _HI}, "model"),
+    ("POST /v1/chat/completions", {"model": "toy", "messages": [{"role": "user", "content": BAD}]},
+     "messages[0].content"),
+    ("POST /v1/chat/completions", {"model": "toy", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": BAD}]}]}, "messages[0].content[0].text"),
+    ("POST /v1/chat/completions", {"model": "toy", "messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "refsight://ref/x"}, "uuid": BAD}]}]},
+     "messages[0].content[0].uuid"),
+    ("POST /v1/chat/completions", {"model": "toy", "messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": f"refsight://ref/{BAD}"}}]}]},
+     "messages[0].content[0].image_url.url"),
+    ("POST /v1/chat/completions", {"model": "toy", "messages": _HI, "stop": [BAD]}, "stop[0]"),
+    ("POST /v1/chat/completions", {"model": "toy", "messages": _HI, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {BAD: {}}}}}},
+     "response_format.json_schema.schema.properties key"),
+    ("POST /v1/chat/completions", {"model": "toy", "messages": _HI, BAD: 1}, "request body key"),
+]
+
+
+def test_every_text_route_has_rows():
+    routes = {route for route, _, _ in TEXT_FIELDS}
+    posting = {f"{m} {p}" for m, p, _ in ENDPOINTS if m == "POST" and p.startswith("/v1/")}
+    assert posting <= routes, posting - routes
+
+
+@pytest.mark.parametrize(("route", "body", "field"), TEXT_FIELDS, ids=[f"{r} {f}" for r, _, f in TEXT_FIELDS])
+def test_text_that_is_not_valid_unicode_is_400_naming_the_field(live, route, body, field):
+    method, path = route.split(" ", 1)
+    before = _references(live)
+    # json.dumps writes the lone surrogate as the escape \ud800, as a hostile client would.
+    response = _send(live, method, path, content=json.dumps(body).encode(),
+                     headers={**_credentials("tenant"), "content-type": "application/json"})
+    error = _json_error(response)
+    assert (response.status_code, error["code"]) == (400, "invalid_input"), response.text
+    assert error["message"].startswith(field) and "not valid Unicode" in error["message"], error
+    if path.startswith("/v1/chat/"):
+        assert error["param"].startswith(field.split(" ")[0]), error  # OpenAI's param names it too
+    assert _references(live) == before
+
+
+def test_multipart_text_fields_are_checked_too(live):
+    before = _references(live)
+    for data in ({"metadata": '{"colour": "\\ud800"}'}, {"metadata": '{"\\udfff": 1}'}):
+        response = _send_form(live, "/v1/references", data)
+        error = _json_error(response)
+        assert (response.status_code, error["code"]) == (400, "invalid_input"), response.text
+        assert error["message"].startswith("metadata") and "not valid Unicode" in error["message"], error
+    assert _references(live) == before
+
+
+def test_a_valid_surrogate_pair_is_text_like_any_other(live):
+    with live.client(TENANT_KEY) as c:
+        added = c.post("/v1/references", content=json.dumps(
+            {"image": b64(photo_png(size=(40, 30))), "id": "emoji", "metadata": {"mood": "\U0001f600"}}).encode(),
+            headers={"content-type": "application/json"})
+        assert added.status_code == 201, added.text
+        assert c.get("/v1/references/emoji").json()["metadata"] == {"mood": "\U0001f600"}
+        assert c.delete("/v1/references/emoji").status_code == 200
+
+
+def _references(live: LiveServer) -> list:
+    with live.client(TENANT_KEY) as c:
+        return c.get("/v1/references").json()["references"]
+
+
+def _send_form(live: LiveServer, path: str, data: dict) -> httpx.Response:
+    with live.client(TENANT_KEY) as c:
+        return c.post(path, files={"image": ("x.png", photo_png(flip=True), "image/png")}, data=data)

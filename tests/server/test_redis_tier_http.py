@@ -3,18 +3,13 @@ back, it refills; each tier's figures in ``/v1/stats`` and ``/metrics``; ``refsi
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
-
+from hardening_helpers import ServeProcess
 from live_server import b64, photo_png
-from services import free_port
 
 pytest.importorskip("redis", reason="the redis client is not installed (pip install 'refsight[redis]')")
 
@@ -77,32 +72,15 @@ def test_redis_stopped_mid_run_no_request_fails_and_back_it_refills(make_server,
 
 
 def test_refsight_serve_takes_cache_and_quota_flags(tmp_path, redis_server):
-    port = free_port()
-    env = {**os.environ, "REFSIGHT_API_KEYS": ""}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "refsight.cli", "--store", str(tmp_path / "store"), "serve", "--port", str(port),
-         "--model", "toy", "--workers", "1", "--attributes", "none", "--cache", redis_server.url,
-         "--max-package-bytes", "64MiB"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )
+    server = ServeProcess(tmp_path / "store", "--attributes", "none", "--cache", redis_server.url,
+                          "--max-package-bytes", "64MiB").wait_ready()
     try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                httpx.get(f"{url}/healthz", timeout=2)
-                break
-            except httpx.TransportError:
-                assert process.poll() is None, process.stdout.read()
-                assert time.monotonic() < deadline, "refsight serve did not come up"
-                time.sleep(0.2)
-        added = httpx.post(f"{url}/v1/references", json={"image": b64(photo_png("coffee")), "id": "coffee"}, timeout=30)
+        added = httpx.post(f"{server.url}/v1/references", json={"image": b64(photo_png("coffee")), "id": "coffee"},
+                           timeout=30)
         assert added.status_code == 201
-        stats = httpx.get(f"{url}/v1/stats", timeout=10).json()
+        stats = httpx.get(f"{server.url}/v1/stats", timeout=10).json()
         assert stats["max_package_bytes"] == 64 * 1024 * 1024
         assert list(stats["tiers"]) == ["memory", "redis", "disk"] and stats["tiers"]["redis"]["writes"] == 1
     finally:
-        process.send_signal(signal.SIGINT)
-        output, _ = process.communicate(timeout=30)
-    assert process.returncode == 0, output
-
+        server.stop()
+    assert server.process.returncode == 0, server.log

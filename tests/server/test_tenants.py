@@ -168,3 +168,35 @@ def test_a_keys_file_that_is_not_a_regular_file_is_refused_at_once(tmp_path):
         load_keys(fifo)
     with pytest.raises(InvalidInputError, match="character device"):
         load_keys("/dev/zero")
+
+
+def test_keys_from_the_environment_that_are_not_valid_unicode_are_refused_without_echoing_them():
+    from refsight import InvalidInputError
+    from refsight.server.tenants import load_keys
+
+    secret = "s3cret-key-\udcff-000"  # undecodable bytes in the environment arrive as lone surrogates
+    with pytest.raises(InvalidInputError) as refused:
+        load_keys(environ={"REFSIGHT_API_KEYS": f"good-key-0000001=a {secret}=b"})
+    assert str(refused.value) == "$REFSIGHT_API_KEYS pair 2: is not valid Unicode text"
+    with pytest.raises(InvalidInputError, match="pair 1: is not valid Unicode"):
+        load_keys(environ={"REFSIGHT_API_KEYS": "good-key-0000001=t\udcffeam"})
+
+
+@pytest.mark.parametrize("share", [False, True], ids=["isolated-tenants", "shared-encodes"])
+def test_a_thumbnail_another_tenant_fetched_is_rendered_afresh(make_server, share):
+    """Issue 25 item 6: the thumbnail cache was keyed by image and size for everyone, so a tenant's
+    thumbnail of an image another tenant holds came back faster at the sizes the other had fetched."""
+    live = make_server(keys=KEYS, share_encodes=share)
+    png = photo_png("chelsea")
+    thumbnails = live.service.thumbnails
+    with live.client(KEY_A) as a, live.client(KEY_B) as b:
+        assert a.post("/v1/references", json={"image": b64(png), "id": "cat"}).status_code == 201
+        assert b.post("/v1/references", json={"image": b64(png), "id": "kitty"}).status_code == 201
+        first = a.get("/v1/references/cat/thumbnail", params={"size": 64})
+        assert first.status_code == 200 and (thumbnails.renders, thumbnails.hits) == (1, 0)
+        assert a.get("/v1/references/cat/thumbnail", params={"size": 64}).content == first.content
+        assert (thumbnails.renders, thumbnails.hits) == (1, 1)  # the tenant's own repeat is a hit
+        other = b.get("/v1/references/kitty/thumbnail", params={"size": 64})
+        assert other.content == first.content  # the same picture either way ...
+    # ... but isolated, B's first fetch does B's own work: nothing about A's fetch shows in its time.
+    assert (thumbnails.renders, thumbnails.hits) == ((1, 2) if share else (2, 1))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any, Callable
 
@@ -42,7 +43,8 @@ def register_commands(add: Callable[..., argparse.ArgumentParser], engine_factor
         "encode a large reference set once: a directory, a text file of paths or a Parquet/CSV manifest "
         "(in-process, or on a Ray cluster with --ray)", model=True,
     )
-    p.add_argument("source", metavar="SOURCE", help="a directory (recursive), a text file of paths, or a .parquet/.csv manifest")
+    # File names are any name the OS allows (os.fsdecode); every other value is checked as text by the parser.
+    p.add_argument("source", metavar="SOURCE", type=os.fsdecode, help="a directory (recursive), a text file of paths, or a .parquet/.csv manifest")
     p.add_argument(
         "--ray", default=None, metavar="ADDRESS",
         help="run on Ray: 'local' (start a Ray instance here), 'auto' (the running cluster), or a cluster address",
@@ -55,7 +57,7 @@ def register_commands(add: Callable[..., argparse.ArgumentParser], engine_factor
         help="attribute record computed in the same pass (default: imagenet, the ImageNet top-5)",
     )
     p.add_argument(
-        "--errors", default="ingest-errors.jsonl", metavar="FILE",
+        "--errors", default="ingest-errors.jsonl", metavar="FILE", type=os.fsdecode,
         help="where refused images are listed, one JSON line each (default: ingest-errors.jsonl)",
     )
     p.add_argument("--embedder", default=None, metavar="NAME", help="retrieval embedder: conse (default), clip:PATH or vlm:MODEL")

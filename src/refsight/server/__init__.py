@@ -26,10 +26,13 @@ def serve(config: ServerConfig) -> None:
     import uvicorn
 
     from .access_log import log_config
+    from .connections import uvicorn_options
 
     app = create_app(config)  # raises for a non-loopback host without keys, before any socket opens
     # The access log shows method, path and status only: never headers, and the query
     # string is redacted (a key sent as ?api_key=... must not reach the log either).
+    # A request must arrive within its deadlines (connections.py): slow senders are closed.
     uvicorn.run(
-        app, host=config.host, port=config.port, log_level="info", server_header=False, log_config=log_config()
+        app, host=config.host, port=config.port, log_level="info", server_header=False, log_config=log_config(),
+        **uvicorn_options(config),
     )

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .. import MAX_WHERE_KEYS, check_json_depth, load_json
+from .. import MAX_WHERE_KEYS, check_json_depth, check_text, check_texts, load_json
 from .errors import ApiError
 
 __all__ = [
@@ -60,12 +60,15 @@ class CompareBody(BaseModel):
     rerank: int | None = Field(
         None, ge=1, le=1000, description="recall this many, rerank them, then judge the top_k best (needs top_k)"
     )
+    recall_k: int | None = Field(
+        None, ge=1, le=1000, description="recall this many (default: rerank, else top_k); the best rerank go on (needs top_k)"
+    )
     reranker: Literal["vlm", "embedding"] = Field("vlm", description="vlm: P(yes) in one forward pass; embedding: cosine")
     use_cache: bool = Field(True, description="false re-encodes the references (same verdicts, slower)")
     use_kv_cache: bool = Field(
         True, description="false prefills the references' prompt prefix afresh instead of reusing its stored KV state"
     )
-    force_vlm: bool = Field(False, description="send every criterion to the VLM, none to the attribute sidecars")
+    force_vlm: bool = Field(False, description="send every criterion to the VLM, none to the attribute records")
 
 
 class SearchBody(BaseModel):
@@ -198,6 +201,9 @@ async def _read_multipart(request: Request, model: type[BaseModel], files: set[s
     finally:
         await form.close()
     data = {k: v for k, v in data.items() if v is not None}
+    for name, value in data.items():  # (JSON bodies are checked by BodyLimitMiddleware, before any route)
+        check_text(name, "multipart field name")
+        check_texts(value, name)
     try:
         return model.model_validate(data), blobs
     except ValidationError as e:

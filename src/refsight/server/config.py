@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..settings import BackendOptions
+from ..settings import BackendOptions, Settings
 from ..errors import InvalidInputError
 from .tenants import is_loopback, load_keys
 
@@ -30,8 +30,11 @@ class ServerConfig:
     catalog: str | None = None
     local_dir: str | os.PathLike | None = None
     model: str | None = None
-    #: How the model is loaded (device, dtype, processor settings ...), as for the CLI.
+    #: How the model is loaded (device, dtype, processor settings ...): the options set explicitly
+    #: (the CLI's flags). The config file's ``[backend]`` and ``[models."NAME"]`` go under them.
     backend_options: BackendOptions = field(default_factory=BackendOptions)
+    #: The config file, already read (the CLI reads it once); None: read ``config_file`` at startup.
+    settings: Settings | None = None
     #: A config file (``refsight.toml``) to read instead of the one in the store directory.
     config_file: str | os.PathLike | None = None
     host: str = "127.0.0.1"
@@ -58,6 +61,12 @@ class ServerConfig:
     #: Byte quota on packages, least recently used evicted (``20GiB``; None: the config file's, or none).
     max_package_bytes: int | str | None = None
     thumbnail_px: int = 256
+    #: Seconds a request's head (request line and headers) may take to arrive (see :mod:`~refsight.server.connections`).
+    header_timeout_s: float = 10.0
+    #: Seconds a whole request, body included, may take to arrive (a 32 MiB upload at 1 MB/s takes 32 s).
+    request_timeout_s: float = 60.0
+    #: Connections that may be in the middle of sending a request at once; one more closes the oldest.
+    max_incomplete_requests: int = 256
     #: The retrieval embedder by name (``conse``, ``clip:PATH``, ``vlm:MODEL``; None: the default).
     embedder: str | None = None
     #: Attribute records computed when a reference is added (``imagenet``, ``vlm``), so the first
@@ -76,6 +85,14 @@ class ServerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise InvalidInputError(name, f"must be a positive integer, got {value!r}")
+        for name in ("header_timeout_s", "request_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise InvalidInputError(name, f"must be a positive number of seconds, got {value!r}")
+        if self.request_timeout_s < self.header_timeout_s:
+            raise InvalidInputError("request_timeout_s", "bounds the whole request, head included: not below header_timeout_s")
+        if not isinstance(self.max_incomplete_requests, int) or self.max_incomplete_requests < 1:
+            raise InvalidInputError("max_incomplete_requests", f"must be a positive integer, got {self.max_incomplete_requests!r}")
         if not isinstance(self.queue, int) or self.queue < 0:
             raise InvalidInputError("queue", f"must be a non-negative integer, got {self.queue!r}")
         if not keys and not is_loopback(self.host):

@@ -9,7 +9,8 @@ Codes, by status::
 
     400 invalid_input, invalid_image, invalid_rubric, invalid_reference_id, unsupported
     401 unauthorized          403 forbidden         404 not_found, reference_not_found, model_not_found
-    405 method_not_allowed    413 body_too_large    415 unsupported_media_type
+    405 method_not_allowed    408 request_timeout (the request did not arrive in time; see connections.py)
+    413 body_too_large        415 unsupported_media_type
     422 validation_error      429 overloaded        500 internal_error, backend_error, store_error
     503 store_unavailable     (the store's disk is full or read-only; nothing stored is lost, retry later)
 
@@ -28,6 +29,8 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -52,6 +55,7 @@ from ..errors import (
     StoreUnavailableError,
     UnknownModelError,
 )
+from .responses import TextSafeJSONResponse
 
 __all__ = [
     "ApiError",
@@ -66,6 +70,8 @@ __all__ = [
     "OPENAI_PATHS",
     "OpenAIErrorShapeMiddleware",
     "openai_error_body",
+    "fields_named",
+    "error_response_for",
 ]
 
 log = logging.getLogger("refsight.server")
@@ -121,8 +127,15 @@ def openai_error_body(status: int, code: str, message: str, param: str | None = 
 
 
 def _respond(request: Request, status: int, code: str, message: str, headers=None, param: str | None = None) -> JSONResponse:
-    if request.url.path.startswith(OPENAI_PATHS):
-        return JSONResponse(openai_error_body(status, code, message, param), status_code=status, headers=headers)
+    return error_response_for(request.url.path, status, code, message, headers, param=param)
+
+
+def error_response_for(
+    path: str, status: int, code: str, message: str, headers: dict[str, str] | None = None, *, param: str | None = None
+) -> JSONResponse:
+    """The error response in the shape of ``path``'s routes: OpenAI's on :data:`OPENAI_PATHS`, else refsight's."""
+    if path.startswith(OPENAI_PATHS):
+        return TextSafeJSONResponse(openai_error_body(status, code, message, param), status_code=status, headers=headers)
     return error_response(status, code, message, headers)
 
 
@@ -133,7 +146,7 @@ def error_body(code: str, message: str) -> dict[str, Any]:
 
 def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     """A JSON error response (also used by the ASGI middlewares, which cannot raise into handlers)."""
-    return JSONResponse(error_body(code, message), status_code=status, headers=headers)
+    return TextSafeJSONResponse(error_body(code, message), status_code=status, headers=headers)
 
 
 #: Command-line flags that library messages may name, and the request fields they mean.
@@ -209,6 +222,24 @@ def from_refsight(error: RefsightError) -> ApiError:
     if status >= 500:
         return ApiError(status, code, _GENERIC.get(code, str(error)))
     return ApiError(status, code, http_wording(str(error)))
+
+
+@contextmanager
+def fields_named(**values: Any) -> Iterator[None]:
+    """Name the request field of a library error that names its input by a blank value.
+
+    The library names some inputs by their value (a query text); an empty one would read as
+    an empty field name (``": a text query must be a non-empty string"``). Inside this block
+    such an error is re-raised naming the field (``text``) that held that value.
+    """
+    try:
+        yield
+    except InvalidInputError as e:
+        if isinstance(e.input, str) and not e.input.strip():
+            field = next((name for name, value in values.items() if value == e.input), None)
+            if field is not None:
+                raise InvalidInputError(field, e.reason) from None
+        raise
 
 
 def _param_of(error: RefsightError) -> str | None:
@@ -350,7 +381,7 @@ class CatchAllMiddleware:
                 raise
             if str(scope.get("path", "")).startswith(OPENAI_PATHS):
                 body = openai_error_body(500, "internal_error", "internal server error")
-                await JSONResponse(body, status_code=500)(scope, receive, send)
+                await TextSafeJSONResponse(body, status_code=500)(scope, receive, send)
                 return
             await error_response(500, "internal_error", "internal server error")(scope, receive, send)
 

@@ -5,7 +5,10 @@
   a chunked body is counted as it arrives, so a lying or absent header does not help.
   A JSON body (or one without a content type, which FastAPI parses as JSON) nested
   deeper than :data:`refsight.jsonlimits.MAX_JSON_DEPTH` is refused with 400
-  ``invalid_input`` in the same pass, before any parser could recurse on it.
+  ``invalid_input`` in the same pass, before any parser could recurse on it. So is a JSON
+  body holding text that is not valid Unicode (a ``\\ud800`` escape with no partner):
+  400 naming the field (``metadata key '\\ud800'``, ``messages[0].content``), on every
+  route, before any route reads a field of it.
 - :class:`WorkPool` runs blocking model work in a bounded set of threads (off the
   event loop). At most ``workers`` jobs run and at most ``queue`` wait; one more is
   refused at once with 429 ``overloaded`` instead of piling up unbounded latency.
@@ -16,13 +19,15 @@ by the engines the app builds.
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any, Callable, TypeVar
 
 import anyio
 import anyio.to_thread
 
-from .. import MAX_JSON_DEPTH, json_depth
-from .errors import ApiError, error_response
+from .. import MAX_JSON_DEPTH, InvalidInputError, check_text, check_texts, json_depth
+from .errors import ApiError, error_response, error_response_for
 
 __all__ = ["BodyLimitMiddleware", "WorkPool"]
 
@@ -77,6 +82,11 @@ class BodyLimitMiddleware:
         if problem is not None:
             await error_response(400, "invalid_input", problem)(scope, receive, send)
             return
+        invalid = await _invalid_text(scope, body)
+        if invalid is not None:
+            response = error_response_for(scope.get("path", ""), 400, "invalid_input", str(invalid), param=invalid.input)
+            await response(scope, receive, send)
+            return
         replayed = False
 
         async def replay() -> dict:
@@ -110,6 +120,39 @@ async def _json_depth_problem(scope: dict, body: bytes) -> str | None:
         depth = json_depth(body, stop_above=MAX_JSON_DEPTH)
     if depth > MAX_JSON_DEPTH:
         return f"request body: JSON nested more than {MAX_JSON_DEPTH} levels deep (the limit is {MAX_JSON_DEPTH})"
+    return None
+
+
+#: A JSON ``\\uD800``-``\\uDFFF`` escape: half of a surrogate pair, or a lone surrogate.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+async def _invalid_text(scope: dict, body: bytes) -> InvalidInputError | None:
+    """The error naming the first string of a JSON body that is not valid Unicode, or None.
+
+    Raw UTF-8 cannot hold a lone surrogate, only a ``\\uXXXX`` escape can: a body without
+    such an escape is passed at the cost of one scan; one with escapes (emoji sent as pairs
+    included) is parsed and its strings checked, field by field.
+    """
+    if not body or not _is_json(scope) or _SURROGATE_ESCAPE.search(body) is None:
+        return None
+    if len(body) > _INLINE_CHECK_BYTES:
+        return await anyio.to_thread.run_sync(_first_invalid_text, body)
+    return _first_invalid_text(body)
+
+
+def _first_invalid_text(body: bytes) -> InvalidInputError | None:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None  # not JSON: the route says so in its own words
+    items = data.items() if isinstance(data, dict) else [("request body", data)]
+    try:
+        for field, value in items:
+            check_text(field, "request body key")
+            check_texts(value, field)
+    except InvalidInputError as e:
+        return e
     return None
 
 

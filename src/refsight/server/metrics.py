@@ -23,6 +23,20 @@ _STAGE_TIMINGS = {"recall": "retrieval", "prefilter": "prefilter", "rerank": "re
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
+#: The store's counters: (metric, key in the stats, divisor to the metric's unit, help).
+_COUNTERS = (
+    ("refsight_cache_hits", "hits", 1, "Package lookups served from the store (no encoder run)"),
+    ("refsight_cache_misses", "misses", 1, "Package lookups that ran the encoder"),
+    ("refsight_cache_evictions", "evictions", 1, "Packages evicted from the memory tier"),
+    ("refsight_cache_encode_seconds_saved", "encode_ms_saved", 1000.0, "Encoder time saved by cache hits"),
+    ("refsight_cache_quota_evictions", "quota_evictions", 1, "Packages the byte quota evicted from disk"),
+    ("refsight_cache_pruned", "pruned", 1, "Packages removed by prune"),
+    ("refsight_prefix_hits", "prefix_hits", 1, "Requests whose reference prefix state was reused (no prefill over it)"),
+    ("refsight_prefix_misses", "prefix_misses", 1, "Reference prefix states built (not found, or found corrupt)"),
+    ("refsight_prefix_ms_saved", "prefix_ms_saved", 1, "Milliseconds of reference prefill saved by prefix state hits"),
+)
+
+
 class _CacheCollector:
     """Reads the store's counters at scrape time."""
 
@@ -34,37 +48,15 @@ class _CacheCollector:
             stats = self._read()
         except Exception:  # a scrape must not fail because the store is busy or closing
             return
-        for name, help_text in (
-            ("hits", "Package lookups served from the store (no encoder run)"),
-            ("misses", "Package lookups that ran the encoder"),
-            ("evictions", "Packages evicted from the memory tier"),
-        ):
-            metric = CounterMetricFamily(f"refsight_cache_{name}", help_text)
-            metric.add_metric([], float(stats.get(name) or 0))
-            yield metric
-        saved = CounterMetricFamily("refsight_cache_encode_seconds_saved", "Encoder time saved by cache hits")
-        saved.add_metric([], float(stats.get("encode_ms_saved") or 0) / 1000.0)
-        yield saved
-        for name, help_text in (
-            ("quota_evictions", "Packages the byte quota evicted from disk"),
-            ("pruned", "Packages removed by prune"),
-        ):
-            metric = CounterMetricFamily(f"refsight_cache_{name}", help_text)
-            metric.add_metric([], float(stats.get(name) or 0))
+        for name, key, divisor, help_text in _COUNTERS:
+            metric = CounterMetricFamily(name, help_text)
+            metric.add_metric([], float(stats.get(key) or 0) / divisor)
             yield metric
         yield from _tier_metrics(stats.get("tiers") or {})
         for name, help_text in (("hits", "served without an encoder"), ("misses", "that ran the encoder")):
             gauge = GaugeMetricFamily(f"refsight_replica_cache_{name}", f"Package lookups of this process {help_text}")
             gauge.add_metric([], float((stats.get("replica") or {}).get(name) or 0))
             yield gauge
-        for name, help_text in (
-            ("prefix_hits", "Requests whose reference prefix state was reused (no prefill over it)"),
-            ("prefix_misses", "Reference prefix states built (not found, or found corrupt)"),
-            ("prefix_ms_saved", "Milliseconds of reference prefill saved by prefix state hits"),
-        ):
-            metric = CounterMetricFamily(f"refsight_{name}", help_text)
-            metric.add_metric([], float(stats.get(name) or 0))
-            yield metric
         for name, key, help_text in (
             ("refsight_prefix_bytes", "prefix_bytes", "Bytes of reference prefix states on local disk"),
             ("refsight_cache_max_package_bytes", "max_package_bytes", "Byte quota on packages (0: none)"),

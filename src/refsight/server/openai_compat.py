@@ -34,12 +34,12 @@ import time
 import uuid as uuidlib
 from typing import Any, AsyncIterator, Literal
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
 from .. import InvalidInputError, ReferenceSegment, Sampling
-from .auth import require_tenant
 from .bodies import decode_data_url
+from .deps import ConfigDep, PoolDep, ServiceDep, Tenant
 from .errors import ERROR_RESPONSES, ApiError, from_refsight, openai_error_body
 from .prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
 from .streaming import SSE_DONE, EventStreamResponse, Finished, sse_event, stream_in_pool
@@ -282,15 +282,14 @@ def _extra(result: dict[str, Any]) -> dict[str, Any]:
 
 
 @router.post("/v1/chat/completions", responses={k: ERROR_RESPONSES[k] for k in (400, 404)})
-async def chat_completions(body: ChatRequest, request: Request, namespace: str = Depends(require_tenant)) -> Any:
+async def chat_completions(
+    body: ChatRequest, namespace: Tenant, service: ServiceDep, pool: PoolDep, config: ConfigDep
+) -> Any:
     """OpenAI-compatible chat with images; reference packages come from the store, never re-encoded.
 
     With ``stream: true`` the answer is ``text/event-stream`` of ``chat.completion.chunk``
     events, ``data: [DONE]`` last.
     """
-    service = request.app.state.service
-    config = request.app.state.config
-    pool = request.app.state.pool
     max_new_tokens, sampling = _check_request(body, service, config.max_new_tokens)
     json_schema = _json_schema(body.response_format)
     # Before any model work: a character bound on the event loop, then the tokenizer's
@@ -305,7 +304,7 @@ async def chat_completions(body: ChatRequest, request: Request, namespace: str =
     def work(on_text=None, stop_event=None) -> dict[str, Any]:
         segments, turns = messages_to_segments(body.messages, service.decode)
         return service.chat(
-            namespace, segments, turns=turns, max_new_tokens=max_new_tokens, json_schema=json_schema,
+            segments, namespace=namespace, turns=turns, max_new_tokens=max_new_tokens, json_schema=json_schema,
             sampling=sampling, on_text=on_text, stop_event=stop_event,
         )
 
@@ -384,9 +383,8 @@ async def _chunks(
 
 
 @router.get("/v1/models")
-async def list_models(request: Request, namespace: str = Depends(require_tenant)) -> dict[str, Any]:
+async def list_models(namespace: Tenant, service: ServiceDep) -> dict[str, Any]:
     """The served model, in the OpenAI ``/v1/models`` shape."""
-    service = request.app.state.service
     return {
         "object": "list",
         "data": [{"id": service.model, "object": "model", "created": 0, "owned_by": "refsight",

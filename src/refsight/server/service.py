@@ -1,9 +1,12 @@
 """The blocking work behind every endpoint, over ONE :class:`refsight.Engine` and one open store.
 
 :class:`Service` calls only the engine's public API, naming the caller's namespace on
-every call; it reads no store tier itself. Its methods are plain synchronous calls that
+every call; its methods take their arguments as the engine's do (the input first, the
+``namespace`` a keyword); it reads no store tier itself. Its methods are plain synchronous calls that
 the routes run in the :class:`~refsight.server.limits.WorkPool`, so model work never
-blocks the event loop, and they return JSON-ready dicts (the edge of the library).
+blocks the event loop, and they return JSON-ready dicts (the edge of the library), every
+string printable (:func:`~refsight.server.responses.printable_data`: a stored value that is not
+valid Unicode shows as U+FFFD instead of failing the reply).
 
 **Tenants learn nothing about each other.** With API keys, each tenant's namespace salts
 its package keys (``Engine(share_packages=False)``): an image another tenant stored is,
@@ -12,19 +15,21 @@ value or timing of a reply depends on another tenant's data. ``share_encodes=Tru
 :class:`~refsight.server.config.ServerConfig` (``refsight serve --share-encodes``) shares
 packages across tenants to save encodes, at the price of revealing, by timing, that some
 tenant holds an image. Without keys there is a single tenant, and packages are shared
-with the CLI's (same keys).
+with the CLI's (same keys). The thumbnail cache (:mod:`~refsight.server.thumbnails`) is
+scoped the same way; what isolation leaves is listed in ``docs/architecture.md`` (policy 4).
 """
 
 from __future__ import annotations
 
 import io
-import threading
 from typing import Any, Mapping, Sequence
 
 from .. import AddFailure, Engine, ImageInput, IntakeLimits, InvalidInputError, ReferenceSegment, load_image
 from ..config import default_store_dir
-from ..settings import load_settings
+from ..settings import Settings, load_settings
 from .config import ServerConfig
+from .responses import printable_data
+from .thumbnails import ThumbnailCache
 
 __all__ = ["Service", "ReferenceSegment"]
 
@@ -37,8 +42,8 @@ class Service:
         self.limits = IntakeLimits(max_pixels=config.max_image_pixels, max_bytes=config.max_body_bytes)
         self.share_packages = share_packages
         self.engine: Engine | None = None
-        self._thumbs: dict[tuple[str, int], bytes] = {}
-        self._thumbs_lock = threading.Lock()
+        #: JPEG thumbnails, per tenant unless packages are shared (see :mod:`~refsight.server.thumbnails`).
+        self.thumbnails = ThumbnailCache()
 
     # -- lifecycle -------------------------------------------------------------------
     def open(self) -> None:
@@ -51,7 +56,7 @@ class Service:
             model=self.config.model,
             limits=self.limits,
             backend_options=self.config.backend_options,
-            settings=load_settings(self.config.store_dir or default_store_dir(), self.config.config_file),
+            settings=self._settings(),
             share_packages=self.share_packages,
             embedder=self.config.embedder,
             cache=self.config.cache,
@@ -59,6 +64,11 @@ class Service:
             **options,
         )
         self.engine.backend().fingerprint()
+
+    def _settings(self) -> Settings:
+        if self.config.settings is not None:
+            return self.config.settings
+        return load_settings(self.config.store_dir or default_store_dir(), self.config.config_file)
 
     def close(self) -> None:
         """Close the engine (and with it the store)."""
@@ -83,65 +93,62 @@ class Service:
 
     def _reference_view(self, ref) -> dict[str, Any]:
         state = self.engine.package_state(ref)
-        return {**ref.to_dict(), "cached": state.cached, "in_memory": state.in_memory}
+        return printable_data({**ref.to_dict(), "cached": state.cached, "in_memory": state.in_memory})
 
     # -- references ----------------------------------------------------------------------
-    def add(self, namespace: str, image: ImageInput, ref_id: str | None, metadata: Mapping[str, Any]) -> dict[str, Any]:
+    def add(
+        self, image: ImageInput, *, ref_id: str | None = None, metadata: Mapping[str, Any] | None = None, namespace: str
+    ) -> dict[str, Any]:
         """Add one reference; the same fields as ``refsight add --json``."""
         result = next(iter(self.engine.add_many(
-            [image], ids=[ref_id], metadata=dict(metadata), namespace=namespace,
+            [image], ids=[ref_id], metadata=dict(metadata or {}), namespace=namespace,
             attributes=self.config.ingest_attributes,
         )))
         if isinstance(result, AddFailure):
             raise InvalidInputError(ref_id or result.input, result.error)
-        return result.to_dict()
+        return printable_data(result.to_dict())
 
-    def references(self, namespace: str) -> list[dict[str, Any]]:
+    def references(self, *, namespace: str) -> list[dict[str, Any]]:
         """Every reference of the tenant, with its cache state under the served model."""
         return [self._reference_view(ref) for ref in self.engine.references(namespace=namespace)]
 
-    def reference(self, namespace: str, ref_id: str) -> dict[str, Any]:
+    def reference(self, ref_id: str, *, namespace: str) -> dict[str, Any]:
         """One reference; ReferenceNotFoundError when the tenant has none by that id."""
         return self._reference_view(self.engine.reference(ref_id, namespace=namespace))
 
-    def remove(self, namespace: str, ref_id: str) -> dict[str, Any]:
+    def remove(self, ref_id: str, *, namespace: str) -> dict[str, Any]:
         """Remove the tenant's reference (packages still used by anyone else stay)."""
-        return {"removed": self.engine.remove(ref_id, namespace=namespace).ref_id}
+        return printable_data({"removed": self.engine.remove(ref_id, namespace=namespace).ref_id})
 
-    def thumbnail(self, namespace: str, ref_id: str, size: int) -> bytes:
+    def thumbnail(self, ref_id: str, size: int, *, namespace: str) -> bytes:
         """A JPEG thumbnail (longest side ``size``) of the tenant's reference image."""
         ref = self.engine.reference(ref_id, namespace=namespace)  # the namespace check comes before any cache
-        cache_key = (ref.image_sha256, size)
-        with self._thumbs_lock:
-            cached = self._thumbs.get(cache_key)
-        if cached is not None:
-            return cached
+        # Scoped like the package keys: isolated tenants never see each other's cache hits (timing).
+        scope = None if self.share_packages else namespace
+        return self.thumbnails.get(scope, ref.image_sha256, size, lambda: self._render_thumbnail(ref, size))
+
+    def _render_thumbnail(self, ref: Any, size: int) -> bytes:
         image = self.engine.reference_image(ref).image.copy()
         image.thumbnail((size, size))
         buffer = io.BytesIO()
         image.save(buffer, format="JPEG", quality=85)
-        data = buffer.getvalue()
-        with self._thumbs_lock:
-            if len(self._thumbs) >= 1024:  # a small bounded cache; the oldest entry goes
-                self._thumbs.pop(next(iter(self._thumbs)))
-            self._thumbs[cache_key] = data
-        return data
+        return buffer.getvalue()
 
     # -- model work --------------------------------------------------------------------------
-    def compare(self, namespace: str, candidate: ImageInput, **options: Any) -> dict[str, Any]:
+    def compare(self, candidate: ImageInput, *, namespace: str, **options: Any) -> dict[str, Any]:
         """``engine.compare`` → the JSON of ``refsight compare --json``."""
-        return self.engine.compare(candidate, namespace=namespace, **options).to_dict()
+        return printable_data(self.engine.compare(candidate, namespace=namespace, **options).to_dict())
 
-    def search(self, namespace: str, **options: Any) -> dict[str, Any]:
+    def search(self, *, namespace: str, **options: Any) -> dict[str, Any]:
         """``engine.search`` → the JSON of ``refsight search --json``."""
-        return self.engine.search(namespace=namespace, **options).to_dict()
+        return printable_data(self.engine.search(namespace=namespace, **options).to_dict())
 
-    def chat(self, namespace: str, segments: Sequence[Any], **options: Any) -> dict[str, Any]:
+    def chat(self, segments: Sequence[Any], *, namespace: str, **options: Any) -> dict[str, Any]:
         """``engine.chat`` → the generation as JSON-ready data."""
-        return self.engine.chat(list(segments), namespace=namespace, **options).to_dict()
+        return printable_data(self.engine.chat(list(segments), namespace=namespace, **options).to_dict())
 
     # -- stats -----------------------------------------------------------------------------
-    def stats(self, namespace: str, *, tenants: bool) -> dict[str, Any]:
+    def stats(self, *, namespace: str, tenants: bool) -> dict[str, Any]:
         """Cache statistics. Alone (no keys) the store's own; with tenants only what is the tenant's."""
         return self.engine.stats(namespace=namespace, tenant_view=tenants).to_dict()
 

@@ -22,8 +22,9 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
+from .. import FileReadError, is_valid_text, read_regular_file
+from ..config import default_api_keys
 from ..errors import InvalidInputError
-from .. import FileReadError, read_regular_file
 
 __all__ = ["Tenants", "OPERATOR", "ENV_VAR", "is_loopback", "parse_key_pairs", "load_keys"]
 
@@ -50,9 +51,11 @@ def parse_key_pairs(text: str, *, source: str, lines: bool) -> dict[str, str]:
         item = raw.split("#", 1)[0].strip() if lines else raw.strip()
         if not item:
             continue
+        where = f"{source} {unit} {number}"
+        if not is_valid_text(item):  # an environment variable can hold undecodable bytes
+            raise InvalidInputError(where, "is not valid Unicode text")  # no position: it would say something of a key
         key, sep, namespace = item.rpartition("=")
         key, namespace = key.strip(), namespace.strip()
-        where = f"{source} {unit} {number}"
         if not sep or not key:
             raise InvalidInputError(where, "expected KEY=NAMESPACE")
         if len(key) < _MIN_KEY_CHARS or any(c.isspace() for c in key):
@@ -82,7 +85,7 @@ def load_keys(path: str | os.PathLike | None = None, environ: Mapping[str, str] 
         if not keys:
             raise InvalidInputError(label, "holds no KEY=NAMESPACE lines")
         return keys
-    env = (environ if environ is not None else os.environ).get(ENV_VAR, "")
+    env = environ.get(ENV_VAR, "") if environ is not None else default_api_keys()
     return parse_key_pairs(env, source=f"${ENV_VAR}", lines=False) if env.strip() else {}
 
 

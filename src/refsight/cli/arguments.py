@@ -1,0 +1,130 @@
+"""The command line's shared vocabulary: a command's declaration, the options every command takes, usage errors,
+and the front door for text: every argument is checked as valid Unicode unless it names a file.
+
+Each command module declares its commands as :class:`Command` values, the parser's
+arguments right beside the handler that reads them; :func:`refsight.cli.build_parser`
+assembles them under the options of :func:`store_options` (every command) and
+:func:`model_options` (commands that load a model).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import InvalidInputError, RefsightError, check_text
+from ..config import default_model
+from ..settings import OPTION_HELP
+
+__all__ = [
+    "Command", "CommandParser", "UsageError", "text_argument", "path_argument", "parse_pairs", "store_options",
+    "model_options", "EMBEDDER_HELP", "SCHEMA_HELP",
+]
+
+EMBEDDER_HELP = "retrieval embedder: conse (default), clip:PATH or vlm:MODEL"
+SCHEMA_HELP = "VLM attribute schema: a JSON/YAML mapping of attribute name to allowed values (or null)"
+
+
+class UsageError(RefsightError):
+    """The command line itself is wrong (flags that do not go together): exit code 2, like argparse."""
+
+
+def text_argument(value: str) -> str:
+    """An argument that is text (ids, metadata, criteria, prompts, queries, names): refused, exit 2, naming
+    the argument, when it is not valid Unicode (undecodable bytes reach ``sys.argv`` as lone surrogates)."""
+    try:
+        return check_text(value, "argument")
+    except InvalidInputError as e:
+        raise argparse.ArgumentTypeError(e.reason) from None
+
+
+def path_argument(value: str) -> str:
+    """An argument that names a file or directory: any name the OS allows, undecodable bytes included."""
+    return value
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An argument parser whose arguments are text (:func:`text_argument`) unless they declare a type.
+
+    So a new argument is checked at the front door by default; one that names a file says so
+    with ``type=path_argument``. Subcommand parsers are of this class too (argparse builds
+    them with the class of the parser they hang from).
+    """
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        """``argparse.ArgumentParser.add_argument``, with ``type=text_argument`` for values of no declared type."""
+        if kwargs.get("action", "store") in ("store", "append") and "type" not in kwargs:
+            kwargs["type"] = text_argument
+        return super().add_argument(*args, **kwargs)
+
+
+@dataclass(frozen=True)
+class Command:
+    """One ``refsight`` command: its name, one line of help, its handler and its arguments.
+
+    ``model``: the command loads a model, so it takes the backend options (``--model``,
+    ``--device`` ...). ``fields``: the library's names for this command's inputs mapped to
+    the arguments a user types (``top_k`` → ``--top-k``), so a library error names the
+    argument (and is a usage error, exit 2).
+    """
+
+    name: str
+    help: str
+    run: Callable[[argparse.Namespace], int]
+    arguments: Callable[[argparse.ArgumentParser], None] = lambda parser: None
+    model: bool = False
+    fields: Mapping[str, str] = field(default_factory=dict)
+
+
+def parse_pairs(items: Sequence[str], flag: str) -> dict[str, str]:
+    """``KEY=VALUE`` items as a dict; a malformed item is a usage error naming ``flag``."""
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"{flag} {item!r}: expected KEY=VALUE")
+        pairs[key] = value
+    return pairs
+
+
+#: The options every command takes: (flag, metavar, type, help); each defaults to "not given".
+_STORE_OPTIONS = (
+    ("--store", "DIR", path_argument, "store directory (default: $REFSIGHT_STORE or the user cache dir)"),
+    ("--catalog", "URL", text_argument,
+     "postgresql://... : the catalog in PostgreSQL, shared by replicas; --store then names the shared "
+     "blob directory (default: $REFSIGHT_CATALOG, else the embedded SQLite catalog in the store)"),
+    ("--local-dir", "DIR", path_argument,
+     "with --catalog: this replica's directory for derived data (retrieval index, attribute records)"),
+    ("--config", "FILE", path_argument,
+     "config file of backend options (default: refsight.toml in the store directory); flags override it"),
+    ("--cache", "URL", text_argument,
+     "Redis tier between memory and disk, e.g. redis://127.0.0.1:6379/0 (Redis >= 7; default: $REFSIGHT_CACHE, "
+     "else [store] cache in refsight.toml)"),
+    ("--max-package-bytes", "SIZE", text_argument,
+     "byte quota on packages, e.g. 20GiB: least recently used ones are evicted (re-encoded when needed)"),
+)
+
+
+def store_options() -> argparse.ArgumentParser:
+    """The options every command takes: where the store is, how to print, the config file, the tiers."""
+    common = CommandParser(add_help=False)
+    for flag, metavar, kind, help_text in _STORE_OPTIONS:
+        # SUPPRESS: given before or after the command, the one the user typed wins (see cli._resolve_store_options).
+        common.add_argument(flag, metavar=metavar, type=kind, default=argparse.SUPPRESS, help=help_text)
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON lines")
+    return common
+
+
+def model_options() -> argparse.ArgumentParser:
+    """``--model`` and one flag per backend option (:data:`refsight.settings.OPTION_HELP`)."""
+    with_model = CommandParser(add_help=False)
+    with_model.add_argument("--model", default=None, help=f"model name (default: $REFSIGHT_MODEL or {default_model()})")
+    for name, help_text in OPTION_HELP.items():
+        if name == "processor_kwargs":
+            with_model.add_argument("--processor-kwarg", action="append", default=[], metavar="KEY=VALUE", help=help_text)
+        else:
+            kind = int if name in ("min_pixels", "max_pixels", "batch_size") else text_argument
+            with_model.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None, help=help_text)
+    return with_model

@@ -1,0 +1,18 @@
+"""The app's own routes, one router per group: references, judging (compare, search), service (health, stats, metrics).
+
+Each module holds a module-level ``router``; its routes declare what they need
+(:mod:`refsight.server.deps`) instead of closing over it. The OpenAI-compatible routes
+(:mod:`refsight.server.openai_compat`) and the page (:mod:`refsight.server.page`) are
+routers of the same kind.
+"""
+
+from __future__ import annotations
+
+from .judging import router as judging_router
+from .references import router as references_router
+from .service import router as service_router
+
+__all__ = ["ROUTERS"]
+
+#: In the order the app includes them.
+ROUTERS = (service_router, references_router, judging_router)

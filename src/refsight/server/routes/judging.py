@@ -1,0 +1,63 @@
+"""The judging routes: ``/v1/compare`` (a candidate against references, criterion by criterion) and ``/v1/search``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from ... import validate_ref_id, validate_where
+from ..bodies import CompareBody, SearchBody, body_schema, decode_image_field, read_body
+from ..deps import MetricsDep, PoolDep, ServiceDep, Tenant
+from ..errors import ERROR_RESPONSES, ApiError, fields_named
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+@router.post(
+    "/v1/compare", tags=["judge"], responses={k: ERROR_RESPONSES[k] for k in (400, 404)},
+    openapi_extra=body_schema(CompareBody, files={"candidate"}),
+)
+async def compare(
+    request: Request, namespace: Tenant, service: ServiceDep, pool: PoolDep, metrics: MetricsDep
+) -> dict[str, Any]:
+    """Judge a candidate against references criterion by criterion; the JSON of ``refsight compare --json``."""
+    body, blobs = await read_body(request, CompareBody, files={"candidate"})
+    # The rules between fields (rerank and recall_k need top_k, references by id or by recall ...)
+    # are the library's, checked once there (400 naming the field). This one the library does not
+    # check yet: query only steers recall, so without top_k it would be silently ignored.
+    # TODO(merge): drop it when CompareOptions.check refuses query without top_k.
+    if body.query is not None and body.top_k is None:
+        raise ApiError(400, "invalid_input", "query: recalls references by text, so it needs top_k")
+    for ref_id in body.ref_ids:
+        validate_ref_id(ref_id)
+    data = blobs.get("candidate") or decode_image_field(body.candidate, "candidate")
+
+    def work() -> dict[str, Any]:
+        candidate = service.decode(data, "candidate")
+        return service.compare(
+            candidate, namespace=namespace, criteria=body.criteria, ref_ids=tuple(body.ref_ids), top_k=body.top_k,
+            query=body.query, use_cache=body.use_cache, use_kv_cache=body.use_kv_cache, force_vlm=body.force_vlm,
+            recall=body.recall, rerank=body.rerank, recall_k=body.recall_k, reranker=body.reranker,
+        )
+
+    result = await pool.run(work)
+    metrics.stages(result.get("stages", {}), result.get("timings_ms", {}))
+    return result
+
+
+@router.post("/v1/search", tags=["retrieval"], responses={400: ERROR_RESPONSES[400]})
+async def search(body: SearchBody, namespace: Tenant, service: ServiceDep, pool: PoolDep) -> dict[str, Any]:
+    """Recall references by text or by image; the JSON of ``refsight search --json``."""
+    # "exactly one of text or image" and "the text is not empty" are the library's rules (400 naming the field).
+    validate_where(body.where)  # at most MAX_WHERE_KEYS keys: 400 here, before any model work
+    data = decode_image_field(body.image, "image") if body.image is not None else None
+
+    def work() -> dict[str, Any]:
+        image = service.decode(data, "image") if data is not None else None
+        with fields_named(text=body.text):
+            return service.search(namespace=namespace, text=body.text, image=image, k=body.k, where=body.where)
+
+    return await pool.run(work)

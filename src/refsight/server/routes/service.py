@@ -1,0 +1,38 @@
+"""The service's own routes: ``/healthz`` (liveness), ``/metrics`` (Prometheus), ``/v1/stats`` (cache statistics)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import Response
+
+from ... import __version__
+from ..auth import require_operator
+from ..deps import MetricsDep, PoolDep, ServiceDep, Tenant, TenantsDep
+from ..metrics import CONTENT_TYPE_LATEST
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["service"])
+
+
+@router.get("/healthz")
+async def healthz(service: ServiceDep) -> dict[str, Any]:
+    """Liveness: the model name and whether its weights are random. Needs no key."""
+    return {"status": "ok", "model": service.model, "random_weights": service.random_weights, "version": __version__}
+
+
+@router.get("/metrics", response_class=Response, dependencies=[Depends(require_operator)])
+async def prometheus(metrics: MetricsDep) -> Response:
+    """Prometheus text format: cache hits/misses/evictions/bytes/encode time saved, request latencies."""
+    import anyio.to_thread
+
+    body = await anyio.to_thread.run_sync(metrics.render)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/stats")
+async def stats(namespace: Tenant, service: ServiceDep, pool: PoolDep, tenants: TenantsDep) -> dict[str, Any]:
+    """Cache statistics; with tenants, only the caller's references and packages (counters are operator-level)."""
+    return await pool.run_light(lambda: service.stats(namespace=namespace, tenants=tenants.enabled))
