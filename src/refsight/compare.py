@@ -90,7 +90,7 @@ def run_compare(engine: Engine, candidate: ImageSource, options: CompareOptions,
     """Run the pipeline for one candidate (see the module docstring)."""
     from .judge import Judge, parse_rubric
     from .judge.prefilter import required_mismatches
-    from .judge.sidecars import check_sources
+    from .judge.attribute_records import check_sources
 
     rubric = parse_rubric(options.criteria)  # a bad rubric fails before any model work
     attributes = check_sources(options.attributes)
@@ -119,14 +119,14 @@ def run_compare(engine: Engine, candidate: ImageSource, options: CompareOptions,
     stages = {"recalled": len(refs) if options.top_k is not None else 0, "filtered": 0, "reranked": 0, "judged": 0}
 
     settle = bool(attributes) and not options.force_vlm
-    sidecars = engine.sidecar_records() if settle else None
+    records = engine.attribute_records if settle else None
     candidate_attrs = None
     filtered: dict[str, Any] = {}
-    if sidecars is not None and any(c.required for c in rubric.criteria):
+    if records is not None and any(c.required for c in rubric.criteria):
         with timer("prefilter"):
-            stored = sidecars.stored([(ref.image_sha256, scope) for ref in refs], attributes, backend)
+            stored = records.stored([(ref.image_sha256, scope) for ref in refs], attributes, backend)
             if any(stored):
-                candidate_attrs = _candidate_record(engine, sidecars, backend, image, attributes, options, scope)
+                candidate_attrs = _candidate_record(engine, records, backend, image, attributes, options, scope)
                 verdicts = required_mismatches(rubric, stored, candidate_attrs, _text_encoder())
                 filtered = {ref.ref_id: f for ref, f in zip(refs, verdicts) if f is not None}
         stages["filtered"] = len(filtered)
@@ -151,14 +151,14 @@ def run_compare(engine: Engine, candidate: ImageSource, options: CompareOptions,
     vlm_calls = 0
     if finalists:
         with timer("candidate_encode"):  # encoded once (memory only), shared by every reference's request
-            candidate_visual = engine.packages.visual(backend, image, use_cache=options.use_cache, scope=scope).item
+            candidate_visual = engine.packages.model_image(backend, image, use_cache=options.use_cache, scope=scope).item
         with timer("reference_load"):
-            visuals = [engine.packages.visual(backend, ref, use_cache=options.use_cache, scope=scope) for ref in finalists]
+            visuals = [engine.packages.model_image(backend, ref, use_cache=options.use_cache, scope=scope) for ref in finalists]
         inputs = [v.item for v in visuals]
         ref_attrs: list[Any] = [None] * len(finalists)
-        if sidecars is not None:
+        if records is not None:
             with timer("attributes"):
-                ref_attrs, candidate_attrs = sidecars.records(
+                ref_attrs, candidate_attrs = records.records(
                     [(ref.image_sha256, item, partial(engine.reference_image, ref)) for ref, item in zip(finalists, inputs)],
                     image, candidate_visual, attributes, backend,
                 )
@@ -215,10 +215,10 @@ def sort_results(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows, key=key)  # stable: equal keys keep the shortlist's order
 
 
-def _candidate_record(engine, sidecars, backend, image, attributes, options, scope) -> dict[str, Any]:
+def _candidate_record(engine, records, backend, image, attributes, options, scope) -> dict[str, Any]:
     """The candidate's attribute record for the prefilter (memory LRU; never stored)."""
-    visual = engine.packages.visual(backend, image, use_cache=options.use_cache, scope=scope).item if "vlm" in attributes else image
-    _, record = sidecars.records([], image, visual, attributes, backend)
+    visual = engine.packages.model_image(backend, image, use_cache=options.use_cache, scope=scope).item if "vlm" in attributes else image
+    _, record = records.records([], image, visual, attributes, backend)
     return record
 
 

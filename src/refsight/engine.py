@@ -49,8 +49,7 @@ from .store import DEFAULT_NAMESPACE, Reference, Store
 from .timing import elapsed_ms, progress_bar
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .judge.attributes import AttributeSchema
-    from .judge.sidecars import SidecarRecords
+    from .judge.attribute_schema import AttributeSchema
     from .rerank import Reranker
 
 __all__ = ["Engine", "PackageState", "ReferenceSegment"]
@@ -102,10 +101,12 @@ class Engine:
         self.settings = settings if settings is not None else load_settings(self.store.root)
         self.share_packages = share_packages
         self._backends: dict[str, Backend] = {}
-        self._sidecars = None  # the attribute sidecars, opened at the first ingest or comparison that uses them
-        from .judge.sidecars import load_attribute_schema
+        from .judge.attribute_records import AttributeRecords
+        from .judge.attribute_schema import load_attribute_schema
 
         self.attribute_schema = load_attribute_schema(attribute_schema)  # a bad schema fails here, before any work
+        #: The attribute records of the store's references (the store opens at the first use).
+        self.attribute_records = AttributeRecords(self.store.derived_root, schema=self.attribute_schema)
         kept = partial(load_kept_image, self.store.catalog, limits=limits)
         #: The parts (see the module docstring); the methods below are the public API.
         self.packages = PackageCache(self.store, kept)
@@ -122,9 +123,7 @@ class Engine:
     # -- lifecycle ---------------------------------------------------------------------
     def close(self) -> None:
         """Close what this engine opened (backends stay cached in the registry for reuse)."""
-        if self._sidecars is not None:
-            self._sidecars.close()
-            self._sidecars = None
+        self.attribute_records.close()
         self.retrieval.close()
         if self._owns_store:
             self.store.close()
@@ -181,12 +180,12 @@ class Engine:
         default) adds nothing to ingest: records are then computed at the first compare that
         judges the reference.
         """
-        from .judge.sidecars import check_sources
+        from .judge.attribute_records import check_sources
 
         sources_ = check_sources(attributes)
         namespace = self._ns(namespace)
         backend, scope = self.backend(model), self.scope(namespace)
-        hook = (lambda batch: self.sidecar_records().ingest(batch, sources_, backend)) if sources_ else None
+        hook = (lambda batch: self.attribute_records.ingest(batch, sources_, backend)) if sources_ else None
         return self.book.add_many(
             sources, ids=ids, metadata=metadata, backend=backend, namespace=namespace, scope=scope, after_batch=hook
         )
@@ -330,7 +329,7 @@ class Engine:
         criterion as a mismatch are dropped first (``stage: "filtered"``). The candidate is
         encoded once (memory only); references come from their durable packages
         (``use_cache=False`` sends every image as pixels; ``use_kv_cache=False`` prefills every
-        reference prefix afresh). Criteria the attribute sidecars
+        reference prefix afresh). Criteria the attribute records
         (``"imagenet"``, ``"vlm"``) settle are answered from them unless ``force_vlm``.
         ``evidence_max_chars`` bounds each evidence string. Results are sorted by score.
         """
@@ -342,14 +341,6 @@ class Engine:
             evidence_max_chars=evidence_max_chars, model=model, use_kv_cache=use_kv_cache,
         )
         return run_compare(self, candidate, options, self._ns(namespace))
-
-    def sidecar_records(self) -> SidecarRecords:
-        """The attribute sidecars of this store (opened on first use), as the compare pipeline reads them."""
-        if self._sidecars is None:
-            from .judge.sidecars import SidecarRecords
-
-            self._sidecars = SidecarRecords(self.store.derived_root, schema=self.attribute_schema)
-        return self._sidecars
 
     # -- maintenance -------------------------------------------------------------------
     def stats(self, *, namespace: str | None = None, tenant_view: bool = False, all_namespaces: bool = False) -> StoreStats:

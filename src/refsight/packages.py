@@ -31,7 +31,7 @@ import functools
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Union
 
 from .backends.base import Backend
 from .errors import CorruptPackageError
@@ -40,18 +40,24 @@ from .locks import KeyedLocks
 from .package import VisualPackage, package_key
 from .store import Reference, Store
 
-__all__ = ["PackageCache", "CachedPackage", "Visual", "PACKAGE_LOCKS", "holding_packages", "encode_packages"]
+__all__ = [
+    "PackageCache", "CachedPackage", "ModelImage", "ServedImage", "PACKAGE_LOCKS", "holding_packages", "encode_packages",
+]
 
 #: Package keys are content-addressed and mean the same in every engine of a process (tenants
 #: share one store), so one lock table serves them all: an image is encoded once.
 PACKAGE_LOCKS = KeyedLocks()
 
 
-@dataclass(frozen=True)
-class Visual:
-    """What a backend gets for one image: a package, or pixels (``use_cache=False``), and how it came."""
+#: One image as a backend takes it: its package, or (``use_cache=False``) its pixels.
+ModelImage = Union[VisualPackage, ImageInput]
 
-    item: VisualPackage | ImageInput
+
+@dataclass(frozen=True)
+class ServedImage:
+    """A :data:`ModelImage` and how the cache served it: ``cached`` when no encoder ran for it now."""
+
+    item: ModelImage
     cached: bool
     encode_ms: float
 
@@ -116,19 +122,19 @@ class PackageCache:
                     found = CachedPackage(package, cached=False)
         return found
 
-    def visual(
+    def model_image(
         self, backend: Backend, source: Reference | ImageInput, *, use_cache: bool, scope: str | None = None
-    ) -> Visual:
+    ) -> ServedImage:
         """A reference's durable package, a candidate's memory-only package (in ``scope``), or with
         ``use_cache=False`` the pixels themselves, so the runtime takes its own fresh path."""
         if not use_cache:
             image = self._kept_image(source.image_sha256) if isinstance(source, Reference) else source
-            return Visual(image, False, 0.0)
+            return ServedImage(image, False, 0.0)
         if isinstance(source, Reference):
             found = self.reference(backend, source, scope=scope)
         else:
             found = self.candidate(backend, source, scope=scope)
-        return Visual(found.package, found.cached, found.encode_ms)
+        return ServedImage(found.package, found.cached, found.encode_ms)
 
     def durable(self, backend: Backend, images: Sequence[ImageInput], *, scope: str | None) -> list[CachedPackage]:
         """Durable packages for new references, in order; the missing ones encoded in one batch.

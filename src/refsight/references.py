@@ -218,12 +218,12 @@ class ReferenceBook:
                 resolved.append(segment)
                 continue
             if isinstance(segment, ReferenceSegment):
-                visual = self.packages.visual(
+                visual = self.packages.model_image(
                     backend, self.get(segment.ref_id, namespace=namespace), use_cache=use_cache, scope=scope
                 )
             else:
                 image = load_image(segment, limits=self.limits, name=source_label(segment))
-                visual = self.packages.visual(backend, image, use_cache=use_cache, scope=scope)
+                visual = self.packages.model_image(backend, image, use_cache=use_cache, scope=scope)
             resolved.append(visual.item)
             cached.append(visual.cached)
             encode_ms += visual.encode_ms

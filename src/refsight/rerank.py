@@ -108,14 +108,14 @@ class VlmReranker(Reranker):
         self.instruction = instruction
 
     def _score(self, query: RerankQuery, references: list[Reference]) -> list[float]:
-        candidate = self.packages.visual(self.backend, query.image, use_cache=self.use_cache, scope=self.scope).item
+        candidate = self.packages.model_image(self.backend, query.image, use_cache=self.use_cache, scope=self.scope).item
         step = max(1, int(getattr(self.backend, "batch_size", 1) or 1))
         scores: list[float] = []
         for start in range(0, len(references), step):
             requests = [
                 GenerationRequest(
                     segments=rerank_segments(
-                        self.packages.visual(self.backend, ref, use_cache=self.use_cache, scope=self.scope).item,
+                        self.packages.model_image(self.backend, ref, use_cache=self.use_cache, scope=self.scope).item,
                         candidate, query.criteria, self.instruction,
                     ),
                     max_new_tokens=1,

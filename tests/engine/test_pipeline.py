@@ -129,7 +129,7 @@ def test_the_base_backend_refuses_yes_no_scoring():
 def test_add_without_attributes_loads_no_attribute_model(tmp_path, pixel_embedder):
     with Engine(tmp_path / "s", model="toy", embedder=pixel_embedder) as engine:
         engine.add(_png(1), ref_id="a")
-        assert engine._sidecars is None  # the ingest hook is not even built
+        assert not engine.attribute_records.opened  # the ingest hook is not even built
 
 
 def test_cli_rerank_flags(tmp_path, capsys, backend_registry):

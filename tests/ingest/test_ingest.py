@@ -169,7 +169,7 @@ def test_the_first_search_and_compare_after_an_ingest_do_no_reference_work(tmp_p
         # reference package was a hit, every reference record was stored already.
         assert embedded == [1]
         assert counters.get("misses", 0) == 1 and counters.get("hits", 0) >= 3
-        assert engine.sidecar_records().store.misses == 0
+        assert engine.attribute_records.store.misses == 0
         assert len(result.results) == 3
 
 

@@ -78,8 +78,8 @@ class IngestWriter:
         retriever = engine.retrieval.retriever()  # the embedder loads on the driver: its digest names the vectors
         self.vectors = retriever.db
         self.embedder_digest = retriever.embedder.digest
-        self.imagenet = engine.sidecar_records().imagenet() if "imagenet" in attributes else None
-        self.records = engine.sidecar_records().store
+        self.imagenet = engine.attribute_records.imagenet() if "imagenet" in attributes else None
+        self.records = engine.attribute_records.store
         self._claimed: dict[str, str] = {}  # ref id → image hash, for the ids chosen in this run
         self._pending: dict[str, int] = {}  # image hash → index of the row that computes its package
         self.stored = {"packages": 0, "vectors": 0, "records": 0}

@@ -1,6 +1,6 @@
 """The judge: rubric → criteria → attribute settling → one VLM call per reference → scored verdicts.
 
-For each reference, the criteria the attribute sidecars can settle are answered from
+For each reference, the criteria its attribute records can settle are answered from
 them (``"source": "attributes"``); the rest are put to the VLM in one prompt
 (references first, see :mod:`.prompts`). A backend that supports constrained decoding
 gets the verdict schema and, with ``max_new_tokens`` at the schema's token budget,
@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Mapping, Sequence
 
 from ..backends.base import Backend, GenerationRequest
 from ..backends.prefix import PrefixCache
 from ..errors import BackendError, InvalidInputError, ModelLoadError
 from ..images import ImageInput
 from ..package import VisualPackage
-from .attributes import AttributeSource, ImageNetAttributeSource, SettleThresholds, merge_records, settle_criteria
+from ..packages import ModelImage
+from .attribute_sources import AttributeSource, ImageNetAttributeSource, merge_records
 from .criteria import Criterion, Rubric, parse_rubric
 from .prompts import build_judge_request
+from .settling import SettleThresholds, settle_criteria
 from .verdict import (
     DEFAULT_EVIDENCE_CHARS,
     CriterionVerdict,
@@ -37,9 +39,8 @@ from .verdict import (
 
 __all__ = ["Judge", "ReferenceResult", "JudgeReference"]
 
-Visual = Union[VisualPackage, ImageInput]
 #: ``(ref_id, package or image, attribute record or None)``
-JudgeReference = tuple[str, Visual, Union[Mapping[str, Any], None]]
+JudgeReference = tuple[str, ModelImage, "Mapping[str, Any] | None"]
 
 #: Extra tokens for a free-form (unconstrained) answer: code fences, a short preamble.
 _FREE_FORM_SLACK = 64
@@ -63,7 +64,7 @@ class ReferenceResult:
 @dataclass
 class _Pending:
     index: int  # position in the references list
-    visual: Visual
+    visual: ModelImage
     criteria: list[Criterion]
     schema: dict  # validated against, and passed to the backend when it can constrain
     constrained: bool
@@ -114,7 +115,7 @@ class Judge:
         self.vlm_retries = 0
 
     # -- attributes ------------------------------------------------------------------------------
-    def attributes_for(self, items: Sequence[Visual]) -> list[dict[str, Any] | None]:
+    def attributes_for(self, items: Sequence[ModelImage]) -> list[dict[str, Any] | None]:
         """Records from this judge's sources (no store); ImageNet skips packages, which have no pixels."""
         merged: list[list[dict[str, Any]]] = [[] for _ in items]
         for source in self.attribute_sources:
@@ -143,8 +144,8 @@ class Judge:
     # -- judging ---------------------------------------------------------------------------------
     def judge(
         self,
-        references: Sequence[JudgeReference | tuple[str, Visual]],
-        candidate: Visual,
+        references: Sequence[JudgeReference | tuple[str, ModelImage]],
+        candidate: ModelImage,
         rubric: Rubric | str | Sequence[Any] | Mapping[str, Any],
         candidate_attrs: Mapping[str, Any] | None = None,
     ) -> list[ReferenceResult]:
@@ -225,7 +226,7 @@ class Judge:
             out.append((ref_id, visual, attrs))
         return out
 
-    def _request(self, p: _Pending, candidate: Visual) -> GenerationRequest:
+    def _request(self, p: _Pending, candidate: ModelImage) -> GenerationRequest:
         budget = token_budget(p.criteria, evidence_max_chars=self.evidence_max_chars)
         if not p.constrained:
             budget += _FREE_FORM_SLACK
@@ -243,7 +244,7 @@ class Judge:
         request.prefix_cache = self.prefix_cache
         return request
 
-    def _run(self, pending: list[_Pending], candidate: Visual, requests_per_ref: list[int]) -> None:
+    def _run(self, pending: list[_Pending], candidate: ModelImage, requests_per_ref: list[int]) -> None:
         todo = pending
         for attempt in range(2):  # the first try, then one retry told what was wrong
             if not todo:
