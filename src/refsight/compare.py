@@ -104,7 +104,7 @@ def run_compare(engine: Engine, candidate: ImageSource, options: CompareOptions,
     ref_ids = list(options.ref_ids)
     recalled: list[dict[str, Any]] = []
     if options.top_k is not None:
-        with timer("retrieval"):
+        with timer("recall"):
             vector = query_vector(engine.retrieval.embedder(), image=image, text=text, mode=mode)
             found = engine.retrieval.search(
                 text=None, image=None, vector=vector, k=options.recall_k or options.rerank or options.top_k, namespace=namespace,
@@ -166,7 +166,7 @@ def run_compare(engine: Engine, candidate: ImageSource, options: CompareOptions,
         if options.use_cache and options.use_kv_cache:
             extra["prefix_cache"] = engine.prefixes
         judge = Judge(backend, force_vlm=options.force_vlm, **extra)
-        with timer("generate"):
+        with timer("judge"):
             results = judge.judge(
                 [(ref.ref_id, item, attrs) for ref, item, attrs in zip(finalists, inputs, ref_attrs)],
                 candidate_visual, rubric, candidate_attrs=candidate_attrs,

@@ -58,7 +58,7 @@ def test_rerank_20_top_3_over_1000_references_scores_20_and_judges_3(counting_st
     assert len(backend.scored) == 20 and backend.judge_requests == 3 and out.vlm_calls == 3
     assert backend.attribute_requests == 1  # the candidate's record only: references' were stored at ingest
     assert out.stages == {"recalled": 20, "filtered": 0, "reranked": 20, "judged": 3}
-    assert set(out.timings_ms) >= {"retrieval", "rerank", "candidate_encode", "reference_load", "attributes", "generate"}
+    assert set(out.timings_ms) >= {"recall", "rerank", "candidate_encode", "reference_load", "attributes", "judge"}
     stages = [r["stage"] for r in out.results]
     assert stages == ["judged"] * 3 + ["reranked"] * 17
     judged, rest = out.results[:3], out.results[3:]
