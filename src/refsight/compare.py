@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from .context import RequestContext
 from .errors import InvalidInputError
 from .images import ImageSource, load_image
 from .references import source_label
@@ -58,13 +59,9 @@ class CompareOptions:
     #: ``rerank`` by recall score (after the prefilter) are reranked, the rest reported as ``recalled``
     recall_k: int | None = None
     reranker: str | Reranker = "vlm"
-    use_cache: bool = True
-    #: reuse the language model's state after the reference prefix (needs ``use_cache``)
-    use_kv_cache: bool = True
     force_vlm: bool = False
     attributes: Sequence[str] = ("imagenet",)
     evidence_max_chars: int | None = None
-    model: str | None = None
 
     def check(self) -> None:
         """Raise InvalidInputError for counts that cannot work together."""
@@ -86,7 +83,7 @@ class CompareOptions:
             raise InvalidInputError("reranker", f"use 'vlm', 'embedding' or a Reranker, not {self.reranker!r}")
 
 
-def run_compare(engine: Engine, candidate: ImageSource, options: CompareOptions, namespace: str) -> CompareResult:
+def run_compare(engine: Engine, context: RequestContext, candidate: ImageSource, options: CompareOptions) -> CompareResult:
     """Run the pipeline for one candidate (see the module docstring)."""
     from .judge import Judge, parse_rubric
     from .judge.prefilter import required_mismatches
@@ -96,7 +93,7 @@ def run_compare(engine: Engine, candidate: ImageSource, options: CompareOptions,
     attributes = check_sources(options.attributes)
     options.check()
     mode = check_recall_mode(options.recall, query=options.query)
-    backend, scope = engine.backend(options.model), engine.scope(namespace)
+    backend, scope, namespace = context.backend, context.scope, context.namespace
     timer = StageTimer()
     image = load_image(candidate, limits=engine.limits, name=source_label(candidate))
     text = recall_text(rubric.texts, options.query)
@@ -126,7 +123,7 @@ def run_compare(engine: Engine, candidate: ImageSource, options: CompareOptions,
         with timer("prefilter"):
             stored = records.stored([(ref.image_sha256, scope) for ref in refs], attributes, backend)
             if any(stored):
-                candidate_attrs = _candidate_record(engine, records, backend, image, attributes, options, scope)
+                candidate_attrs = _candidate_record(engine, records, context, image, attributes)
                 verdicts = required_mismatches(rubric, stored, candidate_attrs, _text_encoder())
                 filtered = {ref.ref_id: f for ref, f in zip(refs, verdicts) if f is not None}
         stages["filtered"] = len(filtered)
@@ -136,7 +133,7 @@ def run_compare(engine: Engine, candidate: ImageSource, options: CompareOptions,
     finalists = survivors[: options.top_k] if options.rerank is None and options.recall_k else survivors
     if options.rerank is not None and survivors:
         survivors = survivors[: options.rerank]  # recall order: the best by recall score go on
-        reranker = _reranker(engine, options, backend, scope)
+        reranker = _reranker(engine, options, context)
         query = RerankQuery(image=image, criteria=tuple(rubric.texts), text=text, mode=mode)
         with timer("rerank"):
             scores = reranker.score(query, survivors)
@@ -151,9 +148,9 @@ def run_compare(engine: Engine, candidate: ImageSource, options: CompareOptions,
     vlm_calls = 0
     if finalists:
         with timer("candidate_encode"):  # encoded once (memory only), shared by every reference's request
-            candidate_visual = engine.packages.model_image(backend, image, use_cache=options.use_cache, scope=scope).item
+            candidate_visual = engine.packages.model_image(context, image).item
         with timer("reference_load"):
-            visuals = [engine.packages.model_image(backend, ref, use_cache=options.use_cache, scope=scope) for ref in finalists]
+            visuals = [engine.packages.model_image(context, ref) for ref in finalists]
         inputs = [v.item for v in visuals]
         ref_attrs: list[Any] = [None] * len(finalists)
         if records is not None:
@@ -163,9 +160,7 @@ def run_compare(engine: Engine, candidate: ImageSource, options: CompareOptions,
                     image, candidate_visual, attributes, backend,
                 )
         extra = {} if options.evidence_max_chars is None else {"evidence_max_chars": options.evidence_max_chars}
-        if options.use_cache and options.use_kv_cache:
-            extra["prefix_cache"] = engine.prefixes
-        judge = Judge(backend, force_vlm=options.force_vlm, **extra)
+        judge = Judge(backend, force_vlm=options.force_vlm, prefix_cache=engine.prefixes.for_request(context), **extra)
         with timer("judge"):
             results = judge.judge(
                 [(ref.ref_id, item, attrs) for ref, item, attrs in zip(finalists, inputs, ref_attrs)],
@@ -215,10 +210,10 @@ def sort_results(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows, key=key)  # stable: equal keys keep the shortlist's order
 
 
-def _candidate_record(engine, records, backend, image, attributes, options, scope) -> dict[str, Any]:
+def _candidate_record(engine, records, context, image, attributes) -> dict[str, Any]:
     """The candidate's attribute record for the prefilter (memory LRU; never stored)."""
-    visual = engine.packages.model_image(backend, image, use_cache=options.use_cache, scope=scope).item if "vlm" in attributes else image
-    _, record = records.records([], image, visual, attributes, backend)
+    visual = engine.packages.model_image(context, image).item if "vlm" in attributes else image
+    _, record = records.records([], image, visual, attributes, context.backend)
     return record
 
 
@@ -228,9 +223,9 @@ def _text_encoder() -> Any:
     return load_minilm()
 
 
-def _reranker(engine: Engine, options: CompareOptions, backend: Any, scope: str | None) -> Reranker:
+def _reranker(engine: Engine, options: CompareOptions, context: RequestContext) -> Reranker:
     if isinstance(options.reranker, Reranker):
         return options.reranker
     if options.reranker == "embedding":
         return EmbeddingReranker(engine.retrieval.embedder(), engine.retrieval.reference_vectors)
-    return VlmReranker(backend, engine.packages, scope=scope, use_cache=options.use_cache)
+    return VlmReranker(context, engine.packages)

@@ -13,6 +13,10 @@ judge, in :mod:`refsight.compare`), ``chat`` /
 ``generate`` and ``search``. Every method takes a ``namespace`` (default: the engine's),
 so one engine serves every tenant of a server. With ``share_packages=False`` the
 namespace also salts every package key, so tenants never share (or observe) encodes.
+
+Each public method is a front door: it resolves its keywords ONCE into a
+:class:`~refsight.context.RequestContext` (namespace → scope, model → backend and merged
+options, the cache switches) and hands that one value down.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from .backends.prefix import reusable_prefix
 from .backends.sampling import Sampling, check_supported
 from .backends.turns import plan_turns
 from .config import default_model
+from .context import Models, RequestContext
 from .drift import DriftReport
 from .errors import InvalidInputError
 from .images import ImageInput, ImageSource, IntakeLimits, load_image
@@ -96,11 +101,13 @@ class Engine:
         self.namespace = namespace
         self.limits = limits
         self.progress = progress
-        self.backend_options = backend_options or BackendOptions()
-        #: The config file's options (``refsight.toml`` in the store unless given); explicit options win.
-        self.settings = settings if settings is not None else load_settings(self.store.root)
         self.share_packages = share_packages
-        self._backends: dict[str, Backend] = {}
+        #: The models served: the config file's options (``refsight.toml`` in the store unless
+        #: ``settings`` is given) under the explicit ``backend_options``, merged in one place.
+        self.models = Models(
+            settings if settings is not None else load_settings(self.store.root), backend_options or BackendOptions(),
+            self.model, share_packages=share_packages,
+        )
         from .judge.attribute_records import AttributeRecords
         from .judge.attribute_schema import load_attribute_schema
 
@@ -135,21 +142,16 @@ class Engine:
         self.close()
 
     def backend(self, model: str | None = None) -> Backend:
-        """The backend for ``model`` (default: the engine's model), loaded once with the engine's options."""
-        from .backends.registry import get_backend
+        """The backend for ``model`` (default: the engine's model), loaded once with its merged options."""
+        return self.models.backend(model)
 
-        name = model or self.model
-        if name not in self._backends:
-            options = self.settings.backend_options(name).merged(self.backend_options)
-            self._backends[name] = get_backend(name, **options.as_kwargs())
-        return self._backends[name]
-
-    def scope(self, namespace: str | None = None) -> str | None:
-        """The isolation scope salting ``namespace``'s package keys (None when packages are shared)."""
-        return None if self.share_packages else (namespace or self.namespace)
-
-    def _ns(self, namespace: str | None) -> str:
-        return namespace or self.namespace
+    def context(
+        self, namespace: str | None = None, model: str | None = None, *, use_cache: bool = True, use_kv_cache: bool = True
+    ) -> RequestContext:
+        """The context of one call (default: the engine's namespace and model), as every public method resolves it."""
+        return self.models.context(
+            self.namespace if namespace is None else namespace, model, use_cache=use_cache, use_kv_cache=use_kv_cache
+        )
 
     # -- references ----------------------------------------------------------------------
     def add(
@@ -183,24 +185,21 @@ class Engine:
         from .judge.attribute_records import check_sources
 
         sources_ = check_sources(attributes)
-        namespace = self._ns(namespace)
-        backend, scope = self.backend(model), self.scope(namespace)
-        hook = (lambda batch: self.attribute_records.ingest(batch, sources_, backend)) if sources_ else None
-        return self.book.add_many(
-            sources, ids=ids, metadata=metadata, backend=backend, namespace=namespace, scope=scope, after_batch=hook
-        )
+        context = self.context(namespace, model)
+        hook = (lambda batch: self.attribute_records.ingest(batch, sources_, context.backend)) if sources_ else None
+        return self.book.add_many(sources, ids=ids, metadata=metadata, context=context, after_batch=hook)
 
     def references(self, *, namespace: str | None = None) -> list[Reference]:
         """All references in the namespace, oldest first."""
-        return self.book.list(namespace=self._ns(namespace))
+        return self.book.list(namespace=self.context(namespace).namespace)
 
     def reference(self, ref_id: str, *, namespace: str | None = None) -> Reference:
         """One reference; raises ReferenceNotFoundError."""
-        return self.book.get(ref_id, namespace=self._ns(namespace))
+        return self.book.get(ref_id, namespace=self.context(namespace).namespace)
 
     def remove(self, ref_id: str, *, namespace: str | None = None) -> Reference:
         """Remove a reference, every package no other reference uses, and its retrieval entries."""
-        return self.book.remove(ref_id, namespace=self._ns(namespace))
+        return self.book.remove(ref_id, namespace=self.context(namespace).namespace)
 
     def reference_image(self, ref: Reference) -> ImageInput:
         """The reference's image, decoded from its kept original bytes."""
@@ -208,11 +207,11 @@ class Engine:
 
     def reference_package(self, ref: Reference, *, model: str | None = None) -> CachedPackage:
         """The reference's durable package under ``model`` (encoded now when missing or corrupt)."""
-        return self.packages.reference(self.backend(model), ref, scope=self.scope(ref.namespace))
+        return self.packages.reference(self.context(ref.namespace, model), ref)
 
     def package_state(self, ref: Reference, *, model: str | None = None) -> PackageState:
         """Whether the reference's package for ``model`` is on disk and in memory (nothing is loaded)."""
-        key = self.packages.key(self.backend(model), ref.image_sha256, self.scope(ref.namespace))
+        key = self.context(ref.namespace, model).package_key(ref.image_sha256)
         return PackageState(cached=self.store.local.contains(key), in_memory=self.store.memory.contains(key))
 
     # -- generation --------------------------------------------------------------------------
@@ -256,20 +255,18 @@ class Engine:
         segments open with references, the language model's state after them is reused across
         requests (:mod:`refsight.prefixes`) unless ``use_kv_cache=False``.
         """
-        namespace = self._ns(namespace)
-        backend, scope = self.backend(model), self.scope(namespace)
+        context = self.context(namespace, model, use_cache=use_cache, use_kv_cache=use_kv_cache)
+        backend = context.backend
         sampling = sampling or Sampling()
         check_supported(sampling, backend.sampling_fields, backend.name)
         segments, turns = plan_turns(list(segments), turns, backend.supports_turns)
-        prefix = reusable_prefix(segments, lambda s: isinstance(s, ReferenceSegment)) if use_cache and use_kv_cache else 0
         start = time.perf_counter()
-        resolved, cached, encode_ms = self.book.resolve_segments(
-            backend, segments, namespace=namespace, use_cache=use_cache, scope=scope
-        )
+        resolved, cached, encode_ms = self.book.resolve_segments(context, segments)
         load_ms = (time.perf_counter() - start) * 1000 - encode_ms
         request = GenerationRequest(
             segments=resolved, max_new_tokens=max_new_tokens, json_schema=json_schema, sampling=sampling, turns=turns,
-            prefix_segments=prefix, prefix_cache=self.prefixes if prefix else None,
+            prefix_segments=reusable_prefix(segments, lambda s: isinstance(s, ReferenceSegment)),
+            prefix_cache=self.prefixes.for_request(context),
         )
         if on_text is not None:
             generation = backend.generate_stream(request, on_text=on_text, stop_event=stop_event)
@@ -300,12 +297,12 @@ class Engine:
             raise InvalidInputError("k", f"must be an integer in 1..1000, not {k!r}")
         query = None if image is None else load_image(image, limits=self.limits, name=source_label(image))
         return self.retrieval.search(
-            text=text, image=query, k=k, namespace=self._ns(namespace), where=where, restrict_to=restrict_to
+            text=text, image=query, k=k, namespace=self.context(namespace).namespace, where=where, restrict_to=restrict_to
         )
 
     def index(self, *, rebuild: bool = False, namespace: str | None = None) -> IndexReport:
         """Bring the retrieval index up to date (``rebuild``: from the store, from scratch)."""
-        return self.retrieval.sync(self._ns(namespace), rebuild=rebuild)
+        return self.retrieval.sync(self.context(namespace).namespace, rebuild=rebuild)
 
     # -- judging ---------------------------------------------------------------------------
     @holding_packages
@@ -337,17 +334,20 @@ class Engine:
 
         options = CompareOptions(
             criteria=criteria, ref_ids=tuple(ref_ids), top_k=top_k, query=query, recall=recall, rerank=rerank,
-            reranker=reranker, recall_k=recall_k, use_cache=use_cache, force_vlm=force_vlm, attributes=tuple(attributes),
-            evidence_max_chars=evidence_max_chars, model=model, use_kv_cache=use_kv_cache,
+            reranker=reranker, recall_k=recall_k, force_vlm=force_vlm, attributes=tuple(attributes),
+            evidence_max_chars=evidence_max_chars,
         )
-        return run_compare(self, candidate, options, self._ns(namespace))
+        context = self.context(namespace, model, use_cache=use_cache, use_kv_cache=use_kv_cache)
+        return run_compare(self, context, candidate, options)
 
     # -- maintenance -------------------------------------------------------------------
     def stats(self, *, namespace: str | None = None, tenant_view: bool = False, all_namespaces: bool = False) -> StoreStats:
         """Cache statistics (``tenant_view``: only the namespace's packages, no store-wide counters;
         ``all_namespaces``: references counted across every namespace)."""
-        return self.maintenance.stats(namespace=None if all_namespaces else self._ns(namespace), tenant_view=tenant_view,
-                                      backends=() if tenant_view else list(self._backends.values()))
+        return self.maintenance.stats(
+            namespace=None if all_namespaces else self.context(namespace).namespace, tenant_view=tenant_view,
+            backends=() if tenant_view else self.models.loaded(),
+        )
 
     def verify(self, *, repair: bool = False, model: str | None = None) -> VerifyReport:
         """Check every package; with ``repair``, re-encode corrupt ones from the kept images with ``model``."""
@@ -358,16 +358,11 @@ class Engine:
         threshold: float | None = None,
     ) -> DriftReport:
         """Re-encode ``sample`` random references with today's runtime and compare with the stored packages."""
-        namespace = self._ns(namespace)
-        return self.maintenance.drift(
-            self.backend(model), namespace=namespace, scope=self.scope(namespace), sample=sample, seed=seed,
-            threshold=threshold,
-        )
+        return self.maintenance.drift(self.context(namespace, model), sample=sample, seed=seed, threshold=threshold)
 
     def reencode(self, *, model: str | None = None, namespace: str | None = None) -> Iterator[AddResult]:
         """Encode every reference of the namespace for ``model`` (packages already there are skipped)."""
-        namespace = self._ns(namespace)
-        return self.maintenance.reencode(backend=self.backend(model), namespace=namespace, scope=self.scope(namespace))
+        return self.maintenance.reencode(self.context(namespace, model))
 
     def prune(self, *, fingerprints: Sequence[str] = (), models: Sequence[str] = (), dry_run: bool = False) -> PruneReport:
         """Drop every package of these fingerprint digests or models (references and kept images stay)."""

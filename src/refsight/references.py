@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .backends.base import Backend
+from .context import RequestContext
 from .errors import InvalidInputError, ReferenceNotFoundError, RefsightError, StoreUnavailableError
 from .images import ImageInput, ImageSource, IntakeLimits, load_image
 from .package import VisualPackage
@@ -69,16 +69,16 @@ class ReferenceBook:
         *,
         ids: Sequence[str | None] | None,
         metadata: Mapping[str, Any] | None,
-        backend: Backend,
-        namespace: str,
-        scope: str | None,
+        context: RequestContext,
         after_batch: IngestHook | None = None,
     ) -> Iterator[AddResult | AddFailure]:
         """Add references, one result per input in input order; a bad input fails alone, storing nothing.
 
         ``after_batch`` (the ingest hook) is called with ``(image, package)`` of each batch's stored
-        references once they are committed, before their results are yielded.
+        references once they are committed, before their results are yielded. The references go to
+        the context's namespace, their packages under its model and scope.
         """
+        backend, namespace = context.backend, context.namespace
         ids = list(ids) if ids is not None else [None] * len(sources)
         if len(ids) != len(sources):
             raise InvalidInputError("ids", f"{len(ids)} ids for {len(sources)} images")
@@ -97,7 +97,7 @@ class ReferenceBook:
         with self._progress(len(sources), "adding") as bar:
 
             def flush() -> None:
-                stored = self._store_batch(batch, meta, backend, namespace, scope)
+                stored = self._store_batch(batch, meta, context)
                 for (index, ref_id, image), (result, _) in zip(batch, stored):
                     done[index] = result
                 if after_batch is not None:
@@ -126,15 +126,16 @@ class ReferenceBook:
             yield from ready()
 
     def _store_batch(
-        self, batch: list[tuple[int, str, ImageInput]], meta: dict[str, Any], backend: Backend, namespace: str, scope: str | None
+        self, batch: list[tuple[int, str, ImageInput]], meta: dict[str, Any], context: RequestContext
     ) -> list[tuple[AddResult | AddFailure, VisualPackage | None]]:
         with self.packages.request():  # the batch's packages stay pinned until linked
-            return self._store_pinned(batch, meta, backend, namespace, scope)
+            return self._store_pinned(batch, meta, context)
 
     def _store_pinned(
-        self, batch: list[tuple[int, str, ImageInput]], meta: dict[str, Any], backend: Backend, namespace: str, scope: str | None
+        self, batch: list[tuple[int, str, ImageInput]], meta: dict[str, Any], context: RequestContext
     ) -> list[tuple[AddResult | AddFailure, VisualPackage | None]]:
-        packages: list[CachedPackage] = self.packages.durable(backend, [image for _, _, image in batch], scope=scope)
+        packages: list[CachedPackage] = self.packages.durable(context, [image for _, _, image in batch])
+        backend, namespace = context.backend, context.namespace
         digest = backend.fingerprint().digest
         results: list[tuple[AddResult | AddFailure, VisualPackage | None]] = []
         for (_, ref_id, image), found in zip(batch, packages):
@@ -204,9 +205,7 @@ class ReferenceBook:
         return load_kept_image(self.store.catalog, image_sha256, limits=self.limits, label=label)
 
     # -- removal ----------------------------------------------------------------------------
-    def resolve_segments(
-        self, backend: Backend, segments: Sequence[Any], *, namespace: str, use_cache: bool, scope: str | None,
-    ) -> tuple[list[Any], list[bool], float]:
+    def resolve_segments(self, context: RequestContext, segments: Sequence[Any]) -> tuple[list[Any], list[bool], float]:
         """A prompt's segments ready for a backend: text stays, references become their durable packages,
         other images candidate packages (memory only); ``use_cache=False`` keeps pixels. Returns the
         segments, one cached flag per image and the encode time spent (ms)."""
@@ -218,12 +217,10 @@ class ReferenceBook:
                 resolved.append(segment)
                 continue
             if isinstance(segment, ReferenceSegment):
-                visual = self.packages.model_image(
-                    backend, self.get(segment.ref_id, namespace=namespace), use_cache=use_cache, scope=scope
-                )
+                visual = self.packages.model_image(context, self.get(segment.ref_id, namespace=context.namespace))
             else:
                 image = load_image(segment, limits=self.limits, name=source_label(segment))
-                visual = self.packages.model_image(backend, image, use_cache=use_cache, scope=scope)
+                visual = self.packages.model_image(context, image)
             resolved.append(visual.item)
             cached.append(visual.cached)
             encode_ms += visual.encode_ms

@@ -20,8 +20,9 @@
     memory_bytes = "2GiB"                # the process's memory tier
 
 Keys are the :class:`~refsight.backends.options.BackendOptions` fields. The options
-for a model are ``[backend]`` overlaid with its ``[models."NAME"]`` table; command-line
-flags overlay both (``BackendOptions.merged``). A bad key or value is an
+for a model are ``[backend]`` overlaid with its ``[models."NAME"]`` table; the explicit
+options (command-line flags, ``Engine(backend_options=...)``) overlay both, in one place:
+:meth:`Settings.backend_options`. A bad key or value is an
 :class:`~refsight.errors.InvalidInputError` that names the file and the key.
 """
 
@@ -74,9 +75,10 @@ class Settings:
     #: ``[store]``: cache tier, quota, memory budget.
     store: StoreSettings = field(default_factory=StoreSettings)
 
-    def backend_options(self, model: str) -> BackendOptions:
-        """The options for ``model``: ``[backend]`` overlaid with ``[models."model"]``."""
-        return self.backend.merged(self.models.get(model))
+    def backend_options(self, model: str, explicit: BackendOptions | None = None) -> BackendOptions:
+        """The options for ``model``: ``[backend]``, overlaid with THAT model's ``[models."model"]``, then
+        with ``explicit`` (flags, keywords: only what the caller set). The one merge of settings."""
+        return self.backend.merged(self.models.get(model)).merged(explicit)
 
     def store_options(
         self, memory_bytes: int | None = None, cache: str | None = None, max_package_bytes: int | str | None = None

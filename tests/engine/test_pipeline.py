@@ -38,7 +38,7 @@ def counting_store(tmp_path_factory):
     schema.write_text("color_pattern: [tabby, solid]\n")
     engine = Engine(root / "store", model="counting", embedder=PixelEmbedder(), attribute_schema=schema)
     # Handed to this engine alone, not registered: no fake model in the process-wide registry.
-    backend = engine._backends["counting"] = CountingBackend("counting")
+    backend = engine.models.provide("counting", CountingBackend("counting"))
     added = list(engine.add_many([_png(i) for i in range(N)], ids=[f"r{i}" for i in range(N)], attributes=("vlm",)))
     assert all(not hasattr(r, "error") for r in added)
     assert backend.attribute_requests == N  # computed at ingest, once per reference

@@ -137,14 +137,13 @@ def run_ingest(
     if unknown:
         raise InvalidInputError("attributes", f"ingest computes the imagenet record only, not {unknown}")
     items = list(source) if not isinstance(source, (str, Path)) else list_source(source)
-    namespace = namespace or engine.namespace
-    model = model or engine.model
+    context = engine.context(namespace, model)
+    namespace = context.namespace
     embedder = engine.retrieval.registry_name
     if embedder is None:
         raise InvalidInputError("embedder", "ingest loads the embedder on its workers by registry name; give a name")
-    options = engine.settings.backend_options(model).merged(engine.backend_options)
     spec = StageSpec(
-        model=model, backend_options=options.as_kwargs(), scope=engine.scope(namespace), limits=engine.limits,
+        model=context.model, backend_options=context.options.as_kwargs(), scope=context.scope, limits=engine.limits,
         embedder=embedder, attributes=tuple(attributes),
     )
     errors: dict[int, str] = {}
@@ -170,7 +169,7 @@ def run_ingest(
                     # Planned at the first good image: a source of only bad files loads no model.
                     fingerprint = executor.fingerprint(spec)
                     spec = StageSpec(**{**spec.__dict__, "fingerprint": fingerprint})
-                    writer = IngestWriter(engine, namespace=namespace, fingerprint=fingerprint, attributes=spec.attributes)
+                    writer = IngestWriter(engine, context, fingerprint=fingerprint, attributes=spec.attributes)
                 pending_probe.append((row["index"], items[row["index"]], row["sha256"]))
             probe(flush=False)
             bar.update(len(batch["index"]))

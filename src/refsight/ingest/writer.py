@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import RefsightError, StoreUnavailableError
-from ..package import EncoderFingerprint, package_key
+from ..context import RequestContext
+from ..package import EncoderFingerprint
 from .sources import IngestItem
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -69,10 +70,10 @@ class Todo:
 class IngestWriter:
     """Probe and write one namespace of an engine's store for one model, embedder and attribute set."""
 
-    def __init__(self, engine: Engine, *, namespace: str, fingerprint: EncoderFingerprint, attributes: tuple[str, ...]):
+    def __init__(self, engine: Engine, context: RequestContext, *, fingerprint: EncoderFingerprint, attributes: tuple[str, ...]):
         self.engine = engine
-        self.namespace = namespace
-        self.scope = engine.scope(namespace)
+        self.context = context
+        self.namespace = context.namespace
         self.fingerprint = fingerprint
         self.digest = fingerprint.digest
         retriever = engine.retrieval.retriever()  # the embedder loads on the driver: its digest names the vectors
@@ -103,7 +104,7 @@ class IngestWriter:
                 errors.append((index, str(e)))
                 continue
             first = sha not in self._pending
-            key = package_key(sha, self.fingerprint, self.scope)
+            key = self.context.package_key(sha, self.fingerprint)
             todo = Todo(
                 index, item, sha, ref_id,
                 need_package=first and not self.engine.packages.is_durable(key),
@@ -148,7 +149,7 @@ class IngestWriter:
         encoded = False
         if row["package"]:
             package = pickle.loads(row["package"])
-            if package.key != package_key(todo.sha256, self.fingerprint, self.scope):
+            if package.key != self.context.package_key(todo.sha256, self.fingerprint):
                 raise RuntimeError(f"{todo.item.path}: a worker returned a package under another key")
             if self.engine.packages.store_encoded(package):
                 self.stored["packages"] += 1
@@ -169,7 +170,7 @@ class IngestWriter:
     def _reference(self, todo: Todo, data: bytes, fmt: str | None) -> None:
         if not todo.need_reference:
             return
-        key = package_key(todo.sha256, self.fingerprint, self.scope)
+        key = self.context.package_key(todo.sha256, self.fingerprint)
         self.engine.store.catalog.ingest_reference(
             todo.ref_id, todo.sha256, data, fmt, todo.item.metadata, namespace=self.namespace, link=(self.digest, key)
         )
