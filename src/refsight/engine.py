@@ -34,6 +34,7 @@ from .backends.options import BackendOptions
 from .backends.prefix import reusable_prefix
 from .backends.sampling import Sampling, check_supported
 from .backends.turns import plan_turns
+from .compare import CompareOptions, ComparePipeline
 from .config import default_model
 from .context import Models, RequestContext
 from .drift import DriftReport
@@ -125,6 +126,10 @@ class Engine:
             embedder=embedder, progress=self._progress_bar,
         )
         self.book.on_remove(self.retrieval.forget)
+        self.comparisons = ComparePipeline(
+            packages=self.packages, book=self.book, retrieval=self.retrieval, attribute_records=self.attribute_records,
+            prefixes=self.prefixes, limits=limits,
+        )
         self.maintenance = Maintenance(self.store, self.packages, self.book, self._progress_bar)
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -314,7 +319,7 @@ class Engine:
         rerank: int | None = None, reranker: str | Reranker = "vlm", recall_k: int | None = None,
         use_kv_cache: bool = True,
     ) -> CompareResult:
-        """Judge ``candidate`` against references, criterion by criterion (see :mod:`refsight.compare`).
+        """Judge ``candidate`` against references, criterion by criterion (:class:`~refsight.compare.ComparePipeline`).
 
         References are ``ref_ids``, or the ``top_k`` recalled by retrieval (within ``ref_ids``
         when both are given). ``recall`` builds the query from the candidate ``"image"``, the
@@ -330,15 +335,13 @@ class Engine:
         (``"imagenet"``, ``"vlm"``) settle are answered from them unless ``force_vlm``.
         ``evidence_max_chars`` bounds each evidence string. Results are sorted by score.
         """
-        from .compare import CompareOptions, run_compare
-
         options = CompareOptions(
             criteria=criteria, ref_ids=tuple(ref_ids), top_k=top_k, query=query, recall=recall, rerank=rerank,
             reranker=reranker, recall_k=recall_k, force_vlm=force_vlm, attributes=tuple(attributes),
             evidence_max_chars=evidence_max_chars,
         )
         context = self.context(namespace, model, use_cache=use_cache, use_kv_cache=use_kv_cache)
-        return run_compare(self, context, candidate, options)
+        return self.comparisons.run(context, candidate, options)
 
     # -- maintenance -------------------------------------------------------------------
     def stats(self, *, namespace: str | None = None, tenant_view: bool = False, all_namespaces: bool = False) -> StoreStats:
