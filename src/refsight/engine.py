@@ -55,6 +55,7 @@ from .store import DEFAULT_NAMESPACE, Reference, Store
 from .timing import elapsed_ms, progress_bar
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .ingest import IngestReport
     from .judge.attribute_schema import AttributeSchema
     from .rerank import Reranker
 
@@ -308,6 +309,27 @@ class Engine:
     def index(self, *, rebuild: bool = False, namespace: str | None = None) -> IndexReport:
         """Bring the retrieval index up to date (``rebuild``: from the store, from scratch)."""
         return self.retrieval.sync(self.context(namespace).namespace, rebuild=rebuild)
+
+    def ingest(
+        self, source: str | Path | Sequence[Any], *, ray: str | None = None, actors: int = 1, gpus_per_actor: float = 0.0,
+        cpus_per_actor: float = 1.0, batch_size: int = 8, model: str | None = None, namespace: str | None = None,
+        attributes: Sequence[str] = ("imagenet",), errors_file: str | Path | None = None, progress: bool = False,
+    ) -> IngestReport:
+        """Bulk ingest (:mod:`refsight.ingest`): a directory, a text file of paths, a Parquet/CSV manifest or
+        ``IngestItem`` s, in-process or on Ray (``ray``: ``"local"``, ``"auto"`` or an address)."""
+        from .ingest import IngestParts, ingest
+
+        parts = IngestParts(
+            catalog=self.store.catalog, packages=self.packages, book=self.book, retrieval=self.retrieval,
+            attribute_records=self.attribute_records, limits=self.limits,
+        )
+        report = ingest(
+            parts, self.context(namespace, model), source, ray=ray, actors=actors, gpus_per_actor=gpus_per_actor,
+            cpus_per_actor=cpus_per_actor, batch_size=batch_size, attributes=attributes, errors_file=errors_file,
+            progress=progress,
+        )
+        self.store.counters.flush()  # the misses of this ingest are on disk for `stats` at once
+        return report
 
     # -- judging ---------------------------------------------------------------------------
     @holding_packages
