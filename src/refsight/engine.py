@@ -49,6 +49,7 @@ from .results import (
     StoreStats, VerifyReport,
 )
 from .retrieval.embedders import Embedder
+from .retrieval.query import check_search
 from .retrieval.store_index import StoreIndex
 from .settings import Settings, load_settings, open_configured_store
 from .store import DEFAULT_NAMESPACE, Reference, Store
@@ -155,9 +156,7 @@ class Engine:
         self, namespace: str | None = None, model: str | None = None, *, use_cache: bool = True, use_kv_cache: bool = True
     ) -> RequestContext:
         """The context of one call (default: the engine's namespace and model), as every public method resolves it."""
-        return self.models.context(
-            self.namespace if namespace is None else namespace, model, use_cache=use_cache, use_kv_cache=use_kv_cache
-        )
+        return self.models.context(namespace or self.namespace, model, use_cache=use_cache, use_kv_cache=use_kv_cache)
 
     # -- references ----------------------------------------------------------------------
     def add(
@@ -297,10 +296,7 @@ class Engine:
         The index is brought up to date with the catalog first (each reference image is
         embedded once per embedder, ever), so a search always sees every reference.
         """
-        if (text is None) == (image is None):
-            raise InvalidInputError("query", "give exactly one of a text query or an image")
-        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 1000:
-            raise InvalidInputError("k", f"must be an integer in 1..1000, not {k!r}")
+        check_search(text, image, k)
         query = None if image is None else load_image(image, limits=self.limits, name=source_label(image))
         return self.retrieval.search(
             text=text, image=query, k=k, namespace=self.context(namespace).namespace, where=where, restrict_to=restrict_to

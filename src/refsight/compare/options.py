@@ -8,6 +8,7 @@ from typing import Any
 
 from ..errors import InvalidInputError
 from ..rerank import Reranker
+from ..retrieval.query import check_query_text
 
 __all__ = ["CompareOptions"]
 
@@ -40,7 +41,10 @@ class CompareOptions:
         return None if self.top_k is None else self.recall_k or self.rerank or self.top_k
 
     def check(self) -> None:
-        """Raise InvalidInputError for counts that cannot work together."""
+        """Raise InvalidInputError for counts that cannot work together, or an empty ``query``: every
+        cross-field rule of a compare, in this one place (front ends map the error, they keep no copy)."""
+        if self.query is not None:
+            check_query_text(self.query, "query")  # the rule search's text follows too
         for name in ("top_k", "rerank", "recall_k"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SHORTLIST):
