@@ -53,6 +53,7 @@ from .retrieval.query import check_search
 from .retrieval.store_index import StoreIndex
 from .settings import Settings, load_settings, open_configured_store
 from .store import DEFAULT_NAMESPACE, Reference, Store
+from .text import check_text, check_texts
 from .timing import elapsed_ms, progress_bar
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -227,7 +228,7 @@ class Engine:
     ) -> GenerateResult:
         """Generate from references (cached packages unless ``use_cache=False``; their prefix state unless
         ``use_kv_cache=False``) plus an optional fresh candidate."""
-        if not prompt or not prompt.strip():
+        if not isinstance(prompt, str) or not check_text(prompt, "prompt").strip():
             raise InvalidInputError("prompt", "the prompt is empty")
         segments: list[Any] = []
         for i, ref_id in enumerate(ref_ids, 1):
@@ -261,6 +262,7 @@ class Engine:
         requests (:mod:`refsight.prefixes`) unless ``use_kv_cache=False``.
         """
         context = self.context(namespace, model, use_cache=use_cache, use_kv_cache=use_kv_cache)
+        _check_prompt_texts(segments, json_schema, sampling)
         backend = context.backend
         sampling = sampling or Sampling()
         check_supported(sampling, backend.sampling_fields, backend.name)
@@ -296,7 +298,7 @@ class Engine:
         The index is brought up to date with the catalog first (each reference image is
         embedded once per embedder, ever), so a search always sees every reference.
         """
-        check_search(text, image, k)
+        check_search(text, image, k, where, restrict_to)
         query = None if image is None else load_image(image, limits=self.limits, name=source_label(image))
         return self.retrieval.search(
             text=text, image=query, k=k, namespace=self.context(namespace).namespace, where=where, restrict_to=restrict_to
@@ -396,3 +398,12 @@ class Engine:
     def _progress_bar(self, total: int, description: str) -> AbstractContextManager[Any]:
         return progress_bar(total, description, enabled=self.progress)
 
+
+def _check_prompt_texts(segments: Sequence[Any], json_schema: Any, sampling: Sampling | None) -> None:
+    """Every text a prompt carries must be valid Unicode (a backend request encodes it, and so would a log)."""
+    for i, segment in enumerate(segments):
+        if isinstance(segment, str):
+            check_text(segment, f"segments[{i}]")
+    check_texts(json_schema, "json_schema")
+    if sampling is not None:
+        check_texts(list(sampling.stop), "stop")

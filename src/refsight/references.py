@@ -26,6 +26,7 @@ from .package import VisualPackage
 from .packages import CachedPackage, PackageCache
 from .results import AddFailure, AddResult
 from .store import Catalog, Reference, Store, validate_ref_id
+from .text import check_texts, printable_text
 
 __all__ = ["IngestHook", "ReferenceBook", "ReferenceSegment", "RemovalListener", "load_kept_image", "source_label", "validate_metadata"]
 
@@ -243,12 +244,13 @@ def load_kept_image(catalog: Catalog, image_sha256: str, *, limits: IntakeLimits
 
 
 def source_label(source: object) -> str:
-    """How an image source is named in messages: its path, its size, or its type."""
+    """How an image source is named in messages: its path, its size, or its type (always printable text:
+    a path from the command line may hold undecodable bytes, which stay a valid path to read)."""
     if isinstance(source, (str, Path)):
-        return str(source)
+        return printable_text(str(source))
     if isinstance(source, (bytes, bytearray, memoryview)):
         return f"<{len(source)} bytes>"
-    return getattr(source, "name", None) or type(source).__name__
+    return printable_text(str(getattr(source, "name", None) or type(source).__name__))
 
 
 def validate_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
@@ -258,6 +260,7 @@ def validate_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
     for key in metadata:
         if not isinstance(key, str) or not key or len(key) > 128:
             raise InvalidInputError(f"metadata key {key!r}", "keys are non-empty strings of at most 128 characters")
+    check_texts(dict(metadata), "metadata")  # keys and values, nested ones too: stored text must encode
     try:
         text = json.dumps(dict(metadata))
     except (TypeError, ValueError, RecursionError) as e:

@@ -239,3 +239,19 @@ def test_a_killed_ingest_rerun_encodes_only_what_is_missing(tmp_path, images):
         assert engine.verify().ok and len(engine.references()) == len(images)
     assert report.added == len(images) - stored  # every package already on disk was kept, not encoded again
     assert (report.added + report.cached, report.failed) == (len(images), 0)
+
+
+def test_metadata_that_cannot_be_encoded_is_an_error_row_and_the_errors_file_stays_utf8(tmp_path, images):
+    import os
+
+    odd = tmp_path / os.fsdecode(b"odd-\xff.png")  # undecodable bytes: still a path to read
+    odd.write_bytes(b"not an image")
+    items = [IngestItem(str(images[0]), name="good.png"), IngestItem(str(images[1]), metadata={"k": "\udcff"}),
+             IngestItem(str(odd))]
+    errors = tmp_path / "errors.jsonl"
+    with Engine(tmp_path / "store", model=MODEL) as engine:
+        report = engine.ingest(items, errors_file=errors)
+        assert (report.added, report.failed) == (1, 2)
+        assert [r.ref_id for r in engine.references()] == ["good"]
+    rows = [json.loads(line) for line in errors.read_bytes().decode("utf-8").splitlines()]
+    assert "not valid Unicode" in rows[0]["error"] and "\ufffd" in rows[1]["input"]

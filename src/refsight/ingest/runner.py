@@ -29,6 +29,7 @@ from ..context import RequestContext
 from ..errors import InvalidInputError, RefsightError, StoreUnavailableError
 from ..images import IntakeLimits
 from ..package import EncoderFingerprint
+from ..text import printable_text
 from ..timing import progress_bar
 from .sources import IngestItem, list_source
 from .stages import EncodeStage, StageSpec, columns, hash_stage, rows
@@ -257,5 +258,7 @@ def _write_errors(path: str | Path | None, items: list[IngestItem], errors: dict
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         for index in sorted(errors):
-            f.write(json.dumps({"input": items[index].path, "error": errors[index]}, ensure_ascii=False) + "\n")
+            # A path may hold undecodable bytes (it was read all the same): the file must stay UTF-8.
+            line = {"input": printable_text(items[index].path), "error": printable_text(errors[index])}
+            f.write(json.dumps(line, ensure_ascii=False) + "\n")
     return str(path)

@@ -36,7 +36,7 @@ from ..images import IntakeLimits
 from ..judge.attribute_records import AttributeRecords
 from ..package import EncoderFingerprint
 from ..packages import PackageCache
-from ..references import ReferenceBook
+from ..references import ReferenceBook, validate_metadata
 from ..retrieval.store_index import StoreIndex
 from ..store import Catalog
 from .sources import IngestItem
@@ -114,6 +114,7 @@ class IngestWriter:
         todos, errors = [], []
         for index, item, sha in batch:
             try:
+                validate_metadata(item.metadata)  # the rules `add` applies (valid text, JSON, size)
                 ref_id = self._choose(item, sha)
             except StoreUnavailableError:
                 raise  # the store, not this image: the job stops (a re-run resumes)

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import InvalidInputError
 from ..images import ImageInput
-from ..text import check_text
+from ..text import check_text, check_texts
 from .embedders import Embedder, l2_normalise
 
 __all__ = [
@@ -55,8 +55,11 @@ def check_query_text(text: object, name: str) -> str:
     return text
 
 
-def check_search(text: str | None, image: object | None, k: object) -> None:
-    """The rules of one search: exactly one of ``text`` (see :func:`check_query_text`) or ``image``, ``k`` in 1..1000."""
+def check_search(text: str | None, image: object | None, k: object, where: object = None, restrict_to: object = None) -> None:
+    """The rules of one search: exactly one of ``text`` (see :func:`check_query_text`) or ``image``, ``k`` in
+    1..1000, and valid text in the ``where`` filter and the ``restrict_to`` ids."""
+    check_texts(where, "where")
+    check_texts(restrict_to, "restrict_to")
     if (text is None) == (image is None):
         raise InvalidInputError("text/image", "give exactly one of a text query or an image")
     if text is not None:
