@@ -141,6 +141,8 @@ class Maintenance:
             prefix_misses=int(counters.get("prefix_misses", 0)),
             prefix_bytes=prefixes["bytes"],
             prefix_ms_saved=round(float(counters.get("prefix_ms_saved", 0.0)), 3),
+            corrupt=int(counters.get("corrupt", 0)),
+            prefix_corrupt=int(counters.get("prefix_corrupt", 0)),
             runtime_prefix_cache=_runtime_prefix_caches(backends),
         )
 

@@ -15,8 +15,12 @@ Every visual package refsight uses goes through :class:`PackageCache`, under one
   PostgreSQL advisory lock) does the same; a lease that times out costs an encode, never a
   second row or a torn file (writes are content-addressed and idempotent).
 - **Reads do not write.** A hit takes no cross-process lock and issues no SQL write; hits,
-  misses and the encoder time saved are counted here, once, in the store's
-  :class:`~refsight.store.counters.CounterBuffer`.
+  misses, packages found corrupt and the encoder time saved are counted here, once, in the
+  store's :class:`~refsight.store.counters.CounterBuffer`.
+- **Corrupt is never served.** Every read of a durable package checks it (size, checksum, spec);
+  one that fails is deleted, counted (``corrupt``), re-encoded from the kept image and written
+  back, whatever else the request found (a prefix-state hit included: packages are looked up
+  before any prefix state, so none can stand in for a package).
 - **Scopes isolate.** ``scope`` salts the key (see :func:`refsight.package.package_key`): a
   tenant whose scope differs can neither hit nor observe another tenant's packages.
 - **The quota holds, never under a running request.** Each use is noted (buffered, see
@@ -198,8 +202,10 @@ class PackageCache:
         try:
             package = self.store.packages.get(key)
         except CorruptPackageError:
-            # Never serve a corrupt package: drop it, so the caller re-encodes from the kept image.
+            # Never serve a corrupt package: drop it, so the caller re-encodes from the kept image
+            # and writes the repaired package back (counted: `corrupt`, then the miss of the encode).
             self.store.packages.delete(key)
+            self.store.counters.add(corrupt=1)
             return None
         if package is None:
             return None

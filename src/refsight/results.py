@@ -251,6 +251,9 @@ class StoreStats:
     prefix_misses: int | None = None
     prefix_bytes: int | None = None
     prefix_ms_saved: float | None = None
+    #: Packages and prefix states found corrupt on a read (each deleted, then re-encoded or rebuilt).
+    corrupt: int | None = None
+    prefix_corrupt: int | None = None
     #: A runtime's own prefix cache, per loaded backend that keeps one (vLLM: prompt tokens queried, hit, hit rate).
     runtime_prefix_cache: dict[str, dict[str, float]] | None = None
 
