@@ -79,52 +79,51 @@ class ReferenceBook:
         references once they are committed, before their results are yielded. The references go to
         the context's namespace, their packages under its model and scope.
         """
-        backend, namespace = context.backend, context.namespace
         ids = list(ids) if ids is not None else [None] * len(sources)
         if len(ids) != len(sources):
             raise InvalidInputError("ids", f"{len(ids)} ids for {len(sources)} images")
         meta = validate_metadata(metadata or {})
+        batch_size = max(1, context.backend.batch_size)
+        results = _InOrder()
         batch: list[tuple[int, str, ImageInput]] = []
-        done: dict[int, AddResult | AddFailure] = {}
-        next_index = 0
-
-        def ready() -> Iterator[AddResult | AddFailure]:
-            # Results come out in input order, whatever order batches finish in.
-            nonlocal next_index
-            while next_index in done:
-                yield done.pop(next_index)
-                next_index += 1
-
         with self._progress(len(sources), "adding") as bar:
-
-            def flush() -> None:
-                stored = self._store_batch(batch, meta, context)
-                for (index, ref_id, image), (result, _) in zip(batch, stored):
-                    done[index] = result
-                if after_batch is not None:
-                    added = [(image, package) for (_, _, image), (result, package) in zip(batch, stored) if package is not None]
-                    if added:
-                        after_batch(added)
-                bar.update(len(batch))
-                batch.clear()
-
             for index, (source, ref_id) in enumerate(zip(sources, ids)):
-                try:
-                    image = load_image(source, limits=self.limits, name=source_label(source))
-                    ref_id = self._choose_id(ref_id, source, image, namespace)
-                except StoreUnavailableError:
-                    raise  # the store, not this input: the whole request fails (503), nothing half-done
-                except RefsightError as e:
-                    done[index] = AddFailure(input=source_label(source), error=str(e))
+                taken = self._take_in(source, ref_id, context.namespace)
+                if isinstance(taken, AddFailure):
+                    results.put(index, taken)
                     bar.update(1)
                 else:
-                    batch.append((index, ref_id, image))
-                    if len(batch) >= max(1, backend.batch_size):
-                        flush()
-                yield from ready()
+                    batch.append((index, *taken))
+                    if len(batch) >= batch_size:
+                        self._flush(batch, meta, context, after_batch, results, bar)
+                yield from results.ready()
             if batch:
-                flush()
-            yield from ready()
+                self._flush(batch, meta, context, after_batch, results, bar)
+            yield from results.ready()
+
+    def _take_in(self, source: ImageSource, ref_id: str | None, namespace: str) -> tuple[str, ImageInput] | AddFailure:
+        """``(id, decoded image)`` of one input, or the AddFailure that says why it cannot be added."""
+        try:
+            image = load_image(source, limits=self.limits, name=source_label(source))
+            return self._choose_id(ref_id, source, image, namespace), image
+        except StoreUnavailableError:
+            raise  # the store, not this input: the whole request fails (503), nothing half-done
+        except RefsightError as e:
+            return AddFailure(input=source_label(source), error=str(e))
+
+    def _flush(
+        self, batch: list[tuple[int, str, ImageInput]], meta: dict[str, Any], context: RequestContext,
+        after_batch: IngestHook | None, results: _InOrder, bar: Any,
+    ) -> None:
+        """Store one batch, run the ingest hook over what it stored, and hand its results over."""
+        stored = self._store_batch(batch, meta, context)
+        for (index, _, _), (result, _) in zip(batch, stored):
+            results.put(index, result)
+        added = [(image, package) for (_, _, image), (_, package) in zip(batch, stored) if package is not None]
+        if after_batch is not None and added:
+            after_batch(added)
+        bar.update(len(batch))
+        batch.clear()
 
     def _store_batch(
         self, batch: list[tuple[int, str, ImageInput]], meta: dict[str, Any], context: RequestContext
@@ -235,6 +234,24 @@ class ReferenceBook:
         for listener in self._listeners:
             listener(namespace, ref.ref_id)
         return ref
+
+
+class _InOrder:
+    """Results by input index, handed out in input order whatever order their batches finish in."""
+
+    def __init__(self) -> None:
+        self._done: dict[int, AddResult | AddFailure] = {}
+        self._next = 0
+
+    def put(self, index: int, result: AddResult | AddFailure) -> None:
+        """Keep the result of input ``index``."""
+        self._done[index] = result
+
+    def ready(self) -> Iterator[AddResult | AddFailure]:
+        """The results whose turn has come."""
+        while self._next in self._done:
+            yield self._done.pop(self._next)
+            self._next += 1
 
 
 def load_kept_image(catalog: Catalog, image_sha256: str, *, limits: IntakeLimits, label: str | None = None) -> ImageInput:

@@ -62,20 +62,18 @@ class _Shortlist:
     counts: dict[str, int] = field(default_factory=lambda: {"recalled": 0, "filtered": 0, "reranked": 0, "judged": 0})
 
 
+@dataclass(frozen=True, eq=False)
 class ComparePipeline:
     """Recall → prefilter → rerank → judge over the parts of one store (no engine in sight)."""
 
-    def __init__(
-        self, *, packages: PackageCache, book: ReferenceBook, retrieval: StoreIndex, attribute_records: AttributeRecords,
-        prefixes: PrefixStateCache, limits: IntakeLimits, text_encoder: Callable[[], Any] | None = None,
-    ) -> None:
-        self.packages = packages
-        self.book = book
-        self.retrieval = retrieval
-        self.attribute_records = attribute_records
-        self.prefixes = prefixes
-        self.limits = limits
-        self._text_encoder = text_encoder or _minilm
+    packages: PackageCache
+    book: ReferenceBook
+    retrieval: StoreIndex
+    attribute_records: AttributeRecords
+    prefixes: PrefixStateCache
+    limits: IntakeLimits
+    #: Loads the text model that matches criteria to attribute records (the prefilter's; MiniLM).
+    text_encoder: Callable[[], Any] = field(default=lambda: _minilm())
 
     def run(self, context: RequestContext, candidate: ImageSource, options: CompareOptions) -> CompareResult:
         """Judge ``candidate`` under ``options`` (see :mod:`refsight.compare`)."""
@@ -122,7 +120,7 @@ class ComparePipeline:
         if not any(stored):
             return None
         candidate_record = self._candidate_record(request)
-        verdicts = required_mismatches(request.rubric, stored, candidate_record, self._text_encoder())
+        verdicts = required_mismatches(request.rubric, stored, candidate_record, self.text_encoder())
         shortlist.filtered = {ref.ref_id: f for ref, f in zip(refs, verdicts) if f is not None}
         shortlist.counts["filtered"] = len(shortlist.filtered)
         return candidate_record

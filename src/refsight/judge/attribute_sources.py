@@ -21,6 +21,7 @@ from ..models.imagenet_source import IMAGENET_KEY, ImageNetAttributeSource
 from ..package import VisualPackage
 from ..packages import ModelImage
 from .attribute_schema import ERROR_KEY, UNKNOWN, AttributeSchema, canonical_digest
+from .batches import generate_texts
 from .prompts import build_attribute_request
 from .verdict import VerdictParseError, extract_json
 
@@ -92,13 +93,8 @@ class VlmAttributeSource:
         )
 
     def _generate(self, requests: list[GenerationRequest]) -> list[str]:
-        texts: list[str] = []
-        step = max(1, int(getattr(self.backend, "batch_size", 1) or 1))
-        for start in range(0, len(requests), step):
-            chunk = requests[start : start + step]
-            self.calls += len(chunk)
-            texts += [g.text for g in self.backend.generate(chunk)]
-        return texts
+        self.calls += len(requests)
+        return generate_texts(self.backend, requests)
 
     def _parse(self, text: str) -> dict[str, Any]:
         import jsonschema
