@@ -40,6 +40,8 @@ from .context import Models, RequestContext
 from .drift import DriftReport
 from .errors import InvalidInputError
 from .images import ImageInput, ImageSource, IntakeLimits, load_image
+from .judge.attribute_records import AttributeRecords, check_sources
+from .judge.attribute_schema import AttributeSchema, load_attribute_schema
 from .maintenance import Maintenance
 from .packages import CachedPackage, PackageCache, holding_packages
 from .prefixes import PrefixStateCache
@@ -58,7 +60,6 @@ from .timing import elapsed_ms, progress_bar
 
 if TYPE_CHECKING:  # pragma: no cover
     from .ingest import IngestReport
-    from .judge.attribute_schema import AttributeSchema
     from .rerank import Reranker
 
 __all__ = ["Engine", "PackageState", "ReferenceSegment"]
@@ -112,9 +113,6 @@ class Engine:
             settings if settings is not None else load_settings(self.store.root), backend_options or BackendOptions(),
             self.model, share_packages=share_packages,
         )
-        from .judge.attribute_records import AttributeRecords
-        from .judge.attribute_schema import load_attribute_schema
-
         self.attribute_schema = load_attribute_schema(attribute_schema)  # a bad schema fails here, before any work
         #: The attribute records of the store's references (the store opens at the first use).
         self.attribute_records = AttributeRecords(self.store.derived_root, schema=self.attribute_schema)
@@ -188,8 +186,6 @@ class Engine:
         default) adds nothing to ingest: records are then computed at the first compare that
         judges the reference.
         """
-        from .judge.attribute_records import check_sources
-
         sources_ = check_sources(attributes)
         context = self.context(namespace, model)
         hook = (lambda batch: self.attribute_records.ingest(batch, sources_, context.backend)) if sources_ else None
