@@ -147,7 +147,7 @@ def run_ingest(
     job.hash_and_probe()
     hash_s = time.perf_counter() - start
     job.encode_and_write(batch_size)
-    job.write_duplicates()
+    job.write_repeated_images()
     if job.writer is not None:
         parts.retrieval.sync(context.namespace)  # from the cached vectors: the first search finds it done
     wall = time.perf_counter() - start
@@ -238,7 +238,7 @@ class _Ingest:
             self.errors[todo.index] = str(e)
         self.write_s += time.perf_counter() - clock
 
-    def write_duplicates(self) -> None:
+    def write_repeated_images(self) -> None:
         """The reference rows of images another row of this run computed (the same picture at two paths)."""
         later = [t for t in self.todos if t.need_reference and self.writer.is_pending_elsewhere(t)]
         for todo in later:
