@@ -52,10 +52,14 @@ class Models:
         from .backends.registry import get_backend
 
         name = model or self.default
-        with self._lock:
-            if name not in self._loaded:
-                self._loaded[name] = get_backend(name, **self.options(name).as_kwargs())
-            return self._loaded[name]
+        backend = self._loaded.get(name)
+        if backend is None:
+            # Loaded outside the lock: a request for a model already served never waits on another's load
+            # (the registry builds each backend once, so two first requests get the same one).
+            backend = get_backend(name, **self.options(name).as_kwargs())
+            with self._lock:
+                backend = self._loaded.setdefault(name, backend)
+        return backend
 
     def provide(self, name: str, backend: Backend) -> Backend:
         """Serve ``backend`` under ``name`` in this engine alone (nothing enters the process-wide registry)."""
