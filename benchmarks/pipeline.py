@@ -75,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         # Judging every reference: measure judge calls over cached packages, extrapolate to N.
         backend = engine.backend()
         refs = [engine.reference(f"g{i}") for i in range(min(args.judge_sample, args.n))]
-        packages = [engine.packages.visual(backend, ref, use_cache=True).item for ref in refs]
-        cand = engine.packages.visual(backend, engine_image(candidate), use_cache=True).item
+        packages = [engine.packages.model_image(engine.context(), ref).item for ref in refs]
+        cand = engine.packages.model_image(engine.context(), engine_image(candidate)).item
         judge = Judge(backend, force_vlm=True)
         began = time.perf_counter()
         judge.judge([(r.ref_id, p, None) for r, p in zip(refs, packages)], cand, parse_rubric(RUBRIC))

@@ -159,6 +159,33 @@ def test_retrieval_and_judge_never_import_the_engine():
     assert not violations, _report(violations, "retrieval/ and judge/ never import the engine")
 
 
+#: The pipelines take their parts, never the engine that builds them.
+PIPELINES = ("refsight.compare", "refsight.ingest")
+#: ... except a front end that lives beside its pipeline (the `refsight ingest` command holds an engine, as cli.py does).
+PIPELINE_FRONT_ENDS = ("refsight.ingest.cli",)
+
+
+def test_pipelines_never_import_or_name_the_engine():
+    """compare/ and ingest/ know no Engine: not imported (at any level, TYPE_CHECKING included), not named."""
+    imports = [
+        str(i) for i in IMPORTS
+        if _under(i.module, *PIPELINES) and i.module not in PIPELINE_FRONT_ENDS
+        and (_under(i.target, "refsight.engine") or any(n in ("Engine", "engine") for n in i.names))
+    ]
+    names = []
+    for module, path in MODULES.items():
+        if not _under(module, *PIPELINES) or module in PIPELINE_FRONT_ENDS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            name = (
+                node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute)
+                else node.arg if isinstance(node, ast.arg) else None
+            )
+            if name in ("Engine", "engine"):
+                names.append(f"{module}:{node.lineno} names {name}")
+    assert not imports + names, "the pipelines take their parts, not the engine:\n  " + "\n  ".join(imports + names)
+
+
 def test_store_and_retrieval_never_import_backends_and_backends_never_import_store_cli_or_server():
     violations = [
         i for i in IMPORTS

@@ -52,6 +52,27 @@ def test_explicit_file_wins_and_must_exist(tmp_path):
         load_settings(tmp_path, tmp_path / "missing.toml")
 
 
+def test_a_config_that_is_no_regular_file_says_what_it_is(tmp_path):
+    import os
+
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    for path, kind in ((fifo, "a FIFO"), ("/dev/zero", "a character device"), (tmp_path, "a directory")):
+        with pytest.raises(InvalidInputError) as e:
+            load_settings(None, path)  # never blocks on the FIFO, never reads /dev/zero for ever
+        assert e.value.input == str(path) and kind in e.value.reason and "no such" not in e.value.reason
+
+
+def test_a_deeply_nested_config_is_refused_naming_the_file(tmp_path):
+    deep = tmp_path / "deep.toml"
+    deep.write_text("[backend]\ndevice = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(InvalidInputError) as e:
+        load_settings(None, deep)
+    assert e.value.input == str(deep) and "nested more than 64 levels" in e.value.reason
+    (tmp_path / CONFIG_NAME).write_text('[backend]\nprocessor_kwargs = {a = [[1, 2], [3]]}\n')
+    assert load_settings(tmp_path).backend.processor_kwargs == {"a": [[1, 2], [3]]}  # modest nesting still reads
+
+
 @pytest.mark.parametrize(
     "text, match",
     [

@@ -8,7 +8,7 @@
 
 It uses a real VLM when one is available locally, and otherwise says plainly that it
 falls back to an offline random-weight model whose verdict text is meaningless; the
-timings, the cache and the ImageNet attribute sidecar (real weights) are real either way.
+timings, the cache and the ImageNet attribute records (real weights) are real either way.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def run_demo(
                 f"No real VLM weights on this machine ({REAL_DEMO_MODEL.removeprefix('hf:')} is not in the local "
                 f"Hugging Face cache), so this demo falls back to {FALLBACK_DEMO_MODEL}, an offline model with "
                 "RANDOM weights: its verdict text is meaningless. Timings, caching and the ImageNet attribute "
-                "sidecar (real EfficientNet-Lite0 weights) are real.\n"
+                "records (real EfficientNet-Lite0 weights) are real.\n"
             )
     # Only the candidate photo is scratch; the references stay in the user's store.
     scratch = Path(tempfile.mkdtemp(prefix="refsight-demo-"))

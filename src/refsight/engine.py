@@ -13,6 +13,10 @@ judge, in :mod:`refsight.compare`), ``chat`` /
 ``generate`` and ``search``. Every method takes a ``namespace`` (default: the engine's),
 so one engine serves every tenant of a server. With ``share_packages=False`` the
 namespace also salts every package key, so tenants never share (or observe) encodes.
+
+Each public method is a front door: it resolves its keywords ONCE into a
+:class:`~refsight.context.RequestContext` (namespace → scope, model → backend and merged
+options, the cache switches) and hands that one value down.
 """
 
 from __future__ import annotations
@@ -30,10 +34,14 @@ from .backends.options import BackendOptions
 from .backends.prefix import reusable_prefix
 from .backends.sampling import Sampling, check_supported
 from .backends.turns import plan_turns
+from .compare import CompareOptions, ComparePipeline
 from .config import default_model
+from .context import Models, RequestContext
 from .drift import DriftReport
 from .errors import InvalidInputError
 from .images import ImageInput, ImageSource, IntakeLimits, load_image
+from .judge.attribute_records import AttributeRecords, check_sources
+from .judge.attribute_schema import AttributeSchema, load_attribute_schema
 from .maintenance import Maintenance
 from .packages import CachedPackage, PackageCache, holding_packages
 from .prefixes import PrefixStateCache
@@ -43,14 +51,15 @@ from .results import (
     StoreStats, VerifyReport,
 )
 from .retrieval.embedders import Embedder
+from .retrieval.query import check_search
 from .retrieval.store_index import StoreIndex
 from .settings import Settings, load_settings, open_configured_store
 from .store import DEFAULT_NAMESPACE, Reference, Store
+from .text import check_text, check_texts
 from .timing import elapsed_ms, progress_bar
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .judge.attributes import AttributeSchema
-    from .judge.sidecars import SidecarRecords
+    from .ingest import IngestReport
     from .rerank import Reranker
 
 __all__ = ["Engine", "PackageState", "ReferenceSegment"]
@@ -97,15 +106,16 @@ class Engine:
         self.namespace = namespace
         self.limits = limits
         self.progress = progress
-        self.backend_options = backend_options or BackendOptions()
-        #: The config file's options (``refsight.toml`` in the store unless given); explicit options win.
-        self.settings = settings if settings is not None else load_settings(self.store.root)
         self.share_packages = share_packages
-        self._backends: dict[str, Backend] = {}
-        self._sidecars = None  # the attribute sidecars, opened at the first ingest or comparison that uses them
-        from .judge.sidecars import load_attribute_schema
-
+        #: The models served: the config file's options (``refsight.toml`` in the store unless
+        #: ``settings`` is given) under the explicit ``backend_options``, merged in one place.
+        self.models = Models(
+            settings if settings is not None else load_settings(self.store.root), backend_options or BackendOptions(),
+            self.model, share_packages=share_packages,
+        )
         self.attribute_schema = load_attribute_schema(attribute_schema)  # a bad schema fails here, before any work
+        #: The attribute records of the store's references (the store opens at the first use).
+        self.attribute_records = AttributeRecords(self.store.derived_root, schema=self.attribute_schema)
         kept = partial(load_kept_image, self.store.catalog, limits=limits)
         #: The parts (see the module docstring); the methods below are the public API.
         self.packages = PackageCache(self.store, kept)
@@ -117,14 +127,16 @@ class Engine:
             embedder=embedder, progress=self._progress_bar,
         )
         self.book.on_remove(self.retrieval.forget)
+        self.comparisons = ComparePipeline(
+            packages=self.packages, book=self.book, retrieval=self.retrieval, attribute_records=self.attribute_records,
+            prefixes=self.prefixes, limits=limits,
+        )
         self.maintenance = Maintenance(self.store, self.packages, self.book, self._progress_bar)
 
     # -- lifecycle ---------------------------------------------------------------------
     def close(self) -> None:
         """Close what this engine opened (backends stay cached in the registry for reuse)."""
-        if self._sidecars is not None:
-            self._sidecars.close()
-            self._sidecars = None
+        self.attribute_records.close()
         self.retrieval.close()
         if self._owns_store:
             self.store.close()
@@ -136,21 +148,14 @@ class Engine:
         self.close()
 
     def backend(self, model: str | None = None) -> Backend:
-        """The backend for ``model`` (default: the engine's model), loaded once with the engine's options."""
-        from .backends.registry import get_backend
+        """The backend for ``model`` (default: the engine's model), loaded once with its merged options."""
+        return self.models.backend(model)
 
-        name = model or self.model
-        if name not in self._backends:
-            options = self.settings.backend_options(name).merged(self.backend_options)
-            self._backends[name] = get_backend(name, **options.as_kwargs())
-        return self._backends[name]
-
-    def scope(self, namespace: str | None = None) -> str | None:
-        """The isolation scope salting ``namespace``'s package keys (None when packages are shared)."""
-        return None if self.share_packages else (namespace or self.namespace)
-
-    def _ns(self, namespace: str | None) -> str:
-        return namespace or self.namespace
+    def context(
+        self, namespace: str | None = None, model: str | None = None, *, use_cache: bool = True, use_kv_cache: bool = True
+    ) -> RequestContext:
+        """The context of one call (default: the engine's namespace and model), as every public method resolves it."""
+        return self.models.context(namespace or self.namespace, model, use_cache=use_cache, use_kv_cache=use_kv_cache)
 
     # -- references ----------------------------------------------------------------------
     def add(
@@ -181,27 +186,22 @@ class Engine:
         default) adds nothing to ingest: records are then computed at the first compare that
         judges the reference.
         """
-        from .judge.sidecars import check_sources
-
         sources_ = check_sources(attributes)
-        namespace = self._ns(namespace)
-        backend, scope = self.backend(model), self.scope(namespace)
-        hook = (lambda batch: self.sidecar_records().ingest(batch, sources_, backend)) if sources_ else None
-        return self.book.add_many(
-            sources, ids=ids, metadata=metadata, backend=backend, namespace=namespace, scope=scope, after_batch=hook
-        )
+        context = self.context(namespace, model)
+        hook = (lambda batch: self.attribute_records.ingest(batch, sources_, context.backend)) if sources_ else None
+        return self.book.add_many(sources, ids=ids, metadata=metadata, context=context, after_batch=hook)
 
     def references(self, *, namespace: str | None = None) -> list[Reference]:
         """All references in the namespace, oldest first."""
-        return self.book.list(namespace=self._ns(namespace))
+        return self.book.list(namespace=self.context(namespace).namespace)
 
     def reference(self, ref_id: str, *, namespace: str | None = None) -> Reference:
         """One reference; raises ReferenceNotFoundError."""
-        return self.book.get(ref_id, namespace=self._ns(namespace))
+        return self.book.get(ref_id, namespace=self.context(namespace).namespace)
 
     def remove(self, ref_id: str, *, namespace: str | None = None) -> Reference:
         """Remove a reference, every package no other reference uses, and its retrieval entries."""
-        return self.book.remove(ref_id, namespace=self._ns(namespace))
+        return self.book.remove(ref_id, namespace=self.context(namespace).namespace)
 
     def reference_image(self, ref: Reference) -> ImageInput:
         """The reference's image, decoded from its kept original bytes."""
@@ -209,11 +209,11 @@ class Engine:
 
     def reference_package(self, ref: Reference, *, model: str | None = None) -> CachedPackage:
         """The reference's durable package under ``model`` (encoded now when missing or corrupt)."""
-        return self.packages.reference(self.backend(model), ref, scope=self.scope(ref.namespace))
+        return self.packages.reference(self.context(ref.namespace, model), ref)
 
     def package_state(self, ref: Reference, *, model: str | None = None) -> PackageState:
         """Whether the reference's package for ``model`` is on disk and in memory (nothing is loaded)."""
-        key = self.packages.key(self.backend(model), ref.image_sha256, self.scope(ref.namespace))
+        key = self.context(ref.namespace, model).package_key(ref.image_sha256)
         return PackageState(cached=self.store.local.contains(key), in_memory=self.store.memory.contains(key))
 
     # -- generation --------------------------------------------------------------------------
@@ -224,7 +224,7 @@ class Engine:
     ) -> GenerateResult:
         """Generate from references (cached packages unless ``use_cache=False``; their prefix state unless
         ``use_kv_cache=False``) plus an optional fresh candidate."""
-        if not prompt or not prompt.strip():
+        if not isinstance(prompt, str) or not check_text(prompt, "prompt").strip():
             raise InvalidInputError("prompt", "the prompt is empty")
         segments: list[Any] = []
         for i, ref_id in enumerate(ref_ids, 1):
@@ -257,20 +257,19 @@ class Engine:
         segments open with references, the language model's state after them is reused across
         requests (:mod:`refsight.prefixes`) unless ``use_kv_cache=False``.
         """
-        namespace = self._ns(namespace)
-        backend, scope = self.backend(model), self.scope(namespace)
+        context = self.context(namespace, model, use_cache=use_cache, use_kv_cache=use_kv_cache)
+        _check_prompt_texts(segments, json_schema, sampling)
+        backend = context.backend
         sampling = sampling or Sampling()
         check_supported(sampling, backend.sampling_fields, backend.name)
         segments, turns = plan_turns(list(segments), turns, backend.supports_turns)
-        prefix = reusable_prefix(segments, lambda s: isinstance(s, ReferenceSegment)) if use_cache and use_kv_cache else 0
         start = time.perf_counter()
-        resolved, cached, encode_ms = self.book.resolve_segments(
-            backend, segments, namespace=namespace, use_cache=use_cache, scope=scope
-        )
+        resolved, cached, encode_ms = self.book.resolve_segments(context, segments)
         load_ms = (time.perf_counter() - start) * 1000 - encode_ms
         request = GenerationRequest(
             segments=resolved, max_new_tokens=max_new_tokens, json_schema=json_schema, sampling=sampling, turns=turns,
-            prefix_segments=prefix, prefix_cache=self.prefixes if prefix else None,
+            prefix_segments=reusable_prefix(segments, lambda s: isinstance(s, ReferenceSegment)),
+            prefix_cache=self.prefixes.for_request(context),
         )
         if on_text is not None:
             generation = backend.generate_stream(request, on_text=on_text, stop_event=stop_event)
@@ -295,18 +294,36 @@ class Engine:
         The index is brought up to date with the catalog first (each reference image is
         embedded once per embedder, ever), so a search always sees every reference.
         """
-        if (text is None) == (image is None):
-            raise InvalidInputError("query", "give exactly one of a text query or an image")
-        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 1000:
-            raise InvalidInputError("k", f"must be an integer in 1..1000, not {k!r}")
+        check_search(text, image, k, where, restrict_to)
         query = None if image is None else load_image(image, limits=self.limits, name=source_label(image))
         return self.retrieval.search(
-            text=text, image=query, k=k, namespace=self._ns(namespace), where=where, restrict_to=restrict_to
+            text=text, image=query, k=k, namespace=self.context(namespace).namespace, where=where, restrict_to=restrict_to
         )
 
     def index(self, *, rebuild: bool = False, namespace: str | None = None) -> IndexReport:
         """Bring the retrieval index up to date (``rebuild``: from the store, from scratch)."""
-        return self.retrieval.sync(self._ns(namespace), rebuild=rebuild)
+        return self.retrieval.sync(self.context(namespace).namespace, rebuild=rebuild)
+
+    def ingest(
+        self, source: str | Path | Sequence[Any], *, ray: str | None = None, actors: int = 1, gpus_per_actor: float = 0.0,
+        cpus_per_actor: float = 1.0, batch_size: int = 8, model: str | None = None, namespace: str | None = None,
+        attributes: Sequence[str] = ("imagenet",), errors_file: str | Path | None = None, progress: bool = False,
+    ) -> IngestReport:
+        """Bulk ingest (:mod:`refsight.ingest`): a directory, a text file of paths, a Parquet/CSV manifest or
+        ``IngestItem`` s, in-process or on Ray (``ray``: ``"local"``, ``"auto"`` or an address)."""
+        from .ingest import IngestParts, ingest
+
+        parts = IngestParts(
+            catalog=self.store.catalog, packages=self.packages, book=self.book, retrieval=self.retrieval,
+            attribute_records=self.attribute_records, limits=self.limits,
+        )
+        report = ingest(
+            parts, self.context(namespace, model), source, ray=ray, actors=actors, gpus_per_actor=gpus_per_actor,
+            cpus_per_actor=cpus_per_actor, batch_size=batch_size, attributes=attributes, errors_file=errors_file,
+            progress=progress,
+        )
+        self.store.counters.flush()  # the misses of this ingest are on disk for `stats` at once
+        return report
 
     # -- judging ---------------------------------------------------------------------------
     @holding_packages
@@ -318,7 +335,7 @@ class Engine:
         rerank: int | None = None, reranker: str | Reranker = "vlm", recall_k: int | None = None,
         use_kv_cache: bool = True,
     ) -> CompareResult:
-        """Judge ``candidate`` against references, criterion by criterion (see :mod:`refsight.compare`).
+        """Judge ``candidate`` against references, criterion by criterion (:class:`~refsight.compare.ComparePipeline`).
 
         References are ``ref_ids``, or the ``top_k`` recalled by retrieval (within ``ref_ids``
         when both are given). ``recall`` builds the query from the candidate ``"image"``, the
@@ -330,33 +347,26 @@ class Engine:
         criterion as a mismatch are dropped first (``stage: "filtered"``). The candidate is
         encoded once (memory only); references come from their durable packages
         (``use_cache=False`` sends every image as pixels; ``use_kv_cache=False`` prefills every
-        reference prefix afresh). Criteria the attribute sidecars
+        reference prefix afresh). Criteria the attribute records
         (``"imagenet"``, ``"vlm"``) settle are answered from them unless ``force_vlm``.
         ``evidence_max_chars`` bounds each evidence string. Results are sorted by score.
         """
-        from .compare import CompareOptions, run_compare
-
         options = CompareOptions(
             criteria=criteria, ref_ids=tuple(ref_ids), top_k=top_k, query=query, recall=recall, rerank=rerank,
-            reranker=reranker, recall_k=recall_k, use_cache=use_cache, force_vlm=force_vlm, attributes=tuple(attributes),
-            evidence_max_chars=evidence_max_chars, model=model, use_kv_cache=use_kv_cache,
+            reranker=reranker, recall_k=recall_k, force_vlm=force_vlm, attributes=tuple(attributes),
+            evidence_max_chars=evidence_max_chars,
         )
-        return run_compare(self, candidate, options, self._ns(namespace))
-
-    def sidecar_records(self) -> SidecarRecords:
-        """The attribute sidecars of this store (opened on first use), as the compare pipeline reads them."""
-        if self._sidecars is None:
-            from .judge.sidecars import SidecarRecords
-
-            self._sidecars = SidecarRecords(self.store.derived_root, schema=self.attribute_schema)
-        return self._sidecars
+        context = self.context(namespace, model, use_cache=use_cache, use_kv_cache=use_kv_cache)
+        return self.comparisons.run(context, candidate, options)
 
     # -- maintenance -------------------------------------------------------------------
     def stats(self, *, namespace: str | None = None, tenant_view: bool = False, all_namespaces: bool = False) -> StoreStats:
         """Cache statistics (``tenant_view``: only the namespace's packages, no store-wide counters;
         ``all_namespaces``: references counted across every namespace)."""
-        return self.maintenance.stats(namespace=None if all_namespaces else self._ns(namespace), tenant_view=tenant_view,
-                                      backends=() if tenant_view else list(self._backends.values()))
+        return self.maintenance.stats(
+            namespace=None if all_namespaces else self.context(namespace).namespace, tenant_view=tenant_view,
+            backends=() if tenant_view else self.models.loaded(),
+        )
 
     def verify(self, *, repair: bool = False, model: str | None = None) -> VerifyReport:
         """Check every package; with ``repair``, re-encode corrupt ones from the kept images with ``model``."""
@@ -367,16 +377,11 @@ class Engine:
         threshold: float | None = None,
     ) -> DriftReport:
         """Re-encode ``sample`` random references with today's runtime and compare with the stored packages."""
-        namespace = self._ns(namespace)
-        return self.maintenance.drift(
-            self.backend(model), namespace=namespace, scope=self.scope(namespace), sample=sample, seed=seed,
-            threshold=threshold,
-        )
+        return self.maintenance.drift(self.context(namespace, model), sample=sample, seed=seed, threshold=threshold)
 
     def reencode(self, *, model: str | None = None, namespace: str | None = None) -> Iterator[AddResult]:
         """Encode every reference of the namespace for ``model`` (packages already there are skipped)."""
-        namespace = self._ns(namespace)
-        return self.maintenance.reencode(backend=self.backend(model), namespace=namespace, scope=self.scope(namespace))
+        return self.maintenance.reencode(self.context(namespace, model))
 
     def prune(self, *, fingerprints: Sequence[str] = (), models: Sequence[str] = (), dry_run: bool = False) -> PruneReport:
         """Drop every package of these fingerprint digests or models (references and kept images stay)."""
@@ -389,3 +394,12 @@ class Engine:
     def _progress_bar(self, total: int, description: str) -> AbstractContextManager[Any]:
         return progress_bar(total, description, enabled=self.progress)
 
+
+def _check_prompt_texts(segments: Sequence[Any], json_schema: Any, sampling: Sampling | None) -> None:
+    """Every text a prompt carries must be valid Unicode (a backend request encodes it, and so would a log)."""
+    for i, segment in enumerate(segments):
+        if isinstance(segment, str):
+            check_text(segment, f"segments[{i}]")
+    check_texts(json_schema, "json_schema")
+    if sampling is not None:
+        check_texts(list(sampling.stop), "stop")

@@ -12,6 +12,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from .backends.base import Backend
+from .context import RequestContext
 from .drift import DEFAULT_THRESHOLD, DriftReport, check_drift
 from .errors import InvalidInputError, RefsightError
 from .packages import PackageCache
@@ -86,12 +87,12 @@ class Maintenance:
             return f"cannot re-encode it: {e}"
         return None
 
-    def reencode(self, *, backend: Backend, namespace: str, scope: str | None) -> Iterator[AddResult]:
-        """Make sure every reference of ``namespace`` has a durable package for ``backend``."""
-        refs = self.references.list(namespace=namespace)
+    def reencode(self, context: RequestContext) -> Iterator[AddResult]:
+        """Make sure every reference of the context's namespace has a durable package for its model."""
+        backend, refs = context.backend, self.references.list(namespace=context.namespace)
         with self._progress(len(refs), f"encoding for {backend.name}") as bar:
             for ref in refs:
-                found = self.packages.reference(backend, ref, scope=scope)
+                found = self.packages.reference(context, ref)
                 package = found.package
                 yield AddResult(
                     ref.ref_id, ref.image_sha256, package.key, backend.name, found.cached,
@@ -140,16 +141,16 @@ class Maintenance:
             prefix_misses=int(counters.get("prefix_misses", 0)),
             prefix_bytes=prefixes["bytes"],
             prefix_ms_saved=round(float(counters.get("prefix_ms_saved", 0.0)), 3),
+            corrupt=int(counters.get("corrupt", 0)),
+            prefix_corrupt=int(counters.get("prefix_corrupt", 0)),
             runtime_prefix_cache=_runtime_prefix_caches(backends),
         )
 
-    def drift(
-        self, backend: Backend, *, namespace: str, scope: str | None, sample: int, seed: int, threshold: float | None
-    ) -> DriftReport:
+    def drift(self, context: RequestContext, *, sample: int, seed: int, threshold: float | None) -> DriftReport:
         """``refsight verify --fresh``: stored features against a fresh encode of a random sample."""
         return check_drift(
-            self.store, backend, self.references.list(namespace=namespace), sample=sample, seed=seed,
-            threshold=DEFAULT_THRESHOLD if threshold is None else threshold, scope=scope,
+            self.store, context.backend, self.references.list(namespace=context.namespace), sample=sample, seed=seed,
+            threshold=DEFAULT_THRESHOLD if threshold is None else threshold, scope=context.scope,
         )
 
     def prune(

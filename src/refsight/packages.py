@@ -15,8 +15,12 @@ Every visual package refsight uses goes through :class:`PackageCache`, under one
   PostgreSQL advisory lock) does the same; a lease that times out costs an encode, never a
   second row or a torn file (writes are content-addressed and idempotent).
 - **Reads do not write.** A hit takes no cross-process lock and issues no SQL write; hits,
-  misses and the encoder time saved are counted here, once, in the store's
-  :class:`~refsight.store.counters.CounterBuffer`.
+  misses, packages found corrupt and the encoder time saved are counted here, once, in the
+  store's :class:`~refsight.store.counters.CounterBuffer`.
+- **Corrupt is never served.** Every read of a durable package checks it (size, checksum, spec);
+  one that fails is deleted, counted (``corrupt``), re-encoded from the kept image and written
+  back, whatever else the request found (a prefix-state hit included: packages are looked up
+  before any prefix state, so none can stand in for a package).
 - **Scopes isolate.** ``scope`` salts the key (see :func:`refsight.package.package_key`): a
   tenant whose scope differs can neither hit nor observe another tenant's packages.
 - **The quota holds, never under a running request.** Each use is noted (buffered, see
@@ -27,31 +31,39 @@ Every visual package refsight uses goes through :class:`PackageCache`, under one
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Union
 
 from .backends.base import Backend
+from .context import RequestContext
 from .errors import CorruptPackageError
 from .images import ImageInput
 from .locks import KeyedLocks
 from .package import VisualPackage, package_key
 from .store import Reference, Store
 
-__all__ = ["PackageCache", "CachedPackage", "Visual", "PACKAGE_LOCKS", "holding_packages", "encode_packages"]
+__all__ = [
+    "PackageCache", "CachedPackage", "ModelImage", "ServedImage", "PACKAGE_LOCKS", "holding_packages", "encode_packages",
+]
 
 #: Package keys are content-addressed and mean the same in every engine of a process (tenants
 #: share one store), so one lock table serves them all: an image is encoded once.
 PACKAGE_LOCKS = KeyedLocks()
 
 
-@dataclass(frozen=True)
-class Visual:
-    """What a backend gets for one image: a package, or pixels (``use_cache=False``), and how it came."""
+#: One image as a backend takes it: its package, or (``use_cache=False``) its pixels.
+ModelImage = Union[VisualPackage, ImageInput]
 
-    item: VisualPackage | ImageInput
+
+@dataclass(frozen=True)
+class ServedImage:
+    """A :data:`ModelImage` and how the cache served it: ``cached`` when no encoder ran for it now."""
+
+    item: ModelImage
     cached: bool
     encode_ms: float
 
@@ -76,25 +88,20 @@ class PackageCache:
         self.store = store
         self._kept_image = kept_image
 
-    @staticmethod
-    def key(backend: Backend, image_sha256: str, scope: str | None) -> str:
-        """The key of ``image_sha256``'s package under ``backend`` in ``scope``."""
-        return package_key(image_sha256, backend.fingerprint(), scope)
-
     def request(self) -> AbstractContextManager[None]:
         """A request's scope: every package looked up inside it is pinned (never evicted) until it ends."""
         return self.store.pins.scope()
 
     # -- lookups ---------------------------------------------------------------------
-    def reference(self, backend: Backend, ref: Reference, *, scope: str | None) -> CachedPackage:
+    def reference(self, context: RequestContext, ref: Reference) -> CachedPackage:
         """The reference's durable package (encoded from the kept image when missing or corrupt)."""
-        key = self.key(backend, ref.image_sha256, scope)
+        backend, key = context.backend, context.package_key(ref.image_sha256)
         found = self._durable_hit(key)
         if found is None:
             with PACKAGE_LOCKS.hold(key), self.store.lease(key):
                 found = self._durable_hit(key)  # another thread or replica may have stored it while we waited
                 if found is None:
-                    package = self._encode(backend, [self._kept_image(ref.image_sha256)], scope)[0]
+                    package = self._encode(backend, [self._kept_image(ref.image_sha256)], context.scope)[0]
                     self._write(package)
                     found = CachedPackage(package, cached=False)
         if not found.cached or ref.packages.get(backend.fingerprint().digest) != key:
@@ -102,41 +109,39 @@ class PackageCache:
             self.store.catalog.link_package(ref.ref_id, backend.fingerprint().digest, key, namespace=ref.namespace)
         return found
 
-    def candidate(self, backend: Backend, image: ImageInput, *, scope: str | None) -> CachedPackage:
+    def candidate(self, context: RequestContext, image: ImageInput) -> CachedPackage:
         """The package of a compared image: a stored one when it exists, else encoded into memory only."""
-        key = self.key(backend, image.sha256, scope)
+        key = context.package_key(image.sha256)
         found = self._hit(key)
         if found is None:
             with PACKAGE_LOCKS.hold(key):
                 found = self._hit(key)
                 if found is None:
-                    package = self._encode(backend, [image], scope)[0]
+                    package = self._encode(context.backend, [image], context.scope)[0]
                     self.store.pins.note(key)
                     self.store.memory.put(package)  # bounded and never written to disk (nor to Redis)
                     found = CachedPackage(package, cached=False)
         return found
 
-    def visual(
-        self, backend: Backend, source: Reference | ImageInput, *, use_cache: bool, scope: str | None = None
-    ) -> Visual:
-        """A reference's durable package, a candidate's memory-only package (in ``scope``), or with
-        ``use_cache=False`` the pixels themselves, so the runtime takes its own fresh path."""
-        if not use_cache:
+    def model_image(self, context: RequestContext, source: Reference | ImageInput) -> ServedImage:
+        """A reference's durable package, a candidate's memory-only package (in the context's scope), or
+        with ``use_cache=False`` the pixels themselves, so the runtime takes its own fresh path."""
+        if not context.use_cache:
             image = self._kept_image(source.image_sha256) if isinstance(source, Reference) else source
-            return Visual(image, False, 0.0)
+            return ServedImage(image, False, 0.0)
         if isinstance(source, Reference):
-            found = self.reference(backend, source, scope=scope)
+            found = self.reference(context, source)
         else:
-            found = self.candidate(backend, source, scope=scope)
-        return Visual(found.package, found.cached, found.encode_ms)
+            found = self.candidate(context, source)
+        return ServedImage(found.package, found.cached, found.encode_ms)
 
-    def durable(self, backend: Backend, images: Sequence[ImageInput], *, scope: str | None) -> list[CachedPackage]:
+    def durable(self, context: RequestContext, images: Sequence[ImageInput]) -> list[CachedPackage]:
         """Durable packages for new references, in order; the missing ones encoded in one batch.
 
         The caller links each to its reference (in the same transaction that creates it), inside
         a :meth:`request` scope so that the quota cannot take a package before its link exists.
         """
-        keys = [self.key(backend, image.sha256, scope) for image in images]
+        keys = [context.package_key(image.sha256) for image in images]
         found: dict[str, CachedPackage] = {}
         for key in dict.fromkeys(keys):
             hit = self._durable_hit(key)
@@ -156,7 +161,7 @@ class PackageCache:
                         found[key] = hit
                         del missing[key]
                 if missing:
-                    encoded = self._encode(backend, list(missing.values()), scope)
+                    encoded = self._encode(context.backend, list(missing.values()), context.scope)
                     for key, package in zip(missing, encoded):
                         self._write(package, quota=False)
                         found[key] = CachedPackage(package, cached=False)
@@ -182,8 +187,9 @@ class PackageCache:
         return True
 
     def rebuild(self, backend: Backend, image_sha256: str, *, scope: str | None) -> VisualPackage:
-        """Encode again from the kept image and replace what is stored under the key (repair)."""
-        key = self.key(backend, image_sha256, scope)
+        """Encode again from the kept image and replace what is stored under the key (repair: the scope
+        is the stored package's, not a request's)."""
+        key = package_key(image_sha256, backend.fingerprint(), scope)
         with PACKAGE_LOCKS.hold(key), self.store.lease(key):
             package = self._encode(backend, [self._kept_image(image_sha256)], scope)[0]
             # Delete first: put() is idempotent and would otherwise keep the corrupt file.
@@ -196,8 +202,10 @@ class PackageCache:
         try:
             package = self.store.packages.get(key)
         except CorruptPackageError:
-            # Never serve a corrupt package: drop it, so the caller re-encodes from the kept image.
+            # Never serve a corrupt package: drop it, so the caller re-encodes from the kept image
+            # and writes the repaired package back (counted: `corrupt`, then the miss of the encode).
             self.store.packages.delete(key)
+            self.store.counters.add(corrupt=1)
             return None
         if package is None:
             return None
@@ -235,21 +243,9 @@ def encode_packages(backend: Backend, images: Sequence[ImageInput], scope: str |
     """
     packages = backend.encode(list(images))
     if scope is not None:
-        packages = [_scoped(package, scope) for package in packages]
+        # The same tensors under the isolation scope: a new key; tensors are shared, never copied.
+        packages = [dataclasses.replace(package, scope=scope) for package in packages]
     return packages
-
-
-def _scoped(package: VisualPackage, scope: str) -> VisualPackage:
-    """The same tensors under an isolation scope (a new key; tensors are shared, never copied)."""
-    return VisualPackage(
-        tensors=package.tensors,
-        metadata=package.metadata,
-        image_sha256=package.image_sha256,
-        fingerprint=package.fingerprint,
-        created_at=package.created_at,
-        encode_ms=package.encode_ms,
-        scope=scope,
-    )
 
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])

@@ -7,8 +7,9 @@ backend builds it), ``prefix_ms_saved`` (the build time of every state served) a
 store's :class:`~refsight.store.counters.CounterBuffer` (reads never write SQL).
 
 The engine hands :attr:`Engine.prefixes <refsight.Engine>` to a backend on each request
-(``GenerationRequest.prefix_cache``) unless the caller opted out (``use_kv_cache=False``,
-``--no-kv-cache``). States are keyed by the references' *package* keys, so with isolated
+(``GenerationRequest.prefix_cache``, set by :meth:`PrefixStateCache.for_request` from the request
+context) unless the caller opted out (``use_kv_cache=False``, ``--no-kv-cache``) or sends pixels
+(``use_cache=False``). States are keyed by the references' *package* keys, so with isolated
 tenants (``share_packages=False``) they are isolated too.
 """
 
@@ -18,6 +19,7 @@ import logging
 from typing import Any
 
 from .backends.prefix import PrefixState
+from .context import RequestContext
 from .store import Store
 from .store.prefixes import PrefixStore
 
@@ -32,6 +34,10 @@ class PrefixStateCache:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.states: PrefixStore = store.prefixes
+
+    def for_request(self, context: RequestContext) -> PrefixStateCache | None:
+        """What a request's ``GenerationRequest.prefix_cache`` is: this cache, or None when the context opts out."""
+        return self if context.reuses_prefix else None
 
     def get(self, key: str) -> PrefixState | None:
         """The stored state (a hit: its build time counts as saved), or None (a miss)."""

@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .backends.base import Backend
+from .context import RequestContext
 from .errors import InvalidInputError, ReferenceNotFoundError, RefsightError, StoreUnavailableError
 from .images import ImageInput, ImageSource, IntakeLimits, load_image
 from .package import VisualPackage
 from .packages import CachedPackage, PackageCache
 from .results import AddFailure, AddResult
 from .store import Catalog, Reference, Store, validate_ref_id
+from .text import check_texts, printable_text
 
 __all__ = ["IngestHook", "ReferenceBook", "ReferenceSegment", "RemovalListener", "load_kept_image", "source_label", "validate_metadata"]
 
@@ -69,72 +70,72 @@ class ReferenceBook:
         *,
         ids: Sequence[str | None] | None,
         metadata: Mapping[str, Any] | None,
-        backend: Backend,
-        namespace: str,
-        scope: str | None,
+        context: RequestContext,
         after_batch: IngestHook | None = None,
     ) -> Iterator[AddResult | AddFailure]:
         """Add references, one result per input in input order; a bad input fails alone, storing nothing.
 
         ``after_batch`` (the ingest hook) is called with ``(image, package)`` of each batch's stored
-        references once they are committed, before their results are yielded.
+        references once they are committed, before their results are yielded. The references go to
+        the context's namespace, their packages under its model and scope.
         """
         ids = list(ids) if ids is not None else [None] * len(sources)
         if len(ids) != len(sources):
             raise InvalidInputError("ids", f"{len(ids)} ids for {len(sources)} images")
         meta = validate_metadata(metadata or {})
+        batch_size = max(1, context.backend.batch_size)
+        results = _InOrder()
         batch: list[tuple[int, str, ImageInput]] = []
-        done: dict[int, AddResult | AddFailure] = {}
-        next_index = 0
-
-        def ready() -> Iterator[AddResult | AddFailure]:
-            # Results come out in input order, whatever order batches finish in.
-            nonlocal next_index
-            while next_index in done:
-                yield done.pop(next_index)
-                next_index += 1
-
         with self._progress(len(sources), "adding") as bar:
-
-            def flush() -> None:
-                stored = self._store_batch(batch, meta, backend, namespace, scope)
-                for (index, ref_id, image), (result, _) in zip(batch, stored):
-                    done[index] = result
-                if after_batch is not None:
-                    added = [(image, package) for (_, _, image), (result, package) in zip(batch, stored) if package is not None]
-                    if added:
-                        after_batch(added)
-                bar.update(len(batch))
-                batch.clear()
-
             for index, (source, ref_id) in enumerate(zip(sources, ids)):
-                try:
-                    image = load_image(source, limits=self.limits, name=source_label(source))
-                    ref_id = self._choose_id(ref_id, source, image, namespace)
-                except StoreUnavailableError:
-                    raise  # the store, not this input: the whole request fails (503), nothing half-done
-                except RefsightError as e:
-                    done[index] = AddFailure(input=source_label(source), error=str(e))
+                taken = self._take_in(source, ref_id, context.namespace)
+                if isinstance(taken, AddFailure):
+                    results.put(index, taken)
                     bar.update(1)
                 else:
-                    batch.append((index, ref_id, image))
-                    if len(batch) >= max(1, backend.batch_size):
-                        flush()
-                yield from ready()
+                    batch.append((index, *taken))
+                    if len(batch) >= batch_size:
+                        self._flush(batch, meta, context, after_batch, results, bar)
+                yield from results.ready()
             if batch:
-                flush()
-            yield from ready()
+                self._flush(batch, meta, context, after_batch, results, bar)
+            yield from results.ready()
+
+    def _take_in(self, source: ImageSource, ref_id: str | None, namespace: str) -> tuple[str, ImageInput] | AddFailure:
+        """``(id, decoded image)`` of one input, or the AddFailure that says why it cannot be added."""
+        try:
+            image = load_image(source, limits=self.limits, name=source_label(source))
+            return self._choose_id(ref_id, source, image, namespace), image
+        except StoreUnavailableError:
+            raise  # the store, not this input: the whole request fails (503), nothing half-done
+        except RefsightError as e:
+            return AddFailure(input=source_label(source), error=str(e))
+
+    def _flush(
+        self, batch: list[tuple[int, str, ImageInput]], meta: dict[str, Any], context: RequestContext,
+        after_batch: IngestHook | None, results: _InOrder, bar: Any,
+    ) -> None:
+        """Store one batch, run the ingest hook over what it stored, and hand its results over."""
+        stored = self._store_batch(batch, meta, context)
+        for (index, _, _), (result, _) in zip(batch, stored):
+            results.put(index, result)
+        added = [(image, package) for (_, _, image), (_, package) in zip(batch, stored) if package is not None]
+        if after_batch is not None and added:
+            after_batch(added)
+        bar.update(len(batch))
+        batch.clear()
 
     def _store_batch(
-        self, batch: list[tuple[int, str, ImageInput]], meta: dict[str, Any], backend: Backend, namespace: str, scope: str | None
+        self, batch: list[tuple[int, str, ImageInput]], meta: dict[str, Any], context: RequestContext
     ) -> list[tuple[AddResult | AddFailure, VisualPackage | None]]:
         with self.packages.request():  # the batch's packages stay pinned until linked
-            return self._store_pinned(batch, meta, backend, namespace, scope)
+            return self._store_pinned(batch, meta, context)
 
     def _store_pinned(
-        self, batch: list[tuple[int, str, ImageInput]], meta: dict[str, Any], backend: Backend, namespace: str, scope: str | None
+        self, batch: list[tuple[int, str, ImageInput]], meta: dict[str, Any], context: RequestContext
     ) -> list[tuple[AddResult | AddFailure, VisualPackage | None]]:
-        packages: list[CachedPackage] = self.packages.durable(backend, [image for _, _, image in batch], scope=scope)
+        packages: list[CachedPackage] = self.packages.durable(context, [image for _, _, image in batch])
+        backend, namespace = context.backend, context.namespace
         digest = backend.fingerprint().digest
         results: list[tuple[AddResult | AddFailure, VisualPackage | None]] = []
         for (_, ref_id, image), found in zip(batch, packages):
@@ -204,9 +205,7 @@ class ReferenceBook:
         return load_kept_image(self.store.catalog, image_sha256, limits=self.limits, label=label)
 
     # -- removal ----------------------------------------------------------------------------
-    def resolve_segments(
-        self, backend: Backend, segments: Sequence[Any], *, namespace: str, use_cache: bool, scope: str | None,
-    ) -> tuple[list[Any], list[bool], float]:
+    def resolve_segments(self, context: RequestContext, segments: Sequence[Any]) -> tuple[list[Any], list[bool], float]:
         """A prompt's segments ready for a backend: text stays, references become their durable packages,
         other images candidate packages (memory only); ``use_cache=False`` keeps pixels. Returns the
         segments, one cached flag per image and the encode time spent (ms)."""
@@ -218,12 +217,10 @@ class ReferenceBook:
                 resolved.append(segment)
                 continue
             if isinstance(segment, ReferenceSegment):
-                visual = self.packages.visual(
-                    backend, self.get(segment.ref_id, namespace=namespace), use_cache=use_cache, scope=scope
-                )
+                visual = self.packages.model_image(context, self.get(segment.ref_id, namespace=context.namespace))
             else:
                 image = load_image(segment, limits=self.limits, name=source_label(segment))
-                visual = self.packages.visual(backend, image, use_cache=use_cache, scope=scope)
+                visual = self.packages.model_image(context, image)
             resolved.append(visual.item)
             cached.append(visual.cached)
             encode_ms += visual.encode_ms
@@ -239,6 +236,24 @@ class ReferenceBook:
         return ref
 
 
+class _InOrder:
+    """Results by input index, handed out in input order whatever order their batches finish in."""
+
+    def __init__(self) -> None:
+        self._done: dict[int, AddResult | AddFailure] = {}
+        self._next = 0
+
+    def put(self, index: int, result: AddResult | AddFailure) -> None:
+        """Keep the result of input ``index``."""
+        self._done[index] = result
+
+    def ready(self) -> Iterator[AddResult | AddFailure]:
+        """The results whose turn has come."""
+        while self._next in self._done:
+            yield self._done.pop(self._next)
+            self._next += 1
+
+
 def load_kept_image(catalog: Catalog, image_sha256: str, *, limits: IntakeLimits, label: str | None = None) -> ImageInput:
     """The kept original bytes of an image, decoded under ``limits`` (what re-encoding starts from)."""
     data = catalog.get_image(image_sha256)
@@ -246,12 +261,13 @@ def load_kept_image(catalog: Catalog, image_sha256: str, *, limits: IntakeLimits
 
 
 def source_label(source: object) -> str:
-    """How an image source is named in messages: its path, its size, or its type."""
+    """How an image source is named in messages: its path, its size, or its type (always printable text:
+    a path from the command line may hold undecodable bytes, which stay a valid path to read)."""
     if isinstance(source, (str, Path)):
-        return str(source)
+        return printable_text(str(source))
     if isinstance(source, (bytes, bytearray, memoryview)):
         return f"<{len(source)} bytes>"
-    return getattr(source, "name", None) or type(source).__name__
+    return printable_text(str(getattr(source, "name", None) or type(source).__name__))
 
 
 def validate_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
@@ -261,6 +277,7 @@ def validate_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
     for key in metadata:
         if not isinstance(key, str) or not key or len(key) > 128:
             raise InvalidInputError(f"metadata key {key!r}", "keys are non-empty strings of at most 128 characters")
+    check_texts(dict(metadata), "metadata")  # keys and values, nested ones too: stored text must encode
     try:
         text = json.dumps(dict(metadata))
     except (TypeError, ValueError, RecursionError) as e:

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .backends.base import Backend, GenerationRequest
+from .backends.base import GenerationRequest
+from .context import RequestContext
 from .errors import InvalidInputError
 from .images import ImageInput
 from .packages import PackageCache
@@ -88,7 +89,7 @@ def rerank_segments(reference: object, candidate: object, criteria: Sequence[str
 
 
 class VlmReranker(Reranker):
-    """P("yes") of the VLM backend per reference, from cached packages (``use_cache=False``: pixels).
+    """P("yes") of the context's backend per reference, from cached packages (``use_cache=False``: pixels).
 
     The candidate's package is looked up once (memory tier only, like the judge's); each
     reference's comes from the durable store, so no reference is re-encoded.
@@ -96,33 +97,28 @@ class VlmReranker(Reranker):
 
     name = "vlm-yes-no"
 
-    def __init__(
-        self, backend: Backend, packages: PackageCache, *, scope: str | None = None, use_cache: bool = True,
-        instruction: str = RERANK_INSTRUCTION,
-    ) -> None:
+    def __init__(self, context: RequestContext, packages: PackageCache, *, instruction: str = RERANK_INSTRUCTION) -> None:
         super().__init__()
-        self.backend = backend
+        self.context = context
         self.packages = packages
-        self.scope = scope
-        self.use_cache = use_cache
         self.instruction = instruction
 
     def _score(self, query: RerankQuery, references: list[Reference]) -> list[float]:
-        candidate = self.packages.visual(self.backend, query.image, use_cache=self.use_cache, scope=self.scope).item
-        step = max(1, int(getattr(self.backend, "batch_size", 1) or 1))
+        backend = self.context.backend
+        candidate = self.packages.model_image(self.context, query.image).item
+        step = max(1, int(getattr(backend, "batch_size", 1) or 1))
         scores: list[float] = []
         for start in range(0, len(references), step):
             requests = [
                 GenerationRequest(
                     segments=rerank_segments(
-                        self.packages.visual(self.backend, ref, use_cache=self.use_cache, scope=self.scope).item,
-                        candidate, query.criteria, self.instruction,
+                        self.packages.model_image(self.context, ref).item, candidate, query.criteria, self.instruction
                     ),
                     max_new_tokens=1,
                 )
                 for ref in references[start : start + step]
             ]
-            scores += self.backend.score_yes_no(requests)
+            scores += backend.score_yes_no(requests)
         return scores
 
 

@@ -18,7 +18,13 @@ __all__ = [
     "StoreStats",
     "QuotaReport",
     "PruneReport",
+    "COMPARE_STAGES",
 ]
+
+#: The compare pipeline's stages in order, one name from the CLI to the metrics: each stage that
+#: ran is timed under its name in :attr:`CompareResult.timings_ms` (beside the sub-timings
+#: ``candidate_encode``, ``reference_load``, ``attributes`` and ``total``).
+COMPARE_STAGES = ("recall", "prefilter", "rerank", "judge")
 
 
 @dataclass
@@ -136,7 +142,8 @@ class CompareResult:
     :meth:`refsight.judge.ReferenceResult.to_dict` plus ``reference_cached``; every one with
     ``stage`` (filtered / recalled / reranked / judged), ``recall_score`` and ``rerank_score``
     (None when that stage did not score it), and ``filtered_by`` when filtered;
-    ``recalled`` lists the shortlist retrieval picked (empty without ``top_k``).
+    ``recalled`` lists the shortlist retrieval picked (empty without ``top_k``); ``timings_ms`` has
+    one entry per stage that ran (:data:`COMPARE_STAGES`), the sub-timings and ``total``.
     """
 
     candidate_sha256: str
@@ -244,6 +251,9 @@ class StoreStats:
     prefix_misses: int | None = None
     prefix_bytes: int | None = None
     prefix_ms_saved: float | None = None
+    #: Packages and prefix states found corrupt on a read (each deleted, then re-encoded or rebuilt).
+    corrupt: int | None = None
+    prefix_corrupt: int | None = None
     #: A runtime's own prefix cache, per loaded backend that keeps one (vLLM: prompt tokens queried, hit, hit rate).
     runtime_prefix_cache: dict[str, dict[str, float]] | None = None
 

@@ -20,8 +20,9 @@
     memory_bytes = "2GiB"                # the process's memory tier
 
 Keys are the :class:`~refsight.backends.options.BackendOptions` fields. The options
-for a model are ``[backend]`` overlaid with its ``[models."NAME"]`` table; command-line
-flags overlay both (``BackendOptions.merged``). A bad key or value is an
+for a model are ``[backend]`` overlaid with its ``[models."NAME"]`` table; the explicit
+options (command-line flags, ``Engine(backend_options=...)``) overlay both, in one place:
+:meth:`Settings.backend_options`. A bad key or value is an
 :class:`~refsight.errors.InvalidInputError` that names the file and the key.
 """
 
@@ -36,6 +37,7 @@ from typing import Any, Mapping
 from .backends.options import OPTION_HELP, BackendOptions, parse_key_values
 from .config import default_store_dir
 from .errors import InvalidInputError
+from .jsonlimits import MAX_JSON_DEPTH, json_depth
 from .reading import FileReadError, read_regular_file
 from .store import Store, open_store, parse_bytes
 
@@ -74,9 +76,10 @@ class Settings:
     #: ``[store]``: cache tier, quota, memory budget.
     store: StoreSettings = field(default_factory=StoreSettings)
 
-    def backend_options(self, model: str) -> BackendOptions:
-        """The options for ``model``: ``[backend]`` overlaid with ``[models."model"]``."""
-        return self.backend.merged(self.models.get(model))
+    def backend_options(self, model: str, explicit: BackendOptions | None = None) -> BackendOptions:
+        """The options for ``model``: ``[backend]``, overlaid with THAT model's ``[models."model"]``, then
+        with ``explicit`` (flags, keywords: only what the caller set). The one merge of settings."""
+        return self.backend.merged(self.models.get(model)).merged(explicit)
 
     def store_options(
         self, memory_bytes: int | None = None, cache: str | None = None, max_package_bytes: int | str | None = None
@@ -124,34 +127,29 @@ def _options(data: Any, file: Path, table: str) -> BackendOptions:
 _MAX_CONFIG_BYTES = 1 << 20
 
 
-def _is_file(path: Path) -> bool:
+def _exists(path: Path) -> bool:
     try:
-        return path.is_file()
-    except OSError:  # ENAMETOOLONG, EACCES on a parent ...: not a config file we can use
+        return os.path.lexists(path)
+    except (OSError, ValueError):  # ENAMETOOLONG, a NUL ...: nothing we can read there
         return False
 
 
 def load_settings(store_dir: str | os.PathLike | None, path: str | os.PathLike | None = None) -> Settings:
     """Read ``path`` (it must exist), else ``<store_dir>/refsight.toml`` when there is one.
 
-    No file is no error: the result then holds no options at all.
+    No file is no error: the result then holds no options at all. A file that is there but is
+    no regular file (a FIFO, ``/dev/zero``, a directory) is one, and says what it is.
     """
     if path is not None:
         file = Path(path).expanduser()
-        if not _is_file(file):
+        if not _exists(file):
             raise InvalidInputError(str(file), "no such config file")
-    elif store_dir is not None and _is_file(Path(store_dir).expanduser() / CONFIG_NAME):
+    elif store_dir is not None and _exists(Path(store_dir).expanduser() / CONFIG_NAME):
         file = Path(store_dir).expanduser() / CONFIG_NAME
     else:
         # (A store path the OS refuses, e.g. a name too long, is reported by open_store.)
         return Settings()
-    try:
-        # Bounded and never blocking, like every user-named file (issue 18).
-        data = tomllib.loads(read_regular_file(file, _MAX_CONFIG_BYTES).decode("utf-8"))
-    except FileReadError as e:
-        raise InvalidInputError(str(file), f"cannot read the config file: {e.reason}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise InvalidInputError(str(file), f"not valid TOML: {e}") from None
+    data = _read_toml(file)
     unknown = sorted(set(data) - set(_TABLES))
     if unknown:
         raise InvalidInputError(f"{file}: {', '.join(unknown)}", f"unknown table or key; known: {', '.join(_TABLES)}")
@@ -161,6 +159,24 @@ def load_settings(store_dir: str | os.PathLike | None, path: str | os.PathLike |
         raise InvalidInputError(f"{file} models", 'must hold tables: [models."NAME"]')
     models = {str(name): _options(table, file, f'models."{name}"') for name, table in models_table.items()}
     return Settings(path=file, backend=backend, models=models, store=_store(data.get("store", {}), file))
+
+
+def _read_toml(file: Path) -> dict[str, Any]:
+    try:
+        # Bounded and never blocking, like every user-named file (issue 18).
+        text = read_regular_file(file, _MAX_CONFIG_BYTES).decode("utf-8")
+    except FileReadError as e:
+        raise InvalidInputError(str(file), f"cannot read the config file: {e.reason}") from None
+    except UnicodeDecodeError as e:
+        raise InvalidInputError(str(file), f"not valid TOML: {e}") from None
+    # tomllib recurses once per nested array or inline table: deep nesting is refused first, as for
+    # JSON (brackets in strings and comments count too, so this may only ever over-count).
+    if json_depth(text, stop_above=MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        raise InvalidInputError(str(file), f"nested more than {MAX_JSON_DEPTH} levels deep (the limit is {MAX_JSON_DEPTH})")
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise InvalidInputError(str(file), f"not valid TOML: {e}") from None
 
 
 def _store(data: Any, file: Path) -> StoreSettings:

@@ -32,12 +32,11 @@ def tiny_engine(tmp_path_factory):
 
 def test_cached_and_fresh_scores_are_identical_and_deterministic(tiny_engine):
     engine, candidate = tiny_engine
-    backend = engine.backend()
     refs = [engine.reference(n) for n in ("chelsea", "coffee", "rocket")]
     query = RerankQuery(image=candidate, criteria=CRITERIA, text="; ".join(CRITERIA))
-    cached = VlmReranker(backend, engine.packages, use_cache=True).score(query, refs)
-    again = VlmReranker(backend, engine.packages, use_cache=True).score(query, refs)
-    fresh = VlmReranker(backend, engine.packages, use_cache=False).score(query, refs)
+    cached = VlmReranker(engine.context(), engine.packages).score(query, refs)
+    again = VlmReranker(engine.context(), engine.packages).score(query, refs)
+    fresh = VlmReranker(engine.context(use_cache=False), engine.packages).score(query, refs)
     assert cached == again
     assert cached == fresh
     assert all(0.0 < s < 1.0 for s in cached) and len(set(cached)) == 3

@@ -48,7 +48,7 @@ def test_compare_cli_json_shape_and_table(tmp_path, real_photo, capsys):
     store = tmp_path / "store"
     for name in ("chelsea", "coffee"):
         path = tmp_path / f"{name}.png"
-        # Full size: the ImageNet sidecar needs real detail to be confident.
+        # Full size: the ImageNet classifier needs real detail to be confident.
         real_photo(name, size=None).save(path)
         assert main(["add", str(path), "--store", str(store), "--model", "tiny-qwen2-vl"]) == 0
     candidate = tmp_path / "candidate.png"
@@ -77,8 +77,8 @@ def test_compare_cli_json_shape_and_table(tmp_path, real_photo, capsys):
     out = json.loads(capsys.readouterr().out)
     assert code == 0
     assert set(out) == {"candidate_sha256", "model", "random_weights", "results", "timings_ms", "vlm_calls", "stages"}
-    assert set(out["timings_ms"]) >= {"candidate_encode", "reference_load", "generate", "prefilter"}
-    # "is a cat" is required and settled by the real ImageNet sidecar, whose records `add`
+    assert set(out["timings_ms"]) >= {"candidate_encode", "reference_load", "judge", "prefilter"}
+    # "is a cat" is required and settled by the real ImageNet attribute records, which `add`
     # computed: coffee is dropped before the judge (reported, never silent), chelsea is judged.
     assert [r["ref_id"] for r in out["results"]] == ["chelsea", "coffee"]
     assert out["stages"] == {"recalled": 0, "filtered": 1, "reranked": 0, "judged": 1} and out["vlm_calls"] >= 1

@@ -52,7 +52,7 @@ def test_a_compared_candidate_leaves_nothing_on_disk(tmp_path, photos):
         engine.add(photos["chelsea"], ref_id="cat")
         engine.add(photos["coffee"], ref_id="cup")
         candidate = load_image(photos["chelsea-flip"])
-        key = engine.packages.key(engine.backend(), candidate.sha256, None)
+        key = engine.context().package_key(candidate.sha256)
         result = engine.compare(candidate, criteria=RUBRIC, top_k=2)  # recall, attributes and judge all run
         assert len(result.results) == 2 and "attributes" in result.timings_ms
         assert engine.store.memory.contains(key)  # it is cached, in memory

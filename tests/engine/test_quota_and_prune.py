@@ -35,7 +35,7 @@ def photos(tmp_path, real_photo) -> dict[str, Path]:
 
 def _key(engine: Engine, ref_id: str, model: str | None = None) -> str:
     ref = engine.reference(ref_id)
-    return engine.packages.key(engine.backend(model), ref.image_sha256, None)
+    return engine.context(model=model).package_key(ref.image_sha256)
 
 
 def _on_disk(engine: Engine, ref_id: str, model: str | None = None) -> bool:

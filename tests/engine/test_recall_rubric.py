@@ -42,14 +42,14 @@ def test_both_adds_the_rubric_to_the_candidate_image(photo_engine):
 
 
 def test_imagenet_records_are_computed_at_ingest(photo_engine):
-    sidecars = photo_engine.sidecar_records()
-    source = sidecars.imagenet()
+    records = photo_engine.attribute_records
+    source = records.imagenet()
     chelsea = photo_engine.reference("chelsea")
-    record = sidecars.store.get(chelsea.image_sha256, source.fingerprint, source.schema_digest)
+    record = records.store.get(chelsea.image_sha256, source.fingerprint, source.schema_digest)
     assert record is not None and "cat" in " ".join(e["label"] for e in record["imagenet_top5"])
-    before = sidecars.store.misses
+    before = records.store.misses
     photo_engine.compare(sample_path("chelsea"), criteria="is a cat", ref_ids=list(SAMPLE_NAMES))
-    assert sidecars.store.misses == before  # nothing computed for the references at compare time
+    assert records.store.misses == before  # nothing computed for the references at compare time
 
 
 def test_the_vlm_embedder_is_chosen_by_name_in_the_cli(tmp_path, capsys):

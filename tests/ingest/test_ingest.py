@@ -15,7 +15,7 @@ from ingest_helpers import MODEL, make_images, snapshot
 from refsight import Engine
 from refsight.cli import main
 from refsight.errors import InvalidInputError
-from refsight.ingest import IngestItem, ingest, list_source
+from refsight.ingest import IngestItem, list_source
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def test_every_good_image_is_stored_once_with_its_package_vector_and_record(tmp_
     source = _path_list(tmp_path, images + list(bad_image_corpus.values()))
     errors = tmp_path / "errors.jsonl"
     with Engine(tmp_path / "store", model=MODEL) as engine:
-        report = ingest(engine, source, errors_file=errors, batch_size=4)
+        report = engine.ingest(source, errors_file=errors, batch_size=4)
         good = len(images) + len(CORPUS_ACCEPTED)
         assert report.to_dict() | {"wall_s": 0, "images_per_s": 0, "encode_s": 0, "hash_s": 0, "write_s": 0} == {
             "images": good + len(CORPUS_REJECTED), "added": good, "cached": 0, "failed": len(CORPUS_REJECTED),
@@ -54,10 +54,10 @@ def test_every_good_image_is_stored_once_with_its_package_vector_and_record(tmp_
 
 def test_a_rerun_encodes_nothing_and_changes_nothing(tmp_path, images):
     with Engine(tmp_path / "store", model=MODEL) as engine:
-        first = ingest(engine, images[0].parent.parent, batch_size=8)
+        first = engine.ingest(images[0].parent.parent, batch_size=8)
         before = snapshot(tmp_path / "store")
         misses = engine.stats().to_dict()["counters"]["misses"] if "counters" in engine.stats().to_dict() else None
-        again = ingest(engine, images[0].parent.parent, batch_size=8)
+        again = engine.ingest(images[0].parent.parent, batch_size=8)
     assert first.added == len(images)
     assert (again.added, again.cached, again.vectors, again.records) == (0, len(images), 0, 0)
     assert snapshot(tmp_path / "store") == before
@@ -70,10 +70,10 @@ def test_an_interrupted_ingest_resumes_with_only_the_missing_work(tmp_path, imag
     store = tmp_path / "store"
     with Engine(store, model=MODEL) as engine:
         # A crash after some packages, vectors and records were written for half the images.
-        ingest(engine, [IngestItem(str(p), name=p.name) for p in images[:12]], batch_size=4)
+        engine.ingest([IngestItem(str(p), name=p.name) for p in images[:12]], batch_size=4)
         ref = engine.reference("ref0002")
         engine.remove(ref.ref_id)  # the reference row is gone; its package went with it (as a crash before the row)
-        report = ingest(engine, images[0].parent.parent, batch_size=4)
+        report = engine.ingest(images[0].parent.parent, batch_size=4)
     # Directory ids carry the folder: the first run's ids were plain names, so only the rows are new.
     assert report.added == len(images) - 12 + 1 and report.cached == 11 and report.failed == 0
     held = snapshot(store)
@@ -127,7 +127,7 @@ def test_a_manifest_sets_ids_and_metadata_and_search_filters_on_them(tmp_path, i
             writer.writerow({"path": str(path), "ref_id": f"part-{i}", "shelf": "a" if i < 3 else "b"})
         writer.writerow({"path": str(images[6]), "ref_id": "part-0", "shelf": "c"})  # a second image under a taken id
     with Engine(tmp_path / "store", model=MODEL) as engine:
-        report = ingest(engine, manifest, errors_file=tmp_path / "errors.jsonl")
+        report = engine.ingest(manifest, errors_file=tmp_path / "errors.jsonl")
         assert (report.added, report.failed) == (6, 1)
         assert "another image of this ingest" in (tmp_path / "errors.jsonl").read_text()
         assert engine.reference("part-4").metadata == {"shelf": "b"}
@@ -139,7 +139,7 @@ def test_the_same_picture_at_two_paths_is_encoded_once(tmp_path, images):
     copy = tmp_path / "copy.png"
     shutil.copy(images[0], copy)
     with Engine(tmp_path / "store", model=MODEL) as engine:
-        report = ingest(engine, [IngestItem(str(images[0]), name="a.png"), IngestItem(str(copy), name="b.png")])
+        report = engine.ingest([IngestItem(str(images[0]), name="a.png"), IngestItem(str(copy), name="b.png")])
         assert (report.added, report.cached, report.failed) == (1, 1, 0)
         a, b = engine.reference("a"), engine.reference("b")
         assert a.image_sha256 == b.image_sha256 and a.packages == b.packages
@@ -148,7 +148,7 @@ def test_the_same_picture_at_two_paths_is_encoded_once(tmp_path, images):
 def test_the_first_search_and_compare_after_an_ingest_do_no_reference_work(tmp_path, images):
     store = tmp_path / "store"
     with Engine(store, model=MODEL) as engine:
-        ingest(engine, images[0].parent.parent)
+        engine.ingest(images[0].parent.parent)
     candidate = make_images(tmp_path / "new", 1, seed=99)[0]  # not a reference: its encode is the one miss
     with Engine(store, model=MODEL) as engine:
         engine.store.counters.flush()
@@ -169,7 +169,7 @@ def test_the_first_search_and_compare_after_an_ingest_do_no_reference_work(tmp_p
         # reference package was a hit, every reference record was stored already.
         assert embedded == [1]
         assert counters.get("misses", 0) == 1 and counters.get("hits", 0) >= 3
-        assert engine.sidecar_records().store.misses == 0
+        assert engine.attribute_records.store.misses == 0
         assert len(result.results) == 3
 
 
@@ -190,11 +190,11 @@ def test_ingest_writes_through_the_catalog_interface_to_a_postgresql_catalog(tmp
     # directory takes the same ingest, and a second replica sees every reference without encoding.
     blobs = tmp_path / "blobs"
     with Engine(blobs, catalog=postgres, local_dir=tmp_path / "replica-a", model=MODEL) as engine:
-        report = ingest(engine, images[0].parent.parent, batch_size=8)
+        report = engine.ingest(images[0].parent.parent, batch_size=8)
         assert (report.added, report.failed) == (len(images), 0)
         assert engine.verify().ok and len(engine.references()) == len(images)
     with Engine(blobs, catalog=postgres, local_dir=tmp_path / "replica-b", model=MODEL) as engine:
-        again = ingest(engine, images[0].parent.parent, batch_size=8)
+        again = engine.ingest(images[0].parent.parent, batch_size=8)
         # Packages and references are shared: nothing to encode; this replica's derived data is its own.
         assert (again.added, again.cached, again.vectors, again.records) == (0, len(images), len(images), len(images))
         assert len(engine.search("a photo", k=5).hits) == 5
@@ -235,7 +235,23 @@ def test_a_killed_ingest_rerun_encodes_only_what_is_missing(tmp_path, images):
     stored = packages()
     assert 4 <= stored < len(images), "the ingest was not killed mid-job"
     with Engine(store, model=MODEL) as engine:
-        report = ingest(engine, root, batch_size=4)
+        report = engine.ingest(root, batch_size=4)
         assert engine.verify().ok and len(engine.references()) == len(images)
     assert report.added == len(images) - stored  # every package already on disk was kept, not encoded again
     assert (report.added + report.cached, report.failed) == (len(images), 0)
+
+
+def test_metadata_that_cannot_be_encoded_is_an_error_row_and_the_errors_file_stays_utf8(tmp_path, images):
+    import os
+
+    odd = tmp_path / os.fsdecode(b"odd-\xff.png")  # undecodable bytes: still a path to read
+    odd.write_bytes(b"not an image")
+    items = [IngestItem(str(images[0]), name="good.png"), IngestItem(str(images[1]), metadata={"k": "\udcff"}),
+             IngestItem(str(odd))]
+    errors = tmp_path / "errors.jsonl"
+    with Engine(tmp_path / "store", model=MODEL) as engine:
+        report = engine.ingest(items, errors_file=errors)
+        assert (report.added, report.failed) == (1, 2)
+        assert [r.ref_id for r in engine.references()] == ["good"]
+    rows = [json.loads(line) for line in errors.read_bytes().decode("utf-8").splitlines()]
+    assert "not valid Unicode" in rows[0]["error"] and "\ufffd" in rows[1]["input"]

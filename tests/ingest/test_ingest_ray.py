@@ -15,7 +15,6 @@ import pytest
 from image_corpus import CORPUS_ACCEPTED, CORPUS_REJECTED
 from ingest_helpers import MODEL, make_images, snapshot
 from refsight import Engine
-from refsight.ingest import ingest
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow  # three 300-image ingests on a 2-CPU Ray instance
@@ -48,7 +47,7 @@ def undisturbed(cluster, source, tmp_path_factory):
     """The reference run: its store, report and snapshot."""
     store = tmp_path_factory.mktemp("undisturbed") / "store"
     with Engine(store, model=MODEL) as engine:
-        report = ingest(engine, source, ray="local", actors=2, batch_size=8, errors_file=store.parent / "errors.jsonl")
+        report = engine.ingest(source, ray="local", actors=2, batch_size=8, errors_file=store.parent / "errors.jsonl")
     return store, report, snapshot(store)
 
 
@@ -73,7 +72,7 @@ def test_every_good_image_is_stored_exactly_once_and_the_bad_ones_are_reported(u
 def test_a_rerun_encodes_nothing(undisturbed, source):
     store, _, held = undisturbed
     with Engine(store, model=MODEL) as engine:
-        report = ingest(engine, source, ray="local", actors=2, batch_size=8)
+        report = engine.ingest(source, ray="local", actors=2, batch_size=8)
     assert (report.added, report.vectors, report.records, report.encode_s) == (0, 0, 0, 0.0)
     assert report.cached == COUNT + len(CORPUS_ACCEPTED)
     assert snapshot(store) == held
@@ -125,7 +124,7 @@ def test_an_actor_killed_mid_job_is_retried_and_the_store_matches_an_undisturbed
     thread.start()
     try:
         with Engine(store, model=MODEL) as engine:
-            report = ingest(engine, source, ray="local", actors=2, batch_size=4)
+            report = engine.ingest(source, ray="local", actors=2, batch_size=4)
             verify = engine.verify()
     finally:
         done.set()

@@ -1,4 +1,4 @@
-"""The attribute sidecar with the real models: EfficientNet-Lite0 (ImageNet) and all-MiniLM-L6-v2."""
+"""Attribute records with the real models: EfficientNet-Lite0 (ImageNet) and all-MiniLM-L6-v2."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import pytest
 
 from refsight.errors import InvalidInputError
 from refsight.judge import parse_rubric
-from refsight.judge.attributes import (
-    IMAGENET_KEY,
+from refsight.judge import (
     AttributeSchema,
     AttributeSpec,
     AttributeStore,
@@ -18,6 +17,7 @@ from refsight.judge.attributes import (
     merge_records,
     settle_criteria,
 )
+from refsight.judge.attribute_sources import IMAGENET_KEY
 
 from judge_helpers import ScriptedBackend, fake_package, photo
 
@@ -43,7 +43,7 @@ def records(imagenet):
     return dict(zip(images, imagenet.compute(list(images.values()))))
 
 
-def test_imagenet_sidecar_puts_a_cat_label_in_chelseas_top5(records):
+def test_imagenet_record_puts_a_cat_label_in_chelseas_top5(records):
     top = records["chelsea"][IMAGENET_KEY]
     assert len(top) == 5 and all(set(e) == {"label", "score"} for e in top)
     assert CAT_LABELS & {e["label"] for e in top}

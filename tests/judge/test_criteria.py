@@ -109,7 +109,7 @@ def test_required_must_be_boolean():
 
 
 def test_too_many_criteria():
-    with pytest.raises(RubricError, match="33 criteria, over the limit of 32"):
+    with pytest.raises(RubricError, match="more than 32 criteria, over the limit of 32"):
         parse_rubric("\n".join(f"criterion number {i}" for i in range(33)))
     assert len(parse_rubric("\n".join(f"c{i}" for i in range(5)), max_criteria=5)) == 5
 

@@ -51,7 +51,7 @@ def test_cached_packages_and_fresh_images_give_identical_schema_valid_verdicts(n
         assert 0.0 <= result.score <= 1.0
 
 
-def test_imagenet_sidecar_settles_is_a_cat_and_the_vlm_answers_the_rest(images, one_thread, load):
+def test_imagenet_record_settles_is_a_cat_and_the_vlm_answers_the_rest(images, one_thread, load):
     backend = load("tiny-qwen2-vl")
     [package] = backend.encode([images["chelsea"]])
     source = ImageNetAttributeSource()

@@ -107,8 +107,7 @@ def test_a_stored_reference_by_uuid_streams_with_zero_encodes_and_counts_cached_
     assert rec.encoded == 0 and text
     usage = chunks[-1].usage
     engine = tiny.service.engine
-    package = engine.packages.visual(
-        engine.backend(), engine.reference("cat", namespace="one"), scope=engine.scope("one"), use_cache=True).item
+    package = engine.packages.model_image(engine.context("one"), engine.reference("cat", namespace="one")).item
     image_tokens = engine.backend().image_token_count(package)
     assert usage.prompt_tokens_details.cached_tokens == image_tokens > 0
     assert usage.prompt_tokens > image_tokens

@@ -141,7 +141,7 @@ def test_references_added_over_http_get_their_attribute_records_at_once(make_ser
         assert client.post("/v1/references", json={"image": b64(photo_png("chelsea")), "id": "cat"}).status_code == 201
     live.stop()
     with Engine(store, model="toy") as engine:
-        sidecars = engine.sidecar_records()
-        source = sidecars.imagenet()
-        record = sidecars.store.get(engine.reference("cat").image_sha256, source.fingerprint, source.schema_digest)
+        records = engine.attribute_records
+        source = records.imagenet()
+        record = records.store.get(engine.reference("cat").image_sha256, source.fingerprint, source.schema_digest)
         assert record is not None and record["imagenet_top5"]

@@ -19,11 +19,9 @@ __all__ = ["register_commands", "cmd_ingest"]
 
 def cmd_ingest(args: argparse.Namespace, engine_factory: Callable[[argparse.Namespace], Any]) -> int:
     """Run the ingest the flags describe and print its report."""
-    from . import ingest
-
     with engine_factory(args) as engine:
-        report = ingest(
-            engine, args.source, ray=args.ray, actors=args.actors, gpus_per_actor=args.gpus_per_actor,
+        report = engine.ingest(
+            args.source, ray=args.ray, actors=args.actors, gpus_per_actor=args.gpus_per_actor,
             cpus_per_actor=args.cpus_per_actor,
             # --batch-size (a backend option: images per encode call) also sizes the batches workers get
             batch_size=args.batch_size or 8,

@@ -17,23 +17,23 @@ code (:mod:`refsight.ingest.stages`); only where batches run differs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+from ..context import RequestContext
 from ..errors import InvalidInputError, RefsightError, StoreUnavailableError
 from ..images import IntakeLimits
 from ..package import EncoderFingerprint
+from ..text import printable_text
 from ..timing import progress_bar
 from .sources import IngestItem, list_source
 from .stages import EncodeStage, StageSpec, columns, hash_stage, rows
-from .writer import IngestWriter, Todo
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..engine import Engine
+from .writer import IngestParts, IngestWriter, Todo
 
 __all__ = ["Executor", "IngestReport", "LocalExecutor", "run_ingest"]
 
@@ -118,109 +118,136 @@ class LocalExecutor:
 
 
 def run_ingest(
-    engine: Engine,
+    parts: IngestParts,
+    context: RequestContext,
     source: str | Path | Sequence[IngestItem],
     executor: Executor,
     *,
-    model: str | None = None,
-    namespace: str | None = None,
     batch_size: int = 8,
     attributes: Sequence[str] = ("imagenet",),
     errors_file: str | Path | None = None,
     progress: bool = False,
 ) -> IngestReport:
-    """Ingest ``source`` (a directory, path list, manifest, or items) into ``engine``'s store; see the module docstring."""
+    """Ingest ``source`` (a directory, path list, manifest, or items) into the context's namespace; see the module docstring."""
     start = time.perf_counter()
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise InvalidInputError("batch_size", f"must be a positive integer, not {batch_size!r}")
     unknown = sorted(set(attributes) - {"imagenet"})
     if unknown:
         raise InvalidInputError("attributes", f"ingest computes the imagenet record only, not {unknown}")
-    items = list(source) if not isinstance(source, (str, Path)) else list_source(source)
-    namespace = namespace or engine.namespace
-    model = model or engine.model
-    embedder = engine.retrieval.registry_name
+    embedder = parts.retrieval.registry_name
     if embedder is None:
         raise InvalidInputError("embedder", "ingest loads the embedder on its workers by registry name; give a name")
-    options = engine.settings.backend_options(model).merged(engine.backend_options)
+    items = list(source) if not isinstance(source, (str, Path)) else list_source(source)
     spec = StageSpec(
-        model=model, backend_options=options.as_kwargs(), scope=engine.scope(namespace), limits=engine.limits,
+        model=context.model, backend_options=context.options.as_kwargs(), scope=context.scope, limits=parts.limits,
         embedder=embedder, attributes=tuple(attributes),
     )
-    errors: dict[int, str] = {}
-    todos: list[Todo] = []
-    writer: IngestWriter | None = None
-    pending_probe: list[tuple[int, IngestItem, str]] = []
-
-    def probe(flush: bool) -> None:
-        if pending_probe and (flush or len(pending_probe) >= 256):
-            found, refused = writer.probe(list(pending_probe))
-            todos.extend(found)
-            errors.update(refused)
-            pending_probe.clear()
-
-    with progress_bar(len(items), "hashing", enabled=progress) as bar:
-        fingerprint = None
-        for batch in executor.hash([{"index": i, "path": it.path} for i, it in enumerate(items)], engine.limits):
-            for row in rows(batch):
-                if row["error"]:
-                    errors[row["index"]] = row["error"]
-                    continue
-                if writer is None:
-                    # Planned at the first good image: a source of only bad files loads no model.
-                    fingerprint = executor.fingerprint(spec)
-                    spec = StageSpec(**{**spec.__dict__, "fingerprint": fingerprint})
-                    writer = IngestWriter(engine, namespace=namespace, fingerprint=fingerprint, attributes=spec.attributes)
-                pending_probe.append((row["index"], items[row["index"]], row["sha256"]))
-            probe(flush=False)
-            bar.update(len(batch["index"]))
-        probe(flush=True)
-
+    job = _Ingest(parts, context, executor, spec, items, progress)
+    job.hash_and_probe()
     hash_s = time.perf_counter() - start
-    added = vectors = records = 0
-    encode_ms = write_s = 0.0
-    work = [t for t in todos if t.needs_worker and not (writer and writer.is_pending_elsewhere(t))]
-    later = [t for t in todos if t.need_reference and writer and writer.is_pending_elsewhere(t)]
-    by_index = {t.index: t for t in work}
-    if work:
-        with progress_bar(len(work), "encoding", enabled=progress) as bar:
-            for batch in executor.encode([t.row() for t in work], spec, batch_size):
+    job.encode_and_write(batch_size)
+    job.write_repeated_images()
+    if job.writer is not None:
+        parts.retrieval.sync(context.namespace)  # from the cached vectors: the first search finds it done
+    wall = time.perf_counter() - start
+    return IngestReport(
+        images=len(items), added=job.added, cached=len(items) - job.added - len(job.errors), failed=len(job.errors),
+        encode_s=round(job.encode_ms / 1000, 3), wall_s=round(wall, 3),
+        images_per_s=round(len(items) / wall, 3) if wall > 0 else 0.0, actors=executor.actors, mode=executor.mode,
+        vectors=job.vectors, records=job.records, hash_s=round(hash_s, 3), write_s=round(job.write_s, 3),
+        errors_file=_write_errors(errors_file, items, job.errors),
+    )
+
+
+#: Hashed images probed per store round trip.
+PROBE_BATCH = 256
+
+
+class _Ingest:
+    """One ingest under way: the passes of :func:`run_ingest` and what they counted."""
+
+    def __init__(
+        self, parts: IngestParts, context: RequestContext, executor: Executor, spec: StageSpec, items: list[IngestItem],
+        progress: bool,
+    ) -> None:
+        self.parts, self.context, self.executor, self.spec, self.items = parts, context, executor, spec, items
+        self.progress = progress
+        self.errors: dict[int, str] = {}
+        self.todos: list[Todo] = []
+        self.writer: IngestWriter | None = None
+        self.added = self.vectors = self.records = 0
+        self.encode_ms = self.write_s = 0.0
+
+    def hash_and_probe(self) -> None:
+        """Hash every file on the workers, then probe the store for what each good image lacks."""
+        pending: list[tuple[int, IngestItem, str]] = []
+        with progress_bar(len(self.items), "hashing", enabled=self.progress) as bar:
+            rows_in = [{"index": i, "path": item.path} for i, item in enumerate(self.items)]
+            for batch in self.executor.hash(rows_in, self.parts.limits):
+                for row in rows(batch):
+                    if row["error"]:
+                        self.errors[row["index"]] = row["error"]
+                    else:
+                        pending.append((row["index"], self.items[row["index"]], row["sha256"]))
+                if len(pending) >= PROBE_BATCH:
+                    self._probe(pending)
+                bar.update(len(batch["index"]))
+            self._probe(pending)
+
+    def _probe(self, pending: list[tuple[int, IngestItem, str]]) -> None:
+        if not pending:
+            return
+        if self.writer is None:
+            # Planned at the first good image: a source of only bad files loads no model.
+            fingerprint = self.executor.fingerprint(self.spec)
+            self.spec = dataclasses.replace(self.spec, fingerprint=fingerprint)
+            self.writer = IngestWriter(self.parts, self.context, fingerprint=fingerprint, attributes=self.spec.attributes)
+        found, refused = self.writer.probe(list(pending))
+        self.todos.extend(found)
+        self.errors.update(refused)
+        pending.clear()
+
+    def encode_and_write(self, batch_size: int) -> None:
+        """Encode on the workers only what is missing; write each row on the driver as it arrives."""
+        work = [t for t in self.todos if t.needs_worker and not self.writer.is_pending_elsewhere(t)]
+        if not work:
+            return
+        by_index = {t.index: t for t in work}
+        with progress_bar(len(work), "encoding", enabled=self.progress) as bar:
+            for batch in self.executor.encode([t.row() for t in work], self.spec, batch_size):
                 for row in rows(batch):
                     todo = by_index[row["index"]]
                     if row["error"]:
-                        errors[todo.index] = row["error"]
+                        self.errors[todo.index] = row["error"]
                     else:
-                        clock = time.perf_counter()
-                        try:
-                            if writer.write(todo, row):
-                                added += 1
-                                encode_ms += row["encode_ms"]
-                            vectors += bool(row["vector"])
-                            records += bool(row["record"])
-                        except StoreUnavailableError:
-                            raise  # the store, not this image (a full disk, an unreachable catalog): stop; re-run resumes
-                        except RefsightError as e:
-                            errors[todo.index] = str(e)
-                        write_s += time.perf_counter() - clock
+                        self._write(todo, row)
                     bar.update(1)
-    for todo in later:
+
+    def _write(self, todo: Todo, row: dict[str, Any]) -> None:
+        clock = time.perf_counter()
         try:
-            writer.write_from_kept(todo)
+            if self.writer.write(todo, row):
+                self.added += 1
+                self.encode_ms += row["encode_ms"]
+            self.vectors += bool(row["vector"])
+            self.records += bool(row["record"])
         except StoreUnavailableError:
-            raise
+            raise  # the store, not this image (a full disk, an unreachable catalog): stop; re-run resumes
         except RefsightError as e:
-            errors[todo.index] = f"{todo.item.path}: {e}"
-    if writer is not None:
-        engine.index(namespace=namespace)  # from the cached vectors: the first search finds it done
-    engine.store.counters.flush()  # the misses of this ingest are on disk for `stats` at once
-    wall = time.perf_counter() - start
-    path = _write_errors(errors_file, items, errors)
-    return IngestReport(
-        images=len(items), added=added, cached=len(items) - added - len(errors), failed=len(errors),
-        encode_s=round(encode_ms / 1000, 3), wall_s=round(wall, 3),
-        images_per_s=round(len(items) / wall, 3) if wall > 0 else 0.0, actors=executor.actors, mode=executor.mode,
-        vectors=vectors, records=records, hash_s=round(hash_s, 3), write_s=round(write_s, 3), errors_file=path,
-    )
+            self.errors[todo.index] = str(e)
+        self.write_s += time.perf_counter() - clock
+
+    def write_repeated_images(self) -> None:
+        """The reference rows of images another row of this run computed (the same picture at two paths)."""
+        later = [t for t in self.todos if t.need_reference and self.writer.is_pending_elsewhere(t)]
+        for todo in later:
+            try:
+                self.writer.write_from_kept(todo)
+            except StoreUnavailableError:
+                raise
+            except RefsightError as e:
+                self.errors[todo.index] = f"{todo.item.path}: {e}"
 
 
 def _write_errors(path: str | Path | None, items: list[IngestItem], errors: dict[int, str]) -> str | None:
@@ -231,5 +258,7 @@ def _write_errors(path: str | Path | None, items: list[IngestItem], errors: dict
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         for index in sorted(errors):
-            f.write(json.dumps({"input": items[index].path, "error": errors[index]}, ensure_ascii=False) + "\n")
+            # A path may hold undecodable bytes (it was read all the same): the file must stay UTF-8.
+            line = {"input": printable_text(items[index].path), "error": printable_text(errors[index])}
+            f.write(json.dumps(line, ensure_ascii=False) + "\n")
     return str(path)

@@ -213,7 +213,7 @@ class EncodeStage:
         self._guarded(todo, images, out, work)
 
     def _records(self, todo, images, out) -> None:
-        from ..judge.attributes import ERROR_KEY
+        from ..judge.attribute_schema import ERROR_KEY
 
         def work(batch_rows, batch_images):
             for row, record in zip(batch_rows, self.imagenet().compute(batch_images)):

@@ -26,18 +26,34 @@ from __future__ import annotations
 import json
 import pickle
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from ..errors import RefsightError, StoreUnavailableError
-from ..package import EncoderFingerprint, package_key
+from ..context import RequestContext
+from ..errors import InvalidInputError, RefsightError, StoreUnavailableError
+from ..images import IntakeLimits
+from ..judge.attribute_records import AttributeRecords
+from ..package import EncoderFingerprint
+from ..packages import PackageCache
+from ..references import ReferenceBook, validate_metadata
+from ..retrieval.store_index import StoreIndex
+from ..store import Catalog
 from .sources import IngestItem
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ..engine import Engine
+__all__ = ["IngestParts", "IngestWriter", "Todo"]
 
-__all__ = ["IngestWriter", "Todo"]
+
+@dataclass(frozen=True)
+class IngestParts:
+    """What an ingest writes through: the parts ``refsight add`` uses, and the intake limits."""
+
+    catalog: Catalog
+    packages: PackageCache
+    book: ReferenceBook
+    retrieval: StoreIndex
+    attribute_records: AttributeRecords
+    limits: IntakeLimits
 
 
 @dataclass
@@ -67,19 +83,21 @@ class Todo:
 
 
 class IngestWriter:
-    """Probe and write one namespace of an engine's store for one model, embedder and attribute set."""
+    """Probe and write the context's namespace of one store for one model, embedder and attribute set."""
 
-    def __init__(self, engine: Engine, *, namespace: str, fingerprint: EncoderFingerprint, attributes: tuple[str, ...]):
-        self.engine = engine
-        self.namespace = namespace
-        self.scope = engine.scope(namespace)
+    def __init__(
+        self, parts: IngestParts, context: RequestContext, *, fingerprint: EncoderFingerprint, attributes: tuple[str, ...]
+    ) -> None:
+        self.parts = parts
+        self.context = context
+        self.namespace = context.namespace
         self.fingerprint = fingerprint
         self.digest = fingerprint.digest
-        retriever = engine.retrieval.retriever()  # the embedder loads on the driver: its digest names the vectors
+        retriever = parts.retrieval.retriever()  # the embedder loads on the driver: its digest names the vectors
         self.vectors = retriever.db
         self.embedder_digest = retriever.embedder.digest
-        self.imagenet = engine.sidecar_records().imagenet() if "imagenet" in attributes else None
-        self.records = engine.sidecar_records().store
+        self.imagenet = parts.attribute_records.imagenet() if "imagenet" in attributes else None
+        self.records = parts.attribute_records.store
         self._claimed: dict[str, str] = {}  # ref id → image hash, for the ids chosen in this run
         self._pending: dict[str, int] = {}  # image hash → index of the row that computes its package
         self.stored = {"packages": 0, "vectors": 0, "records": 0}
@@ -96,6 +114,7 @@ class IngestWriter:
         todos, errors = [], []
         for index, item, sha in batch:
             try:
+                validate_metadata(item.metadata)  # the rules `add` applies (valid text, JSON, size)
                 ref_id = self._choose(item, sha)
             except StoreUnavailableError:
                 raise  # the store, not this image: the job stops (a re-run resumes)
@@ -103,10 +122,10 @@ class IngestWriter:
                 errors.append((index, str(e)))
                 continue
             first = sha not in self._pending
-            key = package_key(sha, self.fingerprint, self.scope)
+            key = self.context.package_key(sha, self.fingerprint)
             todo = Todo(
                 index, item, sha, ref_id,
-                need_package=first and not self.engine.packages.is_durable(key),
+                need_package=first and not self.parts.packages.is_durable(key),
                 need_vector=first and sha not in have_vector,
                 need_record=first and self._record_missing(sha),
                 need_reference=self._reference_missing(ref_id, sha, key, item.metadata),
@@ -117,13 +136,10 @@ class IngestWriter:
         return todos, errors
 
     def _choose(self, item: IngestItem, sha: str) -> str:
-        book = self.engine.book
-        ref_id = book.choose_id(item.ref_id, item.name or item.path, sha, self.namespace)
+        ref_id = self.parts.book.choose_id(item.ref_id, item.name or item.path, sha, self.namespace)
         claimed = self._claimed.get(ref_id)
         if claimed is not None and claimed != sha:
             if item.ref_id is not None:
-                from ..errors import InvalidInputError
-
                 raise InvalidInputError(ref_id, "another image of this ingest has this reference id")
             ref_id = f"{ref_id}-{sha[:8]}"  # two files of this run derive the same id: as add does
         self._claimed[ref_id] = sha
@@ -133,7 +149,7 @@ class IngestWriter:
         return self.imagenet is not None and self.records.get(sha, self.imagenet.fingerprint, self.imagenet.schema_digest) is None
 
     def _reference_missing(self, ref_id: str, sha: str, key: str, metadata: dict[str, Any]) -> bool:
-        ref = self.engine.book.find(ref_id, self.namespace)
+        ref = self.parts.book.find(ref_id, self.namespace)
         if ref is None or ref.packages.get(self.digest) != key:
             return True
         return any(ref.metadata.get(k) != v for k, v in metadata.items())
@@ -148,9 +164,9 @@ class IngestWriter:
         encoded = False
         if row["package"]:
             package = pickle.loads(row["package"])
-            if package.key != package_key(todo.sha256, self.fingerprint, self.scope):
+            if package.key != self.context.package_key(todo.sha256, self.fingerprint):
                 raise RuntimeError(f"{todo.item.path}: a worker returned a package under another key")
-            if self.engine.packages.store_encoded(package):
+            if self.parts.packages.store_encoded(package):
                 self.stored["packages"] += 1
             encoded = True
         self._reference(todo, row["data"], row["fmt"] or None)
@@ -164,12 +180,12 @@ class IngestWriter:
 
     def write_from_kept(self, todo: Todo) -> None:
         """The reference row of an image whose bytes the store already keeps (no file read)."""
-        self._reference(todo, self.engine.store.catalog.get_image(todo.sha256), None)
+        self._reference(todo, self.parts.catalog.get_image(todo.sha256), None)
 
     def _reference(self, todo: Todo, data: bytes, fmt: str | None) -> None:
         if not todo.need_reference:
             return
-        key = package_key(todo.sha256, self.fingerprint, self.scope)
-        self.engine.store.catalog.ingest_reference(
+        key = self.context.package_key(todo.sha256, self.fingerprint)
+        self.parts.catalog.ingest_reference(
             todo.ref_id, todo.sha256, data, fmt, todo.item.metadata, namespace=self.namespace, link=(self.digest, key)
         )

@@ -3,26 +3,23 @@
 - :mod:`.criteria` parses rubrics (free text, JSON, YAML) into :class:`Rubric`.
 - :mod:`.prompts` lays out the request: references, candidate, criteria, instructions.
 - :mod:`.verdict` holds the verdict JSON schema, validation and the score.
-- :mod:`.attributes` is the attribute sidecar (VLM records, ImageNet labels, store, settling).
+- attribute records, structured facts about each image: :mod:`.attribute_schema` (what a VLM
+  fills), :mod:`.attribute_sources` (the VLM and ImageNet sources), :mod:`.attribute_store`
+  (SQLite), :mod:`.attribute_records` (what the pipelines hold), :mod:`.settling` (criteria the
+  records answer) and :mod:`.prefilter` (required mismatches dropped before any VLM work).
 - :mod:`.judge` ties them together in :class:`Judge`.
 
 Nothing here imports torch at import time; models load when first used.
 """
 
-from .attributes import (
-    AttributeSchema,
-    AttributeSource,
-    AttributeSpec,
-    AttributeStore,
-    ImageNetAttributeSource,
-    SettleThresholds,
-    VlmAttributeSource,
-    merge_records,
-    settle_criteria,
-)
+from .attribute_records import AttributeRecords
+from .attribute_schema import AttributeSchema, AttributeSpec, load_attribute_schema
+from .attribute_sources import AttributeSource, ImageNetAttributeSource, VlmAttributeSource, merge_records
+from .attribute_store import AttributeStore
 from .criteria import Criterion, Rubric, parse_rubric
 from .judge import Judge, JudgeReference, ReferenceResult
 from .prompts import build_judge_request, reference_prefix
+from .settling import SettleThresholds, settle_criteria
 from .verdict import (
     VERDICTS,
     CriterionVerdict,
@@ -35,10 +32,12 @@ from .verdict import (
 )
 
 __all__ = [
+    "AttributeRecords",
     "AttributeSchema",
     "AttributeSource",
     "AttributeSpec",
     "AttributeStore",
+    "load_attribute_schema",
     "ImageNetAttributeSource",
     "SettleThresholds",
     "VlmAttributeSource",

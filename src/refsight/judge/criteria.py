@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidInputError, RubricError
-from ..jsonlimits import MAX_JSON_DEPTH, check_json_depth, data_depth
+from ..jsonlimits import MAX_NODES, check_json_depth, json_nodes, load_yaml
 from ..package import canonical_json
+from ..text import check_text
 
 __all__ = [
     "MAX_CRITERIA",
@@ -114,21 +115,13 @@ def parse_rubric(
     elif isinstance(source, str):
         if len(source) > max_chars:
             raise RubricError("rubric", f"{len(source)} characters, over the {max_chars}-character limit")
-        items = _items_from_text(source)
+        items = _items_from_text(check_text(source, "rubric"))
     elif isinstance(source, (list, tuple, dict)):
         items = _items_from_data(source)
     else:
         raise RubricError(repr(source)[:80], f"a rubric must be text, a list or a mapping, not {type(source).__name__}")
 
-    criteria = [_criterion(i, item, max_criterion_chars) for i, item in enumerate(items, start=1)]
-    criteria = [c for c in criteria if c is not None]
-    if not criteria:
-        raise RubricError("rubric", "the rubric is empty: give at least one criterion")
-    if len(criteria) > max_criteria:
-        raise RubricError("rubric", f"{len(criteria)} criteria, over the limit of {max_criteria}")
-    total = sum(len(c.text) for c in criteria)
-    if total > max_chars:
-        raise RubricError("rubric", f"criteria hold {total} characters, over the {max_chars}-character limit")
+    criteria = _criteria(items, max_criteria, max_chars, max_criterion_chars)
     seen: dict[str, int] = {}
     for i, c in enumerate(criteria, start=1):
         key = c.text.casefold()
@@ -140,42 +133,44 @@ def parse_rubric(
     return Rubric(tuple(criteria))
 
 
+def _criteria(items: list[Any], max_criteria: int, max_chars: int, max_criterion_chars: int) -> list[Criterion]:
+    """The criteria of ``items``; the limits are checked as they are read, so a huge list costs no more than the limit."""
+    criteria: list[Criterion] = []
+    total = 0
+    for i, item in enumerate(items, start=1):
+        criterion = _criterion(i, item, max_criterion_chars)
+        if criterion is None:
+            continue
+        criteria.append(criterion)
+        total += len(criterion.text)
+        if len(criteria) > max_criteria:
+            raise RubricError("rubric", f"more than {max_criteria} criteria, over the limit of {max_criteria}")
+        if total > max_chars:
+            raise RubricError("rubric", f"criteria hold more than {max_chars} characters, over the {max_chars}-character limit")
+    if not criteria:
+        raise RubricError("rubric", "the rubric is empty: give at least one criterion")
+    return criteria
+
+
 def _items_from_text(text: str) -> list[Any]:
     stripped = text.strip()
     if not stripped:
         return []
     if stripped[0] in "[{":
-        # Deep nesting would make json.loads recurse until RecursionError: refuse it first
+        # Deep or huge JSON would cost more than its size justifies: refused before parsing
         # (an input-format problem like any over-deep JSON, so InvalidInputError, not RubricError).
         check_json_depth(stripped, "rubric")
+        if json_nodes(stripped) > MAX_NODES:
+            raise InvalidInputError("rubric", f"JSON holds more than {MAX_NODES} values (the limit is {MAX_NODES})")
         try:
             data = json.loads(stripped)
         except json.JSONDecodeError as e:
             raise RubricError("rubric", f"malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
         return _items_from_data(data)
     if _YAML_START.match(stripped):
-        return _items_from_data(_load_yaml(stripped))
+        # Anchors, aliases (the alias bomb), deep nesting and huge documents are refused while parsing.
+        return _items_from_data(load_yaml(stripped, "rubric", malformed=RubricError))
     return _items_from_free_text(stripped)
-
-
-def _load_yaml(text: str) -> Any:
-    try:
-        import yaml
-    except ImportError:  # pragma: no cover - pyyaml is a dependency
-        raise RubricError("rubric", "a YAML rubric needs the pyyaml package") from None
-    try:
-        data = yaml.safe_load(text)
-    except RecursionError:
-        # PyYAML composes nested nodes recursively; the stack unwinds cleanly, so say why.
-        raise InvalidInputError("rubric", f"YAML nested more than {MAX_JSON_DEPTH} levels deep") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise RubricError("rubric", f"malformed YAML{where}: {problem}") from None
-    if data_depth(data, stop_above=MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
-        raise InvalidInputError("rubric", f"YAML nested more than {MAX_JSON_DEPTH} levels deep (the limit is {MAX_JSON_DEPTH})")
-    return data
 
 
 def _items_from_free_text(text: str) -> list[str]:
@@ -220,7 +215,7 @@ def _criterion(index: int, item: Any, max_chars: int) -> Criterion | None:
     else:
         raise RubricError(where, f"a criterion must be a string or a mapping, not {type(item).__name__}")
 
-    text = _SPACES.sub(" ", text).strip()
+    text = _SPACES.sub(" ", check_text(text, where)).strip()
     if not any(ch.isalnum() for ch in text):
         if isinstance(item, dict):
             raise RubricError(where, "text is empty" if not text else f"text {text!r} has no letters or digits")

@@ -1,6 +1,6 @@
 """The judge: rubric → criteria → attribute settling → one VLM call per reference → scored verdicts.
 
-For each reference, the criteria the attribute sidecars can settle are answered from
+For each reference, the criteria its attribute records can settle are answered from
 them (``"source": "attributes"``); the rest are put to the VLM in one prompt
 (references first, see :mod:`.prompts`). A backend that supports constrained decoding
 gets the verdict schema and, with ``max_new_tokens`` at the schema's token budget,
@@ -14,32 +14,26 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Mapping, Sequence
 
 from ..backends.base import Backend, GenerationRequest
 from ..backends.prefix import PrefixCache
-from ..errors import BackendError, InvalidInputError, ModelLoadError
+from ..errors import InvalidInputError, ModelLoadError
 from ..images import ImageInput
 from ..package import VisualPackage
-from .attributes import AttributeSource, ImageNetAttributeSource, SettleThresholds, merge_records, settle_criteria
+from ..packages import ModelImage
+from .attribute_sources import AttributeSource, ImageNetAttributeSource, merge_records
+from .batches import generate_texts
 from .criteria import Criterion, Rubric, parse_rubric
 from .prompts import build_judge_request
-from .verdict import (
-    DEFAULT_EVIDENCE_CHARS,
-    CriterionVerdict,
-    VerdictParseError,
-    parse_verdicts,
-    score_verdicts,
-    token_budget,
-    uncertain_verdicts,
-    verdict_schema,
-)
+from .settling import SettleThresholds, settle_criteria
+from .verdict import DEFAULT_EVIDENCE_CHARS, CriterionVerdict, VerdictParseError, parse_verdicts, score_verdicts
+from .verdict import token_budget, uncertain_verdicts, verdict_schema
 
 __all__ = ["Judge", "ReferenceResult", "JudgeReference"]
 
-Visual = Union[VisualPackage, ImageInput]
 #: ``(ref_id, package or image, attribute record or None)``
-JudgeReference = tuple[str, Visual, Union[Mapping[str, Any], None]]
+JudgeReference = tuple[str, ModelImage, "Mapping[str, Any] | None"]
 
 #: Extra tokens for a free-form (unconstrained) answer: code fences, a short preamble.
 _FREE_FORM_SLACK = 64
@@ -63,7 +57,7 @@ class ReferenceResult:
 @dataclass
 class _Pending:
     index: int  # position in the references list
-    visual: Visual
+    visual: ModelImage
     criteria: list[Criterion]
     schema: dict  # validated against, and passed to the backend when it can constrain
     constrained: bool
@@ -114,7 +108,7 @@ class Judge:
         self.vlm_retries = 0
 
     # -- attributes ------------------------------------------------------------------------------
-    def attributes_for(self, items: Sequence[Visual]) -> list[dict[str, Any] | None]:
+    def attributes_for(self, items: Sequence[ModelImage]) -> list[dict[str, Any] | None]:
         """Records from this judge's sources (no store); ImageNet skips packages, which have no pixels."""
         merged: list[list[dict[str, Any]]] = [[] for _ in items]
         for source in self.attribute_sources:
@@ -143,8 +137,8 @@ class Judge:
     # -- judging ---------------------------------------------------------------------------------
     def judge(
         self,
-        references: Sequence[JudgeReference | tuple[str, Visual]],
-        candidate: Visual,
+        references: Sequence[JudgeReference | tuple[str, ModelImage]],
+        candidate: ModelImage,
         rubric: Rubric | str | Sequence[Any] | Mapping[str, Any],
         candidate_attrs: Mapping[str, Any] | None = None,
     ) -> list[ReferenceResult]:
@@ -155,42 +149,16 @@ class Judge:
             raise InvalidInputError("candidate", f"must be a VisualPackage or an ImageInput, not {type(candidate).__name__}")
 
         if self.attribute_sources and not self.force_vlm:
-            missing = [i for i, (_, _, attrs) in enumerate(refs) if attrs is None]
-            items = [refs[i][1] for i in missing] + ([candidate] if candidate_attrs is None else [])
-            computed = self.attributes_for(items) if items else []
-            for i, record in zip(missing, computed):
-                refs[i] = (refs[i][0], refs[i][1], record)
-            if candidate_attrs is None and computed:
-                candidate_attrs = computed[-1]
-
-        settled: list[list[CriterionVerdict | None]] = []
-        encoder = None
-        can_settle = not self.force_vlm and candidate_attrs and any(attrs for _, _, attrs in refs)
-        if can_settle:
-            encoder = self._encoder()
-        for _, _, attrs in refs:
-            settled.append(
-                settle_criteria(
-                    rubric.criteria, attrs, candidate_attrs, encoder, force_vlm=self.force_vlm, thresholds=self.thresholds
-                )
-                if encoder is not None
-                else [None] * len(rubric)
+            candidate_attrs = self._fill_attributes(refs, candidate, candidate_attrs)
+        settled = self._settle(rubric, refs, candidate_attrs)
+        pending = [
+            _Pending(
+                index=i, visual=visual, criteria=todo, schema=verdict_schema(todo, evidence_max_chars=self.evidence_max_chars),
+                constrained=self.backend.supports_constrained_decoding,
             )
-
-        pending = []
-        for i, ((_, visual, _), answers) in enumerate(zip(refs, settled)):
-            todo = [c for c, a in zip(rubric.criteria, answers) if a is None]
-            if todo:
-                schema = verdict_schema(todo, evidence_max_chars=self.evidence_max_chars)
-                pending.append(
-                    _Pending(
-                        index=i,
-                        visual=visual,
-                        criteria=todo,
-                        schema=schema,
-                        constrained=self.backend.supports_constrained_decoding,
-                    )
-                )
+            for i, ((_, visual, _), answers) in enumerate(zip(refs, settled))
+            if (todo := [c for c, a in zip(rubric.criteria, answers) if a is None])
+        ]
         requests_per_ref = [0] * len(refs)
         self._run(pending, candidate, requests_per_ref)
 
@@ -203,6 +171,32 @@ class Judge:
                 ReferenceResult(ref_id, score_verdicts(rubric.criteria, verdicts), verdicts, requests_per_ref[i])
             )
         return results
+
+    def _fill_attributes(
+        self, refs: list[JudgeReference], candidate: ModelImage, candidate_attrs: Mapping[str, Any] | None
+    ) -> Mapping[str, Any] | None:
+        """Compute the records the caller did not pass (``refs`` in place); the candidate's record."""
+        missing = [i for i, (_, _, attrs) in enumerate(refs) if attrs is None]
+        items = [refs[i][1] for i in missing] + ([candidate] if candidate_attrs is None else [])
+        computed = self.attributes_for(items) if items else []
+        for i, record in zip(missing, computed):
+            refs[i] = (refs[i][0], refs[i][1], record)
+        if candidate_attrs is None and computed:
+            candidate_attrs = computed[-1]
+        return candidate_attrs
+
+    def _settle(
+        self, rubric: Rubric, refs: list[JudgeReference], candidate_attrs: Mapping[str, Any] | None
+    ) -> list[list[CriterionVerdict | None]]:
+        """Per reference, each criterion's verdict from the attribute records, or None for the VLM."""
+        can_settle = not self.force_vlm and candidate_attrs and any(attrs for _, _, attrs in refs)
+        encoder = self._encoder() if can_settle else None
+        if encoder is None:
+            return [[None] * len(rubric) for _ in refs]
+        return [
+            settle_criteria(rubric.criteria, attrs, candidate_attrs, encoder, force_vlm=self.force_vlm, thresholds=self.thresholds)
+            for _, _, attrs in refs
+        ]
 
     def _check_references(self, references: Any) -> list[JudgeReference]:
         if isinstance(references, (str, bytes)) or not isinstance(references, Sequence) or not references:
@@ -225,7 +219,7 @@ class Judge:
             out.append((ref_id, visual, attrs))
         return out
 
-    def _request(self, p: _Pending, candidate: Visual) -> GenerationRequest:
+    def _request(self, p: _Pending, candidate: ModelImage) -> GenerationRequest:
         budget = token_budget(p.criteria, evidence_max_chars=self.evidence_max_chars)
         if not p.constrained:
             budget += _FREE_FORM_SLACK
@@ -243,7 +237,7 @@ class Judge:
         request.prefix_cache = self.prefix_cache
         return request
 
-    def _run(self, pending: list[_Pending], candidate: Visual, requests_per_ref: list[int]) -> None:
+    def _run(self, pending: list[_Pending], candidate: ModelImage, requests_per_ref: list[int]) -> None:
         todo = pending
         for attempt in range(2):  # the first try, then one retry told what was wrong
             if not todo:
@@ -268,13 +262,5 @@ class Judge:
             )
 
     def _generate(self, requests: list[GenerationRequest]) -> list[str]:
-        texts: list[str] = []
-        step = max(1, int(getattr(self.backend, "batch_size", 1) or 1))
-        for start in range(0, len(requests), step):
-            chunk = requests[start : start + step]
-            self.vlm_calls += len(chunk)
-            generations = self.backend.generate(chunk)
-            if len(generations) != len(chunk):
-                raise BackendError(self.backend.name, f"returned {len(generations)} results for {len(chunk)} requests")
-            texts += [g.text for g in generations]
-        return texts
+        self.vlm_calls += len(requests)
+        return generate_texts(self.backend, requests)

@@ -1,9 +1,9 @@
 """The attribute prefilter: drop references that the attribute records settle as a *required* mismatch.
 
 A required criterion that is a mismatch makes a reference's score 0 whatever else the VLM
-says (:func:`~refsight.judge.verdict.score_verdicts`), so when the sidecar records already
+says (:func:`~refsight.judge.verdict.score_verdicts`), so when the attribute records already
 settle it there is no point in reranking or judging that reference. Only required criteria
-are looked at, with the judge's own conservative :func:`~refsight.judge.attributes.settle_criteria`;
+are looked at, with the judge's own conservative :func:`~refsight.judge.settling.settle_criteria`;
 the settled verdicts are returned so the result can say why a reference was dropped.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .attributes import SettleThresholds, settle_criteria
+from .settling import SettleThresholds, settle_criteria
 from .criteria import Rubric
 from .verdict import CriterionVerdict
 

@@ -12,11 +12,12 @@ its own chat template and image placeholders.
 from __future__ import annotations
 
 import json
-from typing import Mapping, Sequence, Union
+from typing import Mapping, Sequence
 
 from ..backends.base import GenerationRequest, Segment
 from ..images import ImageInput
 from ..package import VisualPackage
+from ..packages import ModelImage
 from .criteria import Criterion
 
 __all__ = [
@@ -27,8 +28,6 @@ __all__ = [
     "build_attribute_request",
 ]
 
-Visual = Union[VisualPackage, ImageInput]
-
 #: Fixed opening text; part of the shared prefix.
 JUDGE_PREAMBLE = "You compare a candidate image with reference images, one criterion at a time."
 
@@ -38,7 +37,7 @@ def _check_visual(item: object, what: str) -> None:
         raise TypeError(f"{what} must be a VisualPackage or an ImageInput, not {type(item).__name__}")
 
 
-def reference_prefix(references: Sequence[Visual]) -> list[Segment]:
+def reference_prefix(references: Sequence[ModelImage]) -> list[Segment]:
     """The rubric-independent opening: the preamble, then ``Reference i:`` and each reference."""
     if not references:
         raise ValueError("a judge prompt needs at least one reference")
@@ -69,8 +68,8 @@ def criteria_block(criteria: Sequence[Criterion], *, evidence_max_chars: int, n_
 
 
 def build_judge_request(
-    references: Sequence[Visual],
-    candidate: Visual,
+    references: Sequence[ModelImage],
+    candidate: ModelImage,
     criteria: Sequence[Criterion],
     *,
     evidence_max_chars: int,
@@ -96,7 +95,7 @@ def build_judge_request(
 
 
 def build_attribute_request(
-    item: Visual,
+    item: ModelImage,
     attributes: Mapping[str, Sequence[str] | None],
     *,
     value_max_chars: int,
@@ -104,7 +103,7 @@ def build_attribute_request(
     json_schema: dict | None = None,
     retry_reason: str | None = None,
 ) -> GenerationRequest:
-    """A prompt asking the VLM to describe one image as an attribute record (for the sidecar)."""
+    """A prompt asking the VLM to describe one image as an attribute record."""
     _check_visual(item, "the image")
     lines = []
     for name, values in attributes.items():

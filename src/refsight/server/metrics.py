@@ -15,10 +15,9 @@ from typing import Any, Callable, Iterator
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-__all__ = ["Metrics", "CONTENT_TYPE_LATEST"]
+from ..results import COMPARE_STAGES
 
-#: Compare stage → its entry in ``timings_ms`` (present exactly when the stage ran).
-_STAGE_TIMINGS = {"recall": "retrieval", "prefilter": "prefilter", "rerank": "rerank", "judge": "generate"}
+__all__ = ["Metrics", "CONTENT_TYPE_LATEST"]
 
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -140,10 +139,10 @@ class Metrics:
         """Count one compare's stages: references per stage, and the stages that ran with their time."""
         for stage, n in counts.items():
             self.stage_references.labels(stage).inc(n)
-        for stage, timing in _STAGE_TIMINGS.items():
-            if timing in timings_ms:
+        for stage in COMPARE_STAGES:  # timed in timings_ms under its own name exactly when it ran
+            if stage in timings_ms:
                 self.stage_calls.labels(stage).inc()
-                self.stage_seconds.labels(stage).inc(timings_ms[timing] / 1000.0)
+                self.stage_seconds.labels(stage).inc(timings_ms[stage] / 1000.0)
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
         """Record one request (``route`` is the template, e.g. ``/v1/references/{ref_id}``, to bound cardinality)."""

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from ... import validate_ref_id, validate_where
 from ..bodies import CompareBody, SearchBody, body_schema, decode_image_field, read_body
 from ..deps import MetricsDep, PoolDep, ServiceDep, Tenant
-from ..errors import ERROR_RESPONSES, ApiError, fields_named
+from ..errors import ERROR_RESPONSES, fields_named
 
 __all__ = ["router"]
 
@@ -25,12 +25,8 @@ async def compare(
 ) -> dict[str, Any]:
     """Judge a candidate against references criterion by criterion; the JSON of ``refsight compare --json``."""
     body, blobs = await read_body(request, CompareBody, files={"candidate"})
-    # The rules between fields (rerank and recall_k need top_k, references by id or by recall ...)
-    # are the library's, checked once there (400 naming the field). This one the library does not
-    # check yet: query only steers recall, so without top_k it would be silently ignored.
-    # TODO(merge): drop it when CompareOptions.check refuses query without top_k.
-    if body.query is not None and body.top_k is None:
-        raise ApiError(400, "invalid_input", "query: recalls references by text, so it needs top_k")
+    # The rules between fields (rerank, recall_k and query need top_k ...) are the library's,
+    # checked once there (400 naming the field).
     for ref_id in body.ref_ids:
         validate_ref_id(ref_id)
     data = blobs.get("candidate") or decode_image_field(body.candidate, "candidate")

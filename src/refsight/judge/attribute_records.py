@@ -1,88 +1,48 @@
-"""Attribute sidecars for one comparison: stored records per image, computed once when missing."""
+"""The attribute records a comparison or an ingest uses: stored per reference, computed once when missing.
+
+:class:`AttributeRecords` is the part the engine's pipelines hold: references' records are
+read from (and written to) the :class:`~refsight.judge.attribute_store.AttributeStore`; a
+candidate's record is computed for the comparison and kept in a small memory LRU only.
+"""
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
+from ..errors import InvalidInputError
 from ..images import ImageInput
-from .attributes import (
-    ERROR_KEY,
-    AttributeSchema,
-    AttributeSource,
-    AttributeStore,
-    ImageNetAttributeSource,
-    Visual,
-    VlmAttributeSource,
-    merge_records,
-    subject_of,
-)
+from ..packages import ModelImage
+from .attribute_schema import ERROR_KEY, AttributeSchema
+from .attribute_sources import AttributeSource, ImageNetAttributeSource, VlmAttributeSource, merge_records, subject_of
+from .attribute_store import AttributeStore
 
-__all__ = ["SIDECAR_SOURCES", "SidecarRecords", "check_sources", "load_attribute_schema"]
+__all__ = ["RECORD_SOURCES", "AttributeRecords", "RecordedReference", "check_sources"]
 
-#: The sidecar names a comparison may ask for.
-SIDECAR_SOURCES = ("imagenet", "vlm")
+#: The attribute records a comparison may ask for.
+RECORD_SOURCES = ("imagenet", "vlm")
 
 #: Candidate records kept in memory (a few KB each).
 CANDIDATE_RECORDS = 1024
 
 #: ``(image sha256, package or image, loader of the kept image)`` for one reference
-SidecarReference = tuple[str, Visual, Callable[[], ImageInput]]
+RecordedReference = tuple[str, ModelImage, Callable[[], ImageInput]]
 
 
 def check_sources(sources: Sequence[str], what: str = "attributes") -> tuple[str, ...]:
     """``sources`` as a tuple, or InvalidInputError naming the unknown ones."""
-    from ..errors import InvalidInputError
-
     if isinstance(sources, str):
         sources = [sources]
-    unknown = sorted(set(sources) - set(SIDECAR_SOURCES))
+    unknown = sorted(set(sources) - set(RECORD_SOURCES))
     if unknown:
-        raise InvalidInputError(what, f"unknown sources {unknown}; use {', '.join(SIDECAR_SOURCES)}")
+        raise InvalidInputError(what, f"unknown sources {unknown}; use {', '.join(RECORD_SOURCES)}")
     return tuple(sources)
 
 
-def load_attribute_schema(value: AttributeSchema | Mapping[str, Any] | str | Path | None) -> AttributeSchema | None:
-    """An attribute schema from a schema, a mapping ``name → allowed values or None``, or a JSON/YAML file.
-
-    A mapping may also be ``{"attributes": {...}, "value_max_chars": n}`` (what
-    :meth:`AttributeSchema.to_dict` writes).
-    """
-    from ..errors import InvalidInputError
-
-    if value is None or isinstance(value, AttributeSchema):
-        return value
-    if isinstance(value, (str, Path)):
-        import yaml
-
-        from ..reading import FileReadError, read_regular_file
-
-        path = Path(value)
-        try:
-            # A regular file only, never blocking (a FIFO) and never unbounded (/dev/zero).
-            text = read_regular_file(path, 1024 * 1024).decode("utf-8")
-        except FileReadError as e:
-            raise InvalidInputError(str(path), f"cannot read the attribute schema: {e.reason}") from None
-        except UnicodeDecodeError:
-            raise InvalidInputError(str(path), "the attribute schema is not UTF-8 text") from None
-        try:
-            value = yaml.safe_load(text)  # JSON is YAML too
-        except yaml.YAMLError as e:
-            raise InvalidInputError(str(path), f"not JSON or YAML: {e}") from None
-    if not isinstance(value, Mapping) or not value:
-        raise InvalidInputError("attribute schema", "expected a mapping of attribute name to allowed values (or null)")
-    if isinstance(value.get("attributes"), Mapping):
-        return AttributeSchema.from_dict(value["attributes"], value_max_chars=int(value.get("value_max_chars", 40)))
-    for name, values in value.items():
-        if values is not None and (isinstance(values, str) or not isinstance(values, (list, tuple))):
-            raise InvalidInputError(str(name), "allowed values must be a list of strings or null")
-    return AttributeSchema.from_dict(value)
-
-
-class SidecarRecords:
-    """Reads and fills the attribute store under ``<root>/attributes`` for comparisons.
+class AttributeRecords:
+    """Reads and fills the attribute store under ``<root>/attributes`` (opened on first use).
 
     References' records are stored (computed once, reused by every later comparison). A
     candidate's record is computed for the comparison and kept in a small memory LRU only:
@@ -94,19 +54,33 @@ class SidecarRecords:
     def __init__(
         self, root: str | Path, *, candidate_records: int = CANDIDATE_RECORDS, schema: AttributeSchema | None = None
     ) -> None:
-        self.store = AttributeStore(root)
+        self.root = Path(root)
         #: the VLM record's attributes (default: :meth:`AttributeSchema.default`)
         self.schema = schema
+        self._store: AttributeStore | None = None
         self._imagenet: ImageNetAttributeSource | None = None
         self._candidates: OrderedDict[tuple[str, str, str], dict[str, Any]] = OrderedDict()
         self._capacity = candidate_records
         self._lock = threading.Lock()
 
+    @property
+    def store(self) -> AttributeStore:
+        """The SQLite store, opened at the first ingest or comparison that uses records."""
+        with self._lock:
+            if self._store is None:
+                self._store = AttributeStore(self.root)
+            return self._store
+
+    @property
+    def opened(self) -> bool:
+        """Whether the store has been opened (nothing has used a record yet when not)."""
+        return self._store is not None
+
     def records(
         self,
-        references: Sequence[SidecarReference],
+        references: Sequence[RecordedReference],
         candidate_image: ImageInput,
-        candidate_package: Visual,
+        candidate_package: ModelImage,
         sources: Sequence[str],
         backend: Any,
     ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -116,11 +90,7 @@ class SidecarRecords:
         for name in sources:
             if name == "imagenet":
                 source = self.imagenet()
-                stored = [self.store.get(sha, source.fingerprint, source.schema_digest) for sha, _, _ in references]
-                todo = [i for i, record in enumerate(stored) if record is None]
-                computed = self.store.get_or_compute(source, [references[i][2]() for i in todo])
-                for i, record in zip(todo, computed):
-                    stored[i] = record
+                stored = self._imagenet_records(source, references)
                 candidate.append(self._candidate(source, candidate_image))
             else:
                 source = VlmAttributeSource(backend, self.schema)
@@ -130,7 +100,16 @@ class SidecarRecords:
                 records.append(record)
         return [merge_records(*r) for r in per_reference], merge_records(*candidate)
 
-    def ingest(self, references: Sequence[tuple[ImageInput, Visual]], sources: Sequence[str], backend: Any) -> int:
+    def _imagenet_records(self, source: ImageNetAttributeSource, references: Sequence[RecordedReference]) -> list[dict]:
+        # Per image hash (not per package): the kept image is decoded only for a missing record.
+        stored = [self.store.get(sha, source.fingerprint, source.schema_digest) for sha, _, _ in references]
+        todo = [i for i, record in enumerate(stored) if record is None]
+        computed = self.store.get_or_compute(source, [references[i][2]() for i in todo])
+        for i, record in zip(todo, computed):
+            stored[i] = record
+        return stored
+
+    def ingest(self, references: Sequence[tuple[ImageInput, ModelImage]], sources: Sequence[str], backend: Any) -> int:
         """Compute and store the records of newly added references (``(image, package)`` each); how many were new.
 
         The ingest hook: the image is still decoded in hand, so the ImageNet classifier
@@ -140,7 +119,7 @@ class SidecarRecords:
         for name in sources:
             if name == "imagenet":
                 source: AttributeSource = self.imagenet()
-                items: list[Visual] = [image for image, _ in references]
+                items: list[ModelImage] = [image for image, _ in references]
             else:
                 source = VlmAttributeSource(backend, self.schema)
                 items = [package for _, package in references]
@@ -168,7 +147,7 @@ class SidecarRecords:
                     records.append(record)
         return [merge_records(*records) if records else None for records in found]
 
-    def _candidate(self, source: AttributeSource, item: Visual) -> dict[str, Any]:
+    def _candidate(self, source: AttributeSource, item: ModelImage) -> dict[str, Any]:
         """The candidate's record: from the memory LRU, else computed (never written to disk)."""
         key = (subject_of(item), source.fingerprint, source.schema_digest)
         with self._lock:
@@ -191,5 +170,8 @@ class SidecarRecords:
         return self._imagenet
 
     def close(self) -> None:
-        """Close the attribute store."""
-        self.store.close()
+        """Close the attribute store (if it was opened)."""
+        with self._lock:
+            if self._store is not None:
+                self._store.close()
+                self._store = None

@@ -1,0 +1,230 @@
+"""The compare pipeline's stages, built once from the engine's parts (see :mod:`refsight.compare`).
+
+:meth:`ComparePipeline.run` reads top to bottom: it checks the request, then calls each stage
+(:meth:`~ComparePipeline.recall`, :meth:`~ComparePipeline.prefilter`,
+:meth:`~ComparePipeline.rerank`, :meth:`~ComparePipeline.judge`) under a timer named after it;
+each stage is a small function of the request and what the stages before it found.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from ..context import RequestContext
+from ..errors import InvalidInputError
+from ..images import ImageInput, ImageSource, IntakeLimits, load_image
+from ..judge import Judge, Rubric, parse_rubric
+from ..judge.attribute_records import AttributeRecords, check_sources
+from ..judge.prefilter import Filtered, required_mismatches
+from ..packages import ModelImage, PackageCache, ServedImage
+from ..prefixes import PrefixStateCache
+from ..references import ReferenceBook, source_label
+from ..rerank import EmbeddingReranker, Reranker, RerankQuery, VlmReranker
+from ..results import CompareResult, SearchResult
+from ..retrieval.query import check_recall_mode, query_vector, recall_text
+from ..retrieval.store_index import StoreIndex
+from ..store import Reference
+from ..timing import StageTimer
+from .options import CompareOptions
+from .rows import other_row, sort_results
+
+__all__ = ["ComparePipeline"]
+
+
+@dataclass(frozen=True)
+class _Request:
+    """One compare, checked: the context, the options, the parsed rubric and the decoded candidate."""
+
+    context: RequestContext
+    options: CompareOptions
+    rubric: Rubric
+    #: the attribute records used (none with ``force_vlm``)
+    sources: tuple[str, ...]
+    mode: str
+    image: ImageInput
+    #: the text side of the recall query (the query, else the rubric)
+    text: str
+
+
+@dataclass
+class _Shortlist:
+    """The references one compare looks at, and how far each got."""
+
+    refs: list[Reference]
+    recalled: list[dict[str, Any]] = field(default_factory=list)
+    recall_scores: dict[str, float] = field(default_factory=dict)
+    filtered: dict[str, Filtered] = field(default_factory=dict)
+    rerank_scores: dict[str, float] = field(default_factory=dict)
+    stage: dict[str, str] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=lambda: {"recalled": 0, "filtered": 0, "reranked": 0, "judged": 0})
+
+
+@dataclass(frozen=True, eq=False)
+class ComparePipeline:
+    """Recall → prefilter → rerank → judge over the parts of one store (no engine in sight)."""
+
+    packages: PackageCache
+    book: ReferenceBook
+    retrieval: StoreIndex
+    attribute_records: AttributeRecords
+    prefixes: PrefixStateCache
+    limits: IntakeLimits
+    #: Loads the text model that matches criteria to attribute records (the prefilter's; MiniLM).
+    text_encoder: Callable[[], Any] = field(default=lambda: _minilm())
+
+    def run(self, context: RequestContext, candidate: ImageSource, options: CompareOptions) -> CompareResult:
+        """Judge ``candidate`` under ``options`` (see :mod:`refsight.compare`)."""
+        request = self._request(context, candidate, options)
+        timer = StageTimer()
+        found = None
+        if options.top_k is not None:
+            with timer("recall"):
+                found = self.recall(request)
+        shortlist = self._shortlist(request, found)
+        candidate_record = None
+        if request.sources and any(c.required for c in request.rubric.criteria):
+            with timer("prefilter"):
+                candidate_record = self.prefilter(request, shortlist)
+        survivors = [ref for ref in shortlist.refs if ref.ref_id not in shortlist.filtered]
+        finalists = survivors[: options.top_k] if options.rerank is None and options.recall_k else survivors
+        if options.rerank is not None and survivors:
+            with timer("rerank"):
+                finalists = self.rerank(request, shortlist, survivors[: options.rerank])  # the best by recall go on
+        judged, vlm_calls = [], 0
+        if finalists:
+            judged, vlm_calls = self._judge_finalists(request, shortlist, finalists, candidate_record, timer)
+        return CompareResult(
+            candidate_sha256=request.image.sha256, model=context.backend.name,
+            random_weights=bool(context.backend.random_weights), results=self._rows(shortlist, judged),
+            timings_ms=timer.done(), recalled=shortlist.recalled, vlm_calls=vlm_calls, stages=shortlist.counts,
+        )
+
+    # -- the stages ------------------------------------------------------------------------
+    def recall(self, request: _Request) -> SearchResult:
+        """The ``recall_depth`` references nearest the query (within the given ids, when there are some)."""
+        vector = query_vector(self.retrieval.embedder(), image=request.image, text=request.text, mode=request.mode)
+        return self.retrieval.search(
+            text=None, image=None, vector=vector, k=request.options.recall_depth, namespace=request.context.namespace,
+            restrict_to=list(request.options.ref_ids) or None,
+        )
+
+    def prefilter(self, request: _Request, shortlist: _Shortlist) -> dict[str, Any] | None:
+        """Drop the references whose stored records settle a required criterion as a mismatch; the
+        candidate's record when it was needed (the judge reuses it)."""
+        context, refs = request.context, shortlist.refs
+        stored = self.attribute_records.stored([(ref.image_sha256, context.scope) for ref in refs], request.sources,
+                                               context.backend)
+        if not any(stored):
+            return None
+        candidate_record = self._candidate_record(request)
+        verdicts = required_mismatches(request.rubric, stored, candidate_record, self.text_encoder())
+        shortlist.filtered = {ref.ref_id: f for ref, f in zip(refs, verdicts) if f is not None}
+        shortlist.counts["filtered"] = len(shortlist.filtered)
+        return candidate_record
+
+    def rerank(self, request: _Request, shortlist: _Shortlist, survivors: list[Reference]) -> list[Reference]:
+        """Score ``survivors`` with the reranker; the ``top_k`` best, best first (ties keep recall order)."""
+        query = RerankQuery(image=request.image, criteria=tuple(request.rubric.texts), text=request.text, mode=request.mode)
+        scores = self._reranker(request).score(query, survivors)
+        shortlist.rerank_scores = {ref.ref_id: round(s, 6) for ref, s in zip(survivors, scores)}
+        shortlist.counts["reranked"] = len(survivors)
+        shortlist.stage.update({ref.ref_id: "reranked" for ref in survivors})
+        order = sorted(range(len(survivors)), key=lambda i: -scores[i])  # stable: recall order breaks ties
+        return [survivors[i] for i in order[: request.options.top_k]]
+
+    def judge(
+        self, request: _Request, finalists: list[Reference], served: list[ServedImage], records: list[Any],
+        candidate: ModelImage, candidate_record: dict[str, Any] | None,
+    ) -> tuple[list[dict[str, Any]], int]:
+        """Criterion-by-criterion verdicts on each finalist: its rows and the VLM requests sent."""
+        options = request.options
+        extra = {} if options.evidence_max_chars is None else {"evidence_max_chars": options.evidence_max_chars}
+        judge = Judge(
+            request.context.backend, force_vlm=options.force_vlm, prefix_cache=self.prefixes.for_request(request.context),
+            **extra,
+        )
+        results = judge.judge(
+            [(ref.ref_id, s.item, record) for ref, s, record in zip(finalists, served, records)],
+            candidate, request.rubric, candidate_attrs=candidate_record,
+        )
+        rows = [{**r.to_dict(), "reference_cached": s.cached, "stage": "judged"} for r, s in zip(results, served)]
+        return rows, judge.vlm_calls
+
+    # -- the steps between -----------------------------------------------------------------
+    def _request(self, context: RequestContext, candidate: ImageSource, options: CompareOptions) -> _Request:
+        rubric = parse_rubric(options.criteria)  # a bad rubric fails before any model work
+        sources = check_sources(options.attributes)
+        options.check()
+        mode = check_recall_mode(options.recall, query=options.query)
+        image = load_image(candidate, limits=self.limits, name=source_label(candidate))
+        return _Request(
+            context=context, options=options, rubric=rubric, sources=() if options.force_vlm else sources, mode=mode,
+            image=image, text=recall_text(rubric.texts, options.query),
+        )
+
+    def _shortlist(self, request: _Request, found: SearchResult | None) -> _Shortlist:
+        ref_ids = list(request.options.ref_ids) if found is None else found.ref_ids
+        if not ref_ids:
+            raise InvalidInputError("references", "no reference to compare with: give reference ids, or recall them with top_k")
+        shortlist = _Shortlist(refs=[self.book.get(r, namespace=request.context.namespace) for r in ref_ids])
+        shortlist.stage = {ref.ref_id: "recalled" for ref in shortlist.refs}
+        if found is not None:
+            shortlist.recalled = [hit.to_dict() for hit in found.hits]
+            shortlist.recall_scores = {hit.ref_id: hit.score for hit in found.hits}
+            shortlist.counts["recalled"] = len(shortlist.refs)
+        return shortlist
+
+    def _judge_finalists(
+        self, request: _Request, shortlist: _Shortlist, finalists: list[Reference], candidate_record: dict[str, Any] | None,
+        timer: StageTimer,
+    ) -> tuple[list[dict[str, Any]], int]:
+        context = request.context
+        with timer("candidate_encode"):  # encoded once (memory only), shared by every reference's request
+            candidate = self.packages.model_image(context, request.image).item
+        with timer("reference_load"):
+            served = [self.packages.model_image(context, ref) for ref in finalists]
+        records: list[Any] = [None] * len(finalists)
+        if request.sources:
+            with timer("attributes"):
+                records, candidate_record = self.attribute_records.records(
+                    [(ref.image_sha256, s.item, partial(self.book.image, ref)) for ref, s in zip(finalists, served)],
+                    request.image, candidate, request.sources, context.backend,
+                )
+        with timer("judge"):
+            rows, vlm_calls = self.judge(request, finalists, served, records, candidate, candidate_record)
+        shortlist.counts["judged"] = len(finalists)
+        return rows, vlm_calls
+
+    def _rows(self, shortlist: _Shortlist, judged: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        rows = {row["ref_id"]: row for row in judged}
+        for ref in shortlist.refs:
+            if ref.ref_id not in rows:
+                rows[ref.ref_id] = other_row(ref.ref_id, shortlist.stage[ref.ref_id], shortlist.filtered.get(ref.ref_id))
+        for row in rows.values():
+            row["recall_score"] = shortlist.recall_scores.get(row["ref_id"])
+            row["rerank_score"] = shortlist.rerank_scores.get(row["ref_id"])
+        return sort_results([rows[ref.ref_id] for ref in shortlist.refs])
+
+    def _candidate_record(self, request: _Request) -> dict[str, Any]:
+        """The candidate's attribute record for the prefilter (memory LRU; never stored)."""
+        context = request.context
+        item = self.packages.model_image(context, request.image).item if "vlm" in request.sources else request.image
+        _, record = self.attribute_records.records([], request.image, item, request.sources, context.backend)
+        return record
+
+    def _reranker(self, request: _Request) -> Reranker:
+        reranker = request.options.reranker
+        if isinstance(reranker, Reranker):
+            return reranker
+        if reranker == "embedding":
+            return EmbeddingReranker(self.retrieval.embedder(), self.retrieval.reference_vectors)
+        return VlmReranker(request.context, self.packages)
+
+
+def _minilm() -> Any:
+    from ..models import load_minilm
+
+    return load_minilm()

@@ -1,0 +1,127 @@
+"""A request's context, resolved once at the library's front door and passed down as ONE value.
+
+Every public method of :class:`~refsight.Engine` starts by resolving its caller's keywords into
+a :class:`RequestContext`: the tenant's namespace and the isolation scope that salts its
+package keys, the model with its options, and the cache switches. The pipelines and parts
+below take that value and never work any of it out again, so
+
+- a namespace becomes a scope in one place (:meth:`Models.context`, with ``share_packages``);
+- a package key is derived in one place (:meth:`RequestContext.package_key`);
+- settings are merged in one place (:meth:`Models.options`: the config file's ``[backend]``,
+  then that model's ``[models."NAME"]``, then the explicit options the caller gave);
+- ``use_cache`` / ``use_kv_cache`` travel as they were given, down to the backend request
+  (:attr:`RequestContext.reuses_prefix` decides whether a request gets the prefix-state cache).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from .backends.base import Backend
+from .backends.options import BackendOptions
+from .errors import InvalidInputError
+from .package import EncoderFingerprint, package_key
+from .settings import Settings
+from .text import check_text
+
+__all__ = ["Models", "RequestContext"]
+
+
+class Models:
+    """The models one engine serves: each loaded once, with its options merged in ONE place."""
+
+    def __init__(self, settings: Settings, explicit: BackendOptions, default: str, *, share_packages: bool = True) -> None:
+        #: The config file's options (``[backend]``, ``[models."NAME"]``).
+        self.settings = settings
+        #: Options the caller gave (flags, keywords): they win over the file's.
+        self.explicit = explicit
+        #: The model used when a request names none.
+        self.default = default
+        #: Whether tenants share packages (else each namespace salts its package keys).
+        self.share_packages = share_packages
+        self._loaded: dict[str, Backend] = {}
+        self._lock = threading.Lock()
+
+    def options(self, model: str) -> BackendOptions:
+        """``model``'s options: ``[backend]``, then ``[models."model"]``, then the explicit ones."""
+        return self.settings.backend_options(model, self.explicit)
+
+    def backend(self, model: str | None = None) -> Backend:
+        """The backend for ``model`` (default: :attr:`default`), loaded on first use."""
+        from .backends.registry import get_backend
+
+        name = model or self.default
+        backend = self._loaded.get(name)
+        if backend is None:
+            # Loaded outside the lock: a request for a model already served never waits on another's load
+            # (the registry builds each backend once, so two first requests get the same one).
+            backend = get_backend(name, **self.options(name).as_kwargs())
+            with self._lock:
+                backend = self._loaded.setdefault(name, backend)
+        return backend
+
+    def provide(self, name: str, backend: Backend) -> Backend:
+        """Serve ``backend`` under ``name`` in this engine alone (nothing enters the process-wide registry)."""
+        with self._lock:
+            self._loaded[name] = backend
+        return backend
+
+    def context(
+        self, namespace: str, model: str | None = None, *, use_cache: bool = True, use_kv_cache: bool = True
+    ) -> RequestContext:
+        """The context of one request by ``namespace``: its scope, ``model`` (default: :attr:`default`), the switches."""
+        if not isinstance(namespace, str) or not namespace:
+            raise InvalidInputError("namespace", f"must be a non-empty string, not {namespace!r}")
+        check_text(namespace, "namespace")
+        if model is not None and (not isinstance(model, str) or not model):
+            raise InvalidInputError("model", f"must be a model name, not {model!r}")
+        for name, value in (("use_cache", use_cache), ("use_kv_cache", use_kv_cache)):
+            if not isinstance(value, bool):
+                raise InvalidInputError(name, f"must be true or false, not {value!r}")
+        return RequestContext(
+            namespace=namespace, scope=None if self.share_packages else namespace, model=model or self.default,
+            models=self, use_cache=use_cache, use_kv_cache=use_kv_cache,
+        )
+
+    def loaded(self) -> list[Backend]:
+        """The backends loaded so far (nothing is loaded for this)."""
+        with self._lock:
+            return list(self._loaded.values())
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    """Who asks, with which model, under which cache switches (see the module docstring)."""
+
+    #: The tenant's namespace: the references it sees.
+    namespace: str
+    #: What salts the tenant's package keys (None when tenants share packages).
+    scope: str | None
+    #: The model's registry name.
+    model: str
+    #: Where the backend comes from (loaded once per engine).
+    models: Models = field(repr=False, compare=False)
+    #: Packages (True) or pixels, the runtime's own fresh path (False).
+    use_cache: bool = True
+    #: Reuse the language model's state after the reference prefix (only with ``use_cache``).
+    use_kv_cache: bool = True
+
+    @property
+    def backend(self) -> Backend:
+        """The model's backend, loaded on first use (a bulk ingest's driver never asks: its workers load it)."""
+        return self.models.backend(self.model)
+
+    @property
+    def options(self) -> BackendOptions:
+        """The model's merged options (what an ingest worker loads the backend with)."""
+        return self.models.options(self.model)
+
+    @property
+    def reuses_prefix(self) -> bool:
+        """Whether requests get the prefix-state cache: packages, and the caller did not opt out."""
+        return self.use_cache and self.use_kv_cache
+
+    def package_key(self, image_sha256: str, fingerprint: EncoderFingerprint | None = None) -> str:
+        """The key of ``image_sha256``'s package in this context (``fingerprint``: the backend's, unless given)."""
+        return package_key(image_sha256, fingerprint or self.backend.fingerprint(), self.scope)

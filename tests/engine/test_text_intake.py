@@ -1,0 +1,63 @@
+"""Issue 25 item 2, the library part: text that is not valid Unicode (lone surrogates, as JSON's
+``\\ud800`` escapes and argv's surrogateescape make) is refused wherever it enters, naming the input,
+and nothing is stored for it."""
+
+from __future__ import annotations
+
+import pytest
+
+from refsight import Engine
+from refsight.errors import InvalidInputError
+from refsight.references import ReferenceSegment
+from refsight.samples import sample_paths
+
+BAD = "\ud800"
+ARGV = "caf\udce9"  # b"caf\xe9" read from argv with surrogateescape
+
+
+@pytest.fixture
+def engine(tmp_path, pixel_embedder):
+    with Engine(tmp_path / "store", model="toy", embedder=pixel_embedder) as engine:
+        engine.add(sample_paths()["chelsea"], ref_id="chelsea")
+        yield engine
+
+
+def _refused(call, *args, **kwargs) -> InvalidInputError:
+    with pytest.raises(InvalidInputError) as e:
+        call(*args, **kwargs)
+    assert "not valid Unicode" in e.value.reason
+    return e.value
+
+
+@pytest.mark.parametrize("metadata", [{BAD: "x"}, {"k": BAD}, {"k": ARGV}, {"k": [{"deep": BAD}]}, {"\ud800": "\udfff"}])
+def test_metadata_that_cannot_be_encoded_is_refused_and_nothing_is_stored(engine, metadata):
+    error = _refused(engine.add, sample_paths()["coffee"], ref_id="coffee", metadata=metadata)
+    assert str(error.input).startswith("metadata")
+    assert [r.ref_id for r in engine.references()] == ["chelsea"]  # the tenant's listing stays readable
+    assert engine.search("a cat", k=1).ref_ids == ["chelsea"]
+
+
+def test_criteria_prompts_and_filters_are_checked_where_they_enter(engine):
+    photo = sample_paths()["chelsea"]
+    assert _refused(engine.compare, photo, criteria=f"is a cat\n{BAD}", ref_ids=["chelsea"]).input == "rubric"
+    assert _refused(engine.compare, photo, criteria=[{"text": ARGV}], ref_ids=["chelsea"]).input == "criterion 1"
+    assert _refused(engine.generate, f"what {BAD}?", ref_ids=["chelsea"]).input == "prompt"
+    assert _refused(engine.chat, [ReferenceSegment("chelsea"), ARGV]).input == "segments[1]"
+    assert _refused(engine.chat, ["hello"], json_schema={"type": "object", "title": BAD}).input == "json_schema.title"
+    assert _refused(engine.search, "a cat", where={"kind": BAD}).input == "where.kind"
+    assert _refused(engine.references, namespace=ARGV).input == "namespace"
+
+
+def test_a_path_with_undecodable_bytes_is_still_read_and_named_printably(engine, tmp_path):
+    import os
+
+    path = tmp_path / os.fsdecode(b"photo-\xff.png")
+    path.write_bytes(sample_paths()["coffee"].read_bytes())
+    result = engine.add(path)
+    assert result.ref_id.startswith("photo") and result.ref_id.isascii()  # a derived id is always safe text
+    assert engine.reference(result.ref_id).image_sha256 == result.image_sha256
+    broken = tmp_path / os.fsdecode(b"broken-\xfe.png")
+    broken.write_bytes(b"not an image")
+    failure = next(iter(engine.add_many([broken])))
+    failure.to_dict()["input"].encode("utf-8")  # printable: a JSON reply or a terminal can show it
+    assert "\ufffd" in failure.input
