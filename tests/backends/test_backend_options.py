@@ -363,7 +363,7 @@ def test_out_of_memory_names_model_dtype_device_and_stores_nothing(tmp_path, loa
 
 
 def test_real_torch_allocation_failure_is_named(load):
-    from refsight.backends.hf.base import runtime_errors
+    from refsight.backends.hf.runtime import runtime_errors
 
     with pytest.raises(BackendError, match=r"^m: encode failed: out of memory \(dtype bfloat16 on device cpu\)"):
         with runtime_errors("m", BackendError, "encode failed", device="cpu", dtype="bfloat16"):

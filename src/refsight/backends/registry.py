@@ -82,7 +82,7 @@ def resolve_factory(name: str) -> Callable[..., Backend]:
     if target is None and name.startswith(LLAMACPP_PREFIX) and len(name) > len(LLAMACPP_PREFIX):
         target = "refsight.backends.llamacpp:load_llamacpp_backend"
     if target is None and name.startswith(VLLM_PREFIX) and len(name) > len(VLLM_PREFIX):
-        target = "refsight.backends.vllm.backend:load_vllm_backend"
+        target = "refsight.backends.vllm.loading:load_vllm_backend"
     if target is None:
         raise UnknownModelError(name, available_models())
     if callable(target):

@@ -311,7 +311,7 @@ def load_tiny(name: str, **options: Any) -> Backend:
     """
     from ..errors import InvalidInputError
     from .hf import load_hf_backend
-    from .hf.base import refuse_other_backend_options
+    from .hf.loading import refuse_other_backend_options
 
     # Refuse before the (possibly long) first build.
     refuse_other_backend_options(options)

@@ -20,7 +20,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from ..sampling import Sampling, StopText
 
-__all__ = ["SamplingProcessor", "StopStrings", "CancelOnEvent", "TextStreamer", "row_generator"]
+__all__ = ["SamplingProcessor", "StopStrings", "CancelOnEvent", "StreamerStopped", "TextStreamer", "row_generator"]
 
 
 def row_generator(sampling: Sampling, device: Any) -> torch.Generator | None:
@@ -99,6 +99,16 @@ class CancelOnEvent(StoppingCriteria):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
         self.cancelled = self.event.is_set()
         return torch.full((input_ids.shape[0],), self.cancelled, dtype=torch.bool, device=input_ids.device)
+
+
+class StreamerStopped(StoppingCriteria):
+    """Ends generation once the streamer saw a stop string (it decodes anyway, so it decides)."""
+
+    def __init__(self, streamer: "TextStreamer") -> None:
+        self.streamer = streamer
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+        return torch.full((input_ids.shape[0],), self.streamer.stopped, dtype=torch.bool, device=input_ids.device)
 
 
 class TextStreamer(BaseStreamer):
