@@ -81,6 +81,16 @@ def test_sampling_maps_onto_vllm_fields_and_greedy_is_the_default():
     }
 
 
+def test_sampling_edges_reach_vllm_as_values_it_serves():
+    """A tiny temperature is greedy (vLLM would raise it to 0.01 and sample); a tiny top_p is never rounded to 0."""
+    from refsight.backends.base import Sampling
+    from refsight.backends.sampling import TOP_P_FLOOR
+    from refsight.backends.vllm.messages import sampling_fields
+
+    assert sampling_fields(Sampling(temperature=1e-300))["temperature"] == 0.0
+    assert sampling_fields(Sampling(temperature=2, top_p=1e-300)) == {"temperature": 2.0, "top_p": TOP_P_FLOOR}
+
+
 class _SSEStub:
     """A local HTTP server answering POST with a scripted SSE stream (only the wire is faked)."""
 

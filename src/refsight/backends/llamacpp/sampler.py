@@ -15,7 +15,8 @@ class Sampler:
 
     In order: the GBNF grammar (when there is one), the OpenAI frequency/presence
     penalties over the last ``window`` sampled tokens (only when set), then greedy
-    (temperature 0: the chain every default request has always had) or temperature,
+    (temperature 0 or below the greedy threshold: the chain every default request has always
+    had; llama.cpp divides float32 logits by the temperature, which overflows for tiny ones) or temperature,
     top-p and a seeded draw (a fresh seed when ``sampling.seed`` is None).
     """
 
@@ -47,7 +48,8 @@ class Sampler:
             return
         L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_temp(float(sampling.temperature)))
         if sampling.top_p < 1.0:
-            L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_top_p(float(sampling.top_p), 1))
+            # min_keep 1, and a floor float32 cannot round to 0: the most likely token always stays.
+            L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_top_p(sampling.runtime_top_p, 1))
         seed = sampling.seed if sampling.seed is not None else int.from_bytes(os.urandom(8), "little")
         # 0xFFFFFFFF is LLAMA_DEFAULT_SEED ("pick a random one"): a given seed never maps to it.
         L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_dist(int(seed) % 0xFFFFFFFF))

@@ -66,15 +66,19 @@ def sampling_fields(sampling: Sampling) -> dict[str, Any]:
     """vLLM's request fields for ``sampling`` (the same OpenAI names): temperature always, greedy by default.
 
     Only fields set away from their defaults are sent besides ``temperature``, so a request
-    naming nothing is exactly the greedy request this backend always sent.
+    naming nothing is exactly the greedy request this backend always sent. A temperature
+    below the greedy threshold is sent as 0 (vLLM would raise it to 0.01 and sample), and
+    ``top_p`` as :attr:`Sampling.runtime_top_p` (the same tokens kept, never rounded to 0).
     """
-    fields: dict[str, Any] = {"temperature": float(sampling.temperature)}
+    fields: dict[str, Any] = {"temperature": 0.0 if sampling.greedy else float(sampling.temperature)}
     for name in sampling.non_default():
         value = getattr(sampling, name)
         if name == "stop":
             fields["stop"] = list(value)
         elif name == "seed":
             fields["seed"] = int(value)
+        elif name == "top_p":
+            fields["top_p"] = sampling.runtime_top_p
         elif name != "temperature":
             fields[name] = float(value)
     return fields
