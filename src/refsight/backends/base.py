@@ -8,8 +8,8 @@ Capability flags tell the engine what it may ask for.
 The base class owns the request plumbing every runtime shares, in this order:
 
 1. **check** (:meth:`Backend.check_batch`): the requests' shape, user text, sampling, the
-   packages (:meth:`Backend.validate_package`) and each JSON schema
-   (:meth:`Backend.compile_schema`), all before any model work;
+   packages (:meth:`Backend.validate_package`) and each JSON schema (the shared structural
+   check of :mod:`.schema`, then :meth:`Backend.compile_schema`), all before any model work;
 2. **cancel**: a stream whose caller already went away ends here, with nothing run;
 3. **prepare** (:meth:`Backend.prepare`, the step a backend tailors): what each request
    becomes for the runtime, a :class:`PreparedRequest`. The default encodes, in one
@@ -336,7 +336,8 @@ class Backend(abc.ABC):
         """Raise :class:`~refsight.errors.InvalidInputError` naming the first request no runtime could serve.
 
         Every backend calls this before any model work; :meth:`check_text` adds the
-        runtime's own rule for user text.
+        runtime's own rule for user text, :func:`~.schema.check_json_schema` the shared
+        rule for JSON schemas.
         """
         if not requests:
             raise InvalidInputError("requests", "at least one GenerationRequest is needed")
@@ -346,6 +347,8 @@ class Backend(abc.ABC):
             self._check_request(i, request)
 
     def _check_request(self, i: int, request: GenerationRequest) -> None:
+        from .schema import check_json_schema
+
         if isinstance(request.max_new_tokens, bool) or not isinstance(request.max_new_tokens, int) or request.max_new_tokens < 1:
             raise InvalidInputError(f"requests[{i}].max_new_tokens", "must be a positive integer")
         if not isinstance(request.sampling, Sampling):
@@ -357,8 +360,8 @@ class Backend(abc.ABC):
             or not 0 <= request.prefix_segments <= len(request.segments)
         ):
             raise InvalidInputError(f"requests[{i}].prefix_segments", "must be an integer in 0..len(segments)")
-        if request.json_schema is not None and not isinstance(request.json_schema, dict):
-            raise InvalidInputError(f"requests[{i}].json_schema", "a JSON schema must be a dict")
+        if request.json_schema is not None:
+            check_json_schema(request.json_schema)
         for j, segment in enumerate(request.segments):
             where = f"requests[{i}].segments[{j}]"
             if isinstance(segment, str):

@@ -172,3 +172,18 @@ def test_tiny_temperatures_and_top_p_decode_greedily(backend, package, greedy, s
     pieces: list[str] = []
     streamed = backend.generate_stream(_request(package, **sampling), on_text=pieces.append)
     assert streamed.token_ids == greedy.token_ids and "".join(pieces) == streamed.text == greedy.text
+
+
+def test_broken_schemas_are_refused_by_path_before_anything_is_sent(backend, package):
+    """Issue 25, item 4: the shared check runs before the request leaves (vLLM sees nothing)."""
+    from refsight.backends.base import GenerationRequest
+    from refsight.errors import InvalidInputError
+    from schema_cases import BROKEN
+
+    sent = _metric(backend.server.url, "vllm:request_success_total{")
+    for schema, path in BROKEN:
+        with pytest.raises(InvalidInputError) as info:
+            backend.generate([GenerationRequest(["Describe", package], max_new_tokens=4, json_schema=schema)])
+        assert info.value.input == path, str(info.value)
+    assert _metric(backend.server.url, "vllm:request_success_total{") == sent
+    assert backend.generate([_request(package, max_new_tokens=4)])[0].token_ids  # still serving
