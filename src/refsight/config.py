@@ -51,3 +51,38 @@ def default_replica_dir(catalog_url: str, blob_dir: Path) -> Path:
 
     digest = hashlib.sha256(f"{catalog_url}\n{Path(blob_dir).resolve()}".encode()).hexdigest()[:16]
     return Path(user_cache_dir("refsight")) / "replicas" / digest
+
+
+# --- backends: each variable one meaning -------------------------------------------------
+
+__all__ += ["hash_memo_dir", "llama_log_enabled", "llama_cpp_source", "vllm_env_dir"]
+
+
+def hash_memo_dir() -> Path:
+    """Where the checkpoint-hash memo lives: ``$REFSIGHT_HASH_MEMO_DIR``, else the model cache (:func:`model_cache_dir`).
+
+    (``$REFSIGHT_CACHE`` is the Redis tier's URL; it never names this directory.)
+    """
+    env = os.environ.get("REFSIGHT_HASH_MEMO_DIR")
+    return Path(env).expanduser() if env else model_cache_dir()
+
+
+def llama_log_enabled() -> bool:
+    """``$REFSIGHT_LLAMA_LOG`` set (to anything but empty, 0, false, no, off): llama.cpp keeps its own stderr log."""
+    return os.environ.get("REFSIGHT_LLAMA_LOG", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def llama_cpp_source() -> Path | None:
+    """``$REFSIGHT_LLAMA_CPP_SRC``: an unpacked llama-cpp-python sdist (or its tarball) for the GGUF converter; None if unset."""
+    env = os.environ.get("REFSIGHT_LLAMA_CPP_SRC")
+    return Path(env).expanduser() if env else None
+
+
+def vllm_env_dir() -> Path:
+    """The vLLM virtual environment: ``$REFSIGHT_VLLM_ENV``, else ``<user cache dir>/refsight/vllm-env``."""
+    env = os.environ.get("REFSIGHT_VLLM_ENV")
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("refsight")) / "vllm-env"

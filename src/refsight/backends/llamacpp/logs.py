@@ -3,17 +3,18 @@
 llama.cpp and mtmd log to stderr by default, including advice at error level on every
 load; refsight sends those lines to the ``refsight.llamacpp`` logger (DEBUG) and keeps
 the last ones, so a failed load (which returns NULL and only *logs* why) can say why in
-its exception (:func:`last_error`). ``REFSIGHT_LLAMA_LOG=1`` keeps llama.cpp's own stderr logging.
+its exception (:func:`last_error`). ``REFSIGHT_LLAMA_LOG=1``
+(:func:`refsight.config.llama_log_enabled`) keeps llama.cpp's own stderr logging.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-import os
 from collections import deque
 from typing import Any
 
+from ...config import llama_log_enabled
 
 __all__ = ["bindings", "init_backend", "last_error", "recent_errors"]
 
@@ -50,7 +51,7 @@ def last_error() -> str:
 
 def _quiet_logs(L: Any, M: Any) -> None:
     """Send llama.cpp's and mtmd's stderr chatter to the ``refsight.llamacpp`` logger, unless asked not to."""
-    if os.environ.get("REFSIGHT_LLAMA_LOG"):
+    if llama_log_enabled():
         return
     log = logging.getLogger("refsight.llamacpp")
 

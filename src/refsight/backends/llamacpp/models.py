@@ -28,6 +28,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...config import llama_cpp_source
 from ...errors import ModelLoadError, UnknownModelError
 from ..tiny import QWEN_TINY_TEXT, TINY_MODELS, ModelSpec, build_checkpoint, model_cache_dir
 
@@ -235,15 +236,14 @@ def converter_dir() -> Path:
     ``$REFSIGHT_LLAMA_CPP_SRC`` may name an unpacked sdist, its ``vendor/llama.cpp``,
     or the sdist tarball, for machines that cannot reach the package index.
     """
-    env = os.environ.get("REFSIGHT_LLAMA_CPP_SRC")
-    if env:
-        given = Path(env).expanduser()
+    given = llama_cpp_source()
+    if given is not None:
         for candidate in (given, given / "vendor" / "llama.cpp"):
             if _looks_like_converter(candidate):
                 return candidate
         if given.is_file():
             return _unpack(given)
-        raise ModelLoadError(env, "REFSIGHT_LLAMA_CPP_SRC is neither an unpacked llama-cpp-python sdist nor its tarball")
+        raise ModelLoadError(str(given), "REFSIGHT_LLAMA_CPP_SRC is neither an unpacked llama-cpp-python sdist nor its tarball")
     from filelock import FileLock
 
     root = model_cache_dir()
