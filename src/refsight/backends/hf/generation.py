@@ -167,17 +167,12 @@ def _row_output(backend: Any, output: Any, inputs: PromptInputs, ctl: Controls, 
 
 
 def _generation(backend: Any, out: RowOutput, lm_ms: float, prepared: PreparedRequest, prefix_ms: dict[str, float]) -> Generation:
+    timings = {"encode": prepared.encode_ms, "generate": lm_ms, "total": prepared.encode_ms + lm_ms, **prefix_ms}
     return Generation(
-        text=out.text,
-        token_ids=out.tokens,
-        model=backend.name,
-        random_weights=backend.random_weights,
-        logits=out.logits,
-        timings_ms={"encode": prepared.encode_ms, "generate": lm_ms, "total": prepared.encode_ms + lm_ms, **prefix_ms},
-        prompt_tokens=out.prompt_tokens,
+        text=out.text, token_ids=out.tokens, model=backend.name, random_weights=backend.random_weights,
+        logits=out.logits, timings_ms=timings, prompt_tokens=out.prompt_tokens,
         image_tokens=[backend.image_token_count(p) for p in prepared.packages],
-        finish_reason=out.finish_reason,
-        prefix_tokens_reused=out.prefix_tokens_reused,
+        finish_reason=out.finish_reason, prefix_tokens_reused=out.prefix_tokens_reused,
     )
 
 
