@@ -187,8 +187,6 @@ class LlamaCppBackend(Backend):
         """Tensors that agree with the chunk metadata (the fingerprint was checked by the base class)."""
         fmt.check_package(package, self.runtime.n_embd_inp)
 
-    # --------------------------------------------------------------- generate
-
     # ------------------------------------------------------- the template's core
 
     def execute(self, batch: list[PreparedRequest], execution: Execution) -> list[Generation]:
