@@ -73,3 +73,38 @@ def default_api_keys() -> str:
     """``$REFSIGHT_API_KEYS``: the server's ``key=namespace`` pairs, separated by commas, semicolons or spaces
     (``""``: none; a keys file, ``refsight serve --keys FILE``, is read instead when given)."""
     return os.environ.get("REFSIGHT_API_KEYS", "")
+
+
+# --- backends: each variable one meaning -------------------------------------------------
+
+__all__ += ["hash_memo_dir", "llama_log_enabled", "llama_cpp_source", "vllm_env_dir"]
+
+
+def hash_memo_dir() -> Path:
+    """Where the checkpoint-hash memo lives: ``$REFSIGHT_HASH_MEMO_DIR``, else the model cache (:func:`model_cache_dir`).
+
+    (``$REFSIGHT_CACHE`` is the Redis tier's URL; it never names this directory.)
+    """
+    env = os.environ.get("REFSIGHT_HASH_MEMO_DIR")
+    return Path(env).expanduser() if env else model_cache_dir()
+
+
+def llama_log_enabled() -> bool:
+    """``$REFSIGHT_LLAMA_LOG`` set (to anything but empty, 0, false, no, off): llama.cpp keeps its own stderr log."""
+    return os.environ.get("REFSIGHT_LLAMA_LOG", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def llama_cpp_source() -> Path | None:
+    """``$REFSIGHT_LLAMA_CPP_SRC``: an unpacked llama-cpp-python sdist (or its tarball) for the GGUF converter; None if unset."""
+    env = os.environ.get("REFSIGHT_LLAMA_CPP_SRC")
+    return Path(env).expanduser() if env else None
+
+
+def vllm_env_dir() -> Path:
+    """The vLLM virtual environment: ``$REFSIGHT_VLLM_ENV``, else ``<user cache dir>/refsight/vllm-env``."""
+    env = os.environ.get("REFSIGHT_VLLM_ENV")
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("refsight")) / "vllm-env"

@@ -9,25 +9,18 @@ tower and the image processor ran to a ``torch.save`` file.
 
 from __future__ import annotations
 
-import json
 import sys
 
-from worker_spec import case_requests
+from worker_spec import case_requests, open_spec
 
 
 def main(spec_path: str) -> None:
     import torch
 
     from refsight.backends.registry import get_backend
-    from refsight.store import open_store
 
-    with open(spec_path) as f:
-        spec = json.load(f)
-    # The parent's thread count: CPU GEMMs split their reductions by thread, so the
-    # same count is what makes the two processes' float sums bit-identical.
-    torch.set_num_threads(spec["threads"])
     out: dict[str, object] = {}
-    with open_store(spec["store"]) as store:
+    with open_spec(spec_path) as (spec, store):
         for case in spec["cases"]:
             backend = get_backend(case["model"])
             tower = getattr(backend.model.model, "visual", None) or backend.model.model.vision_model

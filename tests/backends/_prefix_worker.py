@@ -9,8 +9,9 @@ prefix counters and the language-model token count of the first forward to a ``t
 
 from __future__ import annotations
 
-import json
 import sys
+
+from worker_spec import open_spec
 
 
 def main(spec_path: str) -> None:
@@ -20,14 +21,9 @@ def main(spec_path: str) -> None:
     from refsight.backends.registry import get_backend
     from refsight.judge.prompts import reference_prefix
     from refsight.prefixes import PrefixStateCache
-    from refsight.store import open_store
 
-    with open(spec_path) as f:
-        spec = json.load(f)
-    # The parent's thread count: CPU GEMMs split their reductions by thread count.
-    torch.set_num_threads(spec["threads"])
     out: dict[str, object] = {}
-    with open_store(spec["store"]) as store:
+    with open_spec(spec_path) as (spec, store):
         cache = PrefixStateCache(store)
         before = store.catalog.counters()
         for case in spec["cases"]:

@@ -226,7 +226,7 @@ print(json.dumps({"revision": revision, "hits": hashing.memo_hits, "hashed": has
 def _memo_probe(directory: Path, cache: Path) -> dict:
     proc = subprocess.run(
         [sys.executable, "-c", _MEMO_PROBE, str(directory)],
-        env=_env(REFSIGHT_CACHE=str(cache)),
+        env=_env(REFSIGHT_HASH_MEMO_DIR=str(cache)),
         capture_output=True,
         text=True,
         timeout=120,
@@ -253,6 +253,26 @@ def test_weight_hash_memo_serves_a_second_process_and_touching_invalidates(tmp_p
     third = _memo_probe(model, tmp_path / "cache")
     assert third["hashed"] == 1 and third["hits"] == len(files) - 1
     assert third["revision"] == first["revision"]  # the bytes did not change
+
+
+def test_a_redis_url_in_refsight_cache_never_becomes_the_hash_memo_directory(tmp_path):
+    """``$REFSIGHT_CACHE`` is the Redis tier's URL: hashing a checkpoint must not write under ``redis:/...``."""
+    from refsight.backends.tiny import ensure_model_dir
+
+    model = tmp_path / "model"
+    shutil.copytree(ensure_model_dir("tiny-qwen2-vl"), model)
+    work = tmp_path / "cwd"
+    work.mkdir()
+    memo_home = tmp_path / "models"
+    env = _env(REFSIGHT_CACHE="redis://127.0.0.1:6379/0", REFSIGHT_MODEL_CACHE=str(memo_home))
+    env.pop("REFSIGHT_HASH_MEMO_DIR", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", _MEMO_PROBE, str(model)], env=env, cwd=work, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["hashed"] > 0
+    assert not any(p.name.startswith("redis:") for p in work.rglob("*")), sorted(work.rglob("*"))
+    assert (memo_home / "file-hashes.json").is_file()  # the memo lives in the model cache instead
 
 
 def test_config_and_processor_files_are_part_of_the_local_revision(tmp_path):
@@ -363,7 +383,7 @@ def test_out_of_memory_names_model_dtype_device_and_stores_nothing(tmp_path, loa
 
 
 def test_real_torch_allocation_failure_is_named(load):
-    from refsight.backends.hf.base import runtime_errors
+    from refsight.backends.hf.runtime import runtime_errors
 
     with pytest.raises(BackendError, match=r"^m: encode failed: out of memory \(dtype bfloat16 on device cpu\)"):
         with runtime_errors("m", BackendError, "encode failed", device="cpu", dtype="bfloat16"):

@@ -14,61 +14,24 @@ whichever way they are batched.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from backend_models import TINY_FAMILIES
+from worker_spec import CANDIDATE, REFS, layout, run_cached_path
 
-REFS = ("chelsea", "coffee", "astronaut")
-CANDIDATE = "rocket"
 MAX_NEW_TOKENS = 6
 WORKER = Path(__file__).with_name("_cached_worker.py")
-
-
-def layout(n_refs: int) -> list[list[tuple]]:
-    """Two prompts of different lengths (so left padding is exercised), references in different places."""
-    refs = [("ref", i) for i in range(n_refs)]
-    return [
-        [*refs, ("text", "Compare the candidate"), ("cand",), ("text", " with the references. Same colour?")],
-        [("text", "Describe"), *refs, ("text", " and"), ("cand",)],
-    ]
 
 
 @pytest.fixture(scope="module")
 def cached_results(load, photos, tmp_path_factory):
     """Encode the references, store them, and run the cached path in a new process."""
-    from refsight.store import open_store
-
+    backends = {name: load(name) for name in TINY_FAMILIES}
     tmp = tmp_path_factory.mktemp("equivalence")
-    candidate_png = tmp / "candidate.png"
-    photos[CANDIDATE].image.save(candidate_png)
-    cases = []
-    with open_store(tmp / "store") as store:
-        for name in TINY_FAMILIES:
-            packages = load(name).encode([photos[r] for r in REFS])
-            for package in packages:
-                store.packages.put(package)
-            keys = [p.key for p in packages]
-            for n in (1, 3):
-                rows = [
-                    [
-                        {"text": s[1]} if s[0] == "text" else {"ref": keys[s[1]]} if s[0] == "ref" else {"image": str(candidate_png)}
-                        for s in row
-                    ]
-                    for row in layout(n)
-                ]
-                cases.append({"id": f"{name}/{n}", "model": name, "rows": rows, "max_new_tokens": MAX_NEW_TOKENS})
-    spec = tmp / "spec.json"
-    out = tmp / "cached.pt"
-    spec.write_text(json.dumps({"store": str(tmp / "store"), "cases": cases, "out": str(out), "threads": torch.get_num_threads()}))
-    proc = subprocess.run([sys.executable, str(WORKER), str(spec)], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return torch.load(out, weights_only=False)
+    return run_cached_path(WORKER, tmp, photos, backends, MAX_NEW_TOKENS, threads=torch.get_num_threads())
 
 
 def _trim(sequences, logits, prompt_len: int, eos_ids: list[int]):

@@ -1,24 +1,44 @@
-"""The :class:`Backend` interface every model runtime implements.
+"""The :class:`Backend` interface every model runtime implements, as one template.
 
 A backend gives its :class:`~refsight.package.EncoderFingerprint`, encodes a batch
 of images into :class:`~refsight.package.VisualPackage` objects, and generates
 text from prompts whose images are any mix of cached packages and fresh images.
 Capability flags tell the engine what it may ask for.
+
+The base class owns the request plumbing every runtime shares, in this order:
+
+1. **check** (:meth:`Backend.check_batch`): the requests' shape, user text, sampling, the
+   packages (:meth:`Backend.validate_package`) and each JSON schema (the shared structural
+   check of :mod:`.schema`, then :meth:`Backend.compile_schema`), all before any model work;
+2. **cancel**: a stream whose caller already went away ends here, with nothing run;
+3. **prepare** (:meth:`Backend.prepare`, the step a backend tailors): what each request
+   becomes for the runtime, a :class:`PreparedRequest`. The default encodes, in one
+   batch with :meth:`Backend.encode`, the fresh images of every request for which
+   :meth:`Backend.encodes_fresh_images` says so, and leaves the others to the runtime;
+4. **execute** (:meth:`Backend.execute`, the narrow core a backend implements, after
+   simonw/llm's single ``execute``): the prepared batch and one :class:`Execution` (logits
+   wanted? text callback? stop event?) in, one :class:`Generation` per request out.
+   :meth:`Backend.score` is the same core for ``score_yes_no``.
 """
 
 from __future__ import annotations
 
 import abc
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Sequence, Union
 
+from ..errors import BackendError, CorruptPackageError, InvalidInputError, RefsightError
 from ..images import ImageInput
 from ..package import EncoderFingerprint, VisualPackage
 from .prefix import PrefixCache
 from .sampling import Sampling
 
-__all__ = ["Backend", "Generation", "GenerationRequest", "Segment", "Sampling", "TextCallback", "ROLES"]
+__all__ = [
+    "Backend", "Execution", "Generation", "GenerationRequest", "PreparedRequest", "Segment", "Sampling",
+    "TextCallback", "ROLES", "fingerprint_difference",
+]
 
 #: Called with each new piece of answer text, in order, as a backend produces it.
 TextCallback = Callable[[str], None]
@@ -100,8 +120,59 @@ class Generation:
     prefix_tokens_reused: int = 0
 
 
+@dataclass
+class PreparedRequest:
+    """One checked request as the runtime takes it (what :meth:`Backend.prepare` makes of it).
+
+    ``segments`` are the request's segments in order, each text, a package, or a fresh image
+    left for the runtime's own pixel path (the default :meth:`Backend.prepare` puts the
+    packages it encoded in place of the images it encoded). ``encode_ms`` is the time this
+    request's images took to encode here; ``grammar`` its compiled JSON constraint
+    (:meth:`Backend.compile_schema`), None without a schema. A backend that tailors
+    :meth:`Backend.prepare` may put its own objects in ``segments`` (its ``execute`` reads them).
+    """
+
+    request: GenerationRequest
+    segments: list[Any]
+    encode_ms: float = 0.0
+    grammar: Any = None
+
+    @property
+    def packages(self) -> list[VisualPackage]:
+        """The packages among the prepared segments, in order."""
+        return [s for s in self.segments if isinstance(s, VisualPackage)]
+
+
+@dataclass(frozen=True)
+class Execution:
+    """How one batch runs: logits wanted (equivalence tests), text handed out as it comes, a stop event.
+
+    ``on_text`` is set only for a backend with ``supports_streaming`` (the base class hands
+    the whole text over afterwards for the others); ``stop_event`` set means the caller went
+    away: a backend ends generation early with ``finish_reason="cancelled"``.
+    """
+
+    return_logits: bool = False
+    on_text: TextCallback | None = None
+    stop_event: threading.Event | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the stop event is set."""
+        return self.stop_event is not None and self.stop_event.is_set()
+
+
+def fingerprint_difference(theirs: EncoderFingerprint, ours: EncoderFingerprint) -> list[str]:
+    """The fingerprint fields that differ (``preprocessing.KEY`` for each differing setting)."""
+    a, b = theirs.to_dict(), ours.to_dict()
+    fields_ = [k for k in b if k != "preprocessing" and a.get(k) != b[k]]
+    pre_a, pre_b = a.get("preprocessing") or {}, b.get("preprocessing") or {}
+    return fields_ + [f"preprocessing.{k}" for k in sorted(set(pre_a) | set(pre_b)) if pre_a.get(k) != pre_b.get(k)]
+
+
 class Backend(abc.ABC):
-    """A model runtime behind refsight. Subclasses set the flags and implement three methods."""
+    """A model runtime behind refsight. Subclasses set the flags, implement :meth:`fingerprint`,
+    :meth:`encode` and the core :meth:`execute` (and :meth:`score` when they can score)."""
 
     #: Can generate from cached packages without pixels.
     supports_cached_features: ClassVar[bool] = True
@@ -115,6 +186,8 @@ class Backend(abc.ABC):
     supports_streaming: ClassVar[bool] = False
     #: Reuses ``GenerationRequest.prefix_cache`` states for the reference prefix.
     supports_prefix_cache: ClassVar[bool] = False
+    #: Special tokens a user's text may not contain (they would shift the image placeholders).
+    reserved_tokens: tuple[str, ...] = ()
     #: Images encoded per forward pass.
     batch_size: int = 4
     #: True when the weights are random (test and benchmark models).
@@ -131,13 +204,15 @@ class Backend(abc.ABC):
     def encode(self, images: Sequence[ImageInput]) -> list[VisualPackage]:
         """Encode images into packages (one per image, same order), batching internally."""
 
-    @abc.abstractmethod
+    # ------------------------------------------------------------------ the template
+
     def generate(self, requests: Sequence[GenerationRequest], *, return_logits: bool = False) -> list[Generation]:
         """Generation for a batch of requests (one result per request, same order).
 
         Greedy unless a request's ``sampling`` says otherwise; a backend honours only the
         fields in :attr:`sampling_fields` (callers refuse the others before asking).
         """
+        return self._serve(requests, Execution(return_logits=return_logits))
 
     def generate_stream(
         self, request: GenerationRequest, *, on_text: TextCallback, stop_event: threading.Event | None = None
@@ -145,15 +220,14 @@ class Backend(abc.ABC):
         """Generate one request, calling ``on_text`` with each new piece of text as it is produced.
 
         Generation ends early, with ``finish_reason="cancelled"``, once ``stop_event`` is set
-        (the caller went away). The pieces joined equal the returned ``Generation.text``.
-        This default runs :meth:`generate` and hands over the whole text at once, so
-        every backend streams (late); backends with ``supports_streaming`` override it.
+        (the caller went away); set before the call, nothing runs past the checks. The pieces
+        joined equal the returned ``Generation.text``. A backend without ``supports_streaming``
+        streams late: the whole text is handed over at the end.
         """
-        if stop_event is not None and stop_event.is_set():
-            return Generation(text="", token_ids=[], model=self.name, random_weights=self.random_weights,
-                              finish_reason="cancelled")
-        generation = self.generate([request])[0]
-        if generation.text:
+        streaming = self.supports_streaming
+        execution = Execution(on_text=on_text if streaming else None, stop_event=stop_event)
+        generation = self._serve([request], execution)[0]
+        if not streaming and generation.text:
             on_text(generation.text)
         return generation
 
@@ -164,9 +238,90 @@ class Backend(abc.ABC):
         softmax over the logits of the "yes" and "no" tokens at the answer position. A
         backend that cannot score raises :class:`~refsight.errors.BackendError` saying so.
         """
-        from ..errors import BackendError
+        if type(self).score is Backend.score:
+            return self.score([])  # a backend that cannot score says so whatever it is asked
+        requests = list(requests)
+        grammars = self.check_batch(requests)
+        return self.score(self.prepare(requests, grammars))
 
+    def _serve(self, requests: Sequence[GenerationRequest], execution: Execution) -> list[Generation]:
+        requests = list(requests)
+        grammars = self.check_batch(requests)
+        if execution.cancelled:  # the caller went away: not even the images are encoded
+            return [self.cancelled_generation() for _ in requests]
+        return self.execute(self.prepare(requests, grammars), execution)
+
+    def check_batch(self, requests: list[GenerationRequest]) -> list[Any]:
+        """Every check before model work: :meth:`check_requests`, the packages, the schemas; their grammars.
+
+        Returns each request's compiled grammar (:meth:`compile_schema`; None without a schema).
+        """
+        self.check_requests(requests)
+        for request in requests:
+            for package in request.packages:
+                self.validate_package(package)
+        return [self._grammar(request.json_schema) for request in requests]
+
+    def _grammar(self, schema: dict[str, Any] | None) -> Any:
+        if schema is None:
+            return None
+        if not self.supports_constrained_decoding:
+            raise InvalidInputError("json_schema", f"{self.name} does not support constrained decoding")
+        try:
+            return self.compile_schema(schema)
+        except RefsightError:
+            raise
+        except Exception as e:  # noqa: BLE001 - whatever the compiler says, the schema is at fault
+            raise InvalidInputError("json_schema", f"cannot be compiled into a grammar: {type(e).__name__}: {e}") from None
+
+    def prepare(self, requests: list[GenerationRequest], grammars: list[Any]) -> list[PreparedRequest]:
+        """Checked requests as the runtime takes them: the step a backend tailors.
+
+        This default encodes the fresh images of every request :meth:`encodes_fresh_images`
+        picks, all in one :meth:`encode` batch (the references' code, so a fresh image and a
+        stored package of it are the same tensors), and puts the packages in their place;
+        each request carries its images' share of the encode time.
+        """
+        chosen = [self.encodes_fresh_images(r) for r in requests]
+        fresh = [image for r, take in zip(requests, chosen) if take for image in r.fresh_images]
+        began = time.perf_counter()
+        encoded = iter(self.encode(fresh) if fresh else ())
+        per_image = (time.perf_counter() - began) * 1000 / len(fresh) if fresh else 0.0
+        prepared = []
+        for request, take, grammar in zip(requests, chosen, grammars):
+            if not take:
+                prepared.append(PreparedRequest(request, list(request.segments), grammar=grammar))
+                continue
+            segments = [next(encoded) if isinstance(s, ImageInput) else s for s in request.segments]
+            prepared.append(PreparedRequest(request, segments, per_image * len(request.fresh_images), grammar))
+        return prepared
+
+    def encodes_fresh_images(self, request: GenerationRequest) -> bool:
+        """Whether :meth:`prepare` encodes ``request``'s fresh images here; default: no, the runtime takes pixels."""
+        return False
+
+    def execute(self, batch: list[PreparedRequest], execution: Execution) -> list[Generation]:
+        """The core: run a prepared batch as ``execution`` says; one :class:`Generation` per request, in order.
+
+        Every check has passed and the batch is prepared. A backend that overrides
+        :meth:`generate` itself (a test double) need not implement this.
+        """
+        raise NotImplementedError(f"{type(self).__name__} implements neither execute() nor generate()")
+
+    def score(self, batch: list[PreparedRequest]) -> list[float]:
+        """The scoring core: P("yes") per prepared request. This default says scoring is not supported."""
         raise BackendError(self.name, "yes/no scoring is not supported by this backend (use the embedding reranker)")
+
+    def compile_schema(self, schema: dict[str, Any]) -> Any:
+        """The runtime's grammar for a checked JSON schema (any exception: the schema is refused by name)."""
+        return schema
+
+    def cancelled_generation(self) -> Generation:
+        """What a request whose caller went away before any model work returns."""
+        return Generation(text="", token_ids=[], model=self.name, random_weights=self.random_weights,
+                          finish_reason="cancelled")
+
+    # -------------------------------------------------------------------- checks
 
     def count_text_tokens(self, text: str) -> int:
         """How many tokens ``text`` becomes in a prompt (images not counted).
@@ -181,47 +336,69 @@ class Backend(abc.ABC):
         """Raise :class:`~refsight.errors.InvalidInputError` naming the first request no runtime could serve.
 
         Every backend calls this before any model work; :meth:`check_text` adds the
-        runtime's own rule for user text.
+        runtime's own rule for user text, :func:`~.schema.check_json_schema` the shared
+        rule for JSON schemas.
         """
-        from ..errors import InvalidInputError
-
         if not requests:
             raise InvalidInputError("requests", "at least one GenerationRequest is needed")
         for i, request in enumerate(requests):
             if not isinstance(request, GenerationRequest):
                 raise InvalidInputError(f"requests[{i}]", f"expected a GenerationRequest, got {type(request).__name__}")
-            if not isinstance(request.max_new_tokens, int) or request.max_new_tokens < 1:
-                raise InvalidInputError(f"requests[{i}].max_new_tokens", "must be a positive integer")
-            if not request.segments:
-                raise InvalidInputError(f"requests[{i}].segments", "a request needs at least one segment")
-            if (
-                isinstance(request.prefix_segments, bool) or not isinstance(request.prefix_segments, int)
-                or not 0 <= request.prefix_segments <= len(request.segments)
-            ):
-                raise InvalidInputError(f"requests[{i}].prefix_segments", "must be an integer in 0..len(segments)")
-            if request.json_schema is not None and not isinstance(request.json_schema, dict):
-                raise InvalidInputError(f"requests[{i}].json_schema", "a JSON schema must be a dict")
-            for j, segment in enumerate(request.segments):
-                where = f"requests[{i}].segments[{j}]"
-                if isinstance(segment, str):
-                    self.check_text(segment, where)
-                elif not isinstance(segment, (VisualPackage, ImageInput)):
-                    raise InvalidInputError(
-                        where, f"a segment is text, a VisualPackage or an ImageInput, not {type(segment).__name__}"
-                    )
+            self._check_request(i, request)
+
+    def _check_request(self, i: int, request: GenerationRequest) -> None:
+        from .schema import check_json_schema
+
+        if isinstance(request.max_new_tokens, bool) or not isinstance(request.max_new_tokens, int) or request.max_new_tokens < 1:
+            raise InvalidInputError(f"requests[{i}].max_new_tokens", "must be a positive integer")
+        if not isinstance(request.sampling, Sampling):
+            raise InvalidInputError(f"requests[{i}].sampling", f"expected a Sampling, got {type(request.sampling).__name__}")
+        if not request.segments:
+            raise InvalidInputError(f"requests[{i}].segments", "a request needs at least one segment")
+        if (
+            isinstance(request.prefix_segments, bool) or not isinstance(request.prefix_segments, int)
+            or not 0 <= request.prefix_segments <= len(request.segments)
+        ):
+            raise InvalidInputError(f"requests[{i}].prefix_segments", "must be an integer in 0..len(segments)")
+        if request.json_schema is not None:
+            check_json_schema(request.json_schema)
+        for j, segment in enumerate(request.segments):
+            where = f"requests[{i}].segments[{j}]"
+            if isinstance(segment, str):
+                self.check_text(segment, where)
+            elif not isinstance(segment, (VisualPackage, ImageInput)):
+                raise InvalidInputError(
+                    where, f"a segment is text, a VisualPackage or an ImageInput, not {type(segment).__name__}"
+                )
 
     def check_text(self, text: str, where: str) -> None:
-        """Refuse user text this runtime cannot take as plain text (e.g. its special tokens); default: any."""
+        """Refuse user text holding one of :attr:`reserved_tokens` (it would shift the placeholders)."""
+        for token in self.reserved_tokens:
+            if token in text:
+                raise InvalidInputError(where, f"text may not contain the special token {token}")
 
     def validate_package(self, package: VisualPackage) -> None:
         """Raise :class:`~refsight.errors.CorruptPackageError` if ``package`` cannot serve this model.
 
-        The default checks that the fingerprint matches; families add shape checks.
+        The fingerprint must match (the error names the fields that differ); then
+        :meth:`check_package` runs the backend's shape checks, any malformed metadata or
+        tensor becoming a :class:`CorruptPackageError` too.
         """
-        from ..errors import CorruptPackageError
+        if not isinstance(package, VisualPackage):
+            raise InvalidInputError(repr(package)[:80], "expected a VisualPackage")
+        mine = self.fingerprint()
+        if package.fingerprint != mine:
+            differs = ", ".join(fingerprint_difference(package.fingerprint, mine))
+            raise CorruptPackageError(package.key, f"made by another encoder than {self.name} (differs in: {differs})")
+        try:
+            self.check_package(package)
+        except CorruptPackageError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+            raise CorruptPackageError(package.key, f"malformed metadata or tensors: {type(e).__name__}: {e}") from None
 
-        if package.fingerprint != self.fingerprint():
-            raise CorruptPackageError(package.key, f"made by another encoder than {self.name}")
+    def check_package(self, package: VisualPackage) -> None:
+        """Shape checks of a package whose fingerprint matches; raise :class:`CorruptPackageError`. Default: none."""
 
     def close(self) -> None:
         """Release resources (models, threads). Idempotent."""

@@ -33,14 +33,19 @@ import hashlib
 import json
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from ..package import framed_sha256
 
-__all__ = ["PREFIX_FORMAT_VERSION", "PrefixState", "PrefixCache", "prefix_key", "token_digest", "reusable_prefix"]
+__all__ = [
+    "PREFIX_FORMAT_VERSION", "PREFIX_END", "PrefixState", "PrefixCache", "prefix_key", "token_digest", "reusable_prefix",
+    "render_prefix",
+]
 
 #: Bumped whenever the meaning of a stored prefix state changes; part of every key.
 PREFIX_FORMAT_VERSION = 1
+#: Stands where the rest of the prompt begins when a prefix alone is rendered (user text cannot hold NUL).
+PREFIX_END = "\x00refsight:prefix-end\x00"
 
 
 @dataclass(frozen=True)
@@ -130,3 +135,30 @@ def reusable_prefix(segments: Sequence[Any], is_reference: Any) -> int:
             break
         end = i + 1
     return end
+
+
+def render_prefix(
+    render: Callable[[list[Any], list[tuple[str, int]] | None], str],
+    segments: Sequence[Any],
+    turns: Sequence[tuple[str, int]] | None,
+    n_segments: int,
+) -> str | None:
+    """The prompt text up to the end of the first ``n_segments`` segments, as the chat template writes it.
+
+    ``render(segments, turns)`` is the backend's prompt renderer. The head is rendered with
+    :data:`PREFIX_END` standing where the rest begins (inside the turn that holds the head's
+    last segment), so the text before it is exactly what the template writes before the
+    rest, whatever the rest is; None when the template dropped the marker.
+    """
+    cut_turns = None
+    if turns is not None:
+        cut_turns, start = [], 0
+        for role, count in turns:
+            if start + count >= n_segments:
+                cut_turns.append((role, n_segments - start + 1))  # the head's last turn, cut after it
+                break
+            cut_turns.append((role, count))
+            start += count
+    text = render([*segments[:n_segments], PREFIX_END], cut_turns)
+    cut = text.find(PREFIX_END)
+    return None if cut < 0 else text[:cut]

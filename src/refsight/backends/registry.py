@@ -14,13 +14,13 @@ model through :mod:`refsight.backends.hf`; ``llamacpp:<model.gguf>`` (option
 
 from __future__ import annotations
 
-import importlib
 import threading
 from importlib.metadata import entry_points
 from typing import Any, Callable
 
 from ..errors import BackendError, RefsightError, UnknownModelError
 from ..package import canonical_json
+from ..plugins import load_factory
 from .base import Backend
 
 __all__ = [
@@ -82,16 +82,10 @@ def resolve_factory(name: str) -> Callable[..., Backend]:
     if target is None and name.startswith(LLAMACPP_PREFIX) and len(name) > len(LLAMACPP_PREFIX):
         target = "refsight.backends.llamacpp:load_llamacpp_backend"
     if target is None and name.startswith(VLLM_PREFIX) and len(name) > len(VLLM_PREFIX):
-        target = "refsight.backends.vllm.backend:load_vllm_backend"
+        target = "refsight.backends.vllm.loading:load_vllm_backend"
     if target is None:
         raise UnknownModelError(name, available_models())
-    if callable(target):
-        return target
-    module_name, _, attr = target.partition(":")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise BackendError(name, f"cannot import backend {target}: {e}") from e
+    return load_factory(target, name, BackendError, "backend")
 
 
 def get_backend(name: str, **options: Any) -> Backend:

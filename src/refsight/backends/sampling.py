@@ -19,10 +19,40 @@ from typing import Any
 
 from ..errors import InvalidInputError
 
-__all__ = ["Sampling", "StopText", "check_supported", "unsupported_fields", "SAMPLING_FIELDS"]
+__all__ = [
+    "Sampling", "StopText", "check_supported", "unsupported_fields", "SAMPLING_FIELDS", "GREEDY_TEMPERATURE",
+    "TOP_P_FLOOR", "TEMPERATURE_RANGE", "TOP_P_RANGE", "PENALTY_RANGE", "SEED_LIMIT", "MAX_STOP_STRINGS",
+]
 
 #: Every field of :class:`Sampling`, in the OpenAI spelling.
 SAMPLING_FIELDS = ("temperature", "top_p", "seed", "stop", "frequency_penalty", "presence_penalty")
+
+#: The declared ranges, one source for the library's checks and the server's schema (inclusive
+#: bounds; ``top_p`` excludes 0). Every value inside them works on every runtime.
+TEMPERATURE_RANGE = (0.0, 2.0)
+TOP_P_RANGE = (0.0, 1.0)
+PENALTY_RANGE = (-2.0, 2.0)
+SEED_LIMIT = 2**63
+MAX_STOP_STRINGS = 4
+
+#: Below this temperature tokens are picked by argmax. Float32 logits that differ at all differ by
+#: more than ``1e-10`` times their size, so a draw at such a temperature could only ever split an
+#: exact tie: it is greedy decoding, and runtimes that divide float32 logits by the temperature
+#: (llama.cpp) would overflow to inf/NaN long before it mattered.
+GREEDY_TEMPERATURE = 1e-10
+#: The smallest ``top_p`` handed to a runtime. The most likely token of a vocabulary of fewer than
+#: 10^8 tokens has a probability above it, so every ``top_p`` up to it keeps exactly that one token:
+#: raising a smaller value to it changes nothing, and keeps float32 runtimes from rounding it to 0.
+TOP_P_FLOOR = 1e-8
+
+
+def _number(name: str, value: Any, low: float, high: float, *, open_low: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidInputError(name, f"must be a number, not {type(value).__name__}")
+    inside = (low < value if open_low else low <= value) and value <= high
+    if not inside:  # NaN fails every comparison: refused here too
+        opening = f"greater than {low:g} and" if open_low else f"between {low:g} and"
+        raise InvalidInputError(name, f"must be {opening} {'at most ' if open_low else ''}{high:g}, not {value}")
 
 
 @dataclass(frozen=True)
@@ -30,10 +60,12 @@ class Sampling:
     """How to pick tokens. The default (``temperature=0``) is greedy decoding.
 
     ``temperature`` 0 means greedy (OpenAI's convention; ``top_p`` and ``seed`` then change
-    nothing). ``seed`` makes a sampled answer repeatable; ``None`` draws a fresh one.
-    ``stop``: generation ends before the first of these strings, which is not returned.
-    Penalties follow OpenAI: each generated token's logit drops by
-    ``frequency_penalty * count + presence_penalty * (count > 0)``.
+    nothing), and so does any temperature below :data:`GREEDY_TEMPERATURE`. ``seed`` makes a
+    sampled answer repeatable; ``None`` draws a fresh one. ``top_p`` always keeps at least the
+    most likely token. ``stop``: generation ends before the first of these strings, which is
+    not returned. Penalties follow OpenAI: each generated token's logit drops by
+    ``frequency_penalty * count + presence_penalty * (count > 0)``. Every value accepted here
+    works on every runtime; anything else is an :class:`InvalidInputError` naming the field.
     """
 
     temperature: float = 0.0
@@ -44,24 +76,28 @@ class Sampling:
     presence_penalty: float = 0.0
 
     def __post_init__(self) -> None:
-        from ..errors import InvalidInputError
-
-        if not 0.0 <= self.temperature <= 2.0:
-            raise InvalidInputError("temperature", f"must be between 0 and 2, not {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise InvalidInputError("top_p", f"must be greater than 0 and at most 1, not {self.top_p}")
+        _number("temperature", self.temperature, *TEMPERATURE_RANGE)
+        _number("top_p", self.top_p, *TOP_P_RANGE, open_low=True)
         for name in ("frequency_penalty", "presence_penalty"):
-            if not -2.0 <= getattr(self, name) <= 2.0:
-                raise InvalidInputError(name, f"must be between -2 and 2, not {getattr(self, name)}")
-        if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise InvalidInputError("seed", f"must be a non-negative 64-bit integer, not {self.seed}")
-        if len(self.stop) > 4 or any(not isinstance(s, str) or not s for s in self.stop):
-            raise InvalidInputError("stop", "give at most 4 non-empty strings")
+            _number(name, getattr(self, name), *PENALTY_RANGE)
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < SEED_LIMIT
+        ):
+            raise InvalidInputError("seed", f"must be a non-negative 64-bit integer, not {self.seed!r}")
+        stop = self.stop
+        if not isinstance(stop, (tuple, list)) or len(stop) > MAX_STOP_STRINGS or any(not isinstance(s, str) or not s for s in stop):
+            raise InvalidInputError("stop", f"give at most {MAX_STOP_STRINGS} non-empty strings")
+        object.__setattr__(self, "stop", tuple(stop))
 
     @property
     def greedy(self) -> bool:
-        """True when tokens are picked by argmax (temperature 0)."""
-        return self.temperature == 0.0
+        """True when tokens are picked by argmax (temperature 0, or below :data:`GREEDY_TEMPERATURE`)."""
+        return self.temperature < GREEDY_TEMPERATURE
+
+    @property
+    def runtime_top_p(self) -> float:
+        """``top_p`` as a runtime gets it: at least :data:`TOP_P_FLOOR` (the same tokens kept)."""
+        return max(float(self.top_p), TOP_P_FLOOR)
 
     def non_default(self) -> list[str]:
         """The fields set away from their defaults (what a backend must honour)."""

@@ -26,7 +26,10 @@ from ..config import model_cache_dir  # re-exported: the builders' cache lives t
 from ..errors import ModelLoadError, UnknownModelError
 from .base import Backend
 
-__all__ = ["TINY_MODELS", "ModelSpec", "load_tiny", "model_cache_dir", "ensure_model_dir", "build_checkpoint"]
+__all__ = [
+    "TINY_MODELS", "ModelSpec", "load_tiny", "model_cache_dir", "ensure_model_dir", "build_checkpoint", "build_into_cache",
+    "qwen_spec", "smolvlm_spec",
+]
 
 #: Bump when a build recipe changes, so old cache entries are not reused.
 BUILD_VERSION = 1
@@ -62,86 +65,80 @@ QWEN_TINY_TEXT = dict(
 #: The public name of a build recipe (family, vision, text, processor settings).
 ModelSpec = _Spec
 
-TINY_MODELS: dict[str, _Spec] = {
-    "tiny-qwen2-vl": _Spec(
-        "qwen2_vl",
-        vision=dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=14, spatial_merge_size=2),
-        text=QWEN_TINY_TEXT,
-        processor=dict(min_pixels=28 * 28, max_pixels=112 * 112),
-        extra={},
-    ),
-    "tiny-qwen2.5-vl": _Spec(
-        "qwen2_5_vl",
-        vision=dict(
-            depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=14,
-            spatial_merge_size=2, window_size=56, fullatt_block_indexes=[1],
-        ),
-        text=QWEN_TINY_TEXT,
-        processor=dict(min_pixels=28 * 28, max_pixels=112 * 112),
-        extra={},
-    ),
-    "tiny-qwen3-vl": _Spec(
-        "qwen3_vl",
-        vision=dict(
-            depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=16,
-            spatial_merge_size=2, num_position_embeddings=256, deepstack_visual_indexes=[0, 1],
-        ),
-        text=dict(
-            QWEN_TINY_TEXT,
-            head_dim=16,
-            rope_parameters={"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [4, 2, 2], "mrope_interleaved": True},
-        ),
-        processor=dict(patch_size=16, merge_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3, min_pixels=32 * 32, max_pixels=128 * 128),
-        extra={},
-    ),
-    "tiny-smolvlm": _Spec(
+#: The tiny vision towers of each Qwen family (the llama.cpp variants deepen them to 3 layers).
+QWEN2_VISION = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=14, spatial_merge_size=2)
+QWEN25_VISION = dict(
+    depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=14,
+    spatial_merge_size=2, window_size=56, fullatt_block_indexes=[1],
+)
+QWEN3_VISION = dict(
+    depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=16,
+    spatial_merge_size=2, num_position_embeddings=256, deepstack_visual_indexes=[0, 1],
+)
+#: Qwen2-VL-2B's vision tower and projector at full size.
+QWEN2_2B_VISION = dict(depth=32, embed_dim=1280, hidden_size=1536, num_heads=16, mlp_ratio=4, patch_size=14, spatial_merge_size=2)
+QWEN_PROCESSOR = dict(min_pixels=28 * 28, max_pixels=112 * 112)
+QWEN3_PROCESSOR = dict(patch_size=16, merge_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3, min_pixels=32 * 32, max_pixels=128 * 128)
+QWEN2_2B_PROCESSOR = dict(min_pixels=56 * 56, max_pixels=28 * 28 * 1280)
+#: Qwen3-VL's interleaved multimodal rotary embedding over a head of ``2 * sum(sections)``.
+QWEN3_ROPE = {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [4, 2, 2], "mrope_interleaved": True}
+
+
+def qwen_spec(family: str, vision: dict[str, Any], text: dict[str, Any] = QWEN_TINY_TEXT,
+              processor: dict[str, Any] = QWEN_PROCESSOR, **fields: Any) -> _Spec:
+    """A Qwen-family recipe (no extra config fields); ``fields``: ``finish``, ``save_dtype``."""
+    return _Spec(family, vision=vision, text=text, processor=processor, extra={}, **fields)
+
+
+def smolvlm_spec(vision: tuple[int, int, int, int, int, int], text: tuple[int, int, int, int, int, int],
+                 *, longest_edge: int, tile: int, scale_factor: int) -> _Spec:
+    """A SmolVLM recipe: ``vision`` = (hidden, MLP, layers, heads, image size, patch), ``text`` = (hidden,
+    MLP, layers, heads, KV heads, max positions) of its llama language model."""
+    v_hidden, v_mlp, v_layers, v_heads, image_size, patch = vision
+    hidden, mlp, layers, heads, kv_heads, positions = text
+    return _Spec(
         "smolvlm",
-        vision=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8),
-        text=dict(
-            model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=4096,
-        ),
-        processor=dict(size={"longest_edge": 64}, max_image_size={"longest_edge": 32}),
-        extra=dict(scale_factor=2),
-    ),
+        vision=dict(hidden_size=v_hidden, intermediate_size=v_mlp, num_hidden_layers=v_layers, num_attention_heads=v_heads,
+                    image_size=image_size, patch_size=patch),
+        text=dict(model_type="llama", hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
+                  num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=positions),
+        processor=dict(size={"longest_edge": longest_edge}, max_image_size={"longest_edge": tile}),
+        extra=dict(scale_factor=scale_factor),
+    )
+
+
+TINY_MODELS: dict[str, _Spec] = {
+    "tiny-qwen2-vl": qwen_spec("qwen2_vl", QWEN2_VISION),
+    "tiny-qwen2.5-vl": qwen_spec("qwen2_5_vl", QWEN25_VISION),
+    "tiny-qwen3-vl": qwen_spec("qwen3_vl", QWEN3_VISION, dict(QWEN_TINY_TEXT, head_dim=16, rope_parameters=QWEN3_ROPE), QWEN3_PROCESSOR),
+    "tiny-smolvlm": smolvlm_spec((32, 64, 2, 2, 32, 8), (64, 128, 2, 4, 2, 4096), longest_edge=64, tile=32, scale_factor=2),
     # Qwen2-VL-2B's vision tower and projector at full size; a one-layer language model.
-    "shape-qwen2-vl-2b": _Spec(
-        "qwen2_vl",
-        vision=dict(depth=32, embed_dim=1280, hidden_size=1536, num_heads=16, mlp_ratio=4, patch_size=14, spatial_merge_size=2),
-        text=dict(
+    "shape-qwen2-vl-2b": qwen_spec(
+        "qwen2_vl", QWEN2_2B_VISION,
+        dict(
             hidden_size=1536, intermediate_size=2048, num_hidden_layers=1, num_attention_heads=12, num_key_value_heads=2,
             max_position_embeddings=32768,
             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
         ),
-        processor=dict(min_pixels=56 * 56, max_pixels=28 * 28 * 1280),
-        extra={},
+        QWEN2_2B_PROCESSOR,
     ),
     # Qwen2-VL-2B's whole shape: the vision tower and projector above and the real 28-layer language
     # model (hidden 1536, MLP 8960, 12 heads, 2 KV heads, head dim 128), built and saved in bf16 (~4.4 GB),
     # so benchmarks see the language model's true share. The vocabulary is the built-in tokenizer's
     # (small), so only the embedding and LM-head matrices are smaller than the real model's.
-    "shape-qwen2-vl-2b-full": _Spec(
-        "qwen2_vl",
-        vision=dict(depth=32, embed_dim=1280, hidden_size=1536, num_heads=16, mlp_ratio=4, patch_size=14, spatial_merge_size=2),
-        text=dict(
+    "shape-qwen2-vl-2b-full": qwen_spec(
+        "qwen2_vl", QWEN2_2B_VISION,
+        dict(
             hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
             max_position_embeddings=32768, rms_norm_eps=1e-6,
             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
         ),
-        processor=dict(min_pixels=56 * 56, max_pixels=28 * 28 * 1280),
-        extra={},
+        QWEN2_2B_PROCESSOR,
         save_dtype="bfloat16",
     ),
     # SmolVLM-256M's SigLIP tower (93M) and connector at full size; a one-layer language model.
-    "shape-smolvlm-256m": _Spec(
-        "smolvlm",
-        vision=dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, image_size=512, patch_size=16),
-        text=dict(
-            model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=1, num_attention_heads=9,
-            num_key_value_heads=3, max_position_embeddings=8192,
-        ),
-        processor=dict(size={"longest_edge": 2048}, max_image_size={"longest_edge": 512}),
-        extra=dict(scale_factor=4),
+    "shape-smolvlm-256m": smolvlm_spec(
+        (768, 3072, 12, 12, 512, 16), (576, 1536, 1, 9, 3, 8192), longest_edge=2048, tile=512, scale_factor=4
     ),
 }
 
@@ -159,39 +156,46 @@ def _build_id(name: str) -> str:
     return hashlib.sha256(recipe.encode()).hexdigest()[:12]
 
 
-def ensure_model_dir(name: str) -> Path:
-    """Build ``name`` into the cache unless it is there already; return its directory.
+def build_into_cache(name: str, build_id: str, done: str, build: Callable[[Path], None], what: str) -> Path:
+    """``<model cache>/<name>-<build_id>``, built by ``build(directory)`` unless its file ``done`` is there.
 
-    The build goes into a temporary directory beside the target and is renamed
-    into place, so a reader never sees half a model; a file lock keeps two
-    processes from building the same (possibly large) model twice.
+    The build goes into a temporary directory beside the target and is renamed into place,
+    so a reader never sees half a model; a file lock keeps two processes from building the
+    same (possibly large) model twice. A failure is a :class:`ModelLoadError` naming ``what``.
     """
-    if name not in TINY_MODELS:
-        raise UnknownModelError(name, list(TINY_MODELS))
     from filelock import FileLock
 
     root = model_cache_dir()
     root.mkdir(parents=True, exist_ok=True)
-    target = root / f"{name}-{_build_id(name)}"
-    if (target / "config.json").is_file():
+    target = root / f"{name}-{build_id}"
+    if (target / done).is_file():
         return target
     with FileLock(str(root / f"{name}.lock")):
-        if (target / "config.json").is_file():  # another process finished while we waited
+        if (target / done).is_file():  # another process finished while we waited
             return target
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
         try:
-            _build(name, tmp)
+            build(tmp)
             try:
                 os.rename(tmp, target)
             except OSError:
                 # Someone without the lock (another cache user) got there first: theirs is as good.
-                if not (target / "config.json").is_file():
+                if not (target / done).is_file():
                     raise
+        except ModelLoadError:
+            raise
         except Exception as e:
-            raise ModelLoadError(name, f"cannot build the built-in model in {root}: {type(e).__name__}: {e}") from e
+            raise ModelLoadError(name, f"cannot build {what} in {root}: {type(e).__name__}: {e}") from e
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def ensure_model_dir(name: str) -> Path:
+    """Build ``name`` into the cache unless it is there already; return its directory (:func:`build_into_cache`)."""
+    if name not in TINY_MODELS:
+        raise UnknownModelError(name, list(TINY_MODELS))
+    return build_into_cache(name, _build_id(name), "config.json", lambda tmp: _build(name, tmp), "the built-in model")
 
 
 def _build(name: str, directory: Path) -> None:
@@ -250,6 +254,14 @@ def build_checkpoint(name: str, spec: _Spec, directory: Path, *, extra_tokens: t
     )
 
 
+def _text_config(spec: _Spec, tokenizer: Any) -> dict[str, Any]:
+    """The spec's language model sized to the trained vocabulary, with its special token ids."""
+    return dict(
+        spec.text, vocab_size=len(tokenizer), bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
 def _qwen_parts(spec: _Spec, tokenizer: Any) -> tuple[Any, Any, Any]:
     import transformers
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
@@ -260,13 +272,7 @@ def _qwen_parts(spec: _Spec, tokenizer: Any) -> tuple[Any, Any, Any]:
         "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration"),
     }[spec.family]
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")}
-    text = dict(
-        spec.text,
-        vocab_size=len(tokenizer),
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    text = _text_config(spec, tokenizer)
     config = getattr(transformers, classes[0])(
         text_config=text,
         vision_config=dict(spec.vision),
@@ -284,13 +290,7 @@ def _smolvlm_parts(spec: _Spec, tokenizer: Any) -> tuple[Any, Any, Any]:
     from transformers import SmolVLMConfig, SmolVLMForConditionalGeneration
     from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
 
-    text = dict(
-        spec.text,
-        vocab_size=len(tokenizer),
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    text = _text_config(spec, tokenizer)
     config = SmolVLMConfig(
         text_config=text,
         vision_config=dict(spec.vision),
@@ -311,7 +311,7 @@ def load_tiny(name: str, **options: Any) -> Backend:
     """
     from ..errors import InvalidInputError
     from .hf import load_hf_backend
-    from .hf.base import refuse_other_backend_options
+    from .hf.loading import refuse_other_backend_options
 
     # Refuse before the (possibly long) first build.
     refuse_other_backend_options(options)
@@ -321,5 +321,3 @@ def load_tiny(name: str, **options: Any) -> Backend:
     options.setdefault("model_id", f"refsight/{name}")
     return load_hf_backend(name, source=str(directory), random_weights=True, **options)
 
-
-_ = Callable  # typing only

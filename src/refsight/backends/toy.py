@@ -12,7 +12,7 @@ from typing import Sequence
 
 from ..images import ImageInput
 from ..package import EncoderFingerprint, VisualPackage
-from .base import Backend, Generation, GenerationRequest
+from .base import Backend, Execution, Generation, PreparedRequest
 
 __all__ = ["ToyBackend"]
 
@@ -57,12 +57,13 @@ class ToyBackend(Backend):
             self.images_encoded += 1
         return packages
 
-    def generate(self, requests: Sequence[GenerationRequest], *, return_logits: bool = False) -> list[Generation]:
+    def execute(self, batch: list[PreparedRequest], execution: Execution) -> list[Generation]:
         """Echo the text segments and the number of images; not a model."""
         results = []
-        for request in requests:
-            text = " ".join(s for s in request.segments if isinstance(s, str))
-            n_images = len(request.segments) - sum(isinstance(s, str) for s in request.segments)
+        for prepared in batch:
+            segments = prepared.segments
+            text = " ".join(s for s in segments if isinstance(s, str))
+            n_images = len(segments) - sum(isinstance(s, str) for s in segments)
             results.append(
                 Generation(text=f"[toy] {n_images} images: {text}"[:200], token_ids=[], model=self.name, random_weights=True)
             )

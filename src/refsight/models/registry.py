@@ -16,7 +16,6 @@ runtime failure while loading surfaces as :class:`~refsight.errors.ModelLoadErro
 
 from __future__ import annotations
 
-import importlib
 import threading
 from collections.abc import Callable
 from importlib.metadata import entry_points
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from refsight.errors import ModelLoadError, UnknownModelError
 from refsight.models._errors import embedder_errors
+from refsight.plugins import load_factory
 
 if TYPE_CHECKING:  # pragma: no cover
     from refsight.retrieval.embedders import Embedder
@@ -77,13 +77,7 @@ def _factory(name: str) -> Callable[[str], Embedder]:
             target = _FAMILIES.get(prefix + sep)
     if target is None:
         raise UnknownModelError(name, available_embedders())
-    if callable(target):
-        return target
-    module_name, _, attr = target.partition(":")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ModelLoadError(name, f"cannot import embedder {target}: {exc}") from exc
+    return load_factory(target, name, ModelLoadError, "embedder")
 
 
 def get_embedder(name: str = DEFAULT_EMBEDDER) -> Embedder:

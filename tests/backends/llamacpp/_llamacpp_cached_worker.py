@@ -9,24 +9,20 @@ many image chunks went through the vision encoder to a ``torch.save`` file.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/backends: the shared spec reader
-from worker_spec import case_requests  # noqa: E402
+from worker_spec import case_requests, open_spec  # noqa: E402
 
 
 def main(spec_path: str) -> None:
     import torch
 
     from refsight.backends.registry import get_backend
-    from refsight.store import open_store
 
-    with open(spec_path) as f:
-        spec = json.load(f)
     out: dict[str, object] = {}
-    with open_store(spec["store"]) as store:
+    with open_spec(spec_path) as (spec, store):
         for case in spec["cases"]:
             backend = get_backend(case["model"])
             requests = case_requests(store, case)

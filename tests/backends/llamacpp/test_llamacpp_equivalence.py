@@ -16,9 +16,6 @@ references of (a) must never reach the vision encoder.
 from __future__ import annotations
 
 import ctypes
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -29,55 +26,19 @@ from llama_models import (
     require_llama_cpp,
 )
 
+from worker_spec import CANDIDATE, REFS, layout, run_cached_path
+
 require_llama_cpp()
 
-REFS = ("chelsea", "coffee", "astronaut")
-CANDIDATE = "rocket"
 MAX_NEW_TOKENS = 6
 WORKER = Path(__file__).with_name("_llamacpp_cached_worker.py")
-
-
-def layout(n_refs: int) -> list[list[tuple]]:
-    """Two prompts, references in different places relative to the candidate."""
-    refs = [("ref", i) for i in range(n_refs)]
-    return [
-        [*refs, ("text", "Compare the candidate"), ("cand",), ("text", " with the references. Same colour?")],
-        [("text", "Describe"), *refs, ("text", " and"), ("cand",)],
-    ]
 
 
 @pytest.fixture(scope="module")
 def cached_results(gguf, photos, tmp_path_factory):
     """Encode the references, store them, and run the cached path in a new process."""
-    from refsight.store import open_store
-
-    tmp = tmp_path_factory.mktemp("llama-equivalence")
-    candidate_png = tmp / "candidate.png"
-    photos[CANDIDATE].image.save(candidate_png)
-    cases = []
-    with open_store(tmp / "store") as store:
-        for name in GGUF_FAMILIES:
-            packages = gguf(name).encode([photos[r] for r in REFS])
-            for package in packages:
-                store.packages.put(package)
-            keys = [p.key for p in packages]
-            for n in (1, 3):
-                rows = [
-                    [
-                        {"text": s[1]} if s[0] == "text" else {"ref": keys[s[1]]} if s[0] == "ref" else {"image": str(candidate_png)}
-                        for s in row
-                    ]
-                    for row in layout(n)
-                ]
-                cases.append({"id": f"{name}/{n}", "model": name, "rows": rows, "max_new_tokens": MAX_NEW_TOKENS})
-    spec = tmp / "spec.json"
-    out = tmp / "cached.pt"
-    spec.write_text(json.dumps({"store": str(tmp / "store"), "cases": cases, "out": str(out)}))
-    proc = subprocess.run([sys.executable, str(WORKER), str(spec)], capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    import torch
-
-    return torch.load(out, weights_only=False)
+    backends = {name: gguf(name) for name in GGUF_FAMILIES}
+    return run_cached_path(WORKER, tmp_path_factory.mktemp("llama-equivalence"), photos, backends, MAX_NEW_TOKENS)
 
 
 class PixelPath:

@@ -50,11 +50,13 @@ def test_compare_gives_schema_valid_verdicts_cached_and_fresh(tmp_path, photos, 
 
 def test_seeded_sampling_is_reproducible(gguf, photos):
     from refsight.backends.base import GenerationRequest
+    from refsight.backends.sampling import Sampling
 
     backend = gguf("tiny-qwen2-vl-gguf")
+    sampled = GenerationRequest([photos["chelsea"], "Describe it."], max_new_tokens=8, sampling=Sampling(temperature=0.8, seed=7))
+    first = backend.generate([sampled])[0].token_ids
+    assert backend.generate([sampled])[0].token_ids == first
     request = GenerationRequest([photos["chelsea"], "Describe it."], max_new_tokens=8)
-    first = backend.generate([request], seed=7)[0].token_ids
-    assert backend.generate([request], seed=7)[0].token_ids == first
     greedy = backend.generate([request])[0].token_ids
     assert backend.generate([request])[0].token_ids == greedy
 

@@ -14,16 +14,14 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/backends: the shared spec reader
-from worker_spec import case_requests  # noqa: E402
+from worker_spec import case_requests, open_spec  # noqa: E402
 
 
 def main(spec_path: str) -> None:
     from refsight.backends.registry import get_backend
-    from refsight.store import open_store
 
     with open(spec_path) as f:
-        spec = json.load(f)
-    backend = get_backend(spec["model"])
+        backend = get_backend(json.load(f)["model"])
     counts = {"preprocess": 0}
     original = backend.encoder.preprocess
 
@@ -33,7 +31,7 @@ def main(spec_path: str) -> None:
 
     backend.encoder.preprocess = counted
     out = {}
-    with open_store(spec["store"]) as store:
+    with open_spec(spec_path) as (spec, store):
         for case in spec["cases"]:
             requests = case_requests(store, case)
             before = counts["preprocess"]

@@ -21,28 +21,16 @@ cached path on off-grid photos.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from vllm_helpers import MAX_NEW_TOKENS, VLLM_FAMILIES, pixel_tokens
+from worker_spec import CANDIDATE, REFS, cases, layout, run_worker, stored_keys
 
 pytestmark = pytest.mark.vllm
 
-REFS = ("chelsea", "coffee", "astronaut")
-CANDIDATE = "rocket"
 WORKER = Path(__file__).with_name("_vllm_cached_worker.py")
-
-
-def layout(n_refs: int) -> list[list[tuple]]:
-    """Two prompts, references in different places relative to text and the candidate."""
-    refs = [("ref", i) for i in range(n_refs)]
-    return [
-        [*refs, ("text", "Compare the candidate"), ("cand",), ("text", " with the references. Same colour?")],
-        [("text", "Describe"), *refs, ("text", " and"), ("cand",)],
-    ]
 
 
 @pytest.fixture(scope="module", params=VLLM_FAMILIES)
@@ -79,24 +67,9 @@ def cached(served, grid_photos, tmp_path_factory):
     grid_photos[CANDIDATE].image.save(candidate_png)
     packages = get_backend(model).encode([grid_photos[r] for r in REFS])
     with open_store(tmp / "store") as store:
-        for package in packages:
-            store.packages.put(package)
-    keys = [p.key for p in packages]
-    cases = []
-    for n in (1, 3):
-        rows = [
-            [
-                {"text": s[1]} if s[0] == "text" else {"ref": keys[s[1]]} if s[0] == "ref" else {"image": str(candidate_png)}
-                for s in row
-            ]
-            for row in layout(n)
-        ]
-        cases.append({"id": str(n), "rows": rows, "max_new_tokens": MAX_NEW_TOKENS})
-    spec, out = tmp / "spec.json", tmp / "out.json"
-    spec.write_text(json.dumps({"store": str(tmp / "store"), "model": model, "cases": cases, "out": str(out)}))
-    proc = subprocess.run([sys.executable, str(WORKER), str(spec)], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(out.read_text())
+        keys = stored_keys(store, packages)
+    spec = {"store": str(tmp / "store"), "model": model, "cases": cases("", keys, candidate_png, MAX_NEW_TOKENS)}
+    return json.loads(run_worker(WORKER, tmp, spec, "out.json").read_text())
 
 
 def _pixel_row(row: list[tuple], photos) -> list:

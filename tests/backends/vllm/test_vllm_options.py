@@ -11,7 +11,7 @@ import pytest
 
 def test_vllm_prefix_resolves_to_the_vllm_factory():
     from refsight.backends.registry import resolve_factory
-    from refsight.backends.vllm.backend import load_vllm_backend
+    from refsight.backends.vllm.loading import load_vllm_backend
 
     assert resolve_factory("vllm:http://127.0.0.1:1") is load_vllm_backend
 
@@ -66,18 +66,29 @@ def test_vllm_commands_are_in_the_cli():
 
 
 def test_sampling_maps_onto_vllm_fields_and_greedy_is_the_default():
-    from refsight.backends.base import GenerationRequest, Sampling
+    from refsight.backends.base import Sampling
     from refsight.backends.sampling import SAMPLING_FIELDS
-    from refsight.backends.vllm.backend import VLLMBackend, _sampling_fields
+    from refsight.backends.vllm.backend import VLLMBackend
+    from refsight.backends.vllm.messages import sampling_fields
 
     assert VLLMBackend.sampling_fields == frozenset(SAMPLING_FIELDS)
     assert VLLMBackend.supports_streaming
-    assert _sampling_fields(GenerationRequest(["hi"])) == {"temperature": 0.0}
+    assert sampling_fields(Sampling()) == {"temperature": 0.0}
     sampling = Sampling(temperature=0.7, top_p=0.9, seed=5, stop=("END", "\n\n"), frequency_penalty=0.5, presence_penalty=-0.25)
-    assert _sampling_fields(GenerationRequest(["hi"], sampling=sampling)) == {
+    assert sampling_fields(sampling) == {
         "temperature": 0.7, "top_p": 0.9, "seed": 5, "stop": ["END", "\n\n"],
         "frequency_penalty": 0.5, "presence_penalty": -0.25,
     }
+
+
+def test_sampling_edges_reach_vllm_as_values_it_serves():
+    """A tiny temperature is greedy (vLLM would raise it to 0.01 and sample); a tiny top_p is never rounded to 0."""
+    from refsight.backends.base import Sampling
+    from refsight.backends.sampling import TOP_P_FLOOR
+    from refsight.backends.vllm.messages import sampling_fields
+
+    assert sampling_fields(Sampling(temperature=1e-300))["temperature"] == 0.0
+    assert sampling_fields(Sampling(temperature=2, top_p=1e-300)) == {"temperature": 2.0, "top_p": TOP_P_FLOOR}
 
 
 class _SSEStub:

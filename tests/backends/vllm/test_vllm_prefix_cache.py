@@ -57,7 +57,7 @@ def test_second_and_third_rubric_hit_the_prefix_cache_with_identical_tokens(back
     big.append(load_image(load_sample("rocket", (224, 224))))
     packages = backend.encode(big)
     candidate = backend.encode([photos["rocket"]])[0]
-    reference_tokens = sum(backend._image_tokens(packages))
+    reference_tokens = sum(backend.image_tokens(packages))
     assert reference_tokens >= 100
     rates = []
     for i, rubric in enumerate(RUBRICS):
@@ -74,7 +74,7 @@ def test_second_and_third_rubric_hit_the_prefix_cache_with_identical_tokens(back
             assert BLOCK <= hits < queries and hits % BLOCK == 0, (hits, reference_tokens, queries)
         else:
             assert hits == 0
-        body = backend._body(request.segments, request, False)
+        body = backend.chat_body(request)
         salted = backend.client.chat({**body, "cache_salt": uuid.uuid4().hex})
         assert salted["choices"][0]["token_ids"] == generation.token_ids
     stats = backend.prefix_cache_stats()

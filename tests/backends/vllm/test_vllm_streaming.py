@@ -158,3 +158,32 @@ def test_a_conversation_goes_as_messages_and_cached_equals_pixels(backend, packa
     assert cached.token_ids == pixels.token_ids and cached.text == pixels.text
     one_turn = backend.generate([GenerationRequest(["Describe", package, " in detail."], max_new_tokens=4)])[0]
     assert cached.prompt_tokens > one_turn.prompt_tokens  # the other turns reached the template
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [dict(temperature=1e-300, seed=1), dict(temperature=1e-40, seed=2), dict(temperature=1e-12, seed=3),
+     dict(temperature=2.0, top_p=1e-300, seed=4), dict(temperature=2.0, top_p=5e-324, seed=5)],
+    ids=lambda s: ",".join(f"{k}={v:g}" for k, v in s.items()),
+)
+def test_tiny_temperatures_and_top_p_decode_greedily(backend, package, greedy, sampling):
+    """Issue 25, item 3: every value Sampling accepts works; these are greedy decoding, streamed or not."""
+    assert backend.generate([_request(package, **sampling)])[0].token_ids == greedy.token_ids
+    pieces: list[str] = []
+    streamed = backend.generate_stream(_request(package, **sampling), on_text=pieces.append)
+    assert streamed.token_ids == greedy.token_ids and "".join(pieces) == streamed.text == greedy.text
+
+
+def test_broken_schemas_are_refused_by_path_before_anything_is_sent(backend, package):
+    """Issue 25, item 4: the shared check runs before the request leaves (vLLM sees nothing)."""
+    from refsight.backends.base import GenerationRequest
+    from refsight.errors import InvalidInputError
+    from schema_cases import BROKEN
+
+    sent = _metric(backend.server.url, "vllm:request_success_total{")
+    for schema, path in BROKEN:
+        with pytest.raises(InvalidInputError) as info:
+            backend.generate([GenerationRequest(["Describe", package], max_new_tokens=4, json_schema=schema)])
+        assert info.value.input == path, str(info.value)
+    assert _metric(backend.server.url, "vllm:request_success_total{") == sent
+    assert backend.generate([_request(package, max_new_tokens=4)])[0].token_ids  # still serving

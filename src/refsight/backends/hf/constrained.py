@@ -34,6 +34,7 @@ import xgrammar as xgr
 
 __all__ = [
     "make_json_logits_processor",
+    "json_logits_processor",
     "compile_json_grammar",
     "json_schema_ebnf",
     "grammar_cache_info",
@@ -143,6 +144,15 @@ def grammar_cache_info() -> dict[str, int]:
     """``{"hits", "misses", "size"}`` of the compiled-grammar cache (for tests and metrics)."""
     with _lock:
         return {**_stats, "size": len(_grammars)}
+
+
+def json_logits_processor(
+    tokenizer: Any, grammars: Sequence[xgr.CompiledGrammar | None], vocab_size: int, *,
+    stop_token_ids: int | Sequence[int] | None = None,
+) -> "JsonSchemaLogitsProcessor":
+    """A fresh processor over grammars already compiled (:func:`compile_json_grammar`, same stop ids), one per row."""
+    stops = _stop_ids(tokenizer, stop_token_ids)
+    return JsonSchemaLogitsProcessor(list(grammars), vocab_size=int(vocab_size), stop_token_ids=stops)
 
 
 def make_json_logits_processor(

@@ -20,7 +20,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from ..sampling import Sampling, StopText
 
-__all__ = ["SamplingProcessor", "StopStrings", "CancelOnEvent", "TextStreamer", "row_generator"]
+__all__ = ["SamplingProcessor", "StopStrings", "CancelOnEvent", "StreamerStopped", "TextStreamer", "row_generator"]
 
 
 def row_generator(sampling: Sampling, device: Any) -> torch.Generator | None:
@@ -48,28 +48,47 @@ class SamplingProcessor(LogitsProcessor):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         scores = scores.clone()
         for row, sampling in enumerate(self.samplings):
-            logits = scores[row].float()
-            if sampling.frequency_penalty or sampling.presence_penalty:
-                generated = input_ids[row, self.prompt_length:]
-                if generated.numel():
-                    counts = torch.bincount(generated, minlength=logits.shape[0])[: logits.shape[0]].to(logits)
-                    logits = logits - sampling.frequency_penalty * counts - sampling.presence_penalty * (counts > 0).to(logits)
+            logits = self._penalised(scores[row].float(), input_ids[row], sampling)
             if sampling.greedy:
                 scores[row] = logits.to(scores.dtype)
                 continue
-            logits = logits / sampling.temperature
-            probs = torch.softmax(logits, dim=-1)
-            if sampling.top_p < 1.0:
-                # Keep the smallest set of most likely tokens whose mass reaches top_p.
-                sorted_probs, order = torch.sort(probs, descending=True)
-                before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-                sorted_probs[before >= sampling.top_p] = 0.0
-                probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-            token = torch.multinomial(probs, 1, generator=self.generators[row]).item()
+            token = torch.multinomial(_distribution(logits, sampling), 1, generator=self.generators[row]).item()
             chosen = torch.full_like(scores[row], float("-inf"))
             chosen[token] = 0.0
             scores[row] = chosen
         return scores
+
+    def _penalised(self, logits: torch.Tensor, ids: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+        if not (sampling.frequency_penalty or sampling.presence_penalty):
+            return logits
+        generated = ids[self.prompt_length:]
+        if not generated.numel():
+            return logits
+        counts = torch.bincount(generated, minlength=logits.shape[0])[: logits.shape[0]].to(logits)
+        return logits - sampling.frequency_penalty * counts - sampling.presence_penalty * (counts > 0).to(logits)
+
+
+def _distribution(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """The row's sampling distribution after temperature and top-p, in float64.
+
+    The largest logit is subtracted before dividing (it becomes exactly 0, the others at most
+    0), so no temperature in range overflows, and float64 keeps the tiniest temperature and
+    ``top_p`` what they are (float32 would round 1e-300 to 0). ``top_p`` always keeps the most
+    likely token, however small it is.
+    """
+    logits = logits.double()
+    finite = torch.isfinite(logits)
+    shifted = torch.where(finite, logits - logits[finite].max(), torch.full_like(logits, float("-inf")))
+    probs = torch.softmax(shifted / sampling.temperature, dim=-1)
+    if sampling.top_p < 1.0:
+        # Keep the smallest set of most likely tokens whose mass reaches top_p (at least one).
+        sorted_probs, order = torch.sort(probs, descending=True)
+        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        drop = before >= sampling.top_p
+        drop[0] = False
+        sorted_probs[drop] = 0.0
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    return probs
 
 
 class StopStrings(StoppingCriteria):
@@ -99,6 +118,16 @@ class CancelOnEvent(StoppingCriteria):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
         self.cancelled = self.event.is_set()
         return torch.full((input_ids.shape[0],), self.cancelled, dtype=torch.bool, device=input_ids.device)
+
+
+class StreamerStopped(StoppingCriteria):
+    """Ends generation once the streamer saw a stop string (it decodes anyway, so it decides)."""
+
+    def __init__(self, streamer: "TextStreamer") -> None:
+        self.streamer = streamer
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+        return torch.full((input_ids.shape[0],), self.streamer.stopped, dtype=torch.bool, device=input_ids.device)
 
 
 class TextStreamer(BaseStreamer):

@@ -7,8 +7,8 @@ changes when the file does: (path, size, mtime_ns, inode). Only the first proces
 ever reads a checkpoint through; the others stat its files and hit the memo. A
 rewritten or merely touched file has a new mtime, so it is hashed again.
 
-The memo lives in ``$REFSIGHT_CACHE``, else the model cache directory
-(:func:`refsight.config.model_cache_dir`), as ``file-hashes.json``. It is
+The memo lives in ``$REFSIGHT_HASH_MEMO_DIR``, else the model cache directory
+(:func:`refsight.config.hash_memo_dir`), as ``file-hashes.json``. It is
 rewritten atomically (temp file + ``os.replace``) under a file lock, merging with
 what other processes wrote meanwhile. A memo that cannot be read or written only
 costs time: hashing never fails because of it.
@@ -45,13 +45,10 @@ _memory: dict[str, dict] = {}
 
 
 def memo_path() -> Path:
-    """The memo file: ``$REFSIGHT_CACHE/file-hashes.json`` or ``<model cache>/file-hashes.json``."""
-    env = os.environ.get("REFSIGHT_CACHE")
-    if env:
-        return Path(env).expanduser() / _MEMO_NAME
-    from ...config import model_cache_dir
+    """The memo file: ``$REFSIGHT_HASH_MEMO_DIR/file-hashes.json`` or ``<model cache>/file-hashes.json``."""
+    from ...config import hash_memo_dir
 
-    return model_cache_dir() / _MEMO_NAME
+    return hash_memo_dir() / _MEMO_NAME
 
 
 def _stamp(path: Path) -> dict:

@@ -38,15 +38,13 @@ from typing import Any
 
 from ...package import VisualPackage
 from ..base import GenerationRequest
-from ..prefix import PrefixState, prefix_key
+from ..prefix import PrefixState, prefix_key, render_prefix
 from .runtime import to_device
 
 __all__ = ["TEMPLATE", "PrefixPlan", "plan_prefixes"]
 
 #: The template and state layout version of HF prefix states (part of every key).
 TEMPLATE = "hf-kv-1"
-#: Stands where the suffix begins when the prefix alone is rendered (user text cannot hold NUL).
-_MARK = "\x00refsight:prefix-end\x00"
 
 
 @dataclass
@@ -84,7 +82,7 @@ class PrefixPlan:
         backend = self.backend
         began = time.perf_counter()
         self._resolve_states()
-        pad = _pad_id(backend)
+        pad = backend.pad_id()
         n_max = max(row.prefix_len for row in self.rows)
         s_max = max(len(row.ids) - row.prefix_len for row in self.rows)
         ids, mask = [], []
@@ -170,12 +168,6 @@ class PrefixPlan:
         return cache
 
 
-def _pad_id(backend: Any) -> int:
-    if backend.tokenizer.pad_token_id is not None:
-        return int(backend.tokenizer.pad_token_id)
-    return (backend._eos_ids() or [0])[0]
-
-
 def _layer_count(backend: Any) -> int:
     return int(backend.model.config.get_text_config(decoder=True).num_hidden_layers)
 
@@ -240,22 +232,8 @@ def _usable_cache(backend: Any) -> bool:
 
 def _prefix_text(backend: Any, row: list[Any], request: GenerationRequest, full: str) -> str | None:
     """The text of the prompt up to the end of the prefix segments, or None when it is not a head of ``full``."""
-    k = request.prefix_segments
-    head = [*row[:k], _MARK]
-    turns = None
-    if request.turns is not None:
-        turns, start = [], 0
-        for role, count in request.turns:
-            if start + count >= k:
-                turns.append((role, k - start + 1))  # the turn holding the prefix's last segment, cut after it
-                break
-            turns.append((role, count))
-            start += count
-    text = backend.build_prompt(head, turns)
-    cut = text.find(_MARK)
-    if cut < 0 or not full.startswith(text[:cut]):
-        return None
-    return text[:cut]
+    text = render_prefix(backend.build_prompt, row, request.turns, request.prefix_segments)
+    return text if text is not None and full.startswith(text) else None
 
 
 def _row_plan(backend: Any, row: list[Any], request: GenerationRequest, full: str, model: str) -> _Row:

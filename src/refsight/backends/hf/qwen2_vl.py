@@ -37,15 +37,10 @@ class QwenFamilyBackend(HFBackend):
         "<|im_end|>",
     )
     processor_options: ClassVar[tuple[str, ...]] = ("min_pixels", "max_pixels")
+    #: ``Qwen2VLImageProcessorPil`` (Qwen3-VL uses it too, with patch 16).
+    image_processor_path: ClassVar[str] = "transformers.models.qwen2_vl.image_processing_pil_qwen2_vl:Qwen2VLImageProcessorPil"
     #: Qwen2/2.5 templates open with a default system turn; Qwen3-VL's does not.
     system_prompt: ClassVar[str | None] = DEFAULT_SYSTEM
-
-    @classmethod
-    def image_processor_class(cls) -> Any:
-        """``Qwen2VLImageProcessorPil`` (Qwen3-VL uses it too, with patch 16)."""
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-        return Qwen2VLImageProcessorPil
 
     @classmethod
     def processor_overrides(cls, options: dict[str, Any], processor: Any) -> dict[str, Any]:
@@ -150,6 +145,48 @@ class QwenFamilyBackend(HFBackend):
             text += f"<|im_start|>{role}\n{''.join(parts)}<|im_end|>\n"
         return text + "<|im_start|>assistant\n"
 
+    # ---------------------------------------------- grid geometry and flat embeddings (vLLM)
+
+    def grid_size(self, image: Any) -> tuple[int, int]:
+        """(width, height) the processor resizes a PIL ``image`` to (multiples of patch × merge, within the pixel bounds)."""
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+        processor = self.image_processor
+        size = processor.size
+        low = getattr(size, "shortest_edge", None) or getattr(processor, "min_pixels", None)
+        high = getattr(size, "longest_edge", None) or getattr(processor, "max_pixels", None)
+        height, width = smart_resize(
+            image.height, image.width, factor=processor.patch_size * processor.merge_size, min_pixels=low, max_pixels=high
+        )
+        return width, height
+
+    def resize_to_grid(self, image: Any) -> Any:
+        """``image`` resized with PIL to the size the processor would give it (a no-op for the processor then).
+
+        refsight's encoder resizes with PIL, other runtimes' processors with torchvision, and
+        the two bicubic kernels differ in the last bits: an image sent at its target size sees
+        no second resize, so every runtime encodes exactly the pixels refsight would.
+        """
+        width, height = self.grid_size(image)
+        if (width, height) == image.size:
+            return image
+        return image.resize((width, height), resample=int(self.image_processor.resample))
+
+    def grid_tokens(self, image: Any) -> int:
+        """Prompt tokens a PIL ``image`` takes once resized to its grid: (h / patch)·(w / patch) / merge²."""
+        width, height = self.grid_size(image)
+        patch = int(self.image_processor.patch_size)
+        return (height // patch) * (width // patch) // self.merge_size**2
+
+    def flat_embeddings(self, package: VisualPackage) -> Any:
+        """The package as one ``[tokens, width]`` tensor, the layout of vLLM's ``image_embeds``: the features."""
+        return package.tensors["features"]
+
+    @property
+    def embedding_width(self) -> int:
+        """Width of one :meth:`flat_embeddings` row."""
+        return self.feature_size
+
     def encoder_output(self, packages: list[VisualPackage]) -> Any:
         """The ``mm_encoder_outputs["image"]`` object for these packages, in prompt order."""
         from transformers.modeling_outputs import BaseModelOutputWithPooling
@@ -173,13 +210,7 @@ class Qwen2VLBackend(QwenFamilyBackend):
 
     family: ClassVar[str] = "qwen2_vl"
     model_types: ClassVar[tuple[str, ...]] = ("qwen2_vl",)
-
-    @classmethod
-    def model_class(cls) -> Any:
-        """``Qwen2VLForConditionalGeneration``."""
-        from transformers import Qwen2VLForConditionalGeneration
-
-        return Qwen2VLForConditionalGeneration
+    model_class_name: ClassVar[str] = "Qwen2VLForConditionalGeneration"
 
 
 class Qwen25VLBackend(QwenFamilyBackend):
@@ -187,13 +218,7 @@ class Qwen25VLBackend(QwenFamilyBackend):
 
     family: ClassVar[str] = "qwen2_5_vl"
     model_types: ClassVar[tuple[str, ...]] = ("qwen2_5_vl",)
-
-    @classmethod
-    def model_class(cls) -> Any:
-        """``Qwen2_5_VLForConditionalGeneration``."""
-        from transformers import Qwen2_5_VLForConditionalGeneration
-
-        return Qwen2_5_VLForConditionalGeneration
+    model_class_name: ClassVar[str] = "Qwen2_5_VLForConditionalGeneration"
 
     def model_settings(self) -> dict[str, Any]:
         """Qwen2-VL's settings plus the attention window layout."""

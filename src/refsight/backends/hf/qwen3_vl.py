@@ -24,13 +24,7 @@ class Qwen3VLBackend(QwenFamilyBackend):
     family: ClassVar[str] = "qwen3_vl"
     model_types: ClassVar[tuple[str, ...]] = ("qwen3_vl",)
     system_prompt: ClassVar[str | None] = None
-
-    @classmethod
-    def model_class(cls) -> Any:
-        """``Qwen3VLForConditionalGeneration``."""
-        from transformers import Qwen3VLForConditionalGeneration
-
-        return Qwen3VLForConditionalGeneration
+    model_class_name: ClassVar[str] = "Qwen3VLForConditionalGeneration"
 
     @property
     def deepstack_layers(self) -> int:
@@ -74,6 +68,19 @@ class Qwen3VLBackend(QwenFamilyBackend):
                 raise CorruptPackageError(package.key, f"missing tensor {name}")
             if list(package.tensors[name].shape) != shape:
                 raise CorruptPackageError(package.key, f"{name} shape {list(package.tensors[name].shape)} != {shape}")
+
+    def flat_embeddings(self, package: VisualPackage) -> Any:
+        """``[features | deepstack.0 | deepstack.1 ...]`` concatenated on the hidden axis (vLLM's layout)."""
+        import torch
+
+        tensors = [package.tensors["features"]]
+        tensors += [package.tensors[f"deepstack.{layer}"] for layer in range(self.deepstack_layers)]
+        return torch.cat(tensors, dim=-1) if len(tensors) > 1 else tensors[0]
+
+    @property
+    def embedding_width(self) -> int:
+        """Features and every deepstack map side by side."""
+        return self.feature_size * (1 + self.deepstack_layers)
 
     def encoder_output(self, packages: list[VisualPackage]) -> Any:
         """Pooled features and deepstack features, per image, in prompt order."""

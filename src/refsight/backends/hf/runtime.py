@@ -12,12 +12,16 @@ a user sees names the model, the dtype and the device, with what to change.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
-from typing import Any
+from typing import Any, Iterator
 
-from ...errors import InvalidInputError
+from ...errors import BackendError, InvalidInputError, RefsightError
 
-__all__ = ["resolve_device", "to_device", "resolve_dtype", "is_out_of_memory", "release_memory", "provenance", "OOM_HINT"]
+__all__ = [
+    "resolve_device", "to_device", "resolve_dtype", "is_out_of_memory", "release_memory", "provenance", "OOM_HINT",
+    "runtime_errors",
+]
 
 #: What to try when a model or a batch does not fit.
 OOM_HINT = "try --dtype bfloat16, a smaller --max-pixels or --batch-size, or another --device"
@@ -159,3 +163,27 @@ def to_device(value: Any, device: str) -> Any:
         # transformers' ModelOutput classes are dicts with attributes: rebuild the same class.
         return moved if type(value) is dict else type(value)(**moved)
     return value
+
+
+@contextlib.contextmanager
+def runtime_errors(
+    model: str, error: type[BackendError] = BackendError, what: str = "", *, device: str = "", dtype: str = ""
+) -> Iterator[None]:
+    """Turn any non-refsight exception raised inside into ``error(model, reason)``.
+
+    The one place where torch / transformers exceptions become refsight errors;
+    refsight's own errors pass through unchanged. Running out of memory says so,
+    with the dtype and device and what to change, and returns the allocator's
+    cache so the process can go on serving smaller requests.
+    """
+    try:
+        yield
+    except RefsightError:
+        raise
+    except (Exception, MemoryError) as e:  # translating is the point
+        prefix = f"{what}: " if what else ""
+        if is_out_of_memory(e):
+            release_memory(device or "cpu")
+            placement = f" (dtype {dtype or '?'} on device {device or '?'})"
+            raise error(model, f"{prefix}out of memory{placement}; {OOM_HINT}. {type(e).__name__}: {e}") from e
+        raise error(model, f"{prefix}{type(e).__name__}: {e}") from e

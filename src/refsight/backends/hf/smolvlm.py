@@ -47,20 +47,8 @@ class SmolVLMBackend(HFBackend):
     processor_options: ClassVar[tuple[str, ...]] = ("tile_size", "longest_edge", "do_image_splitting")
     #: Text that opens the chat template.
     bos_text: ClassVar[str] = "<|im_start|>"
-
-    @classmethod
-    def model_class(cls) -> Any:
-        """``SmolVLMForConditionalGeneration``."""
-        from transformers import SmolVLMForConditionalGeneration
-
-        return SmolVLMForConditionalGeneration
-
-    @classmethod
-    def image_processor_class(cls) -> Any:
-        """``SmolVLMImageProcessorPil``."""
-        from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
-
-        return SmolVLMImageProcessorPil
+    model_class_name: ClassVar[str] = "SmolVLMForConditionalGeneration"
+    image_processor_path: ClassVar[str] = "transformers.models.smolvlm.image_processing_pil_smolvlm:SmolVLMImageProcessorPil"
 
     @classmethod
     def processor_overrides(cls, options: dict[str, Any], processor: Any) -> dict[str, Any]:
@@ -181,17 +169,5 @@ class Idefics3Backend(SmolVLMBackend):
     family: ClassVar[str] = "idefics3"
     model_types: ClassVar[tuple[str, ...]] = ("idefics3",)
     bos_text: ClassVar[str] = "<|begin_of_text|>"
-
-    @classmethod
-    def model_class(cls) -> Any:
-        """``Idefics3ForConditionalGeneration``."""
-        from transformers import Idefics3ForConditionalGeneration
-
-        return Idefics3ForConditionalGeneration
-
-    @classmethod
-    def image_processor_class(cls) -> Any:
-        """``Idefics3ImageProcessorPil``."""
-        from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
-
-        return Idefics3ImageProcessorPil
+    model_class_name: ClassVar[str] = "Idefics3ForConditionalGeneration"
+    image_processor_path: ClassVar[str] = "transformers.models.idefics3.image_processing_pil_idefics3:Idefics3ImageProcessorPil"

@@ -8,7 +8,8 @@ use (see :mod:`.models`). Needs ``pip install 'refsight[llamacpp]'``
 (llama-cpp-python, pinned: the signature of ``mtmd_helper_decode_image_chunk``
 changes between releases).
 
-Modules: :mod:`.native` (the only code calling llama.cpp), :mod:`.package_format`
+Modules: :mod:`.native` (the only code calling llama.cpp; :mod:`.logs` its process-wide
+set-up, :mod:`.sampler` its sampler chain), :mod:`.package_format`
 (the package and its fingerprint), :mod:`.prompt` (chat template),
 :mod:`.generation` (prompt evaluation and decoding), :mod:`.prefix` (the reference prefix's saved sequence state), :mod:`.grammar` (JSON schema →
 GBNF), :mod:`.backend` (the :class:`~refsight.backends.base.Backend`), :mod:`.models`

@@ -31,15 +31,15 @@ from typing import Any, ClassVar
 
 from ...errors import (
     BackendError,
-    CorruptPackageError,
     GenerationError,
     InvalidInputError,
     RefsightError,
 )
 from ...images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
-from ..base import Backend, Generation, GenerationRequest, TextCallback
-from ..sampling import SAMPLING_FIELDS, Sampling
+from ..base import Backend, Execution, Generation, GenerationRequest, PreparedRequest
+from ..prefix import render_prefix
+from ..sampling import SAMPLING_FIELDS
 from . import package_format as fmt
 from .native import Bitmap, LlamaRuntime, RuntimeSettings, llama_cpp_version
 from .prompt import render_prompt
@@ -56,6 +56,14 @@ def _native_errors(model: str, error: type[BackendError], what: str) -> Iterator
         raise
     except Exception as e:  # translating is the point
         raise error(model, f"{what}: {type(e).__name__}: {e}") from e
+
+
+def _torch(logits: Any) -> Any:
+    if logits is None:
+        return None
+    import torch
+
+    return torch.from_numpy(logits)
 
 
 def _bitmap(image: ImageInput, image_id: str, *, placeholder: bool = False, size: tuple[int, int] | None = None) -> Bitmap:
@@ -175,64 +183,29 @@ class LlamaCppBackend(Backend):
             bitmap.free()
         return tensors, metadata
 
-    def validate_package(self, package: VisualPackage) -> None:
-        """Same fingerprint, and tensors that agree with the chunk metadata."""
-        if not isinstance(package, VisualPackage):
-            raise InvalidInputError(repr(package)[:80], "expected a VisualPackage")
-        if package.fingerprint != self._fingerprint:
-            ours, theirs = self._fingerprint.to_dict(), package.fingerprint.to_dict()
-            fields = [k for k in ours if k != "preprocessing" and ours[k] != theirs.get(k)]
-            pre_o, pre_t = ours["preprocessing"], theirs.get("preprocessing", {})
-            fields += [f"preprocessing.{k}" for k in sorted(set(pre_o) | set(pre_t)) if pre_o.get(k) != pre_t.get(k)]
-            raise CorruptPackageError(package.key, f"made by another encoder than {self.name} (differs in: {', '.join(fields)})")
+    def check_package(self, package: VisualPackage) -> None:
+        """Tensors that agree with the chunk metadata (the fingerprint was checked by the base class)."""
         fmt.check_package(package, self.runtime.n_embd_inp)
 
-    # --------------------------------------------------------------- generate
+    # ------------------------------------------------------- the template's core
 
-    def generate(
-        self,
-        requests: Sequence[GenerationRequest],
-        *,
-        return_logits: bool = False,
-        seed: int | None = None,
-        temperature: float = 0.8,
-    ) -> list[Generation]:
-        """Generate for each request in turn, as its ``sampling`` says (default: greedy).
+    def execute(self, batch: list[PreparedRequest], execution: Execution) -> list[Generation]:
+        """Each request in turn, as its ``sampling`` says (default: greedy), on the one llama context.
 
-        ``seed`` (with ``temperature``) is the older spelling of seeded sampling: it applies
-        to requests whose ``sampling`` is the default.
+        A stream hands each sampled token's text to ``on_text`` from inside the token loop
+        (the same prompt and sampler chain, so a greedy stream equals the non-streamed
+        text); a set stop event ends the loop before the next token.
         """
-        requests = list(requests)
-        self._check(requests)
-        grammars = [self._grammar(i, r.json_schema) for i, r in enumerate(requests)]
-        legacy = Sampling(temperature=temperature, seed=seed) if seed is not None else None
-        return [
-            self._generate_one(r, g, return_logits, legacy if legacy and r.sampling == Sampling() else r.sampling)
-            for r, g in zip(requests, grammars)
-        ]
+        return [self._generate_one(prepared, execution) for prepared in batch]
 
-    def generate_stream(
-        self, request: GenerationRequest, *, on_text: TextCallback, stop_event: threading.Event | None = None
-    ) -> Generation:
-        """One request, each sampled token's text handed to ``on_text`` from inside the token loop.
+    def compile_schema(self, schema: dict[str, Any]) -> str:
+        """The schema's GBNF grammar (:mod:`.grammar`), parsed once by llama.cpp before any decoding."""
+        from .grammar import schema_to_gbnf
 
-        The same prompt and sampler chain as :meth:`generate` (a greedy stream equals the
-        non-streamed text); a set ``stop_event`` ends the loop before the next token.
-        """
-        self._check([request])
-        if stop_event is not None and stop_event.is_set():  # gone already: not even the prompt is evaluated
-            return Generation(text="", token_ids=[], model=self.name, random_weights=self.random_weights,
-                              finish_reason="cancelled")
-        grammar = self._grammar(0, request.json_schema)
-        return self._generate_one(request, grammar, False, request.sampling, on_text=on_text, stop_event=stop_event)
-
-    def _check(self, requests: list[GenerationRequest]) -> None:
-        self.check_requests(requests)
-        for i, request in enumerate(requests):
-            if not isinstance(request.sampling, Sampling):
-                raise InvalidInputError(f"requests[{i}].sampling", f"expected a Sampling, got {type(request.sampling).__name__}")
-            for package in request.packages:
-                self.validate_package(package)
+        grammar = schema_to_gbnf(schema)
+        with self._lock:
+            self.runtime.check_grammar(grammar)
+        return grammar
 
     def count_text_tokens(self, text: str) -> int:
         """The exact number of tokens the model's own vocabulary makes of ``text`` (special tokens not parsed)."""
@@ -248,16 +221,6 @@ class LlamaCppBackend(Backend):
         with self._lock:
             if self.runtime.tokenize(text, True) != self.runtime.tokenize(text, False):
                 raise InvalidInputError(where, "text may not contain the model's special tokens")
-
-    def _grammar(self, i: int, schema: dict[str, Any] | None) -> str | None:
-        if schema is None:
-            return None
-        if not isinstance(schema, dict):
-            raise InvalidInputError(f"requests[{i}].json_schema", "a JSON schema must be a dict")
-        from .grammar import schema_to_gbnf
-
-        with _native_errors(self.name, GenerationError, "cannot turn the JSON schema into a grammar"):
-            return schema_to_gbnf(schema)
 
     def prompt_text(self, segments: Sequence[Any], turns: list[tuple[str, int]] | None = None) -> str:
         """The rendered prompt of ``segments`` (each image a media marker), as mtmd will tokenize it.
@@ -289,22 +252,12 @@ class LlamaCppBackend(Backend):
         head = list(request.segments[:n_segments])
         if any(isinstance(s, ImageInput) for s in head) or not any(isinstance(s, VisualPackage) for s in head):
             return None
-        # The prefix's text is the prompt rendered up to a sentinel standing where the rest
-        # begins: exactly what the chat template writes before the rubric, whatever it is.
-        sentinel = "\x00refsight-prefix-end\x00"
-        turns = None
-        if request.turns is not None:
-            turns, left = [], n_segments
-            for role, count in request.turns:
-                if left <= count:
-                    turns.append((role, left + 1))
-                    break
-                turns.append((role, count))
-                left -= count
-        rendered = self.prompt_text([*head, sentinel], turns)
+        text = render_prefix(self.prompt_text, request.segments, request.turns, n_segments)
+        if text is None:
+            return None
         packages = [s for s in head if isinstance(s, VisualPackage)]
         return PrefixPlan(
-            text=rendered[: rendered.index(sentinel)],
+            text=text,
             n_images=len(packages),
             package_keys=tuple(p.key for p in packages),
             states=states,
@@ -319,40 +272,28 @@ class LlamaCppBackend(Backend):
         fn = llama_cpp.llama_vocab_bos if which == "bos" else llama_cpp.llama_vocab_eos
         return int(fn(self.runtime.vocab))
 
-    def _generate_one(
-        self,
-        request: GenerationRequest,
-        grammar: str | None,
-        return_logits: bool,
-        sampling: Sampling,
-        *,
-        on_text: TextCallback | None = None,
-        stop_event: threading.Event | None = None,
-    ) -> Generation:
+    def _generate_one(self, prepared: PreparedRequest, execution: Execution) -> Generation:
         from .generation import decode_prompt, sample
 
+        request = prepared.request
         with self._lock:
             began = time.perf_counter()
             with _native_errors(self.name, GenerationError, "generation failed"):
-                text = self.prompt_text(request.segments, request.turns)
+                text = self.prompt_text(prepared.segments, request.turns)
                 plan = self.prefix_plan(request)
-                n_past, prompt_timings, counts = decode_prompt(self.runtime, text, request.segments, plan)
+                n_past, prompt_timings, counts = decode_prompt(self.runtime, text, prepared.segments, plan)
                 tokens, answer, finish, logits = sample(
-                    self.runtime, n_past, request.max_new_tokens, grammar=grammar, sampling=sampling,
-                    return_logits=return_logits, on_text=on_text, stop_event=stop_event,
+                    self.runtime, n_past, request.max_new_tokens, grammar=prepared.grammar, sampling=request.sampling,
+                    return_logits=execution.return_logits, on_text=execution.on_text, stop_event=execution.stop_event,
                 )
             total_ms = (time.perf_counter() - began) * 1000
-        if return_logits and logits is not None:
-            import torch
-
-            logits = torch.from_numpy(logits)
         encode_ms = prompt_timings["encode"]
         return Generation(
             text=answer,
             token_ids=tokens,
             model=self.name,
             random_weights=self.random_weights,
-            logits=logits if return_logits else None,
+            logits=_torch(logits) if execution.return_logits else None,
             timings_ms={
                 "encode": encode_ms,
                 "generate": total_ms - encode_ms,
@@ -376,7 +317,7 @@ class LlamaCppBackend(Backend):
             raise BackendError(self.name, f"the vocabulary cannot tell {yes!r} from {no!r} by their first token")
         return ids[0][0], ids[1][0]
 
-    def score_yes_no(self, requests: Sequence[GenerationRequest]) -> list[float]:
+    def score(self, batch: list[PreparedRequest]) -> list[float]:
         """P("yes") per request from the next-token logits after its prompt: no decoding.
 
         Each prompt is evaluated exactly as :meth:`generate` evaluates it (cached packages
@@ -389,16 +330,14 @@ class LlamaCppBackend(Backend):
 
         from .generation import decode_prompt
 
-        requests = list(requests)
-        self._check(requests)
         yes_id, no_id = self.answer_token_ids()
         scores = []
         with self._lock:
-            for request in requests:
+            for prepared in batch:
+                request = prepared.request
                 with _native_errors(self.name, GenerationError, "scoring failed"):
-                    text = self.prompt_text(request.segments, request.turns)
-                    plan = self.prefix_plan(request)
-                    decode_prompt(self.runtime, text, request.segments, plan)
+                    text = self.prompt_text(prepared.segments, request.turns)
+                    decode_prompt(self.runtime, text, prepared.segments, self.prefix_plan(request))
                     pair = self.runtime.last_logits()[[yes_id, no_id]].astype(np.float64)
                 pair = np.exp(pair - pair.max())
                 scores.append(float(pair[0] / pair.sum()))

@@ -25,11 +25,12 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ...config import llama_cpp_source
 from ...errors import ModelLoadError, UnknownModelError
-from ..tiny import QWEN_TINY_TEXT, TINY_MODELS, ModelSpec, build_checkpoint, model_cache_dir
+from ..tiny import QWEN2_VISION, QWEN25_VISION, TINY_MODELS, ModelSpec, build_checkpoint, build_into_cache, model_cache_dir, qwen_spec, smolvlm_spec
 
 __all__ = ["GGUF_MODELS", "GgufSpec", "ensure_gguf", "converter_dir", "LLAMA_CPP_PYTHON_VERSION"]
 
@@ -64,47 +65,21 @@ class GgufSpec:
     extra_tokens: tuple[str, ...] = ()  # added to the trained vocabulary
 
 
-_QWEN_PROCESSOR = dict(min_pixels=28 * 28, max_pixels=112 * 112)
+def _with_text(spec: ModelSpec, **text: object) -> ModelSpec:
+    return replace(spec, text={**spec.text, **text})
+
 
 GGUF_MODELS: dict[str, GgufSpec] = {
-    "tiny-qwen2-vl-gguf": GgufSpec(
-        ModelSpec(
-            "qwen2_vl",
-            vision=dict(depth=3, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=14, spatial_merge_size=2),
-            text=QWEN_TINY_TEXT,
-            processor=_QWEN_PROCESSOR,
-            extra={},
-        ),
-        pre_tokenizer="qwen2",
-        chat_template=CHATML_TEMPLATE,
-    ),
+    "tiny-qwen2-vl-gguf": GgufSpec(qwen_spec("qwen2_vl", dict(QWEN2_VISION, depth=3)), "qwen2", CHATML_TEMPLATE),
     "tiny-qwen2.5-vl-gguf": GgufSpec(
-        ModelSpec(
-            "qwen2_5_vl",
-            vision=dict(
-                depth=3, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=14,
-                spatial_merge_size=2, window_size=56, fullatt_block_indexes=[2],
-            ),
-            text=QWEN_TINY_TEXT,
-            processor=_QWEN_PROCESSOR,
-            extra={},
-        ),
-        pre_tokenizer="qwen2",
-        chat_template=CHATML_TEMPLATE,
+        qwen_spec("qwen2_5_vl", dict(QWEN25_VISION, depth=3, fullatt_block_indexes=[2])), "qwen2", CHATML_TEMPLATE
     ),
     "tiny-smolvlm-gguf": GgufSpec(
-        ModelSpec(
-            "smolvlm",
-            vision=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2, image_size=32, patch_size=8),
-            text=dict(
-                # hidden 96, not Qwen's 64: the two families' mmprojs must not fit each other's model.
-                model_type="llama", hidden_size=96, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=4096,
-                # The converter picks the language model class from the text config's architecture.
-                architectures=["VLlama3ForCausalLM"],
-            ),
-            processor=dict(size={"longest_edge": 64}, max_image_size={"longest_edge": 32}),
-            extra=dict(scale_factor=2),
+        # hidden 96, not Qwen's 64: the two families' mmprojs must not fit each other's model.
+        _with_text(
+            smolvlm_spec((32, 64, 3, 2, 32, 8), (96, 192, 2, 4, 2, 4096), longest_edge=64, tile=32, scale_factor=2),
+            # The converter picks the language model class from the text config's architecture.
+            architectures=["VLlama3ForCausalLM"],
         ),
         pre_tokenizer="smollm",
         chat_template=SMOLVLM_TEMPLATE,
@@ -147,34 +122,12 @@ def _build_id(name: str) -> str:
 def ensure_gguf(name: str) -> tuple[Path, Path]:
     """Build ``name`` into the model cache unless it is there; return (model GGUF, mmproj GGUF).
 
-    Built in a temporary directory beside the target and renamed into place, under a
-    file lock, like :func:`refsight.backends.tiny.ensure_model_dir`.
+    Built like every built-in model (:func:`refsight.backends.tiny.build_into_cache`):
+    in a temporary directory renamed into place, under a file lock.
     """
     if name not in GGUF_MODELS:
         raise UnknownModelError(name, list(GGUF_MODELS))
-    from filelock import FileLock
-
-    root = model_cache_dir()
-    root.mkdir(parents=True, exist_ok=True)
-    target = root / f"{name}-{_build_id(name)}"
-    done = target / MMPROJ_FILE
-    if not done.is_file():
-        with FileLock(str(root / f"{name}.lock")):
-            if not done.is_file():  # another process may have finished while we waited
-                tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
-                try:
-                    _build(name, tmp)
-                    try:
-                        os.rename(tmp, target)
-                    except OSError:
-                        if not done.is_file():
-                            raise
-                except ModelLoadError:
-                    raise
-                except Exception as e:
-                    raise ModelLoadError(name, f"cannot build the built-in GGUF in {root}: {type(e).__name__}: {e}") from e
-                finally:
-                    shutil.rmtree(tmp, ignore_errors=True)
+    target = build_into_cache(name, _build_id(name), MMPROJ_FILE, lambda tmp: _build(name, tmp), "the built-in GGUF")
     return target / MODEL_FILE, target / MMPROJ_FILE
 
 
@@ -235,15 +188,14 @@ def converter_dir() -> Path:
     ``$REFSIGHT_LLAMA_CPP_SRC`` may name an unpacked sdist, its ``vendor/llama.cpp``,
     or the sdist tarball, for machines that cannot reach the package index.
     """
-    env = os.environ.get("REFSIGHT_LLAMA_CPP_SRC")
-    if env:
-        given = Path(env).expanduser()
+    given = llama_cpp_source()
+    if given is not None:
         for candidate in (given, given / "vendor" / "llama.cpp"):
             if _looks_like_converter(candidate):
                 return candidate
         if given.is_file():
             return _unpack(given)
-        raise ModelLoadError(env, "REFSIGHT_LLAMA_CPP_SRC is neither an unpacked llama-cpp-python sdist nor its tarball")
+        raise ModelLoadError(str(given), "REFSIGHT_LLAMA_CPP_SRC is neither an unpacked llama-cpp-python sdist nor its tarball")
     from filelock import FileLock
 
     root = model_cache_dir()

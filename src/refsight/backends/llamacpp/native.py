@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .logs import init_backend, last_error, recent_errors
 
 __all__ = ["LlamaRuntime", "RuntimeSettings", "Bitmap", "ChunkInfo", "NativeError", "llama_cpp_version"]
 
@@ -36,10 +37,9 @@ class NativeError(RuntimeError):
 
 
 def _bindings():
-    import llama_cpp
-    import llama_cpp.mtmd_cpp as mtmd
+    from .logs import bindings
 
-    return llama_cpp, mtmd
+    return bindings()
 
 
 def llama_cpp_version() -> str:
@@ -47,55 +47,6 @@ def llama_cpp_version() -> str:
     import llama_cpp
 
     return str(llama_cpp.__version__)
-
-
-_backend_ready = False
-
-
-def _init_backend() -> None:
-    global _backend_ready
-    if not _backend_ready:
-        L, M = _bindings()
-        L.llama_backend_init()
-        _quiet_logs(L, M)
-        _backend_ready = True
-
-
-# Kept alive for the life of the process: ctypes callbacks must not be collected.
-_log_callbacks: list = []
-# The last error lines llama.cpp logged: a failed load returns NULL, the reason is only logged.
-_recent_errors: deque[str] = deque(maxlen=32)
-
-
-def _last_error() -> str:
-    """The recent llama.cpp lines that say what failed, joined ("" if none)."""
-    lines = [line for line in _recent_errors if "fail" in line.lower() or "error" in line.lower()]
-    return "; ".join(lines[-3:])
-
-
-def _quiet_logs(L, M) -> None:
-    """Send llama.cpp's and mtmd's stderr chatter to the ``refsight.llamacpp`` logger (DEBUG).
-
-    Failures reach the user in the exception instead (:func:`_last_error`): clip logs
-    advice such as "Qwen-VL models require at minimum 1024 image tokens" at error
-    level on every load. ``REFSIGHT_LLAMA_LOG=1`` keeps llama.cpp's own stderr logging.
-    """
-    if os.environ.get("REFSIGHT_LLAMA_LOG"):
-        return
-    import logging
-
-    log = logging.getLogger("refsight.llamacpp")
-
-    @L.llama_log_callback
-    def _to_logging(level, text, user_data):
-        line = text.decode("utf-8", "replace").rstrip()
-        # Kept at every level: some load failures are logged as warnings or info.
-        _recent_errors.append(line)
-        log.debug("%s", line)
-
-    _log_callbacks.append(_to_logging)
-    L.llama_log_set(_to_logging, ctypes.c_void_p(0))
-    M.mtmd_helper_log_set(_to_logging, ctypes.c_void_p(0))  # mtmd and clip too
 
 
 @dataclass(frozen=True)
@@ -172,14 +123,14 @@ class LlamaRuntime:
         #: prefix states loaded with ``llama_state_seq_set_data``
         self.state_restores = 0
         self.model = self.ctx = self.mctx = self._sampler = None
-        _init_backend()
-        _recent_errors.clear()
+        init_backend()
+        recent_errors.clear()
         params = L.llama_model_default_params()
         if not settings.use_gpu:
             params.n_gpu_layers = 0
         self.model = L.llama_model_load_from_file(str(model_path).encode(), params)
         if not self.model:
-            raise NativeError(f"llama.cpp cannot load {model_path} as a language model GGUF ({_last_error() or 'no reason given'})")
+            raise NativeError(f"llama.cpp cannot load {model_path} as a language model GGUF ({last_error() or 'no reason given'})")
         try:
             self.vocab = L.llama_model_get_vocab(self.model)
             self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
@@ -204,7 +155,7 @@ class LlamaRuntime:
             if not self.mctx:
                 raise NativeError(
                     f"mtmd cannot load {mmproj_path} as the vision projector of {model_path}: "
-                    f"{_last_error() or 'not an mmproj GGUF, or made for another model'}"
+                    f"{last_error() or 'not an mmproj GGUF, or made for another model'}"
                 )
             if not M.mtmd_support_vision(self.mctx):
                 raise NativeError(f"{mmproj_path} has no vision encoder")
@@ -431,9 +382,18 @@ class LlamaRuntime:
 
     # ---------------------------------------------------------------- sampling
 
-    def sampler(self, grammar: str | None, sampling: Any, window: int) -> Sampler:
-        """A sampler chain for one request's :class:`~refsight.backends.sampling.Sampling` (see :class:`Sampler`)."""
+    def sampler(self, grammar: str | None, sampling: Any, window: int) -> Any:
+        """A sampler chain for one request's :class:`~refsight.backends.sampling.Sampling` (:class:`.sampler.Sampler`)."""
+        from .sampler import Sampler
+
         return Sampler(self, grammar, sampling, window)
+
+    def check_grammar(self, grammar: str) -> None:
+        """Raise :class:`NativeError` when llama.cpp's GBNF parser refuses ``grammar`` (nothing is decoded)."""
+        sampler = self._L.llama_sampler_init_grammar(self.vocab, grammar.encode(), b"root")
+        if not sampler:
+            raise NativeError(f"llama.cpp cannot parse the grammar: {last_error() or 'no reason given'}")
+        self._L.llama_sampler_free(sampler)
 
     # ------------------------------------------------------------------- close
 
@@ -449,51 +409,3 @@ class LlamaRuntime:
         if self.model:
             L.llama_model_free(self.model)
             self.model = None
-
-
-class Sampler:
-    """llama.cpp's own sampler chain over the context's last logits.
-
-    In order: the GBNF grammar (when there is one), the OpenAI frequency/presence
-    penalties over the last ``window`` sampled tokens (only when set), then greedy
-    (temperature 0: the chain every default request has always had) or temperature,
-    top-p and a seeded draw (a fresh seed when ``sampling.seed`` is None).
-    """
-
-    def __init__(self, runtime: LlamaRuntime, grammar: str | None, sampling: Any, window: int) -> None:
-        L = runtime._L
-        self._L, self._runtime = L, runtime
-        self.chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-        try:
-            if grammar is not None:
-                g = L.llama_sampler_init_grammar(runtime.vocab, grammar.encode(), b"root")
-                if not g:
-                    raise NativeError("llama.cpp rejected the JSON grammar")
-                L.llama_sampler_chain_add(self.chain, g)
-            if sampling.frequency_penalty or sampling.presence_penalty:
-                L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_penalties(
-                    runtime.n_vocab, max(int(window), 1), 1.0,
-                    float(sampling.frequency_penalty), float(sampling.presence_penalty),
-                ))
-            if sampling.greedy:
-                L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_greedy())
-            else:
-                L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_temp(float(sampling.temperature)))
-                if sampling.top_p < 1.0:
-                    L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_top_p(float(sampling.top_p), 1))
-                seed = sampling.seed if sampling.seed is not None else int.from_bytes(os.urandom(8), "little")
-                # 0xFFFFFFFF is LLAMA_DEFAULT_SEED ("pick a random one"): a given seed never maps to it.
-                L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_dist(int(seed) % 0xFFFFFFFF))
-        except BaseException:
-            self.free()
-            raise
-
-    def sample(self) -> int:
-        """Choose the next token from the last logits (and advance the grammar and penalties)."""
-        return int(self._L.llama_sampler_sample(self.chain, self._runtime.ctx, -1))
-
-    def free(self) -> None:
-        """Release the chain (and the samplers it owns). Idempotent."""
-        if self.chain:
-            self._L.llama_sampler_free(self.chain)
-            self.chain = None

@@ -16,7 +16,7 @@ import threading
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ...errors import BackendError, GenerationError
 
@@ -91,79 +91,117 @@ class VLLMClient:
         connection is shut (vLLM aborts a request whose client went away) and True is
         returned; False when the stream ended with ``[DONE]``.
         """
+        if stop_event is not None and stop_event.is_set():
+            return True
         parsed = urllib.parse.urlsplit(self.base_url)
         kind = http.client.HTTPSConnection if parsed.scheme == "https" else http.client.HTTPConnection
         connection = kind(parsed.hostname, parsed.port, timeout=self.timeout)
-        finished = threading.Event()
-        cancelled = threading.Event()
-
-        def watch() -> None:
-            # Unblocks a read waiting for the next token as soon as the caller goes away.
-            while not finished.is_set():
-                if stop_event.wait(0.05):
-                    cancelled.set()
-                    sock = connection.sock
-                    if sock is not None:
-                        try:
-                            sock.shutdown(socket.SHUT_RDWR)
-                        except OSError:
-                            pass
-                    return
-
-        watcher = None
-        if stop_event is not None:
-            if stop_event.is_set():
-                return True
-            watcher = threading.Thread(target=watch, name="refsight-vllm-cancel", daemon=True)
+        watch = _CancelWatch(connection, stop_event)
         try:
-            try:
-                connection.request(
-                    "POST", (parsed.path or "") + "/v1/chat/completions", body=json.dumps(body).encode(),
-                    headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
-                )
-                if watcher is not None:
-                    watcher.start()
-                response = connection.getresponse()
-                if response.status != 200:
-                    payload = response.read()
-                    raise GenerationError(
-                        self.name, f"vLLM server at {self.base_url} answered HTTP {response.status}: {_body_message(payload)}"
-                    )
-                while True:
-                    raw = response.readline()
-                    if cancelled.is_set():
-                        return True
-                    if not raw:
-                        raise GenerationError(self.name, f"vLLM server at {self.base_url} ended the stream without [DONE]")
-                    line = raw.decode("utf-8", errors="replace").strip()
-                    if not line.startswith("data:"):
-                        continue  # blank separators, comments, other SSE fields
-                    data = line[len("data:"):].strip()
-                    if data == "[DONE]":
-                        return False
-                    try:
-                        event = json.loads(data)
-                    except ValueError:
-                        raise GenerationError(self.name, f"vLLM server at {self.base_url} streamed non-JSON: {data[:200]!r}") from None
-                    if isinstance(event, dict) and event.get("error"):
-                        raise GenerationError(self.name, f"vLLM server at {self.base_url} failed mid-stream: {_inner_message(event)}")
-                    on_chunk(event)
-                    if stop_event is not None and stop_event.is_set():
-                        cancelled.set()  # set by on_chunk's callback itself: stop reading at once
-                        return True
-            except (socket.timeout, TimeoutError) as e:
-                if cancelled.is_set():
-                    return True
-                raise GenerationError(self.name, f"vLLM server at {self.base_url} did not answer within {self.timeout:g} s ({e})") from None
-            except (ConnectionError, OSError, http.client.HTTPException) as e:
-                if cancelled.is_set():
-                    return True
-                raise BackendError(self.name, f"vLLM server at {self.base_url} is not reachable: {e}") from None
+            response = self._open_stream(connection, (parsed.path or "") + "/v1/chat/completions", body, watch)
+            for event in self._events(response, watch):
+                on_chunk(event)
+                if stop_event is not None and stop_event.is_set():
+                    watch.cancel()  # set by on_chunk's callback itself: stop reading at once
+            return watch.cancelled.is_set()
+        except (socket.timeout, TimeoutError) as e:
+            if watch.cancelled.is_set():
+                return True
+            raise GenerationError(self.name, f"vLLM server at {self.base_url} did not answer within {self.timeout:g} s ({e})") from None
+        except (ConnectionError, OSError, http.client.HTTPException) as e:
+            if watch.cancelled.is_set():
+                return True
+            raise BackendError(self.name, f"vLLM server at {self.base_url} is not reachable: {e}") from None
         finally:
-            finished.set()
+            watch.finish()
             connection.close()
-            if watcher is not None and watcher.is_alive():
-                watcher.join()
+
+    def _open_stream(self, connection: Any, path: str, body: dict[str, Any], watch: "_CancelWatch") -> Any:
+        """Send the request; the response once vLLM accepted it (any other status is a GenerationError)."""
+        connection.request(
+            "POST", path, body=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
+        )
+        watch.start()
+        response = connection.getresponse()
+        if response.status != 200:
+            payload = response.read()
+            raise GenerationError(self.name, f"vLLM server at {self.base_url} answered HTTP {response.status}: {_body_message(payload)}")
+        return response
+
+    def _events(self, response: Any, watch: "_CancelWatch") -> Iterator[dict[str, Any]]:
+        """The parsed ``data:`` events of an SSE response, until ``[DONE]`` or a cancel."""
+        while not watch.cancelled.is_set():
+            raw = response.readline()
+            if watch.cancelled.is_set():
+                return
+            if not raw:
+                raise GenerationError(self.name, f"vLLM server at {self.base_url} ended the stream without [DONE]")
+            line = raw.decode("utf-8", errors="replace").strip()
+            if not line.startswith("data:"):
+                continue  # blank separators, comments, other SSE fields
+            data = line[len("data:"):].strip()
+            if data == "[DONE]":
+                return
+            try:
+                event = json.loads(data)
+            except ValueError:
+                raise GenerationError(self.name, f"vLLM server at {self.base_url} streamed non-JSON: {data[:200]!r}") from None
+            if isinstance(event, dict) and event.get("error"):
+                raise GenerationError(self.name, f"vLLM server at {self.base_url} failed mid-stream: {_inner_message(event)}")
+            yield event
+
+    def metric_sum(self, name: str) -> float:
+        """The sum of a Prometheus counter's samples (``name_total{...} v`` or ``name{...} v``) in ``/metrics``."""
+        total = 0.0
+        for line in self.metrics().splitlines():
+            if line.startswith((name + "_total{", name + "{", name + "_total ", name + " ")):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+class _CancelWatch:
+    """Shuts a streaming connection's socket as soon as the stop event is set.
+
+    A thread waits on the event, so a read blocked on the next token returns at once
+    (vLLM then aborts the request); :attr:`cancelled` says it happened.
+    """
+
+    def __init__(self, connection: Any, stop_event: threading.Event | None) -> None:
+        self.connection = connection
+        self.stop_event = stop_event
+        self.cancelled = threading.Event()
+        self._finished = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Begin watching (once the request is sent)."""
+        if self.stop_event is not None:
+            self._thread = threading.Thread(target=self._watch, name="refsight-vllm-cancel", daemon=True)
+            self._thread.start()
+
+    def cancel(self) -> None:
+        """Mark the stream cancelled (the event was seen by the reader itself)."""
+        self.cancelled.set()
+
+    def _watch(self) -> None:
+        assert self.stop_event is not None
+        while not self._finished.is_set():
+            if self.stop_event.wait(0.05):
+                self.cancelled.set()
+                sock = self.connection.sock
+                if sock is not None:
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                return
+
+    def finish(self) -> None:
+        """Stop watching and wait for the thread."""
+        self._finished.set()
+        if self._thread is not None and self._thread.is_alive():
+            self._thread.join()
 
 
 def _inner_message(parsed: Any) -> str:

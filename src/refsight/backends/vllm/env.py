@@ -45,13 +45,10 @@ SHIM = (
 
 
 def default_env_dir() -> Path:
-    """``$REFSIGHT_VLLM_ENV`` or ``<user cache dir>/refsight/vllm-env``."""
-    env = os.environ.get("REFSIGHT_VLLM_ENV")
-    if env:
-        return Path(env).expanduser()
-    import platformdirs
+    """``$REFSIGHT_VLLM_ENV`` or ``<user cache dir>/refsight/vllm-env`` (:func:`refsight.config.vllm_env_dir`)."""
+    from ...config import vllm_env_dir
 
-    return Path(platformdirs.user_cache_dir("refsight")) / "vllm-env"
+    return vllm_env_dir()
 
 
 def env_python(directory: str | os.PathLike) -> Path:

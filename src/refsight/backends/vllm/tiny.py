@@ -18,7 +18,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..tiny import TINY_MODELS, QWEN_TINY_TEXT, _Spec, ensure_model_dir, load_tiny
+from ..tiny import (
+    QWEN2_VISION, QWEN3_PROCESSOR, QWEN3_ROPE, QWEN3_VISION, QWEN25_VISION, QWEN_TINY_TEXT, TINY_MODELS, _Spec,
+    ensure_model_dir, load_tiny, qwen_spec,
+)
 
 __all__ = ["VLLM_TINY_MODELS", "ensure_vllm_model_dir", "load_tiny_vllm", "write_vllm_files"]
 
@@ -29,39 +32,12 @@ _ROPE = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 
 
 #: name -> spec; registered into :data:`refsight.backends.tiny.TINY_MODELS` on import.
 VLLM_TINY_MODELS: dict[str, _Spec] = {
-    "tiny-qwen2-vl-vllm": _Spec(
-        "qwen2_vl",
-        vision=dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=14, spatial_merge_size=2),
-        text=dict(_TEXT, rope_parameters=_ROPE),
-        processor=dict(min_pixels=28 * 28, max_pixels=112 * 112),
-        extra={},
-        finish=_FINISH,
-    ),
-    "tiny-qwen2.5-vl-vllm": _Spec(
-        "qwen2_5_vl",
-        vision=dict(
-            depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=14,
-            spatial_merge_size=2, window_size=56, fullatt_block_indexes=[1],
-        ),
-        text=dict(_TEXT, rope_parameters=_ROPE),
-        processor=dict(min_pixels=28 * 28, max_pixels=112 * 112),
-        extra={},
-        finish=_FINISH,
-    ),
-    "tiny-qwen3-vl-vllm": _Spec(
-        "qwen3_vl",
-        vision=dict(
-            depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=16,
-            spatial_merge_size=2, num_position_embeddings=256, deepstack_visual_indexes=[0, 1],
-        ),
-        text=dict(
-            _TEXT,
-            head_dim=32,
-            rope_parameters={"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [4, 6, 6], "mrope_interleaved": True},
-        ),
-        processor=dict(patch_size=16, merge_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3, min_pixels=32 * 32, max_pixels=128 * 128),
-        extra={},
-        finish=_FINISH,
+    "tiny-qwen2-vl-vllm": qwen_spec("qwen2_vl", QWEN2_VISION, dict(_TEXT, rope_parameters=_ROPE), finish=_FINISH),
+    "tiny-qwen2.5-vl-vllm": qwen_spec("qwen2_5_vl", QWEN25_VISION, dict(_TEXT, rope_parameters=_ROPE), finish=_FINISH),
+    "tiny-qwen3-vl-vllm": qwen_spec(
+        "qwen3_vl", QWEN3_VISION,
+        dict(_TEXT, head_dim=32, rope_parameters={**QWEN3_ROPE, "mrope_section": [4, 6, 6]}),
+        QWEN3_PROCESSOR, finish=_FINISH,
     ),
     # For benchmarks: shape-qwen2-vl-2b (Qwen2-VL-2B's vision tower and projector at full
     # size, a one-layer language model; text heads of 128) with vLLM's files.

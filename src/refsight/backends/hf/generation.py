@@ -1,0 +1,224 @@
+"""Generation and yes/no scoring of a prepared batch on a transformers model (``HFBackend``'s core).
+
+:func:`generate_batch` is one ``model.generate`` call over the whole batch, top to bottom:
+the prompt inputs (:func:`prompt_inputs`: the padded token ids and the packages' features
+through ``mm_encoder_outputs``, or the reference prefixes' stored states through
+:mod:`.prefix_cache`), the controls (:class:`Controls`: the JSON constraint, sampling, stop
+strings, streaming and cancellation as logits processors and stopping criteria, see
+:mod:`.decoding`), the call itself, and one :class:`RowOutput` per row. ``generate`` itself
+stays greedy, so a request that asks for nothing decodes exactly as it always did.
+
+:func:`score_batch` is one forward pass over the batch: P("yes") from the last position's
+"yes"/"no" logits.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...errors import GenerationError, InvalidInputError
+from ...package import VisualPackage
+from ..base import Execution, Generation, GenerationRequest, PreparedRequest
+from .runtime import runtime_errors, to_device
+
+__all__ = ["Controls", "PromptInputs", "RowOutput", "generate_batch", "prompt_inputs", "score_batch"]
+
+
+@dataclass
+class PromptInputs:
+    """What ``generate`` gets for the prompts: padded ids and mask, the multimodal kwargs, the prefix plan."""
+
+    encoded: dict[str, Any]
+    extra: dict[str, Any]
+    plan: Any = None  # a prefix_cache.PrefixPlan when reference prefixes come from stored states
+
+    @property
+    def width(self) -> int:
+        """The padded prompt length: generated tokens start after it."""
+        return int(self.encoded["input_ids"].shape[1])
+
+
+@dataclass
+class Controls:
+    """The logits processors and stopping criteria of one ``generate`` call (empty for plain greedy)."""
+
+    processors: list[Any] = field(default_factory=list)
+    criteria: list[Any] = field(default_factory=list)
+    streamer: Any = None
+    stops: Any = None  # decoding.StopStrings when some row has stop strings (and no streamer)
+    cancel: Any = None  # decoding.CancelOnEvent when a stop event was given
+
+    def tracker(self, row: int) -> Any:
+        """The stop-string tracker of ``row`` (None when nothing tracks it)."""
+        if self.streamer is not None:
+            return self.streamer.tracker
+        return self.stops.trackers[row] if self.stops is not None else None
+
+
+@dataclass
+class RowOutput:
+    """One row's result: the new tokens (through EOS), their logits, the text and why it ended."""
+
+    tokens: list[int]
+    logits: Any
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    prefix_tokens_reused: int = 0
+
+
+def _decoder(backend: Any) -> Any:
+    return lambda tokens: backend.tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+def prompt_inputs(backend: Any, rows: list[list[Any]], requests: list[GenerationRequest]) -> PromptInputs:
+    """The batch's prompts, left-padded; packages join on the model's device (they are stored on the CPU)."""
+    texts = [backend.build_prompt(row, request.turns) for row, request in zip(rows, requests)]
+    if any(r.prefix_cache is not None for r in requests):
+        from .prefix_cache import plan_prefixes
+
+        plan = plan_prefixes(backend, rows, requests, texts)
+        if plan is not None:
+            # Reference prefixes from their stored states: only the suffixes are prefilled.
+            encoded, extra = plan.inputs()
+            return PromptInputs(encoded, extra, plan)
+    encoded = backend.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
+    encoded = {k: to_device(v, backend.device) for k, v in encoded.items()}
+    packages = [s for row in rows for s in row if isinstance(s, VisualPackage)]
+    extra = to_device(backend.multimodal_inputs(packages, encoded["input_ids"]), backend.device) if packages else {}
+    return PromptInputs(encoded, extra)
+
+
+def controls(backend: Any, batch: list[PreparedRequest], execution: Execution, width: int) -> Controls:
+    """The processors and criteria the batch needs; ``width`` is the padded prompt length."""
+    from .decoding import CancelOnEvent, SamplingProcessor, StopStrings, StreamerStopped, TextStreamer
+
+    requests = [p.request for p in batch]
+    out = Controls()
+    grammars = [p.grammar for p in batch]
+    if any(g is not None for g in grammars):
+        # One processor for the whole batch, row by row (None leaves a row free).
+        out.processors.append(backend.json_constraint(grammars))
+    # Only when some row asks for it: greedy rows without penalties keep the plain path.
+    if any(r.sampling.non_default() for r in requests):
+        out.processors.append(SamplingProcessor([r.sampling for r in requests], width, backend.device))
+    if execution.on_text is not None:
+        if len(batch) != 1:
+            raise InvalidInputError("requests", "text is streamed for one request at a time")
+        out.streamer = TextStreamer(_decoder(backend), execution.on_text, requests[0].sampling.stop)
+        out.criteria.append(StreamerStopped(out.streamer))
+    elif any(r.sampling.stop for r in requests):
+        out.stops = StopStrings(_decoder(backend), [r.sampling.stop for r in requests], width)
+        out.criteria.append(out.stops)
+    if execution.stop_event is not None:
+        out.cancel = CancelOnEvent(execution.stop_event)
+        out.criteria.append(out.cancel)
+    return out
+
+
+def _call_generate(backend: Any, inputs: PromptInputs, ctl: Controls, max_new_tokens: int, return_logits: bool) -> Any:
+    from transformers import LogitsProcessorList, StoppingCriteriaList
+
+    eos_ids = backend.eos_ids()
+    return backend.model.generate(
+        input_ids=inputs.encoded["input_ids"],
+        attention_mask=inputs.encoded["attention_mask"],
+        **inputs.extra,
+        do_sample=False,
+        num_beams=1,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=backend.pad_id(),
+        eos_token_id=eos_ids or None,
+        output_logits=return_logits,
+        return_dict_in_generate=True,
+        logits_processor=LogitsProcessorList(ctl.processors) if ctl.processors else None,
+        stopping_criteria=StoppingCriteriaList(ctl.criteria) if ctl.criteria else None,
+        streamer=ctl.streamer,
+    )
+
+
+def _row_output(backend: Any, output: Any, inputs: PromptInputs, ctl: Controls, row: int, limit: int,
+                return_logits: bool) -> RowOutput:
+    """Row ``row`` of the ``generate`` output, cut after its EOS (a finished row is padded) or stop string."""
+    import torch
+
+    eos_ids = backend.eos_ids()
+    new = output.sequences[row, inputs.width:].tolist()[:limit]
+    finish = "length" if len(new) >= limit else "stop"
+    for k, token in enumerate(new):
+        if token in eos_ids:
+            new, finish = new[: k + 1], "stop"
+            break
+    text = _decoder(backend)(new)
+    tracker = ctl.tracker(row)
+    # The stop string and what follows it are not part of the answer.
+    if tracker is not None and tracker.stop and (tracker.update(text) or tracker.stopped):
+        text, finish = tracker.text, "stop"
+    if ctl.cancel is not None and ctl.cancel.cancelled:
+        finish = "cancelled"
+    logits = torch.stack([step[row] for step in output.logits[: len(new)]]).float().cpu() if return_logits else None
+    return RowOutput(
+        tokens=new, logits=logits, text=text, finish_reason=finish,
+        prompt_tokens=int(inputs.encoded["attention_mask"][row].sum()),
+        prefix_tokens_reused=inputs.plan.reused_tokens(row) if inputs.plan is not None else 0,
+    )
+
+
+def _generation(backend: Any, out: RowOutput, lm_ms: float, prepared: PreparedRequest, prefix_ms: dict[str, float]) -> Generation:
+    timings = {"encode": prepared.encode_ms, "generate": lm_ms, "total": prepared.encode_ms + lm_ms, **prefix_ms}
+    return Generation(
+        text=out.text, token_ids=out.tokens, model=backend.name, random_weights=backend.random_weights,
+        logits=out.logits, timings_ms=timings, prompt_tokens=out.prompt_tokens,
+        image_tokens=[backend.image_token_count(p) for p in prepared.packages],
+        finish_reason=out.finish_reason, prefix_tokens_reused=out.prefix_tokens_reused,
+    )
+
+
+def generate_batch(backend: Any, batch: list[PreparedRequest], execution: Execution) -> list[Generation]:
+    """One ``model.generate`` call over the prepared batch; one :class:`Generation` per request."""
+    import torch
+
+    requests = [p.request for p in batch]
+    limits = [r.max_new_tokens for r in requests]
+    began = time.perf_counter()
+    with runtime_errors(
+        backend.name, GenerationError, "generation failed", device=backend.device, dtype=backend.dtype_name
+    ), torch.inference_mode():
+        inputs = prompt_inputs(backend, [p.segments for p in batch], requests)
+        ctl = controls(backend, batch, execution, inputs.width)
+        output = _call_generate(backend, inputs, ctl, max(limits), execution.return_logits)
+    lm_ms = (time.perf_counter() - began) * 1000
+    plan = inputs.plan
+    prefix_ms = {"prefix_build": plan.build_ms, "prefix_load": plan.load_ms} if plan is not None else {}
+    return [
+        _generation(backend, _row_output(backend, output, inputs, ctl, b, limit, execution.return_logits), lm_ms, p, prefix_ms)
+        for b, (limit, p) in enumerate(zip(limits, batch))
+    ]
+
+
+def score_batch(backend: Any, batch: list[PreparedRequest]) -> list[float]:
+    """P("yes") per request: ONE forward pass over the left-padded batch, no decoding.
+
+    Every row's answer position is the last one; the score is the softmax over that
+    position's "yes"/"no" logits. Cached packages take the same ``mm_encoder_outputs`` seam
+    as generation.
+    """
+    import torch
+
+    yes_id, no_id = backend.answer_token_ids()
+    texts = [backend.build_prompt(p.segments) for p in batch]
+    packages = [s for p in batch for s in p.packages]
+    with runtime_errors(
+        backend.name, GenerationError, "scoring failed", device=backend.device, dtype=backend.dtype_name
+    ), torch.inference_mode():
+        encoded = backend.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
+        encoded = {k: to_device(v, backend.device) for k, v in encoded.items()}
+        extra = to_device(backend.multimodal_inputs(packages, encoded["input_ids"]), backend.device) if packages else {}
+        output = backend.model(
+            input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"], **extra, use_cache=False
+        )
+        pair = output.logits[:, -1, [yes_id, no_id]].float()
+        scores = torch.softmax(pair, dim=-1)[:, 0]
+    return [float(s) for s in scores.cpu()]

@@ -1,0 +1,66 @@
+"""llama.cpp's process-wide set-up: the bindings, ``llama_backend_init`` once, and its log output.
+
+llama.cpp and mtmd log to stderr by default, including advice at error level on every
+load; refsight sends those lines to the ``refsight.llamacpp`` logger (DEBUG) and keeps
+the last ones, so a failed load (which returns NULL and only *logs* why) can say why in
+its exception (:func:`last_error`). ``REFSIGHT_LLAMA_LOG=1``
+(:func:`refsight.config.llama_log_enabled`) keeps llama.cpp's own stderr logging.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections import deque
+from typing import Any
+
+from ...config import llama_log_enabled
+
+__all__ = ["bindings", "init_backend", "last_error", "recent_errors"]
+
+_backend_ready = False
+# Kept alive for the life of the process: ctypes callbacks must not be collected.
+_log_callbacks: list[Any] = []
+#: The last lines llama.cpp logged (kept at every level: some load failures are warnings or info).
+recent_errors: deque[str] = deque(maxlen=32)
+
+
+def bindings() -> tuple[Any, Any]:
+    """``(llama_cpp, llama_cpp.mtmd_cpp)``, imported on first use."""
+    import llama_cpp
+    import llama_cpp.mtmd_cpp as mtmd
+
+    return llama_cpp, mtmd
+
+
+def init_backend() -> None:
+    """``llama_backend_init`` and the log redirection, once per process."""
+    global _backend_ready
+    if not _backend_ready:
+        L, M = bindings()
+        L.llama_backend_init()
+        _quiet_logs(L, M)
+        _backend_ready = True
+
+
+def last_error() -> str:
+    """The recent llama.cpp lines that say what failed, joined ("" if none)."""
+    lines = [line for line in recent_errors if "fail" in line.lower() or "error" in line.lower()]
+    return "; ".join(lines[-3:])
+
+
+def _quiet_logs(L: Any, M: Any) -> None:
+    """Send llama.cpp's and mtmd's stderr chatter to the ``refsight.llamacpp`` logger, unless asked not to."""
+    if llama_log_enabled():
+        return
+    log = logging.getLogger("refsight.llamacpp")
+
+    @L.llama_log_callback
+    def _to_logging(level, text, user_data):
+        line = text.decode("utf-8", "replace").rstrip()
+        recent_errors.append(line)
+        log.debug("%s", line)
+
+    _log_callbacks.append(_to_logging)
+    L.llama_log_set(_to_logging, ctypes.c_void_p(0))
+    M.mtmd_helper_log_set(_to_logging, ctypes.c_void_p(0))  # mtmd and clip too
