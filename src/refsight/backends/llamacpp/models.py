@@ -294,3 +294,16 @@ def _unpack(tarball: Path, root: Path | None = None) -> Path:
     if not _looks_like_converter(result):
         raise ModelLoadError(str(tarball), "the sdist has no vendor/llama.cpp/convert_hf_to_gguf.py")
     return result
+
+
+# The bases of the quantized built-ins (.quantized): converted to f16, model and mmproj, as
+# published GGUFs are before ``llama-quantize``. The tiny Qwen2-VL in f16, and Qwen2-VL-2B's
+# whole shape with the real 28-layer language model (the transformers ``shape-qwen2-vl-2b-full``).
+GGUF_MODELS["tiny-qwen2-vl-gguf-f16"] = GgufSpec(
+    GGUF_MODELS["tiny-qwen2-vl-gguf"].spec, pre_tokenizer="qwen2", chat_template=CHATML_TEMPLATE,
+    outtype="f16", mmproj_outtype="f16",
+)
+GGUF_MODELS["shape-qwen2-vl-2b-full-gguf"] = GgufSpec(
+    TINY_MODELS["shape-qwen2-vl-2b-full"], pre_tokenizer="qwen2", chat_template=CHATML_TEMPLATE,
+    outtype="f16", mmproj_outtype="f16",
+)
