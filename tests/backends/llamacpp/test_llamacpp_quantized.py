@@ -12,19 +12,15 @@ tokens and logits as evaluating the prefix.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
-from llama_models import PROMPTS, require_llama_cpp
+from llama_models import require_llama_cpp
+from llama_workers import pixel_path_rows, run_worker, spec_rows
 
 require_llama_cpp()
 
 from _llamacpp_prefix_worker import judge_request, run  # noqa: E402
-from test_llamacpp_equivalence import PixelPath, layout  # noqa: E402  (llama.cpp alone, written in the test)
+from test_llamacpp_equivalence import layout  # noqa: E402
 
 QUANTIZED = {"tiny-qwen2-vl-gguf-q8": 7, "tiny-qwen2-vl-gguf-q4": 15}  # name -> general.file_type (llama_ftype)
 BASE = "tiny-qwen2-vl-gguf-f16"
@@ -32,7 +28,6 @@ REFS = ("chelsea", "coffee")
 CANDIDATE = "rocket"
 RUBRICS = ("same colour", "a round shape")
 MAX_NEW_TOKENS = 6
-HERE = Path(__file__).parent
 
 
 @pytest.fixture(scope="module")
@@ -81,43 +76,22 @@ def from_disk(gguf, photos, tmp_path_factory):
                 "plain": [run(backend, judge_request(packages, photos[CANDIDATE], r, None)) for r in RUBRICS],
                 "cached": [run(backend, judge_request(packages, photos[CANDIDATE], r, cache)) for r in RUBRICS],
             }
-            rows = [[{"text": s[1]} if s[0] == "text" else {"ref": keys[s[1]]} if s[0] == "ref" else
-                     {"image": str(candidate_png)} for s in row] for row in layout(len(REFS))]
+            rows = spec_rows(layout(len(REFS)), keys, candidate_png)
             cached_cases.append({"id": name, "model": name, "rows": rows, "max_new_tokens": MAX_NEW_TOKENS})
             prefix_cases.append({"id": name, "model": name, "refs": keys, "candidate": str(candidate_png),
                                  "rubrics": list(RUBRICS)})
-    return here, _worker("_llamacpp_cached_worker.py", tmp, cached_cases), _worker("_llamacpp_prefix_worker.py", tmp, prefix_cases)
-
-
-def _worker(script: str, tmp: Path, cases: list[dict]) -> dict:
-    import torch
-
-    out = tmp / f"{script}.pt"
-    spec = tmp / f"{script}.json"
-    spec.write_text(json.dumps({"store": str(tmp / "store"), "cases": cases, "out": str(out)}))
-    proc = subprocess.run([sys.executable, str(HERE / script), str(spec)], capture_output=True, text=True,
-                          timeout=900, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return torch.load(out, weights_only=False)
+    cached = run_worker("_llamacpp_cached_worker.py", tmp, cached_cases)
+    return here, cached, run_worker("_llamacpp_prefix_worker.py", tmp, prefix_cases)
 
 
 @pytest.mark.parametrize("name", QUANTIZED)
 def test_cached_path_from_disk_equals_llama_cpps_pixel_path_on_a_quantized_model(from_disk, gguf, photos, name):
-    import llama_cpp.mtmd_cpp as M
-
     _, cached, _ = from_disk
     backend = gguf(name)
-    runner = PixelPath(backend.model_path, backend.mmproj_path, backend.runtime.settings.threads())
-    marker = M.mtmd_default_marker().decode()
-    try:
-        for row, got in zip(layout(len(REFS)), cached[name]["rows"], strict=True):
-            content = "".join(s[1] if s[0] == "text" else marker for s in row)
-            images = [photos[REFS[s[1]]] if s[0] == "ref" else photos[CANDIDATE] for s in row if s[0] != "text"]
-            tokens, logits = runner.run(PROMPTS["tiny-qwen2-vl-gguf"].format(content), images, MAX_NEW_TOKENS)
-            assert got["tokens"] == tokens
-            assert np.abs(got["logits"].numpy() - logits).max() == 0.0
-    finally:
-        runner.close()
+    fresh = pixel_path_rows(backend, photos, REFS, CANDIDATE, MAX_NEW_TOKENS)
+    for got, (tokens, logits) in zip(cached[name]["rows"], fresh, strict=True):
+        assert got["tokens"] == tokens
+        assert np.abs(got["logits"].numpy() - logits).max() == 0.0
     # Only the candidate reached the vision encoder (once per prompt).
     assert cached[name]["encode_calls"] == 2 * len(backend.encode([photos[CANDIDATE]])[0].tensors)
 
