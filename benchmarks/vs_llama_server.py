@@ -228,6 +228,7 @@ class RefsightServer:
             response = httpx.post(f"{self.url}/v1/references", json=body, timeout=3600)
             if response.status_code != 201:
                 raise RuntimeError(f"adding ref-{i:02d}: {response.status_code} {response.text[:500]}")
+            _log(f"refsight: stored ref-{i:02d} ({i + 1}/{len(images)}, {time.perf_counter() - began:.1f} s)")
         return time.perf_counter() - began
 
 
