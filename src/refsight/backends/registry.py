@@ -48,6 +48,13 @@ _BUILTINS: dict[str, str] = {
     "tiny-qwen2.5-vl-gguf": "refsight.backends.llamacpp:load_builtin",
     "tiny-smolvlm-gguf": "refsight.backends.llamacpp:load_builtin",
     "shape-qwen2-vl-2b-gguf": "refsight.backends.llamacpp:load_builtin",
+    "tiny-qwen3-vl-gguf": "refsight.backends.llamacpp:load_builtin",
+    # quantized GGUFs (llama.cpp's quantizer over an f16 base; see backends/llamacpp/quantized.py)
+    "tiny-qwen2-vl-gguf-q8": "refsight.backends.llamacpp.quantized:load_quantized",
+    "tiny-qwen2-vl-gguf-q4": "refsight.backends.llamacpp.quantized:load_quantized",
+    "shape-qwen2-vl-2b-gguf-q8": "refsight.backends.llamacpp.quantized:load_quantized",
+    "shape-qwen2-vl-2b-gguf-q4": "refsight.backends.llamacpp.quantized:load_quantized",
+    "shape-qwen2-vl-2b-full-gguf-q4": "refsight.backends.llamacpp.quantized:load_quantized",
     "tiny-qwen2-vl-vllm": "refsight.backends.vllm.tiny:load_tiny_vllm",
     "tiny-qwen2.5-vl-vllm": "refsight.backends.vllm.tiny:load_tiny_vllm",
     "tiny-qwen3-vl-vllm": "refsight.backends.vllm.tiny:load_tiny_vllm",

@@ -246,3 +246,31 @@ def _unpack(tarball: Path, root: Path | None = None) -> Path:
     if not _looks_like_converter(result):
         raise ModelLoadError(str(tarball), "the sdist has no vendor/llama.cpp/convert_hf_to_gguf.py")
     return result
+
+
+# The bases of the quantized built-ins (.quantized): converted to f16, model and mmproj, as
+# published GGUFs are before ``llama-quantize``. The tiny Qwen2-VL in f16, and Qwen2-VL-2B's
+# whole shape with the real 28-layer language model (the transformers ``shape-qwen2-vl-2b-full``).
+GGUF_MODELS["tiny-qwen2-vl-gguf-f16"] = GgufSpec(
+    GGUF_MODELS["tiny-qwen2-vl-gguf"].spec, pre_tokenizer="qwen2", chat_template=CHATML_TEMPLATE,
+    outtype="f16", mmproj_outtype="f16",
+)
+GGUF_MODELS["shape-qwen2-vl-2b-full-gguf"] = GgufSpec(
+    TINY_MODELS["shape-qwen2-vl-2b-full"], pre_tokenizer="qwen2", chat_template=CHATML_TEMPLATE,
+    outtype="f16", mmproj_outtype="f16",
+)
+# Qwen3-VL: the transformers tiny model's vision tower (two deepstack layers) with a THREE-layer
+# language model. llama.cpp's qwen3vl graph (src/models/qwen3vl.cpp) adds deepstack features
+# after each of the first n_deepstack_layers layers, but by the last layer it has already cut
+# the rows down to the requested outputs (inp_out_ids); were the last layer a deepstack layer,
+# that add of [n_embd, n_tokens] onto [n_embd, n_outputs] aborts in ggml_add
+# (GGML_ASSERT(ggml_can_repeat(b, a))). So the language model needs more layers than deepstack
+# layers, as every real Qwen3-VL has (28 or more layers, 3 deepstack layers).
+GGUF_MODELS["tiny-qwen3-vl-gguf"] = GgufSpec(
+    ModelSpec(
+        "qwen3_vl", vision=TINY_MODELS["tiny-qwen3-vl"].vision,
+        text=dict(TINY_MODELS["tiny-qwen3-vl"].text, num_hidden_layers=3),
+        processor=TINY_MODELS["tiny-qwen3-vl"].processor, extra={},
+    ),
+    pre_tokenizer="qwen2", chat_template=CHATML_TEMPLATE,
+)

@@ -1,0 +1,108 @@
+"""Quantized GGUFs (llama.cpp's own quantizer, Q8_0 and Q4_K_M, beside an f16 mmproj): keyed apart, cached == fresh.
+
+The tiny Qwen2-VL is converted to f16 (model and mmproj), then its language model is
+quantized with ``llama_model_quantize`` (:mod:`refsight.backends.llamacpp.quantized`).
+On each quantization: the file says its type, the fingerprint and every package key
+differ from the f16 model's and from each other's (a package of one is refused by the
+other); the cached path, from packages on disk in a NEW process, equals llama.cpp's own
+pixel path bit for bit (tokens, and logits with max |Δ| exactly 0); and the reference
+prefix's KV state, built here and restored from disk in a new process, gives the same
+tokens and logits as evaluating the prefix.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from llama_models import require_llama_cpp
+from llama_workers import pixel_path_rows, run_worker, spec_rows
+
+require_llama_cpp()
+
+from _llamacpp_prefix_worker import judge_request, run  # noqa: E402
+from test_llamacpp_equivalence import layout  # noqa: E402
+
+QUANTIZED = {"tiny-qwen2-vl-gguf-q8": 7, "tiny-qwen2-vl-gguf-q4": 15}  # name -> general.file_type (llama_ftype)
+BASE = "tiny-qwen2-vl-gguf-f16"
+REFS = ("chelsea", "coffee")
+CANDIDATE = "rocket"
+RUBRICS = ("same colour", "a round shape")
+MAX_NEW_TOKENS = 6
+
+
+@pytest.fixture(scope="module")
+def f16(gguf_files):
+    """The f16 base, loaded by path like a downloaded GGUF."""
+    from refsight.backends.registry import get_backend
+
+    model, mmproj = gguf_files(BASE)
+    return get_backend(f"llamacpp:{model}", mmproj=str(mmproj))
+
+
+def test_the_quantization_is_in_the_file_the_fingerprint_and_every_key(gguf, f16, photos):
+    from refsight.errors import CorruptPackageError
+
+    backends = {"f16": f16, **{name: gguf(name) for name in QUANTIZED}}
+    assert f16.runtime.meta("general.file_type") == "1"
+    for name, ftype in QUANTIZED.items():
+        assert backends[name].runtime.meta("general.file_type") == str(ftype)
+        assert backends[name].mmproj_path.samefile(f16.mmproj_path)  # the f16 mmproj, unchanged
+    assert len({b.fingerprint().digest for b in backends.values()}) == 3
+    packages = {name: b.encode([photos[REFS[0]]])[0] for name, b in backends.items()}
+    assert len({p.key for p in packages.values()}) == 3
+    with pytest.raises(CorruptPackageError, match="gguf_sha256"):
+        backends["tiny-qwen2-vl-gguf-q4"].validate_package(packages["tiny-qwen2-vl-gguf-q8"])
+
+
+@pytest.fixture(scope="module")
+def from_disk(gguf, photos, tmp_path_factory):
+    """Per quantization: packages stored, prefix states built here; a new process replays both from disk."""
+    from refsight.prefixes import PrefixStateCache
+    from refsight.store import open_store
+
+    tmp = tmp_path_factory.mktemp("llama-quantized")
+    candidate_png = tmp / "candidate.png"
+    photos[CANDIDATE].image.save(candidate_png)
+    here, cached_cases, prefix_cases = {}, [], []
+    with open_store(tmp / "store") as store:
+        cache = PrefixStateCache(store)
+        for name in QUANTIZED:
+            backend = gguf(name)
+            packages = backend.encode([photos[r] for r in REFS])
+            for package in packages:
+                store.packages.put(package)
+            keys = [p.key for p in packages]
+            here[name] = {
+                "plain": [run(backend, judge_request(packages, photos[CANDIDATE], r, None)) for r in RUBRICS],
+                "cached": [run(backend, judge_request(packages, photos[CANDIDATE], r, cache)) for r in RUBRICS],
+            }
+            rows = spec_rows(layout(len(REFS)), keys, candidate_png)
+            cached_cases.append({"id": name, "model": name, "rows": rows, "max_new_tokens": MAX_NEW_TOKENS})
+            prefix_cases.append({"id": name, "model": name, "refs": keys, "candidate": str(candidate_png),
+                                 "rubrics": list(RUBRICS)})
+    cached = run_worker("_llamacpp_cached_worker.py", tmp, cached_cases)
+    return here, cached, run_worker("_llamacpp_prefix_worker.py", tmp, prefix_cases)
+
+
+@pytest.mark.parametrize("name", QUANTIZED)
+def test_cached_path_from_disk_equals_llama_cpps_pixel_path_on_a_quantized_model(from_disk, gguf, photos, name):
+    _, cached, _ = from_disk
+    backend = gguf(name)
+    fresh = pixel_path_rows(backend, photos, REFS, CANDIDATE, MAX_NEW_TOKENS)
+    for got, (tokens, logits) in zip(cached[name]["rows"], fresh, strict=True):
+        assert got["tokens"] == tokens
+        assert np.abs(got["logits"].numpy() - logits).max() == 0.0
+    # Only the candidate reached the vision encoder (once per prompt).
+    assert cached[name]["encode_calls"] == 2 * len(backend.encode([photos[CANDIDATE]])[0].tensors)
+
+
+@pytest.mark.parametrize("name", QUANTIZED)
+def test_prefix_states_are_valid_on_a_quantized_model_here_and_from_disk(from_disk, name):
+    here, _, prefix = from_disk
+    for plain, cached, loaded in zip(here[name]["plain"], here[name]["cached"], prefix[name], strict=True):
+        assert plain["tokens"] == cached["tokens"] == loaded["tokens"]
+        assert (plain["logits"] - cached["logits"]).abs().max().item() == 0.0
+        assert (plain["logits"] - loaded["logits"]).abs().max().item() == 0.0
+        assert loaded["restores"] == 1 and loaded["cached_tokens"] > 0
+        assert loaded["decoded"] == loaded["prompt_tokens"] - loaded["cached_tokens"]
+    assert here[name]["cached"][0]["restores"] == 0 and here[name]["cached"][1]["restores"] == 1

@@ -1,0 +1,84 @@
+"""Qwen3-VL as a GGUF (deepstack features, interleaved M-RoPE): cached == llama.cpp's own pixel path, prefix states valid.
+
+``tiny-qwen3-vl-gguf`` has the transformers tiny model's vision tower (two deepstack
+layers) and a three-layer language model: llama.cpp's qwen3vl graph cannot have its last
+layer be a deepstack layer (see the model's definition in
+:mod:`refsight.backends.llamacpp.models`). Packages carry the deepstack features beside the
+main embedding (``n_embd_inp = n_embd x (1 + deepstack layers)``), so a cached reference
+replays all of them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from llama_models import require_llama_cpp
+from llama_workers import pixel_path_rows, run_worker, spec_rows
+
+require_llama_cpp()
+
+from _llamacpp_prefix_worker import judge_request, run  # noqa: E402
+from test_llamacpp_equivalence import layout  # noqa: E402
+
+MODEL = "tiny-qwen3-vl-gguf"
+REFS = ("chelsea", "coffee")
+CANDIDATE = "rocket"
+RUBRICS = ("same colour", "a round shape")
+MAX_NEW_TOKENS = 6
+
+
+def test_packages_hold_the_deepstack_features_beside_the_embedding(gguf, photos):
+    backend = gguf(MODEL)
+    n_embd = int(backend.runtime.meta("qwen3vl.embedding_length"))
+    assert backend.arch == "qwen3vl"
+    assert backend.runtime.n_embd_inp == n_embd * (1 + 2)  # two deepstack layers
+    (package,) = backend.encode([photos[REFS[0]]])
+    assert all(t.shape[-1] == backend.runtime.n_embd_inp for t in package.tensors.values())
+
+
+@pytest.fixture(scope="module")
+def from_disk(gguf, photos, tmp_path_factory):
+    """Packages stored and prefix states built here; a new process replays both from disk."""
+    from refsight.prefixes import PrefixStateCache
+    from refsight.store import open_store
+
+    tmp = tmp_path_factory.mktemp("llama-qwen3vl")
+    candidate_png = tmp / "candidate.png"
+    photos[CANDIDATE].image.save(candidate_png)
+    backend = gguf(MODEL)
+    with open_store(tmp / "store") as store:
+        cache = PrefixStateCache(store)
+        packages = backend.encode([photos[r] for r in REFS])
+        for package in packages:
+            store.packages.put(package)
+        keys = [p.key for p in packages]
+        here = {
+            "plain": [run(backend, judge_request(packages, photos[CANDIDATE], r, None)) for r in RUBRICS],
+            "cached": [run(backend, judge_request(packages, photos[CANDIDATE], r, cache)) for r in RUBRICS],
+        }
+    rows = spec_rows(layout(len(REFS)), keys, candidate_png)
+    cached = run_worker("_llamacpp_cached_worker.py", tmp, [{"id": MODEL, "model": MODEL, "rows": rows,
+                                                          "max_new_tokens": MAX_NEW_TOKENS}])
+    prefix = run_worker("_llamacpp_prefix_worker.py", tmp, [{"id": MODEL, "model": MODEL, "refs": keys,
+                                                          "candidate": str(candidate_png), "rubrics": list(RUBRICS)}])
+    return here, cached[MODEL], prefix[MODEL]
+
+
+def test_cached_path_from_disk_equals_llama_cpps_pixel_path(from_disk, gguf, photos):
+    _, cached, _ = from_disk
+    backend = gguf(MODEL)
+    fresh = pixel_path_rows(backend, photos, REFS, CANDIDATE, MAX_NEW_TOKENS)
+    for got, (tokens, logits) in zip(cached["rows"], fresh, strict=True):
+        assert got["tokens"] == tokens
+        assert np.abs(got["logits"].numpy() - logits).max() == 0.0
+    assert cached["encode_calls"] == 2 * len(backend.encode([photos[CANDIDATE]])[0].tensors)  # the candidate only
+
+
+def test_prefix_states_are_valid_here_and_from_disk(from_disk):
+    here, _, prefix = from_disk
+    for plain, cached, loaded in zip(here["plain"], here["cached"], prefix, strict=True):
+        assert plain["tokens"] == cached["tokens"] == loaded["tokens"]
+        assert (plain["logits"] - cached["logits"]).abs().max().item() == 0.0
+        assert (plain["logits"] - loaded["logits"]).abs().max().item() == 0.0
+        assert loaded["restores"] == 1 and loaded["decoded"] == loaded["prompt_tokens"] - loaded["cached_tokens"]
+    assert here["cached"][1]["restores"] == 1

@@ -1,0 +1,55 @@
+"""benchmarks/vs_llama_server.py runs end to end at a tiny size: a real llama-server beside a real refsight serve.
+
+The tiny GGUF, 2 references of a working set of 4, every workload once or twice. The
+llama-server binary is built from the llama-cpp-python sdist on first use and cached in
+the user cache dir (``$REFSIGHT_LLAMA_SERVER_CACHE``), so only a machine's first run pays
+the build (about 6 minutes on 2 idle cores): hence the long timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("llama_cpp.mtmd_cpp", reason="llama-cpp-python is not installed (pip install 'refsight[llamacpp]')")
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "vs_llama_server.py"
+FIGURES = ("speedup_varied", "speedup_after_restart", "speedup_concurrent", "ratio_same_refs")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_vs_llama_server_prints_one_json_line_with_identical_prompts_and_answers(model_cache):
+    args = ["--model", "tiny-qwen2-vl-gguf", "--size", "56", "--refs", "2", "--working-set", "4", "--varied", "2",
+            "--after-restart", "1", "--clients", "2", "--per-client", "1", "--same", "2", "--max-tokens", "4"]
+    result = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=3500, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 1  # one JSON line, nothing else on stdout
+    line = json.loads(lines[0])
+    for key in FIGURES:
+        assert line[key] > 0, key
+    assert line["requests"] == {"varied": 2, "after_restart": 1, "concurrent": 2, "same_refs": 2}
+    # The two servers render the same prompt (same text, same token count) and answer it alike.
+    assert line["rendered_prompt_equal"] is True
+    assert line["identical_prompts"] == line["requests_total"] == 8
+    assert line["text_equal"] is True
+    assert line["random_weights"] is True and line["llama_server_build_s"] > 0
+
+
+def test_the_llama_server_cache_key_names_the_sdist_and_changes_with_the_flags(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import llama_server
+
+    from refsight.backends.llamacpp.models import LLAMA_CPP_PYTHON_VERSION
+
+    monkeypatch.setenv("REFSIGHT_LLAMA_SERVER_CACHE", str(tmp_path))
+    key = llama_server.build_key()
+    assert key.startswith(f"{LLAMA_CPP_PYTHON_VERSION}-") and key == llama_server.build_key()
+    assert llama_server.find_llama_server() is None  # nothing built in an empty cache
+    monkeypatch.setattr(llama_server, "CMAKE_FLAGS", (*llama_server.CMAKE_FLAGS, "-DGGML_NATIVE=OFF"))
+    assert llama_server.build_key() != key
