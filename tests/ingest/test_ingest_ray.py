@@ -11,13 +11,14 @@ import time
 from pathlib import Path
 
 import pytest
+from runtimes import require_module
 
 from image_corpus import CORPUS_ACCEPTED, CORPUS_REJECTED
 from ingest_helpers import MODEL, make_images, snapshot
 from refsight import Engine
 from refsight.ingest import ingest
 
-ray = pytest.importorskip("ray")
+ray = require_module("ray", "pip install 'refsight[ray]'")
 pytestmark = pytest.mark.slow  # three 300-image ingests on a 2-CPU Ray instance
 
 COUNT = 300

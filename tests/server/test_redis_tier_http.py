@@ -11,12 +11,12 @@ import sys
 import time
 
 import httpx
-import pytest
+from runtimes import require_module
 
 from live_server import b64, photo_png
 from services import free_port
 
-pytest.importorskip("redis", reason="the redis client is not installed (pip install 'refsight[redis]')")
+require_module("redis", "pip install 'refsight[redis]'")
 
 RUBRIC = "striped fur\npointed ears"
 NAMES = ("chelsea", "coffee", "rocket")
