@@ -58,6 +58,9 @@ def _photos(size: int):
     return [photo(n) for n in ("chelsea", "coffee", "astronaut", "rocket")], photo("china")
 
 
+PROMPT = " Does the candidate match the references?"
+
+
 def _segments(refs: list, candidate, *, prompt: str) -> list:
     return [*refs, "Compare the candidate", candidate, prompt]
 
@@ -163,8 +166,7 @@ def _peer_llamacpp(backend, images: list, prompt: str, max_new_tokens: int) -> t
     return tokens, (time.perf_counter() - began) * 1000
 
 
-def main(argv: list[str] | None = None) -> dict:
-    """Run the benchmark and print one JSON line; returns the figures."""
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="shape-qwen2-vl-2b")
     parser.add_argument("--size", type=int, default=448, help="image side in pixels")
@@ -174,107 +176,125 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default=None, help="auto, cpu, cuda, cuda:N or mps (default: the backend's, auto)")
     parser.add_argument("--dtype", default=None, help="auto, float32, bfloat16 or float16 (default: auto)")
     parser.add_argument("--mmproj", default=None, help="the mmproj GGUF of a llamacpp:M.gguf model")
-    args = parser.parse_args(argv)
+    return parser
 
+
+def _is_llama(model: str) -> bool:
+    return model.startswith("llamacpp:") or model.endswith("-gguf")
+
+
+def _load_backend(args):
+    """The backend through the registry, with only the options given; (backend, seconds)."""
+    from refsight.backends.registry import get_backend
+
+    began = time.perf_counter()
+    options = {k: v for k, v in (("device", args.device), ("dtype", args.dtype), ("mmproj", args.mmproj)) if v is not None}
+    if _is_llama(args.model):
+        options["n_threads"] = args.threads
+    return get_backend(args.model, **options), time.perf_counter() - began
+
+
+def _peer_for(model: str):
+    """The runtime's own way for ``model``: ``peer(backend, images, prompt, max_new_tokens) -> (tokens, ms)``."""
+    if _is_llama(model):
+        return _peer_llamacpp
+    pixels = _vllm_peer if model.startswith("vllm:") else _peer
+    return lambda backend, images, prompt, mnt: pixels(backend, [i.image for i in images], prompt, mnt)
+
+
+def _device(backend) -> str | None:
+    """Where the model runs, when the backend says (transformers: its torch device); None for llama.cpp or a vLLM server."""
+    device = getattr(backend, "device", None)
+    return None if device is None else str(device)
+
+
+def _reference_side(backend, refs: list, root: str) -> tuple[list[float], list[float], list]:
+    """Encode each reference once and store it; load each back from a newly opened store (cold memory tier)."""
+    from refsight.store import open_store
+
+    encode_ms, packages = [], []
+    for ref in refs:
+        t = time.perf_counter()
+        packages.append(backend.encode([ref])[0])
+        encode_ms.append((time.perf_counter() - t) * 1000)
+    with open_store(root) as store:
+        for package in packages:
+            store.packages.put(package)
+    load_ms = []
+    with open_store(root) as store:  # a new Store: empty memory tier, packages come from disk
+        for package in packages:
+            t = time.perf_counter()
+            assert store.packages.get(package.key) is not None
+            load_ms.append((time.perf_counter() - t) * 1000)
+    return encode_ms, load_ms, packages
+
+
+def _run(backend, peer, refs: list, candidate, packages: list, root: str, mnt: int) -> dict:
+    """One reference count: the fresh path, the cached path (packages loaded cold, load time included), the peer."""
+    from refsight.backends.base import GenerationRequest
+    from refsight.store import open_store
+
+    r = len(refs)
+    fresh_request = GenerationRequest(_segments(refs, candidate, prompt=PROMPT), max_new_tokens=mnt)
+    t = time.perf_counter()
+    fresh = backend.generate([fresh_request])[0]
+    fresh_ms = (time.perf_counter() - t) * 1000
+    with open_store(root) as store:
+        t = time.perf_counter()
+        cached_refs = [store.packages.get(p.key) for p in packages[:r]]
+        request = GenerationRequest(_segments(cached_refs, candidate, prompt=PROMPT), max_new_tokens=mnt)
+        cached = backend.generate([request])[0]
+        cached_ms = (time.perf_counter() - t) * 1000
+    peer_tokens, peer_ms = peer(backend, [*refs, candidate], PROMPT, mnt)
+    inner = cached.timings_ms["encode"] + cached.timings_ms["generate"]
+    return {
+        "references": r,
+        "fresh_ms": round(fresh_ms, 1),
+        "cached_ms": round(cached_ms, 1),
+        "peer_ms": round(peer_ms, 1),
+        "speedup": round(fresh_ms / cached_ms, 3),
+        "peer_speedup": round(peer_ms / cached_ms, 3),
+        "candidate_encode_ms": round(cached.timings_ms["encode"], 1),
+        "lm_ms": round(cached.timings_ms["generate"], 1),
+        "cached_over_encode_plus_lm": round(cached_ms / inner, 4),
+        "tokens_equal": fresh.token_ids == cached.token_ids == peer_tokens,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the benchmark and print one JSON line; returns the figures."""
+    args = _parser().parse_args(argv)
     import torch
 
     from refsight.backends.base import GenerationRequest
-    from refsight.backends.registry import get_backend
-    from refsight.store import open_store
 
     torch.set_num_threads(args.threads)
     counts = [int(r) for r in args.refs.split(",")]
     refs, candidate = _photos(args.size)
     if max(counts) > len(refs):
         raise SystemExit(f"at most {len(refs)} references")
-
-    began = time.perf_counter()
-    llama = args.model.startswith("llamacpp:") or args.model.endswith("-gguf")
-    options = {k: v for k, v in (("device", args.device), ("dtype", args.dtype), ("mmproj", args.mmproj)) if v is not None}
-    if llama:
-        options["n_threads"] = args.threads
-    backend = get_backend(args.model, **options)
-    load_s = (time.perf_counter() - began)
-    prompt = " Does the candidate match the references?"
-    mnt = args.max_new_tokens
-
+    backend, load_s = _load_backend(args)
     # Warm-up (first-call allocations, lazy imports) on a small image: not timed.
-    small = _photos(112)[1]
-    backend.generate([GenerationRequest(_segments([], small, prompt=prompt), max_new_tokens=2)])
-
+    backend.generate([GenerationRequest(_segments([], _photos(112)[1], prompt=PROMPT), max_new_tokens=2)])
     with tempfile.TemporaryDirectory(prefix="refsight-bench-") as tmp:
-        # Reference side: encode each reference once, store it, load it back cold.
-        encode_ms, packages = [], []
-        for ref in refs[: max(counts)]:
-            t = time.perf_counter()
-            packages.append(backend.encode([ref])[0])
-            encode_ms.append((time.perf_counter() - t) * 1000)
-        with open_store(tmp) as store:
-            for package in packages:
-                store.packages.put(package)
-        load_ms = []
-        with open_store(tmp) as store:  # a new Store: empty memory tier, packages come from disk
-            for package in packages:
-                t = time.perf_counter()
-                loaded = store.packages.get(package.key)
-                load_ms.append((time.perf_counter() - t) * 1000)
-                assert loaded is not None
-
-        runs = []
-        for r in counts:
-            fresh_request = GenerationRequest(_segments(refs[:r], candidate, prompt=prompt), max_new_tokens=mnt)
-            t = time.perf_counter()
-            fresh = backend.generate([fresh_request])[0]
-            fresh_ms = (time.perf_counter() - t) * 1000
-
-            with open_store(tmp) as store:
-                t = time.perf_counter()
-                cached_refs = [store.packages.get(p.key) for p in packages[:r]]
-                request = GenerationRequest(_segments(cached_refs, candidate, prompt=prompt), max_new_tokens=mnt)
-                cached = backend.generate([request])[0]
-                cached_ms = (time.perf_counter() - t) * 1000
-
-            if llama:
-                peer_tokens, peer_ms = _peer_llamacpp(backend, [*refs[:r], candidate], prompt, mnt)
-            else:
-                peer = _vllm_peer if args.model.startswith("vllm:") else _peer
-                peer_tokens, peer_ms = peer(backend, [i.image for i in (*refs[:r], candidate)], prompt, mnt)
-            inner = cached.timings_ms["encode"] + cached.timings_ms["generate"]
-            runs.append(
-                {
-                    "references": r,
-                    "fresh_ms": round(fresh_ms, 1),
-                    "cached_ms": round(cached_ms, 1),
-                    "peer_ms": round(peer_ms, 1),
-                    "speedup": round(fresh_ms / cached_ms, 3),
-                    "peer_speedup": round(peer_ms / cached_ms, 3),
-                    "candidate_encode_ms": round(cached.timings_ms["encode"], 1),
-                    "lm_ms": round(cached.timings_ms["generate"], 1),
-                    "cached_over_encode_plus_lm": round(cached_ms / inner, 4),
-                    "tokens_equal": fresh.token_ids == cached.token_ids == peer_tokens,
-                }
-            )
-
-    ref_encode = statistics.mean(encode_ms)
-    ref_load = statistics.mean(load_ms)
-    headline = runs[-1]
+        encode_ms, load_ms, packages = _reference_side(backend, refs[: max(counts)], tmp)
+        peer = _peer_for(args.model)
+        runs = [_run(backend, peer, refs[:r], candidate, packages, tmp, args.max_new_tokens) for r in counts]
+    ref_encode, ref_load = statistics.mean(encode_ms), statistics.mean(load_ms)
+    headline = {key: runs[-1][key] for key in
+                ("references", "fresh_ms", "cached_ms", "speedup", "peer_ms", "peer_speedup")}
     result = {
         "model": args.model,
-        "references": headline["references"],
-        "fresh_ms": headline["fresh_ms"],
-        "cached_ms": headline["cached_ms"],
-        "speedup": headline["speedup"],
-        "peer_ms": headline["peer_ms"],
-        "peer_speedup": headline["peer_speedup"],
+        **headline,
         "reference_encode_ms": round(ref_encode, 1),
         "reference_load_ms": round(ref_load, 3),
         "ref_side_ratio": round(ref_encode / ref_load, 1),
         "package_bytes": packages[0].nbytes,
         "image_size": args.size,
         "threads": args.threads,
-        "max_new_tokens": mnt,
+        "max_new_tokens": args.max_new_tokens,
         "model_load_s": round(load_s, 1),
-        "device": backend.device,
+        "device": _device(backend),
         "dtype": backend.fingerprint().dtype,
         "random_weights": backend.random_weights,
         "runs": runs,

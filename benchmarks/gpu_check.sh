@@ -2,7 +2,9 @@
 # The one prepared script a GPU machine runs for "real models on real hardware" (issue 19).
 #
 #   benchmarks/gpu_check.sh                 # on a machine with an NVIDIA GPU
-#   DEVICE=cpu MODEL=tiny-qwen2-vl benchmarks/gpu_check.sh   # smoke test of the script itself
+#   DEVICE=cpu MODEL=tiny-qwen2-vl SIZE=56 PYTEST_K="tiny-qwen2-vl and float32" benchmarks/gpu_check.sh
+#       the smoke test of the script itself (tests/benchmarks/test_gpu_check_script.py runs it in CI);
+#       PYTEST_K narrows step 1 to the matching families and dtypes (pytest -k)
 #
 # 1. Cached == fresh equivalence on the device, in bfloat16 and float32, for every tiny
 #    model family (tests/backends/test_backend_options.py::test_cached_equals_fresh_tokens_in_each_dtype
@@ -19,6 +21,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 DEVICE=${DEVICE:-cuda}
 MODEL=${MODEL:-shape-qwen2-vl-2b}
+SIZE=${SIZE:-448}
 OUT=${OUT:-$PWD/gpu-check-out}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
@@ -41,11 +44,11 @@ PY
 echo "== equivalence on $DEVICE (bfloat16, float32)"
 status=0
 REFSIGHT_TEST_DEVICE=$DEVICE "$PY" -m pytest -q -p no:cacheprovider \
-    "tests/backends/test_backend_options.py::test_cached_equals_fresh_tokens_in_each_dtype" \
+    "tests/backends/test_backend_options.py::test_cached_equals_fresh_tokens_in_each_dtype" ${PYTEST_K:+-k "$PYTEST_K"} \
     | tee "$OUT/pytest.txt" || status=1
 
 echo "== cache speed-up: $MODEL on $DEVICE in bfloat16"
-"$PY" benchmarks/cache_speedup.py --model "$MODEL" --device "$DEVICE" --dtype bfloat16 --threads 8 \
+"$PY" benchmarks/cache_speedup.py --model "$MODEL" --device "$DEVICE" --dtype bfloat16 --threads 8 --size "$SIZE" \
     | tee "$OUT/cache_speedup.json" || status=1
 "$PY" - "$OUT/cache_speedup.json" <<'PY' || status=1
 import json, sys

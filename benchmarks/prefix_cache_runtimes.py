@@ -9,11 +9,14 @@ The judge's layout (references first, then the candidate and the rubric), greedy
   same prefix calls: everything but loading the state, i.e. the candidate's encode, the
   non-prefix prefill and decoding), their ratios, ``tokens_equal`` across the three
   paths and ``prefix_bytes_per_token`` (state bytes per prefix token).
-- vLLM (``vllm:URL``): ``package_ms`` (packages sent as embeddings, each request with a
-  fresh ``cache_salt`` so it shares no KV block with any other) against ``prefix_ms``
-  (the same requests without a salt: vLLM's automatic prefix caching), and
-  ``prefix_cache_hit_rate`` (vLLM's ``/metrics`` counters over the prefix run, in tokens;
-  whole KV blocks only, 128 tokens on a CPU).
+- vLLM (``vllm:URL``), every request through the backend's ``generate``: ``package_ms``
+  (packages sent as embeddings, each request opening with a line of its own, so it shares no
+  KV block with any other: vLLM hashes blocks as a chain from the prompt's start) against
+  ``prefix_ms`` (the same requests opening with one fixed line: vLLM's automatic prefix
+  caching serves the reference prefix), ``prefix_cache_hit_rate`` (vLLM's ``/metrics``
+  counters over the prefix run, in tokens; whole KV blocks only, 128 tokens on a CPU) and
+  ``tokens_equal`` (the prefix run repeated gives the same tokens, request by request: its
+  first request computed the prefix, the repeat reads it from the cache).
 
     python benchmarks/prefix_cache_runtimes.py --model shape-qwen2-vl-2b-gguf --size 224
     python benchmarks/prefix_cache_runtimes.py --model vllm:http://127.0.0.1:8000 --encoder tiny-qwen2-vl-vllm
@@ -25,24 +28,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 REFS = ("chelsea", "coffee", "astronaut", "horse", "flower", "china")
 CANDIDATES = ("rocket", "chelsea")
 RUBRICS = ("same colour", "a round shape", "short fur and pointed ears")
 
 
-def _request(references, candidate, rubric, cache):
+def _request(references, candidate, rubric, cache, opening: str | None = None):
     from refsight.backends.base import GenerationRequest
     from refsight.judge.prompts import reference_prefix
 
-    prefix = reference_prefix(references)
+    prefix = [*([opening] if opening else []), *reference_prefix(references)]
     segments = [*prefix, "Candidate:", candidate, f"\nCriteria:\n1. {rubric}\nAnswer with JSON."]
     return GenerationRequest(segments, max_new_tokens=8, prefix_segments=len(prefix), prefix_cache=cache)
 
@@ -95,20 +96,14 @@ def vllm(backend, refs, candidates, rubrics) -> dict:
     cands = backend.encode(candidates)
     work = [(c, r) for c in cands for r in rubrics]
 
-    def run(salted: bool):
-        out = []
-        for c, r in work:
-            request = _request(packages, c, r, None)
-            body = backend._body(request.segments, request, False)
-            if salted:
-                body["cache_salt"] = uuid.uuid4().hex  # shares no KV block with any other request
-            out.append(backend.client.chat(body)["choices"][0]["token_ids"])
-        return out
+    def run(opening):
+        return [backend.generate([_request(packages, c, r, None, opening())])[0].token_ids for c, r in work]
 
-    plain, package_ms = _timed(lambda: run(True))
+    _, package_ms = _timed(lambda: run(lambda: f"Request {uuid.uuid4().hex}."))  # shares no KV block
     before = backend.prefix_cache_stats()
-    cached, prefix_ms = _timed(lambda: run(False))
+    cached, prefix_ms = _timed(lambda: run(lambda: "Request."))
     after = backend.prefix_cache_stats()
+    again = run(lambda: "Request.")
     queries = after["queries"] - before["queries"]
     hits = after["hits"] - before["hits"]
     return {
@@ -119,7 +114,7 @@ def vllm(backend, refs, candidates, rubrics) -> dict:
         "prefix_cache_hits": hits,
         "prefix_cache_hit_rate": round(hits / queries, 3) if queries else 0.0,
         "server_hit_rate_total": round(after["hit_rate"], 3),
-        "tokens_equal": plain == cached,
+        "tokens_equal": cached == again,
     }
 
 

@@ -101,66 +101,65 @@ class Built:
     def __init__(self, build_s, nbytes, params, set_ef, search, fetch, rescore):
         self.build_s, self.nbytes, self.params = build_s, nbytes, params
         self.set_ef, self.search, self.fetch, self.rescore = set_ef, search, fetch, rescore
-        self.saved: Path | None = None  # the saved graph file (refsight's index only)
+
+
+def _stored_vectors(dimensions: int):
+    """An embedder for vectors that are already known: the benchmark only searches stored vectors."""
+    from refsight.retrieval.embedders import Embedder
+
+    class StoredVectors(Embedder):
+        name = "stored-vectors"
+        dim = dimensions
+
+        def fingerprint(self):
+            return {"model": "benchmark", "dim": self.dim}
+
+        def _embed_images(self, images):
+            raise RuntimeError("the benchmark only searches stored vectors")
+
+        _embed_texts = _embed_images
+
+    return StoredVectors()
 
 
 class StorePath:
     """refsight's whole search path over the same vectors: ``Retriever.search_vector``.
 
-    The vectors go into a real retrieval database (SQLite) and the graph built above is
-    placed where the retriever looks for it, so this adds exactly what a search costs on top
-    of the graph: the change check, rescoring from the database's float32 copy, and the
-    liveness check that maps labels to reference ids.
+    The vectors go into a real retrieval database through the retriever's own API (the vector
+    cache, one entry per reference) and the retriever builds its graph from them, as
+    ``refsight index`` does; a search then costs what it costs a user: the change check, the
+    graph, rescoring from the database's float32 copy, the liveness check that maps labels to
+    reference ids. ``load_s`` is that load and build.
     """
 
-    def __init__(self, data: np.ndarray, saved: Path, tmp: str):
+    CHUNK = 50_000
+
+    def __init__(self, data: np.ndarray, tmp: str):
         from refsight.retrieval import Retriever
-        from refsight.retrieval.embedders import Embedder
 
-        class StoredVectors(Embedder):
-            name = "stored-vectors"
-            dim = data.shape[1]
-
-            def fingerprint(self):
-                return {"model": "benchmark", "dim": self.dim}
-
-            def _embed_images(self, images):
-                raise RuntimeError("the benchmark only searches stored vectors")
-
-            _embed_texts = _embed_images
-
+        self.root, self.embedder = Path(tmp) / "store", _stored_vectors(data.shape[1])
         t0 = time.perf_counter()
-        self.retriever = Retriever(Path(tmp) / "store", StoredVectors())
-        digest, db = self.retriever.embedder.digest, self.retriever.db
-        with db._lock:  # one transaction per chunk: a bulk load, not a million commits
-            conn = db._conn
-            for s in range(0, len(data), 50_000):
-                chunk = data[s : s + 50_000]
-                ids = range(s, s + len(chunk))
-                conn.execute("BEGIN")
-                conn.executemany("INSERT INTO embeddings VALUES (?,?,?,?)",
-                                 ((digest, f"{i:064x}", data.shape[1], v.tobytes()) for i, v in zip(ids, chunk)))
-                conn.executemany("INSERT INTO entries (embedder, namespace, ref_id, image_sha256) VALUES (?,?,?,?)",
-                                 ((digest, "default", f"r{i}", f"{i:064x}") for i in ids))
-                conn.execute("COMMIT")
-        index = self.retriever._index("default")
-        index.directory.mkdir(parents=True, exist_ok=True)
-        os.replace(saved, index.directory / "hnsw.bin")
-        (index.directory / "manifest.json").write_text(json.dumps(index._manifest(), sort_keys=True))
-        self.retriever.search_vector(data[0], 1)  # open: load the graph, reconcile with the database
-        assert not index.rebuilt, "the benchmark graph was not accepted by the retriever"
-        self.index = index
+        with Retriever(self.root, self.embedder) as retriever:
+            digest = retriever.embedder.digest
+            for s in range(0, len(data), self.CHUNK):
+                retriever.db.put_vectors(digest, {f"{i:064x}": data[i] for i in range(s, min(s + self.CHUNK, len(data)))})
+            for i, vector in enumerate(data):
+                retriever.add_vector(f"r{i}", f"{i:064x}", vector)
+            retriever.rebuild()  # the graph from the database, no model
         self.load_s = time.perf_counter() - t0
 
     def measure(self, queries: np.ndarray, k: int, ef: int) -> tuple[list[float], list[np.ndarray]]:
-        """Latency and results of ``search_vector`` at search breadth ``ef``."""
-        self.index._ann.expansion_search = ef
-        lat, found = [], []
-        for q in queries:
-            t = time.perf_counter()
-            hits = self.retriever.search_vector(q, k)
-            lat.append(time.perf_counter() - t)
-            found.append(np.asarray([int(ref_id[1:]) for ref_id, _ in hits], np.int64))
+        """Latency and results of ``search_vector`` at search breadth ``ef`` (the saved graph, reopened)."""
+        from refsight.retrieval import Retriever
+
+        with Retriever(self.root, self.embedder, expansion_search=ef) as retriever:
+            retriever.search_vector(queries[0], 1)  # open: load the graph, reconcile with the database
+            lat, found = [], []
+            for q in queries:
+                t = time.perf_counter()
+                hits = retriever.search_vector(q, k)
+                lat.append(time.perf_counter() - t)
+                found.append(np.asarray([int(ref_id[1:]) for ref_id, _ in hits], np.int64))
         return lat, found
 
 
@@ -169,7 +168,6 @@ def build_refsight(data, k, dtype, graph, tmp):
 
     t0 = time.perf_counter()
     index = AnnIndex(data.shape[1], capacity=len(data), **graph)
-    # keys 1..n: the labels the retrieval database hands out, so the store path can reuse this graph
     index.add(np.arange(1, len(data) + 1, dtype=np.uint64), data)
     build_s = time.perf_counter() - t0
     path = Path(tmp) / "bench.bin"
@@ -180,10 +178,8 @@ def build_refsight(data, k, dtype, graph, tmp):
         return index.expansion_search
 
     # float32 in the graph: its scores are exact, nothing to rescore
-    built = Built(build_s, path.stat().st_size, {"dtype": "f32", **graph}, set_ef,
-                  lambda q, n: index.search(q, n)[0] - 1, k, None)
-    built.saved = path
-    return built
+    return Built(build_s, path.stat().st_size, {"dtype": "f32", **graph}, set_ef,
+                 lambda q, n: index.search(q, n)[0] - 1, k, None)
 
 
 def build_usearch(data, k, dtype, graph, tmp):
@@ -276,8 +272,8 @@ def _figures(lat, found, truth, k) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    from refsight.retrieval.index import DEFAULT_GRAPH, EXACT_THRESHOLD
+def _parser() -> argparse.ArgumentParser:
+    from refsight.retrieval.index import DEFAULT_GRAPH
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=200_000)
@@ -297,36 +293,51 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clusters", type=int, default=1000)
     parser.add_argument("--rank", type=int, default=48)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    if args.n < args.k or args.dim < 2 or args.queries < 1:
-        parser.error("need --n >= --k, --dim >= 2 and --queries >= 1")
+    return parser
 
-    data = clustered_unit_vectors(args.n, args.dim, clusters=args.clusters, rank=args.rank, seed=args.seed)
-    queries = clustered_unit_vectors(args.queries, args.dim, clusters=args.clusters, rank=args.rank, seed=args.seed + 1)
-    truth = exact_top_k(data, queries, args.k)
 
-    exact_lat = []
+def _exact_p50_ms(data: np.ndarray, queries: np.ndarray, k: int) -> float:
+    """Median brute-force query time over the first 50 queries (the baseline an index must beat)."""
+    lat = []
     for q in queries[: min(50, len(queries))]:
         t = time.perf_counter()
-        scores = data @ q
-        np.argpartition(-scores, args.k)[: args.k]
-        exact_lat.append(time.perf_counter() - t)
+        np.argpartition(-(data @ q), k)[:k]
+        lat.append(time.perf_counter() - t)
+    return round(float(np.percentile(np.asarray(lat) * 1000, 50)), 3)
+
+
+def _sweep(args, data, queries, truth, tmp) -> tuple[Built, list[dict], StorePath | None]:
+    """Build once, measure every ``--ef`` on the graph and (refsight's own index) on the store path."""
+    from refsight.retrieval.index import DEFAULT_GRAPH, EXACT_THRESHOLD
 
     builder = {"refsight": build_refsight, "usearch": build_usearch, "faiss": build_faiss, "hnswlib": build_hnswlib}[args.library]
     graph = {"connectivity": args.connectivity, "expansion_add": args.expansion_add}
-    sweep, store = [], None
+    built = builder(data, args.k, args.dtype, graph, tmp)
+    sweep = []
+    for ef in args.ef:
+        ef = built.set_ef(ef or DEFAULT_GRAPH["expansion_search"])
+        lat, found = _timed(queries, args.k, built.fetch, built.search, built.rescore)
+        sweep.append({"expansion_search": ef, **_figures(lat, found, truth, args.k)})
+    store = None
+    if args.library == "refsight" and not args.index_only and args.n >= EXACT_THRESHOLD:
+        store = StorePath(data, tmp)
+        for entry in sweep:
+            lat, found = store.measure(queries, args.k, entry["expansion_search"])
+            entry.update({f"store_{key}": value for key, value in _figures(lat, found, truth, args.k).items()})
+    return built, sweep, store
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print its JSON line."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.n < args.k or args.dim < 2 or args.queries < 1:
+        parser.error("need --n >= --k, --dim >= 2 and --queries >= 1")
+    data = clustered_unit_vectors(args.n, args.dim, clusters=args.clusters, rank=args.rank, seed=args.seed)
+    queries = clustered_unit_vectors(args.queries, args.dim, clusters=args.clusters, rank=args.rank, seed=args.seed + 1)
+    truth = exact_top_k(data, queries, args.k)
     with tempfile.TemporaryDirectory() as tmp:
-        built = builder(data, args.k, args.dtype, graph, tmp)
-        for ef in args.ef:
-            ef = built.set_ef(ef or DEFAULT_GRAPH["expansion_search"])
-            lat, found = _timed(queries, args.k, built.fetch, built.search, built.rescore)
-            sweep.append({"expansion_search": ef, **_figures(lat, found, truth, args.k)})
-        if built.saved is not None and not args.index_only and args.n >= EXACT_THRESHOLD:
-            store = StorePath(data, built.saved, tmp)
-            for entry in sweep:
-                lat, found = store.measure(queries, args.k, entry["expansion_search"])
-                entry.update({f"store_{key}": value for key, value in _figures(lat, found, truth, args.k).items()})
-            store.retriever.close()
+        built, sweep, store = _sweep(args, data, queries, truth, tmp)
     first = sweep[0]
     result = {
         "n": args.n,
@@ -336,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         "p99_ms": first["p99_ms"],
         f"recall_at_{args.k}": first[f"recall_at_{args.k}"],
         "bytes_per_vector": round(built.nbytes / args.n, 1),
-        "exact_p50_ms": round(float(np.percentile(np.asarray(exact_lat) * 1000, 50)), 3),
+        "exact_p50_ms": _exact_p50_ms(data, queries, args.k),
         "library": args.library,
         "expansion_search": first["expansion_search"],
         **built.params,

@@ -80,7 +80,7 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-qwen2-vl")
     parser.add_argument("--clients", type=int, default=16)
@@ -94,6 +94,133 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, default=1, help="refsight serve processes sharing one store (>= 2)")
     parser.add_argument("--catalog", default=None, help="with --replicas: the PostgreSQL URL (default: a throwaway server)")
     parser.add_argument("--cache", default=None, help="with --replicas: a Redis URL for every replica (auto: a throwaway one)")
+    return parser
+
+
+class _EncodeCounter:
+    """Counts every image the backend's vision encoder is handed, by any path (adds, references, candidates)."""
+
+    def __init__(self, backend) -> None:
+        self.backend, self.encoded, self.lock = backend, [], threading.Lock()
+        self.original = backend.encode
+
+    def __enter__(self) -> "_EncodeCounter":
+        def counting_encode(images):
+            with self.lock:
+                self.encoded.extend(image.sha256 for image in images)
+            return self.original(images)
+
+        self.backend.encode = counting_encode
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.backend.encode = self.original
+
+
+class _Clients:
+    """One httpx connection pool per client thread, all closed at the end."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.local, self.lock, self.all = url, threading.local(), threading.Lock(), []
+
+    def get(self):
+        import httpx
+
+        if not hasattr(self.local, "client"):
+            self.local.client = httpx.Client(base_url=self.url, timeout=600)
+            with self.lock:
+                self.all.append(self.local.client)
+        return self.local.client
+
+    def close(self) -> None:
+        for client in self.all:
+            client.close()
+
+
+def _post(clients: _Clients, path: str, body: dict) -> tuple[bool, float]:
+    """One timed request: (200?, milliseconds); a failure is printed to stderr, never raised."""
+    import httpx
+
+    start = time.perf_counter()
+    try:
+        response = clients.get().post(path, json=body)
+        ok = response.status_code == 200
+        if not ok:
+            print(f"error: {path} -> {response.status_code} {response.text[:200]}", file=sys.stderr)
+    except httpx.HTTPError as e:
+        ok = False
+        print(f"error: {path} -> {e!r}", file=sys.stderr)
+    return ok, (time.perf_counter() - start) * 1000
+
+
+def _add_references(url: str, references: list[str], ref_ids: list[str], clients: int) -> None:
+    """Every reference added concurrently, twice: each must still be encoded once."""
+    import httpx
+
+    def add(i: int) -> int:
+        body = {"image": references[i % len(references)], "id": ref_ids[i % len(references)]}
+        return httpx.post(f"{url}/v1/references", json=body, timeout=600).status_code
+
+    with ThreadPoolExecutor(clients) as pool:
+        statuses = list(pool.map(add, range(2 * len(references))))
+    if any(status != 201 for status in statuses):
+        raise SystemExit(f"adding references failed: {statuses}")
+
+
+def _request(args, i: int, ref_ids: list[str], candidates: list[str]) -> tuple[str, dict]:
+    """The i-th request of the timed phase: a search every ``--search-every``, else a compare against two references."""
+    if args.search_every and i % args.search_every == args.search_every - 1:
+        return "/v1/search", {"text": QUERIES[i % len(QUERIES)], "k": 2}
+    pair = [ref_ids[i % len(ref_ids)], ref_ids[(i + 1) % len(ref_ids)]]
+    return "/v1/compare", {"candidate": candidates[i % len(candidates)], "criteria": RUBRIC, "ref_ids": pair}
+
+
+def _load(url: str, args, ref_ids: list[str], candidates: list[str]) -> tuple[list[tuple[bool, float]], float]:
+    """The timed phase: ``--requests`` requests from ``--clients`` threads; (outcomes, seconds)."""
+    clients = _Clients(url)
+    try:
+        started = time.perf_counter()
+        with ThreadPoolExecutor(args.clients) as pool:
+            outcomes = list(pool.map(lambda i: _post(clients, *_request(args, i, ref_ids, candidates)),
+                                     range(args.requests)))
+        return outcomes, time.perf_counter() - started
+    finally:
+        clients.close()
+
+
+def run_single(args) -> dict:
+    """One in-process server: add the references, run the timed phase; the figures."""
+    from refsight.backends.registry import get_backend
+    from refsight.server import ServerConfig, create_app
+
+    names = [(PHOTOS[i % len(PHOTOS)], i >= len(PHOTOS)) for i in range(args.references + args.candidates)]
+    images = [_photo_b64(name, args.size, flip) for name, flip in names]
+    references, candidates = images[: args.references], images[args.references :]
+    ref_ids = [f"ref{i}" for i in range(args.references)]
+    store = args.store or tempfile.mkdtemp(prefix="refsight-serve-load-")
+    config = ServerConfig(store=store, model=args.model, keys={}, workers=args.workers, queue=4 * args.clients)
+    # The registry hands the server the same backend instance: its encodes are counted here.
+    with _EncodeCounter(get_backend(args.model)) as counter, _Server(create_app(config)) as server:
+        _add_references(server.url, references, ref_ids, args.clients)
+        outcomes, elapsed = _load(server.url, args, ref_ids, candidates)
+    latencies = [ms for _, ms in outcomes]
+    return {
+        "requests": len(outcomes),
+        "errors": sum(not ok for ok, _ in outcomes),
+        "rps": round(len(outcomes) / elapsed, 3),
+        "p50_ms": round(statistics.median(latencies), 1),
+        "p99_ms": round(_percentile(latencies, 0.99), 1),
+        "encodes": len(counter.encoded),
+        "distinct_encoded": len(set(counter.encoded)),
+        "distinct_images": len(set(images)),
+        "clients": args.clients,
+        "model": args.model,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark, print its JSON line; exit 1 on errors or a duplicate encode."""
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.replicas > 1:
         from serve_replicas import run
@@ -101,93 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         return run(args)
     if args.references + args.candidates > len(PHOTOS) * 2:
         parser.error(f"at most {len(PHOTOS) * 2} distinct images")
-
-    import httpx
-
-    from refsight.backends.registry import get_backend
-    from refsight.server import ServerConfig, create_app
-
-    # Count encodes at the backend itself: every image any path hands to the vision encoder.
-    backend = get_backend(args.model)
-    encoded: list[str] = []
-    lock = threading.Lock()
-    original_encode = backend.encode
-
-    def counting_encode(images):
-        with lock:
-            encoded.extend(image.sha256 for image in images)
-        return original_encode(images)
-
-    backend.encode = counting_encode
-
-    names = [(PHOTOS[i % len(PHOTOS)], i >= len(PHOTOS)) for i in range(args.references + args.candidates)]
-    images = [_photo_b64(name, args.size, flip) for name, flip in names]
-    references, candidates = images[: args.references], images[args.references :]
-    ref_ids = [f"ref{i}" for i in range(args.references)]
-
-    store = args.store or tempfile.mkdtemp(prefix="refsight-serve-load-")
-    config = ServerConfig(store=store, model=args.model, keys={}, workers=args.workers, queue=4 * args.clients)
-    with _Server(create_app(config)) as server:
-        # References are added concurrently too (twice each): each must still be encoded once.
-        def add(i: int) -> int:
-            body = {"image": references[i % args.references], "id": ref_ids[i % args.references]}
-            return httpx.post(f"{server.url}/v1/references", json=body, timeout=600).status_code
-
-        with ThreadPoolExecutor(args.clients) as pool:
-            add_status = list(pool.map(add, range(2 * args.references)))
-        if any(status != 201 for status in add_status):
-            raise SystemExit(f"adding references failed: {add_status}")
-
-        def job(i: int) -> tuple[bool, float]:
-            if args.search_every and i % args.search_every == args.search_every - 1:
-                request = ("/v1/search", {"text": QUERIES[i % len(QUERIES)], "k": 2})
-            else:
-                pair = [ref_ids[i % args.references], ref_ids[(i + 1) % args.references]]
-                request = ("/v1/compare", {"candidate": candidates[i % args.candidates], "criteria": RUBRIC, "ref_ids": pair})
-            start = time.perf_counter()
-            try:
-                response = client().post(request[0], json=request[1])
-                ok = response.status_code == 200
-                if not ok:
-                    print(f"error: {request[0]} -> {response.status_code} {response.text[:200]}", file=sys.stderr)
-            except httpx.HTTPError as e:
-                ok = False
-                print(f"error: {request[0]} -> {e!r}", file=sys.stderr)
-            return ok, (time.perf_counter() - start) * 1000
-
-        local = threading.local()
-        clients: list[httpx.Client] = []
-
-        def client() -> httpx.Client:  # one connection pool per client thread
-            if not hasattr(local, "client"):
-                local.client = httpx.Client(base_url=server.url, timeout=600)
-                with lock:
-                    clients.append(local.client)
-            return local.client
-
-        try:
-            started = time.perf_counter()
-            with ThreadPoolExecutor(args.clients) as pool:
-                outcomes = list(pool.map(job, range(args.requests)))
-            elapsed = time.perf_counter() - started
-        finally:
-            for client in clients:
-                client.close()
-    backend.encode = original_encode
-
-    latencies = [ms for _, ms in outcomes]
-    figures = {
-        "requests": len(outcomes),
-        "errors": sum(not ok for ok, _ in outcomes),
-        "rps": round(len(outcomes) / elapsed, 3),
-        "p50_ms": round(statistics.median(latencies), 1),
-        "p99_ms": round(_percentile(latencies, 0.99), 1),
-        "encodes": len(encoded),
-        "distinct_encoded": len(set(encoded)),
-        "distinct_images": len(set(images)),
-        "clients": args.clients,
-        "model": args.model,
-    }
+    figures = run_single(args)
     print(json.dumps(figures), flush=True)
     return 0 if figures["errors"] == 0 and figures["encodes"] == figures["distinct_images"] else 1
 

@@ -9,12 +9,19 @@ measures with a warm page cache, medians over repeats:
   header and spec checks, tensors as views of the read buffer);
 - ``memory_load_ms``: a memory-tier hit through the tiered store;
 - ``disk_ratio``: disk load / raw read, measured in alternation in the same run;
-- ``index_lookup_us``: median ``contains()`` on an index of ``entries`` rows;
+- ``index_lookup_us``: median ``contains()`` on an index of ``entries`` rows (half the
+  probes present, half absent);
 - ``checksum_ms``: xxh3-128 over the bytes just read by the plain read: the floor
   that any checked load pays on top of the read.
 
-Prints ONE JSON line. The 4 MB figures are the top-level keys; ``sizes`` holds
-the figures of every size. Usage: ``python benchmarks/store_load.py [--repeats N]``.
+Everything goes through the store's public API (``open_store``, ``put`` / ``get`` /
+``contains`` / ``path_for`` of its tiers): the lookup index is filled with real, tiny
+packages, so the figures follow the store through any schema change.
+
+Prints ONE JSON line. The figures of the first ``--sizes`` entry (4 MB by default) are the
+top-level keys; ``sizes`` holds the figures of every size. Usage:
+``python benchmarks/store_load.py [--repeats N] [--entries N] [--sizes 4mb,10mb]``
+(``--sizes tiny``: a few KB, the smoke test's size).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -35,7 +43,9 @@ import xxhash
 from refsight.package import EncoderFingerprint, VisualPackage
 from refsight.store import open_store
 
-SIZES = {"4mb": (1369, 1536), "10mb": (3420, 1536)}
+SIZES = {"4mb": (1369, 1536), "10mb": (3420, 1536), "tiny": (16, 64)}
+#: Writers filling the lookup index at once: each put fsyncs its file outside the store's write lock.
+FILL_THREADS = 8
 
 
 def make(tokens: int, dims: int, n: int) -> VisualPackage:
@@ -59,37 +69,35 @@ def median_ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1000
 
 
+def _pair(store, key: str, path: Path) -> tuple[float, float, float]:
+    """One plain read, its checksum, and one checked store load of the same file: seconds each."""
+    # Back to back, so both see the same machine load; the ratio is the median of the per-pair ratios.
+    start = time.perf_counter()
+    with open(path, "rb") as f:
+        data = f.read()
+    t_raw = time.perf_counter() - start
+    # The checksum over the bytes just read: the floor any checked load pays on top of the
+    # read (it is also the first time those bytes are touched by the process).
+    start = time.perf_counter()
+    xxhash.xxh3_128_hexdigest(data)
+    t_hash = time.perf_counter() - start
+    del data
+    start = time.perf_counter()
+    package = store.local.get(key)
+    t_disk = time.perf_counter() - start
+    assert package is not None
+    return t_raw, t_hash, t_disk
+
+
 def measure_size(store, tokens: int, dims: int, repeats: int) -> dict:
     packages = [make(tokens, dims, tokens * 100 + n) for n in range(4)]
-    for p in packages:
-        store.packages.put(p)
+    sizes = [store.packages.put(p) for p in packages]
     keys = [p.key for p in packages]
     paths = [store.local.path_for(k) for k in keys]
     for path in paths:  # warm the page cache
         path.read_bytes()
-    raw, disk, ratios, hashing = [], [], [], []
-    for i in range(repeats):
-        key, path = keys[i % len(keys)], paths[i % len(keys)]
-        # A plain read and a store load of the same file, back to back, so both see the
-        # same machine load; the ratio is the median of the per-pair ratios.
-        start = time.perf_counter()
-        with open(path, "rb") as f:
-            data = f.read()
-        t_raw = time.perf_counter() - start
-        # The checksum over the bytes just read: the floor any checked load pays on top
-        # of the read (it is also the first time those bytes are touched by the process).
-        start = time.perf_counter()
-        xxhash.xxh3_128_hexdigest(data)
-        hashing.append(time.perf_counter() - start)
-        del data
-        start = time.perf_counter()
-        package = store.local.get(key)
-        t_disk = time.perf_counter() - start
-        assert package is not None
-        del package
-        raw.append(t_raw)
-        disk.append(t_disk)
-        ratios.append(t_disk / t_raw)
+    pairs = [_pair(store, keys[i % len(keys)], paths[i % len(keys)]) for i in range(repeats)]
+    raw, hashing, disk = (list(column) for column in zip(*pairs))
     store.memory.clear()
     store.packages.get(keys[0])  # promote into memory
     mem = []
@@ -99,26 +107,24 @@ def measure_size(store, tokens: int, dims: int, repeats: int) -> dict:
         mem.append(time.perf_counter() - start)
     assert hit is not None
     return {
-        "package_mb": round(store.local.record(keys[0]).bytes / 1e6, 3),
+        "package_mb": round(sizes[0] / 1e6, 3),
         "raw_read_ms": round(median_ms(raw), 4),
         "disk_load_ms": round(median_ms(disk), 4),
         "memory_load_ms": round(median_ms(mem), 5),
-        "disk_ratio": round(statistics.median(ratios), 3),
+        "disk_ratio": round(statistics.median(d / r for d, r in zip(disk, raw)), 3),
         "checksum_ms": round(median_ms(hashing), 4),
     }
 
 
 def measure_lookup(store, entries: int, repeats: int) -> tuple[float, int]:
-    existing = store.local.stats()["packages"]
-    rows = [
-        (f"{random.getrandbits(256):064x}", f"{n:064x}", "0" * 64, "{}", 0, "{}", 0.0, 0.0, "0" * 32)
-        for n in range(max(0, entries - existing))
-    ]
-    # Bulk insert in one transaction: these rows have no files, they only fill the index.
-    with store.local._db.write() as conn:
-        conn.executemany("INSERT OR IGNORE INTO packages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
-    total = store.local.stats()["packages"]
-    probes = [r[0] for r in random.sample(rows, min(len(rows), repeats))] + [f"{random.getrandbits(256):064x}" for _ in range(repeats)]
+    """Median ``contains()`` in µs once the index holds ``entries`` rows (filled with tiny real packages)."""
+    existing = len(list(store.local.keys()))
+    fillers = [make(1, 8, 10**9 + n) for n in range(max(0, entries - existing))]
+    with ThreadPoolExecutor(FILL_THREADS) as pool:
+        list(pool.map(store.local.put, fillers))
+    total = len(list(store.local.keys()))
+    present = [p.key for p in random.sample(fillers, min(len(fillers), repeats))]
+    probes = present + [f"{random.getrandbits(256):064x}" for _ in range(repeats)]
     samples = []
     for key in probes:
         start = time.perf_counter()
@@ -130,16 +136,20 @@ def measure_lookup(store, entries: int, repeats: int) -> tuple[float, int]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=200)
-    parser.add_argument("--entries", type=int, default=100_000)
+    parser.add_argument("--entries", type=int, default=10_000, help="rows in the index the lookups probe")
+    parser.add_argument("--sizes", default="4mb,10mb", help=f"comma-separated, of {', '.join(SIZES)}")
     parser.add_argument("--dir", type=Path, default=None, help="store directory (default: a temp dir)")
     args = parser.parse_args(argv)
+    names = [n for n in args.sizes.split(",") if n]
+    if not names or any(n not in SIZES for n in names):
+        parser.error(f"--sizes takes names of {', '.join(SIZES)}")
     torch.set_num_threads(1)
     random.seed(0)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         with open_store(Path(tmp) / "store", memory_bytes=64 << 20) as store:
-            sizes = {name: measure_size(store, t, d, args.repeats) for name, (t, d) in SIZES.items()}
+            sizes = {name: measure_size(store, *SIZES[name], args.repeats) for name in names}
             lookup_us, entries = measure_lookup(store, args.entries, args.repeats * 5)
-    result = dict(sizes["4mb"])
+    result = dict(sizes[names[0]])
     result["index_lookup_us"] = lookup_us
     result["entries"] = entries
     result["sizes"] = sizes

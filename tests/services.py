@@ -2,7 +2,9 @@
 
 `.ci/services` installs the distribution's packages; these helpers start private servers from
 those binaries (never the system's own instances), and stop them and delete their data at the
-end. A test that needs one and finds no binary skips, saying which.
+end. A test that needs one and finds no binary skips, saying which, or fails in strict mode
+(``CI=true``: see ``runtimes.py``). ``$REFSIGHT_PG_BIN`` and ``$REFSIGHT_REDIS_SERVER`` point at
+other binaries.
 
 Fixtures (imported by ``tests/conftest.py``):
 
@@ -27,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from runtimes import require_module, require_runtime
+
 __all__ = [
     "PG_BIN",
     "PostgresServer",
@@ -39,7 +43,9 @@ __all__ = [
 ]
 
 PG_BIN = Path(os.environ.get("REFSIGHT_PG_BIN", "/usr/lib/postgresql/15/bin"))
-REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+REDIS_SERVER = os.environ.get("REFSIGHT_REDIS_SERVER") or shutil.which("redis-server") or "/usr/bin/redis-server"
+#: How the tests' PostgreSQL client is installed (the postgres extra).
+PSYCOPG_INSTALL = "pip install 'refsight[postgres]'"
 
 
 def free_port() -> int:
@@ -69,7 +75,7 @@ class PostgresServer:
 
     def __init__(self) -> None:
         if not (PG_BIN / "postgres").exists():
-            pytest.skip(f"PostgreSQL binaries not found in {PG_BIN} (run .ci/services)")
+            require_runtime("PostgreSQL 15", f"no server binaries in {PG_BIN} (run .ci/services)")
         self.port = free_port()
         self._tmp = Path(tempfile.mkdtemp(prefix="refsight-pg-"))
         self.data = self._tmp / "data"
@@ -78,7 +84,7 @@ class PostgresServer:
             try:
                 self._user = pwd.getpwnam("postgres")
             except KeyError:
-                pytest.skip("running as root and there is no 'postgres' user to run PostgreSQL")
+                require_runtime("PostgreSQL 15", "running as root and there is no 'postgres' user to run it as")
             os.chmod(self._tmp, 0o755)
             os.chown(self._tmp, self._user.pw_uid, self._user.pw_gid)
         self._run(
@@ -142,7 +148,7 @@ class RedisServer:
 
     def __init__(self, maxmemory: str | None = None) -> None:
         if not Path(REDIS_SERVER).exists():
-            pytest.skip("redis-server not found (run .ci/services)")
+            require_runtime("Redis 7", f"no redis-server at {REDIS_SERVER} (run .ci/services)")
         self.port = free_port()
         self.maxmemory = maxmemory
         self._tmp = Path(tempfile.mkdtemp(prefix="refsight-redis-"))
@@ -193,7 +199,7 @@ def postgres_server() -> Iterator[PostgresServer]:
 @pytest.fixture
 def postgres(postgres_server: PostgresServer) -> Iterator[str]:
     """The URL of a fresh, empty database on the session's server (dropped afterwards)."""
-    pytest.importorskip("psycopg", reason="psycopg is not installed (pip install 'refsight[postgres]')")
+    require_module("psycopg", PSYCOPG_INSTALL)
     url = postgres_server.create_database()
     yield url
     postgres_server.drop_database(url)
@@ -202,7 +208,7 @@ def postgres(postgres_server: PostgresServer) -> Iterator[str]:
 @pytest.fixture
 def private_postgres() -> Iterator[PostgresServer]:
     """A PostgreSQL server of the test's own, which it may stop and start."""
-    pytest.importorskip("psycopg", reason="psycopg is not installed (pip install 'refsight[postgres]')")
+    require_module("psycopg", PSYCOPG_INSTALL)
     server = PostgresServer()
     yield server
     server.close()

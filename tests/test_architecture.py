@@ -346,3 +346,81 @@ def test_package_key_derivation_is_frozen():
         "If the change is intended, bump PACKAGE_FORMAT_VERSION in src/refsight/package.py "
         f"(then record the new keys here); got {keys}"
     )
+
+
+# -- strict mode: every skip of a runtime goes through tests/runtimes.py -------------------------
+
+#: Files whose ``pytest.skip`` is not about a runtime (it stays a skip under ``CI=true``), with the reason.
+NON_RUNTIME_SKIPS = {
+    "test_architecture.py": "a moved PACKAGE_FORMAT_VERSION asks for its new golden keys to be recorded",
+    "hardening_helpers.py": "no tmpfs can be mounted for the full-disk tests: a privilege of the machine, not a runtime",
+}
+
+
+def _skip_calls(path: Path) -> Iterator[tuple[int, str]]:
+    """``(line, name)`` of every ``pytest.skip`` / ``pytest.importorskip`` call or import in ``path``."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module == "pytest":
+            yield from ((node.lineno, a.name) for a in node.names if a.name in ("skip", "importorskip"))
+        elif (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == "pytest"
+            and node.func.attr in ("skip", "importorskip")
+        ):
+            yield node.lineno, node.func.attr
+
+
+def test_runtime_skips_go_through_require_runtime():
+    """Strict mode (CI=true) turns runtime skips into failures only if it sees them: no test skips one itself."""
+    found = []
+    for path in sorted(TESTS.rglob("*.py")):
+        relative = path.relative_to(TESTS).as_posix()
+        if relative == "runtimes.py":
+            continue
+        for line, name in _skip_calls(path):
+            if name == "importorskip" or relative not in NON_RUNTIME_SKIPS:
+                found.append(f"{relative}:{line} pytest.{name}")
+    assert not found, (
+        "skip a missing runtime with runtimes.require_runtime / require_module (they fail under CI=true), "
+        f"or list a skip that is not about a runtime in NON_RUNTIME_SKIPS: {found}"
+    )
+
+
+# -- size rules: small modules with one concern, functions that read top to bottom ----------------
+
+#: No module in src/ is longer (lines), and no function or method (decorators not counted, its
+#: docstring and nested functions counted).
+MAX_MODULE_LINES = 450
+MAX_FUNCTION_LINES = 60
+
+
+def _functions(tree: ast.AST, prefix: str = "") -> Iterator[tuple[str, ast.AST]]:
+    """``(qualified name, node)`` of every function and method under ``tree``, nested ones included."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield prefix + node.name, node
+            yield from _functions(node, f"{prefix}{node.name}.")
+        elif isinstance(node, ast.ClassDef):
+            yield from _functions(node, f"{prefix}{node.name}.")
+        else:
+            yield from _functions(node, prefix)
+
+
+def test_the_function_finder_sees_methods_and_nested_functions():
+    tree = ast.parse("class A:\n    def f(self):\n        def g():\n            pass\n\n\ndef h():\n    pass\n")
+    assert [name for name, _ in _functions(tree)] == ["A.f", "A.f.g", "h"]
+
+
+def test_no_module_in_src_is_over_450_lines():
+    long = {module: n for module, path in MODULES.items() if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them along their jobs): {long}"
+
+
+def test_no_function_in_src_is_over_60_lines():
+    long = [
+        f"{module}.{name} ({node.end_lineno - node.lineno + 1} lines)"
+        for module, path in MODULES.items()
+        for name, node in _functions(ast.parse(path.read_text(), str(path)))
+        if node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines (cut them into steps): {long}"

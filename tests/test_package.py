@@ -8,6 +8,7 @@ import pickle
 
 import numpy as np
 import pytest
+from runtimes import require_module
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -328,7 +329,7 @@ def test_from_json_round_trips_for_any_fingerprint(fp):
 
 
 def test_tensor_spec_names_dtype_and_shape_of_torch_tensors():
-    torch = pytest.importorskip("torch")
+    torch = require_module("torch")
     tensors = {
         "pooler_output": torch.zeros(16, 1536, dtype=torch.bfloat16),
         "deepstack.0": torch.zeros(16, 1536, dtype=torch.float16),
@@ -355,7 +356,7 @@ def test_tensor_spec_tells_layouts_of_the_same_bytes_apart():
 
 
 def test_visual_package_key_size_spec_and_header():
-    torch = pytest.importorskip("torch")
+    torch = require_module("torch")
     fingerprint = base_fingerprint()
     package = VisualPackage(
         tensors={"features": torch.ones(4, 8, dtype=torch.bfloat16), "grid": torch.tensor([1, 2, 2])},

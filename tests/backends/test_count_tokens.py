@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from runtimes import require_module
 
 from refsight.backends.toy import ToyBackend
 
@@ -27,7 +28,7 @@ def test_the_default_is_a_cheap_estimate():
 
 @pytest.mark.parametrize("name", ["tiny-qwen2-vl-gguf", "tiny-smolvlm-gguf"])
 def test_the_llamacpp_backend_counts_with_its_vocabulary(name):
-    pytest.importorskip("llama_cpp")
+    require_module("llama_cpp", "pip install 'refsight[llamacpp]'")
     from refsight.backends.registry import get_backend
 
     backend = get_backend(name)

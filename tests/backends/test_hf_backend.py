@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from runtimes import require_runtime
 
 from backend_models import TINY_FAMILIES
 from refsight.backends.base import GenerationRequest
@@ -189,7 +190,7 @@ def test_package_whose_shapes_disagree_is_refused(load, photos):
 def test_json_schema_constrains_its_row_only(load, photos):
     backend = load("tiny-qwen2-vl")
     if not backend.supports_constrained_decoding:
-        pytest.skip("refsight.backends.hf.constrained is not present")
+        require_runtime("constrained decoding (xgrammar)", "the HF backend reports supports_constrained_decoding=False")
     ref = backend.encode([photos["chelsea"]])[0]
     schema = {"type": "boolean"}
     out = backend.generate(

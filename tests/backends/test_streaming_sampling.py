@@ -5,12 +5,13 @@ from __future__ import annotations
 import threading
 
 import pytest
+from runtimes import require_module
 
 from backend_models import TINY_FAMILIES
 from refsight.backends.base import GenerationRequest
 from refsight.backends.sampling import Sampling, StopText
 
-pytest.importorskip("transformers")
+require_module("transformers")
 
 
 @pytest.mark.parametrize("name", TINY_FAMILIES)

@@ -2,24 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "prefix_cache.py"
+from benchmark_runner import run_benchmark
 
 
 def test_prefix_cache_benchmark_prints_one_json_line_and_reuses_the_state(model_cache):
     args = ["--model", "tiny-qwen2-vl", "--size", "56", "--refs", "2", "--rubrics", "2", "--candidates", "1"]
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), *args, "--max-new-tokens", "3"],
-        capture_output=True, text=True, timeout=600, check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = result.stdout.strip().splitlines()
-    assert len(lines) == 1  # one JSON line, nothing else on stdout
-    figures = json.loads(lines[0])
+    figures = run_benchmark("prefix_cache.py", *args, "--max-new-tokens", "3")
     for key in (
         "fresh_ms", "package_ms", "prefix_ms", "candidate_only_ms", "package_over_prefix", "prefix_over_candidate_only",
         "prefix_bytes_per_token", "prefix_build_ms",

@@ -7,19 +7,10 @@ import json
 from refsight.cli import main
 
 
-def test_generate_from_cached_references_matches_the_fresh_path(tmp_path, real_photo, capsys):
-    store = tmp_path / "store"
-    paths = []
-    for name in ("chelsea", "coffee"):
-        path = tmp_path / f"{name}.png"
-        real_photo(name, size=(72, 56)).save(path)
-        paths.append(str(path))
-    assert main(["add", *paths, "--store", str(store), "--model", "tiny-qwen2-vl", "--json"]) == 0
-    added = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+def test_generate_from_cached_references_matches_the_fresh_path(cli_store, capsys):
+    store, candidate, added = cli_store
     assert [a["cached"] for a in added] == [False, False] and all(a["model"] == "tiny-qwen2-vl" for a in added)
 
-    candidate = tmp_path / "candidate.png"
-    real_photo("astronaut", size=(64, 64)).save(candidate)
     argv = [
         "generate",
         "--ref",

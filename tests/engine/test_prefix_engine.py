@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from refsight import Engine
 from refsight.cli import main
 
@@ -40,23 +38,8 @@ def test_compare_reuses_the_reference_prefix_across_rubrics_with_the_same_verdic
         assert engine.stats().prefix_bytes > 0 and engine.stats().prefix_ms_saved > 0
 
 
-@pytest.fixture
-def cli_store(tmp_path, real_photo, capsys):
-    store = tmp_path / "store"
-    paths = []
-    for name in ("chelsea", "coffee"):
-        path = tmp_path / f"{name}.png"
-        real_photo(name, size=(72, 56)).save(path)
-        paths.append(str(path))
-    assert main(["add", *paths, "--store", str(store), "--model", "tiny-qwen2-vl", "--json"]) == 0
-    candidate = tmp_path / "candidate.png"
-    real_photo("astronaut", size=(64, 64)).save(candidate)
-    capsys.readouterr()
-    return store, candidate
-
-
 def test_cli_generate_reuses_the_state_and_no_kv_cache_opts_out(cli_store, capsys):
-    store, candidate = cli_store
+    store, candidate, _ = cli_store
 
     def generate(prompt: str, *flags: str) -> dict:
         argv = ["generate", "--ref", "chelsea", "--ref", "coffee", "--image", str(candidate), "--prompt", prompt,

@@ -4,10 +4,11 @@ and is re-encoded from the kept image; a quota eviction reaches every tier."""
 from __future__ import annotations
 
 import pytest
+from runtimes import require_module
 
 from refsight import Engine
 
-redis = pytest.importorskip("redis", reason="the redis client is not installed (pip install 'refsight[redis]')")
+redis = require_module("redis", "pip install 'refsight[redis]'")
 
 
 @pytest.fixture

@@ -28,6 +28,18 @@ def make_images(directory: Path, count: int, *, size: int = 40, seed: int = 0) -
     return paths
 
 
+def stored_packages(store: Path) -> int:
+    """How many package rows an embedded store's database holds right now (0 while it cannot be read)."""
+    try:
+        conn = sqlite3.connect(f"file:{store / 'refsight.db'}?mode=ro", uri=True, timeout=5)
+        try:
+            return conn.execute("SELECT count(*) FROM packages").fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return 0
+
+
 def snapshot(store: Path) -> dict[str, object]:
     """What a store holds, by name: package keys, references and links, kept images, vectors, records."""
     def rows(path: Path, sql: str) -> list[tuple]:

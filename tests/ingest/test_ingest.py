@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from image_corpus import CORPUS_ACCEPTED, CORPUS_REJECTED
-from ingest_helpers import MODEL, make_images, snapshot
+from ingest_helpers import MODEL, make_images, snapshot, stored_packages
 from refsight import Engine
 from refsight.cli import main
 from refsight.errors import InvalidInputError
@@ -112,10 +112,9 @@ def test_sources_directory_path_list_csv_and_parquet_name_the_same_images(tmp_pa
 
     bad = tmp_path / "bad.csv"
     bad.write_text("file,id\nx.png,1\n")
-    with pytest.raises(InvalidInputError, match="'path' column"):
-        list_source(bad)
-    with pytest.raises(InvalidInputError, match="no such file"):
-        list_source(tmp_path / "absent")
+    for source, reason in ((bad, "'path' column"), (tmp_path / "absent", "no such file")):
+        with pytest.raises(InvalidInputError, match=reason):
+            list_source(source)
 
 
 def test_a_manifest_sets_ids_and_metadata_and_search_filters_on_them(tmp_path, images):
@@ -203,7 +202,6 @@ def test_ingest_writes_through_the_catalog_interface_to_a_postgresql_catalog(tmp
 def test_a_killed_ingest_rerun_encodes_only_what_is_missing(tmp_path, images):
     import os
     import signal
-    import sqlite3
     import subprocess
     import sys
     import time
@@ -215,24 +213,14 @@ def test_a_killed_ingest_rerun_encodes_only_what_is_missing(tmp_path, images):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2] / "src"), os.environ.get("PYTHONPATH", "")])}
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    def packages() -> int:
-        try:
-            conn = sqlite3.connect(f"file:{store / 'refsight.db'}?mode=ro", uri=True, timeout=5)
-            try:
-                return conn.execute("SELECT count(*) FROM packages").fetchone()[0]
-            finally:
-                conn.close()
-        except sqlite3.Error:
-            return 0
-
     try:
         deadline = time.monotonic() + 300
-        while packages() < 4 and process.poll() is None and time.monotonic() < deadline:
+        while stored_packages(store) < 4 and process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
         os.kill(process.pid, signal.SIGKILL)  # mid-job, as a crash (a Ctrl-C stops at the same points)
     finally:
         process.wait()
-    stored = packages()
+    stored = stored_packages(store)
     assert 4 <= stored < len(images), "the ingest was not killed mid-job"
     with Engine(store, model=MODEL) as engine:
         report = engine.ingest(root, batch_size=4)

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from runtimes import require_module
 
 from image_corpus import CORPUS_ACCEPTED, CORPUS_REJECTED
-from ingest_helpers import MODEL, make_images, snapshot
+from ingest_helpers import MODEL, make_images, snapshot, stored_packages
 from refsight import Engine
 
-ray = pytest.importorskip("ray")
+ray = require_module("ray", "pip install 'refsight[ray]'")
 pytestmark = pytest.mark.slow  # three 300-image ingests on a 2-CPU Ray instance
 
 COUNT = 300
@@ -92,17 +92,6 @@ def _encoder_actors() -> list[int]:
     return pids
 
 
-def _packages(store: Path) -> int:
-    try:
-        conn = sqlite3.connect(f"file:{store / 'refsight.db'}?mode=ro", uri=True, timeout=5)
-        try:
-            return conn.execute("SELECT count(*) FROM packages").fetchone()[0]
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return 0
-
-
 def test_an_actor_killed_mid_job_is_retried_and_the_store_matches_an_undisturbed_run(undisturbed, source, tmp_path):
     _, _, expected = undisturbed
     store = tmp_path / "store"
@@ -112,7 +101,7 @@ def test_an_actor_killed_mid_job_is_retried_and_the_store_matches_an_undisturbed
     def killer() -> None:
         # SIGKILL one encode actor once a tenth of the packages are written: mid-job, batches in flight.
         while not done.is_set():
-            written = _packages(store)
+            written = stored_packages(store)
             actors = _encoder_actors()
             if written >= COUNT // 10 and actors:
                 os.kill(actors[0], signal.SIGKILL)

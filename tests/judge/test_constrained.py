@@ -10,12 +10,13 @@ import random
 
 import jsonschema
 import pytest
+from runtimes import require_module
 
 from refsight.judge.criteria import parse_rubric
 from refsight.judge.verdict import parse_verdicts, token_budget, verdict_schema
 
-pytest.importorskip("xgrammar")
-constrained = pytest.importorskip("refsight.backends.hf.constrained")
+require_module("xgrammar")
+constrained = require_module("refsight.backends.hf.constrained")
 
 WORDS = (
     "cat dog orange striped fur ears pointed round white paws tail eyes green blue same colour pattern "

@@ -7,14 +7,15 @@ random weights, makes it so), and cached packages vs fresh images give identical
 from __future__ import annotations
 
 import pytest
+from runtimes import require_module
 
 from refsight.judge import ImageNetAttributeSource, Judge, parse_rubric
 from refsight.judge.verdict import VERDICTS
 
 from judge_helpers import photo
 
-pytest.importorskip("xgrammar")
-tiny = pytest.importorskip("refsight.backends.tiny")
+require_module("xgrammar")
+tiny = require_module("refsight.backends.tiny")
 
 FAMILIES = ("tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl", "tiny-smolvlm")
 RUBRIC = parse_rubric([{"text": "is a cat", "required": True}, "orange fur", {"text": "pointed \"ears\" 猫", "weight": 2}])

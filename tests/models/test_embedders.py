@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from runtimes import require_runtime
 from PIL import Image, ImageEnhance
 
 from refsight.errors import InvalidInputError, ModelLoadError
@@ -185,7 +186,7 @@ def test_vlm_embedder_on_tiny_qwen2_vl_reuses_cached_packages():
     try:
         emb = VlmEmbedder("tiny-qwen2-vl")
     except (UnknownModelError, ModelLoadError) as exc:  # the backend is another module's job
-        pytest.skip(f"tiny-qwen2-vl backend unavailable: {exc}")
+        require_runtime("the tiny-qwen2-vl backend (transformers)", str(exc))
     small = [load_image(bundled_photo(n).image.resize((64, 48))) for n in ("chelsea", "coffee")]
     v = emb.embed_images(small)
     assert v.shape == (2, emb.dim) and v.dtype == np.float32

@@ -84,12 +84,10 @@ def test_unreadable_or_foreign_files_raise_instead_of_loading(tmp_path, damage):
         AnnIndex.load(path, DIM * 2 if damage == "other-dim" else DIM)
 
 
-def test_searches_adds_and_removals_from_many_threads_leave_a_consistent_graph():
+def _run_together(*functions) -> list[BaseException]:
+    """Run ``functions`` in threads at once; what any of them raised."""
     import threading
 
-    vecs = unit(2000, 7)
-    ann = AnnIndex(DIM, capacity=16)  # small: adds must resize while others search
-    ann.add(np.arange(1, 201), vecs[:200])
     errors: list[BaseException] = []
 
     def guarded(fn):
@@ -99,6 +97,19 @@ def test_searches_adds_and_removals_from_many_threads_leave_a_consistent_graph()
             except BaseException as exc:  # noqa: BLE001 - any failure in a thread fails the test
                 errors.append(exc)
         return run
+
+    threads = [threading.Thread(target=guarded(f)) for f in functions]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
+def test_searches_adds_and_removals_from_many_threads_leave_a_consistent_graph():
+    vecs = unit(2000, 7)
+    ann = AnnIndex(DIM, capacity=16)  # small: adds must resize while others search
+    ann.add(np.arange(1, 201), vecs[:200])
 
     def adder():
         for start in range(200, 2000, 100):
@@ -113,12 +124,7 @@ def test_searches_adds_and_removals_from_many_threads_leave_a_consistent_graph()
             _, scores = ann.search(q, 5)
             assert list(scores) == sorted(scores, reverse=True)
 
-    threads = [threading.Thread(target=guarded(f)) for f in (adder, remover, searcher, searcher)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    assert not _run_together(adder, remover, searcher, searcher)
     assert len(ann) == 2000 - 100
     removed = set(range(1, 200, 2))
     for q in vecs[200:260]:

@@ -7,6 +7,7 @@ import json
 import jsonschema
 import openai
 import pytest
+from runtimes import require_module
 
 from live_server import LiveServer, b64, data_url, photo_png
 from refsight.server import ServerConfig, create_app
@@ -77,7 +78,7 @@ def test_sdk_errors_map_to_the_sdk_exceptions(toy):
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> LiveServer:
     """A real tiny random Qwen2-VL behind the server (loads once for the module)."""
-    pytest.importorskip("transformers")
+    require_module("transformers")
     app = create_app(ServerConfig(store=tmp_path_factory.mktemp("tiny-store"), model="tiny-qwen2-vl", keys={KEY: "one"}))
     live = LiveServer(app).start()
     yield live

@@ -12,6 +12,7 @@ import time
 
 import openai
 import pytest
+from runtimes import require_module
 
 from live_server import LiveServer, b64, data_url, photo_png
 from refsight.server import ServerConfig, create_app
@@ -24,7 +25,7 @@ ASK = [{"role": "user", "content": "Describe the picture in detail."}]
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> LiveServer:
     """A real tiny random Qwen2-VL behind the server, one model worker (loads once for the module)."""
-    pytest.importorskip("transformers")
+    require_module("transformers")
     app = create_app(ServerConfig(store=tmp_path_factory.mktemp("stream-store"), model=MODEL, keys={KEY: "one"}, workers=1))
     live = LiveServer(app).start()
     with live.client(KEY) as c:

@@ -6,6 +6,7 @@ import os
 import time
 
 import pytest
+from runtimes import require_module
 
 from live_server import b64, photo_png
 
@@ -30,7 +31,7 @@ def wait_until(page, expression: str, timeout_s: float = 15.0) -> None:
 
 @pytest.fixture
 def browser():
-    sync_api = pytest.importorskip("playwright.sync_api")
+    sync_api = require_module("playwright.sync_api", "pip install 'refsight[test]'")
     if not os.access(CHROMIUM, os.X_OK):
         pytest.fail(f"{CHROMIUM} is missing: .ci/services installs Debian's chromium")
     with sync_api.sync_playwright() as p:
@@ -112,7 +113,7 @@ def test_page_reports_api_errors_readably(make_server, browser):
 
 def test_page_chat_streams_an_answer_that_grows(make_server, browser):
     """The chat box reads the SSE stream as it arrives: the answer is seen growing, then equals the plain answer."""
-    pytest.importorskip("transformers")
+    require_module("transformers")
     live = make_server(model="tiny-qwen2-vl")
     with live.client() as c:
         assert c.post("/v1/references", json={"image": b64(photo_png("chelsea", (56, 56))), "id": "cat"}).status_code == 201

@@ -7,11 +7,11 @@ import re
 import time
 
 import httpx
-import pytest
 from hardening_helpers import ServeProcess
 from live_server import b64, photo_png
+from runtimes import require_module
 
-pytest.importorskip("redis", reason="the redis client is not installed (pip install 'refsight[redis]')")
+require_module("redis", "pip install 'refsight[redis]'")
 
 RUBRIC = "striped fur\npointed ears"
 NAMES = ("chelsea", "coffee", "rocket")

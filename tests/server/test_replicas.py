@@ -12,6 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from runtimes import require_module
 from live_server import assert_error, data_url
 from replica_helpers import Replica, b64, noise_png
 
@@ -23,7 +24,7 @@ RUBRIC = "same colours\nsame texture"
 @pytest.fixture
 def deployment(tmp_path, postgres_server):
     """``start(name, model=...)`` starts a replica on the shared catalog and blob directory."""
-    pytest.importorskip("psycopg")
+    require_module("psycopg", "pip install 'refsight[postgres]'")
     url = postgres_server.create_database()
     replicas: list[Replica] = []
 

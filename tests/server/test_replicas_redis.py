@@ -12,10 +12,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from runtimes import require_module
 from replica_helpers import Replica, b64, noise_png
 
-redis = pytest.importorskip("redis", reason="the redis client is not installed (pip install 'refsight[redis]')")
-pytest.importorskip("psycopg", reason="psycopg is not installed (pip install 'refsight[postgres]')")
+redis = require_module("redis", "pip install 'refsight[redis]'")
+require_module("psycopg", "pip install 'refsight[postgres]'")
 
 RUBRIC = "same colours\nsame texture"
 N = 12

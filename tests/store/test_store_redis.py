@@ -13,13 +13,14 @@ import threading
 import time
 
 import pytest
+from runtimes import require_module
 from store_helpers import make_package
 
 from refsight.errors import InvalidInputError, StoreError
 from refsight.store import open_store
 from refsight.store.redis_tier import KEY_PREFIX, RedisPackageStore
 
-redis = pytest.importorskip("redis", reason="the redis client is not installed (pip install 'refsight[redis]')")
+redis = require_module("redis", "pip install 'refsight[redis]'")
 
 from services import RedisServer  # noqa: E402
 

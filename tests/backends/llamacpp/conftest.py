@@ -1,7 +1,8 @@
 """Fixtures for the llama.cpp backend: the built-in GGUF models and photos.
 
 Every test module here is skipped, with the reason, when llama-cpp-python is not
-installed (``pip install 'refsight[llamacpp]'``: see ``llama_models.require_llama_cpp``). The GGUFs are built once
+installed (``pip install 'refsight[llamacpp]'``: see ``llama_models.require_llama_cpp``), and
+fails in strict mode (``CI=true``: ``tests/runtimes.py``). The GGUFs are built once
 per session (a tiny random HF checkpoint converted with llama.cpp's converter) into the
 session's one model cache (``tests/conftest.py``), keyed by their recipe's hash.
 """

@@ -12,7 +12,7 @@ PROMPTS = {
 
 
 def require_llama_cpp() -> None:
-    """Skip the calling test module, with the reason, when llama-cpp-python is not installed."""
-    import pytest
+    """Skip the calling test module (fail it in strict mode, ``CI=true``) when llama-cpp-python is not installed."""
+    from runtimes import require_module
 
-    pytest.importorskip("llama_cpp.mtmd_cpp", reason="llama-cpp-python is not installed (pip install 'refsight[llamacpp]')")
+    require_module("llama_cpp.mtmd_cpp", "pip install 'refsight[llamacpp]'")

@@ -1,0 +1,117 @@
+"""The vLLM venv and real vLLM servers, for every test marked ``vllm`` (imported by ``tests/conftest.py``).
+
+Everything goes through refsight's own commands, as a user would run them:
+``refsight vllm-env --json`` builds (or reuses) the venv; ``refsight vllm-serve
+MODEL --json`` starts a server and prints its URL; SIGTERM stops it. When the venv
+cannot be built (no network, unsupported platform) every test that needs it is skipped
+with the reason, and fails in strict mode (``CI=true``: ``tests/runtimes.py``).
+
+Servers are the slow part (about a minute each on two CPU cores), so a session
+pool starts each (model, image limit) once and keeps at most ``MAX_LIVE`` alive,
+stopping the least recently used when another is needed; test files and family
+parameters are ordered so that each server starts once, and the benchmark smoke tests
+(``tests/benchmarks``, collected after ``tests/backends/vllm``) reuse the server those
+tests leave running.
+
+Fixtures: ``vllm_python`` (the venv's interpreter) and ``vllm_servers`` (the pool).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+import pytest
+from runtimes import require_runtime
+
+MAX_LIVE = 2
+START_TIMEOUT_S = 900
+
+
+def _refsight(*args: str) -> list[str]:
+    return [sys.executable, "-m", "refsight.cli", *args]
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    """The vLLM venv's python, from ``refsight vllm-env --json``; skips (strict mode: fails) when it cannot be built."""
+    proc = subprocess.run(_refsight("vllm-env", "--json"), capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        require_runtime("the vLLM environment", f"refsight vllm-env failed: {(proc.stderr or proc.stdout)[-800:]}")
+    return Path(json.loads(proc.stdout.strip().splitlines()[-1])["python"])
+
+
+class Server:
+    """One ``refsight vllm-serve`` process and the URL it printed."""
+
+    def __init__(self, model: str, image_limit: int, log_dir: Path) -> None:
+        self.model, self.image_limit = model, image_limit
+        self.log = log_dir / f"vllm-{model}-{image_limit}.log"
+        began = time.monotonic()
+        with open(self.log, "w") as log:
+            self.process = subprocess.Popen(
+                _refsight("vllm-serve", model, "--image-limit", str(image_limit), "--json"),
+                stdout=subprocess.PIPE, stderr=log, text=True,
+            )
+        line = self.process.stdout.readline()  # blocks until the server answers (or the command fails)
+        if not line:
+            self.process.wait(30)
+            raise RuntimeError(f"vllm-serve {model} failed ({self.process.returncode}): {self.log.read_text()[-3000:]}")
+        info = json.loads(line)
+        self.url, self.pid = info["url"], info["pid"]
+        self.start_s = time.monotonic() - began
+
+    def stop(self) -> None:
+        """SIGTERM to ``vllm-serve``; it must exit 0 and take the whole vLLM process group with it."""
+        self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(120)
+        assert code == 0, f"vllm-serve exited {code}: {self.log.read_text()[-2000:]}"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"vLLM processes of group {self.pid} outlived vllm-serve")
+
+
+class ServerPool:
+    """Starts servers on demand, at most ``MAX_LIVE`` at once (least recently used goes first)."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.live: OrderedDict[tuple[str, int], Server] = OrderedDict()
+        self.started: list[tuple[str, int, float]] = []
+
+    def get(self, model: str, image_limit: int = 8) -> Server:
+        key = (model, image_limit)
+        if key in self.live:
+            self.live.move_to_end(key)
+            return self.live[key]
+        while len(self.live) >= MAX_LIVE:
+            self.live.popitem(last=False)[1].stop()
+        server = Server(model, image_limit, self.log_dir)
+        self.live[key] = server
+        self.started.append((model, image_limit, round(server.start_s, 1)))
+        return server
+
+    def close(self) -> None:
+        while self.live:
+            self.live.popitem(last=False)[1].stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_servers(vllm_python, tmp_path_factory):
+    """``vllm_servers.get(model, image_limit=8)`` -> a running :class:`Server` (session pool)."""
+    pool = ServerPool(tmp_path_factory.mktemp("vllm-logs"))
+    yield pool
+    pool.close()
+    print(f"\nvLLM servers started (model, image limit, seconds to answer): {pool.started}")
+
