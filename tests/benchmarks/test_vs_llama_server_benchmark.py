@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from runtimes import require_module
 
-pytest.importorskip("llama_cpp.mtmd_cpp", reason="llama-cpp-python is not installed (pip install 'refsight[llamacpp]')")
+require_module("llama_cpp.mtmd_cpp", "pip install 'refsight[llamacpp]'")
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "vs_llama_server.py"
 FIGURES = ("speedup_varied", "speedup_after_restart", "speedup_concurrent", "ratio_same_refs")
