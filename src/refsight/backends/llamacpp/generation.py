@@ -25,6 +25,7 @@ from ..sampling import Sampling, StopText
 from . import package_format as fmt
 from .native import Bitmap, LlamaRuntime
 from .prefix import PrefixPlan
+from .sampler import Sampler
 
 __all__ = ["TextStream", "decode_prompt", "sample"]
 
@@ -214,7 +215,7 @@ def sample(
     if room < max_new_tokens:
         raise GenerationError("llama.cpp", f"max_new_tokens {max_new_tokens} does not fit: {room} positions left in n_ctx")
     stream = TextStream(sampling.stop, on_text)
-    sampler = runtime.sampler(grammar, sampling, max_new_tokens)
+    sampler = Sampler(runtime, grammar, sampling, max_new_tokens)
     tokens: list[int] = []
     rows: list[np.ndarray] = []
     finish = "length"

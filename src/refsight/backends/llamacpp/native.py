@@ -20,7 +20,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -381,12 +380,7 @@ class LlamaRuntime:
         return min(self.settings.n_batch, self.settings.n_ctx)
 
     # ---------------------------------------------------------------- sampling
-
-    def sampler(self, grammar: str | None, sampling: Any, window: int) -> Any:
-        """A sampler chain for one request's :class:`~refsight.backends.sampling.Sampling` (:class:`.sampler.Sampler`)."""
-        from .sampler import Sampler
-
-        return Sampler(self, grammar, sampling, window)
+    # (the sampler chain itself is :class:`.sampler.Sampler`, built over this runtime)
 
     def check_grammar(self, grammar: str) -> None:
         """Raise :class:`NativeError` when llama.cpp's GBNF parser refuses ``grammar`` (nothing is decoded)."""
