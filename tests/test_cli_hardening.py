@@ -244,3 +244,50 @@ def test_a_stored_value_that_is_not_valid_unicode_never_takes_down_the_output(tm
         assert code == 0, (argv, captured.err)
         assert "Traceback" not in captured.err
         assert any(mark in captured.out for mark in ("\ufffd", "\\ufffd", "\\udcff")), (argv, captured.out)
+
+
+# -- issue 25 items 1 and 7, through the real CLI ---------------------------------------------------
+def _alias_bomb() -> str:
+    """The issue's ~400-byte rubric: eight levels of nine aliases each (9**9 strings once expanded)."""
+    lines = ["criteria:", "- &a0 [" + ",".join(["lol"] * 9) + "]"]
+    lines += [f"- &a{i} [{','.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.timeout(60)  # a guard only: the expanded walk took 36 s
+@pytest.mark.parametrize("option", ["--criteria", "--attribute-schema"])
+def test_a_yaml_alias_bomb_is_refused_at_parse_time(tmp_path, capsys, option):
+    store = _seeded_store(tmp_path)
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(_alias_bomb())
+    candidate = _png(tmp_path / "new.png", seed=3)
+    argv = (["compare", candidate, "--criteria", f"@{bomb}", "--ref", "cat", "--model", "toy"] if option == "--criteria"
+            else ["add", candidate, "--id", "new", "--model", "toy", "--attribute-schema", str(bomb)])
+    capsys.readouterr()
+    code = main(["--store", str(store), *argv])
+    err = capsys.readouterr().err
+    assert code in (1, 2), (code, err)
+    assert "anchors and aliases" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("version", ["abc", "", "4.0"])
+def test_an_unreadable_schema_version_is_one_line_naming_it(tmp_path, capsys, version):
+    import sqlite3
+
+    store = _seeded_store(tmp_path)
+    with sqlite3.connect(store / "refsight.db") as db:
+        db.execute("UPDATE meta SET value = ? WHERE name = 'schema_version'", (version,))
+    capsys.readouterr()
+    code = main(["--store", str(store), "list"])
+    err = capsys.readouterr().err
+    assert code == 1 and "unreadable schema version" in err and repr(version) in err and "Traceback" not in err, err
+
+
+def test_a_deeply_nested_config_file_is_refused_without_a_recursion_error(tmp_path, capsys):
+    store = _seeded_store(tmp_path)
+    deep = tmp_path / "deep.toml"
+    deep.write_text("[backend]\ndevice = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    capsys.readouterr()
+    code = main(["--store", str(store), "--config", str(deep), "list"])
+    err = capsys.readouterr().err
+    assert code in (1, 2) and "deep.toml" in err and "Traceback" not in err and "RecursionError" not in err, err

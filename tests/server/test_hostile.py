@@ -20,6 +20,7 @@ route that needs a key), it is asserted exactly.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import quote
 
 import httpx
@@ -248,3 +249,98 @@ def _references(live: LiveServer) -> list:
 def _send_form(live: LiveServer, path: str, data: dict) -> httpx.Response:
     with live.client(TENANT_KEY) as c:
         return c.post(path, files={"image": ("x.png", photo_png(flip=True), "image/png")}, data=data)
+
+
+# -- rubrics that would cost more than their size (issue 25 item 1) ----------------------------------
+def _alias_bomb(levels: int = 8) -> str:
+    """The issue's ~400-byte rubric: nine strings, then eight levels of nine aliases each (9**9 strings)."""
+    lines = ["criteria:", "- &a0 [" + ",".join(["lol"] * 9) + "]"]
+    lines += [f"- &a{i} [{','.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\n"
+
+
+#: (route, body with a rubric that must be refused at parse time, the field the 400 names). Every route
+#: that takes a rubric has rows: the YAML alias bomb, and JSON criteria too wide to be worth walking.
+RUBRIC_FIELDS = [
+    ("POST /v1/compare", {"candidate": _PNG, "criteria": _alias_bomb(), "ref_ids": ["cat"]}, "criteria"),
+    ("POST /v1/compare", {"candidate": _PNG, "criteria": {"criteria": [["lol"] * 200] * 200}, "ref_ids": ["cat"]},
+     "criteria"),
+    ("POST /v1/compare", {"candidate": _PNG, "criteria": ["fur"] * 20000, "ref_ids": ["cat"]}, "criteria"),
+]
+
+
+@pytest.mark.timeout(60)  # a guard only: the bomb's expanded walk cost 36 s of a worker per request
+@pytest.mark.parametrize(("route", "body", "field"), RUBRIC_FIELDS, ids=[f"{r} {i}" for i, (r, _, _) in enumerate(RUBRIC_FIELDS)])
+def test_a_rubric_that_costs_more_than_its_size_is_400_and_holds_no_worker(live, route, body, field):
+    method, path = route.split(" ", 1)
+    content = json.dumps(body).encode()
+    assert len(content) < MAX_BODY  # under the body limit: only the rubric's own bound can refuse it
+    # Two at once (the server has two workers): neither may hold one, so a third, trivial request answers.
+    headers = {**_credentials("tenant"), "content-type": "application/json"}
+    with ThreadPoolExecutor(2) as pool:
+        responses = list(pool.map(lambda _: _send(live, method, path, content=content, headers=headers), range(2)))
+    for response in responses:
+        error = _json_error(response)
+        assert (response.status_code, error["code"]) in {(400, "invalid_input"), (400, "invalid_rubric")}, response.text
+        assert error["message"].startswith((field, "criterion")), error  # the field, or the criterion in it
+    with live.client(TENANT_KEY) as c:
+        assert c.get("/v1/references").status_code == 200
+
+
+def test_every_rubric_route_has_rows():
+    """A route whose body takes a rubric (a ``criteria`` field) is attacked above."""
+    taking = {f"{m} {p}" for m, p, _ in ENDPOINTS if m == "POST" and p in ("/v1/compare",)}
+    assert taking <= {route for route, _, _ in RUBRIC_FIELDS}
+
+
+# -- sampling values: inside the declared ranges they work, outside they are 400 (item 3) ------------
+#: Values the chat route's schema accepts, at their edges: each must answer (never a 500).
+SAMPLING_EDGES = [
+    {"temperature": 1e-300, "seed": 1}, {"temperature": 5e-324, "seed": 2}, {"temperature": 2, "top_p": 1e-300, "seed": 3},
+    {"temperature": 2, "top_p": 5e-324, "seed": 4}, {"temperature": 2, "top_p": 1, "seed": 2**63 - 1},
+    {"temperature": 1e-12, "frequency_penalty": 2, "presence_penalty": -2, "seed": 0},
+    {"temperature": 0, "frequency_penalty": -2, "presence_penalty": 2},
+]
+#: Values outside them: 400 naming the parameter, before any model work.
+SAMPLING_OUT_OF_RANGE = [
+    ({"temperature": -1e-300}, "temperature"), ({"temperature": 2.0000001}, "temperature"),
+    ({"temperature": float("inf")}, "temperature"), ({"top_p": 0}, "top_p"), ({"top_p": 1.5}, "top_p"),
+    ({"seed": -1}, "seed"), ({"seed": 2**64}, "seed"), ({"frequency_penalty": 2.5}, "frequency_penalty"),
+    ({"presence_penalty": -3}, "presence_penalty"), ({"max_tokens": 0}, "max_tokens"),
+]
+
+
+@pytest.mark.parametrize(("fields", "param"), SAMPLING_OUT_OF_RANGE, ids=[p for _, p in SAMPLING_OUT_OF_RANGE])
+def test_sampling_outside_its_range_is_400_naming_the_parameter(live, fields, param):
+    body = {"model": "toy", "messages": _HI, **fields}
+    # allow_nan: a hostile client may send the bare token Infinity, which Python's JSON reads.
+    response = _send(live, "POST", "/v1/chat/completions", content=json.dumps(body, allow_nan=True).encode(),
+                     headers={**_credentials("tenant"), "content-type": "application/json"})
+    error = _json_error(response)
+    assert response.status_code == 400, response.text
+    assert error["param"] == param or error["message"].startswith(param), error
+
+
+@pytest.fixture(scope="module")
+def tiny_live(tmp_path_factory):
+    """The real transformers code (a tiny random Qwen2-VL) behind the server: where 1e-300 used to be a 500."""
+    from runtimes import require_module
+
+    require_module("transformers")
+    app = create_app(ServerConfig(store=tmp_path_factory.mktemp("hostile-tiny"), model="tiny-qwen2-vl",
+                                  keys={TENANT_KEY: "team"}))
+    server = LiveServer(app).start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_sampling_at_the_edges_of_its_range_answers_on_a_real_model(tiny_live, stream):
+    with tiny_live.client(TENANT_KEY) as c:
+        for fields in SAMPLING_EDGES:
+            body = {"model": "tiny-qwen2-vl", "messages": _HI, "max_tokens": 3, "stream": stream, **fields}
+            response = c.post("/v1/chat/completions", json=body)
+            assert response.status_code == 200, (fields, response.text[:300])
+            if stream:
+                assert response.text.rstrip().endswith("data: [DONE]"), (fields, response.text[-300:])
+                assert '"error"' not in response.text, (fields, response.text[:300])

@@ -71,6 +71,7 @@ __all__ = [
     "OpenAIErrorShapeMiddleware",
     "openai_error_body",
     "fields_named",
+    "inputs_as_fields",
     "error_response_for",
 ]
 
@@ -209,9 +210,10 @@ def from_refsight(error: RefsightError) -> ApiError:
     """Translate a library error into the client's view of it (in the HTTP API's words)."""
     status, code = status_of(error)
     if isinstance(error, StoreUnavailableError):
-        # A full or read-only disk: reads still work and nothing is lost; the client may retry.
+        # A full or read-only disk, an unreachable catalog: nothing is lost; the client may retry.
+        # The reason says what failed (a read during a catalog outage was never "cannot be written").
         return ApiError(
-            status, code, f"the reference store cannot be written: {error.reason}; retry later",
+            status, code, f"the reference store is unavailable: {error.reason}; retry later",
             headers={"Retry-After": "60"},
         )
     if isinstance(error, ReferenceNotFoundError):
@@ -239,6 +241,21 @@ def fields_named(**values: Any) -> Iterator[None]:
             field = next((name for name, value in values.items() if value == e.input), None)
             if field is not None:
                 raise InvalidInputError(field, e.reason) from None
+        raise
+
+
+@contextmanager
+def inputs_as_fields(**fields: str) -> Iterator[None]:
+    """Name a library error's input as the request field that carried it (``rubric`` -> ``criteria``).
+
+    The library names what it parsed (a rubric); the client sent a field. Inside this block an
+    :class:`InvalidInputError` naming one of ``fields``' keys is re-raised naming its value.
+    """
+    try:
+        yield
+    except InvalidInputError as e:
+        if isinstance(e.input, str) and e.input in fields:
+            raise type(e)(fields[e.input], e.reason) from None
         raise
 
 
@@ -416,5 +433,5 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     422: _schema("Request does not match the schema"),
     429: _schema("Too many requests in flight; retry later"),
     500: _schema("Internal error (no details are given to clients)"),
-    503: _schema("The store cannot be written now (disk full or read-only); nothing is lost, retry later"),
+    503: _schema("The store is unavailable now (disk full or read-only, catalog unreachable); nothing is lost, retry later"),
 }

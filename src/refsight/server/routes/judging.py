@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from ... import validate_ref_id, validate_where
 from ..bodies import CompareBody, SearchBody, body_schema, decode_image_field, read_body
 from ..deps import MetricsDep, PoolDep, ServiceDep, Tenant
-from ..errors import ERROR_RESPONSES, fields_named
+from ..errors import ERROR_RESPONSES, fields_named, inputs_as_fields
 
 __all__ = ["router"]
 
@@ -33,11 +33,12 @@ async def compare(
 
     def work() -> dict[str, Any]:
         candidate = service.decode(data, "candidate")
-        return service.compare(
-            candidate, namespace=namespace, criteria=body.criteria, ref_ids=tuple(body.ref_ids), top_k=body.top_k,
-            query=body.query, use_cache=body.use_cache, use_kv_cache=body.use_kv_cache, force_vlm=body.force_vlm,
-            recall=body.recall, rerank=body.rerank, recall_k=body.recall_k, reranker=body.reranker,
-        )
+        with inputs_as_fields(rubric="criteria"):
+            return service.compare(
+                candidate, namespace=namespace, criteria=body.criteria, ref_ids=tuple(body.ref_ids), top_k=body.top_k,
+                query=body.query, use_cache=body.use_cache, use_kv_cache=body.use_kv_cache, force_vlm=body.force_vlm,
+                recall=body.recall, rerank=body.rerank, recall_k=body.recall_k, reranker=body.reranker,
+            )
 
     result = await pool.run(work)
     metrics.stages(result.get("stages", {}), result.get("timings_ms", {}))
