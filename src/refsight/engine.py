@@ -296,13 +296,16 @@ class Engine:
         """
         check_search(text, image, k, where, restrict_to)
         query = None if image is None else load_image(image, limits=self.limits, name=source_label(image))
+        context = self.context(namespace)
         return self.retrieval.search(
-            text=text, image=query, k=k, namespace=self.context(namespace).namespace, where=where, restrict_to=restrict_to
+            text=text, image=query, k=k, namespace=context.namespace, where=where, restrict_to=restrict_to,
+            scope=context.scope,
         )
 
     def index(self, *, rebuild: bool = False, namespace: str | None = None) -> IndexReport:
         """Bring the retrieval index up to date (``rebuild``: from the store, from scratch)."""
-        return self.retrieval.sync(self.context(namespace).namespace, rebuild=rebuild)
+        context = self.context(namespace)
+        return self.retrieval.sync(context.namespace, rebuild=rebuild, scope=context.scope)
 
     def ingest(
         self, source: str | Path | Sequence[Any], *, ray: str | None = None, actors: int = 1, gpus_per_actor: float = 0.0,

@@ -117,3 +117,35 @@ def test_a_mark_ahead_of_the_catalog_means_another_catalog_and_forces_a_full_dif
     report = _sync(engine, loads)
     assert report.full and report.removed == 1 and sorted(_indexed(engine)) == ["chelsea", "coffee"]
     assert report.revision == engine.store.catalog.revision()
+
+
+@pytest.mark.parametrize("share", [True, False], ids=["shared", "isolated"])
+def test_isolated_tenants_never_reuse_each_others_vectors_through_the_engine(tmp_path, share):
+    """Issue 25 item 6, wired: index, search, compare's recall and ingest pass the request's scope down, so
+    with isolated tenants each tenant's vectors are cached under its own key (no timing tells it another
+    tenant holds the image); shared, one vector serves all."""
+    from refsight.retrieval.vectors import vector_key
+
+    photo = sample_paths()["chelsea"]
+    # The default embedder: ingest loads it on its workers by registry name.
+    with Engine(tmp_path / "store", model="toy", share_packages=share) as engine:
+        retriever = engine.retrieval.retriever()
+        sha = engine.add(photo, ref_id="cat", namespace="tenant-a").image_sha256
+
+        def cached(namespace: str) -> bool:
+            key = vector_key(retriever.embedder.digest, None if share else namespace)
+            return sha in retriever.db.get_vectors(key, [sha])
+
+        engine.index(namespace="tenant-a")
+        assert cached("tenant-a") and cached("tenant-c") is share
+        folder = tmp_path / "to-ingest"
+        folder.mkdir()
+        (folder / "cat.jpg").write_bytes(photo.read_bytes())
+        engine.ingest(folder, namespace="tenant-b", attributes=())
+        assert cached("tenant-b")  # the ingest writer cached it under the tenant's key
+        engine.add(photo, ref_id="cat", namespace="tenant-c")
+        result = engine.compare(photo, criteria="fur", top_k=1, attributes=(), namespace="tenant-c")  # recall syncs
+        assert [row["ref_id"] for row in result.to_dict()["results"]] == ["cat"]
+        assert cached("tenant-c")
+        for namespace in ("tenant-a", "tenant-b", "tenant-c"):
+            assert len(engine.search(image=photo, k=5, namespace=namespace).ref_ids) == 1

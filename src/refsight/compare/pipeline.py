@@ -108,7 +108,7 @@ class ComparePipeline:
         vector = query_vector(self.retrieval.embedder(), image=request.image, text=request.text, mode=request.mode)
         return self.retrieval.search(
             text=None, image=None, vector=vector, k=request.options.recall_depth, namespace=request.context.namespace,
-            restrict_to=list(request.options.ref_ids) or None,
+            restrict_to=list(request.options.ref_ids) or None, scope=request.context.scope,
         )
 
     def prefilter(self, request: _Request, shortlist: _Shortlist) -> dict[str, Any] | None:
@@ -220,7 +220,9 @@ class ComparePipeline:
         if isinstance(reranker, Reranker):
             return reranker
         if reranker == "embedding":
-            return EmbeddingReranker(self.retrieval.embedder(), self.retrieval.reference_vectors)
+            # The tenant's own cached vectors: timing never reveals another tenant's images.
+            vectors = partial(self.retrieval.reference_vectors, scope=request.context.scope)
+            return EmbeddingReranker(self.retrieval.embedder(), vectors)
         return VlmReranker(request.context, self.packages)
 
 

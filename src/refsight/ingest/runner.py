@@ -149,7 +149,7 @@ def run_ingest(
     job.encode_and_write(batch_size)
     job.write_repeated_images()
     if job.writer is not None:
-        parts.retrieval.sync(context.namespace)  # from the cached vectors: the first search finds it done
+        parts.retrieval.sync(context.namespace, scope=context.scope)  # from the cached vectors: the first search finds it done
     wall = time.perf_counter() - start
     return IngestReport(
         images=len(items), added=job.added, cached=len(items) - job.added - len(job.errors), failed=len(job.errors),

@@ -38,6 +38,7 @@ from ..package import EncoderFingerprint
 from ..packages import PackageCache
 from ..references import ReferenceBook, validate_metadata
 from ..retrieval.store_index import StoreIndex
+from ..retrieval.vectors import vector_key
 from ..store import Catalog
 from .sources import IngestItem
 
@@ -95,7 +96,8 @@ class IngestWriter:
         self.digest = fingerprint.digest
         retriever = parts.retrieval.retriever()  # the embedder loads on the driver: its digest names the vectors
         self.vectors = retriever.db
-        self.embedder_digest = retriever.embedder.digest
+        # The tenant's scope salts the vectors' key, as the index's own sync does (retrieval/vectors.py).
+        self.vector_key = vector_key(retriever.embedder.digest, context.scope)
         self.imagenet = parts.attribute_records.imagenet() if "imagenet" in attributes else None
         self.records = parts.attribute_records.store
         self._claimed: dict[str, str] = {}  # ref id → image hash, for the ids chosen in this run
@@ -110,7 +112,7 @@ class IngestWriter:
         same picture at two paths) needs only its reference row, written after the others.
         """
         shas = [sha for _, _, sha in batch]
-        have_vector = set(self.vectors.get_vectors(self.embedder_digest, list(dict.fromkeys(shas))))
+        have_vector = set(self.vectors.get_vectors(self.vector_key, list(dict.fromkeys(shas))))
         todos, errors = [], []
         for index, item, sha in batch:
             try:
@@ -171,7 +173,7 @@ class IngestWriter:
             encoded = True
         self._reference(todo, row["data"], row["fmt"] or None)
         if row["vector"]:
-            self.vectors.put_vectors(self.embedder_digest, {todo.sha256: np.frombuffer(row["vector"], dtype=np.float32)})
+            self.vectors.put_vectors(self.vector_key, {todo.sha256: np.frombuffer(row["vector"], dtype=np.float32)})
             self.stored["vectors"] += 1
         if row["record"] and self.imagenet is not None:
             self.records.put(todo.sha256, self.imagenet.fingerprint, self.imagenet.schema_digest, json.loads(row["record"]))
