@@ -188,7 +188,7 @@ class Engine:
         """
         sources_ = check_sources(attributes)
         context = self.context(namespace, model)
-        hook = (lambda batch: self.attribute_records.ingest(batch, sources_, context.backend)) if sources_ else None
+        hook = (lambda batch: self.attribute_records.ingest(batch, sources_, context.backend, context.scope)) if sources_ else None
         return self.book.add_many(sources, ids=ids, metadata=metadata, context=context, after_batch=hook)
 
     def references(self, *, namespace: str | None = None) -> list[Reference]:

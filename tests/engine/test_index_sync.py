@@ -149,3 +149,22 @@ def test_isolated_tenants_never_reuse_each_others_vectors_through_the_engine(tmp
         assert cached("tenant-c")
         for namespace in ("tenant-a", "tenant-b", "tenant-c"):
             assert len(engine.search(image=photo, k=5, namespace=namespace).ref_ids) == 1
+
+
+@pytest.mark.parametrize("share", [True, False], ids=["shared", "isolated"])
+def test_isolated_tenants_never_reuse_each_others_imagenet_records(tmp_path, share):
+    """Issue 25 item 6: the ImageNet attribute record of an image is kept per tenant scope when tenants are
+    isolated (computed again for the second tenant), once for the store when they share."""
+    photo = sample_paths()["chelsea"]
+    with Engine(tmp_path / "store", model="toy", share_packages=share) as engine:
+        sha = engine.add(photo, ref_id="cat", namespace="tenant-a", attributes=("imagenet",)).image_sha256
+        records = engine.attribute_records
+        computed = records.store.misses
+        engine.add(photo, ref_id="cat", namespace="tenant-b", attributes=("imagenet",))
+        assert records.store.misses - computed == (0 if share else 1)
+        source = records.imagenet()
+        subjects = [sha] if share else [f"{sha}@tenant-a", f"{sha}@tenant-b"]
+        for subject in subjects:
+            assert records.store.get(subject, source.fingerprint, source.schema_digest) is not None
+        result = engine.compare(photo, criteria="a tabby cat", top_k=1, namespace="tenant-b")
+        assert [row["ref_id"] for row in result.to_dict()["results"]] == ["cat"]

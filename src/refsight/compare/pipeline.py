@@ -191,7 +191,7 @@ class ComparePipeline:
             with timer("attributes"):
                 records, candidate_record = self.attribute_records.records(
                     [(ref.image_sha256, s.item, partial(self.book.image, ref)) for ref, s in zip(finalists, served)],
-                    request.image, candidate, request.sources, context.backend,
+                    request.image, candidate, request.sources, context.backend, context.scope,
                 )
         with timer("judge"):
             rows, vlm_calls = self.judge(request, finalists, served, records, candidate, candidate_record)
@@ -212,7 +212,8 @@ class ComparePipeline:
         """The candidate's attribute record for the prefilter (memory LRU; never stored)."""
         context = request.context
         item = self.packages.model_image(context, request.image).item if "vlm" in request.sources else request.image
-        _, record = self.attribute_records.records([], request.image, item, request.sources, context.backend)
+        _, record = self.attribute_records.records([], request.image, item, request.sources, context.backend,
+                                                   context.scope)
         return record
 
     def _reranker(self, request: _Request) -> Reranker:

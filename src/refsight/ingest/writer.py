@@ -34,6 +34,7 @@ from ..context import RequestContext
 from ..errors import InvalidInputError, RefsightError, StoreUnavailableError
 from ..images import IntakeLimits
 from ..judge.attribute_records import AttributeRecords
+from ..judge.attribute_sources import scoped_subject
 from ..package import EncoderFingerprint
 from ..packages import PackageCache
 from ..references import ReferenceBook, validate_metadata
@@ -148,7 +149,8 @@ class IngestWriter:
         return ref_id
 
     def _record_missing(self, sha: str) -> bool:
-        return self.imagenet is not None and self.records.get(sha, self.imagenet.fingerprint, self.imagenet.schema_digest) is None
+        return self.imagenet is not None and self.records.get(
+            scoped_subject(sha, self.context.scope), self.imagenet.fingerprint, self.imagenet.schema_digest) is None
 
     def _reference_missing(self, ref_id: str, sha: str, key: str, metadata: dict[str, Any]) -> bool:
         ref = self.parts.book.find(ref_id, self.namespace)
@@ -176,7 +178,7 @@ class IngestWriter:
             self.vectors.put_vectors(self.vector_key, {todo.sha256: np.frombuffer(row["vector"], dtype=np.float32)})
             self.stored["vectors"] += 1
         if row["record"] and self.imagenet is not None:
-            self.records.put(todo.sha256, self.imagenet.fingerprint, self.imagenet.schema_digest, json.loads(row["record"]))
+            self.records.put(scoped_subject(todo.sha256, self.context.scope), self.imagenet.fingerprint, self.imagenet.schema_digest, json.loads(row["record"]))
             self.stored["records"] += 1
         return encoded
 

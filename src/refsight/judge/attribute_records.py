@@ -16,7 +16,7 @@ from ..errors import InvalidInputError
 from ..images import ImageInput
 from ..packages import ModelImage
 from .attribute_schema import ERROR_KEY, AttributeSchema
-from .attribute_sources import AttributeSource, ImageNetAttributeSource, VlmAttributeSource, merge_records, subject_of
+from .attribute_sources import AttributeSource, ImageNetAttributeSource, VlmAttributeSource, merge_records, scoped_subject, subject_of
 from .attribute_store import AttributeStore
 
 __all__ = ["RECORD_SOURCES", "AttributeRecords", "RecordedReference", "check_sources"]
@@ -83,34 +83,42 @@ class AttributeRecords:
         candidate_package: ModelImage,
         sources: Sequence[str],
         backend: Any,
+        scope: str | None = None,
     ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        """Merged records for each reference (in order) and for the candidate."""
+        """Merged records for each reference (in order) and for the candidate, in the tenant's ``scope``."""
         per_reference: list[list[dict]] = [[] for _ in references]
         candidate: list[dict] = []
         for name in sources:
             if name == "imagenet":
                 source = self.imagenet()
-                stored = self._imagenet_records(source, references)
-                candidate.append(self._candidate(source, candidate_image))
+                stored = self._imagenet_records(source, references, scope)
+                candidate.append(self._candidate(source, candidate_image, scope))
             else:
                 source = VlmAttributeSource(backend, self.schema)
                 stored = self.store.get_or_compute(source, [visual for _, visual, _ in references])
-                candidate.append(self._candidate(source, candidate_package))
+                candidate.append(self._candidate(source, candidate_package, scope))
             for records, record in zip(per_reference, stored):
                 records.append(record)
         return [merge_records(*r) for r in per_reference], merge_records(*candidate)
 
-    def _imagenet_records(self, source: ImageNetAttributeSource, references: Sequence[RecordedReference]) -> list[dict]:
+    def _imagenet_records(
+        self, source: ImageNetAttributeSource, references: Sequence[RecordedReference], scope: str | None
+    ) -> list[dict]:
         # Per image hash (not per package): the kept image is decoded only for a missing record.
-        stored = [self.store.get(sha, source.fingerprint, source.schema_digest) for sha, _, _ in references]
+        stored = [self.store.get(scoped_subject(sha, scope), source.fingerprint, source.schema_digest)
+                  for sha, _, _ in references]
         todo = [i for i, record in enumerate(stored) if record is None]
-        computed = self.store.get_or_compute(source, [references[i][2]() for i in todo])
+        computed = self.store.get_or_compute(source, [references[i][2]() for i in todo], scope)
         for i, record in zip(todo, computed):
             stored[i] = record
         return stored
 
-    def ingest(self, references: Sequence[tuple[ImageInput, ModelImage]], sources: Sequence[str], backend: Any) -> int:
-        """Compute and store the records of newly added references (``(image, package)`` each); how many were new.
+    def ingest(
+        self, references: Sequence[tuple[ImageInput, ModelImage]], sources: Sequence[str], backend: Any,
+        scope: str | None = None,
+    ) -> int:
+        """Compute and store the records of newly added references (``(image, package)`` each) in the
+        tenant's ``scope``; how many were new.
 
         The ingest hook: the image is still decoded in hand, so the ImageNet classifier
         runs without decoding the kept bytes again; the VLM source works from the package.
@@ -124,7 +132,7 @@ class AttributeRecords:
                 source = VlmAttributeSource(backend, self.schema)
                 items = [package for _, package in references]
             before = self.store.misses
-            self.store.get_or_compute(source, items)
+            self.store.get_or_compute(source, items, scope)
             computed += self.store.misses - before
         return computed
 
@@ -140,16 +148,15 @@ class AttributeRecords:
         for name in sources:
             source: AttributeSource = self.imagenet() if name == "imagenet" else VlmAttributeSource(backend, self.schema)
             for records, (sha, scope) in zip(found, references):
-                # ImageNet records are per image; VLM records per package subject (scope included).
-                subject = sha if name == "imagenet" or scope is None else f"{sha}@{scope}"
-                record = self.store.get(subject, source.fingerprint, source.schema_digest)
+                # Both sources: per image, salted by the tenant's scope (a scoped package's subject).
+                record = self.store.get(scoped_subject(sha, scope), source.fingerprint, source.schema_digest)
                 if record is not None:
                     records.append(record)
         return [merge_records(*records) if records else None for records in found]
 
-    def _candidate(self, source: AttributeSource, item: ModelImage) -> dict[str, Any]:
-        """The candidate's record: from the memory LRU, else computed (never written to disk)."""
-        key = (subject_of(item), source.fingerprint, source.schema_digest)
+    def _candidate(self, source: AttributeSource, item: ModelImage, scope: str | None) -> dict[str, Any]:
+        """The candidate's record: from the memory LRU (per tenant scope), else computed (never written to disk)."""
+        key = (subject_of(item, scope), source.fingerprint, source.schema_digest)
         with self._lock:
             record = self._candidates.get(key)
             if record is not None:

@@ -26,16 +26,21 @@ from .prompts import build_attribute_request
 from .verdict import VerdictParseError, extract_json
 
 __all__ = [
-    "AttributeSource", "VlmAttributeSource", "ImageNetAttributeSource", "merge_records", "subject_of", "IMAGENET_KEY",
+    "AttributeSource", "VlmAttributeSource", "ImageNetAttributeSource", "merge_records", "subject_of", "scoped_subject", "IMAGENET_KEY",
 ]
 
 
-def subject_of(item: ModelImage) -> str:
-    """What an attribute record is stored under: the image hash (and the isolation scope of a scoped package)."""
+def subject_of(item: ModelImage, scope: str | None = None) -> str:
+    """What an attribute record is stored under: the image hash, and the isolation scope (a scoped
+    package's own, else ``scope``), so an isolated tenant's records are that tenant's alone."""
     if isinstance(item, VisualPackage):
-        # A scoped (tenant-isolated) package's record is that tenant's alone.
-        return item.image_sha256 if item.scope is None else f"{item.image_sha256}@{item.scope}"
-    return item.sha256
+        return scoped_subject(item.image_sha256, item.scope)
+    return scoped_subject(item.sha256, scope)
+
+
+def scoped_subject(image_sha256: str, scope: str | None) -> str:
+    """The subject of an image's records in ``scope`` (None: shared by the whole store)."""
+    return image_sha256 if scope is None else f"{image_sha256}@{scope}"
 
 
 class AttributeSource(Protocol):

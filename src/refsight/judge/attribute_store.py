@@ -48,10 +48,14 @@ class AttributeStore:
             (subject, source_fingerprint, schema_digest, canonical_json(dict(record)), time.time()),
         )
 
-    def get_or_compute(self, source: AttributeSource, items: Sequence[ModelImage]) -> list[dict[str, Any]]:
-        """Each item's record from ``source``: stored ones are read, the rest computed in one batch and stored."""
+    def get_or_compute(
+        self, source: AttributeSource, items: Sequence[ModelImage], scope: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Each item's record from ``source``: stored ones are read, the rest computed in one batch and stored
+        (images under ``scope``, packages under their own: see :func:`subject_of`)."""
         fp, schema = source.fingerprint, source.schema_digest
-        records: list[dict[str, Any] | None] = [self.get(subject_of(item), fp, schema) for item in items]
+        subjects = [subject_of(item, scope) for item in items]
+        records: list[dict[str, Any] | None] = [self.get(subject, fp, schema) for subject in subjects]
         missing = [i for i, r in enumerate(records) if r is None]
         self.hits += len(items) - len(missing)
         self.misses += len(missing)
@@ -60,7 +64,7 @@ class AttributeStore:
             for i, record in zip(missing, computed):
                 records[i] = record
                 if ERROR_KEY not in record:  # a failed record would hide a later success
-                    self.put(subject_of(items[i]), fp, schema, record)
+                    self.put(subjects[i], fp, schema, record)
         return [r for r in records if r is not None]
 
     def close(self) -> None:
