@@ -81,7 +81,7 @@ class StoreIndex:
     def sync(self, namespace: str, *, rebuild: bool = False, scope: str | None = None) -> IndexReport:
         """Bring ``namespace``'s entries up to the catalog (``rebuild``: from scratch); what it did.
 
-        ``scope`` is the namespace's isolation scope (``Engine.scope(namespace)``; None when
+        ``scope`` is the namespace's isolation scope (``Engine.context(namespace).scope``; None when
         references are shared): reference vectors are then cached for that tenant alone.
         """
         report = self._sync(namespace, rebuild=rebuild, scope=scope)

@@ -123,8 +123,9 @@ class Service:
     def thumbnail(self, ref_id: str, size: int, *, namespace: str) -> bytes:
         """A JPEG thumbnail (longest side ``size``) of the tenant's reference image."""
         ref = self.engine.reference(ref_id, namespace=namespace)  # the namespace check comes before any cache
-        # Scoped like the package keys: isolated tenants never see each other's cache hits (timing).
-        scope = None if self.share_packages else namespace
+        # Scoped like the package keys (the request context's one namespace -> scope rule): isolated
+        # tenants never see each other's cache hits (timing).
+        scope = self.engine.context(namespace).scope
         return self.thumbnails.get(scope, ref.image_sha256, size, lambda: self._render_thumbnail(ref, size))
 
     def _render_thumbnail(self, ref: Any, size: int) -> bytes:
