@@ -88,7 +88,7 @@ def test_search_takes_exactly_one_of_text_or_image(engine):
     for kwargs in ({}, {"text": "a cat", "image": sample_paths()["chelsea"]}):
         with pytest.raises(InvalidInputError) as e:
             engine.search(**kwargs)
-        assert e.value.input == "text/image"
+        assert e.value.input == "query"
 
 
 @pytest.mark.parametrize(

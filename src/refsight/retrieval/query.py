@@ -61,7 +61,7 @@ def check_search(text: str | None, image: object | None, k: object, where: objec
     check_texts(where, "where")
     check_texts(restrict_to, "restrict_to")
     if (text is None) == (image is None):
-        raise InvalidInputError("text/image", "give exactly one of a text query or an image")
+        raise InvalidInputError("query", "give exactly one of a text query or an image")
     if text is not None:
         check_query_text(text, "text")
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
