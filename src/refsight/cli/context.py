@@ -75,4 +75,5 @@ def open_engine(args: argparse.Namespace) -> Engine:
         settings=settings_of(args),
         cache=args.cache,
         max_package_bytes=args.max_package_bytes,
+        **({"namespace": args.namespace} if getattr(args, "namespace", None) else {}),
     )
