@@ -9,11 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from .. import Engine, escape_controls, printable_text
+from .. import escape_controls, printable_text
 from ..config import default_store_dir
 from ..settings import OPTION_HELP, BackendOptions, Settings, load_settings, parse_key_values
+
+if TYPE_CHECKING:
+    from .. import Engine
 
 __all__ = ["emit", "show", "say", "open_engine", "backend_options", "settings_of", "RANDOM_WEIGHTS_NOTICE"]
 
@@ -63,6 +66,9 @@ def backend_options(args: argparse.Namespace) -> BackendOptions:
 
 def open_engine(args: argparse.Namespace) -> Engine:
     """The engine the command's flags describe (the caller closes it: ``with open_engine(args) as engine``)."""
+    # Imported here, not at the top: parsing, --help and `refsight models` never pay for the pipelines.
+    from .. import Engine
+
     return Engine(
         args.store,
         catalog=args.catalog,
