@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from .report import format_ms
 
-__all__ = ["run_demo", "cache_figures", "real_ranking", "DEMO_RUBRIC", "REAL_DEMO_MODEL", "FALLBACK_DEMO_MODEL"]
+__all__ = ["run_demo", "write_samples", "cache_figures", "real_ranking", "SAMPLE_RUBRIC", "DEMO_RUBRIC", "REAL_DEMO_MODEL", "FALLBACK_DEMO_MODEL"]
 
 #: The real model the demo prefers, when its weights are already on this machine.
 REAL_DEMO_MODEL = "hf:HuggingFaceTB/SmolVLM-256M-Instruct"
@@ -47,7 +47,7 @@ def _real_model_available(name: str) -> bool:
         return False
 
 
-def _candidate(path: Path, into: Path) -> Path:
+def _candidate(path: Path, into: Path, name: str = "candidate-cat.png") -> Path:
     """A new photo of the same cat: mirrored and cropped, so its pixels are new."""
     from PIL import Image, ImageOps
 
@@ -55,9 +55,44 @@ def _candidate(path: Path, into: Path) -> Path:
         mirrored = ImageOps.mirror(image.convert("RGB"))
     w, h = mirrored.size
     crop = mirrored.crop((int(w * 0.08), int(h * 0.05), int(w * 0.95), h))
-    out = into / "candidate-cat.png"
-    crop.save(out)
+    out = into / name
+    crop.save(out, **({"quality": 95} if out.suffix == ".jpg" else {}))
     return out
+
+
+#: The example rubric ``refsight samples`` writes (the README's ``--criteria @rubric.yaml``).
+SAMPLE_RUBRIC = """\
+# An example rubric: one criterion per entry. weight (default 1) counts in the score;
+# required: a mismatch makes the score 0, and a reference whose stored attribute records
+# settle it as a mismatch is dropped before any VLM work.
+criteria:
+  - text: is a cat
+    required: true
+  - text: short fur
+  - text: triangular ears
+    weight: 2
+  - text: dark forehead stripes
+"""
+
+
+def write_samples(directory: str | Path) -> list[Path]:
+    """``refsight samples DIR``: the bundled photos (under their names: ``chelsea.jpg`` ...), ``new.jpg``
+    (a new photo of the cat: mirrored and cropped) and ``rubric.yaml``, the files the README's
+    examples use. Files already there are replaced; returns the paths written."""
+    from .samples import sample_paths
+
+    into = Path(directory)
+    into.mkdir(parents=True, exist_ok=True)
+    written = []
+    for path in sample_paths().values():
+        target = into / path.name
+        shutil.copyfile(path, target)
+        written.append(target)
+    written.append(_candidate(sample_paths()["chelsea"], into, "new.jpg"))
+    rubric = into / "rubric.yaml"
+    rubric.write_text(SAMPLE_RUBRIC, encoding="utf-8")
+    written.append(rubric)
+    return written
 
 
 def _strip(result: dict[str, Any]) -> list[dict[str, Any]]:

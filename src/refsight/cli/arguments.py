@@ -129,6 +129,8 @@ def store_options() -> argparse.ArgumentParser:
         # SUPPRESS: given before or after the command, the one the user typed wins (see cli._resolve_store_options).
         common.add_argument(flag, metavar=metavar, type=kind, default=argparse.SUPPRESS, help=help_text)
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON lines")
+    common.add_argument("--quiet", action="store_true", default=argparse.SUPPRESS,
+                        help="no progress on stderr (bars and stage lines show only on a terminal anyway)")
     return common
 
 

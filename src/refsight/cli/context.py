@@ -18,7 +18,7 @@ from ..settings import OPTION_HELP, BackendOptions, Settings, load_settings, par
 if TYPE_CHECKING:
     from .. import Engine
 
-__all__ = ["emit", "show", "say", "open_engine", "backend_options", "settings_of", "RANDOM_WEIGHTS_NOTICE"]
+__all__ = ["emit", "show", "say", "open_engine", "shows_progress", "backend_options", "settings_of", "RANDOM_WEIGHTS_NOTICE"]
 
 RANDOM_WEIGHTS_NOTICE = "note: {model} has RANDOM weights; its text is meaningless (timings and caching are real)"
 
@@ -64,6 +64,11 @@ def backend_options(args: argparse.Namespace) -> BackendOptions:
     return BackendOptions(**{k: v for k, v in values.items() if v is not None})
 
 
+def shows_progress(args: argparse.Namespace) -> bool:
+    """Progress (bars, stage lines) goes to stderr on a terminal, unless ``--json`` or ``--quiet``."""
+    return not args.json and not getattr(args, "quiet", False) and sys.stderr.isatty()
+
+
 def open_engine(args: argparse.Namespace) -> Engine:
     """The engine the command's flags describe (the caller closes it: ``with open_engine(args) as engine``)."""
     # Imported here, not at the top: parsing, --help and `refsight models` never pay for the pipelines.
@@ -76,7 +81,7 @@ def open_engine(args: argparse.Namespace) -> Engine:
         model=getattr(args, "model", None),
         embedder=getattr(args, "embedder", None),
         attribute_schema=getattr(args, "attribute_schema", None),
-        progress=not args.json and sys.stderr.isatty(),
+        progress=shows_progress(args),
         backend_options=backend_options(args),
         settings=settings_of(args),
         cache=args.cache,

@@ -1,4 +1,5 @@
-"""The commands for a first look: ``models`` (what can be loaded) and ``demo`` (the guided tour)."""
+"""The commands for a first look: ``models`` (what can be loaded), ``demo`` (the guided tour) and ``samples``
+(the files the README's examples use)."""
 
 from __future__ import annotations
 
@@ -86,8 +87,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(store=args.store, model=args.model, as_json=args.json, report=args.report)
 
 
+def _samples_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("directory", metavar="DIR", type=path_argument, help="where to write them (created if missing)")
+
+
+def cmd_samples(args: argparse.Namespace) -> int:
+    """refsight samples DIR"""
+    from ..demo import write_samples
+
+    written = write_samples(args.directory)
+    emit(args, {"directory": str(args.directory), "files": [p.name for p in written]},
+         lambda d: f"wrote {len(d['files'])} files to {d['directory']}: {', '.join(d['files'])}")
+    return 0
+
+
 COMMANDS = (
     Command("demo", "ingest bundled photos, compare a cat photo against them twice (cold, then cached)", cmd_demo,
             _demo_arguments, model=True),
     Command("models", "list the registered models", cmd_models),
+    Command("samples", "write the bundled photos, a new cat photo (new.jpg) and an example rubric (rubric.yaml) "
+            "to DIR: the files the README's examples use", cmd_samples, _samples_arguments),
 )
