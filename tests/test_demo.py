@@ -56,3 +56,17 @@ def test_the_demo_ends_with_the_encodes_it_avoided_and_what_each_cost(tmp_path, 
     assert summary["cache"]["encodes_avoided"] == 7
     assert all(v is None or v >= 0 for v in summary["cache"].values())
     assert summary["ranking"][0] == "chelsea" or not summary["random_weights"]
+
+
+def test_samples_writes_the_photos_a_new_cat_and_a_rubric_that_parses(tmp_path, capsys):
+    from refsight.cli import main
+    from refsight.judge import parse_rubric
+
+    assert main(["samples", str(tmp_path / "photos")]) == 0
+    assert "wrote 9 files" in capsys.readouterr().out
+    names = sorted(p.name for p in (tmp_path / "photos").iterdir())
+    assert names == sorted(["chelsea.jpg", "astronaut.jpg", "coffee.jpg", "rocket.jpg", "horse.png", "china.jpg",
+                            "flower.jpg", "new.jpg", "rubric.yaml"])
+    assert (tmp_path / "photos" / "new.jpg").read_bytes() != (tmp_path / "photos" / "chelsea.jpg").read_bytes()
+    rubric = parse_rubric((tmp_path / "photos" / "rubric.yaml").read_text())
+    assert rubric.texts == ["is a cat", "short fur", "triangular ears"] and rubric[0].required

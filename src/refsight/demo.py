@@ -71,7 +71,6 @@ criteria:
   - text: short fur
   - text: triangular ears
     weight: 2
-  - text: dark forehead stripes
 """
 
 
