@@ -46,17 +46,19 @@ class Maintenance:
         and is never served.
         """
         report = VerifyReport()
-        for key, problem in self.store.local.verify_all():
-            report.checked += 1
-            if problem is None:
-                continue
-            report.corrupt.append(key)
-            if repair:
-                reason = self._repair(key, backend())
-                if reason is None:
-                    report.repaired.append(key)
-                else:
-                    report.unrepairable[key] = reason
+        with self._progress(self.store.local.stats()["packages"], "verifying") as bar:
+            for key, problem in self.store.local.verify_all():
+                report.checked += 1
+                bar.update(1)
+                if problem is None:
+                    continue
+                report.corrupt.append(key)
+                if repair:
+                    reason = self._repair(key, backend())
+                    if reason is None:
+                        report.repaired.append(key)
+                    else:
+                        report.unrepairable[key] = reason
         self._check_images(report)
         return report
 
