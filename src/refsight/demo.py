@@ -60,8 +60,10 @@ def _candidate(path: Path, into: Path, name: str = "candidate-cat.png") -> Path:
     return out
 
 
-#: The example rubric ``refsight samples`` writes (the README's ``--criteria @rubric.yaml``).
+#: The example rubric ``refsight samples`` writes (the README's ``--criteria @rubric.yaml``); it opens with
+#: ``---`` so that it reads as YAML (see ``refsight.judge.criteria``), its comments after.
 SAMPLE_RUBRIC = """\
+---
 # An example rubric: one criterion per entry. weight (default 1) counts in the score;
 # required: a mismatch makes the score 0, and a reference whose stored attribute records
 # settle it as a mismatch is dropped before any VLM work.
