@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +101,8 @@ def cmd_samples(args: argparse.Namespace) -> int:
 
 
 COMMANDS = (
-    Command("demo", "ingest bundled photos, compare a cat photo against them twice (cold, then cached)", cmd_demo,
+    Command("demo", "ingest bundled photos, compare a cat photo against them re-encoded, cached, then with another "
+            "rubric; say how many encodes the cache avoided and what each cost", cmd_demo,
             _demo_arguments, model=True),
     Command("models", "list the registered models", cmd_models),
     Command("samples", "write the bundled photos, a new cat photo (new.jpg) and an example rubric (rubric.yaml) "

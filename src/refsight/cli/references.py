@@ -31,7 +31,7 @@ def cmd_add(args: argparse.Namespace) -> int:
     metadata = parse_pairs(args.meta, "--meta")  # a usage error before the store is opened
     ids = [args.id] if args.id else None
     attributes = [] if args.attributes == "none" else [args.attributes]
-    failed = 0
+    failed, header_shown = 0, args.json  # JSON lines have no header
     with open_engine(args) as engine:
         for result in engine.add_many(args.images, ids=ids, metadata=metadata, attributes=attributes):
             data = result.to_dict()
@@ -41,9 +41,9 @@ def cmd_add(args: argparse.Namespace) -> int:
                 if args.json:
                     show(json.dumps(data))
                 continue
-            if not args.json and not getattr(args, "header_shown", False):
+            if not header_shown:
                 show(_ADDED_HEADER)
-                args.header_shown = True
+                header_shown = True
             emit(args, data, _added_line)
     return 1 if failed else 0
 
