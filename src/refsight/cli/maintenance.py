@@ -47,6 +47,11 @@ def format_stats(d: dict[str, Any]) -> str:
                  f"pruned {d['pruned']}; corrupt {d['corrupt']} package(s), {d['prefix_corrupt']} prefix state(s)")
     for name, figures in (d.get("runtime_prefix_cache") or {}).items():
         lines.append(f"{name}: runtime prefix cache hit rate {percent(figures.get('hits', 0), figures.get('queries', 0))}")
+    if d.get("models"):
+        rows = [(m["model"], m["hits"], format_ms(m["encode_ms_saved"] / m["hits"]), format_ms(m["load_ms"] / m["hits"]))
+                for m in d["models"] if m["hits"]]
+        lines += ["per model (each avoided encode against the load that replaced it):",
+                  table(("model", "encodes avoided", "encode", "load"), rows, right=(1, 2, 3), indent="  ")]
     if d.get("tiers"):
         rows = [(tier, f["hits"], f["misses"], size(f.get("bytes", 0))) for tier, f in d["tiers"].items()]
         lines += ["tiers (this process):", table(("tier", "hits", "misses", "served"), rows, right=(1, 2, 3), indent="  ")]
