@@ -9,7 +9,7 @@ from typing import Any
 
 from .arguments import EMBEDDER_HELP, Command
 from .context import emit, open_engine
-from .tables import format_ms, percent, size, table
+from .tables import format_ms, model_name, percent, size, table
 
 __all__ = ["COMMANDS"]
 
@@ -48,7 +48,10 @@ def format_stats(d: dict[str, Any]) -> str:
     for name, figures in (d.get("runtime_prefix_cache") or {}).items():
         lines.append(f"{name}: runtime prefix cache hit rate {percent(figures.get('hits', 0), figures.get('queries', 0))}")
     if d.get("models"):
-        rows = [(m["model"], m["hits"], format_ms(m["encode_ms_saved"] / m["hits"]), format_ms(m["load_ms"] / m["hits"]))
+        from .. import available_models  # registry names only: the name that loads each model
+
+        names = available_models()
+        rows = [(model_name({"model_id": m["model"]}, names), m["hits"], format_ms(m["encode_ms_saved"] / m["hits"]), format_ms(m["load_ms"] / m["hits"]))
                 for m in d["models"] if m["hits"]]
         lines += ["per model (each avoided encode against the load that replaced it):",
                   table(("model", "encodes avoided", "encode", "load"), rows, right=(1, 2, 3), indent="  ")]
