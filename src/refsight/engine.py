@@ -129,7 +129,7 @@ class Engine:
         self.book.on_remove(self.retrieval.forget)
         self.comparisons = ComparePipeline(
             packages=self.packages, book=self.book, retrieval=self.retrieval, attribute_records=self.attribute_records,
-            prefixes=self.prefixes, limits=limits,
+            prefixes=self.prefixes, limits=limits, progress=lambda: self.progress,
         )
         self.maintenance = Maintenance(self.store, self.packages, self.book, self._progress_bar)
 

@@ -7,6 +7,7 @@ Everything here is maintenance a user or operator asks for (``refsight verify``,
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -15,7 +16,7 @@ from .backends.base import Backend
 from .context import RequestContext
 from .drift import DEFAULT_THRESHOLD, DriftReport, check_drift
 from .errors import InvalidInputError, RefsightError
-from .packages import PackageCache
+from .packages import MODEL_COUNTER_PREFIX, PackageCache
 from .references import ReferenceBook
 from .results import AddResult, PruneReport, StoreStats, VerifyReport
 from .store import Store
@@ -46,17 +47,19 @@ class Maintenance:
         and is never served.
         """
         report = VerifyReport()
-        for key, problem in self.store.local.verify_all():
-            report.checked += 1
-            if problem is None:
-                continue
-            report.corrupt.append(key)
-            if repair:
-                reason = self._repair(key, backend())
-                if reason is None:
-                    report.repaired.append(key)
-                else:
-                    report.unrepairable[key] = reason
+        with self._progress(self.store.local.stats()["packages"], "verifying") as bar:
+            for key, problem in self.store.local.verify_all():
+                report.checked += 1
+                bar.update(1)
+                if problem is None:
+                    continue
+                report.corrupt.append(key)
+                if repair:
+                    reason = self._repair(key, backend())
+                    if reason is None:
+                        report.repaired.append(key)
+                    else:
+                        report.unrepairable[key] = reason
         self._check_images(report)
         return report
 
@@ -130,21 +133,39 @@ class Maintenance:
             misses=int(counters.get("misses", 0)),
             evictions=int(counters.get("evictions", 0)),
             encode_ms_saved=round(float(counters.get("encode_ms_saved", 0.0)), 3),
+            load_ms=round(float(counters.get("load_ms", 0.0)), 3),
             memory_bytes=self.store.memory.nbytes,
             max_package_bytes=self.store.max_package_bytes,
             quota_evictions=int(counters.get("quota_evictions", 0)),
             quota_evicted_bytes=int(counters.get("quota_evicted_bytes", 0)),
             pruned=int(counters.get("pruned", 0)),
             tiers=tiers,
-            replica=self.store.counters.totals() | {f"{tier}_hits": c["hits"] for tier, c in tiers.items()},
+            replica={k: v for k, v in self.store.counters.totals().items() if not k.startswith(MODEL_COUNTER_PREFIX)}
+            | {f"{tier}_hits": c["hits"] for tier, c in tiers.items()},
+            models=self._per_model(counters),
             prefix_hits=int(counters.get("prefix_hits", 0)),
             prefix_misses=int(counters.get("prefix_misses", 0)),
             prefix_bytes=prefixes["bytes"],
             prefix_ms_saved=round(float(counters.get("prefix_ms_saved", 0.0)), 3),
+            prefix_tokens_reused=int(counters.get("prefix_tokens_reused", 0)),
             corrupt=int(counters.get("corrupt", 0)),
             prefix_corrupt=int(counters.get("prefix_corrupt", 0)),
             runtime_prefix_cache=_runtime_prefix_caches(backends),
         )
+
+    def _per_model(self, counters: dict[str, float]) -> list[dict[str, Any]]:
+        """Hits, the encode time they avoided and the load time they cost, per model (from the per-model counters)."""
+        names = {u.fingerprint_digest[:16]: (u.model_id or u.backend) for u in self.store.local.fingerprint_usage()}
+        figures: dict[str, dict[str, float]] = {}
+        for name, value in counters.items():
+            found = _MODEL_COUNTER.fullmatch(name)
+            if found:
+                figures.setdefault(found[1], {})[found[2]] = value
+        return [
+            {"model": names.get(digest, digest), "fingerprint": digest, "hits": int(f.get("hits", 0)),
+             "encode_ms_saved": round(f.get("encode_ms", 0.0), 3), "load_ms": round(f.get("load_ms", 0.0), 3)}
+            for digest, f in sorted(figures.items(), key=lambda item: -item[1].get("hits", 0))
+        ]
 
     def drift(self, context: RequestContext, *, sample: int, seed: int, threshold: float | None) -> DriftReport:
         """``refsight verify --fresh``: stored features against a fresh encode of a random sample."""
@@ -185,6 +206,9 @@ class Maintenance:
     def gc(self, **options: Any) -> dict[str, int]:
         """Remove what interrupted writes left (see :meth:`refsight.store.Store.gc`); counts by kind."""
         return self.store.gc(**options)
+
+
+_MODEL_COUNTER = re.compile(re.escape(MODEL_COUNTER_PREFIX) + r"([0-9a-f]{16})_(hits|encode_ms|load_ms)")
 
 
 def _runtime_prefix_caches(backends: Sequence[Backend]) -> dict[str, dict[str, float]] | None:

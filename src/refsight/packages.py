@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
@@ -199,6 +200,7 @@ class PackageCache:
 
     # -- internals ---------------------------------------------------------------------
     def _hit(self, key: str) -> CachedPackage | None:
+        started = time.perf_counter()
         try:
             package = self.store.packages.get(key)
         except CorruptPackageError:
@@ -209,7 +211,11 @@ class PackageCache:
             return None
         if package is None:
             return None
-        self.store.counters.add(hits=1, encode_ms_saved=package.encode_ms)
+        # load_ms beside encode_ms_saved: what each hit cost against the encode it avoided, in all and per model.
+        load_ms = (time.perf_counter() - started) * 1000
+        self.store.counters.add(
+            hits=1, encode_ms_saved=package.encode_ms, load_ms=load_ms, **model_counts(package, load_ms)
+        )
         self.store.usage.note(key)  # buffered: a hit writes nothing now
         self.store.pins.note(key)
         return CachedPackage(package, cached=True)
@@ -233,6 +239,16 @@ class PackageCache:
         packages = encode_packages(backend, images, scope)
         self.store.counters.add(misses=len(packages))
         return packages
+
+
+#: The per-model hit counters: ``model_<first 16 hex of the fingerprint digest>_<hits|encode_ms|load_ms>``.
+MODEL_COUNTER_PREFIX = "model_"
+
+
+def model_counts(package: VisualPackage, load_ms: float) -> dict[str, float]:
+    """One hit's counts under its model's own counter names (``refsight stats``' per-model figures)."""
+    model = f"{MODEL_COUNTER_PREFIX}{package.fingerprint.digest[:16]}"
+    return {f"{model}_hits": 1, f"{model}_encode_ms": package.encode_ms, f"{model}_load_ms": load_ms}
 
 
 def encode_packages(backend: Backend, images: Sequence[ImageInput], scope: str | None) -> list[VisualPackage]:

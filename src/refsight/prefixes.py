@@ -2,8 +2,8 @@
 
 One place counts, as :class:`~refsight.packages.PackageCache` does for packages:
 ``prefix_hits`` (a state served, memory or disk), ``prefix_misses`` (none usable: the
-backend builds it), ``prefix_ms_saved`` (the build time of every state served) and
-``prefix_corrupt`` (files found corrupt, deleted and so rebuilt). Counts go to the
+backend builds it), ``prefix_ms_saved`` (the build time of every state served), ``prefix_tokens_reused`` (its
+prompt tokens, which no prefill ran over) and ``prefix_corrupt`` (files found corrupt, deleted and so rebuilt). Counts go to the
 store's :class:`~refsight.store.counters.CounterBuffer` (reads never write SQL).
 
 The engine hands :attr:`Engine.prefixes <refsight.Engine>` to a backend on each request
@@ -45,7 +45,7 @@ class PrefixStateCache:
         if found is None:
             self.store.counters.add(prefix_misses=1)
             return None
-        self.store.counters.add(prefix_hits=1, prefix_ms_saved=found.build_ms)
+        self.store.counters.add(prefix_hits=1, prefix_ms_saved=found.build_ms, prefix_tokens_reused=found.tokens)
         return PrefixState(tensors=found.tensors, meta=dict(found.meta), tokens=found.tokens, build_ms=found.build_ms)
 
     def put(self, key: str, state: PrefixState) -> None:

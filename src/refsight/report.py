@@ -15,12 +15,18 @@ from typing import Any, Mapping
 
 from .terminal import escape_controls
 
-__all__ = ["format_comparison", "write_comparison_report", "render_comparison_report"]
+__all__ = ["format_comparison", "format_timings", "format_ms", "write_comparison_report", "render_comparison_report"]
 
 def format_comparison(data: dict[str, Any]) -> str:
-    """A readable table per reference for ``refsight compare`` without ``--json``."""
+    """A readable table per reference for ``refsight compare`` without ``--json``.
+
+    An ``uncertain`` verdict shows no confidence (it is no claim to be confident in), and the
+    evidence a random-weight model wrote is shown as ``(random text)``: it is noise, often
+    not even words.
+    """
     lines = []
-    if data["random_weights"]:
+    random = bool(data["random_weights"])
+    if random:
         lines.append(f"!! {data['model']} has RANDOM weights: VLM verdicts below are meaningless !!")
     if data.get("recalled"):
         lines.append("recalled: " + ", ".join(f"{r['ref_id']} ({r['score']:.3f})" for r in data["recalled"]))
@@ -36,17 +42,38 @@ def format_comparison(data: dict[str, Any]) -> str:
             continue
         cached = "from cache" if result["reference_cached"] else "encoded now"
         lines.append(f"\n#{rank} {result['ref_id']}  score {result['score']:.2f}{scores}  ({cached})")
-        # Criteria and evidence are user and model text: one line each, controls escaped.
-        shown = [(escape_controls(c["criterion"]), escape_controls(str(c["evidence"]))) for c in result["criteria"]]
-        width = max([len(text) for text, _ in shown] + [9])
-        for c, (text, evidence) in zip(result["criteria"], shown):
-            lines.append(
-                f"  {text:<{width}}  {c['verdict']:<9} {c['confidence']:.2f}  "
-                f"[{c['source']}]  {evidence}"
-            )
-    timings = ", ".join(f"{k} {v:.0f} ms" for k, v in data["timings_ms"].items())
-    lines.append(f"\ntimings: {timings}")
+        lines.extend(_criteria_lines(result["criteria"], random=random))
+    lines.append(f"\ntimings: {format_timings(data['timings_ms'])}")
     return "\n".join(lines)
+
+
+def _criteria_lines(criteria: list[dict[str, Any]], *, random: bool) -> list[str]:
+    """One line per criterion: text, verdict, confidence (not for ``uncertain``), source, evidence."""
+    # Criteria and evidence are user and model text: one line each, controls escaped.
+    shown = [escape_controls(c["criterion"]) for c in criteria]
+    width = max([len(text) for text in shown] + [9])
+    lines = [f"  {'criterion':<{width}}  {'verdict':<9} {'conf':>4}  {'source':<12}  evidence"]
+    for c, text in zip(criteria, shown):
+        confidence = "" if c["verdict"] == "uncertain" else f"{c['confidence']:.2f}"
+        evidence = "(random text)" if random and c["source"] == "vlm" else escape_controls(str(c["evidence"]))
+        lines.append(f"  {text:<{width}}  {c['verdict']:<9} {confidence:>4}  {'[' + c['source'] + ']':<12}  {evidence}")
+    return lines
+
+
+def format_timings(timings_ms: Mapping[str, float]) -> str:
+    """``recall 2.4 s, judge 812 ms, ...``: each stage's time in a unit a person reads at a glance."""
+    return ", ".join(f"{name.replace('_', ' ')} {format_ms(ms)}" for name, ms in timings_ms.items())
+
+
+def format_ms(ms: float) -> str:
+    """Milliseconds for people: ``0.42 ms``, ``48 ms``, ``2.4 s``, ``1 min 12 s``."""
+    if ms < 10:
+        return f"{ms:.2f} ms"
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f} s"
+    return f"{int(ms // 60_000)} min {ms % 60_000 / 1000:.0f} s"
 
 
 _COLOURS = {"match": "#1b7f3b", "mismatch": "#b3261e", "uncertain": "#8a6d00"}
@@ -70,9 +97,11 @@ def render_comparison_report(result: Mapping[str, Any], *, candidate: Path, refe
     for item in result["results"]:
         if item.get("stage", "judged") != "judged":
             continue  # the report shows the judged references; the ranking of the rest is in the JSON
+        random = bool(result.get("random_weights"))
         cells = "".join(
             f'<tr><td>{e(c["criterion"])}</td><td style="color:{_COLOURS.get(c["verdict"], "#333")};font-weight:600">'
-            f"{e(c['verdict'])}</td><td>{c['confidence']:.2f}</td><td>{e(c['source'])}</td><td>{e(c['evidence'])}</td></tr>"
+            f"{e(c['verdict'])}</td><td>{'' if c['verdict'] == 'uncertain' else format(c['confidence'], '.2f')}</td>"
+            f"<td>{e(c['source'])}</td><td>{'(random text)' if random and c['source'] == 'vlm' else e(c['evidence'])}</td></tr>"
             for c in item["criteria"]
         )
         image = references.get(item["ref_id"])
@@ -89,7 +118,7 @@ def render_comparison_report(result: Mapping[str, Any], *, candidate: Path, refe
         if result.get("random_weights")
         else ""
     )
-    timings = ", ".join(f"{e(k)} {v:.0f} ms" for k, v in result["timings_ms"].items())
+    timings = e(format_timings(result["timings_ms"]))
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>refsight comparison</title><style>
 body{{font-family:system-ui,sans-serif;margin:2em;color:#222}} img{{border-radius:6px;margin-right:1em}}
 section{{border-top:1px solid #ddd;padding:1em 0}} .ref{{display:flex;align-items:center;margin-bottom:.5em}}

@@ -256,6 +256,12 @@ class StoreStats:
     prefix_corrupt: int | None = None
     #: A runtime's own prefix cache, per loaded backend that keeps one (vLLM: prompt tokens queried, hit, hit rate).
     runtime_prefix_cache: dict[str, dict[str, float]] | None = None
+    #: Time the cache hits spent loading their packages (beside ``encode_ms_saved``, the encodes they avoided).
+    load_ms: float | None = None
+    #: Prompt tokens served from stored prefix states (no prefill ran over them).
+    prefix_tokens_reused: int | None = None
+    #: Per model (fingerprint), most hits first: ``{"model", "fingerprint", "hits", "encode_ms_saved", "load_ms"}``.
+    models: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (``runtime_prefix_cache`` only when a loaded backend reports one)."""

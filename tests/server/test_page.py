@@ -49,11 +49,11 @@ def test_page_shows_the_gallery_and_a_verdict_table(server, browser):
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(server.url + "/")
 
-    # Gallery: both references with thumbnails (fetched with the key, shown as blob URLs), metadata and cache state.
+    # Gallery: both references with thumbnails (plain <img src> without keys), metadata and cache state.
     cards = page.locator("#gallery .card")
     cards.nth(1).wait_for()
     assert cards.count() == 2
-    wait_until(page, "[...document.querySelectorAll('#gallery img')].every(i => i.src.startsWith('blob:') && i.naturalWidth > 0)")
+    wait_until(page, "[...document.querySelectorAll('#gallery img')].every(i => i.src.includes('/thumbnail') && i.naturalWidth > 0)")
     assert "photo=chelsea" in page.locator('#gallery .card[data-ref-id="chelsea"] .meta').inner_text()
     assert page.locator('#gallery .card[data-ref-id="chelsea"] .badge').inner_text() .startswith("cached")
     assert page.locator("#random-weights").is_visible()

@@ -96,6 +96,8 @@ def _resolve_store_options(args: argparse.Namespace) -> None:
     args.max_package_bytes = getattr(args, "max_package_bytes", None)
     args.config = getattr(args, "config", None)
     args.json = getattr(args, "json", False)
+    args.quiet = getattr(args, "quiet", False)
+    args.namespace = getattr(args, "namespace", None)  # None: the engine's default namespace
     args.settings = None  # the config file, read at the first use (context.settings_of)
 
 

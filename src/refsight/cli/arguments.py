@@ -10,6 +10,7 @@ assembles them under the options of :func:`store_options` (every command) and
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +20,7 @@ from ..config import default_model
 from ..settings import OPTION_HELP
 
 __all__ = [
-    "Command", "CommandParser", "UsageError", "text_argument", "path_argument", "parse_pairs", "store_options",
+    "Command", "CommandParser", "UsageError", "text_argument", "path_argument", "namespace_argument", "parse_pairs", "store_options",
     "model_options", "EMBEDDER_HELP", "SCHEMA_HELP",
 ]
 
@@ -38,6 +39,17 @@ def text_argument(value: str) -> str:
         return check_text(value, "argument")
     except InvalidInputError as e:
         raise argparse.ArgumentTypeError(e.reason) from None
+
+
+#: A namespace, by the rule of the server's keys files (``key=namespace``): what a tenant's references live in.
+_NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def namespace_argument(value: str) -> str:
+    """``--namespace``: 1-64 letters, digits and ``._-``, starting with a letter or digit (as in a keys file)."""
+    if not _NAMESPACE.fullmatch(text_argument(value)):
+        raise argparse.ArgumentTypeError(f"{value!r}: a namespace is 1-64 letters, digits and ._- (letter or digit first)")
+    return value
 
 
 def path_argument(value: str) -> str:
@@ -104,6 +116,9 @@ _STORE_OPTIONS = (
      "else [store] cache in refsight.toml)"),
     ("--max-package-bytes", "SIZE", text_argument,
      "byte quota on packages, e.g. 20GiB: least recently used ones are evicted (re-encoded when needed)"),
+    ("--namespace", "NAME", namespace_argument,
+     "the references' namespace (default: 'default', the one a server without API keys serves; with keys, "
+     "each key's namespace); verify, prune and gc work on the whole store"),
 )
 
 
@@ -114,6 +129,8 @@ def store_options() -> argparse.ArgumentParser:
         # SUPPRESS: given before or after the command, the one the user typed wins (see cli._resolve_store_options).
         common.add_argument(flag, metavar=metavar, type=kind, default=argparse.SUPPRESS, help=help_text)
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON lines")
+    common.add_argument("--quiet", action="store_true", default=argparse.SUPPRESS,
+                        help="no progress on stderr (bars and stage lines show only on a terminal anyway)")
     return common
 
 

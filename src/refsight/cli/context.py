@@ -9,13 +9,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from .. import Engine, escape_controls, printable_text
+from .. import escape_controls, printable_text
 from ..config import default_store_dir
 from ..settings import OPTION_HELP, BackendOptions, Settings, load_settings, parse_key_values
 
-__all__ = ["emit", "show", "say", "open_engine", "backend_options", "settings_of", "RANDOM_WEIGHTS_NOTICE"]
+if TYPE_CHECKING:
+    from .. import Engine
+
+__all__ = ["emit", "show", "say", "open_engine", "shows_progress", "backend_options", "settings_of", "RANDOM_WEIGHTS_NOTICE"]
 
 RANDOM_WEIGHTS_NOTICE = "note: {model} has RANDOM weights; its text is meaningless (timings and caching are real)"
 
@@ -61,8 +64,16 @@ def backend_options(args: argparse.Namespace) -> BackendOptions:
     return BackendOptions(**{k: v for k, v in values.items() if v is not None})
 
 
+def shows_progress(args: argparse.Namespace) -> bool:
+    """Progress (bars, stage lines) goes to stderr on a terminal, unless ``--json`` or ``--quiet``."""
+    return not args.json and not getattr(args, "quiet", False) and sys.stderr.isatty()
+
+
 def open_engine(args: argparse.Namespace) -> Engine:
     """The engine the command's flags describe (the caller closes it: ``with open_engine(args) as engine``)."""
+    # Imported here, not at the top: parsing, --help and `refsight models` never pay for the pipelines.
+    from .. import Engine
+
     return Engine(
         args.store,
         catalog=args.catalog,
@@ -70,9 +81,10 @@ def open_engine(args: argparse.Namespace) -> Engine:
         model=getattr(args, "model", None),
         embedder=getattr(args, "embedder", None),
         attribute_schema=getattr(args, "attribute_schema", None),
-        progress=not args.json and sys.stderr.isatty(),
+        progress=shows_progress(args),
         backend_options=backend_options(args),
         settings=settings_of(args),
         cache=args.cache,
         max_package_bytes=args.max_package_bytes,
+        **({"namespace": args.namespace} if getattr(args, "namespace", None) else {}),
     )

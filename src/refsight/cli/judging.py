@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from .. import FileReadError, RefsightError, read_regular_file
-from ..report import format_comparison
+from ..report import format_comparison, format_timings
 from .arguments import EMBEDDER_HELP, SCHEMA_HELP, Command, parse_pairs, path_argument, text_argument
 from .context import RANDOM_WEIGHTS_NOTICE, emit, open_engine
 
@@ -129,15 +129,27 @@ def cmd_generate(args: argparse.Namespace) -> int:
     data = result.to_dict()
     if data["random_weights"] and not args.json:
         print(RANDOM_WEIGHTS_NOTICE.format(model=data["model"]), file=sys.stderr)
-    emit(args, data, _generated_text)
+    emit(args, data, lambda d: _generated_text(d, args.ref, args.image))
     return 0
 
 
-def _generated_text(d: dict) -> str:
-    return (
-        f"{d['text']}\n[{d['model']}{' (random weights)' if d['random_weights'] else ''}; "
-        f"references cached: {d['references_cached']}; timings ms: {d['timings_ms']}]"
-    )
+def _generated_text(d: dict, ref_ids: Sequence[str], candidate: str | None) -> str:
+    """The text, then what it was made from: each reference and the candidate apart, cache state and timings."""
+    served = list(d["references_cached"])
+    # references_cached pairs with the prompt's images in order: the references, then the candidate.
+    states = ["from cache" if hit else "encoded now" for hit in served]
+    refs = ", ".join(f"{ref} ({state})" for ref, state in zip(ref_ids, states)) or "none"
+    lines = [
+        d["text"], "",
+        f"model       {d['model']}{' (random weights: the text is meaningless)' if d['random_weights'] else ''}",
+        f"references  {refs}",
+    ]
+    if candidate is not None:
+        lines.append(f"candidate   {candidate} ({'encoded now' if len(served) <= len(ref_ids) or not served[-1] else 'from cache'})")
+    lines.append(f"tokens      {d['prompt_tokens']} in the prompt ({d['cached_tokens']} image tokens from cached packages, "
+                 f"{d['prefix_tokens_reused']} from a stored prefix state), {len(d['tokens'])} generated ({d['finish_reason']})")
+    lines.append(f"timings     {format_timings(d['timings_ms'])}")
+    return "\n".join(lines)
 
 
 #: The library's names for each command's inputs → the arguments (see refsight.cli.describe_error).
@@ -145,7 +157,7 @@ _COMPARE_FIELDS = {
     "top_k": "--top-k", "rerank": "--rerank", "recall_k": "--recall-k", "query": "--query", "recall": "--recall",
     "reranker": "--reranker",
 }
-_SEARCH_FIELDS = {"query": "TEXT query or --image PATH", "text": "TEXT", "image": "--image", "k": "--k"}
+_SEARCH_FIELDS = {"query": "TEXT query or --image PATH", "text/image": "TEXT query or --image PATH", "text": "TEXT", "image": "--image", "k": "--k"}
 _GENERATE_FIELDS = {"prompt": "--prompt", "max_new_tokens": "--max-new-tokens"}
 
 COMMANDS = (

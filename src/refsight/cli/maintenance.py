@@ -9,6 +9,7 @@ from typing import Any
 
 from .arguments import EMBEDDER_HELP, Command
 from .context import emit, open_engine
+from .tables import format_ms, model_name, percent, size, table
 
 __all__ = ["COMMANDS"]
 
@@ -17,8 +18,47 @@ def cmd_stats(args: argparse.Namespace) -> int:
     """refsight stats"""
     with open_engine(args) as engine:
         data = engine.stats().to_dict()
-    emit(args, data, lambda d: "\n".join(f"{k:>16}: {v}" for k, v in d.items()))
+    emit(args, data, format_stats)
     return 0
+
+
+def format_stats(d: dict[str, Any]) -> str:
+    """``refsight stats`` for people: what the cache did (hit rate, encodes avoided, time saved, prefix reuse)."""
+    lines = [
+        f"references        {d['references']}",
+        f"packages          {d['packages']} ({size(d['bytes'])} on disk, {size(d['memory_bytes'])} in memory)",
+    ]
+    if d["hits"] is None:  # a tenant's view: the store-wide counters are not its to see
+        return "\n".join(lines)
+    hits, misses = d["hits"], d["misses"]
+    lines += [
+        f"package cache     hit rate {percent(hits, hits + misses)} ({hits} hits, {misses} encodes)",
+        f"encodes avoided   {hits}: {format_ms(d['encode_ms_saved'])} of encoder time saved"
+        + (f", for {format_ms(d['load_ms'] or 0)} spent loading packages" if hits else ""),
+    ]
+    prefix_hits, prefix_misses = d["prefix_hits"], d["prefix_misses"]
+    lines.append(
+        f"KV prefix cache   hit rate {percent(prefix_hits, prefix_hits + prefix_misses)} ({prefix_hits} reused, "
+        f"{prefix_misses} built): {d.get('prefix_tokens_reused') or 0} prompt tokens not prefilled again, "
+        f"{format_ms(d['prefix_ms_saved'])} saved; {size(d['prefix_bytes'])} on disk"
+    )
+    quota = "none" if d["max_package_bytes"] is None else size(d["max_package_bytes"])
+    lines.append(f"byte quota        {quota} ({d['quota_evictions']} evicted, {size(d['quota_evicted_bytes'])}); "
+                 f"pruned {d['pruned']}; corrupt {d['corrupt']} package(s), {d['prefix_corrupt']} prefix state(s)")
+    for name, figures in (d.get("runtime_prefix_cache") or {}).items():
+        lines.append(f"{name}: runtime prefix cache hit rate {percent(figures.get('hits', 0), figures.get('queries', 0))}")
+    if d.get("models"):
+        from .. import available_models  # registry names only: the name that loads each model
+
+        names = available_models()
+        rows = [(model_name({"model_id": m["model"]}, names), m["hits"], format_ms(m["encode_ms_saved"] / m["hits"]), format_ms(m["load_ms"] / m["hits"]))
+                for m in d["models"] if m["hits"]]
+        lines += ["per model (each avoided encode against the load that replaced it):",
+                  table(("model", "encodes avoided", "encode", "load"), rows, right=(1, 2, 3), indent="  ")]
+    if d.get("tiers"):
+        rows = [(tier, f["hits"], f["misses"], size(f.get("bytes", 0))) for tier, f in d["tiers"].items()]
+        lines += ["tiers (this process):", table(("tier", "hits", "misses", "served"), rows, right=(1, 2, 3), indent="  ")]
+    return "\n".join(lines)
 
 
 def _verify_arguments(p: argparse.ArgumentParser) -> None:
@@ -56,7 +96,8 @@ def cmd_reencode(args: argparse.Namespace) -> int:
     with open_engine(args) as engine:
         for result in engine.reencode(model=args.model):
             emit(args, result.to_dict(),
-                 lambda d: f"{d['ref_id']}\t{'cached' if d['cached'] else 'encoded'}\t{d['encode_ms']:.1f} ms")
+                 lambda d: f"{d['ref_id']:<24}  {'cached' if d['cached'] else 'encoded':<8}  "
+                           f"{'-' if d['cached'] else format_ms(d['encode_ms'])}")
     return 0
 
 
@@ -92,17 +133,15 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def _format_prune(d: dict[str, Any]) -> str:
-    lines = [
-        f"{f['fingerprint_digest'][:16]}  {f.get('backend', '?')}:{f.get('model_id', '?')}  "
-        f"{f['packages']} package(s)  {f['bytes']} B"
-        for f in d["fingerprints"]
-    ]
     if not d["fingerprints"]:
         return "nothing to prune: no package in the store matches (`refsight prune` alone lists the fingerprints it holds)"
+    rows = [(f["fingerprint_digest"][:16], f.get("backend", "?"), f.get("model_id", "?"), f["packages"], size(f["bytes"]))
+            for f in d["fingerprints"]]
+    listing = table(("fingerprint", "backend", "model", "packages", "size"), rows, right=(3, 4))
     if not d["keys"] and d["dry_run"]:
-        return "\n".join(lines)
+        return listing
     verb = "would remove" if d["dry_run"] else "removed"
-    return "\n".join([*lines, f"{verb} {d['packages']} package(s), {d['bytes']} B; {d['links']} link(s) dropped"])
+    return f"{listing}\n{verb} {d['packages']} package(s), {size(d['bytes'])}; {d['links']} link(s) dropped"
 
 
 def _grace_seconds(value: str) -> float:

@@ -1,22 +1,78 @@
-"""The commands for a first look: ``models`` (what can be loaded) and ``demo`` (the guided tour)."""
+"""The commands for a first look: ``models`` (what can be loaded), ``demo`` (the guided tour) and ``samples``
+(the files the README's examples use)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Any
 
-from ..config import default_model
+from ..config import default_model, default_store_dir
 from .arguments import Command, path_argument
-from .context import emit
+from .context import emit, open_engine
+from .tables import model_name, size, table
 
-__all__ = ["COMMANDS"]
+__all__ = ["COMMANDS", "describe_model"]
+
+_LLAMACPP_EXTRA = "pip install 'refsight[llamacpp]' (builds llama.cpp: 10-25 min)"
+_VLLM_ENV = "refsight vllm-env (vLLM's own venv, ~3 min, 3.5 GB)"
+
+
+def describe_model(name: str) -> dict[str, str]:
+    """What a model name is, from the name alone (nothing is loaded): its backend, whether its weights are
+    real or random, and what it needs beyond ``pip install refsight``."""
+    if name == "toy":
+        return {"name": name, "backend": "toy", "weights": "none (a test encoder)", "needs": "-"}
+    if name.startswith("hf:"):
+        return {"name": name, "backend": "transformers", "weights": "real", "needs": "the checkpoint (hub id or folder)"}
+    if name.startswith("llamacpp:"):
+        return {"name": name, "backend": "llama.cpp", "weights": "real (the GGUF's)", "needs": _LLAMACPP_EXTRA}
+    if name.startswith("vllm:"):
+        return {"name": name, "backend": "vLLM server", "weights": "real (the server's)", "needs": "a running vLLM server"}
+    builtin = name.startswith(("tiny-", "shape-"))
+    weights = "random" if builtin else "?"
+    if name.endswith("-vllm"):
+        return {"name": name, "backend": "vLLM", "weights": weights, "needs": _VLLM_ENV}
+    if "-gguf" in name:
+        return {"name": name, "backend": "llama.cpp", "weights": weights, "needs": _LLAMACPP_EXTRA}
+    return {"name": name, "backend": "transformers" if builtin else "plugin", "weights": weights, "needs": "-"}
+
+
+def _stored_fingerprints(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The fingerprints the store holds packages under (none when there is no store yet: it is not created)."""
+    store = Path(args.store) if args.store else default_store_dir()
+    if not args.catalog and not (store / "refsight.db").is_file():
+        return []
+    with open_engine(args) as engine:
+        return engine.prune(dry_run=True).fingerprints
 
 
 def cmd_models(args: argparse.Namespace) -> int:
     """refsight models"""
     from .. import available_models  # the registry: names only, no backend is imported
 
-    emit(args, {"models": available_models(), "default": default_model()}, lambda d: "\n".join(d["models"]))
+    names = available_models()
+    details = {name: {**describe_model(name), "fingerprints": []} for name in names}
+    for fingerprint in _stored_fingerprints(args):
+        owner = model_name(fingerprint, names)
+        entry = details.setdefault(owner, {**describe_model(owner), "fingerprints": []})
+        entry["fingerprints"].append({k: fingerprint[k] for k in ("fingerprint_digest", "packages", "bytes")})
+    data = {"models": names, "default": default_model(), "details": list(details.values())}
+    emit(args, data, _models_table)
     return 0
+
+
+def _models_table(d: dict[str, Any]) -> str:
+    rows = [
+        (
+            m["name"] + (" (default)" if m["name"] == d["default"] else ""), m["backend"], m["weights"], m["needs"],
+            ", ".join(f"{f['packages']} ({size(f['bytes'])})" for f in m["fingerprints"]) or "-",
+        )
+        for m in d["details"]
+    ]
+    note = ("\nRandom-weight models write meaningless text; their timings and caching are real. "
+            "`refsight models --json` gives each stored fingerprint's digest.")
+    return table(("model", "backend", "weights", "needs", "packages stored"), rows) + note
 
 
 def _demo_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,8 +86,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(store=args.store, model=args.model, as_json=args.json, report=args.report)
 
 
+def _samples_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("directory", metavar="DIR", type=path_argument, help="where to write them (created if missing)")
+
+
+def cmd_samples(args: argparse.Namespace) -> int:
+    """refsight samples DIR"""
+    from ..demo import write_samples
+
+    written = write_samples(args.directory)
+    emit(args, {"directory": str(args.directory), "files": [p.name for p in written]},
+         lambda d: f"wrote {len(d['files'])} files to {d['directory']}: {', '.join(d['files'])}")
+    return 0
+
+
 COMMANDS = (
-    Command("demo", "ingest bundled photos, compare a cat photo against them twice (cold, then cached)", cmd_demo,
+    Command("demo", "ingest bundled photos, compare a cat photo against them re-encoded, cached, then with another "
+            "rubric; say how many encodes the cache avoided and what each cost", cmd_demo,
             _demo_arguments, model=True),
     Command("models", "list the registered models", cmd_models),
+    Command("samples", "write the bundled photos, a new cat photo (new.jpg) and an example rubric (rubric.yaml) "
+            "to DIR: the files the README's examples use", cmd_samples, _samples_arguments),
 )

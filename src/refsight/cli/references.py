@@ -8,6 +8,7 @@ import json
 from .. import escape_controls
 from .arguments import SCHEMA_HELP, Command, UsageError, parse_pairs, path_argument
 from .context import emit, open_engine, say, show
+from .tables import format_ms, iso_time, model_names, size, table
 
 __all__ = ["COMMANDS"]
 
@@ -30,7 +31,7 @@ def cmd_add(args: argparse.Namespace) -> int:
     metadata = parse_pairs(args.meta, "--meta")  # a usage error before the store is opened
     ids = [args.id] if args.id else None
     attributes = [] if args.attributes == "none" else [args.attributes]
-    failed = 0
+    failed, header_shown = 0, args.json  # JSON lines have no header
     with open_engine(args) as engine:
         for result in engine.add_many(args.images, ids=ids, metadata=metadata, attributes=attributes):
             data = result.to_dict()
@@ -40,27 +41,47 @@ def cmd_add(args: argparse.Namespace) -> int:
                 if args.json:
                     show(json.dumps(data))
                 continue
+            if not header_shown:
+                show(_ADDED_HEADER)
+                header_shown = True
             emit(args, data, _added_line)
     return 1 if failed else 0
 
 
+#: The columns of ``add``'s lines, printed once above the first (each line is printed as its image is stored).
+_ADDED_COLUMNS = (("reference", 24), ("package", 8), ("encode", 10), ("size", 10), ("package key", 0))
+_ADDED_HEADER = "  ".join(name.ljust(width) for name, width in _ADDED_COLUMNS).rstrip()
+
+
 def _added_line(d: dict) -> str:
-    return (
-        f"{d['ref_id']}\t{'cached' if d['cached'] else 'encoded'}\t"
-        f"{d['encode_ms']:.1f} ms\t{d['bytes']} B\t{d['package_key'][:16]}"
+    cells = (
+        d["ref_id"], "cached" if d["cached"] else "encoded", "-" if d["cached"] else format_ms(d["encode_ms"]),
+        size(d["bytes"]), d["package_key"][:16],
     )
+    return "  ".join(str(cell).ljust(width) for cell, (_, width) in zip(cells, _ADDED_COLUMNS)).rstrip()
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     """refsight list"""
     with open_engine(args) as engine:
-        refs = [r.to_dict() for r in engine.references()]
-    for ref in refs:
-        if args.json:
+        refs = [r.to_dict() for r in engine.references(namespace=args.namespace)]
+        names = model_names(engine.prune(dry_run=True).fingerprints) if refs and not args.json else {}
+    if args.json:
+        for ref in refs:
             show(json.dumps(ref))
-        else:
-            meta = " ".join(f"{k}={v}" for k, v in ref["metadata"].items())
-            show(f"{ref['ref_id']}\t{ref['image_sha256'][:12]}\t{len(ref['packages'])} package(s)\t{escape_controls(meta)}")
+        return 0
+    if not refs:
+        say("no references in this store and namespace (add some: refsight add IMAGE..., or run refsight demo)")
+        return 0
+    rows = [
+        (
+            ref["ref_id"], ref["image_sha256"][:12], iso_time(ref.get("created_at")),
+            ", ".join(sorted(names.get(d, d[:12]) for d in ref["packages"])) or "-",
+            escape_controls(" ".join(f"{k}={v}" for k, v in ref["metadata"].items())),
+        )
+        for ref in refs
+    ]
+    show(table(("reference", "image", "added (UTC)", "packages (model)", "metadata"), rows))
     return 0
 
 
@@ -71,15 +92,32 @@ def _id_argument(p: argparse.ArgumentParser) -> None:
 def cmd_show(args: argparse.Namespace) -> int:
     """refsight show ID"""
     with open_engine(args) as engine:
-        data = engine.reference(args.id).to_dict()
-    emit(args, data, lambda d: json.dumps(d, indent=2))
+        data = engine.reference(args.id, namespace=args.namespace).to_dict()
+        names = {} if args.json else model_names(engine.prune(dry_run=True).fingerprints)
+    emit(args, data, lambda d: _shown_reference(d, names))
     return 0
+
+
+def _shown_reference(d: dict, names: dict[str, str]) -> str:
+    """One reference for people: ISO date, metadata one a line, packages by model name."""
+    lines = [
+        f"reference  {d['ref_id']}",
+        f"image      sha256:{d['image_sha256']}",
+        f"added      {iso_time(d.get('created_at'))}",
+        "metadata   " + (", ".join(f"{k}={v}" for k, v in d["metadata"].items()) or "-"),
+    ]
+    if d["packages"]:
+        rows = [(names.get(digest, "?"), key, digest[:16]) for digest, key in d["packages"].items()]
+        lines += ["packages:", table(("model", "package key", "fingerprint"), rows, indent="  ")]
+    else:
+        lines.append("packages   none (encoded at the next use)")
+    return "\n".join(lines)
 
 
 def cmd_remove(args: argparse.Namespace) -> int:
     """refsight remove ID"""
     with open_engine(args) as engine:
-        ref = engine.remove(args.id)
+        ref = engine.remove(args.id, namespace=args.namespace)
     emit(args, {"removed": ref.ref_id}, lambda d: f"removed {d['removed']}")
     return 0
 

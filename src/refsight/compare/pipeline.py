@@ -27,7 +27,7 @@ from ..results import CompareResult, SearchResult
 from ..retrieval.query import check_recall_mode, query_vector, recall_text
 from ..retrieval.store_index import StoreIndex
 from ..store import Reference
-from ..timing import StageTimer
+from ..timing import StageTicker, StageTimer
 from .options import CompareOptions
 from .rows import other_row, sort_results
 
@@ -74,11 +74,16 @@ class ComparePipeline:
     limits: IntakeLimits
     #: Loads the text model that matches criteria to attribute records (the prefilter's; MiniLM).
     text_encoder: Callable[[], Any] = field(default=lambda: _minilm())
+    #: Whether a run shows its stage and elapsed time on stderr (the engine's ``progress``).
+    progress: Callable[[], bool] = field(default=lambda: False)
 
     def run(self, context: RequestContext, candidate: ImageSource, options: CompareOptions) -> CompareResult:
         """Judge ``candidate`` under ``options`` (see :mod:`refsight.compare`)."""
+        with StageTicker("compare", enabled=self.progress()) as ticker:
+            return self._run(context, candidate, options, StageTimer(on_start=ticker.stage))
+
+    def _run(self, context: RequestContext, candidate: ImageSource, options: CompareOptions, timer: StageTimer) -> CompareResult:
         request = self._request(context, candidate, options)
-        timer = StageTimer()
         found = None
         if options.top_k is not None:
             with timer("recall"):

@@ -26,7 +26,7 @@ def cmd_ingest(args: argparse.Namespace, engine_factory: Callable[[argparse.Name
             # --batch-size (a backend option: images per encode call) also sizes the batches workers get
             batch_size=args.batch_size or 8,
             attributes=() if args.attributes == "none" else (args.attributes,), errors_file=args.errors,
-            progress=not args.json and sys.stderr.isatty(),
+            progress=not args.json and not getattr(args, "quiet", False) and sys.stderr.isatty(),
         )
     print(json.dumps(report.to_dict()), flush=True)
     if report.failed:

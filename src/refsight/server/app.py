@@ -32,11 +32,23 @@ from .responses import TextSafeJSONResponse
 from .page import router as page_router
 from .routes import ROUTERS
 from .service import Service
-from .tenants import Tenants
+from .tenants import Tenants, unserved_references_warning
 
 __all__ = ["create_app"]
 
 log = logging.getLogger("refsight.server")
+
+
+def _announce_tenants(service: Service, tenants: Tenants, keys: int) -> None:
+    """The start-up log lines about tenants: how many, or that there is no authentication, and any
+    references no key can reach."""
+    if not tenants.enabled:
+        log.warning("refsight: no API keys configured: serving without authentication, on loopback only")
+        return
+    log.info("refsight: %d API key(s), %d tenant namespace(s)", keys, len(tenants.namespaces))
+    unserved = unserved_references_warning(service.engine, tenants)
+    if unserved:
+        log.warning(unserved)
 
 
 def create_app(config: ServerConfig | None = None) -> FastAPI:
@@ -58,10 +70,7 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
         import anyio.to_thread
 
         await anyio.to_thread.run_sync(service.open)
-        if tenants.enabled:
-            log.info("refsight: %d API key(s), %d tenant namespace(s)", len(keys), len(tenants.namespaces))
-        else:
-            log.warning("refsight: no API keys configured: serving without authentication, on loopback only")
+        await anyio.to_thread.run_sync(lambda: _announce_tenants(service, tenants, len(keys)))
         try:
             yield
         finally:

@@ -1,9 +1,13 @@
 """The page at ``/``: plain HTML and JavaScript served by the app, no build step.
 
-It shows the reference gallery (thumbnails, ids, metadata, cache state) and a form
-to compare a candidate against chosen references (or the top k recalled), with the
-verdicts per criterion coloured and their evidence beside the reference images. It
-calls the same JSON API as any client, with the API key the user types in.
+It shows the cache view (from ``/v1/stats``: hit rate, encodes avoided, encoder time saved,
+KV prefix reuse, and an SVG plot of one reference's encode time against its load time), the
+reference gallery (thumbnails, ids, metadata, cache state) and a form to compare a candidate
+against chosen references (or the top k recalled), with a spinner and the elapsed time while it
+runs, the timings per stage in ms, and the verdicts per criterion coloured with their evidence
+beside the reference images. It calls the same JSON API as any client, with the API key the user
+types in; without a key, thumbnails are plain ``<img src>`` (with one, ``<img>`` cannot send it,
+so they are fetched and shown once loaded).
 """
 
 from __future__ import annotations

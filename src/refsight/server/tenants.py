@@ -20,13 +20,13 @@ import ipaddress
 import os
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 from .. import FileReadError, is_valid_text, read_regular_file
 from ..config import default_api_keys
 from ..errors import InvalidInputError
 
-__all__ = ["Tenants", "OPERATOR", "ENV_VAR", "is_loopback", "parse_key_pairs", "load_keys"]
+__all__ = ["Tenants", "OPERATOR", "ENV_VAR", "is_loopback", "parse_key_pairs", "load_keys", "unserved_references_warning"]
 
 #: Namespace of keys that may read operator-level data (``/metrics``) but no tenant's references.
 OPERATOR = "@operator"
@@ -142,3 +142,25 @@ class Tenants:
     def __repr__(self) -> str:  # never show digests either
         return f"Tenants({len(self._entries)} keys)"
 
+
+def unserved_references_warning(engine: Any, tenants: Tenants) -> str | None:
+    """The start-up warning when keys are on and some references are in namespaces no key maps to.
+
+    Without keys the server serves the default namespace, where the CLI adds references without
+    ``--namespace``; turning keys on hides them unless a key maps to it. No request could ever see
+    such references, so the operator hears of it once, at start-up (None when every one is served).
+    """
+    if not tenants.enabled:
+        return None
+    total = engine.stats(all_namespaces=True).references
+    served = sum(len(engine.references(namespace=namespace)) for namespace in tenants.namespaces)
+    if total <= served:
+        return None
+    message = f"refsight: {total - served} reference(s) exist only in namespaces no key maps to: no request can see them"
+    default = tenants.default_namespace
+    if default not in tenants.namespaces:
+        in_default = len(engine.references(namespace=default))
+        if in_default:
+            message += (f"; {in_default} in {default!r}, where the CLI adds references without --namespace "
+                        f"(map a key to it, KEY={default}, to serve them)")
+    return message

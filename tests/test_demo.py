@@ -1,0 +1,72 @@
+"""``refsight demo``: its figures come from the store's counters, so none can go negative, and its
+ranking with random VLM weights comes from the parts that have real weights.
+
+The end-to-end run uses the toy backend (it judges in milliseconds): what is asserted here is the
+demo's arithmetic and wording; the cached == fresh equivalence of the real model paths is proven
+in tests/backends.
+"""
+
+from __future__ import annotations
+
+import json
+
+from refsight.demo import cache_figures, real_ranking, run_demo
+
+
+def test_cache_figures_are_counts_and_sums_that_cannot_go_negative():
+    before = {"hits": 4, "encode_ms_saved": 100.0, "load_ms": 1.0, "prefix_hits": 0, "prefix_tokens_reused": 0,
+              "prefix_ms_saved": 0.0}
+    after = {"hits": 7, "encode_ms_saved": 250.0, "load_ms": 1.3, "prefix_hits": 3, "prefix_tokens_reused": 192,
+             "prefix_ms_saved": 30.0}
+    figures = cache_figures(before, after)
+    assert figures["encodes_avoided"] == 3
+    assert figures["encode_ms_per_reference"] == 50.0 and figures["load_ms_per_reference"] == 0.1
+    assert figures["prefix_tokens_reused"] == 192 and figures["prefix_states_reused"] == 3
+    # A counter that moved backwards (another process reset the store) reads as nothing, never as negative.
+    assert all(v is None or v >= 0 for v in cache_figures(after, before).values())
+    assert cache_figures(after, before)["encode_ms_per_reference"] is None  # no hit: no per-encode figure
+
+
+def test_real_ranking_puts_settled_matches_first_and_settled_mismatches_last():
+    def row(ref_id, recall, *settled):
+        criteria = [{"criterion": c, "verdict": v, "source": "attributes"} for c, v in settled]
+        return {"ref_id": ref_id, "recall_score": recall, "criteria": criteria + [
+            {"criterion": "short fur", "verdict": "match", "source": "vlm"}]}  # a random-weight verdict: ignored
+
+    result = {"results": [
+        row("rocket", 0.9), row("coffee", 0.95, ("is a cat", "mismatch")), row("chelsea", 0.5, ("is a cat", "match")),
+        {"ref_id": "horse", "recall_score": 0.3, "stage": "recalled"},
+    ]}
+    assert [r["ref_id"] for r in real_ranking(result)] == ["chelsea", "rocket", "horse", "coffee"]
+
+
+def test_the_demo_ends_with_the_encodes_it_avoided_and_what_each_cost(tmp_path, capsys):
+    store = tmp_path / "store"
+    assert run_demo(store=str(store), model="toy") == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    closing = "\n".join(lines[-6:])
+    assert "Cached == fresh: verdicts identical to the fresh path: True" in closing
+    assert "Encodes avoided: 7 (each avoided encode had cost" in closing  # 3 + 3 references, the candidate once
+    assert "loading its package instead took" in closing and "KV prefix reuse:" in closing
+    assert "pip install 'refsight[server]'" in lines[-1]  # the last line's command runs with what it names
+
+    assert run_demo(store=str(store), model="toy", as_json=True) == 0  # a second run: every reference cached
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["verdicts_identical"] and summary["all_references_cached"]
+    assert summary["cache"]["encodes_avoided"] == 7
+    assert all(v is None or v >= 0 for v in summary["cache"].values())
+    assert summary["ranking"][0] == "chelsea" or not summary["random_weights"]
+
+
+def test_samples_writes_the_photos_a_new_cat_and_a_rubric_that_parses(tmp_path, capsys):
+    from refsight.cli import main
+    from refsight.judge import parse_rubric
+
+    assert main(["samples", str(tmp_path / "photos")]) == 0
+    assert "wrote 9 files" in capsys.readouterr().out
+    names = sorted(p.name for p in (tmp_path / "photos").iterdir())
+    assert names == sorted(["chelsea.jpg", "astronaut.jpg", "coffee.jpg", "rocket.jpg", "horse.png", "china.jpg",
+                            "flower.jpg", "new.jpg", "rubric.yaml"])
+    assert (tmp_path / "photos" / "new.jpg").read_bytes() != (tmp_path / "photos" / "chelsea.jpg").read_bytes()
+    rubric = parse_rubric((tmp_path / "photos" / "rubric.yaml").read_text())
+    assert rubric.texts == ["is a cat", "short fur", "triangular ears"] and rubric[0].required
