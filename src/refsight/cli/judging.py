@@ -157,7 +157,7 @@ _COMPARE_FIELDS = {
     "top_k": "--top-k", "rerank": "--rerank", "recall_k": "--recall-k", "query": "--query", "recall": "--recall",
     "reranker": "--reranker",
 }
-_SEARCH_FIELDS = {"query": "TEXT query or --image PATH", "text/image": "TEXT query or --image PATH", "text": "TEXT", "image": "--image", "k": "--k"}
+_SEARCH_FIELDS = {"query": "TEXT query or --image PATH", "text": "TEXT", "image": "--image", "k": "--k"}
 _GENERATE_FIELDS = {"prompt": "--prompt", "max_new_tokens": "--max-new-tokens"}
 
 COMMANDS = (
