@@ -90,7 +90,7 @@ def test_a_compare_shows_a_spinner_with_elapsed_time_then_timings_per_stage(serv
     screenshot(page, tmp_path, "compare-timings", "#results")
 
 
-def test_with_a_key_thumbnails_show_once_loaded_and_the_cache_view_says_its_counters_are_not_the_tenants(
+def test_with_a_key_thumbnails_are_plain_images_on_first_paint_and_the_cache_view_says_its_counters_are_not_the_tenants(
     make_server, browser, tmp_path,  # noqa: F811
 ):
     key = "page-key-1234567890"
@@ -102,9 +102,14 @@ def test_with_a_key_thumbnails_show_once_loaded_and_the_cache_view_says_its_coun
     page.fill("#api-key", key)
     page.dispatch_event("#api-key", "change")
     page.locator('#gallery .card[data-ref-id="chelsea"]').wait_for(timeout=30_000)
-    # <img> cannot send the key: the bytes come by fetch; the image is invisible until loaded (no broken icon).
-    wait_until(page, "[...document.querySelectorAll('#gallery img')].every(i => i.src.startsWith('blob:') && "
-                     "i.naturalWidth > 0 && !i.classList.contains('loading'))")
+    # <img> cannot send the key: the page's SameSite=Strict image cookie carries it, so a thumbnail is a
+    # plain <img src> (no fetch, no blob URL), loaded like any image; and on a reload, with the first paint.
+    loaded = ("[...document.querySelectorAll('#gallery img')].every(i => i.src.includes('/thumbnail?size=256') && "
+              "i.complete && i.naturalWidth > 0)")
+    wait_until(page, loaded)
+    page.reload()
+    page.locator('#gallery .card[data-ref-id="chelsea"]').wait_for(timeout=30_000)
+    wait_until(page, loaded)
     page.locator("#cache-note").wait_for(state="visible", timeout=30_000)
     assert "store-wide" in page.locator("#cache-note").inner_text()
     screenshot(page, tmp_path, "cache-view-tenant", "#cache-view")

@@ -6,6 +6,7 @@ import logging
 import subprocess
 import sys
 
+import httpx
 import pytest
 
 from live_server import assert_error, b64, data_url, photo_png
@@ -200,3 +201,28 @@ def test_a_thumbnail_another_tenant_fetched_is_rendered_afresh(make_server, shar
         assert other.content == first.content  # the same picture either way ...
     # ... but isolated, B's first fetch does B's own work: nothing about A's fetch shows in its time.
     assert (thumbnails.renders, thumbnails.hits) == ((1, 2) if share else (2, 1))
+
+
+def test_the_image_cookie_authenticates_a_reference_image_read_and_nothing_else(make_server):
+    """The page's ``refsight_key`` cookie (its thumbnails are plain <img>): accepted for a GET of one
+    reference's thumbnail only; never for a listing, a write, a wrong key or beside a header."""
+    live = make_server(keys={"cookie-key-000001": "alpha", "cookie-key-000002": "beta"})
+    with live.client("cookie-key-000001") as c:
+        assert c.post("/v1/references", json={"image": b64(photo_png()), "id": "cat"}).status_code == 201
+    with httpx.Client(base_url=live.url, timeout=60) as anonymous:
+        def get(path, key, **kwargs):
+            return anonymous.request(kwargs.pop("method", "GET"), path, headers={"Cookie": f"refsight_key={key}"}, **kwargs)
+
+        thumb = get("/v1/references/cat/thumbnail?size=64", "cookie-key-000001")
+        assert thumb.status_code == 200 and thumb.headers["content-type"] == "image/jpeg"
+        assert "Cookie" in thumb.headers["vary"]
+        assert get("/v1/references/cat/thumbnail", "cookie-key-000002").status_code == 404  # beta's view: no such ref
+        assert get("/v1/references/cat/thumbnail", "wrong").status_code == 401
+        assert get("/v1/references", "cookie-key-000001").status_code == 401
+        assert get("/v1/references/cat", "cookie-key-000001").status_code == 401
+        assert get("/v1/references/cat", "cookie-key-000001", method="DELETE").status_code == 401
+        both = anonymous.get("/v1/references/cat/thumbnail", headers={
+            "Cookie": "refsight_key=cookie-key-000001", "Authorization": "Bearer wrong"})
+        assert both.status_code == 401  # a header, when given, is what counts
+    with live.client("cookie-key-000001") as c:
+        assert [r["ref_id"] for r in c.get("/v1/references").json()["references"]] == ["cat"]

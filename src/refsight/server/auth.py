@@ -12,7 +12,9 @@ is read) both call it.
 from __future__ import annotations
 
 import hmac
+import re
 from collections.abc import Mapping
+from urllib.parse import unquote
 
 from fastapi import Depends, Path, Request
 from fastapi.security import APIKeyHeader, HTTPBearer
@@ -79,20 +81,48 @@ def authenticate(headers: Mapping[str, str], tenants: Tenants, *, operator: bool
     return namespace
 
 
-def credential_headers(pairs: list[tuple[str, str]]) -> dict[str, str]:
-    """The ``authorization`` and ``x-api-key`` headers among ``(name, value)`` pairs; 401 when one repeats."""
+#: The cookie the page sets so that its thumbnails are plain ``<img>`` elements on a keyed server.
+IMAGE_COOKIE = "refsight_key"
+#: The only requests the cookie authenticates: reading one reference's thumbnail or image.
+_IMAGE_PATH = re.compile(r"/v1/references/[^/]+/(thumbnail|image)")
+
+
+def credential_headers(pairs: list[tuple[str, str]], method: str = "", path: str = "") -> dict[str, str]:
+    """The ``authorization`` and ``x-api-key`` headers among ``(name, value)`` pairs; 401 when one repeats.
+
+    A GET (or HEAD) of a reference's thumbnail or image with neither header may carry the key in the
+    :data:`IMAGE_COOKIE` cookie instead (an ``<img>`` cannot send a header). Only there: a cookie
+    never authenticates a write or a listing, and the page sets it ``SameSite=Strict``, so another
+    site's page cannot make the browser send it.
+    """
     found: dict[str, str] = {}
+    cookies: list[str] = []
     for name, value in pairs:
         name = name.lower()
         if name in ("authorization", "x-api-key"):
             if name in found:
                 raise _unauthorized(f"{name}: the header is given more than once; send it once")
             found[name] = value
+        elif name == "cookie":
+            cookies.append(value)
+    if not found and method in ("GET", "HEAD") and _IMAGE_PATH.fullmatch(path):
+        key = _cookie_key(cookies)
+        if key:
+            found["x-api-key"] = key
     return found
 
 
+def _cookie_key(cookie_headers: list[str]) -> str | None:
+    for header in cookie_headers:
+        for part in header.split(";"):
+            name, _, value = part.strip().partition("=")
+            if name == IMAGE_COOKIE:
+                return unquote(value.strip()) or None
+    return None
+
+
 def _headers(request: Request) -> dict[str, str]:
-    return credential_headers(request.headers.items())
+    return credential_headers(request.headers.items(), request.method, request.url.path)
 
 
 async def require_tenant(

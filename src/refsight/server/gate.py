@@ -91,7 +91,8 @@ class AuthGateMiddleware:
         guard = self._guard(scope)
         if guard != PUBLIC:
             try:
-                headers = credential_headers([(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]])
+                pairs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
+                headers = credential_headers(pairs, scope["method"], scope["path"])
                 authenticate(headers, self.tenants, operator=guard == OPERATOR)
             except ApiError as refused:
                 # The body is never read: the server discards whatever the client still sends.

@@ -61,7 +61,9 @@ async def thumbnail(
 ) -> Response:
     """A JPEG thumbnail of the reference image (longest side ``size``)."""
     data = await pool.run_light(partial(service.thumbnail, ref_id, size, namespace=namespace))
-    return Response(data, media_type="image/jpeg", headers={"Cache-Control": "private, max-age=60"})
+    # Vary: the same URL is another tenant's image under another key (the page's cookie included).
+    return Response(data, media_type="image/jpeg", headers={
+        "Cache-Control": "private, max-age=60", "Vary": "Authorization, X-API-Key, Cookie"})
 
 
 @router.delete("/v1/references/{ref_id}", responses=_ERRORS)
