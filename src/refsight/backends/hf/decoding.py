@@ -34,7 +34,7 @@ def row_generator(sampling: Sampling, device: Any) -> torch.Generator | None:
 
 
 class SamplingProcessor(LogitsProcessor):
-    """Per-row penalties, temperature, top-p and a seeded draw, after every other processor.
+    """Per-row penalties, temperature, top-k, top-p, min-p and a seeded draw, after every other processor.
 
     ``prompt_length`` is the (padded) prompt width: tokens after it are the generated ones
     the OpenAI penalties count.
@@ -59,6 +59,12 @@ class SamplingProcessor(LogitsProcessor):
         return scores
 
     def _penalised(self, logits: torch.Tensor, ids: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+        if sampling.repetition_penalty != 1.0:
+            # transformers' and vLLM's rule, over the prompt and the answer: each token seen once is enough.
+            seen = torch.unique(ids[ids < logits.shape[0]])
+            picked = logits[seen]
+            logits = logits.clone()
+            logits[seen] = torch.where(picked > 0, picked / sampling.repetition_penalty, picked * sampling.repetition_penalty)
         if not (sampling.frequency_penalty or sampling.presence_penalty):
             return logits
         generated = ids[self.prompt_length:]
@@ -69,7 +75,7 @@ class SamplingProcessor(LogitsProcessor):
 
 
 def _distribution(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
-    """The row's sampling distribution after temperature and top-p, in float64.
+    """The row's sampling distribution after temperature, top-k, top-p and min-p, in float64.
 
     The largest logit is subtracted before dividing (it becomes exactly 0, the others at most
     0), so no temperature in range overflows, and float64 keeps the tiniest temperature and
@@ -80,6 +86,10 @@ def _distribution(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     finite = torch.isfinite(logits)
     shifted = torch.where(finite, logits - logits[finite].max(), torch.full_like(logits, float("-inf")))
     probs = torch.softmax(shifted / sampling.temperature, dim=-1)
+    if 0 < sampling.top_k < probs.shape[0]:
+        # Keep the k most likely tokens (ties at the k-th kept too, as a threshold keeps them).
+        probs = torch.where(probs >= torch.topk(probs, sampling.top_k).values[-1], probs, torch.zeros_like(probs))
+        probs = probs / probs.sum()
     if sampling.top_p < 1.0:
         # Keep the smallest set of most likely tokens whose mass reaches top_p (at least one).
         sorted_probs, order = torch.sort(probs, descending=True)
@@ -88,6 +98,9 @@ def _distribution(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
         drop[0] = False
         sorted_probs[drop] = 0.0
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    if sampling.min_p > 0:
+        # Tokens at least min_p times as likely as the most likely one (always kept).
+        probs = torch.where(probs >= sampling.min_p * probs.max(), probs, torch.zeros_like(probs))
     return probs
 
 

@@ -75,7 +75,10 @@ def _decoder(backend: Any) -> Any:
 
 def prompt_inputs(backend: Any, rows: list[list[Any]], requests: list[GenerationRequest]) -> PromptInputs:
     """The batch's prompts, left-padded; packages join on the model's device (they are stored on the CPU)."""
-    texts = [backend.build_prompt(row, request.turns) for row, request in zip(rows, requests)]
+    texts = [
+        backend.raw_text(row) if request.raw_prompt else backend.build_prompt(row, request.turns)
+        for row, request in zip(rows, requests)
+    ]
     if any(r.prefix_cache is not None for r in requests):
         from .prefix_cache import plan_prefixes
 
