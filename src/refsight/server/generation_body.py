@@ -35,6 +35,7 @@ NO_OP_VALUES: dict[str, Any] = {
     "add_generation_prompt": True, "continue_final_message": False, "typical_p": 1.0, "tfs_z": 1.0,
     "mirostat": 0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "n_keep": 0, "logit_bias": {},
     "best_of": 1, "suffix": None, "tools": [], "tool_choice": "none", "parallel_tool_calls": False,
+    "repeat_last_n": -1,  # the whole context: what repetition_penalty counts here
 }
 #: Fields refused by name with the reason (what is not supported, and what to send instead).
 REFUSED_FIELDS: dict[str, str] = {
