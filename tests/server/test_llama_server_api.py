@@ -197,3 +197,16 @@ def test_v1_completions_with_the_openai_sdk(llama):
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model="local", prompt=PROMPT, max_tokens=4, extra_body={"grammar": "root ::= \"a\""})
     assert info.value.body["param"] == "grammar"
+
+
+def test_chat_template_kwargs_the_template_never_reads_are_accepted(llama):
+    client = openai.OpenAI(base_url=f"{llama.url}/v1", api_key="none", max_retries=0)
+    hi = [{"role": "user", "content": "hi"}]
+    plain = client.chat.completions.create(model="local", messages=hi, max_tokens=4)
+    thinking_off = client.chat.completions.create(
+        model="local", messages=hi, max_tokens=4, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert thinking_off.choices[0].message.content == plain.choices[0].message.content
+    with pytest.raises(openai.BadRequestError) as info:  # the GGUF's template reads this one: it would change the prompt
+        client.chat.completions.create(model="local", messages=hi, max_tokens=4,
+                                       extra_body={"chat_template_kwargs": {"add_generation_prompt": False}})
+    assert info.value.body["param"] == "chat_template_kwargs.add_generation_prompt"

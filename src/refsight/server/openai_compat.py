@@ -19,12 +19,12 @@ optional (the served model). Sampling (:mod:`.generation_body`): ``temperature``
 ``min_p``, ``repetition_penalty`` (``repeat_penalty``), ``seed``, ``stop``,
 ``frequency_penalty``, ``presence_penalty`` where the served backend honours them; pure
 hints (``cache_prompt``, ``id_slot`` ...) are accepted; any other field, or one the
-backend cannot honour, is a 400 naming it, never silently ignored. ``usage`` counts the real prompt (text and image
-tokens), with ``prompt_tokens_details.cached_tokens`` = image tokens served from cached
-packages.
+backend cannot honour, is a 400 naming it, never silently ignored. ``usage`` counts the
+real prompt (text and image tokens), with ``prompt_tokens_details.cached_tokens`` = image
+tokens served from cached packages.
 
-``response_format`` ``json_schema`` (or ``json_object``; llama-server's ``json_schema``) is passed to the engine's
-constrained decoding. The answer is a standard ``chat.completion`` plus a
+``response_format`` ``json_schema`` (or ``json_object``; llama-server's top-level
+``json_schema``) is passed to the engine's constrained decoding. The answer is a standard ``chat.completion`` plus a
 ``refsight`` object (``random_weights``, ``references_cached``, ``timings_ms``); text
 from a random-weight model is labelled there, since it carries no meaning. Errors use
 OpenAI's error shape (:func:`refsight.server.errors.openai_error_body`).

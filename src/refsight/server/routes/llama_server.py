@@ -37,7 +37,7 @@ MAX_DETOKENIZE = 1 << 16
 
 
 @router.get("/health", responses={503: ERROR_RESPONSES[503]})
-@router.get("/v1/health", include_in_schema=False)
+@router.get("/v1/health", responses={503: ERROR_RESPONSES[503]})
 async def health(service: ServiceDep) -> Any:
     """llama-server's readiness check (no key): 503 while the model loads, then 200 ``{"status": "ok"}``."""
     if service.engine is None:
