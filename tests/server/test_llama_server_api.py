@@ -90,6 +90,7 @@ def test_health_and_props(llama):
     assert props["media_marker"] == backend.media_marker == backend.runtime.marker
     assert props["default_generation_settings"]["n_ctx"] == backend.runtime.settings.n_ctx
     assert props["modalities"] == {"vision": True, "audio": False} and props["model_alias"] == "local"
+    assert "<|im_start|>" in props["chat_template"]  # the GGUF's own Jinja template
     assert props["default_generation_settings"]["params"]["temperature"] == 0.0  # refsight is greedy by default
 
 

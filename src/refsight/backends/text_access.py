@@ -55,6 +55,10 @@ class TextAccess:
         """The chat template around ``texts`` (``turns`` as in a request), images already written as the marker."""
         raise InvalidInputError("messages", f"{self.name} does not expose its chat template as text")
 
+    def chat_template_source(self) -> str | None:
+        """The chat template's own source (Jinja), where the model carries one; None otherwise."""
+        return None
+
     def check_raw_text(self, text: str, where: str) -> None:
         """Refuse raw-prompt text that holds an image's own tokens (they would shift the images)."""
         for token in self.media_tokens:

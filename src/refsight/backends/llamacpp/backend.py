@@ -250,11 +250,15 @@ class LlamaCppBackend(Backend):
         """The context in tokens (``n_ctx``): the prompt and the answer together."""
         return int(self.runtime.settings.n_ctx)
 
+    def chat_template_source(self) -> str:
+        """The GGUF's chat template, or its family's known one when the GGUF carries none."""
+        return chat_template(self._template, self.arch)
+
     def chat_template_reads(self, variable: str) -> bool:
         """Whether the GGUF's chat template (or its fallback) names ``variable`` anywhere."""
         import re
 
-        template = chat_template(self._template, self.arch)
+        template = self.chat_template_source()
         return re.search(rf"(?<![\w]){re.escape(variable)}(?![\w])", template) is not None
 
     def check_text(self, text: str, where: str) -> None:

@@ -61,7 +61,7 @@ async def props(namespace: Tenant, service: ServiceDep, config: ConfigDep) -> di
         "model_path": service.model,
         "modalities": {"vision": True, "audio": False},
         "media_marker": backend.media_marker,
-        "chat_template": None,
+        "chat_template": backend.chat_template_source(),
         "build_info": f"refsight {__version__}",
         "is_sleeping": False,
         "refsight": {"random_weights": service.random_weights, "raw_prompt": backend.supports_raw_prompt},
