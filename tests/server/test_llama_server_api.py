@@ -91,6 +91,12 @@ def test_health_and_props(llama):
     assert props["default_generation_settings"]["n_ctx"] == backend.runtime.settings.n_ctx
     assert props["modalities"] == {"vision": True, "audio": False} and props["model_alias"] == "local"
     assert "<|im_start|>" in props["chat_template"]  # the GGUF's own Jinja template
+    with llama.client() as c:
+        slots = c.get("/slots").json()
+        assert [s["id"] for s in slots] == [0, 1] and not any(s["is_processing"] for s in slots)
+        assert slots[0]["n_ctx"] == backend.runtime.settings.n_ctx
+        refused = c.post("/completion", json={"prompt": [1, 2, 3]})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "prompt"
     assert props["default_generation_settings"]["params"]["temperature"] == 0.0  # refsight is greedy by default
 
 

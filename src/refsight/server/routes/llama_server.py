@@ -2,7 +2,8 @@
 
 ``GET /health`` (and ``/v1/health``; no key: 503 ``Loading model`` until the model is
 loaded, then ``{"status": "ok"}``), ``GET /props`` (the model, its context size, the
-modalities and the media marker ``/completion`` prompts use), ``POST /tokenize``,
+modalities and the media marker ``/completion`` prompts use), ``GET /slots`` (one per
+model worker), ``POST /tokenize``,
 ``/detokenize``, ``/apply-template`` (the served model's own tokenizer and chat
 template) and ``POST /completion``: a raw prompt (no chat template added) with a media
 marker per image and the images in ``multimodal_data`` (base64, or a stored reference:
@@ -66,6 +67,17 @@ async def props(namespace: Tenant, service: ServiceDep, config: ConfigDep) -> di
         "is_sleeping": False,
         "refsight": {"random_weights": service.random_weights, "raw_prompt": backend.supports_raw_prompt},
     }
+
+
+@router.get("/slots")
+async def slots(namespace: Tenant, service: ServiceDep, pool: PoolDep, config: ConfigDep) -> list[dict[str, Any]]:
+    """One slot per model worker (``--workers``, llama-server's ``--parallel``), busy ones first; no per-slot state."""
+    params = _settings(GenerationBody().sampling(), config.max_new_tokens, service.context_size)
+    busy = min(pool.pending, config.workers)
+    return [
+        {"id": i, "id_task": -1, "n_ctx": service.context_size, "is_processing": i < busy, "params": params}
+        for i in range(config.workers)
+    ]
 
 
 class TokenizeBody(BaseModel):
@@ -144,13 +156,16 @@ class PromptObject(BaseModel):
 class CompletionBody(GenerationBody):
     """``POST /completion``: a raw prompt, its images, and the generation fields."""
 
-    prompt: str | PromptObject
+    prompt: str | PromptObject | list[Any]
     multimodal_data: list[str] | None = Field(None, max_length=64, description="base64 images, one per media marker")
     stream: bool | None = None
     model: str | None = None
 
     def raw(self, marker: str) -> RawPrompt:
         """The prompt split at the media markers, with its images."""
+        if isinstance(self.prompt, list):
+            raise ApiError(400, "unsupported", "prompt: give one string (or one prompt object); arrays of prompts or "
+                           "of token ids are not supported", param="prompt")
         if isinstance(self.prompt, PromptObject):
             if self.multimodal_data is not None:
                 raise ApiError(400, "invalid_input", "multimodal_data: give it inside the prompt object or beside it, not both",
