@@ -217,3 +217,18 @@ def test_chat_template_kwargs_the_template_never_reads_are_accepted(llama):
         client.chat.completions.create(model="local", messages=hi, max_tokens=4,
                                        extra_body={"chat_template_kwargs": {"add_generation_prompt": False}})
     assert info.value.body["param"] == "chat_template_kwargs.add_generation_prompt"
+
+
+def test_tokenize_detokenize_and_health_on_transformers(hf):
+    tokenizer = hf.service.engine.backend().tokenizer
+    text = "Hello <|im_start|>world, ünïcode 🐈"
+    with hf.client() as c:
+        assert c.get("/health").json() == {"status": "ok"}
+        ids = c.post("/tokenize", json={"content": text}).json()["tokens"]
+        assert ids == tokenizer(text, add_special_tokens=False)["input_ids"]
+        plain = c.post("/tokenize", json={"content": text, "parse_special": False}).json()["tokens"]
+        assert plain != ids and tokenizer.convert_tokens_to_ids("<|im_start|>") not in plain
+        assert c.post("/detokenize", json={"tokens": ids}).json()["content"] == text
+        pieces = c.post("/tokenize", json={"content": "cat", "with_pieces": True}).json()["tokens"]
+        assert "".join(p["piece"] for p in pieces) == "cat"
+        assert c.get("/props").json()["media_marker"] == "<__media__>"

@@ -120,6 +120,12 @@ def test_stored_references_by_refsight_url_and_by_this_servers_url(live):
     assert info.value.body["param"] == "messages[0].content[1].uuid"
 
 
+def test_models_retrieve_names_the_served_model(live):
+    assert sdk(live).models.retrieve(live.service.model).id == live.service.model
+    with pytest.raises(openai.NotFoundError):
+        sdk(live).models.retrieve("not-" + live.service.model)
+
+
 def test_a_streamed_answer_says_what_its_uuids_did(live):
     ask(live, pixels(COFFEE, "streamed"))
     stream = sdk(live).chat.completions.create(
