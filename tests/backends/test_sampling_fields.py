@@ -59,3 +59,18 @@ def test_the_declared_ranges_are_refused_by_name():
             Sampling(**fields)
         assert info.value.input == name
     assert Sampling(top_k=3, min_p=0.1, repetition_penalty=1.1).non_default() == ["top_k", "min_p", "repetition_penalty"]
+
+
+def test_a_left_padded_row_is_penalised_as_the_unpadded_one():
+    torch = _torch()
+    from refsight.backends.hf.decoding import SamplingProcessor
+
+    generator = torch.Generator().manual_seed(2)
+    pad = 0
+    row = torch.randint(1, 50, (1, 12), generator=generator)
+    padded = torch.cat([torch.full((1, 5), pad), row], dim=1)
+    scores = torch.randn(1, 50, generator=generator)
+    sampling = [Sampling(repetition_penalty=1.5)]
+    alone = SamplingProcessor(sampling, prompt_length=8, device="cpu", pad_id=pad)(row, scores.clone())
+    with_pads = SamplingProcessor(sampling, prompt_length=13, device="cpu", pad_id=pad)(padded, scores.clone())
+    assert torch.equal(alone, with_pads) and alone[0, pad] == scores[0, pad]

@@ -37,12 +37,14 @@ class SamplingProcessor(LogitsProcessor):
     """Per-row penalties, temperature, top-k, top-p, min-p and a seeded draw, after every other processor.
 
     ``prompt_length`` is the (padded) prompt width: tokens after it are the generated ones
-    the OpenAI penalties count.
+    the OpenAI penalties count. ``pad_id``: the left padding a repetition penalty skips (a
+    padded row counts the tokens an unpadded one would).
     """
 
-    def __init__(self, samplings: Sequence[Sampling], prompt_length: int, device: Any) -> None:
+    def __init__(self, samplings: Sequence[Sampling], prompt_length: int, device: Any, pad_id: int | None = None) -> None:
         self.samplings = list(samplings)
         self.prompt_length = prompt_length
+        self.pad_id = pad_id
         self.generators = [row_generator(s, device) for s in self.samplings]
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
@@ -61,7 +63,8 @@ class SamplingProcessor(LogitsProcessor):
     def _penalised(self, logits: torch.Tensor, ids: torch.Tensor, sampling: Sampling) -> torch.Tensor:
         if sampling.repetition_penalty != 1.0:
             # transformers' and vLLM's rule, over the prompt and the answer: each token seen once is enough.
-            seen = torch.unique(ids[ids < logits.shape[0]])
+            seen = torch.unique(self._unpadded(ids))
+            seen = seen[seen < logits.shape[0]]
             picked = logits[seen]
             logits = logits.clone()
             logits[seen] = torch.where(picked > 0, picked / sampling.repetition_penalty, picked * sampling.repetition_penalty)
@@ -72,6 +75,14 @@ class SamplingProcessor(LogitsProcessor):
             return logits
         counts = torch.bincount(generated, minlength=logits.shape[0])[: logits.shape[0]].to(logits)
         return logits - sampling.frequency_penalty * counts - sampling.presence_penalty * (counts > 0).to(logits)
+
+
+    def _unpadded(self, ids: torch.Tensor) -> torch.Tensor:
+        """The row without its left padding (the pads before the prompt's first real token)."""
+        if self.pad_id is None:
+            return ids
+        real = (ids[: self.prompt_length] != self.pad_id).nonzero()
+        return ids[int(real[0]) if real.numel() else self.prompt_length:]
 
 
 def _distribution(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:

@@ -106,7 +106,7 @@ def controls(backend: Any, batch: list[PreparedRequest], execution: Execution, w
         out.processors.append(backend.json_constraint(grammars))
     # Only when some row asks for it: greedy rows without penalties keep the plain path.
     if any(r.sampling.non_default() for r in requests):
-        out.processors.append(SamplingProcessor([r.sampling for r in requests], width, backend.device))
+        out.processors.append(SamplingProcessor([r.sampling for r in requests], width, backend.device, backend.pad_id()))
     if execution.on_text is not None:
         if len(batch) != 1:
             raise InvalidInputError("requests", "text is streamed for one request at a time")

@@ -84,6 +84,8 @@ class LlamaCppBackend(Backend):
     supports_turns: ClassVar[bool] = True
     #: The reference prefix's sequence state is saved and restored through ``GenerationRequest.prefix_cache``.
     supports_prefix_cache: ClassVar[bool] = True
+    #: Raw prompts (llama-server's ``/completion``): the text as given, after a BOS when the GGUF asks for one.
+    supports_raw_prompt: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -211,8 +213,6 @@ class LlamaCppBackend(Backend):
         """The exact number of tokens the model's own vocabulary makes of ``text`` (special tokens not parsed)."""
         with self._lock, _native_errors(self.name, BackendError, "cannot tokenize"):
             return len(self.runtime.tokenize(text, False)) if text else 0
-
-    supports_raw_prompt: ClassVar[bool] = True
 
     @property
     def media_marker(self) -> str:
