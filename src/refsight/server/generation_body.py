@@ -27,7 +27,7 @@ __all__ = [
 #: ``max_tokens`` when a request names none (OpenAI's chat default is "the rest of the context").
 DEFAULT_MAX_TOKENS = 128
 #: Fields accepted whatever their value: they cannot change the answer.
-HINT_FIELDS = frozenset({"user", "cache_prompt", "id_slot", "t_max_predict_ms", "return_tokens", "timings_per_token"})
+HINT_FIELDS = frozenset({"user", "cache_prompt", "id_slot", "return_tokens", "timings_per_token"})
 #: Fields accepted at the value that changes nothing (their default in llama-server or vLLM); any other is a 400.
 NO_OP_VALUES: dict[str, Any] = {
     "n_probs": 0, "ignore_eos": False, "min_tokens": 0, "skip_special_tokens": True,
@@ -36,12 +36,20 @@ NO_OP_VALUES: dict[str, Any] = {
     "mirostat": 0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "n_keep": 0, "logit_bias": {},
     "best_of": 1, "suffix": None, "tools": [], "tool_choice": "none", "parallel_tool_calls": False,
     "repeat_last_n": -1,  # the whole context: what repetition_penalty counts here
+    "t_max_predict_ms": 0,
 }
 #: Fields refused by name with the reason (what is not supported, and what to send instead).
 REFUSED_FIELDS: dict[str, str] = {
     "grammar": "GBNF grammars are not supported; send json_schema (or response_format) instead",
     "lora": "LoRA adapters are not supported",
 }
+
+
+def _no_op(expected: Any, value: Any) -> bool:
+    """Whether ``value`` is the no-op ``expected`` (None: not set; an empty list or object: either empty)."""
+    if value is None or value == expected:
+        return True
+    return expected in ({}, []) and value in ({}, [])
 
 
 class JSONSchemaFormat(BaseModel):
@@ -89,7 +97,7 @@ class GenerationBody(BaseModel):
             if name in REFUSED_FIELDS:
                 raise ApiError(400, "unsupported", f"{name}: {REFUSED_FIELDS[name]}", param=name)
             if name in NO_OP_VALUES:
-                if value is not None and value != NO_OP_VALUES[name]:
+                if not _no_op(NO_OP_VALUES[name], value):
                     raise ApiError(
                         400, "unsupported", f"{name}: only {NO_OP_VALUES[name]!r} (no effect) is supported", param=name
                     )
