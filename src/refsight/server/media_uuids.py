@@ -24,8 +24,9 @@ from .. import ImageInput
 __all__ = ["MediaUuids", "UuidUse", "OUTCOMES", "MAX_UUID_CHARS"]
 
 #: What a uuid did in a request: a new entry, the same pixels again, other pixels than
-#: before (the entry now holds these), or a lookup served from the entry.
-OUTCOMES = ("stored", "unchanged", "replaced", "looked_up")
+#: before (the entry now holds these), a lookup served from the entry, or pixels answered
+#: but not kept (larger than the whole memory: a later lookup misses).
+OUTCOMES = ("stored", "unchanged", "replaced", "looked_up", "not_kept")
 #: The longest uuid accepted (vLLM's are hashes or client ids; this bounds the memory a key costs).
 MAX_UUID_CHARS = 256
 
@@ -63,11 +64,12 @@ class MediaUuids:
             before = self._entries.pop(key, None)
             if before is not None:
                 self._bytes -= _cost(before)
+            if _cost(image) > self.max_bytes:
+                return UuidUse(uuid, "not_kept")
             outcome = "stored" if before is None else "unchanged" if before.sha256 == image.sha256 else "replaced"
-            if _cost(image) <= self.max_bytes:
-                self._entries[key] = image
-                self._bytes += _cost(image)
-                self._evict()
+            self._entries[key] = image
+            self._bytes += _cost(image)
+            self._evict()
         return UuidUse(uuid, outcome)
 
     def lookup(self, namespace: str, uuid: str) -> ImageInput | None:
