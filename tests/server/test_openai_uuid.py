@@ -30,6 +30,9 @@ def live(request, tmp_path_factory) -> LiveServer:
     """The server on the HF backend, then on the llama.cpp backend (the same tests on both)."""
     if request.param.endswith("-gguf"):
         require_module("llama_cpp")
+        from refsight.backends.llamacpp.models import ensure_gguf
+
+        ensure_gguf(request.param)  # built before the server starts, so start-up is only the load
     else:
         require_module("transformers")
     server = _serve(tmp_path_factory.mktemp("uuid-store"), request.param)
