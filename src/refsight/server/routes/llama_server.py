@@ -75,7 +75,8 @@ async def slots(namespace: Tenant, service: ServiceDep, pool: PoolDep, config: C
     params = _settings(GenerationBody().sampling(), config.max_new_tokens, service.context_size)
     busy = min(pool.pending, config.workers)
     return [
-        {"id": i, "id_task": -1, "n_ctx": service.context_size, "is_processing": i < busy, "params": params}
+        {"id": i, "id_task": -1, "n_ctx": service.context_size, "speculative": False, "is_processing": i < busy,
+         "params": params}
         for i in range(config.workers)
     ]
 
