@@ -30,8 +30,9 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
 def cli_env(**extra: str) -> dict[str, str]:
-    """The environment of a CLI subprocess: this tree's sources first, no inherited keys."""
-    env = {**os.environ, "REFSIGHT_API_KEYS": "", "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    """The environment of a CLI subprocess: this tree's sources first, no inherited keys (either variable)."""
+    env = {**os.environ, "REFSIGHT_API_KEYS": "", "REFSIGHT_API_KEY": "",
+           "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.update(extra)
     return env
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 __all__ = [
     "DEFAULT_MODEL", "default_store_dir", "default_model", "model_cache_dir", "default_replica_dir",
-    "default_catalog_url", "default_cache_url", "default_api_keys",
+    "default_catalog_url", "default_cache_url", "default_api_keys", "default_api_key",
 ]
 
 #: The model used when none is named: an offline random-weight Qwen2-VL, labelled as such.
@@ -73,6 +73,12 @@ def default_api_keys() -> str:
     """``$REFSIGHT_API_KEYS``: the server's ``key=namespace`` pairs, separated by commas, semicolons or spaces
     (``""``: none; a keys file, ``refsight serve --keys FILE``, is read instead when given)."""
     return os.environ.get("REFSIGHT_API_KEYS", "")
+
+
+def default_api_key() -> str:
+    """``$REFSIGHT_API_KEY``: one API key for the server's default namespace (llama-server's and vLLM's
+    ``--api-key``; ``""``: none). It adds to ``$REFSIGHT_API_KEYS`` or the keys file."""
+    return os.environ.get("REFSIGHT_API_KEY", "")
 
 
 # --- backends: each variable one meaning -------------------------------------------------

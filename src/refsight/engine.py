@@ -244,7 +244,7 @@ class Engine:
         max_new_tokens: int = 64, json_schema: dict[str, Any] | None = None, model: str | None = None,
         namespace: str | None = None, sampling: Sampling | None = None, turns: Sequence[tuple[str, int]] | None = None,
         on_text: Callable[[str], None] | None = None, stop_event: threading.Event | None = None,
-        use_kv_cache: bool = True,
+        use_kv_cache: bool = True, raw_prompt: bool = False,
     ) -> GenerateResult:
         """Generate from segments in order: text (``str``), :class:`ReferenceSegment`, or an image.
 
@@ -255,7 +255,8 @@ class Engine:
         count)``, see :func:`~refsight.backends.turns.plan_turns`); ``on_text`` streams the answer
         as it is generated; a set ``stop_event`` ends it early (``finish_reason="cancelled"``). When the
         segments open with references, the language model's state after them is reused across
-        requests (:mod:`refsight.prefixes`) unless ``use_kv_cache=False``.
+        requests (:mod:`refsight.prefixes`) unless ``use_kv_cache=False``. ``raw_prompt``: the
+        segments are the whole prompt, no chat template added (:mod:`refsight.backends.text_access`).
         """
         context = self.context(namespace, model, use_cache=use_cache, use_kv_cache=use_kv_cache)
         _check_prompt_texts(segments, json_schema, sampling)
@@ -269,7 +270,8 @@ class Engine:
         request = GenerationRequest(
             segments=resolved, max_new_tokens=max_new_tokens, json_schema=json_schema, sampling=sampling, turns=turns,
             prefix_segments=reusable_prefix(segments, lambda s: isinstance(s, ReferenceSegment)),
-            prefix_cache=self.prefixes.for_request(context),
+            # A raw prompt has no template prefix to key a state by: it is evaluated whole.
+            prefix_cache=None if raw_prompt else self.prefixes.for_request(context), raw_prompt=raw_prompt,
         )
         if on_text is not None:
             generation = backend.generate_stream(request, on_text=on_text, stop_event=stop_event)

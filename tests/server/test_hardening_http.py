@@ -293,7 +293,7 @@ def test_an_invalid_reference_id_has_one_code_in_bodies_and_paths(seeded):
             c.post("/v1/references", json={"image": candidate, "id": bad}),
             c.post("/v1/compare", json={"candidate": candidate, "criteria": "fur", "ref_ids": [bad]}),
             c.post("/v1/chat/completions", json={"model": "toy", "messages": [{"role": "user", "content": [
-                {"type": "image_url", "image_url": {"url": "refsight://ref/x"}, "uuid": bad}]}]}),
+                {"type": "image_url", "image_url": {"url": f"refsight://ref/{bad}"}}]}]}),
             c.get(f"/v1/references/{quote(bad)}"),
             c.delete(f"/v1/references/{quote(bad)}"),
             c.get(f"/v1/references/{quote(bad)}/thumbnail"),

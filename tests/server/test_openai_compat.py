@@ -43,12 +43,12 @@ def test_text_and_data_url_image_parts(toy):
     assert extra["references_cached"] == [False]
 
 
-def test_a_reference_named_by_id_only(toy):
+def test_a_reference_named_by_id_only_or_by_this_servers_url(toy):
     with toy.client(KEY) as c:
         assert c.post("/v1/references", json={"image": b64(photo_png()), "id": "cat"}).status_code == 201
     client = sdk(toy)
     for part in ({"type": "image_url", "image_url": {"url": "refsight://ref/cat"}},
-                 {"type": "image_url", "image_url": {"url": ""}, "uuid": "cat"}):
+                 {"type": "image_url", "image_url": {"url": f"{toy.url}/v1/references/cat/image"}}):
         completion = client.chat.completions.create(
             model="toy", messages=[{"role": "system", "content": "be brief"},
                                    {"role": "user", "content": [{"type": "text", "text": "Reference:"}, part]}])

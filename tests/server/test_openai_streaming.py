@@ -98,9 +98,9 @@ def test_streamed_text_equals_the_plain_answer_and_arrives_early(tiny):
     assert plain.usage.prompt_tokens > 10 and plain.usage.total_tokens == plain.usage.prompt_tokens + 64
 
 
-def test_a_stored_reference_by_uuid_streams_with_zero_encodes_and_counts_cached_tokens(tiny):
+def test_a_stored_reference_by_url_streams_with_zero_encodes_and_counts_cached_tokens(tiny):
     messages = [{"role": "user", "content": [
-        {"type": "text", "text": "Reference:"}, {"type": "image_url", "image_url": {"url": ""}, "uuid": "cat"},
+        {"type": "text", "text": "Reference:"}, {"type": "image_url", "image_url": {"url": "refsight://ref/cat"}},
         {"type": "text", "text": "What animal?"}]}]
     with Recorder(tiny.service.engine.backend()) as rec:
         text, chunks, _, _ = collect(sdk(tiny).chat.completions.create(
@@ -200,7 +200,7 @@ BAD = [
     ({"temperature": -0.1}, "temperature"),
     ({"top_p": 0}, "top_p"),
     ({"top_p": 1.5}, "top_p"),
-    ({"seed": -1}, "seed"),
+    ({"seed": -2}, "seed"),  # -1 is llama-server's "a fresh seed"
     ({"frequency_penalty": 2.5}, "frequency_penalty"),
     ({"presence_penalty": -3}, "presence_penalty"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),

@@ -45,6 +45,7 @@ def test_another_tenants_id_reads_exactly_like_an_absent_one(tenant_server):
     with tenant_server.client(KEY_A) as a, tenant_server.client(KEY_B) as b:
         assert a.post("/v1/references", json={"image": b64(png), "id": "secret", "metadata": {"owner": "alpha"}}).status_code == 201
         assert b.get("/v1/references").json() == {"references": []}
+        host = tenant_server.url.removeprefix("http://")  # this server's own reference URLs
         for method, path, body in [
             ("GET", "/v1/references/{}", None),
             ("GET", "/v1/references/{}/thumbnail", None),
@@ -54,7 +55,8 @@ def test_another_tenants_id_reads_exactly_like_an_absent_one(tenant_server):
                  {"type": "text", "text": "describe"}, {"type": "image_url", "image_url": {"url": "refsight://ref/{}"}}]}]}),
             ("POST", "/v1/chat/completions",
              {"model": "toy", "messages": [{"role": "user", "content": [
-                 {"type": "image_url", "image_url": {"url": ""}, "uuid": "{}"}]}]}),
+                 {"type": "image_url", "image_url": {"url": "http://" + host + "/v1/references/{}/image"}}]}]}),
+            ("GET", "/v1/references/{}/image", None),
         ]:
             def call(ref_id):
                 import json

@@ -34,6 +34,7 @@ from ..images import ImageInput
 from ..package import EncoderFingerprint, VisualPackage
 from .prefix import PrefixCache
 from .sampling import Sampling
+from .text_access import TextAccess
 
 __all__ = [
     "Backend", "Execution", "Generation", "GenerationRequest", "PreparedRequest", "Segment", "Sampling",
@@ -72,6 +73,8 @@ class GenerationRequest:
     turns: list[tuple[str, int]] | None = None
     prefix_segments: int = 0
     prefix_cache: PrefixCache | None = None
+    #: The segments are the whole prompt, no chat template (:mod:`.text_access`); ``turns`` must be None.
+    raw_prompt: bool = False
 
     def turn_segments(self) -> list[tuple[str, list[Segment]]]:
         """``(role, segments)`` per turn (one user turn when :attr:`turns` is None)."""
@@ -170,7 +173,7 @@ def fingerprint_difference(theirs: EncoderFingerprint, ours: EncoderFingerprint)
     return fields_ + [f"preprocessing.{k}" for k in sorted(set(pre_a) | set(pre_b)) if pre_a.get(k) != pre_b.get(k)]
 
 
-class Backend(abc.ABC):
+class Backend(TextAccess, abc.ABC):
     """A model runtime behind refsight. Subclasses set the flags, implement :meth:`fingerprint`,
     :meth:`encode` and the core :meth:`execute` (and :meth:`score` when they can score)."""
 
@@ -323,6 +326,14 @@ class Backend(abc.ABC):
 
     # -------------------------------------------------------------------- checks
 
+    def chat_template_reads(self, variable: str) -> bool:
+        """Whether the chat template could read ``variable`` (a ``chat_template_kwargs`` key).
+
+        A key the template never reads changes nothing, so front ends may accept it. This
+        default cannot tell and says True; backends whose template is known answer exactly.
+        """
+        return True
+
     def count_text_tokens(self, text: str) -> int:
         """How many tokens ``text`` becomes in a prompt (images not counted).
 
@@ -362,10 +373,15 @@ class Backend(abc.ABC):
             raise InvalidInputError(f"requests[{i}].prefix_segments", "must be an integer in 0..len(segments)")
         if request.json_schema is not None:
             check_json_schema(request.json_schema)
+        if request.raw_prompt and not self.supports_raw_prompt:
+            raise InvalidInputError(f"requests[{i}].raw_prompt", f"{self.name} renders every prompt in its chat template")
+        if request.raw_prompt and request.turns is not None:
+            raise InvalidInputError(f"requests[{i}].raw_prompt", "a raw prompt is the whole prompt: it takes no turns")
+        check = self.check_raw_text if request.raw_prompt else self.check_text
         for j, segment in enumerate(request.segments):
             where = f"requests[{i}].segments[{j}]"
             if isinstance(segment, str):
-                self.check_text(segment, where)
+                check(segment, where)
             elif not isinstance(segment, (VisualPackage, ImageInput)):
                 raise InvalidInputError(
                     where, f"a segment is text, a VisualPackage or an ImageInput, not {type(segment).__name__}"

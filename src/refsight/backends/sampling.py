@@ -1,7 +1,8 @@
 """Sampling settings of one generation, and the pieces that honour them on a token stream.
 
 :class:`Sampling` is what a caller asks for (OpenAI names: ``temperature``, ``top_p``,
-``seed``, ``stop``, ``frequency_penalty``, ``presence_penalty``). The default is greedy
+``seed``, ``stop``, ``frequency_penalty``, ``presence_penalty``; and ``top_k``, ``min_p``,
+``repetition_penalty`` as vLLM, transformers and llama.cpp name them). The default is greedy
 decoding with no stop strings, so every request that names nothing decodes exactly as
 before. A backend lists the fields it honours in ``Backend.sampling_fields``;
 :func:`unsupported_fields` names the ones a request sets that a backend would ignore,
@@ -22,10 +23,13 @@ from ..errors import InvalidInputError
 __all__ = [
     "Sampling", "StopText", "check_supported", "unsupported_fields", "SAMPLING_FIELDS", "GREEDY_TEMPERATURE",
     "TOP_P_FLOOR", "TEMPERATURE_RANGE", "TOP_P_RANGE", "PENALTY_RANGE", "SEED_LIMIT", "MAX_STOP_STRINGS",
+    "TOP_K_LIMIT", "MIN_P_RANGE", "REPETITION_PENALTY_RANGE",
 ]
 
 #: Every field of :class:`Sampling`, in the OpenAI spelling.
-SAMPLING_FIELDS = ("temperature", "top_p", "seed", "stop", "frequency_penalty", "presence_penalty")
+SAMPLING_FIELDS = (
+    "temperature", "top_p", "seed", "stop", "frequency_penalty", "presence_penalty", "top_k", "min_p", "repetition_penalty",
+)
 
 #: The declared ranges, one source for the library's checks and the server's schema (inclusive
 #: bounds; ``top_p`` excludes 0). Every value inside them works on every runtime.
@@ -34,6 +38,11 @@ TOP_P_RANGE = (0.0, 1.0)
 PENALTY_RANGE = (-2.0, 2.0)
 SEED_LIMIT = 2**63
 MAX_STOP_STRINGS = 4
+#: ``top_k`` keeps at most this many tokens (0: no limit); above any vocabulary, so the bound changes nothing.
+TOP_K_LIMIT = 1 << 20
+MIN_P_RANGE = (0.0, 1.0)
+#: vLLM's range (it excludes 0: the penalty divides).
+REPETITION_PENALTY_RANGE = (0.0, 2.0)
 
 #: Below this temperature tokens are picked by argmax. Float32 logits that differ at all differ by
 #: more than ``1e-10`` times their size, so a draw at such a temperature could only ever split an
@@ -64,8 +73,14 @@ class Sampling:
     sampled answer repeatable; ``None`` draws a fresh one. ``top_p`` always keeps at least the
     most likely token. ``stop``: generation ends before the first of these strings, which is
     not returned. Penalties follow OpenAI: each generated token's logit drops by
-    ``frequency_penalty * count + presence_penalty * (count > 0)``. Every value accepted here
-    works on every runtime; anything else is an :class:`InvalidInputError` naming the field.
+    ``frequency_penalty * count + presence_penalty * (count > 0)``. ``repetition_penalty``
+    follows transformers and vLLM (llama.cpp's ``repeat_penalty``): the logit of every token
+    already in the prompt's text or the answer is divided by it when positive and multiplied
+    by it when negative (1: off). ``top_k`` keeps the k most likely tokens (0: all), ``min_p``
+    those whose probability is at least ``min_p`` times the most likely one's (0: all); both
+    always keep the most likely token, so with greedy decoding they change nothing. Every
+    value accepted here works on every runtime; anything else is an :class:`InvalidInputError`
+    naming the field.
     """
 
     temperature: float = 0.0
@@ -74,12 +89,19 @@ class Sampling:
     stop: tuple[str, ...] = field(default_factory=tuple)
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         _number("temperature", self.temperature, *TEMPERATURE_RANGE)
         _number("top_p", self.top_p, *TOP_P_RANGE, open_low=True)
         for name in ("frequency_penalty", "presence_penalty"):
             _number(name, getattr(self, name), *PENALTY_RANGE)
+        _number("min_p", self.min_p, *MIN_P_RANGE)
+        _number("repetition_penalty", self.repetition_penalty, *REPETITION_PENALTY_RANGE, open_low=True)
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or not 0 <= self.top_k <= TOP_K_LIMIT:
+            raise InvalidInputError("top_k", f"must be an integer from 0 (no limit) to {TOP_K_LIMIT}, not {self.top_k!r}")
         if self.seed is not None and (
             isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < SEED_LIMIT
         ):

@@ -57,6 +57,10 @@ class ToyBackend(Backend):
             self.images_encoded += 1
         return packages
 
+    def chat_template_reads(self, variable: str) -> bool:
+        """False: the echo has no template."""
+        return False
+
     def execute(self, batch: list[PreparedRequest], execution: Execution) -> list[Generation]:
         """Echo the text segments and the number of images; not a model."""
         results = []

@@ -1,17 +1,38 @@
-"""``refsight serve``: the HTTP API and the page, from the optional ``[server]`` extra."""
+"""``refsight serve``: the HTTP API and the page, from the optional ``[server]`` extra.
+
+It takes the flags llama-server and ``vllm serve`` users type (``refsight serve MODEL``, ``-m``,
+``--mmproj``, ``--api-key``, ``--served-model-name``/``--alias``, ``-c``/``--ctx-size``/``--max-model-len``)
+and loads the model before it binds the port.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
-from .arguments import EMBEDDER_HELP, Command, path_argument
+from .arguments import EMBEDDER_HELP, Command, UsageError, path_argument
 from .context import backend_options, settings_of
 
 __all__ = ["COMMANDS"]
 
+#: The model-name prefix of a GGUF file (the llama.cpp backend's; cli/ names no backend module).
+_LLAMACPP = "llamacpp:"
+
 
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
+    # The spellings llama-server and `vllm serve` users type: MODEL, -m, --api-key, --alias, -c.
+    p.add_argument("model_arg", nargs="?", metavar="MODEL", help="the model (as --model; a .gguf file: llama.cpp)")
+    p.add_argument("-m", dest="model_file", metavar="MODEL", help="the model, as llama-server's -m (a .gguf file: llama.cpp)")
+    p.add_argument("--api-key", metavar="KEY", help="one API key for the default namespace (default: $REFSIGHT_API_KEY)")
+    p.add_argument(
+        "--served-model-name", "--alias", dest="served_model_names", nargs="+", metavar="NAME",
+        help="the name(s) clients send as model (the first is shown in replies)",
+    )
+    p.add_argument(
+        "-c", "--ctx-size", "--max-model-len", dest="ctx_size", type=int, metavar="N",
+        help="context size in tokens, where the runtime has a limit (llama.cpp)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (non-loopback needs API keys)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--workers", type=int, default=2, help="threads running model work")
@@ -43,8 +64,19 @@ def _server_extra_missing() -> str | None:
     return None
 
 
+def _model(args: argparse.Namespace) -> str | None:
+    """The one model named by MODEL, -m or --model (a path to a .gguf file is served by llama.cpp)."""
+    named = {name for name in (args.model_arg, args.model_file, args.model) if name}
+    if len(named) > 1:
+        raise UsageError(f"the model is named twice ({', '.join(sorted(named))}); give MODEL, -m or --model once")
+    model = next(iter(named), None)
+    if model is not None and model.endswith(".gguf") and not model.startswith(_LLAMACPP):
+        return _LLAMACPP + model
+    return model
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
-    """refsight serve [--host 127.0.0.1] [--port 8000] [--model NAME] [--workers N] [--keys FILE] [--max-prompt-tokens N]"""
+    """refsight serve [MODEL] [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--alias NAME] [-c N] [--keys FILE] ..."""
     # Without the extra, say how to get it (exit 2, a usage-level error) instead of an ImportError traceback.
     missing = _server_extra_missing()
     if missing is not None:
@@ -56,10 +88,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     from ..server import ServerConfig, serve
 
+    options = backend_options(args)
+    if args.ctx_size is not None:
+        options = dataclasses.replace(options, n_ctx=args.ctx_size)
+    # serve() loads and checks the model before it binds the port: a bad model or option is
+    # a RefsightError here, one line and exit 1 (cli.main), with no server started.
     serve(ServerConfig(
-        store=args.store, catalog=args.catalog, local_dir=args.local_dir, model=args.model,
-        backend_options=backend_options(args), settings=settings_of(args), config_file=args.config,
+        store=args.store, catalog=args.catalog, local_dir=args.local_dir, model=_model(args),
+        backend_options=options, settings=settings_of(args), config_file=args.config,
         host=args.host, port=args.port, workers=args.workers, keys_file=args.keys, share_encodes=args.share_encodes,
+        api_key=args.api_key, served_model_names=tuple(args.served_model_names or ()),
         embedder=args.embedder, max_prompt_tokens=args.max_prompt_tokens,
         ingest_attributes=() if args.attributes == "none" else (args.attributes,),
         cache=args.cache, max_package_bytes=args.max_package_bytes,

@@ -25,6 +25,7 @@ from .config import ServerConfig
 from .errors import ERROR_RESPONSES, CatchAllMiddleware, OpenAIErrorShapeMiddleware, install_error_handlers
 from .gate import AuthGateMiddleware
 from .limits import BodyLimitMiddleware, WorkPool
+from .media_uuids import MediaUuids
 from .methods import HeadAsGetMiddleware
 from .metrics import Metrics
 from .openai_compat import router as openai_router
@@ -88,6 +89,7 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
     app.state.tenants = tenants
     app.state.service = service
     app.state.pool = pool
+    app.state.media_uuids = MediaUuids(config.media_uuid_bytes)
     metrics = Metrics(lambda: _cache_stats(service))
     app.state.metrics = metrics
     install_error_handlers(app)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ..settings import BackendOptions, Settings
 from ..errors import InvalidInputError
-from .tenants import is_loopback, load_keys
+from ..config import default_api_key
+from .tenants import is_loopback, load_keys, with_api_key
 
 __all__ = ["ServerConfig"]
 
@@ -20,7 +21,8 @@ class ServerConfig:
     """Everything :func:`refsight.server.create_app` needs.
 
     ``keys`` maps API key → namespace; ``None`` reads them from ``keys_file`` or
-    ``$REFSIGHT_API_KEYS`` (see :mod:`refsight.server.tenants`). With no keys the
+    ``$REFSIGHT_API_KEYS`` (see :mod:`refsight.server.tenants`); ``api_key`` (or
+    ``$REFSIGHT_API_KEY``) adds one key for the default namespace. With no keys the
     server refuses any ``host`` that is not loopback.
     """
 
@@ -30,6 +32,9 @@ class ServerConfig:
     catalog: str | None = None
     local_dir: str | os.PathLike | None = None
     model: str | None = None
+    #: The names clients send as ``model`` and see in replies (``--served-model-name``, ``--alias``);
+    #: the first is shown. Empty: the model's own name.
+    served_model_names: tuple[str, ...] = ()
     #: How the model is loaded (device, dtype, processor settings ...): the options set explicitly
     #: (the CLI's flags). The config file's ``[backend]`` and ``[models."NAME"]`` go under them.
     backend_options: BackendOptions = field(default_factory=BackendOptions)
@@ -45,6 +50,8 @@ class ServerConfig:
     queue: int = 32
     keys: dict[str, str] | None = None
     keys_file: str | os.PathLike | None = None
+    #: One key for the default namespace (``--api-key``); None: ``$REFSIGHT_API_KEY`` unless ``keys`` is given.
+    api_key: str | None = None
     max_body_bytes: int = 32 * MiB
     max_image_pixels: int = 40_000_000
     #: Largest ``max_tokens`` a chat request may ask for.
@@ -61,6 +68,8 @@ class ServerConfig:
     #: Byte quota on packages, least recently used evicted (``20GiB``; None: the config file's, or none).
     max_package_bytes: int | str | None = None
     thumbnail_px: int = 256
+    #: Memory for images clients sent under a vLLM ``uuid`` (decoded pixels + sent bytes, all tenants; LRU).
+    media_uuid_bytes: int = 256 * MiB
     #: Seconds a request's head (request line and headers) may take to arrive (see :mod:`~refsight.server.connections`).
     header_timeout_s: float = 10.0
     #: Seconds a whole request, body included, may take to arrive (a 32 MiB upload at 1 MB/s takes 32 s).
@@ -74,14 +83,17 @@ class ServerConfig:
     ingest_attributes: tuple[str, ...] = ("imagenet",)
 
     def resolved_keys(self) -> dict[str, str]:
-        """The configured keys (explicit, file, or environment)."""
+        """The configured keys (explicit, file, or environment), with the single ``api_key`` for the default namespace."""
         if self.keys is not None:
-            return dict(self.keys)
-        return load_keys(self.keys_file)
+            return with_api_key(dict(self.keys), self.api_key, "api_key")
+        if self.api_key is not None:
+            return with_api_key(load_keys(self.keys_file), self.api_key, "api_key")
+        return with_api_key(load_keys(self.keys_file), default_api_key(), "$REFSIGHT_API_KEY")
 
     def validate(self, keys: dict[str, str]) -> None:
         """Raise InvalidInputError for settings that cannot work, naming the setting."""
-        for name in ("workers", "max_body_bytes", "max_image_pixels", "max_new_tokens", "max_prompt_tokens", "thumbnail_px"):
+        for name in ("workers", "max_body_bytes", "max_image_pixels", "max_new_tokens", "max_prompt_tokens", "thumbnail_px",
+                     "media_uuid_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise InvalidInputError(name, f"must be a positive integer, got {value!r}")

@@ -17,11 +17,12 @@ from fastapi import Depends, Request
 from .auth import require_tenant
 from .config import ServerConfig
 from .limits import WorkPool
+from .media_uuids import MediaUuids
 from .metrics import Metrics
 from .service import Service
 from .tenants import Tenants
 
-__all__ = ["ServiceDep", "PoolDep", "MetricsDep", "ConfigDep", "TenantsDep", "Tenant"]
+__all__ = ["ServiceDep", "PoolDep", "MetricsDep", "ConfigDep", "TenantsDep", "MediaUuidsDep", "Tenant"]
 
 
 def _service(request: Request) -> Service:
@@ -44,6 +45,10 @@ def _tenants(request: Request) -> Tenants:
     return request.app.state.tenants
 
 
+def _media_uuids(request: Request) -> MediaUuids:
+    return request.app.state.media_uuids
+
+
 #: The one :class:`~refsight.server.service.Service` (engine) of the app.
 ServiceDep = Annotated[Service, Depends(_service)]
 #: The bounded :class:`~refsight.server.limits.WorkPool` model work runs in.
@@ -54,5 +59,7 @@ MetricsDep = Annotated[Metrics, Depends(_metrics)]
 ConfigDep = Annotated[ServerConfig, Depends(_config)]
 #: The API keys → namespaces of the app.
 TenantsDep = Annotated[Tenants, Depends(_tenants)]
+#: The images clients sent under vLLM ``uuid`` s, per tenant (:mod:`~refsight.server.media_uuids`).
+MediaUuidsDep = Annotated[MediaUuids, Depends(_media_uuids)]
 #: The caller's namespace (401 without a valid key when keys are configured).
 Tenant = Annotated[str, Depends(require_tenant)]

@@ -110,7 +110,7 @@ class ApiError(Exception):
 
 
 #: Route prefixes that answer errors in the OpenAI shape.
-OPENAI_PATHS = ("/v1/chat/", "/v1/models")
+OPENAI_PATHS = ("/v1/chat/", "/v1/models", "/v1/completions", "/completion", "/tokenize", "/detokenize", "/apply-template")
 
 #: OpenAI's error ``type`` per HTTP status (anything else 4xx: invalid_request_error).
 _OPENAI_TYPES = {

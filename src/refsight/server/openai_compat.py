@@ -1,27 +1,30 @@
 """``POST /v1/chat/completions`` in the shape the OpenAI Python SDK sends and parses.
 
-Messages carry ``text`` and ``image_url`` parts. An image is either a base64
-``data:`` URL, or a stored reference named without its bytes, in two spellings:
-``{"type": "image_url", "image_url": {"url": "refsight://ref/<id>"}}`` or a
-vLLM-style ``"uuid": "<id>"`` on the part (the uuid wins over any url beside it).
-References resolve in the caller's namespace only, so another tenant's id is a 404
-exactly like an absent one. Remote ``http(s)`` URLs are refused: the server makes
-no outbound requests on a client's behalf.
+Messages carry ``text`` and ``image_url`` parts (:mod:`.openai_parts`). An image is a
+base64 ``data:`` URL (with vLLM's ``uuid`` beside it: also remembered under that uuid;
+``image_url: null`` with a ``uuid``: the image sent before under it), or a stored
+reference named without its bytes: ``refsight://ref/<id>`` or this server's
+``http://HOST:PORT/v1/references/<id>/image``. References and uuids resolve in the
+caller's namespace only, so another tenant's id is a 404 exactly like an absent one.
+Other ``http(s)`` URLs are refused: the server makes no outbound requests on a
+client's behalf. The reply's ``refsight.media_uuids`` says what each uuid did.
 
 Conversations: ``system``/``developer``, ``user`` and ``assistant`` messages, in any
 number, with images in any user turn, are rendered in the model's own chat template.
 
 ``stream: true`` answers with server-sent ``chat.completion.chunk`` events as tokens are
-generated (:mod:`.streaming`); a client that disconnects stops generation. Sampling:
-``temperature`` (default 0: greedy, unlike OpenAI's 1, so answers are reproducible),
-``top_p``, ``seed``, ``stop``, ``frequency_penalty``, ``presence_penalty`` where the
-served backend honours them; any other field, or one the backend cannot honour, is a 400
-naming it, never silently ignored. ``usage`` counts the real prompt (text and image
-tokens), with ``prompt_tokens_details.cached_tokens`` = image tokens served from cached
-packages.
+generated (:mod:`.streaming`); a client that disconnects stops generation. ``model`` is
+optional (the served model). Sampling (:mod:`.generation_body`): ``temperature`` (default
+0: greedy, unlike OpenAI's 1, so answers are reproducible), ``top_p``, ``top_k``,
+``min_p``, ``repetition_penalty`` (``repeat_penalty``), ``seed``, ``stop``,
+``frequency_penalty``, ``presence_penalty`` where the served backend honours them; pure
+hints (``cache_prompt``, ``id_slot`` ...) are accepted; any other field, or one the
+backend cannot honour, is a 400 naming it, never silently ignored. ``usage`` counts the
+real prompt (text and image tokens), with ``prompt_tokens_details.cached_tokens`` = image
+tokens served from cached packages.
 
-``response_format`` ``json_schema`` (or ``json_object``) is passed to the engine's
-constrained decoding. The answer is a standard ``chat.completion`` plus a
+``response_format`` ``json_schema`` (or ``json_object``; llama-server's top-level
+``json_schema``) is passed to the engine's constrained decoding. The answer is a standard ``chat.completion`` plus a
 ``refsight`` object (``random_weights``, ``references_cached``, ``timings_ms``); text
 from a random-weight model is labelled there, since it carries no meaning. Errors use
 OpenAI's error shape (:func:`refsight.server.errors.openai_error_body`).
@@ -29,75 +32,26 @@ OpenAI's error shape (:func:`refsight.server.errors.openai_error_body`).
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid as uuidlib
-from typing import Any, AsyncIterator, Literal
+from typing import Any, AsyncIterator
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from .. import InvalidInputError, ReferenceSegment, Sampling
-from .bodies import decode_data_url
-from .deps import ConfigDep, PoolDep, ServiceDep, Tenant
-from .errors import ERROR_RESPONSES, ApiError, from_refsight, openai_error_body
+from .. import Sampling
+from .deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Tenant
+from .generation_body import GenerationBody
+from .errors import ERROR_RESPONSES, ApiError
+from .openai_parts import Message, PartResolver, messages_to_segments, own_origins
 from .prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
-from .streaming import SSE_DONE, EventStreamResponse, Finished, sse_event, stream_in_pool
+from .streaming import SSE_DONE, EventStreamResponse, Finished, open_stream, sse_event, stream_error
 
-__all__ = ["router", "ChatRequest", "messages_to_segments", "REF_URL_PREFIX", "IGNORED_FIELDS"]
+__all__ = ["router", "ChatRequest", "check_generation", "RANDOM_WEIGHTS_NOTICE"]
 
-#: URL scheme naming a stored reference instead of sending its bytes.
-REF_URL_PREFIX = "refsight://ref/"
 RANDOM_WEIGHTS_NOTICE = "random weights: this text is meaningless (timings and caching are real)"
-#: Request fields accepted and deliberately without effect (an end-user label).
-IGNORED_FIELDS = frozenset({"user"})
-#: The chat role each OpenAI role is rendered as.
-_ROLE = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 router = APIRouter(tags=["openai"])
-
-
-class ImageURL(BaseModel):
-    """The ``image_url`` object of a part: a data URL or ``refsight://ref/<id>``."""
-
-    model_config = ConfigDict(extra="allow")
-    url: str = ""
-    detail: str | None = None
-
-
-class ContentPart(BaseModel):
-    """One part of a message: text, or an image (``image_url`` and/or a reference ``uuid``)."""
-
-    model_config = ConfigDict(extra="allow")
-    type: Literal["text", "image_url"]
-    text: str | None = None
-    image_url: ImageURL | None = None
-    uuid: str | None = Field(None, description="a stored reference id (vLLM-style media uuid)")
-
-
-class Message(BaseModel):
-    """A chat message."""
-
-    model_config = ConfigDict(extra="allow")
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[ContentPart] | None = None
-
-
-class JSONSchemaFormat(BaseModel):
-    """The ``json_schema`` member of ``response_format``."""
-
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
-    name: str | None = None
-    schema_: dict[str, Any] | None = Field(None, alias="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(BaseModel):
-    """``{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}``."""
-
-    model_config = ConfigDict(extra="allow")
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JSONSchemaFormat | None = None
 
 
 class StreamOptions(BaseModel):
@@ -107,132 +61,48 @@ class StreamOptions(BaseModel):
     include_usage: bool | None = None
 
 
-class ChatRequest(BaseModel):
-    """The OpenAI chat request fields refsight honours; any other field is refused by name (400)."""
+class ChatRequest(GenerationBody):
+    """The OpenAI chat request (and the vLLM and llama-server fields, :mod:`.generation_body`); any other field is a 400."""
 
-    model_config = ConfigDict(extra="allow")
-    model: str
+    model: str | None = Field(None, description="the served model (optional, as llama-server has it)")
     messages: list[Message] = Field(min_length=1, max_length=256)
-    max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    seed: int | None = Field(None, ge=0, lt=2**63)
-    stop: str | list[str] | None = None
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
     n: int | None = Field(None, ge=1)
     logprobs: bool | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    response_format: ResponseFormat | None = None
-
-    def sampling(self) -> Sampling:
-        """The request's :class:`Sampling` (greedy unless it says otherwise)."""
-        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        if len(stop) > 4 or any(not s for s in stop):
-            raise ApiError(400, "invalid_input", "stop: give at most 4 non-empty strings", param="stop")
-        return Sampling(
-            temperature=self.temperature or 0.0,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            seed=self.seed,
-            stop=tuple(stop),
-            frequency_penalty=self.frequency_penalty or 0.0,
-            presence_penalty=self.presence_penalty or 0.0,
-        )
-
-
-def messages_to_segments(messages: list[Message], decode) -> tuple[list[Any], list[tuple[str, int]]]:
-    """Messages as engine segments (text, ReferenceSegment, or decoded images) and their turns.
-
-    ``decode(data, label)`` turns image bytes into an image input (it applies the
-    server's pixel limits). Returns the flat segments and ``(role, count)`` per message
-    (``developer`` is rendered as ``system``), as :meth:`refsight.Engine.chat` takes them.
-    """
-    segments: list[Any] = []
-    turns: list[tuple[str, int]] = []
-    for i, message in enumerate(messages):
-        before = len(segments)
-        content = message.content
-        if isinstance(content, str):
-            segments.append(content)
-        elif content is not None:
-            for j, part in enumerate(content):
-                where = f"messages[{i}].content[{j}]"
-                if part.type == "text":
-                    if part.text is None:
-                        raise ApiError(400, "invalid_input", f"{where}.text: a text part needs text", param=f"{where}.text")
-                    segments.append(part.text)
-                    continue
-                if message.role != "user":
-                    raise ApiError(400, "unsupported", f"{where}: images are accepted in user messages only", param=where)
-                segments.append(_image_segment(part, where, decode))
-        turns.append((_ROLE[message.role], len(segments) - before))
-    return segments, turns
-
-
-def _image_segment(part: ContentPart, where: str, decode) -> Any:
-    if part.uuid:
-        return ReferenceSegment(part.uuid)
-    url = part.image_url.url if part.image_url is not None else ""
-    if url.startswith(REF_URL_PREFIX):
-        ref_id = url[len(REF_URL_PREFIX):]
-        if not ref_id:
-            raise ApiError(400, "invalid_input", f"{where}.image_url.url: {REF_URL_PREFIX} needs a reference id", param=where)
-        return ReferenceSegment(ref_id)
-    if url.startswith("data:"):
-        return decode(decode_data_url(url, f"{where}.image_url.url"), f"{where}.image_url")
-    if url.startswith(("http://", "https://")):
-        raise ApiError(
-            400, "unsupported",
-            f"{where}.image_url.url: remote URLs are not fetched; send a data: URL or {REF_URL_PREFIX}<id>", param=where,
-        )
-    raise ApiError(
-        400, "invalid_input", f"{where}.image_url: give a data: URL, {REF_URL_PREFIX}<id>, or a uuid", param=where
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="accepted when the served chat template reads none of its keys (so they change nothing)"
     )
 
 
-def _json_schema(fmt: ResponseFormat | None) -> dict[str, Any] | None:
-    if fmt is None or fmt.type == "text":
-        return None
-    if fmt.type == "json_object":
-        return {"type": "object"}
-    if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+def check_generation(body: GenerationBody, service: Any, given: int | None, max_limit: int) -> tuple[int, Sampling]:
+    """The checks every text route makes: fields, the model, the token bound and the sampling the backend honours.
+
+    ``given``: the chat's ``max_completion_tokens`` (checked before ``max_tokens``), None elsewhere.
+    """
+    body.check_fields()
+    model = getattr(body, "model", None)
+    if model is not None and model not in service.model_names:
         raise ApiError(
-            400, "invalid_input", "response_format.json_schema.schema: a json_schema format needs a schema",
-            param="response_format",
+            404, "model_not_found", f"model {model!r} is not served here; this server serves {service.served_model!r}",
+            param="model",
         )
-    schema = fmt.json_schema.schema_
-    _check_schema(schema)
-    return schema
-
-
-def _check_schema(schema: dict[str, Any]) -> None:
-    """400 naming the problem when ``schema`` is not a valid JSON Schema (checked against its meta-schema)."""
-    from jsonschema import SchemaError
-    from jsonschema.validators import validator_for
-
-    try:
-        validator_for(schema).check_schema(schema)
-    except SchemaError as e:
-        where = "/".join(str(p) for p in e.absolute_path) or "(root)"
+    max_new_tokens = body.token_limit(max_limit, given, "max_completion_tokens") if given is not None else (
+        body.token_limit(max_limit)
+    )
+    sampling = body.sampling()
+    backend = service.engine.backend()
+    refused = [name for name in sampling.non_default() if name not in backend.sampling_fields]
+    if refused:
         raise ApiError(
-            400, "invalid_input",
-            f"response_format.json_schema.schema: not a valid JSON Schema at {where}: {e.message[:300]}",
-            param="response_format",
-        ) from None
+            400, "unsupported", f"{refused[0]}: the served backend ({service.model}) does not support it", param=refused[0]
+        )
+    return max_new_tokens, sampling
 
 
 def _check_request(body: ChatRequest, service: Any, max_limit: int) -> tuple[int, Sampling]:
     """Refuse what cannot be honoured (400 naming the field); the token bound and the sampling."""
-    unknown = sorted(set(body.model_extra or {}) - IGNORED_FIELDS)
-    if unknown:
-        raise ApiError(400, "unsupported", f"{unknown[0]}: this field is not supported by refsight", param=unknown[0])
-    if body.model != service.model:
-        raise ApiError(
-            404, "model_not_found", f"model {body.model!r} is not served here; this server serves {service.model!r}",
-            param="model",
-        )
     if body.n not in (None, 1):
         raise ApiError(400, "unsupported", "n: only one choice (n=1) is supported", param="n")
     if body.logprobs:
@@ -241,23 +111,14 @@ def _check_request(body: ChatRequest, service: Any, max_limit: int) -> tuple[int
         raise ApiError(400, "invalid_input", "stream_options: only allowed with stream=true", param="stream_options")
     if body.max_tokens is not None and body.max_completion_tokens is not None and body.max_tokens != body.max_completion_tokens:
         raise ApiError(400, "invalid_input", "max_tokens: differs from max_completion_tokens; give one", param="max_tokens")
-    max_new_tokens = body.max_completion_tokens or body.max_tokens or 128
-    if max_new_tokens > max_limit:
-        raise ApiError(
-            400, "invalid_input", f"max_tokens: {max_new_tokens} is over the limit of {max_limit}",
-            param="max_completion_tokens" if body.max_completion_tokens else "max_tokens",
-        )
-    try:
-        sampling = body.sampling()
-    except InvalidInputError as e:
-        raise ApiError(400, "invalid_input", str(e), param=str(e.input)) from None
     backend = service.engine.backend()
-    refused = [name for name in sampling.non_default() if name not in backend.sampling_fields]
-    if refused:
-        raise ApiError(
-            400, "unsupported", f"{refused[0]}: the served backend ({service.model}) does not support it", param=refused[0]
-        )
-    return max_new_tokens, sampling
+    for key in sorted(body.chat_template_kwargs or {}):
+        if backend.chat_template_reads(key):
+            raise ApiError(
+                400, "unsupported", f"chat_template_kwargs.{key}: the served chat template reads it; "
+                "template variables are not supported", param=f"chat_template_kwargs.{key}",
+            )
+    return check_generation(body, service, body.max_completion_tokens, max_limit)
 
 
 def _usage(result: dict[str, Any]) -> dict[str, Any]:
@@ -276,6 +137,8 @@ def _extra(result: dict[str, Any]) -> dict[str, Any]:
         "references_cached": result["references_cached"],
         "timings_ms": result["timings_ms"],
     }
+    if result.get("media_uuids"):
+        extra["media_uuids"] = result["media_uuids"]
     if result["random_weights"]:
         extra["notice"] = RANDOM_WEIGHTS_NOTICE
     return extra
@@ -283,7 +146,8 @@ def _extra(result: dict[str, Any]) -> dict[str, Any]:
 
 @router.post("/v1/chat/completions", responses={k: ERROR_RESPONSES[k] for k in (400, 404)})
 async def chat_completions(
-    body: ChatRequest, namespace: Tenant, service: ServiceDep, pool: PoolDep, config: ConfigDep
+    request: Request, body: ChatRequest, namespace: Tenant, service: ServiceDep, pool: PoolDep, config: ConfigDep,
+    uuids: MediaUuidsDep,
 ) -> Any:
     """OpenAI-compatible chat with images; reference packages come from the store, never re-encoded.
 
@@ -291,54 +155,35 @@ async def chat_completions(
     events, ``data: [DONE]`` last.
     """
     max_new_tokens, sampling = _check_request(body, service, config.max_new_tokens)
-    json_schema = _json_schema(body.response_format)
+    json_schema = body.schema()
     # Before any model work: a character bound on the event loop, then the tokenizer's
     # count in the shared thread pool (never in a model worker).
     texts = prompt_texts(body.messages)
     check_prompt_chars(texts, config.max_prompt_tokens)
     backend = service.engine.backend()
     await pool.run_light(check_prompt_tokens, texts, config.max_prompt_tokens, backend.count_text_tokens)
-    completion_id = f"chatcmpl-{uuidlib.uuid4().hex}"
-    created = int(time.time())
+    completion_id, created = f"chatcmpl-{uuidlib.uuid4().hex}", int(time.time())
+    resolver = PartResolver(
+        service.decode, namespace, uuids, own_origins(request.headers.get("host"), config.host, config.port)
+    )
 
     def work(on_text=None, stop_event=None) -> dict[str, Any]:
-        segments, turns = messages_to_segments(body.messages, service.decode)
-        return service.chat(
+        segments, turns = messages_to_segments(body.messages, resolver)
+        result = service.chat(
             segments, namespace=namespace, turns=turns, max_new_tokens=max_new_tokens, json_schema=json_schema,
             sampling=sampling, on_text=on_text, stop_event=stop_event,
         )
+        return {**result, "media_uuids": [use.to_dict() for use in resolver.used]}
 
     if body.stream:
-        stop = threading.Event()
-        source = stream_in_pool(pool, lambda on_text: work(on_text, stop))
-        # The first event is awaited here, before any byte is sent: an error up to the first
-        # token (a missing reference, a full pool, a bad image) is a plain HTTP error.
-        try:
-            first = await source.__anext__()
-        except BaseException:
-            stop.set()
-            raise
+        first, source, stop = await open_stream(pool, work)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        events = _chunks(first, source, completion_id, created, service.model, include_usage)
-        return EventStreamResponse(events, stop)
-
+        return EventStreamResponse(_chunks(first, source, completion_id, created, service.served_model, include_usage), stop)
     result = await pool.run(work)
-    return {
-        "id": completion_id,
-        "object": "chat.completion",
-        "created": created,
-        "model": result["model"],
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": result["text"]},
-                "finish_reason": result["finish_reason"],
-                "logprobs": None,
-            }
-        ],
-        "usage": _usage(result),
-        "refsight": _extra(result),
-    }
+    choice = {"index": 0, "message": {"role": "assistant", "content": result["text"]},
+              "finish_reason": result["finish_reason"], "logprobs": None}
+    return {"id": completion_id, "object": "chat.completion", "created": created, "model": service.served_model,
+            "choices": [choice], "usage": _usage(result), "refsight": _extra(result)}
 
 
 async def _chunks(
@@ -362,14 +207,8 @@ async def _chunks(
         while not isinstance(item, Finished):
             yield chunk({"content": item})
             item = await source.__anext__()
-    except ApiError as e:
-        yield sse_event(openai_error_body(e.status, e.code, e.message, e.param))
-        return
     except Exception as e:  # noqa: BLE001 -- after the headers an error can only be an event
-        from .. import RefsightError
-
-        api = from_refsight(e) if isinstance(e, RefsightError) else ApiError(500, "internal_error", "internal server error")
-        yield sse_event(openai_error_body(api.status, api.code, api.message))
+        yield sse_event({"error": stream_error(e)})
         return
     result = item.result
     finish = result["finish_reason"] if result["finish_reason"] in ("stop", "length") else "stop"
@@ -382,11 +221,26 @@ async def _chunks(
     yield SSE_DONE
 
 
+def model_card(service: Any) -> dict[str, Any]:
+    """The served model in OpenAI's model shape (plus vLLM's ``max_model_len`` and refsight's ``random_weights``)."""
+    card = {"id": service.served_model, "object": "model", "created": 0, "owned_by": "refsight",
+            "random_weights": service.random_weights}
+    context = service.context_size
+    return {**card, "max_model_len": context} if context else card
+
+
 @router.get("/v1/models")
 async def list_models(namespace: Tenant, service: ServiceDep) -> dict[str, Any]:
     """The served model, in the OpenAI ``/v1/models`` shape."""
-    return {
-        "object": "list",
-        "data": [{"id": service.model, "object": "model", "created": 0, "owned_by": "refsight",
-                  "random_weights": service.random_weights}],
-    }
+    return {"object": "list", "data": [model_card(service)]}
+
+
+@router.get("/v1/models/{model_id:path}", responses={404: ERROR_RESPONSES[404]})
+async def retrieve_model(model_id: str, namespace: Tenant, service: ServiceDep) -> dict[str, Any]:
+    """One model (the SDK's ``models.retrieve``): the served one by any of its names, else 404 ``model_not_found``."""
+    if model_id not in service.model_names:
+        raise ApiError(
+            404, "model_not_found", f"model {model_id!r} is not served here; this server serves {service.served_model!r}",
+            param="model",
+        )
+    return model_card(service)

@@ -40,20 +40,20 @@ def prompt_texts(messages: Iterable[Any]) -> list[str]:
     return texts
 
 
-def _too_long(what: str, limit: int) -> ApiError:
-    return ApiError(400, "invalid_input", f"messages: the prompt has {what}, over the limit of {limit} prompt tokens", param="messages")
+def _too_long(what: str, limit: int, field: str) -> ApiError:
+    return ApiError(400, "invalid_input", f"{field}: the prompt has {what}, over the limit of {limit} prompt tokens", param=field)
 
 
-def check_prompt_chars(texts: list[str], limit: int) -> None:
-    """400 when the texts hold more characters than ``limit`` tokens could ever be."""
+def check_prompt_chars(texts: list[str], limit: int, field: str = "messages") -> None:
+    """400 naming ``field`` when the texts hold more characters than ``limit`` tokens could ever be."""
     chars = sum(len(t) for t in texts)
     if chars > limit * MAX_CHARS_PER_TOKEN:
-        raise _too_long(f"{chars} characters (more than {MAX_CHARS_PER_TOKEN} a token)", limit)
+        raise _too_long(f"{chars} characters (more than {MAX_CHARS_PER_TOKEN} a token)", limit, field)
 
 
-def check_prompt_tokens(texts: list[str], limit: int, count: Callable[[str], int]) -> int:
-    """The prompt's text tokens by ``count``; 400 when over ``limit`` (call after check_prompt_chars)."""
+def check_prompt_tokens(texts: list[str], limit: int, count: Callable[[str], int], field: str = "messages") -> int:
+    """The prompt's text tokens by ``count``; 400 naming ``field`` when over ``limit`` (call after check_prompt_chars)."""
     tokens = count("\n".join(texts)) if texts else 0
     if tokens > limit:
-        raise _too_long(f"{tokens} text tokens", limit)
+        raise _too_long(f"{tokens} text tokens", limit, field)
     return tokens

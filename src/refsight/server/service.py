@@ -47,7 +47,9 @@ class Service:
 
     # -- lifecycle -------------------------------------------------------------------
     def open(self) -> None:
-        """Open the store and load the model once, so the first request pays no load time."""
+        """Open the store and load the model once, so the first request pays no load time (again: nothing)."""
+        if self.engine is not None:
+            return
         options = {} if self.config.memory_bytes is None else {"memory_bytes": self.config.memory_bytes}
         self.engine = Engine(
             self.config.store_dir,
@@ -80,6 +82,21 @@ class Service:
     def model(self) -> str:
         """Name of the served model."""
         return self.engine.backend().name
+
+    @property
+    def served_model(self) -> str:
+        """The model's name to clients: the first ``served_model_names`` (``--served-model-name``/``--alias``), else its own."""
+        return self.config.served_model_names[0] if self.config.served_model_names else self.model
+
+    @property
+    def model_names(self) -> frozenset[str]:
+        """Every name a client may send as ``model``: the served names and the model's own."""
+        return frozenset({*self.config.served_model_names, self.model})
+
+    @property
+    def context_size(self) -> int | None:
+        """The model's context in tokens, where its runtime has a limit (llama.cpp's ``n_ctx``), else None."""
+        return getattr(self.engine.backend(), "context_size", None)
 
     @property
     def random_weights(self) -> bool:
@@ -127,6 +144,12 @@ class Service:
         # tenants never see each other's cache hits (timing).
         scope = self.engine.context(namespace).scope
         return self.thumbnails.get(scope, ref.image_sha256, size, lambda: self._render_thumbnail(ref, size))
+
+    def reference_image(self, ref_id: str, *, namespace: str) -> tuple[bytes, str]:
+        """The tenant's reference image as it was added: its kept bytes and their media type."""
+        image = self.engine.reference_image(self.engine.reference(ref_id, namespace=namespace))
+        kind = (image.source_format or "").lower()
+        return image.source_bytes, f"image/{kind}" if kind else "application/octet-stream"
 
     def _render_thumbnail(self, ref: Any, size: int) -> bytes:
         image = self.engine.reference_image(ref).image.copy()

@@ -24,7 +24,7 @@ from starlette.responses import Response
 
 from .limits import WorkPool
 
-__all__ = ["Finished", "stream_in_pool", "EventStreamResponse", "sse_event", "SSE_DONE"]
+__all__ = ["Finished", "stream_in_pool", "open_stream", "stream_error", "EventStreamResponse", "sse_event", "SSE_DONE"]
 
 #: The last event of an OpenAI stream.
 SSE_DONE = b"data: [DONE]\n\n"
@@ -33,6 +33,16 @@ SSE_DONE = b"data: [DONE]\n\n"
 def sse_event(data: Any) -> bytes:
     """One ``data:`` event holding ``data`` as compact JSON."""
     return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+def stream_error(error: BaseException) -> dict[str, Any]:
+    """The error object of an error after a stream began (OpenAI's shape; details of a crash are not shown)."""
+    from .. import RefsightError
+    from .errors import ApiError, from_refsight, openai_error_body
+
+    if not isinstance(error, ApiError):
+        error = from_refsight(error) if isinstance(error, RefsightError) else ApiError(500, "internal_error", "internal server error")
+    return openai_error_body(error.status, error.code, error.message, error.param)["error"]
 
 
 @dataclass
@@ -65,6 +75,22 @@ async def stream_in_pool(pool: WorkPool, func: Callable[[Callable[[str], None]],
             break
         yield value
     yield Finished(task.result())
+
+
+async def open_stream(pool: WorkPool, work: Callable[..., Any]) -> tuple[Any, AsyncIterator[Any], threading.Event]:
+    """Start ``work(on_text, stop_event)`` streaming in a pool slot; its first event, the rest, and the stop event.
+
+    The first event is awaited here, before any byte is sent: an error up to the first token (a
+    missing reference, a full pool, a bad image) is raised as a plain HTTP error.
+    """
+    stop = threading.Event()
+    source = stream_in_pool(pool, lambda on_text: work(on_text, stop))
+    try:
+        first = await source.__anext__()
+    except BaseException:
+        stop.set()
+        raise
+    return first, source, stop
 
 
 class EventStreamResponse(Response):

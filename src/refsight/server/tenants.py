@@ -2,7 +2,8 @@
 
 Keys come from a file (one ``key=namespace`` pair a line; ``#`` comments and blank
 lines allowed) or from ``$REFSIGHT_API_KEYS`` (the same pairs separated by commas,
-semicolons or whitespace). A key mapped to the special namespace ``@operator`` may
+semicolons or whitespace); one more key for the default namespace may come from
+``--api-key`` or ``$REFSIGHT_API_KEY`` (llama-server's and vLLM's single key). A key mapped to the special namespace ``@operator`` may
 read ``/metrics`` (whose counters span every tenant) and nothing else.
 
 Keys are secrets: only their sha256 digests are kept in memory, they never appear
@@ -26,7 +27,10 @@ from .. import FileReadError, is_valid_text, read_regular_file
 from ..config import default_api_keys
 from ..errors import InvalidInputError
 
-__all__ = ["Tenants", "OPERATOR", "ENV_VAR", "is_loopback", "parse_key_pairs", "load_keys", "unserved_references_warning"]
+__all__ = [
+    "Tenants", "OPERATOR", "ENV_VAR", "is_loopback", "parse_key_pairs", "load_keys", "unserved_references_warning",
+    "with_api_key",
+]
 
 #: Namespace of keys that may read operator-level data (``/metrics``) but no tenant's references.
 OPERATOR = "@operator"
@@ -68,6 +72,19 @@ def parse_key_pairs(text: str, *, source: str, lines: bool) -> dict[str, str]:
             raise InvalidInputError(where, "this key is listed twice")
         pairs[key] = namespace
     return pairs
+
+
+def with_api_key(keys: dict[str, str], key: str | None, source: str, namespace: str = "default") -> dict[str, str]:
+    """``keys`` plus one ``key`` for ``namespace`` (``--api-key``, ``$REFSIGHT_API_KEY``); errors name ``source``."""
+    if not key:
+        return keys
+    if not is_valid_text(key):
+        raise InvalidInputError(source, "is not valid Unicode text")
+    if len(key) < _MIN_KEY_CHARS or any(c.isspace() for c in key):
+        raise InvalidInputError(source, f"a key has at least {_MIN_KEY_CHARS} characters and no spaces")
+    if keys.get(key, namespace) != namespace:
+        raise InvalidInputError(source, "this key is also in the key pairs, for another namespace")
+    return {**keys, key: namespace}
 
 
 def load_keys(path: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -57,6 +57,7 @@ class HFBackend(Backend):
 
     supports_cached_features: ClassVar[bool] = True
     sampling_fields: ClassVar[frozenset[str]] = frozenset(SAMPLING_FIELDS)
+    supports_raw_prompt: ClassVar[bool] = True
     supports_turns: ClassVar[bool] = True
     supports_streaming: ClassVar[bool] = True
     #: Reuses reference-prefix states (past key/values) across requests: :mod:`.prefix_cache`.
@@ -104,6 +105,32 @@ class HFBackend(Backend):
         from .fingerprint import hf_fingerprint
 
         self._fingerprint: EncoderFingerprint = hf_fingerprint(self)
+
+    def chat_template_reads(self, variable: str) -> bool:
+        """False: the families' chat templates are fixed strings (:meth:`chat_prompt`) that read no variables."""
+        return False
+
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        """The tokenizer's ids of ``text`` (``parse_special=False``: special tokens' text split as plain text)."""
+        with runtime_errors(self.name, BackendError, "cannot tokenize"):
+            return list(self.tokenizer(text, add_special_tokens=add_special, split_special_tokens=not parse_special)["input_ids"])
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """The tokenizer's text of ``tokens``, special tokens included."""
+        tokens = self.check_token_ids(tokens, len(self.tokenizer))
+        return self.tokenizer.decode(tokens, skip_special_tokens=False)
+
+    def token_piece(self, token: int) -> bytes:
+        """One token's text as UTF-8 bytes."""
+        return self.detokenize([token]).encode("utf-8", "surrogatepass")
+
+    def template_text(self, texts: Sequence[str], turns: list[tuple[str, int]] | None = None) -> str:
+        """The family's chat template around ``texts`` (:meth:`build_prompt`)."""
+        return self.build_prompt(list(texts), turns)
+
+    def raw_text(self, segments: Sequence[str | VisualPackage]) -> str:
+        """A raw prompt's text: the segments as given, each package its expanded placeholder."""
+        return "".join(s if isinstance(s, str) else self.image_placeholder(s) for s in segments)
 
     def count_text_tokens(self, text: str) -> int:
         """The exact number of tokens the model's tokenizer makes of ``text`` (no special tokens added)."""

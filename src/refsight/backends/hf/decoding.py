@@ -34,15 +34,17 @@ def row_generator(sampling: Sampling, device: Any) -> torch.Generator | None:
 
 
 class SamplingProcessor(LogitsProcessor):
-    """Per-row penalties, temperature, top-p and a seeded draw, after every other processor.
+    """Per-row penalties, temperature, top-k, top-p, min-p and a seeded draw, after every other processor.
 
     ``prompt_length`` is the (padded) prompt width: tokens after it are the generated ones
-    the OpenAI penalties count.
+    the OpenAI penalties count. ``pad_id``: the left padding a repetition penalty skips (a
+    padded row counts the tokens an unpadded one would).
     """
 
-    def __init__(self, samplings: Sequence[Sampling], prompt_length: int, device: Any) -> None:
+    def __init__(self, samplings: Sequence[Sampling], prompt_length: int, device: Any, pad_id: int | None = None) -> None:
         self.samplings = list(samplings)
         self.prompt_length = prompt_length
+        self.pad_id = pad_id
         self.generators = [row_generator(s, device) for s in self.samplings]
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
@@ -59,6 +61,13 @@ class SamplingProcessor(LogitsProcessor):
         return scores
 
     def _penalised(self, logits: torch.Tensor, ids: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+        if sampling.repetition_penalty != 1.0:
+            # transformers' and vLLM's rule, over the prompt and the answer: each token seen once is enough.
+            seen = torch.unique(self._unpadded(ids))
+            seen = seen[seen < logits.shape[0]]
+            picked = logits[seen]
+            logits = logits.clone()
+            logits[seen] = torch.where(picked > 0, picked / sampling.repetition_penalty, picked * sampling.repetition_penalty)
         if not (sampling.frequency_penalty or sampling.presence_penalty):
             return logits
         generated = ids[self.prompt_length:]
@@ -68,8 +77,16 @@ class SamplingProcessor(LogitsProcessor):
         return logits - sampling.frequency_penalty * counts - sampling.presence_penalty * (counts > 0).to(logits)
 
 
+    def _unpadded(self, ids: torch.Tensor) -> torch.Tensor:
+        """The row without its left padding (the pads before the prompt's first real token)."""
+        if self.pad_id is None:
+            return ids
+        real = (ids[: self.prompt_length] != self.pad_id).nonzero()
+        return ids[int(real[0]) if real.numel() else self.prompt_length:]
+
+
 def _distribution(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
-    """The row's sampling distribution after temperature and top-p, in float64.
+    """The row's sampling distribution after temperature, top-k, top-p and min-p, in float64.
 
     The largest logit is subtracted before dividing (it becomes exactly 0, the others at most
     0), so no temperature in range overflows, and float64 keeps the tiniest temperature and
@@ -80,6 +97,10 @@ def _distribution(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     finite = torch.isfinite(logits)
     shifted = torch.where(finite, logits - logits[finite].max(), torch.full_like(logits, float("-inf")))
     probs = torch.softmax(shifted / sampling.temperature, dim=-1)
+    if 0 < sampling.top_k < probs.shape[0]:
+        # Keep the k most likely tokens (ties at the k-th kept too, as a threshold keeps them).
+        probs = torch.where(probs >= torch.topk(probs, sampling.top_k).values[-1], probs, torch.zeros_like(probs))
+        probs = probs / probs.sum()
     if sampling.top_p < 1.0:
         # Keep the smallest set of most likely tokens whose mass reaches top_p (at least one).
         sorted_probs, order = torch.sort(probs, descending=True)
@@ -88,6 +109,9 @@ def _distribution(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
         drop[0] = False
         sorted_probs[drop] = 0.0
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    if sampling.min_p > 0:
+        # Tokens at least min_p times as likely as the most likely one (always kept).
+        probs = torch.where(probs >= sampling.min_p * probs.max(), probs, torch.zeros_like(probs))
     return probs
 
 

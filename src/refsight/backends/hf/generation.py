@@ -75,7 +75,10 @@ def _decoder(backend: Any) -> Any:
 
 def prompt_inputs(backend: Any, rows: list[list[Any]], requests: list[GenerationRequest]) -> PromptInputs:
     """The batch's prompts, left-padded; packages join on the model's device (they are stored on the CPU)."""
-    texts = [backend.build_prompt(row, request.turns) for row, request in zip(rows, requests)]
+    texts = [
+        backend.raw_text(row) if request.raw_prompt else backend.build_prompt(row, request.turns)
+        for row, request in zip(rows, requests)
+    ]
     if any(r.prefix_cache is not None for r in requests):
         from .prefix_cache import plan_prefixes
 
@@ -103,7 +106,7 @@ def controls(backend: Any, batch: list[PreparedRequest], execution: Execution, w
         out.processors.append(backend.json_constraint(grammars))
     # Only when some row asks for it: greedy rows without penalties keep the plain path.
     if any(r.sampling.non_default() for r in requests):
-        out.processors.append(SamplingProcessor([r.sampling for r in requests], width, backend.device))
+        out.processors.append(SamplingProcessor([r.sampling for r in requests], width, backend.device, backend.pad_id()))
     if execution.on_text is not None:
         if len(batch) != 1:
             raise InvalidInputError("requests", "text is streamed for one request at a time")

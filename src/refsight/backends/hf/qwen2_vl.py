@@ -36,6 +36,7 @@ class QwenFamilyBackend(HFBackend):
         "<|im_start|>",
         "<|im_end|>",
     )
+    media_tokens: ClassVar[tuple[str, ...]] = (VISION_START, VISION_END, IMAGE_PAD, "<|video_pad|>")
     processor_options: ClassVar[tuple[str, ...]] = ("min_pixels", "max_pixels")
     #: ``Qwen2VLImageProcessorPil`` (Qwen3-VL uses it too, with patch 16).
     image_processor_path: ClassVar[str] = "transformers.models.qwen2_vl.image_processing_pil_qwen2_vl:Qwen2VLImageProcessorPil"

@@ -43,6 +43,7 @@ class SmolVLMBackend(HFBackend):
     family: ClassVar[str] = "smolvlm"
     model_types: ClassVar[tuple[str, ...]] = ("smolvlm",)
     reserved_tokens: ClassVar[tuple[str, ...]] = (FAKE, IMAGE, GLOBAL, "<end_of_utterance>", "<|im_start|>")
+    media_tokens: ClassVar[tuple[str, ...]] = (FAKE, IMAGE, GLOBAL)
     #: ``tile_size``: the tile edge (processor ``max_image_size``); ``longest_edge``: resize bound.
     processor_options: ClassVar[tuple[str, ...]] = ("tile_size", "longest_edge", "do_image_splitting")
     #: Text that opens the chat template.

@@ -42,7 +42,7 @@ from ..prefix import render_prefix
 from ..sampling import SAMPLING_FIELDS
 from . import package_format as fmt
 from .native import Bitmap, LlamaRuntime, RuntimeSettings, llama_cpp_version
-from .prompt import render_prompt
+from .prompt import chat_template, render_prompt
 
 __all__ = ["LlamaCppBackend"]
 
@@ -84,6 +84,8 @@ class LlamaCppBackend(Backend):
     supports_turns: ClassVar[bool] = True
     #: The reference prefix's sequence state is saved and restored through ``GenerationRequest.prefix_cache``.
     supports_prefix_cache: ClassVar[bool] = True
+    #: Raw prompts (llama-server's ``/completion``): the text as given, after a BOS when the GGUF asks for one.
+    supports_raw_prompt: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -212,6 +214,53 @@ class LlamaCppBackend(Backend):
         with self._lock, _native_errors(self.name, BackendError, "cannot tokenize"):
             return len(self.runtime.tokenize(text, False)) if text else 0
 
+    @property
+    def media_marker(self) -> str:
+        """mtmd's media marker: where each image goes in a raw prompt."""
+        return self.runtime.marker
+
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        """llama.cpp's own tokenization of ``text`` (``add_special``: a BOS when the vocabulary wants one)."""
+        with self._lock, _native_errors(self.name, BackendError, "cannot tokenize"):
+            return self.runtime.tokenize(text, parse_special, add_special)
+
+    def token_piece(self, token: int) -> bytes:
+        """One token's bytes, special tokens rendered (llama-server's ``common_token_to_piece``)."""
+        (token,) = self.check_token_ids([token], self.runtime.n_vocab)
+        with self._lock:
+            return self.runtime.piece(token, special=True)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """The tokens' pieces joined, as llama-server's ``/detokenize`` joins them."""
+        tokens = self.check_token_ids(tokens, self.runtime.n_vocab)
+        with self._lock:
+            return b"".join(self.runtime.piece(t, special=True) for t in tokens).decode("utf-8", "replace")
+
+    def template_text(self, texts: Sequence[str], turns: list[tuple[str, int]] | None = None) -> str:
+        """The GGUF's chat template around ``texts`` (:meth:`prompt_text`)."""
+        return self.prompt_text(list(texts), turns)
+
+    def check_raw_text(self, text: str, where: str) -> None:
+        """A raw prompt's text may spell special tokens, but not the media marker (it would shift the images)."""
+        if self.runtime.marker in text:
+            raise InvalidInputError(where, f"text may not contain the media marker {self.runtime.marker}")
+
+    @property
+    def context_size(self) -> int:
+        """The context in tokens (``n_ctx``): the prompt and the answer together."""
+        return int(self.runtime.settings.n_ctx)
+
+    def chat_template_source(self) -> str:
+        """The GGUF's chat template, or its family's known one when the GGUF carries none."""
+        return chat_template(self._template, self.arch)
+
+    def chat_template_reads(self, variable: str) -> bool:
+        """Whether the GGUF's chat template (or its fallback) names ``variable`` anywhere."""
+        import re
+
+        template = self.chat_template_source()
+        return re.search(rf"(?<![\w]){re.escape(variable)}(?![\w])", template) is not None
+
     def check_text(self, text: str, where: str) -> None:
         """Refuse text holding the media marker or a special token of the model."""
         # User text must stay text: a media marker or a special token in it would
@@ -222,12 +271,21 @@ class LlamaCppBackend(Backend):
             if self.runtime.tokenize(text, True) != self.runtime.tokenize(text, False):
                 raise InvalidInputError(where, "text may not contain the model's special tokens")
 
-    def prompt_text(self, segments: Sequence[Any], turns: list[tuple[str, int]] | None = None) -> str:
+    def prompt_text(self, segments: Sequence[Any], turns: list[tuple[str, int]] | None = None, *, raw: bool = False) -> str:
         """The rendered prompt of ``segments`` (each image a media marker), as mtmd will tokenize it.
 
         ``turns`` (``(role, count)`` pairs over the segments) renders a conversation in the GGUF's
-        own chat template; without it the segments are one user turn.
+        own chat template; without it the segments are one user turn. ``raw``: the segments are
+        the whole prompt, after a BOS when the vocabulary wants one (as llama-server's ``/completion``).
         """
+        if raw:
+            import llama_cpp
+
+            bos = self._special("bos")
+            opening = self.runtime.piece(bos, special=True).decode("utf-8", "replace") if (
+                bos >= 0 and llama_cpp.llama_vocab_get_add_bos(self.runtime.vocab)
+            ) else ""
+            return opening + "".join(s if isinstance(s, str) else self.runtime.marker for s in segments)
         request = GenerationRequest(list(segments), turns=turns)
         content = [
             (role, "".join(s if isinstance(s, str) else self.runtime.marker for s in part))
@@ -266,6 +324,10 @@ class LlamaCppBackend(Backend):
             template=hashlib.sha256((self._template or self.arch).encode()).hexdigest(),
         )
 
+    def _text_tokens(self, prompt: str) -> list[int]:
+        """The token ids of the prompt's text: mtmd tokenizes the text between media markers exactly so."""
+        return [t for piece in prompt.split(self.runtime.marker) for t in self.runtime.tokenize(piece, True)]
+
     def _special(self, which: str) -> int:
         import llama_cpp
 
@@ -279,12 +341,13 @@ class LlamaCppBackend(Backend):
         with self._lock:
             began = time.perf_counter()
             with _native_errors(self.name, GenerationError, "generation failed"):
-                text = self.prompt_text(prepared.segments, request.turns)
+                text = self.prompt_text(prepared.segments, request.turns, raw=request.raw_prompt)
                 plan = self.prefix_plan(request)
                 n_past, prompt_timings, counts = decode_prompt(self.runtime, text, prepared.segments, plan)
                 tokens, answer, finish, logits = sample(
                     self.runtime, n_past, request.max_new_tokens, grammar=prepared.grammar, sampling=request.sampling,
                     return_logits=execution.return_logits, on_text=execution.on_text, stop_event=execution.stop_event,
+                    prompt_tokens=self._text_tokens(text) if request.sampling.repetition_penalty != 1.0 else (),
                 )
             total_ms = (time.perf_counter() - began) * 1000
         encode_ms = prompt_timings["encode"]

@@ -201,6 +201,7 @@ def sample(
     return_logits: bool,
     on_text: Callable[[str], None] | None = None,
     stop_event: threading.Event | None = None,
+    prompt_tokens: Sequence[int] = (),
 ) -> tuple[list[int], str, str, np.ndarray | None]:
     """Decode up to ``max_new_tokens``: ``(tokens, text, finish_reason, logits)``.
 
@@ -208,14 +209,15 @@ def sample(
     (``"stop"``), as it does at a stop string (the text is cut before it), after
     ``max_new_tokens`` (``"length"``) or once ``stop_event`` is set (``"cancelled"``,
     checked before every token). Each token's text goes to ``on_text`` as soon as it is
-    sampled (see :class:`TextStream`). Logits are the model's raw logits at each step,
+    sampled (see :class:`TextStream`); ``prompt_tokens`` are what a repetition penalty counts
+    besides the answer. Logits are the model's raw logits at each step,
     before penalties and the grammar change them.
     """
     room = runtime.settings.n_ctx - n_past
     if room < max_new_tokens:
         raise GenerationError("llama.cpp", f"max_new_tokens {max_new_tokens} does not fit: {room} positions left in n_ctx")
     stream = TextStream(sampling.stop, on_text)
-    sampler = Sampler(runtime, grammar, sampling, max_new_tokens)
+    sampler = Sampler(runtime, grammar, sampling, max_new_tokens, prompt_tokens)
     tokens: list[int] = []
     rows: list[np.ndarray] = []
     finish = "length"

@@ -190,16 +190,16 @@ class LlamaRuntime:
             n = self._L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         return buf.raw[: max(n, 0)]
 
-    def tokenize(self, text: str, parse_special: bool) -> list[int]:
-        """Plain text tokenization (no BOS), with or without special-token parsing."""
+    def tokenize(self, text: str, parse_special: bool, add_special: bool = False) -> list[int]:
+        """Plain text tokenization (a BOS only with ``add_special``, when the vocabulary wants one)."""
         data = text.encode()
         cap = len(data) + 8
         out = (self._L.llama_token * cap)()
-        n = self._L.llama_tokenize(self.vocab, data, len(data), out, cap, False, parse_special)
+        n = self._L.llama_tokenize(self.vocab, data, len(data), out, cap, add_special, parse_special)
         if n < 0:
             cap = -n
             out = (self._L.llama_token * cap)()
-            n = self._L.llama_tokenize(self.vocab, data, len(data), out, cap, False, parse_special)
+            n = self._L.llama_tokenize(self.vocab, data, len(data), out, cap, add_special, parse_special)
         return list(out[:n])
 
     # ---------------------------------------------------------------- prompts

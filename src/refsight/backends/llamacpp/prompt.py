@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-__all__ = ["render_prompt", "FALLBACK_TEMPLATES"]
+__all__ = ["render_prompt", "chat_template", "FALLBACK_TEMPLATES"]
 
 _CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
@@ -45,12 +45,17 @@ def _compile(template: str) -> Any:
     return env.from_string(template)
 
 
+def chat_template(template: str | None, arch: str) -> str:
+    """The template a prompt is rendered with: the GGUF's own, else its family's known one."""
+    return template or FALLBACK_TEMPLATES.get(arch, _CHATML)
+
+
 def render_prompt(
     template: str | None, arch: str, content: str | list[tuple[str, str]], *, bos: str = "", eos: str = ""
 ) -> str:
     """The full prompt, ready for generation: one user turn ``content``, or ``(role, content)`` turns
     (roles system / user / assistant), media markers included."""
-    template = template or FALLBACK_TEMPLATES.get(arch, _CHATML)
+    template = chat_template(template, arch)
     turns = [("user", content)] if isinstance(content, str) else content
     return _compile(template).render(
         messages=[{"role": role, "content": text} for role, text in turns],

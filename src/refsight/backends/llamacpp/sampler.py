@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from .native import LlamaRuntime, NativeError
@@ -13,14 +14,17 @@ __all__ = ["Sampler"]
 class Sampler:
     """llama.cpp's own sampler chain over the context's last logits.
 
-    In order: the GBNF grammar (when there is one), the OpenAI frequency/presence
+    In order: the GBNF grammar (when there is one), the repetition penalty over the
+    ``prompt_tokens`` and every sampled token (only when set), the OpenAI frequency/presence
     penalties over the last ``window`` sampled tokens (only when set), then greedy
     (temperature 0 or below the greedy threshold: the chain every default request has always
     had; llama.cpp divides float32 logits by the temperature, which overflows for tiny ones) or temperature,
-    top-p and a seeded draw (a fresh seed when ``sampling.seed`` is None).
+    top-k, top-p, min-p and a seeded draw (a fresh seed when ``sampling.seed`` is None).
     """
 
-    def __init__(self, runtime: LlamaRuntime, grammar: str | None, sampling: Any, window: int) -> None:
+    def __init__(
+        self, runtime: LlamaRuntime, grammar: str | None, sampling: Any, window: int, prompt_tokens: Sequence[int] = ()
+    ) -> None:
         L = runtime._L
         self._L, self._runtime = L, runtime
         self.chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
@@ -30,6 +34,8 @@ class Sampler:
                 if not g:
                     raise NativeError("llama.cpp rejected the JSON grammar")
                 L.llama_sampler_chain_add(self.chain, g)
+            if sampling.repetition_penalty != 1.0:
+                self._add_repetition_penalty(float(sampling.repetition_penalty), prompt_tokens)
             if sampling.frequency_penalty or sampling.presence_penalty:
                 L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_penalties(
                     runtime.n_vocab, max(int(window), 1), 1.0,
@@ -40,6 +46,14 @@ class Sampler:
             self.free()
             raise
 
+    def _add_repetition_penalty(self, penalty: float, prompt_tokens: Sequence[int]) -> None:
+        """llama.cpp's ``repeat_penalty`` over the whole context: the prompt's tokens, then each sampled one."""
+        L, runtime = self._L, self._runtime
+        repeat = L.llama_sampler_init_penalties(runtime.n_vocab, int(runtime.settings.n_ctx), penalty, 0.0, 0.0)
+        L.llama_sampler_chain_add(self.chain, repeat)  # the chain owns it; accepting into it alone is fine
+        for token in prompt_tokens:
+            L.llama_sampler_accept(repeat, int(token))
+
     def _add_pick(self, sampling: Any) -> None:
         """Greedy, or temperature, top-p and a seeded draw."""
         L = self._L
@@ -47,9 +61,13 @@ class Sampler:
             L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_greedy())
             return
         L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_temp(float(sampling.temperature)))
+        if sampling.top_k > 0:
+            L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_top_k(int(sampling.top_k)))
         if sampling.top_p < 1.0:
             # min_keep 1, and a floor float32 cannot round to 0: the most likely token always stays.
             L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_top_p(sampling.runtime_top_p, 1))
+        if sampling.min_p > 0:
+            L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_min_p(float(sampling.min_p), 1))
         seed = sampling.seed if sampling.seed is not None else int.from_bytes(os.urandom(8), "little")
         # 0xFFFFFFFF is LLAMA_DEFAULT_SEED ("pick a random one"): a given seed never maps to it.
         L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_dist(int(seed) % 0xFFFFFFFF))

@@ -75,8 +75,8 @@ def sampling_fields(sampling: Sampling) -> dict[str, Any]:
         value = getattr(sampling, name)
         if name == "stop":
             fields["stop"] = list(value)
-        elif name == "seed":
-            fields["seed"] = int(value)
+        elif name in ("seed", "top_k"):
+            fields[name] = int(value)
         elif name == "top_p":
             fields["top_p"] = sampling.runtime_top_p
         elif name != "temperature":

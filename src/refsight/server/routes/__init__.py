@@ -1,4 +1,5 @@
-"""The app's own routes, one router per group: references, judging (compare, search), service (health, stats, metrics).
+"""The app's own routes, one router per group: references, judging (compare, search), service (health, stats,
+metrics), llama-server's native endpoints (:mod:`.llama_server`) and OpenAI's text completions (:mod:`.completions`).
 
 Each module holds a module-level ``router``; its routes declare what they need
 (:mod:`refsight.server.deps`) instead of closing over it. The OpenAI-compatible routes
@@ -8,11 +9,13 @@ routers of the same kind.
 
 from __future__ import annotations
 
+from .completions import router as completions_router
 from .judging import router as judging_router
+from .llama_server import router as llama_server_router
 from .references import router as references_router
 from .service import router as service_router
 
 __all__ = ["ROUTERS"]
 
 #: In the order the app includes them.
-ROUTERS = (service_router, references_router, judging_router)
+ROUTERS = (service_router, references_router, judging_router, llama_server_router, completions_router)

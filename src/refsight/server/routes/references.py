@@ -1,4 +1,4 @@
-"""The reference routes: add (JSON or multipart), list, get, thumbnail, delete — all in the caller's namespace."""
+"""The reference routes: add (JSON or multipart), list, get, thumbnail, image, delete — all in the caller's namespace."""
 
 from __future__ import annotations
 
@@ -64,6 +64,17 @@ async def thumbnail(
     # Vary: the same URL is another tenant's image under another key (the page's cookie included).
     return Response(data, media_type="image/jpeg", headers={
         "Cache-Control": "private, max-age=60", "Vary": "Authorization, X-API-Key, Cookie"})
+
+
+@router.get(
+    "/v1/references/{ref_id}/image", response_class=Response,
+    responses={200: {"content": {"image/png": {}, "image/jpeg": {}}}, **_ERRORS},
+)
+async def reference_image(namespace: Tenant, service: ServiceDep, pool: PoolDep, ref_id: str = _REF_ID) -> Response:
+    """The reference image as it was added. Its URL is also how a chat part names the reference
+    (for clients that accept only http URLs, as ``refsight://ref/<id>`` does for the others)."""
+    data, media_type = await pool.run_light(partial(service.reference_image, ref_id, namespace=namespace))
+    return Response(data, media_type=media_type, headers={"Cache-Control": "private, max-age=60"})
 
 
 @router.delete("/v1/references/{ref_id}", responses=_ERRORS)

@@ -1,0 +1,75 @@
+"""What front ends that speak a model's own text need: tokens, the chat template as text, raw prompts.
+
+llama-server's native endpoints (``/tokenize``, ``/detokenize``, ``/apply-template``,
+``/completion``) work on this level. :class:`TextAccess` is part of every
+:class:`~refsight.backends.base.Backend`; its defaults say "not supported" (an
+:class:`~refsight.errors.InvalidInputError` naming the input), and backends with a
+tokenizer and a known template (transformers, llama.cpp) implement it.
+
+A **raw prompt** (``GenerationRequest.raw_prompt``) is the whole prompt as the model
+reads it: no chat template is added, special tokens the text spells (``<|im_start|>``)
+are parsed as such, and each image stands where the caller put it. Only the text that
+stands for an image itself (:attr:`TextAccess.media_tokens`) is refused in it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from ..errors import InvalidInputError
+
+__all__ = ["TextAccess", "MEDIA_MARKER"]
+
+#: Where an image goes in a prompt's text (mtmd's default marker, as llama-server uses it).
+MEDIA_MARKER = "<__media__>"
+
+
+class TextAccess:
+    """Tokens and template text of a model; the defaults refuse, naming what is missing."""
+
+    #: Serves ``GenerationRequest.raw_prompt`` (no chat template added).
+    supports_raw_prompt: ClassVar[bool] = False
+    #: Text that stands for an image in the model's vocabulary: refused in any text, raw prompts included.
+    media_tokens: ClassVar[tuple[str, ...]] = ()
+    name: str
+
+    @property
+    def media_marker(self) -> str:
+        """The text that marks an image in a raw prompt or a rendered template."""
+        return MEDIA_MARKER
+
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        """``text``'s token ids (``add_special``: the BOS the model wants; ``parse_special``: special tokens as such)."""
+        raise InvalidInputError("tokenize", f"{self.name} does not expose its tokenizer")
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """The text of ``tokens`` (special tokens included)."""
+        raise InvalidInputError("detokenize", f"{self.name} does not expose its tokenizer")
+
+    def token_piece(self, token: int) -> bytes:
+        """The bytes of one token (special tokens included)."""
+        raise InvalidInputError("detokenize", f"{self.name} does not expose its tokenizer")
+
+    def template_text(self, texts: Sequence[str], turns: list[tuple[str, int]] | None = None) -> str:
+        """The chat template around ``texts`` (``turns`` as in a request), images already written as the marker."""
+        raise InvalidInputError("messages", f"{self.name} does not expose its chat template as text")
+
+    def chat_template_source(self) -> str | None:
+        """The chat template's own source (Jinja), where the model carries one; None otherwise."""
+        return None
+
+    def check_raw_text(self, text: str, where: str) -> None:
+        """Refuse raw-prompt text that holds an image's own tokens (they would shift the images)."""
+        for token in self.media_tokens:
+            if token in text:
+                raise InvalidInputError(where, f"text may not contain the image token {token}")
+
+    def check_token_ids(self, tokens: Sequence[int], vocab_size: int) -> list[int]:
+        """``tokens`` as ints, each a token of the vocabulary; else an error naming the first bad one."""
+        out = []
+        for i, token in enumerate(tokens):
+            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size:
+                raise InvalidInputError(f"tokens[{i}]", f"must be a token id from 0 to {vocab_size - 1}, not {token!r}")
+            out.append(token)
+        return out

@@ -1,0 +1,91 @@
+"""What the raw-prompt routes share (llama-server's ``/completion``, OpenAI's ``/v1/completions``).
+
+A raw prompt is the whole prompt as the model reads it (no chat template added:
+:mod:`refsight.backends.text_access`). Images go where the prompt has the media marker
+(``GET /props`` says which), one ``multimodal_data`` item each, in order: base64 bytes
+(or a ``data:`` URL), or a stored reference by ``refsight://ref/<id>`` or by this
+server's ``/v1/references/<id>/image`` URL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .bodies import decode_image_field
+from .errors import ApiError
+from .openai_parts import ContentPart, ImageURL, PartResolver
+from .prompt_limit import check_prompt_chars, check_prompt_tokens
+
+__all__ = ["RawPrompt", "raw_prompt", "check_raw_prompt", "stop_type", "timings"]
+
+
+@dataclass
+class RawPrompt:
+    """A raw prompt split at its media markers: texts and media items alternate (``len(texts) == len(media) + 1``)."""
+
+    texts: list[str]
+    media: list[str]
+    field: str
+
+    def segments(self, resolver: PartResolver) -> list[Any]:
+        """The engine's segments: each text, each media item resolved (decoded bytes or a reference)."""
+        out: list[Any] = [self.texts[0]] if self.texts[0] else []
+        for i, (item, text) in enumerate(zip(self.media, self.texts[1:])):
+            out.append(_media_segment(item, f"multimodal_data[{i}]", resolver))
+            if text:
+                out.append(text)
+        return out or [""]
+
+
+def raw_prompt(prompt: str, media: list[str] | None, marker: str, field: str = "prompt") -> RawPrompt:
+    """``prompt`` split at ``marker``; 400 when the markers and ``media`` disagree in number."""
+    media = list(media or [])
+    texts = prompt.split(marker)
+    if len(texts) - 1 != len(media):
+        raise ApiError(
+            400, "invalid_input",
+            f"multimodal_data: {len(media)} item(s) for {len(texts) - 1} media marker(s) {marker} in the {field}",
+            param="multimodal_data",
+        )
+    return RawPrompt(texts, media, field)
+
+
+def _media_segment(item: str, where: str, resolver: PartResolver) -> Any:
+    if item.startswith(("refsight://", "http://", "https://")):
+        return resolver.image(ContentPart(type="image_url", image_url=ImageURL(url=item)), where)
+    return resolver.decode(decode_image_field(item, where), where)
+
+
+async def check_raw_prompt(prompt: RawPrompt, pool: Any, limit: int, backend: Any) -> None:
+    """The prompt-token limit, before any model work: characters here, tokens in the shared thread pool."""
+    check_prompt_chars(prompt.texts, limit, prompt.field)
+    await pool.run_light(check_prompt_tokens, prompt.texts, limit, backend.count_text_tokens, prompt.field)
+
+
+def stop_type(result: dict[str, Any], stop: tuple[str, ...], backend: Any) -> tuple[str, str]:
+    """llama-server's ``stop_type`` and ``stopping_word``: ``limit``, ``word`` (a stop string) or ``eos``."""
+    if result["finish_reason"] == "length":
+        return "limit", ""
+    if stop:
+        text = backend.detokenize(result["tokens"])
+        for word in stop:
+            if word in text:
+                return "word", word
+    return "eos", ""
+
+
+def timings(result: dict[str, Any]) -> dict[str, Any]:
+    """llama-server's ``timings`` from refsight's (milliseconds; the prompt's share is encode + reference load)."""
+    ms = result["timings_ms"]
+    predicted = len(result["tokens"])
+    prompt_ms = ms.get("encode", 0.0) + ms.get("reference_load", 0.0)
+    predicted_ms = max(ms.get("generate", ms.get("total", 0.0)), 0.0)
+    return {
+        "prompt_n": result["prompt_tokens"],
+        "prompt_ms": round(prompt_ms, 3),
+        "predicted_n": predicted,
+        "predicted_ms": round(predicted_ms, 3),
+        "predicted_per_second": round(predicted / predicted_ms * 1000, 3) if predicted_ms > 0 else None,
+        "cache_n": result.get("prefix_tokens_reused", 0),
+    }

@@ -1,0 +1,179 @@
+"""The generation fields every text route shares (OpenAI chat and completions, llama-server's ``/completion``).
+
+One rule for all of them: a field is **honoured** (it changes the answer exactly as its
+runtime documents), **accepted as a hint** (it cannot change the answer: ``cache_prompt``,
+``id_slot`` ...), **accepted at its no-op value** (``ignore_eos: false``, ``n_probs: 0`` ...;
+any other value is a 400 naming it), or **refused** with a 400 naming it. Nothing is
+silently ignored. The names are OpenAI's, vLLM's and llama-server's: ``n_predict`` is
+``max_tokens``; ``repeat_penalty`` is ``repetition_penalty``; vLLM's ``top_k: -1`` is
+``top_k: 0`` (no limit); llama-server's top-level ``json_schema`` is a ``response_format``
+JSON schema.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .. import InvalidInputError, Sampling
+from .errors import ApiError
+
+__all__ = [
+    "GenerationBody", "ResponseFormat", "HINT_FIELDS", "NO_OP_VALUES", "REFUSED_FIELDS", "DEFAULT_MAX_TOKENS",
+    "check_schema",
+]
+
+#: ``max_tokens`` when a request names none (OpenAI's chat default is "the rest of the context").
+DEFAULT_MAX_TOKENS = 128
+#: Fields accepted whatever their value: they cannot change the answer.
+HINT_FIELDS = frozenset({"user", "cache_prompt", "id_slot", "return_tokens", "timings_per_token"})
+#: Fields accepted at the value that changes nothing (their default in llama-server or vLLM); any other is a 400.
+NO_OP_VALUES: dict[str, Any] = {
+    "n_probs": 0, "ignore_eos": False, "min_tokens": 0, "skip_special_tokens": True,
+    "include_stop_str_in_output": False, "spaces_between_special_tokens": True, "echo": False,
+    "add_generation_prompt": True, "continue_final_message": False, "typical_p": 1.0, "tfs_z": 1.0,
+    "mirostat": 0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "n_keep": 0, "logit_bias": {},
+    "best_of": 1, "suffix": None, "tools": [], "tool_choice": "none", "parallel_tool_calls": False,
+    "repeat_last_n": -1,  # the whole context: what repetition_penalty counts here
+    "t_max_predict_ms": 0,
+}
+#: Fields refused by name with the reason (what is not supported, and what to send instead).
+REFUSED_FIELDS: dict[str, str] = {
+    "grammar": "GBNF grammars are not supported; send json_schema (or response_format) instead",
+    "lora": "LoRA adapters are not supported",
+}
+
+
+def _no_op(expected: Any, value: Any) -> bool:
+    """Whether ``value`` is the no-op ``expected`` (None: not set; an empty list or object: either empty)."""
+    if value is None or value == expected:
+        return True
+    return expected in ({}, []) and value in ({}, [])
+
+
+class JSONSchemaFormat(BaseModel):
+    """The ``json_schema`` member of ``response_format``."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """``{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}`` (llama-server: ``json_object`` with ``schema``)."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+
+
+class GenerationBody(BaseModel):
+    """Sampling, the token bound and the JSON constraint, in every spelling the clients send."""
+
+    model_config = ConfigDict(extra="allow")
+    max_tokens: int | None = Field(None, ge=1)
+    n_predict: int | None = Field(None, ge=-1, description="llama-server's max_tokens (-1: up to the server's limit)")
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1, description="keep the k most likely tokens (0 or -1: no limit)")
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0, le=2)
+    repeat_penalty: float | None = Field(None, gt=0, le=2, description="llama.cpp's name of repetition_penalty")
+    seed: int | None = Field(None, ge=-1, lt=2**63, description="-1 (llama-server): a fresh seed")
+    stop: str | list[str] | None = None
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    response_format: ResponseFormat | None = None
+    json_schema: dict[str, Any] | None = Field(None, description="llama-server: constrain the answer to this schema")
+
+    def check_fields(self) -> None:
+        """400 naming the first field that is refused, or set away from its no-op value, or unknown."""
+        for name, value in sorted((self.model_extra or {}).items()):
+            if name in HINT_FIELDS:
+                continue
+            if name in REFUSED_FIELDS:
+                raise ApiError(400, "unsupported", f"{name}: {REFUSED_FIELDS[name]}", param=name)
+            if name in NO_OP_VALUES:
+                if not _no_op(NO_OP_VALUES[name], value):
+                    raise ApiError(
+                        400, "unsupported", f"{name}: only {NO_OP_VALUES[name]!r} (no effect) is supported", param=name
+                    )
+                continue
+            raise ApiError(400, "unsupported", f"{name}: this field is not supported by refsight", param=name)
+        if self.repetition_penalty is not None and self.repeat_penalty is not None and (
+            self.repetition_penalty != self.repeat_penalty
+        ):
+            raise ApiError(
+                400, "invalid_input", "repeat_penalty: differs from repetition_penalty; give one", param="repeat_penalty"
+            )
+
+    def token_limit(self, limit: int, given: int | None = None, name: str = "max_tokens") -> int:
+        """The answer's token bound: ``given`` (or ``max_tokens``), else ``n_predict``, else the default."""
+        given = self.max_tokens if given is None else given
+        if given is not None and self.n_predict is not None and self.n_predict != given:
+            raise ApiError(400, "invalid_input", f"n_predict: differs from {name}; give one", param="n_predict")
+        if self.n_predict == 0:
+            raise ApiError(400, "unsupported", "n_predict: 0 (evaluate the prompt only) is not supported", param="n_predict")
+        wanted = given or (limit if self.n_predict == -1 else self.n_predict) or DEFAULT_MAX_TOKENS
+        if wanted > limit:
+            param = name if given is not None else "n_predict"
+            raise ApiError(400, "invalid_input", f"{param}: {wanted} is over the limit of {limit}", param=param)
+        return wanted
+
+    def sampling(self) -> Sampling:
+        """The request's :class:`Sampling` (greedy unless it says otherwise); 400 naming a bad value."""
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stop) > 4 or any(not s for s in stop):
+            raise ApiError(400, "invalid_input", "stop: give at most 4 non-empty strings", param="stop")
+        penalty = self.repetition_penalty if self.repetition_penalty is not None else self.repeat_penalty
+        try:
+            return Sampling(
+                temperature=self.temperature or 0.0,
+                top_p=1.0 if self.top_p is None else self.top_p,
+                seed=None if self.seed in (None, -1) else self.seed,
+                stop=tuple(stop),
+                frequency_penalty=self.frequency_penalty or 0.0,
+                presence_penalty=self.presence_penalty or 0.0,
+                top_k=max(self.top_k or 0, 0),
+                min_p=self.min_p or 0.0,
+                repetition_penalty=1.0 if penalty is None else penalty,
+            )
+        except InvalidInputError as e:
+            raise ApiError(400, "invalid_input", str(e), param=str(e.input)) from None
+
+    def schema(self) -> dict[str, Any] | None:
+        """The JSON schema the answer must follow (``response_format`` or ``json_schema``), checked; None: free text."""
+        fmt = self.response_format
+        if self.json_schema is not None:
+            if fmt is not None and fmt.type != "text":
+                raise ApiError(400, "invalid_input", "json_schema: give it or response_format, not both", param="json_schema")
+            return check_schema(self.json_schema, "json_schema")
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return {"type": "object"} if fmt.schema_ is None else check_schema(fmt.schema_, "response_format.schema")
+        if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+            raise ApiError(
+                400, "invalid_input", "response_format.json_schema.schema: a json_schema format needs a schema",
+                param="response_format",
+            )
+        return check_schema(fmt.json_schema.schema_, "response_format.json_schema.schema")
+
+
+def check_schema(schema: dict[str, Any], where: str) -> dict[str, Any]:
+    """``schema`` when it is a valid JSON Schema (checked against its meta-schema), else a 400 naming the problem."""
+    from jsonschema import SchemaError
+    from jsonschema.validators import validator_for
+
+    try:
+        validator_for(schema).check_schema(schema)
+    except SchemaError as e:
+        path = "/".join(str(p) for p in e.absolute_path) or "(root)"
+        param = "json_schema" if where == "json_schema" else "response_format"
+        raise ApiError(
+            400, "invalid_input", f"{where}: not a valid JSON Schema at {path}: {e.message[:300]}", param=param
+        ) from None
+    return schema

@@ -1,0 +1,90 @@
+"""vLLM's multimodal ``uuid``: the client's own cache key for an image it sends, per tenant.
+
+In vLLM a content part with a payload and a ``uuid`` is that payload, remembered under the
+uuid; a part with ``image_url: null`` and a ``uuid`` asks for what was sent before under it.
+:class:`MediaUuids` keeps exactly that, scoped by the caller's namespace, so one tenant's
+uuid never names another tenant's image. An entry is the decoded image itself, so it is
+bound to its content: the same uuid sent with other pixels replaces the entry, and the
+answer is always about the pixels of this request (the features come from the package
+cache by pixel hash, never by uuid). Each use says which case it was (:data:`OUTCOMES`),
+so a reply can tell the client.
+
+The memory is bounded in bytes (decoded pixels plus the sent bytes), least recently used
+first out; an evicted or never-sent uuid is a miss that the caller turns into a 400.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from .. import ImageInput
+
+__all__ = ["MediaUuids", "UuidUse", "OUTCOMES", "MAX_UUID_CHARS"]
+
+#: What a uuid did in a request: a new entry, the same pixels again, other pixels than
+#: before (the entry now holds these), a lookup served from the entry, or pixels answered
+#: but not kept (larger than the whole memory: a later lookup misses).
+OUTCOMES = ("stored", "unchanged", "replaced", "looked_up", "not_kept")
+#: The longest uuid accepted (vLLM's are hashes or client ids; this bounds the memory a key costs).
+MAX_UUID_CHARS = 256
+
+
+@dataclass(frozen=True)
+class UuidUse:
+    """One use of a uuid in a request: the uuid and its outcome (one of :data:`OUTCOMES`)."""
+
+    uuid: str
+    outcome: str
+
+    def to_dict(self) -> dict[str, str]:
+        """``{"uuid": ..., "outcome": ...}``, as the reply shows it."""
+        return {"uuid": self.uuid, "outcome": self.outcome}
+
+
+def _cost(image: ImageInput) -> int:
+    width, height = image.image.size
+    return width * height * 3 + len(image.source_bytes)
+
+
+class MediaUuids:
+    """Images by (namespace, uuid), LRU-bounded by ``max_bytes``; thread-safe."""
+
+    def __init__(self, max_bytes: int = 256 * 1024 * 1024) -> None:
+        self.max_bytes = int(max_bytes)
+        self._entries: OrderedDict[tuple[str, str], ImageInput] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def remember(self, namespace: str, uuid: str, image: ImageInput) -> UuidUse:
+        """Keep ``image`` under ``uuid`` for ``namespace``; whether it was new, the same, or replaced."""
+        key = (namespace, uuid)
+        with self._lock:
+            before = self._entries.pop(key, None)
+            if before is not None:
+                self._bytes -= _cost(before)
+            if _cost(image) > self.max_bytes:
+                return UuidUse(uuid, "not_kept")
+            outcome = "stored" if before is None else "unchanged" if before.sha256 == image.sha256 else "replaced"
+            self._entries[key] = image
+            self._bytes += _cost(image)
+            self._evict()
+        return UuidUse(uuid, outcome)
+
+    def lookup(self, namespace: str, uuid: str) -> ImageInput | None:
+        """The image sent under ``uuid`` by ``namespace``, or None (never sent, or evicted)."""
+        with self._lock:
+            image = self._entries.get((namespace, uuid))
+            if image is not None:
+                self._entries.move_to_end((namespace, uuid))
+            return image
+
+    def _evict(self) -> None:
+        while self._bytes > self.max_bytes and self._entries:
+            _, image = self._entries.popitem(last=False)
+            self._bytes -= _cost(image)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)

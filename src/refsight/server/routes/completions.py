@@ -1,0 +1,111 @@
+"""``POST /v1/completions``: OpenAI's (legacy) text completion, as the openai SDK's ``completions.create`` sends it.
+
+The prompt is raw text (no chat template added), one prompt per request; the generation
+fields are the chat endpoint's (:mod:`..generation_body`: OpenAI's, vLLM's and
+llama-server's names). ``stream: true`` answers with ``text_completion`` chunks, then
+``data: [DONE]``. Images are not taken here (use ``/v1/chat/completions`` or llama-server's
+``/completion``): a prompt holding the media marker is a 400.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid as uuidlib
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter
+from pydantic import Field
+
+from ..completion_parts import check_raw_prompt, raw_prompt
+from ..deps import ConfigDep, PoolDep, ServiceDep, Tenant
+from ..errors import ERROR_RESPONSES, ApiError
+from ..generation_body import GenerationBody
+from ..openai_compat import RANDOM_WEIGHTS_NOTICE, StreamOptions, check_generation
+from ..streaming import SSE_DONE, EventStreamResponse, Finished, sse_event, open_stream, stream_error
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["openai"])
+
+
+class CompletionsBody(GenerationBody):
+    """OpenAI's completions request (one prompt)."""
+
+    model: str | None = None
+    prompt: str | list[str] = Field(description="the raw prompt (a list of one string is accepted too)")
+    n: int | None = Field(None, ge=1)
+    logprobs: int | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+
+    def text(self) -> str:
+        """The one prompt; 400 for several (one completion per request)."""
+        if isinstance(self.prompt, str):
+            return self.prompt
+        if len(self.prompt) != 1:
+            raise ApiError(400, "unsupported", "prompt: give one prompt per request", param="prompt")
+        return self.prompt[0]
+
+
+@router.post("/v1/completions", responses={k: ERROR_RESPONSES[k] for k in (400, 404)})
+async def completions(body: CompletionsBody, namespace: Tenant, service: ServiceDep, pool: PoolDep, config: ConfigDep) -> Any:
+    """A text completion of the raw prompt (OpenAI's ``text_completion`` shape)."""
+    if body.n not in (None, 1):
+        raise ApiError(400, "unsupported", "n: only one choice (n=1) is supported", param="n")
+    if body.logprobs:
+        raise ApiError(400, "unsupported", "logprobs: log probabilities are not returned", param="logprobs")
+    max_new_tokens, sampling = check_generation(body, service, None, config.max_new_tokens)
+    schema = body.schema()
+    backend = service.engine.backend()
+    prompt = raw_prompt(body.text(), [], backend.media_marker)
+    await check_raw_prompt(prompt, pool, config.max_prompt_tokens, backend)
+    completion_id, created = f"cmpl-{uuidlib.uuid4().hex}", int(time.time())
+
+    def work(on_text=None, stop_event=None) -> dict[str, Any]:
+        return service.chat(
+            [prompt.texts[0]], namespace=namespace, max_new_tokens=max_new_tokens, json_schema=schema,
+            sampling=sampling, on_text=on_text, stop_event=stop_event, raw_prompt=True,
+        )
+
+    def choice(text: str, finish: str | None) -> dict[str, Any]:
+        data = {"id": completion_id, "object": "text_completion", "created": created, "model": service.served_model,
+                "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+        return data
+
+    if not body.stream:
+        result = await pool.run(work)
+        return {**choice(result["text"], _finish(result)), "usage": _usage(result), "refsight": _extra(result)}
+    first, source, stop = await open_stream(pool, work)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return EventStreamResponse(_chunks(first, source, choice, include_usage), stop)
+
+
+async def _chunks(first: Any, source: AsyncIterator[Any], choice: Any, include_usage: bool) -> AsyncIterator[bytes]:
+    item = first
+    try:
+        while not isinstance(item, Finished):
+            yield sse_event(choice(item, None))
+            item = await source.__anext__()
+    except Exception as e:  # noqa: BLE001 -- after the headers an error can only be an event
+        yield sse_event({"error": stream_error(e)})
+        return
+    result = item.result
+    yield sse_event({**choice("", _finish(result)), "refsight": _extra(result)})
+    if include_usage:
+        yield sse_event({**choice("", None), "choices": [], "usage": _usage(result)})
+    yield SSE_DONE
+
+
+def _finish(result: dict[str, Any]) -> str:
+    return "length" if result["finish_reason"] == "length" else "stop"
+
+
+def _usage(result: dict[str, Any]) -> dict[str, int]:
+    completion = len(result["tokens"])
+    return {"prompt_tokens": result["prompt_tokens"], "completion_tokens": completion,
+            "total_tokens": result["prompt_tokens"] + completion}
+
+
+def _extra(result: dict[str, Any]) -> dict[str, Any]:
+    extra = {"random_weights": result["random_weights"], "timings_ms": result["timings_ms"]}
+    return {**extra, "notice": RANDOM_WEIGHTS_NOTICE} if result["random_weights"] else extra

@@ -1,0 +1,235 @@
+"""llama-server's own endpoints, in llama-server's shapes, so its clients work unchanged.
+
+``GET /health`` (and ``/v1/health``; no key: 503 ``Loading model`` until the model is
+loaded, then ``{"status": "ok"}``), ``GET /props`` (the model, its context size, the
+modalities and the media marker ``/completion`` prompts use), ``GET /slots`` (one per
+model worker), ``POST /tokenize``,
+``/detokenize``, ``/apply-template`` (the served model's own tokenizer and chat
+template) and ``POST /completion``: a raw prompt (no chat template added) with a media
+marker per image and the images in ``multimodal_data`` (base64, or a stored reference:
+:mod:`..completion_parts`), the sampling fields of :mod:`..generation_body`, ``stream``.
+Every field is honoured, accepted as a no-op, or refused with a 400 naming it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from ... import __version__
+from ..completion_parts import RawPrompt, check_raw_prompt, raw_prompt, stop_type, timings
+from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Tenant
+from ..errors import ERROR_RESPONSES, ApiError
+from ..generation_body import GenerationBody
+from ..openai_compat import check_generation
+from ..openai_parts import Message, PartResolver, own_origins, template_segments
+from ..prompt_limit import check_prompt_chars
+from ..streaming import EventStreamResponse, Finished, sse_event, open_stream, stream_error
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["llama-server"])
+_ERRORS = {k: ERROR_RESPONSES[k] for k in (400, 404)}
+#: Most token ids one /detokenize request may carry.
+MAX_DETOKENIZE = 1 << 16
+
+
+@router.get("/health", responses={503: ERROR_RESPONSES[503]})
+@router.get("/v1/health", responses={503: ERROR_RESPONSES[503]})
+async def health(service: ServiceDep) -> Any:
+    """llama-server's readiness check (no key): 503 while the model loads, then 200 ``{"status": "ok"}``."""
+    if service.engine is None:
+        body = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
+        return JSONResponse(body, status_code=503)
+    return {"status": "ok"}
+
+
+@router.get("/props")
+async def props(namespace: Tenant, service: ServiceDep, config: ConfigDep) -> dict[str, Any]:
+    """The server's properties as llama-server reports them (read-only)."""
+    backend = service.engine.backend()
+    n_ctx = service.context_size
+    return {
+        "default_generation_settings": {
+            "id": 0, "n_ctx": n_ctx, "is_processing": False,
+            "params": {**_settings(GenerationBody().sampling(), config.max_new_tokens, n_ctx), "n_predict": -1},
+        },
+        "total_slots": config.workers,
+        "model_alias": service.served_model,
+        "model_path": service.model,
+        "modalities": {"vision": True, "audio": False},
+        "media_marker": backend.media_marker,
+        "chat_template": backend.chat_template_source(),
+        "build_info": f"refsight {__version__}",
+        "is_sleeping": False,
+        "refsight": {"random_weights": service.random_weights, "raw_prompt": backend.supports_raw_prompt},
+    }
+
+
+@router.get("/slots")
+async def slots(namespace: Tenant, service: ServiceDep, pool: PoolDep, config: ConfigDep) -> list[dict[str, Any]]:
+    """One slot per model worker (``--workers``, llama-server's ``--parallel``), busy ones first; no per-slot state."""
+    params = _settings(GenerationBody().sampling(), config.max_new_tokens, service.context_size)
+    busy = min(pool.pending, config.workers)
+    return [
+        {"id": i, "id_task": -1, "n_ctx": service.context_size, "speculative": False, "is_processing": i < busy,
+         "params": params}
+        for i in range(config.workers)
+    ]
+
+
+class TokenizeBody(BaseModel):
+    """``POST /tokenize``."""
+
+    model_config = ConfigDict(extra="forbid")
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+@router.post("/tokenize", responses=_ERRORS)
+async def tokenize(body: TokenizeBody, namespace: Tenant, service: ServiceDep, pool: PoolDep, config: ConfigDep) -> Any:
+    """The served model's own tokens of ``content`` (with ``with_pieces``: each token's text, or its bytes)."""
+    check_prompt_chars([body.content], config.max_prompt_tokens, "content")
+    backend = service.engine.backend()
+
+    def work() -> dict[str, Any]:
+        ids = backend.tokenize(body.content, add_special=body.add_special, parse_special=body.parse_special)
+        if not body.with_pieces:
+            return {"tokens": ids}
+        return {"tokens": [{"id": t, "piece": _piece(backend.token_piece(t))} for t in ids]}
+
+    return await pool.run_light(work)
+
+
+def _piece(data: bytes) -> str | list[int]:
+    """llama-server's ``piece``: the text when it is valid UTF-8, else the list of bytes."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(data)
+
+
+class DetokenizeBody(BaseModel):
+    """``POST /detokenize``."""
+
+    model_config = ConfigDict(extra="forbid")
+    tokens: list[int] = Field(default_factory=list, max_length=MAX_DETOKENIZE)
+
+
+@router.post("/detokenize", responses=_ERRORS)
+async def detokenize(body: DetokenizeBody, namespace: Tenant, service: ServiceDep, pool: PoolDep) -> dict[str, str]:
+    """The text of ``tokens`` in the served model's vocabulary."""
+    backend = service.engine.backend()
+    return {"content": await pool.run_light(backend.detokenize, body.tokens)}
+
+
+class ApplyTemplateBody(BaseModel):
+    """``POST /apply-template``: chat messages as ``/v1/chat/completions`` takes them."""
+
+    model_config = ConfigDict(extra="forbid")
+    messages: list[Message] = Field(min_length=1, max_length=256)
+
+
+@router.post("/apply-template", responses=_ERRORS)
+async def apply_template(
+    body: ApplyTemplateBody, namespace: Tenant, service: ServiceDep, pool: PoolDep, config: ConfigDep
+) -> dict[str, str]:
+    """The served model's chat template around ``messages``, images as the media marker (for ``/completion``)."""
+    backend = service.engine.backend()
+    texts, turns = template_segments(body.messages, backend.media_marker)
+    check_prompt_chars(texts, config.max_prompt_tokens)
+    return {"prompt": await pool.run_light(backend.template_text, texts, turns)}
+
+
+class PromptObject(BaseModel):
+    """llama-server's JSON prompt: ``{"prompt_string": ..., "multimodal_data": [base64, ...]}``."""
+
+    model_config = ConfigDict(extra="forbid")
+    prompt_string: str
+    multimodal_data: list[str] | None = Field(None, max_length=64)
+
+
+class CompletionBody(GenerationBody):
+    """``POST /completion``: a raw prompt, its images, and the generation fields."""
+
+    prompt: str | PromptObject | list[Any]
+    multimodal_data: list[str] | None = Field(None, max_length=64, description="base64 images, one per media marker")
+    stream: bool | None = None
+    model: str | None = None
+
+    def raw(self, marker: str) -> RawPrompt:
+        """The prompt split at the media markers, with its images."""
+        if isinstance(self.prompt, list):
+            raise ApiError(400, "unsupported", "prompt: give one string (or one prompt object); arrays of prompts or "
+                           "of token ids are not supported", param="prompt")
+        if isinstance(self.prompt, PromptObject):
+            if self.multimodal_data is not None:
+                raise ApiError(400, "invalid_input", "multimodal_data: give it inside the prompt object or beside it, not both",
+                               param="multimodal_data")
+            return raw_prompt(self.prompt.prompt_string, self.prompt.multimodal_data, marker, "prompt.prompt_string")
+        return raw_prompt(self.prompt, self.multimodal_data, marker)
+
+
+@router.post("/completion", responses=_ERRORS)
+async def completion(
+    request: Request, body: CompletionBody, namespace: Tenant, service: ServiceDep, pool: PoolDep, config: ConfigDep,
+    uuids: MediaUuidsDep,
+) -> Any:
+    """llama-server's native completion: the prompt as given (no chat template), images at its media markers."""
+    max_new_tokens, sampling = check_generation(body, service, None, config.max_new_tokens)
+    schema = body.schema()
+    backend = service.engine.backend()
+    prompt = body.raw(backend.media_marker)
+    await check_raw_prompt(prompt, pool, config.max_prompt_tokens, backend)
+    resolver = PartResolver(service.decode, namespace, uuids, own_origins(request.headers.get("host"), config.host, config.port))
+
+    def work(on_text=None, stop_event=None) -> dict[str, Any]:
+        return service.chat(
+            prompt.segments(resolver), namespace=namespace, max_new_tokens=max_new_tokens, json_schema=schema,
+            sampling=sampling, on_text=on_text, stop_event=stop_event, raw_prompt=True,
+        )
+
+    def final(result: dict[str, Any]) -> dict[str, Any]:
+        kind, word = stop_type(result, sampling.stop, backend)
+        return {
+            "index": 0, "content": result["text"], "tokens": result["tokens"] if body.model_extra.get("return_tokens") else [],
+            "id_slot": 0, "stop": True, "model": service.served_model, "tokens_predicted": len(result["tokens"]),
+            "tokens_evaluated": result["prompt_tokens"], "tokens_cached": result["prefix_tokens_reused"],
+            "generation_settings": {**_settings(sampling, max_new_tokens, service.context_size), "model": service.served_model},
+            "prompt": backend.media_marker.join(prompt.texts), "has_new_line": "\n" in result["text"], "truncated": False,
+            "stop_type": kind, "stopping_word": word, "timings": timings(result),
+            "refsight": {"random_weights": result["random_weights"], "references_cached": result["references_cached"]},
+        }
+
+    if not body.stream:
+        return final(await pool.run(work))
+    first, source, stop = await open_stream(pool, work)
+    return EventStreamResponse(_events(first, source, final), stop)
+
+
+async def _events(first: Any, source: AsyncIterator[Any], final: Any) -> AsyncIterator[bytes]:
+    """llama-server's stream: one event per piece (``stop: false``), then the final object (``stop: true``)."""
+    item = first
+    try:
+        while not isinstance(item, Finished):
+            yield sse_event({"index": 0, "content": item, "tokens": [], "stop": False, "id_slot": 0})
+            item = await source.__anext__()
+    except Exception as e:  # noqa: BLE001 -- after the headers an error can only be an event
+        yield sse_event({"error": stream_error(e)})
+        return
+    yield sse_event({**final(item.result), "content": ""})
+
+
+def _settings(sampling: Any, n_predict: int, n_ctx: int | None) -> dict[str, Any]:
+    """llama-server's ``generation_settings`` of a request (refsight's defaults: greedy, no penalties)."""
+    return {
+        "n_ctx": n_ctx, "n_predict": n_predict, "temperature": sampling.temperature, "top_k": sampling.top_k,
+        "top_p": sampling.top_p, "min_p": sampling.min_p, "repeat_penalty": sampling.repetition_penalty,
+        "presence_penalty": sampling.presence_penalty, "frequency_penalty": sampling.frequency_penalty,
+        "seed": -1 if sampling.seed is None else sampling.seed, "stop": list(sampling.stop),
+    }

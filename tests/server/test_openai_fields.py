@@ -1,0 +1,98 @@
+"""The fields llama.cpp and vLLM clients send, over a real socket with the openai SDK and raw HTTP:
+``model`` optional, ``models.retrieve``, sampling fields honoured or refused by name, pure hints accepted."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from runtimes import require_module
+
+from live_server import LiveServer, assert_error
+from refsight.server import ServerConfig, create_app
+from refsight.server.generation_body import DEFAULT_MAX_TOKENS, NO_OP_VALUES, REFUSED_FIELDS
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+def sdk(live: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{live.url}/v1", api_key="none", max_retries=0, timeout=300)
+
+
+@pytest.fixture
+def toy(make_server) -> LiveServer:
+    return make_server(served_model_names=("gpt-4o-mini", "toy-alias"))
+
+
+def test_model_is_optional_and_retrievable_by_each_of_its_names(toy):
+    with toy.client() as c:
+        reply = c.post("/v1/chat/completions", json={"messages": HI})
+        assert reply.status_code == 200 and reply.json()["model"] == "gpt-4o-mini"
+        for name in ("toy", "toy-alias", "gpt-4o-mini"):
+            assert c.post("/v1/chat/completions", json={"model": name, "messages": HI}).status_code == 200
+        assert_error(c.post("/v1/chat/completions", json={"model": "other", "messages": HI}), 404, "model_not_found")
+    client = sdk(toy)
+    assert client.models.retrieve("toy-alias").id == "gpt-4o-mini"
+    assert [m.id for m in client.models.list()] == ["gpt-4o-mini"]
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("llama-3")
+    assert info.value.body["code"] == "model_not_found"
+
+
+def test_hints_are_accepted_and_no_op_values_too_but_nothing_else(toy):
+    with toy.client() as c:
+        def chat(**fields):
+            return c.post("/v1/chat/completions", json={"messages": HI, **fields})
+
+        hints = {"cache_prompt": True, "id_slot": 2, "user": "me", "chat_template_kwargs": {"enable_thinking": False},
+                 "top_k": -1, "seed": -1}
+        assert chat(**hints).status_code == 200
+        assert chat(**NO_OP_VALUES).status_code == 200
+        assert chat(logit_bias=[]).status_code == 200  # llama-server's empty list is no bias either
+        assert_error(chat(ignore_eos=True), 400, "unsupported")["param"] == "ignore_eos"
+        assert "no effect" in assert_error(chat(n_probs=3), 400, "unsupported")["message"]
+        for name in REFUSED_FIELDS:
+            error = assert_error(chat(**{name: "root ::= x"}), 400, "unsupported")
+            assert error["param"] == name and error["message"].startswith(f"{name}: ")
+        assert assert_error(chat(made_up=1), 400, "unsupported")["param"] == "made_up"
+        # The toy echo honours no sampling field: each is refused by name, never ignored.
+        for name, value in (("top_k", 5), ("min_p", 0.1), ("repeat_penalty", 1.1), ("repetition_penalty", 1.2)):
+            error = assert_error(chat(**{name: value}), 400, "unsupported")
+            assert error["param"] in (name, "repetition_penalty")
+        assert_error(chat(repeat_penalty=1.1, repetition_penalty=1.2), 400, "invalid_input")
+        assert_error(chat(n_predict=0), 400, "unsupported")
+        assert_error(chat(n_predict=5, max_tokens=6), 400, "invalid_input")
+        assert chat(n_predict=5, max_tokens=5).status_code == 200
+        assert assert_error(chat(n_predict=5000), 400, "invalid_input")["param"] == "n_predict"
+        assert_error(chat(json_schema={"type": "object"}, response_format={"type": "json_object"}), 400, "invalid_input")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> LiveServer:
+    require_module("transformers")
+    live = LiveServer(create_app(ServerConfig(store=tmp_path_factory.mktemp("fields"), model="tiny-qwen2-vl", keys={}))).start()
+    yield live
+    live.stop()
+
+
+def test_a_real_model_honours_the_llama_cpp_and_vllm_sampling_fields(tiny):
+    client = sdk(tiny)
+
+    def ask(**extra):
+        return client.chat.completions.create(model="tiny-qwen2-vl", messages=HI, extra_body=extra, max_tokens=None)
+
+    default = ask()
+    assert default.usage.completion_tokens <= DEFAULT_MAX_TOKENS
+    by_n_predict = ask(n_predict=4)
+    assert by_n_predict.usage.completion_tokens <= 4
+    assert by_n_predict.choices[0].message.content == client.chat.completions.create(
+        model="tiny-qwen2-vl", messages=HI, max_tokens=4).choices[0].message.content
+    # top_k and min_p keep the most likely token: greedy answers do not change.
+    assert ask(n_predict=4, top_k=3, min_p=0.2).choices[0].message.content == by_n_predict.choices[0].message.content
+    sampled = [ask(n_predict=6, temperature=1.0, seed=7, top_k=5, min_p=0.05, repetition_penalty=1.3) for _ in range(2)]
+    assert sampled[0].choices[0].message.content == sampled[1].choices[0].message.content  # seeded: repeatable
+    assert ask(n_predict=4, repeat_penalty=1.5).usage.completion_tokens <= 4
+    # llama-server's json_schema constrains the answer as response_format does.
+    schema = {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"], "additionalProperties": False}
+    import json
+
+    assert set(json.loads(ask(n_predict=24, json_schema=schema).choices[0].message.content)) == {"a"}

@@ -1,0 +1,107 @@
+"""``refsight serve`` with the flags llama-server and ``vllm serve`` users type, as a real process on loopback:
+``MODEL`` / ``-m``, ``--api-key`` (and ``$REFSIGHT_API_KEY``), ``--served-model-name`` / ``--alias``,
+``-c`` / ``--ctx-size`` / ``--max-model-len``; a bad model or option is one line and exit 1, before any port is bound."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from hardening_helpers import cli_env, free_port
+from runtimes import require_module
+
+KEY = "serve-flags-key-0001"
+
+
+def _serve(store, *args: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    argv = [sys.executable, "-m", "refsight.cli", "--store", str(store), "serve", *args, "--port", str(port), "--workers", "1"]
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=cli_env(**(env or {})))
+    return process, f"http://127.0.0.1:{port}"
+
+
+def _wait(process: subprocess.Popen, url: str, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert process.poll() is None, process.stderr.read()
+        assert time.monotonic() < deadline, "refsight serve did not come up"
+        time.sleep(0.3)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    process.wait(timeout=30)
+
+
+@pytest.mark.parametrize("args", [("no-such-model",), ("toy", "-c", "512"), ("-m", "/nonexistent/model.gguf")])
+def test_a_bad_model_or_option_is_one_line_and_exit_1_before_the_port_is_bound(tmp_path, args):
+    process, url = _serve(tmp_path / "store", *args)
+    port = int(url.rsplit(":", 1)[1])
+    listening = False
+    while process.poll() is None:
+        with socket.socket() as s:
+            listening = listening or s.connect_ex(("127.0.0.1", port)) == 0
+        time.sleep(0.05)
+    stderr = process.stderr.read()
+    assert process.returncode == 1, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("refsight: error: ") and "Traceback" not in stderr, stderr
+    assert not listening
+
+
+def test_model_named_twice_is_a_usage_error(tmp_path):
+    process, _ = _serve(tmp_path / "store", "toy", "--model", "tiny-qwen2-vl")
+    assert process.wait(timeout=60) == 2 and "named twice" in process.stderr.read()
+
+
+def test_positional_model_api_key_and_alias(tmp_path):
+    process, url = _serve(tmp_path / "store", "toy", "--api-key", KEY, "--alias", "gpt-4o-mini")
+    try:
+        _wait(process, url)
+        assert httpx.get(f"{url}/v1/models").status_code == 401  # the key is required...
+        headers = {"Authorization": f"Bearer {KEY}"}
+        models = httpx.get(f"{url}/v1/models", headers=headers).json()
+        assert [m["id"] for m in models["data"]] == ["gpt-4o-mini"]
+        chat = httpx.post(f"{url}/v1/chat/completions", headers=headers, json={"messages": [{"role": "user", "content": "hi"}]})
+        assert chat.status_code == 200 and chat.json()["model"] == "gpt-4o-mini"
+        assert httpx.get(f"{url}/health").json() == {"status": "ok"}  # ...but not for /health, as in llama-server
+    finally:
+        _stop(process)
+    assert KEY not in process.stderr.read()
+
+
+def test_the_api_key_from_the_environment(tmp_path):
+    process, url = _serve(tmp_path / "store", "--served-model-name", "served", "--model", "toy",
+                          env={"REFSIGHT_API_KEY": KEY})
+    try:
+        _wait(process, url)
+        assert httpx.get(f"{url}/v1/models").status_code == 401
+        assert httpx.get(f"{url}/v1/models/served", headers={"X-API-Key": KEY}).json()["id"] == "served"
+    finally:
+        _stop(process)
+
+
+def test_a_gguf_file_by_m_with_mmproj_and_a_context_size(tmp_path, model_cache):
+    require_module("llama_cpp")
+    from refsight.backends.llamacpp.models import ensure_gguf
+
+    model, mmproj = ensure_gguf("tiny-qwen2-vl-gguf")
+    process, url = _serve(tmp_path / "store", "-m", str(model), "--mmproj", str(mmproj), "--ctx-size", "1024")
+    try:
+        _wait(process, url)
+        props = httpx.get(f"{url}/props").json()
+        assert props["default_generation_settings"]["n_ctx"] == 1024
+        assert props["model_path"] == f"llamacpp:{model}"
+        models = httpx.get(f"{url}/v1/models").json()["data"]
+        assert models[0]["max_model_len"] == 1024
+    finally:
+        _stop(process)
