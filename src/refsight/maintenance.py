@@ -144,6 +144,7 @@ class Maintenance:
             corrupt=int(counters.get("corrupt", 0)),
             prefix_corrupt=int(counters.get("prefix_corrupt", 0)),
             runtime_prefix_cache=_runtime_prefix_caches(backends),
+            vllm_encoder_cache=_vllm_encoder_cache(self.store.root),
         )
 
     def drift(self, context: RequestContext, *, sample: int, seed: int, threshold: float | None) -> DriftReport:
@@ -185,6 +186,13 @@ class Maintenance:
     def gc(self, **options: Any) -> dict[str, int]:
         """Remove what interrupted writes left (see :meth:`refsight.store.Store.gc`); counts by kind."""
         return self.store.gc(**options)
+
+
+def _vllm_encoder_cache(root: Any) -> dict[str, int] | None:
+    """The vLLM encoder-cache connector's counters in this store (its own index file; stdlib only)."""
+    from .backends.vllm.connector.refsight_ec_store import read_counters
+
+    return read_counters(root)
 
 
 def _runtime_prefix_caches(backends: Sequence[Backend]) -> dict[str, dict[str, float]] | None:
