@@ -20,7 +20,7 @@ from vllm_helpers import MAX_NEW_TOKENS
 pytestmark = pytest.mark.vllm
 
 MODEL = "tiny-qwen2-vl-vllm"
-_EVENT = re.compile(r"refsight encoder cache: (encoded|loaded) (\S+)")
+_EVENT = re.compile(r"refsight encoder cache: (encoded|loaded) ([\w-]+)")
 
 
 @pytest.fixture(scope="module")

@@ -57,23 +57,42 @@ _DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F
 
 
 def features_fingerprint(vllm_config: Any, extra: str = "") -> str:
-    """sha256 of what changes the encoder's outputs: model, weights, dtype, vLLM version, processor settings."""
+    """sha256 of what changes the encoder's outputs: the weights, dtype, vLLM version, processor settings.
+
+    A local model folder is named by its content, not its path (replicas may mount it elsewhere):
+    its config and each weight file's size, first and last MiB (two builds of random weights
+    differ there; reading whole multi-GB files at every start would not pay). A hub id is named
+    by itself and its revision.
+    """
     import vllm
 
     model = vllm_config.model_config
-    weights = []
     folder = Path(str(model.model))
-    if folder.is_dir():  # a local folder: the weight files by name and size, the config by content
-        weights = sorted((p.name, p.stat().st_size) for p in folder.glob("*.safetensors"))
+    if folder.is_dir():
+        weights = [_file_digest(p) for p in sorted(folder.glob("*.safetensors"))]
         config = folder / "config.json"
-        weights.append(("config.json", hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else ""))
+        identity: Any = {"config": _file_digest(config) if config.is_file() else "", "weights": weights}
+    else:
+        identity = {"model": str(model.model), "revision": str(model.revision or "")}
+    multimodal = model.multimodal_config
     parts = {
-        "model": str(model.model), "revision": str(model.revision or ""), "weights": weights,
-        "dtype": str(model.dtype), "vllm": vllm.__version__,
-        "mm_processor_kwargs": getattr(model.multimodal_config, "mm_processor_kwargs", None) if model.multimodal_config else None,
+        "identity": identity, "dtype": str(model.dtype), "vllm": vllm.__version__,
+        "mm_processor_kwargs": getattr(multimodal, "mm_processor_kwargs", None) if multimodal else None,
         "extra": extra,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _file_digest(path: Path, span: int = 1 << 20) -> str:
+    """sha256 of a file's name, size, first and last ``span`` bytes."""
+    size = path.stat().st_size
+    digest = hashlib.sha256(f"{path.name}\0{size}\0".encode())
+    with open(path, "rb") as f:
+        digest.update(f.read(span))
+        if size > span:
+            f.seek(max(span, size - span))
+            digest.update(f.read(span))
+    return digest.hexdigest()
 
 
 def pixels_digest(item: Any) -> str:
