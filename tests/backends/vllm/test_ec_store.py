@@ -48,6 +48,7 @@ def test_a_saved_file_is_a_hit_and_loads_as_safetensors(store, tmp_path):
     blob = store.load(uuid)
     assert load(blob)["ec_cache"].shape == torch.Size([4, 16])
     assert not [p for p in store.root.rglob(".tmp-*")]
+    store.flush()  # a hit's count waits in memory (reads do not write); the connector flushes per request
     assert ec.read_counters(tmp_path) == {"hits": 1, "misses": 1, "saves": 1, "corrupt": 0, "evictions": 0, "refused": 0, "bytes": len(blob)}
 
 
@@ -56,6 +57,7 @@ def test_ineligible_uuids_are_never_saved_nor_looked_up(store, tmp_path):
     assert not store.save(counter_id, _blob(counter_id))
     assert store.load(counter_id) is None
     assert not list(store.root.rglob("*.safetensors"))
+    store.flush()
     assert ec.read_counters(tmp_path)["misses"] == 0  # not even looked for
 
 
@@ -80,6 +82,7 @@ def test_a_damaged_or_foreign_file_is_a_miss_moved_aside_and_counted(store, tmp_
     path.write_bytes(raw)
     assert store.load(uuid) is None
     assert not path.exists() and path.with_name(path.name + ".bad").exists()
+    store.flush()
     counters = ec.read_counters(tmp_path)
     assert (counters["corrupt"], counters["hits"], counters["bytes"]) == (1, 0, 0)
     assert store.save(uuid, _blob(uuid)) and store.load(uuid) is not None  # re-encoded, saved again, served
@@ -105,6 +108,16 @@ def test_the_quota_evicts_least_recently_used_files_never_the_one_just_written(t
     assert ec.read_counters(tmp_path)["evictions"] == 1
     tiny = ec.ECStore(tmp_path / "tiny", FINGERPRINT, max_bytes=1)
     assert tiny.save(_uuid(9), _blob(_uuid(9))) and tiny.load(_uuid(9)) is not None  # the newest always stays
+
+
+def test_a_hit_writes_nothing_until_a_flush_or_the_interval(store, tmp_path, monkeypatch):
+    uuid = _uuid(8)
+    store.save(uuid, _blob(uuid))
+    store.load(uuid)
+    assert ec.read_counters(tmp_path)["hits"] == 0  # buffered
+    monkeypatch.setattr(ec, "FLUSH_INTERVAL_S", 0.0)
+    store.load(uuid)  # the interval has passed: this count writes both
+    assert ec.read_counters(tmp_path)["hits"] == 2
 
 
 def test_no_counters_without_a_connector(tmp_path):
@@ -144,6 +157,7 @@ def test_the_connector_counters_reach_stats_and_metrics(tmp_path):
     uuid = _uuid(7)
     store.save(uuid, _blob(uuid))
     store.load(uuid)
+    store.flush()
     with Engine(tmp_path / "store", model="tiny-qwen2-vl-vllm") as engine:
         stats = engine.stats().to_dict()
         assert stats["vllm_encoder_cache"] == {

@@ -132,29 +132,37 @@ class RefsightECConnector(ECConnectorBase):
         self.staging = Path(tempfile.gettempdir()) / f"refsight-ec-staging-{config.engine_id}"
         self.staging.mkdir(parents=True, exist_ok=True)
         self._pending: list[str] = []
-        self._digests: dict[str, str] = {}  # uuid -> pixel digest, of the requests being scheduled
+        self._digests: dict[str, Any] = {}  # uuid -> its pixels (then their digest), of the requests being scheduled
         self._saves: dict[str, str] = {}  # uuid -> pixel digest, of the items encoded this step
-        self._hashed: dict[str, set[str]] = {}  # request id -> uuids whose pixels were hashed
+        self._noted: dict[str, set[str]] = {}  # request id -> uuids whose pixels were noted
         logger.info("refsight encoder cache (%s) at %s, fingerprint %s, quota %s bytes",
                     role.name.lower(), self.store.root, fingerprint[:16], max_bytes or "none")
 
     # -- scheduler side ---------------------------------------------------------------
     def ensure_cache_available(self, request: Any, num_computed_tokens: int) -> bool:
-        """Hash the pixels of each refsight item still to be prefilled, once per request (nothing is in transit)."""
-        hashed = self._hashed.setdefault(request.request_id, set())
+        """Note the pixels of each refsight item still to be prefilled (hashed only if a file or a save needs it)."""
+        noted = self._noted.setdefault(request.request_id, set())
         for feature in request.mm_features:
             uuid = feature.identifier
             position = feature.mm_position
-            if eligible(uuid) and uuid not in hashed and feature.data is not None \
+            if eligible(uuid) and uuid not in noted and feature.data is not None \
                     and num_computed_tokens < position.offset + position.length:
-                self._digests[uuid] = pixels_digest(feature.data)
-                hashed.add(uuid)
+                self._digests[uuid] = feature.data
+                noted.add(uuid)
         return True
 
+    def _digest(self, uuid: str) -> str:
+        """The pixel digest of the item now being scheduled under ``uuid`` ("" when vLLM passed no pixels)."""
+        found = self._digests.get(uuid)
+        if found is not None and not isinstance(found, str):
+            found = self._digests[uuid] = pixels_digest(found)
+        return found or ""
+
     def request_finished(self, request: Any) -> tuple[bool, dict[str, Any] | None]:
-        """Forget the request's pixel digests."""
-        for uuid in self._hashed.pop(request.request_id, ()):
+        """Forget the request's pixel digests; write its lookups' counts (one transaction per request, not per hit)."""
+        for uuid in self._noted.pop(request.request_id, ()):
             self._digests.pop(uuid, None)
+        self.store.flush()
         return False, None
 
     def has_cache_item(self, identifier: str) -> bool:
@@ -174,8 +182,9 @@ class RefsightECConnector(ECConnectorBase):
 
     def _same_pixels(self, uuid: str, blob: bytes) -> bool:
         """False (counted ``refused``) when this request's pixels for ``uuid`` differ from the file's."""
-        sent, stored = self._digests.get(uuid), pixels_digest_of(blob)
-        if sent and stored and sent != stored:
+        stored = pixels_digest_of(blob)
+        sent = self._digest(uuid) if stored else ""
+        if sent and sent != stored:
             self.store.count(refused=1)
             logger.warning("refsight encoder cache: %s came with other pixels than its file's: not served", uuid)
             return False
@@ -190,7 +199,7 @@ class RefsightECConnector(ECConnectorBase):
         if self.is_consumer and staged.exists() and self._same_pixels(identifier, staged.read_bytes()):
             self._pending.append(identifier)
         else:
-            self._saves[identifier] = self._digests.get(identifier, "")
+            self._saves[identifier] = self._digest(identifier)
 
     def build_connector_meta(self, scheduler_output: Any) -> ECConnectorMetadata:
         """This step's loads and saves' digests (handed over and reset)."""
@@ -240,7 +249,8 @@ class RefsightECConnector(ECConnectorBase):
         logger.info("refsight encoder cache: encoded %s %s, %s", mm_hash, tuple(tensor.shape), "saved" if saved else "already kept")
 
     def shutdown(self) -> None:
-        """Drop the staging folder (every save is already published when it returns)."""
+        """Write the buffered counts; drop the staging folder (every save is already published when it returns)."""
+        self.store.flush()
         if self.role == ECConnectorRole.SCHEDULER:
             shutil.rmtree(self.staging, ignore_errors=True)
 

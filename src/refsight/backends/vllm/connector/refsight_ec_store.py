@@ -13,8 +13,10 @@ Layout, under ``<refsight store>/vllm-encoder/`` (a blob directory replicas may 
   fingerprint and the sha256 of its tensor bytes; it is written to a temp file, fsynced
   and renamed into place, so a reader sees a whole file or none;
 - ``index.sqlite``: each file's size and last use (the quota's least-recently-used order)
-  and the counters (``hits``, ``misses``, ``saves``, ``corrupt``, ``evictions``), added to
-  atomically by every process (WAL, ``BEGIN IMMEDIATE``).
+  and the counters (``hits``, ``misses``, ``saves``, ``corrupt``, ``evictions``, ``refused``),
+  added to atomically by every process (WAL, ``BEGIN IMMEDIATE``). A hit writes nothing at
+  once: its count and last use are buffered and written every :data:`FLUSH_INTERVAL_S`
+  seconds (and with the next save, and at :meth:`ECStore.flush`), as refsight's own counters are.
 
 Only uuids refsight gives references (``refsight-`` + 64 hex digits, content-derived) are
 ever looked up or saved: vLLM names items without a uuid by per-process counters, which
@@ -43,6 +45,8 @@ DIRNAME = "vllm-encoder"
 #: The counters kept in ``index.sqlite``.
 COUNTERS = ("hits", "misses", "saves", "corrupt", "evictions", "refused")
 _UUID = re.compile(r"refsight-[0-9a-f]{64}")
+#: Longest time a hit's count and last use wait in memory before they are written.
+FLUSH_INTERVAL_S = 5.0
 #: Largest safetensors header this module reads (a one-tensor header is ~200 bytes).
 _MAX_HEADER = 1 << 16
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1}
@@ -106,6 +110,10 @@ class ECStore:
         self.max_bytes = int(max_bytes)  # 0: unbounded
         self.root.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+        self._touched: dict[str, float] = {}
+        self._flushed = time.monotonic()
         with self._write() as conn:
             for statement in _SCHEMA:
                 conn.execute(statement)
@@ -133,9 +141,9 @@ class ECStore:
             self._quarantine(path)
             self.count(corrupt=1, misses=1)
             return None
+        with self._lock:
+            self._touched[self.name(uuid)] = time.time()
         self.count(hits=1)
-        with self._write() as conn:
-            conn.execute("UPDATE entries SET last_used = ? WHERE name = ?", (time.time(), self.name(uuid)))
         return blob
 
     def save(self, uuid: str, blob: bytes) -> bool:
@@ -162,6 +170,7 @@ class ECStore:
                 (self.name(uuid), len(blob), time.time()),
             )
         self.count(saves=1)
+        self.flush()  # a save is rare (it follows an encode): the quota then sees every recent use
         self.enforce_quota(keep=self.name(uuid))
         return True
 
@@ -195,9 +204,24 @@ class ECStore:
 
     # -- index and counters --------------------------------------------------------------
     def count(self, **amounts: int) -> None:
-        """Add to the persistent counters (one transaction)."""
+        """Add to the counters: buffered, written within :data:`FLUSH_INTERVAL_S` seconds."""
+        with self._lock:
+            for name, amount in amounts.items():
+                self._counts[name] = self._counts.get(name, 0) + int(amount)
+            due = time.monotonic() - self._flushed >= FLUSH_INTERVAL_S
+        if due:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered counts and last uses now (one transaction)."""
+        with self._lock:
+            counts, touched, self._counts, self._touched = self._counts, self._touched, {}, {}
+            self._flushed = time.monotonic()
+        if not counts and not touched:
+            return
         with self._write() as conn:
-            _bump(conn, **amounts)
+            _bump(conn, **counts)
+            conn.executemany("UPDATE entries SET last_used = ? WHERE name = ?", [(t, n) for n, t in touched.items()])
 
     def total_bytes(self) -> int:
         """Bytes of every indexed file."""
@@ -231,6 +255,7 @@ class _Transaction:
 def _connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(str(path), timeout=30.0, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: survives a crashed process; the files are fsynced
     conn.execute("PRAGMA busy_timeout=30000")
     return conn
 
