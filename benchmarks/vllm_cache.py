@@ -146,6 +146,11 @@ def _cycle(arms: Arms, working_set: list, candidates, passes: int) -> list[tuple
     return pairs
 
 
+def _progress(figures: dict) -> None:
+    """Each figure on stderr as soon as it is measured (long runs show progress)."""
+    print(f"so far: {json.dumps(figures)}", file=sys.stderr, flush=True)
+
+
 def _start(model: str, store: Path, log, extra: tuple[str, ...] = ()):
     from refsight.backends.vllm.serve import start_server
 
@@ -176,6 +181,7 @@ def main(argv: list[str] | None = None) -> dict:
                 equal &= arms.equal
                 arms.close()
                 server.stop()
+            _progress(figures)
         server = _start(args.model, store, log)  # the restart: vLLM's own caches are empty, the store is not
         arms = Arms(server.url, args.max_new_tokens)
         try:
