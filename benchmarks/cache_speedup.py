@@ -28,13 +28,14 @@ timings are real, the text is not.
     python benchmarks/cache_speedup.py --model llamacpp:M.gguf --mmproj P.gguf
     python benchmarks/cache_speedup.py --model vllm:http://127.0.0.1:8000 --size 112
 
-With ``vllm:`` the encoder runs here (``--threads``) and the language model in the
-server; pick ``--size`` on the model's patch grid and within its pixel bounds, so that
-vLLM's torchvision resize and refsight's PIL resize are both no-ops and the peer's
-tokens can be compared. Start that server without vLLM's own caches, or the fresh and
-peer requests (the same images again) are served from them::
+With ``vllm:`` (a server with a vision encoder) vLLM encodes every image and the
+cached path sends the references by uuid; pick ``--size`` on the model's patch grid and
+within its pixel bounds, so that vLLM's torchvision resize and refsight's PIL resize are
+both no-ops and the peer's tokens can be compared. Start that server without vLLM's own
+caches and with refsight's connector, so that the cached path's references come from the
+store (``benchmarks/vllm_cache.py`` measures the whole picture, vLLM's caches on and off)::
 
-    refsight vllm-serve shape-qwen2-vl-2b-vllm --port 8000 \
+    refsight vllm-serve shape-qwen2-vl-2b-vllm --port 8000 --store /tmp/bench-store \
         --vllm-args "--no-enable-prefix-caching --mm-processor-cache-gb 0"
 """
 
@@ -242,7 +243,8 @@ def _run(backend, peer, refs: list, candidate, packages: list, root: str, mnt: i
     with open_store(root) as store:
         t = time.perf_counter()
         cached_refs = [store.packages.get(p.key) for p in packages[:r]]
-        request = GenerationRequest(_segments(cached_refs, candidate, prompt=PROMPT), max_new_tokens=mnt)
+        # The references lead the prompt: on vllm: they travel by uuid (the server's caches, its connector).
+        request = GenerationRequest(_segments(cached_refs, candidate, prompt=PROMPT), max_new_tokens=mnt, prefix_segments=r)
         cached = backend.generate([request])[0]
         cached_ms = (time.perf_counter() - t) * 1000
     peer_tokens, peer_ms = peer(backend, [*refs, candidate], PROMPT, mnt)

@@ -48,15 +48,16 @@ def vllm_python() -> Path:
 
 
 class Server:
-    """One ``refsight vllm-serve`` process and the URL it printed."""
+    """One ``refsight vllm-serve`` process and the URL it printed (``store``: with refsight's encoder-cache connector)."""
 
-    def __init__(self, model: str, image_limit: int, log_dir: Path) -> None:
-        self.model, self.image_limit = model, image_limit
-        self.log = log_dir / f"vllm-{model}-{image_limit}.log"
+    def __init__(self, model: str, image_limit: int, log_dir: Path, store: Path | None = None) -> None:
+        self.model, self.image_limit, self.store = model, image_limit, store
+        self.log = log_dir / f"vllm-{model}-{image_limit}-{time.monotonic_ns()}.log"
         began = time.monotonic()
+        extra = [] if store is None else ["--store", str(store)]
         with open(self.log, "w") as log:
             self.process = subprocess.Popen(
-                _refsight("vllm-serve", model, "--image-limit", str(image_limit), "--json"),
+                _refsight("vllm-serve", model, "--image-limit", str(image_limit), "--json", *extra),
                 stdout=subprocess.PIPE, stderr=log, text=True,
             )
         line = self.process.stdout.readline()  # blocks until the server answers (or the command fails)
@@ -90,17 +91,25 @@ class ServerPool:
         self.live: OrderedDict[tuple[str, int], Server] = OrderedDict()
         self.started: list[tuple[str, int, float]] = []
 
-    def get(self, model: str, image_limit: int = 8) -> Server:
-        key = (model, image_limit)
+    def get(self, model: str, image_limit: int = 8, store: Path | None = None, replica: int = 0) -> Server:
+        """The live server of these settings, started if need be (``replica`` tells apart two of the same)."""
+        key = (model, image_limit, store, replica)
         if key in self.live:
             self.live.move_to_end(key)
             return self.live[key]
         while len(self.live) >= MAX_LIVE:
             self.live.popitem(last=False)[1].stop()
-        server = Server(model, image_limit, self.log_dir)
+        server = Server(model, image_limit, self.log_dir, store)
         self.live[key] = server
         self.started.append((model, image_limit, round(server.start_s, 1)))
         return server
+
+    def stop(self, server: Server) -> None:
+        """Stop one server now (a test that restarts it gets a new one from :meth:`get`)."""
+        for key, live in list(self.live.items()):
+            if live is server:
+                del self.live[key]
+                server.stop()
 
     def close(self) -> None:
         while self.live:
@@ -109,7 +118,7 @@ class ServerPool:
 
 @pytest.fixture(scope="session")
 def vllm_servers(vllm_python, tmp_path_factory):
-    """``vllm_servers.get(model, image_limit=8)`` -> a running :class:`Server` (session pool)."""
+    """``vllm_servers.get(model, image_limit=8, store=None)`` -> a running :class:`Server` (session pool)."""
     pool = ServerPool(tmp_path_factory.mktemp("vllm-logs"))
     yield pool
     pool.close()

@@ -151,6 +151,7 @@ class Maintenance:
             corrupt=int(counters.get("corrupt", 0)),
             prefix_corrupt=int(counters.get("prefix_corrupt", 0)),
             runtime_prefix_cache=_runtime_prefix_caches(backends),
+            vllm_encoder_cache=_vllm_encoder_cache(self.store.root),
         )
 
     def _per_model(self, counters: dict[str, float]) -> list[dict[str, Any]]:
@@ -209,6 +210,13 @@ class Maintenance:
 
 
 _MODEL_COUNTER = re.compile(re.escape(MODEL_COUNTER_PREFIX) + r"([0-9a-f]{16})_(hits|encode_ms|load_ms)")
+
+
+def _vllm_encoder_cache(root: Any) -> dict[str, int] | None:
+    """The vLLM encoder-cache connector's counters in this store (its own index file; stdlib only)."""
+    from .backends.vllm.connector.refsight_ec_store import read_counters
+
+    return read_counters(root)
 
 
 def _runtime_prefix_caches(backends: Sequence[Backend]) -> dict[str, dict[str, float]] | None:

@@ -262,12 +262,16 @@ class StoreStats:
     prefix_tokens_reused: int | None = None
     #: Per model (fingerprint), most hits first: ``{"model", "fingerprint", "hits", "encode_ms_saved", "load_ms"}``.
     models: list[dict[str, Any]] | None = None
+    #: refsight's vLLM encoder-cache connector on this store (store-wide: hits, misses, saves,
+    #: corrupt, evictions, bytes on disk); None when no vLLM server ever used the store that way.
+    vllm_encoder_cache: dict[str, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields (``runtime_prefix_cache`` only when a loaded backend reports one)."""
+        """JSON-ready fields (``runtime_prefix_cache`` and ``vllm_encoder_cache`` only when there is one)."""
         out = asdict(self)
-        if out["runtime_prefix_cache"] is None:
-            del out["runtime_prefix_cache"]
+        for optional in ("runtime_prefix_cache", "vllm_encoder_cache"):
+            if out[optional] is None:
+                del out[optional]
         return out
 
 

@@ -79,6 +79,27 @@ class _CacheCollector:
                 if isinstance(figures, dict) and "hit_rate" in figures:
                     rate.add_metric([backend], float(figures["hit_rate"]))
             yield rate
+        yield from _encoder_cache_metrics(stats.get("vllm_encoder_cache"))
+
+
+def _encoder_cache_metrics(figures: dict[str, Any] | None) -> Iterator[Any]:
+    """refsight's vLLM encoder-cache connector on this store (store-wide), when a server used it."""
+    if not figures:
+        return
+    for field, help_text in (
+        ("hits", "vLLM encoder outputs of references served from the store (no encode)"),
+        ("misses", "Reference lookups of the vLLM connector that found nothing usable (vLLM encoded)"),
+        ("saves", "vLLM encoder outputs of references written to the store"),
+        ("corrupt", "Encoder-cache files that failed their checks (moved aside, re-encoded)"),
+        ("evictions", "Encoder-cache files the connector's byte quota deleted"),
+        ("refused", "Reference uuids sent with other pixels than their file's (not served)"),
+    ):
+        metric = CounterMetricFamily(f"refsight_vllm_encoder_cache_{field}", help_text)
+        metric.add_metric([], float(figures.get(field) or 0))
+        yield metric
+    gauge = GaugeMetricFamily("refsight_vllm_encoder_cache_bytes", "Bytes of vLLM encoder outputs in the store")
+    gauge.add_metric([], float(figures.get("bytes") or 0))
+    yield gauge
 
 
 def _tier_metrics(tiers: dict[str, dict[str, Any]]) -> Iterator[Any]:

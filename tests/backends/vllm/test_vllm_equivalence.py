@@ -2,9 +2,10 @@
 
 For tiny Qwen2-VL, Qwen2.5-VL and Qwen3-VL on a real vLLM server (CPU):
 
-(a) cached: references encoded by refsight, stored in a ``refsight.store``, loaded
-back with ``.get(key)`` in a NEW process and sent to vLLM as ``image_embeds`` (+ grid;
-deepstack concatenated for Qwen3-VL) beside a fresh candidate;
+(a) cached: references' pixel packages made by refsight (the image on its grid, no vision
+tower), stored in a ``refsight.store``, loaded back with ``.get(key)`` in a NEW process and
+sent to vLLM as ``image_url`` parts beside a fresh candidate (the uuid path is
+``test_vllm_uuids.py``; embeddings, for a server without a vision encoder, ``test_vllm_no_pixels.py``);
 (b) vLLM's pixel path: the same prompt sent straight to the server with every image
 as a PNG, by code independent of refsight's (``vllm_helpers.pixel_tokens``).
 
@@ -86,14 +87,14 @@ def test_cached_packages_from_disk_in_new_process_equal_vllm_pixel_path(served, 
     assert all(result["random_weights"])
 
 
-def test_only_candidates_are_encoded_by_refsight_in_new_process(cached):
-    # One candidate per prompt, two prompts: the stored references are never re-encoded.
-    assert [cached[n]["preprocessed"] for n in ("1", "3")] == [2, 2]
+def test_refsight_runs_no_image_processor_in_new_process(cached):
+    # vLLM encodes every image (references and candidates): refsight's HF processor never runs.
+    assert [cached[n]["preprocessed"] for n in ("1", "3")] == [0, 0]
 
 
 def test_no_cache_path_sends_pixels_and_gives_the_same_tokens(served, photos):
     """Off-grid photos, every image an ImageInput (what --no-cache passes): vLLM gets pixels,
-    refsight encodes nothing, and the tokens equal those from refsight's packages."""
+    refsight encodes nothing, and the tokens equal those from refsight's pixel packages."""
     from refsight.backends.base import GenerationRequest
     from refsight.backends.registry import get_backend
 
@@ -111,15 +112,20 @@ def test_no_cache_path_sends_pixels_and_gives_the_same_tokens(served, photos):
         fresh = backend.generate([GenerationRequest(row, max_new_tokens=MAX_NEW_TOKENS) for row in rows(photos.get)])
         assert calls == []  # pixels went to vLLM; refsight's encoder never ran
         cached = backend.generate([GenerationRequest(row, max_new_tokens=MAX_NEW_TOKENS) for row in rows(packages.get)])
-        assert calls == [2]  # only the two candidates, in one batch
+        assert calls == []  # the candidates go as pixels too: vLLM encodes them
     finally:
         backend.encoder.preprocess = original
     assert [g.token_ids for g in fresh] == [g.token_ids for g in cached]
 
 
-def test_fingerprint_is_the_hf_encoders(served):
-    """Same weights, same preprocessing: vllm: and the HF backend share package keys."""
+def test_fingerprints_pixel_packages_and_embeddings(served):
+    """A server with a vision encoder: pixel packages under their own fingerprint (no HF key clash);
+    ``images=embeds``: the HF encoder's fingerprint, so vllm: and hf: share embedding packages."""
     from refsight.backends.registry import get_backend
+    from refsight.backends.vllm.pixels import pixel_fingerprint
 
     name, server = served
-    assert get_backend(f"vllm:{server.url}").fingerprint() == get_backend(name).fingerprint()
+    hf = get_backend(name).fingerprint()
+    pixels = get_backend(f"vllm:{server.url}")
+    assert pixels.encodes_images and pixels.fingerprint() == pixel_fingerprint(hf) != hf
+    assert get_backend(f"vllm:{server.url}", images="embeds").fingerprint() == hf

@@ -142,7 +142,7 @@ def test_a_grid_that_does_not_match_the_embeddings_is_refused(server, photos, mo
     from refsight.backends.registry import get_backend
     from refsight.errors import CorruptPackageError, GenerationError
 
-    backend = get_backend(f"vllm:{server.url}")
+    backend = get_backend(f"vllm:{server.url}", images="embeds")  # the grid travels with image_embeds only
     package = backend.encode([photos["chelsea"]])[0]
     t, h, w = package.metadata["image_grid_thw"]
     bad = dataclasses.replace(package, metadata={**package.metadata, "image_grid_thw": [t, h + 2, w]})

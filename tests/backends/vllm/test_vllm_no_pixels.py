@@ -50,7 +50,7 @@ def test_cached_references_need_no_pixels_and_match_the_pixel_path(vllm_servers,
         with pytest.raises(GenerationError, match="At most 0 image"):
             engine.generate(PROMPT, use_cache=False, **kwargs)
     pixels = vllm_servers.get(MODEL, 8)
-    # Same weights, same encoder fingerprint: the same store serves the other server.
+    # The pixel path of a server of the same weights that has a vision encoder (every image as pixels).
     with Engine(tmp_path / "store", model=f"vllm:{pixels.url}") as engine:
         fresh = engine.generate(PROMPT, use_cache=False, **kwargs)
     assert cached.tokens == fresh.tokens

@@ -96,7 +96,9 @@ def test_yes_no_scores_repeat_match_hf_and_pixels(backend, photos):
     cached = backend.score_yes_no(requests(packages, cand_package))
     again = backend.score_yes_no(requests(packages, cand_package))
     fresh = backend.score_yes_no(requests(references, photos["rocket"]))
-    hf = backend.encoder.score_yes_no(requests(packages, cand_package))
+    # The HF encoder scores its own packages (the backend's are pixel packages: vLLM encodes them).
+    hf_packages = backend.encoder.encode([*references, photos["rocket"]])
+    hf = backend.encoder.score_yes_no(requests(hf_packages[:-1], hf_packages[-1]))
     assert cached == again
     assert all(0.0 < s < 1.0 for s in cached) and len(set(cached)) == len(REFS)
     pixel_delta = max(abs(a - b) for a, b in zip(cached, fresh))

@@ -1,25 +1,30 @@
-"""The ``vllm:`` backend: refsight encodes, a vLLM OpenAI server generates.
+"""The ``vllm:`` backend: a vLLM OpenAI server generates, and (with a vision encoder) encodes too.
 
 ``--model vllm:http://HOST:PORT`` points refsight at a running vLLM server
 (``refsight vllm-serve`` starts one here; a CUDA server elsewhere works the same).
-refsight loads the *same weights* through its own Hugging Face backend, the
-**encoder** (a Qwen family backend, found from the server's ``/v1/models`` ``root``, or
-given with ``encoder=DIR|NAME``: :mod:`.loading`), and uses it for every encode.
-:class:`VLLMBackend` is then a transport: the base class checks and prepares each
-request, :mod:`.messages` writes the OpenAI body, :mod:`.client` carries it.
+refsight loads the *same weights'* processor and tokenizer through its own Hugging Face
+backend, the **encoder** (a Qwen family backend, found from the server's ``/v1/models``
+``root``, or given with ``encoder=DIR|NAME``: :mod:`.loading`). :class:`VLLMBackend` is
+then a transport: the base class checks and prepares each request, :mod:`.messages`
+writes the OpenAI body, :mod:`.client` carries it. Two ways to send images, chosen once
+when the backend loads (the server is asked whether it takes pixels):
 
-* a cached package travels as an ``image_embeds`` part with its ``image_grid_thw`` (the
-  family's flat layout: Qwen3-VL's deepstack maps beside the features) and ``uuid`` = the
-  package key, so vLLM runs no vision encoder for it;
-* a request with no package at all (the ``--no-cache`` path, where the engine passes
-  every image as an :class:`~refsight.images.ImageInput`) sends every image as pixels (a
-  PNG, already resized onto its grid by the encoder family) and vLLM runs its own
-  processor and encoder;
-* vLLM refuses to mix pixels and embeddings in one request, so a fresh image next to a
-  package is encoded here (the prepare step: :meth:`VLLMBackend.encodes_fresh_images`)
-  and sent as embeddings too.
+* **the server has a vision encoder** (the default: :attr:`VLLMBackend.encodes_images`):
+  refsight runs no vision tower. Its packages are *pixel packages* (:mod:`.pixels`: the
+  image on its grid, under a fingerprint of its own), every image is an ``image_url``
+  part, the candidate as pixels, each reference by ``uuid`` = ``refsight-`` + its package
+  key, uuid-only when this backend already gave the server its pixels, pixels + uuid
+  otherwise and again after a ``Cache miss`` (one retry per request, counted in
+  :meth:`VLLMBackend.uuid_stats`). vLLM's caches, and refsight's encoder-cache connector
+  (:mod:`.connector`: vLLM's encoder outputs kept in refsight's store), serve references
+  by that uuid, so a reference is encoded once, by vLLM;
+* **the server has none** (``--limit-mm-per-prompt`` image 0): packages are the HF
+  encoder's (the same keys as ``hf:``), each travels as ``image_embeds`` with its
+  ``image_grid_thw`` (Qwen3-VL's deepstack maps beside the features), and a fresh image
+  next to a package is encoded here (:meth:`VLLMBackend.encodes_fresh_images`): vLLM
+  refuses to mix pixels and embeddings in one request.
 
-Greedy tokens are the same on both paths (tests/backends/vllm prove it on tiny
+Greedy tokens equal vLLM's all-pixels path (tests/backends/vllm prove it on tiny
 Qwen2-VL, Qwen2.5-VL and Qwen3-VL). JSON constraints use vLLM's structured output
 (``structured_outputs.grammar``: refsight's own grammar for the schema, as in the HF
 backend). ``return_logits`` fills a ``[steps, vocab]`` tensor of vLLM's top-k
@@ -29,17 +34,18 @@ connection, which makes vLLM abort the request. ``prompt_tokens`` is vLLM's usag
 ``image_tokens`` is prod(grid) / merge² per image.
 
 The reference-prefix KV cache is vLLM's own automatic prefix caching: references come
-first with their package keys as uuids, so a later rubric over the same references
-reuses their KV blocks inside the server (:meth:`VLLMBackend.prefix_cache_stats` reads
-the hit rate from ``/metrics``). :meth:`VLLMBackend.score` (the reranker) reads P("yes")
-from vLLM's raw log-probabilities of the next token.
+first with uuids derived from their package keys, so a later rubric over the same
+references reuses their KV blocks inside the server (:meth:`VLLMBackend.prefix_cache_stats`
+reads the hit rate from ``/metrics``). :meth:`VLLMBackend.score` (the reranker) reads
+P("yes") from vLLM's raw log-probabilities of the next token.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence, TypeVar
 
 from ...errors import GenerationError
 from ...images import ImageInput
@@ -48,6 +54,7 @@ from ..base import Backend, Execution, Generation, GenerationRequest, PreparedRe
 from ..sampling import SAMPLING_FIELDS
 from . import messages
 from .client import VLLMClient
+from .pixels import HeldUuids, ImageParts, encode_pixels, is_cache_miss, pixel_fingerprint, validate_pixels
 
 if TYPE_CHECKING:  # the encoder is a transformers backend: imported only when one is loaded
     from ..hf.qwen2_vl import QwenFamilyBackend
@@ -57,14 +64,16 @@ __all__ = ["VLLMBackend", "TOP_LOGPROBS"]
 TOP_LOGPROBS = messages.TOP_LOGPROBS
 #: Requests sent to the server at once (it batches them itself).
 _CONCURRENT = 8
+_Sent = TypeVar("_Sent")
 
 
 class VLLMBackend(Backend):
-    """Generation on a vLLM OpenAI server; encoding with refsight's HF backend for the same weights.
+    """Generation (and, with ``encodes_images``, encoding) on a vLLM OpenAI server.
 
-    The fingerprint is the encoder's own (:meth:`fingerprint`), so packages made
-    by ``hf:DIR`` (or a built-in model of the same weights) and by ``vllm:URL``
-    share keys: they are the same tensors, and either backend can serve the other's.
+    With ``encodes_images`` the packages are pixel packages under :func:`~.pixels.pixel_fingerprint`
+    and vLLM encodes every image; without, the fingerprint is the encoder's own, so packages
+    made by ``hf:DIR`` (or a built-in model of the same weights) and by ``vllm:URL`` share
+    keys: they are the same tensors, and either backend can serve the other's.
     """
 
     supports_cached_features: ClassVar[bool] = True
@@ -76,27 +85,47 @@ class VLLMBackend(Backend):
     #: Conversations go to vLLM as one message per turn, rendered in the model's own chat template.
     supports_turns: ClassVar[bool] = True
 
-    def __init__(self, name: str, *, client: VLLMClient, served_model: str, encoder: QwenFamilyBackend) -> None:
+    def __init__(
+        self, name: str, *, client: VLLMClient, served_model: str, encoder: QwenFamilyBackend, encodes_images: bool = False,
+        keeps_uuids: bool = True,
+    ) -> None:
         super().__init__(name)
         self.client = client
         self.served_model = served_model
         self.encoder = encoder
+        #: True when the server runs its own vision encoder: pixel packages, images as ``image_url`` parts.
+        self.encodes_images = bool(encodes_images)
         self.random_weights = bool(encoder.random_weights)
         self.batch_size = encoder.batch_size
+        #: What the server holds by uuid (nothing, for a server that keeps no processed inputs: never uuid-only).
+        self.held = HeldUuids() if keeps_uuids else HeldUuids(limit=0)
+        self._fingerprint = pixel_fingerprint(encoder.fingerprint()) if encodes_images else encoder.fingerprint()
+        self._stats = {"uuid_only": 0, "with_pixels": 0, "cache_miss_retries": 0}
+        self._stats_lock = threading.Lock()
 
     # ------------------------------------------------------------------ encoder side
 
     def fingerprint(self) -> EncoderFingerprint:
-        """The encoder's fingerprint: same weights and preprocessing as ``hf:`` ⇒ same package keys."""
-        return self.encoder.fingerprint()
+        """Pixel packages' fingerprint (``encodes_images``), else the encoder's: same keys as ``hf:``."""
+        return self._fingerprint
 
     def encode(self, images: Sequence[ImageInput]) -> list[VisualPackage]:
-        """Encoded here, by the HF encoder (vLLM has no endpoint that returns embeddings)."""
+        """Pixel packages (resized onto the grid, no vision tower), or the HF encoder's packages."""
+        if self.encodes_images:
+            return encode_pixels(self.encoder, images, self._fingerprint)
         return self.encoder.encode(images)
 
     def validate_package(self, package: VisualPackage) -> None:
-        """The encoder's checks: fingerprint, tensor names and shapes against the grid."""
-        self.encoder.validate_package(package)
+        """A pixel package's checks, or the encoder's (fingerprint, tensor names and shapes against the grid)."""
+        if self.encodes_images:
+            validate_pixels(package, self._fingerprint, int(self.encoder.image_processor.patch_size))
+        else:
+            self.encoder.validate_package(package)
+
+    def uuid_stats(self) -> dict[str, int]:
+        """References sent uuid-only, sent with pixels + uuid, and requests retried after a "Cache miss"."""
+        with self._stats_lock:
+            return dict(self._stats)
 
     @property
     def reserved_tokens(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -118,8 +147,8 @@ class VLLMBackend(Backend):
     # ------------------------------------------------------------ the template's core
 
     def encodes_fresh_images(self, request: GenerationRequest) -> bool:
-        """Only beside a package: vLLM takes pixels or embeddings in one request, never both."""
-        return bool(request.packages)
+        """Only beside an embeddings package: vLLM takes pixels or embeddings in one request, never both."""
+        return bool(request.packages) and not self.encodes_images
 
     def compile_schema(self, schema: dict[str, Any]) -> str:
         """refsight's EBNF grammar of the schema (the one the HF backend constrains with)."""
@@ -127,25 +156,66 @@ class VLLMBackend(Backend):
 
         return json_schema_ebnf(schema)
 
-    def chat_body(self, request: GenerationRequest | PreparedRequest, *, return_logits: bool = False) -> dict[str, Any]:
-        """The OpenAI body :meth:`generate` sends for ``request`` (checked and prepared first unless it already is)."""
+    def chat_body(
+        self, request: GenerationRequest | PreparedRequest, *, return_logits: bool = False, parts: ImageParts | None = None,
+    ) -> dict[str, Any]:
+        """The OpenAI body :meth:`generate` sends for ``request`` (checked and prepared first unless it already is).
+
+        ``parts`` writes the images (default: a first attempt's :meth:`image_parts`)."""
         if isinstance(request, GenerationRequest):
             (request,) = self.prepare([request], self.check_batch([request]))
         return messages.chat_body(
-            self.served_model, request.segments, request.request, self.encoder,
+            self.served_model, request.segments, request.request, parts or self.image_parts(request),
             grammar=request.grammar, return_logits=return_logits,
         )
+
+    def image_parts(self, prepared: PreparedRequest, *, resend: bool = False) -> ImageParts:
+        """How one attempt at ``prepared`` writes its images: the reference prefix's packages go by uuid."""
+        prefix = prepared.segments[:prepared.request.prefix_segments]
+        references = frozenset(s.key for s in prefix if isinstance(s, VisualPackage))
+        return ImageParts(self.encoder, references, self.held, resend=resend)
 
     def execute(self, batch: list[PreparedRequest], execution: Execution) -> list[Generation]:
         """Each request to vLLM (concurrently: the server batches them), or one relayed stream."""
         if execution.on_text is not None or execution.stop_event is not None:
             return [self._stream(prepared, execution) for prepared in batch]
-        bodies = [self.chat_body(p, return_logits=execution.return_logits) for p in batch]
-        answers = self._concurrently(self._timed_chat, bodies)
+
+        def one(prepared: PreparedRequest) -> tuple[dict[str, Any], float]:
+            return self._send(prepared, lambda parts: self._timed_chat(
+                self.chat_body(prepared, return_logits=execution.return_logits, parts=parts)))
+
+        answers = self._concurrently(one, batch)
         return [
             self._generation(answer, ms, prepared, execution.return_logits)
             for (answer, ms), prepared in zip(answers, batch)
         ]
+
+    def _send(self, prepared: PreparedRequest, attempt: Callable[[ImageParts], _Sent]) -> _Sent:
+        """``attempt`` with a first attempt's parts; once more with every reference's pixels after a "Cache miss".
+
+        vLLM answers HTTP 400 ``Cache miss for image ...`` to a uuid-only part it no longer
+        holds (its caches forgot it, or it restarted): the retry sends the pixels with the
+        same uuids, so the server's encoder cache (and the connector behind it) still serve
+        what they have.
+        """
+        parts = self.image_parts(prepared)
+        try:
+            result = attempt(parts)
+        except GenerationError as error:
+            if not parts.uuid_only or not is_cache_miss(str(error)):
+                raise
+            self.held.forget(parts.uuid_only)
+            self._count(cache_miss_retries=1)
+            parts = self.image_parts(prepared, resend=True)
+            result = attempt(parts)
+        parts.succeeded()
+        self._count(uuid_only=len(parts.uuid_only), with_pixels=len(parts.sent))
+        return result
+
+    def _count(self, **amounts: int) -> None:
+        with self._stats_lock:
+            for name, amount in amounts.items():
+                self._stats[name] += amount
 
     def score(self, batch: list[PreparedRequest]) -> list[float]:
         """P("yes") per request from vLLM's next-token log-probabilities: one token, no decoding loop.
@@ -160,8 +230,8 @@ class VLLMBackend(Backend):
 
         def one(prepared: PreparedRequest) -> float:
             plain = GenerationRequest(prepared.segments, max_new_tokens=1, turns=prepared.request.turns)
-            body = messages.chat_body(self.served_model, prepared.segments, plain, self.encoder)
-            score = messages.yes_probability(self.client.chat, body, yes_id, no_id)
+            score = self._send(prepared, lambda parts: messages.yes_probability(
+                self.client.chat, messages.chat_body(self.served_model, prepared.segments, plain, parts), yes_id, no_id))
             if score is None:
                 raise GenerationError(self.name, f"vLLM server at {self.client.base_url} returned no log-probability for yes/no")
             return score
@@ -185,12 +255,18 @@ class VLLMBackend(Backend):
         return answer, (time.perf_counter() - began) * 1000
 
     def _stream(self, prepared: PreparedRequest, execution: Execution) -> Generation:
-        """Relay vLLM's token stream: each content delta goes to ``on_text`` as it arrives."""
-        body = self.chat_body(prepared)
-        body.update(stream=True, stream_options={"include_usage": True})
+        """Relay vLLM's token stream: each content delta goes to ``on_text`` as it arrives.
+
+        A "Cache miss" comes before the first event (HTTP 400), so the retry starts a clean stream."""
         answer = messages.StreamedAnswer(execution.on_text or (lambda piece: None))
+
+        def attempt(parts: ImageParts) -> bool:
+            body = self.chat_body(prepared, parts=parts)
+            body.update(stream=True, stream_options={"include_usage": True})
+            return self.client.chat_stream(body, answer, execution.stop_event)
+
         began = time.perf_counter()
-        cancelled = self.client.chat_stream(body, answer, execution.stop_event)
+        cancelled = self._send(prepared, attempt)
         generate_ms = (time.perf_counter() - began) * 1000
         return Generation(
             text=answer.text,

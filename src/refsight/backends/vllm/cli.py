@@ -34,6 +34,7 @@ def cmd_vllm_serve(args: argparse.Namespace) -> int:
     # Signals only set a flag: the server is stopped below, on this thread, exactly once.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
+    store, quota = _encoder_cache(args)
     server = start_server(
         args.model_name,
         port=args.port,
@@ -41,11 +42,14 @@ def cmd_vllm_serve(args: argparse.Namespace) -> int:
         env_dir=args.env,
         extra_args=shlex.split(args.vllm_args or ""),
         cancel=stop.is_set,
+        encoder_cache=store,
+        encoder_cache_bytes=quota,
     )
     if server is None:  # stopped before it answered
         return 0
     try:
-        info = {"url": server.url, "pid": server.pid, "model_dir": str(server.model_dir), "image_limit": args.image_limit}
+        info = {"url": server.url, "pid": server.pid, "model_dir": str(server.model_dir), "image_limit": args.image_limit,
+                "encoder_cache": None if store is None else str(store)}
         if args.json:
             print(json.dumps(info), flush=True)
         else:
@@ -60,6 +64,20 @@ def cmd_vllm_serve(args: argparse.Namespace) -> int:
         server.stop()
 
 
+def _encoder_cache(args: argparse.Namespace) -> tuple[str | None, int]:
+    """(store, byte quota) of the encoder-cache connector; (None, 0) without ``--store`` or with ``--no-encoder-cache``.
+
+    The quota is the store's: ``--max-package-bytes``, else ``max_package_bytes`` in its ``refsight.toml``."""
+    store = getattr(args, "store", None)
+    if store is None or args.no_encoder_cache or args.image_limit == 0:
+        return None, 0
+    from ...settings import load_settings, parse_bytes
+
+    if getattr(args, "max_package_bytes", None) is not None:
+        return str(store), parse_bytes(args.max_package_bytes, name="--max-package-bytes")
+    return str(store), int(load_settings(store).store.max_package_bytes or 0)
+
+
 def register_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     """Add ``vllm-env`` and ``vllm-serve`` through ``build_parser``'s ``add(name, func, help)``."""
     p = add("vllm-env", cmd_vllm_env, "build (or reuse) the separate vLLM environment; print its python")
@@ -71,3 +89,6 @@ def register_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
                    help="images per prompt as pixels; 0 = embeddings only, vision encoder not loaded")
     p.add_argument("--env", default=None, metavar="DIR", help="the vLLM environment (default: as vllm-env)")
     p.add_argument("--vllm-args", default=None, metavar="ARGS", help="extra vLLM server flags, one quoted string")
+    # --store (the shared option): vLLM keeps its encoder outputs of references there (refsight's connector).
+    p.add_argument("--no-encoder-cache", action="store_true", help="with --store: do not start the encoder-cache connector")
+

@@ -5,18 +5,27 @@ built-in name such as ``tiny-qwen2-vl-vllm``, ``hf:DIR``, a folder or a hub id; 
 default the server's ``root`` from ``/v1/models``). It must be a Qwen family backend,
 and when the served model's config is readable here its embedding width must fit: vLLM
 does not check the width of ``image_embeds`` and a wrong one kills its engine.
+
+Whether the server runs its own vision encoder decides how images travel (pixel
+packages and uuids, or embeddings: :mod:`.backend`); it is asked once, with a uuid-only
+image part no server holds (:func:`server_encodes_images`), which costs no encode. Then
+whether it keeps what it was sent by uuid (:func:`server_keeps_uuids`: not with
+``--mm-processor-cache-gb 0``), so that a backend never sends uuid-only parts to a server
+that must answer each with "Cache miss".
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 from typing import Any
 
-from ...errors import InvalidInputError, ModelLoadError
+from ...errors import GenerationError, InvalidInputError, ModelLoadError
 from .backend import VLLMBackend
 from .client import DEFAULT_TIMEOUT_S, VLLMClient
+from .pixels import is_cache_miss
 
-__all__ = ["VLLM_PREFIX", "load_vllm_backend"]
+__all__ = ["VLLM_PREFIX", "IMAGE_MODES", "load_vllm_backend", "server_encodes_images", "server_keeps_uuids"]
 
 VLLM_PREFIX = "vllm:"
 #: Options passed on to the encoder (refsight's HF backend for the same weights).
@@ -24,6 +33,52 @@ _ENCODER_OPTIONS = ("dtype", "device", "batch_size", "revision", "attn")
 #: Options that would make refsight's preprocessing differ from the server's.
 _SERVER_SIDE = ("min_pixels", "max_pixels", "processor_kwargs")
 _QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+#: ``images=``: how images travel (default: asked of the server).
+IMAGE_MODES = ("pixels", "embeds")
+
+
+def _probe(served_model: str, uuid: str, url: str | None) -> dict[str, Any]:
+    """A one-token request of one image part with ``uuid`` (``url`` None: uuid-only)."""
+    return {
+        "model": served_model, "max_tokens": 1, "temperature": 0.0,
+        "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": None if url is None else {"url": url}, "uuid": uuid},
+            {"type": "text", "text": "?"},
+        ]}],
+    }
+
+
+def server_encodes_images(client: VLLMClient, served_model: str) -> bool:
+    """Whether the server takes ``image_url`` parts (it runs a vision encoder), asked without an encode.
+
+    A uuid-only part with a uuid nobody ever sent: a server with a vision encoder answers
+    "Cache miss" (HTTP 400, nothing ran); one started with image limit 0 refuses images.
+    """
+    try:
+        client.chat(_probe(served_model, f"refsight-probe-{secrets.token_hex(8)}", None))
+    except GenerationError as error:
+        return is_cache_miss(str(error))
+    return True  # it answered (a server that takes the part without data would encode nothing either)
+
+
+def server_keeps_uuids(client: VLLMClient, served_model: str) -> bool:
+    """Whether a uuid sent with pixels is then served uuid-only: a tiny image's encode, then the uuid alone.
+
+    The probe uuid is no reference uuid, so an encoder-cache connector never keeps it.
+    """
+    from PIL import Image
+
+    from .messages import png_data_url
+
+    uuid = f"refsight-probe-{secrets.token_hex(8)}"
+    client.chat(_probe(served_model, uuid, png_data_url(Image.new("RGB", (32, 32), (127, 127, 127)))))
+    try:
+        client.chat(_probe(served_model, uuid, None))
+    except GenerationError as error:
+        if is_cache_miss(str(error)):
+            return False
+        raise
+    return True
 
 
 def _encoder_name(encoder: str) -> str:
@@ -46,10 +101,14 @@ def _check_options(name: str, options: dict[str, Any], timeout: Any) -> str:
     for key in options:
         if key in _SERVER_SIDE:
             raise InvalidInputError(key, "not supported by the vllm backend: preprocessing is the vLLM server's (start it with --mm-processor-kwargs)")
-        if key not in _ENCODER_OPTIONS:
-            raise InvalidInputError(key, f"not supported by the vllm backend; accepted: encoder, timeout, {', '.join(_ENCODER_OPTIONS)}")
+        if key not in (*_ENCODER_OPTIONS, "images"):
+            raise InvalidInputError(
+                key, f"not supported by the vllm backend; accepted: encoder, timeout, images, {', '.join(_ENCODER_OPTIONS)}"
+            )
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
         raise InvalidInputError(f"timeout={timeout!r}", "must be a positive number of seconds")
+    if options.get("images") not in (None, *IMAGE_MODES):
+        raise InvalidInputError(f"images={options['images']!r}", f"must be one of {', '.join(IMAGE_MODES)}")
     return url
 
 
@@ -59,6 +118,9 @@ def load_vllm_backend(name: str, *, encoder: str | None = None, timeout: float |
     ``encoder``: the refsight model that encodes for this server (a built-in name
     such as ``tiny-qwen2-vl-vllm``, ``hf:DIR``, a folder or a hub id); default: the
     server's model ``root`` from ``/v1/models``. ``timeout``: seconds per request.
+    ``images``: ``pixels`` (the server encodes every image; references by uuid) or
+    ``embeds`` (refsight encodes, vLLM gets embeddings); default: ``pixels`` when the
+    server takes images (:func:`server_encodes_images`).
     ``dtype``, ``device``, ``batch_size``, ``revision``, ``attn`` go to the encoder;
     preprocessing options are refused (the server's processor decides, and the
     ``--no-cache`` pixel path must see the same images).
@@ -69,6 +131,8 @@ def load_vllm_backend(name: str, *, encoder: str | None = None, timeout: float |
     client = VLLMClient(name, url, timeout=timeout or DEFAULT_TIMEOUT_S)
     served = client.models()[0]
     root = str(served.get("root") or served.get("id"))
+    images = options.pop("images", None) or ("pixels" if server_encodes_images(client, str(served["id"])) else "embeds")
+    keeps_uuids = images == "pixels" and server_keeps_uuids(client, str(served["id"]))
     encoder_name = _encoder_name(encoder or root)
     backend = resolve_factory(encoder_name)(encoder_name, **{k: v for k, v in options.items() if v is not None})
     try:
@@ -81,7 +145,8 @@ def load_vllm_backend(name: str, *, encoder: str | None = None, timeout: float |
     except Exception:
         backend.close()
         raise
-    return VLLMBackend(name, client=client, served_model=str(served["id"]), encoder=backend)
+    return VLLMBackend(name, client=client, served_model=str(served["id"]), encoder=backend,
+                       encodes_images=images == "pixels", keeps_uuids=keeps_uuids)
 
 
 def _embedding_width(config: Any) -> tuple[str, int]:

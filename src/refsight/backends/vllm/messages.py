@@ -1,10 +1,11 @@
 """The OpenAI chat request the vLLM backend sends, and what it reads back from the answers.
 
 :func:`chat_body` turns one prepared request into ``/v1/chat/completions`` JSON: one
-message per turn whose content parts keep the segments' order. A cached package is an
-``image_embeds`` part (the encoder family's flat layout, with ``image_grid_thw`` and
-``uuid`` = the package key, so vLLM runs no vision encoder for it); a fresh image is an
-``image_url`` part with a lossless PNG, already resized onto its grid. The rest reads
+message per turn whose content parts keep the segments' order. Each image's part comes
+from the backend's ``image_part`` callable (:class:`~.pixels.ImageParts`): ``image_url``
+parts (pixels, a reference's uuid) for a server with a vision encoder, or
+:func:`embeds_part` (an ``image_embeds`` part: the encoder family's flat layout, with
+``image_grid_thw`` and ``uuid`` = the package key) for one without. The rest reads
 answers: token ids, finish reasons, log-probabilities, and the events of a stream
 (:class:`StreamedAnswer`).
 """
@@ -22,7 +23,7 @@ from ..base import GenerationRequest
 from ..sampling import Sampling
 
 __all__ = [
-    "TOP_LOGPROBS", "StreamedAnswer", "answer_logprobs", "chat_body", "content_part", "finish_reason",
+    "TOP_LOGPROBS", "StreamedAnswer", "answer_logprobs", "chat_body", "content_part", "embeds_part", "finish_reason",
     "logprob_matrix", "png_data_url", "sampling_fields", "yes_probability",
 ]
 
@@ -37,7 +38,8 @@ def png_data_url(image: Any) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-def _embeds_part(package: VisualPackage, encoder: Any) -> dict[str, Any]:
+def embeds_part(package: VisualPackage, encoder: Any) -> dict[str, Any]:
+    """An ``image_embeds`` part: the package's features in ``encoder``'s flat layout, its grid, its key as uuid."""
     import torch
 
     buffer = io.BytesIO()
@@ -53,13 +55,11 @@ def _embeds_part(package: VisualPackage, encoder: Any) -> dict[str, Any]:
     }
 
 
-def content_part(segment: Any, encoder: Any) -> dict[str, Any]:
-    """One OpenAI content part: text, a package's embeddings, or a fresh image's pixels on its grid."""
+def content_part(segment: Any, image_part: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+    """One OpenAI content part: text as is, an image (a package or a fresh image) as ``image_part`` writes it."""
     if isinstance(segment, str):
         return {"type": "text", "text": segment}
-    if isinstance(segment, VisualPackage):
-        return _embeds_part(segment, encoder)
-    return {"type": "image_url", "image_url": {"url": png_data_url(encoder.resize_to_grid(segment.image))}}
+    return image_part(segment)
 
 
 def sampling_fields(sampling: Sampling) -> dict[str, Any]:
@@ -85,14 +85,15 @@ def sampling_fields(sampling: Sampling) -> dict[str, Any]:
 
 
 def chat_body(
-    served_model: str, segments: list[Any], request: GenerationRequest, encoder: Any, *,
+    served_model: str, segments: list[Any], request: GenerationRequest, image_part: Callable[[Any], dict[str, Any]], *,
     grammar: str | None = None, return_logits: bool = False,
 ) -> dict[str, Any]:
     """The OpenAI chat request of ``segments`` (the prepared request's): one message per turn; vLLM renders
-    them in the model's chat template. ``grammar`` is the EBNF of the request's JSON schema."""
+    them in the model's chat template. ``image_part`` writes each image's part; ``grammar`` is the EBNF
+    of the request's JSON schema."""
     messages = []
     for role, turn in GenerationRequest(segments, turns=request.turns).turn_segments():
-        parts = [content_part(segment, encoder) for segment in turn]
+        parts = [content_part(segment, image_part) for segment in turn]
         if role != "user" and all(part["type"] == "text" for part in parts):
             # System and assistant turns as plain strings: every chat template takes those.
             messages.append({"role": role, "content": "".join(part["text"] for part in parts)})

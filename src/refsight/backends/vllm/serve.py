@@ -4,6 +4,11 @@
 console script (which fails in the CPU build). The server runs in its own process
 group, because vLLM starts an engine-core child process: stopping means signalling
 the whole group, then waiting, then killing what is left.
+
+With a refsight store (``encoder_cache``), the server runs refsight's encoder-cache
+connector on it (:func:`encoder_cache_flag`; :mod:`.connector`): its folder goes on the
+server's ``PYTHONPATH`` (nothing else of refsight's does) and vLLM's encoder outputs of
+references are kept in ``<store>/vllm-encoder/``.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import IO, Callable, Sequence
 
 from ...errors import BackendError, InvalidInputError
 
-__all__ = ["VLLMServer", "resolve_model_dir", "start_server", "free_port"]
+__all__ = ["VLLMServer", "encoder_cache_flag", "resolve_model_dir", "start_server", "free_port"]
 
 #: Seconds a server may take to answer ``/v1/models`` after start (CPU, cold caches).
 START_TIMEOUT_S = 600.0
@@ -47,6 +52,17 @@ def resolve_model_dir(model: str) -> tuple[Path, bool]:
     raise InvalidInputError(
         model, f"not a model folder with config.json nor a built-in vLLM model ({', '.join(tiny.VLLM_TINY_MODELS)})"
     )
+
+
+def encoder_cache_flag(store: str | os.PathLike, *, max_bytes: int = 0) -> list[str]:
+    """``--ec-transfer-config`` for refsight's connector on ``store`` (``max_bytes``: its quota, 0 = none)."""
+    from .connector import CONNECTOR_CLASS, CONNECTOR_MODULE
+
+    config = {
+        "ec_connector": CONNECTOR_CLASS, "ec_connector_module_path": CONNECTOR_MODULE, "ec_role": "ec_both",
+        "ec_connector_extra_config": {"store": str(Path(store).expanduser().resolve()), "max_bytes": int(max_bytes)},
+    }
+    return ["--ec-transfer-config", json.dumps(config)]
 
 
 @dataclass
@@ -106,6 +122,19 @@ def server_command(
     return cmd + list(extra)
 
 
+def _server_env(connector: bool) -> dict[str, str]:
+    """The server's environment: refsight's own paths never shadow the vLLM venv's packages; with the
+    connector, only its folder is on ``PYTHONPATH`` (its two modules import with vLLM's dependencies alone)."""
+    from .connector import CONNECTOR_PATH
+
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache: plenty for tiny models
+    env.pop("PYTHONPATH", None)
+    if connector:
+        env["PYTHONPATH"] = str(CONNECTOR_PATH)
+    return env
+
+
 def start_server(
     model: str,
     *,
@@ -116,9 +145,13 @@ def start_server(
     log: IO[str] | None = None,
     timeout: float = START_TIMEOUT_S,
     cancel: Callable[[], bool] | None = None,
+    encoder_cache: str | os.PathLike | None = None,
+    encoder_cache_bytes: int = 0,
 ) -> VLLMServer | None:
     """Start vLLM for ``model`` (folder or tiny name) and return once it answers ``/v1/models``.
 
+    ``encoder_cache``: a refsight store whose ``vllm-encoder/`` folder keeps vLLM's encoder
+    outputs (refsight's connector, bounded by ``encoder_cache_bytes``; 0 = no bound).
     The vLLM venv must exist (``refsight vllm-env``); its output goes to ``log``
     (default: this process's stderr). Raises :class:`BackendError` if the server
     exits or does not answer within ``timeout`` seconds. When ``cancel()`` turns true
@@ -131,10 +164,11 @@ def start_server(
         raise BackendError("vllm-serve", f"no vLLM environment at {env_dir or default_env_dir()}; run `refsight vllm-env` first")
     model_dir, tiny = resolve_model_dir(model)
     port = port or free_port()
-    env = dict(os.environ)
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache: plenty for tiny models
-    env.pop("PYTHONPATH", None)  # refsight's own paths must not shadow the vLLM venv's packages
-    cmd = server_command(python, model_dir, port, tiny=tiny, image_limit=image_limit, extra=extra_args)
+    env = _server_env(encoder_cache is not None)
+    extra = list(extra_args)
+    if encoder_cache is not None:
+        extra += encoder_cache_flag(encoder_cache, max_bytes=encoder_cache_bytes)
+    cmd = server_command(python, model_dir, port, tiny=tiny, image_limit=image_limit, extra=extra)
     process = subprocess.Popen(
         cmd, stdout=log or sys.stderr, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
         start_new_session=True,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..tiny import (
-    QWEN2_VISION, QWEN3_PROCESSOR, QWEN3_ROPE, QWEN3_VISION, QWEN25_VISION, QWEN_TINY_TEXT, TINY_MODELS, _Spec,
+    QWEN2_2B_VISION, QWEN2_VISION, QWEN3_PROCESSOR, QWEN3_ROPE, QWEN3_VISION, QWEN25_VISION, QWEN_TINY_TEXT, TINY_MODELS, _Spec,
     ensure_model_dir, load_tiny, qwen_spec,
 )
 
@@ -42,6 +42,11 @@ VLLM_TINY_MODELS: dict[str, _Spec] = {
     # For benchmarks: shape-qwen2-vl-2b (Qwen2-VL-2B's vision tower and projector at full
     # size, a one-layer language model; text heads of 128) with vLLM's files.
     "shape-qwen2-vl-2b-vllm": _Spec(**{**TINY_MODELS["shape-qwen2-vl-2b"].__dict__, "finish": _FINISH}),
+    # For the encoder-cache benchmark on a CPU: that vision tower cut to 8 of its 32 layers (an
+    # encode that is not negligible and still finishes here), the same one-layer language model.
+    "shape-qwen2-vl-2b-8l-vllm": _Spec(**{
+        **TINY_MODELS["shape-qwen2-vl-2b"].__dict__, "vision": {**QWEN2_2B_VISION, "depth": 8}, "finish": _FINISH,
+    }),
 }
 TINY_MODELS.update(VLLM_TINY_MODELS)
 

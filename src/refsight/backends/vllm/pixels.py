@@ -1,0 +1,181 @@
+"""Pixel packages and image parts: how ``vllm:`` sends images to a server that runs its own vision encoder.
+
+When the server has a vision encoder (it takes ``image_url`` parts), vLLM encodes every
+image on its own hardware and refsight runs no vision tower. What refsight stores for an
+image is then its **pixel package**: the image resized onto the encoder's patch grid (a
+``uint8`` ``[height, width, 3]`` tensor named ``pixels``) with its grid, under a
+fingerprint of its own (:func:`pixel_fingerprint`: the served weights' model, revision
+and preprocessing, ``backend="vllm"``, ``dtype="uint8"``), so its key names exactly the
+pixels vLLM will encode and never collides with an HF embedding package.
+
+A request's image parts (:class:`ImageParts`, one per attempt):
+
+- a **reference** (a package inside the request's reference prefix) travels by ``uuid`` =
+  :func:`reference_uuid` of its package key (content + fingerprint + scope: never a name a
+  client chose), uuid-only (``"image_url": null``) when this backend already gave the server
+  those pixels (:class:`HeldUuids`), its pixels + uuid otherwise; vLLM's caches, and
+  refsight's encoder-cache connector behind them (:mod:`.connector`), serve it by that uuid;
+- anything else (the candidate) travels as pixels with no uuid: vLLM encodes it, and the
+  connector never persists it (only ``refsight-`` uuids are);
+- a package holding embeddings (made for a server without a vision encoder) is an
+  ``image_embeds`` part, as before (:mod:`.messages`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from ...errors import CorruptPackageError
+from ...images import ImageInput
+from ...package import EncoderFingerprint, VisualPackage
+
+__all__ = [
+    "UUID_PREFIX", "HeldUuids", "ImageParts", "encode_pixels", "is_cache_miss", "pixel_fingerprint",
+    "pixel_image", "reference_uuid", "validate_pixels",
+]
+
+#: What every uuid refsight gives vLLM starts with: the connector persists only these.
+UUID_PREFIX = "refsight-"
+#: The tensor of a pixel package.
+PIXELS = "pixels"
+#: How many uuids a backend remembers as held by its server (least recently used forgotten).
+HELD_LIMIT = 65536
+
+
+def reference_uuid(package_key: str) -> str:
+    """The uuid vLLM knows a reference by: ``refsight-`` + its package key (64 hex digits)."""
+    return UUID_PREFIX + package_key
+
+
+def pixel_fingerprint(encoder: EncoderFingerprint) -> EncoderFingerprint:
+    """The fingerprint of pixel packages for the served weights: what changes the pixels vLLM encodes."""
+    return EncoderFingerprint(
+        backend="vllm",
+        model_id=encoder.model_id,
+        revision=encoder.revision,
+        dtype="uint8",
+        preprocessing={"package": "grid_pixels", "encoder": dict(encoder.preprocessing)},
+    )
+
+
+def encode_pixels(encoder: Any, images: Sequence[ImageInput], fingerprint: EncoderFingerprint) -> list[VisualPackage]:
+    """Pixel packages of ``images``: each resized onto its grid (PIL, as the HF encoder does), no vision tower."""
+    import numpy as np
+    import torch
+
+    patch = int(encoder.image_processor.patch_size)
+    packages = []
+    for image in images:
+        began = time.perf_counter()
+        resized = encoder.resize_to_grid(image.image).convert("RGB")
+        pixels = torch.from_numpy(np.array(resized, dtype=np.uint8))
+        height, width = int(pixels.shape[0]), int(pixels.shape[1])
+        metadata = {
+            "image_grid_thw": [1, height // patch, width // patch],
+            "num_tokens": encoder.grid_tokens(image.image),
+            "merge_size": int(encoder.merge_size),
+        }
+        packages.append(VisualPackage(
+            tensors={PIXELS: pixels}, metadata=metadata, image_sha256=image.sha256, fingerprint=fingerprint,
+            encode_ms=(time.perf_counter() - began) * 1000,
+        ))
+    return packages
+
+
+def validate_pixels(package: VisualPackage, fingerprint: EncoderFingerprint, patch: int) -> None:
+    """A pixel package's checks: its fingerprint, one ``uint8 [h, w, 3]`` tensor, a grid that matches it."""
+    if package.fingerprint != fingerprint:
+        raise CorruptPackageError(package.key, "made for another model or preprocessing than this vLLM server's")
+    pixels = package.tensors.get(PIXELS)
+    if set(package.tensors) != {PIXELS} or pixels is None or str(pixels.dtype) != "torch.uint8" or pixels.dim() != 3:
+        raise CorruptPackageError(package.key, "a pixel package holds one uint8 [height, width, 3] tensor 'pixels'")
+    height, width, channels = (int(s) for s in pixels.shape)
+    grid = [int(x) for x in package.metadata.get("image_grid_thw") or ()]
+    merge = int(package.metadata.get("merge_size") or 1)
+    if channels != 3 or grid != [1, height // patch, width // patch] or height % patch or width % patch:
+        raise CorruptPackageError(package.key, f"pixels {height}x{width}x{channels} do not fit the grid {grid}")
+    if int(package.metadata.get("num_tokens", -1)) != grid[1] * grid[2] // merge**2:
+        raise CorruptPackageError(package.key, "num_tokens does not match the grid")
+
+
+def pixel_image(package: VisualPackage) -> Any:
+    """The PIL image of a pixel package (the exact pixels stored)."""
+    from PIL import Image
+
+    return Image.fromarray(package.tensors[PIXELS].numpy(), mode="RGB")
+
+
+def is_cache_miss(message: str) -> bool:
+    """Whether vLLM refused a uuid-only part it does not hold (HTTP 400 ``Cache miss for image ...``)."""
+    return "Cache miss for" in message
+
+
+class HeldUuids:
+    """The uuids this backend's server was given pixels for (bounded, least recently used forgotten; thread-safe)."""
+
+    def __init__(self, limit: int = HELD_LIMIT) -> None:
+        self._limit = limit
+        self._uuids: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __contains__(self, uuid: object) -> bool:
+        with self._lock:
+            return uuid in self._uuids
+
+    def add(self, uuids: Iterable[str]) -> None:
+        """Note ``uuids`` as held (most recently used)."""
+        with self._lock:
+            for uuid in uuids:
+                self._uuids[uuid] = None
+                self._uuids.move_to_end(uuid)
+            while len(self._uuids) > self._limit:
+                self._uuids.popitem(last=False)
+
+    def forget(self, uuids: Iterable[str]) -> None:
+        """The server said it no longer holds ``uuids``."""
+        with self._lock:
+            for uuid in uuids:
+                self._uuids.pop(uuid, None)
+
+
+@dataclass
+class ImageParts:
+    """The image parts of one attempt at one request (a callable: segment -> OpenAI content part).
+
+    ``references``: the package keys of the request's reference prefix (sent by uuid);
+    ``held``: what the server is expected to hold; ``resend``: pixels for every reference
+    (the retry after a "Cache miss"). After the attempt, :attr:`uuid_only` and :attr:`sent`
+    say which uuids went without and with pixels.
+    """
+
+    encoder: Any
+    references: frozenset[str]
+    held: HeldUuids
+    resend: bool = False
+    uuid_only: list[str] = field(default_factory=list)
+    sent: list[str] = field(default_factory=list)
+
+    def __call__(self, segment: Any) -> dict[str, Any]:
+        """The content part of one image segment (a package or a fresh image)."""
+        from .messages import embeds_part, png_data_url
+
+        if isinstance(segment, ImageInput):
+            return {"type": "image_url", "image_url": {"url": png_data_url(self.encoder.resize_to_grid(segment.image))}}
+        if PIXELS not in segment.tensors:
+            return embeds_part(segment, self.encoder)
+        if segment.key not in self.references:
+            return {"type": "image_url", "image_url": {"url": png_data_url(pixel_image(segment))}}
+        uuid = reference_uuid(segment.key)
+        if not self.resend and uuid in self.held:
+            self.uuid_only.append(uuid)
+            return {"type": "image_url", "image_url": None, "uuid": uuid}
+        self.sent.append(uuid)
+        return {"type": "image_url", "image_url": {"url": png_data_url(pixel_image(segment))}, "uuid": uuid}
+
+    def succeeded(self) -> None:
+        """The server answered: every uuid of this attempt is now held."""
+        self.held.add([*self.uuid_only, *self.sent])
