@@ -19,7 +19,6 @@ torch is imported by this module; ``refsight.models`` only imports it on demand.
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +33,8 @@ from PIL import Image
 from torch import nn
 
 from refsight.errors import InvalidInputError, ModelLoadError
+
+from ._hashing import file_sha256
 
 __all__ = [
     "MODEL_ID",
@@ -187,14 +188,6 @@ def imagenet_labels() -> tuple[str, ...]:
     return labels
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 class EfficientNetLite0Classifier:
     """Inference wrapper: PIL images in, probabilities / labels / features out (CPU, eval mode)."""
 
@@ -212,7 +205,7 @@ class EfficientNetLite0Classifier:
         self.net = net.eval()
         self.preprocessing = preprocessing
         self.labels: tuple[str, ...] = imagenet_labels()
-        self._weights_sha256 = _sha256(path)
+        self._weights_sha256 = file_sha256(path)
         # The last batch's outputs, by image identity: the ConSE embedder and the ImageNet record
         # of one ingest batch need the same forward pass (features and logits), so it runs once.
         self._last: tuple[tuple[Image.Image, ...], tuple[np.ndarray, np.ndarray]] | None = None

@@ -12,7 +12,6 @@ torch is imported by this module; ``refsight.models`` only imports it on demand.
 from __future__ import annotations
 
 import functools
-import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,8 @@ import numpy as np
 import torch
 
 from refsight.errors import InvalidInputError, ModelLoadError
+
+from ._hashing import file_sha256
 
 __all__ = ["MODEL_ID", "TextEncoder", "load_minilm", "model_dir"]
 
@@ -56,7 +57,7 @@ class TextEncoder:
         except Exception as exc:
             raise ModelLoadError(MODEL_ID, f"cannot load from {path}: {exc}") from exc
         weights = path / "model.safetensors"
-        self._weights_sha256 = _sha256(weights) if weights.is_file() else None
+        self._weights_sha256 = file_sha256(weights) if weights.is_file() else None
         self.path = path
 
     @property
@@ -91,14 +92,6 @@ class TextEncoder:
         if not out:
             return np.zeros((0, self.dim), np.float32)
         return np.concatenate(out).astype(np.float32)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @functools.cache

@@ -13,14 +13,13 @@ kept up to date by :meth:`AnnIndex.remove` and :meth:`AnnIndex.add` from then on
 
 from __future__ import annotations
 
-import os
 import struct
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from refsight.locks import ReadWriteLock
+from refsight.retrieval._atomic import replace_atomically
 
 __all__ = ["DEFAULT_GRAPH", "AnnIndex"]
 
@@ -146,18 +145,11 @@ class AnnIndex:
 
     def save(self, path: Path) -> None:
         """Write atomically: a temp file in the same folder, fsync, then rename over ``path``."""
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-        os.close(fd)
-        try:
+        def write(tmp: str) -> None:
             with self._lock.reading():  # a save only reads: searches may overlap it, changes wait
                 self._index.save_index(tmp)
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+
+        replace_atomically(Path(path), write)
 
     @classmethod
     def load(cls, path: Path, dim: int, expansion_search: int = DEFAULT_GRAPH["expansion_search"]) -> AnnIndex:

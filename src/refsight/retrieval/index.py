@@ -40,8 +40,6 @@ included), is rebuilt from the cached vectors.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -49,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from refsight.errors import InvalidInputError
+from refsight.retrieval._atomic import replace_atomically
 from refsight.retrieval.ann import DEFAULT_GRAPH, AnnIndex
 from refsight.retrieval.vectors import VectorDB
 
@@ -304,13 +303,4 @@ def _top_live(labels: np.ndarray, scores: np.ndarray, k: int, live) -> list[tupl
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    replace_atomically(path, lambda tmp: Path(tmp).write_text(text))

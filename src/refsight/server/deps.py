@@ -10,7 +10,8 @@ resolved by :func:`~refsight.server.auth.require_tenant` (its presence is also w
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
@@ -25,41 +26,27 @@ from .tenants import Tenants
 __all__ = ["ServiceDep", "PoolDep", "MetricsDep", "ConfigDep", "TenantsDep", "MediaUuidsDep", "Tenant"]
 
 
-def _service(request: Request) -> Service:
-    return request.app.state.service
+def _app_state(name: str) -> Callable[[Request], Any]:
+    """The dependency that hands a route ``app.state.<name>`` (what :func:`create_app` built once)."""
 
+    def from_state(request: Request) -> Any:
+        return getattr(request.app.state, name)
 
-def _pool(request: Request) -> WorkPool:
-    return request.app.state.pool
-
-
-def _metrics(request: Request) -> Metrics:
-    return request.app.state.metrics
-
-
-def _config(request: Request) -> ServerConfig:
-    return request.app.state.config
-
-
-def _tenants(request: Request) -> Tenants:
-    return request.app.state.tenants
-
-
-def _media_uuids(request: Request) -> MediaUuids:
-    return request.app.state.media_uuids
+    from_state.__name__ = f"app_state_{name}"  # one name per dependency in the OpenAPI schema and tracebacks
+    return from_state
 
 
 #: The one :class:`~refsight.server.service.Service` (engine) of the app.
-ServiceDep = Annotated[Service, Depends(_service)]
+ServiceDep = Annotated[Service, Depends(_app_state("service"))]
 #: The bounded :class:`~refsight.server.limits.WorkPool` model work runs in.
-PoolDep = Annotated[WorkPool, Depends(_pool)]
+PoolDep = Annotated[WorkPool, Depends(_app_state("pool"))]
 #: The app's Prometheus :class:`~refsight.server.metrics.Metrics`.
-MetricsDep = Annotated[Metrics, Depends(_metrics)]
+MetricsDep = Annotated[Metrics, Depends(_app_state("metrics"))]
 #: The :class:`~refsight.server.config.ServerConfig` the app was built with.
-ConfigDep = Annotated[ServerConfig, Depends(_config)]
+ConfigDep = Annotated[ServerConfig, Depends(_app_state("config"))]
 #: The API keys → namespaces of the app.
-TenantsDep = Annotated[Tenants, Depends(_tenants)]
+TenantsDep = Annotated[Tenants, Depends(_app_state("tenants"))]
 #: The images clients sent under vLLM ``uuid`` s, per tenant (:mod:`~refsight.server.media_uuids`).
-MediaUuidsDep = Annotated[MediaUuids, Depends(_media_uuids)]
+MediaUuidsDep = Annotated[MediaUuids, Depends(_app_state("media_uuids"))]
 #: The caller's namespace (401 without a valid key when keys are configured).
 Tenant = Annotated[str, Depends(require_tenant)]
