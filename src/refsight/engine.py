@@ -338,7 +338,7 @@ class Engine:
         attributes: Sequence[str] = ("imagenet",), evidence_max_chars: int | None = None,
         model: str | None = None, namespace: str | None = None, recall: str | None = None,
         rerank: int | None = None, reranker: str | Reranker = "vlm", recall_k: int | None = None,
-        use_kv_cache: bool = True,
+        use_kv_cache: bool = True, on_stage: Callable[[str], None] | None = None,
     ) -> CompareResult:
         """Judge ``candidate`` against references, criterion by criterion (:class:`~refsight.compare.ComparePipeline`).
 
@@ -355,6 +355,7 @@ class Engine:
         reference prefix afresh). Criteria the attribute records
         (``"imagenet"``, ``"vlm"``) settle are answered from them unless ``force_vlm``.
         ``evidence_max_chars`` bounds each evidence string. Results are sorted by score.
+        ``on_stage`` is told each stage's name (``recall``, ``prefilter``, ``rerank``, ``judge`` ...) as it starts.
         """
         options = CompareOptions(
             criteria=criteria, ref_ids=tuple(ref_ids), top_k=top_k, query=query, recall=recall, rerank=rerank,
@@ -362,7 +363,7 @@ class Engine:
             evidence_max_chars=evidence_max_chars,
         )
         context = self.context(namespace, model, use_cache=use_cache, use_kv_cache=use_kv_cache)
-        return self.comparisons.run(context, candidate, options)
+        return self.comparisons.run(context, candidate, options, on_stage)
 
     # -- maintenance -------------------------------------------------------------------
     def stats(self, *, namespace: str | None = None, tenant_view: bool = False, all_namespaces: bool = False) -> StoreStats:

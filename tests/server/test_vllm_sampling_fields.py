@@ -51,10 +51,13 @@ def test_repetition_penalty_reaches_vllm_with_transformers_meaning(live):
     backend = live.service.engine.backend()
     encoder = backend.encoder
     image = live.service.decode(photo_png(), "image")
-    package = encoder.encode([image])[0]
+    # Each runtime its own package of the image (the vLLM server encodes pixels: its packages are
+    # pixel packages, keyed apart from the transformers encoder's features).
+    packages = {id(backend): backend.encode([image])[0], id(encoder): encoder.encode([image])[0]}
 
     def tokens(on, penalty):
-        request = GenerationRequest(["Describe", package], max_new_tokens=16, sampling=Sampling(repetition_penalty=penalty))
+        request = GenerationRequest(["Describe", packages[id(on)]], max_new_tokens=16,
+                                    sampling=Sampling(repetition_penalty=penalty))
         return on.generate([request])[0].token_ids
 
     assert tokens(backend, 1.0) == tokens(encoder, 1.0)  # the same weights, the same greedy tokens

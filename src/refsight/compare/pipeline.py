@@ -77,10 +77,19 @@ class ComparePipeline:
     #: Whether a run shows its stage and elapsed time on stderr (the engine's ``progress``).
     progress: Callable[[], bool] = field(default=lambda: False)
 
-    def run(self, context: RequestContext, candidate: ImageSource, options: CompareOptions) -> CompareResult:
-        """Judge ``candidate`` under ``options`` (see :mod:`refsight.compare`)."""
+    def run(
+        self, context: RequestContext, candidate: ImageSource, options: CompareOptions,
+        on_stage: Callable[[str], None] | None = None,
+    ) -> CompareResult:
+        """Judge ``candidate`` under ``options`` (see :mod:`refsight.compare`); ``on_stage`` is told
+        each stage's name as it starts (a server's progress endpoint)."""
         with StageTicker("compare", enabled=self.progress()) as ticker:
-            return self._run(context, candidate, options, StageTimer(on_start=ticker.stage))
+            def started(stage: str) -> None:
+                ticker.stage(stage)
+                if on_stage is not None:
+                    on_stage(stage)
+
+            return self._run(context, candidate, options, StageTimer(on_start=started))
 
     def _run(self, context: RequestContext, candidate: ImageSource, options: CompareOptions, timer: StageTimer) -> CompareResult:
         request = self._request(context, candidate, options)

@@ -26,6 +26,7 @@ from .errors import ERROR_RESPONSES, CatchAllMiddleware, OpenAIErrorShapeMiddlew
 from .gate import AuthGateMiddleware
 from .limits import BodyLimitMiddleware, WorkPool
 from .media_uuids import MediaUuids
+from .progress import CompareProgress
 from .methods import HeadAsGetMiddleware
 from .metrics import Metrics
 from .openai_compat import router as openai_router
@@ -90,6 +91,7 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
     app.state.service = service
     app.state.pool = pool
     app.state.media_uuids = MediaUuids(config.media_uuid_bytes)
+    app.state.progress = CompareProgress()
     metrics = Metrics(lambda: _cache_stats(service))
     app.state.metrics = metrics
     install_error_handlers(app)

@@ -20,10 +20,11 @@ from .config import ServerConfig
 from .limits import WorkPool
 from .media_uuids import MediaUuids
 from .metrics import Metrics
+from .progress import CompareProgress
 from .service import Service
 from .tenants import Tenants
 
-__all__ = ["ServiceDep", "PoolDep", "MetricsDep", "ConfigDep", "TenantsDep", "MediaUuidsDep", "Tenant"]
+__all__ = ["ServiceDep", "PoolDep", "MetricsDep", "ConfigDep", "TenantsDep", "MediaUuidsDep", "ProgressDep", "Tenant"]
 
 
 def _app_state(name: str) -> Callable[[Request], Any]:
@@ -48,5 +49,7 @@ ConfigDep = Annotated[ServerConfig, Depends(_app_state("config"))]
 TenantsDep = Annotated[Tenants, Depends(_app_state("tenants"))]
 #: The images clients sent under vLLM ``uuid`` s, per tenant (:mod:`~refsight.server.media_uuids`).
 MediaUuidsDep = Annotated[MediaUuids, Depends(_app_state("media_uuids"))]
+#: The stage of each running compare that asked for progress (:mod:`~refsight.server.progress`).
+ProgressDep = Annotated[CompareProgress, Depends(_app_state("progress"))]
 #: The caller's namespace (401 without a valid key when keys are configured).
 Tenant = Annotated[str, Depends(require_tenant)]

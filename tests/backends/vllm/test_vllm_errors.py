@@ -134,13 +134,16 @@ def test_an_encoder_that_does_not_fit_the_served_model_is_refused_before_sending
     _server_still_answers(server, photos)
 
 
-def test_a_grid_that_does_not_match_the_embeddings_is_refused(server, photos, monkeypatch):
-    """refsight's own check refuses it before sending; forced past that check, vLLM's
-    refusal (an HTTP 500 in vLLM 0.32) is still a GenerationError naming the server."""
+def test_a_grid_that_does_not_match_the_embeddings_is_refused(server, photos):
+    """refsight's own check refuses it before sending, and the server stays up.
+
+    Not forced past that check any more: with the server encoding pixels too, vLLM 0.32's engine
+    dies on such a grid (``split_with_sizes`` in the model runner) instead of answering 500, taking
+    every later request down with it. refsight's check is what keeps a bad package from it."""
     import dataclasses
 
     from refsight.backends.registry import get_backend
-    from refsight.errors import CorruptPackageError, GenerationError
+    from refsight.errors import CorruptPackageError
 
     backend = get_backend(f"vllm:{server.url}", images="embeds")  # the grid travels with image_embeds only
     package = backend.encode([photos["chelsea"]])[0]
@@ -148,10 +151,6 @@ def test_a_grid_that_does_not_match_the_embeddings_is_refused(server, photos, mo
     bad = dataclasses.replace(package, metadata={**package.metadata, "image_grid_thw": [t, h + 2, w]})
     with pytest.raises(CorruptPackageError):  # refsight's own check comes first
         backend.generate([_request(backend, photos, package=bad)])
-    monkeypatch.setattr(backend, "validate_package", lambda package: None)
-    with pytest.raises(GenerationError, match="answered HTTP [45]") as info:
-        backend.generate([_request(backend, photos, package=bad)])
-    assert server.url in str(info.value)
     _server_still_answers(server, photos)
 
 

@@ -8,8 +8,9 @@ from fastapi import APIRouter, Request
 
 from ... import validate_ref_id, validate_where
 from ..bodies import CompareBody, SearchBody, body_schema, decode_image_field, read_body
-from ..deps import MetricsDep, PoolDep, ServiceDep, Tenant
-from ..errors import ERROR_RESPONSES, fields_named, inputs_as_fields
+from ..deps import MetricsDep, PoolDep, ProgressDep, ServiceDep, Tenant
+from ..errors import ERROR_RESPONSES, ApiError, fields_named, inputs_as_fields
+from ..progress import PROGRESS_HEADER, check_token
 
 __all__ = ["router"]
 
@@ -21,9 +22,15 @@ router = APIRouter()
     openapi_extra=body_schema(CompareBody, files={"candidate"}),
 )
 async def compare(
-    request: Request, namespace: Tenant, service: ServiceDep, pool: PoolDep, metrics: MetricsDep
+    request: Request, namespace: Tenant, service: ServiceDep, pool: PoolDep, metrics: MetricsDep, progress: ProgressDep,
 ) -> dict[str, Any]:
-    """Judge a candidate against references criterion by criterion; the JSON of ``refsight compare --json``."""
+    """Judge a candidate against references criterion by criterion; the JSON of ``refsight compare --json``.
+
+    With an ``X-Refsight-Progress: TOKEN`` header, ``GET /v1/compare/progress/TOKEN`` says the stage it is in.
+    """
+    token = request.headers.get(PROGRESS_HEADER)
+    if token is not None:
+        check_token(token, "X-Refsight-Progress")
     body, blobs = await read_body(request, CompareBody, files={"candidate"})
     # The rules between fields (rerank, recall_k and query need top_k ...) are the library's,
     # checked once there (400 naming the field).
@@ -33,16 +40,26 @@ async def compare(
 
     def work() -> dict[str, Any]:
         candidate = service.decode(data, "candidate")
-        with inputs_as_fields(rubric="criteria"):
+        with inputs_as_fields(rubric="criteria"), progress.tracking(namespace, token) as on_stage:
             return service.compare(
                 candidate, namespace=namespace, criteria=body.criteria, ref_ids=tuple(body.ref_ids), top_k=body.top_k,
                 query=body.query, use_cache=body.use_cache, use_kv_cache=body.use_kv_cache, force_vlm=body.force_vlm,
                 recall=body.recall, rerank=body.rerank, recall_k=body.recall_k, reranker=body.reranker,
+                on_stage=on_stage,
             )
 
     result = await pool.run(work)
     metrics.stages(result.get("stages", {}), result.get("timings_ms", {}))
     return result
+
+
+@router.get("/v1/compare/progress/{token}", tags=["judge"], responses={k: ERROR_RESPONSES[k] for k in (400, 404)})
+async def compare_progress(token: str, namespace: Tenant, progress: ProgressDep) -> dict[str, Any]:
+    """The stage of the caller's running compare sent with ``X-Refsight-Progress: TOKEN`` (404 when none runs)."""
+    found = progress.get(namespace, check_token(token))
+    if found is None:
+        raise ApiError(404, "not_found", "no compare runs under this progress token (it ended, or never started)")
+    return found
 
 
 @router.post("/v1/search", tags=["retrieval"], responses={400: ERROR_RESPONSES[400]})
