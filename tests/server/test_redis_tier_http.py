@@ -3,6 +3,7 @@ back, it refills; each tier's figures in ``/v1/stats`` and ``/metrics``; ``refsi
 
 from __future__ import annotations
 
+import math
 import re
 import time
 
@@ -47,11 +48,16 @@ def test_redis_stopped_mid_run_no_request_fails_and_back_it_refills(make_server,
         assert _metric(metrics, "refsight_tier_available", "redis") == 1
 
         redis_server.stop()
+        began = time.monotonic()
         statuses = [_compare(client).status_code for _ in range(10)]
+        elapsed = time.monotonic() - began
         assert statuses == [200] * 10  # served from disk
         down = client.get("/v1/stats").json()["tiers"]
         assert down["redis"]["available"] is False and down["redis"]["outages"] == 1
-        assert down["redis"]["errors"] <= 3 and down["redis"]["skipped"] > 0  # backed off, not retried per call
+        # Backed off, not retried per call: one probe per back-off, which doubles from 0.5 s, so the
+        # errors grow with the log of the time the compares took (a loaded machine takes longer).
+        probes = 1 + math.floor(math.log2(1 + elapsed / 0.5))
+        assert down["redis"]["errors"] <= probes + 1 and down["redis"]["skipped"] > 0, (down["redis"], elapsed)
         assert down["disk"]["hits"] >= 30
         metrics = client.get("/metrics").text
         assert _metric(metrics, "refsight_tier_available", "redis") == 0
