@@ -26,33 +26,12 @@ from pathlib import Path
 
 import pytest
 
-from vllm_helpers import MAX_NEW_TOKENS, VLLM_FAMILIES, pixel_tokens
+from vllm_helpers import MAX_NEW_TOKENS, pixel_tokens
 from worker_spec import CANDIDATE, REFS, cases, layout, run_worker, stored_keys
 
 pytestmark = pytest.mark.vllm
 
 WORKER = Path(__file__).with_name("_vllm_cached_worker.py")
-
-
-@pytest.fixture(scope="module", params=VLLM_FAMILIES)
-def served(request, vllm_servers):
-    """(tiny model name, its running server with pixels allowed)."""
-    return request.param, vllm_servers.get(request.param, 8)
-
-
-@pytest.fixture(scope="module")
-def grid_photos(served, photos):
-    """The test photos resized onto the family's grid (multiples of patch × merge, within the pixel bounds)."""
-    from PIL import Image
-
-    from refsight.images import load_image
-
-    factor = 32 if "qwen3" in served[0] else 28
-    shapes = {"chelsea": (4, 3), "coffee": (3, 2), "astronaut": (3, 3), "rocket": (2, 4)}
-    return {
-        name: load_image(photos[name].image.resize((w * factor, h * factor), Image.BICUBIC), name=name)
-        for name, (w, h) in shapes.items()
-    }
 
 
 @pytest.fixture(scope="module")

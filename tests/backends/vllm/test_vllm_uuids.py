@@ -12,32 +12,11 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_helpers import MAX_NEW_TOKENS, VLLM_FAMILIES, pixel_tokens
+from vllm_helpers import MAX_NEW_TOKENS, pixel_tokens
 
 pytestmark = pytest.mark.vllm
 
 REFS = ("chelsea", "coffee", "astronaut")
-
-
-@pytest.fixture(scope="module", params=VLLM_FAMILIES)
-def served(request, vllm_servers):
-    """(tiny model name, its running server with pixels allowed)."""
-    return request.param, vllm_servers.get(request.param, 8)
-
-
-@pytest.fixture(scope="module")
-def grid_photos(served, photos):
-    """The photos on the family's grid, so the independent pixel path sees the very pixels refsight stores."""
-    from PIL import Image
-
-    from refsight.images import load_image
-
-    factor = 32 if "qwen3" in served[0] else 28
-    shapes = {"chelsea": (4, 3), "coffee": (3, 2), "astronaut": (3, 3), "rocket": (2, 4)}
-    return {
-        name: load_image(photos[name].image.resize((w * factor, h * factor), Image.BICUBIC), name=name)
-        for name, (w, h) in shapes.items()
-    }
 
 
 def _fresh_backend(url: str):
