@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from refsight.backends.llamacpp.models import LLAMA_CPP_PYTHON_VERSION  # noqa: E402
 from refsight.config import model_cache_dir  # noqa: E402
 
-__all__ = ["CMAKE_FLAGS", "LlamaServer", "build_key", "ensure_llama_server", "find_llama_server", "server_cache_dir"]
+__all__ = ["CMAKE_FLAGS", "LlamaServer", "build_key", "ensure_llama_server", "find_llama_server", "server_cache_dir", "stop_process"]
 
 #: Bump when the recipe below changes, so an old binary is not reused.
 RECIPE_VERSION = 1
@@ -224,6 +224,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_process(process: subprocess.Popen | None, *, timeout: float) -> None:
+    """SIGTERM ``process`` if it still runs, SIGKILL after ``timeout`` seconds (nothing when None or ended)."""
+    if process is not None and process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 class LlamaServer:
     """``llama-server -m MODEL --mmproj MMPROJ`` on 127.0.0.1, as its users start it.
 
@@ -273,13 +284,7 @@ class LlamaServer:
 
     def stop(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL after 30 s). Idempotent."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, timeout=30)
         self.process = None
 
     def __enter__(self) -> LlamaServer:

@@ -52,7 +52,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from llama_server import LlamaServer, build_info, ensure_llama_server, free_port  # noqa: E402
+from llama_server import LlamaServer, build_info, ensure_llama_server, free_port, stop_process  # noqa: E402
 
 MARKER = "<__media__>"  # mtmd's default media marker (llama-server's is random unless pinned)
 
@@ -208,14 +208,8 @@ class RefsightServer:
             time.sleep(0.5)
 
     def stop(self) -> None:
-        """Stop the server. Idempotent."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        """Stop the server (SIGTERM, then SIGKILL after 60 s). Idempotent."""
+        stop_process(self.process, timeout=60)
         self.process = None
 
     def add_references(self, images: list[bytes]) -> float:
