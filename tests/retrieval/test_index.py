@@ -174,6 +174,28 @@ def test_removed_label_is_filtered_even_before_the_index_hears_of_it(tmp_path, d
     assert labels[5] not in {lbl for lbl, _ in idx.search(vecs[5], 5)}
 
 
+@pytest.mark.parametrize("threshold", [50, 10], ids=["exact", "ann"])
+def test_labels_removed_between_listing_and_reading_are_skipped(tmp_path, db, monkeypatch, threshold):
+    """Another writer removes the new labels after the index lists them and before it reads their vectors."""
+    vecs = clustered(20, 15)
+    labels = fill(db, vecs)
+    idx = open_index(tmp_path, db, threshold)
+    idx.search(vecs[0], 1)  # synced: the next sync reads only labels above these
+    fill(db, clustered(3, 16))  # re-adds ref0..ref2: three new labels
+    listed = VectorDB.labels
+
+    def list_then_remove(self, *args, **kwargs):
+        found = listed(self, *args, **kwargs)
+        if kwargs.get("after"):
+            for i in range(3):
+                self.delete_ref("default", f"ref{i}")
+        return found
+
+    monkeypatch.setattr(VectorDB, "labels", list_then_remove)
+    hits = idx.search(vecs[5], 25)
+    assert {lbl for lbl, _ in hits} == set(labels[3:])
+
+
 def test_labels_are_never_reused(db):
     db.put_vectors(EMB, {"a": np.ones(DIM, np.float32)})
     first, _ = db.upsert_entry(EMB, "default", "x", "a", {})

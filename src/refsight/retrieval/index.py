@@ -135,19 +135,28 @@ class VectorIndex:
             self._ann = None
             if self._exact is None or len(self._exact[0]) > 2 * live + 64:
                 # First read, or most vectors held belong to labels removed since: read afresh.
-                self._exact = self.db.vectors_for_labels(self.embedder, self.namespace)
+                self._exact = self._read_vectors()
                 self._seen_max = self._highest(self._exact[0])
                 return
         new = self.db.labels(self.embedder, self.namespace, after=self._seen_max)
         if not len(new):
             return
-        lbl, vec = self.db.vectors_for_labels(self.embedder, self.namespace, new)
+        lbl, vec = self._read_vectors(new)
         if self._ann is not None:
             self._ann.add(lbl, vec)
             self._dirty = True
         else:
             self._append_exact(lbl, vec)
         self._seen_max = max(self._seen_max, int(new.max()))
+
+    def _read_vectors(self, labels: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(labels, vectors) of the live entries among ``labels`` (all when None), vectors ``(n, dim)``.
+
+        Shaped here because the database answers an empty read with a ``(0, 0)`` array, and an
+        empty read is an ordinary race: the labels listed a moment ago may since have been removed.
+        """
+        lbl, vec = self.db.vectors_for_labels(self.embedder, self.namespace, labels)
+        return lbl, vec.reshape(len(lbl), self.dim)
 
     @staticmethod
     def _highest(labels: np.ndarray) -> int:
@@ -177,8 +186,7 @@ class VectorIndex:
         live = self.db.labels(self.embedder, self.namespace)
         missing, newly_deleted = ann.retain(live)
         if len(missing):
-            lbl, vec = self.db.vectors_for_labels(self.embedder, self.namespace, missing)
-            ann.add(lbl, vec)
+            ann.add(*self._read_vectors(missing))
         self._ann = ann
         self._seen_max = int(live.max()) if len(live) else 0
         self._dirty = bool(len(missing) or newly_deleted)
@@ -188,7 +196,7 @@ class VectorIndex:
         """Rebuild the ANN file from the cached vectors (no model runs) and save it."""
         with self._lock:
             self._exact = None
-            labels, vectors = self.db.vectors_for_labels(self.embedder, self.namespace)
+            labels, vectors = self._read_vectors()
             ann = AnnIndex(self.dim, expansion_search=self.expansion_search, capacity=len(labels))
             ann.add(labels, vectors)
             self._ann = ann
@@ -259,7 +267,7 @@ class VectorIndex:
                 labels, vectors = labels[mask], vectors[mask]
             return _exact_top(labels, vectors, query, k, self._live)
         if allowed is not None and len(allowed) <= EXACT_FILTER_LIMIT:
-            labels, vectors = self.db.vectors_for_labels(self.embedder, self.namespace, allowed)
+            labels, vectors = self._read_vectors(allowed)
             return _exact_top(labels, vectors, query, k, self._live)
         return self._ann_search(query, k, allowed)
 
