@@ -13,8 +13,8 @@ candidate never sent before, in one run:
 - (b) ``after_restart``: both servers restarted, then the first requests, on shortlists
   seen before the restart (refsight's packages and prefix states are on disk;
   llama-server's slot and prompt cache were in memory);
-- (c) ``concurrent``: C clients at once, each with its own R references (llama-server with
-  ``-np C``; refsight's llama.cpp backend runs one request at a time);
+- (c) ``concurrent``: C clients at once, each with its own R references (both servers with
+  ``-np C``: C slots decoding together, each with its own prefix);
 - (d) ``same_refs``: the same R references in the same order every time, after one
   untimed request (llama-server's slot is warm: it evaluates only the candidate).
 
@@ -177,8 +177,9 @@ def run_concurrent(peer: Peer, requests: list[Request], clients: int, max_tokens
 class RefsightServer:
     """``refsight serve`` in its own process on loopback, with a store on disk that outlives restarts."""
 
-    def __init__(self, model: str, mmproj: str | None, store: Path, log_path: Path) -> None:
+    def __init__(self, model: str, mmproj: str | None, store: Path, log_path: Path, parallel: int = 1) -> None:
         self.model, self.mmproj, self.store, self.log_path = model, mmproj, store, log_path
+        self.parallel = parallel  # slots (-np): read at each start
         self.process: subprocess.Popen | None = None
         self.url = ""
 
@@ -189,7 +190,8 @@ class RefsightServer:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         cmd = [sys.executable, "-m", "refsight.cli", "serve", "--model", self.model, "--port", str(port),
-               "--store", str(self.store), "--attributes", "none", "--workers", "4"]
+               "--store", str(self.store), "--attributes", "none", "--workers", str(max(4, self.parallel)),
+               "-np", str(self.parallel)]
         if self.mmproj:
             cmd += ["--mmproj", self.mmproj]
         env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
@@ -296,7 +298,7 @@ def text_equal(all_requests: list[Request], identical_render: bool) -> tuple[boo
     return equal and bool(same_prompt), len(same_prompt)
 
 
-def measure(args, llama: LlamaServer, peers: list[Peer], work: dict) -> dict:
+def measure(args, servers: tuple[LlamaServer, RefsightServer], peers: list[Peer], work: dict) -> dict:
     """Run (a), (d), (b), (c) in that order; seconds per workload and peer."""
     seconds: dict[str, dict[str, float]] = {}
     seconds["varied"] = run_sequential(peers, work["varied"], args.max_tokens, "(a) varied")
@@ -306,8 +308,10 @@ def measure(args, llama: LlamaServer, peers: list[Peer], work: dict) -> dict:
     for peer in peers:
         peer.restart()
     seconds["after_restart"] = run_sequential(peers, work["after_restart"], args.max_tokens, "(b) after restart")
-    llama.parallel = args.clients  # llama-server's own answer to concurrency: -np C slots
-    peers[0].restart()
+    for server in servers:  # llama-server's answer to concurrency, and refsight's: -np C slots
+        server.parallel = args.clients
+    for peer in peers:
+        peer.restart()
     seconds["concurrent"] = {p.name: run_concurrent(p, work["concurrent"], args.clients, args.max_tokens) for p in peers}
     _log("(c) concurrent: " + ", ".join(f"{n} {s:.1f} s" for n, s in seconds["concurrent"].items()))
     return seconds
@@ -355,7 +359,7 @@ def _run(args, llama, refsight, ref_urls, references, work, model_path, threads)
         peer.restart()
     ingest_s = refsight.add_references(references)
     identical = rendered_prompts_equal(llama.url, model_path, work["varied"][0], lambda i: ref_urls[i])
-    seconds = measure(args, llama, list(peers.values()), work)
+    seconds = measure(args, (llama, refsight), list(peers.values()), work)
     all_requests = [r for requests in work.values() for r in requests]
     equal, n_identical = text_equal(all_requests, identical)
     ratio = {k: round(v["llama-server"] / v["refsight"], 3) for k, v in seconds.items()}

@@ -1,6 +1,6 @@
 """``refsight serve`` with the flags llama-server and ``vllm serve`` users type, as a real process on loopback:
 ``MODEL`` / ``-m``, ``--api-key`` (and ``$REFSIGHT_API_KEY``), ``--served-model-name`` / ``--alias``,
-``-c`` / ``--ctx-size`` / ``--max-model-len``; a bad model or option is one line and exit 1, before any port is bound."""
+``-c`` / ``--ctx-size`` / ``--max-model-len``, ``-np`` / ``--parallel``; a bad model or option is one line and exit 1, before any port is bound."""
 
 from __future__ import annotations
 
@@ -42,7 +42,9 @@ def _stop(process: subprocess.Popen) -> None:
     process.wait(timeout=30)
 
 
-@pytest.mark.parametrize("args", [("no-such-model",), ("toy", "-c", "512"), ("-m", "/nonexistent/model.gguf")])
+@pytest.mark.parametrize(
+    "args", [("no-such-model",), ("toy", "-c", "512"), ("toy", "-np", "1"), ("-m", "/nonexistent/model.gguf")]
+)
 def test_a_bad_model_or_option_is_one_line_and_exit_1_before_the_port_is_bound(tmp_path, args):
     process, url = _serve(tmp_path / "store", *args)
     port = int(url.rsplit(":", 1)[1])
@@ -56,6 +58,11 @@ def test_a_bad_model_or_option_is_one_line_and_exit_1_before_the_port_is_bound(t
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("refsight: error: ") and "Traceback" not in stderr, stderr
     assert not listening
+
+
+def test_fewer_workers_than_parallel_slots_is_a_usage_error(tmp_path):
+    process, _ = _serve(tmp_path / "store", "toy", "-np", "4")  # with --workers 1
+    assert process.wait(timeout=60) == 2 and "below --parallel 4" in process.stderr.read()
 
 
 def test_model_named_twice_is_a_usage_error(tmp_path):

@@ -58,13 +58,15 @@ class BackendOptions:
     encoder: str | None = None
     #: The context in tokens, where the runtime has a limit (llama.cpp's ``n_ctx``; ``refsight serve -c``).
     n_ctx: int | None = None
+    #: Requests decoded together, each its own sequence (llama.cpp; ``refsight serve --parallel``).
+    parallel: int | None = None
 
     def __post_init__(self) -> None:
         if self.device is not None and not (isinstance(self.device, str) and _DEVICE.fullmatch(self.device)):
             raise InvalidInputError(f"device {self.device!r}", f"use one of {', '.join(DEVICES)} or cuda:N")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise InvalidInputError(f"dtype {self.dtype!r}", f"use one of {', '.join(DTYPES)}")
-        for name in ("min_pixels", "max_pixels", "batch_size", "n_ctx"):
+        for name in ("min_pixels", "max_pixels", "batch_size", "n_ctx", "parallel"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise InvalidInputError(name, f"must be a positive integer, got {value!r}")

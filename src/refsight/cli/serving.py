@@ -1,7 +1,8 @@
 """``refsight serve``: the HTTP API and the page, from the optional ``[server]`` extra.
 
 It takes the flags llama-server and ``vllm serve`` users type (``refsight serve MODEL``, ``-m``,
-``--mmproj``, ``--api-key``, ``--served-model-name``/``--alias``, ``-c``/``--ctx-size``/``--max-model-len``)
+``--mmproj``, ``--api-key``, ``--served-model-name``/``--alias``, ``-c``/``--ctx-size``/``--max-model-len``,
+``-np``/``--parallel``)
 and loads the model before it binds the port.
 """
 
@@ -35,7 +36,11 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (non-loopback needs API keys)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--workers", type=int, default=2, help="threads running model work")
+    p.add_argument(
+        "-np", "--parallel", dest="parallel", type=int, metavar="N",
+        help="requests decoded together, each its own sequence (llama.cpp, as llama-server's -np; default 1)",
+    )
+    p.add_argument("--workers", type=int, default=None, help="threads running model work (default: 2, or --parallel)")
     p.add_argument("--keys", metavar="FILE", type=path_argument, help="API keys, one KEY=NAMESPACE a line (default: $REFSIGHT_API_KEYS)")
     p.add_argument(
         "--share-encodes", action="store_true",
@@ -91,12 +96,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     options = backend_options(args)
     if args.ctx_size is not None:
         options = dataclasses.replace(options, n_ctx=args.ctx_size)
+    if args.parallel is not None:
+        options = dataclasses.replace(options, parallel=args.parallel)
+    # N slots need N requests reaching the model at once.
+    workers = args.workers if args.workers is not None else max(2, args.parallel or 1)
+    if args.parallel is not None and workers < args.parallel:
+        raise UsageError(f"--workers {workers} is below --parallel {args.parallel}: the slots could never all be busy")
     # serve() loads and checks the model before it binds the port: a bad model or option is
     # a RefsightError here, one line and exit 1 (cli.main), with no server started.
     serve(ServerConfig(
         store=args.store, catalog=args.catalog, local_dir=args.local_dir, model=_model(args),
         backend_options=options, settings=settings_of(args), config_file=args.config,
-        host=args.host, port=args.port, workers=args.workers, keys_file=args.keys, share_encodes=args.share_encodes,
+        host=args.host, port=args.port, workers=workers, keys_file=args.keys, share_encodes=args.share_encodes,
         api_key=args.api_key, served_model_names=tuple(args.served_model_names or ()),
         embedder=args.embedder, max_prompt_tokens=args.max_prompt_tokens,
         ingest_attributes=() if args.attributes == "none" else (args.attributes,),

@@ -33,13 +33,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def llama_server(tmp_path_factory, gguf_files):
-    tmp_path: Path = tmp_path_factory.mktemp("serve")
-    gguf_files(MODEL)  # built before the server starts, so start-up is only the load
+def _serve(tmp_path: Path, *flags: str):
+    """``refsight serve MODEL FLAGS`` on a free loopback port; yields its URL once it answers."""
     port = _free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "refsight.cli", "serve", "--model", MODEL, "--port", str(port), "--store", str(tmp_path / "s")],
+        [sys.executable, "-m", "refsight.cli", "serve", MODEL, *flags, "--port", str(port), "--store", str(tmp_path / "s")],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     url = f"http://127.0.0.1:{port}"
@@ -59,16 +57,33 @@ def llama_server(tmp_path_factory, gguf_files):
     process.wait(timeout=30)
 
 
+@pytest.fixture(scope="module")
+def llama_server(tmp_path_factory, gguf_files):
+    gguf_files(MODEL)  # built before the server starts, so start-up is only the load
+    yield from _serve(tmp_path_factory.mktemp("serve"))
+
+
+@pytest.fixture(scope="module")
+def parallel_server(tmp_path_factory, gguf_files):
+    """The server with two slots, spelled as llama-server's ``-np``."""
+    gguf_files(MODEL)
+    yield from _serve(tmp_path_factory.mktemp("serve-np"), "-np", "2")
+
+
+def _add_reference(url: str, photo: str, ref_id: str) -> None:
+    import base64
+
+    added = httpx.post(f"{url}/v1/references", json={"image": base64.b64encode(_png(photo)).decode(), "id": ref_id}, timeout=120)
+    assert added.status_code == 201, added.text
+
+
 def test_the_openai_sdk_gets_llama_cpp_answers_from_stored_references(llama_server):
     import base64
 
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{llama_server}/v1", api_key="unused-without-keys")
-    added = httpx.post(
-        f"{llama_server}/v1/references", json={"image": base64.b64encode(_png("chelsea")).decode(), "id": "cat"}, timeout=120
-    )
-    assert added.status_code == 201, added.text
+    _add_reference(llama_server, "chelsea", "cat")
     assert client.models.list().data[0].id == MODEL
     candidate = "data:image/png;base64," + base64.b64encode(_png("coffee")).decode()
     messages = [{"role": "user", "content": [
@@ -88,16 +103,11 @@ def test_the_openai_sdk_gets_llama_cpp_answers_from_stored_references(llama_serv
 
 
 def test_the_openai_sdk_streams_llama_cpp_tokens_as_they_are_generated(llama_server):
-    import base64
 
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{llama_server}/v1", api_key="unused-without-keys")
-    added = httpx.post(
-        f"{llama_server}/v1/references", json={"image": base64.b64encode(_png("chelsea")).decode(), "id": "cat-stream"},
-        timeout=120,
-    )
-    assert added.status_code == 201, added.text
+    _add_reference(llama_server, "chelsea", "cat-stream")
     messages = [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "refsight://ref/cat-stream"}},
         {"type": "text", "text": "Describe it."},
@@ -117,3 +127,28 @@ def test_the_openai_sdk_streams_llama_cpp_tokens_as_they_are_generated(llama_ser
                    frequency_penalty=0.5, presence_penalty=0.5)
     first = client.chat.completions.create(**sampled).choices[0].message.content
     assert client.chat.completions.create(**sampled).choices[0].message.content == first
+
+
+def test_two_slots_answer_concurrent_clients_as_one_at_a_time(parallel_server):
+    """``-np 2``: two slots in /props and /slots, and two clients at once get the answers they get one by one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from openai import OpenAI
+
+    assert httpx.get(f"{parallel_server}/props", timeout=10).json()["total_slots"] == 2
+    assert len(httpx.get(f"{parallel_server}/slots", timeout=10).json()) == 2
+    client = OpenAI(base_url=f"{parallel_server}/v1", api_key="unused-without-keys")
+    for ref_id, photo in (("cat", "chelsea"), ("cup", "coffee")):
+        _add_reference(parallel_server, photo, ref_id)
+
+    def ask(ref_id: str) -> str:
+        messages = [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": f"refsight://ref/{ref_id}"}},
+            {"type": "text", "text": "Describe it."},
+        ]}]
+        return client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24).choices[0].message.content
+
+    one_by_one = [ask("cat"), ask("cup")]
+    with ThreadPoolExecutor(2) as pool:
+        for _ in range(2):
+            assert list(pool.map(ask, ["cat", "cup"])) == one_by_one

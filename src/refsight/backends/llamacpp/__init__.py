@@ -33,8 +33,10 @@ MARKER_FILE = "refsight_model.json"
 #: Options the factory takes; any other option is refused by name.
 SUPPORTED_OPTIONS = (
     "mmproj", "device", "dtype", "batch_size", "processor_kwargs", "n_ctx", "n_threads",
-    "image_min_tokens", "image_max_tokens",
+    "image_min_tokens", "image_max_tokens", "parallel",
 )
+#: llama.cpp's own bound on the sequences of one context (``LLAMA_MAX_SEQ``).
+MAX_PARALLEL = 256
 #: mtmd's image settings, also accepted inside ``processor_kwargs`` (the CLI's ``--processor KEY=VALUE``).
 MTMD_SETTINGS = ("image_min_tokens", "image_max_tokens")
 
@@ -98,13 +100,17 @@ def _settings(options: dict[str, Any]):
     # The GGUF fixes the weights' types and mtmd hands out float32 features: no dtype to choose.
     if options.get("dtype") not in (None, "auto", "float32"):
         raise InvalidInputError("dtype", "the llama.cpp backend takes the weight types of the GGUF files; quantise those instead")
-    _int_option(options, "batch_size", 1, 1)  # requests run one after another whatever the batch size
+    _int_option(options, "batch_size", 1, 1)  # images are encoded one at a time whatever the batch size
+    parallel = _int_option(options, "parallel", 1, 1)
+    if parallel > MAX_PARALLEL:
+        raise InvalidInputError("parallel", f"llama.cpp decodes at most {MAX_PARALLEL} sequences together, got {parallel}")
     return RuntimeSettings(
         n_ctx=_int_option(options, "n_ctx", 4096, 256),
         n_threads=_int_option(options, "n_threads", 0, 0),
         image_min_tokens=_int_option(options, "image_min_tokens", -1, -1),
         image_max_tokens=_int_option(options, "image_max_tokens", -1, -1),
         use_gpu=_use_gpu(device),
+        n_seq=parallel,
     )
 
 
@@ -137,7 +143,9 @@ def load_llamacpp_backend(name: str, *, source: str | None = None, model_id: str
     exist): ``mmproj``, ``device`` (cpu, auto, cuda[:N], mps), ``batch_size``,
     ``image_min_tokens`` / ``image_max_tokens`` (mtmd's limits; they change the
     chunks and so the keys; also accepted in ``processor_kwargs``), ``n_ctx``,
-    ``n_threads``; ``dtype`` only as "auto"/"float32" (the GGUF fixes the weights).
+    ``n_threads``, ``parallel`` (requests decoded together, each its own sequence of
+    ``n_ctx`` positions: llama-server's ``-np``; default 1, one at a time);
+    ``dtype`` only as "auto"/"float32" (the GGUF fixes the weights).
     Anything else (``attn``, ``min_pixels``, ``revision`` ...) raises
     :class:`InvalidInputError` naming it. Missing or mismatched files raise
     :class:`ModelLoadError`.

@@ -58,14 +58,6 @@ def _native_errors(model: str, error: type[BackendError], what: str) -> Iterator
         raise error(model, f"{what}: {type(e).__name__}: {e}") from e
 
 
-def _torch(logits: Any) -> Any:
-    if logits is None:
-        return None
-    import torch
-
-    return torch.from_numpy(logits)
-
-
 def _bitmap(image: ImageInput, image_id: str, *, placeholder: bool = False, size: tuple[int, int] | None = None) -> Bitmap:
     width, height = size or image.image.size
     return Bitmap(width, height, None if placeholder else image.image.tobytes(), image_id)
@@ -98,7 +90,7 @@ class LlamaCppBackend(Backend):
         random_weights: bool = False,
     ) -> None:
         super().__init__(name)
-        # One request at a time: a llama context holds one KV cache.
+        # Images are encoded one at a time (mtmd encodes one chunk per call).
         self.batch_size = 1
         self.random_weights = bool(random_weights)
         #: Where llama.cpp runs the model ("cpu", or "gpu" when layers are offloaded).
@@ -128,6 +120,12 @@ class LlamaCppBackend(Backend):
         except BaseException:
             self.runtime.close()
             raise
+        #: With ``settings.n_seq > 1``, the scheduler decoding that many requests together (:mod:`.slots`).
+        self.slots = None
+        if settings.n_seq > 1:
+            from .slots import Slots
+
+            self.slots = Slots(name, self.runtime, self._lock, settings.n_seq)
 
     # ---------------------------------------------------------------- Backend
 
@@ -192,12 +190,17 @@ class LlamaCppBackend(Backend):
     # ------------------------------------------------------- the template's core
 
     def execute(self, batch: list[PreparedRequest], execution: Execution) -> list[Generation]:
-        """Each request in turn, as its ``sampling`` says (default: greedy), on the one llama context.
+        """Each request as its ``sampling`` says (default: greedy): in turn, or together in the slots.
 
         A stream hands each sampled token's text to ``on_text`` from inside the token loop
         (the same prompt and sampler chain, so a greedy stream equals the non-streamed
-        text); a set stop event ends the loop before the next token.
+        text); a set stop event ends the loop before the next token. With parallel slots
+        the batch's requests, and other callers' requests, share decode steps.
         """
+        if self.slots is not None:
+            from .runs import GenerateJob
+
+            return self.slots.run([GenerateJob(self, prepared, execution) for prepared in batch])
         return [self._generate_one(prepared, execution) for prepared in batch]
 
     def compile_schema(self, schema: dict[str, Any]) -> str:
@@ -314,17 +317,20 @@ class LlamaCppBackend(Backend):
         if text is None:
             return None
         packages = [s for s in head if isinstance(s, VisualPackage)]
+        n_seq = self.runtime.settings.n_seq
+        streams = f":streams={n_seq}" if n_seq > 1 else ""  # one stream: the key states were always stored under
         return PrefixPlan(
             text=text,
             n_images=len(packages),
             package_keys=tuple(p.key for p in packages),
             states=states,
-            # The numbers of a state also depend on the device, the batch split and the KV type.
-            model=f"{self._fingerprint.digest}:{self.device}:n_batch={self.runtime._n_batch()}:kv=f16",
+            # The numbers of a state also depend on the device, the batch split and the KV type;
+            # llama.cpp writes the context's stream count into a state and loads it only there.
+            model=f"{self._fingerprint.digest}:{self.device}:n_batch={self.runtime._n_batch()}:kv=f16{streams}",
             template=hashlib.sha256((self._template or self.arch).encode()).hexdigest(),
         )
 
-    def _text_tokens(self, prompt: str) -> list[int]:
+    def prompt_token_ids(self, prompt: str) -> list[int]:
         """The token ids of the prompt's text: mtmd tokenizes the text between media markers exactly so."""
         return [t for piece in prompt.split(self.runtime.marker) for t in self.runtime.tokenize(piece, True)]
 
@@ -335,40 +341,12 @@ class LlamaCppBackend(Backend):
         return int(fn(self.runtime.vocab))
 
     def _generate_one(self, prepared: PreparedRequest, execution: Execution) -> Generation:
-        from .generation import decode_prompt, sample
+        from .runs import start_run
 
-        request = prepared.request
-        with self._lock:
-            began = time.perf_counter()
-            with _native_errors(self.name, GenerationError, "generation failed"):
-                text = self.prompt_text(prepared.segments, request.turns, raw=request.raw_prompt)
-                plan = self.prefix_plan(request)
-                n_past, prompt_timings, counts = decode_prompt(self.runtime, text, prepared.segments, plan)
-                tokens, answer, finish, logits = sample(
-                    self.runtime, n_past, request.max_new_tokens, grammar=prepared.grammar, sampling=request.sampling,
-                    return_logits=execution.return_logits, on_text=execution.on_text, stop_event=execution.stop_event,
-                    prompt_tokens=self._text_tokens(text) if request.sampling.repetition_penalty != 1.0 else (),
-                )
-            total_ms = (time.perf_counter() - began) * 1000
-        encode_ms = prompt_timings["encode"]
-        return Generation(
-            text=answer,
-            token_ids=tokens,
-            model=self.name,
-            random_weights=self.random_weights,
-            logits=_torch(logits) if execution.return_logits else None,
-            timings_ms={
-                "encode": encode_ms,
-                "generate": total_ms - encode_ms,
-                "total": total_ms,
-                # Building or loading the reference prefix's state (as the HF backend reports them).
-                **({"prefix_build": plan.build_ms, "prefix_load": plan.restore_ms} if plan is not None else {}),
-            },
-            prompt_tokens=counts[0],
-            image_tokens=counts[1:],
-            finish_reason=finish,
-            prefix_tokens_reused=plan.prefix_tokens if plan is not None and plan.outcome == "hit" else 0,
-        )
+        with self._lock, _native_errors(self.name, GenerationError, "generation failed"):
+            run = start_run(self, prepared, execution, seq=0)
+            run.decode_alone()
+            return run.generation()
 
     # ----------------------------------------------------------------- scoring
 
@@ -389,24 +367,17 @@ class LlamaCppBackend(Backend):
         stored); the score is the softmax over the "yes"/"no" logits at the answer
         position, as in the HF backend.
         """
-        import numpy as np
+        from .runs import ScoreJob, score_prompt
 
-        from .generation import decode_prompt
-
-        yes_id, no_id = self.answer_token_ids()
-        scores = []
-        with self._lock:
-            for prepared in batch:
-                request = prepared.request
-                with _native_errors(self.name, GenerationError, "scoring failed"):
-                    text = self.prompt_text(prepared.segments, request.turns)
-                    decode_prompt(self.runtime, text, prepared.segments, self.prefix_plan(request))
-                    pair = self.runtime.last_logits()[[yes_id, no_id]].astype(np.float64)
-                pair = np.exp(pair - pair.max())
-                scores.append(float(pair[0] / pair.sum()))
-        return scores
+        answer_ids = self.answer_token_ids()
+        if self.slots is not None:
+            return self.slots.run([ScoreJob(self, prepared, answer_ids) for prepared in batch])
+        with self._lock, _native_errors(self.name, GenerationError, "scoring failed"):
+            return [score_prompt(self, prepared, 0, answer_ids) for prepared in batch]
 
     def close(self) -> None:
-        """Free llama.cpp's model and contexts. Idempotent."""
+        """Stop the slots (after their jobs), then free llama.cpp's model and contexts. Idempotent."""
+        if self.slots is not None:
+            self.slots.close()
         with self._lock:
             self.runtime.close()

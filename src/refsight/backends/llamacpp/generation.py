@@ -7,6 +7,10 @@ KV cache: text chunks and fresh images through mtmd's helpers (llama.cpp's own
 path), cached images from their saved embeddings. :func:`sample` then decodes one
 token at a time through llama.cpp's sampler chain, handing each token's text on as
 it comes (:class:`TextStream`: stop strings and incomplete UTF-8 held back).
+
+Both take the sequence they work on (``seq``): with parallel slots each request has
+its own, and :class:`TokenLoop` is one request's side of a decode step shared with others
+(:mod:`.slots`).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from .native import Bitmap, LlamaRuntime
 from .prefix import PrefixPlan
 from .sampler import Sampler
 
-__all__ = ["TextStream", "decode_prompt", "sample"]
+__all__ = ["TextStream", "TokenLoop", "decode_prompt", "sample"]
 
 
 def _bitmaps(segments: Sequence[Any]) -> tuple[list[Bitmap], dict[str, VisualPackage]]:
@@ -54,9 +58,9 @@ def _bitmaps(segments: Sequence[Any]) -> tuple[list[Bitmap], dict[str, VisualPac
 
 
 def decode_prompt(
-    runtime: LlamaRuntime, text: str, segments: Sequence[Any], prefix: PrefixPlan | None = None
+    runtime: LlamaRuntime, text: str, segments: Sequence[Any], prefix: PrefixPlan | None = None, seq: int = 0
 ) -> tuple[int, dict[str, float], list[int]]:
-    """Evaluate the whole prompt into a cleared KV cache.
+    """Evaluate the whole prompt into sequence ``seq``'s cleared KV cache.
 
     With a ``prefix`` plan (:mod:`.prefix`), the prompt's reference prefix is restored
     from a saved KV state when one matches, or evaluated and offered for saving, and
@@ -67,7 +71,7 @@ def decode_prompt(
     bitmaps, cached = _bitmaps(segments)
     encode_ms = 0.0
     try:
-        runtime.clear()
+        runtime.clear(seq)
         with runtime.tokenized(text, bitmaps) as chunks:
             infos = [runtime.chunk_info(c) for c in chunks]
             saved = {image_id: _saved_chunks(package, image_id, infos) for image_id, package in cached.items()}
@@ -83,22 +87,22 @@ def decode_prompt(
             split = prefix.split(runtime, infos, bitmaps) if prefix is not None else None
             if split is not None:
                 first, offset = split.chunk, split.offset
-                if prefix.restore(runtime, split):
+                if prefix.restore(runtime, split, seq):
                     n_past = split.n_past
                     for info in infos[:first]:  # restored, not decoded: their saved features go unused
                         if info.kind == "image" and info.image_id in saved:
                             saved[info.image_id].pop(0)
                 else:
-                    n_past, ms = _evaluate(runtime, chunks[:first], infos[:first], saved, n_past, False)
+                    n_past, ms = _evaluate(runtime, chunks[:first], infos[:first], saved, n_past, False, seq)
                     encode_ms += ms
                     if offset:
-                        n_past = runtime.decode_tokens(infos[first].tokens[:offset], n_past, False)
-                    prefix.save(runtime, split)
+                        n_past = runtime.decode_tokens(infos[first].tokens[:offset], n_past, False, seq)
+                    prefix.save(runtime, split, seq)
             if offset:  # the rest of the text chunk the prefix ends in
                 last = first == len(chunks) - 1
-                n_past = runtime.decode_tokens(infos[first].tokens[offset:], n_past, last)
+                n_past = runtime.decode_tokens(infos[first].tokens[offset:], n_past, last, seq)
                 first += 1
-            n_past, ms = _evaluate(runtime, chunks[first:], infos[first:], saved, n_past, True)
+            n_past, ms = _evaluate(runtime, chunks[first:], infos[first:], saved, n_past, True, seq)
             encode_ms += ms
     finally:
         for b in bitmaps:
@@ -108,19 +112,19 @@ def decode_prompt(
 
 def _evaluate(
     runtime: LlamaRuntime, chunks: Sequence[Any], infos: Sequence[Any], saved: dict[str, list[np.ndarray]],
-    n_past: int, logits_last: bool,
+    n_past: int, logits_last: bool, seq: int,
 ) -> tuple[int, float]:
     """Evaluate chunks in order from ``n_past`` (logits for the very last one when asked): ``(n_past, encode ms)``."""
     encode_ms = 0.0
     for i, (chunk, info) in enumerate(zip(chunks, infos)):
         last = logits_last and i == len(chunks) - 1
         if info.kind == "text":
-            n_past = runtime.eval_chunk(chunk, n_past, last, image=False)
+            n_past = runtime.eval_chunk(chunk, n_past, last, image=False, seq=seq)
         elif info.image_id in saved:
-            n_past = runtime.decode_image(chunk, saved[info.image_id].pop(0), n_past)
+            n_past = runtime.decode_image(chunk, saved[info.image_id].pop(0), n_past, seq)
         else:
             began = time.perf_counter()
-            n_past = runtime.eval_chunk(chunk, n_past, last, image=True)
+            n_past = runtime.eval_chunk(chunk, n_past, last, image=True, seq=seq)
             encode_ms += (time.perf_counter() - began) * 1000
     return n_past, encode_ms
 
@@ -191,55 +195,76 @@ class TextStream:
             self.on_text(piece)
 
 
-def sample(
-    runtime: LlamaRuntime,
-    n_past: int,
-    max_new_tokens: int,
-    *,
-    grammar: str | None,
-    sampling: Sampling,
-    return_logits: bool,
-    on_text: Callable[[str], None] | None = None,
-    stop_event: threading.Event | None = None,
-    prompt_tokens: Sequence[int] = (),
-) -> tuple[list[int], str, str, np.ndarray | None]:
-    """Decode up to ``max_new_tokens``: ``(tokens, text, finish_reason, logits)``.
+class TokenLoop:
+    """One request's decoding: its sampler chain, its text stream, the tokens so far.
 
-    The end-of-generation token is kept in ``tokens``, then decoding stops
-    (``"stop"``), as it does at a stop string (the text is cut before it), after
-    ``max_new_tokens`` (``"length"``) or once ``stop_event`` is set (``"cancelled"``,
-    checked before every token). Each token's text goes to ``on_text`` as soon as it is
-    sampled (see :class:`TextStream`); ``prompt_tokens`` are what a repetition penalty counts
-    besides the answer. Logits are the model's raw logits at each step,
-    before penalties and the grammar change them.
+    :meth:`step` samples the next token from a decode's output and says whether the
+    request is finished; when it is not, :attr:`token` goes into the next decode at
+    :attr:`n_past` (:meth:`advance`). The end-of-generation token is kept in ``tokens``,
+    then decoding stops (``"stop"``), as it does at a stop string (the text is cut before
+    it), after ``max_new_tokens`` (``"length"``) or once ``stop_event`` is set
+    (``"cancelled"``, checked before every token). Logits are the model's raw logits at
+    each step, before penalties and the grammar change them.
     """
-    room = runtime.settings.n_ctx - n_past
-    if room < max_new_tokens:
-        raise GenerationError("llama.cpp", f"max_new_tokens {max_new_tokens} does not fit: {room} positions left in n_ctx")
-    stream = TextStream(sampling.stop, on_text)
-    sampler = Sampler(runtime, grammar, sampling, max_new_tokens, prompt_tokens)
-    tokens: list[int] = []
-    rows: list[np.ndarray] = []
-    finish = "length"
+
+    def __init__(
+        self, runtime: LlamaRuntime, n_past: int, max_new_tokens: int, *, grammar: str | None, sampling: Sampling,
+        return_logits: bool, on_text: Callable[[str], None] | None = None,
+        stop_event: threading.Event | None = None, prompt_tokens: Sequence[int] = (),
+    ) -> None:
+        room = runtime.settings.n_ctx - n_past
+        if room < max_new_tokens:
+            raise GenerationError("llama.cpp", f"max_new_tokens {max_new_tokens} does not fit: {room} positions left in n_ctx")
+        self.runtime, self.n_past, self.max_new_tokens = runtime, n_past, max_new_tokens
+        self.return_logits, self.stop_event = return_logits, stop_event
+        self.stream = TextStream(sampling.stop, on_text)
+        self.sampler = Sampler(runtime, grammar, sampling, max_new_tokens, prompt_tokens)
+        self.tokens: list[int] = []
+        self.rows: list[np.ndarray] = []
+        self.finish = "length"
+        self.token = -1  # the token the next decode appends
+
+    def step(self, output: int = -1) -> bool:
+        """Sample from the last decode's ``output``; True when the request is finished."""
+        if self.stop_event is not None and self.stop_event.is_set():
+            self.finish = "cancelled"
+            return True
+        if self.return_logits:
+            self.rows.append(self.runtime.last_logits(output))
+        token = self.token = self.sampler.sample(output)
+        self.tokens.append(token)
+        if self.runtime.is_eog(token) or self.stream.add(self.runtime.piece(token)):
+            self.finish = "stop"
+            return True
+        return len(self.tokens) >= self.max_new_tokens
+
+    def advance(self) -> None:
+        """Note that :attr:`token` was decoded at :attr:`n_past`."""
+        self.n_past += 1
+
+    def close(self) -> None:
+        """Free the sampler chain. Idempotent."""
+        self.sampler.free()
+
+    def result(self) -> tuple[list[int], str, str, np.ndarray | None]:
+        """``(tokens, text, finish_reason, logits)``, the held-back text sent; the sampler freed."""
+        self.close()
+        text = self.stream.finish()
+        return self.tokens, text, self.finish, (np.stack(self.rows) if self.return_logits and self.rows else None)
+
+
+def sample(runtime: LlamaRuntime, n_past: int, max_new_tokens: int, *, seq: int = 0, **options: Any,
+           ) -> tuple[list[int], str, str, np.ndarray | None]:
+    """Decode up to ``max_new_tokens`` on sequence ``seq`` alone: ``(tokens, text, finish_reason, logits)``.
+
+    ``options`` are :class:`TokenLoop`'s (``grammar``, ``sampling``, ``return_logits``, ``on_text``,
+    ``stop_event``, ``prompt_tokens``: what a repetition penalty counts besides the answer).
+    """
+    loop = TokenLoop(runtime, n_past, max_new_tokens, **options)
     try:
-        for step in range(max_new_tokens):
-            if stop_event is not None and stop_event.is_set():
-                finish = "cancelled"
-                break
-            if return_logits:
-                rows.append(runtime.last_logits())
-            token = sampler.sample()
-            tokens.append(token)
-            if runtime.is_eog(token):
-                finish = "stop"
-                break
-            if stream.add(runtime.piece(token)):
-                finish = "stop"
-                break
-            if step + 1 == max_new_tokens:
-                break
-            n_past = runtime.decode_token(token, n_past)
+        while max_new_tokens and not loop.step():
+            runtime.decode_token(loop.token, loop.n_past, seq)
+            loop.advance()
     finally:
-        sampler.free()
-    text = stream.finish()
-    return tokens, text, finish, (np.stack(rows) if return_logits and rows else None)
+        loop.close()
+    return loop.result()

@@ -10,6 +10,11 @@ Every call that runs the vision encoder increments :attr:`LlamaRuntime.encode_ca
 (explicit encodes and pixel-path evaluations alike), so tests can prove that a
 cached reference never reaches the encoder. The runtime is not thread-safe: the
 backend serialises calls with a lock.
+
+A runtime loaded with ``n_seq > 1`` holds that many sequences in one context, each with a
+KV stream of its own ``n_ctx`` positions (llama-server's ``-np``): the operations that
+touch the KV cache take the sequence (``seq``), and :meth:`LlamaRuntime.decode_batch`
+appends one token to each of several sequences in a single ``llama_decode``.
 """
 
 from __future__ import annotations
@@ -50,7 +55,10 @@ def llama_cpp_version() -> str:
 
 @dataclass(frozen=True)
 class RuntimeSettings:
-    """Load-time settings. ``image_min_tokens`` / ``image_max_tokens`` change the chunks (-1: the model's default)."""
+    """Load-time settings. ``image_min_tokens`` / ``image_max_tokens`` change the chunks (-1: the model's default).
+
+    ``n_ctx`` is each sequence's context; ``n_seq`` how many sequences decode together.
+    """
 
     n_ctx: int = 4096
     n_batch: int = 2048
@@ -58,6 +66,7 @@ class RuntimeSettings:
     image_min_tokens: int = -1
     image_max_tokens: int = -1
     use_gpu: bool = False
+    n_seq: int = 1
 
     def threads(self) -> int:
         """The thread count to give llama.cpp."""
@@ -135,7 +144,11 @@ class LlamaRuntime:
             self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
             self.n_embd_inp = int(L.llama_model_n_embd_inp(self.model))
             cp = L.llama_context_default_params()
-            cp.n_ctx = settings.n_ctx
+            # One KV stream per sequence (not one shared pool): a sequence's cells sit exactly
+            # where they would in a context of its own, so its numbers do not depend on its neighbours.
+            cp.n_ctx = settings.n_ctx * settings.n_seq
+            cp.n_seq_max = settings.n_seq
+            cp.kv_unified = False
             # One batch for a whole image chunk: non-causal image chunks must not be split.
             cp.n_batch = cp.n_ubatch = min(settings.n_batch, settings.n_ctx)
             cp.n_threads = cp.n_threads_batch = settings.threads()
@@ -260,11 +273,15 @@ class LlamaRuntime:
 
     # ------------------------------------------------------------------ decode
 
-    def clear(self) -> None:
-        """Forget the KV cache (a new prompt starts at position 0)."""
-        self._L.llama_memory_clear(self._L.llama_get_memory(self.ctx), True)
+    def clear(self, seq: int = 0) -> None:
+        """Forget sequence ``seq``'s KV cache (a new prompt starts at position 0)."""
+        memory = self._L.llama_get_memory(self.ctx)
+        if self.settings.n_seq == 1:
+            self._L.llama_memory_clear(memory, True)
+        elif not self._L.llama_memory_seq_rm(memory, seq, -1, -1):
+            raise NativeError(f"llama_memory_seq_rm refused to clear sequence {seq}")
 
-    def eval_chunk(self, chunk, n_past: int, logits_last: bool, *, image: bool) -> int:
+    def eval_chunk(self, chunk, n_past: int, logits_last: bool, *, image: bool, seq: int = 0) -> int:
         """Evaluate a chunk the way llama.cpp does on its own (an image chunk is encoded from its pixels)."""
         L, M = self._L, self._M
         if image:
@@ -273,13 +290,13 @@ class LlamaRuntime:
         self.decoded_tokens += int(M.mtmd_input_chunk_get_n_tokens(chunk))
         out = L.llama_pos(n_past)
         rc = M.mtmd_helper_eval_chunk_single(
-            self.mctx, self.ctx, chunk, n_past, 0, self._n_batch(), logits_last, ctypes.byref(out)
+            self.mctx, self.ctx, chunk, n_past, seq, self._n_batch(), logits_last, ctypes.byref(out)
         )
         if rc != 0:
             raise NativeError(f"mtmd_helper_eval_chunk_single failed ({rc})")
         return int(out.value)
 
-    def decode_image(self, chunk, embeddings: np.ndarray, n_past: int) -> int:
+    def decode_image(self, chunk, embeddings: np.ndarray, n_past: int, seq: int = 0) -> int:
         """Decode an image chunk from saved embeddings (no encoder); returns the new ``n_past``.
 
         The helper places the embeddings (M-RoPE positions for Qwen) and switches to
@@ -291,34 +308,42 @@ class LlamaRuntime:
         self.decoded_tokens += int(M.mtmd_input_chunk_get_n_tokens(chunk))
         out = L.llama_pos(n_past)
         rc = M.mtmd_helper_decode_image_chunk(
-            self.mctx, self.ctx, chunk, embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), n_past, 0,
+            self.mctx, self.ctx, chunk, embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), n_past, seq,
             self._n_batch(), ctypes.byref(out), M.mtmd_helper_post_decode_callback(), None,
         )
         if rc != 0:
             raise NativeError(f"mtmd_helper_decode_image_chunk failed ({rc})")
         return int(out.value)
 
-    def decode_token(self, token: int, n_past: int) -> int:
+    def decode_token(self, token: int, n_past: int, seq: int = 0) -> int:
         """Append one generated token at ``n_past`` (logits computed for it); returns ``n_past + 1``."""
+        self.decode_batch([(token, n_past, seq)])
+        return n_past + 1
+
+    def decode_batch(self, steps: Sequence[tuple[int, int, int]]) -> None:
+        """Append one token to each of several sequences in one ``llama_decode``: ``(token, n_past, seq)`` each.
+
+        The logits of step ``i`` are output ``i`` (:meth:`last_logits`, the sampler's index).
+        """
         L = self._L
-        # One position even for M-RoPE models: llama.cpp spreads a text token's
-        # position over every rope section itself.
-        batch = L.llama_batch_init(1, 0, 1)
+        batch = L.llama_batch_init(len(steps), 0, 1)
         try:
-            batch.n_tokens = 1
-            batch.token[0] = token
-            batch.pos[0] = n_past
-            batch.n_seq_id[0] = 1
-            batch.seq_id[0][0] = 0
-            batch.logits[0] = True
+            batch.n_tokens = len(steps)
+            for i, (token, n_past, seq) in enumerate(steps):
+                # One position even for M-RoPE models: llama.cpp spreads a text token's
+                # position over every rope section itself.
+                batch.token[i] = token
+                batch.pos[i] = n_past
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = seq
+                batch.logits[i] = True
             rc = L.llama_decode(self.ctx, batch)
         finally:
             L.llama_batch_free(batch)
         if rc != 0:
             raise NativeError(f"llama_decode failed ({rc}): context full?")
-        return n_past + 1
 
-    def decode_tokens(self, tokens: Sequence[int], n_past: int, logits_last: bool) -> int:
+    def decode_tokens(self, tokens: Sequence[int], n_past: int, logits_last: bool, seq: int = 0) -> int:
         """Evaluate text tokens from ``n_past`` in ``n_batch`` pieces, as mtmd's text-chunk helper does.
 
         Used for the part of a text chunk that follows a reused prefix state (the helper
@@ -336,7 +361,7 @@ class LlamaRuntime:
                     batch.token[j] = token
                     batch.pos[j] = n_past + start + j
                     batch.n_seq_id[j] = 1
-                    batch.seq_id[j][0] = 0
+                    batch.seq_id[j][0] = seq
                     batch.logits[j] = False
                 if logits_last and start + step >= len(tokens):
                     batch.logits[len(part) - 1] = True
@@ -348,32 +373,32 @@ class LlamaRuntime:
         self.decoded_tokens += len(tokens)
         return n_past + len(tokens)
 
-    def state_bytes(self) -> np.ndarray:
-        """The KV state of sequence 0 (``llama_state_seq_get_data``) as a uint8 array (a copy)."""
+    def state_bytes(self, seq: int = 0) -> np.ndarray:
+        """The KV state of sequence ``seq`` (``llama_state_seq_get_data``) as a uint8 array (a copy)."""
         L = self._L
-        size = int(L.llama_state_seq_get_size(self.ctx, 0))
+        size = int(L.llama_state_seq_get_size(self.ctx, seq))
         out = np.empty(size, dtype=np.uint8)
-        written = int(L.llama_state_seq_get_data(self.ctx, out.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, 0))
+        written = int(L.llama_state_seq_get_data(self.ctx, out.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, seq))
         if written != size:
             raise NativeError(f"llama_state_seq_get_data wrote {written} of {size} bytes")
         return out
 
-    def restore_state(self, state: np.ndarray) -> None:
-        """Clear the KV cache and load a :meth:`state_bytes` blob into sequence 0 (``llama_state_seq_set_data``)."""
+    def restore_state(self, state: np.ndarray, seq: int = 0) -> None:
+        """Clear sequence ``seq`` and load a :meth:`state_bytes` blob into it (``llama_state_seq_set_data``)."""
         L = self._L
         data = np.ascontiguousarray(state, dtype=np.uint8)
-        self.clear()
-        read = int(L.llama_state_seq_set_data(self.ctx, data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), data.size, 0))
+        self.clear(seq)
+        read = int(L.llama_state_seq_set_data(self.ctx, data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), data.size, seq))
         if read == 0:
-            self.clear()  # a half-read state must not leak into the next prompt
+            self.clear(seq)  # a half-read state must not leak into the next prompt
             raise NativeError("llama_state_seq_set_data refused the prefix state (made by another model or context?)")
         self.state_restores += 1
 
-    def last_logits(self) -> np.ndarray:
-        """float32 ``[n_vocab]`` logits of the last evaluated position (a copy)."""
-        ptr = self._L.llama_get_logits_ith(self.ctx, -1)
+    def last_logits(self, output: int = -1) -> np.ndarray:
+        """float32 ``[n_vocab]`` logits of the last decode's output ``output`` (-1: its last; a copy)."""
+        ptr = self._L.llama_get_logits_ith(self.ctx, output)
         if not ptr:
-            raise NativeError("no logits for the last position")
+            raise NativeError(f"no logits for output {output}")
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
 
     def _n_batch(self) -> int:

@@ -109,8 +109,8 @@ class PrefixPlan:
         self._began = time.perf_counter()
         return PrefixSplit(chunk, offset, n_past, tuple(tokens), key)
 
-    def restore(self, runtime: LlamaRuntime, split: PrefixSplit) -> bool:
-        """Load the stored state of ``split`` into the cleared context; False (evaluate it instead) on a miss."""
+    def restore(self, runtime: LlamaRuntime, split: PrefixSplit, seq: int = 0) -> bool:
+        """Load the stored state of ``split`` into cleared sequence ``seq``; False (evaluate it instead) on a miss."""
         began = time.perf_counter()  # the store's read (memory or disk) counts as loading too
         found = self.states.get(split.key)
         if found is None:
@@ -126,7 +126,7 @@ class PrefixPlan:
             self.outcome = "rebuilt"
             return False
         try:
-            runtime.restore_state(_as_uint8(state))
+            runtime.restore_state(_as_uint8(state), seq)
         except NativeError:
             self.states.discard(split.key)
             self.outcome = "rebuilt"
@@ -135,13 +135,13 @@ class PrefixPlan:
         self.restore_ms = (time.perf_counter() - began) * 1000
         return True
 
-    def save(self, runtime: LlamaRuntime, split: PrefixSplit) -> None:
-        """Offer the just-evaluated prefix's state to the store."""
+    def save(self, runtime: LlamaRuntime, split: PrefixSplit, seq: int = 0) -> None:
+        """Offer the prefix state just evaluated into sequence ``seq`` to the store."""
         import torch
 
         self.build_ms = (time.perf_counter() - self._began) * 1000
         meta = {"runtime": "llama.cpp", "n_past": split.n_past, "package_keys": list(self.package_keys)}
-        state = torch.from_numpy(runtime.state_bytes())
+        state = torch.from_numpy(runtime.state_bytes(seq))
         self.states.put(split.key, PrefixState({"state": state}, meta, tokens=self.prefix_tokens, build_ms=self.build_ms))
 
 

@@ -72,9 +72,9 @@ class Sampler:
         # 0xFFFFFFFF is LLAMA_DEFAULT_SEED ("pick a random one"): a given seed never maps to it.
         L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_dist(int(seed) % 0xFFFFFFFF))
 
-    def sample(self) -> int:
-        """Choose the next token from the last logits (and advance the grammar and penalties)."""
-        return int(self._L.llama_sampler_sample(self.chain, self._runtime.ctx, -1))
+    def sample(self, output: int = -1) -> int:
+        """Choose the next token from the last decode's output ``output`` (and advance the grammar and penalties)."""
+        return int(self._L.llama_sampler_sample(self.chain, self._runtime.ctx, output))
 
     def free(self) -> None:
         """Release the chain (and the samplers it owns). Idempotent."""

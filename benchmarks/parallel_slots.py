@@ -1,0 +1,117 @@
+"""Parallel slots: ``refsight serve -np C`` against the one-at-a-time server, C concurrent clients, one JSON line.
+
+Both arms are ``refsight serve`` on loopback with the same GGUF, threads and store (the
+references stored once over ``POST /v1/references``), and get the same OpenAI chat
+requests from C client threads at once: each client has its own R references (a
+reference prefix of its own) and sends ``--per-client`` requests in turn, each with a
+candidate never sent before. One arm has one slot (requests wait for each other), the
+other C slots (requests decode together, each its own sequence of one llama context).
+Before the timed requests each arm answers one untimed request per client, so both
+start with their prefix states built.
+
+``throughput_ratio`` is the one-slot arm's seconds over the C-slot arm's for the same
+requests; ``answers_identical`` says every request got the same greedy text from both
+(the one-slot server runs each request alone).
+
+    python benchmarks/parallel_slots.py --model shape-qwen2-vl-2b-gguf-q4 --clients 8
+
+Weights are random: the timings are real, the text is not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from vs_llama_server import Candidates, Peer, RefsightServer, Request, _log, run_concurrent, variant  # noqa: E402
+
+ARMS = ("one_slot", "slots")
+
+
+def workload(args) -> tuple[list[Request], list[Request]]:
+    """(one untimed request per client, the timed requests): client ``c`` owns reference set ``c``."""
+    rng = random.Random(args.seed)
+    working = list(range(args.working_set))
+    sets = [rng.sample(working, args.refs) for _ in range(args.clients)]
+    candidates = Candidates(args.size, args.working_set)
+    warm = [Request(list(refs), candidates.next()) for refs in sets]
+    # run_concurrent gives client c the requests c, c + C, c + 2C ...: all of them on set c.
+    timed = [Request(list(sets[i % args.clients]), candidates.next()) for i in range(args.clients * args.per_client)]
+    return warm, timed
+
+
+def run_arm(server: RefsightServer, peer: Peer, warm: list[Request], timed: list[Request], args) -> float:
+    """Start ``server``, answer the untimed requests one by one, then the timed ones from C clients; seconds."""
+    server.start()
+    peer.url = server.url
+    try:
+        for request in warm:
+            peer.ask(request, args.max_tokens)
+        seconds = run_concurrent(peer, timed, args.clients, args.max_tokens)
+    finally:
+        server.stop()
+    _log(f"{peer.name}: {len(timed)} requests from {args.clients} clients in {seconds:.1f} s")
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Parse ``argv``, run both arms, print the JSON line and return it as a dict."""
+    from refsight.samples import SAMPLE_NAMES
+
+    args = _parser().parse_args(argv)
+    threads = len(os.sched_getaffinity(0))
+    references = [variant(SAMPLE_NAMES[i % len(SAMPLE_NAMES)], i // len(SAMPLE_NAMES), args.size)
+                  for i in range(args.working_set)]
+    warm, timed = workload(args)
+    seconds: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="parallel-slots-") as tmp:
+        tmp = Path(tmp)
+        began = time.perf_counter()
+        loader = RefsightServer(args.model, args.mmproj, tmp / "store", tmp / "refsight.log").start()
+        try:
+            loader.add_references(references)
+        finally:
+            loader.stop()
+        ingest_s = time.perf_counter() - began
+        for arm, slots in zip(ARMS, (1, args.clients)):
+            server = RefsightServer(args.model, args.mmproj, tmp / "store", tmp / f"{arm}.log", parallel=slots)
+            peer = Peer(arm, args.model, lambda i: f"refsight://ref/ref-{i:02d}", restart=None)
+            seconds[arm] = run_arm(server, peer, warm, timed, args)
+    identical = all(r.answers["one_slot"]["text"] == r.answers["slots"]["text"] for r in timed + warm)
+    line = {
+        "benchmark": "parallel_slots", "model": args.model, "size": args.size, "references": args.refs,
+        "clients": args.clients, "per_client": args.per_client, "max_tokens": args.max_tokens, "threads": threads,
+        "requests": len(timed), "throughput_ratio": round(seconds["one_slot"] / seconds["slots"], 3),
+        "answers_identical": identical, "seconds": {k: round(v, 1) for k, v in seconds.items()},
+        "requests_per_s": {k: round(len(timed) / v, 3) for k, v in seconds.items()},
+        "setup_s": round(ingest_s, 1), "random_weights": True,
+    }
+    print(json.dumps(line))
+    return line
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="shape-qwen2-vl-2b-gguf-q4", help="a built-in GGUF, or llamacpp:PATH")
+    parser.add_argument("--mmproj", default=None, help="with llamacpp:PATH")
+    parser.add_argument("--size", type=int, default=224, help="image side in pixels")
+    parser.add_argument("--refs", type=int, default=2, help="R: references per request")
+    parser.add_argument("--working-set", type=int, default=16, help="references the clients' sets are drawn from")
+    parser.add_argument("--clients", type=int, default=8, help="C: concurrent clients, and the slots of the second arm")
+    parser.add_argument("--per-client", type=int, default=2, help="timed requests per client")
+    parser.add_argument("--max-tokens", type=int, default=64, help="answer length (greedy, fixed)")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+if __name__ == "__main__":
+    main()

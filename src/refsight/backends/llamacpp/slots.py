@@ -1,0 +1,173 @@
+"""Parallel slots: up to N requests decoding together on one llama context (llama-server's ``-np N``).
+
+A llama context loaded with ``n_seq = N`` holds N sequences, each with a KV stream of
+its own. :class:`Slots` runs one scheduler thread over them:
+
+1. **admit**: a waiting job takes a free sequence; its prompt is evaluated into that
+   sequence at once (the reference prefix state restored into it when one is stored), and
+   its first token is sampled before the next prompt overwrites the logits;
+2. **step**: every admitted job's next token goes into ONE ``llama_decode`` (each at its
+   own position, in its own sequence), and each job samples its next token from its own
+   output row. A job leaves its slot when it finishes (end of text, stop string, length,
+   its stop event set) or fails; a waiting job takes the slot before the next step.
+
+Decode steps are where batching pays: one pass over the weights serves N tokens. Prompts
+are evaluated one at a time, between steps (llama-server also mixes prompt chunks into
+its steps; a prompt here is mostly restored prefix state and image embeddings). Every
+call into llama.cpp holds the backend's lock, so encodes and tokenizing interleave
+safely between steps.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from ...errors import GenerationError, RefsightError
+from .generation import TokenLoop
+
+__all__ = ["SlotJob", "Slots"]
+
+
+class SlotJob(Protocol):
+    """Work for a slot: :meth:`begin` on admission (under the lock), :meth:`end` once finished."""
+
+    def begin(self, seq: int) -> TokenLoop | None:
+        """Evaluate the prompt into ``seq``; the loop to drive, or None when nothing is left to decode."""
+
+    def end(self) -> Any:
+        """The job's result."""
+
+
+class _Waiting:
+    """A submitted job and what became of it."""
+
+    def __init__(self, job: SlotJob) -> None:
+        self.job = job
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def settle(self, loop: TokenLoop | None = None) -> None:
+        """Finish the job: its result, or the error its ending raised."""
+        try:
+            if loop is not None:
+                loop.close()
+            self.value = self.job.end()
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
+            self.error = e
+        self.done.set()
+
+    def fail(self, error: BaseException, loop: TokenLoop | None = None) -> None:
+        """Finish the job with ``error``."""
+        if loop is not None:
+            loop.close()
+        self.error = error
+        self.done.set()
+
+
+class Slots:
+    """The scheduler over ``n`` sequences of ``runtime``; :meth:`run` blocks until its jobs are done."""
+
+    def __init__(self, name: str, runtime: Any, lock: threading.RLock, n: int) -> None:
+        self.name, self.runtime, self.lock, self.n = name, runtime, lock, n
+        self._queue: queue.Queue[_Waiting | None] = queue.Queue()
+        self._active: dict[int, tuple[_Waiting, TokenLoop]] = {}
+        #: decode steps so far, and the sequences they carried (``batched / steps``: the mean batch)
+        self.steps = self.batched = 0
+        self._thread = threading.Thread(target=self._serve, name=f"refsight-slots-{name}", daemon=True)
+        self._thread.start()
+
+    @property
+    def busy(self) -> int:
+        """Sequences decoding now."""
+        return len(self._active)
+
+    def run(self, jobs: Sequence[SlotJob]) -> list[Any]:
+        """Submit ``jobs`` (they may share decode steps with each other and with other callers); their results."""
+        waiting = [_Waiting(job) for job in jobs]
+        for w in waiting:
+            self._queue.put(w)
+        for w in waiting:
+            w.done.wait()
+        for w in waiting:
+            if w.error is not None:
+                raise w.error
+        return [w.value for w in waiting]
+
+    def close(self) -> None:
+        """Stop the scheduler once the jobs already submitted are done."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
+    # ------------------------------------------------------------------ the thread
+
+    def _serve(self) -> None:
+        closing = False
+        while not closing or self._active:
+            closing = self._admit(closing)
+            if self._active:
+                self._step()
+
+    def _admit(self, closing: bool) -> bool:
+        """Fill free sequences from the queue (block while nothing is active); True once told to close."""
+        while not closing and len(self._active) < self.n:
+            try:
+                waiting = self._queue.get(block=not self._active)
+            except queue.Empty:
+                break
+            if waiting is None:
+                return True
+            self._start(waiting, next(s for s in range(self.n) if s not in self._active))
+        return closing
+
+    def _start(self, waiting: _Waiting, seq: int) -> None:
+        loop = None
+        try:
+            with self.lock:
+                loop = waiting.job.begin(seq)
+                finished = loop is None or not loop.max_new_tokens or loop.step()
+        except BaseException as e:  # noqa: BLE001 - the job's caller gets it, the slot goes on
+            waiting.fail(self._translated(e), loop)
+            return
+        if finished:
+            waiting.settle(loop)
+        else:
+            self._active[seq] = (waiting, loop)
+
+    def _step(self) -> None:
+        """One ``llama_decode`` for every active sequence, then each samples from its own output."""
+        seqs = list(self._active)
+        loops = [self._active[seq][1] for seq in seqs]
+        with self.lock:
+            try:
+                self.runtime.decode_batch([(loop.token, loop.n_past, seq) for loop, seq in zip(loops, seqs)])
+            except BaseException as e:  # noqa: BLE001 - every job in the step failed with it
+                for seq in seqs:
+                    waiting, loop = self._active.pop(seq)
+                    waiting.fail(self._translated(e), loop)
+                return
+            self.steps += 1
+            self.batched += len(seqs)
+            for output, seq in enumerate(seqs):
+                waiting, loop = self._active[seq]
+                loop.advance()
+                try:
+                    finished = loop.step(output)
+                except BaseException as e:  # noqa: BLE001
+                    del self._active[seq]
+                    waiting.fail(self._translated(e), loop)
+                    continue
+                if finished:
+                    del self._active[seq]
+                    waiting.settle(loop)
+
+    def _translated(self, error: BaseException) -> BaseException:
+        if isinstance(error, RefsightError) or not isinstance(error, Exception):
+            return error
+        translated = GenerationError(self.name, f"generation failed: {type(error).__name__}: {error}")
+        translated.__cause__ = error
+        return translated

@@ -1,0 +1,29 @@
+"""benchmarks/parallel_slots.py runs end to end at a tiny size: two real ``refsight serve`` arms, C clients at once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from runtimes import require_module
+
+require_module("llama_cpp.mtmd_cpp", "pip install 'refsight[llamacpp]'")
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "parallel_slots.py"
+
+
+@pytest.mark.timeout(1200)
+def test_parallel_slots_prints_one_json_line_with_identical_answers(model_cache):
+    args = ["--model", "tiny-qwen2-vl-gguf", "--size", "56", "--clients", "2", "--per-client", "1",
+            "--working-set", "3", "--max-tokens", "6"]
+    result = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=1100, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 1  # one JSON line, nothing else on stdout
+    line = json.loads(lines[0])
+    assert line["throughput_ratio"] > 0 and line["requests"] == 2 and line["clients"] == 2
+    assert line["answers_identical"] is True
+    assert line["random_weights"] is True
