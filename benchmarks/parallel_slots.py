@@ -54,8 +54,9 @@ def run_arm(server: RefsightServer, peer: Peer, warm: list[Request], timed: list
     server.start()
     peer.url = server.url
     try:
-        for request in warm:
-            peer.ask(request, args.max_tokens)
+        for i, request in enumerate(warm):
+            seconds = peer.ask(request, args.max_tokens)
+            _log(f"{peer.name}: untimed request {i + 1}/{len(warm)} in {seconds:.1f} s")
         seconds = run_concurrent(peer, timed, args.clients, args.max_tokens)
     finally:
         server.stop()

@@ -25,6 +25,7 @@ from .backends.base import GenerationRequest
 from .context import RequestContext
 from .errors import InvalidInputError
 from .images import ImageInput
+from .package import VisualPackage
 from .packages import PackageCache
 from .retrieval.embedders import Embedder
 from .retrieval.query import query_vector
@@ -109,17 +110,18 @@ class VlmReranker(Reranker):
         step = max(1, int(getattr(backend, "batch_size", 1) or 1))
         scores: list[float] = []
         for start in range(0, len(references), step):
-            requests = [
-                GenerationRequest(
-                    segments=rerank_segments(
-                        self.packages.model_image(self.context, ref).item, candidate, query.criteria, self.instruction
-                    ),
-                    max_new_tokens=1,
-                )
-                for ref in references[start : start + step]
-            ]
+            requests = [self.request(ref, candidate, query) for ref in references[start : start + step]]
             scores += backend.score_yes_no(requests)
         return scores
+
+    def request(self, reference: Reference, candidate: object, query: RerankQuery) -> GenerationRequest:
+        """The yes/no request of one reference against the candidate's image (a package or pixels)."""
+        image = self.packages.model_image(self.context, reference).item
+        # The candidate comes first here, so the reference is named: a runtime that keeps images by a
+        # durable id (vLLM's uuid) gives one to the reference and never to the candidate.
+        keys = frozenset((image.key,)) if isinstance(image, VisualPackage) else None
+        segments = rerank_segments(image, candidate, query.criteria, self.instruction)
+        return GenerationRequest(segments=segments, max_new_tokens=1, reference_keys=keys)
 
 
 class EmbeddingReranker(Reranker):

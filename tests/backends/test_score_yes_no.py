@@ -54,3 +54,23 @@ def test_score_is_the_yes_no_softmax_of_the_first_generated_step(tiny_engine):
     yes, no = backend.answer_token_ids()
     expected = torch.softmax(logits[[yes, no]].float(), dim=-1)[0].item()
     assert math.isclose(score, expected, abs_tol=1e-5)
+
+
+def test_the_reranker_names_its_reference_and_a_wrong_name_is_refused(tiny_engine):
+    """The candidate comes first in a rerank prompt, so the request names the reference by its package key
+    (vLLM sends only those by uuid); naming anything that is not one of the request's packages is refused."""
+    from refsight.errors import InvalidInputError
+
+    engine, candidate = tiny_engine
+    backend = engine.backend()
+    reranker = VlmReranker(engine.context(), engine.packages)
+    query = RerankQuery(image=candidate, criteria=CRITERIA, text="")
+    cached_candidate = engine.packages.model_image(engine.context(), candidate).item
+    reference = engine.reference("coffee")
+    request = reranker.request(reference, cached_candidate, query)
+    package = engine.reference_package(reference).package
+    assert request.reference_keys == frozenset({package.key}) and package.key != cached_candidate.key
+    bad = GenerationRequest(request.segments, max_new_tokens=1, reference_keys=frozenset({"not-a-package"}))
+    with pytest.raises(InvalidInputError) as info:
+        backend.score_yes_no([bad])
+    assert info.value.input == "requests[0].reference_keys"

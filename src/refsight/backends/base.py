@@ -64,6 +64,11 @@ class GenerationRequest:
     judge's and ``generate``'s reference prefix; 0: none). With a ``prefix_cache`` a backend
     that can (``supports_prefix_cache``) reuses the language model's state after that prefix
     (see :mod:`refsight.backends.prefix`); the answer is the same either way.
+
+    ``reference_keys`` names the packages that are stored references when they are not the
+    prefix (the reranker puts the candidate first); None: the packages of the reference
+    prefix. A runtime that keeps images by a durable id (vLLM's ``uuid``) gives one to these
+    only, never to a candidate.
     """
 
     segments: list[Segment]
@@ -75,6 +80,7 @@ class GenerationRequest:
     prefix_cache: PrefixCache | None = None
     #: The segments are the whole prompt, no chat template (:mod:`.text_access`); ``turns`` must be None.
     raw_prompt: bool = False
+    reference_keys: frozenset[str] | None = None
 
     def turn_segments(self) -> list[tuple[str, list[Segment]]]:
         """``(role, segments)`` per turn (one user turn when :attr:`turns` is None)."""
@@ -371,6 +377,11 @@ class Backend(TextAccess, abc.ABC):
             or not 0 <= request.prefix_segments <= len(request.segments)
         ):
             raise InvalidInputError(f"requests[{i}].prefix_segments", "must be an integer in 0..len(segments)")
+        if request.reference_keys is not None and not (
+            isinstance(request.reference_keys, (set, frozenset, tuple, list))
+            and set(request.reference_keys) <= {p.key for p in request.packages}
+        ):
+            raise InvalidInputError(f"requests[{i}].reference_keys", "must name packages among the segments")
         if request.json_schema is not None:
             check_json_schema(request.json_schema)
         if request.raw_prompt and not self.supports_raw_prompt:

@@ -57,17 +57,8 @@ def _together(backend, requests, **kwargs):
 
 @pytest.fixture(scope="module")
 def pair(gguf):
-    """``pair(name)`` -> (one-sequence backend, backend with SLOTS sequences)."""
-    loaded = {}
-
-    def get(name):
-        if name not in loaded:
-            loaded[name] = (gguf(name), gguf(name, parallel=SLOTS))
-        return loaded[name]
-
-    yield get
-    for _, parallel in loaded.values():
-        parallel.close()
+    """``pair(name)`` -> (one-sequence backend, backend with SLOTS sequences), both the registry's."""
+    return lambda name: (gguf(name), gguf(name, parallel=SLOTS))
 
 
 @pytest.mark.parametrize("name", GGUF_FAMILIES)
@@ -176,3 +167,16 @@ def test_a_backend_without_slots_refuses_the_option_by_name(load):
     with pytest.raises(InvalidInputError) as info:
         load_tiny("tiny-qwen2-vl", parallel=2)
     assert "parallel" in str(info.value.input)
+
+
+def test_a_closed_backend_finishes_its_slots_and_refuses_more(gguf_files, photos):
+    from refsight.backends.llamacpp import load_llamacpp_backend
+
+    model, mmproj = gguf_files(GGUF_FAMILIES[0])
+    backend = load_llamacpp_backend(GGUF_FAMILIES[0], source=str(model), mmproj=str(mmproj), parallel=2)
+    request = GenerationRequest([photos["rocket"], "Describe it."], max_new_tokens=4)
+    assert len(backend.generate([request, request])) == 2
+    slots = backend.slots
+    backend.close()
+    with pytest.raises(GenerationError, match="closed"):
+        slots.run([])  # (the runtime itself is freed: nothing may reach it any more)

@@ -93,3 +93,32 @@ def test_a_cache_miss_is_retried_once_with_pixels(served, grid_photos, photos):
         assert again.token_ids == answer.token_ids
     finally:
         backend.close()
+
+
+def test_the_rerankers_reference_goes_by_uuid_and_scores_as_with_pixels(served, grid_photos):
+    """The reranker puts the candidate first and names its reference (``reference_keys``): the reference
+    travels by uuid (pixels once, then uuid-only), the candidate never, and the score is the all-pixels score."""
+    from refsight.backends.base import GenerationRequest
+    from refsight.backends.vllm.pixels import reference_uuid
+    from refsight.rerank import rerank_segments
+
+    _, server = served
+    backend = _fresh_backend(server.url)
+    try:
+        reference = backend.encode([grid_photos["chelsea"]])[0]
+        candidate = backend.encode([grid_photos["rocket"]])[0]
+        segments = rerank_segments(reference, candidate, ("short fur",))
+        named = GenerationRequest(segments, max_new_tokens=1, reference_keys=frozenset({reference.key}))
+        body = backend.chat_body(named)
+        images = [p for m in body["messages"] if isinstance(m["content"], list) for p in m["content"]
+                  if p["type"] == "image_url"]
+        assert [p.get("uuid") for p in images] == [None, reference_uuid(reference.key)]  # candidate first
+        pixels = backend.score_yes_no([GenerationRequest(segments, max_new_tokens=1)])[0]  # no names: all pixels
+        assert backend.uuid_stats() == {"uuid_only": 0, "with_pixels": 0, "cache_miss_retries": 0}
+        first = backend.score_yes_no([named])[0]
+        assert backend.uuid_stats() == {"uuid_only": 0, "with_pixels": 1, "cache_miss_retries": 0}
+        again = backend.score_yes_no([named])[0]
+        assert backend.uuid_stats() == {"uuid_only": 1, "with_pixels": 1, "cache_miss_retries": 0}
+        assert first == pytest.approx(pixels, abs=1e-6) and again == pytest.approx(first, abs=1e-6)
+    finally:
+        backend.close()

@@ -4,13 +4,13 @@
 per cached package, the real pixels per fresh image), checks that each package's
 saved chunks are exactly the chunks mtmd laid out for its placeholder, and fills the
 KV cache: text chunks and fresh images through mtmd's helpers (llama.cpp's own
-path), cached images from their saved embeddings. :func:`sample` then decodes one
-token at a time through llama.cpp's sampler chain, handing each token's text on as
+path), cached images from their saved embeddings. A :class:`TokenLoop` then samples
+one token at a time through llama.cpp's sampler chain, handing each token's text on as
 it comes (:class:`TextStream`: stop strings and incomplete UTF-8 held back).
 
-Both take the sequence they work on (``seq``): with parallel slots each request has
-its own, and :class:`TokenLoop` is one request's side of a decode step shared with others
-(:mod:`.slots`).
+The prompt goes into the sequence given (``seq``): with parallel slots each request has
+its own, and a loop samples from its own row of a decode step shared with others
+(:mod:`.runs` drives one request alone, :mod:`.slots` several together).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from .native import Bitmap, LlamaRuntime
 from .prefix import PrefixPlan
 from .sampler import Sampler
 
-__all__ = ["TextStream", "TokenLoop", "decode_prompt", "sample"]
+__all__ = ["TextStream", "TokenLoop", "decode_prompt"]
 
 
 def _bitmaps(segments: Sequence[Any]) -> tuple[list[Bitmap], dict[str, VisualPackage]]:
@@ -83,10 +83,10 @@ def decode_prompt(
             total = sum(info.n_pos for info in infos)
             if total >= runtime.settings.n_ctx:
                 raise GenerationError("llama.cpp", f"the prompt needs {total} positions; n_ctx is {runtime.settings.n_ctx}")
-            first, offset, n_past = 0, 0, 0
+            first, n_past = 0, 0
             split = prefix.split(runtime, infos, bitmaps) if prefix is not None else None
             if split is not None:
-                first, offset = split.chunk, split.offset
+                first = split.chunk
                 if prefix.restore(runtime, split, seq):
                     n_past = split.n_past
                     for info in infos[:first]:  # restored, not decoded: their saved features go unused
@@ -95,13 +95,7 @@ def decode_prompt(
                 else:
                     n_past, ms = _evaluate(runtime, chunks[:first], infos[:first], saved, n_past, False, seq)
                     encode_ms += ms
-                    if offset:
-                        n_past = runtime.decode_tokens(infos[first].tokens[:offset], n_past, False, seq)
                     prefix.save(runtime, split, seq)
-            if offset:  # the rest of the text chunk the prefix ends in
-                last = first == len(chunks) - 1
-                n_past = runtime.decode_tokens(infos[first].tokens[offset:], n_past, last, seq)
-                first += 1
             n_past, ms = _evaluate(runtime, chunks[first:], infos[first:], saved, n_past, True, seq)
             encode_ms += ms
     finally:
@@ -251,20 +245,3 @@ class TokenLoop:
         self.close()
         text = self.stream.finish()
         return self.tokens, text, self.finish, (np.stack(self.rows) if self.return_logits and self.rows else None)
-
-
-def sample(runtime: LlamaRuntime, n_past: int, max_new_tokens: int, *, seq: int = 0, **options: Any,
-           ) -> tuple[list[int], str, str, np.ndarray | None]:
-    """Decode up to ``max_new_tokens`` on sequence ``seq`` alone: ``(tokens, text, finish_reason, logits)``.
-
-    ``options`` are :class:`TokenLoop`'s (``grammar``, ``sampling``, ``return_logits``, ``on_text``,
-    ``stop_event``, ``prompt_tokens``: what a repetition penalty counts besides the answer).
-    """
-    loop = TokenLoop(runtime, n_past, max_new_tokens, **options)
-    try:
-        while max_new_tokens and not loop.step():
-            runtime.decode_token(loop.token, loop.n_past, seq)
-            loop.advance()
-    finally:
-        loop.close()
-    return loop.result()

@@ -343,36 +343,6 @@ class LlamaRuntime:
         if rc != 0:
             raise NativeError(f"llama_decode failed ({rc}): context full?")
 
-    def decode_tokens(self, tokens: Sequence[int], n_past: int, logits_last: bool, seq: int = 0) -> int:
-        """Evaluate text tokens from ``n_past`` in ``n_batch`` pieces, as mtmd's text-chunk helper does.
-
-        Used for the part of a text chunk that follows a reused prefix state (the helper
-        only takes whole chunks). Returns the new ``n_past``.
-        """
-        L = self._L
-        tokens = list(tokens)
-        step = self._n_batch()
-        batch = L.llama_batch_init(max(1, min(step, len(tokens))), 0, 1)
-        try:
-            for start in range(0, len(tokens), step):
-                part = tokens[start:start + step]
-                batch.n_tokens = len(part)
-                for j, token in enumerate(part):
-                    batch.token[j] = token
-                    batch.pos[j] = n_past + start + j
-                    batch.n_seq_id[j] = 1
-                    batch.seq_id[j][0] = seq
-                    batch.logits[j] = False
-                if logits_last and start + step >= len(tokens):
-                    batch.logits[len(part) - 1] = True
-                rc = L.llama_decode(self.ctx, batch)
-                if rc != 0:
-                    raise NativeError(f"llama_decode failed ({rc}): context full?")
-        finally:
-            L.llama_batch_free(batch)
-        self.decoded_tokens += len(tokens)
-        return n_past + len(tokens)
-
     def state_bytes(self, seq: int = 0) -> np.ndarray:
         """The KV state of sequence ``seq`` (``llama_state_seq_get_data``) as a uint8 array (a copy)."""
         L = self._L

@@ -4,7 +4,9 @@ A judge prompt opens with everything that depends only on the references (chat
 template start, preamble, each reference image and its text). :class:`PrefixPlan`
 finds that opening in the tokenized prompt (:meth:`PrefixPlan.split`: the chunks mtmd
 lays out for the rendered prefix alone must be an exact prefix of the prompt's
-chunks, text tokens and image layouts alike; otherwise nothing is reused), keys it
+chunks, text tokens and image layouts alike; otherwise nothing is reused; the state ends
+at the last chunk boundary inside the prefix, so every chunk after it is evaluated whole,
+in the batch the plain path gives it), keys it
 (model fingerprint, ordered package keys, the exact prefix tokens, the template and
 state versions, the context settings that change the numbers), and either restores
 the saved state with ``llama_state_seq_set_data`` (the references are then neither
@@ -33,15 +35,14 @@ from .native import ChunkInfo, LlamaRuntime, NativeError
 __all__ = ["PREFIX_STATE_VERSION", "PrefixPlan", "PrefixSplit", "prefix_tokens"]
 
 #: Version of the llama.cpp state layout (one ``llama_state_seq_get_data`` blob); part of every key.
-PREFIX_STATE_VERSION = 1
+PREFIX_STATE_VERSION = 2  # 2: a state ends at a chunk boundary (1 could end inside a text chunk)
 
 
 @dataclass(frozen=True)
 class PrefixSplit:
-    """Where the prefix ends in a prompt: all of ``chunks[:chunk]`` plus ``offset`` tokens of text chunk ``chunk``."""
+    """Where the prefix state ends in a prompt: after all of ``chunks[:chunk]``."""
 
     chunk: int
-    offset: int
     n_past: int
     tokens: tuple[int, ...]
     key: str
@@ -91,23 +92,25 @@ class PrefixPlan:
             if a != b:
                 return None
         last, there = mine[-1], infos[len(mine) - 1]
-        if last.kind == "image" or last == there:
-            if last != there:
-                return None
-            chunk, offset = len(mine), 0
-        elif there.kind == "text" and there.tokens[: len(last.tokens)] == last.tokens:
-            chunk, offset = len(mine) - 1, len(last.tokens)
+        if last == there:
+            chunk = len(mine)
+        elif last.kind == there.kind == "text" and there.tokens[: len(last.tokens)] == last.tokens:
+            # The prefix ends inside a text chunk: the state stops before that chunk, which is then
+            # evaluated whole, in the one batch the plain path gives it. llama.cpp's quantized CPU
+            # kernels give a token other numbers in another batch (measured on the 28-layer Q4_K_M
+            # GGUF: a split chunk moved the first logits by 0.13 and changed the greedy answer).
+            chunk = len(mine) - 1
         else:
             return None
-        if chunk >= len(infos) and not offset:
-            return None  # nothing would follow the prefix: no logits to continue from
+        if not 0 < chunk < len(infos):
+            return None  # nothing to reuse, or nothing would follow the prefix: no logits to continue from
         covered = list(infos[:chunk])
-        tokens = prefix_tokens(covered) + (list(infos[chunk].tokens[:offset]) if offset else [])
-        n_past = sum(i.n_pos for i in covered) + offset
+        tokens = prefix_tokens(covered)
+        n_past = sum(i.n_pos for i in covered)
         key = prefix_key(self.model, self.package_keys, tokens, f"llamacpp-state-{PREFIX_STATE_VERSION}:{self.template}")
-        self.prefix_tokens = sum(i.n_tokens for i in covered) + offset
+        self.prefix_tokens = sum(i.n_tokens for i in covered)
         self._began = time.perf_counter()
-        return PrefixSplit(chunk, offset, n_past, tuple(tokens), key)
+        return PrefixSplit(chunk, n_past, tuple(tokens), key)
 
     def restore(self, runtime: LlamaRuntime, split: PrefixSplit, seq: int = 0) -> bool:
         """Load the stored state of ``split`` into cleared sequence ``seq``; False (evaluate it instead) on a miss."""

@@ -77,6 +77,7 @@ class Slots:
         self._active: dict[int, tuple[_Waiting, TokenLoop]] = {}
         #: decode steps so far, and the sequences they carried (``batched / steps``: the mean batch)
         self.steps = self.batched = 0
+        self._closed = False
         self._thread = threading.Thread(target=self._serve, name=f"refsight-slots-{name}", daemon=True)
         self._thread.start()
 
@@ -87,6 +88,8 @@ class Slots:
 
     def run(self, jobs: Sequence[SlotJob]) -> list[Any]:
         """Submit ``jobs`` (they may share decode steps with each other and with other callers); their results."""
+        if self._closed:
+            raise GenerationError(self.name, "the model was closed")
         waiting = [_Waiting(job) for job in jobs]
         for w in waiting:
             self._queue.put(w)
@@ -99,6 +102,7 @@ class Slots:
 
     def close(self) -> None:
         """Stop the scheduler once the jobs already submitted are done."""
+        self._closed = True
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
@@ -107,10 +111,20 @@ class Slots:
 
     def _serve(self) -> None:
         closing = False
-        while not closing or self._active:
-            closing = self._admit(closing)
-            if self._active:
-                self._step()
+        try:
+            while not closing or self._active:
+                closing = self._admit(closing)
+                if self._active:
+                    self._step()
+        except BaseException as e:  # noqa: BLE001 - a bug here must not leave callers waiting forever
+            self._closed = True
+            error = GenerationError(self.name, f"the slot scheduler stopped: {type(e).__name__}: {e}")
+            for waiting, loop in self._active.values():
+                waiting.fail(error, loop)
+            while not self._queue.empty():
+                waiting = self._queue.get_nowait()
+                if waiting is not None:
+                    waiting.fail(error)
 
     def _admit(self, closing: bool) -> bool:
         """Fill free sequences from the queue (block while nothing is active); True once told to close."""

@@ -54,7 +54,7 @@ from ..base import Backend, Execution, Generation, GenerationRequest, PreparedRe
 from ..sampling import SAMPLING_FIELDS
 from . import messages
 from .client import VLLMClient
-from .pixels import HeldUuids, ImageParts, encode_pixels, is_cache_miss, pixel_fingerprint, validate_pixels
+from .pixels import HeldUuids, ImageParts, PixelUrls, encode_pixels, is_cache_miss, pixel_fingerprint, validate_pixels
 
 if TYPE_CHECKING:  # the encoder is a transformers backend: imported only when one is loaded
     from ..hf.qwen2_vl import QwenFamilyBackend
@@ -99,6 +99,7 @@ class VLLMBackend(Backend):
         self.batch_size = encoder.batch_size
         #: What the server holds by uuid (nothing, for a server that keeps no processed inputs: never uuid-only).
         self.held = HeldUuids() if keeps_uuids else HeldUuids(limit=0)
+        self.urls = PixelUrls()
         self._fingerprint = pixel_fingerprint(encoder.fingerprint()) if encodes_images else encoder.fingerprint()
         self._stats = {"uuid_only": 0, "with_pixels": 0, "cache_miss_retries": 0}
         self._stats_lock = threading.Lock()
@@ -170,10 +171,17 @@ class VLLMBackend(Backend):
         )
 
     def image_parts(self, prepared: PreparedRequest, *, resend: bool = False) -> ImageParts:
-        """How one attempt at ``prepared`` writes its images: the reference prefix's packages go by uuid."""
-        prefix = prepared.segments[:prepared.request.prefix_segments]
-        references = frozenset(s.key for s in prefix if isinstance(s, VisualPackage))
-        return ImageParts(self.encoder, references, self.held, resend=resend)
+        """How one attempt at ``prepared`` writes its images: the references' packages go by uuid.
+
+        The references are the request's ``reference_keys`` (the reranker's), else the packages of
+        its reference prefix.
+        """
+        request = prepared.request
+        if request.reference_keys is not None:
+            references = frozenset(request.reference_keys)
+        else:
+            references = frozenset(s.key for s in prepared.segments[:request.prefix_segments] if isinstance(s, VisualPackage))
+        return ImageParts(self.encoder, references, self.held, self.urls, resend=resend)
 
     def execute(self, batch: list[PreparedRequest], execution: Execution) -> list[Generation]:
         """Each request to vLLM (concurrently: the server batches them), or one relayed stream."""

@@ -34,7 +34,8 @@ TOP_LOGPROBS = 20
 def png_data_url(image: Any) -> str:
     """A PIL image as a lossless PNG data URL: vLLM decodes exactly these pixels."""
     buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
+    # zlib level 1: a 448² image encodes 4-5x faster than at PNG's default 6, for 7 % more bytes.
+    image.save(buffer, format="PNG", compress_level=1)
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 

@@ -10,11 +10,13 @@ pixels vLLM will encode and never collides with an HF embedding package.
 
 A request's image parts (:class:`ImageParts`, one per attempt):
 
-- a **reference** (a package inside the request's reference prefix) travels by ``uuid`` =
+- a **reference** (a package of the request's reference prefix, or one the request names in
+  ``reference_keys``: the reranker's, whose candidate comes first) travels by ``uuid`` =
   :func:`reference_uuid` of its package key (content + fingerprint + scope: never a name a
   client chose), uuid-only (``"image_url": null``) when this backend already gave the server
   those pixels (:class:`HeldUuids`), its pixels + uuid otherwise; vLLM's caches, and
   refsight's encoder-cache connector behind them (:mod:`.connector`), serve it by that uuid;
+  its pixels' PNG is made once (:class:`PixelUrls`), not per request;
 - anything else (the candidate) travels as pixels with no uuid: vLLM encodes it, and the
   connector never persists it (only ``refsight-`` uuids are);
 - a package holding embeddings (made for a server without a vision encoder) is an
@@ -34,7 +36,7 @@ from ...images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
 
 __all__ = [
-    "UUID_PREFIX", "HeldUuids", "ImageParts", "encode_pixels", "is_cache_miss", "pixel_fingerprint",
+    "UUID_PREFIX", "HeldUuids", "ImageParts", "PixelUrls", "encode_pixels", "is_cache_miss", "pixel_fingerprint",
     "pixel_image", "reference_uuid", "validate_pixels",
 ]
 
@@ -44,6 +46,8 @@ UUID_PREFIX = "refsight-"
 PIXELS = "pixels"
 #: How many uuids a backend remembers as held by its server (least recently used forgotten).
 HELD_LIMIT = 65536
+#: Bytes of reference PNG data URLs a backend keeps (a 448² reference is about 0.4 MB).
+URL_CACHE_BYTES = 256 * 1024 * 1024
 
 
 def reference_uuid(package_key: str) -> str:
@@ -142,12 +146,46 @@ class HeldUuids:
                 self._uuids.pop(uuid, None)
 
 
+class PixelUrls:
+    """Each reference package's PNG data URL, made once (bounded in bytes, least recently used forgotten; thread-safe).
+
+    A reference travels with its pixels the first time, on every request to a server that
+    keeps nothing by uuid, and after a "Cache miss": encoding its PNG each time cost more
+    than vLLM's own processing of it.
+    """
+
+    def __init__(self, max_bytes: int = URL_CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._urls: OrderedDict[str, str] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, package: VisualPackage) -> str:
+        """The data URL of ``package``'s pixels."""
+        from .messages import png_data_url
+
+        with self._lock:
+            url = self._urls.get(package.key)
+            if url is not None:
+                self._urls.move_to_end(package.key)
+                return url
+        url = png_data_url(pixel_image(package))  # outside the lock: other requests go on meanwhile
+        with self._lock:
+            if package.key not in self._urls and len(url) <= self.max_bytes:
+                self._urls[package.key] = url
+                self._bytes += len(url)
+                while self._bytes > self.max_bytes:
+                    _, dropped = self._urls.popitem(last=False)
+                    self._bytes -= len(dropped)
+        return url
+
+
 @dataclass
 class ImageParts:
     """The image parts of one attempt at one request (a callable: segment -> OpenAI content part).
 
-    ``references``: the package keys of the request's reference prefix (sent by uuid);
-    ``held``: what the server is expected to hold; ``resend``: pixels for every reference
+    ``references``: the package keys of the request's references (sent by uuid); ``urls``:
+    their pixels' data URLs; ``held``: what the server is expected to hold; ``resend``: pixels for every reference
     (the retry after a "Cache miss"). After the attempt, :attr:`uuid_only` and :attr:`sent`
     say which uuids went without and with pixels.
     """
@@ -155,6 +193,7 @@ class ImageParts:
     encoder: Any
     references: frozenset[str]
     held: HeldUuids
+    urls: PixelUrls
     resend: bool = False
     uuid_only: list[str] = field(default_factory=list)
     sent: list[str] = field(default_factory=list)
@@ -174,7 +213,7 @@ class ImageParts:
             self.uuid_only.append(uuid)
             return {"type": "image_url", "image_url": None, "uuid": uuid}
         self.sent.append(uuid)
-        return {"type": "image_url", "image_url": {"url": png_data_url(pixel_image(segment))}, "uuid": uuid}
+        return {"type": "image_url", "image_url": {"url": self.urls.get(segment)}, "uuid": uuid}
 
     def succeeded(self) -> None:
         """The server answered: every uuid of this attempt is now held."""
