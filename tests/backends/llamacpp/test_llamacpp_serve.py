@@ -4,7 +4,6 @@ user would call it (the official SDK, a real server on loopback), stored referen
 from __future__ import annotations
 
 import io
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hardening_helpers import free_port
 from llama_models import require_llama_cpp
 
 from refsight.samples import load_sample
@@ -27,15 +27,9 @@ def _png(name: str) -> bytes:
     return buffer.getvalue()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _serve(tmp_path: Path, *flags: str):
     """``refsight serve MODEL FLAGS`` on a free loopback port; yields its URL once it answers."""
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "refsight.cli", "serve", MODEL, *flags, "--port", str(port), "--store", str(tmp_path / "s")],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
