@@ -16,8 +16,8 @@ Every request carries a new candidate (each is encoded in both arms, as in real 
   the store already holds (the first pass, untimed, encodes them once); medians;
 - (b) ``speedup_cycling``: a server with vLLM's default caches, a working set of
   ``--working-set`` references cycled through R = 4 requests (more than vLLM's encoder cache
-  keeps), the second pass timed; ``speedup_after_restart``: that server restarted, its
-  first ``--after-restart`` requests;
+  keeps), each pass one reference further on (shortlists vary), the second pass timed;
+  ``speedup_after_restart``: that server restarted, its first ``--after-restart`` requests;
 - (c) ``ratio_warm``: the default server holding every reference of the request in its own
   caches (the same 4 references again and again): refsight must cost no more than vLLM alone;
 - ``tokens_equal``: every request gave the same greedy tokens in both arms.
@@ -138,10 +138,16 @@ def _caches_off(arms: Arms, refs: list, candidates, repeats: int) -> dict[str, f
 
 
 def _cycle(arms: Arms, working_set: list, candidates, passes: int) -> list[tuple[float, float]]:
-    """R = 4 requests walking the working set ``passes`` times; the last pass's timings."""
-    groups = [working_set[i:i + 4] for i in range(0, len(working_set) - 3, 4)]
+    """R = 4 requests walking the working set ``passes`` times; the last pass's timings.
+
+    Each pass starts one reference further on, so no shortlist comes back whole and none
+    starts with a reference that started one before, as shortlists from recall do. (The same
+    four in the same order again is (c): vLLM's prefix cache then holds the whole prefix,
+    images included, and nothing is encoded in either arm.)"""
     pairs = []
-    for _ in range(passes):
+    for offset in range(passes):
+        order = working_set[offset:] + working_set[:offset]
+        groups = [order[i:i + 4] for i in range(0, len(order) - 3, 4)]
         pairs = [arms.both(group, next(candidates)) for group in groups]
     return pairs
 
