@@ -6,9 +6,11 @@ The judge's layout (references first, then the candidate and the rubric), greedy
   ``fresh_ms`` (every image from pixels, no caches), ``package_ms`` (reference packages,
   no prefix state), ``prefix_ms`` (packages + the reference prefix's sequence state in a
   store's prefix cache; the first request builds it), ``candidate_only_ms`` (inside the
-  same prefix calls: everything but loading the state, i.e. the candidate's encode, the
-  non-prefix prefill and decoding), their ratios, ``tokens_equal`` across the three
-  paths and ``prefix_bytes_per_token`` (state bytes per prefix token).
+  same prefix calls: everything but loading the state, i.e. the non-prefix prefill and
+  decoding), their ratios, ``tokens_equal`` across the three paths and
+  ``prefix_bytes_per_token`` (state bytes per prefix token). As in ``prefix_cache.py`` (the
+  transformers figure) and as a compare runs its rubrics, each candidate is encoded once
+  before the timed package and prefix requests, so those two paths differ in the prefix alone.
 - vLLM (``vllm:URL``), every request through the backend's ``generate``: ``package_ms``
   (packages sent as embeddings, each request opening with a line of its own, so it shares no
   KV block with any other: vLLM hashes blocks as a chain from the prompt's start) against
@@ -59,17 +61,17 @@ def llamacpp(backend, refs, candidates, rubrics) -> dict:
     from refsight.store import open_store
 
     packages = backend.encode(refs)
-    work = [(c, r) for c in candidates for r in rubrics]
-    backend.generate([_request(packages, candidates[0], "warm-up", None)])  # first-call costs out of the figures
+    encoded = backend.encode(candidates)  # once each: every rubric of a compare reuses its candidate's package
+    backend.generate([_request(packages, encoded[0], "warm-up", None)])  # first-call costs out of the figures
 
-    def run(references, cache):
-        return [backend.generate([_request(references, c, r, cache)])[0] for c, r in work]
+    def run(references, shown, cache):
+        return [backend.generate([_request(references, c, r, cache)])[0] for c in shown for r in rubrics]
 
-    fresh, fresh_ms = _timed(lambda: run(refs, None))
-    plain, package_ms = _timed(lambda: run(packages, None))
+    fresh, fresh_ms = _timed(lambda: run(refs, candidates, None))
+    plain, package_ms = _timed(lambda: run(packages, encoded, None))
     with tempfile.TemporaryDirectory() as tmp, open_store(Path(tmp) / "store") as store:
         cache = PrefixStateCache(store)
-        cached, prefix_ms = _timed(lambda: run(packages, cache))
+        cached, prefix_ms = _timed(lambda: run(packages, encoded, cache))
         bytes_on_disk = store.prefixes.stats()["bytes"]
     candidate_only_ms = sum(g.timings_ms["total"] - g.timings_ms.get("prefix_load", 0.0) for g in cached[1:])
     # The first prefix call builds the state; the rest reuse it: compare like with like.

@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> dict:
             equal &= arms.equal
             arms.close()
             server.stop()
-        from refsight.backends.vllm.connector.refsight_ec_store import read_counters
+        from refsight.vllm_connector.refsight_ec_store import read_counters
 
         figures["vllm_encoder_cache"] = read_counters(store)
     figures["tokens_equal"] = equal

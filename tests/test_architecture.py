@@ -25,6 +25,9 @@ RUNTIME_EXCEPTIONS = {
     # The package codec builds torch tensors as zero-copy views of a mapped file: a visual
     # package *is* torch tensors, and the store must not import backends/ or models/.
     "refsight.store._safetensors": "visual packages are torch tensors; the store decodes them",
+    # The connector runs inside vLLM's own process (never imported by refsight): it hands vLLM
+    # torch tensors. It sits outside backends/ so the store's quota can read its index module.
+    "refsight.vllm_connector.refsight_ec_connector": "runs inside vLLM, whose encoder outputs are torch tensors",
 }
 #: What cli.py and server/ may import: the public API ...
 PUBLIC_API = (

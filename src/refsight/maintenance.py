@@ -214,7 +214,7 @@ _MODEL_COUNTER = re.compile(re.escape(MODEL_COUNTER_PREFIX) + r"([0-9a-f]{16})_(
 
 def _vllm_encoder_cache(root: Any) -> dict[str, int] | None:
     """The vLLM encoder-cache connector's counters in this store (its own index file; stdlib only)."""
-    from .backends.vllm.connector.refsight_ec_store import read_counters
+    from .vllm_connector.refsight_ec_store import read_counters
 
     return read_counters(root)
 

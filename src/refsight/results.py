@@ -277,7 +277,8 @@ class StoreStats:
 
 @dataclass
 class QuotaReport:
-    """One quota pass: packages evicted and their bytes, what was skipped because in use, the result."""
+    """One quota pass: packages evicted and their bytes, vLLM encoder outputs evicted and their bytes,
+    what was skipped because in use, the result (bytes of both under the one quota)."""
 
     max_bytes: int
     before: int
@@ -285,6 +286,8 @@ class QuotaReport:
     evicted: list[str] = field(default_factory=list)
     evicted_bytes: int = 0
     skipped_in_use: int = 0
+    encoder_outputs_evicted: int = 0
+    encoder_outputs_evicted_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields."""

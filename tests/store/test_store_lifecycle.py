@@ -38,6 +38,36 @@ def test_the_quota_evicts_by_last_use_and_skips_pinned_and_protected_keys(opener
         assert counters["quota_evictions"] == 2 and counters["quota_evicted_bytes"] == report.evicted_bytes
 
 
+def test_one_quota_over_packages_and_the_vllm_connectors_encoder_outputs(opener, tmp_path):
+    """Packages and vLLM's encoder outputs (refsight's connector, same store) go in one least-recently-used
+    order, and the connector is told what the packages hold for its own checks."""
+    from refsight.vllm_connector import refsight_ec_store as ec
+
+    packages = [make_package(n) for n in range(3)]
+    with opener(tmp_path / "s", memory_bytes=1 << 20) as store:
+        outputs = ec.ECStore(store.root / ec.DIRNAME, "f" * 64)  # what the connector in vLLM opens
+        uuids = ["refsight-" + f"{n:064x}" for n in range(2)]
+        for n, package in enumerate(packages):  # package 0, output 0, package 1, output 1, package 2
+            store.packages.put(package)
+            time.sleep(0.002)
+            if n < 2:
+                data = bytes(4096)
+                outputs.save(uuids[n], ec.serialize(data, "U8", [4096], uuid=uuids[n], fingerprint="f" * 64))
+                time.sleep(0.002)
+        packages_bytes = sum(_sizes(store).values())
+        output_bytes = outputs.total_bytes()
+        store.max_package_bytes = packages_bytes + output_bytes - 1  # one entry must go: the oldest, package 0
+        report = store.enforce_quota()
+        assert report.evicted == [packages[0].key] and report.encoder_outputs_evicted == 0
+        store.max_package_bytes = store.local.total_bytes() + output_bytes - 1  # next oldest: output 0
+        report = store.enforce_quota()
+        assert report.evicted == [] and report.encoder_outputs_evicted == 1
+        assert report.encoder_outputs_evicted_bytes == output_bytes // 2 and report.after <= store.max_package_bytes
+        assert outputs.load(uuids[0]) is None and outputs.load(uuids[1]) is not None
+        external = outputs._connection().execute("SELECT bytes FROM external").fetchall()
+        assert external == [(store.local.total_bytes(),)]  # the connector's saves count the packages
+
+
 def test_prune_removes_one_fingerprints_packages_and_links_only(opener, tmp_path):
     old = [make_package(n, model="old-vlm") for n in range(3)]
     new = [make_package(n, model="new-vlm") for n in range(3)]

@@ -43,6 +43,7 @@ from .base import (
 from .catalog import SqlCatalog
 from .counters import CounterBuffer
 from .disk import DiskPackageStore, PackageRecord
+from .encoder_outputs import EncoderOutputs
 from .gc import DEFAULT_GRACE_S, collect_garbage, sweep_stale_temps
 from .lifecycle import enforce_quota, parse_bytes, prune
 from .memory import MemoryPackageStore
@@ -98,14 +99,22 @@ class Store:
         self.redis = redis
         self.packages = TieredPackageStore([self.memory, *([redis] if redis is not None else []), self.local])
         self.max_package_bytes = None if max_package_bytes is None else parse_bytes(max_package_bytes)
+        self._encoder_outputs: EncoderOutputs | None = None  # found on first need: a connector may start later
         # Prefix states are derived data of one replica's language model: kept beside its retrieval index.
         self.prefixes = PrefixStore(
             self.derived_root, memory_bytes=prefix_memory_bytes, disk_bytes=prefix_disk_bytes,
             on_corrupt=lambda key, reason: self.counters.add(prefix_corrupt=1),
         )
 
+    def encoder_outputs(self) -> EncoderOutputs | None:
+        """vLLM's encoder outputs kept in this store by refsight's connector (None until a connector used it)."""
+        if self._encoder_outputs is None:
+            self._encoder_outputs = EncoderOutputs.of(self.root)
+        return self._encoder_outputs
+
     def enforce_quota(self, *, protect: tuple[str, ...] = ()) -> QuotaReport | None:
-        """Evict least recently used packages down to ``max_package_bytes`` (None: no quota, or under it)."""
+        """Evict least recently used packages and vLLM encoder outputs down to ``max_package_bytes``
+        (None: no quota, or under it)."""
         if self.max_package_bytes is None:
             return None
         return enforce_quota(self, self.max_package_bytes, protect=protect)

@@ -1,13 +1,15 @@
-"""The store's lifecycle: a byte quota on packages (least recently used first out) and ``prune``.
+"""The store's lifecycle: a byte quota on packages and vLLM encoder outputs (least recently used first out)
+and ``prune``.
 
-Only *packages* are ever dropped here. References, their metadata and their kept images are
-never touched: a package is derived data, re-encoded from the kept image the next time it is
-needed (and linked again). Everything goes through a :class:`~refsight.store.base.PackageIndex`
+Only derived data is ever dropped here: packages and vLLM's encoder outputs. References, their
+metadata and their kept images are never touched: a package is re-encoded from the kept image
+the next time it is needed (and linked again), an encoder output by vLLM from the pixels. Everything goes through a :class:`~refsight.store.base.PackageIndex`
 and the catalog's interface, so the embedded SQLite store and a shared catalog run the same code.
 
 - **Quota** (``max_package_bytes``; ``--max-package-bytes`` or ``[store] max_package_bytes`` in
-  ``refsight.toml``): after a durable write pushes the total over the quota, packages are evicted
-  least recently used first until it fits again. Keys a running request of this process holds
+  ``refsight.toml``): after a durable write pushes the total over the quota, packages and the
+  encoder outputs refsight's vLLM connector keeps in the same store
+  (:mod:`refsight.store.encoder_outputs`) are evicted least recently used first until it fits again. Keys a running request of this process holds
   (:class:`~refsight.store.usage.PinnedKeys`) and the ones just written are skipped. Uses are
   buffered (:mod:`refsight.store.usage`) and flushed before choosing, so this process's order is
   exact; another process's uses are at most a flush interval old. A package a request in another
@@ -19,16 +21,18 @@ and the catalog's interface, so the embedded SQLite store and a shared catalog r
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..results import PruneReport, QuotaReport
-from .base import FingerprintUsage, PackageUsage
+from .base import FingerprintUsage, PackageIndex, PackageUsage
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import Store
+    from .encoder_outputs import EncoderOutputs
 
 __all__ = ["enforce_quota", "prune", "parse_bytes"]
 
@@ -72,13 +76,16 @@ _quota_lock = threading.Lock()
 
 
 def enforce_quota(store: Store, max_bytes: int, *, protect: Iterable[str] = ()) -> QuotaReport | None:
-    """Evict least recently used packages until ``store`` holds at most ``max_bytes``; None when it already did.
+    """Evict least recently used packages and vLLM encoder outputs until ``store`` holds at most ``max_bytes``;
+    None when it already did.
 
-    ``protect`` (the keys just written) and the keys pinned by running requests are never
-    evicted; when only those are left the store stays over its quota until they are released.
+    One quota over both (:mod:`refsight.store.encoder_outputs`): they are evicted in one
+    least-recently-used order. ``protect`` (the keys just written) and the keys pinned by running
+    requests are never evicted; when only those are left the store stays over its quota until
+    they are released.
     """
-    index = store.local
-    total = index.total_bytes()
+    outputs = store.encoder_outputs()
+    total = _total(store, outputs)
     if total <= max_bytes:
         return None
     # One pass at a time in this process; another process may run its own, and a key both
@@ -88,30 +95,55 @@ def enforce_quota(store: Store, max_bytes: int, *, protect: Iterable[str] = ()) 
             store.usage.flush()  # this process's recent uses count before choosing
         except Exception:  # noqa: BLE001 - a busy index: choose by the uses written so far (they stay pending)
             log.debug("refsight: could not write package uses before a quota pass", exc_info=True)
-        total = index.total_bytes()
+        total = _total(store, outputs)
         report = QuotaReport(max_bytes=max_bytes, before=total, after=total)
-        protected = set(protect)
-        after: tuple[float, str] | None = None
-        while report.after > max_bytes:
-            page = index.least_recently_used(_PAGE, after=after)
-            if not page:
-                break
-            for usage in page:
-                if report.after <= max_bytes:
-                    break
-                if usage.key in protected or usage.key in store.pins:
-                    report.skipped_in_use += 1
-                    continue
-                if _evict(store, usage):
-                    report.evicted.append(usage.key)
-                    report.evicted_bytes += usage.bytes
-                    report.after -= usage.bytes
-            after = (page[-1].last_used, page[-1].key)
-        report.after = index.total_bytes()
+        _evict_oldest(store, outputs, report, set(protect))
+        report.after = _total(store, outputs)
     if report.evicted:
         store.counters.add(quota_evictions=len(report.evicted), quota_evicted_bytes=report.evicted_bytes)
-        log.info("refsight: quota %d B: evicted %d package(s), %d B", max_bytes, len(report.evicted), report.evicted_bytes)
+    if report.evicted or report.encoder_outputs_evicted:
+        log.info("refsight: quota %d B: evicted %d package(s), %d B, and %d vLLM encoder output(s), %d B", max_bytes,
+                 len(report.evicted), report.evicted_bytes, report.encoder_outputs_evicted,
+                 report.encoder_outputs_evicted_bytes)
     return report
+
+
+def _total(store: Store, outputs: EncoderOutputs | None) -> int:
+    """Bytes under the quota; the packages' share is recorded where the connector's own checks read it."""
+    packages = store.local.total_bytes()
+    if outputs is None:
+        return packages
+    outputs.record_packages(packages)
+    return packages + outputs.total_bytes()
+
+
+def _evict_oldest(store: Store, outputs: EncoderOutputs | None, report: QuotaReport, protected: set[str]) -> None:
+    """Evict in one least-recently-used order over packages and encoder outputs until the report fits."""
+    streams = [((False, usage) for usage in _oldest(store.local))]
+    if outputs is not None:
+        streams.append((True, usage) for usage in _oldest(outputs))
+    for is_output, usage in heapq.merge(*streams, key=lambda item: (item[1].last_used, item[1].key)):
+        if report.after <= report.max_bytes:
+            return
+        if is_output:
+            if outputs is not None and outputs.delete(usage.key):
+                report.encoder_outputs_evicted += 1
+                report.encoder_outputs_evicted_bytes += usage.bytes
+                report.after -= usage.bytes
+        elif usage.key in protected or usage.key in store.pins:
+            report.skipped_in_use += 1
+        elif _evict(store, usage):
+            report.evicted.append(usage.key)
+            report.evicted_bytes += usage.bytes
+            report.after -= usage.bytes
+
+
+def _oldest(index: PackageIndex | EncoderOutputs) -> Iterator[PackageUsage]:
+    """Every entry of ``index``, least recently used first, a page at a time (deletes behind the cursor are safe)."""
+    after: tuple[float, str] | None = None
+    while page := index.least_recently_used(_PAGE, after=after):
+        yield from page
+        after = (page[-1].last_used, page[-1].key)
 
 
 def _evict(store: Store, usage: PackageUsage) -> bool:

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from refsight.backends.vllm.connector import refsight_ec_store as ec
+from refsight.vllm_connector import refsight_ec_store as ec
 
 FINGERPRINT = "f" * 64
 
@@ -110,6 +110,34 @@ def test_the_quota_evicts_least_recently_used_files_never_the_one_just_written(t
     assert tiny.save(_uuid(9), _blob(_uuid(9))) and tiny.load(_uuid(9)) is not None  # the newest always stays
 
 
+def test_the_quota_counts_the_bytes_refsights_packages_hold(tmp_path):
+    """One quota over the store: the packages' bytes refsight records leave less room for these files."""
+    size = len(_blob(_uuid(0)))
+    store = ec.ECStore(tmp_path / ec.DIRNAME, FINGERPRINT, max_bytes=3 * size)
+    store.record_external_bytes("refsight-packages", 2 * size)
+    store.save(_uuid(0), _blob(_uuid(0)))  # 1 file + 2 of packages: fits
+    assert store.load(_uuid(0)) is not None
+    store.save(_uuid(1), _blob(_uuid(1)))  # 2 files + 2 of packages: the older file goes
+    assert [store.load(_uuid(n)) is not None for n in range(2)] == [False, True]
+    store.record_external_bytes("refsight-packages", 0)  # the record is replaced, not added to
+    store.save(_uuid(2), _blob(_uuid(2)))
+    assert [store.load(_uuid(n)) is not None for n in range(3)] == [False, True, True]
+
+
+def test_housekeeping_lists_least_recently_used_first_and_evicts_by_name(store, tmp_path):
+    for n in range(3):
+        store.save(_uuid(n), _blob(_uuid(n)))
+    store.load(_uuid(0))  # used again: now the most recent
+    store.flush()  # a use is written at the next flush (another process reads the index)
+    housekeeping = ec.ECStore(tmp_path / ec.DIRNAME, "")
+    oldest = housekeeping.least_recently_used(10)
+    assert [name for name, _, _ in oldest] == [store.name(_uuid(n)) for n in (1, 2, 0)]
+    assert housekeeping.least_recently_used(10, after=oldest[0][2:] + oldest[0][:1]) == oldest[1:]
+    assert housekeeping.evict(store.name(_uuid(1))) and not housekeeping.evict(store.name(_uuid(1)))
+    assert store.load(_uuid(1)) is None and not store.path(_uuid(1)).exists()
+    assert ec.read_counters(tmp_path)["evictions"] == 1
+
+
 def test_a_hit_writes_nothing_until_a_flush_or_the_interval(store, tmp_path, monkeypatch):
     uuid = _uuid(8)
     store.save(uuid, _blob(uuid))
@@ -128,7 +156,7 @@ def test_the_connector_folder_imports_nothing_of_refsight():
     """What goes on vLLM's PYTHONPATH must import with vLLM's dependencies alone."""
     import ast
 
-    from refsight.backends.vllm.connector import CONNECTOR_PATH
+    from refsight.vllm_connector import CONNECTOR_PATH
 
     for path in CONNECTOR_PATH.glob("refsight_ec_*.py"):
         for node in ast.walk(ast.parse(path.read_text())):

@@ -1,6 +1,6 @@
 """refsight as vLLM's encoder cache: real vLLM servers running refsight's connector on one store.
 
-``refsight vllm-serve MODEL --store DIR`` starts vLLM with the connector (:mod:`refsight.backends.vllm.connector`).
+``refsight vllm-serve MODEL --store DIR`` starts vLLM with the connector (:mod:`refsight.vllm_connector`).
 A reference is encoded once, by vLLM, and saved in the store; after a restart, and on another
 server sharing the store, it is loaded and never encoded again — counted from the connector
 (``vllm_encoder_cache`` in ``Engine.stats()``) and from each server's own log (the connector
@@ -12,6 +12,7 @@ are the same on every path.
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
@@ -64,8 +65,16 @@ def _ask(server, images, names: list[str]) -> tuple[list[int], list[str]]:
         backend.close()
 
 
+def _staged_copies(server) -> list[str]:
+    """The checked copies the server's scheduler staged for its worker and has not deleted yet."""
+    from pathlib import Path
+
+    folders = set(re.findall(r"staging (\S+)", server.log.read_text()))
+    return sorted(p.name for folder in folders for p in Path(folder).glob("refsight-*"))
+
+
 def _counters(store):
-    from refsight.backends.vllm.connector.refsight_ec_store import read_counters
+    from refsight.vllm_connector.refsight_ec_store import read_counters
 
     return read_counters(store)
 
@@ -104,6 +113,11 @@ def test_after_a_restart_no_reference_is_encoded_again(first_run, vllm_servers, 
     assert again == tokens
     assert not set(uuids) & set(_events(server, "encoded"))  # vLLM's encoder ran for the candidate only
     assert set(uuids) <= set(_events(server, "loaded"))
+    # Each staged copy lives until the requests it was loaded for finish, then goes.
+    deadline = time.monotonic() + 10
+    while _staged_copies(server) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _staged_copies(server) == []
     counters = _counters(store)
     assert counters["hits"] >= 3 and counters["saves"] == 3 and counters["corrupt"] == 0
     with Engine(store, model="tiny-qwen2-vl-vllm") as engine:
@@ -123,7 +137,7 @@ def test_a_second_server_sharing_the_store_loads_what_the_first_encoded(first_ru
 
 
 def test_corrupt_and_truncated_files_are_encoded_again_and_the_server_lives(first_run, vllm_servers, store, images):
-    from refsight.backends.vllm.connector.refsight_ec_store import DIRNAME
+    from refsight.vllm_connector.refsight_ec_store import DIRNAME
 
     tokens, uuids, _ = first_run
     other = vllm_servers.get(MODEL, 8, store, replica=1)  # it never saw REFS: its own caches cannot answer
@@ -155,7 +169,7 @@ def _file_of(root, uuid: str):
 def test_a_uuid_sent_with_other_pixels_is_not_served_the_stored_features(first_run, vllm_servers, store, images):
     """A client reusing a reference's uuid for other pixels: the connector compares the pixels' digest
     with the file's, serves nothing (counted ``refused``) and keeps the file; vLLM encodes what was sent."""
-    from refsight.backends.vllm.connector.refsight_ec_store import DIRNAME
+    from refsight.vllm_connector.refsight_ec_store import DIRNAME
     from vllm_helpers import pixel_tokens, png_url, post_chat, served_model
 
     one = vllm_servers.get(MODEL, 8, store)
@@ -174,3 +188,27 @@ def test_a_uuid_sent_with_other_pixels_is_not_served_the_stored_features(first_r
     assert tokens == pixel_tokens(other.url, [liar, "Describe."])  # the coffee's own features, not the rocket's
     assert _counters(store)["refused"] == before["refused"] + 1
     assert _file_of(store / DIRNAME, uuid).read_bytes() == saved
+
+
+def test_the_connector_keeps_within_the_stores_one_quota(first_run, vllm_servers, tmp_path, images):
+    """The store's quota (``max_package_bytes``, handed to the connector by ``vllm-serve``) is one quota over
+    refsight's packages and vLLM's encoder outputs: with the packages' recorded bytes filling all but one
+    byte of it, each save evicts every older file, the newest stays, and the answers do not change."""
+    from refsight.store.encoder_outputs import PACKAGES_SOURCE
+    from refsight.vllm_connector.refsight_ec_store import DIRNAME, ECStore
+
+    tokens, uuids, _ = first_run
+    quota = 10_000_000
+    store = tmp_path / "quota-store"
+    store.mkdir()
+    (store / "refsight.toml").write_text(f'[store]\nmax_package_bytes = {quota}\n')
+    ECStore(store / DIRNAME, "").record_external_bytes(PACKAGES_SOURCE, quota - 1)  # what refsight's packages hold
+    server = vllm_servers.get(MODEL, 8, store)
+    assert f"quota {quota} bytes" in server.log.read_text()
+    again, _ = _ask(server, images, REFS)
+    assert again == tokens
+    files = list((store / DIRNAME).rglob("*.safetensors"))
+    counters = _counters(store)
+    assert len(files) == 1 and counters["saves"] == 3 and counters["evictions"] == 2
+    assert counters["bytes"] == files[0].stat().st_size
+    vllm_servers.stop(server)

@@ -34,7 +34,7 @@ def test_the_connector_follows_store_and_its_quota(tmp_path):
 
 
 def test_the_flag_and_environment_name_the_connector_folder_alone(tmp_path, monkeypatch):
-    from refsight.backends.vllm.connector import CONNECTOR_CLASS, CONNECTOR_MODULE, CONNECTOR_PATH
+    from refsight.vllm_connector import CONNECTOR_CLASS, CONNECTOR_MODULE, CONNECTOR_PATH
     from refsight.backends.vllm.serve import _server_env, encoder_cache_flag
 
     flag, config = encoder_cache_flag(tmp_path / "store", max_bytes=123)

@@ -56,7 +56,7 @@ def resolve_model_dir(model: str) -> tuple[Path, bool]:
 
 def encoder_cache_flag(store: str | os.PathLike, *, max_bytes: int = 0) -> list[str]:
     """``--ec-transfer-config`` for refsight's connector on ``store`` (``max_bytes``: its quota, 0 = none)."""
-    from .connector import CONNECTOR_CLASS, CONNECTOR_MODULE
+    from ...vllm_connector import CONNECTOR_CLASS, CONNECTOR_MODULE
 
     config = {
         "ec_connector": CONNECTOR_CLASS, "ec_connector_module_path": CONNECTOR_MODULE, "ec_role": "ec_both",
@@ -125,7 +125,7 @@ def server_command(
 def _server_env(connector: bool) -> dict[str, str]:
     """The server's environment: refsight's own paths never shadow the vLLM venv's packages; with the
     connector, only its folder is on ``PYTHONPATH`` (its two modules import with vLLM's dependencies alone)."""
-    from .connector import CONNECTOR_PATH
+    from ...vllm_connector import CONNECTOR_PATH
 
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache: plenty for tiny models

@@ -12,8 +12,9 @@ Layout, under ``<refsight store>/vllm-encoder/`` (a blob directory replicas may 
   another file. A file is a safetensors file whose header metadata carries the uuid, the
   fingerprint and the sha256 of its tensor bytes; it is written to a temp file, fsynced
   and renamed into place, so a reader sees a whole file or none;
-- ``index.sqlite``: each file's size and last use (the quota's least-recently-used order)
-  and the counters (``hits``, ``misses``, ``saves``, ``corrupt``, ``evictions``, ``refused``),
+- ``index.sqlite``: each file's size and last use (the quota's least-recently-used order),
+  the bytes refsight's own packages hold in the same store (``external``: the quota is one
+  quota over both, written by refsight at each of its quota checks) and the counters (``hits``, ``misses``, ``saves``, ``corrupt``, ``evictions``, ``refused``),
   added to atomically by every process (WAL, ``BEGIN IMMEDIATE``). A hit writes nothing at
   once: its count and last use are buffered and written every :data:`FLUSH_INTERVAL_S`
   seconds (and with the next save, and at :meth:`ECStore.flush`), as refsight's own counters are.
@@ -53,6 +54,7 @@ _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I1
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS entries (name TEXT PRIMARY KEY, bytes INTEGER NOT NULL, last_used REAL NOT NULL)",
     "CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS external (source TEXT PRIMARY KEY, bytes INTEGER NOT NULL, updated REAL NOT NULL)",
 )
 
 
@@ -102,7 +104,14 @@ def pixels_digest_of(blob: bytes) -> str:
 
 
 class ECStore:
-    """Encoder outputs of one fingerprint in ``root`` (``<store>/vllm-encoder``), bounded by ``max_bytes``."""
+    """Encoder outputs of one fingerprint in ``root`` (``<store>/vllm-encoder``), bounded by ``max_bytes``.
+
+    ``max_bytes`` is the store's one quota: these files plus the bytes recorded as ``external``
+    (refsight's packages) must fit it. A save past it evicts this folder's least recently used
+    files (the connector cannot delete refsight's packages; refsight's own quota pass evicts
+    across both in one least-recently-used order). Housekeeping by file name (refsight's quota
+    pass) needs no fingerprint: ``ECStore(root, "")``.
+    """
 
     def __init__(self, root: str | os.PathLike, fingerprint: str, *, max_bytes: int = 0) -> None:
         self.root = Path(root)
@@ -175,12 +184,14 @@ class ECStore:
         return True
 
     def enforce_quota(self, *, keep: str = "") -> int:
-        """Delete least recently used files (never ``keep``) until the total fits ``max_bytes``; how many went."""
+        """Delete least recently used files (never ``keep``) until they and the external bytes fit ``max_bytes``;
+        how many went."""
         if self.max_bytes <= 0:
             return 0
         evicted = 0
         with self._write() as conn:
             total = conn.execute("SELECT COALESCE(SUM(bytes), 0) FROM entries").fetchone()[0]
+            total += conn.execute("SELECT COALESCE(SUM(bytes), 0) FROM external").fetchone()[0]
             rows = conn.execute("SELECT name, bytes FROM entries WHERE name != ? ORDER BY last_used", (keep,)).fetchall()
             for name, size in rows:
                 if total <= self.max_bytes:
@@ -192,6 +203,33 @@ class ECStore:
             if evicted:
                 _bump(conn, evictions=evicted)
         return evicted
+
+    def least_recently_used(self, limit: int, *, after: tuple[float, str] | None = None) -> list[tuple[str, int, float]]:
+        """Up to ``limit`` files as (name, bytes, last used), least recently used first (ties by name),
+        after ``(last_used, name)``."""
+        self.flush()
+        last, name = after if after is not None else (float("-inf"), "")
+        return [(str(n), int(b), float(t)) for n, b, t in self._connection().execute(
+            "SELECT name, bytes, last_used FROM entries WHERE last_used > ? OR (last_used = ? AND name > ?) "
+            "ORDER BY last_used, name LIMIT ?", (last, last, name, int(limit)))]
+
+    def evict(self, name: str) -> bool:
+        """Delete one file by name and its index row (counted ``evictions``); True when it was indexed."""
+        with self._write() as conn:
+            gone = conn.execute("DELETE FROM entries WHERE name = ?", (name,)).rowcount > 0
+            (self.root / name[:2] / f"{name}.safetensors").unlink(missing_ok=True)
+            if gone:
+                _bump(conn, evictions=1)
+        return gone
+
+    def record_external_bytes(self, source: str, nbytes: int) -> None:
+        """Record what ``source`` (refsight's packages) holds under the same quota."""
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO external (source, bytes, updated) VALUES (?, ?, ?) "
+                "ON CONFLICT (source) DO UPDATE SET bytes = excluded.bytes, updated = excluded.updated",
+                (source, int(nbytes), time.time()),
+            )
 
     def _quarantine(self, path: Path) -> None:
         """Move a bad file aside (kept for a look, out of every lookup) and drop its index row."""
@@ -228,10 +266,10 @@ class ECStore:
         return int(self._connection().execute("SELECT COALESCE(SUM(bytes), 0) FROM entries").fetchone()[0])
 
     def _connection(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
+        pid, conn = getattr(self._local, "conn", (0, None))
+        if conn is None or pid != os.getpid():  # one per thread; a forked child never reuses its parent's
             conn = _connect(self.root / "index.sqlite")
-            self._local.conn = conn
+            self._local.conn = (os.getpid(), conn)
         return conn
 
     def _write(self) -> "_Transaction":

@@ -9,8 +9,8 @@ and :mod:`refsight_ec_store` beside this file). Switched on with one flag
         "ec_role": "ec_both", "ec_connector_extra_config": {"store": "/path/to/refsight-store"}}'
 
 ``ec_connector_extra_config``: ``store`` (the refsight store; files go to its
-``vllm-encoder/`` folder), ``max_bytes`` (the connector's byte quota, least recently used
-files evicted; 0 = none) and ``fingerprint`` (anything else that changes the features, added
+``vllm-encoder/`` folder), ``max_bytes`` (the store's byte quota, over these files and
+refsight's packages together; least recently used files evicted; 0 = none) and ``fingerprint`` (anything else that changes the features, added
 to :func:`features_fingerprint`).
 
 - **Only refsight reference uuids** (``refsight-`` + a 64-hex package key, derived from the
@@ -22,9 +22,10 @@ to :func:`features_fingerprint`).
   sha256); a bad file is a miss (moved aside, counted) and vLLM encodes the item again, so a
   corrupt or truncated file never reaches ``safetensors.load`` in the worker (which would
   kill the server). The checked bytes are copied to a staging file of this server's own
-  (under the temp dir, named by its engine id), which the worker reads, checks again and
-  deletes: another replica's quota eviction or rewrite between the lookup and the load
-  cannot touch it.
+  (under the temp dir, named by its engine id), which the worker reads and checks again:
+  another replica's quota eviction or rewrite between the lookup and the load cannot touch
+  it. The scheduler deletes a staged file only when no request it was scheduled for is
+  still running, so the worker's copy is there for every load it is told to make.
 - **Keyed by what changes the features**: uuid + :func:`features_fingerprint` (the model,
   its weights, dtype, vLLM version, processor settings).
 - **A uuid sent with other pixels is never served the stored features**: each file carries a
@@ -135,8 +136,9 @@ class RefsightECConnector(ECConnectorBase):
         self._digests: dict[str, Any] = {}  # uuid -> its pixels (then their digest), of the requests being scheduled
         self._saves: dict[str, str] = {}  # uuid -> pixel digest, of the items encoded this step
         self._noted: dict[str, set[str]] = {}  # request id -> uuids whose pixels were noted
-        logger.info("refsight encoder cache (%s) at %s, fingerprint %s, quota %s bytes",
-                    role.name.lower(), self.store.root, fingerprint[:16], max_bytes or "none")
+        self._staged_for: dict[str, set[str]] = {}  # uuid -> ids of the running requests its staged file serves
+        logger.info("refsight encoder cache (%s) at %s, fingerprint %s, quota %s bytes, staging %s",
+                    role.name.lower(), self.store.root, fingerprint[:16], max_bytes or "none", self.staging)
 
     # -- scheduler side ---------------------------------------------------------------
     def ensure_cache_available(self, request: Any, num_computed_tokens: int) -> bool:
@@ -159,9 +161,15 @@ class RefsightECConnector(ECConnectorBase):
         return found or ""
 
     def request_finished(self, request: Any) -> tuple[bool, dict[str, Any] | None]:
-        """Forget the request's pixel digests; write its lookups' counts (one transaction per request, not per hit)."""
+        """Forget the request's pixel digests and the staged files only it still needed; write its lookups'
+        counts (one transaction per request, not per hit)."""
         for uuid in self._noted.pop(request.request_id, ()):
             self._digests.pop(uuid, None)
+        for uuid, requests in list(self._staged_for.items()):
+            requests.discard(request.request_id)
+            if not requests:  # its loads are done: every step that named it ran before this request finished
+                del self._staged_for[uuid]
+                (self.staging / uuid).unlink(missing_ok=True)
         self.store.flush()
         return False, None
 
@@ -198,6 +206,7 @@ class RefsightECConnector(ECConnectorBase):
         staged = self.staging / identifier
         if self.is_consumer and staged.exists() and self._same_pixels(identifier, staged.read_bytes()):
             self._pending.append(identifier)
+            self._staged_for.setdefault(identifier, set()).add(request.request_id)
         else:
             self._saves[identifier] = self._digest(identifier)
 
@@ -216,13 +225,12 @@ class RefsightECConnector(ECConnectorBase):
         for uuid in getattr(metadata, "uuids", ()):
             if uuid in encoder_cache:
                 continue
-            staged = self.staging / uuid
-            blob = read_file(staged, uuid, self.store.fingerprint)
-            if blob is None:  # staged file gone (loaded by an earlier step): the store's, checked again
+            # The staged copy stays until the scheduler sees the requests that need it finish.
+            blob = read_file(self.staging / uuid, uuid, self.store.fingerprint)
+            if blob is None:  # only a damaged private copy gets here: the store's file, checked again
                 blob = read_file(self.store.path(uuid), uuid, self.store.fingerprint)
             if blob is None:
                 raise RuntimeError(f"refsight encoder cache: {uuid} vanished between lookup and load")
-            staged.unlink(missing_ok=True)
             tensor = safetensors.torch.load(blob)["ec_cache"]
             encoder_cache[uuid] = tensor.to(current_platform.device_type)
             logger.info("refsight encoder cache: loaded %s %s", uuid, tuple(tensor.shape))
