@@ -3,13 +3,15 @@ and ``prune``.
 
 Only derived data is ever dropped here: packages and vLLM's encoder outputs. References, their
 metadata and their kept images are never touched: a package is re-encoded from the kept image
-the next time it is needed (and linked again), an encoder output by vLLM from the pixels. Everything goes through a :class:`~refsight.store.base.PackageIndex`
-and the catalog's interface, so the embedded SQLite store and a shared catalog run the same code.
+the next time it is needed (and linked again), an encoder output by vLLM from the pixels.
+Everything goes through a :class:`~refsight.store.base.PackageIndex` and the catalog's
+interface, so the embedded SQLite store and a shared catalog run the same code.
 
 - **Quota** (``max_package_bytes``; ``--max-package-bytes`` or ``[store] max_package_bytes`` in
   ``refsight.toml``): after a durable write pushes the total over the quota, packages and the
   encoder outputs refsight's vLLM connector keeps in the same store
-  (:mod:`refsight.store.encoder_outputs`) are evicted least recently used first until it fits again. Keys a running request of this process holds
+  (:mod:`refsight.store.encoder_outputs`) are evicted least recently used first until it fits
+  again. Keys a running request of this process holds
   (:class:`~refsight.store.usage.PinnedKeys`) and the ones just written are skipped. Uses are
   buffered (:mod:`refsight.store.usage`) and flushed before choosing, so this process's order is
   exact; another process's uses are at most a flush interval old. A package a request in another

@@ -10,8 +10,8 @@ and :mod:`refsight_ec_store` beside this file). Switched on with one flag
 
 ``ec_connector_extra_config``: ``store`` (the refsight store; files go to its
 ``vllm-encoder/`` folder), ``max_bytes`` (the store's byte quota, over these files and
-refsight's packages together; least recently used files evicted; 0 = none) and ``fingerprint`` (anything else that changes the features, added
-to :func:`features_fingerprint`).
+refsight's packages together; least recently used files evicted; 0 = none) and
+``fingerprint`` (anything else that changes the features, added to :func:`features_fingerprint`).
 
 - **Only refsight reference uuids** (``refsight-`` + a 64-hex package key, derived from the
   image, the encoder fingerprint, preprocessing and tenant scope) are looked up or saved:

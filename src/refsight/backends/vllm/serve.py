@@ -55,7 +55,8 @@ def resolve_model_dir(model: str) -> tuple[Path, bool]:
 
 
 def encoder_cache_flag(store: str | os.PathLike, *, max_bytes: int = 0) -> list[str]:
-    """``--ec-transfer-config`` for refsight's connector on ``store`` (``max_bytes``: its quota, 0 = none)."""
+    """``--ec-transfer-config`` for refsight's connector on ``store`` (``max_bytes``: the store's one quota over
+    packages and encoder outputs, 0 = none)."""
     from ...vllm_connector import CONNECTOR_CLASS, CONNECTOR_MODULE
 
     config = {
