@@ -87,7 +87,7 @@ def enforce_quota(store: Store, max_bytes: int, *, protect: Iterable[str] = ()) 
     they are released.
     """
     outputs = store.encoder_outputs()
-    total = _total(store, outputs)
+    total = _total(store, outputs, tell_connector=True)
     if total <= max_bytes:
         return None
     # One pass at a time in this process; another process may run its own, and a key both
@@ -100,7 +100,7 @@ def enforce_quota(store: Store, max_bytes: int, *, protect: Iterable[str] = ()) 
         total = _total(store, outputs)
         report = QuotaReport(max_bytes=max_bytes, before=total, after=total)
         _evict_oldest(store, outputs, report, set(protect))
-        report.after = _total(store, outputs)
+        report.after = _total(store, outputs, tell_connector=True)
     if report.evicted:
         store.counters.add(quota_evictions=len(report.evicted), quota_evicted_bytes=report.evicted_bytes)
     if report.evicted or report.encoder_outputs_evicted:
@@ -110,12 +110,14 @@ def enforce_quota(store: Store, max_bytes: int, *, protect: Iterable[str] = ()) 
     return report
 
 
-def _total(store: Store, outputs: EncoderOutputs | None) -> int:
-    """Bytes under the quota; the packages' share is recorded where the connector's own checks read it."""
+def _total(store: Store, outputs: EncoderOutputs | None, *, tell_connector: bool = False) -> int:
+    """Bytes under the quota; ``tell_connector``: also record the packages' share where the connector's own
+    checks read it (at the check and after a pass, not again in between)."""
     packages = store.local.total_bytes()
     if outputs is None:
         return packages
-    outputs.record_packages(packages)
+    if tell_connector:
+        outputs.record_packages(packages)
     return packages + outputs.total_bytes()
 
 

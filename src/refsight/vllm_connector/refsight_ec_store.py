@@ -14,8 +14,8 @@ Layout, under ``<refsight store>/vllm-encoder/`` (a blob directory replicas may 
   and renamed into place, so a reader sees a whole file or none;
 - ``index.sqlite``: each file's size and last use (the quota's least-recently-used order),
   the bytes refsight's own packages hold in the same store (``external``: the quota is one
-  quota over both, written by refsight at each of its quota checks) and the counters (``hits``, ``misses``, ``saves``, ``corrupt``, ``evictions``, ``refused``),
-  added to atomically by every process (WAL, ``BEGIN IMMEDIATE``). A hit writes nothing at
+  quota over both, written by refsight at each of its quota checks) and the counters
+  (``hits``, ``misses``, ``saves``, ``corrupt``, ``evictions``, ``refused``), added to atomically by every process (WAL, ``BEGIN IMMEDIATE``). A hit writes nothing at
   once: its count and last use are buffered and written every :data:`FLUSH_INTERVAL_S`
   seconds (and with the next save, and at :meth:`ECStore.flush`), as refsight's own counters are.
 
@@ -196,8 +196,7 @@ class ECStore:
             for name, size in rows:
                 if total <= self.max_bytes:
                     break
-                (self.root / name[:2] / f"{name}.safetensors").unlink(missing_ok=True)
-                conn.execute("DELETE FROM entries WHERE name = ?", (name,))
+                self._remove(conn, name)
                 total -= size
                 evicted += 1
             if evicted:
@@ -216,10 +215,15 @@ class ECStore:
     def evict(self, name: str) -> bool:
         """Delete one file by name and its index row (counted ``evictions``); True when it was indexed."""
         with self._write() as conn:
-            gone = conn.execute("DELETE FROM entries WHERE name = ?", (name,)).rowcount > 0
-            (self.root / name[:2] / f"{name}.safetensors").unlink(missing_ok=True)
+            gone = self._remove(conn, name)
             if gone:
                 _bump(conn, evictions=1)
+        return gone
+
+    def _remove(self, conn: sqlite3.Connection, name: str) -> bool:
+        """Drop one file and its index row inside the caller's transaction; True when the row was there."""
+        gone = conn.execute("DELETE FROM entries WHERE name = ?", (name,)).rowcount > 0
+        (self.root / name[:2] / f"{name}.safetensors").unlink(missing_ok=True)
         return gone
 
     def record_external_bytes(self, source: str, nbytes: int) -> None:
