@@ -1,6 +1,7 @@
 """``refsight serve`` with the flags llama-server and ``vllm serve`` users type, as a real process on loopback:
 ``MODEL`` / ``-m``, ``--api-key`` (and ``$REFSIGHT_API_KEY``), ``--served-model-name`` / ``--alias``,
-``-c`` / ``--ctx-size`` / ``--max-model-len``, ``-np`` / ``--parallel``; a bad model or option is one line and exit 1, before any port is bound."""
+``-c`` / ``--ctx-size`` / ``--max-model-len``, ``-np`` / ``--parallel``, ``-fa`` / ``--flash-attn``; a bad model or option
+is one line and exit 1, before any port is bound."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 @pytest.mark.parametrize(
-    "args", [("no-such-model",), ("toy", "-c", "512"), ("toy", "-np", "1"), ("-m", "/nonexistent/model.gguf")]
+    "args", [("no-such-model",), ("toy", "-c", "512"), ("toy", "-np", "1"), ("toy", "-fa", "on"),
+             ("toy", "--flash-attn", "sometimes"), ("-m", "/nonexistent/model.gguf")]
 )
 def test_a_bad_model_or_option_is_one_line_and_exit_1_before_the_port_is_bound(tmp_path, args):
     process, url = _serve(tmp_path / "store", *args)

@@ -18,12 +18,14 @@ from typing import Any, Mapping
 
 from ..errors import InvalidInputError
 
-__all__ = ["BackendOptions", "OPTION_HELP", "DEVICES", "DTYPES", "parse_key_values"]
+__all__ = ["BackendOptions", "OPTION_HELP", "DEVICES", "DTYPES", "FLASH_ATTN", "parse_key_values"]
 
 #: Accepted ``device`` values (``cuda:N`` names one GPU).
 DEVICES = ("auto", "cpu", "cuda", "mps")
 #: Accepted ``dtype`` values.
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+#: Accepted ``flash_attn`` values (llama-server's ``-fa``).
+FLASH_ATTN = ("auto", "on", "off")
 
 _DEVICE = re.compile(r"(auto|cpu|mps|cuda(:\d{1,3})?)")
 
@@ -39,6 +41,7 @@ OPTION_HELP: dict[str, str] = {
     "batch_size": "images encoded per forward pass",
     "mmproj": "llama.cpp: the multimodal projector GGUF beside the model GGUF",
     "encoder": "vLLM: the local weights refsight encodes with (a directory or a model name)",
+    "flash_attn": "llama.cpp: flash attention on, off or auto (llama-server's -fa; with --parallel: off)",
 }
 
 
@@ -60,12 +63,16 @@ class BackendOptions:
     n_ctx: int | None = None
     #: Requests decoded together, each its own sequence (llama.cpp; ``refsight serve --parallel``).
     parallel: int | None = None
+    #: llama.cpp's flash attention: "auto", "on" or "off" (llama-server's ``-fa``; ``refsight serve -fa``).
+    flash_attn: str | None = None
 
     def __post_init__(self) -> None:
         if self.device is not None and not (isinstance(self.device, str) and _DEVICE.fullmatch(self.device)):
             raise InvalidInputError(f"device {self.device!r}", f"use one of {', '.join(DEVICES)} or cuda:N")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise InvalidInputError(f"dtype {self.dtype!r}", f"use one of {', '.join(DTYPES)}")
+        if self.flash_attn is not None and self.flash_attn not in FLASH_ATTN:
+            raise InvalidInputError(f"flash_attn {self.flash_attn!r}", f"use one of {', '.join(FLASH_ATTN)}")
         for name in ("min_pixels", "max_pixels", "batch_size", "n_ctx", "parallel"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

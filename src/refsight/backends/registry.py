@@ -52,6 +52,7 @@ _BUILTINS: dict[str, str] = {
     # quantized GGUFs (llama.cpp's quantizer over an f16 base; see backends/llamacpp/quantized.py)
     "tiny-qwen2-vl-gguf-q8": "refsight.backends.llamacpp.quantized:load_quantized",
     "tiny-qwen2-vl-gguf-q4": "refsight.backends.llamacpp.quantized:load_quantized",
+    "tiny-qwen2-vl-256-gguf-q4": "refsight.backends.llamacpp.quantized:load_quantized",
     "shape-qwen2-vl-2b-gguf-q8": "refsight.backends.llamacpp.quantized:load_quantized",
     "shape-qwen2-vl-2b-gguf-q4": "refsight.backends.llamacpp.quantized:load_quantized",
     "shape-qwen2-vl-2b-full-gguf-q4": "refsight.backends.llamacpp.quantized:load_quantized",

@@ -2,7 +2,7 @@
 
 It takes the flags llama-server and ``vllm serve`` users type (``refsight serve MODEL``, ``-m``,
 ``--mmproj``, ``--api-key``, ``--served-model-name``/``--alias``, ``-c``/``--ctx-size``/``--max-model-len``,
-``-np``/``--parallel``)
+``-np``/``--parallel``, ``-fa``/``--flash-attn``)
 and loads the model before it binds the port.
 """
 
@@ -12,7 +12,7 @@ import argparse
 import dataclasses
 import sys
 
-from .arguments import EMBEDDER_HELP, Command, UsageError, path_argument
+from .arguments import EMBEDDER_HELP, Command, UsageError, path_argument, text_argument
 from .context import backend_options, settings_of
 
 __all__ = ["COMMANDS"]
@@ -39,6 +39,10 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "-np", "--parallel", dest="parallel", type=int, metavar="N",
         help="requests decoded together, each its own sequence (llama.cpp, as llama-server's -np; default 1)",
+    )
+    p.add_argument(
+        "-fa", dest="flash_attn", type=text_argument, default=None, metavar="on|off|auto",
+        help="llama.cpp's flash attention, as llama-server's -fa (= --flash-attn; default auto, off with --parallel)",
     )
     p.add_argument("--workers", type=int, default=None, help="threads running model work (default: 2, or --parallel)")
     p.add_argument("--keys", metavar="FILE", type=path_argument, help="API keys, one KEY=NAMESPACE a line (default: $REFSIGHT_API_KEYS)")

@@ -59,9 +59,9 @@ def llama_server(tmp_path_factory, gguf_files):
 
 @pytest.fixture(scope="module")
 def parallel_server(tmp_path_factory, gguf_files):
-    """The server with two slots, spelled as llama-server's ``-np``."""
+    """The server with two slots and no flash attention, spelled as llama-server's ``-np`` and ``-fa``."""
     gguf_files(MODEL)
-    yield from _serve(tmp_path_factory.mktemp("serve-np"), "-np", "2")
+    yield from _serve(tmp_path_factory.mktemp("serve-np"), "-np", "2", "-fa", "off")
 
 
 def _add_reference(url: str, photo: str, ref_id: str) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import InvalidInputError, ModelLoadError
+from ..options import FLASH_ATTN
 
 __all__ = ["LLAMACPP_PREFIX", "load_llamacpp_backend", "load_builtin", "SUPPORTED_OPTIONS"]
 
@@ -33,7 +34,7 @@ MARKER_FILE = "refsight_model.json"
 #: Options the factory takes; any other option is refused by name.
 SUPPORTED_OPTIONS = (
     "mmproj", "device", "dtype", "batch_size", "processor_kwargs", "n_ctx", "n_threads",
-    "image_min_tokens", "image_max_tokens", "parallel",
+    "image_min_tokens", "image_max_tokens", "parallel", "flash_attn",
 )
 #: llama.cpp's own bound on the sequences of one context (``LLAMA_MAX_SEQ``).
 MAX_PARALLEL = 256
@@ -104,6 +105,14 @@ def _settings(options: dict[str, Any]):
     parallel = _int_option(options, "parallel", 1, 1)
     if parallel > MAX_PARALLEL:
         raise InvalidInputError("parallel", f"llama.cpp decodes at most {MAX_PARALLEL} sequences together, got {parallel}")
+    # With parallel slots flash attention is off unless asked for: llama.cpp's CPU flash attention
+    # splits a lone sequence's keys across threads and merges the parts, another summation order
+    # than a step of several sequences takes, so an answer would depend on what decodes beside it.
+    flash_attn = options.get("flash_attn")
+    if flash_attn is None:
+        flash_attn = "off" if parallel > 1 else "auto"
+    if flash_attn not in FLASH_ATTN:
+        raise InvalidInputError("flash_attn", f"one of {', '.join(FLASH_ATTN)}, not {flash_attn!r}")
     return RuntimeSettings(
         n_ctx=_int_option(options, "n_ctx", 4096, 256),
         n_threads=_int_option(options, "n_threads", 0, 0),
@@ -111,6 +120,7 @@ def _settings(options: dict[str, Any]):
         image_max_tokens=_int_option(options, "image_max_tokens", -1, -1),
         use_gpu=_use_gpu(device),
         n_seq=parallel,
+        flash_attn=flash_attn,
     )
 
 
@@ -144,7 +154,8 @@ def load_llamacpp_backend(name: str, *, source: str | None = None, model_id: str
     ``image_min_tokens`` / ``image_max_tokens`` (mtmd's limits; they change the
     chunks and so the keys; also accepted in ``processor_kwargs``), ``n_ctx``,
     ``n_threads``, ``parallel`` (requests decoded together, each its own sequence of
-    ``n_ctx`` positions: llama-server's ``-np``; default 1, one at a time);
+    ``n_ctx`` positions: llama-server's ``-np``; default 1, one at a time), ``flash_attn``
+    ("auto", "on" or "off": llama-server's ``-fa``; default "auto", and "off" with parallel slots);
     ``dtype`` only as "auto"/"float32" (the GGUF fixes the weights).
     Anything else (``attn``, ``min_pixels``, ``revision`` ...) raises
     :class:`InvalidInputError` naming it. Missing or mismatched files raise

@@ -317,16 +317,19 @@ class LlamaCppBackend(Backend):
         if text is None:
             return None
         packages = [s for s in head if isinstance(s, VisualPackage)]
-        n_seq = self.runtime.settings.n_seq
-        streams = f":streams={n_seq}" if n_seq > 1 else ""  # one stream: the key states were always stored under
+        settings = self.runtime.settings
+        # One stream and llama.cpp's default attention: the key states were always stored under.
+        streams = f":streams={settings.n_seq}" if settings.n_seq > 1 else ""
+        attention = f":fa={settings.flash_attn}" if settings.flash_attn != "auto" else ""
         return PrefixPlan(
             text=text,
             n_images=len(packages),
             package_keys=tuple(p.key for p in packages),
             states=states,
-            # The numbers of a state also depend on the device, the batch split and the KV type;
-            # llama.cpp writes the context's stream count into a state and loads it only there.
-            model=f"{self._fingerprint.digest}:{self.device}:n_batch={self.runtime._n_batch()}:kv=f16{streams}",
+            # The numbers of a state also depend on the device, the batch split, the KV type and the
+            # attention kernel; llama.cpp writes the context's stream count into a state and loads
+            # it only there.
+            model=f"{self._fingerprint.digest}:{self.device}:n_batch={self.runtime._n_batch()}:kv=f16{streams}{attention}",
             template=hashlib.sha256((self._template or self.arch).encode()).hexdigest(),
         )
 

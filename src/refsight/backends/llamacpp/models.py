@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ...config import llama_cpp_source
 from ...errors import ModelLoadError, UnknownModelError
-from ..tiny import QWEN2_VISION, QWEN25_VISION, TINY_MODELS, ModelSpec, build_checkpoint, build_into_cache, model_cache_dir, qwen_spec, smolvlm_spec
+from ..tiny import QWEN2_VISION, QWEN25_VISION, QWEN_TINY_TEXT, TINY_MODELS, ModelSpec, build_checkpoint, build_into_cache, model_cache_dir, qwen_spec, smolvlm_spec
 
 __all__ = ["GGUF_MODELS", "GgufSpec", "ensure_gguf", "converter_dir", "LLAMA_CPP_PYTHON_VERSION"]
 
@@ -254,6 +254,18 @@ def _unpack(tarball: Path, root: Path | None = None) -> Path:
 GGUF_MODELS["tiny-qwen2-vl-gguf-f16"] = GgufSpec(
     GGUF_MODELS["tiny-qwen2-vl-gguf"].spec, pre_tokenizer="qwen2", chat_template=CHATML_TEMPLATE,
     outtype="f16", mmproj_outtype="f16",
+)
+# The tiny Qwen2-VL with a language model whose rows are 256 wide (one K-quant block), in f16:
+# quantized to Q4_K_M its weights take the kernels real quantized models take (repacked for the
+# CPU's matrix instructions), where the 64-wide tiny model falls back to Q5_0. The slots' tests
+# prove on it that an answer does not depend on what decodes beside it.
+GGUF_MODELS["tiny-qwen2-vl-256-gguf"] = GgufSpec(
+    qwen_spec(
+        "qwen2_vl", dict(QWEN2_VISION, depth=3, hidden_size=256),
+        dict(QWEN_TINY_TEXT, hidden_size=256, intermediate_size=512,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [8, 12, 12]}),
+    ),
+    pre_tokenizer="qwen2", chat_template=CHATML_TEMPLATE, outtype="f16", mmproj_outtype="f16",
 )
 GGUF_MODELS["shape-qwen2-vl-2b-full-gguf"] = GgufSpec(
     TINY_MODELS["shape-qwen2-vl-2b-full"], pre_tokenizer="qwen2", chat_template=CHATML_TEMPLATE,

@@ -30,10 +30,25 @@ import numpy as np
 
 from .logs import init_backend, last_error, recent_errors
 
-__all__ = ["LlamaRuntime", "RuntimeSettings", "Bitmap", "ChunkInfo", "NativeError", "llama_cpp_version"]
+__all__ = ["INVARIANT_STEP_ROWS", "FLOAT_FILE_TYPES", "LlamaRuntime", "RuntimeSettings", "Bitmap", "ChunkInfo", "NativeError",
+           "llama_cpp_version"]
 
 IMAGE_CHUNK = 1  # MTMD_INPUT_CHUNK_TYPE_IMAGE
 TEXT_CHUNK = 0  # MTMD_INPUT_CHUNK_TYPE_TEXT
+#: ``llama_flash_attn_type`` by llama-server's ``-fa`` spelling.
+FLASH_ATTN_TYPE = {"auto": -1, "off": 0, "on": 1}
+#: The most sequences one decode call may carry and still give each sequence the numbers it gets
+#: alone, for quantized weights on the CPU. ggml's CPU matrix product switches kernels on the rows of its
+#: right-hand side, each summing in its own order: repacked weights (Q4_0, Q4_K, Q6_K ... on AVX2
+#: and NEON) take a 4-row GEMM from 4 rows up and a GEMV below (``nrows > 3`` in
+#: ggml-cpu/repack.cpp), other K-quant weights a tiled kernel from 8 rows up. Measured on the
+#: 28-layer Q4_K_M GGUF: calls of 1, 2 or 3 sequences give logits bit-identical to one sequence
+#: alone, a call of 4 moves them by up to 0.26.
+INVARIANT_STEP_ROWS = 3
+#: ``general.file_type`` of GGUFs whose weights are floats (LLAMA_FTYPE_ALL_F32, _MOSTLY_F16, _MOSTLY_BF16):
+#: their products go through llamafile's tinyBLAS from 2 rows up (``n < 2`` in llamafile/sgemm.cpp) and
+#: ggml's dot products below, so only a call of one sequence gives a sequence's lone numbers.
+FLOAT_FILE_TYPES = frozenset({0, 1, 32})
 
 
 class NativeError(RuntimeError):
@@ -57,7 +72,8 @@ def llama_cpp_version() -> str:
 class RuntimeSettings:
     """Load-time settings. ``image_min_tokens`` / ``image_max_tokens`` change the chunks (-1: the model's default).
 
-    ``n_ctx`` is each sequence's context; ``n_seq`` how many sequences decode together.
+    ``n_ctx`` is each sequence's context; ``n_seq`` how many sequences decode together;
+    ``flash_attn`` llama.cpp's flash attention ("auto", "on" or "off", as llama-server's ``-fa``).
     """
 
     n_ctx: int = 4096
@@ -67,6 +83,7 @@ class RuntimeSettings:
     image_max_tokens: int = -1
     use_gpu: bool = False
     n_seq: int = 1
+    flash_attn: str = "auto"
 
     def threads(self) -> int:
         """The thread count to give llama.cpp."""
@@ -143,16 +160,10 @@ class LlamaRuntime:
             self.vocab = L.llama_model_get_vocab(self.model)
             self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
             self.n_embd_inp = int(L.llama_model_n_embd_inp(self.model))
-            cp = L.llama_context_default_params()
-            # One KV stream per sequence (not one shared pool): a sequence's cells sit exactly
-            # where they would in a context of its own, so its numbers do not depend on its neighbours.
-            cp.n_ctx = settings.n_ctx * settings.n_seq
-            cp.n_seq_max = settings.n_seq
-            cp.kv_unified = False
-            # One batch for a whole image chunk: non-causal image chunks must not be split.
-            cp.n_batch = cp.n_ubatch = min(settings.n_batch, settings.n_ctx)
-            cp.n_threads = cp.n_threads_batch = settings.threads()
-            self.ctx = L.llama_init_from_model(self.model, cp)
+            file_type = self.meta("general.file_type")
+            #: the most sequences a decode call may carry with each getting its lone numbers (:mod:`.slots`)
+            self.invariant_step_rows = 1 if file_type is None or int(file_type) in FLOAT_FILE_TYPES else INVARIANT_STEP_ROWS
+            self.ctx = L.llama_init_from_model(self.model, self._context_params())
             if not self.ctx:
                 raise NativeError("llama_init_from_model failed (n_ctx too large for memory?)")
             mp = M.mtmd_context_params_default()
@@ -176,6 +187,21 @@ class LlamaRuntime:
         except BaseException:
             self.close()
             raise
+
+    def _context_params(self):
+        """The llama context's parameters for these settings."""
+        settings = self.settings
+        cp = self._L.llama_context_default_params()
+        # One KV stream per sequence (not one shared pool): a sequence's cells sit exactly
+        # where they would in a context of its own, so its numbers do not depend on its neighbours.
+        cp.n_ctx = settings.n_ctx * settings.n_seq
+        cp.n_seq_max = settings.n_seq
+        cp.kv_unified = False
+        # One batch for a whole image chunk: non-causal image chunks must not be split.
+        cp.n_batch = cp.n_ubatch = min(settings.n_batch, settings.n_ctx)
+        cp.n_threads = cp.n_threads_batch = settings.threads()
+        cp.flash_attn_type = FLASH_ATTN_TYPE[settings.flash_attn]
+        return cp
 
     # ------------------------------------------------------------- model facts
 

@@ -6,15 +6,25 @@ its own. :class:`Slots` runs one scheduler thread over them:
 1. **admit**: a waiting job takes a free sequence; its prompt is evaluated into that
    sequence at once (the reference prefix state restored into it when one is stored), and
    its first token is sampled before the next prompt overwrites the logits;
-2. **step**: every admitted job's next token goes into ONE ``llama_decode`` (each at its
-   own position, in its own sequence), and each job samples its next token from its own
-   output row. A job leaves its slot when it finishes (end of text, stop string, length,
-   its stop event set) or fails; a waiting job takes the slot before the next step.
+2. **step**: every admitted job's next token is decoded, each at its own position in its
+   own sequence, in ``llama_decode`` calls of at most ``runtime.invariant_step_rows``
+   sequences (:data:`~.native.INVARIANT_STEP_ROWS` for quantized weights, one for float
+   weights), and each job samples its next token from its own output row. A job leaves
+   its slot when it finishes (end of text, stop string, length, its stop event set) or
+   fails; a waiting job takes the slot before the next step.
 
-Decode steps are where batching pays: one pass over the weights serves N tokens. Prompts
-are evaluated one at a time, between steps (llama-server also mixes prompt chunks into
-its steps; a prompt here is mostly restored prefix state and image embeddings). Every
-call into llama.cpp holds the backend's lock, so encodes and tokenizing interleave
+**An answer does not depend on what decodes beside it**: every request gets the tokens
+and logits, bit for bit, that it gets alone. Prompts are evaluated one at a time, exactly
+as alone; a decode call carries no more sequences than ggml's CPU kernels allow before they
+switch to another summation order (three for quantized weights: a fourth row takes
+repacked weights to a GEMM; one for float weights); and the backend turns llama.cpp's
+flash attention off for slots by default (its CPU kernel sums a lone sequence's keys in
+per-thread parts once they pass 512, a call of several sequences in one pass). On a CPU the
+short calls cost little: a decode step there is bound by arithmetic more than by reading
+the weights, so a call of 8 saves little over calls of 3 (``benchmarks/parallel_slots.py``
+measures both on the machine it runs on).
+
+Every call into llama.cpp holds the backend's lock, so encodes and tokenizing interleave
 safely between steps.
 """
 
@@ -75,7 +85,7 @@ class Slots:
         self.name, self.runtime, self.lock, self.n = name, runtime, lock, n
         self._queue: queue.Queue[_Waiting | None] = queue.Queue()
         self._active: dict[int, tuple[_Waiting, TokenLoop]] = {}
-        #: decode steps so far, and the sequences they carried (``batched / steps``: the mean batch)
+        #: ``llama_decode`` calls of the decode steps so far, and the sequences they carried (``batched / steps``)
         self.steps = self.batched = 0
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name=f"refsight-slots-{name}", daemon=True)
@@ -153,8 +163,14 @@ class Slots:
             self._active[seq] = (waiting, loop)
 
     def _step(self) -> None:
-        """One ``llama_decode`` for every active sequence, then each samples from its own output."""
+        """The next token of every active sequence, in decode calls the runtime's kernels keep exact."""
         seqs = list(self._active)
+        rows = self.runtime.invariant_step_rows
+        for first in range(0, len(seqs), rows):
+            self._decode_together(seqs[first:first + rows])
+
+    def _decode_together(self, seqs: list[int]) -> None:
+        """One ``llama_decode`` for ``seqs``, then each samples from its own output."""
         loops = [self._active[seq][1] for seq in seqs]
         with self.lock:
             try:
