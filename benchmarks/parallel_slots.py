@@ -1,22 +1,31 @@
 """Parallel slots: ``refsight serve -np C`` against the one-at-a-time server, C concurrent clients, one JSON line.
 
-Both arms are ``refsight serve`` on loopback with the same GGUF, threads and store (the
-references stored once over ``POST /v1/references``), and get the same OpenAI chat
-requests from C client threads at once: each client has its own R references (a
-reference prefix of its own) and sends ``--per-client`` requests in turn, each with a
-candidate never sent before. One arm has one slot (requests wait for each other), the
-other C slots (requests decode together, each its own sequence of one llama context).
-Before the timed requests each arm answers one untimed request per client, so both
-start with their prefix states built.
+Both arms are ``refsight serve`` on loopback with the same GGUF, threads, store and
+attention kernel (flash attention off, the slots' default: see
+``refsight.backends.llamacpp.slots``), the references stored once over ``POST
+/v1/references``, and get the same OpenAI chat requests from C client threads at once:
+each client has its own R references (a reference prefix of its own) and sends
+``--per-client`` requests in turn, each with a candidate never sent before. One arm has
+one slot (requests wait for each other), the other C slots (requests decode together,
+each its own sequence of one llama context). Before the timed requests each arm answers
+one untimed request per client, so both start with their prefix states built.
 
 ``throughput_ratio`` is the one-slot arm's seconds over the C-slot arm's for the same
-requests; ``answers_identical`` says every request got the same greedy text from both
-(the one-slot server runs each request alone), ``answers_identical_count`` how many did.
-A decode step of 4 or more sequences runs other ggml CPU kernels than a step of one, whose
-sums differ in the last bits on quantized weights: random weights give flat logits, so a
-greedy answer there can part from the lone one after a few tokens.
+requests; ``answers_identical`` says every request got, from the C-slot server under
+load, the very text the one-slot server gave it alone (``answers_identical_count`` how
+many did).
 
-    python benchmarks/parallel_slots.py --model shape-qwen2-vl-2b-gguf-q4 --clients 8
+What batching can win here is measured in the same run (``decode``): the model loaded
+in-process with C sequences, one decode step timed alone and over all C sequences, in the
+calls the slots make and in one call (as llama-server does; ``ms_per_token``);
+``speedup_bound`` is alone over the slots' calls. A request's prompt (its candidate's
+encode, its text) costs the same in both arms, so ``batching_bound`` is the ratio that
+decode batching alone gives this workload (the one-slot arm's seconds with its decode
+share, estimated from the alone figure, run at that speed-up); the C-slot server also
+overlaps one client's HTTP and image handling with another's model work, which can add a
+little on top.
+
+    python benchmarks/parallel_slots.py --model shape-qwen2-vl-2b-full-gguf-q4 --clients 8
 
 Weights are random: the timings are real, the text is not.
 """
@@ -35,7 +44,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from vs_llama_server import Candidates, Peer, RefsightServer, Request, _log, run_concurrent, variant  # noqa: E402
+from vs_llama_server import (  # noqa: E402
+    Candidates, Peer, RefsightServer, Request, _log, model_files, run_concurrent, variant,
+)
 
 ARMS = ("one_slot", "slots")
 
@@ -87,20 +98,58 @@ def main(argv: list[str] | None = None) -> dict:
             loader.stop()
         ingest_s = time.perf_counter() - began
         for arm, slots in zip(ARMS, (1, args.clients)):
-            server = RefsightServer(args.model, args.mmproj, tmp / "store", tmp / f"{arm}.log", parallel=slots)
+            server = RefsightServer(args.model, args.mmproj, tmp / "store", tmp / f"{arm}.log", parallel=slots,
+                                    flash_attn="off")
             peer = Peer(arm, args.model, lambda i: f"refsight://ref/ref-{i:02d}", restart=None)
             seconds[arm] = run_arm(server, peer, warm, timed, args)
     same = [r.answers["one_slot"]["text"] == r.answers["slots"]["text"] for r in timed + warm]
+    prompt_tokens = max(r.answers["slots"]["prompt_tokens"] for r in timed)
+    decode = decode_probe(*model_files(args.model, args.mmproj), args.clients, prompt_tokens)
+    decode_share_s = len(timed) * args.max_tokens * decode["ms_per_token"]["alone"] / 1000
+    bounded = seconds["one_slot"] - decode_share_s * (1 - 1 / decode["speedup_bound"])
     line = {
         "benchmark": "parallel_slots", "model": args.model, "size": args.size, "references": args.refs,
         "clients": args.clients, "per_client": args.per_client, "max_tokens": args.max_tokens, "threads": threads,
         "requests": len(timed), "throughput_ratio": round(seconds["one_slot"] / seconds["slots"], 3),
         "answers_identical": all(same), "answers_identical_count": f"{sum(same)}/{len(same)}", "seconds": {k: round(v, 1) for k, v in seconds.items()},
         "requests_per_s": {k: round(len(timed) / v, 3) for k, v in seconds.items()},
+        "decode": decode, "batching_bound": round(seconds["one_slot"] / bounded, 3), "flash_attn": "off",
         "setup_s": round(ingest_s, 1), "random_weights": True,
     }
     print(json.dumps(line))
     return line
+
+
+def decode_probe(model: Path, mmproj: Path, clients: int, prompt_tokens: int, steps: int = 6) -> dict:
+    """ms per decode token: one sequence alone, C sequences in the slots' calls, C in one call (llama-server's)."""
+    import numpy as np
+
+    from refsight.backends.llamacpp.native import LlamaRuntime, RuntimeSettings
+
+    runtime = LlamaRuntime(model, mmproj, RuntimeSettings(n_ctx=prompt_tokens + steps * 3 + 64, n_seq=clients,
+                                                          flash_attn="off"))
+    try:
+        prompt = [10 + i % (runtime.n_vocab - 20) for i in range(prompt_tokens)]  # as long as the requests'
+        for seq in range(clients):
+            runtime.decode_batch([(token, i, seq) for i, token in enumerate(prompt)])
+        n_past, token = prompt_tokens, int(np.argmax(runtime.last_logits()))
+
+        def per_token(seqs: list[int], rows: int) -> float:
+            nonlocal n_past
+            began = time.perf_counter()
+            for _ in range(steps):
+                for first in range(0, len(seqs), rows):
+                    runtime.decode_batch([(token, n_past, s) for s in seqs[first:first + rows]])
+                n_past += 1
+            return (time.perf_counter() - began) * 1000 / (steps * len(seqs))
+
+        everyone = list(range(clients))
+        ms = {"alone": per_token([0], 1), "slots": per_token(everyone, runtime.invariant_step_rows),
+              "one_call": per_token(everyone, clients)}
+    finally:
+        runtime.close()
+    return {"ms_per_token": {k: round(v, 1) for k, v in ms.items()}, "rows_per_call": runtime.invariant_step_rows,
+            "speedup_bound": round(ms["alone"] / ms["slots"], 3), "prompt_tokens": prompt_tokens}
 
 
 def _parser() -> argparse.ArgumentParser:

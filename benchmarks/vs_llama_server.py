@@ -20,10 +20,15 @@ candidate never sent before, in one run:
 
 Figures are llama-server's seconds over refsight's for the same requests
 (``speedup_varied``, ``speedup_after_restart``, ``speedup_concurrent``,
-``ratio_same_refs``). ``text_equal``: the greedy answers agree wherever the two prompts
-are identical (same rendered prompt, checked with llama-server's ``/apply-template``,
-and the same prompt token count per request), up to a last character cut in half by
-``max_tokens`` (refsight ends the text with U+FFFD, llama-server drops the bytes). The prompts are identical here because the
+``ratio_same_refs``). ``text_equal``: in the workloads both servers answer one request
+at a time, (a), (b) and (d), with llama.cpp's default kernels, the greedy answers agree
+wherever the two prompts are identical (same rendered prompt, checked with llama-server's
+``/apply-template``, and the same prompt token count per request), up to a last character
+cut in half by ``max_tokens`` (refsight ends the text with U+FFFD, llama-server drops the
+bytes). (c) is reported apart (``text_equal_concurrent``): there the servers' kernels
+differ on purpose. refsight's slots run without flash attention and decode at most three
+sequences a call, so that an answer never depends on the requests beside it;
+llama-server's answers under ``-np`` do. The prompts are identical here because the
 messages alternate text and image parts: llama-server joins two ADJACENT text parts with
 a newline where refsight joins them with nothing, and names images with a random marker
 (pinned here with ``LLAMA_MEDIA_MARKER`` to mtmd's default, which refsight uses).
@@ -177,9 +182,11 @@ def run_concurrent(peer: Peer, requests: list[Request], clients: int, max_tokens
 class RefsightServer:
     """``refsight serve`` in its own process on loopback, with a store on disk that outlives restarts."""
 
-    def __init__(self, model: str, mmproj: str | None, store: Path, log_path: Path, parallel: int = 1) -> None:
+    def __init__(self, model: str, mmproj: str | None, store: Path, log_path: Path, parallel: int = 1,
+                 flash_attn: str | None = None) -> None:
         self.model, self.mmproj, self.store, self.log_path = model, mmproj, store, log_path
         self.parallel = parallel  # slots (-np): read at each start
+        self.flash_attn = flash_attn  # -fa, when given
         self.process: subprocess.Popen | None = None
         self.url = ""
 
@@ -194,6 +201,8 @@ class RefsightServer:
                "-np", str(self.parallel)]
         if self.mmproj:
             cmd += ["--mmproj", self.mmproj]
+        if self.flash_attn:
+            cmd += ["-fa", self.flash_attn]
         env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
         began = time.perf_counter()
         with open(self.log_path, "ab") as log:
@@ -360,8 +369,9 @@ def _run(args, llama, refsight, ref_urls, references, work, model_path, threads)
     ingest_s = refsight.add_references(references)
     identical = rendered_prompts_equal(llama.url, model_path, work["varied"][0], lambda i: ref_urls[i])
     seconds = measure(args, (llama, refsight), list(peers.values()), work)
-    all_requests = [r for requests in work.values() for r in requests]
-    equal, n_identical = text_equal(all_requests, identical)
+    one_at_a_time = [r for kind in ("varied", "after_restart", "same_refs") for r in work[kind]]
+    equal, n_identical = text_equal(one_at_a_time, identical)
+    equal_concurrent, _ = text_equal(work["concurrent"], identical)
     ratio = {k: round(v["llama-server"] / v["refsight"], 3) for k, v in seconds.items()}
     line = {
         "benchmark": "vs_llama_server", "model": args.model, "size": args.size, "references": args.refs,
@@ -369,7 +379,8 @@ def _run(args, llama, refsight, ref_urls, references, work, model_path, threads)
         "requests": {k: len(v) - (k == "same_refs") for k, v in work.items()},
         "speedup_varied": ratio["varied"], "speedup_after_restart": ratio["after_restart"],
         "speedup_concurrent": ratio["concurrent"], "ratio_same_refs": ratio["same_refs"],
-        "text_equal": equal, "identical_prompts": n_identical, "requests_total": len(all_requests),
+        "text_equal": equal, "identical_prompts": n_identical, "requests_total": len(one_at_a_time),
+        "text_equal_concurrent": equal_concurrent,
         "rendered_prompt_equal": identical,
         "seconds": {k: {n: round(s, 1) for n, s in v.items()} for k, v in seconds.items()},
         "refsight_ingest_s": round(ingest_s, 1), "start_s": starts,

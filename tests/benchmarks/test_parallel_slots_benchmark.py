@@ -25,5 +25,9 @@ def test_parallel_slots_prints_one_json_line_with_identical_answers(model_cache)
     assert len(lines) == 1  # one JSON line, nothing else on stdout
     line = json.loads(lines[0])
     assert line["throughput_ratio"] > 0 and line["requests"] == 2 and line["clients"] == 2
-    assert line["answers_identical"] is True
+    assert line["answers_identical"] is True and line["flash_attn"] == "off"
+    decode = line["decode"]  # the probe of what batching can win on this machine
+    assert decode["rows_per_call"] == 1  # float weights: one sequence a call
+    assert all(ms > 0 for ms in decode["ms_per_token"].values()) and decode["speedup_bound"] > 0
+    assert line["batching_bound"] > 0
     assert line["random_weights"] is True

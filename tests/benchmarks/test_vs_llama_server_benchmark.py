@@ -37,8 +37,9 @@ def test_vs_llama_server_prints_one_json_line_with_identical_prompts_and_answers
     assert line["requests"] == {"varied": 2, "after_restart": 1, "concurrent": 2, "same_refs": 2}
     # The two servers render the same prompt (same text, same token count) and answer it alike.
     assert line["rendered_prompt_equal"] is True
-    assert line["identical_prompts"] == line["requests_total"] == 8
-    assert line["text_equal"] is True
+    # (a), (b), (d): 2 + 1 + (2 + 1 untimed); (c) apart, where refsight's slots use their own kernels on purpose.
+    assert line["identical_prompts"] == line["requests_total"] == 6
+    assert line["text_equal"] is True and isinstance(line["text_equal_concurrent"], bool)
     assert line["random_weights"] is True and line["llama_server_build_s"] > 0
 
 
