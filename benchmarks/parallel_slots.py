@@ -132,15 +132,16 @@ def decode_probe(model: Path, mmproj: Path, clients: int, prompt_tokens: int, st
         prompt = [10 + i % (runtime.n_vocab - 20) for i in range(prompt_tokens)]  # as long as the requests'
         for seq in range(clients):
             runtime.decode_batch([(token, i, seq) for i, token in enumerate(prompt)])
-        n_past, token = prompt_tokens, int(np.argmax(runtime.last_logits()))
+        token = int(np.argmax(runtime.last_logits()))
+        n_past = [prompt_tokens] * clients  # each sequence's next position
 
         def per_token(seqs: list[int], rows: int) -> float:
-            nonlocal n_past
             began = time.perf_counter()
             for _ in range(steps):
                 for first in range(0, len(seqs), rows):
-                    runtime.decode_batch([(token, n_past, s) for s in seqs[first:first + rows]])
-                n_past += 1
+                    runtime.decode_batch([(token, n_past[s], s) for s in seqs[first:first + rows]])
+                for s in seqs:
+                    n_past[s] += 1
             return (time.perf_counter() - began) * 1000 / (steps * len(seqs))
 
         everyone = list(range(clients))
