@@ -5,7 +5,8 @@ quantized with ``llama_model_quantize`` (:mod:`refsight.backends.llamacpp.quanti
 On each quantization: the file says its type, the fingerprint and every package key
 differ from the f16 model's and from each other's (a package of one is refused by the
 other); the cached path, from packages on disk in a NEW process, equals llama.cpp's own
-pixel path bit for bit (tokens, and logits with max |Δ| exactly 0); and the reference
+pixel path bit for bit (tokens, and logits with max |Δ| exactly 0; also on a Q4_K_M model
+whose 256-wide rows take the repacked K-quant kernels); and the reference
 prefix's KV state, built here and restored from disk in a new process, gives the same
 tokens and logits as evaluating the prefix.
 """
@@ -23,6 +24,8 @@ from _llamacpp_prefix_worker import judge_request, run  # noqa: E402
 from test_llamacpp_equivalence import layout  # noqa: E402
 
 QUANTIZED = {"tiny-qwen2-vl-gguf-q8": 7, "tiny-qwen2-vl-gguf-q4": 15}  # name -> general.file_type (llama_ftype)
+#: The tiny model's 64-wide rows fall back to Q5_0; 256-wide rows take real Q4_K / Q6_K (repacked) kernels.
+EQUIVALENCE = (*QUANTIZED, "tiny-qwen2-vl-256-gguf-q4")
 BASE = "tiny-qwen2-vl-gguf-f16"
 REFS = ("chelsea", "coffee")
 CANDIDATE = "rocket"
@@ -66,7 +69,7 @@ def from_disk(gguf, photos, tmp_path_factory):
     here, cached_cases, prefix_cases = {}, [], []
     with open_store(tmp / "store") as store:
         cache = PrefixStateCache(store)
-        for name in QUANTIZED:
+        for name in EQUIVALENCE:
             backend = gguf(name)
             packages = backend.encode([photos[r] for r in REFS])
             for package in packages:
@@ -84,7 +87,7 @@ def from_disk(gguf, photos, tmp_path_factory):
     return here, cached, run_worker("_llamacpp_prefix_worker.py", tmp, prefix_cases)
 
 
-@pytest.mark.parametrize("name", QUANTIZED)
+@pytest.mark.parametrize("name", EQUIVALENCE)
 def test_cached_path_from_disk_equals_llama_cpps_pixel_path_on_a_quantized_model(from_disk, gguf, photos, name):
     _, cached, _ = from_disk
     backend = gguf(name)
@@ -96,7 +99,7 @@ def test_cached_path_from_disk_equals_llama_cpps_pixel_path_on_a_quantized_model
     assert cached[name]["encode_calls"] == 2 * len(backend.encode([photos[CANDIDATE]])[0].tensors)
 
 
-@pytest.mark.parametrize("name", QUANTIZED)
+@pytest.mark.parametrize("name", EQUIVALENCE)
 def test_prefix_states_are_valid_on_a_quantized_model_here_and_from_disk(from_disk, name):
     here, _, prefix = from_disk
     for plain, cached, loaded in zip(here[name]["plain"], here[name]["cached"], prefix[name], strict=True):
