@@ -242,13 +242,15 @@ class LlamaServer:
     ``n_ctx`` positions. The batch sizes equal refsight's llama.cpp context
     (``n_batch = n_ubatch = 2048``), so both split prompts alike; everything else
     (prompt cache in RAM, slot reuse by longest common prefix, flash attention auto) is
-    llama-server's default. The server's log goes to ``log_path``.
+    llama-server's default, unless ``extra`` flags say otherwise. The server's log goes
+    to ``log_path``.
     """
 
     def __init__(self, binary: Path, model: Path, mmproj: Path, *, threads: int, parallel: int = 1,
-                 n_ctx: int = 4096, log_path: Path | None = None) -> None:
+                 n_ctx: int = 4096, log_path: Path | None = None, extra: Sequence[str] = ()) -> None:
         self.binary, self.model, self.mmproj = Path(binary), Path(model), Path(mmproj)
         self.threads, self.parallel, self.n_ctx = threads, parallel, n_ctx
+        self.extra = tuple(extra)
         self.log_path = log_path or Path(tempfile.mkstemp(prefix="llama-server-", suffix=".log")[1])
         self.process: subprocess.Popen | None = None
         self.url = ""
@@ -259,6 +261,7 @@ class LlamaServer:
             str(self.binary), "-m", str(self.model), "--mmproj", str(self.mmproj),
             "--host", "127.0.0.1", "--port", str(port), "-t", str(self.threads), "-tb", str(self.threads),
             "-np", str(self.parallel), "-c", str(self.n_ctx * self.parallel), "-b", "2048", "-ub", "2048",
+            *self.extra,
         ]
 
     def start(self, timeout: float = 600.0) -> LlamaServer:

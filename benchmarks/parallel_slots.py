@@ -22,10 +22,20 @@ calls the slots make and in one call (as llama-server does; ``ms_per_token``);
 encode, its text) costs the same in both arms, so ``batching_bound`` is the ratio that
 decode batching alone gives this workload (the one-slot arm's seconds with its decode
 share, estimated from the alone figure, run at that speed-up); the C-slot server also
-overlaps one client's HTTP and image handling with another's model work, which can add a
-little on top.
+overlaps one request's work outside llama.cpp's kernels (HTTP, images, sampling) with
+another's model work, which adds on top. ``cpu_busy`` is the share of the machine's
+threads each server kept busy over its timed requests (its CPU seconds over seconds ×
+threads; llama.cpp's threads count while they spin waiting for work).
 
-    python benchmarks/parallel_slots.py --model shape-qwen2-vl-2b-full-gguf-q4 --clients 8
+With ``--peer``, llama-server itself (built from the same llama.cpp source, see
+``llama_server.py``) answers the same timed requests from the same C clients, once with
+``-np 1`` and once with ``-np C``, its prompt cache off (``--no-cache-prompt``) so that
+neither arm keeps a client's references and the two differ in the slots alone, its
+other settings its defaults: ``llama_server.throughput_ratio`` is what llama-server's
+own slots win on this machine, ``llama_server.answers_identical`` whether its ``-np C``
+answers equal its ``-np 1`` ones.
+
+    python benchmarks/parallel_slots.py --model shape-qwen2-vl-2b-full-gguf-q4 --clients 8 --peer
 
 Weights are random: the timings are real, the text is not.
 """
@@ -45,10 +55,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from vs_llama_server import (  # noqa: E402
-    Candidates, Peer, RefsightServer, Request, _log, model_files, run_concurrent, variant,
+    Candidates, Peer, RefsightServer, Request, _log, data_url, model_files, run_concurrent, variant,
 )
 
 ARMS = ("one_slot", "slots")
+PEER_ARMS = ("llama-server -np 1", "llama-server -np C")
 
 
 def workload(args) -> tuple[list[Request], list[Request]]:
@@ -63,19 +74,32 @@ def workload(args) -> tuple[list[Request], list[Request]]:
     return warm, timed
 
 
-def run_arm(server: RefsightServer, peer: Peer, warm: list[Request], timed: list[Request], args) -> float:
-    """Start ``server``, answer the untimed requests one by one, then the timed ones from C clients; seconds."""
+def run_arm(server: RefsightServer, peer: Peer, warm: list[Request], timed: list[Request], args,
+            threads: int) -> tuple[float, float]:
+    """Start ``server``, answer the untimed requests one by one, then the timed ones from C clients.
+
+    Returns the timed requests' seconds and the share of the machine's ``threads`` the
+    server kept busy meanwhile (its CPU seconds over seconds × threads).
+    """
     server.start()
     peer.url = server.url
     try:
         for i, request in enumerate(warm):
             seconds = peer.ask(request, args.max_tokens)
             _log(f"{peer.name}: untimed request {i + 1}/{len(warm)} in {seconds:.1f} s")
+        cpu_before = cpu_seconds(server.process.pid)
         seconds = run_concurrent(peer, timed, args.clients, args.max_tokens)
+        busy = (cpu_seconds(server.process.pid) - cpu_before) / (seconds * threads)
     finally:
         server.stop()
-    _log(f"{peer.name}: {len(timed)} requests from {args.clients} clients in {seconds:.1f} s")
-    return seconds
+    _log(f"{peer.name}: {len(timed)} requests from {args.clients} clients in {seconds:.1f} s, {busy:.0%} of the CPUs busy")
+    return seconds, busy
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system, all threads) process ``pid`` has used so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -88,6 +112,7 @@ def main(argv: list[str] | None = None) -> dict:
                   for i in range(args.working_set)]
     warm, timed = workload(args)
     seconds: dict[str, float] = {}
+    busy: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="parallel-slots-") as tmp:
         tmp = Path(tmp)
         began = time.perf_counter()
@@ -101,7 +126,8 @@ def main(argv: list[str] | None = None) -> dict:
             server = RefsightServer(args.model, args.mmproj, tmp / "store", tmp / f"{arm}.log", parallel=slots,
                                     flash_attn="off")
             peer = Peer(arm, args.model, lambda i: f"refsight://ref/ref-{i:02d}", restart=None)
-            seconds[arm] = run_arm(server, peer, warm, timed, args)
+            seconds[arm], busy[arm] = run_arm(server, peer, warm, timed, args, threads)
+        peer = peer_arms(args, references, warm, timed, threads, tmp) if args.peer else None
     same = [r.answers["one_slot"]["text"] == r.answers["slots"]["text"] for r in timed + warm]
     prompt_tokens = max(r.answers["slots"]["prompt_tokens"] for r in timed)
     decode = decode_probe(*model_files(args.model, args.mmproj), args.clients, prompt_tokens)
@@ -113,11 +139,41 @@ def main(argv: list[str] | None = None) -> dict:
         "requests": len(timed), "throughput_ratio": round(seconds["one_slot"] / seconds["slots"], 3),
         "answers_identical": all(same), "answers_identical_count": f"{sum(same)}/{len(same)}", "seconds": {k: round(v, 1) for k, v in seconds.items()},
         "requests_per_s": {k: round(len(timed) / v, 3) for k, v in seconds.items()},
+        "cpu_busy": {k: round(v, 3) for k, v in busy.items()},
         "decode": decode, "batching_bound": round(seconds["one_slot"] / bounded, 3), "flash_attn": "off",
         "setup_s": round(ingest_s, 1), "random_weights": True,
     }
+    if peer:
+        line["llama_server"] = peer
     print(json.dumps(line))
     return line
+
+
+def peer_arms(args, references: list[bytes], warm: list[Request], timed: list[Request], threads: int,
+              tmp: Path) -> dict:
+    """llama-server ``-np 1`` against ``-np C`` on the timed requests, prompt cache off: what its own slots win."""
+    from llama_server import LlamaServer, ensure_llama_server
+
+    binary = ensure_llama_server(log=_log)
+    model_path, mmproj_path = model_files(args.model, args.mmproj)
+    urls = [data_url(png) for png in references]
+    seconds: dict[str, float] = {}
+    busy: dict[str, float] = {}
+    for arm, slots in zip(PEER_ARMS, (1, args.clients)):
+        server = LlamaServer(binary, model_path, mmproj_path, threads=threads, parallel=slots, n_ctx=args.n_ctx,
+                             log_path=tmp / f"llama-server-np{slots}.log", extra=("--no-cache-prompt",))
+        # One untimed request first, as in refsight's arms (its first request sets up the compute graphs).
+        peer = Peer(arm, "gguf", urls.__getitem__, restart=None)
+        seconds[arm], busy[arm] = run_arm(server, peer, warm[:1], timed, args, threads)
+    same = [r.answers[PEER_ARMS[0]]["text"] == r.answers[PEER_ARMS[1]]["text"] for r in timed]
+    one, many = PEER_ARMS
+    return {
+        "throughput_ratio": round(seconds[one] / seconds[many], 3),
+        "answers_identical": all(same), "answers_identical_count": f"{sum(same)}/{len(same)}",
+        "seconds": {"np_1": round(seconds[one], 1), "np_C": round(seconds[many], 1)},
+        "cpu_busy": {"np_1": round(busy[one], 3), "np_C": round(busy[many], 3)},
+        "flags": "--no-cache-prompt",
+    }
 
 
 def decode_probe(model: Path, mmproj: Path, clients: int, prompt_tokens: int, steps: int = 6) -> dict:
@@ -163,6 +219,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--clients", type=int, default=8, help="C: concurrent clients, and the slots of the second arm")
     parser.add_argument("--per-client", type=int, default=2, help="timed requests per client")
     parser.add_argument("--max-tokens", type=int, default=64, help="answer length (greedy, fixed)")
+    parser.add_argument("--peer", action="store_true", help="also run llama-server -np 1 and -np C (built if need be)")
+    parser.add_argument("--n-ctx", type=int, default=2048, help="context per llama-server slot (with --peer)")
     parser.add_argument("--seed", type=int, default=0)
     return parser
 
