@@ -127,8 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
                                     flash_attn="off")
             peer = Peer(arm, args.model, lambda i: f"refsight://ref/ref-{i:02d}", restart=None)
             seconds[arm], busy[arm] = run_arm(server, peer, warm, timed, args, threads)
-        peer = peer_arms(args, references, warm, timed, threads, tmp) if args.peer else None
-    same = [r.answers["one_slot"]["text"] == r.answers["slots"]["text"] for r in timed + warm]
+        llama_server = peer_arms(args, references, warm, timed, threads, tmp) if args.peer else None
     prompt_tokens = max(r.answers["slots"]["prompt_tokens"] for r in timed)
     decode = decode_probe(*model_files(args.model, args.mmproj), args.clients, prompt_tokens)
     decode_share_s = len(timed) * args.max_tokens * decode["ms_per_token"]["alone"] / 1000
@@ -137,14 +136,14 @@ def main(argv: list[str] | None = None) -> dict:
         "benchmark": "parallel_slots", "model": args.model, "size": args.size, "references": args.refs,
         "clients": args.clients, "per_client": args.per_client, "max_tokens": args.max_tokens, "threads": threads,
         "requests": len(timed), "throughput_ratio": round(seconds["one_slot"] / seconds["slots"], 3),
-        "answers_identical": all(same), "answers_identical_count": f"{sum(same)}/{len(same)}", "seconds": {k: round(v, 1) for k, v in seconds.items()},
+        **agreement(timed + warm, *ARMS), "seconds": {k: round(v, 1) for k, v in seconds.items()},
         "requests_per_s": {k: round(len(timed) / v, 3) for k, v in seconds.items()},
         "cpu_busy": {k: round(v, 3) for k, v in busy.items()},
         "decode": decode, "batching_bound": round(seconds["one_slot"] / bounded, 3), "flash_attn": "off",
         "setup_s": round(ingest_s, 1), "random_weights": True,
     }
-    if peer:
-        line["llama_server"] = peer
+    if llama_server:
+        line["llama_server"] = llama_server
     print(json.dumps(line))
     return line
 
@@ -165,15 +164,19 @@ def peer_arms(args, references: list[bytes], warm: list[Request], timed: list[Re
         # One untimed request first, as in refsight's arms (its first request sets up the compute graphs).
         peer = Peer(arm, "gguf", urls.__getitem__, restart=None)
         seconds[arm], busy[arm] = run_arm(server, peer, warm[:1], timed, args, threads)
-    same = [r.answers[PEER_ARMS[0]]["text"] == r.answers[PEER_ARMS[1]]["text"] for r in timed]
     one, many = PEER_ARMS
     return {
-        "throughput_ratio": round(seconds[one] / seconds[many], 3),
-        "answers_identical": all(same), "answers_identical_count": f"{sum(same)}/{len(same)}",
+        "throughput_ratio": round(seconds[one] / seconds[many], 3), **agreement(timed, one, many),
         "seconds": {"np_1": round(seconds[one], 1), "np_C": round(seconds[many], 1)},
         "cpu_busy": {"np_1": round(busy[one], 3), "np_C": round(busy[many], 3)},
         "flags": "--no-cache-prompt",
     }
+
+
+def agreement(requests: list[Request], arm: str, other: str) -> dict:
+    """``answers_identical`` (every request got the same text from both arms) and how many did."""
+    same = [r.answers[arm]["text"] == r.answers[other]["text"] for r in requests]
+    return {"answers_identical": all(same), "answers_identical_count": f"{sum(same)}/{len(same)}"}
 
 
 def decode_probe(model: Path, mmproj: Path, clients: int, prompt_tokens: int, steps: int = 6) -> dict:
