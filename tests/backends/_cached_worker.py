@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 
+from backend_models import vision_tower
 from worker_spec import case_requests, open_spec
 
 
@@ -23,7 +24,7 @@ def main(spec_path: str) -> None:
     with open_spec(spec_path) as (spec, store):
         for case in spec["cases"]:
             backend = get_backend(case["model"])
-            tower = getattr(backend.model.model, "visual", None) or backend.model.model.vision_model
+            tower = vision_tower(backend)
             counts = {"vision": 0, "preprocess": 0}
             hook = tower.register_forward_hook(lambda *a: counts.__setitem__("vision", counts["vision"] + 1))
             original = backend.image_processor.preprocess

@@ -1,3 +1,20 @@
 """Names shared by the backend tests (a uniquely named module: see tests/image_corpus.py)."""
 
+from refsight.backends.tiny_families import FAMILY_SPECS
+
+#: The tiny checkpoints of the families with a module of their own (Qwen, SmolVLM).
 TINY_FAMILIES = ("tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl", "tiny-smolvlm")
+#: The tiny checkpoints of the families the generic backend serves (Gemma 3, LLaVA, InternVL ...).
+GENERIC_FAMILIES = tuple(FAMILY_SPECS)
+#: Every tiny transformers family.
+ALL_FAMILIES = TINY_FAMILIES + GENERIC_FAMILIES
+
+
+def vision_tower(backend):
+    """The module that runs the vision encoder of a transformers backend (whatever the family calls it)."""
+    inner = backend.model.model
+    for name in ("visual", "vision_model", "vision_tower"):
+        tower = getattr(inner, name, None)
+        if tower is not None:
+            return tower
+    raise AttributeError(f"{type(inner).__name__} has no vision tower attribute")

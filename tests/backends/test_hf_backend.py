@@ -12,14 +12,14 @@ import sys
 import pytest
 from runtimes import require_runtime
 
-from backend_models import TINY_FAMILIES
+from backend_models import ALL_FAMILIES, vision_tower
 from refsight.backends.base import GenerationRequest
 from refsight.errors import CorruptPackageError, InvalidInputError, ModelLoadError
 from refsight.package import VisualPackage
 
 
 def _vision_tower(backend):
-    return getattr(backend.model.model, "visual", None) or backend.model.model.vision_model
+    return vision_tower(backend)
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def counters(monkeypatch):
         hook.remove()
 
 
-@pytest.mark.parametrize("name", TINY_FAMILIES)
+@pytest.mark.parametrize("name", ALL_FAMILIES)
 def test_cached_reference_runs_no_vision_encoder_and_no_image_processor(load, photos, counters, name):
     backend = load(name)
     refs = backend.encode([photos["chelsea"], photos["coffee"]])

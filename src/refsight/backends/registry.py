@@ -22,6 +22,7 @@ from ..errors import BackendError, RefsightError, UnknownModelError
 from ..package import canonical_json
 from ..plugins import load_factory
 from .base import Backend
+from .tiny_families import FAMILY_SPECS
 
 __all__ = [
     "register_backend", "available_models", "get_backend", "resolve_factory", "HF_PREFIX", "LLAMACPP_PREFIX",
@@ -61,6 +62,8 @@ _BUILTINS: dict[str, str] = {
     "tiny-qwen3-vl-vllm": "refsight.backends.vllm.tiny:load_tiny_vllm",
     "shape-qwen2-vl-2b-vllm": "refsight.backends.vllm.tiny:load_tiny_vllm",
 }
+# The tiny checkpoints of the families the generic transformers backend serves (tiny_families.py).
+_BUILTINS.update({name: "refsight.backends.tiny:load_tiny" for name in FAMILY_SPECS})
 _registered: dict[str, str | Callable[..., Backend]] = {}
 _instances: dict[tuple[str, str], Backend] = {}
 _lock = threading.Lock()

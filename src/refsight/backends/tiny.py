@@ -1,7 +1,8 @@
 """Built-in offline models: random weights from a fixed seed, real transformers code.
 
 ``tiny-*`` models are small (hidden 64, 2 layers) so tests run in seconds;
-``shape-*`` models have a real model's vision tower and projector at full size and
+``tiny-<family>`` models of the families the generic backend serves are recipes in
+:mod:`.tiny_families`; ``shape-*`` models have a real model's vision tower and projector at full size and
 a reduced language model, so benchmarks measure real encode times. Each is built
 once from a config, with a tokenizer trained in-process (see
 :mod:`refsight.backends.hf.tokenizer`), saved with ``save_pretrained`` into the
@@ -25,6 +26,7 @@ from typing import Any, Callable
 from ..config import model_cache_dir  # re-exported: the builders' cache lives there
 from ..errors import ModelLoadError, UnknownModelError
 from .base import Backend
+from .tiny_families import FAMILY_SPECS, build_family_checkpoint
 
 __all__ = [
     "TINY_MODELS", "ModelSpec", "load_tiny", "model_cache_dir", "ensure_model_dir", "build_checkpoint", "build_into_cache",
@@ -146,6 +148,10 @@ TINY_MODELS: dict[str, _Spec] = {
 def _build_id(name: str) -> str:
     import transformers
 
+    if name in FAMILY_SPECS:
+        recipe = json.dumps({"family_spec": FAMILY_SPECS[name].__dict__, "seed": SEED, "build": BUILD_VERSION,
+                             "transformers": transformers.__version__}, sort_keys=True, default=str)
+        return hashlib.sha256(recipe.encode()).hexdigest()[:12]
     # A spec without a finish hook hashes as before the hook existed (same cache entries).
     spec = {k: v for k, v in TINY_MODELS[name].__dict__.items() if k not in ("finish", "save_dtype") or v}
     recipe = json.dumps(
@@ -193,13 +199,23 @@ def build_into_cache(name: str, build_id: str, done: str, build: Callable[[Path]
 
 def ensure_model_dir(name: str) -> Path:
     """Build ``name`` into the cache unless it is there already; return its directory (:func:`build_into_cache`)."""
-    if name not in TINY_MODELS:
-        raise UnknownModelError(name, list(TINY_MODELS))
+    if name not in TINY_MODELS and name not in FAMILY_SPECS:
+        raise UnknownModelError(name, [*TINY_MODELS, *FAMILY_SPECS])
     return build_into_cache(name, _build_id(name), "config.json", lambda tmp: _build(name, tmp), "the built-in model")
 
 
 def _build(name: str, directory: Path) -> None:
+    if name in FAMILY_SPECS:
+        build_family_checkpoint(FAMILY_SPECS[name], directory, seed=SEED)
+        _write_marker(directory, name)
+        return
     build_checkpoint(name, TINY_MODELS[name], directory)
+
+
+def _write_marker(directory: Path, name: str) -> None:
+    (directory / "refsight_model.json").write_text(
+        json.dumps({"random_weights": True, "model_id": f"refsight/{name}", "seed": SEED, "build": BUILD_VERSION})
+    )
 
 
 def build_checkpoint(name: str, spec: _Spec, directory: Path, *, extra_tokens: tuple[str, ...] = ()) -> None:
@@ -249,9 +265,7 @@ def build_checkpoint(name: str, spec: _Spec, directory: Path, *, extra_tokens: t
     if spec.finish:
         module_name, _, attr = spec.finish.partition(":")
         getattr(importlib.import_module(module_name), attr)(directory, tokenizer, spec)
-    (directory / "refsight_model.json").write_text(
-        json.dumps({"random_weights": True, "model_id": f"refsight/{name}", "seed": SEED, "build": BUILD_VERSION})
-    )
+    _write_marker(directory, name)
 
 
 def _text_config(spec: _Spec, tokenizer: Any) -> dict[str, Any]:

@@ -1,8 +1,9 @@
-"""Hugging Face transformers backends, one module per model family.
+"""Hugging Face transformers backends: one generic backend, and modules for Qwen and SmolVLM.
 
 :func:`load_hf_backend` takes ``hf:<hub id or local directory>``, reads the config,
-picks the family from ``config.model_type`` and loads everything with
-``from_pretrained``. A model that cannot be loaded (offline, missing files,
+picks the family from ``config.model_type`` (:func:`family_for`: the Qwen and SmolVLM
+modules, else :class:`~.generic.GenericBackend` for any model type with transformers'
+precomputed-features seam) and loads everything with ``from_pretrained``. A model that cannot be loaded (offline, missing files,
 unsupported architecture) raises :class:`~refsight.errors.ModelLoadError` saying which.
 """
 
@@ -14,31 +15,35 @@ from typing import Any
 
 from ...errors import ModelLoadError
 from .base import HFBackend
+from .families import DEDICATED
 
 __all__ = ["load_hf_backend", "family_for", "FAMILIES", "HFBackend"]
 
-#: ``config.model_type`` → "module:Class" of the family backend (imported on demand).
-FAMILIES: dict[str, str] = {
-    "qwen2_vl": "qwen2_vl:Qwen2VLBackend",
-    "qwen2_5_vl": "qwen2_vl:Qwen25VLBackend",
-    "qwen3_vl": "qwen3_vl:Qwen3VLBackend",
-    "smolvlm": "smolvlm:SmolVLMBackend",
-    "idefics3": "smolvlm:Idefics3Backend",
-}
+#: ``config.model_type`` → "module:Class" of the dedicated family backends (imported on demand).
+FAMILIES: dict[str, str] = DEDICATED
 
 
 def family_for(model_type: str, name: str = "") -> type[HFBackend]:
-    """The backend class serving ``model_type``; :class:`ModelLoadError` if none does."""
+    """The backend class serving ``model_type``; :class:`ModelLoadError` (one line, naming the
+    proven model types and why this one cannot be served) if none does."""
     import importlib
 
     target = FAMILIES.get(model_type)
-    if target is None:
+    if target is not None:
+        module, _, cls = target.partition(":")
+        return getattr(importlib.import_module(f"{__name__}.{module}"), cls)
+    from .generic import generic_family
+
+    try:
+        return generic_family(model_type, name)
+    except ModelLoadError as e:
+        from ..family_table import proven_model_types
+
         raise ModelLoadError(
             name or model_type,
-            f"unsupported architecture {model_type!r}; supported model types: {', '.join(sorted(FAMILIES))}",
-        )
-    module, _, cls = target.partition(":")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), cls)
+            f"unsupported architecture {model_type!r} ({e.reason}); supported model types: "
+            f"{', '.join(proven_model_types('transformers'))}",
+        ) from None
 
 
 def _looks_like_path(source: str) -> bool:

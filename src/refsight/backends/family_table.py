@@ -1,0 +1,70 @@
+"""The family table: which model types run on which runtime, and the test that proves each.
+
+A cell is proven when a test in CI shows the cached path equal to the runtime's own pixel
+path for that model type (tokens and logits, one and two images) through a built-in tiny
+checkpoint. ``refsight models`` prints this table and the README carries it; the
+architecture test checks that every test named here exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Proof", "PROOFS", "RUNTIMES", "proven_model_types", "family_rows", "NOT_SERVED"]
+
+RUNTIMES = ("transformers", "llama.cpp", "vllm")
+
+_HF_DEDICATED = "tests/backends/test_equivalence.py"
+_HF_GENERIC = "tests/backends/test_families.py"
+_LLAMA = "tests/backends/llamacpp/test_llamacpp_equivalence.py"
+
+
+@dataclass(frozen=True)
+class Proof:
+    """One proven cell: the model type, the runtime, the built-in model and the test."""
+
+    model_type: str
+    runtime: str
+    model: str
+    test: str
+
+
+PROOFS: tuple[Proof, ...] = (
+    Proof("qwen2_vl", "transformers", "tiny-qwen2-vl", _HF_DEDICATED),
+    Proof("qwen2_5_vl", "transformers", "tiny-qwen2.5-vl", _HF_DEDICATED),
+    Proof("qwen3_vl", "transformers", "tiny-qwen3-vl", _HF_DEDICATED),
+    Proof("smolvlm", "transformers", "tiny-smolvlm", _HF_DEDICATED),
+    Proof("idefics3", "transformers", "tiny-smolvlm", "tests/backends/test_hf_backend.py"),
+    Proof("gemma3", "transformers", "tiny-gemma3", _HF_GENERIC),
+    Proof("qwen2_vl", "llama.cpp", "tiny-qwen2-vl-gguf", _LLAMA),
+    Proof("qwen2_5_vl", "llama.cpp", "tiny-qwen2.5-vl-gguf", _LLAMA),
+    Proof("smolvlm", "llama.cpp", "tiny-smolvlm-gguf", _LLAMA),
+    Proof("qwen3_vl", "llama.cpp", "tiny-qwen3-vl-gguf", "tests/backends/llamacpp/test_llamacpp_qwen3vl.py"),
+    Proof("qwen2_vl", "vllm", "tiny-qwen2-vl-vllm", "tests/backends/vllm/test_vllm_equivalence.py"),
+    Proof("qwen2_5_vl", "vllm", "tiny-qwen2.5-vl-vllm", "tests/backends/vllm/test_vllm_equivalence.py"),
+    Proof("qwen3_vl", "vllm", "tiny-qwen3-vl-vllm", "tests/backends/vllm/test_vllm_equivalence.py"),
+)
+
+#: Model types that cannot be served on a runtime here, with the reason (shown in the table).
+NOT_SERVED: dict[tuple[str, str], str] = {}
+
+
+def proven_model_types(runtime: str) -> list[str]:
+    """The model types proven on ``runtime``, sorted."""
+    return sorted({p.model_type for p in PROOFS if p.runtime == runtime})
+
+
+def family_rows() -> list[dict[str, object]]:
+    """One row per model type: for each runtime the proving built-in and test, or why it is not served."""
+    types = sorted({p.model_type for p in PROOFS} | {t for t, _ in NOT_SERVED})
+    rows = []
+    for model_type in types:
+        row: dict[str, object] = {"model_type": model_type}
+        for runtime in RUNTIMES:
+            proof = next((p for p in PROOFS if p.model_type == model_type and p.runtime == runtime), None)
+            if proof is not None:
+                row[runtime] = {"proven": True, "model": proof.model, "test": proof.test}
+            else:
+                row[runtime] = {"proven": False, "why": NOT_SERVED.get((model_type, runtime), "not proven yet")}
+        rows.append(row)
+    return rows

@@ -1,0 +1,84 @@
+"""What refsight knows about each transformers model family, as data.
+
+Almost everything a family needs is already in transformers' own tables: the
+``*ForConditionalGeneration`` class, the processor class, the PIL image processor
+(:func:`family_classes`). What is left is a short list of exceptions per model type
+(:data:`TRAITS`): which output field of ``get_image_features`` holds the features, the
+processor settings that change an image's placeholder layout (and so go into the key),
+narrow workarounds of transformers bugs, and what a user must install. The Qwen and
+SmolVLM families keep their own modules (``qwen2_vl.py``, ``qwen3_vl.py``,
+``smolvlm.py``: their package layout and golden keys predate this table); every other
+model type with the seam is served by :class:`~.generic.GenericBackend`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Traits", "TRAITS", "DEDICATED", "FamilyClasses", "family_classes", "traits_for"]
+
+#: Model types served by a module of their own: ``config.model_type`` → "module:Class".
+DEDICATED: dict[str, str] = {
+    "qwen2_vl": "qwen2_vl:Qwen2VLBackend",
+    "qwen2_5_vl": "qwen2_vl:Qwen25VLBackend",
+    "qwen3_vl": "qwen3_vl:Qwen3VLBackend",
+    "smolvlm": "smolvlm:SmolVLMBackend",
+    "idefics3": "smolvlm:Idefics3Backend",
+}
+
+
+@dataclass(frozen=True)
+class Traits:
+    """The exceptions of one model type; the defaults fit most families."""
+
+    #: The field of ``get_image_features``' output that holds the projected features.
+    features: str = "pooler_output"
+    #: Image-processor call settings that change the placeholder layout (part of the key).
+    layout: dict[str, Any] = field(default_factory=dict)
+    #: Why a family cannot run here (shown instead of loading), or "".
+    unavailable: str = ""
+    #: A note for the family table (a workaround in force, a limit).
+    note: str = ""
+
+
+#: Per model type, what differs from :class:`Traits`' defaults. A model type absent here
+#: is served with the defaults when transformers gives it the seam and a PIL image processor.
+TRAITS: dict[str, Traits] = {
+    "gemma3": Traits(note="token_type_ids rebuilt at prompt time (image tokens attend bidirectionally)"),
+    "paligemma": Traits(note="token_type_ids rebuilt at prompt time"),
+}
+
+
+def traits_for(model_type: str) -> Traits:
+    """The family's :class:`Traits` (the defaults when it has no entry)."""
+    return TRAITS.get(model_type, Traits())
+
+
+@dataclass(frozen=True)
+class FamilyClasses:
+    """The transformers classes of one model type, by name (nothing imported yet)."""
+
+    model: str | None
+    processor: str | None
+    #: The PIL image processor's class name, or None when transformers has only a torchvision one.
+    image_processor: str | None
+    #: The torchvision image processor's class name (for the error when no PIL one exists).
+    torchvision_image_processor: str | None
+
+
+def family_classes(model_type: str) -> FamilyClasses:
+    """The classes transformers' auto tables name for ``model_type``."""
+    from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+    images = IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type) or {}
+    if isinstance(images, str):  # an older table: one class name
+        images = {"pil": images}
+    return FamilyClasses(
+        model=MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.get(model_type),
+        processor=PROCESSOR_MAPPING_NAMES.get(model_type),
+        image_processor=images.get("pil"),
+        torchvision_image_processor=images.get("torchvision"),
+    )

@@ -1,0 +1,283 @@
+"""One transformers backend for every VLM family with the precomputed-features seam.
+
+transformers 5 gives each VLM the same two doors: ``get_image_features(pixel_values, ...,
+return_dict=True)`` runs the vision tower and projector, and ``mm_encoder_outputs={"image":
+...}`` feeds such an output back in place of pixels (``generate`` itself uses this pair).
+The processor classes share one pipeline too: ``_process_images`` runs the image processor
+and asks ``replace_image_token`` for each image's expanded placeholder text.
+
+:class:`GenericBackend` therefore needs no family code. A package holds what
+``get_image_features`` returned for one image (``features``, or ``features.0`` ... when the
+output is a list of per-tile tensors) and, as metadata, what the processor derived from the
+pixels: the expanded ``placeholder`` text and the processor's other outputs (``image_sizes``,
+``num_patches``, ``image_grid_thw`` ... under ``layout``). A prompt is the checkpoint's own
+chat template rendered by the processor, each image token replaced by its package's
+placeholder, exactly as the processor would; the prompt-time extras the processor adds
+(``token_type_ids`` for Gemma 3 and PaliGemma, ``mm_token_type_ids`` for the M-RoPE
+families) are rebuilt from the token ids. Per-family exceptions are data (:mod:`.families`).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+from typing import Any, ClassVar, Sequence
+
+from ...errors import BackendError, CorruptPackageError, ModelLoadError
+from ...package import VisualPackage
+from .base import HFBackend
+from .families import FamilyClasses, Traits, family_classes, traits_for
+from .fingerprint import jsonable
+
+__all__ = ["GenericBackend", "generic_family", "seam_problem"]
+
+#: The prompt-time token type inputs a processor may emit, rebuilt from the token ids.
+TOKEN_TYPE_KEYS = ("token_type_ids", "mm_token_type_ids")
+# Processor outputs that are the prompt itself or the pixels, not per-image layout.
+_NOT_LAYOUT = {"pixel_values", "input_ids", "attention_mask", *TOKEN_TYPE_KEYS}
+
+
+class GenericBackend(HFBackend):
+    """A transformers VLM served through the seam alone; :func:`generic_family` makes one class per model type."""
+
+    traits: ClassVar[Traits] = Traits()
+    #: The family's processor class name in ``transformers``.
+    processor_class_name: ClassVar[str] = ""
+    #: The family's PIL image processor class name in ``transformers``.
+    image_processor_name: ClassVar[str] = ""
+
+    def __init__(self, name: str, *, processor: Any, **parts: Any) -> None:
+        self.processor = processor
+        self.image_token = str(processor.image_token)
+        super().__init__(name, **parts)
+        self.reserved_tokens = tuple(dict.fromkeys([self.image_token, *self.tokenizer.all_special_tokens]))
+        self.media_tokens = tuple(dict.fromkeys([self.image_token, *processor.all_special_multimodal_tokens]))
+        self._images_kwargs = processor._merge_kwargs(
+            tokenizer_init_kwargs=self.tokenizer.init_kwargs, return_tensors="pt", **self.traits.layout
+        )["images_kwargs"]
+        self._feature_params = set(inspect.signature(self.model.get_image_features).parameters)
+        self._token_type_key = self._probe_token_type_key()
+
+    # ------------------------------------------------------------------ loading
+
+    @classmethod
+    def from_pretrained(cls, name: str, source: str, config: Any, **options: Any) -> "GenericBackend":
+        """Load model, tokenizer and PIL image processor (:func:`~.loading.load_parts`), then the image-only processor."""
+        import transformers
+
+        from .loading import load_parts
+        from .processor import image_only_processor
+
+        parts = load_parts(cls, name, source, config, **options)
+        hub = {} if os.path.isdir(source) else {"revision": parts.revision}
+        processor_class = getattr(transformers, cls.processor_class_name)
+        processor = image_only_processor(processor_class, source, parts.image_processor, parts.tokenizer, hub, name)
+        return cls(name, processor=processor, **vars(parts))
+
+    @classmethod
+    def image_processor_class(cls) -> Any:
+        """The family's PIL image processor class (transformers' auto table names it)."""
+        from transformers.models.auto.image_processing_auto import get_image_processor_class_from_name
+
+        return get_image_processor_class_from_name(cls.image_processor_name)
+
+    def _probe_token_type_key(self) -> str | None:
+        """Which token type input the processor emits beside the ids (None: it emits none)."""
+        if not getattr(self.processor, "return_mm_token_type_ids", False):
+            return None
+        from PIL import Image
+
+        probe = self.processor(text=[self.image_token], images=[Image.new("RGB", (64, 48), (120, 80, 40))])
+        return next((k for k in TOKEN_TYPE_KEYS if k in probe), None)
+
+    def model_settings(self) -> dict[str, Any]:
+        """The processor's own settings (token counts per image, feature strategy ...) and the layout switches."""
+        own = {"image_processor", "tokenizer", "chat_template", "processor_class", "auto_map"}
+        settings = {k: v for k, v in self.processor.to_dict().items() if k not in own and not k.endswith("_processor")}
+        return {"processor": jsonable(settings), "layout": jsonable(self.traits.layout), "features": self.traits.features}
+
+    def chat_template_reads(self, variable: str) -> bool:
+        """Whether the checkpoint's chat template mentions ``variable``."""
+        return variable in (self.processor.chat_template or "")
+
+    # ------------------------------------------------------------------- encode
+
+    def encode_pils(self, images: list[Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """One image at a time, as the processor lays it out: its features and its placeholder."""
+        return [self._encode_one(image) for image in images]
+
+    def _encode_one(self, image: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        import torch
+
+        processed, placeholders = self.processor._process_images([image], **self._images_kwargs)
+        inputs = {k: v for k, v in processed.items() if k in self._feature_params}
+        inputs = {k: _to(v, self.device, self.model.dtype) for k, v in inputs.items()}
+        output = self.model.get_image_features(**inputs, return_dict=True)
+        features = getattr(output, self.traits.features)
+        if isinstance(features, torch.Tensor):
+            tensors = {"features": features.contiguous().clone()}
+        else:
+            tensors = {f"features.{i}": part.contiguous().clone() for i, part in enumerate(features)}
+        layout = {k: jsonable(_plain(v)) for k, v in processed.items() if k not in _NOT_LAYOUT}
+        metadata = {
+            "placeholder": placeholders[0],
+            "num_tokens": self._image_token_count(placeholders[0]),
+            "feature_rows": _rows(tensors.values()),
+            "parts": 0 if "features" in tensors else len(tensors),
+            "layout": layout,
+        }
+        return tensors, metadata
+
+    def _image_token_count(self, text: str) -> int:
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        wanted = set(self.processor.image_token_ids)
+        return sum(1 for i in ids if i in wanted)
+
+    def check_package(self, package: VisualPackage) -> None:
+        """Placeholder, feature tensors and their row count agree with the metadata."""
+        meta, tensors = package.metadata, package.tensors
+        if not isinstance(meta.get("placeholder"), str) or not meta["placeholder"]:
+            raise CorruptPackageError(package.key, "no placeholder text for the image")
+        names = ["features"] if not meta.get("parts") else [f"features.{i}" for i in range(int(meta["parts"]))]
+        missing = [n for n in names if n not in tensors]
+        if missing:
+            raise CorruptPackageError(package.key, f"missing tensor(s) {', '.join(missing)}")
+        rows = _rows(tensors[n] for n in names)
+        if rows != int(meta.get("feature_rows", -1)):
+            raise CorruptPackageError(package.key, f"features hold {rows} rows, metadata says {meta.get('feature_rows')}")
+        width = {int(tensors[n].shape[-1]) for n in names}
+        if width != {self.feature_width}:
+            raise CorruptPackageError(package.key, f"feature width {sorted(width)}, the model takes {self.feature_width}")
+
+    @property
+    def feature_width(self) -> int:
+        """Width of a feature row: the language model's hidden size."""
+        return int(self.model.get_input_embeddings().weight.shape[1])
+
+    # ----------------------------------------------------------------- prompts
+
+    def image_placeholder(self, package: VisualPackage) -> str:
+        """The placeholder text the processor wrote for this image when it was encoded."""
+        return str(package.metadata["placeholder"])
+
+    def build_prompt(self, segments: Sequence[str | VisualPackage], turns: list[tuple[str, int]] | None = None) -> str:
+        """The checkpoint's chat template over the turns, each image token replaced by its package's placeholder."""
+        packages = [s for s in segments if isinstance(s, VisualPackage)]
+        messages = _messages(list(segments), turns)
+        try:
+            text = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as e:  # noqa: BLE001 - a template that refuses these turns
+            raise BackendError(self.name, f"the chat template cannot render this prompt: {type(e).__name__}: {e}") from e
+        pieces = text.split(self.image_token)
+        if len(pieces) != len(packages) + 1:
+            raise BackendError(
+                self.name, f"the chat template placed {len(pieces) - 1} image token(s) for {len(packages)} image(s)"
+            )
+        out = pieces[0]
+        for package, rest in zip(packages, pieces[1:]):
+            out += self.image_placeholder(package) + rest
+        return out
+
+    def chat_prompt(self, parts: list[str]) -> str:
+        """One user turn of text parts in the checkpoint's chat template."""
+        return self.build_prompt(parts)
+
+    def chat_prompt_turns(self, turns: list[tuple[str, list[str]]]) -> str:
+        """Several turns of text parts in the checkpoint's chat template."""
+        return self.build_prompt([p for _, parts in turns for p in parts], [(role, len(parts)) for role, parts in turns])
+
+    def multimodal_inputs(self, packages: list[VisualPackage], input_ids: Any) -> dict[str, Any]:
+        """The packages' features as one ``mm_encoder_outputs`` entry, and the token types rebuilt from the ids."""
+        import torch
+        from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+        if packages and packages[0].metadata.get("parts"):
+            features: Any = tuple(
+                p.tensors[f"features.{i}"] for p in packages for i in range(int(p.metadata["parts"]))
+            )
+        else:
+            features = torch.cat([p.tensors["features"] for p in packages], dim=0)
+        out: dict[str, Any] = {"mm_encoder_outputs": {"image": BaseModelOutputWithPooling(**{self.traits.features: features})}}
+        if self._token_type_key is not None:
+            image_ids = torch.tensor(self.processor.image_token_ids, dtype=input_ids.dtype, device=input_ids.device)
+            out[self._token_type_key] = torch.isin(input_ids, image_ids).to(torch.long)
+        return out
+
+
+def _messages(segments: list[Any], turns: list[tuple[str, int]] | None) -> list[dict[str, Any]]:
+    """Chat messages with content parts: text as ``{"type": "text"}``, packages as ``{"type": "image"}``."""
+    turns = turns or [("user", len(segments))]
+    messages, start = [], 0
+    for role, count in turns:
+        content = [
+            {"type": "text", "text": s} if isinstance(s, str) else {"type": "image"} for s in segments[start:start + count]
+        ]
+        messages.append({"role": role, "content": content})
+        start += count
+    return messages
+
+
+def _to(value: Any, device: str, dtype: Any) -> Any:
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        return value
+    return value.to(device, dtype) if value.is_floating_point() else value.to(device)
+
+
+def _plain(value: Any) -> Any:
+    return value.tolist() if hasattr(value, "tolist") else value
+
+
+def _rows(tensors: Any) -> int:
+    total = 0
+    for t in tensors:
+        total += int(t.numel()) // max(1, int(t.shape[-1]))
+    return total
+
+
+def seam_problem(model_type: str, classes: FamilyClasses) -> str:
+    """Why ``model_type`` cannot be served through the seam here ("" when it can)."""
+    import transformers
+
+    traits = traits_for(model_type)
+    if traits.unavailable:
+        return traits.unavailable
+    if classes.model is None or classes.processor is None:
+        return "transformers has no image-text-to-text model and processor for it"
+    model_class = getattr(transformers, classes.model, None)
+    if model_class is None or "mm_encoder_outputs" not in inspect.signature(model_class.forward).parameters:
+        return f"{classes.model} lacks the precomputed-features seam (mm_encoder_outputs)"
+    if not hasattr(model_class, "get_image_features"):
+        return f"{classes.model} lacks get_image_features"
+    if classes.image_processor is None:
+        return (
+            f"its only image processor, {classes.torchvision_image_processor}, needs torchvision: install the "
+            "torchvision wheel built for this torch (see the README, 'torchvision on CPU')"
+        )
+    return ""
+
+
+def generic_family(model_type: str, name: str = "") -> type[GenericBackend]:
+    """The :class:`GenericBackend` subclass serving ``model_type``; :class:`ModelLoadError` when it cannot."""
+    problem = seam_problem(model_type, family_classes(model_type))
+    if problem:
+        raise ModelLoadError(name or model_type, f"model type {model_type!r} cannot be served: {problem}")
+    return _family_class(model_type)
+
+
+@functools.cache
+def _family_class(model_type: str) -> type[GenericBackend]:
+    # One class per model type, made once: its name shows in errors and logs.
+    classes = family_classes(model_type)
+    title = "".join(part.title() for part in model_type.split("_"))
+    return type(f"{title}Backend", (GenericBackend,), {
+        "__doc__": f"{model_type} through transformers' seam (:class:`GenericBackend`).",
+        "family": model_type,
+        "model_types": (model_type,),
+        "model_class_name": classes.model,
+        "processor_class_name": classes.processor,
+        "image_processor_name": classes.image_processor,
+        "traits": traits_for(model_type),
+    })

@@ -1,0 +1,145 @@
+"""Built-in tiny checkpoints of the families the generic transformers backend serves, as data.
+
+Each :class:`FamilySpec` says what a tiny random-weight checkpoint of one model type is
+made of: the special tokens trained into its tokenizer (and the named ones the family's
+processor reads, such as Gemma 3's ``boi_token``), a short chat template shaped like the
+family's real one, the model config (a ``"token:<x>"`` value becomes that token's id),
+and the image processor's and processor's settings. :func:`build_family_checkpoint` turns
+a spec into a checkpoint with ``save_pretrained``, the same files a real one has, so the
+checkpoint loads through the same ``from_pretrained`` path as a real model. The classes
+come from transformers' own auto tables (:func:`~.hf.families.family_classes`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["FamilySpec", "FAMILY_SPECS", "build_family_checkpoint", "TINY_TEXT", "TINY_VISION"]
+
+#: The tiny language model every family shares (head dim 16).
+TINY_TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 max_position_embeddings=4096)
+#: A tiny SigLIP-like vision tower (64 px images, patch 8: 64 patches).
+TINY_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=64, patch_size=8)
+#: Image normalisation of the tiny checkpoints.
+HALF = dict(image_mean=[0.5] * 3, image_std=[0.5] * 3)
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """The recipe of one tiny checkpoint (see the module docstring)."""
+
+    model_type: str
+    special_tokens: tuple[str, ...]
+    eos: str
+    pad: str
+    chat_template: str
+    config: dict[str, Any]
+    bos: str | None = None
+    #: The tokenizer's named special tokens (``extra_special_tokens``) the processor reads.
+    named_tokens: dict[str, str] = field(default_factory=dict)
+    image_processor: dict[str, Any] = field(default_factory=dict)
+    processor: dict[str, Any] = field(default_factory=dict)
+    #: Tokens added to the trained vocabulary as plain (not special) tokens.
+    plain_tokens: tuple[str, ...] = ()
+
+
+def _content(image: str) -> str:
+    """Jinja for a message's content: a string, or parts where an image part renders as ``image``."""
+    return (
+        "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
+        "{% if c['type'] == 'image' %}" + image + "{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}"
+    )
+
+
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+    + _content("<start_of_image>") + "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+#: Built-in model name → recipe.
+FAMILY_SPECS: dict[str, FamilySpec] = {
+    "tiny-gemma3": FamilySpec(
+        "gemma3",
+        special_tokens=("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>",
+                        "<image_soft_token>"),
+        eos="<eos>", pad="<pad>", bos="<bos>",
+        named_tokens={"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"},
+        chat_template=GEMMA_TEMPLATE,
+        config=dict(
+            text_config=dict(TINY_TEXT, head_dim=16, sliding_window=64, query_pre_attn_scalar=16),
+            vision_config=TINY_VISION,
+            mm_tokens_per_image=16, boi_token_index="token:<start_of_image>", eoi_token_index="token:<end_of_image>",
+            image_token_index="token:<image_soft_token>",
+        ),
+        image_processor=dict(size={"height": 64, "width": 64}, **HALF),
+        processor=dict(image_seq_length=16),
+    ),
+}
+
+
+def _resolve(value: Any, tokenizer: Any) -> Any:
+    """``"token:<x>"`` → the id of ``<x>``, inside dicts and lists too."""
+    if isinstance(value, str) and value.startswith("token:"):
+        return tokenizer.convert_tokens_to_ids(value[len("token:"):])
+    if isinstance(value, dict):
+        return {k: _resolve(v, tokenizer) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_resolve(v, tokenizer) for v in value]
+    return value
+
+
+def family_tokenizer(spec: FamilySpec) -> Any:
+    """The spec's trained byte-level BPE with its special and named tokens and chat template."""
+    from transformers import PreTrainedTokenizerFast
+
+    from .hf.tokenizer import train_tokenizer
+
+    trained = train_tokenizer(spec.special_tokens, eos_token=spec.eos, pad_token=spec.pad, bos_token=spec.bos)
+    if spec.plain_tokens:
+        from tokenizers import AddedToken
+
+        trained.add_tokens([AddedToken(t, normalized=False, special=False) for t in spec.plain_tokens])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=trained._tokenizer, eos_token=spec.eos, pad_token=spec.pad, bos_token=spec.bos,
+        extra_special_tokens=dict(spec.named_tokens) or [t for t in spec.special_tokens if t not in {spec.eos, spec.pad, spec.bos}],
+    )
+    tokenizer.chat_template = spec.chat_template
+    return tokenizer
+
+
+def build_family_checkpoint(spec: FamilySpec, directory: Path, *, seed: int = 0) -> Any:
+    """Build ``spec``'s random-weight checkpoint into ``directory``; returns the tokenizer."""
+    import torch
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.image_processing_auto import get_image_processor_class_from_name
+
+    from .hf.families import family_classes
+
+    directory = Path(directory)
+    classes = family_classes(spec.model_type)
+    tokenizer = family_tokenizer(spec)
+    text = dict(spec.config.get("text_config", {}))
+    text.update(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                bos_token_id=tokenizer.bos_token_id)
+    fields = {k: _resolve(v, tokenizer) for k, v in spec.config.items() if k != "text_config"}
+    config = getattr(transformers, CONFIG_MAPPING_NAMES[spec.model_type])(text_config=text, **fields)
+    # A private generator state: building a model must not disturb the caller's RNG.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = getattr(transformers, classes.model)(config).eval()
+    model.generation_config = transformers.GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=False
+    )
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    image_processor = classes.image_processor or classes.torchvision_image_processor
+    get_image_processor_class_from_name(image_processor)(**spec.image_processor).save_pretrained(directory)
+    settings = {"processor_class": classes.processor, **_resolve(spec.processor, tokenizer)}
+    (directory / "processor_config.json").write_text(json.dumps(settings, indent=2))
+    (directory / "chat_template.jinja").write_text(spec.chat_template)
+    return tokenizer
