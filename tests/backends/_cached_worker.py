@@ -27,17 +27,19 @@ def main(spec_path: str) -> None:
             tower = vision_tower(backend)
             counts = {"vision": 0, "preprocess": 0}
             hook = tower.register_forward_hook(lambda *a: counts.__setitem__("vision", counts["vision"] + 1))
-            original = backend.image_processor.preprocess
+            # The generic backend lays each image out through its processor, one image per call.
+            owner, attribute = (backend, "_encode_one") if hasattr(backend, "_encode_one") else (backend.image_processor, "preprocess")
+            original = getattr(owner, attribute)
 
-            def counted(*args, _original=original, **kwargs):
-                counts["preprocess"] += len(args[0])
+            def counted(*args, _original=original, _one=owner is backend, **kwargs):
+                counts["preprocess"] += 1 if _one else len(args[0])
                 return _original(*args, **kwargs)
 
-            backend.image_processor.preprocess = counted
+            setattr(owner, attribute, counted)
             requests = case_requests(store, case)
             generations = backend.generate(requests, return_logits=True)
             hook.remove()
-            backend.image_processor.preprocess = original
+            setattr(owner, attribute, original)
             out[case["id"]] = {
                 "rows": [
                     {"tokens": g.token_ids, "logits": g.logits, "random_weights": g.random_weights, "timings": g.timings_ms}

@@ -21,6 +21,10 @@ from backend_models import GENERIC_FAMILIES
 from worker_spec import CANDIDATE, REFS, layout, run_cached_path
 
 MAX_NEW_TOKENS = 6
+#: Families whose vision tower runs all of a call's images as one sequence (Pixtral, block-diagonal
+#: attention over the concatenated patches): the fresh path's batch of 8 images sums in another order
+#: than one image at a time. Measured max |Δ| 1.2e-7 (fp32, CPU); greedy tokens stay identical.
+LOGITS_BOUND = {"tiny-mistral3": 1e-6}
 WORKER = Path(__file__).with_name("_cached_worker.py")
 
 
@@ -34,10 +38,9 @@ def cached_results(load, photos, tmp_path_factory):
 
 def _processor(name: str):
     """The family's processor from the checkpoint's files: PIL image processor, tokenizer, settings, template."""
-    import transformers
     from transformers import AutoTokenizer
 
-    from refsight.backends.hf.families import family_classes
+    from refsight.backends.hf.families import family_classes, processor_class
     from refsight.backends.hf.generic import GenericBackend
     from refsight.backends.hf.processor import image_only_processor
     from refsight.backends.tiny import ensure_model_dir
@@ -49,7 +52,7 @@ def _processor(name: str):
     tokenizer = AutoTokenizer.from_pretrained(directory)
     tokenizer.padding_side = "left"
     return image_only_processor(
-        getattr(transformers, classes.processor), directory, image_processor.from_pretrained(directory), tokenizer, {}, name
+        processor_class(classes.processor), directory, image_processor.from_pretrained(directory), tokenizer, {}, name
     )
 
 
@@ -64,6 +67,7 @@ def pixel_path(backend, name: str, photos, n_refs: int):
         texts.append(processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
         images.append([photos[REFS[s[1]]].image if s[0] == "ref" else photos[CANDIDATE].image for s in row if s[0] != "text"])
     inputs = processor(text=texts, images=images, padding=True, return_tensors="pt", add_special_tokens=False)
+    inputs.pop("labels", None)  # PaliGemma's training targets, not a generation input
     eos = backend.eos_ids()
     with torch.inference_mode():
         out = backend.model.generate(
@@ -92,7 +96,7 @@ def test_cached_path_from_disk_in_new_process_equals_pixel_path(cached_results, 
     for row, (tokens, logits) in zip(cached["rows"], fresh):
         assert row["tokens"] == tokens
         assert row["logits"].shape == logits.shape
-        assert (row["logits"] - logits).abs().max().item() == 0.0
+        assert (row["logits"] - logits).abs().max().item() <= LOGITS_BOUND.get(name, 0.0)
         assert row["random_weights"] is True
 
 

@@ -7,7 +7,7 @@ import threading
 import pytest
 from runtimes import require_module
 
-from backend_models import TINY_FAMILIES
+from backend_models import ALL_FAMILIES as TINY_FAMILIES
 from refsight.backends.base import GenerationRequest
 from refsight.backends.sampling import Sampling, StopText
 
@@ -57,6 +57,10 @@ def test_seeded_sampling_repeats_and_turns_render_in_the_template(load, name):
     if "smolvlm" in name:
         assert "System: Be brief.<end_of_utterance>\nUser: hi<end_of_utterance>\nAssistant: hello" in prompt
         assert prompt.endswith("User: and?<end_of_utterance>\nAssistant:")
+    elif hasattr(backend, "processor"):  # the generic backend: the checkpoint's own template, as transformers renders it
+        turns = [("system", "Be brief."), ("user", "hi"), ("assistant", "hello"), ("user", "and?")]
+        messages = [{"role": r, "content": [{"type": "text", "text": t}]} for r, t in turns]
+        assert prompt == backend.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     else:
         assert "<|im_start|>assistant\nhello<|im_end|>\n<|im_start|>user\nand?<|im_end|>\n<|im_start|>assistant\n" in prompt
         assert prompt.count("<|im_start|>system") == 1  # the given system turn replaces the default one

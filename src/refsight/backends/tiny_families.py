@@ -17,15 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FamilySpec", "FAMILY_SPECS", "build_family_checkpoint", "TINY_TEXT", "TINY_VISION"]
+from .tiny_family_specs import RECIPES
 
-#: The tiny language model every family shares (head dim 16).
-TINY_TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 max_position_embeddings=4096)
-#: A tiny SigLIP-like vision tower (64 px images, patch 8: 64 patches).
-TINY_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=64, patch_size=8)
-#: Image normalisation of the tiny checkpoints.
-HALF = dict(image_mean=[0.5] * 3, image_std=[0.5] * 3)
+__all__ = ["FamilySpec", "FAMILY_SPECS", "build_family_checkpoint", "family_tokenizer"]
 
 
 @dataclass(frozen=True)
@@ -46,38 +40,9 @@ class FamilySpec:
     #: Tokens added to the trained vocabulary as plain (not special) tokens.
     plain_tokens: tuple[str, ...] = ()
 
-
-def _content(image: str) -> str:
-    """Jinja for a message's content: a string, or parts where an image part renders as ``image``."""
-    return (
-        "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
-        "{% if c['type'] == 'image' %}" + image + "{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}"
-    )
-
-
-GEMMA_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
-    + _content("<start_of_image>") + "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
-)
-
-#: Built-in model name → recipe.
+#: Built-in model name → recipe (the data is in :mod:`.tiny_family_specs`).
 FAMILY_SPECS: dict[str, FamilySpec] = {
-    "tiny-gemma3": FamilySpec(
-        "gemma3",
-        special_tokens=("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>",
-                        "<image_soft_token>"),
-        eos="<eos>", pad="<pad>", bos="<bos>",
-        named_tokens={"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"},
-        chat_template=GEMMA_TEMPLATE,
-        config=dict(
-            text_config=dict(TINY_TEXT, head_dim=16, sliding_window=64, query_pre_attn_scalar=16),
-            vision_config=TINY_VISION,
-            mm_tokens_per_image=16, boi_token_index="token:<start_of_image>", eoi_token_index="token:<end_of_image>",
-            image_token_index="token:<image_soft_token>",
-        ),
-        image_processor=dict(size={"height": 64, "width": 64}, **HALF),
-        processor=dict(image_seq_length=16),
-    ),
+    f"tiny-{recipe['model_type'].replace('_', '-')}": FamilySpec(**recipe) for recipe in RECIPES
 }
 
 

@@ -286,6 +286,11 @@ class HFBackend(Backend):
             start += count
         return self.chat_prompt_turns(split)
 
+    @property
+    def image_token_ids(self) -> frozenset[int]:
+        """The token ids that stand for image features in a prompt (the config's image token)."""
+        return frozenset({int(self.model.config.image_token_id)})
+
     def image_token_count(self, package: VisualPackage) -> int:
         """Prompt tokens one image takes (its placeholder, tokenized)."""
         return len(self.tokenizer(self.image_placeholder(package), add_special_tokens=False)["input_ids"])

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Traits", "TRAITS", "DEDICATED", "FamilyClasses", "family_classes", "traits_for"]
+__all__ = ["Traits", "TRAITS", "DEDICATED", "FamilyClasses", "family_classes", "processor_class", "traits_for"]
 
 #: Model types served by a module of their own: ``config.model_type`` → "module:Class".
 DEDICATED: dict[str, str] = {
@@ -36,6 +36,9 @@ class Traits:
     features: str = "pooler_output"
     #: Image-processor call settings that change the placeholder layout (part of the key).
     layout: dict[str, Any] = field(default_factory=dict)
+    #: Encode each image as the processor lays it out inside a prompt of several images
+    #: (LLaVA-OneVision's ``batch_num_images``), not as a lone image.
+    multi_image: bool = False
     #: Why a family cannot run here (shown instead of loading), or "".
     unavailable: str = ""
     #: A note for the family table (a workaround in force, a limit).
@@ -46,7 +49,11 @@ class Traits:
 #: is served with the defaults when transformers gives it the seam and a PIL image processor.
 TRAITS: dict[str, Traits] = {
     "gemma3": Traits(note="token_type_ids rebuilt at prompt time (image tokens attend bidirectionally)"),
-    "paligemma": Traits(note="token_type_ids rebuilt at prompt time"),
+    "paligemma": Traits(note="images first, text after <bos> (the processor's own layout); token_type_ids rebuilt"),
+    # One image alone is tiled any-res ("single" mode); in a prompt of two or more images each is
+    # padded to a square tile ("multi" mode). Every compare prompt holds two or more images, so
+    # packages are made in multi mode, and the mode is in the key.
+    "llava_onevision": Traits(multi_image=True, note="packages in multi-image mode (prompts of two or more images)"),
 }
 
 
@@ -65,6 +72,37 @@ class FamilyClasses:
     image_processor: str | None
     #: The torchvision image processor's class name (for the error when no PIL one exists).
     torchvision_image_processor: str | None
+
+
+def processor_class(name: str) -> Any:
+    """The processor class ``name`` from transformers, importable without torchvision.
+
+    ``PixtralProcessor`` (Mistral 3) is marked as needing torchvision only because its module
+    imports one helper, ``get_resize_output_image_size``, from the torchvision image processor's
+    module; the PIL image processor's module defines the same function. That module stands in
+    for the torchvision one during the import, and nothing else changes.
+    """
+    import importlib
+    import sys
+
+    import transformers
+
+    cls = getattr(transformers, name)
+    if isinstance(cls, type) and issubclass(cls, transformers.ProcessorMixin):
+        return cls
+    family = {"PixtralProcessor": "pixtral"}.get(name)
+    if family is None:
+        return cls  # a placeholder: instantiating it raises transformers' own "requires torchvision" error
+    torchvision_module = f"transformers.models.{family}.image_processing_{family}"
+    stand_in = importlib.import_module(f"transformers.models.{family}.image_processing_pil_{family}")
+    had = torchvision_module in sys.modules
+    if not had:
+        sys.modules[torchvision_module] = stand_in
+    try:
+        return getattr(importlib.import_module(f"transformers.models.{family}.processing_{family}"), name)
+    finally:
+        if not had:
+            sys.modules.pop(torchvision_module, None)
 
 
 def family_classes(model_type: str) -> FamilyClasses:

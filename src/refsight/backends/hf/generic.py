@@ -57,22 +57,22 @@ class GenericBackend(HFBackend):
             tokenizer_init_kwargs=self.tokenizer.init_kwargs, return_tensors="pt", **self.traits.layout
         )["images_kwargs"]
         self._feature_params = set(inspect.signature(self.model.get_image_features).parameters)
-        self._token_type_key = self._probe_token_type_key()
+        self._token_type_key, self._token_types_mark_images = self._probe_token_types()
 
     # ------------------------------------------------------------------ loading
 
     @classmethod
     def from_pretrained(cls, name: str, source: str, config: Any, **options: Any) -> "GenericBackend":
         """Load model, tokenizer and PIL image processor (:func:`~.loading.load_parts`), then the image-only processor."""
-        import transformers
-
+        from .families import processor_class
         from .loading import load_parts
         from .processor import image_only_processor
 
         parts = load_parts(cls, name, source, config, **options)
         hub = {} if os.path.isdir(source) else {"revision": parts.revision}
-        processor_class = getattr(transformers, cls.processor_class_name)
-        processor = image_only_processor(processor_class, source, parts.image_processor, parts.tokenizer, hub, name)
+        processor = image_only_processor(
+            processor_class(cls.processor_class_name), source, parts.image_processor, parts.tokenizer, hub, name
+        )
         return cls(name, processor=processor, **vars(parts))
 
     @classmethod
@@ -82,14 +82,31 @@ class GenericBackend(HFBackend):
 
         return get_image_processor_class_from_name(cls.image_processor_name)
 
-    def _probe_token_type_key(self) -> str | None:
-        """Which token type input the processor emits beside the ids (None: it emits none)."""
-        if not getattr(self.processor, "return_mm_token_type_ids", False):
-            return None
+    def _probe_token_types(self) -> tuple[str | None, bool]:
+        """Which token type input the processor emits beside the ids, and whether it marks the image
+        tokens (Gemma 3's ``token_type_ids``, the M-RoPE families' ``mm_token_type_ids``) or is all
+        zeros (PaliGemma's, the tokenizer's own); (None, False) when it emits none."""
+        import torch
         from PIL import Image
 
-        probe = self.processor(text=[self.image_token], images=[Image.new("RGB", (64, 48), (120, 80, 40))])
-        return next((k for k in TOKEN_TYPE_KEYS if k in probe), None)
+        probe = self.processor(
+            text=[f"a {self.image_token} b"], images=[Image.new("RGB", (64, 48), (120, 80, 40))], return_tensors="pt"
+        )
+        key = next((k for k in TOKEN_TYPE_KEYS if k in probe), None)
+        if key is None:
+            return None, False
+        marks = self._image_mask(probe["input_ids"])
+        if torch.equal(probe[key].to(torch.long), marks):
+            return key, True
+        if not probe[key].any():
+            return key, False
+        raise ModelLoadError(self.name, f"{type(self.processor).__name__} emits {key} refsight cannot rebuild from the ids")
+
+    def _image_mask(self, input_ids: Any) -> Any:
+        import torch
+
+        image_ids = torch.tensor(sorted(self.image_token_ids), dtype=input_ids.dtype, device=input_ids.device)
+        return torch.isin(input_ids, image_ids).to(torch.long)
 
     def model_settings(self) -> dict[str, Any]:
         """The processor's own settings (token counts per image, feature strategy ...) and the layout switches."""
@@ -110,7 +127,10 @@ class GenericBackend(HFBackend):
     def _encode_one(self, image: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         import torch
 
-        processed, placeholders = self.processor._process_images([image], **self._images_kwargs)
+        if self.traits.multi_image:
+            processed, placeholders = self._process_in_multi_image_mode(image)
+        else:
+            processed, placeholders = self.processor._process_images([image], **self._images_kwargs)
         inputs = {k: v for k, v in processed.items() if k in self._feature_params}
         inputs = {k: _to(v, self.device, self.model.dtype) for k, v in inputs.items()}
         output = self.model.get_image_features(**inputs, return_dict=True)
@@ -129,10 +149,22 @@ class GenericBackend(HFBackend):
         }
         return tensors, metadata
 
+    def _process_in_multi_image_mode(self, image: Any) -> tuple[Any, list[str]]:
+        """One image laid out as inside a prompt of several (``batch_num_images`` = 2, which the image
+        processor would otherwise derive from how the images of a call are nested)."""
+        image_processor = self.image_processor
+        kwargs = {k: v for k, v in self._images_kwargs.items() if k != "batch_num_images"}
+        processed = super(type(image_processor), image_processor).preprocess([image], [2], **kwargs)
+        return processed, [self.processor.replace_image_token(processed, image_idx=0, **kwargs)]
+
+    @property
+    def image_token_ids(self) -> frozenset[int]:
+        """The token ids the processor marks as image tokens (those the features replace)."""
+        return frozenset(int(i) for i in self.processor.image_token_ids if i is not None)
+
     def _image_token_count(self, text: str) -> int:
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        wanted = set(self.processor.image_token_ids)
-        return sum(1 for i in ids if i in wanted)
+        return sum(1 for i in ids if i in self.image_token_ids)
 
     def check_package(self, package: VisualPackage) -> None:
         """Placeholder, feature tensors and their row count agree with the metadata."""
@@ -169,6 +201,8 @@ class GenericBackend(HFBackend):
             text = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except Exception as e:  # noqa: BLE001 - a template that refuses these turns
             raise BackendError(self.name, f"the chat template cannot render this prompt: {type(e).__name__}: {e}") from e
+        if packages:
+            text = self._processor_layout(text, len(packages))
         pieces = text.split(self.image_token)
         if len(pieces) != len(packages) + 1:
             raise BackendError(
@@ -178,6 +212,15 @@ class GenericBackend(HFBackend):
         for package, rest in zip(packages, pieces[1:]):
             out += self.image_placeholder(package) + rest
         return out
+
+    def _processor_layout(self, text: str, images: int) -> str:
+        """The processor's own rewrite of a prompt's text before expansion (PaliGemma: ``<bos>`` after
+        the last image, ``\\n`` at the end; most families: none)."""
+        from PIL import Image
+
+        stand_ins = [[Image.new("RGB", (1, 1))] * images]  # the hook looks at how many images, not at them
+        _, texts, *_ = self.processor.prepare_inputs_layout(images=stand_ins, text=[text])
+        return texts[0]
 
     def chat_prompt(self, parts: list[str]) -> str:
         """One user turn of text parts in the checkpoint's chat template."""
@@ -200,8 +243,8 @@ class GenericBackend(HFBackend):
             features = torch.cat([p.tensors["features"] for p in packages], dim=0)
         out: dict[str, Any] = {"mm_encoder_outputs": {"image": BaseModelOutputWithPooling(**{self.traits.features: features})}}
         if self._token_type_key is not None:
-            image_ids = torch.tensor(self.processor.image_token_ids, dtype=input_ids.dtype, device=input_ids.device)
-            out[self._token_type_key] = torch.isin(input_ids, image_ids).to(torch.long)
+            marks = self._image_mask(input_ids)
+            out[self._token_type_key] = marks if self._token_types_mark_images else torch.zeros_like(marks)
         return out
 
 

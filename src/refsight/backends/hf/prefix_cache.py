@@ -41,7 +41,7 @@ from ..base import GenerationRequest
 from ..prefix import PrefixState, prefix_key, render_prefix
 from .runtime import to_device
 
-__all__ = ["TEMPLATE", "PrefixPlan", "plan_prefixes"]
+__all__ = ["TEMPLATE", "PrefixPlan", "plan_prefixes", "usable_cache"]
 
 #: The template and state layout version of HF prefix states (part of every key).
 TEMPLATE = "hf-kv-1"
@@ -101,8 +101,7 @@ class PrefixPlan:
             mm = to_device(backend.multimodal_inputs(every, input_ids), device)
             mm.pop("mm_encoder_outputs", None)
             position_kwargs.update(mm)
-            if "mm_token_type_ids" in mm:
-                extra["mm_token_type_ids"] = mm["mm_token_type_ids"]
+            extra.update(_token_types(mm))
         if suffix:
             extra["mm_encoder_outputs"] = to_device(
                 backend.multimodal_inputs(suffix, input_ids)["mm_encoder_outputs"], device
@@ -194,6 +193,12 @@ def _fits(backend: Any, state: PrefixState, tokens: int) -> bool:
     return state.tokens == tokens and len(state.tensors) == 2 * _layer_count(backend)
 
 
+def _token_types(mm: dict[str, Any]) -> dict[str, Any]:
+    """The token type inputs among a backend's multimodal inputs (``mm_token_type_ids`` for M-RoPE,
+    ``token_type_ids`` for Gemma 3's bidirectional image attention): the forward needs them too."""
+    return {k: mm[k] for k in ("mm_token_type_ids", "token_type_ids") if k in mm}
+
+
 def _build(backend: Any, row: _Row) -> PrefixState:
     """Run the prefix alone (batch 1) and keep every layer's key/value states on the CPU."""
     import torch
@@ -210,7 +215,7 @@ def _build(backend: Any, row: _Row) -> PrefixState:
     # dropped, as generate drops it for an unpadded prompt.
     backend.model.model(
         input_ids=ids, position_ids=positions, cache=cache, use_cache=True, mm_encoder_outputs=encoder,
-        **({"mm_token_type_ids": mm["mm_token_type_ids"]} if "mm_token_type_ids" in mm else {}),
+        **_token_types(mm),
     )
     tensors: dict[str, Any] = {}
     for layer, cached in enumerate(cache.layers):
@@ -221,7 +226,7 @@ def _build(backend: Any, row: _Row) -> PrefixState:
     return PrefixState(tensors=tensors, meta=meta, tokens=row.prefix_len)
 
 
-def _usable_cache(backend: Any) -> bool:
+def usable_cache(backend: Any) -> bool:
     """Only caches of plain growing layers can be cut and copied this way (no sliding windows)."""
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
@@ -250,13 +255,13 @@ def _row_plan(backend: Any, row: list[Any], request: GenerationRequest, full: st
     text = _prefix_text(backend, row, request, full)
     if text is None:
         return plan
-    image_id = int(backend.model.config.image_token_id)
+    image_ids = backend.image_token_ids
     image_tokens = sum(int(p.metadata["num_tokens"]) for p in inside)
     last = backend.image_placeholder(inside[-1])
     # The whole prefix text first; else cut back to the end of the last reference's placeholder.
     for candidate in (text, text[: text.rfind(last) + len(last)]):
         prefix_ids = list(tokenize(candidate))
-        if ids[: len(prefix_ids)] == prefix_ids and sum(t == image_id for t in prefix_ids) == image_tokens:
+        if ids[: len(prefix_ids)] == prefix_ids and sum(t in image_ids for t in prefix_ids) == image_tokens:
             plan.prefix_len = len(prefix_ids)
             plan.prefix_packages = len(inside)
             plan.cache = request.prefix_cache
@@ -271,7 +276,7 @@ def _row_plan(backend: Any, row: list[Any], request: GenerationRequest, full: st
 def plan_prefixes(backend: Any, rows: list[list[Any]], requests: list[GenerationRequest], texts: list[str]) -> PrefixPlan | None:
     """The batch's prefix plan (``backend``: the calling HFBackend), or None when no row can reuse a
     prefix state (the plain path then runs)."""
-    if not any(r.prefix_cache is not None and r.prefix_segments for r in requests) or not _usable_cache(backend):
+    if not any(r.prefix_cache is not None and r.prefix_segments for r in requests) or not usable_cache(backend):
         return None
     model = f"{backend.fingerprint().digest}:{backend.device}"
     plans = [_row_plan(backend, row, request, text, model) for row, request, text in zip(rows, requests, texts)]

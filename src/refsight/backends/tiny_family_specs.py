@@ -1,0 +1,232 @@
+"""The recipes of the built-in tiny checkpoints of the generic backend's families (data only).
+
+Each recipe is the keyword arguments of a :class:`~refsight.backends.tiny_families.FamilySpec`:
+special tokens, a short chat template shaped like the family's real one, the model config
+(text hidden 64, 2 layers; vision hidden 32, 2 layers; ``"token:<x>"`` is that token's id), and
+the image processor's and processor's settings, sized so each image takes a few dozen tokens.
+Real templates place images as the family's processor expects (LLaVA: images first in a turn).
+"""
+
+from __future__ import annotations
+
+# ruff: noqa: E501  (chat templates read best on one line each)
+
+__all__ = ["RECIPES"]
+
+
+def _content(image: str) -> str:
+    """Jinja for a message's content: a string, or parts where an image part renders as ``image``."""
+    return (
+        "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
+        "{% if c['type'] == 'image' %}" + image + "{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}"
+    )
+
+# Shared tiny text backbones (text hidden 64, 2 layers, 4 heads, 2 KV heads).
+_TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=16, max_position_embeddings=4096)
+# Tiny vision towers (vision hidden 32, 2 layers, 32 px, patch 8 -> 4x4 = 16 patches).
+_CLIP = dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+             num_attention_heads=2, image_size=32, patch_size=8, projection_dim=32)
+_SIGLIP = dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+               num_attention_heads=2, image_size=32, patch_size=8)
+# Any-res grids in units of the 32 px tile (real ones are multiples of 336 / 384).
+_PINPOINTS = [[32, 32], [32, 64], [64, 32], [64, 64]]
+
+
+def _images_first(prefix, turn_open, turn_close, image="<image>", sep="\n"):
+    """llava-hf style template: every image of a turn first, then its texts (as in the real hf templates)."""
+    return (prefix + "{% for m in messages %}" + turn_open +
+            "{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+            "{% for c in m['content'] %}{% if c['type']=='image' %}" + image + "{% endif %}{% endfor %}"
+            "{% for c in m['content'] %}{% if c['type']=='text' %}" + sep + "{{ c['text'] }}{% endif %}{% endfor %}"
+            "{% endif %}" + turn_close + "{% endfor %}")
+
+
+# llava-1.5-hf: "USER: <image>\n<prompt> ASSISTANT:" (Llama tokenizer adds <s>; here it is in the template
+# because the proof tokenizes with add_special_tokens=False on both paths).
+LLAVA = dict(
+    model_type="llava",
+    special_tokens=("<unk>", "<s>", "</s>", "<image>", "<pad>"),
+    eos="</s>", pad="<pad>", bos="<s>",
+    named_tokens={"image_token": "<image>"},
+    chat_template=("{{ bos_token }}{% for m in messages %}{% if m['role'] != 'system' %}{{ m['role'].upper() + ': ' }}{% endif %}"
+                   "{% if m['content'] is string %}{{ m['content'] + ' ' }}{% else %}"
+                   "{% for c in m['content'] %}{% if c['type']=='image' %}<image>\n{% endif %}{% endfor %}"
+                   "{% for c in m['content'] %}{% if c['type']=='text' %}{{ c['text'] + ' ' }}{% endif %}{% endfor %}"
+                   "{% endif %}{% if m['role'] == 'assistant' %}</s>{% endif %}{% endfor %}"
+                   "{% if add_generation_prompt %}ASSISTANT:{% endif %}"),
+    config=dict(
+        text_config=dict(model_type="llama", **_TEXT),
+        vision_config=dict(_CLIP),
+        image_token_index="token:<image>", image_seq_length=16,
+        vision_feature_select_strategy="default", vision_feature_layer=-2),
+    # resize shortest edge 32 + center crop 32 -> 4x4 patches + CLS; "default" drops CLS -> 16 tokens / image.
+    image_processor=dict(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}),
+    processor=dict(patch_size=8, vision_feature_select_strategy="default", num_additional_image_tokens=1),
+)
+
+# llava-onevision-qwen2-hf: "<|im_start|>user <image><image>\n<text><|im_end|><|im_start|>assistant\n"
+LLAVA_ONEVISION = dict(
+    model_type="llava_onevision",
+    special_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", "<video>"),
+    eos="<|im_end|>", pad="<|endoftext|>", bos=None,
+    named_tokens={"image_token": "<image>", "video_token": "<video>"},
+    chat_template=_images_first("", "<|im_start|>{{ m['role'] }} ", "<|im_end|>")
+                  + "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    config=dict(
+        text_config=dict(model_type="qwen2", **_TEXT),
+        vision_config=dict(_SIGLIP),
+        image_token_index="token:<image>", video_token_index="token:<video>",
+        vision_feature_select_strategy="full", vision_feature_layer=-1,
+        image_grid_pinpoints=_PINPOINTS, vision_aspect_ratio="anyres_max_9"),
+    image_processor=dict(size={"height": 32, "width": 32}, image_grid_pinpoints=_PINPOINTS,
+                         image_mean=[0.5] * 3, image_std=[0.5] * 3),
+    processor=dict(num_image_tokens=16, vision_feature_select_strategy="full", vision_aspect_ratio="anyres_max_9"),
+)
+
+# PaliGemma has no chat template: its processor takes "<image>"*k + prefix text and inserts <bos> after the last
+# <image> and a "\n" at the end. The template below only renders that raw prefix (images first, then texts), so
+# that both proof paths can start from the same string; the processor adds <bos> and "\n" itself.
+PALIGEMMA = dict(
+    model_type="paligemma",
+    special_tokens=("<pad>", "<eos>", "<bos>", "<unk>", "<image>"),
+    eos="<eos>", pad="<pad>", bos="<bos>",
+    named_tokens={"image_token": "<image>"},
+    chat_template=("{% for m in messages %}{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+                   "{% for c in m['content'] %}{% if c['type']=='image' %}<image>{% endif %}{% endfor %}"
+                   "{% for c in m['content'] %}{% if c['type']=='text' %}{{ c['text'] }}{% endif %}{% endfor %}"
+                   "{% endif %}{% endfor %}"),
+    config=dict(
+        text_config=dict(model_type="gemma", hidden_act="gelu_pytorch_tanh", **_TEXT),
+        vision_config=dict(_SIGLIP, vision_use_head=False),
+        image_token_index="token:<image>", projection_dim=64, hidden_size=64),
+    # image_seq_length is read by PaliGemmaProcessor from the image processor: (32 / 8) ** 2 = 16.
+    image_processor=dict(size={"height": 32, "width": 32}, image_seq_length=16),
+    processor=dict(),
+)
+
+# llava-v1.6-mistral-hf: "<s>[INST] <image>\n<prompt> [/INST]"
+LLAVA_NEXT = dict(
+    model_type="llava_next",
+    special_tokens=("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "<image>", "<pad>"),
+    eos="</s>", pad="<pad>", bos="<s>",
+    named_tokens={"image_token": "<image>"},
+    chat_template=("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST] {% endif %}"
+                   "{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+                   "{% for c in m['content'] %}{% if c['type']=='image' %}<image>\n{% endif %}{% endfor %}"
+                   "{% for c in m['content'] %}{% if c['type']=='text' %}{{ c['text'] + ' ' }}{% endif %}{% endfor %}"
+                   "{% endif %}{% if m['role'] == 'user' %}[/INST]{% else %}</s>{% endif %}{% endfor %}"),
+    config=dict(
+        text_config=dict(model_type="mistral", sliding_window=None, **_TEXT),
+        vision_config=dict(_CLIP),
+        image_token_index="token:<image>", image_seq_length=16,
+        vision_feature_select_strategy="default", vision_feature_layer=-2, image_grid_pinpoints=_PINPOINTS),
+    image_processor=dict(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
+                         image_grid_pinpoints=_PINPOINTS),
+    processor=dict(patch_size=8, vision_feature_select_strategy="default", num_additional_image_tokens=1),
+)
+
+
+# InternVL3-hf: Qwen2 text, chatml template, image rendered as "<IMG_CONTEXT>\n"; the processor expands each
+# <IMG_CONTEXT> to <img><IMG_CONTEXT>*image_seq_length*num_patches</img>. Vision 32 px / patch 8 = 16 patches,
+# CLS dropped ("default"), pixel shuffle 0.5 -> 4 tokens per tile. GotOcr2 tiling: 32x32 tiles, at most 4 tiles
+# plus a thumbnail when more than one tile.
+INTERNVL = dict(
+    model_type="internvl",
+    special_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<img>", "</img>", "<IMG_CONTEXT>", "<video>"),
+    eos="<|im_end|>", pad="<|endoftext|>", bos=None,
+    named_tokens={"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
+                  "video_token": "<video>"},
+    chat_template=("{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+                   "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
+                   "{% if c['type']=='image' %}<IMG_CONTEXT>\n{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}"
+                   "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"),
+    config=dict(
+        text_config=dict(model_type="qwen2", **_TEXT),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=[32, 32], patch_size=[8, 8]),
+        image_token_id="token:<IMG_CONTEXT>", image_seq_length=4, downsample_ratio=0.5,
+        vision_feature_layer=-1, vision_feature_select_strategy="default"),
+    # crop_to_patches is left at the image processor's default (False), as in the real InternVL3-hf checkpoints:
+    # InternVLProcessor turns it on through its images_kwargs defaults.
+    image_processor=dict(size={"height": 32, "width": 32}, min_patches=1, max_patches=4,
+                         image_mean=[0.5] * 3, image_std=[0.5] * 3),
+    processor=dict(image_seq_length=4),
+)
+
+# Aya Vision: Cohere2 text, Cohere turn tokens, image rendered as "<image>"; the processor expands each to
+# <|START_OF_IMG|>(TILE_i + <|IMG_PATCH|>*k)*... TILE_GLOBAL <|IMG_PATCH|>*k <|END_OF_IMG|>, k = (img_size // (patch*ds))**2.
+# SigLIP 32 px / patch 8 = 16 patches, pixel shuffle 2 -> 4 tokens per tile.
+AYA_VISION = dict(
+    model_type="aya_vision",
+    special_tokens=("<PAD>", "<UNK>", "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>", "<|START_OF_TURN_TOKEN|>", "<|USER_TOKEN|>",
+                    "<|CHATBOT_TOKEN|>", "<|SYSTEM_TOKEN|>", "<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>",
+                    "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>", "TILE", "TILE_GLOBAL"),
+    eos="<|END_OF_TURN_TOKEN|>", pad="<PAD>", bos="<BOS_TOKEN>",
+    named_tokens={},
+    chat_template=("{{ bos_token }}{% for m in messages %}<|START_OF_TURN_TOKEN|>"
+                   "{{ '<|CHATBOT_TOKEN|>' if m['role']=='assistant' else '<|SYSTEM_TOKEN|>' if m['role']=='system' else '<|USER_TOKEN|>' }}"
+                   "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
+                   "{% if c['type']=='image' %}<image>{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}"
+                   "<|END_OF_TURN_TOKEN|>{% endfor %}{% if add_generation_prompt %}<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>{% endif %}"),
+    config=dict(
+        text_config=dict(model_type="cohere2", sliding_window=64, **_TEXT),
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=2, image_size=32, patch_size=8, vision_use_head=False),
+        image_token_index="token:<|IMG_PATCH|>", downsample_factor=2, vision_feature_select_strategy="full",
+        vision_feature_layer=-1),
+    image_processor=dict(size={"height": 32, "width": 32}, crop_to_patches=True, min_patches=1, max_patches=4,
+                         image_mean=[0.5] * 3, image_std=[0.5] * 3),
+    processor=dict(patch_size=8, img_size=32, downsample_factor=2, image_token="<image>"),
+)
+
+# Mistral3 (Mistral-Small-3.1): Mistral text, [INST]..[/INST], image rendered as "[IMG]"; PixtralProcessor expands to
+# rows of [IMG]*w + [IMG_BREAK], last one [IMG_END]. Pixtral vision patch 8, spatial merge 2 -> one token per 16 px.
+# Longest edge 64 -> at most 4x4 = 16 image tokens per image.
+MISTRAL3 = dict(
+    model_type="mistral3",
+    special_tokens=("<unk>", "<s>", "</s>", "<pad>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]",
+                    "[IMG]", "[IMG_BREAK]", "[IMG_END]"),
+    eos="</s>", pad="<pad>", bos="<s>",
+    named_tokens={},
+    chat_template=("{{ bos_token }}{% for m in messages %}"
+                   "{% if m['role']=='system' %}[SYSTEM_PROMPT]{{ m['content'] }}[/SYSTEM_PROMPT]"
+                   "{% elif m['role']=='user' %}[INST]{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+                   "{% for c in m['content'] %}{% if c['type']=='image' %}[IMG]{% else %}{{ c['text'] }}{% endif %}{% endfor %}"
+                   "{% endif %}[/INST]{% else %}{{ m['content'] if m['content'] is string else m['content'][0]['text'] }}{{ eos_token }}"
+                   "{% endif %}{% endfor %}"),
+    config=dict(
+        text_config=dict(model_type="mistral", sliding_window=None, **_TEXT),
+        vision_config=dict(model_type="pixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=2, head_dim=16, image_size=64, patch_size=8),
+        image_token_index="token:[IMG]", spatial_merge_size=2, vision_feature_layer=-1, multimodal_projector_bias=False),
+    # patch_size here is what PixtralProcessor forces at call time (patch_size * spatial_merge_size)
+    image_processor=dict(size={"longest_edge": 64}, patch_size={"height": 16, "width": 16},
+                         image_mean=[0.5] * 3, image_std=[0.5] * 3),
+    processor=dict(patch_size=8, spatial_merge_size=2, image_token="[IMG]", image_break_token="[IMG_BREAK]",
+                   image_end_token="[IMG_END]"),
+)
+
+GEMMA3 = dict(
+    model_type="gemma3",
+    special_tokens=("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>",
+                    "<image_soft_token>"),
+    eos="<eos>", pad="<pad>", bos="<bos>",
+    named_tokens={"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"},
+    chat_template=(
+        "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+        + _content("<start_of_image>") + "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+    ),
+    config=dict(
+        text_config=dict(_TEXT, sliding_window=64, query_pre_attn_scalar=16),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=64,
+                           patch_size=8),
+        mm_tokens_per_image=16, boi_token_index="token:<start_of_image>", eoi_token_index="token:<end_of_image>",
+        image_token_index="token:<image_soft_token>",
+    ),
+    image_processor=dict(size={"height": 64, "width": 64}, image_mean=[0.5] * 3, image_std=[0.5] * 3),
+    processor=dict(image_seq_length=16),
+)
+
+#: Every recipe, one per model type.
+RECIPES = (GEMMA3, LLAVA, LLAVA_ONEVISION, PALIGEMMA, LLAVA_NEXT, INTERNVL, AYA_VISION, MISTRAL3)
