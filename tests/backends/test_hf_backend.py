@@ -30,6 +30,15 @@ def counters(monkeypatch):
     def attach(backend):
         counts = {"vision": 0, "preprocess": 0}
         hooks.append(_vision_tower(backend).register_forward_hook(lambda *a: counts.__setitem__("vision", counts["vision"] + 1)))
+        if hasattr(backend, "_encode_one"):  # the generic backend lays out one image per call
+            original_one = backend._encode_one
+
+            def counted_one(image):
+                counts["preprocess"] += 1
+                return original_one(image)
+
+            monkeypatch.setattr(backend, "_encode_one", counted_one)
+            return counts
         original = backend.image_processor.preprocess
 
         def counted(images, *args, **kwargs):

@@ -35,6 +35,13 @@ def test_stream_equals_generate_and_cancel_stops_it(load, photos, name):
 
     cancelled = backend.generate_stream(
         GenerationRequest(segments=["Describe it."], max_new_tokens=200), on_text=on_text, stop_event=stop)
+    if cancelled.finish_reason == "length" and len(seen) <= 1:  # no text streamed before the end
+        # Some random-weight models (Mistral 3, Aya) emit only special tokens, which stream no text:
+        # the caller then never "leaves" before the end; a caller who already left stops it at once.
+        already = threading.Event()
+        already.set()
+        cancelled = backend.generate_stream(
+            GenerationRequest(segments=["Describe it."], max_new_tokens=200), on_text=lambda piece: None, stop_event=already)
     assert cancelled.finish_reason == "cancelled" and len(cancelled.token_ids) <= 3
 
 
