@@ -228,5 +228,114 @@ GEMMA3 = dict(
     processor=dict(image_seq_length=16),
 )
 
+GLM4V_TEMPLATE = (
+    "[gMASK]<sop>{% for m in messages %}<|{{ m['role'] }}|>\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
+    "{% if c['type']=='image' %}<|begin_of_image|><|image|><|end_of_image|>"
+    "{% elif c['type']=='video' %}<|begin_of_video|><|video|><|end_of_video|>"
+    "{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+
+GLM4V = dict(
+    model_type="glm4v",
+    special_tokens=("<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>", "<|assistant|>",
+                    "<|observation|>", "<|begin_of_image|>", "<|end_of_image|>", "<|begin_of_video|>", "<|end_of_video|>",
+                    "<|image|>", "<|video|>"),
+    eos="<|endoftext|>", pad="<|endoftext|>",
+    named_tokens={"image_token": "<|image|>", "video_token": "<|video|>"},
+    chat_template=GLM4V_TEMPLATE,
+    config=dict(
+        # head_dim 16, partial_rotary_factor 0.5 -> 4 rotary frequencies split t/h/w by mrope_section
+        text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=4096,
+                         rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5,
+                                              mrope_section=[2, 1, 1])),
+        vision_config=dict(hidden_size=32, intermediate_size=64, depth=2, num_heads=2, image_size=32, patch_size=8,
+                           spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64),
+        image_token_id="token:<|image|>", video_token_id="token:<|video|>",
+        image_start_token_id="token:<|begin_of_image|>", image_end_token_id="token:<|end_of_image|>",
+        video_start_token_id="token:<|begin_of_video|>", video_end_token_id="token:<|end_of_video|>"),
+    # factor = patch 8 * merge 2 = 16 px; smart_resize compares 2 (temporal) * h * w with these pixel bounds:
+    # 64x64..80x80 px -> 16..25 tokens per image (>= 12 rows keeps CPU sgemm bitwise equal alone vs batched)
+    image_processor=dict(size={"shortest_edge": 2 * 64 * 64, "longest_edge": 2 * 80 * 80}, patch_size=8, temporal_patch_size=2,
+                         merge_size=2),
+)
+
+# ---------------------------------------------------------------- MiniCPM-V 4.6 (minicpmv4_6): SigLIP-style tower with a
+# window merger after layer insert_layer_id, MLP merger, Qwen3.5 hybrid text model (Gated DeltaNet + full attention).
+MINICPMV4_6_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
+    "{% if c['type']=='image' %}<|image_pad|>{% elif c['type']=='video' %}<|video_pad|>"
+    "{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+MINICPMV4_6 = dict(
+    model_type="minicpmv4_6",
+    special_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|image_pad|>", "<|video_pad|>", "<image>", "</image>",
+                    "<slice>", "</slice>", "<image_id>", "</image_id>", "<think>", "</think>"),
+    eos="<|im_end|>", pad="<|endoftext|>",
+    named_tokens={"image_token": "<|image_pad|>", "video_token": "<|video_pad|>", "image_start_token": "<image>",
+                  "image_end_token": "</image>", "slice_start_token": "<slice>", "slice_end_token": "</slice>",
+                  "image_id_start_token": "<image_id>", "image_id_end_token": "</image_id>"},
+    chat_template=MINICPMV4_6_TEMPLATE,
+    config=dict(
+        text_config=dict(model_type="qwen3_5_text", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+                         layer_types=["linear_attention", "full_attention"], linear_conv_kernel_dim=4,
+                         linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                         rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5,
+                                              mrope_section=[2, 1, 1], mrope_interleaved=True)),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32,
+                           patch_size=4),
+        insert_layer_id=0, image_size=32, downsample_mode="16x",
+        image_token_id="token:<|image_pad|>", video_token_id="token:<|video_pad|>"),
+    # 16x: 4x4 patches of 4 px per token. scale_resolution 32 -> the overview is 32x32 px (4 tokens); a larger image is
+    # also cut into a crop grid (max 4 slices) of ~32x32 px slices, 4 tokens each.
+    image_processor=dict(scale_resolution=32, patch_size=4, max_slice_nums=4, slice_mode=True, use_image_id=True,
+                         downsample_mode="16x", image_mean=[0.5] * 3, image_std=[0.5] * 3),
+)
+
+# ---------------------------------------------------------------- Qwen3-VL-MoE (qwen3_vl_moe): M-RoPE (interleaved), deepstack
+# features injected into the first text layers, sparse MoE MLP. transformers 5.24 maps no image processor for
+# qwen3_vl_moe (AutoImageProcessor relies on preprocessor_config.json): it borrows qwen3_vl's (Qwen2VLImageProcessorPil).
+QWEN3_VL_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
+    "{% if c['type']=='image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif c['type']=='video' %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+QWEN3_VL_MOE = dict(
+    model_type="qwen3_vl_moe",
+    special_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
+                    "<|image_pad|>", "<|video_pad|>"),
+    eos="<|im_end|>", pad="<|endoftext|>",
+    named_tokens={"image_token": "<|image_pad|>", "video_token": "<|video_pad|>", "vision_start_token": "<|vision_start|>",
+                  "vision_end_token": "<|vision_end|>"},
+    chat_template=QWEN3_VL_TEMPLATE,
+    config=dict(
+        text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=16, max_position_embeddings=4096, moe_intermediate_size=32, num_experts=4,
+                         num_experts_per_tok=2, decoder_sparse_step=1,
+                         rope_parameters=dict(rope_type="default", rope_theta=500000.0, mrope_section=[3, 3, 2],
+                                              mrope_interleaved=True)),
+        vision_config=dict(hidden_size=32, intermediate_size=64, depth=2, num_heads=2, patch_size=8, spatial_merge_size=2,
+                           temporal_patch_size=2, out_hidden_size=64, num_position_embeddings=16,
+                           deepstack_visual_indexes=[0, 1]),
+        image_token_id="token:<|image_pad|>", video_token_id="token:<|video_pad|>",
+        vision_start_token_id="token:<|vision_start|>", vision_end_token_id="token:<|vision_end|>"),
+    # factor 16 px; Qwen2-VL smart_resize bounds h*w: 64x64..80x80 px -> 16..25 tokens per image
+    image_processor=dict(size={"shortest_edge": 64 * 64, "longest_edge": 80 * 80}, patch_size=8, temporal_patch_size=2,
+                         merge_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3),
+)
+
+# ---------------------------------------------------------------- LFM2-VL (lfm2_vl): SigLIP2 NaFlex tower, pixel-unshuffle
+# projector, LFM2 hybrid text model (short convolutions + attention). transformers 5.24 has ONLY a torchvision image processor
+# (Lfm2VlImageProcessor): build_spec writes its preprocessor_config.json without instantiating it.
+
+
 #: Every recipe, one per model type.
-RECIPES = (GEMMA3, LLAVA, LLAVA_ONEVISION, PALIGEMMA, LLAVA_NEXT, INTERNVL, AYA_VISION, MISTRAL3)
+RECIPES = (GEMMA3, LLAVA, LLAVA_ONEVISION, PALIGEMMA, LLAVA_NEXT, INTERNVL, AYA_VISION, MISTRAL3, GLM4V, MINICPMV4_6,
+           QWEN3_VL_MOE)

@@ -39,6 +39,8 @@ class Traits:
     #: Encode each image as the processor lays it out inside a prompt of several images
     #: (LLaVA-OneVision's ``batch_num_images``), not as a lone image.
     multi_image: bool = False
+    #: The PIL image processor's class name, where transformers' table has no entry for the model type.
+    image_processor: str | None = None
     #: Why a family cannot run here (shown instead of loading), or "".
     unavailable: str = ""
     #: A note for the family table (a workaround in force, a limit).
@@ -54,6 +56,10 @@ TRAITS: dict[str, Traits] = {
     # padded to a square tile ("multi" mode). Every compare prompt holds two or more images, so
     # packages are made in multi mode, and the mode is in the key.
     "llava_onevision": Traits(multi_image=True, note="packages in multi-image mode (prompts of two or more images)"),
+    # transformers 5.24's image processor table has no qwen3_vl_moe entry; its checkpoints name Qwen2-VL's.
+    "qwen3_vl_moe": Traits(image_processor="Qwen2VLImageProcessorPil"),
+    "lfm2_vl": Traits(note="transformers 5.24 has only a torchvision image processor for it"),
+    "llama4": Traits(features="last_hidden_state", note="only a torchvision image processor in transformers 5.24"),
 }
 
 
@@ -114,6 +120,9 @@ def family_classes(model_type: str) -> FamilyClasses:
     images = IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type) or {}
     if isinstance(images, str):  # an older table: one class name
         images = {"pil": images}
+    override = traits_for(model_type).image_processor
+    if override is not None:
+        images = {**images, "pil": override}
     return FamilyClasses(
         model=MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.get(model_type),
         processor=PROCESSOR_MAPPING_NAMES.get(model_type),

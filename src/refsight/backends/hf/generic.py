@@ -28,6 +28,7 @@ from ...errors import BackendError, CorruptPackageError, ModelLoadError
 from ...package import VisualPackage
 from .base import HFBackend
 from .families import FamilyClasses, Traits, family_classes, traits_for
+from .encoder_outputs import MAIN, join, pack, tensor_names
 from .fingerprint import jsonable
 
 __all__ = ["GenericBackend", "generic_family", "seam_problem"]
@@ -56,8 +57,18 @@ class GenericBackend(HFBackend):
         self._images_kwargs = processor._merge_kwargs(
             tokenizer_init_kwargs=self.tokenizer.init_kwargs, return_tensors="pt", **self.traits.layout
         )["images_kwargs"]
-        self._feature_params = set(inspect.signature(self.model.get_image_features).parameters)
+        # The base model's encoder, as generate calls it (a family's top-level wrapper may take only *args).
+        self._encoder = getattr(self.model.base_model, "get_image_features", None) or self.model.get_image_features
+        self._feature_params = set(inspect.signature(self._encoder).parameters)
+        # Per-image layout the language model's forward takes beside the features (never the pixels).
+        self._forward_layout = {
+            k for k in inspect.signature(self.model.forward).parameters if not k.startswith("pixel_values") and k not in _NOT_LAYOUT
+        }
         self._token_type_key, self._token_types_mark_images = self._probe_token_types()
+        use_image_id = getattr(processor, "use_image_id", None)
+        self._numbers_images = hasattr(processor, "_prepend_local_ids") and bool(
+            getattr(processor, "default_use_image_id", False) if use_image_id is None else use_image_id
+        )
 
     # ------------------------------------------------------------------ loading
 
@@ -125,26 +136,20 @@ class GenericBackend(HFBackend):
         return [self._encode_one(image) for image in images]
 
     def _encode_one(self, image: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-        import torch
-
         if self.traits.multi_image:
             processed, placeholders = self._process_in_multi_image_mode(image)
         else:
             processed, placeholders = self.processor._process_images([image], **self._images_kwargs)
         inputs = {k: v for k, v in processed.items() if k in self._feature_params}
         inputs = {k: _to(v, self.device, self.model.dtype) for k, v in inputs.items()}
-        output = self.model.get_image_features(**inputs, return_dict=True)
-        features = getattr(output, self.traits.features)
-        if isinstance(features, torch.Tensor):
-            tensors = {"features": features.contiguous().clone()}
-        else:
-            tensors = {f"features.{i}": part.contiguous().clone() for i, part in enumerate(features)}
+        output = self._encoder(**inputs, return_dict=True)
+        tensors, structure = pack(output, self.traits.features)
         layout = {k: jsonable(_plain(v)) for k, v in processed.items() if k not in _NOT_LAYOUT}
         metadata = {
             "placeholder": placeholders[0],
             "num_tokens": self._image_token_count(placeholders[0]),
-            "feature_rows": _rows(tensors.values()),
-            "parts": 0 if "features" in tensors else len(tensors),
+            "feature_rows": _rows(t for n, t in tensors.items() if n.split(".")[0] == MAIN),
+            "structure": structure,
             "layout": layout,
         }
         return tensors, metadata
@@ -171,14 +176,18 @@ class GenericBackend(HFBackend):
         meta, tensors = package.metadata, package.tensors
         if not isinstance(meta.get("placeholder"), str) or not meta["placeholder"]:
             raise CorruptPackageError(package.key, "no placeholder text for the image")
-        names = ["features"] if not meta.get("parts") else [f"features.{i}" for i in range(int(meta["parts"]))]
+        try:
+            names = tensor_names(meta["structure"])
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise CorruptPackageError(package.key, f"unreadable feature structure: {type(e).__name__}: {e}") from None
         missing = [n for n in names if n not in tensors]
         if missing:
             raise CorruptPackageError(package.key, f"missing tensor(s) {', '.join(missing)}")
-        rows = _rows(tensors[n] for n in names)
+        main = [tensors[n] for n in names if n.split(".")[0] == MAIN]
+        rows = _rows(main)
         if rows != int(meta.get("feature_rows", -1)):
             raise CorruptPackageError(package.key, f"features hold {rows} rows, metadata says {meta.get('feature_rows')}")
-        width = {int(tensors[n].shape[-1]) for n in names}
+        width = {int(t.shape[-1]) for t in main}
         if width != {self.feature_width}:
             raise CorruptPackageError(package.key, f"feature width {sorted(width)}, the model takes {self.feature_width}")
 
@@ -208,9 +217,13 @@ class GenericBackend(HFBackend):
             raise BackendError(
                 self.name, f"the chat template placed {len(pieces) - 1} image token(s) for {len(packages)} image(s)"
             )
+        placeholders = [self.image_placeholder(p) for p in packages]
+        if self._numbers_images:
+            # MiniCPM-V numbers the images of a prompt (<image_id>N</image_id>) outside the placeholder.
+            placeholders = self.processor._prepend_local_ids([text], placeholders, self.image_token)
         out = pieces[0]
-        for package, rest in zip(packages, pieces[1:]):
-            out += self.image_placeholder(package) + rest
+        for placeholder, rest in zip(placeholders, pieces[1:]):
+            out += placeholder + rest
         return out
 
     def _processor_layout(self, text: str, images: int) -> str:
@@ -231,17 +244,15 @@ class GenericBackend(HFBackend):
         return self.build_prompt([p for _, parts in turns for p in parts], [(role, len(parts)) for role, parts in turns])
 
     def multimodal_inputs(self, packages: list[VisualPackage], input_ids: Any) -> dict[str, Any]:
-        """The packages' features as one ``mm_encoder_outputs`` entry, and the token types rebuilt from the ids."""
+        """The packages' outputs joined as one ``mm_encoder_outputs`` entry, the per-image layout the
+        forward reads (GLM-4V's ``image_grid_thw`` for its rotary index), and the token types rebuilt."""
         import torch
-        from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-        if packages and packages[0].metadata.get("parts"):
-            features: Any = tuple(
-                p.tensors[f"features.{i}"] for p in packages for i in range(int(p.metadata["parts"]))
-            )
-        else:
-            features = torch.cat([p.tensors["features"] for p in packages], dim=0)
-        out: dict[str, Any] = {"mm_encoder_outputs": {"image": BaseModelOutputWithPooling(**{self.traits.features: features})}}
+        out: dict[str, Any] = {"mm_encoder_outputs": {"image": join(packages)}}
+        for key in sorted(self._forward_layout & set(packages[0].metadata["layout"])):
+            if all(key in p.metadata["layout"] for p in packages):
+                rows = [row for p in packages for row in p.metadata["layout"][key]]
+                out[key] = torch.tensor(rows, device=input_ids.device)
         if self._token_type_key is not None:
             marks = self._image_mask(input_ids)
             out[self._token_type_key] = marks if self._token_types_mark_images else torch.zeros_like(marks)

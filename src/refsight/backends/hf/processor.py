@@ -20,12 +20,26 @@ __all__ = ["image_only_processor", "image_only_class"]
 _KEPT = ("image_processor", "tokenizer")
 
 
+class _Absent(dict):
+    """Stands in for a sub-processor that is not built, while the processor's ``__init__`` runs.
+
+    Some ``__init__`` read a setting of their video processor (MiniCPM-V: ``slice_mode``); every
+    attribute reads as None. A dict, so the processor's repr (JSON, logged at construction) works.
+    It is replaced by None once the processor is built.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return None
+
+
 @functools.cache
 def image_only_class(processor_class: type) -> type:
     """``processor_class`` accepting None for every sub-processor but the image processor and tokenizer."""
 
     def check_argument_for_proper_class(self: Any, argument_name: str, argument: Any) -> Any:
-        if argument is None and argument_name not in _KEPT:
+        if (argument is None or isinstance(argument, _Absent)) and argument_name not in _KEPT:
             return None  # a video / audio processor refsight never calls
         return processor_class.check_argument_for_proper_class(self, argument_name, argument)
 
@@ -42,9 +56,12 @@ def image_only_processor(
     cls = image_only_class(processor_class)
     try:
         settings, _ = cls.get_processor_dict(source, **hub)
-        parts = [image_processor if a == "image_processor" else tokenizer if a == "tokenizer" else None
+        parts = [image_processor if a == "image_processor" else tokenizer if a == "tokenizer" else _Absent()
                  for a in cls.get_attributes()]
         processor = cls.from_args_and_dict(parts, settings)
+        for attribute in cls.get_attributes():
+            if isinstance(getattr(processor, attribute, None), _Absent):
+                setattr(processor, attribute, None)
     except Exception as e:  # noqa: BLE001 - any failure: this checkpoint's processor cannot be built
         raise ModelLoadError(name, f"cannot build {processor_class.__name__} from {source}: {type(e).__name__}: {e}") from e
     if getattr(processor, "chat_template", None) is None and getattr(tokenizer, "chat_template", None):
