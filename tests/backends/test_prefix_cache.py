@@ -97,8 +97,9 @@ def from_disk(load, photos, tmp_path_factory):
     return fresh, torch.load(out, weights_only=False)
 
 
-#: Families whose language model has sliding-window layers (Gemma 3, Cohere 2): the cache cannot be cut at a prefix.
-SLIDING = ("tiny-gemma3", "tiny-aya-vision")
+#: Families whose language model has sliding-window (Gemma 3, Cohere 2) or linear-attention (MiniCPM-V 4.6's
+#: Qwen3.5) layers: their cache cannot be cut at a prefix.
+SLIDING = ("tiny-gemma3", "tiny-aya-vision", "tiny-minicpmv4-6")
 #: Families whose template moves a turn's images before its text (LLaVA's, PaliGemma's processor): the
 #: references are no head of the prompt, so there is no prefix to keep.
 IMAGES_FIRST = ("tiny-llava", "tiny-llava-next", "tiny-llava-onevision", "tiny-paligemma")

@@ -66,7 +66,7 @@ def test_cli_add_compare_generate_and_the_vlm_embedder(tmp_path, real_photo, cap
         paths.append(str(path))
     assert main(["add", *paths, "--store", str(store), "--model", model, "--attributes", "none", "--json"]) == 0
     capsys.readouterr()
-    assert main(["compare", paths[0], "--criteria", "short fur", "--no-attributes", "--store", str(store),
+    assert main(["compare", paths[0], "--ref", "chelsea", "--ref", "coffee", "--criteria", "short fur", "--no-attributes", "--store", str(store),
                  "--model", model, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["random_weights"] is True and out["results"]
@@ -93,5 +93,6 @@ def test_server_add_compare_and_sdk_chat_by_reference(make_server, model):
         {"type": "text", "text": "Reference:"}, {"type": "image_url", "image_url": {"url": "refsight://ref/cat"}},
         {"type": "text", "text": "Candidate:"}, {"type": "image_url", "image_url": {"url": data_url(candidate)}},
         {"type": "text", "text": "Same animal?"}]}])
-    assert reply.model_extra["refsight"]["references_cached"] == [True, False]
+    # The reference from its stored package; the candidate's package was kept when the compare encoded it.
+    assert reply.model_extra["refsight"]["references_cached"] == [True, True]
     assert reply.usage.completion_tokens >= 1 and reply.model_extra["refsight"]["random_weights"] is True

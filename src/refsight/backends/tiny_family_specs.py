@@ -103,6 +103,9 @@ PALIGEMMA = dict(
     # image_seq_length is read by PaliGemmaProcessor from the image processor: (32 / 8) ** 2 = 16.
     image_processor=dict(size={"height": 32, "width": 32}, image_seq_length=16),
     processor=dict(),
+    # The processor adds PaliGemma's detection and segmentation tokens to the tokenizer; the real
+    # vocabulary has them, so the tiny one does too (else the model's embedding would be too small).
+    plain_tokens=tuple(f"<loc{i:04d}>" for i in range(1024)) + tuple(f"<seg{i:03d}>" for i in range(128)),
 )
 
 # llava-v1.6-mistral-hf: "<s>[INST] <image>\n<prompt> [/INST]"
