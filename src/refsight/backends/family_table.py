@@ -17,6 +17,7 @@ RUNTIMES = ("transformers", "llama.cpp", "vllm")
 _HF_DEDICATED = "tests/backends/test_equivalence.py"
 _HF_GENERIC = "tests/backends/test_families.py"
 _LLAMA = "tests/backends/llamacpp/test_llamacpp_equivalence.py"
+_VLLM = "tests/backends/vllm/test_vllm_equivalence.py"
 
 
 @dataclass(frozen=True)
@@ -29,24 +30,38 @@ class Proof:
     test: str
 
 
+_GENERIC = ("gemma3", "llava", "llava_next", "llava_onevision", "paligemma", "internvl", "aya_vision", "mistral3", "glm4v",
+            "minicpmv4_6", "qwen3_vl_moe")
+
 PROOFS: tuple[Proof, ...] = (
     Proof("qwen2_vl", "transformers", "tiny-qwen2-vl", _HF_DEDICATED),
     Proof("qwen2_5_vl", "transformers", "tiny-qwen2.5-vl", _HF_DEDICATED),
     Proof("qwen3_vl", "transformers", "tiny-qwen3-vl", _HF_DEDICATED),
     Proof("smolvlm", "transformers", "tiny-smolvlm", _HF_DEDICATED),
-    Proof("idefics3", "transformers", "tiny-smolvlm", "tests/backends/test_hf_backend.py"),
-    Proof("gemma3", "transformers", "tiny-gemma3", _HF_GENERIC),
+    *(Proof(t, "transformers", f"tiny-{t.replace('_', '-')}", _HF_GENERIC) for t in _GENERIC),
     Proof("qwen2_vl", "llama.cpp", "tiny-qwen2-vl-gguf", _LLAMA),
     Proof("qwen2_5_vl", "llama.cpp", "tiny-qwen2.5-vl-gguf", _LLAMA),
     Proof("smolvlm", "llama.cpp", "tiny-smolvlm-gguf", _LLAMA),
     Proof("qwen3_vl", "llama.cpp", "tiny-qwen3-vl-gguf", "tests/backends/llamacpp/test_llamacpp_qwen3vl.py"),
-    Proof("qwen2_vl", "vllm", "tiny-qwen2-vl-vllm", "tests/backends/vllm/test_vllm_equivalence.py"),
-    Proof("qwen2_5_vl", "vllm", "tiny-qwen2.5-vl-vllm", "tests/backends/vllm/test_vllm_equivalence.py"),
-    Proof("qwen3_vl", "vllm", "tiny-qwen3-vl-vllm", "tests/backends/vllm/test_vllm_equivalence.py"),
+    Proof("qwen2_vl", "vllm", "tiny-qwen2-vl-vllm", _VLLM),
+    Proof("qwen2_5_vl", "vllm", "tiny-qwen2.5-vl-vllm", _VLLM),
+    Proof("qwen3_vl", "vllm", "tiny-qwen3-vl-vllm", _VLLM),
 )
 
+_TORCHVISION = "transformers 5.24 has only a torchvision image processor for it (see 'torchvision on CPU')"
+_CONVERTER = "llama.cpp's convert_hf_to_gguf.py does not convert it"
+
 #: Model types that cannot be served on a runtime here, with the reason (shown in the table).
-NOT_SERVED: dict[tuple[str, str], str] = {}
+NOT_SERVED: dict[tuple[str, str], str] = {
+    ("lfm2_vl", "transformers"): _TORCHVISION,
+    ("cohere2_vision", "transformers"): _TORCHVISION,
+    ("llama4", "transformers"): "transformers 5.24's Llama4ForConditionalGeneration.forward raises "
+                                "'MoeCausalLMOutputWithPast' object has no attribute 'image_outputs'; " + _TORCHVISION,
+    ("mllama", "transformers"): "cross-attention images: no precomputed-features seam in transformers",
+    ("llava", "llama.cpp"): _CONVERTER,
+    ("llava_onevision", "llama.cpp"): _CONVERTER,
+    ("paligemma", "llama.cpp"): _CONVERTER,
+}
 
 
 def proven_model_types(runtime: str) -> list[str]:

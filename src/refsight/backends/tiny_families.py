@@ -102,8 +102,11 @@ def build_family_checkpoint(spec: FamilySpec, directory: Path, *, seed: int = 0)
     )
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
-    image_processor = classes.image_processor or classes.torchvision_image_processor
-    get_image_processor_class_from_name(image_processor)(**spec.image_processor).save_pretrained(directory)
+    if classes.image_processor is not None:
+        get_image_processor_class_from_name(classes.image_processor)(**spec.image_processor).save_pretrained(directory)
+    else:  # only a torchvision class (LFM2-VL, Llama 4), which may not import here: write what it would save
+        settings = {"image_processor_type": classes.torchvision_image_processor, **spec.image_processor}
+        (directory / "preprocessor_config.json").write_text(json.dumps(settings, indent=2))
     settings = {"processor_class": classes.processor, **_resolve(spec.processor, tokenizer)}
     (directory / "processor_config.json").write_text(json.dumps(settings, indent=2))
     (directory / "chat_template.jinja").write_text(spec.chat_template)

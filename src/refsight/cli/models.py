@@ -57,7 +57,9 @@ def cmd_models(args: argparse.Namespace) -> int:
         owner = model_name(fingerprint, names)
         entry = details.setdefault(owner, {**describe_model(owner), "fingerprints": []})
         entry["fingerprints"].append({k: fingerprint[k] for k in ("fingerprint_digest", "packages", "bytes")})
-    data = {"models": names, "default": default_model(), "details": list(details.values())}
+    from ..backends.family_table import family_rows
+
+    data = {"models": names, "default": default_model(), "details": list(details.values()), "families": family_rows()}
     emit(args, data, _models_table)
     return 0
 
@@ -72,7 +74,19 @@ def _models_table(d: dict[str, Any]) -> str:
     ]
     note = ("\nRandom-weight models write meaningless text; their timings and caching are real. "
             "`refsight models --json` gives each stored fingerprint's digest.")
-    return table(("model", "backend", "weights", "needs", "packages stored"), rows) + note
+    return table(("model", "backend", "weights", "needs", "packages stored"), rows) + note + "\n\n" + _families_table(d)
+
+
+def _families_table(d: dict[str, Any]) -> str:
+    """Model type × runtime: the built-in that proves cached == fresh there, or why it is not served."""
+    from ..backends.family_table import RUNTIMES
+
+    def cell(entry: dict[str, Any]) -> str:
+        return f"yes ({entry['model']})" if entry["proven"] else ("no" if entry["why"] == "not proven yet" else "not served")
+
+    rows = [(row["model_type"], *(cell(row[r]) for r in RUNTIMES)) for row in d["families"]]
+    return ("Model families (cached == fresh proven by a test in CI; `--json` gives each test and each reason):\n"
+            + table(("model type", *RUNTIMES), rows))
 
 
 def _demo_arguments(p: argparse.ArgumentParser) -> None:

@@ -58,8 +58,14 @@ TRAITS: dict[str, Traits] = {
     "llava_onevision": Traits(multi_image=True, note="packages in multi-image mode (prompts of two or more images)"),
     # transformers 5.24's image processor table has no qwen3_vl_moe entry; its checkpoints name Qwen2-VL's.
     "qwen3_vl_moe": Traits(image_processor="Qwen2VLImageProcessorPil"),
-    "lfm2_vl": Traits(note="transformers 5.24 has only a torchvision image processor for it"),
-    "llama4": Traits(features="last_hidden_state", note="only a torchvision image processor in transformers 5.24"),
+    "glm4v_moe": Traits(image_processor="Glm4vImageProcessorPil"),
+    # Features in last_hidden_state. transformers 5.24's Llama4ForConditionalGeneration.forward raises
+    # "'MoeCausalLMOutputWithPast' object has no attribute 'image_outputs'" on every call, and its only
+    # image processor needs torchvision: not served until transformers fixes the forward.
+    "llama4": Traits(features="last_hidden_state", unavailable=(
+        "transformers 5.24's Llama4ForConditionalGeneration.forward is broken ('MoeCausalLMOutputWithPast' object has "
+        "no attribute 'image_outputs') and its only image processor needs torchvision"
+    )),
 }
 
 

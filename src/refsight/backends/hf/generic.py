@@ -305,6 +305,8 @@ def seam_problem(model_type: str, classes: FamilyClasses) -> str:
         return f"{classes.model} lacks the precomputed-features seam (mm_encoder_outputs)"
     if not hasattr(model_class, "get_image_features"):
         return f"{classes.model} lacks get_image_features"
+    if classes.image_processor is None and classes.torchvision_image_processor is None:
+        return "transformers names no image processor for it"
     if classes.image_processor is None:
         return (
             f"its only image processor, {classes.torchvision_image_processor}, needs torchvision: install the "

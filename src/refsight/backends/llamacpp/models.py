@@ -32,7 +32,7 @@ from ...config import llama_cpp_source
 from ...errors import ModelLoadError, UnknownModelError
 from ..tiny import QWEN2_VISION, QWEN25_VISION, QWEN_TINY_TEXT, TINY_MODELS, ModelSpec, build_checkpoint, build_into_cache, model_cache_dir, qwen_spec, smolvlm_spec
 
-__all__ = ["GGUF_MODELS", "GgufSpec", "ensure_gguf", "converter_dir", "LLAMA_CPP_PYTHON_VERSION"]
+__all__ = ["GGUF_MODELS", "GgufSpec", "ensure_gguf", "convert", "converter_dir", "LLAMA_CPP_PYTHON_VERSION"]
 
 #: The llama-cpp-python release whose runtime and converter refsight is tested with.
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
@@ -125,8 +125,14 @@ def ensure_gguf(name: str) -> tuple[Path, Path]:
     Built like every built-in model (:func:`refsight.backends.tiny.build_into_cache`):
     in a temporary directory renamed into place, under a file lock.
     """
+    from .families import FAMILY_GGUFS, build_family_gguf, family_build_id
+
+    if name in FAMILY_GGUFS:  # the families built from the transformers tiny-family recipes
+        target = build_into_cache(name, family_build_id(name), MMPROJ_FILE, lambda tmp: build_family_gguf(name, tmp),
+                                  "the built-in GGUF")
+        return target / MODEL_FILE, target / MMPROJ_FILE
     if name not in GGUF_MODELS:
-        raise UnknownModelError(name, list(GGUF_MODELS))
+        raise UnknownModelError(name, [*GGUF_MODELS, *FAMILY_GGUFS])
     target = build_into_cache(name, _build_id(name), MMPROJ_FILE, lambda tmp: _build(name, tmp), "the built-in GGUF")
     return target / MODEL_FILE, target / MMPROJ_FILE
 
@@ -141,7 +147,7 @@ def _build(name: str, directory: Path) -> None:
         (MODEL_FILE, entry.outtype, []),
         (MMPROJ_FILE, entry.mmproj_outtype, ["--mmproj"]),
     ):
-        _convert(source, hf_dir, directory / outfile, outtype, entry.pre_tokenizer, extra)
+        convert(source, hf_dir, directory / outfile, outtype, entry.pre_tokenizer, extra)
     (directory / "refsight_model.json").write_text(
         json.dumps({"random_weights": True, "model_id": f"refsight/{name}", "build": BUILD_VERSION})
     )
@@ -165,14 +171,18 @@ def _set_vocab_sentencepiece(self, *args, **kwargs):
         raise FileNotFoundError(self.dir_model / "tokenizer.model")
     return _sp(self, *args, **kwargs)
 base.TextModel._set_vocab_sentencepiece = _set_vocab_sentencepiece
+"""
+_CONVERT_RUN = """
 sys.argv = [os.path.join(src, "convert_hf_to_gguf.py")] + sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def _convert(source: Path, hf_dir: Path, out: Path, outtype: str, pre: str, extra: list[str]) -> None:
+def convert(source: Path, hf_dir: Path, out: Path, outtype: str, pre: str, extra: list[str], *, patch: str = "") -> None:
+    """Run the converter of ``source`` on ``hf_dir`` into ``out``; ``patch``: Python run in its process first."""
     env = dict(os.environ, REFSIGHT_CONVERTER_DIR=str(source), REFSIGHT_PRE_TOKENIZER=pre)
-    cmd = [sys.executable, "-c", _CONVERT, str(hf_dir), "--outfile", str(out), "--outtype", outtype, *extra]
+    script = _CONVERT + patch + "\n" + _CONVERT_RUN
+    cmd = [sys.executable, "-c", script, str(hf_dir), "--outfile", str(out), "--outtype", outtype, *extra]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0 or not out.is_file():
         raise ModelLoadError(str(hf_dir), f"convert_hf_to_gguf.py {' '.join(extra)} failed: {proc.stderr[-2000:]}")

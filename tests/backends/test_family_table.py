@@ -1,0 +1,62 @@
+"""The family table (``refsight models``): every proven cell names a built-in and a test that exists,
+the generic families load with no torchvision, and the counts the README promises hold."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from refsight.backends.family_table import NOT_SERVED, PROOFS, family_rows, proven_model_types
+from refsight.backends.registry import available_models
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_proof_names_a_registered_built_in_and_a_test_that_runs_it():
+    for proof in PROOFS:
+        assert proof.model in available_models(), proof
+        test = ROOT / proof.test
+        assert test.is_file(), proof
+        # The test's folder names the built-in (its tests, conftest or model lists), or the test runs every
+        # generic family (the tiny_families recipes).
+        folder = "".join(f.read_text() for f in test.parent.glob("*.py"))
+        assert proof.model in folder or "GENERIC_FAMILIES" in test.read_text(), proof
+
+
+def test_the_table_holds_each_model_type_once_with_a_reason_where_it_is_not_served():
+    rows = family_rows()
+    assert len({r["model_type"] for r in rows}) == len(rows)
+    for (model_type, runtime), why in NOT_SERVED.items():
+        row = next(r for r in rows if r["model_type"] == model_type)
+        assert row[runtime] == {"proven": False, "why": why}
+    assert len(proven_model_types("transformers")) >= 15
+
+
+def test_models_json_carries_the_family_table(capsys):
+    from refsight.cli import main
+
+    assert main(["models", "--json"]) == 0
+    families = json.loads(capsys.readouterr().out)["families"]
+    gemma = next(r for r in families if r["model_type"] == "gemma3")
+    assert gemma["transformers"]["proven"] is True and gemma["transformers"]["test"].endswith("test_families.py")
+
+
+def test_the_generic_families_load_and_encode_without_torchvision(model_cache):
+    # A fresh process: load every generic built-in, encode one image each; torchvision is never imported.
+    code = (
+        "import sys\n"
+        "from refsight.backends.tiny import load_tiny\n"
+        "from refsight.backends.tiny_families import FAMILY_SPECS\n"
+        "from refsight.images import load_image\n"
+        "from refsight.samples import load_sample\n"
+        "image = load_image(load_sample('chelsea', (64, 48)))\n"
+        "for name in FAMILY_SPECS:\n"
+        "    load_tiny(name).encode([image])\n"
+        "assert 'torchvision' not in sys.modules, 'torchvision was imported'\n"
+        "print('ok', len(FAMILY_SPECS))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("ok")
