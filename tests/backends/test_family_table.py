@@ -60,3 +60,11 @@ def test_the_generic_families_load_and_encode_without_torchvision(model_cache):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("ok")
+
+
+def test_the_readme_carries_the_family_table():
+    from refsight.backends.family_table import markdown_table
+
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("<!-- families -->\n", 1)[1].split("\n<!-- /families -->", 1)[0]
+    assert table == markdown_table(), "README's family table is stale: paste markdown_table()'s output"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Proof", "PROOFS", "RUNTIMES", "proven_model_types", "family_rows", "NOT_SERVED"]
+__all__ = ["Proof", "PROOFS", "RUNTIMES", "proven_model_types", "family_rows", "NOT_SERVED", "markdown_table"]
 
 RUNTIMES = ("transformers", "llama.cpp", "vllm")
 
@@ -83,3 +83,16 @@ def family_rows() -> list[dict[str, object]]:
                 row[runtime] = {"proven": False, "why": NOT_SERVED.get((model_type, runtime), "not proven yet")}
         rows.append(row)
     return rows
+
+
+def markdown_table() -> str:
+    """The table as the README carries it: ✅ and the built-in where proven, ✖ where not served, – where not yet proven."""
+    def cell(entry: dict[str, object]) -> str:
+        if entry["proven"]:
+            return f"✅ `{entry['model']}`"
+        return "– " if entry["why"] == "not proven yet" else f"✖ {entry['why']}"
+
+    lines = ["| model type | " + " | ".join(RUNTIMES) + " |", "|---|" + "---|" * len(RUNTIMES)]
+    for row in family_rows():
+        lines.append(f"| `{row['model_type']}` | " + " | ".join(cell(row[r]).strip() for r in RUNTIMES) + " |")  # type: ignore[arg-type]
+    return "\n".join(lines)

@@ -50,6 +50,14 @@ _BUILTINS: dict[str, str] = {
     "tiny-smolvlm-gguf": "refsight.backends.llamacpp:load_builtin",
     "shape-qwen2-vl-2b-gguf": "refsight.backends.llamacpp:load_builtin",
     "tiny-qwen3-vl-gguf": "refsight.backends.llamacpp:load_builtin",
+    # more families, from the transformers tiny-family recipes (see backends/llamacpp/families.py)
+    "tiny-gemma3-gguf": "refsight.backends.llamacpp:load_builtin",
+    "tiny-internvl-gguf": "refsight.backends.llamacpp:load_builtin",
+    "tiny-mistral3-gguf": "refsight.backends.llamacpp:load_builtin",
+    "tiny-lfm2-vl-gguf": "refsight.backends.llamacpp:load_builtin",
+    "tiny-llama4-gguf": "refsight.backends.llamacpp:load_builtin",
+    "tiny-glm4v-gguf": "refsight.backends.llamacpp:load_builtin",
+    "tiny-minicpmv4-6-gguf": "refsight.backends.llamacpp:load_builtin",
     # quantized GGUFs (llama.cpp's quantizer over an f16 base; see backends/llamacpp/quantized.py)
     "tiny-qwen2-vl-gguf-q8": "refsight.backends.llamacpp.quantized:load_quantized",
     "tiny-qwen2-vl-gguf-q4": "refsight.backends.llamacpp.quantized:load_quantized",

@@ -37,7 +37,9 @@ class FamilyGguf:
     """A built-in GGUF of one family: its tiny-checkpoint recipe and the converter's needs."""
 
     recipe: dict[str, Any]  # FamilySpec keyword arguments
-    pre_tokenizer: str  # a pre-tokenizer name llama.cpp knows (the trained BPE's hash is unknown to it)
+    #: A pre-tokenizer llama.cpp knows: the trained byte-level BPE's hash is unknown to the converter,
+    #: and every family's tiny tokenizer is that same kind of BPE, so "qwen2" fits them all.
+    pre_tokenizer: str
     #: (old, new) substring replacements applied to the checkpoint's tensor names.
     renames: tuple[tuple[str, str], ...] = ()
     #: Merged into config.json (dicts merged recursively) before conversion.
@@ -79,7 +81,7 @@ FAMILY_GGUFS: dict[str, FamilyGguf] = {
         # projector's pooling from the image processor's image_seq_length (default 256).
         _update(_vision(specs.GEMMA3, num_hidden_layers=3, vision_use_head=False),
                 {"image_processor": {"image_seq_length": 16}}),
-        "gemma", renames=_SIGLIP_NESTING,
+        "qwen2", renames=_SIGLIP_NESTING,
     ),
 }
 

@@ -1,0 +1,133 @@
+"""Tiny random checkpoints of the non-Qwen families, sized for vLLM's CPU runtime.
+
+The generic backend's tiny recipes (:mod:`refsight.backends.tiny_family_specs`) use a text
+head dim of 16; vLLM's CPU attention takes 32 and up (``CPUAttentionBackend.get_supported_head_sizes``).
+Each variant here is the recipe with a dict update: two text heads of 32 (hidden stays 64),
+one KV head. Everything else (tokens, template, processor) is the recipe's own, so
+``tiny-<family>-vllm`` is also an ordinary refsight HF model of its family (the vLLM
+backend loads it as the encoder-side tokenizer and processor of the served weights).
+
+SmolVLM (``model_type`` ``smolvlm``, vLLM's Idefics3 code) is built by the older
+:mod:`refsight.backends.tiny` recipe (``smolvlm_spec``) with the same head change and a
+``finish`` hook that writes the files vLLM's ``AutoProcessor`` load wants (a chat template,
+a video-processor config).
+
+Built into refsight's model cache on first use (:func:`ensure_family_dir`), like every tiny model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..tiny import TINY_MODELS, _Spec, _build_id, build_checkpoint, build_into_cache, smolvlm_spec
+from ..tiny_families import FamilySpec, build_family_checkpoint
+from ..tiny_family_specs import GEMMA3, INTERNVL, LLAVA, MISTRAL3
+
+__all__ = ["VLLM_FAMILY_SPECS", "VLLM_FAMILY_MODELS", "ensure_family_dir", "load_family_vllm", "write_smolvlm_files"]
+
+#: vLLM CPU attention: two text heads of 32 (the recipes' hidden size 64 stays), one KV head.
+_HEADS = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+
+
+def _variant(recipe: dict[str, Any], **text: Any) -> FamilySpec:
+    """``recipe`` with its text config's heads set for vLLM's CPU attention (plus ``text`` updates)."""
+    config = dict(recipe["config"])
+    config["text_config"] = {**config["text_config"], **_HEADS, **text}
+    return FamilySpec(**{**recipe, "config": config})
+
+
+#: Built-in name -> the recipe of a vLLM-sized tiny checkpoint (transformers' families, built from data).
+VLLM_FAMILY_SPECS: dict[str, FamilySpec] = {
+    # Gemma 3 scales queries by query_pre_attn_scalar ** -0.5: the head dim, as in the real models.
+    "tiny-gemma3-vllm": _variant(GEMMA3, query_pre_attn_scalar=32),
+    "tiny-llava-vllm": _variant(LLAVA),
+    "tiny-internvl-vllm": _variant(INTERNVL),
+    "tiny-mistral3-vllm": _variant(MISTRAL3),
+}
+
+_SMOLVLM_FINISH = "refsight.backends.vllm.families:write_smolvlm_files"
+#: SmolVLM with text heads of 32 (hidden 64, 2 heads, 1 KV head); the tiny tower and tiling of ``tiny-smolvlm``.
+_SMOLVLM = smolvlm_spec((32, 64, 2, 2, 32, 8), (64, 128, 2, 2, 1, 4096), longest_edge=64, tile=32, scale_factor=2)
+
+#: Built-in name -> :mod:`refsight.backends.tiny` recipe (registered into ``TINY_MODELS`` on import).
+VLLM_FAMILY_MODELS: dict[str, _Spec] = {
+    "tiny-smolvlm-vllm": _Spec(**{**_SMOLVLM.__dict__, "finish": _SMOLVLM_FINISH}),
+}
+TINY_MODELS.update(VLLM_FAMILY_MODELS)
+
+# SmolVLM's template shape: "<|im_start|>User:<image>text<end_of_utterance>\nAssistant:". vLLM hands
+# content as typed parts; the processor expands each <image> into the tile layout.
+_SMOLVLM_TEMPLATE = (
+    "<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}"
+    "{% if message['content'] is string %}: {{ message['content'] }}{% else %}:"
+    "{% for part in message['content'] %}{% if part['type'] == 'image' %}<image>"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+
+
+def write_smolvlm_files(directory: Path, tokenizer: Any, spec: _Spec) -> None:
+    """The ``finish`` hook of ``tiny-smolvlm-vllm``: chat template, processor and video-processor configs."""
+    directory = Path(directory)
+    (directory / "chat_template.jinja").write_text(_SMOLVLM_TEMPLATE)
+    config_path = directory / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = _SMOLVLM_TEMPLATE
+    config_path.write_text(json.dumps(config, indent=2))
+    image = json.loads((directory / "preprocessor_config.json").read_text())
+    image["processor_class"] = "SmolVLMProcessor"
+    (directory / "preprocessor_config.json").write_text(json.dumps(image, indent=2))
+    video = {k: v for k, v in image.items() if k not in ("image_processor_type", "max_image_size")}
+    video.update(video_processor_type="SmolVLMVideoProcessor", processor_class="SmolVLMProcessor")
+    (directory / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2))
+    image_seq_len = (spec.vision["image_size"] // spec.vision["patch_size"]) ** 2 // spec.extra["scale_factor"] ** 2
+    (directory / "processor_config.json").write_text(json.dumps(
+        {"processor_class": "SmolVLMProcessor", "image_seq_len": image_seq_len}, indent=2))
+
+
+def _family_build_id(name: str) -> str:
+    import hashlib
+
+    import transformers
+
+    from ..tiny import BUILD_VERSION, SEED
+
+    recipe = json.dumps({"vllm_family_spec": VLLM_FAMILY_SPECS[name].__dict__, "seed": SEED, "build": BUILD_VERSION,
+                         "transformers": transformers.__version__}, sort_keys=True, default=str)
+    return hashlib.sha256(recipe.encode()).hexdigest()[:12]
+
+
+def _build_family(name: str, directory: Path) -> None:
+    from ..tiny import SEED, _write_marker
+
+    build_family_checkpoint(VLLM_FAMILY_SPECS[name], directory, seed=SEED)
+    _write_marker(directory, name)
+
+
+def ensure_family_dir(name: str) -> Path:
+    """Build the tiny vLLM model ``name`` (a family here) into refsight's model cache; return its folder."""
+    if name in VLLM_FAMILY_MODELS:
+        return build_into_cache(name, _build_id(name), "config.json",
+                                lambda tmp: build_checkpoint(name, TINY_MODELS[name], tmp), "the built-in model")
+    if name not in VLLM_FAMILY_SPECS:
+        from ...errors import UnknownModelError
+
+        raise UnknownModelError(name, [*VLLM_FAMILY_SPECS, *VLLM_FAMILY_MODELS])
+    return build_into_cache(name, _family_build_id(name), "config.json", lambda tmp: _build_family(name, tmp),
+                            "the built-in model")
+
+
+def load_family_vllm(name: str, **options: Any):
+    """Registry factory: the tiny vLLM family model as a plain refsight HF backend (its encoder side)."""
+    from ...errors import InvalidInputError
+    from ..hf import load_hf_backend
+    from ..hf.loading import refuse_other_backend_options
+
+    refuse_other_backend_options(options)
+    if options.get("revision") is not None:
+        raise InvalidInputError("revision", f"{name} is built locally and has no hub revision (its files are hashed)")
+    directory = ensure_family_dir(name)
+    options.setdefault("model_id", f"refsight/{name}")
+    return load_hf_backend(name, source=str(directory), random_weights=True, **options)
