@@ -66,10 +66,38 @@ def _segments(refs: list, candidate, *, prompt: str) -> list:
     return [*refs, "Compare the candidate", candidate, prompt]
 
 
+def _processor_peer(backend, images: list, prompt: str, max_new_tokens: int) -> tuple[list[int], float]:
+    """The plain transformers way for any family with a processor: the checkpoint's chat template, the
+    processor expanding every image from its pixels, ``generate`` running the tower on all of them."""
+    import torch
+
+    began = time.perf_counter()
+    processor = backend.processor
+    content = [*({"type": "image"} for _ in images[:-1]), {"type": "text", "text": "Compare the candidate"},
+               {"type": "image"}, {"type": "text", "text": prompt}]
+    text = processor.apply_chat_template([{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True)
+    inputs = processor(text=[text], images=[images], return_tensors="pt", add_special_tokens=False)
+    inputs.pop("labels", None)  # PaliGemma's training targets
+    inputs = {k: v.to(backend.device) if hasattr(v, "to") else v for k, v in inputs.items()}
+    eos = backend.eos_ids()
+    with torch.inference_mode():
+        out = backend.model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens,
+                                     pad_token_id=backend.pad_id(), eos_token_id=eos)
+    ms = (time.perf_counter() - began) * 1000
+    tokens = out[0, inputs["input_ids"].shape[1]:].tolist()
+    for k, token in enumerate(tokens):
+        if token in eos:
+            tokens = tokens[: k + 1]
+            break
+    return tokens, ms
+
+
 def _peer(backend, images: list, prompt: str, max_new_tokens: int) -> tuple[list[int], float]:
     """The plain transformers way: processor on all images, placeholders from its output, generate with pixels."""
     import torch
 
+    if hasattr(backend, "processor"):  # the generic backend: the family's own processor
+        return _processor_peer(backend, images, prompt, max_new_tokens)
     began = time.perf_counter()
     processor = backend.image_processor
     if backend.family.startswith("qwen"):

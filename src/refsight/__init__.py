@@ -43,6 +43,10 @@ def __getattr__(name: str):
         from .backends.registry import available_models
 
         return available_models
+    if name in ("family_rows", "FAMILY_RUNTIMES"):
+        from .backends.family_table import RUNTIMES, family_rows
+
+        return family_rows if name == "family_rows" else RUNTIMES
     if name == "BackendOptions":
         from .backends.options import BackendOptions
 
@@ -75,6 +79,8 @@ __all__ = [
     "BackendOptions",
     "Sampling",
     "available_models",
+    "family_rows",
+    "FAMILY_RUNTIMES",
     "open_store",
     "AddResult",
     "AddFailure",

@@ -23,7 +23,7 @@ def _check(figures: dict, counts: list[int]) -> None:
         assert run["tokens_equal"], run  # fresh == cached == the runtime's own pixel path
 
 
-@pytest.mark.parametrize("model", ["tiny-qwen2-vl", "tiny-qwen2-vl-gguf"])
+@pytest.mark.parametrize("model", ["tiny-qwen2-vl", "tiny-qwen2-vl-gguf", "tiny-gemma3", "tiny-internvl"])
 def test_cache_speedup_at_a_tiny_size(model_cache, model):
     figures = run_benchmark("cache_speedup.py", "--model", model, "--size", "56", "--refs", "1,2",
                             "--max-new-tokens", "3")

@@ -62,6 +62,7 @@ _BUILTINS: dict[str, str] = {
     "tiny-qwen2-vl-gguf-q8": "refsight.backends.llamacpp.quantized:load_quantized",
     "tiny-qwen2-vl-gguf-q4": "refsight.backends.llamacpp.quantized:load_quantized",
     "tiny-qwen2-vl-256-gguf-q4": "refsight.backends.llamacpp.quantized:load_quantized",
+    "tiny-gemma3-gguf-q4": "refsight.backends.llamacpp.quantized:load_quantized",
     "shape-qwen2-vl-2b-gguf-q8": "refsight.backends.llamacpp.quantized:load_quantized",
     "shape-qwen2-vl-2b-gguf-q4": "refsight.backends.llamacpp.quantized:load_quantized",
     "shape-qwen2-vl-2b-full-gguf-q4": "refsight.backends.llamacpp.quantized:load_quantized",
@@ -69,6 +70,11 @@ _BUILTINS: dict[str, str] = {
     "tiny-qwen2.5-vl-vllm": "refsight.backends.vllm.tiny:load_tiny_vllm",
     "tiny-qwen3-vl-vllm": "refsight.backends.vllm.tiny:load_tiny_vllm",
     "shape-qwen2-vl-2b-vllm": "refsight.backends.vllm.tiny:load_tiny_vllm",
+    "tiny-gemma3-vllm": "refsight.backends.vllm.families:load_family_vllm",
+    "tiny-llava-vllm": "refsight.backends.vllm.families:load_family_vllm",
+    "tiny-internvl-vllm": "refsight.backends.vllm.families:load_family_vllm",
+    "tiny-mistral3-vllm": "refsight.backends.vllm.families:load_family_vllm",
+    "tiny-smolvlm-vllm": "refsight.backends.vllm.families:load_family_vllm",
 }
 # The tiny checkpoints of the families the generic transformers backend serves (tiny_families.py).
 _BUILTINS.update({name: "refsight.backends.tiny:load_tiny" for name in FAMILY_SPECS})

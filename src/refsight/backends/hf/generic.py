@@ -123,7 +123,8 @@ class GenericBackend(HFBackend):
         """The processor's own settings (token counts per image, feature strategy ...) and the layout switches."""
         own = {"image_processor", "tokenizer", "chat_template", "processor_class", "auto_map"}
         settings = {k: v for k, v in self.processor.to_dict().items() if k not in own and not k.endswith("_processor")}
-        return {"processor": jsonable(settings), "layout": jsonable(self.traits.layout), "features": self.traits.features}
+        traits = {"layout": self.traits.layout, "features": self.traits.features, "multi_image": self.traits.multi_image}
+        return {"processor": jsonable(settings), **jsonable(traits)}
 
     def chat_template_reads(self, variable: str) -> bool:
         """Whether the checkpoint's chat template mentions ``variable``."""

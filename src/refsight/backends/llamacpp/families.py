@@ -75,13 +75,115 @@ _SIGLIP_NESTING = (
     ("vision_tower.post_layernorm.", "vision_tower.vision_model.post_layernorm."),
 )
 
+# Mistral 3: mtmd puts [IMG_BREAK] after every row of patches, as the embedding row of that
+# token, which the converter cuts from the language model's token embedding into the mmproj;
+# but the mmproj side drops every language_model.* tensor before it can. Let that one through.
+_MISTRAL3_IMG_BREAK = """
+import conversion.llava as _llava
+_filter = _llava.LlavaVisionModel.filter_tensors.__func__
+def _keep_embedding(cls, item):
+    name, gen = item
+    if "language_model." in name and name.endswith("embed_tokens.weight"):
+        return name.replace("language_model.", ""), gen
+    return _filter(cls, item)
+_llava.LlavaVisionModel.filter_tensors = classmethod(_keep_embedding)
+"""
+
+# LFM2-VL and Llama 4 have no recipe of their own in tiny_family_specs yet: theirs, from the
+# transformers-side prototype. Both have only torchvision image processors (their
+# preprocessor_config.json is written as data by build_family_checkpoint).
+_LFM2_VL = dict(
+    model_type="lfm2_vl",
+    special_tokens=("<|pad|>", "<|startoftext|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>",
+                    "<|image_start|>", "<|image_end|>", "<|img_thumbnail|>",
+                    *(f"<|img_row_{r}_col_{c}|>" for r in range(1, 5) for c in range(1, 5))),
+    eos="<|im_end|>", pad="<|pad|>", bos="<|startoftext|>",
+    named_tokens={"image_token": "<image>", "image_start_token": "<|image_start|>", "image_end_token": "<|image_end|>",
+                  "image_thumbnail_token": "<|img_thumbnail|>"},
+    chat_template=(
+        "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+        "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
+        "{% if c['type']=='image' %}<image>{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"),
+    config=dict(
+        text_config=dict(model_type="lfm2", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                         layer_types=["conv", "full_attention"], block_auto_adjust_ff_dim=False),
+        vision_config=dict(model_type="siglip2_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=2, patch_size=4, num_patches=64, vision_use_head=False),
+        image_token_id="token:<image>", projector_hidden_size=64, downsample_factor=2),
+    image_processor=dict(encoder_patch_size=4, downsample_factor=2, tile_size=32, min_image_tokens=4, max_image_tokens=16,
+                         min_tiles=2, max_tiles=4, use_thumbnail=True, max_pixels_tolerance=2.0, do_image_splitting=True,
+                         image_mean=[0.5] * 3, image_std=[0.5] * 3),
+)
+_LLAMA4 = dict(
+    model_type="llama4",
+    special_tokens=("<|finetune_right_pad|>", "<|begin_of_text|>", "<|end_of_text|>", "<|header_start|>",
+                    "<|header_end|>", "<|eot|>", "<|image_start|>", "<|image_end|>", "<|image|>", "<|patch|>",
+                    "<|tile_x_separator|>", "<|tile_y_separator|>"),
+    eos="<|eot|>", pad="<|finetune_right_pad|>", bos="<|begin_of_text|>",
+    chat_template=(
+        "{{ bos_token }}{% for m in messages %}<|header_start|>{{ m['role'] }}<|header_end|>\n\n"
+        "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
+        "{% if c['type']=='image' %}<|image|>{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}<|eot|>{% endfor %}"
+        "{% if add_generation_prompt %}<|header_start|>assistant<|header_end|>\n\n{% endif %}"),
+    config=dict(
+        # Four layers, the fourth without RoPE (no_rope_layers 0), as every real Llama 4 has a NoPE layer:
+        # llama.cpp's llama4 graph aborts without one.
+        text_config=dict(hidden_size=64, intermediate_size=128, intermediate_size_mlp=128, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+                         num_local_experts=2, num_experts_per_tok=1, interleave_moe_layer_step=1,
+                         no_rope_layers=[1, 1, 1, 0], attention_chunk_size=8192),
+        # The adapter's fc1 takes the pixel-shuffled patches: intermediate = hidden / ratio**2.
+        vision_config=dict(hidden_size=32, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=64, patch_size=8, pixel_shuffle_ratio=0.5, vision_output_dim=64,
+                           projector_input_dim=64, projector_output_dim=64),
+        image_token_index="token:<|patch|>", boi_token_index="token:<|image_start|>",
+        eoi_token_index="token:<|image_end|>"),
+    image_processor=dict(size={"height": 64, "width": 64}, max_patches=4, resize_to_max_canvas=False,
+                         image_mean=[0.5] * 3, image_std=[0.5] * 3),
+    processor=dict(patch_size=8, pixel_shuffle_ratio=0.5),
+)
+
 FAMILY_GGUFS: dict[str, FamilyGguf] = {
-    "tiny-gemma3-gguf": FamilyGguf(
+    **{f"tiny-gemma3-gguf{suffix}": FamilyGguf(
         # No attention-pool head (real Gemma 3 towers have none). The converter derives the
         # projector's pooling from the image processor's image_seq_length (default 256).
         _update(_vision(specs.GEMMA3, num_hidden_layers=3, vision_use_head=False),
                 {"image_processor": {"image_seq_length": 16}}),
-        "qwen2", renames=_SIGLIP_NESTING,
+        "qwen2", renames=_SIGLIP_NESTING, outtype=outtype, mmproj_outtype=outtype,
+    ) for suffix, outtype in (("", "f32"), ("-f16", "f16"))},  # f16: the base of tiny-gemma3-gguf-q4
+    "tiny-internvl-gguf": FamilyGguf(
+        # The projector maps to mlp1.{0,1,3}: the name map only knows block ids below the vision depth.
+        _vision(specs.INTERNVL, num_hidden_layers=4),
+        "qwen2",
+        # The converter knows the transformers layout of InternVL's tower by Intern-S1's names,
+        # which sit under model.*; transformers 5.24 saves them at the top level.
+        renames=(("vision_tower.", "model.vision_tower."), ("multi_modal_projector.", "model.multi_modal_projector.")),
+        # The converter picks each file's class from the sub-config's architectures (the top-level
+        # InternVLForConditionalGeneration is not one of its classes).
+        config_edits={"text_config": {"architectures": ["Qwen2ForCausalLM"]},
+                      "vision_config": {"architectures": ["InternVisionModel"]}},
+    ),
+    "tiny-mistral3-gguf": FamilyGguf(
+        _vision(specs.MISTRAL3, num_hidden_layers=3), "qwen2", converter_patch=_MISTRAL3_IMG_BREAK,
+    ),
+    "tiny-glm4v-gguf": FamilyGguf(_vision(specs.GLM4V, depth=3), "qwen2"),
+    "tiny-lfm2-vl-gguf": FamilyGguf(
+        # The converter reshapes the patch embedding as 16x16 px patches whatever the config says.
+        _update(_vision(_LFM2_VL, num_hidden_layers=3, patch_size=16),
+                {"image_processor": {"encoder_patch_size": 16, "tile_size": 128}}),
+        "qwen2",
+        config_edits={"text_config": {"architectures": ["Lfm2ForCausalLM"]}},
+    ),
+    "tiny-llama4-gguf": FamilyGguf(_vision(_LLAMA4, num_hidden_layers=3), "qwen2"),
+    "tiny-minicpmv4-6-gguf": FamilyGguf(
+        # mtmd's MiniCPM-V 4.6 graph reads the position buckets as a 70x70 grid (image_size 1120 /
+        # patch 16, as the real model); a slice (scale_resolution) of 128 px is 8x8 patches, 4 tokens.
+        _update(_vision(specs.MINICPMV4_6, num_hidden_layers=3, image_size=1120, patch_size=16),
+                {"image_processor": {"scale_resolution": 128, "patch_size": 16}}),
+        "qwen2",
+        model_args=("--no-mtp",),
     ),
 }
 

@@ -55,6 +55,8 @@ QUANTIZED_GGUF_MODELS: dict[str, QuantizedGguf] = {
     "tiny-qwen2-vl-gguf-q4": QuantizedGguf("tiny-qwen2-vl-gguf-f16", "Q4_K_M"),
     # The tiny Qwen2-VL with 256-wide rows: real K-quant kernels at a test's size (the slots' tests).
     "tiny-qwen2-vl-256-gguf-q4": QuantizedGguf("tiny-qwen2-vl-256-gguf", "Q4_K_M"),
+    # Gemma 3 (families.py) in f16, quantized: a second family through the quantizer.
+    "tiny-gemma3-gguf-q4": QuantizedGguf("tiny-gemma3-gguf-f16", "Q4_K_M"),
     # Qwen2-VL-2B's vision tower (f16 mmproj) and a one-layer language model: the vs-llama-server benchmark.
     "shape-qwen2-vl-2b-gguf-q8": QuantizedGguf("shape-qwen2-vl-2b-gguf", "Q8_0"),
     "shape-qwen2-vl-2b-gguf-q4": QuantizedGguf("shape-qwen2-vl-2b-gguf", "Q4_K_M"),

@@ -31,17 +31,22 @@ __all__ = ["VLLM_FAMILY_SPECS", "VLLM_FAMILY_MODELS", "ensure_family_dir", "load
 _HEADS = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32)
 
 
-def _variant(recipe: dict[str, Any], **text: Any) -> FamilySpec:
-    """``recipe`` with its text config's heads set for vLLM's CPU attention (plus ``text`` updates)."""
+def _variant(recipe: dict[str, Any], fields: dict[str, Any] | None = None, **text: Any) -> FamilySpec:
+    """``recipe`` with its text config's heads set for vLLM's CPU attention (plus ``text`` updates and
+    other recipe ``fields``)."""
     config = dict(recipe["config"])
     config["text_config"] = {**config["text_config"], **_HEADS, **text}
-    return FamilySpec(**{**recipe, "config": config})
+    return FamilySpec(**{**recipe, "config": config, **(fields or {})})
 
 
 #: Built-in name -> the recipe of a vLLM-sized tiny checkpoint (transformers' families, built from data).
 VLLM_FAMILY_SPECS: dict[str, FamilySpec] = {
     # Gemma 3 scales queries by query_pre_attn_scalar ** -0.5: the head dim, as in the real models.
-    "tiny-gemma3-vllm": _variant(GEMMA3, query_pre_attn_scalar=32),
+    # vLLM's Gemma 3 processor merges the newlines around each image into Gemma's single "\n\n\n" and
+    # "\n\n\n\n" tokens: it looks "\n" ... "\n\n\n\n" up in the vocabulary (a KeyError without them).
+    "tiny-gemma3-vllm": _variant(
+        GEMMA3, {"plain_tokens": ("\n", "\n\n", "\n\n\n", "\n\n\n\n")}, query_pre_attn_scalar=32
+    ),
     "tiny-llava-vllm": _variant(LLAVA),
     "tiny-internvl-vllm": _variant(INTERNVL),
     "tiny-mistral3-vllm": _variant(MISTRAL3),

@@ -42,16 +42,17 @@ def free_port() -> int:
 
 def resolve_model_dir(model: str) -> tuple[Path, bool]:
     """``(folder, is_tiny)`` for a local model folder or a built-in tiny vLLM model name."""
-    from . import tiny
+    from . import families, tiny
 
     if model in tiny.VLLM_TINY_MODELS:
         return tiny.ensure_vllm_model_dir(model), True
+    if model in families.VLLM_FAMILY_SPECS or model in families.VLLM_FAMILY_MODELS:
+        return families.ensure_family_dir(model), True
     path = Path(model).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
         return path.resolve(), False
-    raise InvalidInputError(
-        model, f"not a model folder with config.json nor a built-in vLLM model ({', '.join(tiny.VLLM_TINY_MODELS)})"
-    )
+    names = [*tiny.VLLM_TINY_MODELS, *families.VLLM_FAMILY_SPECS, *families.VLLM_FAMILY_MODELS]
+    raise InvalidInputError(model, f"not a model folder with config.json nor a built-in vLLM model ({', '.join(names)})")
 
 
 def encoder_cache_flag(store: str | os.PathLike, *, max_bytes: int = 0) -> list[str]:

@@ -1,0 +1,163 @@
+"""More families as built-in GGUFs: cached == llama.cpp's own pixel path, prefix states valid, for each.
+
+Gemma 3, InternVL, Mistral 3, LFM2-VL, Llama 4, GLM-4.1V and MiniCPM-V 4.6 (tiny random
+checkpoints of the transformers tiny-family recipes, converted with llama.cpp's converter:
+:mod:`refsight.backends.llamacpp.families`), and Gemma 3 quantized to Q4_K_M with llama.cpp's
+quantizer. With Qwen2-VL, Qwen2.5-VL, SmolVLM (test_llamacpp_equivalence.py,
+test_llamacpp_prefix_cache.py) and Qwen3-VL (test_llamacpp_qwen3vl.py) that is eleven model types.
+
+For each model, the method of those tests: (a) references encoded here, stored, and replayed
+from their packages in a NEW process beside a fresh candidate, against (b) llama.cpp on its
+own (real bitmaps, ``mtmd_helper_eval_chunks``, argmax decoding) on the family's prompt,
+written here independently: identical greedy tokens, logits max |Δ| exactly 0, with one and
+two references; the references never reach the encoder. And the judge's reference prefix:
+its KV state built here and restored from disk in a new process gives the tokens and logits
+of evaluating the prefix. Every model is loaded once per process (the registry keeps it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from llama_models import require_llama_cpp
+from llama_workers import run_worker, spec_rows
+
+require_llama_cpp()
+
+from _llamacpp_prefix_worker import judge_request, run  # noqa: E402
+from test_llamacpp_equivalence import PixelPath, layout  # noqa: E402
+
+_CHATML = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+#: Each family's prompt, written from its real chat template, independently of refsight's prompt code.
+PROMPTS = {
+    "tiny-gemma3-gguf": "<bos><start_of_turn>user\n{}<end_of_turn>\n<start_of_turn>model\n",
+    "tiny-internvl-gguf": _CHATML,
+    "tiny-mistral3-gguf": "<s>[INST]{}[/INST]",
+    "tiny-lfm2-vl-gguf": "<|startoftext|><|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n",
+    "tiny-llama4-gguf": "<|begin_of_text|><|header_start|>user<|header_end|>\n\n{}<|eot|>"
+                        "<|header_start|>assistant<|header_end|>\n\n",
+    "tiny-glm4v-gguf": "[gMASK]<sop><|user|>\n{}<|assistant|>\n",
+    "tiny-minicpmv4-6-gguf": _CHATML,
+}
+#: A family quantized with llama.cpp's quantizer (its f16 conversion, then Q4_K_M), beside its f16 mmproj.
+QUANTIZED = {"tiny-gemma3-gguf-q4": "tiny-gemma3-gguf"}
+MODELS = (*PROMPTS, *QUANTIZED)
+REFS = ("chelsea", "coffee")
+CANDIDATE = "rocket"
+RUBRICS = ("same colour", "a round shape")
+MAX_NEW_TOKENS = 4
+
+
+def prompt(name: str) -> str:
+    return PROMPTS[QUANTIZED.get(name, name)]
+
+
+@pytest.fixture(scope="module")
+def proofs(gguf, photos, tmp_path_factory):
+    """Per model: packages stored and prefix states built here (with and without the cache); then
+    one new process replays every model's packages, and another every model's prefix states, from disk."""
+    from refsight.prefixes import PrefixStateCache
+    from refsight.store import open_store
+
+    tmp = tmp_path_factory.mktemp("llama-families")
+    candidate_png = tmp / "candidate.png"
+    photos[CANDIDATE].image.save(candidate_png)
+    here, cached_cases, prefix_cases = {}, [], []
+    with open_store(tmp / "store") as store:
+        cache = PrefixStateCache(store)
+        for name in MODELS:
+            backend = gguf(name)
+            packages = backend.encode([photos[r] for r in REFS])
+            for package in packages:
+                store.packages.put(package)
+            keys = [p.key for p in packages]
+            here[name] = {
+                "plain": [run(backend, judge_request(packages, photos[CANDIDATE], r, None)) for r in RUBRICS],
+                "cached": [run(backend, judge_request(packages, photos[CANDIDATE], r, cache)) for r in RUBRICS],
+            }
+            cached_cases += [
+                {"id": f"{name}/{n}", "model": name, "rows": spec_rows(layout(n), keys, candidate_png),
+                 "max_new_tokens": MAX_NEW_TOKENS}
+                for n in (1, 2)
+            ]
+            prefix_cases.append({"id": name, "model": name, "refs": keys, "candidate": str(candidate_png),
+                                 "rubrics": list(RUBRICS)})
+    cached = run_worker("_llamacpp_cached_worker.py", tmp, cached_cases)
+    return here, cached, run_worker("_llamacpp_prefix_worker.py", tmp, prefix_cases)
+
+
+def pixel_path(backend, photos, name: str, n_refs: int) -> list[tuple]:
+    """llama.cpp's own pixel path on ``backend``'s files, for every row of ``layout(n_refs)``."""
+    import llama_cpp.mtmd_cpp as M
+
+    runner = PixelPath(backend.model_path, backend.mmproj_path, backend.runtime.settings.threads())
+    marker = M.mtmd_default_marker().decode()
+    try:
+        out = []
+        for row in layout(n_refs):
+            content = "".join(s[1] if s[0] == "text" else marker for s in row)
+            images = [photos[REFS[s[1]]] if s[0] == "ref" else photos[CANDIDATE] for s in row if s[0] != "text"]
+            out.append(runner.run(prompt(name).format(content), images, MAX_NEW_TOKENS))
+        return out
+    finally:
+        runner.close()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_prompt_written_here_is_the_ggufs_own_template(gguf, name):
+    backend = gguf(name)
+    assert backend.prompt_text(["Hello"]) == prompt(name).format("Hello")
+
+
+@pytest.mark.parametrize("n_refs", (1, 2))
+@pytest.mark.parametrize("name", MODELS)
+def test_cached_path_from_disk_equals_llama_cpps_pixel_path(proofs, gguf, photos, name, n_refs):
+    _, cached, _ = proofs
+    backend = gguf(name)
+    fresh = pixel_path(backend, photos, name, n_refs)
+    got = cached[f"{name}/{n_refs}"]
+    assert len(got["rows"]) == len(fresh) == 2
+    for row, (tokens, logits) in zip(got["rows"], fresh, strict=True):
+        assert row["tokens"] == tokens
+        assert tuple(row["logits"].shape) == logits.shape
+        assert np.abs(row["logits"].numpy() - logits).max() == 0.0
+        assert row["random_weights"] is True
+    # Only the candidate reached the vision encoder (once per prompt).
+    assert got["encode_calls"] == 2 * len(backend.encode([photos[CANDIDATE]])[0].tensors)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_prefix_states_are_valid_here_and_from_disk(proofs, name):
+    here, _, prefix = proofs
+    for plain, cached, loaded in zip(here[name]["plain"], here[name]["cached"], prefix[name], strict=True):
+        assert plain["tokens"] == cached["tokens"] == loaded["tokens"]
+        assert (plain["logits"] - cached["logits"]).abs().max().item() == 0.0
+        assert (plain["logits"] - loaded["logits"]).abs().max().item() == 0.0
+        assert plain["prompt_tokens"] == loaded["prompt_tokens"]
+        # In the new process: the state restored, only what follows the prefix evaluated.
+        assert loaded["restores"] == 1 and loaded["cached_tokens"] > 0
+        assert loaded["decoded"] == loaded["prompt_tokens"] - loaded["cached_tokens"]
+        assert loaded["image_decodes"] == loaded["encodes"] == plain["encodes"]  # the candidate's only
+    assert here[name]["cached"][0]["restores"] == 0 and here[name]["cached"][1]["restores"] == 1
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_fresh_references_give_the_same_tokens_and_logits_as_cached(gguf, photos, name):
+    """``use_cache=False`` hands references over as images: the same answer as their packages."""
+    from refsight.backends.base import GenerationRequest
+
+    backend = gguf(name)
+    packages = backend.encode([photos[r] for r in REFS])
+    cached = backend.generate([GenerationRequest([*packages, "Same as", photos[CANDIDATE], "?"], max_new_tokens=4)],
+                              return_logits=True)[0]
+    fresh = backend.generate([GenerationRequest([*[photos[r] for r in REFS], "Same as", photos[CANDIDATE], "?"],
+                                                max_new_tokens=4)], return_logits=True)[0]
+    assert cached.token_ids == fresh.token_ids
+    assert (cached.logits - fresh.logits).abs().max().item() == 0.0
+
+
+def test_the_quantized_family_is_quantized_beside_its_f16_mmproj(gguf):
+    for name, base in QUANTIZED.items():
+        backend = gguf(name)
+        assert backend.runtime.meta("general.file_type") == "15"  # LLAMA_FTYPE_MOSTLY_Q4_K_M
+        assert backend.arch == gguf(base).arch
