@@ -86,3 +86,18 @@ def backend_registry() -> Iterator[None]:
         registry._instances.update(instances)
     for backend in built:
         backend.close()
+
+
+#: Test modules that load a model, start a process or need a service (measured: each takes seconds).
+#: ``pytest -m "not slow"`` leaves them out for a quick inner loop; CI runs everything.
+SLOW_MODULES = Path(__file__).with_name("slow_modules.txt")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test of a module listed in :data:`SLOW_MODULES` as ``slow``."""
+    listed = {line.strip() for line in SLOW_MODULES.read_text().splitlines() if line.strip() and not line.startswith("#")}
+    root = Path(__file__).resolve().parent.parent
+    for item in items:
+        module = Path(str(item.fspath)).resolve()
+        if module.is_relative_to(root) and str(module.relative_to(root)) in listed:
+            item.add_marker(pytest.mark.slow)

@@ -65,6 +65,9 @@ class IntakeLimits:
 
     max_pixels: int = 50_000_000
     max_bytes: int = 64 * 1024 * 1024
+    #: Longest side over shortest: VLM image processors refuse more (Qwen's, SmolVLM's: 200), and
+    #: the refusal must come here, as a bad image, before any model work.
+    max_aspect_ratio: float = 200.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -184,6 +187,8 @@ def _check_pixels(label: str, size: tuple[int, int], limits: IntakeLimits) -> No
         raise ImageError(label, f"image has no pixels ({w}x{h})")
     if w * h > limits.max_pixels:
         raise ImageError(label, f"{w}x{h} = {w * h} pixels, over the {limits.max_pixels}-pixel limit")
+    if max(w, h) > limits.max_aspect_ratio * min(w, h):
+        raise ImageError(label, f"{w}x{h} has an aspect ratio over {limits.max_aspect_ratio:g}:1, which VLMs refuse")
 
 
 def _normalise(label: str, img: Image.Image) -> Image.Image:

@@ -34,6 +34,8 @@ HF_PREFIX = "hf:"
 LLAMACPP_PREFIX = "llamacpp:"
 #: ``vllm:http://HOST:PORT`` generates on a vLLM OpenAI server (refsight encodes).
 VLLM_PREFIX = "vllm:"
+#: ``ollama:NAME[:TAG]`` serves a model of Ollama's store ($OLLAMA_MODELS) through llama.cpp.
+OLLAMA_PREFIX = "ollama:"
 
 _BUILTINS: dict[str, str] = {
     "toy": "refsight.backends.toy:ToyBackend",
@@ -108,6 +110,8 @@ def resolve_factory(name: str) -> Callable[..., Backend]:
         target = "refsight.backends.llamacpp:load_llamacpp_backend"
     if target is None and name.startswith(VLLM_PREFIX) and len(name) > len(VLLM_PREFIX):
         target = "refsight.backends.vllm.loading:load_vllm_backend"
+    if target is None and name.startswith(OLLAMA_PREFIX) and len(name) > len(OLLAMA_PREFIX):
+        target = "refsight.backends.llamacpp.ollama_store:load_ollama_backend"
     if target is None:
         raise UnknownModelError(name, available_models())
     return load_factory(target, name, BackendError, "backend")

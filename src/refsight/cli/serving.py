@@ -23,7 +23,10 @@ _LLAMACPP = "llamacpp:"
 
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
     # The spellings llama-server and `vllm serve` users type: MODEL, -m, --api-key, --alias, -c.
-    p.add_argument("model_arg", nargs="?", metavar="MODEL", help="the model (as --model; a .gguf file: llama.cpp)")
+    p.add_argument(
+        "model_arg", nargs="?", metavar="MODEL",
+        help="the model (as --model; a .gguf file: llama.cpp; ollama:NAME[:TAG]: a model of Ollama's store)",
+    )
     p.add_argument("-m", dest="model_file", metavar="MODEL", help="the model, as llama-server's -m (a .gguf file: llama.cpp)")
     p.add_argument("--api-key", metavar="KEY", help="one API key for the default namespace (default: $REFSIGHT_API_KEY)")
     p.add_argument(
@@ -54,6 +57,10 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-prompt-tokens", type=int, default=8192, metavar="N",
         help="most text tokens a chat prompt may hold (default 8192); longer prompts get 400",
+    )
+    p.add_argument(
+        "--no-cache", action="store_true",
+        help="encode every image afresh and prefill every prompt whole (no package or prefix reuse: a baseline)",
     )
     p.add_argument(
         "--attributes", choices=("imagenet", "vlm", "none"), default="imagenet",
@@ -115,7 +122,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         api_key=args.api_key, served_model_names=tuple(args.served_model_names or ()),
         embedder=args.embedder, max_prompt_tokens=args.max_prompt_tokens,
         ingest_attributes=() if args.attributes == "none" else (args.attributes,),
-        cache=args.cache, max_package_bytes=args.max_package_bytes,
+        cache=args.cache, max_package_bytes=args.max_package_bytes, use_cache=not args.no_cache,
     ))
     return 0
 

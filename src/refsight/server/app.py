@@ -22,7 +22,8 @@ from fastapi import FastAPI
 from .. import __version__
 from .access_log import install as install_access_log_redaction
 from .config import ServerConfig
-from .errors import ERROR_RESPONSES, CatchAllMiddleware, OpenAIErrorShapeMiddleware, install_error_handlers
+from .error_shapes import ErrorShapeMiddleware
+from .errors import ERROR_RESPONSES, CatchAllMiddleware, install_error_handlers
 from .gate import AuthGateMiddleware
 from .limits import BodyLimitMiddleware, WorkPool
 from .media_uuids import MediaUuids
@@ -102,8 +103,8 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     # Outermost: a request without a valid key is refused before its body is read at all.
     app.add_middleware(AuthGateMiddleware, tenants=tenants, routes=lambda: app.routes)
-    # Around everything: errors on the OpenAI routes, whoever answers them, carry OpenAI's type/param.
-    app.add_middleware(OpenAIErrorShapeMiddleware)
+    # Around everything: errors on the OpenAI and Ollama routes, whoever answers them, take that dialect's shape.
+    app.add_middleware(ErrorShapeMiddleware)
     # HEAD is GET without a body, for every middleware and route alike.
     app.add_middleware(HeadAsGetMiddleware)
     install_access_log_redaction()

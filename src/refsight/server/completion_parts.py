@@ -14,10 +14,13 @@ from typing import Any
 
 from .bodies import decode_image_field
 from .errors import ApiError
-from .openai_parts import ContentPart, ImageURL, PartResolver
+from .openai_parts import REF_URL_PREFIX, ContentPart, ImageURL, PartResolver
 from .prompt_limit import check_prompt_chars, check_prompt_tokens
 
-__all__ = ["RawPrompt", "raw_prompt", "check_raw_prompt", "stop_type", "timings"]
+__all__ = ["RawPrompt", "raw_prompt", "media_segment", "check_raw_prompt", "stop_type", "timings"]
+
+#: The longest item read as a reference name when its base64 decodes to ``refsight://ref/<id>``.
+_MAX_NAMED = 512
 
 
 @dataclass
@@ -32,7 +35,7 @@ class RawPrompt:
         """The engine's segments: each text, each media item resolved (decoded bytes or a reference)."""
         out: list[Any] = [self.texts[0]] if self.texts[0] else []
         for i, (item, text) in enumerate(zip(self.media, self.texts[1:])):
-            out.append(_media_segment(item, f"multimodal_data[{i}]", resolver))
+            out.append(media_segment(item, f"multimodal_data[{i}]", resolver))
             if text:
                 out.append(text)
         return out or [""]
@@ -41,6 +44,9 @@ class RawPrompt:
 def raw_prompt(prompt: str, media: list[str] | None, marker: str, field: str = "prompt") -> RawPrompt:
     """``prompt`` split at ``marker``; 400 when the markers and ``media`` disagree in number."""
     media = list(media or [])
+    if not prompt and not media:
+        # Nothing to start generating from: the runtimes fail on an empty prompt (a 0-element tensor).
+        raise ApiError(400, "invalid_input", f"{field}: is empty; give the text to continue", param=field)
     texts = prompt.split(marker)
     if len(texts) - 1 != len(media):
         raise ApiError(
@@ -51,10 +57,15 @@ def raw_prompt(prompt: str, media: list[str] | None, marker: str, field: str = "
     return RawPrompt(texts, media, field)
 
 
-def _media_segment(item: str, where: str, resolver: PartResolver) -> Any:
+def media_segment(item: str, where: str, resolver: PartResolver) -> Any:
+    """One image item: a stored reference (``refsight://ref/<id>`` or this server's URL, as text or as the
+    base64 of that text: clients that base64-encode every image can name a reference too), else base64 bytes."""
     if item.startswith(("refsight://", "http://", "https://")):
         return resolver.image(ContentPart(type="image_url", image_url=ImageURL(url=item)), where)
-    return resolver.decode(decode_image_field(item, where), where)
+    data = decode_image_field(item, where)
+    if len(data) <= _MAX_NAMED and data.startswith(REF_URL_PREFIX.encode()):
+        return resolver.image(ContentPart(type="image_url", image_url=ImageURL(url=data.decode("utf-8", "replace"))), where)
+    return resolver.decode(data, where)
 
 
 async def check_raw_prompt(prompt: RawPrompt, pool: Any, limit: int, backend: Any) -> None:

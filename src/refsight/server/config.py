@@ -65,6 +65,8 @@ class ServerConfig:
     memory_bytes: int | None = None
     #: The Redis tier between memory and disk (``redis://HOST:PORT/DB``; None: the config file's, or none).
     cache: str | None = None
+    #: False (``refsight serve --no-cache``): chat routes encode every image afresh and prefill every prompt whole.
+    use_cache: bool = True
     #: Byte quota on packages, least recently used evicted (``20GiB``; None: the config file's, or none).
     max_package_bytes: int | str | None = None
     thumbnail_px: int = 256

@@ -17,16 +17,17 @@ Codes, by status::
 Messages use the HTTP API's words: a library message that names a command-line flag
 (``--top-k``) is translated to the request field (``top_k``) by :func:`http_wording`.
 
-The OpenAI-compatible routes (:data:`OPENAI_PATHS`) answer in OpenAI's error shape so the
+Ollama's routes (:data:`OLLAMA_PATHS`) answer ``{"error": "message"}`` (and the ``code``), as
+Ollama's clients read it. The OpenAI-compatible routes (:data:`OPENAI_PATHS`) answer in OpenAI's error shape so the
 OpenAI SDKs raise their own typed exceptions: the same ``code`` and ``message`` plus
 ``type`` (``invalid_request_error``, ``authentication_error`` ...) and ``param`` (the
 request field at fault, or null), and a request that does not match the schema is a 400
-there (OpenAI's status), not a 422.
+there (OpenAI's status, and Ollama's), not a 422. Errors that middlewares answer before any route
+are reshaped for those paths by :class:`~refsight.server.error_shapes.ErrorShapeMiddleware`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Iterator
@@ -68,8 +69,9 @@ __all__ = [
     "CatchAllMiddleware",
     "ERROR_RESPONSES",
     "OPENAI_PATHS",
-    "OpenAIErrorShapeMiddleware",
+    "OLLAMA_PATHS",
     "openai_error_body",
+    "ollama_error_body",
     "fields_named",
     "inputs_as_fields",
     "error_response_for",
@@ -112,6 +114,9 @@ class ApiError(Exception):
 #: Route prefixes that answer errors in the OpenAI shape.
 OPENAI_PATHS = ("/v1/chat/", "/v1/models", "/v1/completions", "/completion", "/tokenize", "/detokenize", "/apply-template")
 
+#: Route prefixes that answer errors in Ollama's shape (:func:`ollama_error_body`).
+OLLAMA_PATHS = ("/api/",)
+
 #: OpenAI's error ``type`` per HTTP status (anything else 4xx: invalid_request_error).
 _OPENAI_TYPES = {
     401: "authentication_error",
@@ -127,6 +132,11 @@ def openai_error_body(status: int, code: str, message: str, param: str | None = 
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+def ollama_error_body(code: str, message: str) -> dict[str, Any]:
+    """Ollama's error shape, ``{"error": "message"}`` (what its clients raise with), and refsight's stable ``code`` beside it."""
+    return {"error": message, "code": code}
+
+
 def _respond(request: Request, status: int, code: str, message: str, headers=None, param: str | None = None) -> JSONResponse:
     return error_response_for(request.url.path, status, code, message, headers, param=param)
 
@@ -134,9 +144,11 @@ def _respond(request: Request, status: int, code: str, message: str, headers=Non
 def error_response_for(
     path: str, status: int, code: str, message: str, headers: dict[str, str] | None = None, *, param: str | None = None
 ) -> JSONResponse:
-    """The error response in the shape of ``path``'s routes: OpenAI's on :data:`OPENAI_PATHS`, else refsight's."""
+    """The error response in the shape of ``path``'s routes: OpenAI's, Ollama's (:data:`OLLAMA_PATHS`), else refsight's."""
     if path.startswith(OPENAI_PATHS):
         return TextSafeJSONResponse(openai_error_body(status, code, message, param), status_code=status, headers=headers)
+    if path.startswith(OLLAMA_PATHS):
+        return TextSafeJSONResponse(ollama_error_body(code, message), status_code=status, headers=headers)
     return error_response(status, code, message, headers)
 
 
@@ -293,8 +305,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        if request.url.path.startswith(OPENAI_PATHS):
-            # OpenAI answers a malformed request with 400 and names the field.
+        if request.url.path.startswith((*OPENAI_PATHS, *OLLAMA_PATHS)):
+            # OpenAI and Ollama answer a malformed request with 400 (OpenAI names the field).
             first = (exc.errors() or [{}])[0]
             param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
             return _respond(request, 400, "invalid_input", _validation_message(exc), param=param)
@@ -314,57 +326,6 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.error("%s %s crashed", request.method, request.url.path, exc_info=exc)
         return _respond(request, 500, "internal_error", "internal server error")
-
-
-class OpenAIErrorShapeMiddleware:
-    """ASGI middleware: on :data:`OPENAI_PATHS`, every JSON error body gets OpenAI's ``type`` and ``param``.
-
-    Route handlers already answer in that shape; this catches the errors that middlewares
-    answer before any route runs (the auth gate, body size, JSON depth), so a client of
-    the OpenAI SDK sees one shape whatever refused its request.
-    """
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or not str(scope.get("path", "")).startswith(OPENAI_PATHS):
-            await self.app(scope, receive, send)
-            return
-        held: dict[str, Any] = {}
-        chunks: list[bytes] = []
-
-        async def shaping_send(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                content_type = dict(message.get("headers") or []).get(b"content-type", b"")
-                if message["status"] >= 400 and content_type.startswith(b"application/json"):
-                    held["start"] = message  # an error: hold it until its body is complete
-                    return
-                await send(message)
-                return
-            if "start" not in held or message["type"] != "http.response.body":
-                await send(message)
-                return
-            chunks.append(message.get("body", b""))
-            if message.get("more_body", False):
-                return
-            body = b"".join(chunks)
-            try:
-                data = json.loads(body)
-                error = data["error"]
-                if isinstance(error, dict) and "code" in error and "message" in error:
-                    error.setdefault("type", openai_error_body(held["start"]["status"], "", "")["error"]["type"])
-                    error.setdefault("param", None)
-                    body = json.dumps(data).encode()
-            except (ValueError, KeyError, TypeError):
-                pass  # not an error body of ours: pass it on unchanged
-            start = dict(held.pop("start"))
-            start["headers"] = [(k, v) for k, v in start.get("headers") or [] if k.lower() != b"content-length"]
-            start["headers"].append((b"content-length", str(len(body)).encode()))
-            await send(start)
-            await send({"type": "http.response.body", "body": body, "more_body": False})
-
-        await self.app(scope, receive, shaping_send)
 
 
 class CatchAllMiddleware:
@@ -396,11 +357,8 @@ class CatchAllMiddleware:
             log.error("%s %s crashed", scope.get("method"), scope.get("path"), exc_info=exc)
             if started:  # too late for a clean answer: let the server close the connection
                 raise
-            if str(scope.get("path", "")).startswith(OPENAI_PATHS):
-                body = openai_error_body(500, "internal_error", "internal server error")
-                await TextSafeJSONResponse(body, status_code=500)(scope, receive, send)
-                return
-            await error_response(500, "internal_error", "internal server error")(scope, receive, send)
+            response = error_response_for(str(scope.get("path", "")), 500, "internal_error", "internal server error")
+            await response(scope, receive, send)
 
 
 def _schema(description: str) -> dict[str, Any]:

@@ -12,7 +12,7 @@ JSON schema.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -123,23 +123,33 @@ class GenerationBody(BaseModel):
             raise ApiError(400, "invalid_input", f"{param}: {wanted} is over the limit of {limit}", param=param)
         return wanted
 
-    def sampling(self) -> Sampling:
-        """The request's :class:`Sampling` (greedy unless it says otherwise); 400 naming a bad value."""
+    def sampling(self, defaults: Mapping[str, Any] | None = None) -> Sampling:
+        """The request's :class:`Sampling` (greedy unless it says otherwise); 400 naming a bad value.
+
+        ``defaults``: Sampling fields the served model sets (an Ollama model's params layer), used
+        for each field the request leaves unset.
+        """
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if len(stop) > 4 or any(not s for s in stop):
             raise ApiError(400, "invalid_input", "stop: give at most 4 non-empty strings", param="stop")
         penalty = self.repetition_penalty if self.repetition_penalty is not None else self.repeat_penalty
+        given = {
+            "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed, "top_k": self.top_k,
+            "stop": None if self.stop is None else tuple(stop), "frequency_penalty": self.frequency_penalty,
+            "presence_penalty": self.presence_penalty, "min_p": self.min_p, "repetition_penalty": penalty,
+        }
+        value = {k: (defaults or {}).get(k) if v is None else v for k, v in given.items()}
         try:
             return Sampling(
-                temperature=self.temperature or 0.0,
-                top_p=1.0 if self.top_p is None else self.top_p,
-                seed=None if self.seed in (None, -1) else self.seed,
-                stop=tuple(stop),
-                frequency_penalty=self.frequency_penalty or 0.0,
-                presence_penalty=self.presence_penalty or 0.0,
-                top_k=max(self.top_k or 0, 0),
-                min_p=self.min_p or 0.0,
-                repetition_penalty=1.0 if penalty is None else penalty,
+                temperature=value["temperature"] or 0.0,
+                top_p=1.0 if value["top_p"] is None else value["top_p"],
+                seed=None if value["seed"] in (None, -1) else value["seed"],
+                stop=tuple(value["stop"] or ()),
+                frequency_penalty=value["frequency_penalty"] or 0.0,
+                presence_penalty=value["presence_penalty"] or 0.0,
+                top_k=max(value["top_k"] or 0, 0),
+                min_p=value["min_p"] or 0.0,
+                repetition_penalty=1.0 if value["repetition_penalty"] is None else value["repetition_penalty"],
             )
         except InvalidInputError as e:
             raise ApiError(400, "invalid_input", str(e), param=str(e.input)) from None

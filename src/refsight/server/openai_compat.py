@@ -47,7 +47,7 @@ from .openai_parts import Message, PartResolver, messages_to_segments, own_origi
 from .prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
 from .streaming import SSE_DONE, EventStreamResponse, Finished, open_stream, sse_event, stream_error
 
-__all__ = ["router", "ChatRequest", "check_generation", "RANDOM_WEIGHTS_NOTICE"]
+__all__ = ["router", "ChatRequest", "check_generation", "refsight_extra", "RANDOM_WEIGHTS_NOTICE"]
 
 RANDOM_WEIGHTS_NOTICE = "random weights: this text is meaningless (timings and caching are real)"
 
@@ -91,7 +91,7 @@ def check_generation(body: GenerationBody, service: Any, given: int | None, max_
     max_new_tokens = body.token_limit(max_limit, given, "max_completion_tokens") if given is not None else (
         body.token_limit(max_limit)
     )
-    sampling = body.sampling()
+    sampling = body.sampling(service.sampling_defaults)
     backend = service.engine.backend()
     refused = [name for name in sampling.non_default() if name not in backend.sampling_fields]
     if refused:
@@ -131,7 +131,8 @@ def _usage(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _extra(result: dict[str, Any]) -> dict[str, Any]:
+def refsight_extra(result: dict[str, Any]) -> dict[str, Any]:
+    """The ``refsight`` object of an answer: random weights (and the notice), references cached, timings, uuids."""
     extra = {
         "random_weights": result["random_weights"],
         "references_cached": result["references_cached"],
@@ -183,7 +184,7 @@ async def chat_completions(
     choice = {"index": 0, "message": {"role": "assistant", "content": result["text"]},
               "finish_reason": result["finish_reason"], "logprobs": None}
     return {"id": completion_id, "object": "chat.completion", "created": created, "model": service.served_model,
-            "choices": [choice], "usage": _usage(result), "refsight": _extra(result)}
+            "choices": [choice], "usage": _usage(result), "refsight": refsight_extra(result)}
 
 
 async def _chunks(
@@ -212,7 +213,7 @@ async def _chunks(
         return
     result = item.result
     finish = result["finish_reason"] if result["finish_reason"] in ("stop", "length") else "stop"
-    yield chunk({}, finish, refsight=_extra(result))
+    yield chunk({}, finish, refsight=refsight_extra(result))
     if include_usage:
         yield sse_event({
             "id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,

@@ -99,6 +99,11 @@ class Service:
         return getattr(self.engine.backend(), "context_size", None)
 
     @property
+    def sampling_defaults(self) -> dict[str, Any]:
+        """Sampling fields the served model sets for requests that leave them unset (an ``ollama:`` model's params)."""
+        return dict(getattr(self.engine.backend(), "sampling_defaults", None) or {})
+
+    @property
     def random_weights(self) -> bool:
         """Whether the served model has random weights (its text is meaningless)."""
         return bool(self.engine.backend().random_weights)
@@ -169,7 +174,9 @@ class Service:
 
     def chat(self, segments: Sequence[Any], *, namespace: str, **options: Any) -> dict[str, Any]:
         """``engine.chat`` → the generation as JSON-ready data."""
-        return printable_data(self.engine.chat(list(segments), namespace=namespace, **options).to_dict())
+        # ``--no-cache`` serves every image through the runtime's fresh path (the baseline of a benchmark).
+        cache = {} if self.config.use_cache else {"use_cache": False, "use_kv_cache": False}
+        return printable_data(self.engine.chat(list(segments), namespace=namespace, **cache, **options).to_dict())
 
     # -- stats -----------------------------------------------------------------------------
     def stats(self, *, namespace: str, tenants: bool) -> dict[str, Any]:

@@ -24,7 +24,10 @@ from starlette.responses import Response
 
 from .limits import WorkPool
 
-__all__ = ["Finished", "stream_in_pool", "open_stream", "stream_error", "EventStreamResponse", "sse_event", "SSE_DONE"]
+__all__ = [
+    "Finished", "stream_in_pool", "open_stream", "stream_error", "EventStreamResponse", "sse_event", "SSE_DONE",
+    "ndjson_line", "NDJSON",
+]
 
 #: The last event of an OpenAI stream.
 SSE_DONE = b"data: [DONE]\n\n"
@@ -33,6 +36,15 @@ SSE_DONE = b"data: [DONE]\n\n"
 def sse_event(data: Any) -> bytes:
     """One ``data:`` event holding ``data`` as compact JSON."""
     return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+#: The media type of a stream of JSON lines (Ollama's streams).
+NDJSON = "application/x-ndjson"
+
+
+def ndjson_line(data: Any) -> bytes:
+    """One line of an NDJSON stream holding ``data`` as compact JSON."""
+    return json.dumps(data, separators=(",", ":")).encode() + b"\n"
 
 
 def stream_error(error: BaseException) -> dict[str, Any]:
@@ -97,11 +109,15 @@ class EventStreamResponse(Response):
     """An ASGI ``text/event-stream`` response over an async iterator of encoded events.
 
     ``stop`` is set when the client disconnects (or the send fails), so the generating
-    thread can end early; the event iterator is closed either way.
+    thread can end early; the event iterator is closed either way. ``media_type``
+    :data:`NDJSON` carries JSON lines instead (Ollama's streams), with the same guarantees.
     """
 
-    def __init__(self, events: AsyncIterator[bytes], stop: threading.Event, *, status_code: int = 200) -> None:
-        super().__init__(status_code=status_code, media_type="text/event-stream")
+    def __init__(
+        self, events: AsyncIterator[bytes], stop: threading.Event, *, status_code: int = 200,
+        media_type: str = "text/event-stream",
+    ) -> None:
+        super().__init__(status_code=status_code, media_type=media_type)
         self.events = events
         self.stop = stop
 
@@ -121,7 +137,7 @@ class EventStreamResponse(Response):
                     "type": "http.response.start",
                     "status": self.status_code,
                     "headers": [
-                        (b"content-type", b"text/event-stream; charset=utf-8"),
+                        (b"content-type", f"{self.media_type}; charset=utf-8".encode()),
                         (b"cache-control", b"no-cache"),
                         (b"x-accel-buffering", b"no"),  # proxies must not buffer the stream
                     ],

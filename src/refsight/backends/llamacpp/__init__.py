@@ -3,8 +3,9 @@
 ``--model llamacpp:/models/qwen2-vl-2b.gguf --mmproj /models/mmproj-qwen2-vl-2b.gguf``
 (or ``get_backend("llamacpp:M.gguf", mmproj="P.gguf")``). Built-in offline models
 with random weights: ``tiny-qwen2-vl-gguf``, ``tiny-qwen2.5-vl-gguf``,
-``tiny-smolvlm-gguf`` and the real-shape ``shape-qwen2-vl-2b-gguf``, built on first
-use (see :mod:`.models`). Needs ``pip install 'refsight[llamacpp]'``
+``tiny-smolvlm-gguf``, ``tiny-qwen3-vl-gguf``, the families of :mod:`.families`
+(``tiny-gemma3-gguf``, ``tiny-internvl-gguf``, ...) and the real-shape
+``shape-qwen2-vl-2b-gguf``, built on first use (see :mod:`.models`). Needs ``pip install 'refsight[llamacpp]'``
 (llama-cpp-python, pinned: the signature of ``mtmd_helper_decode_image_chunk``
 changes between releases).
 
@@ -13,7 +14,7 @@ set-up, :mod:`.sampler` its sampler chain), :mod:`.package_format`
 (the package and its fingerprint), :mod:`.prompt` (chat template),
 :mod:`.generation` (prompt evaluation and decoding), :mod:`.prefix` (the reference prefix's saved sequence state), :mod:`.grammar` (JSON schema →
 GBNF), :mod:`.backend` (the :class:`~refsight.backends.base.Backend`), :mod:`.models`
-(built-in GGUFs).
+(built-in GGUFs; :mod:`.families` those of the transformers tiny-family recipes).
 """
 
 from __future__ import annotations

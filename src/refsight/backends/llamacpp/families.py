@@ -67,7 +67,7 @@ def _vision(recipe: dict[str, Any], **vision: Any) -> dict[str, Any]:
     return _update(recipe, {"config": {"vision_config": vision}})
 
 
-# Gemma 3: a SigLIP tower; the converter reads it under vision_tower.vision_model.* (the
+# Gemma 3, LFM2-VL: SigLIP towers; the converter reads them under vision_tower.vision_model.* (the
 # layout of the published checkpoints), transformers 5.24 saves vision_tower.embeddings.* etc.
 _SIGLIP_NESTING = (
     ("vision_tower.embeddings.", "vision_tower.vision_model.embeddings."),
@@ -173,7 +173,8 @@ FAMILY_GGUFS: dict[str, FamilyGguf] = {
         # The converter reshapes the patch embedding as 16x16 px patches whatever the config says.
         _update(_vision(_LFM2_VL, num_hidden_layers=3, patch_size=16),
                 {"image_processor": {"encoder_patch_size": 16, "tile_size": 128}}),
-        "qwen2",
+        "qwen2", renames=_SIGLIP_NESTING,
+        # The top-level Lfm2VlForConditionalGeneration is only the converter's mmproj class.
         config_edits={"text_config": {"architectures": ["Lfm2ForCausalLM"]}},
     ),
     "tiny-llama4-gguf": FamilyGguf(_vision(_LLAMA4, num_hidden_layers=3), "qwen2"),

@@ -9,6 +9,9 @@ dims divisible by 4, and for Qwen ``sum(mrope_section) * 2 == head_dim``. The
 trained tokenizer's pre-tokenizer is unknown to the converter (it identifies
 pre-tokenizers by hashing their output), so it is mapped to one llama.cpp knows.
 
+More families (Gemma 3, InternVL, Mistral 3, ...) are built from the transformers
+tiny-family recipes by :mod:`.families`, through :func:`ensure_gguf` and :func:`convert` too.
+
 Results live in the model cache (``$REFSIGHT_MODEL_CACHE``) as
 ``<name>-<build id>/{model.gguf,mmproj.gguf}``; the sdist is fetched once with
 ``pip download`` into the same cache (or taken from ``$REFSIGHT_LLAMA_CPP_SRC``,

@@ -3,35 +3,38 @@
 ``--model vllm:http://HOST:PORT`` points refsight at a running vLLM server
 (``refsight vllm-serve`` starts one here; a CUDA server elsewhere works the same).
 refsight loads the *same weights'* processor and tokenizer through its own Hugging Face
-backend, the **encoder** (a Qwen family backend, found from the server's ``/v1/models``
-``root``, or given with ``encoder=DIR|NAME``: :mod:`.loading`). :class:`VLLMBackend` is
+backend, the **encoder** (the HF backend of the served family, found from the server's
+``/v1/models`` ``root``, or given with ``encoder=DIR|NAME``: :mod:`.loading`). :class:`VLLMBackend` is
 then a transport: the base class checks and prepares each request, :mod:`.messages`
 writes the OpenAI body, :mod:`.client` carries it. Two ways to send images, chosen once
 when the backend loads (the server is asked whether it takes pixels):
 
 * **the server has a vision encoder** (the default: :attr:`VLLMBackend.encodes_images`):
-  refsight runs no vision tower. Its packages are *pixel packages* (:mod:`.pixels`: the
-  image on its grid, under a fingerprint of its own), every image is an ``image_url``
+  refsight runs no vision tower. Its packages are *pixel packages* (:mod:`.pixels`: for
+  Qwen the image on its grid, for every other family the image as decoded, under a
+  fingerprint of its own), every image is an ``image_url``
   part, the candidate as pixels, each reference by ``uuid`` = ``refsight-`` + its package
   key, uuid-only when this backend already gave the server its pixels, pixels + uuid
   otherwise and again after a ``Cache miss`` (one retry per request, counted in
   :meth:`VLLMBackend.uuid_stats`). vLLM's caches, and refsight's encoder-cache connector
   (:mod:`.connector`: vLLM's encoder outputs kept in refsight's store), serve references
   by that uuid, so a reference is encoded once, by vLLM;
-* **the server has none** (``--limit-mm-per-prompt`` image 0): packages are the HF
+* **the server has none** (``--limit-mm-per-prompt`` image 0; Qwen families only): packages are the HF
   encoder's (the same keys as ``hf:``), each travels as ``image_embeds`` with its
   ``image_grid_thw`` (Qwen3-VL's deepstack maps beside the features), and a fresh image
   next to a package is encoded here (:meth:`VLLMBackend.encodes_fresh_images`): vLLM
   refuses to mix pixels and embeddings in one request.
 
 Greedy tokens equal vLLM's all-pixels path (tests/backends/vllm prove it on tiny
-Qwen2-VL, Qwen2.5-VL and Qwen3-VL). JSON constraints use vLLM's structured output
+Qwen2-VL, Qwen2.5-VL and Qwen3-VL, and with source pixels on Gemma 3, LLaVA, InternVL,
+Mistral 3 and SmolVLM: ``test_vllm_families.py``). JSON constraints use vLLM's structured output
 (``structured_outputs.grammar``: refsight's own grammar for the schema, as in the HF
 backend). ``return_logits`` fills a ``[steps, vocab]`` tensor of vLLM's top-k
 *log-probabilities* (``logprobs``), ``-inf`` elsewhere: an OpenAI server does not return
 full logits. A stream relays vLLM's own SSE events; a set stop event closes the
 connection, which makes vLLM abort the request. ``prompt_tokens`` is vLLM's usage;
-``image_tokens`` is prod(grid) / merge² per image.
+``image_tokens`` is prod(grid) / merge² per image (Qwen), else the family processor's
+placeholder count for the image's size (:class:`~.pixels.ImageTokenCounter`).
 
 The reference-prefix KV cache is vLLM's own automatic prefix caching: references come
 first with uuids derived from their package keys, so a later rubric over the same
@@ -54,10 +57,16 @@ from ..base import Backend, Execution, Generation, GenerationRequest, PreparedRe
 from ..sampling import SAMPLING_FIELDS
 from . import messages
 from .client import VLLMClient
-from .pixels import HeldUuids, ImageParts, PixelUrls, encode_pixels, is_cache_miss, pixel_fingerprint, validate_pixels
+from .pixels import (
+    GRID_PIXELS, SOURCE_PIXELS, HeldUuids, ImageParts, ImageTokenCounter, PixelUrls, encode_pixels, encode_source_pixels,
+    is_cache_miss, pixel_fingerprint, validate_pixels, validate_source_pixels,
+)
 
 if TYPE_CHECKING:  # the encoder is a transformers backend: imported only when one is loaded
-    from ..hf.qwen2_vl import QwenFamilyBackend
+    from ..hf.base import HFBackend
+
+#: The families whose pixel packages are the image on its grid (and that take ``image_embeds``).
+QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
 __all__ = ["VLLMBackend", "TOP_LOGPROBS"]
 
@@ -86,7 +95,7 @@ class VLLMBackend(Backend):
     supports_turns: ClassVar[bool] = True
 
     def __init__(
-        self, name: str, *, client: VLLMClient, served_model: str, encoder: QwenFamilyBackend, encodes_images: bool = False,
+        self, name: str, *, client: VLLMClient, served_model: str, encoder: HFBackend, encodes_images: bool = False,
         keeps_uuids: bool = True,
     ) -> None:
         super().__init__(name)
@@ -100,7 +109,10 @@ class VLLMBackend(Backend):
         #: What the server holds by uuid (nothing, for a server that keeps no processed inputs: never uuid-only).
         self.held = HeldUuids() if keeps_uuids else HeldUuids(limit=0)
         self.urls = PixelUrls()
-        self._fingerprint = pixel_fingerprint(encoder.fingerprint()) if encodes_images else encoder.fingerprint()
+        #: Pixel packages on the Qwen grid, or the decoded image (every other family: :mod:`.pixels`).
+        self.pixel_kind = GRID_PIXELS if getattr(encoder, "family", None) in QWEN_FAMILIES else SOURCE_PIXELS
+        self._count_tokens = ImageTokenCounter(encoder)
+        self._fingerprint = pixel_fingerprint(encoder.fingerprint(), self.pixel_kind) if encodes_images else encoder.fingerprint()
         self._stats = {"uuid_only": 0, "with_pixels": 0, "cache_miss_retries": 0}
         self._stats_lock = threading.Lock()
 
@@ -111,14 +123,18 @@ class VLLMBackend(Backend):
         return self._fingerprint
 
     def encode(self, images: Sequence[ImageInput]) -> list[VisualPackage]:
-        """Pixel packages (resized onto the grid, no vision tower), or the HF encoder's packages."""
+        """Pixel packages (no vision tower: on the grid, or as decoded), or the HF encoder's packages."""
+        if self.encodes_images and self.pixel_kind == SOURCE_PIXELS:
+            return encode_source_pixels(images, self._fingerprint, self._count_tokens)
         if self.encodes_images:
             return encode_pixels(self.encoder, images, self._fingerprint)
         return self.encoder.encode(images)
 
     def validate_package(self, package: VisualPackage) -> None:
         """A pixel package's checks, or the encoder's (fingerprint, tensor names and shapes against the grid)."""
-        if self.encodes_images:
+        if self.encodes_images and self.pixel_kind == SOURCE_PIXELS:
+            validate_source_pixels(package, self._fingerprint)
+        elif self.encodes_images:
             validate_pixels(package, self._fingerprint, int(self.encoder.image_processor.patch_size))
         else:
             self.encoder.validate_package(package)
@@ -139,9 +155,11 @@ class VLLMBackend(Backend):
         return self.encoder.vocab_size
 
     def image_tokens(self, segments: Sequence[Any]) -> list[int]:
-        """Prompt tokens of each image in order: prod(grid) / merge² (a fresh image: the grid of its resized size)."""
+        """Prompt tokens of each image in order: prod(grid) / merge² (a fresh image: the grid of its resized size),
+        or the family processor's count for the image's size."""
         return [
-            int(s.metadata["num_tokens"]) if isinstance(s, VisualPackage) else self.encoder.grid_tokens(s.image)
+            int(s.metadata["num_tokens"]) if isinstance(s, VisualPackage)
+            else self.encoder.grid_tokens(s.image) if self.pixel_kind == GRID_PIXELS else self._count_tokens(s.image.size)
             for s in segments if not isinstance(s, str)
         ]
 
@@ -181,7 +199,7 @@ class VLLMBackend(Backend):
             references = frozenset(request.reference_keys)
         else:
             references = frozenset(s.key for s in prepared.segments[:request.prefix_segments] if isinstance(s, VisualPackage))
-        return ImageParts(self.encoder, references, self.held, self.urls, resend=resend)
+        return ImageParts(self.encoder, references, self.held, self.urls, resend=resend, to_grid=self.pixel_kind == GRID_PIXELS)
 
     def execute(self, batch: list[PreparedRequest], execution: Execution) -> list[Generation]:
         """Each request to vLLM (concurrently: the server batches them), or one relayed stream."""

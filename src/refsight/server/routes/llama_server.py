@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from ... import __version__
 from ..completion_parts import RawPrompt, check_raw_prompt, raw_prompt, stop_type, timings
@@ -118,7 +118,8 @@ class DetokenizeBody(BaseModel):
     """``POST /detokenize``."""
 
     model_config = ConfigDict(extra="forbid")
-    tokens: list[int] = Field(default_factory=list, max_length=MAX_DETOKENIZE)
+    # Strict: "1" and true are not token ids (lax parsing would take them as 1).
+    tokens: list[StrictInt] = Field(default_factory=list, max_length=MAX_DETOKENIZE)
 
 
 @router.post("/detokenize", responses=_ERRORS)

@@ -1,0 +1,206 @@
+"""Ollama's native generation endpoints, ``POST /api/chat`` and ``POST /api/generate``, in Ollama's shapes.
+
+So the ``ollama`` Python and JS libraries, LangChain's ``ChatOllama`` and every other Ollama client work
+unchanged against ``refsight serve`` (``--port 11434`` is Ollama's port). The bodies and what each
+field means are :mod:`..ollama_bodies`; the generation is the engine's, as on every other text route.
+
+``stream`` defaults to **true**: NDJSON lines (``application/x-ndjson``), one per piece of text with
+``done: false``, then the last with ``done: true``, ``done_reason`` and the counts and durations
+(nanoseconds): ``total_duration`` (the request), ``load_duration`` (loading cached image packages from
+the store; the model itself is loaded at start), ``prompt_eval_count`` / ``prompt_eval_duration`` (the
+prompt, images included, up to the first token), ``eval_count`` / ``eval_duration`` (the answer). An
+error after the stream began is a last line ``{"error": "..."}``, as Ollama sends it. A request without
+a prompt (no messages; an empty prompt and no images) answers at once with ``done_reason: "load"``,
+Ollama's way of loading a model (``"unload"`` with ``keep_alive: 0``; the model stays loaded here).
+Each answer also carries refsight's own ``refsight`` object (references cached, timings).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from typing import Any, AsyncIterator, Callable
+
+from fastapi import APIRouter, Request
+
+from ..completion_parts import check_raw_prompt, raw_prompt
+from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Tenant
+from ..errors import ERROR_RESPONSES, ApiError
+from ..ollama_bodies import (
+    OllamaChatBody, OllamaGenerateBody, OllamaMessage, chat_segments, check_model, check_refused, generation,
+    ollama_name, schema_of,
+)
+from ..openai_compat import refsight_extra
+from ..openai_parts import PartResolver, own_origins
+from ..prompt_limit import check_prompt_chars, check_prompt_tokens
+from ..streaming import NDJSON, EventStreamResponse, Finished, ndjson_line, open_stream, stream_error
+from .ollama_models import model_facts
+
+__all__ = ["router", "created_at"]
+
+router = APIRouter(tags=["ollama"])
+_ERRORS = {k: ERROR_RESPONSES[k] for k in (400, 404)}
+
+
+def created_at() -> str:
+    """Now, as Ollama writes ``created_at`` (RFC 3339, UTC)."""
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _ns(seconds: float) -> int:
+    return max(int(seconds * 1e9), 0)
+
+
+class _Clock:
+    """Passes each piece of text on and notes when the first came: the prompt's share of the time ends there."""
+
+    def __init__(self, on_text: Callable[[str], None] | None) -> None:
+        self.on_text = on_text
+        self.began = time.perf_counter()
+        self.first: float | None = None
+
+    def __call__(self, piece: str) -> None:
+        if self.first is None:
+            self.first = time.perf_counter()
+        if self.on_text is not None:
+            self.on_text(piece)
+
+
+class _Answer:
+    """One generation request, answered whole or as NDJSON lines; ``key`` is ``message`` (chat) or ``response``."""
+
+    def __init__(self, key: str, service: Any, namespace: str, make_segments: Callable[[], tuple[list[Any], Any]],
+                 options: dict[str, Any]) -> None:
+        self.key, self.service, self.namespace = key, service, namespace
+        self.make_segments, self.options = make_segments, options
+        self.began = time.perf_counter()
+        self.model = ollama_name(service)
+
+    def work(self, on_text: Callable[[str], None] | None = None, stop_event: Any = None) -> dict[str, Any]:
+        """The blocking generation (in a pool slot); its result with the clock's marks."""
+        segments, turns = self.make_segments()
+        clock = _Clock(on_text)
+        result = self.service.chat(segments, namespace=self.namespace, turns=turns, on_text=clock,
+                                   stop_event=stop_event, **self.options)
+        ended = time.perf_counter()
+        first = clock.first or ended
+        return {**result, "_prompt_s": first - clock.began, "_eval_s": ended - first}
+
+    def piece(self, text: str) -> dict[str, Any]:
+        """One streamed line (``done: false``)."""
+        return {"model": self.model, "created_at": created_at(), **self._text(text), "done": False}
+
+    def final(self, result: dict[str, Any], text: str) -> dict[str, Any]:
+        """The last (or only) object: the text, ``done_reason``, the counts and the durations in nanoseconds."""
+        return {
+            "model": self.model, "created_at": created_at(), **self._text(text), "done": True,
+            "done_reason": "length" if result["finish_reason"] == "length" else "stop",
+            "total_duration": _ns(time.perf_counter() - self.began),
+            "load_duration": _ns(result["timings_ms"].get("reference_load", 0.0) / 1000),
+            "prompt_eval_count": result["prompt_tokens"], "prompt_eval_duration": _ns(result["_prompt_s"]),
+            "eval_count": len(result["tokens"]), "eval_duration": _ns(result["_eval_s"]),
+            "refsight": refsight_extra(result),
+        }
+
+    def _text(self, text: str) -> dict[str, Any]:
+        return {"message": {"role": "assistant", "content": text}} if self.key == "message" else {"response": text}
+
+    async def reply(self, pool: Any, stream: bool) -> Any:
+        """The whole answer, or the NDJSON stream of it."""
+        if not stream:
+            result = await pool.run(self.work)
+            return self.final(result, result["text"])
+        first, source, stop = await open_stream(pool, self.work)
+        return EventStreamResponse(self._lines(first, source), stop, media_type=NDJSON)
+
+    async def _lines(self, first: Any, source: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+        item = first
+        try:
+            while not isinstance(item, Finished):
+                yield ndjson_line(self.piece(item))
+                item = await source.__anext__()
+        except Exception as e:  # noqa: BLE001 -- after the headers an error can only be a line
+            error = stream_error(e)
+            yield ndjson_line({"error": error["message"], "code": error["code"]})
+            return
+        yield ndjson_line(self.final(item.result, ""))
+
+
+def _loaded(service: Any, key: str, keep_alive: Any) -> dict[str, Any]:
+    """Ollama's answer to a request without a prompt: the model is loaded (it always is here)."""
+    unload = keep_alive in (0, "0", "0s", "0m")
+    text = {"message": {"role": "assistant", "content": ""}} if key == "message" else {"response": ""}
+    return {"model": ollama_name(service), "created_at": created_at(), **text, "done": True,
+            "done_reason": "unload" if unload else "load"}
+
+
+def _resolver(request: Request, service: Any, namespace: str, uuids: Any, config: Any) -> PartResolver:
+    return PartResolver(service.decode, namespace, uuids, own_origins(request.headers.get("host"), config.host, config.port))
+
+
+async def _check_texts(texts: list[str], pool: Any, limit: int, service: Any) -> None:
+    """The prompt-token limit before any model work: characters here, tokens in the shared thread pool."""
+    check_prompt_chars(texts, limit)
+    await pool.run_light(check_prompt_tokens, texts, limit, service.engine.backend().count_text_tokens)
+
+
+@router.post("/api/chat", responses=_ERRORS)
+async def chat(
+    request: Request, body: OllamaChatBody, namespace: Tenant, service: ServiceDep, pool: PoolDep, config: ConfigDep,
+    uuids: MediaUuidsDep,
+) -> Any:
+    """Ollama's chat: ``messages`` (with ``images``) in the model's chat template; NDJSON unless ``stream: false``."""
+    check_model(body.model, service)
+    check_refused(body)
+    if not body.messages:
+        return _loaded(service, "message", body.keep_alive)
+    max_new_tokens, sampling = generation(body.options, service, config.max_new_tokens)
+    options = {"max_new_tokens": max_new_tokens, "sampling": sampling, "json_schema": schema_of(body.format)}
+    await _check_texts([m.content for m in body.messages], pool, config.max_prompt_tokens, service)
+    resolver, system = _resolver(request, service, namespace, uuids, config), model_facts(service).get("system")
+    answer = _Answer("message", service, namespace, lambda: chat_segments(body.messages, resolver, system), options)
+    return await answer.reply(pool, body.stream)
+
+
+def _check_generate(body: OllamaGenerateBody) -> None:
+    """400 naming the generate fields refsight cannot honour."""
+    if body.suffix:
+        raise ApiError(400, "unsupported", "suffix: fill-in-the-middle is not supported by refsight", param="suffix")
+    if body.template:
+        raise ApiError(400, "unsupported", "template: refsight renders the model's own chat template; send raw: true "
+                       "with the whole prompt instead", param="template")
+    if body.context:
+        raise ApiError(400, "unsupported", "context: token contexts are not kept; send the conversation to /api/chat",
+                       param="context")
+    if body.raw and body.system:
+        raise ApiError(400, "invalid_input", "system: a raw prompt takes no system prompt; write it into the prompt",
+                       param="system")
+
+
+@router.post("/api/generate", responses=_ERRORS)
+async def generate(
+    request: Request, body: OllamaGenerateBody, namespace: Tenant, service: ServiceDep, pool: PoolDep,
+    config: ConfigDep, uuids: MediaUuidsDep,
+) -> Any:
+    """Ollama's completion of ``prompt`` (with ``images`` and ``system``) in the model's chat template, or
+    ``raw``: the prompt as given, one media marker per image (``GET /props``' ``media_marker``)."""
+    check_model(body.model, service)
+    check_refused(body)
+    _check_generate(body)
+    if not body.prompt and not body.images:
+        return _loaded(service, "response", body.keep_alive)
+    max_new_tokens, sampling = generation(body.options, service, config.max_new_tokens)
+    options = {"max_new_tokens": max_new_tokens, "sampling": sampling, "json_schema": schema_of(body.format)}
+    resolver = _resolver(request, service, namespace, uuids, config)
+    if body.raw:
+        backend = service.engine.backend()
+        prompt = raw_prompt(body.prompt or "", body.images, backend.media_marker, "prompt")
+        await check_raw_prompt(prompt, pool, config.max_prompt_tokens, backend)
+        answer = _Answer("response", service, namespace, lambda: (prompt.segments(resolver), None),
+                         {**options, "raw_prompt": True})
+        return await answer.reply(pool, body.stream)
+    system = body.system or model_facts(service).get("system")
+    messages = [OllamaMessage(role="user", content=body.prompt or "", images=body.images)]
+    await _check_texts([body.prompt or "", body.system or ""], pool, config.max_prompt_tokens, service)
+    answer = _Answer("response", service, namespace, lambda: chat_segments(messages, resolver, system, ""), options)
+    return await answer.reply(pool, body.stream)

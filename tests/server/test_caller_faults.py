@@ -1,0 +1,77 @@
+"""Input that is the caller's fault is a 400 naming it, on a real tiny model over loopback: never a 500.
+
+(Hardening round 3.) Extreme aspect ratios, which the models' image processors refuse, are refused
+as bad images before any model work, on every door (references, chat, the CLI); an empty raw prompt
+names ``prompt``; ``/detokenize`` takes strict integers only.
+"""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from live_server import LiveServer, assert_error, b64, data_url
+from PIL import Image
+
+from refsight.cli import main
+
+EXTREME = ((1, 10000), (10000, 1), (2, 40000), (65535, 1), (1, 65535))
+
+
+def _refused(response, code: str = "invalid_input") -> dict:
+    """A 400 with a JSON error body carrying ``code`` (the llama-server routes add OpenAI's type and param)."""
+    assert response.status_code == 400, (response.status_code, response.text)
+    error = response.json()["error"]
+    assert error["code"] == code and "Traceback" not in error["message"], error
+    return error
+
+
+def _png(size: tuple[int, int]) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", size, (90, 120, 30)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, model_cache) -> LiveServer:
+    from refsight.server import ServerConfig, create_app
+
+    live = LiveServer(create_app(ServerConfig(store=tmp_path_factory.mktemp("store"), model="tiny-qwen2-vl", keys={}))).start()
+    yield live
+    live.stop()
+
+
+@pytest.mark.parametrize("size", EXTREME)
+def test_extreme_aspect_ratios_are_a_bad_image_on_every_door(tiny, tmp_path, capsys, size):
+    image = _png(size)
+    with tiny.client() as c:
+        error = assert_error(c.post("/v1/references", json={"image": b64(image), "id": "thin"}), 400, "invalid_image")
+        assert "aspect ratio" in error["message"]
+        chat = c.post("/v1/chat/completions", json={"model": "tiny-qwen2-vl", "max_tokens": 2, "messages": [
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(image)}},
+                                         {"type": "text", "text": "what?"}]}]})
+        _refused(chat, "invalid_image")
+        assert c.get("/v1/references").json()["references"] == []
+    path = tmp_path / "thin.png"
+    path.write_bytes(image)
+    assert main(["add", str(path), "--store", str(tmp_path / "store"), "--model", "toy"]) == 1
+    assert "aspect ratio" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("route, body", [
+    ("/completion", {"prompt": ""}),
+    ("/completion", {"prompt": "", "stream": True}),
+    ("/completion", {"prompt": {"prompt_string": ""}}),
+    ("/v1/completions", {"model": "tiny-qwen2-vl", "prompt": ""}),
+])
+def test_an_empty_raw_prompt_is_400_naming_the_prompt(tiny, route, body):
+    with tiny.client() as c:
+        error = _refused(c.post(route, json=body))
+    assert "prompt" in error["message"] and "empty" in error["message"]
+
+
+@pytest.mark.parametrize("tokens", [["1"], [True], [1.0]])
+def test_detokenize_takes_strict_integers(tiny, tokens):
+    with tiny.client() as c:
+        assert _refused(c.post("/detokenize", json={"tokens": tokens}))["param"] == "tokens.0"
+        assert c.post("/detokenize", json={"tokens": [1, 2]}).status_code == 200
