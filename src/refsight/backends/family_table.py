@@ -31,7 +31,7 @@ class Proof:
 
 
 _GENERIC = ("gemma3", "llava", "llava_next", "llava_onevision", "paligemma", "internvl", "aya_vision", "mistral3", "glm4v",
-            "minicpmv4_6", "qwen3_vl_moe")
+            "glm4v_moe", "minicpmv4_6", "qwen3_vl_moe")
 
 PROOFS: tuple[Proof, ...] = (
     Proof("qwen2_vl", "transformers", "tiny-qwen2-vl", _HF_DEDICATED),
@@ -58,6 +58,7 @@ NOT_SERVED: dict[tuple[str, str], str] = {
     ("llama4", "transformers"): "transformers 5.24's Llama4ForConditionalGeneration.forward raises "
                                 "'MoeCausalLMOutputWithPast' object has no attribute 'image_outputs'; " + _TORCHVISION,
     ("mllama", "transformers"): "cross-attention images: no precomputed-features seam in transformers",
+    ("idefics2", "transformers"): "its processor has no replace_image_token (it expands images from the text alone)",
     ("llava", "llama.cpp"): _CONVERTER,
     ("llava_onevision", "llama.cpp"): _CONVERTER,
     ("paligemma", "llama.cpp"): _CONVERTER,

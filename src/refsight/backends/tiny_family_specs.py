@@ -338,7 +338,20 @@ QWEN3_VL_MOE = dict(
 # projector, LFM2 hybrid text model (short convolutions + attention). transformers 5.24 has ONLY a torchvision image processor
 # (Lfm2VlImageProcessor): build_spec writes its preprocessor_config.json without instantiating it.
 
+# GLM-4.5V's shape: GLM-4V's vision side and template with a tiny MoE language model (layer 0 dense,
+# layer 1 routed + shared experts).
+GLM4V_MOE = dict(
+    GLM4V,
+    model_type="glm4v_moe",
+    config=dict(
+        GLM4V["config"],
+        text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=4096, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
+                         n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
+                         rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5,
+                                              mrope_section=[2, 1, 1]))),
+)
 
 #: Every recipe, one per model type.
-RECIPES = (GEMMA3, LLAVA, LLAVA_ONEVISION, PALIGEMMA, LLAVA_NEXT, INTERNVL, AYA_VISION, MISTRAL3, GLM4V, MINICPMV4_6,
-           QWEN3_VL_MOE)
+RECIPES = (GEMMA3, LLAVA, LLAVA_ONEVISION, PALIGEMMA, LLAVA_NEXT, INTERNVL, AYA_VISION, MISTRAL3, GLM4V, GLM4V_MOE,
+           MINICPMV4_6, QWEN3_VL_MOE)

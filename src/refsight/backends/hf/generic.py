@@ -306,6 +306,13 @@ def seam_problem(model_type: str, classes: FamilyClasses) -> str:
         return f"{classes.model} lacks the precomputed-features seam (mm_encoder_outputs)"
     if not hasattr(model_class, "get_image_features"):
         return f"{classes.model} lacks get_image_features"
+    from transformers import ProcessorMixin
+
+    from .families import processor_class
+
+    processor = processor_class(classes.processor)
+    if isinstance(processor, type) and getattr(processor, "replace_image_token", None) is ProcessorMixin.replace_image_token:
+        return f"{classes.processor} has no replace_image_token (it expands images from the text alone)"
     if classes.image_processor is None and classes.torchvision_image_processor is None:
         return "transformers names no image processor for it"
     if classes.image_processor is None:

@@ -11,8 +11,9 @@ config fields), and converts it twice (language model, ``--mmproj``) like
 ``converter_patch`` is Python run inside the converter's process before it starts.
 
 LLaVA 1.5, LLaVA-OneVision and PaliGemma are not here: this converter (llama-cpp-python
-0.3.36) has no ``LlavaForConditionalGeneration`` path for a CLIP/SigLIP tower (its Llava
-class converts Pixtral towers only), no LLaVA-OneVision class and no PaliGemma class.
+0.3.36) converts ``LlavaForConditionalGeneration``'s mmproj only for Pixtral towers (a CLIP
+tower raises "Unsupported model type"), and has no class at all for
+``LlavaOnevisionForConditionalGeneration`` or ``PaliGemmaForConditionalGeneration``.
 """
 
 from __future__ import annotations
@@ -145,6 +146,7 @@ _LLAMA4 = dict(
     processor=dict(patch_size=8, pixel_shuffle_ratio=0.5),
 )
 
+#: Built-in model name → how its GGUFs are made (each entry's comments say what its conversion needed).
 FAMILY_GGUFS: dict[str, FamilyGguf] = {
     **{f"tiny-gemma3-gguf{suffix}": FamilyGguf(
         # No attention-pool head (real Gemma 3 towers have none). The converter derives the

@@ -1,0 +1,98 @@
+"""``ollama:NAME[:TAG]``: models read from an Ollama-layout store (built offline from the tiny built-in GGUF),
+served by the llama.cpp backend: the blobs in place, the params layer's defaults honoured, keys from the blob
+digests, and one clear line for what llama.cpp cannot load."""
+
+from __future__ import annotations
+
+import pytest
+from live_server import LiveServer
+from ollama_helpers import tiny_store
+from runtimes import require_module
+
+from refsight.backends.registry import get_backend
+from refsight.errors import ModelLoadError
+from refsight.server import ServerConfig, create_app
+
+require_module("llama_cpp.mtmd_cpp", "pip install 'refsight[llamacpp]'")
+
+PARAMS = {"temperature": 0.7, "seed": 7, "top_k": 20, "stop": ["<|im_end|>"], "num_ctx": 1024}
+CHAT = {"messages": [{"role": "user", "content": "Name three colours."}], "stream": False, "options": {"num_predict": 12}}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ollama-models")
+    model, mmproj = tiny_store(root, params=PARAMS, system="You describe images.")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OLLAMA_MODELS", str(root))
+        yield root, model, mmproj
+
+
+def _serve(tmp_path, model: str, **options) -> LiveServer:
+    return LiveServer(create_app(ServerConfig(store=tmp_path / model.replace(":", "_"), model=model, keys={},
+                                              backend_options=options or None))).start()
+
+
+def test_the_blobs_are_served_in_place_with_keys_from_their_digests(store):
+    root, model, mmproj = store
+    backend = get_backend("ollama:tiny")
+    plain = get_backend(f"llamacpp:{model}", mmproj=str(mmproj))
+    assert backend.model_path.parent == root / "blobs" and backend.model_path.name.startswith("sha256-")
+    hashed = backend.fingerprint().preprocessing
+    assert backend.model_path.name == "sha256-" + hashed["gguf_sha256"].removeprefix("sha256:")
+    assert backend.mmproj_path.name == "sha256-" + hashed["mmproj_sha256"].removeprefix("sha256:")
+    assert backend.fingerprint() == plain.fingerprint()  # the same blobs share packages either way
+    assert backend.context_size == PARAMS["num_ctx"]  # the params layer's num_ctx is the context
+    assert backend.sampling_defaults == {"temperature": 0.7, "seed": 7, "top_k": 20, "stop": ("<|im_end|>",)}
+
+
+def test_the_params_layer_is_the_default_a_request_overrides(store, tmp_path):
+    _, model, mmproj = store
+    ours = _serve(tmp_path, "ollama:tiny:latest")
+    plain = _serve(tmp_path, f"llamacpp:{model}", mmproj=str(mmproj), n_ctx=1024)
+    try:
+        with ours.client() as a, plain.client() as b:
+            options = {"temperature": 0.7, "seed": 7, "top_k": 20, "stop": ["<|im_end|>"], "num_predict": 12}
+            system = [{"role": "system", "content": "You describe images."}]
+            defaulted = a.post("/api/chat", json={**CHAT, "model": "tiny"}).json()
+            explicit = b.post("/api/chat", json={**CHAT, "model": f"llamacpp:{model}",
+                                                  "messages": system + CHAT["messages"], "options": options}).json()
+            assert defaulted["message"]["content"] == explicit["message"]["content"]
+            assert defaulted["prompt_eval_count"] == explicit["prompt_eval_count"]  # the system layer was used
+            greedy = {**CHAT, "options": {"num_predict": 12, "temperature": 0}}
+            assert a.post("/api/chat", json={**greedy, "model": "tiny:latest"}).json()["message"]["content"] == (
+                b.post("/api/chat", json={**greedy, "model": f"llamacpp:{model}", "messages": system + CHAT["messages"]})
+                .json()["message"]["content"])
+            shown = a.post("/api/show", json={"model": "tiny"}).json()
+            assert 'stop                           "<|im_end|>"' in shown["parameters"]
+            assert shown["details"]["family"] == "qwen2vl" and shown["system"] == "You describe images."
+            (entry,) = a.get("/api/tags").json()["models"]
+            assert entry["name"] == "tiny:latest" and len(entry["digest"]) == 64
+    finally:
+        ours.stop()
+        plain.stop()
+
+
+def test_a_model_without_a_projector_layer_is_one_line_naming_it_and_where_to_get_its_ggufs(store):
+    with pytest.raises(ModelLoadError) as caught:
+        get_backend("ollama:textonly")
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("ollama:textonly:latest:")
+    assert "projector layer" in message and "mmproj GGUF" in message and "llamacpp:" in message
+
+
+def test_missing_models_and_damaged_blobs_are_refused(store):
+    root, _, _ = store
+    with pytest.raises(ModelLoadError, match="ollama pull nothing:latest"):
+        get_backend("ollama:nothing")
+    with pytest.raises(ModelLoadError, match="drop --mmproj|projector"):
+        get_backend("ollama:tiny", mmproj="x.gguf")
+    from ollama_helpers import add_model
+
+    damaged = root / "damaged.gguf"
+    damaged.write_bytes(get_backend("ollama:tiny").model_path.read_bytes() + bytes(32))  # its own blob
+    manifest = add_model(root, "damaged", "v1", model=damaged, projector=get_backend("ollama:tiny").mmproj_path)
+    blob = root / "blobs" / ("sha256-" + manifest.read_text().split('"sha256:')[1].split('"')[0])
+    blob.write_bytes(blob.read_bytes()[:-1] + b"\x01")  # one byte off: the content is no longer its digest
+    with pytest.raises(ModelLoadError, match="damaged"):
+        get_backend("ollama:damaged:v1")
