@@ -17,7 +17,9 @@ RUNTIMES = ("transformers", "llama.cpp", "vllm")
 _HF_DEDICATED = "tests/backends/test_equivalence.py"
 _HF_GENERIC = "tests/backends/test_families.py"
 _LLAMA = "tests/backends/llamacpp/test_llamacpp_equivalence.py"
+_LLAMA_FAMILIES = "tests/backends/llamacpp/test_llamacpp_families.py"
 _VLLM = "tests/backends/vllm/test_vllm_equivalence.py"
+_VLLM_FAMILIES = "tests/backends/vllm/test_vllm_families.py"
 
 
 @dataclass(frozen=True)
@@ -43,13 +45,16 @@ PROOFS: tuple[Proof, ...] = (
     Proof("qwen2_5_vl", "llama.cpp", "tiny-qwen2.5-vl-gguf", _LLAMA),
     Proof("smolvlm", "llama.cpp", "tiny-smolvlm-gguf", _LLAMA),
     Proof("qwen3_vl", "llama.cpp", "tiny-qwen3-vl-gguf", "tests/backends/llamacpp/test_llamacpp_qwen3vl.py"),
+    *(Proof(t, "llama.cpp", f"tiny-{t.replace('_', '-')}-gguf", _LLAMA_FAMILIES)
+      for t in ("gemma3", "internvl", "mistral3", "lfm2_vl", "llama4", "glm4v", "minicpmv4_6")),
     Proof("qwen2_vl", "vllm", "tiny-qwen2-vl-vllm", _VLLM),
     Proof("qwen2_5_vl", "vllm", "tiny-qwen2.5-vl-vllm", _VLLM),
     Proof("qwen3_vl", "vllm", "tiny-qwen3-vl-vllm", _VLLM),
+    *(Proof(t, "vllm", f"tiny-{t}-vllm", _VLLM_FAMILIES) for t in ("gemma3", "llava", "internvl", "mistral3", "smolvlm")),
 )
 
 _TORCHVISION = "transformers 5.24 has only a torchvision image processor for it (see 'torchvision on CPU')"
-_CONVERTER = "llama.cpp's convert_hf_to_gguf.py does not convert it"
+_CONVERTER = "llama-cpp-python 0.3.36's convert_hf_to_gguf.py does not convert it"
 
 #: Model types that cannot be served on a runtime here, with the reason (shown in the table).
 NOT_SERVED: dict[tuple[str, str], str] = {
