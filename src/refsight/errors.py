@@ -28,6 +28,7 @@ __all__ = [
     "RefsightError",
     "InvalidInputError",
     "ImageError",
+    "ContextLengthError",
     "InvalidReferenceIdError",
     "RubricError",
     "NotFoundError",
@@ -58,6 +59,24 @@ class InvalidInputError(RefsightError, ValueError):
 
 class ImageError(InvalidInputError):
     """An image could not be decoded, or breaks a limit."""
+
+
+class ContextLengthError(InvalidInputError):
+    """A prompt (or its prompt plus the tokens asked for) does not fit the model's context.
+
+    ``n_prompt_tokens`` and ``n_ctx`` are the figures llama-server reports with its
+    ``exceed_context_size_error``; :attr:`details` carries them to the error body.
+    """
+
+    def __init__(self, input: object, reason: str, *, n_prompt_tokens: int, n_ctx: int) -> None:
+        self.n_prompt_tokens = int(n_prompt_tokens)
+        self.n_ctx = int(n_ctx)
+        super().__init__(input, reason)
+
+    @property
+    def details(self) -> dict[str, int]:
+        """The fields an HTTP error body adds beside the message."""
+        return {"n_prompt_tokens": self.n_prompt_tokens, "n_ctx": self.n_ctx}
 
 
 class InvalidReferenceIdError(InvalidInputError):

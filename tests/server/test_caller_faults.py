@@ -75,3 +75,31 @@ def test_detokenize_takes_strict_integers(tiny, tokens):
     with tiny.client() as c:
         assert _refused(c.post("/detokenize", json={"tokens": tokens}))["param"] == "tokens.0"
         assert c.post("/detokenize", json={"tokens": [1, 2]}).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def small_context(tmp_path_factory, model_cache) -> LiveServer:
+    """llama.cpp with a 256-position context (``refsight serve -c 256``)."""
+    from refsight.backends.options import BackendOptions
+    from refsight.server import ServerConfig, create_app
+
+    config = ServerConfig(store=tmp_path_factory.mktemp("store"), model="tiny-qwen2-vl-gguf", keys={},
+                          backend_options=BackendOptions(n_ctx=256))
+    live = LiveServer(create_app(config)).start()
+    yield live
+    live.stop()
+
+
+@pytest.mark.parametrize("route, body", [
+    ("/completion", {"prompt": "fur " * 350, "n_predict": 4}),
+    ("/v1/chat/completions", {"model": "tiny-qwen2-vl-gguf", "max_tokens": 4,
+                              "messages": [{"role": "user", "content": "fur " * 350}]}),
+    ("/completion", {"prompt": "Describe a cat.", "n_predict": 400}),
+])
+def test_a_prompt_or_answer_longer_than_the_context_is_400_in_llama_servers_shape(small_context, route, body):
+    with small_context.client() as c:
+        error = _refused(c.post(route, json=body), "exceed_context_size_error")
+    assert error["n_ctx"] == 256 and 0 < error["n_prompt_tokens"]
+    # The server still answers what fits.
+    with small_context.client() as c:
+        assert c.post("/completion", json={"prompt": "Describe a cat.", "n_predict": 4}).status_code == 200

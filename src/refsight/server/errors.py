@@ -28,6 +28,7 @@ are reshaped for those paths by :class:`~refsight.server.error_shapes.ErrorShape
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Iterator
@@ -43,6 +44,7 @@ from ..errors import (
     BackendError,
     CorruptPackageError,
     GenerationError,
+    ContextLengthError,
     ImageError,
     InvalidInputError,
     InvalidReferenceIdError,
@@ -188,6 +190,7 @@ ERROR_STATUS: dict[type[RefsightError], tuple[int, str]] = {
     RefsightError: (500, "internal_error"),
     InvalidInputError: (400, "invalid_input"),
     ImageError: (400, "invalid_image"),
+    ContextLengthError: (400, "exceed_context_size_error"),
     RubricError: (400, "invalid_rubric"),
     InvalidReferenceIdError: (400, "invalid_reference_id"),
     NotFoundError: (404, "not_found"),
@@ -285,6 +288,19 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "the request is invalid"
 
 
+def _with_details(response: JSONResponse, details: dict[str, Any] | None) -> JSONResponse:
+    """``response`` with ``details`` beside the message (llama-server's ``n_prompt_tokens`` / ``n_ctx``), where
+    its error is an object (Ollama's is a string: it keeps its shape)."""
+    if not details:
+        return response
+    body = json.loads(bytes(response.body))
+    if not isinstance(body.get("error"), dict):
+        return response
+    body["error"].update(details)
+    headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")}
+    return TextSafeJSONResponse(body, status_code=response.status_code, headers=headers)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Make every error the app can raise a JSON error body with a stable code."""
 
@@ -298,10 +314,11 @@ def install_error_handlers(app: FastAPI) -> None:
         if api.status >= 500:
             # The details stay in the server log; the client gets the generic message.
             log.error("%s %s failed: %s", request.method, request.url.path, exc, exc_info=exc)
-        return _respond(
+        response = _respond(
             request, api.status, api.code, api.message, api.headers,
             param=_param_of(exc) if api.status < 500 else None,
         )
+        return _with_details(response, getattr(exc, "details", None))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

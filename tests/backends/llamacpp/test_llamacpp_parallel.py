@@ -18,7 +18,7 @@ import pytest
 from llama_models import GGUF_FAMILIES, require_llama_cpp
 
 from refsight.backends.base import GenerationRequest
-from refsight.errors import GenerationError, InvalidInputError
+from refsight.errors import ContextLengthError, GenerationError, InvalidInputError
 
 require_llama_cpp()
 
@@ -237,7 +237,7 @@ def test_a_failing_request_fails_alone_and_the_slots_go_on(pair, photos):
     fine = _judge(packages[:1], photos["rocket"], "round")
     too_long = _judge(packages[:1], photos["rocket"], "round", max_new_tokens=parallel.context_size)
     got, errors = _together(parallel, [fine, too_long, fine])
-    assert isinstance(errors[1], GenerationError) and "does not fit" in str(errors[1])
+    assert isinstance(errors[1], ContextLengthError) and "does not fit" in str(errors[1])
     assert errors[0] is None and errors[2] is None
     assert got[0].token_ids == got[2].token_ids == alone.generate([fine])[0].token_ids
     assert parallel.generate([fine])[0].token_ids == got[0].token_ids  # the slots still serve

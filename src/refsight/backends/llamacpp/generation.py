@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import CorruptPackageError, GenerationError
+from ...errors import ContextLengthError, CorruptPackageError
 from ...images import ImageInput
 from ...package import VisualPackage
 from ..sampling import Sampling, StopText
@@ -82,7 +82,10 @@ def decode_prompt(
             counts = [sum(info.n_tokens for info in infos), *per_image.values()]
             total = sum(info.n_pos for info in infos)
             if total >= runtime.settings.n_ctx:
-                raise GenerationError("llama.cpp", f"the prompt needs {total} positions; n_ctx is {runtime.settings.n_ctx}")
+                raise ContextLengthError(
+                    "prompt", f"needs {total} positions; the context holds {runtime.settings.n_ctx}",
+                    n_prompt_tokens=total, n_ctx=runtime.settings.n_ctx,
+                )
             first, n_past = 0, 0
             split = prefix.split(runtime, infos, bitmaps) if prefix is not None else None
             if split is not None:
@@ -208,7 +211,10 @@ class TokenLoop:
     ) -> None:
         room = runtime.settings.n_ctx - n_past
         if room < max_new_tokens:
-            raise GenerationError("llama.cpp", f"max_new_tokens {max_new_tokens} does not fit: {room} positions left in n_ctx")
+            raise ContextLengthError(
+                "max_new_tokens", f"{max_new_tokens} does not fit: the prompt takes {n_past} of the context's "
+                f"{runtime.settings.n_ctx} positions, {room} are left", n_prompt_tokens=n_past, n_ctx=runtime.settings.n_ctx,
+            )
         self.runtime, self.n_past, self.max_new_tokens = runtime, n_past, max_new_tokens
         self.return_logits, self.stop_event = return_logits, stop_event
         self.stream = TextStream(sampling.stop, on_text)
