@@ -70,3 +70,15 @@ def test_samples_writes_the_photos_a_new_cat_and_a_rubric_that_parses(tmp_path, 
     assert (tmp_path / "photos" / "new.jpg").read_bytes() != (tmp_path / "photos" / "chelsea.jpg").read_bytes()
     rubric = parse_rubric((tmp_path / "photos" / "rubric.yaml").read_text())
     assert rubric.texts == ["is a cat", "short fur", "triangular ears"] and rubric[0].required
+
+
+def test_the_demo_draws_no_progress_bars_when_its_output_is_not_a_terminal(tmp_path):
+    # As a user piping it to a file or a CI log sees it: figures, no bar redraws (carriage returns).
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "refsight.cli", "demo", "--store", str(tmp_path / "store"), "--model", "toy"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "\r" not in done.stderr and "%|" not in done.stderr
+    assert "Encodes avoided" in done.stdout

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -138,7 +139,8 @@ def run_demo(
     scratch = Path(tempfile.mkdtemp(prefix="refsight-demo-"))  # only the candidate photo is scratch
     try:
         photos = sample_paths()
-        with Engine(store_dir, model=model, progress=not as_json) as engine:
+        # Bars only on a terminal: piped or logged output gets the figures, not carriage returns.
+        with Engine(store_dir, model=model, progress=not as_json and sys.stderr.isatty()) as engine:
             added = _add_photos(engine, photos, model, say)
             found = _search(engine, say)
             candidate = _candidate(photos["chelsea"], scratch)
