@@ -103,3 +103,19 @@ def test_a_prompt_or_answer_longer_than_the_context_is_400_in_llama_servers_shap
     # The server still answers what fits.
     with small_context.client() as c:
         assert c.post("/completion", json={"prompt": "Describe a cat.", "n_predict": 4}).status_code == 200
+
+
+def test_a_draft_07_tuple_schema_is_accepted_and_constrains_the_answer(tiny):
+    # llama-server takes draft-07's tuple form; so does refsight (as 2020-12's prefixItems).
+    schema = {"type": "array", "items": [{"type": "integer", "minimum": 0, "maximum": 9}, {"type": "boolean"}],
+              "additionalItems": False}
+    with tiny.client() as c:
+        reply = c.post("/v1/chat/completions", json={
+            "model": "tiny-qwen2-vl", "max_tokens": 64, "messages": [{"role": "user", "content": "Give a pair."}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "pair", "schema": schema}}})
+    assert reply.status_code == 200, reply.text
+    import json
+
+    answer = json.loads(reply.json()["choices"][0]["message"]["content"])
+    assert isinstance(answer, list) and len(answer) == 2
+    assert isinstance(answer[0], int) and not isinstance(answer[0], bool) and isinstance(answer[1], bool)

@@ -276,8 +276,10 @@ class Backend(TextAccess, abc.ABC):
             return None
         if not self.supports_constrained_decoding:
             raise InvalidInputError("json_schema", f"{self.name} does not support constrained decoding")
+        from .schema import modern_json_schema
+
         try:
-            return self.compile_schema(schema)
+            return self.compile_schema(modern_json_schema(schema))
         except RefsightError:
             raise
         except Exception as e:  # noqa: BLE001 - whatever the compiler says, the schema is at fault
@@ -364,7 +366,7 @@ class Backend(TextAccess, abc.ABC):
             self._check_request(i, request)
 
     def _check_request(self, i: int, request: GenerationRequest) -> None:
-        from .schema import check_json_schema
+        from .schema import check_json_schema, modern_json_schema
 
         if isinstance(request.max_new_tokens, bool) or not isinstance(request.max_new_tokens, int) or request.max_new_tokens < 1:
             raise InvalidInputError(f"requests[{i}].max_new_tokens", "must be a positive integer")
@@ -383,7 +385,7 @@ class Backend(TextAccess, abc.ABC):
         ):
             raise InvalidInputError(f"requests[{i}].reference_keys", "must name packages among the segments")
         if request.json_schema is not None:
-            check_json_schema(request.json_schema)
+            check_json_schema(modern_json_schema(request.json_schema))
         if request.raw_prompt and not self.supports_raw_prompt:
             raise InvalidInputError(f"requests[{i}].raw_prompt", f"{self.name} renders every prompt in its chat template")
         if request.raw_prompt and request.turns is not None:

@@ -34,7 +34,7 @@ from typing import Any
 from ..errors import InvalidInputError
 from ..jsonlimits import MAX_JSON_DEPTH
 
-__all__ = ["check_json_schema", "MAX_SCHEMA_NODES", "MAX_SCHEMA_COUNT", "MAX_SCHEMA_REFS", "SCHEMA_TYPES"]
+__all__ = ["check_json_schema", "modern_json_schema", "MAX_SCHEMA_NODES", "MAX_SCHEMA_COUNT", "MAX_SCHEMA_REFS", "SCHEMA_TYPES"]
 
 #: Most values (objects, lists, scalars) a schema may hold.
 MAX_SCHEMA_NODES = 10_000
@@ -49,6 +49,29 @@ _MAPS = ("properties", "$defs", "definitions")
 _LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
 _COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def modern_json_schema(schema: Any) -> Any:
+    """``schema`` with draft-04..07's tuple form written as 2020-12's: ``"items": [A, B]`` becomes
+    ``"prefixItems": [A, B]`` and ``additionalItems`` becomes ``items`` (what llama-server and the
+    grammar compilers take). Other values are returned as they are; the caller's object is not changed.
+    Nesting deeper than :data:`MAX_JSON_DEPTH` is left as it is (the check then refuses it)."""
+    return _modern(schema, 0)
+
+
+def _modern(node: Any, depth: int) -> Any:
+    if depth > MAX_JSON_DEPTH:
+        return node
+    if isinstance(node, list):
+        return [_modern(item, depth + 1) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {key: _modern(value, depth + 1) for key, value in node.items()}
+    if isinstance(out.get("items"), list) and "prefixItems" not in out:
+        out["prefixItems"] = out.pop("items")
+        if "additionalItems" in out:
+            out["items"] = out.pop("additionalItems")
+    return out
 
 
 def check_json_schema(schema: Any, name: str = "json_schema") -> None:

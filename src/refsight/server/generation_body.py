@@ -175,11 +175,18 @@ class GenerationBody(BaseModel):
 
 def check_schema(schema: dict[str, Any], where: str) -> dict[str, Any]:
     """``schema`` when it is a valid JSON Schema (checked against its meta-schema), else a 400 naming the problem."""
-    from jsonschema import SchemaError
+    from jsonschema import Draft7Validator, SchemaError
     from jsonschema.validators import validator_for
 
     try:
-        validator_for(schema).check_schema(schema)
+        try:
+            validator_for(schema).check_schema(schema)
+        except SchemaError:
+            if "$schema" in schema:
+                raise
+            # No declared draft: the latest is tried first, then draft-07, whose tuple form
+            # ("items": [...]) llama-server and the grammar compilers take too.
+            Draft7Validator.check_schema(schema)
     except SchemaError as e:
         path = "/".join(str(p) for p in e.absolute_path) or "(root)"
         param = "json_schema" if where == "json_schema" else "response_format"
