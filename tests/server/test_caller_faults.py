@@ -119,3 +119,16 @@ def test_a_draft_07_tuple_schema_is_accepted_and_constrains_the_answer(tiny):
     answer = json.loads(reply.json()["choices"][0]["message"]["content"])
     assert isinstance(answer, list) and len(answer) == 2
     assert isinstance(answer[0], int) and not isinstance(answer[0], bool) and isinstance(answer[1], bool)
+
+
+def test_one_default_n_predict_in_props_slots_and_the_readme(tiny):
+    from pathlib import Path
+
+    from refsight.server.generation_body import DEFAULT_MAX_TOKENS
+
+    with tiny.client() as c:
+        props = c.get("/props").json()["default_generation_settings"]["params"]["n_predict"]
+        slots = {slot["params"]["n_predict"] for slot in c.get("/slots").json()}
+    assert props == DEFAULT_MAX_TOKENS and slots == {DEFAULT_MAX_TOKENS}
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert f"(default {DEFAULT_MAX_TOKENS})" in readme

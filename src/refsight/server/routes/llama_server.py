@@ -23,7 +23,7 @@ from ... import __version__
 from ..completion_parts import RawPrompt, check_raw_prompt, raw_prompt, stop_type, timings
 from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Tenant
 from ..errors import ERROR_RESPONSES, ApiError
-from ..generation_body import GenerationBody
+from ..generation_body import DEFAULT_MAX_TOKENS, GenerationBody
 from ..openai_compat import check_generation
 from ..openai_parts import Message, PartResolver, own_origins, template_segments
 from ..prompt_limit import check_prompt_chars
@@ -55,7 +55,8 @@ async def props(namespace: Tenant, service: ServiceDep, config: ConfigDep) -> di
     return {
         "default_generation_settings": {
             "id": 0, "n_ctx": n_ctx, "is_processing": False,
-            "params": {**_settings(GenerationBody().sampling(), config.max_new_tokens, n_ctx), "n_predict": -1},
+            # The n_predict a request without one gets: one truth for /props, /slots and the README.
+            "params": _settings(GenerationBody().sampling(), DEFAULT_MAX_TOKENS, n_ctx),
         },
         "total_slots": config.workers,
         "model_alias": service.served_model,
@@ -72,7 +73,7 @@ async def props(namespace: Tenant, service: ServiceDep, config: ConfigDep) -> di
 @router.get("/slots")
 async def slots(namespace: Tenant, service: ServiceDep, pool: PoolDep, config: ConfigDep) -> list[dict[str, Any]]:
     """One slot per model worker (``--workers``, llama-server's ``--parallel``), busy ones first; no per-slot state."""
-    params = _settings(GenerationBody().sampling(), config.max_new_tokens, service.context_size)
+    params = _settings(GenerationBody().sampling(), DEFAULT_MAX_TOKENS, service.context_size)
     busy = min(pool.pending, config.workers)
     return [
         {"id": i, "id_task": -1, "n_ctx": service.context_size, "speculative": False, "is_processing": i < busy,
