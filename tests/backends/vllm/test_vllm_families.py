@@ -8,8 +8,7 @@ server running refsight's encoder-cache connector on a fresh store:
   processor inside vLLM resizes, crops and tiles by its own rules), the references travel
   by uuid (pixels + uuid the first time, uuid-only the second), the candidate as pixels;
 - greedy tokens equal vLLM's all-pixels path (every image sent straight to the server as a
-  PNG by code independent of refsight's, ``vllm_helpers.pixel_tokens``), and the first
-  step's top log-probabilities agree too (they depend on the images: other images change them);
+  PNG by code independent of refsight's), and the first step's top log-probabilities agree too;
 - the connector saved the references' encoder outputs; after a restart on the same store the
   new server loads them and never encodes them, and the tokens do not change.
 
@@ -35,6 +34,9 @@ FAMILIES = {
     "tiny-mistral3-vllm": "mistral3",
     "tiny-smolvlm-vllm": "smolvlm",
 }
+#: The families whose server is also restarted on the same store (the connector is family-independent
+#: code; two families, one of them tiled, keep CI's vLLM step short: each start is 35-45 s on 2 cores).
+RESTARTED = ("tiny-gemma3-vllm", "tiny-smolvlm-vllm")
 REFS = ("chelsea", "coffee")
 CANDIDATE = "rocket"
 MAX_NEW_TOKENS = 4
@@ -74,7 +76,7 @@ def _ask(server, photos):
     backend = load_vllm_backend(f"vllm:{server.url}")
     try:
         references = backend.encode([photos[n] for n in REFS])
-        request = GenerationRequest(_segments(references, photos[CANDIDATE]), max_new_tokens=MAX_NEW_TOKENS, prefix_segments=2)
+        request = GenerationRequest(_segments(references, photos[CANDIDATE]), max_new_tokens=MAX_NEW_TOKENS, prefix_segments=3)
         first = backend.generate([request], return_logits=True)[0]
         second = backend.generate([request])[0]
         return {
@@ -95,14 +97,13 @@ def family_run(request, vllm_servers, photos, tmp_path_factory):
     run = _ask(server, photos)
     row = [photos[n].image for n in REFS]
     run["plain"] = _plain(server.url, _segments(row, photos[CANDIDATE].image))
-    # Other images in the same places: the answer's log-probs must move (the images reach the model).
-    run["other"] = _plain(server.url, _segments([photos["astronaut"].image, photos["rocket"].image], photos["coffee"].image))
     run["encoded"] = _events(server, "encoded")
-    vllm_servers.stop(server)
-    again = vllm_servers.get(name, 8, store)  # a new process on the same store
-    run["restarted"] = _ask(again, photos)
-    run["restart_encoded"], run["restart_loaded"] = _events(again, "encoded"), _events(again, "loaded")
     run.update(name=name, store=store)
+    if name in RESTARTED:
+        vllm_servers.stop(server)
+        again = vllm_servers.get(name, 8, store)  # a new process on the same store
+        run["restarted"] = _ask(again, photos)
+        run["restart_encoded"], run["restart_loaded"] = _events(again, "encoded"), _events(again, "loaded")
     return run
 
 
@@ -115,8 +116,6 @@ def test_references_by_uuid_give_the_all_pixels_paths_tokens(family_run):
     logits = family_run["first"].logits[0]
     for token, logprob in first_step.items():
         assert float(logits[int(token.split(":", 1)[1])]) == pytest.approx(logprob, abs=1e-4)
-    # ... and they depend on the images: other images in the same places move them.
-    assert family_run["other"][1] != first_step
     # The references went with pixels + uuid once, then by uuid alone; the candidate always as pixels.
     assert family_run["stats"] == {"uuid_only": 2, "with_pixels": 2, "cache_miss_retries": 0}
 
@@ -136,10 +135,15 @@ def test_packages_are_the_decoded_images(family_run, photos):
     assert len(generation.image_tokens) == 3 and generation.random_weights
 
 
+def test_the_connector_saves_the_references_encoder_outputs(family_run):
+    uuids = family_run["uuids"]
+    assert set(uuids) <= set(family_run["encoded"])  # the server encoded and saved them
+    assert len(list((family_run["store"] / "vllm-encoder").rglob("*.safetensors"))) == len(uuids)
+
+
+@pytest.mark.parametrize("family_run", RESTARTED, indirect=True)
 def test_the_connector_serves_the_references_after_a_restart(family_run):
     uuids = family_run["uuids"]
-    assert set(uuids) <= set(family_run["encoded"])  # the first server encoded and saved them
-    assert len(list((family_run["store"] / "vllm-encoder").rglob("*.safetensors"))) == len(uuids)
     restarted = family_run["restarted"]
     assert [r.key for r in restarted["references"]] == [r.key for r in family_run["references"]]
     assert set(uuids) <= set(family_run["restart_loaded"])
