@@ -132,3 +132,19 @@ def test_one_default_n_predict_in_props_slots_and_the_readme(tiny):
     assert props == DEFAULT_MAX_TOKENS and slots == {DEFAULT_MAX_TOKENS}
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert f"(default {DEFAULT_MAX_TOKENS})" in readme
+
+
+def test_llama_servers_routes_without_v1_and_its_models_list(tiny):
+    with tiny.client() as c:
+        for path in ("/v1/models", "/models"):
+            listed = c.get(path).json()
+            assert listed["object"] == "list" and listed["data"][0]["id"] == "tiny-qwen2-vl"
+            assert listed["models"][0]["model"] == "tiny-qwen2-vl"
+            assert listed["models"][0]["capabilities"] == ["completion", "multimodal"]
+        messages = [{"role": "user", "content": "Hi"}]
+        chat = c.post("/chat/completions", json={"model": "tiny-qwen2-vl", "max_tokens": 2, "messages": messages})
+        assert chat.status_code == 200 and chat.json()["object"] == "chat.completion"
+        done = c.post("/completions", json={"model": "tiny-qwen2-vl", "max_tokens": 2, "prompt": "Once"})
+        assert done.status_code == 200 and done.json()["object"] == "text_completion"
+        # Errors keep the OpenAI shape on the short paths too.
+        assert "type" in c.post("/chat/completions", json={"messages": []}).json()["error"]

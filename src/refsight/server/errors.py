@@ -114,7 +114,7 @@ class ApiError(Exception):
 
 
 #: Route prefixes that answer errors in the OpenAI shape.
-OPENAI_PATHS = ("/v1/chat/", "/v1/models", "/v1/completions", "/completion", "/tokenize", "/detokenize", "/apply-template")
+OPENAI_PATHS = ("/v1/chat/", "/chat/", "/v1/models", "/models", "/v1/completions", "/completion", "/tokenize", "/detokenize", "/apply-template")
 
 #: Route prefixes that answer errors in Ollama's shape (:func:`ollama_error_body`).
 OLLAMA_PATHS = ("/api/",)

@@ -146,6 +146,8 @@ def refsight_extra(result: dict[str, Any]) -> dict[str, Any]:
 
 
 @router.post("/v1/chat/completions", responses={k: ERROR_RESPONSES[k] for k in (400, 404)})
+# llama-server answers its OpenAI routes without the /v1 prefix too, and many clients call them so.
+@router.post("/chat/completions", responses={k: ERROR_RESPONSES[k] for k in (400, 404)}, include_in_schema=False)
 async def chat_completions(
     request: Request, body: ChatRequest, namespace: Tenant, service: ServiceDep, pool: PoolDep, config: ConfigDep,
     uuids: MediaUuidsDep,
@@ -230,10 +232,21 @@ def model_card(service: Any) -> dict[str, Any]:
     return {**card, "max_model_len": context} if context else card
 
 
+def llama_server_card(service: Any) -> dict[str, Any]:
+    """The served model as llama-server lists it beside OpenAI's ``data`` (its ``models`` entry)."""
+    # Every model refsight serves takes images (an mmproj is required on llama.cpp): always multimodal.
+    capabilities = ["completion", "multimodal"]
+    return {"name": service.served_model, "model": service.served_model, "modified_at": "", "size": "", "digest": "",
+            "type": "model", "description": "", "tags": [""], "capabilities": capabilities, "parameters": "",
+            "details": {"parent_model": "", "format": "gguf" if service.model.startswith("llamacpp:") else "",
+                        "family": "", "families": [""], "parameter_size": "", "quantization_level": ""}}
+
+
 @router.get("/v1/models")
+@router.get("/models", include_in_schema=False)  # llama-server's path without /v1
 async def list_models(namespace: Tenant, service: ServiceDep) -> dict[str, Any]:
-    """The served model, in the OpenAI ``/v1/models`` shape."""
-    return {"object": "list", "data": [model_card(service)]}
+    """The served model, in the OpenAI ``/v1/models`` shape with llama-server's ``models`` list beside ``data``."""
+    return {"models": [llama_server_card(service)], "object": "list", "data": [model_card(service)]}
 
 
 @router.get("/v1/models/{model_id:path}", responses={404: ERROR_RESPONSES[404]})
