@@ -44,7 +44,10 @@ def test_the_demo_ends_with_the_encodes_it_avoided_and_what_each_cost(tmp_path, 
     store = tmp_path / "store"
     assert run_demo(store=str(store), model="toy") == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    closing = "\n".join(lines[-6:])
+    closing = "\n".join(lines[-10:])
+    # The last lines put the same comparison's wall times side by side, with the speed-ups.
+    assert "The same comparison, wall time:" in closing
+    assert "a) references re-encoded" in closing and "x faster" in closing
     assert "Cached == fresh: verdicts identical to the fresh path: True" in closing
     assert "Encodes avoided: 7 (each avoided encode had cost" in closing  # 3 + 3 references, the candidate once
     assert "loading its package instead took" in closing and "KV prefix reuse:" in closing
@@ -54,6 +57,7 @@ def test_the_demo_ends_with_the_encodes_it_avoided_and_what_each_cost(tmp_path, 
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["verdicts_identical"] and summary["all_references_cached"]
     assert summary["cache"]["encodes_avoided"] == 7
+    assert set(summary["wall_s"]) == {"re_encoded", "cached", "new_rubric"} and set(summary["speedup"]) == {"cached", "new_rubric"}
     assert all(v is None or v >= 0 for v in summary["cache"].values())
     assert summary["ranking"][0] == "chelsea" or not summary["random_weights"]
 
@@ -82,3 +86,12 @@ def test_the_demo_draws_no_progress_bars_when_its_output_is_not_a_terminal(tmp_p
     assert done.returncode == 0, done.stderr[-2000:]
     assert "\r" not in done.stderr and "%|" not in done.stderr
     assert "Encodes avoided" in done.stdout
+
+
+def test_without_real_weights_the_demo_uses_a_real_size_vision_tower(monkeypatch):
+    import refsight.demo as demo
+
+    monkeypatch.setattr(demo, "_real_model_available", lambda name: False)
+    said: list[str] = []
+    assert demo._choose_model(None, said.append) == "shape-smolvlm-256m" == demo.FALLBACK_DEMO_MODEL
+    assert "RANDOM weights" in said[0]
