@@ -4,13 +4,15 @@ digests, and one clear line for what llama.cpp cannot load."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from live_server import LiveServer
 from ollama_helpers import tiny_store
 from runtimes import require_module
 
 from refsight.backends.registry import get_backend
-from refsight.errors import ModelLoadError
+from refsight.errors import InvalidInputError, ModelLoadError
 from refsight.server import ServerConfig, create_app
 
 require_module("llama_cpp.mtmd_cpp", "pip install 'refsight[llamacpp]'")
@@ -29,8 +31,10 @@ def store(tmp_path_factory):
 
 
 def _serve(tmp_path, model: str, **options) -> LiveServer:
-    return LiveServer(create_app(ServerConfig(store=tmp_path / model.replace(":", "_"), model=model, keys={},
-                                              backend_options=options or None))).start()
+    from refsight.settings import BackendOptions
+
+    return LiveServer(create_app(ServerConfig(store=tmp_path / model.replace(":", "_").replace("/", "_"), model=model,
+                                              keys={}, backend_options=BackendOptions(**options)))).start()
 
 
 def test_the_blobs_are_served_in_place_with_keys_from_their_digests(store):
@@ -41,7 +45,7 @@ def test_the_blobs_are_served_in_place_with_keys_from_their_digests(store):
     hashed = backend.fingerprint().preprocessing
     assert backend.model_path.name == "sha256-" + hashed["gguf_sha256"].removeprefix("sha256:")
     assert backend.mmproj_path.name == "sha256-" + hashed["mmproj_sha256"].removeprefix("sha256:")
-    assert backend.fingerprint() == plain.fingerprint()  # the same blobs share packages either way
+    assert backend.fingerprint().revision == plain.fingerprint().revision  # the revision hashes both blobs
     assert backend.context_size == PARAMS["num_ctx"]  # the params layer's num_ctx is the context
     assert backend.sampling_defaults == {"temperature": 0.7, "seed": 7, "top_k": 20, "stop": ("<|im_end|>",)}
 
@@ -85,14 +89,15 @@ def test_missing_models_and_damaged_blobs_are_refused(store):
     root, _, _ = store
     with pytest.raises(ModelLoadError, match="ollama pull nothing:latest"):
         get_backend("ollama:nothing")
-    with pytest.raises(ModelLoadError, match="drop --mmproj|projector"):
+    with pytest.raises(InvalidInputError, match="brings its projector layer"):
         get_backend("ollama:tiny", mmproj="x.gguf")
     from ollama_helpers import add_model
 
     damaged = root / "damaged.gguf"
     damaged.write_bytes(get_backend("ollama:tiny").model_path.read_bytes() + bytes(32))  # its own blob
     manifest = add_model(root, "damaged", "v1", model=damaged, projector=get_backend("ollama:tiny").mmproj_path)
-    blob = root / "blobs" / ("sha256-" + manifest.read_text().split('"sha256:')[1].split('"')[0])
+    digest = json.loads(manifest.read_text())["layers"][0]["digest"]  # the model layer
+    blob = root / "blobs" / digest.replace(":", "-")
     blob.write_bytes(blob.read_bytes()[:-1] + b"\x01")  # one byte off: the content is no longer its digest
     with pytest.raises(ModelLoadError, match="damaged"):
         get_backend("ollama:damaged:v1")

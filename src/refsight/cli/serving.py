@@ -13,6 +13,7 @@ import dataclasses
 import sys
 
 from .arguments import EMBEDDER_HELP, Command, UsageError, path_argument, text_argument
+from ..settings import available_cores, thread_budget
 from .context import backend_options, settings_of
 
 __all__ = ["COMMANDS"]
@@ -39,6 +40,14 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (non-loopback needs API keys)")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--cors-origins", default="", metavar="ORIGINS",
+        help="origins allowed cross-origin, comma-separated (* for any; default none: CORS off)",
+    )
+    p.add_argument(
+        "--allowed-hosts", default="", metavar="NAMES",
+        help="without API keys, Host names served beside loopback and --host, comma-separated",
+    )
     p.add_argument(
         "-np", "--parallel", dest="parallel", type=int, metavar="N",
         help="requests decoded together, each its own sequence (llama.cpp, as llama-server's -np; default 1)",
@@ -113,18 +122,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
     workers = args.workers if args.workers is not None else max(2, args.parallel or 1)
     if args.parallel is not None and workers < args.parallel:
         raise UsageError(f"--workers {workers} is below --parallel {args.parallel}: the slots could never all be busy")
+    # The thread budget: workers x threads <= cores. llama.cpp's --parallel slots decode together in one
+    # context (one thread team), so they count as one worker.
+    threads = thread_budget(max(1, workers // (args.parallel or 1)), args.threads, available_cores())
     # serve() loads and checks the model before it binds the port: a bad model or option is
     # a RefsightError here, one line and exit 1 (cli.main), with no server started.
     serve(ServerConfig(
         store=args.store, catalog=args.catalog, local_dir=args.local_dir, model=_model(args),
         backend_options=options, settings=settings_of(args), config_file=args.config,
-        host=args.host, port=args.port, workers=workers, keys_file=args.keys, share_encodes=args.share_encodes,
+        host=args.host, port=args.port, workers=workers, threads=threads, keys_file=args.keys, share_encodes=args.share_encodes,
         api_key=args.api_key, served_model_names=tuple(args.served_model_names or ()),
         embedder=args.embedder, max_prompt_tokens=args.max_prompt_tokens,
         ingest_attributes=() if args.attributes == "none" else (args.attributes,),
         cache=args.cache, max_package_bytes=args.max_package_bytes, use_cache=not args.no_cache,
+        cors_origins=_names(args.cors_origins), allowed_hosts=_names(args.allowed_hosts),
     ))
     return 0
+
+
+def _names(value: str) -> tuple[str, ...]:
+    """A comma-separated flag value as its non-empty names."""
+    return tuple(name.strip() for name in value.split(",") if name.strip())
 
 
 COMMANDS = (Command("serve", "serve the HTTP API and the page (FastAPI on uvicorn)", cmd_serve, _serve_arguments, model=True),)

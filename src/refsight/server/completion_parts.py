@@ -17,7 +17,7 @@ from .errors import ApiError
 from .openai_parts import REF_URL_PREFIX, ContentPart, ImageURL, PartResolver
 from .prompt_limit import check_prompt_chars, check_prompt_tokens
 
-__all__ = ["RawPrompt", "raw_prompt", "media_segment", "check_raw_prompt", "stop_type", "timings"]
+__all__ = ["RawPrompt", "raw_prompt", "media_segment", "check_raw_prompt", "stop_type"]
 
 #: The longest item read as a reference name when its base64 decodes to ``refsight://ref/<id>``.
 _MAX_NAMED = 512
@@ -65,7 +65,7 @@ def media_segment(item: str, where: str, resolver: PartResolver) -> Any:
     data = decode_image_field(item, where)
     if len(data) <= _MAX_NAMED and data.startswith(REF_URL_PREFIX.encode()):
         return resolver.image(ContentPart(type="image_url", image_url=ImageURL(url=data.decode("utf-8", "replace"))), where)
-    return resolver.decode(data, where)
+    return resolver.decode_bytes(data, where)
 
 
 async def check_raw_prompt(prompt: RawPrompt, pool: Any, limit: int, backend: Any) -> None:
@@ -85,18 +85,3 @@ def stop_type(result: dict[str, Any], stop: tuple[str, ...], backend: Any) -> tu
                 return "word", word
     return "eos", ""
 
-
-def timings(result: dict[str, Any]) -> dict[str, Any]:
-    """llama-server's ``timings`` from refsight's (milliseconds; the prompt's share is encode + reference load)."""
-    ms = result["timings_ms"]
-    predicted = len(result["tokens"])
-    prompt_ms = ms.get("encode", 0.0) + ms.get("reference_load", 0.0)
-    predicted_ms = max(ms.get("generate", ms.get("total", 0.0)), 0.0)
-    return {
-        "prompt_n": result["prompt_tokens"],
-        "prompt_ms": round(prompt_ms, 3),
-        "predicted_n": predicted,
-        "predicted_ms": round(predicted_ms, 3),
-        "predicted_per_second": round(predicted / predicted_ms * 1000, 3) if predicted_ms > 0 else None,
-        "cache_n": result.get("prefix_tokens_reused", 0),
-    }

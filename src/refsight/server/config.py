@@ -35,6 +35,9 @@ class ServerConfig:
     #: The names clients send as ``model`` and see in replies (``--served-model-name``, ``--alias``);
     #: the first is shown. Empty: the model's own name.
     served_model_names: tuple[str, ...] = ()
+    #: False (the default, as llama-server ignores ``model``): a request naming another model is served by
+    #: the one served model and the reply's ``model`` says which; True (``--strict-model-name``): 404 ``model_not_found``.
+    strict_model_names: bool = False
     #: How the model is loaded (device, dtype, processor settings ...): the options set explicitly
     #: (the CLI's flags). The config file's ``[backend]`` and ``[models."NAME"]`` go under them.
     backend_options: BackendOptions = field(default_factory=BackendOptions)
@@ -46,6 +49,8 @@ class ServerConfig:
     port: int = 8000
     #: Threads that run model work (encode, generate, search) off the event loop.
     workers: int = 2
+    #: torch's and llama.cpp's threads per worker (``--threads``); None: the cores shared out among the workers.
+    threads: int | None = None
     #: Requests that may wait for a worker; one more gets 429.
     queue: int = 32
     keys: dict[str, str] | None = None
@@ -54,6 +59,10 @@ class ServerConfig:
     api_key: str | None = None
     max_body_bytes: int = 32 * MiB
     max_image_pixels: int = 40_000_000
+    #: Images one request may name (sent, looked up by uuid, or stored references); one more is a 400.
+    max_images_per_request: int = 16
+    #: Decoded pixels of the images sent in one request, in total (each image is held until the request ends).
+    max_request_pixels: int = 80_000_000
     #: Largest ``max_tokens`` a chat request may ask for.
     max_new_tokens: int = 1024
     #: Share packages across tenants: saves encodes, but reveals by timing that SOME tenant
@@ -72,6 +81,12 @@ class ServerConfig:
     thumbnail_px: int = 256
     #: Memory for images clients sent under a vLLM ``uuid`` (decoded pixels + sent bytes, all tenants; LRU).
     media_uuid_bytes: int = 256 * MiB
+    #: Entries of that memory, whatever their size (each costs its key, object and index beyond its pixels).
+    media_uuid_entries: int = 4096
+    #: Without keys, the ``Host`` names accepted beside loopback and ``host`` (``--allowed-hosts``).
+    allowed_hosts: tuple[str, ...] = ()
+    #: Origins allowed cross-origin (``--cors-origins``; ``*`` any): CORS headers and preflights, opt-in.
+    cors_origins: tuple[str, ...] = ()
     #: Seconds a request's head (request line and headers) may take to arrive (see :mod:`~refsight.server.connections`).
     header_timeout_s: float = 10.0
     #: Seconds a whole request, body included, may take to arrive (a 32 MiB upload at 1 MB/s takes 32 s).
@@ -95,7 +110,7 @@ class ServerConfig:
     def validate(self, keys: dict[str, str]) -> None:
         """Raise InvalidInputError for settings that cannot work, naming the setting."""
         for name in ("workers", "max_body_bytes", "max_image_pixels", "max_new_tokens", "max_prompt_tokens", "thumbnail_px",
-                     "media_uuid_bytes"):
+                     "media_uuid_bytes", "max_images_per_request", "max_request_pixels", "media_uuid_entries"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise InvalidInputError(name, f"must be a positive integer, got {value!r}")

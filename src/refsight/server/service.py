@@ -24,14 +24,25 @@ from __future__ import annotations
 import io
 from typing import Any, Mapping, Sequence
 
+from PIL import Image
+
 from .. import AddFailure, Engine, ImageInput, IntakeLimits, InvalidInputError, ReferenceSegment, load_image
 from ..config import default_store_dir
 from ..settings import Settings, load_settings
 from .config import ServerConfig
 from .responses import printable_data
-from .thumbnails import ThumbnailCache
+from .thumbnails import ThumbnailCache, render_thumbnail, snap_size
 
 __all__ = ["Service", "ReferenceSegment"]
+
+
+def _format_of(data: bytes) -> str | None:
+    """The container format of image bytes from their header alone (no pixel decoded)."""
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            return img.format
+    except Exception:  # noqa: BLE001 -- kept bytes were valid when stored; unknown is served as octet-stream
+        return None
 
 
 class Service:
@@ -148,20 +159,15 @@ class Service:
         # Scoped like the package keys (the request context's one namespace -> scope rule): isolated
         # tenants never see each other's cache hits (timing).
         scope = self.engine.context(namespace).scope
-        return self.thumbnails.get(scope, ref.image_sha256, size, lambda: self._render_thumbnail(ref, size))
+        size = snap_size(size)  # a few sizes per image, whatever the query asks
+        return self.thumbnails.get(scope, ref.image_sha256, size, lambda: render_thumbnail(
+            self.engine.reference_image_bytes(ref), size, self.limits, f"reference {ref.ref_id}"))
 
     def reference_image(self, ref_id: str, *, namespace: str) -> tuple[bytes, str]:
-        """The tenant's reference image as it was added: its kept bytes and their media type."""
-        image = self.engine.reference_image(self.engine.reference(ref_id, namespace=namespace))
-        kind = (image.source_format or "").lower()
-        return image.source_bytes, f"image/{kind}" if kind else "application/octet-stream"
-
-    def _render_thumbnail(self, ref: Any, size: int) -> bytes:
-        image = self.engine.reference_image(ref).image.copy()
-        image.thumbnail((size, size))
-        buffer = io.BytesIO()
-        image.save(buffer, format="JPEG", quality=85)
-        return buffer.getvalue()
+        """The tenant's reference image as it was added: its kept bytes and their media type (nothing decoded)."""
+        data = self.engine.reference_image_bytes(self.engine.reference(ref_id, namespace=namespace))
+        kind = (_format_of(data) or "").lower()
+        return data, f"image/{kind}" if kind else "application/octet-stream"
 
     # -- model work --------------------------------------------------------------------------
     def compare(self, candidate: ImageInput, *, namespace: str, **options: Any) -> dict[str, Any]:
