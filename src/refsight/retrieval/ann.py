@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from refsight.locks import ReadWriteLock
-from refsight.retrieval._atomic import replace_atomically
+from refsight.atomic import replace_atomically
 
 __all__ = ["DEFAULT_GRAPH", "AnnIndex"]
 

@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
@@ -70,6 +69,8 @@ def _write(memo: Path, key: str, entry: dict) -> None:
     """Add one entry, merging with the file as it is now (other processes may have added theirs)."""
     from filelock import FileLock, Timeout
 
+    from ...atomic import replace_atomically
+
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(memo) + ".lock", timeout=30):
@@ -77,15 +78,9 @@ def _write(memo: Path, key: str, entry: dict) -> None:
             entries[key] = entry
             # Forget files that are gone, so the memo does not grow without bound.
             entries = {k: v for k, v in entries.items() if os.path.exists(k)}
-            fd, tmp = tempfile.mkstemp(prefix=".file-hashes-", dir=memo.parent)
-            try:
-                with os.fdopen(fd, "w") as f:
-                    json.dump({"version": _MEMO_VERSION, "entries": entries}, f, sort_keys=True)
-                # Readers see the old memo or the new one, never half a file.
-                os.replace(tmp, memo)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            text = json.dumps({"version": _MEMO_VERSION, "entries": entries}, sort_keys=True)
+            # Readers see the old memo or the new one, never half a file.
+            replace_atomically(memo, lambda tmp: Path(tmp).write_text(text))
     except (OSError, Timeout):
         pass  # an unwritable memo only means the next process hashes again
 

@@ -22,13 +22,12 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ...errors import InvalidInputError, ModelLoadError, UnknownModelError
-from ..tiny import model_cache_dir
+from ..tiny import build_into_cache
 from . import MARKER_FILE
 from .models import LLAMA_CPP_PYTHON_VERSION, MMPROJ_FILE, MODEL_FILE, ensure_gguf
 
@@ -98,42 +97,25 @@ def ensure_quantized_gguf(name: str) -> tuple[Path, Path]:
     """
     if name not in QUANTIZED_GGUF_MODELS:
         raise UnknownModelError(name, list(QUANTIZED_GGUF_MODELS))
-    from filelock import FileLock
-
     entry = QUANTIZED_GGUF_MODELS[name]
     base_model, base_mmproj = ensure_gguf(entry.base)
-    root = model_cache_dir()
-    target = root / f"{name}-{_build_id(name, base_model.parent)}"
-    done = target / MMPROJ_FILE
-    if not done.is_file():
-        with FileLock(str(root / f"{name}.lock")):
-            if not done.is_file():  # another process may have finished while we waited
-                _quantize_into(name, entry, base_model, base_mmproj, target)
+    # The one build-into-cache of every built-in model (temp directory, file lock, rename into place).
+    target = build_into_cache(
+        name, _build_id(name, base_model.parent), MMPROJ_FILE,
+        lambda tmp: _quantize_into(entry, name, base_model, base_mmproj, tmp), "the quantized built-in GGUF",
+    )
     return target / MODEL_FILE, target / MMPROJ_FILE
 
 
-def _quantize_into(name: str, entry: QuantizedGguf, base_model: Path, base_mmproj: Path, target: Path) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+def _quantize_into(entry: QuantizedGguf, name: str, base_model: Path, base_mmproj: Path, directory: Path) -> None:
+    quantize_gguf(base_model, directory / MODEL_FILE, entry.quantization)
     try:
-        quantize_gguf(base_model, tmp / MODEL_FILE, entry.quantization)
-        try:
-            os.link(base_mmproj, tmp / MMPROJ_FILE)  # the same file: no second copy of a 1.3 GB tower
-        except OSError:
-            shutil.copy2(base_mmproj, tmp / MMPROJ_FILE)
-        marker = {"random_weights": True, "model_id": f"refsight/{name}", "base": entry.base,
-                  "quantization": entry.quantization, "build": QUANTIZE_VERSION}
-        (tmp / MARKER_FILE).write_text(json.dumps(marker))
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not (target / MMPROJ_FILE).is_file():
-                raise
-    except ModelLoadError:
-        raise
-    except Exception as e:
-        raise ModelLoadError(name, f"cannot quantize the built-in GGUF into {target.parent}: {type(e).__name__}: {e}") from e
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        os.link(base_mmproj, directory / MMPROJ_FILE)  # the same file: no second copy of a 1.3 GB tower
+    except OSError:
+        shutil.copy2(base_mmproj, directory / MMPROJ_FILE)
+    marker = {"random_weights": True, "model_id": f"refsight/{name}", "base": entry.base,
+              "quantization": entry.quantization, "build": QUANTIZE_VERSION}
+    (directory / MARKER_FILE).write_text(json.dumps(marker))
 
 
 def load_quantized(name: str, **options: Any):

@@ -1,4 +1,10 @@
-"""The index's one way to replace a file: a crash leaves the old file or the new one, never half of one."""
+"""refsight's one way to replace a small file: a crash leaves the old file or the new one, never half of one.
+
+Used by the retrieval index, the checkpoint-hash memo and anything else that rewrites a file in
+place. (The store's package files have their own staged write, :mod:`refsight.store._files`,
+which also checksums and fsyncs the directory; built models are whole directories renamed into
+place, :func:`refsight.backends.tiny.build_into_cache`.)
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,8 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+__all__ = ["replace_atomically"]
 
 
 def replace_atomically(path: Path, write: Callable[[str], None]) -> None:
