@@ -57,6 +57,8 @@ class _Server:
         import uvicorn
 
         self.sock = socket.socket()
+        # As refsight serve's own sockets: without it every kept-alive request waits ~40 ms (Nagle, delayed ACK).
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
@@ -88,6 +90,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--references", type=int, default=4)
     parser.add_argument("--candidates", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2, help="server threads running model work")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads per worker (default: refsight serve's budget, cores // workers; "
+                             "0: torch's own default, every core per worker, as before the budget)")
     parser.add_argument("--size", type=int, default=56, help="side of the square test photos in pixels")
     parser.add_argument("--search-every", type=int, default=4, help="every n-th request is a search (0: none)")
     parser.add_argument("--store", default=None, help="store directory (default: a fresh temporary one)")
@@ -199,6 +204,11 @@ def run_single(args) -> dict:
     ref_ids = [f"ref{i}" for i in range(args.references)]
     store = args.store or tempfile.mkdtemp(prefix="refsight-serve-load-")
     config = ServerConfig(store=store, model=args.model, keys={}, workers=args.workers, queue=4 * args.clients)
+    threads = None
+    if args.threads != 0:  # as refsight serve applies it (this server runs in-process, not through serve())
+        from refsight.settings import apply_threads, thread_budget
+
+        threads = apply_threads(thread_budget(args.workers, args.threads))
     # The registry hands the server the same backend instance: its encodes are counted here.
     with _EncodeCounter(get_backend(args.model)) as counter, _Server(create_app(config)) as server:
         _add_references(server.url, references, ref_ids, args.clients)
@@ -206,6 +216,8 @@ def run_single(args) -> dict:
     latencies = [ms for _, ms in outcomes]
     return {
         "requests": len(outcomes),
+        "workers": args.workers,
+        "threads": threads,
         "errors": sum(not ok for ok, _ in outcomes),
         "rps": round(len(outcomes) / elapsed, 3),
         "p50_ms": round(statistics.median(latencies), 1),

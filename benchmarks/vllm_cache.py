@@ -84,17 +84,20 @@ class Arms:
         self.equal = True
 
     def baseline(self, references: list, candidate) -> tuple[float, list[int]]:
-        """vLLM alone: every image a PNG on its grid, no uuid (no refsight request code)."""
+        """vLLM alone: every image a PNG on its grid, no uuid (no refsight request code).
+
+        Symmetric with :meth:`refsight`: the references' PNGs are made before the clock (a client
+        keeps them, as refsight's store keeps their packages), the candidate's inside it."""
         def part(image):
             buffer = io.BytesIO()
             self.backend.encoder.resize_to_grid(image.image).save(buffer, format="PNG")
             return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()}}
 
-        content = [*map(part, references), {"type": "text", "text": "Compare the candidate"}, part(candidate),
-                   {"type": "text", "text": PROMPT}]
+        kept = [part(r) for r in references]
+        began = time.perf_counter()
+        content = [*kept, {"type": "text", "text": "Compare the candidate"}, part(candidate), {"type": "text", "text": PROMPT}]
         body = {"model": self.backend.served_model, "messages": [{"role": "user", "content": content}],
                 "max_tokens": self.max_new_tokens, "temperature": 0.0, "return_token_ids": True}
-        began = time.perf_counter()
         request = urllib.request.Request(f"{self.url}/v1/chat/completions", data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=3600) as response:

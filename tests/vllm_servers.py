@@ -50,11 +50,13 @@ def vllm_python() -> Path:
 class Server:
     """One ``refsight vllm-serve`` process and the URL it printed (``store``: with refsight's encoder-cache connector)."""
 
-    def __init__(self, model: str, image_limit: int, log_dir: Path, store: Path | None = None) -> None:
+    def __init__(self, model: str, image_limit: int, log_dir: Path, store: Path | None = None,
+                 vllm_args: tuple[str, ...] = ()) -> None:
         self.model, self.image_limit, self.store = model, image_limit, store
         self.log = log_dir / f"vllm-{model}-{image_limit}-{time.monotonic_ns()}.log"
         began = time.monotonic()
         extra = [] if store is None else ["--store", str(store)]
+        extra += ["--vllm-args", " ".join(vllm_args)] if vllm_args else []
         with open(self.log, "w") as log:
             self.process = subprocess.Popen(
                 _refsight("vllm-serve", model, "--image-limit", str(image_limit), "--json", *extra),
@@ -88,18 +90,20 @@ class ServerPool:
 
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
-        self.live: OrderedDict[tuple[str, int], Server] = OrderedDict()
+        self.live: OrderedDict[tuple, Server] = OrderedDict()
         self.started: list[tuple[str, int, float]] = []
 
-    def get(self, model: str, image_limit: int = 8, store: Path | None = None, replica: int = 0) -> Server:
-        """The live server of these settings, started if need be (``replica`` tells apart two of the same)."""
-        key = (model, image_limit, store, replica)
+    def get(self, model: str, image_limit: int = 8, store: Path | None = None, replica: int = 0,
+            vllm_args: tuple[str, ...] = ()) -> Server:
+        """The live server of these settings, started if need be (``replica`` tells apart two of the same;
+        ``vllm_args``: extra vLLM flags, e.g. its caches off)."""
+        key = (model, image_limit, store, replica, vllm_args)
         if key in self.live:
             self.live.move_to_end(key)
             return self.live[key]
         while len(self.live) >= MAX_LIVE:
             self.live.popitem(last=False)[1].stop()
-        server = Server(model, image_limit, self.log_dir, store)
+        server = Server(model, image_limit, self.log_dir, store, vllm_args)
         self.live[key] = server
         self.started.append((model, image_limit, round(server.start_s, 1)))
         return server

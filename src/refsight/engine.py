@@ -207,6 +207,10 @@ class Engine:
         """The reference's image, decoded from its kept original bytes."""
         return self.book.image(ref)
 
+    def reference_image_bytes(self, ref: Reference) -> bytes:
+        """The reference's kept original bytes, without decoding them (``reference_image`` decodes)."""
+        return self.book.kept_bytes(ref)
+
     def reference_package(self, ref: Reference, *, model: str | None = None) -> CachedPackage:
         """The reference's durable package under ``model`` (encoded now when missing or corrupt)."""
         return self.packages.reference(self.context(ref.namespace, model), ref)

@@ -200,6 +200,10 @@ class ReferenceBook:
         """The reference's image, decoded from its kept original bytes."""
         return self.kept_image(ref.image_sha256, label=f"reference {ref.ref_id}")
 
+    def kept_bytes(self, ref: Reference) -> bytes:
+        """The reference's kept original bytes, nothing decoded."""
+        return self.store.catalog.get_image(ref.image_sha256)
+
     def kept_image(self, image_sha256: str, *, label: str | None = None) -> ImageInput:
         """A kept image by hash, decoded under the intake limits."""
         return load_kept_image(self.store.catalog, image_sha256, limits=self.limits, label=label)

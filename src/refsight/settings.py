@@ -40,12 +40,13 @@ from .errors import InvalidInputError
 from .jsonlimits import MAX_JSON_DEPTH, json_depth
 from .reading import FileReadError, read_regular_file
 from .store import Store, open_store, parse_bytes
+from .threads import apply_threads, available_cores, thread_budget, torch_threads
 
 # The options themselves are defined beside the backends that take them; front ends (CLI,
 # server) reach them here, with the config file, as one public module.
 __all__ = [
     "CONFIG_NAME", "Settings", "StoreSettings", "load_settings", "open_configured_store", "BackendOptions", "OPTION_HELP",
-    "parse_key_values", "parse_bytes",
+    "parse_key_values", "parse_bytes", "apply_threads", "available_cores", "thread_budget", "torch_threads",
 ]
 
 #: The file looked for in the store directory.

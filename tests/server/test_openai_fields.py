@@ -23,7 +23,19 @@ def toy(make_server) -> LiveServer:
     return make_server(served_model_names=("gpt-4o-mini", "toy-alias"))
 
 
-def test_model_is_optional_and_retrievable_by_each_of_its_names(toy):
+def test_another_model_name_is_served_by_the_one_model_and_the_reply_says_which(toy):
+    # llama-server ignores `model`: clients written for OpenAI send "gpt-3.5-turbo" and keep working.
+    with toy.client() as c:
+        for route in ("/v1/chat/completions", "/chat/completions"):  # the raw-prompt routes: test_llama_server_shapes
+            reply = c.post(route, json={"model": "gpt-3.5-turbo", "messages": HI})
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["model"] == "gpt-4o-mini"
+        # A lookup is no request to serve: GET /v1/models/{id} stays exact.
+        assert_error(c.get("/v1/models/gpt-3.5-turbo"), 404, "model_not_found")
+
+
+def test_model_is_optional_and_retrievable_by_each_of_its_names(make_server):
+    toy = make_server(served_model_names=("gpt-4o-mini", "toy-alias"), strict_model_names=True)
     with toy.client() as c:
         reply = c.post("/v1/chat/completions", json={"messages": HI})
         assert reply.status_code == 200 and reply.json()["model"] == "gpt-4o-mini"

@@ -248,7 +248,7 @@ def test_sampling_the_backend_cannot_honour_is_refused_by_name(make_server):
 
 
 def test_openai_error_types(make_server):
-    live = make_server(keys={KEY: "one"})
+    live = make_server(keys={KEY: "one"}, strict_model_names=True)
     with pytest.raises(openai.AuthenticationError) as info:
         openai.OpenAI(base_url=f"{live.url}/v1", api_key="wrong-key-000000", max_retries=0).chat.completions.create(
             model="toy", messages=ASK)

@@ -114,3 +114,70 @@ def test_a_gguf_file_by_m_with_mmproj_and_a_context_size(tmp_path, model_cache):
         assert models[0]["max_model_len"] == 1024
     finally:
         _stop(process)
+
+
+def _serve_as_is(store, *args: str) -> tuple[subprocess.Popen, str]:
+    """``refsight serve`` with exactly ``args`` (no --workers: the slots follow -np)."""
+    port = free_port()
+    argv = [sys.executable, "-m", "refsight.cli", "--store", str(store), "serve", *args, "--port", str(port)]
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=cli_env())
+    return process, f"http://127.0.0.1:{port}"
+
+
+def test_several_hosts_short_and_several_api_keys(tmp_path):
+    # llama-server: --host takes several addresses; --api-key any length, several (repeated or comma-separated).
+    process, url = _serve(tmp_path / "store", "toy", "--host", "127.0.0.1,::1", "--api-key", "abc",
+                          "--api-key", f"{KEY},{KEY}-2")
+    port = url.rsplit(":", 1)[1]
+    try:
+        _wait(process, url)
+        for base in (url, f"http://[::1]:{port}"):
+            assert httpx.get(f"{base}/health").status_code == 200
+            assert httpx.get(f"{base}/v1/models").status_code == 401
+            for key in ("abc", KEY, f"{KEY}-2"):
+                assert httpx.get(f"{base}/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+    finally:
+        _stop(process)
+    stderr = process.stderr.read()
+    assert "3 characters" in stderr and "abc" not in stderr.replace("characters", "")  # warned, the key never shown
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (("--chat-template-file", "t.jinja"), "--chat-template-file"), (("--slot-save-path", "slots"), "--slot-save-path"),
+    (("-ctk", "q8_0"), "--cache-type-k"), (("-ctv", "q4_0"), "--cache-type-v"), (("-n", "-2"), "--n-predict"),
+])
+def test_llama_server_flags_that_cannot_be_honoured_are_refused_by_name(tmp_path, args, named):
+    process, _ = _serve(tmp_path / "store", "toy", *args)
+    assert process.wait(timeout=60) == 2
+    assert named in process.stderr.read()
+
+
+def test_llama_server_flags_honoured_or_accepted(tmp_path):
+    process, url = _serve(tmp_path / "store", "toy", "--jinja", "--metrics", "-ctk", "f16", "-ctv", "F16", "--no-webui",
+                          "-n", "16", "--strict-model-name")
+    try:
+        _wait(process, url)
+        assert httpx.get(f"{url}/props").json()["default_generation_settings"]["params"]["n_predict"] == 16
+        assert httpx.get(f"{url}/").status_code == 404  # --no-webui
+        chat = httpx.post(f"{url}/v1/chat/completions", json={"model": "gpt-3.5-turbo", "messages": [
+            {"role": "user", "content": "hi"}]})
+        assert chat.status_code == 404 and chat.json()["error"]["code"] == "model_not_found"  # --strict-model-name
+    finally:
+        _stop(process)
+
+
+@pytest.mark.parametrize(("args", "slots", "n_ctx"), [(("-np", "1", "-c", "1024"), 1, 1024),
+                                                      (("-np", "2", "-c", "2048"), 2, 1024),
+                                                      (("-np", "2", "-c", "1024", "--ctx-per-slot"), 2, 1024)])
+def test_np_slots_share_the_context_as_in_llama_server(tmp_path, model_cache, args, slots, n_ctx):
+    require_module("llama_cpp")
+    from refsight.backends.llamacpp.models import ensure_gguf
+
+    model, mmproj = ensure_gguf("tiny-qwen2-vl-gguf")
+    process, url = _serve_as_is(tmp_path / "store", "-m", str(model), "--mmproj", str(mmproj), *args)
+    try:
+        _wait(process, url)
+        assert len(httpx.get(f"{url}/slots").json()) == slots
+        assert httpx.get(f"{url}/props").json()["default_generation_settings"]["n_ctx"] == n_ctx
+    finally:
+        _stop(process)

@@ -429,5 +429,9 @@ class Backend(TextAccess, abc.ABC):
     def check_package(self, package: VisualPackage) -> None:
         """Shape checks of a package whose fingerprint matches; raise :class:`CorruptPackageError`. Default: none."""
 
+    def runtime_info(self) -> dict[str, Any]:
+        """How this backend runs, for people (``/v1/models``, ``/props``, the serve start-up line). Default: nothing."""
+        return {}
+
     def close(self) -> None:
         """Release resources (models, threads). Idempotent."""

@@ -26,6 +26,8 @@ DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 #: Accepted ``flash_attn`` values (llama-server's ``-fa``).
 FLASH_ATTN = ("auto", "on", "off")
+#: Accepted ``vllm_images`` values (how a ``vllm:`` backend sends images).
+VLLM_IMAGES = ("pixels", "embeds")
 
 _DEVICE = re.compile(r"(auto|cpu|mps|cuda(:\d{1,3})?)")
 
@@ -42,6 +44,8 @@ OPTION_HELP: dict[str, str] = {
     "mmproj": "llama.cpp: the multimodal projector GGUF beside the model GGUF",
     "encoder": "vLLM: the local weights refsight encodes with (a directory or a model name)",
     "flash_attn": "llama.cpp: flash attention on, off or auto (llama-server's -fa; with --parallel: off)",
+    "vllm_images": "vLLM: how images travel, pixels (the server encodes) or embeds (refsight encodes); default: "
+                   "what the server supports; an error when it cannot",
 }
 
 
@@ -65,6 +69,8 @@ class BackendOptions:
     parallel: int | None = None
     #: llama.cpp's flash attention: "auto", "on" or "off" (llama-server's ``-fa``; ``refsight serve -fa``).
     flash_attn: str | None = None
+    #: vLLM: "pixels" or "embeds" (``--vllm-images``); None: what the server supports (asked at load).
+    vllm_images: str | None = None
 
     def __post_init__(self) -> None:
         if self.device is not None and not (isinstance(self.device, str) and _DEVICE.fullmatch(self.device)):
@@ -73,6 +79,8 @@ class BackendOptions:
             raise InvalidInputError(f"dtype {self.dtype!r}", f"use one of {', '.join(DTYPES)}")
         if self.flash_attn is not None and self.flash_attn not in FLASH_ATTN:
             raise InvalidInputError(f"flash_attn {self.flash_attn!r}", f"use one of {', '.join(FLASH_ATTN)}")
+        if self.vllm_images is not None and self.vllm_images not in VLLM_IMAGES:
+            raise InvalidInputError(f"vllm_images {self.vllm_images!r}", f"use one of {', '.join(VLLM_IMAGES)}")
         for name in ("min_pixels", "max_pixels", "batch_size", "n_ctx", "parallel"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

@@ -143,5 +143,12 @@ def model_options() -> argparse.ArgumentParser:
             with_model.add_argument("--processor-kwarg", action="append", default=[], metavar="KEY=VALUE", help=help_text)
         else:
             kind = int if name in ("min_pixels", "max_pixels", "batch_size") else text_argument
-            with_model.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None, help=help_text)
+            metavar = "pixels|embeds" if name == "vllm_images" else None
+            with_model.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None, metavar=metavar, help=help_text)
+    # Not a backend option: torch's and llama.cpp's setting is the process's (refsight.threads).
+    with_model.add_argument(
+        "-t", "--threads", type=int, default=None, metavar="N",
+        help="threads per model worker for torch and llama.cpp (llama-server's -t); default: the cores shared out "
+             "among the workers (serve --workers), so workers x threads <= cores",
+    )
     return with_model

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from .. import escape_controls, printable_text
 from ..config import default_store_dir
-from ..settings import OPTION_HELP, BackendOptions, Settings, load_settings, parse_key_values
+from ..settings import OPTION_HELP, BackendOptions, Settings, apply_threads, load_settings, parse_key_values, thread_budget
 
 if TYPE_CHECKING:
     from .. import Engine
@@ -74,6 +74,9 @@ def open_engine(args: argparse.Namespace) -> Engine:
     # Imported here, not at the top: parsing, --help and `refsight models` never pay for the pipelines.
     from .. import Engine
 
+    # One worker here: every core is its budget, which torch and llama.cpp take by default; -t/--threads sets it.
+    if getattr(args, "threads", None) is not None:
+        apply_threads(thread_budget(1, args.threads))
     return Engine(
         args.store,
         catalog=args.catalog,

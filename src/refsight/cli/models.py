@@ -28,7 +28,9 @@ def describe_model(name: str) -> dict[str, str]:
     if name.startswith("llamacpp:"):
         return {"name": name, "backend": "llama.cpp", "weights": "real (the GGUF's)", "needs": _LLAMACPP_EXTRA}
     if name.startswith("vllm:"):
-        return {"name": name, "backend": "vLLM server", "weights": "real (the server's)", "needs": "a running vLLM server"}
+        # The image mode needs the server: it is asked when the model loads (shown by serve, /v1/models, /props).
+        return {"name": name, "backend": "vLLM server (images: pixels or embeds, as the server supports; --vllm-images)",
+                "weights": "real (the server's)", "needs": "a running vLLM server"}
     builtin = name.startswith(("tiny-", "shape-"))
     weights = "random" if builtin else "?"
     if name.endswith("-vllm"):

@@ -15,6 +15,7 @@ import sys
 from .arguments import EMBEDDER_HELP, Command, UsageError, path_argument, text_argument
 from ..settings import available_cores, thread_budget
 from .context import backend_options, settings_of
+from .llama_flags import add_llama_server_arguments, llama_server_settings, slot_context
 
 __all__ = ["COMMANDS"]
 
@@ -29,7 +30,11 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         help="the model (as --model; a .gguf file: llama.cpp; ollama:NAME[:TAG]: a model of Ollama's store)",
     )
     p.add_argument("-m", dest="model_file", metavar="MODEL", help="the model, as llama-server's -m (a .gguf file: llama.cpp)")
-    p.add_argument("--api-key", metavar="KEY", help="one API key for the default namespace (default: $REFSIGHT_API_KEY)")
+    p.add_argument(
+        "--api-key", metavar="KEY", action="append",
+        help="API key(s) for the default namespace: repeat the flag or separate keys by commas (default: $REFSIGHT_API_KEY)",
+    )
+    add_llama_server_arguments(p)
     p.add_argument(
         "--served-model-name", "--alias", dest="served_model_names", nargs="+", metavar="NAME",
         help="the name(s) clients send as model (the first is shown in replies)",
@@ -38,7 +43,10 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         "-c", "--ctx-size", "--max-model-len", dest="ctx_size", type=int, metavar="N",
         help="context size in tokens, where the runtime has a limit (llama.cpp)",
     )
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (non-loopback needs API keys)")
+    p.add_argument(
+        "--host", default="127.0.0.1",
+        help="address(es) to bind, comma-separated as llama-server's (127.0.0.1,::1); non-loopback needs API keys",
+    )
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
         "--cors-origins", default="", metavar="ORIGINS",
@@ -56,7 +64,7 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         "-fa", dest="flash_attn", type=text_argument, default=None, metavar="on|off|auto",
         help="llama.cpp's flash attention, as llama-server's -fa (= --flash-attn; default auto, off with --parallel)",
     )
-    p.add_argument("--workers", type=int, default=None, help="threads running model work (default: 2, or --parallel)")
+    p.add_argument("--workers", type=int, default=None, help="threads running model work (default: 2, or --parallel: -np 1 is one)")
     p.add_argument("--keys", metavar="FILE", type=path_argument, help="API keys, one KEY=NAMESPACE a line (default: $REFSIGHT_API_KEYS)")
     p.add_argument(
         "--share-encodes", action="store_true",
@@ -113,13 +121,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     from ..server import ServerConfig, serve
 
+    llama_settings = llama_server_settings(args)  # a refused llama-server flag: exit 2 before anything loads
     options = backend_options(args)
     if args.ctx_size is not None:
-        options = dataclasses.replace(options, n_ctx=args.ctx_size)
+        options = dataclasses.replace(options, n_ctx=slot_context(args))
     if args.parallel is not None:
         options = dataclasses.replace(options, parallel=args.parallel)
-    # N slots need N requests reaching the model at once.
-    workers = args.workers if args.workers is not None else max(2, args.parallel or 1)
+    # N slots need N requests reaching the model at once, and -np 1 is one slot (llama-server's /slots).
+    workers = args.workers if args.workers is not None else (args.parallel or 2)
     if args.parallel is not None and workers < args.parallel:
         raise UsageError(f"--workers {workers} is below --parallel {args.parallel}: the slots could never all be busy")
     # The thread budget: workers x threads <= cores. llama.cpp's --parallel slots decode together in one
@@ -131,11 +140,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         store=args.store, catalog=args.catalog, local_dir=args.local_dir, model=_model(args),
         backend_options=options, settings=settings_of(args), config_file=args.config,
         host=args.host, port=args.port, workers=workers, threads=threads, keys_file=args.keys, share_encodes=args.share_encodes,
-        api_key=args.api_key, served_model_names=tuple(args.served_model_names or ()),
+        api_key=",".join(args.api_key) if args.api_key else None, served_model_names=tuple(args.served_model_names or ()),
         embedder=args.embedder, max_prompt_tokens=args.max_prompt_tokens,
         ingest_attributes=() if args.attributes == "none" else (args.attributes,),
         cache=args.cache, max_package_bytes=args.max_package_bytes, use_cache=not args.no_cache,
-        cors_origins=_names(args.cors_origins), allowed_hosts=_names(args.allowed_hosts),
+        cors_origins=_names(args.cors_origins), allowed_hosts=_names(args.allowed_hosts), **llama_settings,
     ))
     return 0
 

@@ -16,6 +16,10 @@ endpoints (``/health``, ``/props``, ``/tokenize``, ``/completion`` ...), ``/v1/s
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
+from ..settings import apply_threads, available_cores, thread_budget
 from .app import create_app
 from .config import ServerConfig
 
@@ -24,19 +28,33 @@ __all__ = ["create_app", "ServerConfig", "serve"]
 
 def serve(config: ServerConfig) -> None:
     """Run the app under uvicorn until interrupted (checks the settings and loads the model before binding)."""
-    import uvicorn
-
     from .access_log import log_config
+    from .binding import run as run_bound
     from .connections import uvicorn_options
 
+    # Before the model loads: workers x threads <= cores (refsight.threads), so workers do not fight.
+    threads = apply_threads(config.threads or thread_budget(config.workers))
+    config = dataclasses.replace(config, threads=threads)  # what /props reports
     app = create_app(config)  # raises for a non-loopback host without keys, before any socket opens
     # Load and check the model before binding: a bad model is an error here, not a server that
     # answers 5xx. (The app's lifespan then finds the service open.)
     app.state.service.open()
+    _startup_line(app.state.service, config, threads)
     # The access log shows method, path and status only: never headers, and the query
     # string is redacted (a key sent as ?api_key=... must not reach the log either).
     # A request must arrive within its deadlines (connections.py): slow senders are closed.
-    uvicorn.run(
-        app, host=config.host, port=config.port, log_level="info", server_header=False, log_config=log_config(),
+    # Every address of --host (llama-server takes several, comma-separated) serves the same app.
+    run_bound(
+        app, config.host, config.port, log_level="info", server_header=False, log_config=log_config(),
         **uvicorn_options(config),
     )
+
+
+def _startup_line(service: Any, config: ServerConfig, threads: int) -> None:
+    """One line on stderr saying how the model runs: the thread budget, and the runtime's own mode (vLLM's images)."""
+    import sys
+
+    info = service.engine.backend().runtime_info()
+    mode = "".join(f", {key} {value}" for key, value in info.items())
+    print(f"refsight: serving {service.model}: {config.workers} workers x {threads} threads "
+          f"({available_cores()} cores){mode}", file=sys.stderr, flush=True)

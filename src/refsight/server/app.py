@@ -29,6 +29,8 @@ from .limits import BodyLimitMiddleware, WorkPool
 from .media_uuids import MediaUuids
 from .progress import CompareProgress
 from .methods import HeadAsGetMiddleware
+from .json_content import JsonContentMiddleware
+from .origins import OriginGuardMiddleware
 from .metrics import Metrics
 from .openai_compat import router as openai_router
 from .responses import TextSafeJSONResponse
@@ -91,11 +93,22 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
     app.state.tenants = tenants
     app.state.service = service
     app.state.pool = pool
-    app.state.media_uuids = MediaUuids(config.media_uuid_bytes)
+    app.state.media_uuids = MediaUuids(config.media_uuid_bytes, config.media_uuid_entries)
     app.state.progress = CompareProgress()
     metrics = Metrics(lambda: _cache_stats(service))
     app.state.metrics = metrics
     install_error_handlers(app)
+    _add_middlewares(app, config, tenants, metrics)
+    install_access_log_redaction()
+
+    # --no-webui (llama-server's flag): the API only, no page at /.
+    for router in (*ROUTERS, openai_router, *((page_router,) if config.webui else ())):
+        app.include_router(router)
+    return app
+
+
+def _add_middlewares(app: FastAPI, config: ServerConfig, tenants: Tenants, metrics: Metrics) -> None:
+    """The middleware stack, innermost first (each added one wraps those before it)."""
     # Innermost first: crashes become JSON 500s that the timing middleware then counts.
     app.add_middleware(CatchAllMiddleware)
     app.middleware("http")(metrics.middleware())
@@ -103,15 +116,17 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     # Outermost: a request without a valid key is refused before its body is read at all.
     app.add_middleware(AuthGateMiddleware, tenants=tenants, routes=lambda: app.routes)
+    # Outside the key check: a keyless server refuses foreign Host/Origin; CORS preflights are answered here.
+    app.add_middleware(
+        OriginGuardMiddleware, tenants=tenants, host=config.host, allowed_hosts=config.allowed_hosts,
+        cors_origins=config.cors_origins,
+    )
     # Around everything: errors on the OpenAI and Ollama routes, whoever answers them, take that dialect's shape.
     app.add_middleware(ErrorShapeMiddleware)
     # HEAD is GET without a body, for every middleware and route alike.
     app.add_middleware(HeadAsGetMiddleware)
-    install_access_log_redaction()
-
-    for router in (*ROUTERS, openai_router, page_router):
-        app.include_router(router)
-    return app
+    # llama-server's routes read JSON whatever the Content-Type says; so do these.
+    app.add_middleware(JsonContentMiddleware)
 
 
 def _cache_stats(service: Service) -> dict[str, Any]:

@@ -10,14 +10,16 @@ server's ``/v1/references/<id>/image`` URL.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
+
+from .. import ContextLengthError
 
 from .bodies import decode_image_field
 from .errors import ApiError
 from .openai_parts import REF_URL_PREFIX, ContentPart, ImageURL, PartResolver
 from .prompt_limit import check_prompt_chars, check_prompt_tokens
 
-__all__ = ["RawPrompt", "raw_prompt", "media_segment", "check_raw_prompt", "stop_type"]
+__all__ = ["RawPrompt", "raw_prompt", "media_segment", "check_raw_prompt", "stop_type", "fill_context"]
 
 #: The longest item read as a reference name when its base64 decodes to ``refsight://ref/<id>``.
 _MAX_NAMED = 512
@@ -60,7 +62,7 @@ def raw_prompt(prompt: str, media: list[str] | None, marker: str, field: str = "
 def media_segment(item: str, where: str, resolver: PartResolver) -> Any:
     """One image item: a stored reference (``refsight://ref/<id>`` or this server's URL, as text or as the
     base64 of that text: clients that base64-encode every image can name a reference too), else base64 bytes."""
-    if item.startswith(("refsight://", "http://", "https://")):
+    if item.startswith(("refsight://", "http://", "https://", "file://")):
         return resolver.image(ContentPart(type="image_url", image_url=ImageURL(url=item)), where)
     data = decode_image_field(item, where)
     if len(data) <= _MAX_NAMED and data.startswith(REF_URL_PREFIX.encode()):
@@ -85,3 +87,24 @@ def stop_type(result: dict[str, Any], stop: tuple[str, ...], backend: Any) -> tu
                 return "word", word
     return "eos", ""
 
+
+
+def fill_context(generate: Callable[[int], dict[str, Any]], n_ctx: int | None, limit: int) -> dict[str, Any]:
+    """llama-server's ``n_predict: -1``: generate until the end of text or of the context.
+
+    ``generate(max_new_tokens)`` runs the model. Where the context is bounded, the answer takes all of
+    the room the prompt leaves: the backend names that room when asked for more (the prompt length is
+    only known once its images are tokenized), and the request runs again with it (the prompt's prefix
+    is then served by the prefix cache where one is kept). ``truncated`` says the context ran out, as
+    llama-server says it. Without a context bound, ``limit`` (the server's largest answer) bounds it.
+    """
+    if not n_ctx:
+        return {**generate(limit), "truncated": False}
+    try:
+        return {**generate(n_ctx), "truncated": False}
+    except ContextLengthError as e:
+        room = e.n_ctx - e.n_prompt_tokens
+        if e.input != "max_new_tokens" or room < 1:
+            raise
+    result = generate(room)
+    return {**result, "truncated": result["finish_reason"] == "length"}

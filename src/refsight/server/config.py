@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..settings import BackendOptions, Settings
 from ..errors import InvalidInputError
 from ..config import default_api_key
+from .binding import split_hosts
+from .generation_body import DEFAULT_MAX_TOKENS
 from .tenants import is_loopback, load_keys, with_api_key
 
 __all__ = ["ServerConfig"]
@@ -65,6 +68,18 @@ class ServerConfig:
     max_request_pixels: int = 80_000_000
     #: Largest ``max_tokens`` a chat request may ask for.
     max_new_tokens: int = 1024
+    #: The answer's bound when a request names none (``--n-predict``; -1: ``max_new_tokens``), shown by /props and /slots.
+    n_predict: int = DEFAULT_MAX_TOKENS
+    #: Sampling fields a request that leaves them unset gets (``--temp``, ``--seed``: ``temperature``, ``seed``).
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)
+    #: Domain names whose ``http(s)`` image URLs are fetched (``--allowed-media-domains``; empty: none, the default).
+    allowed_media_domains: tuple[str, ...] = ()
+    #: The directory ``file://`` image URLs may read from (``--media-path``; None: none, the default).
+    media_path: str | os.PathLike | None = None
+    #: Largest image fetched by URL, in bytes.
+    max_media_bytes: int = 20 * MiB
+    #: Serve refsight's page at ``/`` (``--no-webui``: False, the API only).
+    webui: bool = True
     #: Share packages across tenants: saves encodes, but reveals by timing that SOME tenant
     #: holds an image. Off by default: each tenant's namespace salts its package keys.
     share_encodes: bool = False
@@ -110,7 +125,8 @@ class ServerConfig:
     def validate(self, keys: dict[str, str]) -> None:
         """Raise InvalidInputError for settings that cannot work, naming the setting."""
         for name in ("workers", "max_body_bytes", "max_image_pixels", "max_new_tokens", "max_prompt_tokens", "thumbnail_px",
-                     "media_uuid_bytes", "max_images_per_request", "max_request_pixels", "media_uuid_entries"):
+                     "media_uuid_bytes", "max_images_per_request", "max_request_pixels", "media_uuid_entries",
+                     "max_media_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise InvalidInputError(name, f"must be a positive integer, got {value!r}")
@@ -122,9 +138,13 @@ class ServerConfig:
             raise InvalidInputError("request_timeout_s", "bounds the whole request, head included: not below header_timeout_s")
         if not isinstance(self.max_incomplete_requests, int) or self.max_incomplete_requests < 1:
             raise InvalidInputError("max_incomplete_requests", f"must be a positive integer, got {self.max_incomplete_requests!r}")
+        if isinstance(self.n_predict, bool) or not isinstance(self.n_predict, int) or not (
+            self.n_predict == -1 or self.n_predict >= 1
+        ):
+            raise InvalidInputError("n_predict", f"must be -1 or a positive integer, got {self.n_predict!r}")
         if not isinstance(self.queue, int) or self.queue < 0:
             raise InvalidInputError("queue", f"must be a non-negative integer, got {self.queue!r}")
-        if not keys and not is_loopback(self.host):
+        if not keys and not all(is_loopback(host) for host in split_hosts(self.host)):
             # Neutral words (not CLI flags): this is raised to library callers too.
             raise InvalidInputError(
                 f"host {self.host}",

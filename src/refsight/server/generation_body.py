@@ -110,14 +110,17 @@ class GenerationBody(BaseModel):
                 400, "invalid_input", "repeat_penalty: differs from repetition_penalty; give one", param="repeat_penalty"
             )
 
-    def token_limit(self, limit: int, given: int | None = None, name: str = "max_tokens") -> int:
-        """The answer's token bound: ``given`` (or ``max_tokens``), else ``n_predict``, else the default."""
+    def token_limit(
+        self, limit: int, given: int | None = None, name: str = "max_tokens", default: int = DEFAULT_MAX_TOKENS
+    ) -> int:
+        """The answer's token bound: ``given`` (or ``max_tokens``), else ``n_predict``, else ``default``
+        (the server's ``--n-predict``; -1: ``limit``)."""
         given = self.max_tokens if given is None else given
         if given is not None and self.n_predict is not None and self.n_predict != given:
             raise ApiError(400, "invalid_input", f"n_predict: differs from {name}; give one", param="n_predict")
         if self.n_predict == 0:
             raise ApiError(400, "unsupported", "n_predict: 0 (evaluate the prompt only) is not supported", param="n_predict")
-        wanted = given or (limit if self.n_predict == -1 else self.n_predict) or DEFAULT_MAX_TOKENS
+        wanted = given or (limit if self.n_predict == -1 else self.n_predict) or (limit if default == -1 else default)
         if wanted > limit:
             param = name if given is not None else "n_predict"
             raise ApiError(400, "invalid_input", f"{param}: {wanted} is over the limit of {limit}", param=param)

@@ -6,15 +6,16 @@ base64 ``data:`` URL (with vLLM's ``uuid`` beside it: also remembered under that
 reference named without its bytes: ``refsight://ref/<id>`` or this server's
 ``http://HOST:PORT/v1/references/<id>/image``. References and uuids resolve in the
 caller's namespace only, so another tenant's id is a 404 exactly like an absent one.
-Other ``http(s)`` URLs are refused: the server makes no outbound requests on a
-client's behalf. The reply's ``refsight.media_uuids`` says what each uuid did.
+Other ``http(s)`` (and ``file://``) URLs are refused unless the operator opted in
+(:mod:`.remote_media`): by default the server makes no request on a client's behalf. The reply's ``refsight.media_uuids`` says what each uuid did.
 
 Conversations: ``system``/``developer``, ``user`` and ``assistant`` messages, in any
 number, with images in any user turn, are rendered in the model's own chat template.
 
 ``stream: true`` answers with server-sent ``chat.completion.chunk`` events as tokens are
 generated (:mod:`.streaming`); a client that disconnects stops generation. ``model`` is
-optional (the served model). Sampling (:mod:`.generation_body`): ``temperature`` (default
+optional and, as llama-server ignores it, any name is served by the one model (the reply's
+``model`` says which) unless ``strict_model_names`` makes another name a 404. Sampling (:mod:`.generation_body`): ``temperature`` (default
 0: greedy, unlike OpenAI's 1, so answers are reproducible), ``top_p``, ``top_k``,
 ``min_p``, ``repetition_penalty`` (``repeat_penalty``), ``seed``, ``stop``,
 ``frequency_penalty``, ``presence_penalty`` where the served backend honours them; pure
@@ -39,17 +40,21 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from .. import Sampling
+from .. import Sampling, __version__
 from .deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Tenant
 from .generation_body import GenerationBody
 from .errors import ERROR_RESPONSES, ApiError
-from .openai_parts import Message, PartResolver, messages_to_segments, own_origins
+from .disconnect import run_watched
+from .openai_parts import Message, PartResolver, messages_to_segments
 from .prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
 from .streaming import SSE_DONE, EventStreamResponse, Finished, open_stream, sse_event, stream_error
+from .timings import TokenClock
 
-__all__ = ["router", "ChatRequest", "check_generation", "refsight_extra", "RANDOM_WEIGHTS_NOTICE"]
+__all__ = ["router", "ChatRequest", "check_generation", "refsight_extra", "RANDOM_WEIGHTS_NOTICE", "SYSTEM_FINGERPRINT"]
 
 RANDOM_WEIGHTS_NOTICE = "random weights: this text is meaningless (timings and caching are real)"
+#: OpenAI's ``system_fingerprint`` (llama-server sends its build): the refsight version that answered.
+SYSTEM_FINGERPRINT = f"refsight-{__version__}"
 
 router = APIRouter(tags=["openai"])
 
@@ -83,13 +88,16 @@ def check_generation(body: GenerationBody, service: Any, given: int | None, max_
     """
     body.check_fields()
     model = getattr(body, "model", None)
-    if model is not None and model not in service.model_names:
+    # One server serves one model: clients written for OpenAI send "gpt-3.5-turbo" and read the reply's
+    # `model`; only --strict-model-name makes another name a 404 (GET /v1/models/{id} is a lookup: always strict).
+    if model is not None and model not in service.model_names and service.config.strict_model_names:
         raise ApiError(
             404, "model_not_found", f"model {model!r} is not served here; this server serves {service.served_model!r}",
             param="model",
         )
-    max_new_tokens = body.token_limit(max_limit, given, "max_completion_tokens") if given is not None else (
-        body.token_limit(max_limit)
+    default = service.config.n_predict
+    max_new_tokens = body.token_limit(max_limit, given, "max_completion_tokens", default) if given is not None else (
+        body.token_limit(max_limit, default=default)
     )
     sampling = body.sampling(service.sampling_defaults)
     backend = service.engine.backend()
@@ -107,6 +115,9 @@ def _check_request(body: ChatRequest, service: Any, max_limit: int) -> tuple[int
         raise ApiError(400, "unsupported", "n: only one choice (n=1) is supported", param="n")
     if body.logprobs:
         raise ApiError(400, "unsupported", "logprobs: log probabilities are not returned", param="logprobs")
+    if len(body.messages) >= 2 and body.messages[-1].role == body.messages[-2].role == "assistant":
+        # llama-server's rule: a final assistant message is continued, two in a row have no meaning.
+        raise ApiError(400, "invalid_input", "messages: cannot end with two assistant messages", param="messages")
     if body.stream_options is not None and not body.stream:
         raise ApiError(400, "invalid_input", "stream_options: only allowed with stream=true", param="stream_options")
     if body.max_tokens is not None and body.max_completion_tokens is not None and body.max_tokens != body.max_completion_tokens:
@@ -166,45 +177,58 @@ async def chat_completions(
     backend = service.engine.backend()
     await pool.run_light(check_prompt_tokens, texts, config.max_prompt_tokens, backend.count_text_tokens)
     completion_id, created = f"chatcmpl-{uuidlib.uuid4().hex}", int(time.time())
-    resolver = PartResolver(
-        service.decode, namespace, uuids, own_origins(request.headers.get("host"), config.host, config.port)
-    )
+    resolver = PartResolver.for_request(request, service, namespace, uuids, config)
+    clock = TokenClock()
 
     def work(on_text=None, stop_event=None) -> dict[str, Any]:
         segments, turns = messages_to_segments(body.messages, resolver)
-        result = service.chat(
-            segments, namespace=namespace, turns=turns, max_new_tokens=max_new_tokens, json_schema=json_schema,
-            sampling=sampling, on_text=on_text, stop_event=stop_event,
-        )
-        return {**result, "media_uuids": [use.to_dict() for use in resolver.used]}
+        clock.begin()
+        try:
+            result = service.chat(
+                segments, namespace=namespace, turns=turns, max_new_tokens=max_new_tokens, json_schema=json_schema,
+                sampling=sampling, on_text=clock.wrap(on_text), stop_event=stop_event,
+            )
+        finally:
+            clock.stop()
+        return {**result, "media_uuids": [use.to_dict() for use in resolver.commit()]}
 
     if body.stream:
         first, source, stop = await open_stream(pool, work)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return EventStreamResponse(_chunks(first, source, completion_id, created, service.served_model, include_usage), stop)
-    result = await pool.run(work)
+        per_token = bool(body.model_extra.get("timings_per_token"))
+        return EventStreamResponse(
+            _chunks(first, source, completion_id, created, service.served_model, include_usage, clock, per_token), stop
+        )
+    result = await run_watched(pool, request, work)  # a client that leaves frees its worker
     choice = {"index": 0, "message": {"role": "assistant", "content": result["text"]},
               "finish_reason": result["finish_reason"], "logprobs": None}
     return {"id": completion_id, "object": "chat.completion", "created": created, "model": service.served_model,
-            "choices": [choice], "usage": _usage(result), "refsight": refsight_extra(result)}
+            "system_fingerprint": SYSTEM_FINGERPRINT, "choices": [choice], "usage": _usage(result),
+            "timings": clock.final(result), "refsight": refsight_extra(result)}
 
 
 async def _chunks(
-    first: Any, source: AsyncIterator[Any], completion_id: str, created: int, model: str, include_usage: bool
+    first: Any, source: AsyncIterator[Any], completion_id: str, created: int, model: str, include_usage: bool,
+    clock: TokenClock, per_token: bool,
 ) -> AsyncIterator[bytes]:
-    """The SSE events of one streamed answer, in the order the OpenAI SDK expects."""
+    """The SSE events of one streamed answer, in the order the OpenAI SDK expects (``timings`` as llama-server
+    adds them: on every chunk with ``timings_per_token``, on the last ones always)."""
 
     def chunk(delta: dict[str, Any], finish_reason: str | None = None, **more: Any) -> bytes:
         data = {
             "id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
             **more,
         }
         if include_usage:
             data.setdefault("usage", None)  # OpenAI: null on every chunk but the last
+        if per_token:
+            data.setdefault("timings", clock.partial())
         return sse_event(data)
 
-    yield chunk({"role": "assistant", "content": ""})
+    # llama-server's (and OpenAI's) first chunk: the role, content null.
+    yield chunk({"role": "assistant", "content": None})
     item = first
     try:
         while not isinstance(item, Finished):
@@ -215,11 +239,12 @@ async def _chunks(
         return
     result = item.result
     finish = result["finish_reason"] if result["finish_reason"] in ("stop", "length") else "stop"
-    yield chunk({}, finish, refsight=refsight_extra(result))
+    final = clock.final(result)
+    yield chunk({}, finish, refsight=refsight_extra(result), timings=final)
     if include_usage:
         yield sse_event({
             "id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [], "usage": _usage(result),
+            "system_fingerprint": SYSTEM_FINGERPRINT, "choices": [], "usage": _usage(result), "timings": final,
         })
     yield SSE_DONE
 
@@ -228,6 +253,8 @@ def model_card(service: Any) -> dict[str, Any]:
     """The served model in OpenAI's model shape (plus vLLM's ``max_model_len`` and refsight's ``random_weights``)."""
     card = {"id": service.served_model, "object": "model", "created": 0, "owned_by": "refsight",
             "random_weights": service.random_weights}
+    # How the runtime runs (a vllm: backend's image mode: pixels|embeds, uuids kept or not), where it says.
+    card.update(service.engine.backend().runtime_info() if service.engine is not None else {})
     context = service.context_size
     return {**card, "max_model_len": context} if context else card
 

@@ -14,25 +14,35 @@ An image part is, in this order of checks:
 - any other ``http(s)`` URL is refused: the server fetches nothing on a client's behalf.
 
 Nothing ever stands in for the image a part names: every case is the pixels it says, or a 400.
+
+One request may name at most ``ServerConfig.max_images_per_request`` images (sent, looked up or
+stored references alike: each is model work and prompt tokens) and decode at most
+``ServerConfig.max_request_pixels`` pixels in total, checked from each image's header before its
+pixels are decoded: the decoded images live until the request ends, so this bounds its memory.
+A uuid sent with pixels is remembered only when the request succeeds (:meth:`PartResolver.commit`).
 """
 
 from __future__ import annotations
 
+import io
 import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 from urllib.parse import unquote, urlsplit
 
+from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field
 
 from .. import ReferenceSegment, check_text
 from .bodies import decode_data_url
 from .errors import ApiError
 from .media_uuids import MAX_UUID_CHARS, MediaUuids, UuidUse
+from .remote_media import RemoteMedia
 
 __all__ = [
     "ImageURL", "ContentPart", "Message", "PartResolver", "messages_to_segments", "template_segments", "own_origins",
-    "REF_URL_PREFIX", "REFERENCE_IMAGE_PATH",
+    "REF_URL_PREFIX", "REFERENCE_IMAGE_PATH", "check_image_role",
 ]
 
 #: URL scheme naming a stored reference instead of sending its bytes.
@@ -76,24 +86,82 @@ class PartResolver:
     """Turns image parts into segments for one request of one tenant, and records each uuid's use.
 
     ``decode(data, label)`` decodes sent bytes under the server's limits; ``origins`` are the
-    ``host:port`` spellings of this server (its reference URLs name references).
+    ``host:port`` spellings of this server (its reference URLs name references); ``max_images``
+    and ``max_pixels`` bound the images of the request and their decoded pixels in total.
     """
 
     decode: Callable[[bytes, str], Any]
     namespace: str
     uuids: MediaUuids
     origins: frozenset[str] = frozenset()
-    used: list[UuidUse] = field(default_factory=list)
+    max_images: int = 16
+    max_pixels: int = 80_000_000
+    #: Images by URL the operator opted in to (``--allowed-media-domains``, ``--media-path``); None: none.
+    remote: RemoteMedia | None = None
+    #: Each uuid's use, in order; a uuid sent with pixels is ``(uuid, image)`` until :meth:`commit`.
+    used: list[Any] = field(default_factory=list)
+    images: int = 0
+    pixels: int = 0
+
+    @classmethod
+    def for_request(cls, request: Any, service: Any, namespace: str, uuids: MediaUuids, config: Any) -> "PartResolver":
+        """The resolver of one request under the server's limits and real addresses: the socket it was
+        accepted on (never the ``Host`` header), the configured ones and ``allowed_hosts``."""
+        host, port = (request.scope.get("server") or (config.host, config.port))[:2]
+        names = (config.host, *config.allowed_hosts)
+        return cls(
+            service.decode, namespace, uuids, own_origins(host, port, names),
+            max_images=config.max_images_per_request, max_pixels=config.max_request_pixels,
+            remote=RemoteMedia(config.allowed_media_domains, config.media_path, config.max_media_bytes),
+        )
+
+    def admit(self, where: str) -> None:
+        """Count one more image of the request; 400 naming the limit past ``max_images``."""
+        self.images += 1
+        if self.images > self.max_images:
+            raise ApiError(
+                400, "too_many_images",
+                f"{where}: more than {self.max_images} images in one request (max_images_per_request)",
+                param=where,
+            )
+
+    def decode_bytes(self, data: bytes, where: str, label: str | None = None) -> Any:
+        """Sent bytes decoded under the server's limits, counted against the request's images and pixels."""
+        self.admit(where)
+        return self._decode_admitted(data, where, label)
+
+    def _decode_admitted(self, data: bytes, where: str, label: str | None = None) -> Any:
+        width, height = _header_size(data)
+        if self.pixels + width * height > self.max_pixels:
+            raise ApiError(
+                400, "too_many_pixels",
+                f"{where}: the request's images hold more than {self.max_pixels} pixels in total (max_request_pixels)",
+                param=where,
+            )
+        image = self.decode(data, label or where)
+        width, height = image.size
+        self.pixels += width * height
+        return image
+
+    def commit(self) -> list[UuidUse]:
+        """Remember the uuids sent with pixels (call once the request succeeded) and return every use."""
+        self.used = [
+            self.uuids.remember(self.namespace, item[0], item[1]) if isinstance(item, tuple) else item
+            for item in self.used
+        ]
+        return self.used
 
     def image(self, part: ContentPart, where: str) -> Any:
         """The segment of one image part (see the module's docstring for the cases)."""
         url = part.image_url.url if part.image_url is not None else ""
         uuid = self._uuid(part.uuid, where)
         if url.startswith("data:"):
-            image = self.decode(decode_data_url(url, f"{where}.image_url.url"), f"{where}.image_url")
+            image = self.decode_bytes(decode_data_url(url, f"{where}.image_url.url"), where, f"{where}.image_url")
             if uuid is not None:
-                self.used.append(self.uuids.remember(self.namespace, uuid, image))
+                # Kept only when the request succeeds: a failing request must leave nothing behind.
+                self.used.append((uuid, image))
             return image
+        self.admit(where)
         reference = self._reference(url, where)
         if reference is not None:
             if uuid is not None:
@@ -102,6 +170,12 @@ class PartResolver:
                     param=f"{where}.uuid",
                 )
             return reference
+        if url and self.remote is not None and self.remote.takes(url):
+            # Fetched only where the operator opted in, then decoded like sent bytes (not an image: a 400).
+            image = self._decode_admitted(self.remote.fetch(url, where), where, f"{where}.image_url")
+            if uuid is not None:
+                self.used.append((uuid, image))
+            return image
         if url:
             return self._refuse_url(url, where)
         if uuid is None:
@@ -122,7 +196,9 @@ class PartResolver:
         return uuid
 
     def _lookup(self, uuid: str, where: str) -> Any:
-        image = self.uuids.lookup(self.namespace, uuid)
+        # This request's own pixels under the uuid come first (they are what the uuid names from now on).
+        sent = [item[1] for item in self.used if isinstance(item, tuple) and item[0] == uuid]
+        image = sent[-1] if sent else self.uuids.lookup(self.namespace, uuid)
         if image is None:
             raise ApiError(
                 400, "uuid_not_found",
@@ -150,7 +226,8 @@ class PartResolver:
         if url.startswith(("http://", "https://")):
             raise ApiError(
                 400, "unsupported",
-                f"{where}.image_url.url: remote URLs are not fetched; send a data: URL, {REF_URL_PREFIX}<id>, "
+                f"{where}.image_url.url: remote URLs are not fetched (unless the server allows their domain: "
+                f"--allowed-media-domains); send a data: URL, {REF_URL_PREFIX}<id>, "
                 "or this server's /v1/references/<id>/image URL",
                 param=where,
             )
@@ -181,8 +258,7 @@ def messages_to_segments(messages: list[Message], resolver: PartResolver) -> tup
                         raise ApiError(400, "invalid_input", f"{where}.text: a text part needs text", param=f"{where}.text")
                     segments.append(part.text)
                     continue
-                if message.role != "user":
-                    raise ApiError(400, "unsupported", f"{where}: images are accepted in user messages only", param=where)
+                check_image_role(message, where)
                 segments.append(resolver.image(part, where))
         turns.append((_ROLE[message.role], len(segments) - before))
     return segments, turns
@@ -192,19 +268,38 @@ def template_segments(messages: list[Message], marker: str) -> tuple[list[str], 
     """Messages as texts for a chat template (each image part the media ``marker``, nothing decoded) and their turns."""
     texts: list[str] = []
     turns: list[tuple[str, int]] = []
-    for message in messages:
+    for i, message in enumerate(messages):
         content = message.content
-        parts = [content] if isinstance(content, str) else [
-            (part.text or "") if part.type == "text" else marker for part in content or []
-        ]
+        parts = [content] if isinstance(content, str) else []
+        for j, part in enumerate([] if isinstance(content, str) else content or []):
+            if part.type != "text":
+                check_image_role(message, f"messages[{i}].content[{j}]")  # chat's rule, one truth
+            parts.append((part.text or "") if part.type == "text" else marker)
         texts += parts
         turns.append((_ROLE[message.role], len(parts)))
     return texts, turns
 
 
-def own_origins(host_header: str | None, host: str, port: int) -> frozenset[str]:
-    """The ``host:port`` spellings that are this server: the request's ``Host`` and the bound address."""
-    names = {f"{host}:{port}", f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}"}
-    if host_header:
-        names.add(host_header)
-    return frozenset(n.lower() for n in names)
+def check_image_role(message: Message, where: str) -> None:
+    """400 for an image outside a user message (chat and ``/apply-template`` alike)."""
+    if message.role != "user":
+        raise ApiError(400, "unsupported", f"{where}: images are accepted in user messages only", param=where)
+
+
+def own_origins(host: str, port: int, names: tuple[str, ...] = ()) -> frozenset[str]:
+    """The ``host:port`` spellings that are this server: the bound address, loopback, and the names the
+    operator gave. Never the request's ``Host``: a client could then make any URL name a reference."""
+    spelled = {f"{host}:{port}", f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}"}
+    spelled.update(f"{name}:{port}" for name in names)
+    return frozenset(n.lower() for n in spelled)
+
+
+def _header_size(data: bytes) -> tuple[int, int]:
+    """An image's size from its header alone (no pixel decoded); (0, 0) when unreadable: the decoder says why."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with Image.open(io.BytesIO(data)) as img:
+                return img.size
+    except Exception:  # noqa: BLE001 -- any refusal is the decoder's to word
+        return 0, 0

@@ -111,8 +111,9 @@ class Service:
 
     @property
     def sampling_defaults(self) -> dict[str, Any]:
-        """Sampling fields the served model sets for requests that leave them unset (an ``ollama:`` model's params)."""
-        return dict(getattr(self.engine.backend(), "sampling_defaults", None) or {})
+        """Sampling fields for requests that leave them unset: the served model's (an ``ollama:`` model's params),
+        under the server's own (``--temp``, ``--seed``: the operator's word is the last)."""
+        return {**(getattr(self.engine.backend(), "sampling_defaults", None) or {}), **self.config.sampling_defaults}
 
     @property
     def random_weights(self) -> bool:

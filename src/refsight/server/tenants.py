@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ ENV_VAR = "REFSIGHT_API_KEYS"
 
 _NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _MIN_KEY_CHARS = 8
+log = logging.getLogger("refsight.server")
 _MAX_KEYS_FILE_BYTES = 1 << 20
 
 
@@ -75,16 +77,25 @@ def parse_key_pairs(text: str, *, source: str, lines: bool) -> dict[str, str]:
 
 
 def with_api_key(keys: dict[str, str], key: str | None, source: str, namespace: str = "default") -> dict[str, str]:
-    """``keys`` plus one ``key`` for ``namespace`` (``--api-key``, ``$REFSIGHT_API_KEY``); errors name ``source``."""
+    """``keys`` plus ``key`` for ``namespace`` (``--api-key``, ``$REFSIGHT_API_KEY``); errors name ``source``.
+
+    As llama-server's ``--api-key``, ``key`` may list several keys, comma-separated, and a key may be short:
+    a key under 8 characters is accepted with a warning (guessable; the key files still require 8).
+    """
     if not key:
         return keys
     if not is_valid_text(key):
         raise InvalidInputError(source, "is not valid Unicode text")
-    if len(key) < _MIN_KEY_CHARS or any(c.isspace() for c in key):
-        raise InvalidInputError(source, f"a key has at least {_MIN_KEY_CHARS} characters and no spaces")
-    if keys.get(key, namespace) != namespace:
-        raise InvalidInputError(source, "this key is also in the key pairs, for another namespace")
-    return {**keys, key: namespace}
+    for one in (part.strip() for part in key.split(",")):
+        if not one or any(c.isspace() for c in one):
+            raise InvalidInputError(source, "a key is not empty and has no spaces")
+        if len(one) < _MIN_KEY_CHARS:
+            # Never the key itself in the log: only its length.
+            log.warning("refsight: %s holds a key of %d characters: short keys are easy to guess", source, len(one))
+        if keys.get(one, namespace) != namespace:
+            raise InvalidInputError(source, "this key is also in the key pairs, for another namespace")
+        keys = {**keys, one: namespace}
+    return keys
 
 
 def load_keys(path: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None) -> dict[str, str]:

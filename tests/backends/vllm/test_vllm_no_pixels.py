@@ -54,3 +54,17 @@ def test_cached_references_need_no_pixels_and_match_the_pixel_path(vllm_servers,
     with Engine(tmp_path / "store", model=f"vllm:{pixels.url}") as engine:
         fresh = engine.generate(PROMPT, use_cache=False, **kwargs)
     assert cached.tokens == fresh.tokens
+
+
+def test_the_mode_is_embeds_and_pixels_forced_on_it_fail_loudly(vllm_servers):
+    from refsight.backends.vllm.loading import load_vllm_backend
+    from refsight.errors import ModelLoadError
+
+    no_pixels = vllm_servers.get(MODEL, 0)
+    backend = load_vllm_backend(f"vllm:{no_pixels.url}")
+    try:
+        assert backend.runtime_info() == {"vllm_images": "embeds", "vllm_keeps_uuids": False}
+    finally:
+        backend.close()
+    with pytest.raises(ModelLoadError, match="no vision encoder"):
+        load_vllm_backend(f"vllm:{no_pixels.url}", vllm_images="pixels")  # --vllm-images pixels

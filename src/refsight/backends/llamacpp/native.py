@@ -78,7 +78,7 @@ class RuntimeSettings:
 
     n_ctx: int = 4096
     n_batch: int = 2048
-    n_threads: int = 0  # 0: every core this process may use
+    n_threads: int = 0  # 0: the process's thread budget (refsight.threads), else every core it may use
     image_min_tokens: int = -1
     image_max_tokens: int = -1
     use_gpu: bool = False
@@ -89,6 +89,11 @@ class RuntimeSettings:
         """The thread count to give llama.cpp."""
         if self.n_threads > 0:
             return self.n_threads
+        from ...threads import configured_threads
+
+        budget = configured_threads()  # --threads / -t, or the cores shared out among serve's workers
+        if budget is not None:
+            return budget
         try:
             return max(1, len(os.sched_getaffinity(0)))
         except AttributeError:  # pragma: no cover - not Linux

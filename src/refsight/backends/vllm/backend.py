@@ -106,6 +106,8 @@ class VLLMBackend(Backend):
         self.encodes_images = bool(encodes_images)
         self.random_weights = bool(encoder.random_weights)
         self.batch_size = encoder.batch_size
+        #: Whether the server serves an image by uuid alone (not with ``--mm-processor-cache-gb 0``).
+        self.keeps_uuids = bool(keeps_uuids) and self.encodes_images
         #: What the server holds by uuid (nothing, for a server that keeps no processed inputs: never uuid-only).
         self.held = HeldUuids() if keeps_uuids else HeldUuids(limit=0)
         self.urls = PixelUrls()
@@ -115,6 +117,12 @@ class VLLMBackend(Backend):
         self._fingerprint = pixel_fingerprint(encoder.fingerprint(), self.pixel_kind) if encodes_images else encoder.fingerprint()
         self._stats = {"uuid_only": 0, "with_pixels": 0, "cache_miss_retries": 0}
         self._stats_lock = threading.Lock()
+        # One pool for the backend's life: a new one per generate cost ~3 ms of thread start-up per request.
+        self._pool = ThreadPoolExecutor(max_workers=_CONCURRENT, thread_name_prefix="refsight-vllm")
+
+    def runtime_info(self) -> dict[str, Any]:
+        """The image mode found (or forced) at load: ``vllm_images`` pixels|embeds, and whether uuids are kept."""
+        return {"vllm_images": "pixels" if self.encodes_images else "embeds", "vllm_keeps_uuids": self.keeps_uuids}
 
     # ------------------------------------------------------------------ encoder side
 
@@ -271,9 +279,9 @@ class VLLMBackend(Backend):
     # ------------------------------------------------------------------- transport
 
     def _concurrently(self, work: Callable[[Any], Any], items: list[Any]) -> list[Any]:
-        workers = max(1, min(_CONCURRENT, len(items)))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="refsight-vllm") as pool:
-            return list(pool.map(work, items))
+        if len(items) == 1:
+            return [work(items[0])]  # the common case: no hand-over to another thread at all
+        return list(self._pool.map(work, items))
 
     def _timed_chat(self, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
         began = time.perf_counter()
@@ -333,7 +341,9 @@ class VLLMBackend(Backend):
         return {"queries": queries, "hits": hits, "hit_rate": hits / queries if queries else 0.0}
 
     def close(self) -> None:
-        """Release the encoder (the server is not ours to stop)."""
+        """Release the encoder, the pool and the kept connections (the server is not ours to stop)."""
+        self._pool.shutdown(wait=False)
+        self.client.close()
         self.encoder.close()
 
 

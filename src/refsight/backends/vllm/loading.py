@@ -10,11 +10,14 @@ When the served model's config is readable here its type and embedding width mus
 does not check the width of ``image_embeds`` and a wrong one kills its engine.
 
 Whether the server runs its own vision encoder decides how images travel (pixel
-packages and uuids, or embeddings: :mod:`.backend`); it is asked once, with a uuid-only
-image part no server holds (:func:`server_encodes_images`), which costs no encode. Then
-whether it keeps what it was sent by uuid (:func:`server_keeps_uuids`: not with
-``--mm-processor-cache-gb 0``), so that a backend never sends uuid-only parts to a server
-that must answer each with "Cache miss".
+packages and uuids, or embeddings: :mod:`.backend`); it is asked once, with a real tiny
+image under a fresh uuid (:func:`server_encodes_images`: a server with image limit 0
+answers "At most 0 image(s)"). Then whether it keeps what it was sent by uuid
+(:func:`server_keeps_uuids`: the same uuid alone), so that a backend never sends uuid-only
+parts to a server that cannot serve them: a server with ``--mm-processor-cache-gb 0``
+answers "Failed to apply ...Processor on data={'images': [None]}" rather than "Cache miss",
+and is a pixel server that keeps no uuids, not one without an encoder. ``images=`` (the
+CLI's ``--vllm-images``) overrides the mode; a server that cannot take it is refused at load.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ from .backend import QWEN_FAMILIES, VLLMBackend
 from .client import DEFAULT_TIMEOUT_S, VLLMClient
 from .pixels import is_cache_miss
 
-__all__ = ["VLLM_PREFIX", "IMAGE_MODES", "load_vllm_backend", "server_encodes_images", "server_keeps_uuids"]
+__all__ = [
+    "VLLM_PREFIX", "IMAGE_MODES", "load_vllm_backend", "server_encodes_images", "server_keeps_uuids", "server_image_mode",
+]
 
 VLLM_PREFIX = "vllm:"
 #: Options passed on to the encoder (refsight's HF backend for the same weights).
@@ -50,37 +55,77 @@ def _probe(served_model: str, uuid: str, url: str | None) -> dict[str, Any]:
     }
 
 
-def server_encodes_images(client: VLLMClient, served_model: str) -> bool:
-    """Whether the server takes ``image_url`` parts (it runs a vision encoder), asked without an encode.
-
-    A uuid-only part with a uuid nobody ever sent: a server with a vision encoder answers
-    "Cache miss" (HTTP 400, nothing ran); one started with image limit 0 refuses images.
-    """
-    try:
-        client.chat(_probe(served_model, f"refsight-probe-{secrets.token_hex(8)}", None))
-    except GenerationError as error:
-        return is_cache_miss(str(error))
-    return True  # it answered (a server that takes the part without data would encode nothing either)
+#: A tiny image no server holds a uuid for: each probe is one small encode.
+_PROBE_SIDE = 32
 
 
-def server_keeps_uuids(client: VLLMClient, served_model: str) -> bool:
-    """Whether a uuid sent with pixels is then served uuid-only: a tiny image's encode, then the uuid alone.
-
-    The probe uuid is no reference uuid, so an encoder-cache connector never keeps it.
-    """
+def _probe_url() -> str:
     from PIL import Image
 
     from .messages import png_data_url
 
-    uuid = f"refsight-probe-{secrets.token_hex(8)}"
-    client.chat(_probe(served_model, uuid, png_data_url(Image.new("RGB", (32, 32), (127, 127, 127)))))
+    return png_data_url(Image.new("RGB", (_PROBE_SIDE, _PROBE_SIDE), (127, 127, 127)))
+
+
+def _refuses_images(message: str) -> bool:
+    """vLLM's answer to pixels on a server started with image limit 0 (no vision encoder loaded)."""
+    return "At most 0 image" in message
+
+
+def server_encodes_images(client: VLLMClient, served_model: str, *, uuid: str | None = None) -> bool:
+    """Whether the server takes ``image_url`` parts (it runs a vision encoder): a tiny image, one encode.
+
+    A server with image limit 0 refuses it ("At most 0 image(s)"); any other refusal is
+    no answer to the question, so it is raised. The uuid is fresh (``uuid``: the caller's,
+    so that :func:`server_keeps_uuids` can ask for it next): no reference uuid, so an
+    encoder-cache connector never keeps it.
+    """
     try:
-        client.chat(_probe(served_model, uuid, None))
+        client.chat(_probe(served_model, uuid or f"refsight-probe-{secrets.token_hex(8)}", _probe_url()))
     except GenerationError as error:
-        if is_cache_miss(str(error)):
+        if _refuses_images(str(error)):
             return False
         raise
     return True
+
+
+def server_keeps_uuids(client: VLLMClient, served_model: str, *, sent: str | None = None) -> bool:
+    """Whether a uuid sent with pixels is then served uuid-only (``sent``: a uuid the server was just given pixels for).
+
+    A server that keeps nothing by uuid answers "Cache miss" (its caches forgot) or, with
+    ``--mm-processor-cache-gb 0``, "Failed to apply ...Processor on data={'images': [None]}":
+    both HTTP 400, both mean "send pixels every time".
+    """
+    if sent is None:
+        sent = f"refsight-probe-{secrets.token_hex(8)}"
+        client.chat(_probe(served_model, sent, _probe_url()))
+    try:
+        client.chat(_probe(served_model, sent, None))
+    except GenerationError as error:
+        if is_cache_miss(str(error)) or "HTTP 400" in str(error):
+            return False
+        raise
+    return True
+
+
+def server_image_mode(client: VLLMClient, served_model: str) -> tuple[str, bool]:
+    """``(images, keeps_uuids)`` the server supports: ("pixels", True|False) or ("embeds", False); two tiny requests."""
+    uuid = f"refsight-probe-{secrets.token_hex(8)}"
+    if not server_encodes_images(client, served_model, uuid=uuid):
+        return "embeds", False
+    return "pixels", server_keeps_uuids(client, served_model, sent=uuid)
+
+
+def _image_mode(name: str, client: VLLMClient, served_model: str, wanted: str | None) -> tuple[str, bool]:
+    """The mode to use: the server's, or ``wanted`` when the server can take it (else a loud ModelLoadError)."""
+    images, keeps_uuids = server_image_mode(client, served_model)
+    if wanted == "pixels" and images != "pixels":
+        raise ModelLoadError(name, "images=pixels (--vllm-images pixels), but this vLLM server has no vision encoder "
+                                   "(image limit 0): it takes embeddings only; use images=embeds or start it with images")
+    if wanted == "embeds" and images == "pixels":
+        # A server with a vision encoder takes embeddings too only with --enable-mm-embeds (vllm-serve passes it).
+        return "embeds", False
+    return images, keeps_uuids
 
 
 def _encoder_name(encoder: str) -> str:
@@ -103,14 +148,16 @@ def _check_options(name: str, options: dict[str, Any], timeout: Any) -> str:
     for key in options:
         if key in _SERVER_SIDE:
             raise InvalidInputError(key, "not supported by the vllm backend: preprocessing is the vLLM server's (start it with --mm-processor-kwargs)")
-        if key not in (*_ENCODER_OPTIONS, "images"):
+        if key not in (*_ENCODER_OPTIONS, "images", "vllm_images"):
             raise InvalidInputError(
-                key, f"not supported by the vllm backend; accepted: encoder, timeout, images, {', '.join(_ENCODER_OPTIONS)}"
+                key, f"not supported by the vllm backend; accepted: encoder, timeout, images (vllm_images), "
+                f"{', '.join(_ENCODER_OPTIONS)}"
             )
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
         raise InvalidInputError(f"timeout={timeout!r}", "must be a positive number of seconds")
-    if options.get("images") not in (None, *IMAGE_MODES):
-        raise InvalidInputError(f"images={options['images']!r}", f"must be one of {', '.join(IMAGE_MODES)}")
+    for key in ("images", "vllm_images"):
+        if options.get(key) not in (None, *IMAGE_MODES):
+            raise InvalidInputError(f"{key}={options[key]!r}", f"must be one of {', '.join(IMAGE_MODES)}")
     return url
 
 
@@ -120,9 +167,10 @@ def load_vllm_backend(name: str, *, encoder: str | None = None, timeout: float |
     ``encoder``: the refsight model that encodes for this server (a built-in name
     such as ``tiny-qwen2-vl-vllm``, ``hf:DIR``, a folder or a hub id); default: the
     server's model ``root`` from ``/v1/models``. ``timeout``: seconds per request.
-    ``images``: ``pixels`` (the server encodes every image; references by uuid) or
-    ``embeds`` (refsight encodes, vLLM gets embeddings); default: ``pixels`` when the
-    server takes images (:func:`server_encodes_images`).
+    ``images`` (``vllm_images``, the CLI's ``--vllm-images``): ``pixels`` (the server encodes
+    every image; references by uuid where it keeps them) or ``embeds`` (refsight encodes,
+    vLLM gets embeddings); default: what the server supports (:func:`server_image_mode`);
+    ``pixels`` on a server without a vision encoder is a ModelLoadError.
     ``dtype``, ``device``, ``batch_size``, ``revision``, ``attn`` go to the encoder;
     preprocessing options are refused (the server's processor decides, and the
     ``--no-cache`` pixel path must see the same images).
@@ -133,8 +181,9 @@ def load_vllm_backend(name: str, *, encoder: str | None = None, timeout: float |
     client = VLLMClient(name, url, timeout=timeout or DEFAULT_TIMEOUT_S)
     served = client.models()[0]
     root = str(served.get("root") or served.get("id"))
-    images = options.pop("images", None) or ("pixels" if server_encodes_images(client, str(served["id"])) else "embeds")
-    keeps_uuids = images == "pixels" and server_keeps_uuids(client, str(served["id"]))
+    wanted = options.pop("vllm_images", None)
+    wanted = options.pop("images", None) or wanted
+    images, keeps_uuids = _image_mode(name, client, str(served["id"]), wanted)
     encoder_name = _encoder_name(encoder or root)
     backend = resolve_factory(encoder_name)(encoder_name, **{k: v for k, v in options.items() if v is not None})
     try:

@@ -13,14 +13,15 @@ import time
 import uuid as uuidlib
 from typing import Any, AsyncIterator
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from pydantic import Field
 
 from ..completion_parts import check_raw_prompt, raw_prompt
+from ..disconnect import run_watched
 from ..deps import ConfigDep, PoolDep, ServiceDep, Tenant
 from ..errors import ERROR_RESPONSES, ApiError
 from ..generation_body import GenerationBody
-from ..openai_compat import RANDOM_WEIGHTS_NOTICE, StreamOptions, check_generation
+from ..openai_compat import RANDOM_WEIGHTS_NOTICE, SYSTEM_FINGERPRINT, StreamOptions, check_generation
 from ..streaming import SSE_DONE, EventStreamResponse, Finished, sse_event, open_stream, stream_error
 
 __all__ = ["router"]
@@ -49,7 +50,7 @@ class CompletionsBody(GenerationBody):
 
 @router.post("/v1/completions", responses={k: ERROR_RESPONSES[k] for k in (400, 404)})
 @router.post("/completions", responses={k: ERROR_RESPONSES[k] for k in (400, 404)}, include_in_schema=False)
-async def completions(body: CompletionsBody, namespace: Tenant, service: ServiceDep, pool: PoolDep, config: ConfigDep) -> Any:
+async def completions(request: Request, body: CompletionsBody, namespace: Tenant, service: ServiceDep, pool: PoolDep, config: ConfigDep) -> Any:
     """A text completion of the raw prompt (OpenAI's ``text_completion`` shape)."""
     if body.n not in (None, 1):
         raise ApiError(400, "unsupported", "n: only one choice (n=1) is supported", param="n")
@@ -70,11 +71,11 @@ async def completions(body: CompletionsBody, namespace: Tenant, service: Service
 
     def choice(text: str, finish: str | None) -> dict[str, Any]:
         data = {"id": completion_id, "object": "text_completion", "created": created, "model": service.served_model,
-                "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+                "system_fingerprint": SYSTEM_FINGERPRINT, "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
         return data
 
     if not body.stream:
-        result = await pool.run(work)
+        result = await run_watched(pool, request, work)  # a client that leaves frees its worker
         return {**choice(result["text"], _finish(result)), "usage": _usage(result), "refsight": _extra(result)}
     first, source, stop = await open_stream(pool, work)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)

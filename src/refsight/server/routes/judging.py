@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 
 from ... import validate_ref_id, validate_where
 from ..bodies import CompareBody, SearchBody, body_schema, decode_image_field, read_body
+from ..disconnect import run_watched, stop_between_steps
 from ..deps import MetricsDep, PoolDep, ProgressDep, ServiceDep, Tenant
 from ..errors import ERROR_RESPONSES, ApiError, fields_named, inputs_as_fields
 from ..progress import PROGRESS_HEADER, check_token
@@ -38,9 +39,11 @@ async def compare(
         validate_ref_id(ref_id)
     data = blobs.get("candidate") or decode_image_field(body.candidate, "candidate")
 
-    def work() -> dict[str, Any]:
+    def work(stop_event=None) -> dict[str, Any]:
         candidate = service.decode(data, "candidate")
         with inputs_as_fields(rubric="criteria"), progress.tracking(namespace, token) as on_stage:
+            # Between stages a departed client's compare stops (its worker is free for the next one).
+            on_stage = stop_between_steps(stop_event, on_stage)
             return service.compare(
                 candidate, namespace=namespace, criteria=body.criteria, ref_ids=tuple(body.ref_ids), top_k=body.top_k,
                 query=body.query, use_cache=body.use_cache, use_kv_cache=body.use_kv_cache, force_vlm=body.force_vlm,
@@ -48,7 +51,7 @@ async def compare(
                 on_stage=on_stage,
             )
 
-    result = await pool.run(work)
+    result = await run_watched(pool, request, work)
     metrics.stages(result.get("stages", {}), result.get("timings_ms", {}))
     return result
 

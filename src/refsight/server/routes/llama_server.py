@@ -20,14 +20,17 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from ... import __version__
-from ..completion_parts import RawPrompt, check_raw_prompt, raw_prompt, stop_type, timings
+from ...settings import torch_threads
+from ..completion_parts import RawPrompt, check_raw_prompt, fill_context, raw_prompt, stop_type
 from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Tenant
 from ..errors import ERROR_RESPONSES, ApiError
-from ..generation_body import DEFAULT_MAX_TOKENS, GenerationBody
+from ..generation_body import GenerationBody
 from ..openai_compat import check_generation
-from ..openai_parts import Message, PartResolver, own_origins, template_segments
+from ..disconnect import run_watched
+from ..openai_parts import Message, PartResolver, template_segments
 from ..prompt_limit import check_prompt_chars
 from ..streaming import EventStreamResponse, Finished, sse_event, open_stream, stream_error
+from ..timings import TokenClock
 
 __all__ = ["router"]
 
@@ -48,15 +51,17 @@ async def health(service: ServiceDep) -> Any:
 
 
 @router.get("/props")
-async def props(namespace: Tenant, service: ServiceDep, config: ConfigDep) -> dict[str, Any]:
-    """The server's properties as llama-server reports them (read-only)."""
+async def props(namespace: Tenant, service: ServiceDep, config: ConfigDep, pool: PoolDep) -> dict[str, Any]:
+    """The server's properties as llama-server reports them (read-only); ``refsight.threads``: the thread budget,
+    and torch's threads as a worker thread sees them."""
     backend = service.engine.backend()
+    threads = {"per_worker": config.threads, "workers": config.workers, "torch": await pool.run_light(torch_threads)}
     n_ctx = service.context_size
     return {
         "default_generation_settings": {
             "id": 0, "n_ctx": n_ctx, "is_processing": False,
             # The n_predict a request without one gets: one truth for /props, /slots and the README.
-            "params": _settings(GenerationBody().sampling(), DEFAULT_MAX_TOKENS, n_ctx),
+            "params": _settings(GenerationBody().sampling(), config.n_predict, n_ctx),
         },
         "total_slots": config.workers,
         "model_alias": service.served_model,
@@ -66,15 +71,22 @@ async def props(namespace: Tenant, service: ServiceDep, config: ConfigDep) -> di
         "chat_template": backend.chat_template_source(),
         "build_info": f"refsight {__version__}",
         "is_sleeping": False,
-        "refsight": {"random_weights": service.random_weights, "raw_prompt": backend.supports_raw_prompt},
+        "refsight": {"random_weights": service.random_weights, "raw_prompt": backend.supports_raw_prompt,
+                     "threads": threads, **backend.runtime_info()},
     }
 
 
 @router.get("/slots")
-async def slots(namespace: Tenant, service: ServiceDep, pool: PoolDep, config: ConfigDep) -> list[dict[str, Any]]:
-    """One slot per model worker (``--workers``, llama-server's ``--parallel``), busy ones first; no per-slot state."""
-    params = _settings(GenerationBody().sampling(), DEFAULT_MAX_TOKENS, service.context_size)
-    busy = min(pool.pending, config.workers)
+async def slots(
+    request: Request, namespace: Tenant, service: ServiceDep, pool: PoolDep, config: ConfigDep
+) -> list[dict[str, Any]]:
+    """One slot per model worker (``--workers``, llama-server's ``--parallel``), busy ones first; no per-slot state.
+
+    With API keys the slots never show as busy: the workers are shared, so ``is_processing`` would tell
+    one tenant that another is generating.
+    """
+    params = _settings(GenerationBody().sampling(), config.n_predict, service.context_size)
+    busy = 0 if request.app.state.tenants.enabled else min(pool.pending, config.workers)
     return [
         {"id": i, "id_task": -1, "n_ctx": service.context_size, "speculative": False, "is_processing": i < busy,
          "params": params}
@@ -135,6 +147,9 @@ class ApplyTemplateBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     messages: list[Message] = Field(min_length=1, max_length=256)
+    # llama-server's fields, at the values the rendering always has: the prompt ends where the answer starts, no tools.
+    add_generation_prompt: bool = True
+    tools: list[Any] | None = None
 
 
 @router.post("/apply-template", responses=_ERRORS)
@@ -142,6 +157,11 @@ async def apply_template(
     body: ApplyTemplateBody, namespace: Tenant, service: ServiceDep, pool: PoolDep, config: ConfigDep
 ) -> dict[str, str]:
     """The served model's chat template around ``messages``, images as the media marker (for ``/completion``)."""
+    if not body.add_generation_prompt:
+        raise ApiError(400, "unsupported", "add_generation_prompt: only true (the prompt ends where the answer starts) "
+                       "is supported", param="add_generation_prompt")
+    if body.tools:
+        raise ApiError(400, "unsupported", "tools: tool definitions are not supported; send null or []", param="tools")
     backend = service.engine.backend()
     texts, turns = template_segments(body.messages, backend.media_marker)
     check_prompt_chars(texts, config.max_prompt_tokens)
@@ -188,13 +208,25 @@ async def completion(
     backend = service.engine.backend()
     prompt = body.raw(backend.media_marker)
     await check_raw_prompt(prompt, pool, config.max_prompt_tokens, backend)
-    resolver = PartResolver(service.decode, namespace, uuids, own_origins(request.headers.get("host"), config.host, config.port))
+    resolver = PartResolver.for_request(request, service, namespace, uuids, config)
+    clock = TokenClock()
+
+    fill = body.n_predict == -1 and body.max_tokens is None
 
     def work(on_text=None, stop_event=None) -> dict[str, Any]:
-        return service.chat(
-            prompt.segments(resolver), namespace=namespace, max_new_tokens=max_new_tokens, json_schema=schema,
-            sampling=sampling, on_text=on_text, stop_event=stop_event, raw_prompt=True,
-        )
+        def generate(limit: int) -> dict[str, Any]:
+            return service.chat(
+                prompt.segments(resolver), namespace=namespace, max_new_tokens=limit, json_schema=schema,
+                sampling=sampling, on_text=clock.wrap(on_text), stop_event=stop_event, raw_prompt=True,
+            )
+
+        clock.begin()
+        try:
+            if fill:  # n_predict -1: the rest of the context
+                return fill_context(generate, service.context_size, max_new_tokens)
+            return {**generate(max_new_tokens), "truncated": False}
+        finally:
+            clock.stop()
 
     def final(result: dict[str, Any]) -> dict[str, Any]:
         kind, word = stop_type(result, sampling.stop, backend)
@@ -202,24 +234,37 @@ async def completion(
             "index": 0, "content": result["text"], "tokens": result["tokens"] if body.model_extra.get("return_tokens") else [],
             "id_slot": 0, "stop": True, "model": service.served_model, "tokens_predicted": len(result["tokens"]),
             "tokens_evaluated": result["prompt_tokens"], "tokens_cached": result["prefix_tokens_reused"],
-            "generation_settings": {**_settings(sampling, max_new_tokens, service.context_size), "model": service.served_model},
-            "prompt": backend.media_marker.join(prompt.texts), "has_new_line": "\n" in result["text"], "truncated": False,
-            "stop_type": kind, "stopping_word": word, "timings": timings(result),
+            "generation_settings": {
+                **_settings(sampling, -1 if fill else max_new_tokens, service.context_size), "model": service.served_model,
+                "stream": bool(body.stream), "timings_per_token": bool(body.model_extra.get("timings_per_token")),
+            },
+            "prompt": backend.media_marker.join(prompt.texts), "has_new_line": "\n" in result["text"], "truncated": result["truncated"],
+            "stop_type": kind, "stopping_word": word, "timings": clock.final(result),
             "refsight": {"random_weights": result["random_weights"], "references_cached": result["references_cached"]},
         }
 
     if not body.stream:
-        return final(await pool.run(work))
+        return final(await run_watched(pool, request, work))  # a client that leaves frees its worker
     first, source, stop = await open_stream(pool, work)
-    return EventStreamResponse(_events(first, source, final), stop)
+    per_token = clock.partial if body.model_extra.get("timings_per_token") else None
+    return EventStreamResponse(_events(first, source, final, backend, per_token), stop)
 
 
-async def _events(first: Any, source: AsyncIterator[Any], final: Any) -> AsyncIterator[bytes]:
-    """llama-server's stream: one event per piece (``stop: false``), then the final object (``stop: true``)."""
+async def _events(
+    first: Any, source: AsyncIterator[Any], final: Any, backend: Any, per_token: Any = None
+) -> AsyncIterator[bytes]:
+    """llama-server's stream: one event per piece (``stop: false``) with its ``tokens`` (and, with
+    ``timings_per_token``, the ``timings`` so far), then the final object (``stop: true``)."""
     item = first
     try:
         while not isinstance(item, Finished):
-            yield sse_event({"index": 0, "content": item, "tokens": [], "stop": False, "id_slot": 0})
+            # The engines hand over text, not ids: a piece's ids are its text in the served vocabulary
+            # (a few characters: cheap enough for the event loop).
+            tokens = backend.tokenize(item, add_special=False, parse_special=False)
+            event = {"index": 0, "content": item, "tokens": tokens, "stop": False, "id_slot": 0}
+            if per_token is not None:
+                event["timings"] = per_token()
+            yield sse_event(event)
             item = await source.__anext__()
     except Exception as e:  # noqa: BLE001 -- after the headers an error can only be an event
         yield sse_event({"error": stream_error(e)})
@@ -234,4 +279,11 @@ def _settings(sampling: Any, n_predict: int, n_ctx: int | None) -> dict[str, Any
         "top_p": sampling.top_p, "min_p": sampling.min_p, "repeat_penalty": sampling.repetition_penalty,
         "presence_penalty": sampling.presence_penalty, "frequency_penalty": sampling.frequency_penalty,
         "seed": -1 if sampling.seed is None else sampling.seed, "stop": list(sampling.stop),
+        # The rest of llama-server's fields, at the values refsight always uses (any other is refused by name).
+        "max_tokens": n_predict, "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "typical_p": 1.0,
+        "xtc_probability": 0.0, "xtc_threshold": 0.1, "repeat_last_n": -1, "dry_multiplier": 0.0, "dry_base": 1.75,
+        "dry_allowed_length": 2, "dry_penalty_last_n": -1, "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
+        "n_keep": 0, "n_discard": 0, "ignore_eos": False, "logit_bias": [], "n_probs": 0, "min_keep": 0,
+        "grammar": "", "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"], "lora": [],
+        "post_sampling_probs": False, "stream": False, "timings_per_token": False,
     }

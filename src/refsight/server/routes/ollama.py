@@ -31,7 +31,7 @@ from ..ollama_bodies import (
     ollama_name, schema_of,
 )
 from ..openai_compat import refsight_extra
-from ..openai_parts import PartResolver, own_origins
+from ..openai_parts import PartResolver
 from ..prompt_limit import check_prompt_chars, check_prompt_tokens
 from ..streaming import NDJSON, EventStreamResponse, Finished, ndjson_line, open_stream, stream_error
 from .ollama_models import model_facts
@@ -135,7 +135,7 @@ def _loaded(service: Any, key: str, keep_alive: Any) -> dict[str, Any]:
 
 
 def _resolver(request: Request, service: Any, namespace: str, uuids: Any, config: Any) -> PartResolver:
-    return PartResolver(service.decode, namespace, uuids, own_origins(request.headers.get("host"), config.host, config.port))
+    return PartResolver.for_request(request, service, namespace, uuids, config)
 
 
 async def _check_texts(texts: list[str], pool: Any, limit: int, service: Any) -> None:

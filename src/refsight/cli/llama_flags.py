@@ -1,0 +1,92 @@
+"""The llama-server flags ``refsight serve`` takes beyond the model and the port, and what each does here.
+
+llama-server users keep their command lines: each flag is **honoured** (``--n-predict``, ``--temp``,
+``--seed``, ``--no-webui``, ``--api-key`` several times or comma-separated), **accepted as a no-op
+where that is true** (``--jinja``: the model's own Jinja template is always what renders chats;
+``--metrics``: ``/metrics`` is always served, to the operator; ``-ctk``/``-ctv f16``: the KV cache's
+only type here), or **refused by name** before anything loads (``--chat-template-file``,
+``--slot-save-path``, other KV cache types), exit 2, never silently ignored.
+
+``-c`` is the whole context, shared by the ``-np`` slots as in llama-server (each slot gets
+``c / np``); ``--ctx-per-slot`` keeps refsight's older reading (``-c`` per slot).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .arguments import UsageError, path_argument, text_argument
+
+__all__ = ["add_llama_server_arguments", "llama_server_settings", "slot_context"]
+
+#: The KV cache type llama.cpp uses unless told otherwise: the only one refsight's prefix states are kept in.
+_KV_TYPE = "f16"
+
+
+def add_llama_server_arguments(p: argparse.ArgumentParser) -> None:
+    """Add llama-server's flags to ``refsight serve``."""
+    p.add_argument("-n", "--n-predict", dest="n_predict", type=int, metavar="N",
+                   help="tokens an answer may have when the request names none (default 128; -1: up to the server limit)")
+    p.add_argument("--temp", dest="temp", type=float, metavar="T", help="default temperature (default 0: greedy)")
+    p.add_argument("--seed", dest="seed", type=int, metavar="N", help="default sampling seed (-1: a fresh one)")
+    p.add_argument("--no-webui", dest="no_webui", action="store_true", help="serve the API only, no page at /")
+    p.add_argument("--jinja", action="store_true", help="accepted: chats are always rendered by the model's Jinja template")
+    p.add_argument("--metrics", action="store_true", help="accepted: /metrics is always served (to the operator)")
+    p.add_argument("--chat-template-file", dest="chat_template_file", type=path_argument, metavar="FILE",
+                   help="refused: refsight renders the model's own chat template")
+    p.add_argument("--slot-save-path", dest="slot_save_path", type=path_argument, metavar="DIR",
+                   help="refused: slots are not saved or restored (the prefix cache keeps prompt states)")
+    p.add_argument("-ctk", "--cache-type-k", dest="cache_type_k", type=text_argument, metavar="TYPE",
+                   help=f"KV cache type of K: only {_KV_TYPE}")
+    p.add_argument("-ctv", "--cache-type-v", dest="cache_type_v", type=text_argument, metavar="TYPE",
+                   help=f"KV cache type of V: only {_KV_TYPE}")
+    p.add_argument("--allowed-media-domains", dest="allowed_media_domains", nargs="+", metavar="DOMAIN",
+                   help="fetch http(s) image URLs of these domain names (vLLM's flag; default: no URL is fetched)")
+    p.add_argument("--media-path", dest="media_path", type=path_argument, metavar="DIR",
+                   help="serve file:// image URLs from this directory (llama-server's flag; default: none)")
+    p.add_argument("--strict-model-name", dest="strict_model_name", action="store_true",
+                   help="a request naming another model gets 404 model_not_found (default: the served model answers)")
+    p.add_argument("--ctx-per-slot", dest="ctx_per_slot", action="store_true",
+                   help="-c is each slot's context (default: the whole context, shared by the -np slots)")
+
+
+def _refuse(args: argparse.Namespace) -> None:
+    """UsageError naming the first flag that cannot be honoured."""
+    if args.chat_template_file is not None:
+        raise UsageError("--chat-template-file is not supported: refsight renders the model's own chat template "
+                         "(the cached image states are keyed by it)")
+    if args.slot_save_path is not None:
+        raise UsageError("--slot-save-path is not supported: slots are not saved or restored "
+                         "(refsight's prefix cache keeps prompt states instead)")
+    for flag, value in (("--cache-type-k", args.cache_type_k), ("--cache-type-v", args.cache_type_v)):
+        if value is not None and value.lower() != _KV_TYPE:
+            raise UsageError(f"{flag} {value}: only {_KV_TYPE} is supported (the KV cache type refsight keeps prefix states in)")
+    if args.n_predict is not None and args.n_predict != -1 and args.n_predict < 1:
+        raise UsageError(f"--n-predict {args.n_predict}: give -1 or a positive number of tokens")
+
+
+def llama_server_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`~refsight.server.ServerConfig` fields the flags set; UsageError for a refused flag."""
+    _refuse(args)
+    settings: dict[str, Any] = {
+        "strict_model_names": args.strict_model_name, "webui": not args.no_webui,
+        "allowed_media_domains": tuple(args.allowed_media_domains or ()), "media_path": args.media_path,
+    }
+    if args.n_predict is not None:
+        settings["n_predict"] = args.n_predict
+    sampling = {"temperature": args.temp, "seed": args.seed}
+    settings["sampling_defaults"] = {k: v for k, v in sampling.items() if v is not None}
+    return settings
+
+
+def slot_context(args: argparse.Namespace) -> int | None:
+    """Each slot's context: ``-c`` shared by the ``-np`` slots (llama-server), or ``-c`` itself (``--ctx-per-slot``)."""
+    if args.ctx_size is None:
+        return None
+    if args.ctx_per_slot or not args.parallel or args.parallel <= 1:
+        return args.ctx_size
+    per_slot = args.ctx_size // args.parallel
+    if per_slot < 1:
+        raise UsageError(f"-c {args.ctx_size} cannot be shared by {args.parallel} slots")
+    return per_slot

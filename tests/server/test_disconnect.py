@@ -1,0 +1,50 @@
+"""A non-streamed request stops its worker when its client leaves (issue 38, item 4), on a real tiny model over loopback.
+
+The same chat run to its end takes seconds on ``tiny-qwen2-vl`` (about 200 greedy tokens); a client
+that gives up at 0.3 s must free the worker well before that, as streams already do.
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+from live_server import LiveServer
+
+GIVE_UP_S = 0.3
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, model_cache) -> LiveServer:
+    from refsight.server import ServerConfig, create_app
+
+    config = ServerConfig(store=tmp_path_factory.mktemp("store"), model="tiny-qwen2-vl", keys={}, workers=1)
+    live = LiveServer(create_app(config)).start()
+    yield live
+    live.stop()
+
+
+def _busy_after_giving_up(live: LiveServer, path: str, body: dict) -> tuple[float, float]:
+    """(seconds the whole request takes, seconds the worker stays busy after the client left at GIVE_UP_S)."""
+    pool = live.app.state.pool
+    with live.client() as c:
+        began = time.monotonic()
+        assert c.post(path, json=body).status_code == 200
+        whole = time.monotonic() - began
+    began = time.monotonic()
+    with pytest.raises(httpx.TimeoutException), live.client(timeout=GIVE_UP_S) as c:
+        c.post(path, json=body)
+    while pool.pending and time.monotonic() - began < 60:
+        time.sleep(0.02)
+    return whole, time.monotonic() - began
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"model": "tiny-qwen2-vl", "max_tokens": 1024, "messages": [{"role": "user", "content": "hi"}]}),
+    ("/completion", {"prompt": "Once upon a time", "n_predict": 1024}),
+])
+def test_a_client_that_leaves_frees_its_worker(tiny, path, body):
+    whole, busy = _busy_after_giving_up(tiny, path, body)
+    assert whole > 2.0, f"the request is too quick ({whole:.2f} s) to show anything"
+    assert busy < min(1.5, whole / 2), f"the worker stayed busy {busy:.2f} s after its client left (whole: {whole:.2f} s)"

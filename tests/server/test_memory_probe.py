@@ -1,0 +1,77 @@
+"""Benchmark-style probe: the RSS of a real ``refsight serve`` under requests within the documented limits
+(issue 38, item 1). The bound is the README's: no such request or flood raises the server's peak RSS by
+more than :data:`BOUND_MB` over its idle RSS.
+
+Three floods, each small on the wire: a chat naming 32 copies of a 3000x3000 lossless WebP (a few KB
+each: 9 megapixels decoded apiece), 8 concurrent thumbnails of a 24-megapixel reference, and a uuid
+flood (16 parts a request under 256-character uuids).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+from hardening_helpers import ServeProcess
+from PIL import Image
+
+#: The README's bound on what one request or flood within the limits adds to the server's RSS.
+BOUND_MB = 1024
+
+
+def _vm_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def _encoded(size: tuple[int, int], fmt: str, **options) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", size, (30, 60, 90)).save(buffer, format=fmt, **options)
+    return buffer.getvalue()
+
+
+def run_floods(url: str) -> dict[str, int]:
+    """The three floods against a server at ``url``; the status codes seen, by flood."""
+    seen: dict[str, int] = {}
+    webp = base64.b64encode(_encoded((3000, 3000), "WEBP", lossless=True)).decode()
+    part = {"type": "image_url", "image_url": {"url": f"data:image/webp;base64,{webp}"}}
+    with httpx.Client(base_url=url, timeout=300) as c:
+        chat = c.post("/v1/chat/completions", json={
+            "model": "toy", "max_tokens": 1, "messages": [{"role": "user", "content": [part] * 32}]})
+        seen["chat_32_images"] = chat.status_code
+        big = base64.b64encode(_encoded((6000, 4000), "JPEG", quality=60)).decode()
+        seen["add_reference"] = c.post("/v1/references", json={"image": big, "id": "big"}).status_code
+        tiny = base64.b64encode(_encoded((8, 8), "PNG")).decode()
+        tiny_part = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{tiny}"}}
+        for i in range(40):
+            parts = [{**tiny_part, "uuid": f"{i:04d}-{j:02d}".ljust(256, "u")} for j in range(16)]
+            seen["uuid_flood"] = c.post("/v1/chat/completions", json={
+                "model": "toy", "max_tokens": 1, "messages": [{"role": "user", "content": parts}]}).status_code
+
+    def thumbnail(size: int) -> int:
+        with httpx.Client(base_url=url, timeout=300) as c:
+            return c.get("/v1/references/big/thumbnail", params={"size": size}).status_code
+
+    with ThreadPoolExecutor(8) as pool:
+        seen["thumbnails"] = max(pool.map(thumbnail, [1024, 1000, 900, 800, 700, 600, 1023, 999]))
+    return seen
+
+
+def test_requests_within_the_limits_stay_under_the_rss_bound(tmp_path):
+    server = ServeProcess(tmp_path / "store").wait_ready()
+    try:
+        idle = _vm_rss_mb(server.process.pid)
+        seen = run_floods(server.url)
+        peak = server.peak_rss_mb()
+        after = _vm_rss_mb(server.process.pid)
+    finally:
+        server.stop()
+    print(f"idle {idle:.0f} MB, peak {peak:.0f} MB, after {after:.0f} MB, {seen}")
+    assert seen["chat_32_images"] == 400 and seen["add_reference"] == 201, seen
+    assert seen["uuid_flood"] == 200 and seen["thumbnails"] == 200, seen
+    assert peak - idle < BOUND_MB, f"peak RSS rose {peak - idle:.0f} MB over idle {idle:.0f} MB"

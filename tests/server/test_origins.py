@@ -1,0 +1,72 @@
+"""A server without keys is not reachable from foreign web pages; CORS is opt-in (issue 38, item 2), over loopback.
+
+DNS rebinding sends a foreign ``Host``; a cross-site form POST sends a foreign ``Origin`` and needs no
+preflight. Both are refused without keys; with keys nothing changes for API clients. ``--cors-origins``
+lists the origins a page may call from, preflights answered 200 before the key check.
+"""
+
+from __future__ import annotations
+
+from live_server import assert_error, photo_png
+
+ATTACKER = "https://attacker.example"
+
+
+def test_a_foreign_host_is_refused_without_keys(server):
+    with server.client() as c:
+        assert_error(c.get("/v1/references", headers={"Host": "attacker.example:8000"}), 403, "host_not_allowed")
+        assert_error(c.get("/v1/stats", headers={"Host": "rebind.attacker.example"}), 403, "host_not_allowed")
+        for host in (f"127.0.0.1:{server.port}", f"localhost:{server.port}", "[::1]", "app.localhost"):
+            assert c.get("/v1/references", headers={"Host": host}).status_code == 200, host
+
+
+def test_allowed_hosts_are_served_without_keys(make_server):
+    server = make_server(allowed_hosts=("box.lan",))
+    with server.client() as c:
+        assert c.get("/v1/references", headers={"Host": "box.lan:8000"}).status_code == 200
+        assert c.get("/v1/references", headers={"Host": "other.lan"}).status_code == 403
+
+
+def test_a_cross_site_form_post_changes_nothing_without_keys(server):
+    with server.client() as c:
+        files = {"image": ("a.png", photo_png(), "image/png")}
+        reply = c.post("/v1/references", data={"id": "x"}, files=files, headers={"Origin": ATTACKER})
+        assert_error(reply, 403, "origin_not_allowed")
+        assert_error(c.post("/v1/references", data={"id": "x"}, files=files, headers={"Origin": "null"}), 403,
+                     "origin_not_allowed")
+        assert c.get("/v1/references").json()["references"] == []
+        # The server's own page (same origin) still works.
+        own = c.post("/v1/references", data={"id": "x"}, files=files, headers={"Origin": server.url})
+        assert own.status_code == 201, own.text
+
+
+def test_with_keys_nothing_changes_for_api_clients(make_server):
+    server = make_server(keys={"key-a-12345678": "a"})
+    with server.client("key-a-12345678") as c:
+        headers = {"Host": "api.example.com", "Origin": ATTACKER}
+        assert c.get("/v1/references", headers=headers).status_code == 200
+        assert "access-control-allow-origin" not in c.get("/v1/references", headers=headers).headers
+
+
+def test_cors_is_opt_in_and_preflights_come_before_the_key_check(make_server):
+    app = "https://app.example"
+    server = make_server(keys={"key-a-12345678": "a"}, cors_origins=(app,))
+    preflight = {"Origin": app, "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization, content-type"}
+    with server.client() as anonymous:
+        reply = anonymous.options("/v1/chat/completions", headers=preflight)
+        assert reply.status_code == 200
+        assert reply.headers["access-control-allow-origin"] == app
+        assert "authorization" in reply.headers["access-control-allow-headers"]
+        foreign = anonymous.options("/v1/chat/completions", headers={**preflight, "Origin": ATTACKER})
+        assert "access-control-allow-origin" not in foreign.headers
+    with server.client("key-a-12345678") as c:
+        assert c.get("/v1/references", headers={"Origin": app}).headers["access-control-allow-origin"] == app
+
+
+def test_a_listed_origin_may_post_to_a_keyless_server(make_server):
+    server = make_server(cors_origins=("https://app.example",))
+    with server.client() as c:
+        files = {"image": ("a.png", photo_png(), "image/png")}
+        reply = c.post("/v1/references", data={"id": "x"}, files=files, headers={"Origin": "https://app.example"})
+        assert reply.status_code == 201 and reply.headers["access-control-allow-origin"] == "https://app.example"
