@@ -18,8 +18,8 @@ from live_server import b64, photo_png
 
 #: Far above every deadline used here: the old server kept these connections open for ever.
 GIVE_UP_S = 20.0
-HEAD = b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
-BODY = b"POST /v1/search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
+HEAD = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+BODY = b"POST /v1/search HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
 
 
 def _drip(port: int, prefix: bytes, drop: bytes, pause: float = 0.2) -> tuple[bytes, float]:

@@ -19,7 +19,8 @@ GIVE_UP_S = 0.3
 def tiny(tmp_path_factory, model_cache) -> LiveServer:
     from refsight.server import ServerConfig, create_app
 
-    config = ServerConfig(store=tmp_path_factory.mktemp("store"), model="tiny-qwen2-vl", keys={}, workers=1)
+    config = ServerConfig(store=tmp_path_factory.mktemp("store"), model="tiny-qwen2-vl", keys={}, workers=1,
+                          max_new_tokens=TOKENS)
     live = LiveServer(create_app(config)).start()
     yield live
     live.stop()
@@ -40,9 +41,16 @@ def _busy_after_giving_up(live: LiveServer, path: str, body: dict) -> tuple[floa
     return whole, time.monotonic() - began
 
 
+#: A long answer whatever the random weights say: the grammar allows no end before the token bound
+#: (unconstrained, the tiny model may end after a few hundred tokens: too quick on a fast machine).
+LONG = {"type": "array", "items": {"type": "string", "minLength": 1000}, "minItems": 1000}
+TOKENS = 4000
+
+
 @pytest.mark.parametrize("path, body", [
-    ("/v1/chat/completions", {"model": "tiny-qwen2-vl", "max_tokens": 1024, "messages": [{"role": "user", "content": "hi"}]}),
-    ("/completion", {"prompt": "Once upon a time", "n_predict": 1024}),
+    ("/v1/chat/completions", {"model": "tiny-qwen2-vl", "max_tokens": TOKENS, "messages": [{"role": "user", "content": "hi"}],
+                              "response_format": {"type": "json_schema", "json_schema": {"name": "long", "schema": LONG}}}),
+    ("/completion", {"prompt": "Once upon a time", "n_predict": TOKENS, "json_schema": LONG}),
 ])
 def test_a_client_that_leaves_frees_its_worker(tiny, path, body):
     whole, busy = _busy_after_giving_up(tiny, path, body)

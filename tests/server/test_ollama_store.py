@@ -25,9 +25,20 @@ CHAT = {"messages": [{"role": "user", "content": "Name three colours."}], "strea
 def store(tmp_path_factory):
     root = tmp_path_factory.mktemp("ollama-models")
     model, mmproj = tiny_store(root, params=PARAMS, system="You describe images.")
+    from refsight.backends import registry
+
+    def forget_ollama_backends() -> None:
+        # The process-wide backend cache is keyed by name: an `ollama:tiny` another test module loaded
+        # from ITS store must not answer for this one.
+        with registry._lock:
+            for key in [k for k in registry._instances if k[0].startswith("ollama:")]:
+                registry._instances.pop(key).close()
+
+    forget_ollama_backends()
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OLLAMA_MODELS", str(root))
         yield root, model, mmproj
+    forget_ollama_backends()
 
 
 def _serve(tmp_path, model: str, **options) -> LiveServer:

@@ -215,13 +215,17 @@ class Backend(TextAccess, abc.ABC):
 
     # ------------------------------------------------------------------ the template
 
-    def generate(self, requests: Sequence[GenerationRequest], *, return_logits: bool = False) -> list[Generation]:
+    def generate(
+        self, requests: Sequence[GenerationRequest], *, return_logits: bool = False,
+        stop_event: threading.Event | None = None,
+    ) -> list[Generation]:
         """Generation for a batch of requests (one result per request, same order).
 
         Greedy unless a request's ``sampling`` says otherwise; a backend honours only the
-        fields in :attr:`sampling_fields` (callers refuse the others before asking).
+        fields in :attr:`sampling_fields` (callers refuse the others before asking). A set
+        ``stop_event`` ends it early (the caller went away), as in :meth:`generate_stream`.
         """
-        return self._serve(requests, Execution(return_logits=return_logits))
+        return self._serve(requests, Execution(return_logits=return_logits, stop_event=stop_event))
 
     def generate_stream(
         self, request: GenerationRequest, *, on_text: TextCallback, stop_event: threading.Event | None = None
