@@ -54,3 +54,11 @@ def test_every_usage_line_runs_as_written(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "chelsea" in out and "hit rate" in out and "removed rocket" in out
     assert (tmp_path / "photos" / "rubric.yaml").is_file()
+
+
+def test_the_python_example_runs_as_written(tmp_path, monkeypatch, capsys):
+    text = README.read_text(encoding="utf-8")
+    code = text.split("<!-- python -->", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {})
+    assert "short fur" in capsys.readouterr().out
