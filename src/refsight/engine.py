@@ -280,8 +280,10 @@ class Engine:
         if on_text is not None:
             generation = backend.generate_stream(request, on_text=on_text, stop_event=stop_event)
         else:
-            # Not streamed: still stopped between decode steps when the caller leaves.
-            generation = backend.generate([request], stop_event=stop_event)[0]
+            # Not streamed: still stopped between decode steps when the caller leaves. (Only then is the
+            # keyword passed: a plugin backend that overrides generate() may not take it.)
+            watched = {} if stop_event is None else {"stop_event": stop_event}
+            generation = backend.generate([request], **watched)[0]
         timings = {k: round(v, 3) for k, v in generation.timings_ms.items()}
         timings["encode"] = round(timings.get("encode", 0.0) + encode_ms, 3)
         timings["reference_load"] = round(load_ms, 3)

@@ -130,7 +130,7 @@ def test_one_default_n_predict_in_props_slots_and_the_readme(tiny):
         props = c.get("/props").json()["default_generation_settings"]["params"]["n_predict"]
         slots = {slot["params"]["n_predict"] for slot in c.get("/slots").json()}
     assert props == DEFAULT_MAX_TOKENS and slots == {DEFAULT_MAX_TOKENS}
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "http.md").read_text()
     assert f"(default {DEFAULT_MAX_TOKENS})" in readme
 
 
