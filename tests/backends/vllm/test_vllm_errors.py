@@ -87,8 +87,9 @@ def test_timeout_is_a_generation_error_naming_the_server(stub, photos):
     from refsight.backends.registry import get_backend
     from refsight.errors import GenerationError
 
-    backend = get_backend(f"vllm:{stub}", timeout=1)
+    # The image-mode probe at load POSTs a real image too: a hanging server fails there already.
     with pytest.raises(GenerationError, match="did not answer within 1 s") as info:
+        backend = get_backend(f"vllm:{stub}", timeout=1)
         backend.generate([_request(backend, photos)])
     assert stub in str(info.value)
 
@@ -100,7 +101,10 @@ def test_failed_compare_writes_nothing_to_the_store(stub, photos, tmp_path):
 
     photos["chelsea"].image.save(tmp_path / "cat.png")
     photos["rocket"].image.save(tmp_path / "rocket.png")
-    with Engine(tmp_path / "store", model=f"vllm:{stub}") as engine:
+    from refsight.backends.options import BackendOptions
+
+    # embeds mode, given: the server is not probed (the stub answers every POST with a 500).
+    with Engine(tmp_path / "store", model=f"vllm:{stub}", backend_options=BackendOptions(vllm_images="embeds")) as engine:
         engine.add(tmp_path / "cat.png", ref_id="cat")  # encoding is refsight's: works without vLLM
         before = engine.stats().to_dict()
         files_before = sorted(p.name for p in (tmp_path / "store").rglob("*") if p.is_file())

@@ -118,13 +118,14 @@ def server_image_mode(client: VLLMClient, served_model: str) -> tuple[str, bool]
 
 def _image_mode(name: str, client: VLLMClient, served_model: str, wanted: str | None) -> tuple[str, bool]:
     """The mode to use: the server's, or ``wanted`` when the server can take it (else a loud ModelLoadError)."""
+    if wanted == "embeds":
+        # Not probed: a server takes embeddings with --enable-mm-embeds (vllm-serve passes it) whatever
+        # its encoder, and one without refuses the first request by name.
+        return "embeds", False
     images, keeps_uuids = server_image_mode(client, served_model)
     if wanted == "pixels" and images != "pixels":
         raise ModelLoadError(name, "images=pixels (--vllm-images pixels), but this vLLM server has no vision encoder "
                                    "(image limit 0): it takes embeddings only; use images=embeds or start it with images")
-    if wanted == "embeds" and images == "pixels":
-        # A server with a vision encoder takes embeddings too only with --enable-mm-embeds (vllm-serve passes it).
-        return "embeds", False
     return images, keeps_uuids
 
 
