@@ -31,7 +31,7 @@ from .progress import CompareProgress
 from .methods import HeadAsGetMiddleware
 from .json_content import JsonContentMiddleware
 from .origins import OriginGuardMiddleware
-from .metrics import Metrics
+from .metrics import Metrics, TimingMiddleware
 from .openai_compat import router as openai_router
 from .responses import TextSafeJSONResponse
 from .page import router as page_router
@@ -111,7 +111,7 @@ def _add_middlewares(app: FastAPI, config: ServerConfig, tenants: Tenants, metri
     """The middleware stack, innermost first (each added one wraps those before it)."""
     # Innermost first: crashes become JSON 500s that the timing middleware then counts.
     app.add_middleware(CatchAllMiddleware)
-    app.middleware("http")(metrics.middleware())
+    app.add_middleware(TimingMiddleware, metrics=metrics)
     # A body over the limit (or JSON nested too deep) is refused before routing, parsing or timing.
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     # Outermost: a request without a valid key is refused before its body is read at all.
