@@ -323,6 +323,11 @@ def load_tiny(name: str, **options: Any) -> Backend:
     :class:`~refsight.backends.options.BackendOptions` field but ``revision``, ``mmproj``
     and ``encoder``, which are refused by name, plus ``tile_size`` ...).
     """
+    return load_built(name, ensure_model_dir, options)
+
+
+def load_built(name: str, ensure: Callable[[str], Path], options: dict[str, Any]):
+    """A built-in checkpoint that ``ensure(name)`` builds offline once, loaded as a refsight HF backend."""
     from ..errors import InvalidInputError
     from .hf import load_hf_backend
     from .hf.loading import refuse_other_backend_options
@@ -331,7 +336,7 @@ def load_tiny(name: str, **options: Any) -> Backend:
     refuse_other_backend_options(options)
     if options.get("revision") is not None:
         raise InvalidInputError("revision", f"{name} is built locally and has no hub revision (its files are hashed)")
-    directory = ensure_model_dir(name)
+    directory = ensure(name)
     options.setdefault("model_id", f"refsight/{name}")
     return load_hf_backend(name, source=str(directory), random_weights=True, **options)
 

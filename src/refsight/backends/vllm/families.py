@@ -152,13 +152,6 @@ def ensure_family_dir(name: str) -> Path:
 
 def load_family_vllm(name: str, **options: Any):
     """Registry factory: the tiny vLLM family model as a plain refsight HF backend (its encoder side)."""
-    from ...errors import InvalidInputError
-    from ..hf import load_hf_backend
-    from ..hf.loading import refuse_other_backend_options
+    from ..tiny import load_built
 
-    refuse_other_backend_options(options)
-    if options.get("revision") is not None:
-        raise InvalidInputError("revision", f"{name} is built locally and has no hub revision (its files are hashed)")
-    directory = ensure_family_dir(name)
-    options.setdefault("model_id", f"refsight/{name}")
-    return load_hf_backend(name, source=str(directory), random_weights=True, **options)
+    return load_built(name, ensure_family_dir, options)

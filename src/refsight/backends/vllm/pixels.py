@@ -134,14 +134,20 @@ def encode_source_pixels(
     return packages
 
 
-def validate_source_pixels(package: VisualPackage, fingerprint: EncoderFingerprint) -> None:
-    """A source-pixel package's checks: its fingerprint, one ``uint8 [h, w, 3]`` tensor of the size its metadata says."""
+def _pixels_shape(package: VisualPackage, fingerprint: EncoderFingerprint) -> tuple[int, int, int]:
+    """The checks every pixel package passes (this server's fingerprint, one ``uint8 [h, w, c]`` tensor): its shape."""
     if package.fingerprint != fingerprint:
         raise CorruptPackageError(package.key, "made for another model or preprocessing than this vLLM server's")
     pixels = package.tensors.get(PIXELS)
     if set(package.tensors) != {PIXELS} or pixels is None or str(pixels.dtype) != "torch.uint8" or pixels.dim() != 3:
         raise CorruptPackageError(package.key, "a pixel package holds one uint8 [height, width, 3] tensor 'pixels'")
     height, width, channels = (int(s) for s in pixels.shape)
+    return height, width, channels
+
+
+def validate_source_pixels(package: VisualPackage, fingerprint: EncoderFingerprint) -> None:
+    """A source-pixel package's checks: its fingerprint, one ``uint8 [h, w, 3]`` tensor of the size its metadata says."""
+    height, width, channels = _pixels_shape(package, fingerprint)
     if channels != 3 or [int(x) for x in package.metadata.get("size") or ()] != [width, height]:
         raise CorruptPackageError(package.key, f"pixels {height}x{width}x{channels} do not match the size {package.metadata.get('size')}")
     tokens = package.metadata.get("num_tokens")
@@ -200,12 +206,7 @@ class ImageTokenCounter:
 
 def validate_pixels(package: VisualPackage, fingerprint: EncoderFingerprint, patch: int) -> None:
     """A pixel package's checks: its fingerprint, one ``uint8 [h, w, 3]`` tensor, a grid that matches it."""
-    if package.fingerprint != fingerprint:
-        raise CorruptPackageError(package.key, "made for another model or preprocessing than this vLLM server's")
-    pixels = package.tensors.get(PIXELS)
-    if set(package.tensors) != {PIXELS} or pixels is None or str(pixels.dtype) != "torch.uint8" or pixels.dim() != 3:
-        raise CorruptPackageError(package.key, "a pixel package holds one uint8 [height, width, 3] tensor 'pixels'")
-    height, width, channels = (int(s) for s in pixels.shape)
+    height, width, channels = _pixels_shape(package, fingerprint)
     grid = [int(x) for x in package.metadata.get("image_grid_thw") or ()]
     merge = int(package.metadata.get("merge_size") or 1)
     if channels != 3 or grid != [1, height // patch, width // patch] or height % patch or width % patch:
