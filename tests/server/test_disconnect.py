@@ -1,4 +1,5 @@
-"""A non-streamed request stops its worker when its client leaves (issue 38, item 4), on a real tiny model over loopback.
+"""A non-streamed request stops its worker when its client leaves (issue 38, item 4), on a real tiny model over loopback:
+OpenAI's chat, llama-server's ``/completion`` and Ollama's ``/api/chat`` and ``/api/generate`` with ``stream: false``.
 
 The same chat run to its end takes seconds on ``tiny-qwen2-vl`` (about 200 greedy tokens); a client
 that gives up at 0.3 s must free the worker well before that, as streams already do.
@@ -51,6 +52,10 @@ TOKENS = 4000
     ("/v1/chat/completions", {"model": "tiny-qwen2-vl", "max_tokens": TOKENS, "messages": [{"role": "user", "content": "hi"}],
                               "response_format": {"type": "json_schema", "json_schema": {"name": "long", "schema": LONG}}}),
     ("/completion", {"prompt": "Once upon a time", "n_predict": TOKENS, "json_schema": LONG}),
+    ("/api/chat", {"model": "tiny-qwen2-vl", "stream": False, "format": LONG, "options": {"num_predict": TOKENS},
+                   "messages": [{"role": "user", "content": "hi"}]}),
+    ("/api/generate", {"model": "tiny-qwen2-vl", "stream": False, "format": LONG, "options": {"num_predict": TOKENS},
+                       "prompt": "Once upon a time"}),
 ])
 def test_a_client_that_leaves_frees_its_worker(tiny, path, body):
     whole, busy = _busy_after_giving_up(tiny, path, body)

@@ -12,7 +12,9 @@ prompt, images included, up to the first token), ``eval_count`` / ``eval_duratio
 error after the stream began is a last line ``{"error": "..."}``, as Ollama sends it. A request without
 a prompt (no messages; an empty prompt and no images) answers at once with ``done_reason: "load"``,
 Ollama's way of loading a model (``"unload"`` with ``keep_alive: 0``; the model stays loaded here).
-Each answer also carries refsight's own ``refsight`` object (references cached, timings).
+Each answer also carries refsight's own ``refsight`` object (references cached, timings). A whole answer
+(``stream: false``) stops its generation when the client leaves (:func:`..disconnect.run_watched`), as a
+stream does.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from fastapi import APIRouter, Request
 
 from ..completion_parts import check_raw_prompt, raw_prompt
 from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Tenant
+from ..disconnect import run_watched
 from ..errors import ERROR_RESPONSES, ApiError
 from ..ollama_bodies import (
     OllamaChatBody, OllamaGenerateBody, OllamaMessage, chat_segments, check_model, check_refused, generation,
@@ -105,10 +108,10 @@ class _Answer:
     def _text(self, text: str) -> dict[str, Any]:
         return {"message": {"role": "assistant", "content": text}} if self.key == "message" else {"response": text}
 
-    async def reply(self, pool: Any, stream: bool) -> Any:
+    async def reply(self, pool: Any, request: Request, stream: bool) -> Any:
         """The whole answer, or the NDJSON stream of it."""
         if not stream:
-            result = await pool.run(self.work)
+            result = await run_watched(pool, request, self.work)  # a client that leaves frees its worker
             return self.final(result, result["text"])
         first, source, stop = await open_stream(pool, self.work)
         return EventStreamResponse(self._lines(first, source), stop, media_type=NDJSON)
@@ -159,7 +162,7 @@ async def chat(
     await _check_texts([m.content for m in body.messages], pool, config.max_prompt_tokens, service)
     resolver, system = _resolver(request, service, namespace, uuids, config), model_facts(service).get("system")
     answer = _Answer("message", service, namespace, lambda: chat_segments(body.messages, resolver, system), options)
-    return await answer.reply(pool, body.stream)
+    return await answer.reply(pool, request, body.stream)
 
 
 def _check_generate(body: OllamaGenerateBody) -> None:
@@ -198,9 +201,9 @@ async def generate(
         await check_raw_prompt(prompt, pool, config.max_prompt_tokens, backend)
         answer = _Answer("response", service, namespace, lambda: (prompt.segments(resolver), None),
                          {**options, "raw_prompt": True})
-        return await answer.reply(pool, body.stream)
+        return await answer.reply(pool, request, body.stream)
     system = body.system or model_facts(service).get("system")
     messages = [OllamaMessage(role="user", content=body.prompt or "", images=body.images)]
     await _check_texts([body.prompt or "", body.system or ""], pool, config.max_prompt_tokens, service)
     answer = _Answer("response", service, namespace, lambda: chat_segments(messages, resolver, system, ""), options)
-    return await answer.reply(pool, body.stream)
+    return await answer.reply(pool, request, body.stream)
