@@ -33,13 +33,18 @@ _SIGLIP = dict(model_type="siglip_vision_model", hidden_size=32, intermediate_si
 _PINPOINTS = [[32, 32], [32, 64], [64, 32], [64, 64]]
 
 
+def _images_then_texts(image: str, text: str, string: str = "{{ m['content'] }}") -> str:
+    """One message's content as llava-hf templates lay it out: its images first, then its texts."""
+    return ("{% if m['content'] is string %}" + string + "{% else %}"
+            "{% for c in m['content'] %}{% if c['type']=='image' %}" + image + "{% endif %}{% endfor %}"
+            "{% for c in m['content'] %}{% if c['type']=='text' %}" + text + "{% endif %}{% endfor %}"
+            "{% endif %}")
+
+
 def _images_first(prefix, turn_open, turn_close, image="<image>", sep="\n"):
     """llava-hf style template: every image of a turn first, then its texts (as in the real hf templates)."""
-    return (prefix + "{% for m in messages %}" + turn_open +
-            "{% if m['content'] is string %}{{ m['content'] }}{% else %}"
-            "{% for c in m['content'] %}{% if c['type']=='image' %}" + image + "{% endif %}{% endfor %}"
-            "{% for c in m['content'] %}{% if c['type']=='text' %}" + sep + "{{ c['text'] }}{% endif %}{% endfor %}"
-            "{% endif %}" + turn_close + "{% endfor %}")
+    return (prefix + "{% for m in messages %}" + turn_open + _images_then_texts(image, sep + "{{ c['text'] }}") + turn_close
+            + "{% endfor %}")
 
 
 # llava-1.5-hf: "USER: <image>\n<prompt> ASSISTANT:" (Llama tokenizer adds <s>; here it is in the template
@@ -50,10 +55,8 @@ LLAVA = dict(
     eos="</s>", pad="<pad>", bos="<s>",
     named_tokens={"image_token": "<image>"},
     chat_template=("{{ bos_token }}{% for m in messages %}{% if m['role'] != 'system' %}{{ m['role'].upper() + ': ' }}{% endif %}"
-                   "{% if m['content'] is string %}{{ m['content'] + ' ' }}{% else %}"
-                   "{% for c in m['content'] %}{% if c['type']=='image' %}<image>\n{% endif %}{% endfor %}"
-                   "{% for c in m['content'] %}{% if c['type']=='text' %}{{ c['text'] + ' ' }}{% endif %}{% endfor %}"
-                   "{% endif %}{% if m['role'] == 'assistant' %}</s>{% endif %}{% endfor %}"
+                   + _images_then_texts("<image>\n", "{{ c['text'] + ' ' }}", string="{{ m['content'] + ' ' }}")
+                   + "{% if m['role'] == 'assistant' %}</s>{% endif %}{% endfor %}"
                    "{% if add_generation_prompt %}ASSISTANT:{% endif %}"),
     config=dict(
         text_config=dict(model_type="llama", **_TEXT),
@@ -92,10 +95,7 @@ PALIGEMMA = dict(
     special_tokens=("<pad>", "<eos>", "<bos>", "<unk>", "<image>"),
     eos="<eos>", pad="<pad>", bos="<bos>",
     named_tokens={"image_token": "<image>"},
-    chat_template=("{% for m in messages %}{% if m['content'] is string %}{{ m['content'] }}{% else %}"
-                   "{% for c in m['content'] %}{% if c['type']=='image' %}<image>{% endif %}{% endfor %}"
-                   "{% for c in m['content'] %}{% if c['type']=='text' %}{{ c['text'] }}{% endif %}{% endfor %}"
-                   "{% endif %}{% endfor %}"),
+    chat_template="{% for m in messages %}" + _images_then_texts("<image>", "{{ c['text'] }}") + "{% endfor %}",
     config=dict(
         text_config=dict(model_type="gemma", hidden_act="gelu_pytorch_tanh", **_TEXT),
         vision_config=dict(_SIGLIP, vision_use_head=False),
@@ -115,10 +115,8 @@ LLAVA_NEXT = dict(
     eos="</s>", pad="<pad>", bos="<s>",
     named_tokens={"image_token": "<image>"},
     chat_template=("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST] {% endif %}"
-                   "{% if m['content'] is string %}{{ m['content'] }}{% else %}"
-                   "{% for c in m['content'] %}{% if c['type']=='image' %}<image>\n{% endif %}{% endfor %}"
-                   "{% for c in m['content'] %}{% if c['type']=='text' %}{{ c['text'] + ' ' }}{% endif %}{% endfor %}"
-                   "{% endif %}{% if m['role'] == 'user' %}[/INST]{% else %}</s>{% endif %}{% endfor %}"),
+                   + _images_then_texts("<image>\n", "{{ c['text'] + ' ' }}")
+                   + "{% if m['role'] == 'user' %}[/INST]{% else %}</s>{% endif %}{% endfor %}"),
     config=dict(
         text_config=dict(model_type="mistral", sliding_window=None, **_TEXT),
         vision_config=dict(_CLIP),
