@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from compare_helpers import cached_and_fresh, without_timings
 from refsight import Engine, RubricError
 from refsight.cli import main
 
@@ -16,32 +17,18 @@ FAMILIES = ("tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl", "tiny-smolvlm")
 RUBRIC = "short fur; triangular ears"
 
 
-def _without_timings(result: dict) -> dict:
-    return {
-        **{k: v for k, v in result.items() if k not in ("timings_ms", "results")},
-        "results": [{k: v for k, v in r.items() if k != "reference_cached"} for r in result["results"]],
-    }
-
-
 @pytest.mark.parametrize("model", FAMILIES)
 def test_cached_and_no_cache_compare_give_identical_verdict_json(tmp_path, real_photo, model):
-    refs = {name: real_photo(name, size=(80, 64)) for name in ("chelsea", "coffee")}
-    candidate = real_photo("chelsea", size=(72, 56)).transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    with Engine(tmp_path / "store", model=model) as engine:
-        for name, image in refs.items():
-            engine.add(image, ref_id=name)
-        kwargs = dict(criteria=RUBRIC, ref_ids=list(refs), attributes=[], evidence_max_chars=16)
-        cached = engine.compare(candidate, **kwargs).to_dict()
-        fresh = engine.compare(candidate, use_cache=False, **kwargs).to_dict()
-    assert [r["reference_cached"] for r in cached["results"]] == [True, True]
-    assert [r["reference_cached"] for r in fresh["results"]] == [False, False]
-    assert _without_timings(cached) == _without_timings(fresh)
-    assert cached["random_weights"] is True
-    for result in cached["results"]:
-        assert [c["criterion"] for c in result["criteria"]] == ["short fur", "triangular ears"]
-        for c in result["criteria"]:
-            assert c["verdict"] in ("match", "mismatch", "uncertain") and 0 <= c["confidence"] <= 1
-            assert c["source"] == "vlm"
+    with cached_and_fresh(tmp_path / "store", real_photo, model) as (_, _, _, cached, fresh):
+        assert [r["reference_cached"] for r in cached["results"]] == [True, True]
+        assert [r["reference_cached"] for r in fresh["results"]] == [False, False]
+        assert without_timings(cached) == without_timings(fresh)
+        assert cached["random_weights"] is True
+        for result in cached["results"]:
+            assert [c["criterion"] for c in result["criteria"]] == ["short fur", "triangular ears"]
+            for c in result["criteria"]:
+                assert c["verdict"] in ("match", "mismatch", "uncertain") and 0 <= c["confidence"] <= 1
+                assert c["source"] == "vlm"
 
 
 def test_compare_cli_json_shape_and_table(tmp_path, real_photo, capsys):

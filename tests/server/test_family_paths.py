@@ -13,34 +13,17 @@ import json
 
 import openai
 import pytest
-from PIL import Image
 
 from refsight.backends.tiny_families import FAMILY_SPECS
+from compare_helpers import RUBRIC, cached_and_fresh, without_timings
 from live_server import b64, data_url, photo_png
-from refsight import Engine
 from refsight.cli import main
 from refsight.rerank import RerankQuery, VlmReranker
-
-RUBRIC = "short fur; triangular ears"
-
-
-def _without_timings(result: dict) -> dict:
-    return {
-        **{k: v for k, v in result.items() if k not in ("timings_ms", "results")},
-        "results": [{k: v for k, v in r.items() if k != "reference_cached"} for r in result["results"]],
-    }
 
 
 @pytest.mark.parametrize("model", tuple(FAMILY_SPECS))
 def test_judge_and_reranker_are_equal_cached_and_fresh(tmp_path, real_photo, model):
-    refs = {name: real_photo(name, size=(80, 64)) for name in ("chelsea", "coffee")}
-    candidate = real_photo("chelsea", size=(72, 56)).transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    with Engine(tmp_path / "store", model=model) as engine:
-        for name, image in refs.items():
-            engine.add(image, ref_id=name)
-        kwargs = dict(criteria=RUBRIC, ref_ids=list(refs), attributes=[], evidence_max_chars=16)
-        cached = engine.compare(candidate, **kwargs).to_dict()
-        fresh = engine.compare(candidate, use_cache=False, **kwargs).to_dict()
+    with cached_and_fresh(tmp_path / "store", real_photo, model) as (engine, refs, candidate, cached, fresh):
         from refsight.images import load_image
 
         query = RerankQuery(image=load_image(candidate), criteria=("short fur",), text="short fur")
@@ -48,7 +31,7 @@ def test_judge_and_reranker_are_equal_cached_and_fresh(tmp_path, real_photo, mod
         scores = VlmReranker(engine.context(), engine.packages).score(query, references)
         scores_fresh = VlmReranker(engine.context(use_cache=False), engine.packages).score(query, references)
     assert [r["reference_cached"] for r in cached["results"]] == [True, True]
-    assert _without_timings(cached) == _without_timings(fresh)
+    assert without_timings(cached) == without_timings(fresh)
     assert cached["random_weights"] is True
     for result in cached["results"]:
         assert [c["criterion"] for c in result["criteria"]] == ["short fur", "triangular ears"]
