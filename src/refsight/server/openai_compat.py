@@ -47,7 +47,7 @@ from .errors import ERROR_RESPONSES, ApiError
 from .disconnect import run_watched
 from .openai_parts import Message, PartResolver, messages_to_segments
 from .prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
-from .streaming import SSE_DONE, EventStreamResponse, Finished, open_stream, sse_event, stream_error
+from .streaming import SSE_DONE, EventStreamResponse, answer_events, open_stream, sse_event
 from .timings import TokenClock
 
 __all__ = ["router", "ChatRequest", "check_generation", "refsight_extra", "RANDOM_WEIGHTS_NOTICE", "SYSTEM_FINGERPRINT"]
@@ -227,26 +227,21 @@ async def _chunks(
             data.setdefault("timings", clock.partial())
         return sse_event(data)
 
+    def finish(result: Any) -> list[bytes]:
+        reason = result["finish_reason"] if result["finish_reason"] in ("stop", "length") else "stop"
+        final = clock.final(result)
+        events = [chunk({}, reason, refsight=refsight_extra(result), timings=final)]
+        if include_usage:
+            events.append(sse_event({
+                "id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                "system_fingerprint": SYSTEM_FINGERPRINT, "choices": [], "usage": _usage(result), "timings": final,
+            }))
+        return [*events, SSE_DONE]
+
     # llama-server's (and OpenAI's) first chunk: the role, content null.
     yield chunk({"role": "assistant", "content": None})
-    item = first
-    try:
-        while not isinstance(item, Finished):
-            yield chunk({"content": item})
-            item = await source.__anext__()
-    except Exception as e:  # noqa: BLE001 -- after the headers an error can only be an event
-        yield sse_event({"error": stream_error(e)})
-        return
-    result = item.result
-    finish = result["finish_reason"] if result["finish_reason"] in ("stop", "length") else "stop"
-    final = clock.final(result)
-    yield chunk({}, finish, refsight=refsight_extra(result), timings=final)
-    if include_usage:
-        yield sse_event({
-            "id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
-            "system_fingerprint": SYSTEM_FINGERPRINT, "choices": [], "usage": _usage(result), "timings": final,
-        })
-    yield SSE_DONE
+    async for event in answer_events(first, source, lambda text: chunk({"content": text}), finish):
+        yield event
 
 
 def model_card(service: Any) -> dict[str, Any]:

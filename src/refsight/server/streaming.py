@@ -17,7 +17,7 @@ import asyncio
 import json
 import threading
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Iterable
 
 import anyio
 from starlette.responses import Response
@@ -26,7 +26,7 @@ from .limits import WorkPool
 
 __all__ = [
     "Finished", "stream_in_pool", "open_stream", "stream_error", "EventStreamResponse", "sse_event", "SSE_DONE",
-    "ndjson_line", "NDJSON",
+    "ndjson_line", "NDJSON", "answer_events",
 ]
 
 #: The last event of an OpenAI stream.
@@ -103,6 +103,31 @@ async def open_stream(pool: WorkPool, work: Callable[..., Any]) -> tuple[Any, As
         stop.set()
         raise
     return first, source, stop
+
+
+def _sse_error(error: dict[str, Any]) -> bytes:
+    return sse_event({"error": error})
+
+
+async def answer_events(
+    first: Any, source: AsyncIterator[Any], piece: Callable[[str], bytes], finish: Callable[[Any], Iterable[bytes]],
+    error: Callable[[dict[str, Any]], bytes] = _sse_error,
+) -> AsyncIterator[bytes]:
+    """The one loop of a streamed answer (from :func:`open_stream`): ``piece(text)`` per text piece, then
+    ``finish(result)``'s events; an error after the headers becomes ``error(stream_error(e))``, the last event.
+
+    Each wire format brings only its formatters (OpenAI chunks, llama-server events, Ollama's NDJSON lines).
+    """
+    item = first
+    try:
+        while not isinstance(item, Finished):
+            yield piece(item)
+            item = await source.__anext__()
+    except Exception as e:  # noqa: BLE001 -- after the headers an error can only be an event
+        yield error(stream_error(e))
+        return
+    for event in finish(item.result):
+        yield event
 
 
 class EventStreamResponse(Response):

@@ -22,7 +22,7 @@ from ..deps import ConfigDep, PoolDep, ServiceDep, Tenant
 from ..errors import ERROR_RESPONSES, ApiError
 from ..generation_body import GenerationBody
 from ..openai_compat import RANDOM_WEIGHTS_NOTICE, SYSTEM_FINGERPRINT, StreamOptions, check_generation
-from ..streaming import SSE_DONE, EventStreamResponse, Finished, sse_event, open_stream, stream_error
+from ..streaming import SSE_DONE, EventStreamResponse, answer_events, open_stream, sse_event
 
 __all__ = ["router"]
 
@@ -83,19 +83,14 @@ async def completions(request: Request, body: CompletionsBody, namespace: Tenant
 
 
 async def _chunks(first: Any, source: AsyncIterator[Any], choice: Any, include_usage: bool) -> AsyncIterator[bytes]:
-    item = first
-    try:
-        while not isinstance(item, Finished):
-            yield sse_event(choice(item, None))
-            item = await source.__anext__()
-    except Exception as e:  # noqa: BLE001 -- after the headers an error can only be an event
-        yield sse_event({"error": stream_error(e)})
-        return
-    result = item.result
-    yield sse_event({**choice("", _finish(result)), "refsight": _extra(result)})
-    if include_usage:
-        yield sse_event({**choice("", None), "choices": [], "usage": _usage(result)})
-    yield SSE_DONE
+    def finish(result: Any) -> list[bytes]:
+        events = [sse_event({**choice("", _finish(result)), "refsight": _extra(result)})]
+        if include_usage:
+            events.append(sse_event({**choice("", None), "choices": [], "usage": _usage(result)}))
+        return [*events, SSE_DONE]
+
+    async for event in answer_events(first, source, lambda text: sse_event(choice(text, None)), finish):
+        yield event
 
 
 def _finish(result: dict[str, Any]) -> str:

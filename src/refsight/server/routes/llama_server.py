@@ -29,7 +29,7 @@ from ..openai_compat import check_generation
 from ..disconnect import run_watched
 from ..openai_parts import Message, PartResolver, template_segments
 from ..prompt_limit import check_prompt_chars
-from ..streaming import EventStreamResponse, Finished, sse_event, open_stream, stream_error
+from ..streaming import EventStreamResponse, answer_events, open_stream, sse_event
 from ..timings import TokenClock
 
 __all__ = ["router"]
@@ -255,21 +255,18 @@ async def _events(
 ) -> AsyncIterator[bytes]:
     """llama-server's stream: one event per piece (``stop: false``) with its ``tokens`` (and, with
     ``timings_per_token``, the ``timings`` so far), then the final object (``stop: true``)."""
-    item = first
-    try:
-        while not isinstance(item, Finished):
-            # The engines hand over text, not ids: a piece's ids are its text in the served vocabulary
-            # (a few characters: cheap enough for the event loop).
-            tokens = backend.tokenize(item, add_special=False, parse_special=False)
-            event = {"index": 0, "content": item, "tokens": tokens, "stop": False, "id_slot": 0}
-            if per_token is not None:
-                event["timings"] = per_token()
-            yield sse_event(event)
-            item = await source.__anext__()
-    except Exception as e:  # noqa: BLE001 -- after the headers an error can only be an event
-        yield sse_event({"error": stream_error(e)})
-        return
-    yield sse_event({**final(item.result), "content": ""})
+
+    def piece(text: str) -> bytes:
+        # The engines hand over text, not ids: a piece's ids are its text in the served vocabulary
+        # (a few characters: cheap enough for the event loop).
+        tokens = backend.tokenize(text, add_special=False, parse_special=False)
+        event = {"index": 0, "content": text, "tokens": tokens, "stop": False, "id_slot": 0}
+        if per_token is not None:
+            event["timings"] = per_token()
+        return sse_event(event)
+
+    async for event in answer_events(first, source, piece, lambda result: [sse_event({**final(result), "content": ""})]):
+        yield event
 
 
 def _settings(sampling: Any, n_predict: int, n_ctx: int | None) -> dict[str, Any]:

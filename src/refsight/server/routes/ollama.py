@@ -36,7 +36,7 @@ from ..ollama_bodies import (
 from ..openai_compat import refsight_extra
 from ..openai_parts import PartResolver
 from ..prompt_limit import check_prompt_chars, check_prompt_tokens
-from ..streaming import NDJSON, EventStreamResponse, Finished, ndjson_line, open_stream, stream_error
+from ..streaming import NDJSON, EventStreamResponse, answer_events, ndjson_line, open_stream
 from .ollama_models import model_facts
 
 __all__ = ["router", "created_at"]
@@ -117,16 +117,15 @@ class _Answer:
         return EventStreamResponse(self._lines(first, source), stop, media_type=NDJSON)
 
     async def _lines(self, first: Any, source: AsyncIterator[Any]) -> AsyncIterator[bytes]:
-        item = first
-        try:
-            while not isinstance(item, Finished):
-                yield ndjson_line(self.piece(item))
-                item = await source.__anext__()
-        except Exception as e:  # noqa: BLE001 -- after the headers an error can only be a line
-            error = stream_error(e)
-            yield ndjson_line({"error": error["message"], "code": error["code"]})
-            return
-        yield ndjson_line(self.final(item.result, ""))
+        def error(shape: dict[str, Any]) -> bytes:
+            return ndjson_line({"error": shape["message"], "code": shape["code"]})
+
+        pieces = answer_events(
+            first, source, lambda text: ndjson_line(self.piece(text)),
+            lambda result: [ndjson_line(self.final(result, ""))], error,
+        )
+        async for line in pieces:
+            yield line
 
 
 def _loaded(service: Any, key: str, keep_alive: Any) -> dict[str, Any]:
