@@ -2,7 +2,7 @@
 
 The parts, each a module with one concern:
 
-- :class:`~refsight.packages.PackageCache`: the one get-or-encode (cache policy, counters);
+- :class:`~refsight.package_cache.PackageCache`: the one get-or-encode (cache policy, counters);
 - :class:`~refsight.references.ReferenceBook`: ingest and reference CRUD;
 - :class:`~refsight.retrieval.store_index.StoreIndex`: recall, kept in sync with the catalog;
 - :class:`~refsight.maintenance.Maintenance`: verify, repair, re-encode, stats, gc;
@@ -43,19 +43,19 @@ from .images import ImageInput, ImageSource, IntakeLimits, load_image
 from .judge.attribute_records import AttributeRecords, check_sources
 from .judge.attribute_schema import AttributeSchema, load_attribute_schema
 from .maintenance import Maintenance
-from .packages import CachedPackage, PackageCache, holding_packages
+from .package_cache import CachedPackage, PackageCache, holding_packages
 from .prefixes import PrefixStateCache
 from .references import ReferenceBook, ReferenceSegment, load_kept_image, source_label
 from .results import (
     AddFailure, AddResult, CompareResult, GenerateResult, IndexReport, PackageState, PruneReport, SearchResult,
     StoreStats, VerifyReport,
 )
-from .retrieval.embedders import Embedder
+from .models.embedders import Embedder
 from .retrieval.query import check_search
 from .retrieval.store_index import StoreIndex
 from .settings import Settings, load_settings, open_configured_store
 from .store import DEFAULT_NAMESPACE, Reference, Store
-from .text import check_text, check_texts
+from .inputs.text import check_text, check_texts
 from .timing import elapsed_ms, progress_bar
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -77,7 +77,7 @@ class Engine:
     ``local_dir``; ``cache`` (Redis), ``max_package_bytes``: see :func:`~refsight.store.open_store`; ``model`` a
     registered model name (default: ``$REFSIGHT_MODEL`` or ``tiny-qwen2-vl``), loaded on
     first use with ``backend_options`` over the config file's (``settings``); ``embedder`` the retrieval
-    embedder, an :class:`~refsight.retrieval.embedders.Embedder` or a registry name (``conse``, the
+    embedder, an :class:`~refsight.models.embedders.Embedder` or a registry name (``conse``, the
     default: EfficientNet-Lite0 + MiniLM; ``clip:PATH``; ``vlm:MODEL``), loaded on first use;
     ``attribute_schema`` the VLM attribute record's schema (an ``AttributeSchema``, a mapping
     ``name → allowed values or None``, or a JSON/YAML file; default: fur, ears, colour, markings).

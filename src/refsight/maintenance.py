@@ -16,7 +16,7 @@ from .backends.base import Backend
 from .context import RequestContext
 from .drift import DEFAULT_THRESHOLD, DriftReport, check_drift
 from .errors import InvalidInputError, RefsightError
-from .packages import MODEL_COUNTER_PREFIX, PackageCache
+from .package_cache import MODEL_COUNTER_PREFIX, PackageCache
 from .references import ReferenceBook
 from .results import AddResult, PruneReport, StoreStats, VerifyReport
 from .store import Store

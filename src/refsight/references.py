@@ -2,7 +2,7 @@
 
 :class:`ReferenceBook` is what users name: reference ids in namespaces, their metadata
 and kept images. Adding a reference decodes and checks the image, gets its durable
-package from the :class:`~refsight.packages.PackageCache` (images are encoded in batches
+package from the :class:`~refsight.package_cache.PackageCache` (images are encoded in batches
 of the backend's ``batch_size``; known ones skip the encoder), then records the kept
 bytes, the reference and its package link in ONE catalog transaction. Removing a
 reference notifies listeners (the retrieval index drops its entry), so nothing here
@@ -23,10 +23,10 @@ from .context import RequestContext
 from .errors import InvalidInputError, ReferenceNotFoundError, RefsightError, StoreUnavailableError
 from .images import ImageInput, ImageSource, IntakeLimits, load_image
 from .package import VisualPackage
-from .packages import CachedPackage, PackageCache
+from .package_cache import CachedPackage, PackageCache
 from .results import AddFailure, AddResult
 from .store import Catalog, Reference, Store, validate_ref_id
-from .text import check_texts, printable_text
+from .inputs.text import check_texts, printable_text
 
 __all__ = ["IngestHook", "ReferenceBook", "ReferenceSegment", "RemovalListener", "load_kept_image", "source_label", "validate_metadata"]
 

@@ -19,7 +19,7 @@ from ..images import ImageInput, ImageSource, IntakeLimits, load_image
 from ..judge import Judge, Rubric, parse_rubric
 from ..judge.attribute_records import AttributeRecords, check_sources
 from ..judge.prefilter import Filtered, required_mismatches
-from ..packages import ModelImage, PackageCache, ServedImage
+from ..package_cache import ModelImage, PackageCache, ServedImage
 from ..prefixes import PrefixStateCache
 from ..references import ReferenceBook, source_label
 from ..rerank import EmbeddingReranker, Reranker, RerankQuery, VlmReranker

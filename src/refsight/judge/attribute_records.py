@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 from ..errors import InvalidInputError
 from ..images import ImageInput
-from ..packages import ModelImage
+from ..package_cache import ModelImage
 from .attribute_schema import ERROR_KEY, AttributeSchema
 from .attribute_sources import AttributeSource, ImageNetAttributeSource, VlmAttributeSource, merge_records, scoped_subject, subject_of
 from .attribute_store import AttributeStore

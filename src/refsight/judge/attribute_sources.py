@@ -19,7 +19,7 @@ from typing import Any, Mapping, Protocol, Sequence
 from ..backends.base import Backend, GenerationRequest
 from ..models.imagenet_source import IMAGENET_KEY, ImageNetAttributeSource
 from ..package import VisualPackage
-from ..packages import ModelImage
+from ..package_cache import ModelImage
 from .attribute_schema import ERROR_KEY, UNKNOWN, AttributeSchema, canonical_digest
 from .batches import generate_texts
 from .prompts import build_attribute_request

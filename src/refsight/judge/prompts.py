@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 from ..backends.base import GenerationRequest, Segment
 from ..images import ImageInput
 from ..package import VisualPackage
-from ..packages import ModelImage
+from ..package_cache import ModelImage
 from .criteria import Criterion
 
 __all__ = [
