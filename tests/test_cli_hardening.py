@@ -58,7 +58,7 @@ def test_dev_zero_is_refused_at_once_in_bounded_memory(tmp_path, command, capsys
 
 
 def test_a_regular_file_is_read_no_further_than_the_limit(tmp_path):
-    from refsight.reading import FileReadError, read_regular_file
+    from refsight.inputs.reading import FileReadError, read_regular_file
 
     path = tmp_path / "big"
     path.write_bytes(b"x" * 1000)

@@ -10,10 +10,10 @@ escaping control characters for a terminal, text that is not valid Unicode). Imp
 from .errors import *  # noqa: F401,F403  (the error tree is part of the public API)
 from .errors import __all__ as _error_names
 from .images import ImageInput, IntakeLimits, load_image
-from .jsonlimits import MAX_JSON_DEPTH, check_json_depth, json_depth, load_json
-from .reading import FileReadError, read_regular_file
-from .terminal import escape_controls
-from .text import check_text, check_texts, is_valid_text, printable_text
+from .inputs.jsonlimits import MAX_JSON_DEPTH, check_json_depth, json_depth, load_json
+from .inputs.reading import FileReadError, read_regular_file
+from .inputs.terminal import escape_controls
+from .inputs.text import check_text, check_texts, is_valid_text, printable_text
 from .package import EncoderFingerprint, VisualPackage, package_key
 from .results import (
     AddFailure,
@@ -27,6 +27,7 @@ from .results import (
     StoreStats,
     VerifyReport,
 )
+from .version import __version__
 
 
 def __getattr__(name: str):
@@ -69,8 +70,6 @@ def __getattr__(name: str):
         return getattr(vectors, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Engine",

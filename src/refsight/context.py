@@ -23,7 +23,7 @@ from .backends.options import BackendOptions
 from .errors import InvalidInputError
 from .package import EncoderFingerprint, package_key
 from .settings import Settings
-from .text import check_text
+from .inputs.text import check_text
 
 __all__ = ["Models", "RequestContext"]
 

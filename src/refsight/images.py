@@ -30,7 +30,7 @@ from typing import Union
 from PIL import Image, ImageOps
 
 from .errors import ImageError
-from .reading import FileReadError, read_regular_file
+from .inputs.reading import FileReadError, read_regular_file
 
 __all__ = ["ImageInput", "IntakeLimits", "SUPPORTED_FORMATS", "load_image", "pixel_hash", "ImageSource"]
 

@@ -13,7 +13,7 @@ import io
 from pathlib import Path
 from typing import Any, Mapping
 
-from .terminal import escape_controls
+from .inputs.terminal import escape_controls
 
 __all__ = ["format_comparison", "format_timings", "format_ms", "write_comparison_report", "render_comparison_report"]
 

@@ -37,8 +37,8 @@ from typing import Any, Mapping
 from .backends.options import OPTION_HELP, BackendOptions, parse_key_values
 from .config import default_store_dir
 from .errors import InvalidInputError
-from .jsonlimits import MAX_JSON_DEPTH, json_depth
-from .reading import FileReadError, read_regular_file
+from .inputs.jsonlimits import MAX_JSON_DEPTH, json_depth
+from .inputs.reading import FileReadError, read_regular_file
 from .store import Store, open_store, parse_bytes
 from .threads import apply_threads, available_cores, thread_budget, torch_threads
 

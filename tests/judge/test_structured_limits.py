@@ -9,7 +9,7 @@ import json
 import pytest
 
 from refsight.errors import InvalidInputError, RubricError
-from refsight.jsonlimits import MAX_NODES, json_nodes, load_json, load_yaml
+from refsight.inputs.jsonlimits import MAX_NODES, json_nodes, load_json, load_yaml
 from refsight.judge import load_attribute_schema, parse_rubric
 
 

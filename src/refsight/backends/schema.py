@@ -16,7 +16,7 @@ and refuses, as :class:`~refsight.errors.InvalidInputError` naming the schema pa
   0..:data:`MAX_SCHEMA_COUNT` (a grammar repeats a rule that many times);
 * ``$ref`` is a local JSON pointer (``#/$defs/name``) that resolves, and no reference
   leads back into itself (llama.cpp's converter has no recursive rules);
-* the schema is at most :data:`~refsight.jsonlimits.MAX_JSON_DEPTH` levels deep and
+* the schema is at most :data:`~refsight.inputs.jsonlimits.MAX_JSON_DEPTH` levels deep and
   :data:`MAX_SCHEMA_NODES` values large, walked without recursion.
 
 What passes is then compiled by the runtime (``Backend.compile_schema``); a compiler that
@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import InvalidInputError
-from ..jsonlimits import MAX_JSON_DEPTH
+from ..inputs.jsonlimits import MAX_JSON_DEPTH
 
 __all__ = ["check_json_schema", "modern_json_schema", "MAX_SCHEMA_NODES", "MAX_SCHEMA_COUNT", "MAX_SCHEMA_REFS", "SCHEMA_TYPES"]
 

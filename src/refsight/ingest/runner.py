@@ -29,7 +29,7 @@ from ..context import RequestContext
 from ..errors import InvalidInputError, RefsightError, StoreUnavailableError
 from ..images import IntakeLimits
 from ..package import EncoderFingerprint
-from ..text import printable_text
+from ..inputs.text import printable_text
 from ..timing import progress_bar
 from .sources import IngestItem, list_source
 from .stages import EncodeStage, StageSpec, columns, hash_stage, rows

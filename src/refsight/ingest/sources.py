@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidInputError
-from ..reading import FileReadError, read_regular_file
+from ..inputs.reading import FileReadError, read_regular_file
 
 __all__ = ["IMAGE_SUFFIXES", "IngestItem", "list_source"]
 

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..errors import InvalidInputError
-from ..jsonlimits import load_yaml
+from ..inputs.jsonlimits import load_yaml
 from ..models.imagenet_source import IMAGENET_KEY
 from ..package import canonical_json
-from ..text import check_texts
+from ..inputs.text import check_texts
 
 __all__ = ["ERROR_KEY", "UNKNOWN", "AttributeSpec", "AttributeSchema", "canonical_digest", "load_attribute_schema"]
 
@@ -161,7 +161,7 @@ def load_attribute_schema(value: AttributeSchema | Mapping[str, Any] | str | Pat
 
 
 def _read_schema_file(path: Path) -> Any:
-    from ..reading import FileReadError, read_regular_file
+    from ..inputs.reading import FileReadError, read_regular_file
 
     try:
         # A regular file only, never blocking (a FIFO) and never unbounded (/dev/zero).

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidInputError, RubricError
-from ..jsonlimits import MAX_NODES, check_json_depth, json_nodes, load_yaml
+from ..inputs.jsonlimits import MAX_NODES, check_json_depth, json_nodes, load_yaml
 from ..package import canonical_json
-from ..text import check_text
+from ..inputs.text import check_text
 
 __all__ = [
     "MAX_CRITERIA",

@@ -26,8 +26,8 @@ import numpy as np
 
 from ..errors import InvalidInputError
 from ..images import ImageInput
-from ..text import check_text, check_texts
-from .embedders import Embedder, l2_normalise
+from ..inputs.text import check_text, check_texts
+from ..models.embedders import Embedder, l2_normalise
 
 __all__ = [
     "MAX_K", "RECALL_INSTRUCTION", "RECALL_MODES", "check_query_text", "check_recall_mode", "check_search",

@@ -4,7 +4,7 @@
   before any handler sees it: a declared ``Content-Length`` is checked up front, and
   a chunked body is counted as it arrives, so a lying or absent header does not help.
   A JSON body (or one without a content type, which FastAPI parses as JSON) nested
-  deeper than :data:`refsight.jsonlimits.MAX_JSON_DEPTH` is refused with 400
+  deeper than :data:`refsight.inputs.jsonlimits.MAX_JSON_DEPTH` is refused with 400
   ``invalid_input`` in the same pass, before any parser could recurse on it. So is a JSON
   body holding text that is not valid Unicode (a ``\\ud800`` escape with no partner):
   400 naming the field (``metadata key '\\ud800'``, ``messages[0].content``), on every

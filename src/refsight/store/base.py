@@ -16,7 +16,7 @@ from typing import Any, Iterator, Mapping, NamedTuple
 
 from ..errors import InvalidReferenceIdError
 from ..package import VisualPackage
-from ..text import printable_text
+from ..inputs.text import printable_text
 
 __all__ = [
     "PackageStore",

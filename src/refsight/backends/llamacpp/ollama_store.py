@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import InvalidInputError, ModelLoadError
-from ...reading import read_regular_file
+from ...inputs.reading import read_regular_file
 
 __all__ = ["OLLAMA_PREFIX", "OllamaModel", "default_models_dir", "find_model", "load_ollama_backend", "parse_name"]
 

@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import InvalidInputError
+from ..errors import InvalidInputError
 
 __all__ = [
     "MAX_JSON_DEPTH", "MAX_NODES", "check_json_depth", "data_depth", "json_depth", "json_nodes", "load_json", "load_yaml",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .errors import InvalidInputError
+from ..errors import InvalidInputError
 
 __all__ = ["check_text", "check_texts", "is_valid_text", "printable_text"]
 
