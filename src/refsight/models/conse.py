@@ -18,7 +18,7 @@ import numpy as np
 from refsight.errors import InvalidInputError, ModelLoadError
 from refsight.images import ImageInput
 from refsight.models._errors import embedder_errors
-from refsight.retrieval.embedders import Embedder, l2_normalise
+from refsight.models.embedders import Embedder, l2_normalise
 
 __all__ = ["EfficientNetConSEEmbedder", "load_conse"]
 

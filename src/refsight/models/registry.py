@@ -26,7 +26,7 @@ from refsight.models._errors import embedder_errors
 from refsight.plugins import load_factory
 
 if TYPE_CHECKING:  # pragma: no cover
-    from refsight.retrieval.embedders import Embedder
+    from refsight.models.embedders import Embedder
 
 __all__ = [
     "DEFAULT_EMBEDDER",

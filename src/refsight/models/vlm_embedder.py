@@ -13,7 +13,7 @@ import numpy as np
 from refsight.errors import ModelLoadError
 from refsight.images import ImageInput
 from refsight.models._errors import embedder_errors
-from refsight.retrieval.embedders import Embedder
+from refsight.models.embedders import Embedder
 
 __all__ = ["VlmEmbedder", "load_vlm"]
 

@@ -2,7 +2,7 @@
 
 * :class:`Retriever` – embed each reference once (cached per image and embedder), index it
   per namespace, search by text or image with metadata filters.
-* :class:`Embedder` – the interface (:mod:`refsight.retrieval.embedders`); the implementations
+* :class:`Embedder` – the interface (:mod:`refsight.models.embedders`); the implementations
   live in :mod:`refsight.models` and are named through :func:`refsight.models.get_embedder`.
   :func:`default_embedder` is the offline EfficientNet-Lite0 + MiniLM ConSE embedder.
 * :mod:`refsight.retrieval.index` – exact search below 10,000 vectors, hnswlib HNSW above.
@@ -11,7 +11,7 @@ Nothing here imports torch or ``refsight.backends``.
 """
 
 from refsight.models.registry import default_embedder
-from refsight.retrieval.embedders import Embedder
+from refsight.models.embedders import Embedder
 from refsight.retrieval.retriever import Retriever
 
 __all__ = ["Embedder", "Retriever", "default_embedder"]

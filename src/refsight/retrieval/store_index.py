@@ -27,7 +27,7 @@ from ..images import ImageInput
 from ..results import IndexReport, SearchHit, SearchResult
 from ..store.base import Catalog, ReferenceRow
 from .catalog_sync import SyncReport, sync_with_catalog
-from .embedders import Embedder
+from ..models.embedders import Embedder
 from .retriever import DB_NAME, Retriever
 from .vectors import VectorDB, vector_key
 
