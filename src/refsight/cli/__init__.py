@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for command in _COMMANDS:
         command.arguments(add(command.name, command.run, command.help, model=command.model, fields=command.fields))
-    from ..backends.vllm.cli import register_commands as add_vllm_commands  # vllm-env, vllm-serve
+    from .vllm import register_commands as add_vllm_commands  # vllm-env, vllm-serve
     from ..ingest.cli import register_commands as add_ingest_commands  # ingest
 
     add_vllm_commands(add)

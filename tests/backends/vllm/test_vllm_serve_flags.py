@@ -20,7 +20,7 @@ def _args(*argv: str):
 
 
 def test_the_connector_follows_store_and_its_quota(tmp_path):
-    from refsight.backends.vllm.cli import _encoder_cache
+    from refsight.cli.vllm import _encoder_cache
 
     store = tmp_path / "store"
     assert _encoder_cache(_args()) == (None, 0)  # no --store: no connector
@@ -51,7 +51,7 @@ def test_the_flag_and_environment_name_the_connector_folder_alone(tmp_path, monk
 
 @pytest.mark.parametrize("bad", ["lots", "-1"])
 def test_a_bad_quota_is_refused_naming_the_flag(tmp_path, bad):
-    from refsight.backends.vllm.cli import _encoder_cache
+    from refsight.cli.vllm import _encoder_cache
     from refsight.errors import InvalidInputError
 
     with pytest.raises(InvalidInputError, match="max-package-bytes"):

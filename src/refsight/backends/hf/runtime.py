@@ -138,7 +138,7 @@ def provenance(device: str) -> dict[str, Any]:
     import torch
     import transformers
 
-    from ... import __version__ as refsight_version
+    from ...version import __version__ as refsight_version
 
     info: dict[str, Any] = {
         "device": device,

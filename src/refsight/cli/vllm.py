@@ -19,7 +19,7 @@ __all__ = ["register_commands", "cmd_vllm_env", "cmd_vllm_serve"]
 
 def cmd_vllm_env(args: argparse.Namespace) -> int:
     """refsight vllm-env [DIR]: build (or reuse) the vLLM venv; print its python."""
-    from .env import ensure_vllm_env
+    from ..backends.vllm.env import ensure_vllm_env
 
     python = ensure_vllm_env(args.dir)
     print(json.dumps({"python": str(python)}) if args.json else str(python), flush=True)
@@ -28,7 +28,7 @@ def cmd_vllm_env(args: argparse.Namespace) -> int:
 
 def cmd_vllm_serve(args: argparse.Namespace) -> int:
     """refsight vllm-serve MODEL: start vLLM on loopback, print its URL, stop it on SIGTERM."""
-    from .serve import start_server
+    from ..backends.vllm.serve import start_server
 
     stop = threading.Event()
     # Signals only set a flag: the server is stopped below, on this thread, exactly once.
@@ -71,7 +71,7 @@ def _encoder_cache(args: argparse.Namespace) -> tuple[str | None, int]:
     store = getattr(args, "store", None)
     if store is None or args.no_encoder_cache or args.image_limit == 0:
         return None, 0
-    from ...settings import load_settings, parse_bytes
+    from ..settings import load_settings, parse_bytes
 
     if getattr(args, "max_package_bytes", None) is not None:
         return str(store), parse_bytes(args.max_package_bytes, name="--max-package-bytes")
