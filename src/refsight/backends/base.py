@@ -62,7 +62,7 @@ class GenerationRequest:
 
     ``prefix_segments`` says how many leading segments depend only on the references (the
     judge's and ``generate``'s reference prefix; 0: none). With a ``prefix_cache`` a backend
-    that can (``supports_prefix_cache``) reuses the language model's state after that prefix
+    that implements it (HF, llama.cpp) reuses the language model's state after that prefix
     (see :mod:`refsight.backends.prefix`); the answer is the same either way.
 
     ``reference_keys`` names the packages that are stored references when they are not the
@@ -183,8 +183,6 @@ class Backend(TextAccess, abc.ABC):
     """A model runtime behind refsight. Subclasses set the flags, implement :meth:`fingerprint`,
     :meth:`encode` and the core :meth:`execute` (and :meth:`score` when they can score)."""
 
-    #: Can generate from cached packages without pixels.
-    supports_cached_features: ClassVar[bool] = True
     #: Honours ``GenerationRequest.json_schema``.
     supports_constrained_decoding: ClassVar[bool] = False
     #: The :class:`Sampling` fields this backend honours; callers refuse a request setting any other.
@@ -193,8 +191,6 @@ class Backend(TextAccess, abc.ABC):
     supports_turns: ClassVar[bool] = False
     #: :meth:`generate_stream` yields text as it is generated (not once at the end).
     supports_streaming: ClassVar[bool] = False
-    #: Reuses ``GenerationRequest.prefix_cache`` states for the reference prefix.
-    supports_prefix_cache: ClassVar[bool] = False
     #: Special tokens a user's text may not contain (they would shift the image placeholders).
     reserved_tokens: tuple[str, ...] = ()
     #: Images encoded per forward pass.
@@ -354,6 +350,11 @@ class Backend(TextAccess, abc.ABC):
         tokenizer count exactly.
         """
         return -(-len(text.encode("utf-8", "surrogatepass")) // 4)
+
+    def image_token_count(self, image: VisualPackage | ImageInput) -> int | None:
+        """Prompt tokens ``image`` takes (a package by its layout, pixels by their size), or None where this
+        backend cannot tell before running the model: the prompt limit counts images with it."""
+        return None
 
     def check_requests(self, requests: Sequence[GenerationRequest]) -> None:
         """Raise :class:`~refsight.errors.InvalidInputError` naming the first request no runtime could serve.

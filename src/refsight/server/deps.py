@@ -3,7 +3,7 @@
 :func:`refsight.server.create_app` builds these once and keeps them on ``app.state``;
 routes never close over them, they declare them as parameters (``service: ServiceDep``),
 so every router (:mod:`.routes`, :mod:`.openai_compat`) is a plain module-level
-``APIRouter`` that any app can include. :data:`Tenant` is the caller's namespace,
+``APIRouter`` that any app can include. :data:`Namespace` is the caller's namespace,
 resolved by :func:`~refsight.server.auth.require_tenant` (its presence is also what makes
 :class:`~refsight.server.gate.AuthGateMiddleware` demand a key before the body is read).
 """
@@ -11,6 +11,7 @@ resolved by :func:`~refsight.server.auth.require_tenant` (its presence is also w
 from __future__ import annotations
 
 from collections.abc import Callable
+import warnings
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
@@ -24,7 +25,7 @@ from .progress import CompareProgress
 from .service import Service
 from .tenants import Tenants
 
-__all__ = ["ServiceDep", "PoolDep", "MetricsDep", "ConfigDep", "TenantsDep", "MediaUuidsDep", "ProgressDep", "Tenant"]
+__all__ = ["ServiceDep", "PoolDep", "MetricsDep", "ConfigDep", "TenantsDep", "MediaUuidsDep", "ProgressDep", "Namespace"]
 
 
 def _app_state(name: str) -> Callable[[Request], Any]:
@@ -52,4 +53,12 @@ MediaUuidsDep = Annotated[MediaUuids, Depends(_app_state("media_uuids"))]
 #: The stage of each running compare that asked for progress (:mod:`~refsight.server.progress`).
 ProgressDep = Annotated[CompareProgress, Depends(_app_state("progress"))]
 #: The caller's namespace (401 without a valid key when keys are configured).
-Tenant = Annotated[str, Depends(require_tenant)]
+Namespace = Annotated[str, Depends(require_tenant)]
+
+
+def __getattr__(name: str) -> Any:
+    # Deprecated spelling: ``Tenant`` named the caller's namespace, not the tenant (the key's holder).
+    if name == "Tenant":
+        warnings.warn("refsight.server.deps.Tenant is deprecated; use Namespace", DeprecationWarning, stacklevel=2)
+        return Namespace
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -41,7 +41,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from .. import Sampling, __version__
-from .deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Tenant
+from .deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
 from .generation_body import GenerationBody
 from .errors import ERROR_RESPONSES, ApiError
 from .disconnect import run_watched
@@ -160,7 +160,7 @@ def refsight_extra(result: dict[str, Any]) -> dict[str, Any]:
 # llama-server answers its OpenAI routes without the /v1 prefix too, and many clients call them so.
 @router.post("/chat/completions", responses={k: ERROR_RESPONSES[k] for k in (400, 404)}, include_in_schema=False)
 async def chat_completions(
-    request: Request, body: ChatRequest, namespace: Tenant, service: ServiceDep, pool: PoolDep, config: ConfigDep,
+    request: Request, body: ChatRequest, namespace: Namespace, service: ServiceDep, pool: PoolDep, config: ConfigDep,
     uuids: MediaUuidsDep,
 ) -> Any:
     """OpenAI-compatible chat with images; reference packages come from the store, never re-encoded.
@@ -266,13 +266,13 @@ def llama_server_card(service: Any) -> dict[str, Any]:
 
 @router.get("/v1/models")
 @router.get("/models", include_in_schema=False)  # llama-server's path without /v1
-async def list_models(namespace: Tenant, service: ServiceDep) -> dict[str, Any]:
+async def list_models(namespace: Namespace, service: ServiceDep) -> dict[str, Any]:
     """The served model, in the OpenAI ``/v1/models`` shape with llama-server's ``models`` list beside ``data``."""
     return {"models": [llama_server_card(service)], "object": "list", "data": [model_card(service)]}
 
 
 @router.get("/v1/models/{model_id:path}", responses={404: ERROR_RESPONSES[404]})
-async def retrieve_model(model_id: str, namespace: Tenant, service: ServiceDep) -> dict[str, Any]:
+async def retrieve_model(model_id: str, namespace: Namespace, service: ServiceDep) -> dict[str, Any]:
     """One model (the SDK's ``models.retrieve``): the served one by any of its names, else 404 ``model_not_found``."""
     if model_id not in service.model_names:
         raise ApiError(

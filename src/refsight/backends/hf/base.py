@@ -55,13 +55,10 @@ class HFBackend(Backend):
     :meth:`from_pretrained`), not directly.
     """
 
-    supports_cached_features: ClassVar[bool] = True
     sampling_fields: ClassVar[frozenset[str]] = frozenset(SAMPLING_FIELDS)
     supports_raw_prompt: ClassVar[bool] = True
     supports_turns: ClassVar[bool] = True
     supports_streaming: ClassVar[bool] = True
-    #: Reuses reference-prefix states (past key/values) across requests: :mod:`.prefix_cache`.
-    supports_prefix_cache: ClassVar[bool] = True
     #: Short family name, part of the fingerprint ("qwen2_vl", "qwen3_vl", "smolvlm").
     family: ClassVar[str] = ""
     #: ``config.model_type`` values this family serves.
@@ -291,8 +288,11 @@ class HFBackend(Backend):
         """The token ids that stand for image features in a prompt (the config's image token)."""
         return frozenset({int(self.model.config.image_token_id)})
 
-    def image_token_count(self, package: VisualPackage) -> int:
-        """Prompt tokens one image takes (its placeholder, tokenized)."""
+    def image_token_count(self, package: VisualPackage | ImageInput) -> int | None:
+        """Prompt tokens one image takes: a package's placeholder, tokenized (pixels: None, the family's layout
+        decides after encoding)."""
+        if not isinstance(package, VisualPackage):
+            return None
         return len(self.tokenizer(self.image_placeholder(package), add_special_tokens=False)["input_ids"])
 
     @abc.abstractmethod

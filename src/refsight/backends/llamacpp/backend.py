@@ -66,7 +66,6 @@ def _bitmap(image: ImageInput, image_id: str, *, placeholder: bool = False, size
 class LlamaCppBackend(Backend):
     """A GGUF VLM served by llama.cpp. Build it with :func:`refsight.backends.llamacpp.load_llamacpp_backend`."""
 
-    supports_cached_features: ClassVar[bool] = True
     supports_constrained_decoding: ClassVar[bool] = True
     #: Every Sampling field: llama.cpp's chain has temperature, top-p, a seeded draw and OpenAI-style penalties.
     sampling_fields: ClassVar[frozenset[str]] = frozenset(SAMPLING_FIELDS)
@@ -74,8 +73,6 @@ class LlamaCppBackend(Backend):
     supports_streaming: ClassVar[bool] = True
     #: Conversations render in the GGUF's own chat template (system, user and assistant turns).
     supports_turns: ClassVar[bool] = True
-    #: The reference prefix's sequence state is saved and restored through ``GenerationRequest.prefix_cache``.
-    supports_prefix_cache: ClassVar[bool] = True
     #: Raw prompts (llama-server's ``/completion``): the text as given, after a BOS when the GGUF asks for one.
     supports_raw_prompt: ClassVar[bool] = True
 
@@ -217,6 +214,12 @@ class LlamaCppBackend(Backend):
         with self._lock, _native_errors(self.name, BackendError, "cannot tokenize"):
             return len(self.runtime.tokenize(text, False)) if text else 0
 
+    def image_token_count(self, image: VisualPackage | ImageInput) -> int | None:
+        """A package's tokens, from its chunk layout (pixels: None, mtmd's preprocessing decides)."""
+        if not isinstance(image, VisualPackage):
+            return None
+        return sum(n_tokens for n_tokens, *_ in fmt.image_chunk_layout(image.metadata.get("chunks", ())))
+
     @property
     def media_marker(self) -> str:
         """mtmd's media marker: where each image goes in a raw prompt."""
@@ -299,13 +302,13 @@ class LlamaCppBackend(Backend):
         return render_prompt(self._template, self.arch, content, bos=bos, eos=eos)
 
     def prefix_plan(self, request: GenerationRequest) -> Any:
-        """The :class:`~.prefix.PrefixPlan` of ``request``'s reference prefix, or None.
+        """The :class:`~.prefix.PromptPrefix` of ``request``'s reference prefix, or None.
 
         None when there is nothing to reuse: no ``prefix_cache``, no ``prefix_segments``,
         or a prefix holding a fresh image (only cached packages have a stable identity to
         key a state by).
         """
-        from .prefix import PrefixPlan
+        from .prefix import PromptPrefix
 
         n_segments, states = request.prefix_segments, request.prefix_cache
         if states is None or not n_segments or n_segments >= len(request.segments):
@@ -321,7 +324,7 @@ class LlamaCppBackend(Backend):
         # One stream and llama.cpp's default attention: the key states were always stored under.
         streams = f":streams={settings.n_seq}" if settings.n_seq > 1 else ""
         attention = f":fa={settings.flash_attn}" if settings.flash_attn != "auto" else ""
-        return PrefixPlan(
+        return PromptPrefix(
             text=text,
             n_images=len(packages),
             package_keys=tuple(p.key for p in packages),

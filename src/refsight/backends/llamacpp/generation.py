@@ -28,7 +28,7 @@ from ...package import VisualPackage
 from ..sampling import Sampling, StopText
 from . import package_format as fmt
 from .native import Bitmap, LlamaRuntime
-from .prefix import PrefixPlan
+from .prefix import PromptPrefix
 from .sampler import Sampler
 
 __all__ = ["TextStream", "TokenLoop", "decode_prompt"]
@@ -58,7 +58,7 @@ def _bitmaps(segments: Sequence[Any]) -> tuple[list[Bitmap], dict[str, VisualPac
 
 
 def decode_prompt(
-    runtime: LlamaRuntime, text: str, segments: Sequence[Any], prefix: PrefixPlan | None = None, seq: int = 0
+    runtime: LlamaRuntime, text: str, segments: Sequence[Any], prefix: PromptPrefix | None = None, seq: int = 0
 ) -> tuple[int, dict[str, float], list[int]]:
     """Evaluate the whole prompt into sequence ``seq``'s cleared KV cache.
 

@@ -1,8 +1,8 @@
 """The KV prefix cache of the llama.cpp backend: the reference prefix's sequence state, saved and restored.
 
 A judge prompt opens with everything that depends only on the references (chat
-template start, preamble, each reference image and its text). :class:`PrefixPlan`
-finds that opening in the tokenized prompt (:meth:`PrefixPlan.split`: the chunks mtmd
+template start, preamble, each reference image and its text). :class:`PromptPrefix`
+finds that opening in the tokenized prompt (:meth:`PromptPrefix.split`: the chunks mtmd
 lays out for the rendered prefix alone must be an exact prefix of the prompt's
 chunks, text tokens and image layouts alike; otherwise nothing is reused; the state ends
 at the last chunk boundary inside the prefix, so every chunk after it is evaluated whole,
@@ -32,7 +32,7 @@ import numpy as np
 from ..prefix import PrefixCache, PrefixState, prefix_key
 from .native import ChunkInfo, LlamaRuntime, NativeError
 
-__all__ = ["PREFIX_STATE_VERSION", "PrefixPlan", "PrefixSplit", "prefix_tokens"]
+__all__ = ["PREFIX_STATE_VERSION", "PromptPrefix", "PrefixSplit", "prefix_tokens"]
 
 #: Version of the llama.cpp state layout (one ``llama_state_seq_get_data`` blob); part of every key.
 PREFIX_STATE_VERSION = 2  # 2: a state ends at a chunk boundary (1 could end inside a text chunk)
@@ -60,7 +60,7 @@ def prefix_tokens(infos: Sequence[ChunkInfo]) -> list[int]:
 
 
 @dataclass
-class PrefixPlan:
+class PromptPrefix:
     """One request's prefix: its rendered text, images and package keys, and what became of it.
 
     ``outcome`` is set by the prompt evaluation: ``"hit"`` (restored), ``"miss"``

@@ -85,7 +85,6 @@ class VLLMBackend(Backend):
     keys: they are the same tensors, and either backend can serve the other's.
     """
 
-    supports_cached_features: ClassVar[bool] = True
     supports_constrained_decoding: ClassVar[bool] = True
     #: Every :class:`~refsight.backends.sampling.Sampling` field, passed to vLLM under its OpenAI name.
     sampling_fields: ClassVar[frozenset[str]] = frozenset(SAMPLING_FIELDS)
@@ -178,10 +177,13 @@ class VLLMBackend(Backend):
         return bool(request.packages) and not self.encodes_images
 
     def compile_schema(self, schema: dict[str, Any]) -> str:
-        """refsight's EBNF grammar of the schema (the one the HF backend constrains with)."""
-        from ..hf.constrained import json_schema_ebnf
+        """refsight's EBNF grammar of the schema (constraining as the HF backend does: :mod:`.grammar`)."""
+        from .grammar import json_schema_ebnf
 
-        return json_schema_ebnf(schema)
+        try:
+            return json_schema_ebnf(schema)
+        except ImportError as e:  # the deployment lacks xgrammar: not the caller's schema at fault
+            raise GenerationError(self.name, str(e)) from None
 
     def chat_body(
         self, request: GenerationRequest | PreparedRequest, *, return_logits: bool = False, parts: ImageParts | None = None,

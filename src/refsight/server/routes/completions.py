@@ -18,7 +18,7 @@ from pydantic import Field
 
 from ..completion_parts import check_raw_prompt, raw_prompt
 from ..disconnect import run_watched
-from ..deps import ConfigDep, PoolDep, ServiceDep, Tenant
+from ..deps import ConfigDep, PoolDep, ServiceDep, Namespace
 from ..errors import ERROR_RESPONSES, ApiError
 from ..generation_body import GenerationBody
 from ..openai_compat import RANDOM_WEIGHTS_NOTICE, SYSTEM_FINGERPRINT, StreamOptions, check_generation
@@ -50,7 +50,7 @@ class CompletionsBody(GenerationBody):
 
 @router.post("/v1/completions", responses={k: ERROR_RESPONSES[k] for k in (400, 404)})
 @router.post("/completions", responses={k: ERROR_RESPONSES[k] for k in (400, 404)}, include_in_schema=False)
-async def completions(request: Request, body: CompletionsBody, namespace: Tenant, service: ServiceDep, pool: PoolDep, config: ConfigDep) -> Any:
+async def completions(request: Request, body: CompletionsBody, namespace: Namespace, service: ServiceDep, pool: PoolDep, config: ConfigDep) -> Any:
     """A text completion of the raw prompt (OpenAI's ``text_completion`` shape)."""
     if body.n not in (None, 1):
         raise ApiError(400, "unsupported", "n: only one choice (n=1) is supported", param="n")

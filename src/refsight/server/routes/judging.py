@@ -6,10 +6,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from ... import validate_ref_id, validate_where
+from ... import validate_where
+from ...requests import CompareRequest
 from ..bodies import CompareBody, SearchBody, body_schema, decode_image_field, read_body
 from ..disconnect import run_watched, stop_between_steps
-from ..deps import MetricsDep, PoolDep, ProgressDep, ServiceDep, Tenant
+from ..deps import MetricsDep, PoolDep, ProgressDep, ServiceDep, Namespace
 from ..errors import ERROR_RESPONSES, ApiError, fields_named, inputs_as_fields
 from ..progress import PROGRESS_HEADER, check_token
 
@@ -23,7 +24,7 @@ router = APIRouter()
     openapi_extra=body_schema(CompareBody, files={"candidate"}),
 )
 async def compare(
-    request: Request, namespace: Tenant, service: ServiceDep, pool: PoolDep, metrics: MetricsDep, progress: ProgressDep,
+    request: Request, namespace: Namespace, service: ServiceDep, pool: PoolDep, metrics: MetricsDep, progress: ProgressDep,
 ) -> dict[str, Any]:
     """Judge a candidate against references criterion by criterion; the JSON of ``refsight compare --json``.
 
@@ -33,23 +34,20 @@ async def compare(
     if token is not None:
         check_token(token, "X-Refsight-Progress")
     body, blobs = await read_body(request, CompareBody, files={"candidate"})
-    # The rules between fields (rerank, recall_k and query need top_k ...) are the library's,
-    # checked once there (400 naming the field).
-    for ref_id in body.ref_ids:
-        validate_ref_id(ref_id)
     data = blobs.get("candidate") or decode_image_field(body.candidate, "candidate")
 
     def work(stop_event=None) -> dict[str, Any]:
         candidate = service.decode(data, "candidate")
         with inputs_as_fields(rubric="criteria"), progress.tracking(namespace, token) as on_stage:
-            # Between stages a departed client's compare stops (its worker is free for the next one).
-            on_stage = stop_between_steps(stop_event, on_stage)
-            return service.compare(
-                candidate, namespace=namespace, criteria=body.criteria, ref_ids=tuple(body.ref_ids), top_k=body.top_k,
-                query=body.query, use_cache=body.use_cache, use_kv_cache=body.use_kv_cache, force_vlm=body.force_vlm,
-                recall=body.recall, rerank=body.rerank, recall_k=body.recall_k, reranker=body.reranker,
-                on_stage=on_stage,
+            # The body becomes ONE CompareRequest, checked there (the rules between fields are the
+            # library's: 400 naming the field).
+            compare = CompareRequest(
+                candidate, criteria=body.criteria, ref_ids=tuple(body.ref_ids), top_k=body.top_k, query=body.query,
+                use_cache=body.use_cache, use_kv_cache=body.use_kv_cache, force_vlm=body.force_vlm, recall=body.recall,
+                rerank=body.rerank, recall_k=body.recall_k, reranker=body.reranker, namespace=namespace,
             )
+            # Between stages a departed client's compare stops (its worker is free for the next one).
+            return service.compare(compare, on_stage=stop_between_steps(stop_event, on_stage))
 
     result = await run_watched(pool, request, work)
     metrics.stages(result.get("stages", {}), result.get("timings_ms", {}))
@@ -57,7 +55,7 @@ async def compare(
 
 
 @router.get("/v1/compare/progress/{token}", tags=["judge"], responses={k: ERROR_RESPONSES[k] for k in (400, 404)})
-async def compare_progress(token: str, namespace: Tenant, progress: ProgressDep) -> dict[str, Any]:
+async def compare_progress(token: str, namespace: Namespace, progress: ProgressDep) -> dict[str, Any]:
     """The stage of the caller's running compare sent with ``X-Refsight-Progress: TOKEN`` (404 when none runs)."""
     found = progress.get(namespace, check_token(token))
     if found is None:
@@ -66,7 +64,7 @@ async def compare_progress(token: str, namespace: Tenant, progress: ProgressDep)
 
 
 @router.post("/v1/search", tags=["retrieval"], responses={400: ERROR_RESPONSES[400]})
-async def search(body: SearchBody, namespace: Tenant, service: ServiceDep, pool: PoolDep) -> dict[str, Any]:
+async def search(body: SearchBody, namespace: Namespace, service: ServiceDep, pool: PoolDep) -> dict[str, Any]:
     """Recall references by text or by image; the JSON of ``refsight search --json``."""
     # "exactly one of text or image" and "the text is not empty" are the library's rules (400 naming the field).
     validate_where(body.where)  # at most MAX_WHERE_KEYS keys: 400 here, before any model work

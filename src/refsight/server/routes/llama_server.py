@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from ... import __version__
 from ...settings import torch_threads
 from ..completion_parts import RawPrompt, check_raw_prompt, fill_context, raw_prompt, stop_type
-from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Tenant
+from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
 from ..errors import ERROR_RESPONSES, ApiError
 from ..generation_body import GenerationBody
 from ..openai_compat import check_generation
@@ -51,7 +51,7 @@ async def health(service: ServiceDep) -> Any:
 
 
 @router.get("/props")
-async def props(namespace: Tenant, service: ServiceDep, config: ConfigDep, pool: PoolDep) -> dict[str, Any]:
+async def props(namespace: Namespace, service: ServiceDep, config: ConfigDep, pool: PoolDep) -> dict[str, Any]:
     """The server's properties as llama-server reports them (read-only); ``refsight.threads``: the thread budget,
     and torch's threads as a worker thread sees them."""
     backend = service.engine.backend()
@@ -78,7 +78,7 @@ async def props(namespace: Tenant, service: ServiceDep, config: ConfigDep, pool:
 
 @router.get("/slots")
 async def slots(
-    request: Request, namespace: Tenant, service: ServiceDep, pool: PoolDep, config: ConfigDep
+    request: Request, namespace: Namespace, service: ServiceDep, pool: PoolDep, config: ConfigDep
 ) -> list[dict[str, Any]]:
     """One slot per model worker (``--workers``, llama-server's ``--parallel``), busy ones first; no per-slot state.
 
@@ -105,7 +105,7 @@ class TokenizeBody(BaseModel):
 
 
 @router.post("/tokenize", responses=_ERRORS)
-async def tokenize(body: TokenizeBody, namespace: Tenant, service: ServiceDep, pool: PoolDep, config: ConfigDep) -> Any:
+async def tokenize(body: TokenizeBody, namespace: Namespace, service: ServiceDep, pool: PoolDep, config: ConfigDep) -> Any:
     """The served model's own tokens of ``content`` (with ``with_pieces``: each token's text, or its bytes)."""
     check_prompt_chars([body.content], config.max_prompt_tokens, "content")
     backend = service.engine.backend()
@@ -136,7 +136,7 @@ class DetokenizeBody(BaseModel):
 
 
 @router.post("/detokenize", responses=_ERRORS)
-async def detokenize(body: DetokenizeBody, namespace: Tenant, service: ServiceDep, pool: PoolDep) -> dict[str, str]:
+async def detokenize(body: DetokenizeBody, namespace: Namespace, service: ServiceDep, pool: PoolDep) -> dict[str, str]:
     """The text of ``tokens`` in the served model's vocabulary."""
     backend = service.engine.backend()
     return {"content": await pool.run_light(backend.detokenize, body.tokens)}
@@ -154,7 +154,7 @@ class ApplyTemplateBody(BaseModel):
 
 @router.post("/apply-template", responses=_ERRORS)
 async def apply_template(
-    body: ApplyTemplateBody, namespace: Tenant, service: ServiceDep, pool: PoolDep, config: ConfigDep
+    body: ApplyTemplateBody, namespace: Namespace, service: ServiceDep, pool: PoolDep, config: ConfigDep
 ) -> dict[str, str]:
     """The served model's chat template around ``messages``, images as the media marker (for ``/completion``)."""
     if not body.add_generation_prompt:
@@ -199,7 +199,7 @@ class CompletionBody(GenerationBody):
 
 @router.post("/completion", responses=_ERRORS)
 async def completion(
-    request: Request, body: CompletionBody, namespace: Tenant, service: ServiceDep, pool: PoolDep, config: ConfigDep,
+    request: Request, body: CompletionBody, namespace: Namespace, service: ServiceDep, pool: PoolDep, config: ConfigDep,
     uuids: MediaUuidsDep,
 ) -> Any:
     """llama-server's native completion: the prompt as given (no chat template), images at its media markers."""

@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator, Callable
 from fastapi import APIRouter, Request
 
 from ..completion_parts import check_raw_prompt, raw_prompt
-from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Tenant
+from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
 from ..disconnect import run_watched
 from ..errors import ERROR_RESPONSES, ApiError
 from ..ollama_bodies import (
@@ -148,7 +148,7 @@ async def _check_texts(texts: list[str], pool: Any, limit: int, service: Any) ->
 
 @router.post("/api/chat", responses=_ERRORS)
 async def chat(
-    request: Request, body: OllamaChatBody, namespace: Tenant, service: ServiceDep, pool: PoolDep, config: ConfigDep,
+    request: Request, body: OllamaChatBody, namespace: Namespace, service: ServiceDep, pool: PoolDep, config: ConfigDep,
     uuids: MediaUuidsDep,
 ) -> Any:
     """Ollama's chat: ``messages`` (with ``images``) in the model's chat template; NDJSON unless ``stream: false``."""
@@ -181,7 +181,7 @@ def _check_generate(body: OllamaGenerateBody) -> None:
 
 @router.post("/api/generate", responses=_ERRORS)
 async def generate(
-    request: Request, body: OllamaGenerateBody, namespace: Tenant, service: ServiceDep, pool: PoolDep,
+    request: Request, body: OllamaGenerateBody, namespace: Namespace, service: ServiceDep, pool: PoolDep,
     config: ConfigDep, uuids: MediaUuidsDep,
 ) -> Any:
     """Ollama's completion of ``prompt`` (with ``images`` and ``system``) in the model's chat template, or

@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from ..deps import ServiceDep, Tenant
+from ..deps import ServiceDep, Namespace
 from ..errors import ERROR_RESPONSES, ApiError
 from ..ollama_bodies import OllamaShowBody, check_model, ollama_name
 
@@ -52,13 +52,13 @@ def _entry(service: Any) -> dict[str, Any]:
 
 
 @router.get("/api/tags")
-async def tags(namespace: Tenant, service: ServiceDep) -> dict[str, Any]:
+async def tags(namespace: Namespace, service: ServiceDep) -> dict[str, Any]:
     """The served model, as ``ollama list`` shows models."""
     return {"models": [_entry(service)]}
 
 
 @router.get("/api/ps")
-async def running(namespace: Tenant, service: ServiceDep) -> dict[str, Any]:
+async def running(namespace: Namespace, service: ServiceDep) -> dict[str, Any]:
     """The served model, loaded (it stays loaded for the server's life)."""
     expires = (datetime.now(timezone.utc) + _FOREVER).isoformat()
     device = getattr(service.engine.backend(), "device", "cpu")
@@ -85,7 +85,7 @@ def _parameters(params: dict[str, Any]) -> str:
 
 
 @router.post("/api/show", responses={k: ERROR_RESPONSES[k] for k in (400, 404)})
-async def show(body: OllamaShowBody, namespace: Tenant, service: ServiceDep) -> dict[str, Any]:
+async def show(body: OllamaShowBody, namespace: Namespace, service: ServiceDep) -> dict[str, Any]:
     """The served model's details, chat template, parameters and capabilities (``vision``, ``completion``)."""
     model = body.model or body.name
     if not model:
@@ -112,43 +112,43 @@ def _refuse(what: str) -> ApiError:
 
 
 @router.post("/api/pull", responses={400: ERROR_RESPONSES[400]})
-async def pull(namespace: Tenant) -> None:
+async def pull(namespace: Namespace) -> None:
     """Refused: models are not downloaded here (``ollama pull`` into Ollama's store, then serve it)."""
     raise _refuse("pull it with `ollama pull NAME`, then start refsight serve ollama:NAME")
 
 
 @router.post("/api/push", responses={400: ERROR_RESPONSES[400]})
-async def push(namespace: Tenant) -> None:
+async def push(namespace: Namespace) -> None:
     """Refused: refsight does not publish models."""
     raise _refuse("push with `ollama push`")
 
 
 @router.post("/api/create", responses={400: ERROR_RESPONSES[400]})
-async def create(namespace: Tenant) -> None:
+async def create(namespace: Namespace) -> None:
     """Refused: refsight does not build models (``ollama create`` does)."""
     raise _refuse("create models with `ollama create`")
 
 
 @router.delete("/api/delete", responses={400: ERROR_RESPONSES[400]})
-async def delete(namespace: Tenant) -> None:
+async def delete(namespace: Namespace) -> None:
     """Refused: refsight never changes Ollama's store."""
     raise _refuse("delete with `ollama rm`")
 
 
 @router.post("/api/copy", responses={400: ERROR_RESPONSES[400]})
-async def copy(namespace: Tenant) -> None:
+async def copy(namespace: Namespace) -> None:
     """Refused: refsight never changes Ollama's store (``--alias`` adds a name the server answers to)."""
     raise _refuse("copy with `ollama cp`; refsight serve --alias NAME adds a name this server answers to")
 
 
 @router.post("/api/blobs/{digest}", responses={400: ERROR_RESPONSES[400]})
-async def blobs(digest: str, namespace: Tenant) -> None:
+async def blobs(digest: str, namespace: Namespace) -> None:
     """Refused: blobs are uploaded for ``/api/create``, which refsight does not do."""
     raise _refuse("blobs are uploaded with `ollama create`")
 
 
 @router.post("/api/embed", responses={400: ERROR_RESPONSES[400]})
 @router.post("/api/embeddings", responses={400: ERROR_RESPONSES[400]})
-async def embed(namespace: Tenant) -> None:
+async def embed(namespace: Namespace) -> None:
     """Refused: refsight serves no embeddings API (its retrieval is ``POST /v1/search``)."""
     raise ApiError(400, "unsupported", "embeddings are not served by refsight; search references with POST /v1/search")

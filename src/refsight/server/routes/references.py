@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from ... import validate_ref_id
 from ..auth import REF_ID_PATH as _REF_ID
 from ..bodies import AddReferenceBody, body_schema, decode_image_field, read_body
-from ..deps import PoolDep, ServiceDep, Tenant
+from ..deps import PoolDep, ServiceDep, Namespace
 from ..errors import ERROR_RESPONSES
 from ..responses import TextSafeJSONResponse
 
@@ -25,7 +25,7 @@ _ERRORS = {k: ERROR_RESPONSES[k] for k in (400, 404)}
     "/v1/references", status_code=201, responses={400: ERROR_RESPONSES[400]},
     openapi_extra=body_schema(AddReferenceBody, files={"image"}),
 )
-async def add_reference(request: Request, namespace: Tenant, service: ServiceDep, pool: PoolDep) -> JSONResponse:
+async def add_reference(request: Request, namespace: Namespace, service: ServiceDep, pool: PoolDep) -> JSONResponse:
     """Add a reference image (JSON with base64, or multipart); the same fields as ``refsight add --json``."""
     body, blobs = await read_body(request, AddReferenceBody, files={"image"})
     if body.id is not None:
@@ -40,13 +40,13 @@ async def add_reference(request: Request, namespace: Tenant, service: ServiceDep
 
 
 @router.get("/v1/references")
-async def list_references(namespace: Tenant, service: ServiceDep, pool: PoolDep) -> dict[str, Any]:
+async def list_references(namespace: Namespace, service: ServiceDep, pool: PoolDep) -> dict[str, Any]:
     """The caller's references with metadata and cache state (``cached``: a package for the served model exists)."""
     return {"references": await pool.run_light(partial(service.references, namespace=namespace))}
 
 
 @router.get("/v1/references/{ref_id}", responses=_ERRORS)
-async def get_reference(namespace: Tenant, service: ServiceDep, pool: PoolDep, ref_id: str = _REF_ID) -> dict[str, Any]:
+async def get_reference(namespace: Namespace, service: ServiceDep, pool: PoolDep, ref_id: str = _REF_ID) -> dict[str, Any]:
     """One reference (404 ``reference_not_found`` when the caller has none by that id)."""
     return await pool.run_light(partial(service.reference, ref_id, namespace=namespace))
 
@@ -56,7 +56,7 @@ async def get_reference(namespace: Tenant, service: ServiceDep, pool: PoolDep, r
     responses={200: {"content": {"image/jpeg": {}}}, **_ERRORS},
 )
 async def thumbnail(
-    namespace: Tenant, service: ServiceDep, pool: PoolDep, ref_id: str = _REF_ID,
+    namespace: Namespace, service: ServiceDep, pool: PoolDep, ref_id: str = _REF_ID,
     size: int = Query(256, ge=16, le=1024),
 ) -> Response:
     """A JPEG thumbnail of the reference image (longest side ``size``)."""
@@ -70,7 +70,7 @@ async def thumbnail(
     "/v1/references/{ref_id}/image", response_class=Response,
     responses={200: {"content": {"image/png": {}, "image/jpeg": {}}}, **_ERRORS},
 )
-async def reference_image(namespace: Tenant, service: ServiceDep, pool: PoolDep, ref_id: str = _REF_ID) -> Response:
+async def reference_image(namespace: Namespace, service: ServiceDep, pool: PoolDep, ref_id: str = _REF_ID) -> Response:
     """The reference image as it was added. Its URL is also how a chat part names the reference
     (for clients that accept only http URLs, as ``refsight://ref/<id>`` does for the others)."""
     data, media_type = await pool.run_light(partial(service.reference_image, ref_id, namespace=namespace))
@@ -78,6 +78,6 @@ async def reference_image(namespace: Tenant, service: ServiceDep, pool: PoolDep,
 
 
 @router.delete("/v1/references/{ref_id}", responses=_ERRORS)
-async def delete_reference(namespace: Tenant, service: ServiceDep, pool: PoolDep, ref_id: str = _REF_ID) -> dict[str, Any]:
+async def delete_reference(namespace: Namespace, service: ServiceDep, pool: PoolDep, ref_id: str = _REF_ID) -> dict[str, Any]:
     """Remove a reference; packages still used by other references stay."""
     return await pool.run_light(partial(service.remove, ref_id, namespace=namespace))

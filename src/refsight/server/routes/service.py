@@ -9,7 +9,7 @@ from fastapi.responses import Response
 
 from ... import __version__
 from ..auth import require_operator
-from ..deps import MetricsDep, PoolDep, ServiceDep, Tenant, TenantsDep
+from ..deps import MetricsDep, PoolDep, ServiceDep, Namespace, TenantsDep
 from ..metrics import CONTENT_TYPE_LATEST
 
 __all__ = ["router"]
@@ -33,6 +33,6 @@ async def prometheus(metrics: MetricsDep) -> Response:
 
 
 @router.get("/v1/stats")
-async def stats(namespace: Tenant, service: ServiceDep, pool: PoolDep, tenants: TenantsDep) -> dict[str, Any]:
+async def stats(namespace: Namespace, service: ServiceDep, pool: PoolDep, tenants: TenantsDep) -> dict[str, Any]:
     """Cache statistics; with tenants, only the caller's references and packages (counters are operator-level)."""
     return await pool.run_light(lambda: service.stats(namespace=namespace, tenants=tenants.enabled))
