@@ -75,8 +75,8 @@ class ContextLengthError(InvalidInputError):
 
     @property
     def details(self) -> dict[str, int]:
-        """The fields an HTTP error body adds beside the message."""
-        return {"n_prompt_tokens": self.n_prompt_tokens, "n_ctx": self.n_ctx}
+        """The fields an HTTP error body adds beside the message (``type`` as llama-server names this error)."""
+        return {"type": "exceed_context_size_error", "n_prompt_tokens": self.n_prompt_tokens, "n_ctx": self.n_ctx}
 
 
 class InvalidReferenceIdError(InvalidInputError):

@@ -29,7 +29,7 @@ NOT_FUZZED = {
     ("GET", "/"): "the HTML page (no JSON schema): tests/server/test_hostile.py and test_page.py",
     ("GET", "/models"): _ALIAS,
     ("POST", "/chat/completions"): _ALIAS,
-    ("POST", "/completions"): _ALIAS,
+    ("POST", "/completions"): "llama-server's alias of /completion: the same handler, fuzzed as /completion",
 }
 
 

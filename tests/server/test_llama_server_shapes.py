@@ -177,10 +177,12 @@ def test_apply_template_takes_add_generation_prompt_and_empty_tools(llama):
         assert plain.status_code == 200, plain.text
         for extra in ({"add_generation_prompt": True}, {"tools": None}, {"tools": []}):
             assert c.post("/apply-template", json={"messages": HI, **extra}).json() == plain.json()
+        # false: the same turns without the opening of the answer's turn, as llama-server renders them.
+        closed = c.post("/apply-template", json={"messages": HI, "add_generation_prompt": False}).json()["prompt"]
+        assert plain.json()["prompt"] == closed + "<|im_start|>assistant\n"
         tools = [{"type": "function", "function": {"name": "f"}}]
-        for extra, param in (({"add_generation_prompt": False}, "add_generation_prompt"), ({"tools": tools}, "tools")):
-            refused = c.post("/apply-template", json={"messages": HI, **extra})  # refused by name, never ignored
-            assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
+        refused = c.post("/apply-template", json={"messages": HI, "tools": tools})  # refused by name, never ignored
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools", refused.text
 
 
 @pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])

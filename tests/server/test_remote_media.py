@@ -86,7 +86,8 @@ def test_urls_are_refused_by_default(make_server, host, tmp_path):
 
 
 def test_an_allowed_domain_is_fetched_and_every_trick_refused(make_server, host):
-    live = make_server(allowed_media_domains=("localhost",), max_media_bytes=len(CAT) + 100)
+    # localhost resolves to loopback: fetched only because the allow-list names that address.
+    live = make_server(allowed_media_domains=("localhost", "127.0.0.1"), max_media_bytes=len(CAT) + 100)
     for url in (f"http://localhost:{host}/cat.png", f"http://LocalHost:{host}/cat.png", f"http://localhost:{host}/to-allowed"):
         reply = _chat(live, url)
         assert reply.status_code == 200, (url, reply.text)
@@ -114,8 +115,22 @@ def test_an_allowed_domain_is_fetched_and_every_trick_refused(make_server, host)
     assert fake.status_code == 400 and fake.json()["error"]["param"].startswith("messages")
 
 
+def test_an_allowed_name_that_resolves_to_a_private_address_is_refused_unless_the_address_is_listed(host):
+    """Resolved once and checked: a listed name pointing inward (loopback here) is refused, and a listed IP
+    lets it through, the connection going to the address that was checked."""
+    for listed in (("localhost",), ("localhost", "10.0.0.7")):
+        with pytest.raises(ApiError) as info:
+            RemoteMedia(listed).fetch(f"http://localhost:{host}/cat.png", "image")
+        assert "not a public address" in info.value.message and "127.0.0.1" in info.value.message, listed
+    assert RemoteMedia(("localhost", "127.0.0.1")).fetch(f"http://localhost:{host}/cat.png", "image") == CAT
+    # A redirect to a listed name is resolved and checked again.
+    with pytest.raises(ApiError) as info:
+        RemoteMedia(("localhost",)).fetch(f"http://localhost:{host}/to-allowed", "image")
+    assert "not a public address" in info.value.message
+
+
 def test_a_slow_image_host_is_cut_off_at_the_time_limit(host):
-    media = RemoteMedia(("localhost",), timeout_s=1.0)
+    media = RemoteMedia(("localhost", "127.0.0.1"), timeout_s=1.0)
     started = time.monotonic()
     with pytest.raises(ApiError) as info:
         media.fetch(f"http://localhost:{host}/slow.png", "image")

@@ -51,8 +51,11 @@ class TextAccess:
         """The bytes of one token (special tokens included)."""
         raise InvalidInputError("detokenize", f"{self.name} does not expose its tokenizer")
 
-    def template_text(self, texts: Sequence[str], turns: list[tuple[str, int]] | None = None) -> str:
-        """The chat template around ``texts`` (``turns`` as in a request), images already written as the marker."""
+    def template_text(
+        self, texts: Sequence[str], turns: list[tuple[str, int]] | None = None, *, generation_prompt: bool = True
+    ) -> str:
+        """The chat template around ``texts`` (``turns`` as in a request), images already written as the marker;
+        ``generation_prompt=False``: without the opening of the answer's turn."""
         raise InvalidInputError("messages", f"{self.name} does not expose its chat template as text")
 
     def chat_template_source(self) -> str | None:

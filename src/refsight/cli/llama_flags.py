@@ -42,7 +42,8 @@ def add_llama_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-ctv", "--cache-type-v", dest="cache_type_v", type=text_argument, metavar="TYPE",
                    help=f"KV cache type of V: only {_KV_TYPE}")
     p.add_argument("--allowed-media-domains", dest="allowed_media_domains", nargs="+", metavar="DOMAIN",
-                   help="fetch http(s) image URLs of these domain names (vLLM's flag; default: no URL is fetched)")
+                   help="fetch http(s) image URLs of these domain names (vLLM's flag; default: no URL is fetched); "
+                        "a name resolving to a private or loopback address is fetched only if that IP is listed too")
     p.add_argument("--media-path", dest="media_path", type=path_argument, metavar="DIR",
                    help="serve file:// image URLs from this directory (llama-server's flag; default: none)")
     p.add_argument("--strict-model-name", dest="strict_model_name", action="store_true",

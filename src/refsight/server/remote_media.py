@@ -9,7 +9,12 @@ operator opts in, every URL must pass the checks below, each a 400 naming the im
   ``2130706433``, ``0x7f.1``, ``[::1]``): an allow-list of names cannot be dodged by
   addresses. Redirects are followed by hand, at most :data:`MAX_REDIRECTS`, each target
   checked by the same rules (a redirect off the list is refused). Proxies from the
-  environment are not used. The body is read in pieces and abandoned past ``max_bytes`` or
+  environment are not used. The name is resolved once, here, and the connection goes to that
+  address (a second lookup could answer otherwise: DNS rebinding), with the name in ``Host``
+  and TLS's SNI; an address that is not globally routable (loopback, private, link-local,
+  carrier-grade NAT, reserved, IPv4-mapped forms of those) is used only when the allow-list
+  names it as an IP (``--allowed-media-domains images.lan 10.0.0.7``), so a public name that
+  resolves inward cannot reach the server's own network. The body is read in pieces and abandoned past ``max_bytes`` or
   past ``timeout_s`` in all (a slow trickle cannot hold a worker).
 - ``file://``: a regular file under the media directory, after symlinks are resolved (no
   ``..`` or link leads out), at most ``max_bytes``.
@@ -20,11 +25,14 @@ limits, so a page or a script that slipped through is refused as "not an image".
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urljoin, urlsplit
 
 from .errors import ApiError
@@ -79,6 +87,39 @@ class RemoteMedia:
         if host not in {d.rstrip(".").lower() for d in self.allowed_domains}:
             raise self._refuse(where, f"{host} is not an allowed media domain (--allowed-media-domains)")
 
+    def _address(self, host: str, port: int, where: str) -> str:
+        """The one address ``host`` is fetched from: the first it resolves to that is globally routable or
+        named in the allow-list as an IP; 400 when none is."""
+        try:
+            found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError:
+            raise self._refuse(where, f"{host} does not resolve", "media_unavailable") from None
+        named = set()
+        for entry in self.allowed_domains:
+            try:
+                named.add(ipaddress.ip_address(entry.strip("[]")))
+            except ValueError:
+                pass  # a domain name
+        addresses = []
+        for *_, sockaddr in found:
+            address = ipaddress.ip_address(sockaddr[0].split("%")[0])
+            address = getattr(address, "ipv4_mapped", None) or address  # ::ffff:10.0.0.1 is 10.0.0.1
+            if address.is_global or address in named:
+                return str(address)
+            addresses.append(str(address))
+        raise self._refuse(where, f"{host} resolves to {', '.join(addresses)}, not a public address "
+                           "(name the address in --allowed-media-domains to allow it)")
+
+    def _pinned(self, url: str, where: str) -> tuple[str, dict[str, str], dict[str, Any]]:
+        """(URL with the resolved address as its host, headers, httpx extensions) of a checked ``url``."""
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        address = self._address(parts.hostname or "", port, where)
+        netloc = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+        # The name stays what the server sees (Host) and what TLS checks the certificate against (SNI).
+        extensions = {"sni_hostname": parts.hostname} if parts.scheme == "https" else {}
+        return parts._replace(netloc=netloc).geturl(), {"Accept": "image/*", "Host": parts.netloc}, extensions
+
     def _http(self, url: str, where: str) -> bytes:
         import httpx
 
@@ -86,8 +127,9 @@ class RemoteMedia:
         with httpx.Client(follow_redirects=False, trust_env=False, timeout=self.timeout_s) as client:
             for _ in range(MAX_REDIRECTS + 1):
                 self._check_http(url, where)
+                target, headers, extensions = self._pinned(url, where)
                 try:
-                    with client.stream("GET", url, headers={"Accept": "image/*"}) as response:
+                    with client.stream("GET", target, headers=headers, extensions=extensions) as response:
                         if response.status_code in _REDIRECTS and "location" in response.headers:
                             url = urljoin(url, response.headers["location"])
                             continue

@@ -121,8 +121,13 @@ class HFBackend(Backend):
         """One token's text as UTF-8 bytes."""
         return self.detokenize([token]).encode("utf-8", "surrogatepass")
 
-    def template_text(self, texts: Sequence[str], turns: list[tuple[str, int]] | None = None) -> str:
-        """The family's chat template around ``texts`` (:meth:`build_prompt`)."""
+    def template_text(
+        self, texts: Sequence[str], turns: list[tuple[str, int]] | None = None, *, generation_prompt: bool = True
+    ) -> str:
+        """The family's chat template around ``texts`` (:meth:`build_prompt`, which always opens the answer's turn)."""
+        if not generation_prompt:
+            raise InvalidInputError("add_generation_prompt", f"false is not supported by {self.name} (its prompts always "
+                                    "end where the answer starts); the llama.cpp runtime renders it")
         return self.build_prompt(list(texts), turns)
 
     def raw_text(self, segments: Sequence[str | VisualPackage]) -> str:

@@ -242,9 +242,11 @@ class LlamaCppBackend(Backend):
         with self._lock:
             return b"".join(self.runtime.piece(t, special=True) for t in tokens).decode("utf-8", "replace")
 
-    def template_text(self, texts: Sequence[str], turns: list[tuple[str, int]] | None = None) -> str:
+    def template_text(
+        self, texts: Sequence[str], turns: list[tuple[str, int]] | None = None, *, generation_prompt: bool = True
+    ) -> str:
         """The GGUF's chat template around ``texts`` (:meth:`prompt_text`)."""
-        return self.prompt_text(list(texts), turns)
+        return self.prompt_text(list(texts), turns, generation_prompt=generation_prompt)
 
     def check_raw_text(self, text: str, where: str) -> None:
         """A raw prompt's text may spell special tokens, but not the media marker (it would shift the images)."""
@@ -277,12 +279,16 @@ class LlamaCppBackend(Backend):
             if self.runtime.tokenize(text, True) != self.runtime.tokenize(text, False):
                 raise InvalidInputError(where, "text may not contain the model's special tokens")
 
-    def prompt_text(self, segments: Sequence[Any], turns: list[tuple[str, int]] | None = None, *, raw: bool = False) -> str:
+    def prompt_text(
+        self, segments: Sequence[Any], turns: list[tuple[str, int]] | None = None, *, raw: bool = False,
+        generation_prompt: bool = True,
+    ) -> str:
         """The rendered prompt of ``segments`` (each image a media marker), as mtmd will tokenize it.
 
         ``turns`` (``(role, count)`` pairs over the segments) renders a conversation in the GGUF's
         own chat template; without it the segments are one user turn. ``raw``: the segments are
         the whole prompt, after a BOS when the vocabulary wants one (as llama-server's ``/completion``).
+        ``generation_prompt=False``: without the opening of the answer's turn.
         """
         if raw:
             import llama_cpp
@@ -299,7 +305,7 @@ class LlamaCppBackend(Backend):
         ]
         bos = self.runtime.piece(self._special("bos"), special=True).decode("utf-8", "replace") if self._special("bos") >= 0 else ""
         eos = self.runtime.piece(self._special("eos"), special=True).decode("utf-8", "replace") if self._special("eos") >= 0 else ""
-        return render_prompt(self._template, self.arch, content, bos=bos, eos=eos)
+        return render_prompt(self._template, self.arch, content, bos=bos, eos=eos, generation_prompt=generation_prompt)
 
     def prefix_plan(self, request: GenerationRequest) -> Any:
         """The :class:`~.prefix.PromptPrefix` of ``request``'s reference prefix, or None.

@@ -51,15 +51,17 @@ def chat_template(template: str | None, arch: str) -> str:
 
 
 def render_prompt(
-    template: str | None, arch: str, content: str | list[tuple[str, str]], *, bos: str = "", eos: str = ""
+    template: str | None, arch: str, content: str | list[tuple[str, str]], *, bos: str = "", eos: str = "",
+    generation_prompt: bool = True,
 ) -> str:
     """The full prompt, ready for generation: one user turn ``content``, or ``(role, content)`` turns
-    (roles system / user / assistant), media markers included."""
+    (roles system / user / assistant), media markers included; ``generation_prompt=False`` leaves out the
+    opening of the answer's turn (llama-server's ``add_generation_prompt: false``)."""
     template = chat_template(template, arch)
     turns = [("user", content)] if isinstance(content, str) else content
     return _compile(template).render(
         messages=[{"role": role, "content": text} for role, text in turns],
-        add_generation_prompt=True,
+        add_generation_prompt=generation_prompt,
         bos_token=bos,
         eos_token=eos,
     )

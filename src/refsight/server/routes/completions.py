@@ -49,7 +49,6 @@ class CompletionsBody(GenerationBody):
 
 
 @router.post("/v1/completions", responses={k: ERROR_RESPONSES[k] for k in (400, 404)})
-@router.post("/completions", responses={k: ERROR_RESPONSES[k] for k in (400, 404)}, include_in_schema=False)
 async def completions(request: Request, body: CompletionsBody, namespace: Namespace, service: ServiceDep, pool: PoolDep, config: ConfigDep) -> Any:
     """A text completion of the raw prompt (OpenAI's ``text_completion`` shape)."""
     if body.n not in (None, 1):

@@ -5,7 +5,7 @@ loaded, then ``{"status": "ok"}``), ``GET /props`` (the model, its context size,
 modalities and the media marker ``/completion`` prompts use), ``GET /slots`` (one per
 model worker), ``POST /tokenize``,
 ``/detokenize``, ``/apply-template`` (the served model's own tokenizer and chat
-template) and ``POST /completion``: a raw prompt (no chat template added) with a media
+template) and ``POST /completion`` (and ``/completions``, as llama-server): a raw prompt (no chat template added) with a media
 marker per image and the images in ``multimodal_data`` (base64, or a stored reference:
 :mod:`..completion_parts`), the sampling fields of :mod:`..generation_body`, ``stream``.
 Every field is honoured, accepted as a no-op, or refused with a 400 naming it.
@@ -13,6 +13,7 @@ Every field is honoured, accepted as a no-op, or refused with a 400 naming it.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Request
@@ -147,7 +148,7 @@ class ApplyTemplateBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     messages: list[Message] = Field(min_length=1, max_length=256)
-    # llama-server's fields, at the values the rendering always has: the prompt ends where the answer starts, no tools.
+    # llama-server's fields: false leaves out the opening of the answer's turn; tools only null or [] (none are rendered).
     add_generation_prompt: bool = True
     tools: list[Any] | None = None
 
@@ -157,15 +158,13 @@ async def apply_template(
     body: ApplyTemplateBody, namespace: Namespace, service: ServiceDep, pool: PoolDep, config: ConfigDep
 ) -> dict[str, str]:
     """The served model's chat template around ``messages``, images as the media marker (for ``/completion``)."""
-    if not body.add_generation_prompt:
-        raise ApiError(400, "unsupported", "add_generation_prompt: only true (the prompt ends where the answer starts) "
-                       "is supported", param="add_generation_prompt")
     if body.tools:
         raise ApiError(400, "unsupported", "tools: tool definitions are not supported; send null or []", param="tools")
     backend = service.engine.backend()
     texts, turns = template_segments(body.messages, backend.media_marker)
     check_prompt_chars(texts, config.max_prompt_tokens)
-    return {"prompt": await pool.run_light(backend.template_text, texts, turns)}
+    render = partial(backend.template_text, generation_prompt=body.add_generation_prompt)
+    return {"prompt": await pool.run_light(render, texts, turns)}
 
 
 class PromptObject(BaseModel):
@@ -198,6 +197,7 @@ class CompletionBody(GenerationBody):
 
 
 @router.post("/completion", responses=_ERRORS)
+@router.post("/completions", responses=_ERRORS, include_in_schema=False)  # llama-server's alias of /completion
 async def completion(
     request: Request, body: CompletionBody, namespace: Namespace, service: ServiceDep, pool: PoolDep, config: ConfigDep,
     uuids: MediaUuidsDep,
@@ -283,4 +283,10 @@ def _settings(sampling: Any, n_predict: int, n_ctx: int | None) -> dict[str, Any
         "n_keep": 0, "n_discard": 0, "ignore_eos": False, "logit_bias": [], "n_probs": 0, "min_keep": 0,
         "grammar": "", "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"], "lora": [],
         "post_sampling_probs": False, "stream": False, "timings_per_token": False,
+        # Fields of later llama-server builds, at their "off" values: no top-n-sigma, adaptive-p, lazy grammar,
+        # reasoning split (the answer is the content as generated), speculative decoding or backend sampling.
+        "top_n_sigma": -1.0, "dry_sequence_breakers": ["\n", ":", "\"", "*"], "adaptive_target": -1.0,
+        "adaptive_decay": 0.9, "grammar_lazy": False, "grammar_triggers": [], "preserved_tokens": [],
+        "chat_format": "Content-only", "reasoning_format": "none", "reasoning_in_content": False,
+        "generation_prompt": "", "speculative.types": "none", "backend_sampling": False,
     }
