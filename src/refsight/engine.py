@@ -34,9 +34,10 @@ from .backends.options import BackendOptions
 from .backends.prefix import reusable_prefix
 from .backends.sampling import Sampling, check_supported
 from .backends.turns import plan_turns
-from .compare import CompareOptions, ComparePipeline
+from .compare import ComparePipeline
 from .config import default_model
 from .context import Models, RequestContext
+from .deprecation import renamed
 from .drift import DriftReport
 from .errors import InvalidInputError
 from .images import ImageInput, ImageSource, IntakeLimits, load_image
@@ -45,6 +46,8 @@ from .judge.attribute_schema import AttributeSchema, load_attribute_schema
 from .maintenance import Maintenance
 from .package_cache import CachedPackage, PackageCache, holding_packages
 from .prefixes import PrefixStateCache
+from .prompt_size import check_prompt_size
+from .requests import CompareRequest
 from .references import ReferenceBook, ReferenceSegment, load_kept_image, source_label
 from .results import (
     AddFailure, AddResult, CompareResult, GenerateResult, IndexReport, PackageState, PruneReport, SearchResult,
@@ -60,7 +63,6 @@ from .timing import elapsed_ms, progress_bar
 
 if TYPE_CHECKING:  # pragma: no cover
     from .ingest import IngestReport
-    from .rerank import Reranker
 
 __all__ = ["Engine", "PackageState", "ReferenceSegment"]
 
@@ -74,7 +76,7 @@ class Engine:
     ``store`` is a directory (default: ``$REFSIGHT_STORE`` or the user cache dir) or an
     open :class:`~refsight.store.Store` (then the caller closes it); with ``catalog`` (``postgresql://...``)
     the directory is a blob directory shared by replicas, the catalog in PostgreSQL, derived data in
-    ``local_dir``; ``cache`` (Redis), ``max_package_bytes``: see :func:`~refsight.store.open_store`; ``model`` a
+    ``local_dir``; ``redis`` (``cache``, its deprecated name), ``max_package_bytes``: see :func:`~refsight.store.open_store`; ``model`` a
     registered model name (default: ``$REFSIGHT_MODEL`` or ``tiny-qwen2-vl``), loaded on
     first use with ``backend_options`` over the config file's (``settings``); ``embedder`` the retrieval
     embedder, an :class:`~refsight.models.embedders.Embedder` or a registry name (``conse``, the
@@ -98,10 +100,11 @@ class Engine:
         settings: Settings | None = None,
         share_packages: bool = True,
         catalog: str | None = None, local_dir: str | Path | None = None,
-        cache: str | None = None, max_package_bytes: int | str | None = None,
+        redis: str | None = None, max_package_bytes: int | str | None = None, cache: str | None = None,
     ) -> None:
+        redis = renamed("cache", cache, "redis", redis, where="Engine")
         self.store, settings, self._owns_store = open_configured_store(
-            store, settings, memory_bytes, cache, max_package_bytes, catalog=catalog, local_dir=local_dir)
+            store, settings, memory_bytes, redis, max_package_bytes, catalog=catalog, local_dir=local_dir)
         self.model = model or default_model()
         self.namespace = namespace
         self.limits = limits
@@ -152,10 +155,13 @@ class Engine:
         return self.models.backend(model)
 
     def context(
-        self, namespace: str | None = None, model: str | None = None, *, use_cache: bool = True, use_kv_cache: bool = True
+        self, namespace: str | None = None, model: str | None = None, *, use_cache: bool = True,
+        prefix_states: bool = True, use_kv_cache: bool | None = None,
     ) -> RequestContext:
-        """The context of one call (default: the engine's namespace and model), as every public method resolves it."""
-        return self.models.context(namespace or self.namespace, model, use_cache=use_cache, use_kv_cache=use_kv_cache)
+        """The context of one call (default: the engine's namespace and model), as every public method resolves it
+        (``use_kv_cache``: the deprecated name of ``prefix_states``)."""
+        prefix_states = renamed("use_kv_cache", use_kv_cache, "prefix_states", prefix_states, where="Engine", default=True)
+        return self.models.context(namespace or self.namespace, model, use_cache=use_cache, prefix_states=prefix_states)
 
     # -- references ----------------------------------------------------------------------
     def add(
@@ -224,10 +230,10 @@ class Engine:
     def generate(
         self, prompt: str, *, ref_ids: Sequence[str] = (), candidate: ImageSource | None = None,
         use_cache: bool = True, max_new_tokens: int = 64, model: str | None = None, namespace: str | None = None,
-        use_kv_cache: bool = True,
+        prefix_states: bool = True, use_kv_cache: bool | None = None,
     ) -> GenerateResult:
-        """Generate from references (cached packages unless ``use_cache=False``; their prefix state unless
-        ``use_kv_cache=False``) plus an optional fresh candidate."""
+        """Generate from references (cached packages unless ``use_cache=False``; their prefix states unless
+        ``prefix_states=False``, whose deprecated name is ``use_kv_cache``) plus an optional fresh candidate."""
         if not isinstance(prompt, str) or not check_text(prompt, "prompt").strip():
             raise InvalidInputError("prompt", "the prompt is empty")
         segments: list[Any] = []
@@ -239,7 +245,7 @@ class Engine:
         segments.append(prompt)
         return self.chat(
             segments, use_cache=use_cache, max_new_tokens=max_new_tokens, model=model, namespace=namespace,
-            use_kv_cache=use_kv_cache,
+            prefix_states=prefix_states, use_kv_cache=use_kv_cache,
         )
 
     @holding_packages
@@ -248,7 +254,8 @@ class Engine:
         max_new_tokens: int = 64, json_schema: dict[str, Any] | None = None, model: str | None = None,
         namespace: str | None = None, sampling: Sampling | None = None, turns: Sequence[tuple[str, int]] | None = None,
         on_text: Callable[[str], None] | None = None, stop_event: threading.Event | None = None,
-        use_kv_cache: bool = True, raw_prompt: bool = False,
+        prefix_states: bool = True, raw_prompt: bool = False, max_prompt_tokens: int | None = None,
+        use_kv_cache: bool | None = None,
     ) -> GenerateResult:
         """Generate from segments in order: text (``str``), :class:`ReferenceSegment`, or an image.
 
@@ -259,10 +266,12 @@ class Engine:
         count)``, see :func:`~refsight.backends.turns.plan_turns`); ``on_text`` streams the answer
         as it is generated; a set ``stop_event`` ends it early (``finish_reason="cancelled"``). When the
         segments open with references, the language model's state after them is reused across
-        requests (:mod:`refsight.prefixes`) unless ``use_kv_cache=False``. ``raw_prompt``: the
+        requests (:mod:`refsight.prefixes`) unless ``prefix_states=False`` (deprecated: ``use_kv_cache``). ``raw_prompt``: the
         segments are the whole prompt, no chat template added (:mod:`refsight.backends.text_access`).
+        A prompt whose text and image tokens exceed ``max_prompt_tokens`` or the backend's context is a
+        :class:`~refsight.errors.ContextLengthError` before the language model runs (:mod:`refsight.prompt_size`).
         """
-        context = self.context(namespace, model, use_cache=use_cache, use_kv_cache=use_kv_cache)
+        context = self.context(namespace, model, use_cache=use_cache, prefix_states=prefix_states, use_kv_cache=use_kv_cache)
         _check_prompt_texts(segments, json_schema, sampling)
         backend = context.backend
         sampling = sampling or Sampling()
@@ -271,6 +280,7 @@ class Engine:
         start = time.perf_counter()
         resolved, cached, encode_ms = self.book.resolve_segments(context, segments)
         load_ms = (time.perf_counter() - start) * 1000 - encode_ms
+        check_prompt_size(backend, resolved, max_prompt_tokens)  # images count too, before any prefill
         request = GenerationRequest(
             segments=resolved, max_new_tokens=max_new_tokens, json_schema=json_schema, sampling=sampling, turns=turns,
             prefix_segments=reusable_prefix(segments, lambda s: isinstance(s, ReferenceSegment)),
@@ -340,14 +350,15 @@ class Engine:
     # -- judging ---------------------------------------------------------------------------
     @holding_packages
     def compare(
-        self, candidate: ImageSource, *, criteria: Any, ref_ids: Sequence[str] = (), top_k: int | None = None,
-        query: str | None = None, use_cache: bool = True, force_vlm: bool = False,
-        attributes: Sequence[str] = ("imagenet",), evidence_max_chars: int | None = None,
-        model: str | None = None, namespace: str | None = None, recall: str | None = None,
-        rerank: int | None = None, reranker: str | Reranker = "vlm", recall_k: int | None = None,
-        use_kv_cache: bool = True, on_stage: Callable[[str], None] | None = None,
+        self, request: CompareRequest | ImageSource, /, *, on_stage: Callable[[str], None] | None = None, **options: Any,
     ) -> CompareResult:
-        """Judge ``candidate`` against references, criterion by criterion (:class:`~refsight.compare.ComparePipeline`).
+        """Judge a candidate against references, criterion by criterion (:class:`~refsight.compare.ComparePipeline`).
+
+        ``request`` is a :class:`~refsight.requests.CompareRequest`, or the candidate with the
+        request's fields as keywords (``engine.compare(image, criteria=..., top_k=3)``): ``criteria``
+        (the rubric), ``ref_ids``, ``top_k``, ``query``, ``recall``, ``rerank``, ``recall_k``,
+        ``reranker``, ``force_vlm``, ``attributes``, ``evidence_max_chars``, ``use_cache``,
+        ``prefix_states`` (deprecated: ``use_kv_cache``), ``model``, ``namespace``.
 
         References are ``ref_ids``, or the ``top_k`` recalled by retrieval (within ``ref_ids``
         when both are given). ``recall`` builds the query from the candidate ``"image"``, the
@@ -358,19 +369,17 @@ class Engine:
         score). References whose stored attribute records settle a required
         criterion as a mismatch are dropped first (``stage: "filtered"``). The candidate is
         encoded once (memory only); references come from their durable packages
-        (``use_cache=False`` sends every image as pixels; ``use_kv_cache=False`` prefills every
+        (``use_cache=False`` sends every image as pixels; ``prefix_states=False`` prefills every
         reference prefix afresh). Criteria the attribute records
         (``"imagenet"``, ``"vlm"``) settle are answered from them unless ``force_vlm``.
         ``evidence_max_chars`` bounds each evidence string. Results are sorted by score.
         ``on_stage`` is told each stage's name (``recall``, ``prefilter``, ``rerank``, ``judge`` ...) as it starts.
         """
-        options = CompareOptions(
-            criteria=criteria, ref_ids=tuple(ref_ids), top_k=top_k, query=query, recall=recall, rerank=rerank,
-            reranker=reranker, recall_k=recall_k, force_vlm=force_vlm, attributes=tuple(attributes),
-            evidence_max_chars=evidence_max_chars,
+        request = CompareRequest.of(request, options)
+        context = self.context(
+            request.namespace, request.model, use_cache=request.use_cache, prefix_states=request.prefix_states
         )
-        context = self.context(namespace, model, use_cache=use_cache, use_kv_cache=use_kv_cache)
-        return self.comparisons.run(context, candidate, options, on_stage)
+        return self.comparisons.run(context, request, on_stage)
 
     # -- maintenance -------------------------------------------------------------------
     def stats(self, *, namespace: str | None = None, tenant_view: bool = False, all_namespaces: bool = False) -> StoreStats:

@@ -12,8 +12,9 @@ import argparse
 import dataclasses
 import sys
 
-from .arguments import EMBEDDER_HELP, Command, UsageError, path_argument, text_argument
+from .arguments import EMBEDDER_HELP, Command, UsageError, add_deprecated_spelling, path_argument, text_argument
 from ..settings import available_cores, thread_budget
+from ..extras import install_command
 from .context import backend_options, settings_of
 from .llama_flags import add_llama_server_arguments, llama_server_settings, slot_context
 
@@ -66,14 +67,15 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--workers", type=int, default=None, help="threads running model work (default: 2, or --parallel: -np 1 is one)")
     p.add_argument("--keys", metavar="FILE", type=path_argument, help="API keys, one KEY=NAMESPACE a line (default: $REFSIGHT_API_KEYS)")
-    p.add_argument(
-        "--share-encodes", action="store_true",
+    share = p.add_argument(
+        "--share-packages", action="store_true",
         help="share packages across tenants (fewer encodes, but timing reveals that some tenant holds an image)",
     )
+    add_deprecated_spelling(p, share, "--share-encodes")
     p.add_argument("--embedder", default=None, metavar="NAME", help=EMBEDDER_HELP)
     p.add_argument(
         "--max-prompt-tokens", type=int, default=8192, metavar="N",
-        help="most text tokens a chat prompt may hold (default 8192); longer prompts get 400",
+        help="most tokens a chat prompt may hold, its images' tokens included (default 8192); longer prompts get 400",
     )
     p.add_argument(
         "--no-cache", action="store_true",
@@ -115,7 +117,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if missing is not None:
         print(
             f"refsight: error: `refsight serve` needs the server extra ({missing} is not installed): "
-            "pip install 'refsight[server]'",
+            f"{install_command('server')}",
             file=sys.stderr,
         )
         return 2
@@ -139,11 +141,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     serve(ServerConfig(
         store=args.store, catalog=args.catalog, local_dir=args.local_dir, model=_model(args),
         backend_options=options, settings=settings_of(args), config_file=args.config,
-        host=args.host, port=args.port, workers=workers, threads=threads, keys_file=args.keys, share_encodes=args.share_encodes,
+        host=args.host, port=args.port, workers=workers, threads=threads, keys_file=args.keys, share_packages=args.share_packages,
         api_key=",".join(args.api_key) if args.api_key else None, served_model_names=tuple(args.served_model_names or ()),
         embedder=args.embedder, max_prompt_tokens=args.max_prompt_tokens,
         ingest_attributes=() if args.attributes == "none" else (args.attributes,),
-        cache=args.cache, max_package_bytes=args.max_package_bytes, use_cache=not args.no_cache,
+        redis=args.redis, max_package_bytes=args.max_package_bytes, use_cache=not args.no_cache,
         cors_origins=_names(args.cors_origins), allowed_hosts=_names(args.allowed_hosts), **llama_settings,
     ))
     return 0

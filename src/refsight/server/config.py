@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..settings import BackendOptions, Settings
 from ..errors import InvalidInputError
 from ..config import default_api_key
+from ..deprecation import renamed
 from .binding import split_hosts
 from .generation_body import DEFAULT_MAX_TOKENS
 from .tenants import is_loopback, load_keys, with_api_key
@@ -82,13 +83,14 @@ class ServerConfig:
     webui: bool = True
     #: Share packages across tenants: saves encodes, but reveals by timing that SOME tenant
     #: holds an image. Off by default: each tenant's namespace salts its package keys.
-    share_encodes: bool = False
-    #: Most text tokens (the backend's tokenizer) a chat prompt may hold; images are not counted.
+    share_packages: bool = False
+    #: Most tokens a chat prompt may hold: its text (the backend's tokenizer, before any model work), then text
+    #: and images together (each image's tokens, before any prefill: 400 ``exceed_context_size_error``).
     max_prompt_tokens: int = 8192
     #: Memory tier budget of the package store (None: the store's default).
     memory_bytes: int | None = None
     #: The Redis tier between memory and disk (``redis://HOST:PORT/DB``; None: the config file's, or none).
-    cache: str | None = None
+    redis: str | None = None
     #: False (``refsight serve --no-cache``): chat routes encode every image afresh and prefill every prompt whole.
     use_cache: bool = True
     #: Byte quota on packages, least recently used evicted (``20GiB``; None: the config file's, or none).
@@ -113,6 +115,15 @@ class ServerConfig:
     #: Attribute records computed when a reference is added (``imagenet``, ``vlm``), so the first
     #: comparison against it does no reference work; ``()`` defers them to the first comparison.
     ingest_attributes: tuple[str, ...] = ("imagenet",)
+    #: Deprecated names, still taken at construction: ``share_encodes`` (``share_packages``), ``cache`` (``redis``).
+    share_encodes: InitVar[bool | None] = None
+    cache: InitVar[str | None] = None
+
+    def __post_init__(self, share_encodes: bool | None, cache: str | None) -> None:
+        self.share_packages = renamed(
+            "share_encodes", share_encodes, "share_packages", self.share_packages, where="ServerConfig", default=False
+        )
+        self.redis = renamed("cache", cache, "redis", self.redis, where="ServerConfig")
 
     def resolved_keys(self) -> dict[str, str]:
         """The configured keys (explicit, file, or environment), with the single ``api_key`` for the default namespace."""

@@ -10,8 +10,10 @@ bounded by ``ServerConfig.max_prompt_tokens``. Two steps, cheapest first:
    (:meth:`refsight.backends.base.Backend.count_text_tokens`), off the event loop
    but outside the model workers.
 
-Images are not counted: their token cost depends on the backend's template and is
-bounded by the pixel limit instead.
+Images are counted in the worker, once their tokens are known and before any prefill: the
+engine adds each image's tokens to the text's and refuses a prompt over the same limit or the
+context with llama-server's ``exceed_context_size_error`` (:mod:`refsight.prompt_size`; the
+service hands it ``max_prompt_tokens``).
 """
 
 from __future__ import annotations

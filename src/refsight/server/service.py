@@ -11,8 +11,8 @@ valid Unicode shows as U+FFFD instead of failing the reply).
 **Tenants learn nothing about each other.** With API keys, each tenant's namespace salts
 its package keys (``Engine(share_packages=False)``): an image another tenant stored is,
 for this tenant, an image never seen — encoded afresh, with real timings — so no field,
-value or timing of a reply depends on another tenant's data. ``share_encodes=True`` in
-:class:`~refsight.server.config.ServerConfig` (``refsight serve --share-encodes``) shares
+value or timing of a reply depends on another tenant's data. ``share_packages=True`` in
+:class:`~refsight.server.config.ServerConfig` (``refsight serve --share-packages``) shares
 packages across tenants to save encodes, at the price of revealing, by timing, that some
 tenant holds an image. Without keys there is a single tenant, and packages are shared
 with the CLI's (same keys). The thumbnail cache (:mod:`~refsight.server.thumbnails`) is
@@ -22,12 +22,13 @@ scoped the same way; what isolation leaves is listed in ``docs/architecture.md``
 from __future__ import annotations
 
 import io
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from PIL import Image
 
 from .. import AddFailure, Engine, ImageInput, IntakeLimits, InvalidInputError, ReferenceSegment, load_image
 from ..config import default_store_dir
+from ..requests import CompareRequest
 from ..settings import Settings, load_settings
 from .config import ServerConfig
 from .responses import printable_data
@@ -72,7 +73,7 @@ class Service:
             settings=self._settings(),
             share_packages=self.share_packages,
             embedder=self.config.embedder,
-            cache=self.config.cache,
+            redis=self.config.redis,
             max_package_bytes=self.config.max_package_bytes,
             **options,
         )
@@ -171,9 +172,11 @@ class Service:
         return data, f"image/{kind}" if kind else "application/octet-stream"
 
     # -- model work --------------------------------------------------------------------------
-    def compare(self, candidate: ImageInput, *, namespace: str, **options: Any) -> dict[str, Any]:
-        """``engine.compare`` → the JSON of ``refsight compare --json``."""
-        return printable_data(self.engine.compare(candidate, namespace=namespace, **options).to_dict())
+    def compare(self, request: CompareRequest, *, on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:
+        """``engine.compare`` of the request (which names the tenant's namespace) → the JSON of ``refsight compare --json``."""
+        if request.namespace is None:  # a tenant's compare never falls back to the engine's namespace
+            raise ValueError("a server's CompareRequest names the tenant's namespace")
+        return printable_data(self.engine.compare(request, on_stage=on_stage).to_dict())
 
     def search(self, *, namespace: str, **options: Any) -> dict[str, Any]:
         """``engine.search`` → the JSON of ``refsight search --json``."""
@@ -182,8 +185,10 @@ class Service:
     def chat(self, segments: Sequence[Any], *, namespace: str, **options: Any) -> dict[str, Any]:
         """``engine.chat`` → the generation as JSON-ready data."""
         # ``--no-cache`` serves every image through the runtime's fresh path (the baseline of a benchmark).
-        cache = {} if self.config.use_cache else {"use_cache": False, "use_kv_cache": False}
-        return printable_data(self.engine.chat(list(segments), namespace=namespace, **cache, **options).to_dict())
+        cache = {} if self.config.use_cache else {"use_cache": False, "prefix_states": False}
+        # The prompt limit counts every image's tokens too, checked in the engine before any prefill.
+        limit = {"max_prompt_tokens": self.config.max_prompt_tokens}
+        return printable_data(self.engine.chat(list(segments), namespace=namespace, **cache, **limit, **options).to_dict())
 
     # -- stats -----------------------------------------------------------------------------
     def stats(self, *, namespace: str, tenants: bool) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import math
 from typing import Any, ClassVar
 
 from ...errors import CorruptPackageError, InvalidInputError
+from ...images import ImageInput
 from ...package import VisualPackage
 from .base import HFBackend
 
@@ -129,6 +130,12 @@ class QwenFamilyBackend(HFBackend):
     def image_placeholder(self, package: VisualPackage) -> str:
         """``<|vision_start|>`` + num_tokens × ``<|image_pad|>`` + ``<|vision_end|>``."""
         return VISION_START + IMAGE_PAD * int(package.metadata["num_tokens"]) + VISION_END
+
+    def image_token_count(self, package: VisualPackage | ImageInput) -> int | None:
+        """Prompt tokens one image takes; pixels are counted from their size through the grid, before encoding."""
+        if isinstance(package, ImageInput):
+            return self.grid_tokens(package.image) + 2  # the pads between <|vision_start|> and <|vision_end|>
+        return super().image_token_count(package)
 
     def chat_prompt(self, parts: list[str]) -> str:
         """The Qwen chat template: optional system turn, one user turn, then the assistant cue."""

@@ -80,7 +80,8 @@ def decode_prompt(
                 if info.kind == "image":  # an image may span several chunks (SmolVLM tiles)
                     per_image[info.image_id] = per_image.get(info.image_id, 0) + info.n_tokens
             counts = [sum(info.n_tokens for info in infos), *per_image.values()]
-            total = sum(info.n_pos for info in infos)
+            # Each token takes a KV cell: with M-RoPE an image has fewer positions than tokens, so both must fit.
+            total = max(sum(info.n_pos for info in infos), counts[0])
             if total >= runtime.settings.n_ctx:
                 raise ContextLengthError(
                     "prompt", f"needs {total} positions; the context holds {runtime.settings.n_ctx}",

@@ -1,0 +1,48 @@
+"""A prompt's size in tokens, text and images together, checked before the language model runs.
+
+The server bounds a prompt's *text* tokens before any model work (``server/prompt_limit.py``), but
+an image costs tokens too: one stored reference named 4,000 times in a 277 KB body was a
+56,026-token prompt (issue 38). :func:`check_prompt_size` counts each image's tokens as well (a
+package by its layout, pixels by their size where the backend can tell:
+:meth:`~refsight.backends.base.Backend.image_token_count`) and refuses a prompt over the limit
+(``max_prompt_tokens``) or over the backend's context (``context_size``, llama.cpp's ``n_ctx``)
+with :class:`~refsight.errors.ContextLengthError`, llama-server's ``exceed_context_size_error``,
+before any prefill. The count leaves out the chat template's own tokens, so it is a lower bound:
+a backend with a context still checks the exact prompt itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .errors import ContextLengthError
+
+__all__ = ["prompt_size", "check_prompt_size"]
+
+
+def prompt_size(backend: Any, segments: Sequence[Any]) -> tuple[int, int]:
+    """``(text tokens, image tokens)`` of a prompt's segments (text, packages or images); an image the
+    backend cannot count adds nothing."""
+    texts = [s for s in segments if isinstance(s, str)]
+    text_tokens = backend.count_text_tokens("\n".join(texts)) if texts else 0
+    image_tokens = sum(backend.image_token_count(s) or 0 for s in segments if not isinstance(s, str))
+    return text_tokens, image_tokens
+
+
+def check_prompt_size(backend: Any, segments: Sequence[Any], max_prompt_tokens: int | None = None) -> None:
+    """Raise :class:`ContextLengthError` when the prompt's text and image tokens exceed ``max_prompt_tokens``
+    or fill the backend's context; nothing to check without either bound."""
+    context = getattr(backend, "context_size", None)
+    if max_prompt_tokens is None and not context:
+        return
+    text_tokens, image_tokens = prompt_size(backend, segments)
+    total = text_tokens + image_tokens
+    images = sum(1 for s in segments if not isinstance(s, str))
+    counted = f"{total} tokens ({text_tokens} text, {image_tokens} in {images} image{'' if images == 1 else 's'})"
+    if context and total >= context:
+        raise ContextLengthError("prompt", f"{counted} does not fit the context of {context} tokens",
+                                 n_prompt_tokens=total, n_ctx=context)
+    if max_prompt_tokens is not None and total > max_prompt_tokens:
+        raise ContextLengthError("prompt", f"{counted}, over the limit of {max_prompt_tokens} prompt tokens "
+                                 "(max_prompt_tokens)", n_prompt_tokens=total, n_ctx=max_prompt_tokens)
