@@ -4,7 +4,7 @@ state is read back from the store's disk tier (the memory tier of this process s
 Reads a JSON spec (store directory, cases of requests: prefix package keys, candidate package
 key, rubric texts), generates with ``return_logits=True`` through the engine's
 :class:`~refsight.prefixes.PrefixStateCache` and writes tokens, logits, ``prefix_tokens_reused``, the
-prefix counters and the language-model token count of the first forward to a ``torch.save`` file.
+prefix counters and the language-model token count of the widest forward to a ``torch.save`` file.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ def main(spec_path: str) -> None:
             out[case["id"]] = {
                 "rows": [{"tokens": g.token_ids, "logits": g.logits, "cached": g.prefix_tokens_reused, "prompt": g.prompt_tokens}
                          for g in generations],
-                "first_forward_tokens": seen[0],
+                # The widest forward: the (padded) suffixes of a part; decoding steps take one token per row.
+                "widest_forward_tokens": max(seen),
             }
         store.counters.flush()
         out["counters"] = {k: v - before.get(k, 0) for k, v in store.catalog.counters().items()}

@@ -1,6 +1,7 @@
 """Generation and yes/no scoring of a prepared batch on a transformers model (``HFBackend``'s core).
 
-:func:`generate_batch` is one ``model.generate`` call over the whole batch, top to bottom:
+:func:`generate_batch` is one ``model.generate`` call over the whole batch (or over each of its parts,
+when reference prefixes of a sliding-window model need them), top to bottom:
 the prompt inputs (:func:`prompt_inputs`: the padded token ids and the packages' features
 through ``mm_encoder_outputs``, or the reference prefixes' stored states through
 :mod:`.prefix_cache`), the controls (:class:`Controls`: the JSON constraint, sampling, stop
@@ -32,7 +33,9 @@ class PromptInputs:
 
     encoded: dict[str, Any]
     extra: dict[str, Any]
-    plan: Any = None  # a prefix_cache.PrefixPlan when reference prefixes come from stored states
+    plan: Any = None  # a prefix_cache.PrefixBatch when reference prefixes come from stored states
+    #: The batch rows these inputs hold, in order (a sliding-window model may run a batch in parts).
+    rows: list[int] = field(default_factory=list)
 
     @property
     def width(self) -> int:
@@ -73,8 +76,10 @@ def _decoder(backend: Any) -> Any:
     return lambda tokens: backend.tokenizer.decode(tokens, skip_special_tokens=True)
 
 
-def prompt_inputs(backend: Any, rows: list[list[Any]], requests: list[GenerationRequest]) -> PromptInputs:
-    """The batch's prompts, left-padded; packages join on the model's device (they are stored on the CPU)."""
+def prompt_inputs(backend: Any, rows: list[list[Any]], requests: list[GenerationRequest]) -> list[PromptInputs]:
+    """The batch's prompts, left-padded; packages join on the model's device (they are stored on the CPU).
+    One part per ``generate`` call: the whole batch, unless reference prefixes of a sliding-window model
+    need parts (:meth:`.prefix_cache.PrefixBatch.parts`)."""
     texts = [
         backend.raw_text(row) if request.raw_prompt else backend.build_prompt(row, request.turns)
         for row, request in zip(rows, requests)
@@ -85,13 +90,13 @@ def prompt_inputs(backend: Any, rows: list[list[Any]], requests: list[Generation
         plan = plan_prefixes(backend, rows, requests, texts)
         if plan is not None:
             # Reference prefixes from their stored states: only the suffixes are prefilled.
-            encoded, extra = plan.inputs()
-            return PromptInputs(encoded, extra, plan)
+            parts = plan.parts(max(r.max_new_tokens for r in requests))
+            return [PromptInputs(*part.inputs(), part, members) for members, part in parts]
     encoded = backend.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
     encoded = {k: to_device(v, backend.device) for k, v in encoded.items()}
     packages = [s for row in rows for s in row if isinstance(s, VisualPackage)]
     extra = to_device(backend.multimodal_inputs(packages, encoded["input_ids"]), backend.device) if packages else {}
-    return PromptInputs(encoded, extra)
+    return [PromptInputs(encoded, extra, rows=list(range(len(rows))))]
 
 
 def controls(backend: Any, batch: list[PreparedRequest], execution: Execution, width: int) -> Controls:
@@ -180,25 +185,29 @@ def _generation(backend: Any, out: RowOutput, lm_ms: float, prepared: PreparedRe
 
 
 def generate_batch(backend: Any, batch: list[PreparedRequest], execution: Execution) -> list[Generation]:
-    """One ``model.generate`` call over the prepared batch; one :class:`Generation` per request."""
+    """One ``model.generate`` call over the prepared batch (one per part, when it has parts); one
+    :class:`Generation` per request."""
     import torch
 
     requests = [p.request for p in batch]
     limits = [r.max_new_tokens for r in requests]
+    outputs: dict[int, RowOutput] = {}  # by batch row, filled part by part
+    prefix_ms: dict[str, float] = {}
     began = time.perf_counter()
     with runtime_errors(
         backend.name, GenerationError, "generation failed", device=backend.device, dtype=backend.dtype_name
     ), torch.inference_mode():
-        inputs = prompt_inputs(backend, [p.segments for p in batch], requests)
-        ctl = controls(backend, batch, execution, inputs.width)
-        output = _call_generate(backend, inputs, ctl, max(limits), execution.return_logits)
+        for inputs in prompt_inputs(backend, [p.segments for p in batch], requests):
+            members = [batch[b] for b in inputs.rows]
+            ctl = controls(backend, members, execution, inputs.width)
+            output = _call_generate(backend, inputs, ctl, max(limits[b] for b in inputs.rows), execution.return_logits)
+            for row, b in enumerate(inputs.rows):
+                outputs[b] = _row_output(backend, output, inputs, ctl, row, limits[b], execution.return_logits)
+            if inputs.plan is not None:
+                prefix_ms["prefix_build"] = prefix_ms.get("prefix_build", 0.0) + inputs.plan.build_ms
+                prefix_ms["prefix_load"] = prefix_ms.get("prefix_load", 0.0) + inputs.plan.load_ms
     lm_ms = (time.perf_counter() - began) * 1000
-    plan = inputs.plan
-    prefix_ms = {"prefix_build": plan.build_ms, "prefix_load": plan.load_ms} if plan is not None else {}
-    return [
-        _generation(backend, _row_output(backend, output, inputs, ctl, b, limit, execution.return_logits), lm_ms, p, prefix_ms)
-        for b, (limit, p) in enumerate(zip(limits, batch))
-    ]
+    return [_generation(backend, outputs[b], lm_ms, p, prefix_ms) for b, p in enumerate(batch)]
 
 
 def score_batch(backend: Any, batch: list[PreparedRequest]) -> list[float]:

@@ -1,4 +1,5 @@
-"""Reference-prefix state reuse for the transformers backends (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, SmolVLM).
+"""Reference-prefix state reuse for the transformers backends (every family whose template keeps the
+references at the head of the prompt, sliding-window families such as Gemma 3 and Aya Vision included).
 
 For each row of a ``generate`` batch whose request marks a reference prefix
 (``prefix_segments``) and carries a ``prefix_cache``:
@@ -19,6 +20,19 @@ For each row of a ``generate`` batch whose request marks a reference prefix
    one new ``DynamicCache`` (copy-on-use; left-padded with zeros that the attention mask
    hides), and ``model.generate`` prefills only the suffixes. Rows without a usable prefix
    put their whole prompt in the suffix part.
+
+**Sliding-window layers** (``DynamicSlidingWindowLayer``: Gemma 3, Cohere 2's Aya Vision) keep
+only the last ``window - 1`` tokens, and their mask counts distance in cache columns. A state
+keeps the whole prefix for them too (built with past recording on), so a state is the same
+layout for every layer; the batch's cache is filled through the layer's own ``update``, which
+keeps the last columns and carries ``cumulative_length`` (the prefix width) exactly as a fresh
+prefill of the same columns would. The padding between a short prefix and a short suffix is
+not free there: it would push real tokens out of the window. So when some row could reach
+past the window (its prefix, the widest suffix and the new tokens), the batch runs in parts
+of rows with equal suffix length (:meth:`PrefixBatch.parts`), each part without padding
+between prefix and suffix, which is the fresh path's layout. The windows are part of the key
+(:func:`state_layout`). Linear-attention layers (Qwen3.5) cannot be cut: those families run
+the plain path.
 
 Positions are the fresh path's, exactly: they are computed over the whole (padded) prompt
 by the model's own ``_prepare_position_ids_for_generation`` (Qwen: M-RoPE with every image's
@@ -41,7 +55,7 @@ from ..base import GenerationRequest
 from ..prefix import PrefixState, prefix_key, render_prefix
 from .runtime import to_device
 
-__all__ = ["TEMPLATE", "PrefixPlan", "plan_prefixes", "usable_cache"]
+__all__ = ["TEMPLATE", "PrefixBatch", "plan_prefixes", "state_layout", "usable_cache"]
 
 #: The template and state layout version of HF prefix states (part of every key).
 TEMPLATE = "hf-kv-1"
@@ -60,7 +74,7 @@ class _Row:
 
 
 @dataclass
-class PrefixPlan:
+class PrefixBatch:
     """The rows of one batch and their prefixes; :meth:`inputs` builds what ``generate`` takes."""
 
     backend: Any
@@ -68,6 +82,23 @@ class PrefixPlan:
     #: Time spent building missing states, and fetching stored ones plus copying them into the batch's cache.
     build_ms: float = 0.0
     load_ms: float = 0.0
+    #: The states of this call by key, with whether each came from the cache: the parts of one batch
+    #: share it, so each distinct prefix is looked up (or built) once per call.
+    states: dict[str, tuple[PrefixState, bool]] = field(default_factory=dict)
+
+    def parts(self, max_new_tokens: int) -> list[tuple[list[int], PrefixBatch]]:
+        """The rows that run in one ``generate`` call each, with their plan: the whole batch, unless a
+        sliding window could reach across the padding between a prefix and a suffix (module docstring)."""
+        windows = [w for w in _windows(self.backend) if w is not None]
+        suffixes = [len(row.ids) - row.prefix_len for row in self.rows]
+        widest = max(suffixes)
+        if not windows or all(row.prefix_len + widest + max_new_tokens < min(windows) for row in self.rows):
+            return [(list(range(len(self.rows))), self)]
+        groups: dict[int, list[int]] = {}
+        for b, length in enumerate(suffixes):
+            groups.setdefault(length, []).append(b)
+        return [(rows, PrefixBatch(self.backend, [self.rows[b] for b in rows], states=self.states))
+                for rows in groups.values()]
 
     def reused_tokens(self, b: int) -> int:
         """Prompt tokens of row ``b`` served from a stored state (0 when built in this call)."""
@@ -114,32 +145,28 @@ class PrefixPlan:
 
     # -- states --------------------------------------------------------------------------
     def _resolve_states(self) -> None:
-        built: dict[str, PrefixState] = {}
-        fetched: dict[str, PrefixState | None] = {}
         for row in self.rows:
             if row.key is None:
                 continue
-            if row.key in built:
-                row.state = built[row.key]
-                continue
-            if row.key not in fetched:
-                state = row.cache.get(row.key)
-                if state is not None and not _fits(self.backend, state, row.prefix_len):
-                    row.cache.discard(row.key)
-                    state = None
-                fetched[row.key] = state
-            state = fetched[row.key]
-            if state is None:
-                began = time.perf_counter()
-                state = _build(self.backend, row)
-                ms = (time.perf_counter() - began) * 1000
-                state = PrefixState(state.tensors, state.meta, state.tokens, ms)
-                self.build_ms += ms
-                row.cache.put(row.key, state)
-                built[row.key] = state
-            else:
-                row.hit = True
-            row.state = state
+            if row.key not in self.states:
+                self.states[row.key] = self._state(row)
+            row.state, row.hit = self.states[row.key]
+
+    def _state(self, row: _Row) -> tuple[PrefixState, bool]:
+        """The row's state from the cache (True), or built now and put (False)."""
+        state = row.cache.get(row.key)
+        if state is not None and not _fits(self.backend, state, row.prefix_len):
+            row.cache.discard(row.key)
+            state = None
+        if state is not None:
+            return state, True
+        began = time.perf_counter()
+        state = _build(self.backend, row)
+        ms = (time.perf_counter() - began) * 1000
+        state = PrefixState(state.tensors, state.meta, state.tokens, ms)
+        self.build_ms += ms
+        row.cache.put(row.key, state)
+        return state, False
 
     def _batched_cache(self, n_max: int) -> Any:
         import torch
@@ -162,7 +189,8 @@ class PrefixPlan:
                             # Left padding: zeros the attention mask hides. A new tensor: the state stays as stored.
                             part = torch.nn.functional.pad(part, (0, 0, n_max - row.prefix_len, 0))
                     out.append(part)
-            # torch.cat makes new memory: the stored (shared) state is never written to.
+            # torch.cat makes new memory: the stored (shared) state is never written to. A sliding layer's
+            # own update keeps its last columns and counts the whole width, as a fresh prefill would.
             cache.update(torch.cat(keys, dim=0), torch.cat(values, dim=0), layer)
         return cache
 
@@ -211,6 +239,9 @@ def _build(backend: Any, row: _Row) -> PrefixState:
     encoder = mm.pop("mm_encoder_outputs")
     positions = backend.model._prepare_position_ids_for_generation(ids, {"attention_mask": mask, **mm})
     cache = DynamicCache(config=backend.model.config)
+    for layer in cache.layers:
+        if layer.is_sliding:
+            layer.activate_past_recording()  # keep the whole prefix: a batch may cut it anywhere (module docstring)
     # The base model (no LM head: the prefix's logits are never needed). The mask is all ones and
     # dropped, as generate drops it for an unpadded prompt.
     backend.model.model(
@@ -227,12 +258,30 @@ def _build(backend: Any, row: _Row) -> PrefixState:
 
 
 def usable_cache(backend: Any) -> bool:
-    """Only caches of plain growing layers can be cut and copied this way (no sliding windows)."""
+    """Only caches of plain growing layers and sliding-window layers can be cut and copied this way
+    (a linear-attention layer's state cannot be cut at a prefix)."""
     from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
     cache = DynamicCache(config=backend.model.config)
-    return bool(cache.layers) and all(type(layer) is DynamicLayer for layer in cache.layers)
+    return bool(cache.layers) and all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in cache.layers)
+
+
+def _windows(backend: Any) -> list[int | None]:
+    """Each language-model layer's sliding window (None: full attention), as its cache sees it."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=backend.model.config)
+    return [int(layer.sliding_window) if getattr(layer, "is_sliding", False) else None for layer in cache.layers]
+
+
+def state_layout(backend: Any) -> str:
+    """What of the language model's attention shapes a state beyond the fingerprint: the sliding
+    windows (empty for full attention only, so those keys stay as they were)."""
+    windows = _windows(backend)
+    if all(w is None for w in windows):
+        return ""
+    return ":windows=" + ",".join("full" if w is None else str(w) for w in windows)
 
 
 def _prefix_text(backend: Any, row: list[Any], request: GenerationRequest, full: str) -> str | None:
@@ -241,7 +290,7 @@ def _prefix_text(backend: Any, row: list[Any], request: GenerationRequest, full:
     return text if text is not None and full.startswith(text) else None
 
 
-def _row_plan(backend: Any, row: list[Any], request: GenerationRequest, full: str, model: str) -> _Row:
+def _row_plan(backend: Any, row: list[Any], request: GenerationRequest, full: str, model: str, template: str) -> _Row:
     tokenize = lambda text: backend.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     ids = list(tokenize(full))
     packages = [s for s in row if isinstance(s, VisualPackage)]
@@ -265,7 +314,7 @@ def _row_plan(backend: Any, row: list[Any], request: GenerationRequest, full: st
             plan.prefix_len = len(prefix_ids)
             plan.prefix_packages = len(inside)
             plan.cache = request.prefix_cache
-            plan.key = prefix_key(model, [p.key for p in inside], prefix_ids, f"{TEMPLATE}:{backend.family}")
+            plan.key = prefix_key(model, [p.key for p in inside], prefix_ids, template)
             break
     # A prefix equal to the whole prompt leaves no token to start generation from.
     if plan.prefix_len >= len(ids):
@@ -273,13 +322,14 @@ def _row_plan(backend: Any, row: list[Any], request: GenerationRequest, full: st
     return plan
 
 
-def plan_prefixes(backend: Any, rows: list[list[Any]], requests: list[GenerationRequest], texts: list[str]) -> PrefixPlan | None:
+def plan_prefixes(backend: Any, rows: list[list[Any]], requests: list[GenerationRequest], texts: list[str]) -> PrefixBatch | None:
     """The batch's prefix plan (``backend``: the calling HFBackend), or None when no row can reuse a
     prefix state (the plain path then runs)."""
     if not any(r.prefix_cache is not None and r.prefix_segments for r in requests) or not usable_cache(backend):
         return None
     model = f"{backend.fingerprint().digest}:{backend.device}"
-    plans = [_row_plan(backend, row, request, text, model) for row, request, text in zip(rows, requests, texts)]
+    template = f"{TEMPLATE}:{backend.family}{state_layout(backend)}"
+    plans = [_row_plan(backend, row, request, text, model, template) for row, request, text in zip(rows, requests, texts)]
     if not any(p.key for p in plans):
         return None
-    return PrefixPlan(backend, plans)
+    return PrefixBatch(backend, plans)
