@@ -7,6 +7,7 @@ executed), so they hold for function-local imports too and cost no model load.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ RUNTIME_EXCEPTIONS = {
 #: What cli.py and server/ may import: the public API ...
 PUBLIC_API = (
     "refsight", "refsight.errors", "refsight.results", "refsight.config", "refsight.report", "refsight.settings",
+    "refsight.requests", "refsight.deprecation", "refsight.extras",
 )
 #: ... plus their own subpackage (for the CLI: the entry points its `serve`, `demo`, `vllm-*` and `ingest` commands hand over to).
 OWN = {
@@ -275,6 +277,112 @@ def test_no_import_cycles_between_modules_at_module_level():
     assert not cycles, "module-level import cycles: " + "; ".join(" <-> ".join(c) for c in cycles) + (
         "\n  " + "\n  ".join(detail)
     )
+
+
+# -- floors: every import runs down or sideways, never back up -----------------------------------------
+
+#: The rooms of ``src/refsight`` (a top-level module or subpackage; ``refsight`` is the package's face),
+#: floor by floor from the ground up. An import (function-local ones included) may reach its own floor
+#: or one below, never one above; a new room takes its place here.
+FLOORS = (
+    ("errors", "results", "version", "deprecation", "atomic", "timing", "locks", "threads", "samples", "plugins",
+     "inputs", "package", "config", "images", "report", "extras", "prompt_size", "vllm_connector"),
+    ("store", "backends"),
+    ("models", "settings", "drift"),
+    ("retrieval", "context"),
+    ("package_cache", "prefixes"),
+    ("judge", "references", "rerank"),
+    ("requests", "compare", "ingest", "maintenance"),
+    ("engine",),
+    ("refsight",),
+    ("demo", "server"),
+    ("cli",),
+)
+FLOOR = {room: n for n, rooms in enumerate(FLOORS) for room in rooms}
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _room_arrows() -> dict[tuple[str, str], list[Import]]:
+    """(importing room, imported room) → the imports that draw that arrow."""
+    arrows: dict[tuple[str, str], list[Import]] = {}
+    for i in IMPORTS:
+        if i.target == "refsight" or i.target.startswith("refsight."):
+            a, b = _room(i.module), _room(i.target)
+            if a != b:
+                arrows.setdefault((a, b), []).append(i)
+    return arrows
+
+
+def test_every_room_has_one_floor():
+    placed = [room for rooms in FLOORS for room in rooms]
+    assert len(placed) == len(set(placed)), "a room placed twice"
+    assert {_room(module) for module in MODULES} == set(placed), "place each room of src/refsight on a floor"
+
+
+def test_no_import_runs_back_up():
+    up = [i for (a, b), imports in _room_arrows().items() if FLOOR[b] > FLOOR[a] for i in imports]
+    assert not up, _report(up, "an import runs back up a floor (FLOORS): move the code it needs down")
+
+
+def test_no_two_rooms_import_each_other():
+    arrows = _room_arrows()
+    both = [i for (a, b), imports in arrows.items() if a < b and (b, a) in arrows for i in imports + arrows[(b, a)]]
+    assert not both, _report(both, "two rooms import each other")
+
+
+# -- one word per idea: the glossary's retired words are no names in src/ --------------------------------
+
+ARCHITECTURE_DOC = SRC.parents[1] / "docs" / "architecture.md"
+#: Deprecation aliases: where a retired word is still taken (each warns, naming the word that replaced it).
+DEPRECATION_ALIASES = {
+    "refsight.engine": {"use_kv_cache"},
+    "refsight.server.config": {"share_encodes"},
+    "refsight.config": {"default_cache_url"},
+}
+
+
+def _retired_words() -> set[str]:
+    """The names in the *retired* column of the glossary in docs/architecture.md (backticked identifiers)."""
+    section = ARCHITECTURE_DOC.read_text().split("\n## Glossary", 1)[1].split("\n## ", 1)[0]
+    rows = [line.strip().strip("|").split("|") for line in section.splitlines() if line.startswith("| ")]
+    return {word for cells in rows[1:] if len(cells) == 3 for word in re.findall(r"`([^`]+)`", cells[2])
+            if word.isidentifier()}
+
+
+def _names(tree: ast.AST) -> Iterator[tuple[str, int]]:
+    """Every name the code gives or uses: functions, classes, arguments, attributes, keywords, variables, imports."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield node.name, node.lineno
+        elif isinstance(node, ast.arg):
+            yield node.arg, node.lineno
+        elif isinstance(node, ast.Attribute):
+            yield node.attr, node.lineno
+        elif isinstance(node, ast.Name):
+            yield node.id, node.lineno
+        elif isinstance(node, ast.keyword) and node.arg:
+            yield node.arg, node.lineno
+        elif isinstance(node, ast.alias):
+            yield node.asname or node.name.rpartition(".")[2], node.lineno
+
+
+def test_the_glossary_names_the_retired_words():
+    assert {"share_encodes", "use_kv_cache", "reuses_prefix", "PrefixPlan", "Tenant"} <= _retired_words()
+
+
+def test_retired_words_name_nothing_in_src():
+    retired = _retired_words()
+    found = sorted(
+        f"{module}:{line} {name}"
+        for module, path in MODULES.items()
+        for name, line in _names(ast.parse(path.read_text(), str(path)))
+        if name in retired and name not in DEPRECATION_ALIASES.get(module, ())
+    )
+    assert not found, f"retired words (glossary of docs/architecture.md) used as names; say it in one word: {found}"
 
 
 # -- test hygiene ------------------------------------------------------------------------------------

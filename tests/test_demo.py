@@ -51,7 +51,8 @@ def test_the_demo_ends_with_the_encodes_it_avoided_and_what_each_cost(tmp_path, 
     assert "Cached == fresh: verdicts identical to the fresh path: True" in closing
     assert "Encodes avoided: 7 (each avoided encode had cost" in closing  # 3 + 3 references, the candidate once
     assert "loading its package instead took" in closing and "KV prefix reuse:" in closing
-    assert "pip install 'refsight[server]'" in lines[-1]  # the last line's command runs with what it names
+    # The last line's command runs with what is installed: the server extra is, so no install line follows it.
+    assert lines[-1].startswith("Browse the references") and "pip install" not in lines[-1]
 
     assert run_demo(store=str(store), model="toy", as_json=True) == 0  # a second run: every reference cached
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -115,6 +115,17 @@ def browse_hint(store: str | None, model: str) -> str:
     return f"refsight serve{flags}, then open http://127.0.0.1:8000/"
 
 
+def _server_hint() -> str:
+    """Nothing when the server extra is installed; else the line that installs it, from where refsight came."""
+    import importlib.util
+
+    from .extras import install_command
+
+    if all(importlib.util.find_spec(m) is not None for m in ("fastapi", "uvicorn", "multipart", "prometheus_client")):
+        return ""
+    return f" (it needs the server extra: {install_command('server')})"
+
+
 #: The rubric of the demo's third comparison: another question over the same references, so the
 #: references' KV prefix (built by the second comparison) is reused.
 DEMO_SECOND_RUBRIC = "- short fur"
@@ -160,8 +171,7 @@ def run_demo(
             write_comparison_report(report, runs["cached"], candidate=candidate, references=photos_by_id(added, photos))
             say(f"HTML report: {report}")
         say(f"Done in {summary['seconds']} s.")
-        say(f"Browse the references and chat with them: {summary['browse']} (it needs the server extra: "
-            "pip install 'refsight[server]')")
+        say(f"Browse the references and chat with them: {summary['browse']}{_server_hint()}")
         if as_json:
             print(json.dumps(summary), flush=True)
         return 0 if summary["verdicts_identical"] and summary["all_references_cached"] else 1

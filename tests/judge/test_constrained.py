@@ -1,4 +1,4 @@
-"""xgrammar-constrained decoding on a real (tiny, random-weight) transformers causal LM.
+"""llguidance-constrained decoding on a real (tiny, random-weight) transformers causal LM.
 
 A random model has no idea what JSON is: every valid answer here is the grammar's doing.
 """
@@ -15,7 +15,7 @@ from runtimes import require_module
 from refsight.judge.criteria import parse_rubric
 from refsight.judge.verdict import parse_verdicts, token_budget, verdict_schema
 
-require_module("xgrammar")
+require_module("llguidance")
 constrained = require_module("refsight.backends.hf.constrained")
 
 WORDS = (
@@ -173,8 +173,38 @@ def test_bad_arguments_raise_value_errors(byte_tokenizer):
     ],
 )
 def test_bounded_strings_are_strict_json(byte_tokenizer, raw, ok):
-    import xgrammar as xgr
-
     grammar = constrained.compile_json_grammar(byte_tokenizer, {"type": "string", "maxLength": 6}, len(byte_tokenizer))
-    matcher = xgr.GrammarMatcher(grammar)
-    assert (matcher.accept_string(raw) and matcher.is_completed()) is ok
+    matcher = grammar.matcher()
+    assert (matcher.consume_tokens(grammar.tokenizer.tokenize_bytes(raw)) and matcher.is_accepting()) is ok
+
+
+#: Schemas and answers on which the transformers grammar (llguidance) and the vLLM grammar
+#: (xgrammar's EBNF, backends/vllm/grammar.py) must agree: separators, closed objects,
+#: bounded numbers' decimals, bounded strings' characters.
+AGREEMENT = [
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+     ['{"a": 1}', '{"a":1}', '{"a": 1, "b": 2}', '{ "a": 1}', '{"a": -1}']),
+    ({"type": "number", "minimum": 0, "maximum": 1},
+     ["0", "1", "0.5", "0.123456", "0.1234567", "1.5", "-0.1", "1e-3"]),
+    ({"type": "string", "minLength": 2, "maxLength": 4},
+     ['"ab"', '"a"', '"abcd"', '"abcde"', '"a\\"b"', '"é猫"']),
+    ({"type": "array", "prefixItems": [{"type": "boolean"}], "items": False, "minItems": 1},
+     ["[true]", "[true, false]", "[true,false]", "[]"]),
+    ({"enum": ["match", "mismatch"]}, ['"match"', '"mism"', '"mismatch"']),
+]
+
+
+@pytest.mark.parametrize("schema, answers", AGREEMENT, ids=[str(i) for i in range(len(AGREEMENT))])
+def test_the_transformers_and_vllm_grammars_accept_the_same_answers(byte_tokenizer, schema, answers):
+    xgr = require_module("xgrammar")
+    from refsight.backends.vllm.grammar import json_schema_ebnf
+
+    info = xgr.TokenizerInfo.from_huggingface(byte_tokenizer, vocab_size=len(byte_tokenizer))
+    xgrammar = xgr.GrammarCompiler(info).compile_grammar(xgr.Grammar.from_ebnf(json_schema_ebnf(schema)))
+    grammar = constrained.compile_json_grammar(byte_tokenizer, schema, len(byte_tokenizer))
+    for answer in answers:
+        xgrammar_matcher = xgr.GrammarMatcher(xgrammar)
+        by_xgrammar = xgrammar_matcher.accept_string(answer) and xgrammar_matcher.is_completed()
+        matcher = grammar.matcher()
+        by_llguidance = matcher.consume_tokens(grammar.tokenizer.tokenize_str(answer)) and matcher.is_accepting()
+        assert by_llguidance == by_xgrammar, (answer, by_llguidance)

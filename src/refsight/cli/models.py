@@ -8,14 +8,18 @@ from pathlib import Path
 from typing import Any
 
 from ..config import default_model, default_store_dir
+from ..extras import install_command
 from .arguments import Command, path_argument
 from .context import emit, open_engine
 from .tables import model_name, size, table
 
 __all__ = ["COMMANDS", "describe_model"]
 
-_LLAMACPP_EXTRA = "pip install 'refsight[llamacpp]' (builds llama.cpp: 10-25 min)"
 _VLLM_ENV = "refsight vllm-env (vLLM's own venv, ~3 min, 3.5 GB)"
+
+
+def _llamacpp_extra() -> str:
+    return f"{install_command('llamacpp')} (builds llama.cpp: 10-25 min)"
 
 
 def describe_model(name: str) -> dict[str, str]:
@@ -26,7 +30,7 @@ def describe_model(name: str) -> dict[str, str]:
     if name.startswith("hf:"):
         return {"name": name, "backend": "transformers", "weights": "real", "needs": "the checkpoint (hub id or folder)"}
     if name.startswith("llamacpp:"):
-        return {"name": name, "backend": "llama.cpp", "weights": "real (the GGUF's)", "needs": _LLAMACPP_EXTRA}
+        return {"name": name, "backend": "llama.cpp", "weights": "real (the GGUF's)", "needs": _llamacpp_extra()}
     if name.startswith("vllm:"):
         # The image mode needs the server: it is asked when the model loads (shown by serve, /v1/models, /props).
         return {"name": name, "backend": "vLLM server (images: pixels or embeds, as the server supports; --vllm-images)",
@@ -36,7 +40,7 @@ def describe_model(name: str) -> dict[str, str]:
     if name.endswith("-vllm"):
         return {"name": name, "backend": "vLLM", "weights": weights, "needs": _VLLM_ENV}
     if "-gguf" in name:
-        return {"name": name, "backend": "llama.cpp", "weights": weights, "needs": _LLAMACPP_EXTRA}
+        return {"name": name, "backend": "llama.cpp", "weights": weights, "needs": _llamacpp_extra()}
     return {"name": name, "backend": "transformers" if builtin else "plugin", "weights": weights, "needs": "-"}
 
 

@@ -67,10 +67,8 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--workers", type=int, default=None, help="threads running model work (default: 2, or --parallel: -np 1 is one)")
     p.add_argument("--keys", metavar="FILE", type=path_argument, help="API keys, one KEY=NAMESPACE a line (default: $REFSIGHT_API_KEYS)")
-    share = p.add_argument(
-        "--share-packages", action="store_true",
-        help="share packages across tenants (fewer encodes, but timing reveals that some tenant holds an image)",
-    )
+    share = p.add_argument("--share-packages", action="store_true", help=(
+        "share packages across tenants (fewer encodes, but timing reveals that some tenant holds an image)"))
     add_deprecated_spelling(p, share, "--share-encodes")
     p.add_argument("--embedder", default=None, metavar="NAME", help=EMBEDDER_HELP)
     p.add_argument(

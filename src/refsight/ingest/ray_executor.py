@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import InvalidInputError
+from ..extras import install_command
 from ..images import IntakeLimits
 from ..package import EncoderFingerprint
 from .runner import HASH_BATCH
@@ -35,7 +36,7 @@ def _import_ray() -> Any:
         import ray
         import ray.data  # noqa: F401
     except ImportError:
-        raise InvalidInputError("--ray", "Ray is not installed: pip install 'refsight[ray]'") from None
+        raise InvalidInputError("--ray", f"Ray is not installed: {install_command('ray')}") from None
     return ray
 
 

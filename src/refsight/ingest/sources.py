@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidInputError
+from ..extras import install_command
 from ..inputs.reading import FileReadError, read_regular_file
 
 __all__ = ["IMAGE_SUFFIXES", "IngestItem", "list_source"]
@@ -137,7 +138,7 @@ def _parquet(path: Path) -> list[IngestItem]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise InvalidInputError(str(path), "reading a Parquet manifest needs pyarrow (pip install 'refsight[ray]')") from None
+        raise InvalidInputError(str(path), f"reading a Parquet manifest needs pyarrow ({install_command('ray')})") from None
     try:
         table = pq.read_table(path)
     except Exception as e:  # pyarrow raises its own error types for every malformed file

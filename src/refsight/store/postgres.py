@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StoreError, StoreUnavailableError
+from ..extras import install_command
 from . import schema
 from ._failures import closed_on_failure
 
@@ -190,7 +191,7 @@ class PgDatabase:
         try:
             import psycopg  # noqa: F401
         except ImportError as exc:
-            raise StoreError("a PostgreSQL catalog needs psycopg: pip install 'refsight[postgres]'") from exc
+            raise StoreError(f"a PostgreSQL catalog needs psycopg: {install_command('postgres')}") from exc
         if not is_catalog_url(url):
             raise StoreError(f"a catalog URL starts with postgresql:// (got {redact_url(str(url))!r})")
         self.url = url

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import CorruptPackageError, InvalidInputError, StoreError
+from ..extras import install_command
 from ..package import VisualPackage
 from ._packed import pack, unpack
 from .base import PackageStore
@@ -75,7 +76,7 @@ class RedisPackageStore(PackageStore):
             from redis.backoff import NoBackoff
             from redis.retry import Retry
         except ImportError as exc:
-            raise StoreError(f"the Redis cache tier needs the redis client: pip install 'refsight[redis]' ({exc})") from None
+            raise StoreError(f"the Redis cache tier needs the redis client: {install_command('redis')} ({exc})") from None
         self._redis = redis
         self.url = redacted_url(url)
         self._client = redis.Redis.from_url(

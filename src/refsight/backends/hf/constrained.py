@@ -1,4 +1,4 @@
-"""JSON-schema-constrained decoding for transformers ``generate`` with xgrammar.
+"""JSON-schema-constrained decoding for transformers ``generate`` with llguidance.
 
 :func:`make_json_logits_processor` returns a ``LogitsProcessor`` that, at each step,
 masks every token the schema's grammar cannot accept next. Once the grammar is
@@ -6,12 +6,18 @@ complete only the stop tokens stay allowed, so generation ends there (pass the s
 ids as ``generate``'s ``eos_token_id``). Even a random-weight model therefore returns
 schema-valid JSON, provided ``max_new_tokens`` covers the schema's longest output.
 
-Strings with ``maxLength`` are written without escapes and, unlike xgrammar's
-default, without raw control characters (JSON forbids them) or surrogates, so the
-output parses under a strict JSON parser and each character costs at most 4 bytes.
+llguidance (a Rust wheel with no dependencies; llama.cpp and vLLM use it too) rather
+than xgrammar, whose wheel pulls ``triton``, a gigabyte of GPU kernels a CPU install never
+runs. The schema is first written the way the vLLM backend's xgrammar grammar reads it
+(:mod:`refsight.backends.vllm.grammar`), so both runtimes constrain alike
+(:func:`strict_schema`): compact separators ``", "`` and ``": "``, no free whitespace, an
+object with ``properties`` closed unless it says otherwise, a number with a bound written
+with at most six decimals, and a string with ``maxLength`` written without escapes,
+control characters or surrogates, so the output parses under a strict JSON parser and
+each character costs at most 4 bytes.
 
-Compiling a grammar costs milliseconds to seconds (it scales with the vocabulary), so
-compiled grammars are cached per (tokenizer, vocab size, stop tokens, schema). The
+Building a tokenizer's llguidance view costs up to a second, so it is cached per
+(tokenizer, vocab size, stop tokens), and compiled grammars per schema on top. The
 processor itself holds per-sequence matcher state: build a new one for every
 ``generate`` call.
 
@@ -22,60 +28,90 @@ does not follow.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import weakref
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, Sequence
 
+import llguidance
+import llguidance.hf
+import llguidance.torch
 import torch
 import transformers
-import xgrammar as xgr
 
 __all__ = [
     "make_json_logits_processor",
     "json_logits_processor",
     "compile_json_grammar",
-    "json_schema_ebnf",
+    "strict_schema",
     "grammar_cache_info",
+    "CompiledGrammar",
     "JsonSchemaLogitsProcessor",
 ]
 
 _MAX_GRAMMARS = 256
 _lock = threading.Lock()
-# tokenizer -> {(vocab_size, stop ids): GrammarCompiler}; weak so tokenizers can be freed.
-_compilers: "weakref.WeakKeyDictionary[Any, dict[tuple, xgr.GrammarCompiler]]" = weakref.WeakKeyDictionary()
-_grammars: "OrderedDict[tuple, xgr.CompiledGrammar]" = OrderedDict()
+# tokenizer -> {(vocab_size, stop ids): LLTokenizer}; weak so tokenizers can be freed.
+_tokenizers: "weakref.WeakKeyDictionary[Any, dict[tuple, llguidance.LLTokenizer]]" = weakref.WeakKeyDictionary()
+_grammars: "OrderedDict[tuple, CompiledGrammar]" = OrderedDict()
 _stats = {"hits": 0, "misses": 0}
 
-
-# xgrammar writes a string with maxLength as a run of this character class: no escapes,
-# but raw control characters allowed (invalid JSON) ...
-_BOUNDED_CHAR = r'[^\"\\\r\n]'
-# ... so it is replaced with one that also refuses control characters and surrogates.
-# The EBNF class decodes UTF-8 strictly (no overlong forms), unlike xgrammar's regex
-# path for ``pattern``, which lets overlong 3-byte sequences through.
-_STRICT_CHAR = r'[^\0-\x1f\"\\\uD800-\uDFFF]'
-
-
-def _json_grammar(schema_text: str) -> "xgr.Grammar":
-    """The schema's grammar, with bounded strings made strict JSON (see _STRICT_CHAR)."""
-    # any_whitespace=False: free whitespace would let a weak model pad forever and would
-    # make the output length unbounded.
-    grammar = xgr.Grammar.from_json_schema(schema_text, any_whitespace=False, strict_mode=True)
-    text = str(grammar)
-    if _BOUNDED_CHAR in text:
-        grammar = xgr.Grammar.from_ebnf(text.replace(_BOUNDED_CHAR, _STRICT_CHAR))
-    return grammar
+# Compact JSON, the separators json.dumps writes (the judge's token budget counts them).
+_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# A bounded string's characters: no quote, backslash or control character (so no escapes);
+# the grammar runs on UTF-8 bytes decoded strictly, so no surrogate or overlong form either.
+_STRICT_CHARS = '[^"\\\\\\x00-\\x1f]'
+# A bounded number's precision: six decimals, as xgrammar writes a number with a bound.
+_NUMBER_STEP = 0.000001
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_SUBSCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
+_SUBSCHEMAS = ("items", "additionalProperties", "not")
 
 
-def json_schema_ebnf(schema: dict) -> str:
-    """The EBNF text of ``schema``'s grammar exactly as this module constrains it.
+@dataclass(frozen=True)
+class CompiledGrammar:
+    """One schema's llguidance grammar for one tokenizer view; :meth:`matcher` starts a sequence."""
 
-    For runtimes that take a grammar rather than a schema (vLLM's ``structured_outputs``),
-    so they constrain the same way: compact, strict JSON strings.
-    """
-    return str(_json_grammar(json.dumps(schema, ensure_ascii=False)))
+    tokenizer: llguidance.LLTokenizer
+    grammar: str
+
+    def matcher(self) -> llguidance.LLMatcher:
+        """A fresh matcher at the start of the grammar."""
+        return llguidance.LLMatcher(self.tokenizer, self.grammar)
+
+
+def strict_schema(schema: Any) -> Any:
+    """A copy of ``schema`` spelled the way refsight constrains it (see the module doc); data values
+    (``enum``, ``const``, ``default`` ...) are left as they are."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMAS:
+        if key in out:
+            out[key] = strict_schema(out[key])
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [strict_schema(s) for s in out[key]]
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: strict_schema(s) for name, s in out[key].items()}
+    if "properties" in out:
+        out.setdefault("additionalProperties", False)
+    if "prefixItems" in out:
+        out.setdefault("items", False)
+    if "maxLength" in out and not any(k in out for k in ("pattern", "format", "enum", "const")):
+        low, high = out.pop("minLength", 0), out.pop("maxLength")
+        out["pattern"] = f"^{_STRICT_CHARS}{{{low},{high}}}$"
+    if _is_number(out) and any(k in out for k in _BOUNDS) and "multipleOf" not in out:
+        out["multipleOf"] = _NUMBER_STEP
+    return out
+
+
+def _is_number(schema: dict) -> bool:
+    kind = schema.get("type")
+    return kind == "number" or (isinstance(kind, list) and "number" in kind)
 
 
 def _stop_ids(tokenizer: Any, stop_token_ids: int | Sequence[int] | None) -> tuple[int, ...]:
@@ -91,26 +127,24 @@ def _stop_ids(tokenizer: Any, stop_token_ids: int | Sequence[int] | None) -> tup
     return ids
 
 
-def _compiler(tokenizer: Any, vocab_size: int, stops: tuple[int, ...]) -> xgr.GrammarCompiler:
-    per_tokenizer = _compilers.get(tokenizer)
+def _tokenizer_view(tokenizer: Any, vocab_size: int, stops: tuple[int, ...]) -> llguidance.LLTokenizer:
+    per_tokenizer = _tokenizers.get(tokenizer)
     if per_tokenizer is None:
-        per_tokenizer = _compilers[tokenizer] = {}
-    compiler = per_tokenizer.get((vocab_size, stops))
-    if compiler is None:
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=list(stops))
-        # The host is shared: a handful of compile threads is plenty for JSON schemas.
-        compiler = xgr.GrammarCompiler(info, max_threads=max(1, min(4, os.cpu_count() or 1)))
-        per_tokenizer[(vocab_size, stops)] = compiler
-    return compiler
+        per_tokenizer = _tokenizers[tokenizer] = {}
+    view = per_tokenizer.get((vocab_size, stops))
+    if view is None:
+        view = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=list(stops))
+        per_tokenizer[(vocab_size, stops)] = view
+    return view
 
 
 def compile_json_grammar(
     tokenizer: Any, schema: dict, vocab_size: int, *, stop_token_ids: int | Sequence[int] | None = None
-) -> xgr.CompiledGrammar:
+) -> CompiledGrammar:
     """The compiled grammar of ``schema`` for this tokenizer (cached; compact, no free whitespace).
 
     ``vocab_size`` is the model's logits width (it may exceed ``len(tokenizer)``).
-    Raises ValueError for a schema xgrammar cannot compile.
+    Raises ValueError for a schema llguidance cannot compile.
     """
     if not isinstance(schema, dict):
         raise ValueError(f"schema must be a dict, not {type(schema).__name__}")
@@ -118,25 +152,33 @@ def compile_json_grammar(
     if vocab_size < len(tokenizer):
         raise ValueError(f"vocab_size {vocab_size} is smaller than the tokenizer's {len(tokenizer)} tokens")
     stops = _stop_ids(tokenizer, stop_token_ids)
-    # Key order is kept: xgrammar emits properties in the declared order.
+    # Key order is kept: properties are written in the declared order.
     text = json.dumps(schema, ensure_ascii=False)
     with _lock:
-        compiler = _compiler(tokenizer, vocab_size, stops)
-        key = (id(compiler), text)
+        view = _tokenizer_view(tokenizer, vocab_size, stops)
+        key = (id(view), text)
         grammar = _grammars.get(key)
         if grammar is not None:
             _grammars.move_to_end(key)
             _stats["hits"] += 1
             return grammar
         _stats["misses"] += 1
-    try:
-        grammar = compiler.compile_grammar(_json_grammar(text))
-    except Exception as e:  # xgrammar raises RuntimeError/ValueError subclasses for bad schemas
-        raise ValueError(f"cannot compile JSON schema into a grammar: {e}") from e
+    grammar = CompiledGrammar(view, _llguidance_grammar(strict_schema(schema), view))
     with _lock:
         _grammars[key] = grammar
         while len(_grammars) > _MAX_GRAMMARS:
             _grammars.popitem(last=False)
+    return grammar
+
+
+def _llguidance_grammar(schema: dict, view: llguidance.LLTokenizer) -> str:
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)
+        error = llguidance.LLMatcher.validate_grammar(grammar, view)
+    except Exception as e:  # llguidance raises ValueError/RuntimeError for schemas it does not take
+        error = str(e)
+    if error:
+        raise ValueError(f"cannot compile JSON schema into a grammar: {error}")
     return grammar
 
 
@@ -147,7 +189,7 @@ def grammar_cache_info() -> dict[str, int]:
 
 
 def json_logits_processor(
-    tokenizer: Any, grammars: Sequence[xgr.CompiledGrammar | None], vocab_size: int, *,
+    tokenizer: Any, grammars: Sequence[CompiledGrammar | None], vocab_size: int, *,
     stop_token_ids: int | Sequence[int] | None = None,
 ) -> "JsonSchemaLogitsProcessor":
     """A fresh processor over grammars already compiled (:func:`compile_json_grammar`, same stop ids), one per row."""
@@ -170,7 +212,7 @@ def make_json_logits_processor(
     """
     stops = _stop_ids(tokenizer, stop_token_ids)
     if isinstance(schema, dict):
-        grammars: list[xgr.CompiledGrammar | None] | xgr.CompiledGrammar = compile_json_grammar(
+        grammars: list[CompiledGrammar | None] | CompiledGrammar = compile_json_grammar(
             tokenizer, schema, vocab_size, stop_token_ids=stops
         )
     else:
@@ -191,7 +233,7 @@ class JsonSchemaLogitsProcessor(transformers.LogitsProcessor):
 
     def __init__(
         self,
-        grammars: "xgr.CompiledGrammar | Sequence[xgr.CompiledGrammar | None]",
+        grammars: "CompiledGrammar | Sequence[CompiledGrammar | None]",
         *,
         vocab_size: int,
         stop_token_ids: Sequence[int],
@@ -199,7 +241,7 @@ class JsonSchemaLogitsProcessor(transformers.LogitsProcessor):
         self._grammars = grammars
         self.vocab_size = vocab_size
         self.stop_token_ids = tuple(stop_token_ids)
-        self._matchers: list[xgr.GrammarMatcher | None] | None = None
+        self._matchers: list[llguidance.LLMatcher | None] | None = None
         self._done: list[bool] = []
         self._bitmask: torch.Tensor | None = None
         self._stop_row: torch.Tensor | None = None
@@ -212,9 +254,9 @@ class JsonSchemaLogitsProcessor(transformers.LogitsProcessor):
             grammars = [grammars] * batch
         if len(grammars) != batch:
             raise ValueError(f"{len(grammars)} schemas for a batch of {batch} rows")
-        self._matchers = [None if g is None else xgr.GrammarMatcher(g) for g in grammars]
+        self._matchers = [None if g is None else g.matcher() for g in grammars]
         self._done = [False] * batch
-        self._bitmask = xgr.allocate_token_bitmask(batch, self.vocab_size)
+        self._bitmask = llguidance.torch.allocate_token_bitmask(batch, self.vocab_size)
         words = [0] * self._bitmask.shape[1]
         for t in self.stop_token_ids:
             if t < self.vocab_size:
@@ -222,36 +264,46 @@ class JsonSchemaLogitsProcessor(transformers.LogitsProcessor):
         # The bitmask is int32: bit 31 set means a negative number.
         self._stop_row = torch.tensor([w - (1 << 32) if w >= 1 << 31 else w for w in words], dtype=torch.int32)
 
+    def _accept(self, input_ids: torch.Tensor) -> None:
+        """Feed each live row its last sampled token; a stop token or a finished grammar ends the row."""
+        assert self._matchers is not None
+        for i, matcher in enumerate(self._matchers):
+            if matcher is None or self._done[i]:
+                continue
+            token = int(input_ids[i, -1])
+            if token in self.stop_token_ids:
+                self._done[i] = True  # generate ends the row here; later ids are padding
+            elif not matcher.consume_token(token) or matcher.is_error():
+                self.rejected_rows.add(i)
+                self._done[i] = True
+            elif matcher.is_stopped():
+                self._done[i] = True
+
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         """Accept the last sampled token per row, then mask ``scores`` to the allowed next tokens."""
         batch = input_ids.shape[0]
         if self._matchers is None:
             self._start(batch)  # first call: the prompt, nothing sampled yet
+        elif batch != len(self._matchers):
+            raise ValueError(f"batch changed from {len(self._matchers)} to {batch} rows; use one processor per call")
         else:
-            if batch != len(self._matchers):
-                raise ValueError(f"batch changed from {len(self._matchers)} to {batch} rows; use one processor per call")
-            for i, matcher in enumerate(self._matchers):
-                if matcher is None or self._done[i]:
-                    continue
-                if not matcher.accept_token(int(input_ids[i, -1])):
-                    self.rejected_rows.add(i)
-                    self._done[i] = True
-                elif matcher.is_terminated():
-                    self._done[i] = True
-        assert self._bitmask is not None and self._stop_row is not None
+            self._accept(input_ids)
+        assert self._matchers is not None and self._bitmask is not None and self._stop_row is not None
         for i, matcher in enumerate(self._matchers):
             if matcher is None:
                 self._bitmask[i] = -1  # all bits set: this row is free
             elif self._done[i]:
                 self._bitmask[i] = self._stop_row
             else:
-                matcher.fill_next_token_bitmask(self._bitmask, i)
+                llguidance.torch.fill_next_token_bitmask(matcher, self._bitmask, i)
+                if matcher.is_accepting():  # every stop id may end a complete answer, not only the first
+                    self._bitmask[i] |= self._stop_row
         return _apply(scores, self._bitmask, self.vocab_size)
 
 
 def _apply(scores: torch.Tensor, bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    # Plain torch rather than xgrammar's kernels: works for any device and dtype, and the
-    # cost (one shift per vocabulary entry) is small next to a forward pass.
+    # Plain torch rather than a kernel: works for any device and dtype, and the cost (one
+    # shift per vocabulary entry) is small next to a forward pass.
     width = scores.shape[-1]
     shifts = torch.arange(32, dtype=torch.int32)
     allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).bool().reshape(bitmask.shape[0], -1)

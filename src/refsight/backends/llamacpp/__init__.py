@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import InvalidInputError, ModelLoadError
+from ...extras import install_command
 from ..options import FLASH_ATTN
 
 __all__ = ["LLAMACPP_PREFIX", "load_llamacpp_backend", "load_builtin", "SUPPORTED_OPTIONS"]
@@ -48,7 +49,7 @@ def _require_runtime(name: str) -> None:
         import llama_cpp
         import llama_cpp.mtmd_cpp  # noqa: F401
     except ImportError as e:
-        raise ModelLoadError(name, f"llama-cpp-python is not installed: pip install 'refsight[llamacpp]' ({e})") from e
+        raise ModelLoadError(name, f"llama-cpp-python is not installed: {install_command('llamacpp')} ({e})") from e
     from .models import LLAMA_CPP_PYTHON_VERSION
     from .native import llama_cpp_version
 
