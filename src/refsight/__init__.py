@@ -1,19 +1,18 @@
 """refsight: compare new images against fixed references with a VLM, encoding each reference once.
 
 The public API is small: :class:`Engine` ties the store, the model backend, retrieval
-and the judge together; :func:`open_store` opens a store directly; the core types and
-the error tree are re-exported here, and so are the input checks every front end applies
-before any work (reference ids, ``where`` filters, JSON depth, reading a user-named file,
-escaping control characters for a terminal, text that is not valid Unicode). Importing refsight imports no torch.
+and the judge together; :func:`open_store` opens a store directly; the core types, the
+request and result types and the error tree are re-exported here, with the rules a caller
+may check ahead (reference ids, ``where`` filters, JSON depth). The hostile-input primitives
+every front end applies live in :mod:`refsight.inputs`. Importing refsight imports no torch.
 """
 
 from .errors import *  # noqa: F401,F403  (the error tree is part of the public API)
+from .deprecation import warn_renamed
 from .errors import __all__ as _error_names
 from .images import ImageInput, IntakeLimits, load_image
-from .inputs.jsonlimits import MAX_JSON_DEPTH, check_json_depth, json_depth, load_json
-from .inputs.reading import FileReadError, read_regular_file
-from .inputs.terminal import escape_controls
-from .inputs.text import check_text, check_texts, is_valid_text, printable_text
+from .inputs import jsonlimits as _jsonlimits, reading as _reading, terminal as _terminal, text as _text
+from .inputs.jsonlimits import MAX_JSON_DEPTH
 from .package import EncoderFingerprint, VisualPackage, package_key
 from .results import (
     AddFailure,
@@ -29,8 +28,21 @@ from .results import (
 )
 from .version import __version__
 
+#: Names this module exported before they moved to :mod:`refsight.inputs` (a front end's
+#: tools, not the library's API): still served, with a ``DeprecationWarning`` naming the new home.
+_MOVED = {
+    **{name: _text for name in ("check_text", "check_texts", "is_valid_text", "printable_text")},
+    **{name: _jsonlimits for name in ("json_depth", "check_json_depth", "load_json")},
+    **{name: _reading for name in ("read_regular_file", "FileReadError")},
+    "escape_controls": _terminal,
+}
+
 
 def __getattr__(name: str):
+    if name in _MOVED:
+        home = _MOVED[name].__name__
+        warn_renamed(f"refsight.{name}", f"{home}.{name}", where="import")
+        return getattr(_MOVED[name], name)
     # Engine and open_store pull in the store (and numpy); load them on first use.
     if name == "Engine":
         from .engine import Engine
@@ -56,6 +68,10 @@ def __getattr__(name: str):
         from .backends.sampling import Sampling
 
         return Sampling
+    if name == "CompareRequest":
+        from .requests import CompareRequest
+
+        return CompareRequest
     if name == "open_store":
         from .store import open_store
 
@@ -77,6 +93,7 @@ __all__ = [
     "PackageState",
     "BackendOptions",
     "Sampling",
+    "CompareRequest",
     "available_models",
     "family_rows",
     "FAMILY_RUNTIMES",
@@ -100,16 +117,6 @@ __all__ = [
     "validate_where",
     "MAX_WHERE_KEYS",
     "MAX_JSON_DEPTH",
-    "json_depth",
-    "check_json_depth",
-    "load_json",
-    "read_regular_file",
-    "FileReadError",
-    "escape_controls",
-    "check_text",
-    "check_texts",
-    "is_valid_text",
-    "printable_text",
     "__version__",
     *_error_names,
 ]

@@ -6,9 +6,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from .. import FileReadError, RefsightError, read_regular_file
+from .. import RefsightError
+from ..inputs.reading import FileReadError, read_regular_file
 from ..report import format_comparison, format_timings
-from .arguments import EMBEDDER_HELP, SCHEMA_HELP, Command, parse_pairs, path_argument, text_argument
+from .arguments import EMBEDDER_HELP, SCHEMA_HELP, Command, add_deprecated_spelling, parse_pairs, path_argument, text_argument
 from .context import RANDOM_WEIGHTS_NOTICE, emit, open_engine
 
 __all__ = ["COMMANDS"]
@@ -40,10 +41,11 @@ def _criteria_argument(value: str) -> str:
 
 def _cache_switches(p: argparse.ArgumentParser, *, outcome: str) -> None:
     p.add_argument("--no-cache", action="store_true", help=f"re-encode the references from their kept images{outcome}")
-    p.add_argument(
-        "--no-kv-cache", action="store_true",
-        help=f"prefill the references' prompt prefix afresh (no stored KV state){outcome}",
+    states = p.add_argument(
+        "--no-prefix-states", dest="prefix_states", action="store_false",
+        help=f"prefill the references' prompt prefix afresh (no stored prefix state){outcome}",
     )
+    add_deprecated_spelling(p, states, "--no-kv-cache")
 
 
 def _compare_arguments(p: argparse.ArgumentParser) -> None:
@@ -77,13 +79,17 @@ def _compare_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """refsight compare CANDIDATE (--ref ID... | --top-k K [--recall MODE] [--query TEXT] [--rerank N]) --criteria TEXT|@FILE"""
+    from ..requests import CompareRequest  # here: the parser itself loads no model code
+
+    # The arguments become ONE CompareRequest, checked there (the rules between arguments are the library's).
+    request = CompareRequest(
+        args.candidate, criteria=_read_criteria(args.criteria), ref_ids=args.ref, top_k=args.top_k,
+        query=args.query, recall=args.recall, rerank=args.rerank, recall_k=args.recall_k, reranker=args.reranker,
+        use_cache=not args.no_cache, prefix_states=args.prefix_states, force_vlm=args.force_vlm,
+        attributes=[] if args.no_attributes else ["imagenet"] + (["vlm"] if args.vlm_attributes else []),
+    )
     with open_engine(args) as engine:
-        result = engine.compare(
-            args.candidate, criteria=_read_criteria(args.criteria), ref_ids=args.ref, top_k=args.top_k,
-            query=args.query, recall=args.recall, rerank=args.rerank, recall_k=args.recall_k, reranker=args.reranker,
-            use_cache=not args.no_cache, use_kv_cache=not args.no_kv_cache, force_vlm=args.force_vlm,
-            attributes=[] if args.no_attributes else ["imagenet"] + (["vlm"] if args.vlm_attributes else []),
-        )
+        result = engine.compare(request)
     emit(args, result.to_dict(), format_comparison)
     return 0
 
@@ -124,7 +130,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     with open_engine(args) as engine:
         result = engine.generate(
             args.prompt, ref_ids=args.ref, candidate=args.image, use_cache=not args.no_cache,
-            use_kv_cache=not args.no_kv_cache, max_new_tokens=args.max_new_tokens,
+            prefix_states=args.prefix_states, max_new_tokens=args.max_new_tokens,
         )
     data = result.to_dict()
     if data["random_weights"] and not args.json:

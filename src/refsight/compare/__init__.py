@@ -20,13 +20,13 @@ then recall score), then reranked-only ones by rerank score, then filtered ones.
 counts the references each stage took in; ``timings_ms`` times every stage that ran, under
 its name (:data:`refsight.results.COMPARE_STAGES`).
 
-- :mod:`.options`: :class:`CompareOptions`, the knobs of one compare and the rules between them;
+- :class:`refsight.requests.CompareRequest`: the knobs of one compare and the rules between them
+  (checked once when a front door builds it);
 - :mod:`.pipeline`: :class:`ComparePipeline`, the stages;
 - :mod:`.rows`: the result rows and their order.
 """
 
-from .options import CompareOptions
 from .pipeline import ComparePipeline
 from .rows import REACHED, sort_results
 
-__all__ = ["CompareOptions", "ComparePipeline", "REACHED", "sort_results"]
+__all__ = ["ComparePipeline", "REACHED", "sort_results"]

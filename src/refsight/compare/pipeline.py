@@ -1,6 +1,6 @@
 """The compare pipeline's stages, built once from the engine's parts (see :mod:`refsight.compare`).
 
-:meth:`ComparePipeline.run` reads top to bottom: it checks the request, then calls each stage
+:meth:`ComparePipeline.run` reads top to bottom: it decodes the (checked) request's candidate, then calls each stage
 (:meth:`~ComparePipeline.recall`, :meth:`~ComparePipeline.prefilter`,
 :meth:`~ComparePipeline.rerank`, :meth:`~ComparePipeline.judge`) under a timer named after it;
 each stage is a small function of the request and what the stages before it found.
@@ -15,20 +15,20 @@ from typing import Any
 
 from ..context import RequestContext
 from ..errors import InvalidInputError
-from ..images import ImageInput, ImageSource, IntakeLimits, load_image
-from ..judge import Judge, Rubric, parse_rubric
-from ..judge.attribute_records import AttributeRecords, check_sources
+from ..images import ImageInput, IntakeLimits, load_image
+from ..judge import Judge, Rubric
+from ..judge.attribute_records import AttributeRecords
 from ..judge.prefilter import Filtered, required_mismatches
 from ..package_cache import ModelImage, PackageCache, ServedImage
 from ..prefixes import PrefixStateCache
 from ..references import ReferenceBook, source_label
+from ..requests import CompareRequest
 from ..rerank import EmbeddingReranker, Reranker, RerankQuery, VlmReranker
 from ..results import CompareResult, SearchResult
-from ..retrieval.query import check_recall_mode, query_vector, recall_text
+from ..retrieval.query import query_vector, recall_text
 from ..retrieval.store_index import StoreIndex
 from ..store import Reference
 from ..timing import StageTicker, StageTimer
-from .options import CompareOptions
 from .rows import other_row, sort_results
 
 __all__ = ["ComparePipeline"]
@@ -36,17 +36,28 @@ __all__ = ["ComparePipeline"]
 
 @dataclass(frozen=True)
 class _Request:
-    """One compare, checked: the context, the options, the parsed rubric and the decoded candidate."""
+    """One compare under way: the context, the checked request and the decoded candidate."""
 
     context: RequestContext
-    options: CompareOptions
-    rubric: Rubric
-    #: the attribute records used (none with ``force_vlm``)
-    sources: tuple[str, ...]
-    mode: str
+    options: CompareRequest
     image: ImageInput
     #: the text side of the recall query (the query, else the rubric)
     text: str
+
+    @property
+    def rubric(self) -> Rubric:
+        """The parsed rubric."""
+        return self.options.rubric
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """The attribute records used (none with ``force_vlm``)."""
+        return self.options.sources
+
+    @property
+    def mode(self) -> str:
+        """The recall query's mode."""
+        return self.options.mode
 
 
 @dataclass
@@ -78,21 +89,20 @@ class ComparePipeline:
     progress: Callable[[], bool] = field(default=lambda: False)
 
     def run(
-        self, context: RequestContext, candidate: ImageSource, options: CompareOptions,
-        on_stage: Callable[[str], None] | None = None,
+        self, context: RequestContext, options: CompareRequest, on_stage: Callable[[str], None] | None = None,
     ) -> CompareResult:
-        """Judge ``candidate`` under ``options`` (see :mod:`refsight.compare`); ``on_stage`` is told
-        each stage's name as it starts (a server's progress endpoint)."""
+        """Judge the candidate of ``options`` (checked when it was built; see :mod:`refsight.compare`);
+        ``on_stage`` is told each stage's name as it starts (a server's progress endpoint)."""
         with StageTicker("compare", enabled=self.progress()) as ticker:
             def started(stage: str) -> None:
                 ticker.stage(stage)
                 if on_stage is not None:
                     on_stage(stage)
 
-            return self._run(context, candidate, options, StageTimer(on_start=started))
+            return self._run(context, options, StageTimer(on_start=started))
 
-    def _run(self, context: RequestContext, candidate: ImageSource, options: CompareOptions, timer: StageTimer) -> CompareResult:
-        request = self._request(context, candidate, options)
+    def _run(self, context: RequestContext, options: CompareRequest, timer: StageTimer) -> CompareResult:
+        request = self._request(context, options)
         found = None
         if options.top_k is not None:
             with timer("recall"):
@@ -168,15 +178,11 @@ class ComparePipeline:
         return rows, judge.vlm_calls
 
     # -- the steps between -----------------------------------------------------------------
-    def _request(self, context: RequestContext, candidate: ImageSource, options: CompareOptions) -> _Request:
-        rubric = parse_rubric(options.criteria)  # a bad rubric fails before any model work
-        sources = check_sources(options.attributes)
-        options.check()
-        mode = check_recall_mode(options.recall, query=options.query)
+    def _request(self, context: RequestContext, options: CompareRequest) -> _Request:
+        candidate = options.candidate
         image = load_image(candidate, limits=self.limits, name=source_label(candidate))
         return _Request(
-            context=context, options=options, rubric=rubric, sources=() if options.force_vlm else sources, mode=mode,
-            image=image, text=recall_text(rubric.texts, options.query),
+            context=context, options=options, image=image, text=recall_text(options.rubric.texts, options.query),
         )
 
     def _shortlist(self, request: _Request, found: SearchResult | None) -> _Shortlist:

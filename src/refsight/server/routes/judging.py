@@ -43,7 +43,7 @@ async def compare(
             # library's: 400 naming the field).
             compare = CompareRequest(
                 candidate, criteria=body.criteria, ref_ids=tuple(body.ref_ids), top_k=body.top_k, query=body.query,
-                use_cache=body.use_cache, use_kv_cache=body.use_kv_cache, force_vlm=body.force_vlm, recall=body.recall,
+                use_cache=body.use_cache, prefix_states=body.prefix_states, force_vlm=body.force_vlm, recall=body.recall,
                 rerank=body.rerank, recall_k=body.recall_k, reranker=body.reranker, namespace=namespace,
             )
             # Between stages a departed client's compare stops (its worker is free for the next one).
