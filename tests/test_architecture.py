@@ -469,6 +469,7 @@ def test_package_key_derivation_is_frozen():
 NON_RUNTIME_SKIPS = {
     "test_architecture.py": "a moved PACKAGE_FORMAT_VERSION asks for its new golden keys to be recorded",
     "hardening_helpers.py": "no tmpfs can be mounted for the full-disk tests: a privilege of the machine, not a runtime",
+    "server/test_llama_server_live_flags.py": "no IPv6 loopback to bind --host 127.0.0.1,::1: the machine's network, not a runtime",
 }
 
 
