@@ -149,7 +149,7 @@ def _load_phase(args, replicas, candidates: list[str], ref_ids: list[str]) -> tu
 def _start_replicas(args, work: Path, services: _Services) -> list:
     from replica_helpers import Replica
 
-    extra = ("--cache", services.cache) if services.cache else ()
+    extra = ("--redis", services.cache) if services.cache else ()
     replicas = [Replica(chr(ord("a") + n), work / "blobs", services.catalog, work / f"local-{n}",
                         model=args.model, workers=args.workers, extra=extra) for n in range(args.replicas)]
     try:

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
     server = RedisServer(maxmemory="1gb")
     try:
-        with tempfile.TemporaryDirectory() as tmp, open_store(tmp, memory_bytes=1 << 34, cache=server.url) as store:
+        with tempfile.TemporaryDirectory() as tmp, open_store(tmp, memory_bytes=1 << 34, redis=server.url) as store:
             packages = [make(args.tokens, 1536, n) for n in range(args.packages)]
             for package in packages:
                 store.packages.put(package)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .deprecation import warn_renamed
+
 __all__ = [
     "DEFAULT_MODEL", "default_store_dir", "default_model", "model_cache_dir", "default_replica_dir",
-    "default_catalog_url", "default_cache_url", "default_api_keys", "default_api_key",
+    "default_catalog_url", "default_redis_url", "default_cache_url", "default_api_keys", "default_api_key",
 ]
 
 #: The model used when none is named: an offline random-weight Qwen2-VL, labelled as such.
@@ -61,12 +63,23 @@ def default_catalog_url() -> str | None:
     return os.environ.get("REFSIGHT_CATALOG") or None
 
 
-def default_cache_url() -> str | None:
-    """``$REFSIGHT_CACHE``: the Redis tier's URL, ``redis://HOST:PORT/DB`` (None: no Redis tier unless configured).
+def default_redis_url() -> str | None:
+    """``$REFSIGHT_REDIS``: the Redis tier's URL, ``redis://HOST:PORT/DB`` (None: no Redis tier unless configured).
 
+    ``$REFSIGHT_CACHE``, its earlier name, is read when it is unset (with a ``DeprecationWarning``).
     It means that and nothing else (no directory of any kind is named by it).
     """
-    return os.environ.get("REFSIGHT_CACHE") or None
+    url = os.environ.get("REFSIGHT_REDIS") or None
+    if url is None and os.environ.get("REFSIGHT_CACHE"):
+        warn_renamed("$REFSIGHT_CACHE", "$REFSIGHT_REDIS", where="environment")
+        url = os.environ["REFSIGHT_CACHE"]
+    return url
+
+
+def default_cache_url() -> str | None:
+    """Deprecated name of :func:`default_redis_url`."""
+    warn_renamed("default_cache_url", "default_redis_url", where="refsight.config")
+    return default_redis_url()
 
 
 def default_api_keys() -> str:
@@ -89,7 +102,7 @@ __all__ += ["hash_memo_dir", "llama_log_enabled", "llama_cpp_source", "vllm_env_
 def hash_memo_dir() -> Path:
     """Where the checkpoint-hash memo lives: ``$REFSIGHT_HASH_MEMO_DIR``, else the model cache (:func:`model_cache_dir`).
 
-    (``$REFSIGHT_CACHE`` is the Redis tier's URL; it never names this directory.)
+    (``$REFSIGHT_REDIS`` is the Redis tier's URL; it never names this directory.)
     """
     env = os.environ.get("REFSIGHT_HASH_MEMO_DIR")
     return Path(env).expanduser() if env else model_cache_dir()

@@ -9,8 +9,8 @@ below take that value and never work any of it out again, so
 - a package key is derived in one place (:meth:`RequestContext.package_key`);
 - settings are merged in one place (:meth:`Models.options`: the config file's ``[backend]``,
   then that model's ``[models."NAME"]``, then the explicit options the caller gave);
-- ``use_cache`` / ``use_kv_cache`` travel as they were given, down to the backend request
-  (:attr:`RequestContext.reuses_prefix` decides whether a request gets the prefix-state cache).
+- ``use_cache`` travels as it was given, down to the backend request; ``prefix_states`` is
+  decided here, once: a request gets the prefix-state cache only with packages (``use_cache``).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class Models:
         return backend
 
     def context(
-        self, namespace: str, model: str | None = None, *, use_cache: bool = True, use_kv_cache: bool = True
+        self, namespace: str, model: str | None = None, *, use_cache: bool = True, prefix_states: bool = True
     ) -> RequestContext:
         """The context of one request by ``namespace``: its scope, ``model`` (default: :attr:`default`), the switches."""
         if not isinstance(namespace, str) or not namespace:
@@ -76,12 +76,12 @@ class Models:
         check_text(namespace, "namespace")
         if model is not None and (not isinstance(model, str) or not model):
             raise InvalidInputError("model", f"must be a model name, not {model!r}")
-        for name, value in (("use_cache", use_cache), ("use_kv_cache", use_kv_cache)):
+        for name, value in (("use_cache", use_cache), ("prefix_states", prefix_states)):
             if not isinstance(value, bool):
                 raise InvalidInputError(name, f"must be true or false, not {value!r}")
         return RequestContext(
             namespace=namespace, scope=None if self.share_packages else namespace, model=model or self.default,
-            models=self, use_cache=use_cache, use_kv_cache=use_kv_cache,
+            models=self, use_cache=use_cache, prefix_states=use_cache and prefix_states,
         )
 
     def loaded(self) -> list[Backend]:
@@ -104,8 +104,9 @@ class RequestContext:
     models: Models = field(repr=False, compare=False)
     #: Packages (True) or pixels, the runtime's own fresh path (False).
     use_cache: bool = True
-    #: Reuse the language model's state after the reference prefix (only with ``use_cache``).
-    use_kv_cache: bool = True
+    #: Reuse stored reference-prefix states (the language model's state after the references): the
+    #: caller did not opt out, and packages are used (pixels give no package keys to key a state by).
+    prefix_states: bool = True
 
     @property
     def backend(self) -> Backend:
@@ -116,11 +117,6 @@ class RequestContext:
     def options(self) -> BackendOptions:
         """The model's merged options (what an ingest worker loads the backend with)."""
         return self.models.options(self.model)
-
-    @property
-    def reuses_prefix(self) -> bool:
-        """Whether requests get the prefix-state cache: packages, and the caller did not opt out."""
-        return self.use_cache and self.use_kv_cache
 
     def package_key(self, image_sha256: str, fingerprint: EncoderFingerprint | None = None) -> str:
         """The key of ``image_sha256``'s package in this context (``fingerprint``: the backend's, unless given)."""

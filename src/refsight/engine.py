@@ -272,7 +272,7 @@ class Engine:
         :class:`~refsight.errors.ContextLengthError` before the language model runs (:mod:`refsight.prompt_size`).
         """
         context = self.context(namespace, model, use_cache=use_cache, prefix_states=prefix_states, use_kv_cache=use_kv_cache)
-        _check_prompt_texts(segments, json_schema, sampling)
+        _check_prompt_texts(segments, json_schema)
         backend = context.backend
         sampling = sampling or Sampling()
         check_supported(sampling, backend.sampling_fields, backend.name)
@@ -417,11 +417,10 @@ class Engine:
         return progress_bar(total, description, enabled=self.progress)
 
 
-def _check_prompt_texts(segments: Sequence[Any], json_schema: Any, sampling: Sampling | None) -> None:
-    """Every text a prompt carries must be valid Unicode (a backend request encodes it, and so would a log)."""
+def _check_prompt_texts(segments: Sequence[Any], json_schema: Any) -> None:
+    """Every text a prompt carries must be valid Unicode (a backend request encodes it, and so would a log;
+    the stop strings are :class:`Sampling`'s own rule)."""
     for i, segment in enumerate(segments):
         if isinstance(segment, str):
             check_text(segment, f"segments[{i}]")
     check_texts(json_schema, "json_schema")
-    if sampling is not None:
-        check_texts(list(sampling.stop), "stop")

@@ -8,9 +8,9 @@ store's :class:`~refsight.store.counters.CounterBuffer` (reads never write SQL).
 
 The engine hands :attr:`Engine.prefixes <refsight.Engine>` to a backend on each request
 (``GenerationRequest.prefix_cache``, set by :meth:`PrefixStateCache.for_request` from the request
-context) unless the caller opted out (``use_kv_cache=False``, ``--no-kv-cache``) or sends pixels
-(``use_cache=False``). States are keyed by the references' *package* keys, so with isolated
-tenants (``share_packages=False``) they are isolated too.
+context) unless the caller opted out (``prefix_states=False``, ``--no-prefix-states``) or sends pixels
+(``use_cache=False``). States are keyed by the references' *package* keys, so when tenants do not
+share packages (``share_packages=False``) they share no states either.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class PrefixStateCache:
 
     def for_request(self, context: RequestContext) -> PrefixStateCache | None:
         """What a request's ``GenerationRequest.prefix_cache`` is: this cache, or None when the context opts out."""
-        return self if context.reuses_prefix else None
+        return self if context.prefix_states else None
 
     def get(self, key: str) -> PrefixState | None:
         """The stored state (a hit: its build time counts as saved), or None (a miss)."""

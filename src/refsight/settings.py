@@ -15,7 +15,7 @@
     revision = "main"
 
     [store]                        # the package store (flags and Engine arguments win)
-    cache = "redis://127.0.0.1:6379/0"   # the Redis tier between memory and disk
+    redis = "redis://127.0.0.1:6379/0"   # the Redis tier between memory and disk ("cache", its earlier name, still read)
     max_package_bytes = "50GiB"          # byte quota on packages, least recently used evicted
     memory_bytes = "2GiB"                # the process's memory tier
 
@@ -36,6 +36,7 @@ from typing import Any, Mapping
 
 from .backends.options import OPTION_HELP, BackendOptions, parse_key_values
 from .config import default_store_dir
+from .deprecation import warn_renamed
 from .errors import InvalidInputError
 from .inputs.jsonlimits import MAX_JSON_DEPTH, json_depth
 from .inputs.reading import FileReadError, read_regular_file
@@ -52,14 +53,14 @@ __all__ = [
 #: The file looked for in the store directory.
 CONFIG_NAME = "refsight.toml"
 _TABLES = ("backend", "models", "store")
-_STORE_KEYS = ("cache", "max_package_bytes", "memory_bytes")
+_STORE_KEYS = ("redis", "max_package_bytes", "memory_bytes", "cache")  # cache: the deprecated name of redis
 
 
 @dataclass(frozen=True)
 class StoreSettings:
     """``[store]``: the Redis tier's URL, the byte quota on packages, the memory tier's budget."""
 
-    cache: str | None = None
+    redis: str | None = None
     max_package_bytes: int | None = None
     memory_bytes: int | None = None
 
@@ -74,7 +75,7 @@ class Settings:
     backend: BackendOptions = field(default_factory=BackendOptions)
     #: ``[models."NAME"]``: options for one model, over ``backend``.
     models: Mapping[str, BackendOptions] = field(default_factory=dict)
-    #: ``[store]``: cache tier, quota, memory budget.
+    #: ``[store]``: Redis tier, quota, memory budget.
     store: StoreSettings = field(default_factory=StoreSettings)
 
     def backend_options(self, model: str, explicit: BackendOptions | None = None) -> BackendOptions:
@@ -83,12 +84,12 @@ class Settings:
         return self.backend.merged(self.models.get(model)).merged(explicit)
 
     def store_options(
-        self, memory_bytes: int | None = None, cache: str | None = None, max_package_bytes: int | str | None = None
+        self, memory_bytes: int | None = None, redis: str | None = None, max_package_bytes: int | str | None = None
     ) -> dict[str, Any]:
         """:func:`~refsight.store.open_store` keywords: the explicit values, else ``[store]``'s."""
         options = {
             "memory_bytes": memory_bytes if memory_bytes is not None else self.store.memory_bytes,
-            "cache": cache if cache is not None else self.store.cache,
+            "redis": redis if redis is not None else self.store.redis,
             "max_package_bytes": max_package_bytes if max_package_bytes is not None else self.store.max_package_bytes,
         }
         return {k: v for k, v in options.items() if v is not None}
@@ -96,7 +97,7 @@ class Settings:
 
 def open_configured_store(
     store: str | os.PathLike | Store | None, settings: Settings | None, memory_bytes: int | None = None,
-    cache: str | None = None, max_package_bytes: int | str | None = None, **options: Any,
+    redis: str | None = None, max_package_bytes: int | str | None = None, **options: Any,
 ) -> tuple[Store, Settings | None, bool]:
     """``(store, settings read for it, whether it was opened here)``: an open ``Store`` as it is; else
     the directory (default: :func:`~refsight.config.default_store_dir`) opened with the explicit
@@ -106,7 +107,7 @@ def open_configured_store(
         return store, settings, False
     root = Path(store) if store is not None else default_store_dir()
     settings = settings if settings is not None else load_settings(root)
-    return open_store(root, **settings.store_options(memory_bytes, cache, max_package_bytes), **options), settings, True
+    return open_store(root, **settings.store_options(memory_bytes, redis, max_package_bytes), **options), settings, True
 
 
 def _options(data: Any, file: Path, table: str) -> BackendOptions:
@@ -186,11 +187,16 @@ def _store(data: Any, file: Path) -> StoreSettings:
     unknown = sorted(set(data) - set(_STORE_KEYS))
     if unknown:
         raise InvalidInputError(f"{file} [store] {', '.join(unknown)}", f"unknown key; known: {', '.join(_STORE_KEYS)}")
-    cache = data.get("cache")
-    if cache is not None and not isinstance(cache, str):
-        raise InvalidInputError(f"{file} [store] cache", f"must be a redis:// URL string, not {cache!r}")
+    key = "cache" if "cache" in data else "redis"
+    if key == "cache":  # the earlier name of redis
+        if "redis" in data:
+            raise InvalidInputError(f"{file} [store] cache", "is the deprecated name of redis: give one of them, not both")
+        warn_renamed("cache", "redis", where=f"{file} [store]")
+    redis = data.get(key)
+    if redis is not None and not isinstance(redis, str):
+        raise InvalidInputError(f"{file} [store] {key}", f"must be a redis:// URL string, not {redis!r}")
     sizes = {
         name: parse_bytes(data[name], name=f"{file} [store] {name}", minimum=minimum) if name in data else None
         for name, minimum in (("max_package_bytes", 1), ("memory_bytes", 0))
     }
-    return StoreSettings(cache=cache, **sizes)
+    return StoreSettings(redis=redis, **sizes)

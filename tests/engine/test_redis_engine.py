@@ -30,7 +30,7 @@ def _corrupt(path) -> None:
 @pytest.mark.parametrize("redis_copy", ["evicted", "corrupt"])
 def test_a_corrupt_disk_blob_is_never_served_and_re_encoded_from_the_kept_image(tmp_path, photo, redis_server, redis_copy):
     store = tmp_path / "store"
-    with Engine(store, model="toy", cache=redis_server.url, memory_bytes=0) as engine:
+    with Engine(store, model="toy", redis=redis_server.url, memory_bytes=0) as engine:
         added = engine.add(photo("chelsea"), attributes=[])
         expected = engine.reference_package(engine.reference(added.ref_id)).package.tensors["features"].clone()
     client = redis.Redis.from_url(redis_server.url)
@@ -40,7 +40,7 @@ def test_a_corrupt_disk_blob_is_never_served_and_re_encoded_from_the_kept_image(
         name = client.keys("refsight:pkg:*")[0]
         client.set(name, client.get(name)[:-3] + b"xyz")
     _corrupt(next((store / "packages").rglob(f"{added.package_key}*")))
-    with Engine(store, model="toy", cache=redis_server.url, memory_bytes=0) as engine:
+    with Engine(store, model="toy", redis=redis_server.url, memory_bytes=0) as engine:
         found = engine.reference_package(engine.reference(added.ref_id))
         assert found.cached is False and found.package.tensors["features"].equal(expected)
         assert engine.verify().ok  # the disk copy was replaced by the re-encoded package
@@ -52,7 +52,7 @@ def test_a_corrupt_disk_blob_is_never_served_and_re_encoded_from_the_kept_image(
 
 
 def test_a_quota_eviction_drops_every_tier_and_the_next_use_re_encodes(tmp_path, photo, redis_server):
-    with Engine(tmp_path / "store", model="toy", cache=redis_server.url, max_package_bytes=1) as engine:
+    with Engine(tmp_path / "store", model="toy", redis=redis_server.url, max_package_bytes=1) as engine:
         first = engine.add(photo("chelsea"), attributes=[])
         engine.add(photo("coffee"), attributes=[])
         assert not engine.store.local.contains(first.package_key)

@@ -100,7 +100,7 @@ def test_model_work_runs_off_the_event_loop(make_server, slow_model):
 @pytest.mark.parametrize("share", [False, True], ids=["isolated-tenants", "shared-encodes"])
 def test_concurrent_adds_of_one_new_image_encode_it_once(make_server, slow_model, share):
     live = make_server(
-        model=slow_model, workers=8, keys={"tenant-a-key-123": "a", "tenant-b-key-456": "b"}, share_encodes=share
+        model=slow_model, workers=8, keys={"tenant-a-key-123": "a", "tenant-b-key-456": "b"}, share_packages=share
     )
     backend = get_backend(slow_model)
     before = backend.images_encoded

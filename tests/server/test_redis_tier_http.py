@@ -1,5 +1,5 @@
 """The Redis tier behind a live server (real Redis, real HTTP): stopped mid-run, no request fails;
-back, it refills; each tier's figures in ``/v1/stats`` and ``/metrics``; ``refsight serve --cache``."""
+back, it refills; each tier's figures in ``/v1/stats`` and ``/metrics``; ``refsight serve --redis``."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _compare(client: httpx.Client) -> httpx.Response:
 
 def test_redis_stopped_mid_run_no_request_fails_and_back_it_refills(make_server, redis_server):
     # No memory tier: every reference is read from Redis or disk (and each candidate encoded anew)
-    server = make_server(cache=redis_server.url, memory_bytes=0, ingest_attributes=())
+    server = make_server(redis=redis_server.url, memory_bytes=0, ingest_attributes=())
     COMPARES[0] = 0
     with server.client() as client:
         for name in NAMES:
@@ -78,7 +78,7 @@ def test_redis_stopped_mid_run_no_request_fails_and_back_it_refills(make_server,
 
 
 def test_refsight_serve_takes_cache_and_quota_flags(tmp_path, redis_server):
-    server = ServeProcess(tmp_path / "store", "--attributes", "none", "--cache", redis_server.url,
+    server = ServeProcess(tmp_path / "store", "--attributes", "none", "--redis", redis_server.url,
                           "--max-package-bytes", "64MiB").wait_ready()
     try:
         added = httpx.post(f"{server.url}/v1/references", json={"image": b64(photo_png("coffee")), "id": "coffee"},

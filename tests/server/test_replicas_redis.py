@@ -40,7 +40,7 @@ def test_two_replicas_share_one_redis_and_survive_its_outage(tmp_path, postgres_
     blobs.mkdir()
     (blobs / "refsight.toml").write_text("[store]\nmemory_bytes = 0\n")
     replicas = [
-        Replica(name, blobs, url, tmp_path / f"local-{name}", extra=("--cache", redis_server.url)) for name in ("a", "b")
+        Replica(name, blobs, url, tmp_path / f"local-{name}", extra=("--redis", redis_server.url)) for name in ("a", "b")
     ]
     keys = redis.Redis.from_url(redis_server.url)
     try:

@@ -189,7 +189,7 @@ def test_keys_from_the_environment_that_are_not_valid_unicode_are_refused_withou
 def test_a_thumbnail_another_tenant_fetched_is_rendered_afresh(make_server, share):
     """Issue 25 item 6: the thumbnail cache was keyed by image and size for everyone, so a tenant's
     thumbnail of an image another tenant holds came back faster at the sizes the other had fetched."""
-    live = make_server(keys=KEYS, share_encodes=share)
+    live = make_server(keys=KEYS, share_packages=share)
     png = photo_png("chelsea")
     thumbnails = live.service.thumbnails
     with live.client(KEY_A) as a, live.client(KEY_B) as b:

@@ -35,7 +35,7 @@ def _same(a, b) -> bool:
 
 def test_tier_order_memory_then_redis_then_disk_with_counts(tmp_path, redis_server):
     package = make_package(1)
-    with open_store(tmp_path / "s", memory_bytes=1 << 20, cache=redis_server.url) as store:
+    with open_store(tmp_path / "s", memory_bytes=1 << 20, redis=redis_server.url) as store:
         assert [t.name for t in store.packages.tiers] == ["memory", "redis", "disk"]
         store.packages.put(package)  # disk, then Redis, then memory
         assert _client(redis_server).exists(KEY_PREFIX + package.key) == 1
@@ -57,7 +57,7 @@ def test_tier_order_memory_then_redis_then_disk_with_counts(tmp_path, redis_serv
 def test_a_corrupt_value_is_a_miss_deleted_and_refilled_from_disk(tmp_path, redis_server, damage):
     package, other = make_package(1), make_package(2)
     client = _client(redis_server)
-    with open_store(tmp_path / "s", memory_bytes=0, cache=redis_server.url) as store:
+    with open_store(tmp_path / "s", memory_bytes=0, redis=redis_server.url) as store:
         store.packages.put(package)
         store.packages.put(other)
         name = KEY_PREFIX + package.key
@@ -84,7 +84,7 @@ def test_maxmemory_lru_evictions_are_misses_served_from_disk(tmp_path):
     try:
         # 40 packages of ~130 KB: far more than Redis may keep
         packages = [make_package(n, tokens=1024, dims=64) for n in range(40)]
-        with open_store(tmp_path / "s", memory_bytes=0, cache=server.url) as store:
+        with open_store(tmp_path / "s", memory_bytes=0, redis=server.url) as store:
             for package in packages:
                 store.packages.put(package)
             held = _client(server).dbsize()
@@ -103,7 +103,7 @@ def test_redis_stopped_mid_run_fails_no_read_backs_off_and_refills_when_back(tmp
     failures: list[BaseException] = []
     served = [0]
     stop = threading.Event()
-    with open_store(tmp_path / "s", memory_bytes=0, cache=redis_server.url) as store:
+    with open_store(tmp_path / "s", memory_bytes=0, redis=redis_server.url) as store:
         for package in packages:
             store.packages.put(package)
 
@@ -147,7 +147,7 @@ def test_redis_stopped_mid_run_fails_no_read_backs_off_and_refills_when_back(tmp
 
 def test_a_hung_redis_costs_one_short_timeout_then_nothing(tmp_path, redis_server):
     package = make_package(1)
-    with open_store(tmp_path / "s", memory_bytes=0, cache=redis_server.url) as store:
+    with open_store(tmp_path / "s", memory_bytes=0, redis=redis_server.url) as store:
         store.packages.put(package)
         os.kill(redis_server._proc.pid, signal.SIGSTOP)  # accepts nothing, answers nothing
         try:
@@ -167,12 +167,12 @@ def test_an_unreachable_redis_at_open_is_an_outage_and_a_bad_url_an_error(tmp_pa
     port = redis_server.port
     redis_server.stop()
     package = make_package(1)
-    with open_store(tmp_path / "s", memory_bytes=0, cache=f"redis://127.0.0.1:{port}/0") as store:
+    with open_store(tmp_path / "s", memory_bytes=0, redis=f"redis://127.0.0.1:{port}/0") as store:
         assert store.redis.available is False
         store.packages.put(package)
         assert _same(store.packages.get(package.key), package)
     with pytest.raises(InvalidInputError, match="Redis URL"):
-        open_store(tmp_path / "t", cache="http://127.0.0.1:6379")
+        open_store(tmp_path / "t", redis="http://127.0.0.1:6379")
     with pytest.raises(InvalidInputError, match="Redis URL"):
         RedisPackageStore("127.0.0.1:6379")
 
@@ -239,6 +239,6 @@ def test_a_redis_older_than_7_is_refused_at_open_naming_the_version(tmp_path):
     old = _OldRedis()
     try:
         with pytest.raises(StoreError, match=r"Redis 6\.2\.14; refsight needs Redis >= 7"):
-            open_store(tmp_path / "s", cache=f"redis://127.0.0.1:{old.port}/0")
+            open_store(tmp_path / "s", redis=f"redis://127.0.0.1:{old.port}/0")
     finally:
         old.close()

@@ -20,11 +20,12 @@ import json
 import os
 import re
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Callable
 
 from .. import InvalidInputError, RefsightError
-from ..config import default_cache_url, default_catalog_url
+from ..config import default_catalog_url, default_redis_url
 from . import judging, maintenance, models, references, serving
 from .arguments import CommandParser, UsageError, model_options, store_options
 from .context import open_engine, say
@@ -92,7 +93,7 @@ def _resolve_store_options(args: argparse.Namespace) -> None:
     args.store = getattr(args, "store", None)
     args.catalog = getattr(args, "catalog", None) or default_catalog_url()
     args.local_dir = getattr(args, "local_dir", None)
-    args.cache = getattr(args, "cache", None) or default_cache_url()
+    args.redis = getattr(args, "redis", None) or default_redis_url()
     args.max_package_bytes = getattr(args, "max_package_bytes", None)
     args.config = getattr(args, "config", None)
     args.json = getattr(args, "json", False)
@@ -106,6 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # transformers draws a bar per weight load; refsight's own bars show the work that
     # matters (ingest), so silence the hub's unless the user asked for them.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    # Python hides DeprecationWarnings outside __main__: show refsight's own (an old flag's spelling, say).
+    warnings.filterwarnings("default", category=DeprecationWarning, module=r"refsight\.")
     parser = build_parser()
     args = parser.parse_args(argv)
     _resolve_store_options(args)

@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import argparse
 import re
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import InvalidInputError, RefsightError, check_text
+from .. import InvalidInputError, RefsightError
+from ..inputs.text import check_text
 from ..config import default_model
 from ..settings import OPTION_HELP
 
 __all__ = [
     "Command", "CommandParser", "UsageError", "text_argument", "path_argument", "namespace_argument", "parse_pairs", "store_options",
-    "model_options", "EMBEDDER_HELP", "SCHEMA_HELP",
+    "model_options", "add_deprecated_spelling", "EMBEDDER_HELP", "SCHEMA_HELP",
 ]
 
 EMBEDDER_HELP = "retrieval embedder: conse (default), clip:PATH or vlm:MODEL"
@@ -101,6 +103,29 @@ def parse_pairs(items: Sequence[str], flag: str) -> dict[str, str]:
     return pairs
 
 
+class _DeprecatedSpelling(argparse.Action):
+    """An earlier spelling of a flag: does what the flag does, after a DeprecationWarning naming the flag."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, flag: argparse.Action, **kwargs: Any) -> None:
+        super().__init__(
+            option_strings, dest, nargs=flag.nargs, type=flag.type, metavar=flag.metavar,
+            default=argparse.SUPPRESS, help=argparse.SUPPRESS,
+        )
+        self.flag = flag
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        new = self.flag.option_strings[-1]
+        warnings.warn(f"{option_string} is deprecated; use {new}", DeprecationWarning, stacklevel=1)
+        self.flag(parser, namespace, values, new)
+
+
+def add_deprecated_spelling(parser: argparse.ArgumentParser, flag: argparse.Action, old: str) -> None:
+    """Accept ``old``, an earlier spelling of ``flag`` (an action of ``parser``), hidden from ``--help``:
+    it does what ``flag`` does and warns (``DeprecationWarning``, shown by the ``refsight`` command)."""
+    parser.add_argument(old, action=_DeprecatedSpelling, flag=flag, dest=flag.dest)
+
+
 #: The options every command takes: (flag, metavar, type, help); each defaults to "not given".
 _STORE_OPTIONS = (
     ("--store", "DIR", path_argument, "store directory (default: $REFSIGHT_STORE or the user cache dir)"),
@@ -111,9 +136,9 @@ _STORE_OPTIONS = (
      "with --catalog: this replica's directory for derived data (retrieval index, attribute records)"),
     ("--config", "FILE", path_argument,
      "config file of backend options (default: refsight.toml in the store directory); flags override it"),
-    ("--cache", "URL", text_argument,
-     "Redis tier between memory and disk, e.g. redis://127.0.0.1:6379/0 (Redis >= 7; default: $REFSIGHT_CACHE, "
-     "else [store] cache in refsight.toml)"),
+    ("--redis", "URL", text_argument,
+     "Redis tier between memory and disk, e.g. redis://127.0.0.1:6379/0 (Redis >= 7; default: $REFSIGHT_REDIS, "
+     "else [store] redis in refsight.toml)"),
     ("--max-package-bytes", "SIZE", text_argument,
      "byte quota on packages, e.g. 20GiB: least recently used ones are evicted (re-encoded when needed)"),
     ("--namespace", "NAME", namespace_argument,
@@ -127,7 +152,9 @@ def store_options() -> argparse.ArgumentParser:
     common = CommandParser(add_help=False)
     for flag, metavar, kind, help_text in _STORE_OPTIONS:
         # SUPPRESS: given before or after the command, the one the user typed wins (see cli._resolve_store_options).
-        common.add_argument(flag, metavar=metavar, type=kind, default=argparse.SUPPRESS, help=help_text)
+        action = common.add_argument(flag, metavar=metavar, type=kind, default=argparse.SUPPRESS, help=help_text)
+        if flag == "--redis":
+            add_deprecated_spelling(common, action, "--cache")
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON lines")
     common.add_argument("--quiet", action="store_true", default=argparse.SUPPRESS,
                         help="no progress on stderr (bars and stage lines show only on a terminal anyway)")

@@ -1,7 +1,7 @@
 """What a command runs with: the engine its flags describe, and how it prints.
 
 Human output may carry user or model text, so its control characters are shown, not
-obeyed (:func:`refsight.escape_controls`); ``--json`` prints one JSON document a line.
+obeyed (:func:`refsight.inputs.terminal.escape_controls`); ``--json`` prints one JSON document a line.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any, Callable
 
-from .. import escape_controls, printable_text
+from ..inputs.terminal import escape_controls
+from ..inputs.text import printable_text
 from ..config import default_store_dir
 from ..settings import OPTION_HELP, BackendOptions, Settings, apply_threads, load_settings, parse_key_values, thread_budget
 
@@ -87,7 +88,7 @@ def open_engine(args: argparse.Namespace) -> Engine:
         progress=shows_progress(args),
         backend_options=backend_options(args),
         settings=settings_of(args),
-        cache=args.cache,
+        redis=args.redis,
         max_package_bytes=args.max_package_bytes,
         **({"namespace": args.namespace} if getattr(args, "namespace", None) else {}),
     )

@@ -66,8 +66,8 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
     keys = config.resolved_keys()
     config.validate(keys)
     tenants = Tenants(keys)
-    # Tenants are isolated (keys salted by namespace) unless the operator chose to share encodes.
-    service = Service(config, share_packages=config.share_encodes or not tenants.enabled)
+    # Tenants are isolated (keys salted by namespace) unless the operator chose to share packages.
+    service = Service(config, share_packages=config.share_packages or not tenants.enabled)
     pool = WorkPool(config.workers, config.queue)
 
     @asynccontextmanager

@@ -14,9 +14,11 @@ import re
 from typing import Any, Literal
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
-from .. import MAX_WHERE_KEYS, check_json_depth, check_text, check_texts, load_json
+from .. import MAX_WHERE_KEYS
+from ..inputs.jsonlimits import check_json_depth, load_json
+from ..inputs.text import check_text, check_texts
 from .errors import ApiError
 
 __all__ = [
@@ -65,8 +67,10 @@ class CompareBody(BaseModel):
     )
     reranker: Literal["vlm", "embedding"] = Field("vlm", description="vlm: P(yes) in one forward pass; embedding: cosine")
     use_cache: bool = Field(True, description="false re-encodes the references (same verdicts, slower)")
-    use_kv_cache: bool = Field(
-        True, description="false prefills the references' prompt prefix afresh instead of reusing its stored KV state"
+    prefix_states: bool = Field(
+        True, validation_alias=AliasChoices("prefix_states", "use_kv_cache"),
+        description="false prefills the references' prompt prefix afresh instead of reusing its stored state "
+                    "(use_kv_cache: its deprecated name, still read)",
     )
     force_vlm: bool = Field(False, description="send every criterion to the VLM, none to the attribute records")
 

@@ -5,7 +5,7 @@ a dictionary look-up. Keyed by image hash and size alone, one tenant's fetch wou
 another tenant's fetch of the same image fast, and the difference in time tells the second
 tenant that someone holds that image (issue 25: 1.6 ms against 5.2 ms). So every entry is
 keyed by a *scope* as well: the tenant's namespace when tenants are isolated, ``None`` when
-they share encodes (``refsight serve --share-encodes``, or a server without keys), exactly
+they share packages (``refsight serve --share-packages``, or a server without keys), exactly
 like the package keys of :class:`refsight.Engine`.
 
 A miss must not cost what the whole image costs (issue 38: 8 concurrent thumbnails of a

@@ -23,6 +23,7 @@ import tempfile
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
+from ..deprecation import renamed
 from ..errors import StoreError
 from ..results import PruneReport, QuotaReport
 from ._failures import store_failure, unavailable_reason
@@ -172,40 +173,42 @@ def open_store(
     memory_bytes: int = DEFAULT_MEMORY_BYTES,
     catalog: str | None = None,
     local_dir: str | os.PathLike | None = None,
-    cache: str | None = None,
+    redis: str | None = None,
     max_package_bytes: int | str | None = None,
+    cache: str | None = None,
 ) -> Store:
     """Open (creating if needed) the store in directory ``root``.
 
     ``catalog`` (``postgresql://user@host/db``) puts the catalog and package index in
     PostgreSQL, shared by every replica that opens the same ``root`` with it; ``local_dir``
     is then this replica's directory for derived data (default: one per catalog and root
-    under the user cache dir). ``cache`` is a Redis URL (``redis://HOST:PORT/DB``) for the
-    tier between memory and disk; ``max_package_bytes`` a byte quota on packages (an int or
+    under the user cache dir). ``redis`` is a Redis URL (``redis://HOST:PORT/DB``) for the
+    tier between memory and disk (``cache``: its deprecated name); ``max_package_bytes`` a byte quota on packages (an int or
     ``"20GiB"``). Raises :class:`StoreError` when the directory cannot be created or written,
     when ``root`` holds a database that is not a refsight store (or a newer one), and
     :class:`StoreUnavailableError` when PostgreSQL cannot be reached;
-    :class:`~refsight.errors.InvalidInputError` for a bad cache URL or quota.
+    :class:`~refsight.errors.InvalidInputError` for a bad Redis URL or quota.
     """
     path = Path(os.path.expanduser(os.fspath(root)))
     if catalog is not None and not is_catalog_url(catalog):
         raise StoreError(f"--catalog takes a postgresql:// URL (got {redact_url(str(catalog))!r})")
     quota = None if max_package_bytes is None else parse_bytes(max_package_bytes)  # bad values fail before any file
-    redis = None
-    if cache is not None:
+    redis = renamed("cache", cache, "redis", redis, where="open_store")
+    tier = None
+    if redis is not None:
         from .redis_tier import RedisPackageStore
 
-        redis = RedisPackageStore(cache)
+        tier = RedisPackageStore(redis)
     try:
-        return _open(path, memory_bytes, catalog, local_dir, redis=redis, quota=quota)
+        return _open(path, memory_bytes, catalog, local_dir, redis=tier, quota=quota)
     except OSError as exc:
         # ENAMETOOLONG, ELOOP, EACCES on a parent ...: a StoreError naming the path, not a traceback.
-        if redis is not None:
-            redis.close()
+        if tier is not None:
+            tier.close()
         raise store_failure(exc, path, f"cannot open store directory {path}") from exc
     except BaseException:
-        if redis is not None:
-            redis.close()
+        if tier is not None:
+            tier.close()
         raise
 
 
