@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .. import escape_controls
+from ..inputs.terminal import escape_controls
 from .arguments import SCHEMA_HELP, Command, UsageError, parse_pairs, path_argument
 from .context import emit, open_engine, say, show
 from .tables import format_ms, iso_time, model_names, size, table

@@ -26,7 +26,9 @@ from typing import Any, Callable, TypeVar
 import anyio
 import anyio.to_thread
 
-from .. import MAX_JSON_DEPTH, InvalidInputError, check_text, check_texts, json_depth
+from .. import MAX_JSON_DEPTH, InvalidInputError
+from ..inputs.jsonlimits import json_depth
+from ..inputs.text import check_text, check_texts
 from .errors import ApiError, error_response, error_response_for
 
 __all__ = ["BodyLimitMiddleware", "WorkPool"]

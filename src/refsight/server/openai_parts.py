@@ -18,7 +18,8 @@ Nothing ever stands in for the image a part names: every case is the pixels it s
 One request may name at most ``ServerConfig.max_images_per_request`` images (sent, looked up or
 stored references alike: each is model work and prompt tokens) and decode at most
 ``ServerConfig.max_request_pixels`` pixels in total, checked from each image's header before its
-pixels are decoded: the decoded images live until the request ends, so this bounds its memory.
+pixels are decoded. Each image's decoded pixels are released once it is checked and hashed (and again
+once it is encoded), so a request holds one decoded image at a time.
 A uuid sent with pixels is remembered only when the request succeeds (:meth:`PartResolver.commit`).
 """
 
@@ -34,7 +35,8 @@ from urllib.parse import unquote, urlsplit
 from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field
 
-from .. import ReferenceSegment, check_text
+from .. import ReferenceSegment
+from ..inputs.text import check_text
 from .bodies import decode_data_url
 from .errors import ApiError
 from .media_uuids import MAX_UUID_CHARS, MediaUuids, UuidUse
@@ -141,6 +143,8 @@ class PartResolver:
         image = self.decode(data, label or where)
         width, height = image.size
         self.pixels += width * height
+        # Decoded to check and hash it; decoded again only while it is encoded, one image at a time.
+        image.release()
         return image
 
     def commit(self) -> list[UuidUse]:

@@ -4,7 +4,7 @@ A value read back from the store (metadata, an id, a model's text) could hold a 
 surrogate that got in before intake refused them, or through a path that does not check.
 Encoding it as UTF-8 raises, and a listing would answer 500 for as long as the row exists.
 :class:`TextSafeJSONResponse` encodes as usual and, only when that fails, again with every
-lone surrogate replaced by U+FFFD (:func:`refsight.printable_text`): the reply is valid
+lone surrogate replaced by U+FFFD (:func:`refsight.inputs.text.printable_text`): the reply is valid
 UTF-8 JSON and says, visibly, that a character could not be shown.
 """
 
@@ -15,13 +15,13 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from .. import printable_text
+from ..inputs.text import printable_text
 
 __all__ = ["TextSafeJSONResponse", "printable_data"]
 
 
 def printable_data(value: Any) -> Any:
-    """``value`` (JSON-ready data) with :func:`refsight.printable_text` applied to every string, keys included."""
+    """``value`` (JSON-ready data) with :func:`refsight.inputs.text.printable_text` applied to every string, keys included."""
     if isinstance(value, str):
         return printable_text(value)
     if isinstance(value, dict):

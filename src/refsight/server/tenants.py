@@ -24,7 +24,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .. import FileReadError, is_valid_text, read_regular_file
+from ..inputs.reading import FileReadError, read_regular_file
+from ..inputs.text import is_valid_text
 from ..config import default_api_keys
 from ..errors import InvalidInputError
 
