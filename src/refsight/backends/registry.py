@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from ..errors import BackendError, RefsightError, UnknownModelError
 from ..package import canonical_json
-from ..plugins import load_factory
+from ..plugins import find_target, load_factory
 from .base import Backend
 from .tiny_families import FAMILY_SPECS
 
@@ -80,6 +80,13 @@ _BUILTINS: dict[str, str] = {
 }
 # The tiny checkpoints of the families the generic transformers backend serves (tiny_families.py).
 _BUILTINS.update({name: "refsight.backends.tiny:load_tiny" for name in FAMILY_SPECS})
+#: Name prefixes whose remainder names a model of that runtime (a checkpoint, a GGUF, a server's model, an Ollama tag).
+_RUNTIMES: dict[str, str] = {
+    HF_PREFIX: "refsight.backends.hf:load_hf_backend",
+    LLAMACPP_PREFIX: "refsight.backends.llamacpp:load_llamacpp_backend",
+    VLLM_PREFIX: "refsight.backends.vllm.loading:load_vllm_backend",
+    OLLAMA_PREFIX: "refsight.backends.llamacpp.ollama_store:load_ollama_backend",
+}
 _registered: dict[str, str | Callable[..., Backend]] = {}
 _instances: dict[tuple[str, str], Backend] = {}
 _lock = threading.Lock()
@@ -103,15 +110,7 @@ def available_models() -> list[str]:
 
 def resolve_factory(name: str) -> Callable[..., Backend]:
     """The factory registered for ``name``; raises :class:`UnknownModelError`."""
-    target = _registered.get(name) or _plugin_entries().get(name) or _BUILTINS.get(name)
-    if target is None and name.startswith(HF_PREFIX) and len(name) > len(HF_PREFIX):
-        target = "refsight.backends.hf:load_hf_backend"
-    if target is None and name.startswith(LLAMACPP_PREFIX) and len(name) > len(LLAMACPP_PREFIX):
-        target = "refsight.backends.llamacpp:load_llamacpp_backend"
-    if target is None and name.startswith(VLLM_PREFIX) and len(name) > len(VLLM_PREFIX):
-        target = "refsight.backends.vllm.loading:load_vllm_backend"
-    if target is None and name.startswith(OLLAMA_PREFIX) and len(name) > len(OLLAMA_PREFIX):
-        target = "refsight.backends.llamacpp.ollama_store:load_ollama_backend"
+    target = find_target(name, (_registered, _plugin_entries(), _BUILTINS), _RUNTIMES)
     if target is None:
         raise UnknownModelError(name, available_models())
     return load_factory(target, name, BackendError, "backend")

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from refsight.errors import ModelLoadError, UnknownModelError
 from refsight.models._errors import embedder_errors
-from refsight.plugins import load_factory
+from refsight.plugins import find_target, load_factory
 
 if TYPE_CHECKING:  # pragma: no cover
     from refsight.models.embedders import Embedder
@@ -70,11 +70,7 @@ def available_embedders() -> list[str]:
 
 
 def _factory(name: str) -> Callable[[str], Embedder]:
-    target = _registered.get(name) or _plugin_entries().get(name) or _BUILTINS.get(name)
-    if target is None:
-        prefix, sep, rest = name.partition(":")
-        if sep and rest:
-            target = _FAMILIES.get(prefix + sep)
+    target = find_target(name, (_registered, _plugin_entries(), _BUILTINS), _FAMILIES)
     if target is None:
         raise UnknownModelError(name, available_embedders())
     return load_factory(target, name, ModelLoadError, "embedder")
