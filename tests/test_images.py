@@ -194,6 +194,24 @@ def test_awkward_corpus_entry_becomes_rgb(bad_image_corpus, name):
     assert result.name == str(path)
 
 
+@pytest.mark.parametrize("name", sorted(CORPUS_ACCEPTED))
+def test_released_pixels_decode_again_to_the_same_image(bad_image_corpus, name):
+    # Issue 38: a request drops each decoded image once it is encoded; asked again, it is the same image.
+    result = load_image(bad_image_corpus[name])
+    before = rgb(result).copy()
+    result.release()
+    assert result.pixels is None and result.size == (before.shape[1], before.shape[0])  # the size needs no pixels
+    assert np.array_equal(rgb(result), before) and pixel_hash(result.image) == result.sha256
+    assert result.pixels is not None  # decoded once, then held until released again
+
+
+def test_an_in_memory_image_is_released_to_its_lossless_copy():
+    image = Image.new("RGB", (40, 30), (200, 10, 90))
+    result = load_image(image)
+    result.release()
+    assert result.source_format == "PNG" and np.array_equal(np.asarray(result.image), np.asarray(image))
+
+
 def test_cmyk_jpeg_is_converted_close_to_the_photo(bad_image_corpus, real_photo):
     path = bad_image_corpus["cmyk_jpeg"]
     assert Image.open(path).mode == "CMYK"

@@ -72,18 +72,39 @@ class IntakeLimits:
 
 @dataclass(frozen=True, eq=False)
 class ImageInput:
-    """A decoded, validated, orientation-normalised RGB image and its content hash."""
+    """A decoded, validated, orientation-normalised RGB image and its content hash.
 
-    image: Image.Image
+    The decoded pixels can be dropped once they are encoded (:meth:`release`): a request naming many
+    large images then holds one decoded image at a time, not all of them (issue 38). :attr:`image`
+    decodes the kept source bytes again when asked after that, the same pixels (the same hash).
+    """
+
     sha256: str
+    size: tuple[int, int]
     source_bytes: bytes = field(repr=False, default=b"")
     source_format: str | None = None
     name: str | None = None
+    #: The decoded pixels while they are held (None once released); read :attr:`image`.
+    pixels: Image.Image | None = field(repr=False, default=None)
 
     @property
-    def size(self) -> tuple[int, int]:
-        """(width, height) in pixels."""
-        return self.image.size
+    def image(self) -> Image.Image:
+        """The RGB pixels, decoded again from the source bytes if they were released."""
+        pixels = self.pixels
+        if pixels is None:
+            label = self.name or f"<{len(self.source_bytes)} bytes>"
+            width, height = self.size
+            # These bytes passed every limit once; only their own size is allowed now.
+            limits = IntakeLimits(max_pixels=width * height, max_bytes=len(self.source_bytes),
+                                  max_aspect_ratio=float("inf"))
+            pixels = _normalise(label, _open_pixels(self.source_bytes, label, limits)[0])
+            object.__setattr__(self, "pixels", pixels)  # frozen for callers; the cache of the pixels is ours
+        return pixels
+
+    def release(self) -> None:
+        """Drop the decoded pixels (kept as the source bytes); a no-op for an image without source bytes."""
+        if self.source_bytes:
+            object.__setattr__(self, "pixels", None)
 
 
 def pixel_hash(image: Image.Image) -> str:
@@ -130,6 +151,12 @@ def load_image(source: ImageSource, *, limits: IntakeLimits = IntakeLimits(), na
 
 
 def _decode(data: bytes, label: str, limits: IntakeLimits) -> ImageInput:
+    img, fmt = _open_pixels(data, label, limits)
+    return _finish(_normalise(label, img), data, fmt, label)
+
+
+def _open_pixels(data: bytes, label: str, limits: IntakeLimits) -> tuple[Image.Image, str | None]:
+    """The first frame of ``data`` decoded as stored (not yet normalised) and its format; ImageError else."""
     if not data:
         raise ImageError(label, "empty file (0 bytes)")
     if len(data) > limits.max_bytes:
@@ -158,7 +185,7 @@ def _decode(data: bytes, label: str, limits: IntakeLimits) -> ImageInput:
             if "truncated" in reason.lower() or isinstance(e, EOFError):
                 reason = f"truncated or incomplete image data ({reason})"
             raise ImageError(label, f"cannot decode {fmt} image: {reason}") from None
-    return _finish(_normalise(label, img), data, fmt, label)
+    return img, fmt
 
 
 def _unidentified_reason(data: bytes) -> str:
@@ -233,4 +260,5 @@ def _finish(img: Image.Image, data: bytes | None, fmt: str | None, label: str) -
         buffer = io.BytesIO()
         img.save(buffer, format="PNG")
         data, fmt = buffer.getvalue(), fmt or "PNG"
-    return ImageInput(image=img, sha256=pixel_hash(img), source_bytes=data, source_format=fmt, name=label)
+    return ImageInput(sha256=pixel_hash(img), size=img.size, source_bytes=data, source_format=fmt, name=label,
+                      pixels=img)

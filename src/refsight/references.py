@@ -211,8 +211,9 @@ class ReferenceBook:
     # -- removal ----------------------------------------------------------------------------
     def resolve_segments(self, context: RequestContext, segments: Sequence[Any]) -> tuple[list[Any], list[bool], float]:
         """A prompt's segments ready for a backend: text stays, references become their durable packages,
-        other images candidate packages (memory only); ``use_cache=False`` keeps pixels. Returns the
-        segments, one cached flag per image and the encode time spent (ms)."""
+        other images candidate packages (memory only; their decoded pixels released once encoded);
+        ``use_cache=False`` keeps pixels. Returns the segments, one cached flag per image and the encode
+        time spent (ms)."""
         resolved: list[Any] = []
         cached: list[bool] = []
         encode_ms = 0.0
@@ -225,6 +226,8 @@ class ReferenceBook:
             else:
                 image = load_image(segment, limits=self.limits, name=source_label(segment))
                 visual = self.packages.model_image(context, image)
+                if visual.item is not image:
+                    image.release()  # encoded: the request holds its package, not its decoded pixels
             resolved.append(visual.item)
             cached.append(visual.cached)
             encode_ms += visual.encode_ms

@@ -2,7 +2,8 @@
 (issue 38, item 1). The bound is the README's: no such request or flood raises the server's peak RSS by
 more than :data:`BOUND_MB` over its idle RSS.
 
-Three floods, each small on the wire: a chat naming 32 copies of a 3000x3000 lossless WebP (a few KB
+Three floods, each small on the wire (and, below, one request with the most images of the most pixels
+the limits allow, which holds one decoded image at a time): a chat naming 32 copies of a 3000x3000 lossless WebP (a few KB
 each: 9 megapixels decoded apiece), 8 concurrent thumbnails of a 24-megapixel reference, and a uuid
 flood (16 parts a request under 256-character uuids).
 """
@@ -29,9 +30,9 @@ def _vm_rss_mb(pid: int) -> float:
     raise AssertionError("no VmRSS")
 
 
-def _encoded(size: tuple[int, int], fmt: str, **options) -> bytes:
+def _encoded(size: tuple[int, int], fmt: str, color: tuple[int, int, int] = (30, 60, 90), **options) -> bytes:
     buffer = io.BytesIO()
-    Image.new("RGB", size, (30, 60, 90)).save(buffer, format=fmt, **options)
+    Image.new("RGB", size, color).save(buffer, format=fmt, **options)
     return buffer.getvalue()
 
 
@@ -75,3 +76,34 @@ def test_requests_within_the_limits_stay_under_the_rss_bound(tmp_path):
     assert seen["chat_32_images"] == 400 and seen["add_reference"] == 201, seen
     assert seen["uuid_flood"] == 200 and seen["thumbnails"] == 200, seen
     assert peak - idle < BOUND_MB, f"peak RSS rose {peak - idle:.0f} MB over idle {idle:.0f} MB"
+
+
+#: The most a request may hold within the limits: ``max_images_per_request`` (16) distinct images of 5 megapixels
+#: each, 80 M pixels together (``max_request_pixels``), a few KB each on the wire as lossless WebP.
+MOST_IMAGES, SIDE = 16, 2236
+#: 15 MB: one such image decoded (RGB).
+DECODED_MB = SIDE * SIDE * 3 / 2**20
+
+
+def test_a_request_holds_one_decoded_image_at_a_time(tmp_path):
+    """Each image is released once encoded (issue 38): the request's peak is about one decoded image, not 16."""
+    parts = []
+    for i in range(MOST_IMAGES):
+        webp = base64.b64encode(_encoded((SIDE, SIDE), "WEBP", lossless=True, color=(i * 15, 60, 90))).decode()
+        parts.append({"type": "image_url", "image_url": {"url": f"data:image/webp;base64,{webp}"}})
+    server = ServeProcess(tmp_path / "store").wait_ready()
+    try:
+        with httpx.Client(base_url=server.url, timeout=300) as c:
+            warm = c.post("/v1/chat/completions", json={"model": "toy", "max_tokens": 1, "messages": [
+                {"role": "user", "content": parts[:1]}]})  # the first request's one-off costs (imports, pools)
+            idle = server.peak_rss_mb()
+            chat = c.post("/v1/chat/completions", json={"model": "toy", "max_tokens": 1, "messages": [
+                {"role": "user", "content": parts}]})
+        peak = server.peak_rss_mb()
+    finally:
+        server.stop()
+    rise = peak - idle
+    print(f"{MOST_IMAGES} images of {SIDE}x{SIDE}: peak RSS {idle:.0f} MB after one image, {peak:.0f} MB after "
+          f"all, +{rise:.0f} MB ({rise / DECODED_MB:.1f} decoded images)")
+    assert warm.status_code == 200 and chat.status_code == 200, (warm.text, chat.text)
+    assert rise < 6 * DECODED_MB, f"peak RSS rose {rise:.0f} MB: {rise / DECODED_MB:.1f} decoded images held at once"

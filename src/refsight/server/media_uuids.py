@@ -50,7 +50,7 @@ class UuidUse:
 
 
 def _cost(key: tuple[str, str], image: ImageInput) -> int:
-    width, height = image.image.size
+    width, height = image.size  # never image.image: that would decode released pixels again
     # Keys are counted as UTF-8 (at most 4 bytes a character, as CPython stores at most).
     text = sum(len(part.encode("utf-8", "surrogatepass")) for part in key) + len(image.sha256)
     return width * height * 3 + len(image.source_bytes) + text + ENTRY_OVERHEAD
