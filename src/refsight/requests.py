@@ -8,8 +8,9 @@ naming the field and the reason; the engine takes the value whole and never chec
 - :class:`CompareRequest`: one compare (the candidate, the rubric, recall / rerank / judge
   knobs, the cache switches, the model and the namespace);
 - :class:`~refsight.backends.sampling.Sampling`: how tokens are picked, with the one merge of a
-  request's fields over the served model's defaults (:meth:`Sampling.merged`). It is defined
-  beside the backends, which read it, and re-exported here.
+  request's fields over the served model's defaults (:meth:`Sampling.merged`) and the one rule of
+  what a backend honours (:meth:`Sampling.unsupported`). It is defined beside the backends, which
+  read it, and re-exported here with its declared ranges (``SAMPLING_RANGES``, for a schema).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .backends.sampling import RANGES as SAMPLING_RANGES
 from .backends.sampling import Sampling
 from .deprecation import renamed
 from .errors import InvalidInputError
@@ -28,7 +30,7 @@ from .rerank import Reranker
 from .retrieval.query import check_query_text, check_recall_mode
 from .store.base import validate_ref_id
 
-__all__ = ["CompareRequest", "Sampling", "MAX_SHORTLIST"]
+__all__ = ["CompareRequest", "Sampling", "SAMPLING_RANGES", "MAX_SHORTLIST"]
 
 #: Most references one compare may recall, rerank or judge.
 MAX_SHORTLIST = 1000

@@ -5,8 +5,9 @@
 ``repetition_penalty`` as vLLM, transformers and llama.cpp name them). The default is greedy
 decoding with no stop strings, so every request that names nothing decodes exactly as
 before. A backend lists the fields it honours in ``Backend.sampling_fields``;
-:func:`unsupported_fields` names the ones a request sets that a backend would ignore,
-so callers refuse them instead of ignoring them silently.
+:meth:`Sampling.unsupported` names the ones a request sets that a backend would ignore,
+so callers refuse them instead of ignoring them silently. :meth:`Sampling.merged` is the one
+merge of a request's fields over the served model's defaults.
 
 :class:`StopText` cuts a growing text at the first stop string and tells a streamer how
 much of it is safe to show (text that could still become a stop string is held back).
@@ -16,14 +17,15 @@ This module imports no torch: it is shared by every backend and the server.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Mapping
 
 from ..errors import InvalidInputError
+from ..inputs.text import check_texts
 
 __all__ = [
-    "Sampling", "StopText", "check_supported", "unsupported_fields", "SAMPLING_FIELDS", "GREEDY_TEMPERATURE",
+    "Sampling", "StopText", "check_supported", "SAMPLING_FIELDS", "GREEDY_TEMPERATURE",
     "TOP_P_FLOOR", "TEMPERATURE_RANGE", "TOP_P_RANGE", "PENALTY_RANGE", "SEED_LIMIT", "MAX_STOP_STRINGS",
-    "TOP_K_LIMIT", "MIN_P_RANGE", "REPETITION_PENALTY_RANGE",
+    "TOP_K_LIMIT", "MIN_P_RANGE", "REPETITION_PENALTY_RANGE", "RANGES",
 ]
 
 #: Every field of :class:`Sampling`, in the OpenAI spelling.
@@ -43,6 +45,13 @@ TOP_K_LIMIT = 1 << 20
 MIN_P_RANGE = (0.0, 1.0)
 #: vLLM's range (it excludes 0: the penalty divides).
 REPETITION_PENALTY_RANGE = (0.0, 2.0)
+#: Every number field's declared range: ``(low, high, low excluded)``. ``Sampling`` checks them; the
+#: server's schema declares them (the same numbers, never a second check).
+RANGES = {
+    "temperature": (*TEMPERATURE_RANGE, False), "top_p": (*TOP_P_RANGE, True),
+    "frequency_penalty": (*PENALTY_RANGE, False), "presence_penalty": (*PENALTY_RANGE, False),
+    "min_p": (*MIN_P_RANGE, False), "repetition_penalty": (*REPETITION_PENALTY_RANGE, True),
+}
 
 #: Below this temperature tokens are picked by argmax. Float32 logits that differ at all differ by
 #: more than ``1e-10`` times their size, so a draw at such a temperature could only ever split an
@@ -94,12 +103,9 @@ class Sampling:
     repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
-        _number("temperature", self.temperature, *TEMPERATURE_RANGE)
-        _number("top_p", self.top_p, *TOP_P_RANGE, open_low=True)
-        for name in ("frequency_penalty", "presence_penalty"):
-            _number(name, getattr(self, name), *PENALTY_RANGE)
-        _number("min_p", self.min_p, *MIN_P_RANGE)
-        _number("repetition_penalty", self.repetition_penalty, *REPETITION_PENALTY_RANGE, open_low=True)
+        # Every rule of a sampling, checked here once: the front ends build a Sampling and keep no copy.
+        for name, (low, high, open_low) in RANGES.items():
+            _number(name, getattr(self, name), low, high, open_low=open_low)
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or not 0 <= self.top_k <= TOP_K_LIMIT:
             raise InvalidInputError("top_k", f"must be an integer from 0 (no limit) to {TOP_K_LIMIT}, not {self.top_k!r}")
         if self.seed is not None and (
@@ -109,7 +115,30 @@ class Sampling:
         stop = self.stop
         if not isinstance(stop, (tuple, list)) or len(stop) > MAX_STOP_STRINGS or any(not isinstance(s, str) or not s for s in stop):
             raise InvalidInputError("stop", f"give at most {MAX_STOP_STRINGS} non-empty strings")
+        check_texts(list(stop), "stop")  # a backend request encodes them, and so would a log
         object.__setattr__(self, "stop", tuple(stop))
+
+    @classmethod
+    def merged(cls, given: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> Sampling:
+        """The one merge of a request's sampling: each field as ``given``, else as the served model's
+        ``defaults`` set it (an Ollama model's params, the server's ``--temp``), else greedy decoding's.
+
+        ``None`` means "not set". The spellings front ends receive are read here too: ``stop`` as one
+        string, ``seed: -1`` (llama-server, Ollama: a fresh seed), ``top_k: -1`` (vLLM: no limit).
+        """
+        values = {}
+        for name in SAMPLING_FIELDS:
+            value = given.get(name)
+            value = (defaults or {}).get(name) if value is None else value
+            if value is not None:
+                values[name] = value
+        if isinstance(values.get("stop"), str):
+            values["stop"] = (values["stop"],)
+        if values.get("seed") == -1:
+            del values["seed"]
+        if values.get("top_k") == -1:
+            values["top_k"] = 0
+        return cls(**values)
 
     @property
     def greedy(self) -> bool:
@@ -126,17 +155,15 @@ class Sampling:
         default = Sampling()
         return [f.name for f in fields(self) if getattr(self, f.name) != getattr(default, f.name)]
 
-
-def unsupported_fields(sampling: Sampling | None, supported: Any) -> list[str]:
-    """The fields ``sampling`` sets that a backend honouring ``supported`` (a set of names) would ignore."""
-    if sampling is None:
-        return []
-    return [name for name in sampling.non_default() if name not in supported]
+    def unsupported(self, supported: Any) -> list[str]:
+        """The fields this sampling sets that a backend honouring ``supported`` (a set of names) would ignore:
+        the one rule every caller refuses them by (the engine as an error, the server as a 400 naming the first)."""
+        return [name for name in self.non_default() if name not in supported]
 
 
 def check_supported(sampling: Sampling | None, supported: Any, backend: str) -> None:
     """Raise :class:`InvalidInputError` naming the first field ``sampling`` sets that ``backend`` would ignore."""
-    refused = unsupported_fields(sampling, supported)
+    refused = [] if sampling is None else sampling.unsupported(supported)
     if refused:
         raise InvalidInputError(refused[0], f"{backend} does not support {', '.join(refused)}")
 

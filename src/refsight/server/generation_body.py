@@ -17,6 +17,7 @@ from typing import Any, Literal, Mapping
 from pydantic import BaseModel, ConfigDict, Field
 
 from .. import InvalidInputError, Sampling
+from ..requests import SAMPLING_RANGES
 from .errors import ApiError
 
 __all__ = [
@@ -43,6 +44,13 @@ REFUSED_FIELDS: dict[str, str] = {
     "grammar": "GBNF grammars are not supported; send json_schema (or response_format) instead",
     "lora": "LoRA adapters are not supported",
 }
+
+
+def _declared(name: str, description: str | None = None) -> Any:
+    """A sampling field whose range the schema declares (:class:`Sampling`'s own numbers) and Sampling checks."""
+    low, high, open_low = SAMPLING_RANGES[name]
+    bounds = {"exclusiveMinimum" if open_low else "minimum": low, "maximum": high}
+    return Field(None, description=description, json_schema_extra=bounds)
 
 
 def _no_op(expected: Any, value: Any) -> bool:
@@ -76,16 +84,21 @@ class GenerationBody(BaseModel):
     model_config = ConfigDict(extra="allow")
     max_tokens: int | None = Field(None, ge=1)
     n_predict: int | None = Field(None, ge=-1, description="llama-server's max_tokens (-1: up to the server's limit)")
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1, description="keep the k most likely tokens (0 or -1: no limit)")
-    min_p: float | None = Field(None, ge=0, le=1)
-    repetition_penalty: float | None = Field(None, gt=0, le=2)
-    repeat_penalty: float | None = Field(None, gt=0, le=2, description="llama.cpp's name of repetition_penalty")
-    seed: int | None = Field(None, ge=-1, lt=2**63, description="-1 (llama-server): a fresh seed")
+    # The sampling fields' ranges are declared for the schema, and checked by Sampling alone (one check).
+    temperature: float | None = _declared("temperature")
+    top_p: float | None = _declared("top_p")
+    top_k: int | None = Field(
+        None, description="keep the k most likely tokens (0 or -1: no limit)", json_schema_extra={"minimum": -1}
+    )
+    min_p: float | None = _declared("min_p")
+    repetition_penalty: float | None = _declared("repetition_penalty")
+    repeat_penalty: float | None = _declared("repetition_penalty", "llama.cpp's name of repetition_penalty")
+    seed: int | None = Field(
+        None, description="-1 (llama-server): a fresh seed", json_schema_extra={"minimum": -1, "exclusiveMaximum": 2**63}
+    )
     stop: str | list[str] | None = None
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = _declared("frequency_penalty")
+    presence_penalty: float | None = _declared("presence_penalty")
     response_format: ResponseFormat | None = None
     json_schema: dict[str, Any] | None = Field(None, description="llama-server: constrain the answer to this schema")
 
@@ -130,30 +143,16 @@ class GenerationBody(BaseModel):
         """The request's :class:`Sampling` (greedy unless it says otherwise); 400 naming a bad value.
 
         ``defaults``: Sampling fields the served model sets (an Ollama model's params layer), used
-        for each field the request leaves unset.
+        for each field the request leaves unset (:meth:`Sampling.merged`, the one merge and check).
         """
-        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        if len(stop) > 4 or any(not s for s in stop):
-            raise ApiError(400, "invalid_input", "stop: give at most 4 non-empty strings", param="stop")
         penalty = self.repetition_penalty if self.repetition_penalty is not None else self.repeat_penalty
         given = {
             "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed, "top_k": self.top_k,
-            "stop": None if self.stop is None else tuple(stop), "frequency_penalty": self.frequency_penalty,
-            "presence_penalty": self.presence_penalty, "min_p": self.min_p, "repetition_penalty": penalty,
+            "stop": self.stop, "frequency_penalty": self.frequency_penalty, "presence_penalty": self.presence_penalty,
+            "min_p": self.min_p, "repetition_penalty": penalty,
         }
-        value = {k: (defaults or {}).get(k) if v is None else v for k, v in given.items()}
         try:
-            return Sampling(
-                temperature=value["temperature"] or 0.0,
-                top_p=1.0 if value["top_p"] is None else value["top_p"],
-                seed=None if value["seed"] in (None, -1) else value["seed"],
-                stop=tuple(value["stop"] or ()),
-                frequency_penalty=value["frequency_penalty"] or 0.0,
-                presence_penalty=value["presence_penalty"] or 0.0,
-                top_k=max(value["top_k"] or 0, 0),
-                min_p=value["min_p"] or 0.0,
-                repetition_penalty=1.0 if value["repetition_penalty"] is None else value["repetition_penalty"],
-            )
+            return Sampling.merged(given, defaults)
         except InvalidInputError as e:
             raise ApiError(400, "invalid_input", str(e), param=str(e.input)) from None
 

@@ -100,8 +100,7 @@ def check_generation(body: GenerationBody, service: Any, given: int | None, max_
         body.token_limit(max_limit, default=default)
     )
     sampling = body.sampling(service.sampling_defaults)
-    backend = service.engine.backend()
-    refused = [name for name in sampling.non_default() if name not in backend.sampling_fields]
+    refused = sampling.unsupported(service.engine.backend().sampling_fields)
     if refused:
         raise ApiError(
             400, "unsupported", f"{refused[0]}: the served backend ({service.model}) does not support it", param=refused[0]
