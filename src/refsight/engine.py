@@ -277,6 +277,7 @@ class Engine:
         sampling = sampling or Sampling()
         check_supported(sampling, backend.sampling_fields, backend.name)
         segments, turns = plan_turns(list(segments), turns, backend.supports_turns)
+        check_prompt_size(backend, segments, max_prompt_tokens)  # what is known before encoding: new images by size
         start = time.perf_counter()
         resolved, cached, encode_ms = self.book.resolve_segments(context, segments)
         load_ms = (time.perf_counter() - start) * 1000 - encode_ms

@@ -7,8 +7,10 @@ package by its layout, pixels by their size where the backend can tell:
 :meth:`~refsight.backends.base.Backend.image_token_count`) and refuses a prompt over the limit
 (``max_prompt_tokens``) or over the backend's context (``context_size``, llama.cpp's ``n_ctx``)
 with :class:`~refsight.errors.ContextLengthError`, llama-server's ``exceed_context_size_error``,
-before any prefill. The count leaves out the chat template's own tokens, so it is a lower bound:
-a backend with a context still checks the exact prompt itself.
+before any prefill. ``Engine.chat`` checks twice: before any image is encoded (the text and the
+new images the backend can count from their size; stored references count nothing yet), then
+with every image resolved to its package. The count leaves out the chat template's own tokens,
+so it is a lower bound: a backend with a context still checks the exact prompt itself.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ __all__ = ["prompt_size", "check_prompt_size"]
 
 
 def prompt_size(backend: Any, segments: Sequence[Any]) -> tuple[int, int]:
-    """``(text tokens, image tokens)`` of a prompt's segments (text, packages or images); an image the
-    backend cannot count adds nothing."""
+    """``(text tokens, image tokens)`` of a prompt's segments (text, packages, images or references); an
+    image the backend cannot count (yet) adds nothing."""
     texts = [s for s in segments if isinstance(s, str)]
     text_tokens = backend.count_text_tokens("\n".join(texts)) if texts else 0
     image_tokens = sum(backend.image_token_count(s) or 0 for s in segments if not isinstance(s, str))

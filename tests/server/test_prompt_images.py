@@ -8,8 +8,11 @@ over ``max_prompt_tokens`` or the context is llama-server's 400 ``exceed_context
 
 from __future__ import annotations
 
+import io
+
 import pytest
-from live_server import LiveServer, b64, photo_png
+from live_server import LiveServer, b64, data_url, photo_png
+from PIL import Image
 
 #: tiny-qwen2-vl lays a 64x48 photo out as 6 tokens: 11 of them overflow this limit, one fits.
 LIMIT = 60
@@ -65,6 +68,23 @@ def _overflow(live: LiveServer, model: str, bound: int) -> None:
 
 def test_a_reference_named_past_the_prompt_limit_is_400_counting_its_tokens(limited):
     _overflow(limited, "tiny-qwen2-vl", LIMIT)
+
+
+def test_new_images_past_the_limit_are_refused_by_their_size_before_encoding(limited):
+    # Qwen lays an image out from its size alone: 16 new 64x48 images (6 tokens each) are refused unencoded.
+    parts = [{"type": "image_url", "image_url": {"url": data_url(_solid(i))}} for i in range(16)]
+    with limited.client() as c:
+        misses = c.get("/v1/stats").json()["misses"]
+        error = _refused(c.post("/v1/chat/completions", json={"model": "tiny-qwen2-vl", "max_tokens": 2, "messages": [
+            {"role": "user", "content": [*parts, {"type": "text", "text": "which?"}]}]}))
+        assert error["n_ctx"] == LIMIT and error["n_prompt_tokens"] >= 16 * 6, error
+        assert c.get("/v1/stats").json()["misses"] == misses  # no package was encoded
+
+
+def _solid(i: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (64, 48), (i * 15, 80, 160)).save(buffer, format="PNG")
+    return buffer.getvalue()
 
 
 def test_a_reference_named_past_the_context_is_400_counting_its_tokens(small_context):

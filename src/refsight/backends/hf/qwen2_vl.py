@@ -11,7 +11,7 @@ marks them for the 3D rotary positions, and the features enter through
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from ...errors import CorruptPackageError, InvalidInputError
 from ...images import ImageInput
@@ -19,6 +19,14 @@ from ...package import VisualPackage
 from .base import HFBackend
 
 __all__ = ["Qwen2VLBackend", "Qwen25VLBackend", "QwenFamilyBackend"]
+
+
+class _Size(NamedTuple):
+    """An image's size where :meth:`QwenFamilyBackend.grid_size` takes an image (it reads nothing else)."""
+
+    width: int
+    height: int
+
 
 VISION_START = "<|vision_start|>"
 VISION_END = "<|vision_end|>"
@@ -134,7 +142,8 @@ class QwenFamilyBackend(HFBackend):
     def image_token_count(self, package: VisualPackage | ImageInput) -> int | None:
         """Prompt tokens one image takes; pixels are counted from their size through the grid, before encoding."""
         if isinstance(package, ImageInput):
-            return self.grid_tokens(package.image) + 2  # the pads between <|vision_start|> and <|vision_end|>
+            # From the size alone: released pixels are not decoded again to be counted.
+            return self.grid_tokens(_Size(*package.size)) + 2  # the pads between <|vision_start|> and <|vision_end|>
         return super().image_token_count(package)
 
     def chat_prompt(self, parts: list[str]) -> str:
