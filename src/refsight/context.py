@@ -84,6 +84,11 @@ class Models:
             models=self, use_cache=use_cache, prefix_states=use_cache and prefix_states,
         )
 
+    def is_loaded(self, model: str | None = None) -> bool:
+        """Whether ``model``'s backend (default: :attr:`default`) is loaded already (nothing is loaded for this)."""
+        with self._lock:
+            return (model or self.default) in self._loaded
+
     def loaded(self) -> list[Backend]:
         """The backends loaded so far (nothing is loaded for this)."""
         with self._lock:

@@ -23,7 +23,8 @@ __all__ = [
 
 #: The compare pipeline's stages in order, one name from the CLI to the metrics: each stage that
 #: ran is timed under its name in :attr:`CompareResult.timings_ms` (beside the sub-timings
-#: ``candidate_encode``, ``reference_load``, ``attributes`` and ``total``).
+#: ``candidate_encode``, ``reference_load``, ``attributes`` and ``total``; and ``startup``, the model's
+#: first load in the process, when this compare was the one that loaded it).
 COMPARE_STAGES = ("recall", "prefilter", "rerank", "judge")
 
 
