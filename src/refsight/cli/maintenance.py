@@ -55,9 +55,8 @@ def format_stats(d: dict[str, Any]) -> str:
                 for m in d["models"] if m["hits"]]
         lines += ["per model (each avoided encode against the load that replaced it):",
                   table(("model", "encodes avoided", "encode", "load"), rows, right=(1, 2, 3), indent="  ")]
-    if d.get("tiers"):
-        rows = [(tier, f["hits"], f["misses"], size(f.get("bytes", 0))) for tier, f in d["tiers"].items()]
-        lines += ["tiers (this process):", table(("tier", "hits", "misses", "served"), rows, right=(1, 2, 3), indent="  ")]
+    # No per-tier table: its counts are this process's, and `refsight stats` is a process that has served
+    # nothing (it printed zeros). They stay in --json, and mean something in a server's /stats.
     return "\n".join(lines)
 
 
