@@ -1,4 +1,5 @@
-"""``POST /v1/compare`` with ``use_kv_cache`` and the ``refsight_prefix_*`` metrics, on a real tiny model."""
+"""``POST /v1/compare`` with ``prefix_states`` (``use_kv_cache``, its deprecated name) and the ``refsight_prefix_*`` metrics,
+on a real tiny model."""
 
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ def test_server_compare_takes_use_kv_cache_and_metrics_count_prefixes(make_serve
         assert kv.json()["results"] == fresh.json()["results"]
         bad = c.post("/v1/compare", json={**body, "use_kv_cache": "sometimes"})
         assert bad.status_code == 400 or bad.status_code == 422
+        # The switch's one name: opted out, it neither reads nor builds a state (the counts below stay).
+        off = c.post("/v1/compare", json={**body, "prefix_states": False}, timeout=300)
+        assert off.status_code == 200 and off.json()["results"] == kv.json()["results"]
+        assert c.post("/v1/compare", json={**body, "prefix_states": "sometimes"}).status_code in (400, 422)
         metrics = c.get("/metrics").text
     values = {
         line.split()[0]: float(line.split()[1]) for line in metrics.splitlines() if line.startswith("refsight_prefix")
