@@ -19,7 +19,7 @@ import pytest
 from live_server import LiveServer, assert_error
 from runtimes import require_module
 
-from refsight import ContextLengthError
+from refsight import ContextLengthError, GenerateResult
 from refsight.server import ServerConfig, create_app
 from refsight.server.completion_parts import fill_context
 from refsight.server.timings import TokenClock
@@ -128,6 +128,12 @@ def test_n_predict_minus_one_fills_the_rest_of_the_context(llama):
             assert done["truncated"] is False
 
 
+def _result(**fields) -> GenerateResult:
+    """A generation as the service returns it (only the fields a test names differ from nothing)."""
+    return GenerateResult(**{"text": "", "tokens": [], "model": "m", "random_weights": True, "references_cached": [],
+                             "timings_ms": {}, **fields})
+
+
 def test_the_generation_rate_excludes_the_first_token():
     clock = TokenClock()
     clock.begin()
@@ -135,11 +141,11 @@ def test_the_generation_rate_excludes_the_first_token():
     tick = clock.wrap(lambda piece: None)
     tick("a")
     clock.stop()
-    one = clock.final({"prompt_tokens": 5, "prefix_tokens_reused": 2, "tokens": [7]})
+    one = clock.final(_result(prompt_tokens=5, prefix_tokens_reused=2, tokens=[7]))
     assert one["predicted_n"] == 1 and one["predicted_per_second"] == 0 and one["predicted_per_token_ms"] == 0
     assert one["prompt_n"] == 3 and one["cache_n"] == 2
     clock.first -= 0.5  # as if the first token had come half a second before the end
-    two = clock.final({"prompt_tokens": 5, "prefix_tokens_reused": 0, "tokens": [7, 8, 9]})
+    two = clock.final(_result(prompt_tokens=5, prefix_tokens_reused=0, tokens=[7, 8, 9]))
     assert two["predicted_per_second"] == pytest.approx(2 * 1000 / two["predicted_ms"], rel=1e-3)
     _finite(two)
 
@@ -147,16 +153,17 @@ def test_the_generation_rate_excludes_the_first_token():
 def test_fill_context_retries_with_the_room_the_backend_names():
     asked: list[int] = []
 
-    def generate(limit: int) -> dict:
+    def generate(limit: int) -> GenerateResult:
         asked.append(limit)
         if limit > 90:
             raise ContextLengthError("max_new_tokens", "does not fit", n_prompt_tokens=10, n_ctx=100)
-        return {"finish_reason": "length", "tokens": [1] * limit}
+        return _result(finish_reason="length", tokens=[1] * limit)
 
-    assert fill_context(generate, 100, 1024)["truncated"] is True and asked == [100, 90]
-    assert fill_context(lambda limit: {"finish_reason": "stop", "tokens": [1]}, None, 64)["truncated"] is False
+    # The answers are typed to the edge (issue 36): truncated is an attribute, no longer a dict key.
+    assert fill_context(generate, 100, 1024).truncated is True and asked == [100, 90]
+    assert fill_context(lambda limit: _result(finish_reason="stop", tokens=[1]), None, 64).truncated is False
 
-    def too_long(limit: int) -> dict:
+    def too_long(limit: int) -> GenerateResult:
         raise ContextLengthError("prompt", "too long", n_prompt_tokens=200, n_ctx=100)
 
     with pytest.raises(ContextLengthError):

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .. import ContextLengthError
+from ..results import GenerateResult
 
+from .answers import Answer
 from .bodies import decode_image_field
 from .errors import ApiError
 from .openai_parts import REF_URL_PREFIX, ContentPart, ImageURL, PartResolver
@@ -76,20 +78,19 @@ async def check_raw_prompt(prompt: RawPrompt, pool: Any, limit: int, backend: An
     await pool.run_light(check_prompt_tokens, prompt.texts, limit, backend.count_text_tokens, prompt.field)
 
 
-def stop_type(result: dict[str, Any], stop: tuple[str, ...], backend: Any) -> tuple[str, str]:
+def stop_type(result: GenerateResult, stop: tuple[str, ...], backend: Any) -> tuple[str, str]:
     """llama-server's ``stop_type`` and ``stopping_word``: ``limit``, ``word`` (a stop string) or ``eos``."""
-    if result["finish_reason"] == "length":
+    if result.finish_reason == "length":
         return "limit", ""
     if stop:
-        text = backend.detokenize(result["tokens"])
+        text = backend.detokenize(result.tokens)
         for word in stop:
             if word in text:
                 return "word", word
     return "eos", ""
 
 
-
-def fill_context(generate: Callable[[int], dict[str, Any]], n_ctx: int | None, limit: int) -> dict[str, Any]:
+def fill_context(generate: Callable[[int], GenerateResult], n_ctx: int | None, limit: int) -> Answer:
     """llama-server's ``n_predict: -1``: generate until the end of text or of the context.
 
     ``generate(max_new_tokens)`` runs the model. Where the context is bounded, the answer takes all of
@@ -99,12 +100,12 @@ def fill_context(generate: Callable[[int], dict[str, Any]], n_ctx: int | None, l
     llama-server says it. Without a context bound, ``limit`` (the server's largest answer) bounds it.
     """
     if not n_ctx:
-        return {**generate(limit), "truncated": False}
+        return Answer.of(generate(limit))
     try:
-        return {**generate(n_ctx), "truncated": False}
+        return Answer.of(generate(n_ctx))
     except ContextLengthError as e:
         room = e.n_ctx - e.n_prompt_tokens
         if e.input != "max_new_tokens" or room < 1:
             raise
     result = generate(room)
-    return {**result, "truncated": result["finish_reason"] == "length"}
+    return Answer.of(result, truncated=result.finish_reason == "length")

@@ -41,6 +41,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from .. import Sampling, __version__
+from .answers import Answer, finish_reason, refsight_extra, usage
 from .deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
 from .generation_body import GenerationBody
 from .errors import ERROR_RESPONSES, ApiError
@@ -50,9 +51,8 @@ from .prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
 from .streaming import SSE_DONE, EventStreamResponse, answer_events, open_stream, sse_event
 from .timings import TokenClock
 
-__all__ = ["router", "ChatRequest", "check_generation", "refsight_extra", "RANDOM_WEIGHTS_NOTICE", "SYSTEM_FINGERPRINT"]
+__all__ = ["router", "ChatRequest", "check_generation", "SYSTEM_FINGERPRINT"]
 
-RANDOM_WEIGHTS_NOTICE = "random weights: this text is meaningless (timings and caching are real)"
 #: OpenAI's ``system_fingerprint`` (llama-server sends its build): the refsight version that answered.
 SYSTEM_FINGERPRINT = f"refsight-{__version__}"
 
@@ -131,30 +131,6 @@ def _check_request(body: ChatRequest, service: Any, max_limit: int) -> tuple[int
     return check_generation(body, service, body.max_completion_tokens, max_limit)
 
 
-def _usage(result: dict[str, Any]) -> dict[str, Any]:
-    completion = len(result["tokens"])
-    return {
-        "prompt_tokens": result["prompt_tokens"],
-        "completion_tokens": completion,
-        "total_tokens": result["prompt_tokens"] + completion,
-        "prompt_tokens_details": {"cached_tokens": result["cached_tokens"]},
-    }
-
-
-def refsight_extra(result: dict[str, Any]) -> dict[str, Any]:
-    """The ``refsight`` object of an answer: random weights (and the notice), references cached, timings, uuids."""
-    extra = {
-        "random_weights": result["random_weights"],
-        "references_cached": result["references_cached"],
-        "timings_ms": result["timings_ms"],
-    }
-    if result.get("media_uuids"):
-        extra["media_uuids"] = result["media_uuids"]
-    if result["random_weights"]:
-        extra["notice"] = RANDOM_WEIGHTS_NOTICE
-    return extra
-
-
 @router.post("/v1/chat/completions", responses={k: ERROR_RESPONSES[k] for k in (400, 404)})
 # llama-server answers its OpenAI routes without the /v1 prefix too, and many clients call them so.
 @router.post("/chat/completions", responses={k: ERROR_RESPONSES[k] for k in (400, 404)}, include_in_schema=False)
@@ -179,7 +155,7 @@ async def chat_completions(
     resolver = PartResolver.for_request(request, service, namespace, uuids, config)
     clock = TokenClock()
 
-    def work(on_text=None, stop_event=None) -> dict[str, Any]:
+    def work(on_text=None, stop_event=None) -> Answer:
         segments, turns = messages_to_segments(body.messages, resolver)
         clock.begin()
         try:
@@ -189,7 +165,7 @@ async def chat_completions(
             )
         finally:
             clock.stop()
-        return {**result, "media_uuids": [use.to_dict() for use in resolver.commit()]}
+        return Answer.of(result, media_uuids=[use.to_dict() for use in resolver.commit()])
 
     if body.stream:
         first, source, stop = await open_stream(pool, work)
@@ -199,10 +175,10 @@ async def chat_completions(
             _chunks(first, source, completion_id, created, service.served_model, include_usage, clock, per_token), stop
         )
     result = await run_watched(pool, request, work)  # a client that leaves frees its worker
-    choice = {"index": 0, "message": {"role": "assistant", "content": result["text"]},
-              "finish_reason": result["finish_reason"], "logprobs": None}
+    choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
+              "finish_reason": result.finish_reason, "logprobs": None}
     return {"id": completion_id, "object": "chat.completion", "created": created, "model": service.served_model,
-            "system_fingerprint": SYSTEM_FINGERPRINT, "choices": [choice], "usage": _usage(result),
+            "system_fingerprint": SYSTEM_FINGERPRINT, "choices": [choice], "usage": usage(result),
             "timings": clock.final(result), "refsight": refsight_extra(result)}
 
 
@@ -226,14 +202,13 @@ async def _chunks(
             data.setdefault("timings", clock.partial())
         return sse_event(data)
 
-    def finish(result: Any) -> list[bytes]:
-        reason = result["finish_reason"] if result["finish_reason"] in ("stop", "length") else "stop"
+    def finish(result: Answer) -> list[bytes]:
         final = clock.final(result)
-        events = [chunk({}, reason, refsight=refsight_extra(result), timings=final)]
+        events = [chunk({}, finish_reason(result), refsight=refsight_extra(result), timings=final)]
         if include_usage:
             events.append(sse_event({
                 "id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
-                "system_fingerprint": SYSTEM_FINGERPRINT, "choices": [], "usage": _usage(result), "timings": final,
+                "system_fingerprint": SYSTEM_FINGERPRINT, "choices": [], "usage": usage(result), "timings": final,
             }))
         return [*events, SSE_DONE]
 

@@ -4,7 +4,8 @@
 every call; its methods take their arguments as the engine's do (the input first, the
 ``namespace`` a keyword); it reads no store tier itself. Its methods are plain synchronous calls that
 the routes run in the :class:`~refsight.server.limits.WorkPool`, so model work never
-blocks the event loop, and they return JSON-ready dicts (the edge of the library), every
+blocks the event loop, and they return JSON-ready dicts (the edge of the library; a generation
+stays a typed :class:`~refsight.results.GenerateResult` for the text routes to format), every
 string printable (:func:`~refsight.server.responses.printable_data`: a stored value that is not
 valid Unicode shows as U+FFFD instead of failing the reply).
 
@@ -29,6 +30,7 @@ from PIL import Image
 from .. import AddFailure, Engine, ImageInput, IntakeLimits, InvalidInputError, ReferenceSegment, load_image
 from ..config import default_store_dir
 from ..requests import CompareRequest
+from ..results import GenerateResult
 from ..settings import Settings, load_settings
 from .config import ServerConfig
 from .responses import printable_data
@@ -182,13 +184,14 @@ class Service:
         """``engine.search`` → the JSON of ``refsight search --json``."""
         return printable_data(self.engine.search(namespace=namespace, **options).to_dict())
 
-    def chat(self, segments: Sequence[Any], *, namespace: str, **options: Any) -> dict[str, Any]:
-        """``engine.chat`` → the generation as JSON-ready data."""
+    def chat(self, segments: Sequence[Any], *, namespace: str, **options: Any) -> GenerateResult:
+        """``engine.chat`` → the generation, typed, its strings printable (the routes format it by attribute)."""
         # ``--no-cache`` serves every image through the runtime's fresh path (the baseline of a benchmark).
         cache = {} if self.config.use_cache else {"use_cache": False, "prefix_states": False}
         # The prompt limit counts every image's tokens too, checked in the engine before any prefill.
         limit = {"max_prompt_tokens": self.config.max_prompt_tokens}
-        return printable_data(self.engine.chat(list(segments), namespace=namespace, **cache, **limit, **options).to_dict())
+        result = self.engine.chat(list(segments), namespace=namespace, **cache, **limit, **options)
+        return GenerateResult(**printable_data(result.to_dict()))
 
     # -- stats -----------------------------------------------------------------------------
     def stats(self, *, namespace: str, tenants: bool) -> dict[str, Any]:

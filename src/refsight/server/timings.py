@@ -19,6 +19,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from ..results import GenerateResult
+
 __all__ = ["TokenClock"]
 
 
@@ -59,11 +61,11 @@ class TokenClock:
 
         return tick
 
-    def _split(self, result: dict[str, Any] | None = None) -> tuple[float, float]:
+    def _split(self, result: GenerateResult | None = None) -> tuple[float, float]:
         """(prompt ms, predicted ms so far); for an answer that was not streamed, the engine's split of it."""
         now = self.end if self.end is not None else time.perf_counter()
-        if self.first is None and result is not None and result.get("timings_ms"):
-            ms = result["timings_ms"]
+        if self.first is None and result is not None and result.timings_ms:
+            ms = result.timings_ms
             prompt = sum(float(ms.get(k, 0.0)) for k in ("encode", "reference_load", "prefix_build", "prefix_load"))
             total = max((now - self.start) * 1000.0, prompt)
             return prompt, total - prompt
@@ -80,12 +82,12 @@ class TokenClock:
         return {"prompt_ms": round(prompt_ms, 3), "predicted_n": self.pieces, "predicted_ms": round(predicted_ms, 3),
                 "predicted_per_token_ms": per_token, "predicted_per_second": per_second}
 
-    def final(self, result: dict[str, Any]) -> dict[str, Any]:
+    def final(self, result: GenerateResult) -> dict[str, Any]:
         """llama-server's ``timings`` of a finished answer (call when the work has returned)."""
         prompt_ms, predicted_ms = self._split(result)
-        cache_n = int(result.get("prefix_tokens_reused", 0) or 0)
-        prompt_n = max(int(result["prompt_tokens"]) - cache_n, 0)
-        predicted_n = len(result["tokens"])
+        cache_n = int(result.prefix_tokens_reused or 0)
+        prompt_n = max(int(result.prompt_tokens) - cache_n, 0)
+        predicted_n = len(result.tokens)
         prompt_per_token, prompt_per_second = _rate(prompt_n, prompt_ms)
         per_token, per_second = _rate(predicted_n - 1, predicted_ms)
         return {

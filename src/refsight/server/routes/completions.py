@@ -16,12 +16,14 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Request
 from pydantic import Field
 
+from ...results import GenerateResult
+from ..answers import finish_reason, refsight_extra, usage
 from ..completion_parts import check_raw_prompt, raw_prompt
 from ..disconnect import run_watched
 from ..deps import ConfigDep, PoolDep, ServiceDep, Namespace
 from ..errors import ERROR_RESPONSES, ApiError
 from ..generation_body import GenerationBody
-from ..openai_compat import RANDOM_WEIGHTS_NOTICE, SYSTEM_FINGERPRINT, StreamOptions, check_generation
+from ..openai_compat import SYSTEM_FINGERPRINT, StreamOptions, check_generation
 from ..streaming import SSE_DONE, EventStreamResponse, answer_events, open_stream, sse_event
 
 __all__ = ["router"]
@@ -62,7 +64,7 @@ async def completions(request: Request, body: CompletionsBody, namespace: Namesp
     await check_raw_prompt(prompt, pool, config.max_prompt_tokens, backend)
     completion_id, created = f"cmpl-{uuidlib.uuid4().hex}", int(time.time())
 
-    def work(on_text=None, stop_event=None) -> dict[str, Any]:
+    def work(on_text=None, stop_event=None) -> GenerateResult:
         return service.chat(
             [prompt.texts[0]], namespace=namespace, max_new_tokens=max_new_tokens, json_schema=schema,
             sampling=sampling, on_text=on_text, stop_event=stop_event, raw_prompt=True,
@@ -75,33 +77,18 @@ async def completions(request: Request, body: CompletionsBody, namespace: Namesp
 
     if not body.stream:
         result = await run_watched(pool, request, work)  # a client that leaves frees its worker
-        return {**choice(result["text"], _finish(result)), "usage": _usage(result), "refsight": _extra(result)}
+        return {**choice(result.text, finish_reason(result)), "usage": usage(result), "refsight": refsight_extra(result)}
     first, source, stop = await open_stream(pool, work)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return EventStreamResponse(_chunks(first, source, choice, include_usage), stop)
 
 
 async def _chunks(first: Any, source: AsyncIterator[Any], choice: Any, include_usage: bool) -> AsyncIterator[bytes]:
-    def finish(result: Any) -> list[bytes]:
-        events = [sse_event({**choice("", _finish(result)), "refsight": _extra(result)})]
+    def finish(result: GenerateResult) -> list[bytes]:
+        events = [sse_event({**choice("", finish_reason(result)), "refsight": refsight_extra(result)})]
         if include_usage:
-            events.append(sse_event({**choice("", None), "choices": [], "usage": _usage(result)}))
+            events.append(sse_event({**choice("", None), "choices": [], "usage": usage(result)}))
         return [*events, SSE_DONE]
 
     async for event in answer_events(first, source, lambda text: sse_event(choice(text, None)), finish):
         yield event
-
-
-def _finish(result: dict[str, Any]) -> str:
-    return "length" if result["finish_reason"] == "length" else "stop"
-
-
-def _usage(result: dict[str, Any]) -> dict[str, int]:
-    completion = len(result["tokens"])
-    return {"prompt_tokens": result["prompt_tokens"], "completion_tokens": completion,
-            "total_tokens": result["prompt_tokens"] + completion}
-
-
-def _extra(result: dict[str, Any]) -> dict[str, Any]:
-    extra = {"random_weights": result["random_weights"], "timings_ms": result["timings_ms"]}
-    return {**extra, "notice": RANDOM_WEIGHTS_NOTICE} if result["random_weights"] else extra

@@ -21,7 +21,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from ... import __version__
+from ...results import GenerateResult
 from ...settings import torch_threads
+from ..answers import Answer
 from ..completion_parts import RawPrompt, check_raw_prompt, fill_context, raw_prompt, stop_type
 from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
 from ..errors import ERROR_RESPONSES, ApiError
@@ -213,8 +215,8 @@ async def completion(
 
     fill = body.n_predict == -1 and body.max_tokens is None
 
-    def work(on_text=None, stop_event=None) -> dict[str, Any]:
-        def generate(limit: int) -> dict[str, Any]:
+    def work(on_text=None, stop_event=None) -> Answer:
+        def generate(limit: int) -> GenerateResult:
             return service.chat(
                 prompt.segments(resolver), namespace=namespace, max_new_tokens=limit, json_schema=schema,
                 sampling=sampling, on_text=clock.wrap(on_text), stop_event=stop_event, raw_prompt=True,
@@ -224,23 +226,23 @@ async def completion(
         try:
             if fill:  # n_predict -1: the rest of the context
                 return fill_context(generate, service.context_size, max_new_tokens)
-            return {**generate(max_new_tokens), "truncated": False}
+            return Answer.of(generate(max_new_tokens))
         finally:
             clock.stop()
 
-    def final(result: dict[str, Any]) -> dict[str, Any]:
+    def final(result: Answer) -> dict[str, Any]:
         kind, word = stop_type(result, sampling.stop, backend)
         return {
-            "index": 0, "content": result["text"], "tokens": result["tokens"] if body.model_extra.get("return_tokens") else [],
-            "id_slot": 0, "stop": True, "model": service.served_model, "tokens_predicted": len(result["tokens"]),
-            "tokens_evaluated": result["prompt_tokens"], "tokens_cached": result["prefix_tokens_reused"],
+            "index": 0, "content": result.text, "tokens": result.tokens if body.model_extra.get("return_tokens") else [],
+            "id_slot": 0, "stop": True, "model": service.served_model, "tokens_predicted": len(result.tokens),
+            "tokens_evaluated": result.prompt_tokens, "tokens_cached": result.prefix_tokens_reused,
             "generation_settings": {
                 **_settings(sampling, -1 if fill else max_new_tokens, service.context_size), "model": service.served_model,
                 "stream": bool(body.stream), "timings_per_token": bool(body.model_extra.get("timings_per_token")),
             },
-            "prompt": backend.media_marker.join(prompt.texts), "has_new_line": "\n" in result["text"], "truncated": result["truncated"],
+            "prompt": backend.media_marker.join(prompt.texts), "has_new_line": "\n" in result.text, "truncated": result.truncated,
             "stop_type": kind, "stopping_word": word, "timings": clock.final(result),
-            "refsight": {"random_weights": result["random_weights"], "references_cached": result["references_cached"]},
+            "refsight": {"random_weights": result.random_weights, "references_cached": result.references_cached},
         }
 
     if not body.stream:

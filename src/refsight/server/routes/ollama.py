@@ -33,7 +33,7 @@ from ..ollama_bodies import (
     OllamaChatBody, OllamaGenerateBody, OllamaMessage, chat_segments, check_model, check_refused, generation,
     ollama_name, schema_of,
 )
-from ..openai_compat import refsight_extra
+from ..answers import Answer, finish_reason, refsight_extra
 from ..openai_parts import PartResolver
 from ..prompt_limit import check_prompt_chars, check_prompt_tokens
 from ..streaming import NDJSON, EventStreamResponse, answer_events, ndjson_line, open_stream
@@ -79,7 +79,7 @@ class _Answer:
         self.began = time.perf_counter()
         self.model = ollama_name(service)
 
-    def work(self, on_text: Callable[[str], None] | None = None, stop_event: Any = None) -> dict[str, Any]:
+    def work(self, on_text: Callable[[str], None] | None = None, stop_event: Any = None) -> Answer:
         """The blocking generation (in a pool slot); its result with the clock's marks."""
         segments, turns = self.make_segments()
         clock = _Clock(on_text)
@@ -87,21 +87,21 @@ class _Answer:
                                    stop_event=stop_event, **self.options)
         ended = time.perf_counter()
         first = clock.first or ended
-        return {**result, "_prompt_s": first - clock.began, "_eval_s": ended - first}
+        return Answer.of(result, prompt_s=first - clock.began, eval_s=ended - first)
 
     def piece(self, text: str) -> dict[str, Any]:
         """One streamed line (``done: false``)."""
         return {"model": self.model, "created_at": created_at(), **self._text(text), "done": False}
 
-    def final(self, result: dict[str, Any], text: str) -> dict[str, Any]:
+    def final(self, result: Answer, text: str) -> dict[str, Any]:
         """The last (or only) object: the text, ``done_reason``, the counts and the durations in nanoseconds."""
         return {
             "model": self.model, "created_at": created_at(), **self._text(text), "done": True,
-            "done_reason": "length" if result["finish_reason"] == "length" else "stop",
+            "done_reason": finish_reason(result),
             "total_duration": _ns(time.perf_counter() - self.began),
-            "load_duration": _ns(result["timings_ms"].get("reference_load", 0.0) / 1000),
-            "prompt_eval_count": result["prompt_tokens"], "prompt_eval_duration": _ns(result["_prompt_s"]),
-            "eval_count": len(result["tokens"]), "eval_duration": _ns(result["_eval_s"]),
+            "load_duration": _ns(result.timings_ms.get("reference_load", 0.0) / 1000),
+            "prompt_eval_count": result.prompt_tokens, "prompt_eval_duration": _ns(result.prompt_s),
+            "eval_count": len(result.tokens), "eval_duration": _ns(result.eval_s),
             "refsight": refsight_extra(result),
         }
 
@@ -112,7 +112,7 @@ class _Answer:
         """The whole answer, or the NDJSON stream of it."""
         if not stream:
             result = await run_watched(pool, request, self.work)  # a client that leaves frees its worker
-            return self.final(result, result["text"])
+            return self.final(result, result.text)
         first, source, stop = await open_stream(pool, self.work)
         return EventStreamResponse(self._lines(first, source), stop, media_type=NDJSON)
 
