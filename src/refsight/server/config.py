@@ -65,7 +65,8 @@ class ServerConfig:
     max_image_pixels: int = 40_000_000
     #: Images one request may name (sent, looked up by uuid, or stored references); one more is a 400.
     max_images_per_request: int = 16
-    #: Decoded pixels of the images sent in one request, in total (each image is held until the request ends).
+    #: Decoded pixels of the images sent in one request, in total (checked from the headers; the decoded pixels
+    #: are held one image at a time, but a request's work grows with them).
     max_request_pixels: int = 80_000_000
     #: Largest ``max_tokens`` a chat request may ask for.
     max_new_tokens: int = 1024
