@@ -52,3 +52,24 @@ def test_bad_inputs(enc, tmp_path):
     assert enc.encode([]).shape == (0, 384)
     with pytest.raises(ModelLoadError):
         TextEncoder(tmp_path)
+
+
+def test_the_plain_torch_forward_matches_transformers_bert_model(enc):
+    """refsight.models.bert runs BertModel's computation without importing transformers (a text search's start-up)."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    from refsight.models.minilm import MAX_TOKENS, model_dir
+
+    texts = ["a photo of a cat", "", "Ünïcödé 猫 😀 " * 3, "word " * 400, "a cup of coffee on a saucer"]
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir()), local_files_only=True)
+    model = AutoModel.from_pretrained(str(model_dir()), local_files_only=True).eval()
+    batch = tokenizer(texts, padding=True, truncation=True, max_length=MAX_TOKENS, return_tensors="pt")
+    with torch.inference_mode():
+        states = model(**batch).last_hidden_state
+    ours = enc.model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    keep = batch["attention_mask"].bool()  # padded positions are never pooled
+    torch.testing.assert_close(ours[keep], states[keep], atol=1e-5, rtol=1e-5)
+    # and the tokens: the tokenizers library with the recipe's truncation and padding, as AutoTokenizer
+    ids = [e.ids for e in enc.tokenizer.encode_batch(texts)]
+    assert ids == batch["input_ids"].tolist()

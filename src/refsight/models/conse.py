@@ -56,11 +56,12 @@ class EfficientNetConSEEmbedder(Embedder):
             raise InvalidInputError("conse_weight", f"must be in (0, 1], got {conse_weight!r}")
         if "{}" not in label_template:
             raise InvalidInputError("label_template", "must contain '{}' where the class name goes")
-        from refsight.models.efficientnet_lite import load_efficientnet_lite0
+        from refsight.models.efficientnet_lite import classifier_fingerprint
         from refsight.models.minilm import load_minilm
 
         with embedder_errors(self.name, ModelLoadError, "cannot load the ConSE models"):
-            self.classifier = load_efficientnet_lite0()
+            # The classifier loads when an image is first embedded: a text search never needs it.
+            self._classifier_fingerprint = classifier_fingerprint()
             self.text_encoder = load_minilm()
             self._label_vectors = _label_vectors(label_template)
         self.top_t = top_t
@@ -68,6 +69,14 @@ class EfficientNetConSEEmbedder(Embedder):
         self.label_template = label_template
         self._a = float(np.sqrt(conse_weight))
         self._b = float(np.sqrt(1.0 - conse_weight))
+
+    @property
+    def classifier(self) -> Any:
+        """The EfficientNet-Lite0 classifier, loaded on first use (once per process)."""
+        from refsight.models.efficientnet_lite import load_efficientnet_lite0
+
+        with embedder_errors(self.name, ModelLoadError, "cannot load the ConSE image model"):
+            return load_efficientnet_lite0()
 
     @property
     def dim(self) -> int:
@@ -83,7 +92,7 @@ class EfficientNetConSEEmbedder(Embedder):
         """Both models' fingerprints plus the ConSE recipe."""
         return {
             "embedder": "conse+features/v1",
-            "image_model": self.classifier.fingerprint,
+            "image_model": self._classifier_fingerprint,
             "text_model": self.text_encoder.fingerprint,
             "top_t": self.top_t,
             "conse_weight": self.conse_weight,

@@ -213,11 +213,7 @@ class EfficientNetLite0Classifier:
     @property
     def fingerprint(self) -> dict[str, Any]:
         """Everything that changes the outputs: model id, weights hash, preprocessing."""
-        return {
-            "model": MODEL_ID,
-            "weights_sha256": self._weights_sha256,
-            "preprocessing": self.preprocessing.to_dict(),
-        }
+        return classifier_fingerprint(self._weights_sha256, self.preprocessing)
 
     def _run(self, images: Sequence[Image.Image]) -> tuple[np.ndarray, np.ndarray]:
         if isinstance(images, Image.Image):
@@ -281,6 +277,15 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 def _l2(x: np.ndarray) -> np.ndarray:
     # the epsilon keeps an all-zero row (ReLU6 can produce one) from becoming NaN
     return (x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)).astype(np.float32)
+
+
+def classifier_fingerprint(weights_sha256: str | None = None, preprocessing: Preprocessing = Preprocessing()) -> dict[str, Any]:
+    """The shipped classifier's fingerprint (default: its weights file's hash) without loading the network."""
+    return {
+        "model": MODEL_ID,
+        "weights_sha256": weights_sha256 if weights_sha256 is not None else file_sha256(weights_path()),
+        "preprocessing": preprocessing.to_dict(),
+    }
 
 
 @functools.cache
