@@ -68,10 +68,10 @@ def __getattr__(name: str):
         from .backends.sampling import Sampling
 
         return Sampling
-    if name == "CompareRequest":
-        from .requests import CompareRequest
+    if name in ("CompareRequest", "ChatRequest"):
+        from . import requests
 
-        return CompareRequest
+        return getattr(requests, name)
     if name == "open_store":
         from .store import open_store
 
@@ -94,6 +94,7 @@ __all__ = [
     "BackendOptions",
     "Sampling",
     "CompareRequest",
+    "ChatRequest",
     "available_models",
     "family_rows",
     "FAMILY_RUNTIMES",

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from .backends.base import Backend, GenerationRequest
 from .backends.options import BackendOptions
 from .backends.prefix import reusable_prefix
-from .backends.sampling import Sampling, check_supported
+from .backends.sampling import check_supported
 from .backends.turns import plan_turns
 from .compare import ComparePipeline
 from .config import default_model
@@ -47,7 +47,7 @@ from .maintenance import Maintenance
 from .package_cache import CachedPackage, PackageCache, holding_packages
 from .prefixes import PrefixStateCache
 from .prompt_size import check_prompt_size
-from .requests import CompareRequest
+from .requests import ChatRequest, CompareRequest
 from .references import ReferenceBook, ReferenceSegment, load_kept_image, source_label
 from .results import (
     AddFailure, AddResult, CompareResult, GenerateResult, IndexReport, PackageState, PruneReport, SearchResult,
@@ -58,7 +58,7 @@ from .retrieval.query import check_search
 from .retrieval.store_index import StoreIndex
 from .settings import Settings, load_settings, open_configured_store
 from .store import DEFAULT_NAMESPACE, Reference, Store
-from .inputs.text import check_text, check_texts
+from .inputs.text import check_text
 from .timing import elapsed_ms, progress_bar
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -250,14 +250,15 @@ class Engine:
 
     @holding_packages
     def chat(
-        self, segments: Sequence[str | ReferenceSegment | ImageSource], *, use_cache: bool = True,
-        max_new_tokens: int = 64, json_schema: dict[str, Any] | None = None, model: str | None = None,
-        namespace: str | None = None, sampling: Sampling | None = None, turns: Sequence[tuple[str, int]] | None = None,
-        on_text: Callable[[str], None] | None = None, stop_event: threading.Event | None = None,
-        prefix_states: bool = True, raw_prompt: bool = False, max_prompt_tokens: int | None = None,
-        use_kv_cache: bool | None = None,
+        self, request: ChatRequest | Sequence[str | ReferenceSegment | ImageSource], /, *,
+        on_text: Callable[[str], None] | None = None, stop_event: threading.Event | None = None, **options: Any,
     ) -> GenerateResult:
         """Generate from segments in order: text (``str``), :class:`ReferenceSegment`, or an image.
+
+        ``request`` is a :class:`~refsight.requests.ChatRequest`, or the segments with the request's
+        fields as keywords: ``max_new_tokens`` (64), ``json_schema``, ``sampling``, ``turns``,
+        ``raw_prompt``, ``max_prompt_tokens``, ``use_cache``, ``prefix_states`` (deprecated:
+        ``use_kv_cache``), ``model``, ``namespace``.
 
         References come from their durable packages, other images through the package cache as
         candidates (memory only); ``use_cache=False`` sends pixels (the runtime's own fresh path).
@@ -266,27 +267,26 @@ class Engine:
         count)``, see :func:`~refsight.backends.turns.plan_turns`); ``on_text`` streams the answer
         as it is generated; a set ``stop_event`` ends it early (``finish_reason="cancelled"``). When the
         segments open with references, the language model's state after them is reused across
-        requests (:mod:`refsight.prefixes`) unless ``prefix_states=False`` (deprecated: ``use_kv_cache``). ``raw_prompt``: the
+        requests (:mod:`refsight.prefixes`) unless ``prefix_states=False``. ``raw_prompt``: the
         segments are the whole prompt, no chat template added (:mod:`refsight.backends.text_access`).
         A prompt whose text and image tokens exceed ``max_prompt_tokens`` or the backend's context is a
         :class:`~refsight.errors.ContextLengthError` before the language model runs (:mod:`refsight.prompt_size`).
         """
-        context = self.context(namespace, model, use_cache=use_cache, prefix_states=prefix_states, use_kv_cache=use_kv_cache)
-        _check_prompt_texts(segments, json_schema)
+        chat = ChatRequest.of(request, options)
+        context = self.context(chat.namespace, chat.model, use_cache=chat.use_cache, prefix_states=chat.prefix_states)
         backend = context.backend
-        sampling = sampling or Sampling()
-        check_supported(sampling, backend.sampling_fields, backend.name)
-        segments, turns = plan_turns(list(segments), turns, backend.supports_turns)
-        check_prompt_size(backend, segments, max_prompt_tokens)  # what is known before encoding: new images by size
+        check_supported(chat.sampling, backend.sampling_fields, backend.name)
+        segments, turns = plan_turns(list(chat.segments), chat.turns, backend.supports_turns)
+        check_prompt_size(backend, segments, chat.max_prompt_tokens)  # what is known before encoding: new images by size
         start = time.perf_counter()
         resolved, cached, encode_ms = self.book.resolve_segments(context, segments)
         load_ms = (time.perf_counter() - start) * 1000 - encode_ms
-        check_prompt_size(backend, resolved, max_prompt_tokens)  # images count too, before any prefill
+        check_prompt_size(backend, resolved, chat.max_prompt_tokens)  # images count too, before any prefill
         request = GenerationRequest(
-            segments=resolved, max_new_tokens=max_new_tokens, json_schema=json_schema, sampling=sampling, turns=turns,
-            prefix_segments=reusable_prefix(segments, lambda s: isinstance(s, ReferenceSegment)),
+            segments=resolved, max_new_tokens=chat.max_new_tokens, json_schema=chat.json_schema, sampling=chat.sampling,
+            turns=turns, prefix_segments=reusable_prefix(segments, lambda s: isinstance(s, ReferenceSegment)),
             # A raw prompt has no template prefix to key a state by: it is evaluated whole.
-            prefix_cache=None if raw_prompt else self.prefixes.for_request(context), raw_prompt=raw_prompt,
+            prefix_cache=None if chat.raw_prompt else self.prefixes.for_request(context), raw_prompt=chat.raw_prompt,
         )
         if on_text is not None:
             generation = backend.generate_stream(request, on_text=on_text, stop_event=stop_event)
@@ -301,7 +301,7 @@ class Engine:
         timings["total"] = elapsed_ms(start)
         return GenerateResult.of(
             generation, model=backend.name, random_weights=backend.random_weights, references_cached=cached,
-            timings_ms=timings, max_new_tokens=max_new_tokens,
+            timings_ms=timings, max_new_tokens=chat.max_new_tokens,
         )
 
     # -- retrieval -------------------------------------------------------------------------
@@ -416,12 +416,3 @@ class Engine:
 
     def _progress_bar(self, total: int, description: str) -> AbstractContextManager[Any]:
         return progress_bar(total, description, enabled=self.progress)
-
-
-def _check_prompt_texts(segments: Sequence[Any], json_schema: Any) -> None:
-    """Every text a prompt carries must be valid Unicode (a backend request encodes it, and so would a log;
-    the stop strings are :class:`Sampling`'s own rule)."""
-    for i, segment in enumerate(segments):
-        if isinstance(segment, str):
-            check_text(segment, f"segments[{i}]")
-    check_texts(json_schema, "json_schema")

@@ -7,6 +7,9 @@ naming the field and the reason; the engine takes the value whole and never chec
 
 - :class:`CompareRequest`: one compare (the candidate, the rubric, recall / rerank / judge
   knobs, the cache switches, the model and the namespace);
+- :class:`ChatRequest`: one generation (the prompt's segments, the token bound, the JSON schema,
+  the sampling, the chat turns, a raw prompt, the prompt limit, the cache switches, the model and
+  the namespace);
 - :class:`~refsight.backends.sampling.Sampling`: how tokens are picked, with the one merge of a
   request's fields over the served model's defaults (:meth:`Sampling.merged`) and the one rule of
   what a backend honours (:meth:`Sampling.unsupported`). It is defined beside the backends, which
@@ -23,6 +26,7 @@ from .backends.sampling import RANGES as SAMPLING_RANGES
 from .backends.sampling import Sampling
 from .deprecation import renamed
 from .errors import InvalidInputError
+from .inputs.text import check_text, check_texts
 from .images import ImageSource
 from .judge.attribute_records import check_sources
 from .judge.criteria import Rubric, parse_rubric
@@ -30,7 +34,7 @@ from .rerank import Reranker
 from .retrieval.query import check_query_text, check_recall_mode
 from .store.base import validate_ref_id
 
-__all__ = ["CompareRequest", "Sampling", "SAMPLING_RANGES", "MAX_SHORTLIST"]
+__all__ = ["CompareRequest", "ChatRequest", "Sampling", "SAMPLING_RANGES", "MAX_SHORTLIST"]
 
 #: Most references one compare may recall, rerank or judge.
 MAX_SHORTLIST = 1000
@@ -94,13 +98,7 @@ class CompareRequest:
             if options:
                 raise InvalidInputError(", ".join(sorted(options)), "give a CompareRequest or keywords, not both")
             return request
-        options = dict(options)
-        if "use_kv_cache" in options:
-            options["prefix_states"] = renamed(
-                "use_kv_cache", options.pop("use_kv_cache"), "prefix_states", options.get("prefix_states", True),
-                where="Engine.compare", default=True,
-            )
-        return cls(request, **options)
+        return cls(request, **_prefix_states(options, "Engine.compare"))
 
     @property
     def recall_depth(self) -> int | None:
@@ -132,3 +130,62 @@ class CompareRequest:
                 raise InvalidInputError("recall_k", f"recalls {self.recall_k}, fewer than the {self.rerank or self.top_k} that go on")
         if not isinstance(self.reranker, Reranker) and self.reranker not in ("vlm", "embedding"):
             raise InvalidInputError("reranker", f"use 'vlm', 'embedding' or a Reranker, not {self.reranker!r}")
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One generation (see :meth:`refsight.Engine.chat`), checked once when it is built.
+
+    ``segments`` in order: text (``str``), a :class:`~refsight.references.ReferenceSegment`, or an
+    image; ``turns`` splits them into chat turns (``(role, count)``); ``raw_prompt``: the segments
+    are the whole prompt, no chat template added. ``sampling`` (default greedy) is a
+    :class:`Sampling`; ``json_schema`` constrains the answer; ``max_prompt_tokens`` bounds the
+    prompt (text and image tokens). ``use_cache`` / ``prefix_states``, ``model`` and ``namespace``
+    become the request context at the engine's front door.
+    """
+
+    segments: Sequence[Any]
+    max_new_tokens: int = 64
+    json_schema: dict[str, Any] | None = None
+    sampling: Sampling = field(default_factory=Sampling)
+    turns: Sequence[tuple[str, int]] | None = None
+    raw_prompt: bool = False
+    max_prompt_tokens: int | None = None
+    use_cache: bool = True
+    prefix_states: bool = True
+    model: str | None = None
+    namespace: str | None = None
+
+    def __post_init__(self) -> None:
+        # Every text a prompt carries must be valid Unicode (a backend request encodes it, and so would a log).
+        segments = list(self.segments)
+        for i, segment in enumerate(segments):
+            if isinstance(segment, str):
+                check_text(segment, f"segments[{i}]")
+        check_texts(self.json_schema, "json_schema")
+        sampling = Sampling() if self.sampling is None else self.sampling
+        if not isinstance(sampling, Sampling):
+            raise InvalidInputError("sampling", f"expected a Sampling, got {type(sampling).__name__}")
+        object.__setattr__(self, "segments", segments)
+        object.__setattr__(self, "sampling", sampling)
+
+    @classmethod
+    def of(cls, request: ChatRequest | Sequence[Any], options: Mapping[str, Any]) -> ChatRequest:
+        """``request`` itself, or the request of segments and keywords (the keyword form of the Python API;
+        ``use_kv_cache``: the deprecated name of ``prefix_states``)."""
+        if isinstance(request, ChatRequest):
+            if options:
+                raise InvalidInputError(", ".join(sorted(options)), "give a ChatRequest or keywords, not both")
+            return request
+        return cls(request, **_prefix_states(options, "Engine.chat"))
+
+
+def _prefix_states(options: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``options`` with ``use_kv_cache`` (the deprecated name of ``prefix_states``) read as ``prefix_states``."""
+    options = dict(options)
+    if "use_kv_cache" in options:
+        old = options.pop("use_kv_cache")
+        options["prefix_states"] = renamed(
+            "use_kv_cache", old, "prefix_states", options.get("prefix_states", True), where=where, default=True,
+        )
+    return options

@@ -29,7 +29,7 @@ from PIL import Image
 
 from .. import AddFailure, Engine, ImageInput, IntakeLimits, InvalidInputError, ReferenceSegment, load_image
 from ..config import default_store_dir
-from ..requests import CompareRequest
+from ..requests import ChatRequest, CompareRequest
 from ..results import GenerateResult
 from ..settings import Settings, load_settings
 from .config import ServerConfig
@@ -184,13 +184,19 @@ class Service:
         """``engine.search`` → the JSON of ``refsight search --json``."""
         return printable_data(self.engine.search(namespace=namespace, **options).to_dict())
 
-    def chat(self, segments: Sequence[Any], *, namespace: str, **options: Any) -> GenerateResult:
-        """``engine.chat`` → the generation, typed, its strings printable (the routes format it by attribute)."""
-        # ``--no-cache`` serves every image through the runtime's fresh path (the baseline of a benchmark).
-        cache = {} if self.config.use_cache else {"use_cache": False, "prefix_states": False}
+    def chat(
+        self, segments: Sequence[Any], *, namespace: str, on_text: Callable[[str], None] | None = None,
+        stop_event: Any = None, **fields: Any,
+    ) -> GenerateResult:
+        """A route's generation: ONE :class:`~refsight.requests.ChatRequest` of its ``fields`` with the server's
+        policy merged in (built here, once), taken whole by ``engine.chat`` → the generation, typed, its strings
+        printable (the routes format it by attribute)."""
         # The prompt limit counts every image's tokens too, checked in the engine before any prefill.
-        limit = {"max_prompt_tokens": self.config.max_prompt_tokens}
-        result = self.engine.chat(list(segments), namespace=namespace, **cache, **limit, **options)
+        policy: dict[str, Any] = {"max_prompt_tokens": self.config.max_prompt_tokens}
+        if not self.config.use_cache:  # ``--no-cache``: every image through the runtime's fresh path (a benchmark's baseline)
+            policy.update(use_cache=False, prefix_states=False)
+        request = ChatRequest(list(segments), namespace=namespace, **policy, **fields)
+        result = self.engine.chat(request, on_text=on_text, stop_event=stop_event)
         return GenerateResult(**printable_data(result.to_dict()))
 
     # -- stats -----------------------------------------------------------------------------
