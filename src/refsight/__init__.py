@@ -68,7 +68,7 @@ def __getattr__(name: str):
         from .backends.sampling import Sampling
 
         return Sampling
-    if name in ("CompareRequest", "ChatRequest"):
+    if name in ("CompareRequest", "ChatRequest", "SearchRequest"):
         from . import requests
 
         return getattr(requests, name)
@@ -95,6 +95,7 @@ __all__ = [
     "Sampling",
     "CompareRequest",
     "ChatRequest",
+    "SearchRequest",
     "available_models",
     "family_rows",
     "FAMILY_RUNTIMES",

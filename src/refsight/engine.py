@@ -47,14 +47,13 @@ from .maintenance import Maintenance
 from .package_cache import CachedPackage, PackageCache, holding_packages
 from .prefixes import PrefixStateCache
 from .prompt_size import check_prompt_size
-from .requests import ChatRequest, CompareRequest
+from .requests import ChatRequest, CompareRequest, SearchRequest
 from .references import ReferenceBook, ReferenceSegment, load_kept_image, source_label
 from .results import (
     AddFailure, AddResult, CompareResult, GenerateResult, IndexReport, PackageState, PruneReport, SearchResult,
     StoreStats, VerifyReport,
 )
 from .models.embedders import Embedder
-from .retrieval.query import check_search
 from .retrieval.store_index import StoreIndex
 from .settings import Settings, load_settings, open_configured_store
 from .store import DEFAULT_NAMESPACE, Reference, Store
@@ -305,21 +304,21 @@ class Engine:
         )
 
     # -- retrieval -------------------------------------------------------------------------
-    def search(
-        self, text: str | None = None, *, image: ImageSource | None = None, k: int = 10,
-        where: Mapping[str, Any] | None = None, restrict_to: Sequence[str] | None = None, namespace: str | None = None,
-    ) -> SearchResult:
+    def search(self, request: SearchRequest | str | None = None, /, **options: Any) -> SearchResult:
         """Recall the ``k`` references best matching ``text`` or ``image`` (``restrict_to``: only those ids).
 
-        The index is brought up to date with the catalog first (each reference image is
-        embedded once per embedder, ever), so a search always sees every reference.
+        ``request`` is a :class:`~refsight.requests.SearchRequest`, or the text (or nothing, with
+        ``image=``) with the request's fields as keywords: ``text``, ``image``, ``k`` (10), ``where``,
+        ``restrict_to``, ``namespace``. The index is brought up to date with the catalog first (each
+        reference image is embedded once per embedder, ever), so a search always sees every reference.
         """
-        check_search(text, image, k, where, restrict_to)
+        search = SearchRequest.of(request, options)
+        image = search.image
         query = None if image is None else load_image(image, limits=self.limits, name=source_label(image))
-        context = self.context(namespace)
+        context = self.context(search.namespace)
         return self.retrieval.search(
-            text=text, image=query, k=k, namespace=context.namespace, where=where, restrict_to=restrict_to,
-            scope=context.scope,
+            text=search.text, image=query, k=search.k, namespace=context.namespace, where=search.where,
+            restrict_to=search.restrict_to, scope=context.scope,
         )
 
     def index(self, *, rebuild: bool = False, namespace: str | None = None) -> IndexReport:

@@ -10,6 +10,8 @@ naming the field and the reason; the engine takes the value whole and never chec
 - :class:`ChatRequest`: one generation (the prompt's segments, the token bound, the JSON schema,
   the sampling, the chat turns, a raw prompt, the prompt limit, the cache switches, the model and
   the namespace);
+- :class:`SearchRequest`: one recall by text or by image (``k``, the ``where`` filter, the ids
+  it is restricted to, the namespace);
 - :class:`~refsight.backends.sampling.Sampling`: how tokens are picked, with the one merge of a
   request's fields over the served model's defaults (:meth:`Sampling.merged`) and the one rule of
   what a backend honours (:meth:`Sampling.unsupported`). It is defined beside the backends, which
@@ -31,10 +33,10 @@ from .images import ImageSource
 from .judge.attribute_records import check_sources
 from .judge.criteria import Rubric, parse_rubric
 from .rerank import Reranker
-from .retrieval.query import check_query_text, check_recall_mode
+from .retrieval.query import check_query_text, check_recall_mode, check_search
 from .store.base import validate_ref_id
 
-__all__ = ["CompareRequest", "ChatRequest", "Sampling", "SAMPLING_RANGES", "MAX_SHORTLIST"]
+__all__ = ["CompareRequest", "ChatRequest", "SearchRequest", "Sampling", "SAMPLING_RANGES", "MAX_SHORTLIST"]
 
 #: Most references one compare may recall, rerank or judge.
 MAX_SHORTLIST = 1000
@@ -178,6 +180,31 @@ class ChatRequest:
                 raise InvalidInputError(", ".join(sorted(options)), "give a ChatRequest or keywords, not both")
             return request
         return cls(request, **_prefix_states(options, "Engine.chat"))
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    """One search (see :meth:`refsight.Engine.search`), checked once when it is built: exactly one of
+    ``text`` or ``image``, ``k`` in range, valid text in ``where`` and ``restrict_to``."""
+
+    text: str | None = None
+    image: ImageSource | None = None
+    k: int = 10
+    where: Mapping[str, Any] | None = None
+    restrict_to: Sequence[str] | None = None
+    namespace: str | None = None
+
+    def __post_init__(self) -> None:
+        check_search(self.text, self.image, self.k, self.where, self.restrict_to)
+
+    @classmethod
+    def of(cls, request: SearchRequest | str | None, options: Mapping[str, Any]) -> SearchRequest:
+        """``request`` itself, or the request of a text (or none) and keywords (the keyword form of the Python API)."""
+        if isinstance(request, SearchRequest):
+            if options:
+                raise InvalidInputError(", ".join(sorted(options)), "give a SearchRequest or keywords, not both")
+            return request
+        return cls(**options) if request is None else cls(request, **options)
 
 
 def _prefix_states(options: Mapping[str, Any], where: str) -> dict[str, Any]:

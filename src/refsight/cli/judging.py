@@ -111,8 +111,11 @@ def _parse_where(items: Sequence[str]) -> dict[str, str] | None:
 
 def cmd_search(args: argparse.Namespace) -> int:
     """refsight search TEXT | --image PATH [--k K] [--where KEY=VALUE]"""
+    from ..requests import SearchRequest  # here: the parser itself loads no model code
+
+    request = SearchRequest(text=args.text, image=args.image, k=args.k, where=_parse_where(args.where))
     with open_engine(args) as engine:
-        data = engine.search(args.text, image=args.image, k=args.k, where=_parse_where(args.where)).to_dict()
+        data = engine.search(request).to_dict()
     emit(args, data, lambda d: "\n".join(f"{r['score']:.4f}  {r['ref_id']}" for r in d["results"]) or "no references match")
     return 0
 

@@ -29,7 +29,7 @@ from PIL import Image
 
 from .. import AddFailure, Engine, ImageInput, IntakeLimits, InvalidInputError, ReferenceSegment, load_image
 from ..config import default_store_dir
-from ..requests import ChatRequest, CompareRequest
+from ..requests import ChatRequest, CompareRequest, SearchRequest
 from ..results import GenerateResult
 from ..settings import Settings, load_settings
 from .config import ServerConfig
@@ -180,9 +180,11 @@ class Service:
             raise ValueError("a server's CompareRequest names the tenant's namespace")
         return printable_data(self.engine.compare(request, on_stage=on_stage).to_dict())
 
-    def search(self, *, namespace: str, **options: Any) -> dict[str, Any]:
-        """``engine.search`` → the JSON of ``refsight search --json``."""
-        return printable_data(self.engine.search(namespace=namespace, **options).to_dict())
+    def search(self, request: SearchRequest) -> dict[str, Any]:
+        """``engine.search`` of the request (which names the tenant's namespace) → the JSON of ``refsight search --json``."""
+        if request.namespace is None:  # a tenant's search never falls back to the engine's namespace
+            raise ValueError("a server's SearchRequest names the tenant's namespace")
+        return printable_data(self.engine.search(request).to_dict())
 
     def chat(
         self, segments: Sequence[Any], *, namespace: str, on_text: Callable[[str], None] | None = None,

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from ... import validate_where
-from ...requests import CompareRequest
+from ...requests import CompareRequest, SearchRequest
 from ..bodies import CompareBody, SearchBody, body_schema, decode_image_field, read_body
 from ..disconnect import run_watched, stop_between_steps
 from ..deps import MetricsDep, PoolDep, ProgressDep, ServiceDep, Namespace
@@ -73,6 +73,6 @@ async def search(body: SearchBody, namespace: Namespace, service: ServiceDep, po
     def work() -> dict[str, Any]:
         image = service.decode(data, "image") if data is not None else None
         with fields_named(text=body.text):
-            return service.search(namespace=namespace, text=body.text, image=image, k=body.k, where=body.where)
+            return service.search(SearchRequest(text=body.text, image=image, k=body.k, where=body.where, namespace=namespace))
 
     return await pool.run(work)
