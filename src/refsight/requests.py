@@ -117,9 +117,13 @@ class CompareRequest:
             if self.top_k is None:  # query only steers recall: without top_k it would be silently ignored
                 raise InvalidInputError("query", "recalls references by text, so it needs top_k")
         for name in ("top_k", "rerank", "recall_k"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SHORTLIST):
-                raise InvalidInputError(name, f"must be an integer in 1..{MAX_SHORTLIST}, not {value!r}")
+            _count(name, getattr(self, name))
+        self._check_depths()
+        if not isinstance(self.reranker, Reranker) and self.reranker not in ("vlm", "embedding"):
+            raise InvalidInputError("reranker", f"use 'vlm', 'embedding' or a Reranker, not {self.reranker!r}")
+
+    def _check_depths(self) -> None:
+        """``rerank`` and ``recall_k`` deepen a recall: they need ``top_k``, and at least what goes on after them."""
         if self.rerank is not None:
             if self.top_k is None:
                 raise InvalidInputError("rerank", "reranks a recalled shortlist: give top_k (the references to judge) too")
@@ -130,8 +134,11 @@ class CompareRequest:
                 raise InvalidInputError("recall_k", "is the depth of recall: give top_k too")
             if self.recall_k < (self.rerank or self.top_k):
                 raise InvalidInputError("recall_k", f"recalls {self.recall_k}, fewer than the {self.rerank or self.top_k} that go on")
-        if not isinstance(self.reranker, Reranker) and self.reranker not in ("vlm", "embedding"):
-            raise InvalidInputError("reranker", f"use 'vlm', 'embedding' or a Reranker, not {self.reranker!r}")
+
+
+def _count(name: str, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SHORTLIST):
+        raise InvalidInputError(name, f"must be an integer in 1..{MAX_SHORTLIST}, not {value!r}")
 
 
 @dataclass(frozen=True)

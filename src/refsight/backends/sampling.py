@@ -73,6 +73,18 @@ def _number(name: str, value: Any, low: float, high: float, *, open_low: bool = 
         raise InvalidInputError(name, f"must be {opening} {'at most ' if open_low else ''}{high:g}, not {value}")
 
 
+def _integer(name: str, value: Any, high: int, reason: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
+        raise InvalidInputError(name, f"{reason}, not {value!r}")
+
+
+def _stop_strings(stop: Any) -> tuple[str, ...]:
+    if not isinstance(stop, (tuple, list)) or len(stop) > MAX_STOP_STRINGS or any(not isinstance(s, str) or not s for s in stop):
+        raise InvalidInputError("stop", f"give at most {MAX_STOP_STRINGS} non-empty strings")
+    check_texts(list(stop), "stop")  # a backend request encodes them, and so would a log
+    return tuple(stop)
+
+
 @dataclass(frozen=True)
 class Sampling:
     """How to pick tokens. The default (``temperature=0``) is greedy decoding.
@@ -106,17 +118,10 @@ class Sampling:
         # Every rule of a sampling, checked here once: the front ends build a Sampling and keep no copy.
         for name, (low, high, open_low) in RANGES.items():
             _number(name, getattr(self, name), low, high, open_low=open_low)
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or not 0 <= self.top_k <= TOP_K_LIMIT:
-            raise InvalidInputError("top_k", f"must be an integer from 0 (no limit) to {TOP_K_LIMIT}, not {self.top_k!r}")
-        if self.seed is not None and (
-            isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < SEED_LIMIT
-        ):
-            raise InvalidInputError("seed", f"must be a non-negative 64-bit integer, not {self.seed!r}")
-        stop = self.stop
-        if not isinstance(stop, (tuple, list)) or len(stop) > MAX_STOP_STRINGS or any(not isinstance(s, str) or not s for s in stop):
-            raise InvalidInputError("stop", f"give at most {MAX_STOP_STRINGS} non-empty strings")
-        check_texts(list(stop), "stop")  # a backend request encodes them, and so would a log
-        object.__setattr__(self, "stop", tuple(stop))
+        _integer("top_k", self.top_k, TOP_K_LIMIT, f"must be an integer from 0 (no limit) to {TOP_K_LIMIT}")
+        if self.seed is not None:
+            _integer("seed", self.seed, SEED_LIMIT - 1, "must be a non-negative 64-bit integer")
+        object.__setattr__(self, "stop", _stop_strings(self.stop))
 
     @classmethod
     def merged(cls, given: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> Sampling:
