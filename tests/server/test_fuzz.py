@@ -27,6 +27,7 @@ schema = schemathesis.openapi.from_dict(_OPENAPI)
 _ALIAS = "llama-server's path without /v1: the same handler, fuzzed under /v1 (tests/server/test_hostile.py attacks it)"
 NOT_FUZZED = {
     ("GET", "/"): "the HTML page (no JSON schema): tests/server/test_hostile.py and test_page.py",
+    ("GET", "/favicon.ico"): "the page's icon (no JSON schema): tests/server/test_hostile.py and test_page_layout.py",
     ("GET", "/models"): _ALIAS,
     ("POST", "/chat/completions"): _ALIAS,
     ("POST", "/completions"): "llama-server's alias of /completion: the same handler, fuzzed as /completion",
