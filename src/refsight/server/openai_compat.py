@@ -51,7 +51,7 @@ from .prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
 from .streaming import SSE_DONE, EventStreamResponse, answer_events, open_stream, sse_event
 from .timings import TokenClock
 
-__all__ = ["router", "ChatRequest", "check_generation", "SYSTEM_FINGERPRINT"]
+__all__ = ["router", "ChatBody", "check_generation", "SYSTEM_FINGERPRINT"]
 
 #: OpenAI's ``system_fingerprint`` (llama-server sends its build): the refsight version that answered.
 SYSTEM_FINGERPRINT = f"refsight-{__version__}"
@@ -66,8 +66,10 @@ class StreamOptions(BaseModel):
     include_usage: bool | None = None
 
 
-class ChatRequest(GenerationBody):
-    """The OpenAI chat request (and the vLLM and llama-server fields, :mod:`.generation_body`); any other field is a 400."""
+class ChatBody(GenerationBody):
+    """The OpenAI chat body (and the vLLM and llama-server fields, :mod:`.generation_body`); any other field is a 400.
+
+    The service builds the :class:`refsight.requests.ChatRequest` the engine takes from what it holds."""
 
     model: str | None = Field(None, description="the served model (optional, as llama-server has it)")
     messages: list[Message] = Field(min_length=1, max_length=256)
@@ -79,6 +81,21 @@ class ChatRequest(GenerationBody):
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="accepted when the served chat template reads none of its keys (so they change nothing)"
     )
+
+    def check_choices(self) -> None:
+        """400 naming what one answer cannot honour: several choices, log probabilities, the stream's own options,
+        two token bounds that differ, two trailing assistant messages."""
+        if self.n not in (None, 1):
+            raise ApiError(400, "unsupported", "n: only one choice (n=1) is supported", param="n")
+        if self.logprobs:
+            raise ApiError(400, "unsupported", "logprobs: log probabilities are not returned", param="logprobs")
+        if len(self.messages) >= 2 and self.messages[-1].role == self.messages[-2].role == "assistant":
+            # llama-server's rule: a final assistant message is continued, two in a row have no meaning.
+            raise ApiError(400, "invalid_input", "messages: cannot end with two assistant messages", param="messages")
+        if self.stream_options is not None and not self.stream:
+            raise ApiError(400, "invalid_input", "stream_options: only allowed with stream=true", param="stream_options")
+        if self.max_tokens is not None and self.max_completion_tokens is not None and self.max_tokens != self.max_completion_tokens:
+            raise ApiError(400, "invalid_input", "max_tokens: differs from max_completion_tokens; give one", param="max_tokens")
 
 
 def check_generation(body: GenerationBody, service: Any, given: int | None, max_limit: int) -> tuple[int, Sampling]:
@@ -108,19 +125,9 @@ def check_generation(body: GenerationBody, service: Any, given: int | None, max_
     return max_new_tokens, sampling
 
 
-def _check_request(body: ChatRequest, service: Any, max_limit: int) -> tuple[int, Sampling]:
+def _check_request(body: ChatBody, service: Any, max_limit: int) -> tuple[int, Sampling]:
     """Refuse what cannot be honoured (400 naming the field); the token bound and the sampling."""
-    if body.n not in (None, 1):
-        raise ApiError(400, "unsupported", "n: only one choice (n=1) is supported", param="n")
-    if body.logprobs:
-        raise ApiError(400, "unsupported", "logprobs: log probabilities are not returned", param="logprobs")
-    if len(body.messages) >= 2 and body.messages[-1].role == body.messages[-2].role == "assistant":
-        # llama-server's rule: a final assistant message is continued, two in a row have no meaning.
-        raise ApiError(400, "invalid_input", "messages: cannot end with two assistant messages", param="messages")
-    if body.stream_options is not None and not body.stream:
-        raise ApiError(400, "invalid_input", "stream_options: only allowed with stream=true", param="stream_options")
-    if body.max_tokens is not None and body.max_completion_tokens is not None and body.max_tokens != body.max_completion_tokens:
-        raise ApiError(400, "invalid_input", "max_tokens: differs from max_completion_tokens; give one", param="max_tokens")
+    body.check_choices()
     backend = service.engine.backend()
     for key in sorted(body.chat_template_kwargs or {}):
         if backend.chat_template_reads(key):
@@ -135,7 +142,7 @@ def _check_request(body: ChatRequest, service: Any, max_limit: int) -> tuple[int
 # llama-server answers its OpenAI routes without the /v1 prefix too, and many clients call them so.
 @router.post("/chat/completions", responses={k: ERROR_RESPONSES[k] for k in (400, 404)}, include_in_schema=False)
 async def chat_completions(
-    request: Request, body: ChatRequest, namespace: Namespace, service: ServiceDep, pool: PoolDep, config: ConfigDep,
+    request: Request, body: ChatBody, namespace: Namespace, service: ServiceDep, pool: PoolDep, config: ConfigDep,
     uuids: MediaUuidsDep,
 ) -> Any:
     """OpenAI-compatible chat with images; reference packages come from the store, never re-encoded.
