@@ -83,3 +83,16 @@ print("ok")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_the_demos_browse_line_names_the_server_extra_only_when_it_is_missing():
+    from refsight.demo import _server_hint
+
+    assert _server_hint() == ""  # installed here: the line says nothing more
+    code = _BLOCKER.format(blocked=("fastapi",)) + """
+from refsight.demo import _server_hint
+print(_server_hint())
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"(it needs the server extra: {install_command('server')})"
