@@ -121,7 +121,13 @@ def _server_hint() -> str:
 
     from .extras import install_command
 
-    if all(importlib.util.find_spec(m) is not None for m in ("fastapi", "uvicorn", "multipart", "prometheus_client")):
+    def installed(module: str) -> bool:
+        try:
+            return importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a broken or half-removed package counts as missing
+            return False
+
+    if all(installed(m) for m in ("fastapi", "uvicorn", "multipart", "prometheus_client")):
         return ""
     return f" (it needs the server extra: {install_command('server')})"
 
