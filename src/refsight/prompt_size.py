@@ -23,22 +23,28 @@ from .errors import ContextLengthError
 __all__ = ["prompt_size", "check_prompt_size"]
 
 
-def prompt_size(backend: Any, segments: Sequence[Any]) -> tuple[int, int]:
+def prompt_size(backend: Any, segments: Sequence[Any], raw: bool = False) -> tuple[int, int]:
     """``(text tokens, image tokens)`` of a prompt's segments (text, packages, images or references); an
-    image the backend cannot count (yet) adds nothing."""
+    image the backend cannot count (yet) adds nothing. ``raw``: the text spells special tokens as llama-server's
+    ``/completion`` parses them (``<|im_start|>`` one token, not six), so it is counted that way."""
     texts = [s for s in segments if isinstance(s, str)]
-    text_tokens = backend.count_text_tokens("\n".join(texts)) if texts else 0
+    if raw and texts:
+        text_tokens = len(backend.tokenize("".join(texts), add_special=False, parse_special=True))
+    else:
+        text_tokens = backend.count_text_tokens("\n".join(texts)) if texts else 0
     image_tokens = sum(backend.image_token_count(s) or 0 for s in segments if not isinstance(s, str))
     return text_tokens, image_tokens
 
 
-def check_prompt_size(backend: Any, segments: Sequence[Any], max_prompt_tokens: int | None = None) -> None:
+def check_prompt_size(
+    backend: Any, segments: Sequence[Any], max_prompt_tokens: int | None = None, raw: bool = False
+) -> None:
     """Raise :class:`ContextLengthError` when the prompt's text and image tokens exceed ``max_prompt_tokens``
     or fill the backend's context; nothing to check without either bound."""
     context = getattr(backend, "context_size", None)
     if max_prompt_tokens is None and not context:
         return
-    text_tokens, image_tokens = prompt_size(backend, segments)
+    text_tokens, image_tokens = prompt_size(backend, segments, raw)
     total = text_tokens + image_tokens
     images = sum(1 for s in segments if not isinstance(s, str))
     counted = f"{total} tokens ({text_tokens} text, {image_tokens} in {images} image{'' if images == 1 else 's'})"

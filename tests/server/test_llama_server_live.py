@@ -136,6 +136,10 @@ def test_errors_have_llama_servers_status_type_and_figures(servers):
             assert theirs["n_prompt_tokens"] == ours["n_prompt_tokens"]
         else:  # refsight counts a chat before its template (a bound checked before any model work): docs/http.md
             assert ours["n_prompt_tokens"] <= theirs["n_prompt_tokens"]
+    # A raw prompt that fits once its special tokens are parsed (380 tokens; spelled out, they would be ~900).
+    theirs, ours = both(servers, "POST", "/completion", json={"prompt": PROMPT * 20, "n_predict": 2, "temperature": 0})
+    assert theirs.status_code == ours.status_code == 200, ours.text
+    assert theirs.json()["tokens_evaluated"] == ours.json()["tokens_evaluated"]
     messages = [*HI, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]
     theirs, ours = both(servers, "POST", "/v1/chat/completions", json={"messages": messages, "max_tokens": 4})
     assert theirs.status_code == ours.status_code == 400
