@@ -104,7 +104,8 @@ def test_routes_without_v1_and_the_models_list_are_llama_servers(servers):
         assert set(theirs["models"][0]) == set(ours["models"][0]), path
         assert set(theirs["models"][0]["details"]) == set(ours["models"][0]["details"])
         assert theirs["models"][0]["capabilities"] == ours["models"][0]["capabilities"] == ["completion", "multimodal"]
-        assert {"id", "object", "created", "owned_by"} <= set(theirs["data"][0]) & set(ours["data"][0])
+        assert {"id", "object", "created", "owned_by", "aliases", "tags"} <= set(theirs["data"][0]) & set(ours["data"][0])
+        assert ours["data"][0]["id"] in ours["data"][0]["aliases"] and theirs["data"][0]["id"] in theirs["data"][0]["aliases"]
 
 
 @_slow

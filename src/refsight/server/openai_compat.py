@@ -248,8 +248,10 @@ def llama_server_card(service: Any) -> dict[str, Any]:
 @router.get("/v1/models")
 @router.get("/models", include_in_schema=False)  # llama-server's path without /v1
 async def list_models(namespace: Namespace, service: ServiceDep) -> dict[str, Any]:
-    """The served model, in the OpenAI ``/v1/models`` shape with llama-server's ``models`` list beside ``data``."""
-    return {"models": [llama_server_card(service)], "object": "list", "data": [model_card(service)]}
+    """The served model, in the OpenAI ``/v1/models`` shape with llama-server's ``models`` list beside ``data``
+    (its ``data`` entry with llama-server's ``aliases``, every name a request may send, and ``tags``)."""
+    listed = {**model_card(service), "aliases": sorted(service.model_names), "tags": []}
+    return {"models": [llama_server_card(service)], "object": "list", "data": [listed]}
 
 
 @router.get("/v1/models/{model_id:path}", responses={404: ERROR_RESPONSES[404]})
