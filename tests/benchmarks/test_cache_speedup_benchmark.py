@@ -30,6 +30,16 @@ def test_cache_speedup_at_a_tiny_size(model_cache, model):
     _check(figures, [1, 2])
 
 
+def test_cache_speedup_with_prefix_states_past_a_sliding_window(model_cache):
+    """tiny-gemma3's window is 64 tokens: four references' prefix is longer, and the cached path serves it."""
+    figures = run_benchmark("cache_speedup.py", "--model", "tiny-gemma3", "--size", "56", "--refs", "1,4",
+                            "--max-new-tokens", "3", "--prefix-states")
+    _check(figures, [1, 4])
+    assert figures["prefix_states"] is True
+    assert all(run["prefix_tokens_reused"] > 0 for run in figures["runs"])
+    assert figures["runs"][-1]["prefix_tokens_reused"] > 64
+
+
 @pytest.mark.vllm
 def test_cache_speedup_on_a_vllm_server(model_cache, vllm_servers):
     server = vllm_servers.get("tiny-qwen2-vl-vllm", 8)

@@ -46,6 +46,7 @@ _BUILTINS: dict[str, str] = {
     "shape-qwen2-vl-2b": "refsight.backends.tiny:load_tiny",
     "shape-qwen2-vl-2b-full": "refsight.backends.tiny:load_tiny",
     "shape-smolvlm-256m": "refsight.backends.tiny:load_tiny",
+    "shape-gemma3-4b": "refsight.backends.tiny:load_tiny",
     # llama.cpp (GGUF) built-ins: need the ``llamacpp`` extra
     "tiny-qwen2-vl-gguf": "refsight.backends.llamacpp:load_builtin",
     "tiny-qwen2.5-vl-gguf": "refsight.backends.llamacpp:load_builtin",

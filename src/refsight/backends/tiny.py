@@ -26,7 +26,7 @@ from typing import Any, Callable
 from ..config import model_cache_dir  # re-exported: the builders' cache lives there
 from ..errors import ModelLoadError, UnknownModelError
 from .base import Backend
-from .tiny_families import FAMILY_SPECS, build_family_checkpoint
+from .tiny_families import FAMILY_SPECS, SHAPE_FAMILY_SPECS, build_family_checkpoint
 
 __all__ = [
     "TINY_MODELS", "ModelSpec", "load_tiny", "model_cache_dir", "ensure_model_dir", "build_checkpoint", "build_into_cache",
@@ -148,8 +148,9 @@ TINY_MODELS: dict[str, _Spec] = {
 def _build_id(name: str) -> str:
     import transformers
 
-    if name in FAMILY_SPECS:
-        recipe = json.dumps({"family_spec": FAMILY_SPECS[name].__dict__, "seed": SEED, "build": BUILD_VERSION,
+    if name in FAMILY_SPECS or name in SHAPE_FAMILY_SPECS:
+        family = FAMILY_SPECS.get(name) or SHAPE_FAMILY_SPECS[name]
+        recipe = json.dumps({"family_spec": family.recipe(), "seed": SEED, "build": BUILD_VERSION,
                              "transformers": transformers.__version__}, sort_keys=True, default=str)
         return hashlib.sha256(recipe.encode()).hexdigest()[:12]
     # A spec without a finish hook hashes as before the hook existed (same cache entries).
@@ -199,14 +200,14 @@ def build_into_cache(name: str, build_id: str, done: str, build: Callable[[Path]
 
 def ensure_model_dir(name: str) -> Path:
     """Build ``name`` into the cache unless it is there already; return its directory (:func:`build_into_cache`)."""
-    if name not in TINY_MODELS and name not in FAMILY_SPECS:
-        raise UnknownModelError(name, [*TINY_MODELS, *FAMILY_SPECS])
+    if name not in TINY_MODELS and name not in FAMILY_SPECS and name not in SHAPE_FAMILY_SPECS:
+        raise UnknownModelError(name, [*TINY_MODELS, *FAMILY_SPECS, *SHAPE_FAMILY_SPECS])
     return build_into_cache(name, _build_id(name), "config.json", lambda tmp: _build(name, tmp), "the built-in model")
 
 
 def _build(name: str, directory: Path) -> None:
-    if name in FAMILY_SPECS:
-        build_family_checkpoint(FAMILY_SPECS[name], directory, seed=SEED)
+    if name in FAMILY_SPECS or name in SHAPE_FAMILY_SPECS:
+        build_family_checkpoint(FAMILY_SPECS.get(name) or SHAPE_FAMILY_SPECS[name], directory, seed=SEED)
         _write_marker(directory, name)
         return
     build_checkpoint(name, TINY_MODELS[name], directory)

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .tiny_family_specs import RECIPES
+from .tiny_family_specs import RECIPES, SHAPE_RECIPES
 
-__all__ = ["FamilySpec", "FAMILY_SPECS", "build_family_checkpoint", "family_tokenizer"]
+__all__ = ["FamilySpec", "FAMILY_SPECS", "SHAPE_FAMILY_SPECS", "build_family_checkpoint", "family_tokenizer"]
 
 
 @dataclass(frozen=True)
@@ -39,11 +39,21 @@ class FamilySpec:
     processor: dict[str, Any] = field(default_factory=dict)
     #: Tokens added to the trained vocabulary as plain (not special) tokens.
     plain_tokens: tuple[str, ...] = ()
+    #: The dtype the weights are built and saved in (None: float32).
+    save_dtype: str | None = None
+    #: The language model's vocabulary rows when a real shape has more than the tokenizer (None: the tokenizer's).
+    vocab_size: int | None = None
+
+    def recipe(self) -> dict[str, Any]:
+        """The fields as build ids hash them: the optional ones left at None hash as before they existed."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("save_dtype", "vocab_size") or v is not None}
 
 #: Built-in model name → recipe (the data is in :mod:`.tiny_family_specs`).
 FAMILY_SPECS: dict[str, FamilySpec] = {
     f"tiny-{recipe['model_type'].replace('_', '-')}": FamilySpec(**recipe) for recipe in RECIPES
 }
+#: Built-in real-shape checkpoints (``shape-*``) of the generic families: benchmarks only, never the tiny test set.
+SHAPE_FAMILY_SPECS: dict[str, FamilySpec] = {name: FamilySpec(**recipe) for name, recipe in SHAPE_RECIPES.items()}
 
 
 def _resolve(value: Any, tokenizer: Any) -> Any:
@@ -89,14 +99,21 @@ def build_family_checkpoint(spec: FamilySpec, directory: Path, *, seed: int = 0)
     classes = family_classes(spec.model_type)
     tokenizer = family_tokenizer(spec)
     text = dict(spec.config.get("text_config", {}))
-    text.update(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+    text.update(vocab_size=spec.vocab_size or len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                 bos_token_id=tokenizer.bos_token_id)
     fields = {k: _resolve(v, tokenizer) for k, v in spec.config.items() if k != "text_config"}
     config = getattr(transformers, CONFIG_MAPPING_NAMES[spec.model_type])(text_config=text, **fields)
     # A private generator state: building a model must not disturb the caller's RNG.
+    default = torch.get_default_dtype()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = getattr(transformers, classes.model)(config).eval()
+        if spec.save_dtype:
+            # Built in that dtype from the start: a 4B model in float32 would need twice the memory.
+            torch.set_default_dtype(getattr(torch, spec.save_dtype))
+        try:
+            model = getattr(transformers, classes.model)(config).eval()
+        finally:
+            torch.set_default_dtype(default)
     model.generation_config = transformers.GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=False
     )

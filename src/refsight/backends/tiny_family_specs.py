@@ -353,3 +353,31 @@ GLM4V_MOE = dict(
 #: Every recipe, one per model type.
 RECIPES = (GEMMA3, LLAVA, LLAVA_ONEVISION, PALIGEMMA, LLAVA_NEXT, INTERNVL, AYA_VISION, MISTRAL3, GLM4V, GLM4V_MOE,
            MINICPMV4_6, QWEN3_VL_MOE)
+
+# Gemma-3-4B's whole shape (google/gemma-3-4b-it's config): the SigLIP-so400m tower at 896² (27 layers, hidden
+# 1152, patch 14: 4,096 patches pooled to 256 image tokens) and the real-depth language model (34 layers, hidden
+# 2560, MLP 10240, 8 heads, 4 KV heads, head dim 256, five sliding-window layers of 1,024 tokens per full one,
+# the global layers' RoPE scaled linearly by 8), random weights in bf16 (~8.6 GB). Only the tokenizer is the
+# small built-in one; the embedding keeps the real 262,208 rows, so the LM head costs what it really costs.
+GEMMA3_4B_SHAPE = dict(
+    GEMMA3,
+    config=dict(
+        GEMMA3["config"],
+        text_config=dict(
+            hidden_size=2560, intermediate_size=10240, num_hidden_layers=34, num_attention_heads=8, num_key_value_heads=4,
+            head_dim=256, sliding_window=1024, query_pre_attn_scalar=256, max_position_embeddings=131072,
+            rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+        ),
+        vision_config=dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
+                           image_size=896, patch_size=14, vision_use_head=False),
+        mm_tokens_per_image=256,
+    ),
+    image_processor=dict(size={"height": 896, "width": 896}, image_mean=[0.5] * 3, image_std=[0.5] * 3),
+    processor=dict(image_seq_length=256),
+    save_dtype="bfloat16",
+    vocab_size=262208,
+)
+
+#: Real-shape checkpoints of the generic families (benchmarks), by built-in name.
+SHAPE_RECIPES = {"shape-gemma3-4b": GEMMA3_4B_SHAPE}

@@ -102,7 +102,7 @@ def _family_build_id(name: str) -> str:
 
     from ..tiny import BUILD_VERSION, SEED
 
-    recipe = json.dumps({"vllm_family_spec": VLLM_FAMILY_SPECS[name].__dict__, "seed": SEED, "build": BUILD_VERSION,
+    recipe = json.dumps({"vllm_family_spec": VLLM_FAMILY_SPECS[name].recipe(), "seed": SEED, "build": BUILD_VERSION,
                          "transformers": transformers.__version__}, sort_keys=True, default=str)
     return hashlib.sha256(recipe.encode()).hexdigest()[:12]
 
