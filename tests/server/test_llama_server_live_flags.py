@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import socket
 
-import httpx
 import pytest
 from runtimes import require_module
 
