@@ -246,6 +246,9 @@ class LlamaServer:
     to ``log_path``.
     """
 
+    #: What the start-up error calls this server.
+    name = "llama-server"
+
     def __init__(self, binary: Path, model: Path, mmproj: Path, *, threads: int, parallel: int = 1,
                  n_ctx: int = 4096, log_path: Path | None = None, extra: Sequence[str] = ()) -> None:
         self.binary, self.model, self.mmproj = Path(binary), Path(model), Path(mmproj)
@@ -282,7 +285,7 @@ class LlamaServer:
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 tail = self.log_path.read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"llama-server did not start ({self.command(port)}):\n{tail}")
+                raise RuntimeError(f"{self.name} did not start ({self.command(port)}):\n{tail}")
             time.sleep(0.5)
 
     def stop(self) -> None:

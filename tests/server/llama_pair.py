@@ -11,70 +11,41 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Sequence
 
 import httpx
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+import llama_server  # noqa: E402  (benchmarks/ is not a package: its directory goes on the path first)
+
 GGUF = "tiny-qwen2-vl-gguf"
 MARKER = "<__media__>"  # mtmd's default, refsight's marker; llama-server's is random unless pinned
 
 
-class RefsightServe:
-    """``python -m refsight.cli serve -m MODEL --mmproj MMPROJ ...`` on a free loopback port."""
+class RefsightServe(llama_server.LlamaServer):
+    """``python -m refsight.cli serve -m MODEL --mmproj MMPROJ ...`` on a free loopback port, started, awaited and
+    stopped as :class:`llama_server.LlamaServer` is."""
+
+    name = "refsight serve"
 
     def __init__(self, model: Path, mmproj: Path, store: Path, *, parallel: int, n_ctx: int, extra: Sequence[str] = ()):
-        self.model, self.mmproj, self.store = model, mmproj, store
-        self.parallel, self.n_ctx, self.extra = parallel, n_ctx, tuple(extra)
-        self.log_path = Path(tempfile.mkstemp(prefix="refsight-serve-", suffix=".log")[1])
-        self.process: subprocess.Popen | None = None
-        self.url = ""
+        super().__init__(Path(sys.executable), model, mmproj, threads=1, parallel=parallel, n_ctx=n_ctx, extra=extra,
+                         log_path=Path(tempfile.mkstemp(prefix="refsight-serve-", suffix=".log")[1]))
+        self.store = store
 
     def command(self, port: int) -> list[str]:
         """The command line: the flags of :class:`llama_server.LlamaServer`'s, one thread, ``-c`` shared by the slots."""
-        return [sys.executable, "-m", "refsight.cli", "serve", "-m", str(self.model), "--mmproj", str(self.mmproj),
-                "--store", str(self.store), "--host", "127.0.0.1", "--port", str(port), "-t", "1",
+        return [str(self.binary), "-m", "refsight.cli", "serve", "-m", str(self.model), "--mmproj", str(self.mmproj),
+                "--store", str(self.store), "--host", "127.0.0.1", "--port", str(port), "-t", str(self.threads),
                 "-np", str(self.parallel), "-c", str(self.n_ctx * self.parallel), *self.extra]
-
-    def start(self, timeout: float = 600.0) -> "RefsightServe":
-        """Start and wait until ``/health`` answers."""
-        sys.path.insert(0, str(BENCHMARKS))
-        from llama_server import free_port
-
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(self.command(port), stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"refsight serve did not start:\n{self.log_path.read_text(errors='replace')[-3000:]}")
-            time.sleep(0.5)
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL after 30 s. Idempotent."""
-        from llama_server import stop_process
-
-        stop_process(self.process, timeout=30)
-        self.process = None
 
 
 def start_pair(store: Path, *, parallel: int, n_ctx: int, extra: Sequence[str] = ()):
     """(llama-server, refsight serve) started with the same flags; ``n_ctx`` per slot, ``-c`` = ``n_ctx * parallel``."""
-    sys.path.insert(0, str(BENCHMARKS))
-    import llama_server
-
     from refsight.backends.llamacpp.models import ensure_gguf
 
     model, mmproj = ensure_gguf(GGUF)
