@@ -96,11 +96,7 @@ class CompareRequest:
     def of(cls, request: CompareRequest | ImageSource, options: Mapping[str, Any]) -> CompareRequest:
         """``request`` itself, or the request of a candidate and keywords (the keyword form of the Python API;
         ``use_kv_cache``: the deprecated name of ``prefix_states``)."""
-        if isinstance(request, CompareRequest):
-            if options:
-                raise InvalidInputError(", ".join(sorted(options)), "give a CompareRequest or keywords, not both")
-            return request
-        return cls(request, **_prefix_states(options, "Engine.compare"))
+        return request if _given(cls, request, options) else cls(request, **_prefix_states(options, "Engine.compare"))
 
     @property
     def recall_depth(self) -> int | None:
@@ -182,11 +178,7 @@ class ChatRequest:
     def of(cls, request: ChatRequest | Sequence[Any], options: Mapping[str, Any]) -> ChatRequest:
         """``request`` itself, or the request of segments and keywords (the keyword form of the Python API;
         ``use_kv_cache``: the deprecated name of ``prefix_states``)."""
-        if isinstance(request, ChatRequest):
-            if options:
-                raise InvalidInputError(", ".join(sorted(options)), "give a ChatRequest or keywords, not both")
-            return request
-        return cls(request, **_prefix_states(options, "Engine.chat"))
+        return request if _given(cls, request, options) else cls(request, **_prefix_states(options, "Engine.chat"))
 
 
 @dataclass(frozen=True)
@@ -207,11 +199,18 @@ class SearchRequest:
     @classmethod
     def of(cls, request: SearchRequest | str | None, options: Mapping[str, Any]) -> SearchRequest:
         """``request`` itself, or the request of a text (or none) and keywords (the keyword form of the Python API)."""
-        if isinstance(request, SearchRequest):
-            if options:
-                raise InvalidInputError(", ".join(sorted(options)), "give a SearchRequest or keywords, not both")
+        if _given(cls, request, options):
             return request
         return cls(**options) if request is None else cls(request, **options)
+
+
+def _given(kind: type, request: Any, options: Mapping[str, Any]) -> bool:
+    """Whether ``request`` is already a ``kind`` (then no keywords may come with it: they would be ignored)."""
+    if not isinstance(request, kind):
+        return False
+    if options:
+        raise InvalidInputError(", ".join(sorted(options)), f"give a {kind.__name__} or keywords, not both")
+    return True
 
 
 def _prefix_states(options: Mapping[str, Any], where: str) -> dict[str, Any]:
