@@ -46,7 +46,7 @@ from .judge.attribute_schema import AttributeSchema, load_attribute_schema
 from .maintenance import Maintenance
 from .package_cache import CachedPackage, PackageCache, holding_packages
 from .prefixes import PrefixStateCache
-from .prompt_size import check_prompt_size
+from .prompt_size import PromptBudget
 from .requests import ChatRequest, CompareRequest, SearchRequest
 from .references import ReferenceBook, ReferenceSegment, load_kept_image, source_label
 from .results import (
@@ -276,11 +276,12 @@ class Engine:
         backend = context.backend
         check_supported(chat.sampling, backend.sampling_fields, backend.name)
         segments, turns = plan_turns(list(chat.segments), chat.turns, backend.supports_turns)
-        check_prompt_size(backend, segments, chat.max_prompt_tokens, chat.raw_prompt)  # before encoding: new images by size
+        budget = PromptBudget(backend, chat.max_prompt_tokens, chat.raw_prompt)
+        budget.check(segments)  # before encoding: new images by size
         start = time.perf_counter()
         resolved, cached, encode_ms = self.book.resolve_segments(context, segments)
         load_ms = (time.perf_counter() - start) * 1000 - encode_ms
-        check_prompt_size(backend, resolved, chat.max_prompt_tokens, chat.raw_prompt)  # images count too, before any prefill
+        budget.check(resolved)  # images count too, before any prefill
         request = GenerationRequest(
             segments=resolved, max_new_tokens=chat.max_new_tokens, json_schema=chat.json_schema, sampling=chat.sampling,
             turns=turns, prefix_segments=reusable_prefix(segments, lambda s: isinstance(s, ReferenceSegment)),

@@ -2,14 +2,14 @@
 
 The server bounds a prompt's *text* tokens before any model work (``server/prompt_limit.py``), but
 an image costs tokens too: one stored reference named 4,000 times in a 277 KB body was a
-56,026-token prompt (issue 38). :func:`check_prompt_size` counts each image's tokens as well (a
+56,026-token prompt (issue 38). :class:`PromptBudget` counts each image's tokens as well (a
 package by its layout, pixels by their size where the backend can tell:
 :meth:`~refsight.backends.base.Backend.image_token_count`) and refuses a prompt over the limit
 (``max_prompt_tokens``) or over the backend's context (``context_size``, llama.cpp's ``n_ctx``)
 with :class:`~refsight.errors.ContextLengthError`, llama-server's ``exceed_context_size_error``,
-before any prefill. ``Engine.chat`` checks twice: before any image is encoded (the text and the
-new images the backend can count from their size; stored references count nothing yet), then
-with every image resolved to its package. The count leaves out the chat template's own tokens,
+before any prefill. ``Engine.chat`` checks twice, the text counted once: before any image is
+encoded (the text and the new images the backend can count from their size; stored references
+count nothing yet), then with every image resolved to its package. The count leaves out the chat template's own tokens,
 so it is a lower bound: a backend with a context still checks the exact prompt itself.
 """
 
@@ -20,37 +20,45 @@ from typing import Any
 
 from .errors import ContextLengthError
 
-__all__ = ["prompt_size", "check_prompt_size"]
+__all__ = ["PromptBudget"]
 
 
-def prompt_size(backend: Any, segments: Sequence[Any], raw: bool = False) -> tuple[int, int]:
-    """``(text tokens, image tokens)`` of a prompt's segments (text, packages, images or references); an
-    image the backend cannot count (yet) adds nothing. ``raw``: the text spells special tokens as llama-server's
-    ``/completion`` parses them (``<|im_start|>`` one token, not six), so it is counted that way."""
+class PromptBudget:
+    """One prompt's size checks against ``max_prompt_tokens`` and the backend's context: its text is counted
+    once (resolving images to packages leaves the texts as they are), its images at every check."""
+
+    def __init__(self, backend: Any, max_prompt_tokens: int | None = None, raw: bool = False) -> None:
+        self.backend, self.max_prompt_tokens, self.raw = backend, max_prompt_tokens, raw
+        self._text_tokens: int | None = None
+
+    def check(self, segments: Sequence[Any]) -> None:
+        """Raise :class:`ContextLengthError` when the text and image tokens exceed ``max_prompt_tokens`` or fill
+        the backend's context; nothing to check (or count) without either bound."""
+        context = getattr(self.backend, "context_size", None)
+        if self.max_prompt_tokens is None and not context:
+            return
+        if self._text_tokens is None:
+            self._text_tokens = _text_tokens(self.backend, segments, self.raw)
+        text_tokens, image_tokens = self._text_tokens, _image_tokens(self.backend, segments)
+        total = text_tokens + image_tokens
+        images = sum(1 for s in segments if not isinstance(s, str))
+        counted = f"{total} tokens ({text_tokens} text, {image_tokens} in {images} image{'' if images == 1 else 's'})"
+        if context and total >= context:
+            raise ContextLengthError("prompt", f"{counted} does not fit the context of {context} tokens",
+                                     n_prompt_tokens=total, n_ctx=context)
+        if self.max_prompt_tokens is not None and total > self.max_prompt_tokens:
+            raise ContextLengthError("prompt", f"{counted}, over the limit of {self.max_prompt_tokens} prompt tokens "
+                                     "(max_prompt_tokens)", n_prompt_tokens=total, n_ctx=self.max_prompt_tokens)
+
+
+def _text_tokens(backend: Any, segments: Sequence[Any], raw: bool) -> int:
+    # A raw prompt spells special tokens as llama-server's /completion parses them (<|im_start|> one token, not six).
     texts = [s for s in segments if isinstance(s, str)]
     if raw and texts:
-        text_tokens = len(backend.tokenize("".join(texts), add_special=False, parse_special=True))
-    else:
-        text_tokens = backend.count_text_tokens("\n".join(texts)) if texts else 0
-    image_tokens = sum(backend.image_token_count(s) or 0 for s in segments if not isinstance(s, str))
-    return text_tokens, image_tokens
+        return len(backend.tokenize("".join(texts), add_special=False, parse_special=True))
+    return backend.count_text_tokens("\n".join(texts)) if texts else 0
 
 
-def check_prompt_size(
-    backend: Any, segments: Sequence[Any], max_prompt_tokens: int | None = None, raw: bool = False
-) -> None:
-    """Raise :class:`ContextLengthError` when the prompt's text and image tokens exceed ``max_prompt_tokens``
-    or fill the backend's context; nothing to check without either bound."""
-    context = getattr(backend, "context_size", None)
-    if max_prompt_tokens is None and not context:
-        return
-    text_tokens, image_tokens = prompt_size(backend, segments, raw)
-    total = text_tokens + image_tokens
-    images = sum(1 for s in segments if not isinstance(s, str))
-    counted = f"{total} tokens ({text_tokens} text, {image_tokens} in {images} image{'' if images == 1 else 's'})"
-    if context and total >= context:
-        raise ContextLengthError("prompt", f"{counted} does not fit the context of {context} tokens",
-                                 n_prompt_tokens=total, n_ctx=context)
-    if max_prompt_tokens is not None and total > max_prompt_tokens:
-        raise ContextLengthError("prompt", f"{counted}, over the limit of {max_prompt_tokens} prompt tokens "
-                                 "(max_prompt_tokens)", n_prompt_tokens=total, n_ctx=max_prompt_tokens)
+def _image_tokens(backend: Any, segments: Sequence[Any]) -> int:
+    # An image the backend cannot count (yet: a stored reference before its package loads) adds nothing.
+    return sum(backend.image_token_count(s) or 0 for s in segments if not isinstance(s, str))
