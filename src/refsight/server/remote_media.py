@@ -14,8 +14,8 @@ operator opts in, every URL must pass the checks below, each a 400 naming the im
   and TLS's SNI; an address that is not globally routable (loopback, private, link-local,
   carrier-grade NAT, reserved, IPv4-mapped forms of those) is used only when the allow-list
   names it as an IP (``--allowed-media-domains images.lan 10.0.0.7``), so a public name that
-  resolves inward cannot reach the server's own network. The body is read in pieces and abandoned past ``max_bytes`` or
-  past ``timeout_s`` in all (a slow trickle cannot hold a worker).
+  resolves inward cannot reach the server's own network. The body is read in pieces and
+  abandoned past ``max_bytes`` or past ``timeout_s`` in all (a slow trickle cannot hold a worker).
 - ``file://``: a regular file under the media directory, after symlinks are resolved (no
   ``..`` or link leads out), at most ``max_bytes``.
 
