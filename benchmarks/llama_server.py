@@ -35,10 +35,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from refsight.backends.llamacpp.models import LLAMA_CPP_PYTHON_VERSION  # noqa: E402
-from refsight.config import model_cache_dir  # noqa: E402
+from refsight.backends.llamacpp.models import LLAMA_CPP_PYTHON_VERSION
+from refsight.config import model_cache_dir
 
 __all__ = ["CMAKE_FLAGS", "LlamaServer", "build_key", "ensure_llama_server", "find_llama_server", "server_cache_dir", "stop_process"]
 

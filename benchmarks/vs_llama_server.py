@@ -54,7 +54,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from llama_server import LlamaServer, build_info, ensure_llama_server, free_port, stop_process  # noqa: E402
@@ -203,10 +202,9 @@ class RefsightServer:
             cmd += ["--mmproj", self.mmproj]
         if self.flash_attn:
             cmd += ["-fa", self.flash_attn]
-        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
         began = time.perf_counter()
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+            self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         while True:
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=5).status_code == 200:

@@ -25,13 +25,20 @@ _DISTRIBUTION = "refsight"
 
 
 def _origin(distribution: str) -> dict | None:
-    """The distribution's ``direct_url.json`` as a dict; None when it has none or it is unreadable."""
-    try:
-        text = metadata.distribution(distribution).read_text("direct_url.json")
-        origin = json.loads(text) if text else None
-    except (metadata.PackageNotFoundError, ValueError, OSError):
-        return None
-    return origin if isinstance(origin, dict) and isinstance(origin.get("url"), str) else None
+    """The distribution's ``direct_url.json`` as a dict; None when it has none or it is unreadable.
+
+    Every copy named ``distribution`` on ``sys.path`` is asked, not only the first: a source tree
+    put on the path (its in-tree ``*.egg-info`` has no origin record) must not hide the install.
+    """
+    for found in metadata.distributions(name=distribution):
+        try:
+            text = found.read_text("direct_url.json")
+            origin = json.loads(text) if text else None
+        except (ValueError, OSError):
+            continue
+        if isinstance(origin, dict) and isinstance(origin.get("url"), str):
+            return origin
+    return None
 
 
 def install_command(extra: str, *, distribution: str = _DISTRIBUTION) -> str:
