@@ -8,7 +8,7 @@ skipped one would prove nothing. Strict mode is on when ``CI`` is ``true`` (``.c
 most CI services set it themselves), ``1`` or ``yes``.
 
 Every skip of a runtime goes through :func:`require_runtime` (or :func:`require_module` for an
-import); ``tests/test_architecture.py`` refuses ``pytest.importorskip`` and unlisted
+import); ``tests/test_architecture_hygiene.py`` refuses ``pytest.importorskip`` and unlisted
 ``pytest.skip`` calls anywhere else. Skips that are not about a runtime (a platform without
 SIGKILL, root ignoring directory permissions) stay ordinary skips.
 """

@@ -1,0 +1,67 @@
+"""Architecture guard: the floors of ``src/refsight`` (every import runs down or sideways, never back up)."""
+
+from __future__ import annotations
+
+from architecture_helpers import IMPORTS, MODULES, Import, report
+
+
+#: The rooms of ``src/refsight`` (a top-level module or subpackage; ``refsight`` is the package's face),
+#: floor by floor from the ground up. An import (function-local ones included) may reach its own floor
+#: or one below, never one above; a new room takes its place here.
+FLOORS = (
+    ("errors", "results", "version", "deprecation", "atomic", "timing", "locks", "threads", "samples", "plugins",
+     "inputs", "package", "config", "images", "report", "extras", "prompt_size", "vllm_connector"),
+    ("store", "backends"),
+    ("models", "settings", "drift"),
+    ("retrieval", "context"),
+    ("package_cache", "prefixes"),
+    ("judge", "references", "rerank"),
+    ("requests", "compare", "ingest", "maintenance"),
+    ("engine",),
+    ("refsight",),
+    ("demo", "server"),
+    ("cli",),
+)
+FLOOR = {room: n for n, rooms in enumerate(FLOORS) for room in rooms}
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _room_arrows(imports: list[Import] | None = None) -> dict[tuple[str, str], list[Import]]:
+    """(importing room, imported room) → the imports that draw that arrow."""
+    arrows: dict[tuple[str, str], list[Import]] = {}
+    for i in IMPORTS if imports is None else imports:
+        if i.target == "refsight" or i.target.startswith("refsight."):
+            a, b = _room(i.module), _room(i.target)
+            if a != b:
+                arrows.setdefault((a, b), []).append(i)
+    return arrows
+
+
+def test_the_room_arrows_see_an_arrow_back_up_and_a_two_way_pair():
+    # the two-way import this rule ended: retrieval/__init__ -> models.registry, models.clip -> retrieval.embedders
+    pair = [Import("refsight.retrieval", "refsight.models.registry", ("default_embedder",), 13, True),
+            Import("refsight.models.clip", "refsight.retrieval.embedders", ("Embedder",), 17, True)]
+    arrows = _room_arrows(pair)
+    assert set(arrows) == {("retrieval", "models"), ("models", "retrieval")}
+    assert FLOOR["retrieval"] > FLOOR["models"]  # so the second one runs back up
+
+
+def test_every_room_has_one_floor():
+    placed = [room for rooms in FLOORS for room in rooms]
+    assert len(placed) == len(set(placed)), "a room placed twice"
+    assert {_room(module) for module in MODULES} == set(placed), "place each room of src/refsight on a floor"
+
+
+def test_no_import_runs_back_up():
+    up = [i for (a, b), imports in _room_arrows().items() if FLOOR[b] > FLOOR[a] for i in imports]
+    assert not up, report(up, "an import runs back up a floor (FLOORS): move the code it needs down")
+
+
+def test_no_two_rooms_import_each_other():
+    arrows = _room_arrows()
+    both = [i for (a, b), imports in arrows.items() if a < b and (b, a) in arrows for i in imports + arrows[(b, a)]]
+    assert not both, report(both, "two rooms import each other")
