@@ -34,7 +34,9 @@ backend). ``return_logits`` fills a ``[steps, vocab]`` tensor of vLLM's top-k
 full logits. A stream relays vLLM's own SSE events; a set stop event closes the
 connection, which makes vLLM abort the request. ``prompt_tokens`` is vLLM's usage;
 ``image_tokens`` is prod(grid) / merge² per image (Qwen), else the family processor's
-placeholder count for the image's size (:class:`~.pixels.ImageTokenCounter`).
+placeholder count for the image's size (:class:`~.pixels.ImageTokenCounter`). The prompt limit
+counts each image's prompt tokens as the transformers backend of the same weights counts them, before
+anything is sent (:meth:`VLLMBackend.image_token_count`): a prompt over it never reaches vLLM.
 
 The reference-prefix KV cache is vLLM's own automatic prefix caching: references come
 first with uuids derived from their package keys, so a later rubric over the same
@@ -169,6 +171,22 @@ class VLLMBackend(Backend):
             else self.encoder.grid_tokens(s.image) if self.pixel_kind == GRID_PIXELS else self._count_tokens(s.image.size)
             for s in segments if not isinstance(s, str)
         ]
+
+    def image_token_count(self, image: VisualPackage | ImageInput) -> int | None:
+        """Prompt tokens ``image`` takes in vLLM's prompt, before anything is sent (the prompt limit counts them).
+
+        Either way the transformers backend's count of the same weights: Qwen (pixels or embeddings)
+        by the encoder's own rule (a package by its grid, pixels by the grid of their resized size);
+        any other family by its processor's placeholder for the image's size (a source-pixel package
+        keeps that size). None only where that processor cannot be asked.
+        """
+        if self.pixel_kind == GRID_PIXELS:
+            # Grid pixel packages carry the HF package's grid and num_tokens: one rule, the encoder's.
+            return self.encoder.image_token_count(image)
+        size = image.metadata.get("size") if isinstance(image, VisualPackage) else image.size
+        if not size:
+            return None
+        return self._count_tokens.prompt_tokens(size) or None  # 0: a processor this counter cannot ask
 
     # ------------------------------------------------------------ the template's core
 

@@ -156,34 +156,44 @@ def validate_source_pixels(package: VisualPackage, fingerprint: EncoderFingerpri
 
 
 class ImageTokenCounter:
-    """Tokens of one image's placeholder in the family's processor, by image size (cached; thread-safe).
+    """One image's placeholder in the family's processor, by image size (cached; thread-safe): its image
+    tokens (a call) and all its prompt tokens (:meth:`prompt_tokens`, what the prompt limit counts).
 
     Every family served with source pixels lays an image out from its size alone (resize,
-    crop, tiles), so the count is taken once per size from a blank image of that size:
+    crop, tiles), so the layout is taken once per size from a blank image of that size:
     the processor's own expansion (the transformers families), or the tile layout (SmolVLM,
-    Idefics3). 0 for an encoder this cannot ask.
+    Idefics3). (0, 0) for an encoder this cannot ask.
     """
 
     def __init__(self, encoder: Any, limit: int = 4096) -> None:
         self.encoder = encoder
         self._limit = limit
-        self._counts: OrderedDict[tuple[int, int], int] = OrderedDict()
+        self._counts: OrderedDict[tuple[int, int], tuple[int, int]] = OrderedDict()
         self._lock = threading.Lock()
 
     def __call__(self, size: tuple[int, int]) -> int:
+        """The image tokens (those the features replace) of an image of ``size`` = (width, height)."""
+        return self._layout(size)[0]
+
+    def prompt_tokens(self, size: tuple[int, int]) -> int:
+        """Every prompt token of the placeholder (image tokens and the family's markers around them), as the
+        transformers backend counts a package's placeholder."""
+        return self._layout(size)[1]
+
+    def _layout(self, size: tuple[int, int]) -> tuple[int, int]:
         key = (int(size[0]), int(size[1]))
         with self._lock:
             if key in self._counts:
                 self._counts.move_to_end(key)
                 return self._counts[key]
-        count = self._count(key)
+        counts = self._count(key)
         with self._lock:
-            self._counts[key] = count
+            self._counts[key] = counts
             while len(self._counts) > self._limit:
                 self._counts.popitem(last=False)
-        return count
+        return counts
 
-    def _count(self, size: tuple[int, int]) -> int:
+    def _count(self, size: tuple[int, int]) -> tuple[int, int]:
         from PIL import Image
 
         encoder = self.encoder
@@ -191,17 +201,27 @@ class ImageTokenCounter:
         processor = getattr(encoder, "processor", None)
         image_token = getattr(encoder, "image_token", None)
         if processor is not None and image_token:  # a transformers family (the generic backend)
-            ids = processor(text=[image_token], images=[blank], return_tensors="pt")["input_ids"][0].tolist()
+            # No special tokens: the expansion of the one image token is the placeholder, nothing else.
+            ids = processor(text=[image_token], images=[blank], return_tensors="pt",
+                            add_special_tokens=False)["input_ids"][0].tolist()
             marked = encoder.image_token_ids
-            return sum(1 for i in ids if i in marked)
+            return sum(1 for i in ids if i in marked), len(ids)
         config = getattr(getattr(encoder, "model", None), "config", None)
         if config is not None and hasattr(config, "scale_factor"):  # SmolVLM / Idefics3: tiles x tokens per tile
-            inputs = encoder.image_processor.preprocess([[blank]], return_tensors="pt", return_row_col_info=True)
-            rows, cols = int(inputs["rows"][0][0]), int(inputs["cols"][0][0])
-            vision = config.vision_config
-            per_tile = (int(vision.image_size) // int(vision.patch_size)) ** 2 // int(config.scale_factor) ** 2
-            return (rows * cols + 1 if rows or cols else 1) * per_tile
-        return 0
+            return self._tile_counts(blank, config)
+        return 0, 0
+
+    def _tile_counts(self, blank: Any, config: Any) -> tuple[int, int]:
+        from ..hf.smolvlm import image_prompt_string
+
+        inputs = self.encoder.image_processor.preprocess([[blank]], return_tensors="pt", return_row_col_info=True)
+        rows, cols = int(inputs["rows"][0][0]), int(inputs["cols"][0][0])
+        vision = config.vision_config
+        per_tile = (int(vision.image_size) // int(vision.patch_size)) ** 2 // int(config.scale_factor) ** 2
+        # The placeholder the transformers backend writes for this layout, tokenized as it counts it.
+        text = image_prompt_string(rows, cols, per_tile)
+        prompt = len(self.encoder.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return (rows * cols + 1 if rows or cols else 1) * per_tile, prompt
 
 
 def validate_pixels(package: VisualPackage, fingerprint: EncoderFingerprint, patch: int) -> None:
