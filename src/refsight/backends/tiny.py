@@ -26,6 +26,7 @@ from typing import Any, Callable
 from ..config import model_cache_dir  # re-exported: the builders' cache lives there
 from ..errors import ModelLoadError, UnknownModelError
 from .base import Backend
+from .hf.shape_vocab import Vocabulary, shape_vocabulary
 from .tiny_families import FAMILY_SPECS, SHAPE_FAMILY_SPECS, build_family_checkpoint
 
 __all__ = [
@@ -50,6 +51,8 @@ class _Spec:
     finish: str | None = None
     #: The dtype the weights are built and saved in (None: float32, as before this field existed).
     save_dtype: str | None = None
+    #: The tokenizer's vocabulary (None: the tiny models' 512 tokens; see :mod:`.hf.shape_vocab`).
+    vocabulary: Vocabulary | None = None
 
 
 #: The language model of the tiny Qwen checkpoints (head dim 16; mrope sections sum to half of it),
@@ -93,9 +96,9 @@ def qwen_spec(family: str, vision: dict[str, Any], text: dict[str, Any] = QWEN_T
 
 
 def smolvlm_spec(vision: tuple[int, int, int, int, int, int], text: tuple[int, int, int, int, int, int],
-                 *, longest_edge: int, tile: int, scale_factor: int) -> _Spec:
+                 *, longest_edge: int, tile: int, scale_factor: int, vocabulary: Vocabulary | None = None) -> _Spec:
     """A SmolVLM recipe: ``vision`` = (hidden, MLP, layers, heads, image size, patch), ``text`` = (hidden,
-    MLP, layers, heads, KV heads, max positions) of its llama language model."""
+    MLP, layers, heads, KV heads, max positions) of its llama language model; ``vocabulary`` as in :class:`_Spec`."""
     v_hidden, v_mlp, v_layers, v_heads, image_size, patch = vision
     hidden, mlp, layers, heads, kv_heads, positions = text
     return _Spec(
@@ -106,6 +109,7 @@ def smolvlm_spec(vision: tuple[int, int, int, int, int, int], text: tuple[int, i
                   num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=positions),
         processor=dict(size={"longest_edge": longest_edge}, max_image_size={"longest_edge": tile}),
         extra=dict(scale_factor=scale_factor),
+        vocabulary=vocabulary,
     )
 
 
@@ -138,9 +142,11 @@ TINY_MODELS: dict[str, _Spec] = {
         QWEN2_2B_PROCESSOR,
         save_dtype="bfloat16",
     ),
-    # SmolVLM-256M's SigLIP tower (93M) and connector at full size; a one-layer language model.
+    # SmolVLM-256M's SigLIP tower (93M) and connector at full size; a one-layer language model and a
+    # vocabulary of a few thousand tokens, so a verdict is a few dozen decode steps, not ~360.
     "shape-smolvlm-256m": smolvlm_spec(
-        (768, 3072, 12, 12, 512, 16), (576, 1536, 1, 9, 3, 8192), longest_edge=2048, tile=512, scale_factor=4
+        (768, 3072, 12, 12, 512, 16), (576, 1536, 1, 9, 3, 8192), longest_edge=2048, tile=512, scale_factor=4,
+        vocabulary=shape_vocabulary(),
     ),
 }
 
@@ -153,8 +159,10 @@ def _build_id(name: str) -> str:
         recipe = json.dumps({"family_spec": family.recipe(), "seed": SEED, "build": BUILD_VERSION,
                              "transformers": transformers.__version__}, sort_keys=True, default=str)
         return hashlib.sha256(recipe.encode()).hexdigest()[:12]
-    # A spec without a finish hook hashes as before the hook existed (same cache entries).
-    spec = {k: v for k, v in TINY_MODELS[name].__dict__.items() if k not in ("finish", "save_dtype") or v}
+    # A spec without a finish hook (or dtype, or vocabulary) hashes as before the field existed (same cache entries).
+    spec = {k: v for k, v in TINY_MODELS[name].__dict__.items() if k not in ("finish", "save_dtype", "vocabulary") or v}
+    if "vocabulary" in spec:
+        spec["vocabulary"] = spec["vocabulary"].fingerprint()
     recipe = json.dumps(
         {"spec": spec, "seed": SEED, "build": BUILD_VERSION, "transformers": transformers.__version__},
         sort_keys=True,
@@ -233,9 +241,11 @@ def build_checkpoint(name: str, spec: _Spec, directory: Path, *, extra_tokens: t
     from .hf.tokenizer import QWEN_SPECIAL_TOKENS, smolvlm_special_tokens, train_tokenizer
 
     if spec.family == "smolvlm":
-        tokenizer = train_tokenizer(smolvlm_special_tokens(), eos_token="<end_of_utterance>", pad_token="<|endoftext|>")
+        tokenizer = train_tokenizer(
+            smolvlm_special_tokens(), eos_token="<end_of_utterance>", pad_token="<|endoftext|>", vocabulary=spec.vocabulary
+        )
     else:
-        tokenizer = train_tokenizer(QWEN_SPECIAL_TOKENS, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+        tokenizer = train_tokenizer(QWEN_SPECIAL_TOKENS, eos_token="<|im_end|>", pad_token="<|endoftext|>", vocabulary=spec.vocabulary)
     if extra_tokens:
         from tokenizers import AddedToken
 

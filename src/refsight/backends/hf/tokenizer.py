@@ -1,7 +1,8 @@
 """Small tokenizers trained in-process for the built-in random-weight models.
 
-No tokenizer can be downloaded here, so the tiny and shape models carry a byte-level
-BPE trained on a fixed English corpus with the ``tokenizers`` library, plus the
+No tokenizer can be downloaded here, so the tiny models carry a byte-level BPE
+trained on a fixed English corpus with the ``tokenizers`` library (the demo's
+``shape-smolvlm-256m`` a larger vocabulary, :mod:`.shape_vocab`), plus the
 special tokens of the model family (``<|image_pad|>``, ``<image>``, ``<row_1_col_1>``
 ...). Training is deterministic: the same corpus and vocabulary size give the same
 ``tokenizer.json``, so two builds of a tiny model have the same tokens.
@@ -9,7 +10,10 @@ special tokens of the model family (``<|image_pad|>``, ``<image>``, ``<row_1_col
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from .shape_vocab import Vocabulary
 
 __all__ = ["QWEN_SPECIAL_TOKENS", "smolvlm_special_tokens", "train_tokenizer"]
 
@@ -69,26 +73,32 @@ def train_tokenizer(
     pad_token: str,
     bos_token: str | None = None,
     chat_template: str | None = None,
+    vocabulary: Vocabulary | None = None,
 ):
     """Train a byte-level BPE on the fixed corpus and wrap it as a transformers tokenizer.
 
     Special tokens come first in the vocabulary (ids 0..n-1) so their ids are stable
-    whatever the corpus learns. Returns a ``PreTrainedTokenizerFast`` ready for
-    ``save_pretrained``.
+    whatever the corpus learns. ``vocabulary`` (the ``shape-*`` models', see
+    :mod:`.shape_vocab`) replaces the fixed corpus and ``vocab_size``. Returns a
+    ``PreTrainedTokenizerFast`` ready for ``save_pretrained``.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # A vocabulary's merges cross words (no pre-split); the tiny models' corpus keeps GPT-2's word split.
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=vocabulary is None)
     tokenizer.decoder = decoders.ByteLevel()
+    limits = {} if vocabulary is None else {"max_token_length": vocabulary.max_token_length}
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
+        vocab_size=vocab_size if vocabulary is None else vocabulary.size,
         special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
+        **limits,
     )
-    lines = [line for line in _CORPUS.splitlines() if line.strip()]
+    corpus = _CORPUS if vocabulary is None else vocabulary.corpus
+    lines = [line for line in corpus.splitlines() if line.strip()]
     # Repeat the corpus so every merge the vocabulary allows is learned the same way each time.
     tokenizer.train_from_iterator(lines * 4, trainer=trainer)
     wrapped = PreTrainedTokenizerFast(
