@@ -89,7 +89,8 @@ def backend_registry() -> Iterator[None]:
 
 
 #: Test modules that load a model, start a process or need a service (measured: each takes seconds).
-#: ``pytest -m "not slow"`` leaves them out for a quick inner loop; CI runs everything.
+#: ``pytest -m "not slow and not vllm"`` leaves them out for a quick inner loop (with the modules and tests
+#: marked ``slow`` in place: ``pytestmark`` or ``@pytest.mark.slow``); CI runs everything.
 SLOW_MODULES = Path(__file__).with_name("slow_modules.txt")
 
 

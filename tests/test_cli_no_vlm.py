@@ -11,7 +11,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from refsight.cli import main
+
+pytestmark = pytest.mark.slow  # the CLI in a fresh interpreter
 
 _WITHOUT_TRANSFORMERS = """
 import sys

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -27,6 +29,7 @@ def test_every_environment_variable_the_code_reads_is_documented():
     assert read - set(INTERNAL) == set(ENVIRONMENT)
 
 
+@pytest.mark.slow  # runs mkdocs in a subprocess
 def test_mkdocs_builds_the_site_strictly(tmp_path):
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],

@@ -10,7 +10,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from refsight.extras import install_command
+
+pytestmark = pytest.mark.slow  # each test runs a fresh interpreter
 
 _BLOCKER = """
 import sys

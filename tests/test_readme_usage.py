@@ -11,6 +11,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+import pytest
+
 from refsight.cli import main
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -45,6 +47,7 @@ def run_line(line: str) -> None:
         assert code == 0, f"exit {code}: {line}"
 
 
+@pytest.mark.slow  # every README command on the default models, end to end
 def test_every_usage_line_runs_as_written(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("REFSIGHT_STORE", str(tmp_path / "store"))
     monkeypatch.delenv("REFSIGHT_MODEL", raising=False)  # the README's defaults, not this machine's
@@ -56,6 +59,7 @@ def test_every_usage_line_runs_as_written(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "photos" / "rubric.yaml").is_file()
 
 
+@pytest.mark.slow  # the README's Python example loads the default models
 def test_the_python_example_runs_as_written(tmp_path, monkeypatch, capsys):
     text = README.read_text(encoding="utf-8")
     code = text.split("<!-- python -->", 1)[1].split("```python", 1)[1].split("```", 1)[0]

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from runtimes import strict_mode
 
+pytestmark = pytest.mark.slow  # each test runs pytest in a subprocess
+
 TESTS = Path(__file__).resolve().parent
 
 CASES = {

@@ -52,6 +52,7 @@ def test_untouched_store_has_zero_drift(filled):
     assert [p.ref_id for p in again.packages] == [p.ref_id for p in report.packages]  # the seed fixes the draw
 
 
+@pytest.mark.slow  # re-encodes the references
 def test_perturbed_package_under_the_same_key_is_caught(filled):
     store, backend = filled
     key = _key(backend, store.catalog.get_reference("coffee"))

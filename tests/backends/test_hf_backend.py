@@ -248,6 +248,7 @@ def test_missing_weights_are_a_clear_load_error(tmp_path):
         load_hf_backend(f"hf:{broken}")
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_hub_id_offline_is_a_clear_load_error(tmp_path):
     # A new process: huggingface_hub reads HF_HUB_OFFLINE when it is imported.
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))

@@ -45,6 +45,7 @@ def test_stream_equals_generate_and_cancel_stops_it(load, photos, name):
     assert cancelled.finish_reason == "cancelled" and len(cancelled.token_ids) <= 3
 
 
+@pytest.mark.slow  # generates on every tiny family
 @pytest.mark.parametrize("name", TINY_FAMILIES)
 def test_seeded_sampling_repeats_and_turns_render_in_the_template(load, name):
     backend = load(name)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 from benchmark_runner import run_benchmark
+
+pytestmark = pytest.mark.slow  # runs a benchmark script
 
 
 def test_prefix_cache_benchmark_prints_one_json_line_and_reuses_the_state(model_cache):

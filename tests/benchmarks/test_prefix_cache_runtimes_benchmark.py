@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 from benchmark_runner import assert_keys, run_benchmark
 
+pytestmark = pytest.mark.slow  # runs a benchmark script
+
 COMMON = ("benchmark", "runtime", "model", "size", "references", "rubrics", "candidates", "random_weights",
           "package_ms", "prefix_ms", "package_over_prefix", "tokens_equal")
 

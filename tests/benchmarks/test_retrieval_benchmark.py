@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 from benchmark_runner import run_benchmark
+
+pytestmark = pytest.mark.slow  # runs a benchmark script
 
 
 def test_sweep_on_one_build_and_the_store_path_finds_what_the_graph_finds():

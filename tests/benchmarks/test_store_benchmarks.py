@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 from benchmark_runner import assert_keys, run_benchmark
+
+pytestmark = pytest.mark.slow  # runs benchmark scripts
 
 LOAD_FIGURES = ("package_mb", "raw_read_ms", "disk_load_ms", "memory_load_ms", "disk_ratio", "checksum_ms")
 

@@ -14,6 +14,8 @@ from PIL import Image, ImageOps
 from refsight import Engine, load_image
 from refsight.samples import sample_paths
 
+pytestmark = pytest.mark.slow  # encodes real packages; one test kills a subprocess
+
 MODEL = "tiny-qwen2-vl"
 RUBRIC = "short fur\ntriangular ears"
 

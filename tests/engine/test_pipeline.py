@@ -51,6 +51,7 @@ def _reset(backend: CountingBackend) -> None:
     backend.scored.clear()
 
 
+@pytest.mark.slow  # the module's store of 1000 references takes seconds to fill
 def test_rerank_20_top_3_over_1000_references_scores_20_and_judges_3(counting_store):
     engine, backend, _ = counting_store
     _reset(backend)
@@ -70,6 +71,7 @@ def test_rerank_20_top_3_over_1000_references_scores_20_and_judges_3(counting_st
     assert all(r["recall_score"] is not None for r in out.results)
 
 
+@pytest.mark.slow  # the module's store of 1000 references takes seconds to fill
 def test_recall_deeper_than_rerank_reports_the_rest_as_recalled(counting_store):
     engine, backend, _ = counting_store
     _reset(backend)
@@ -81,6 +83,7 @@ def test_recall_deeper_than_rerank_reports_the_rest_as_recalled(counting_store):
     assert rest == sorted(rest, reverse=True) and all(r["rerank_score"] is None for r in out.results[20:])
 
 
+@pytest.mark.slow  # the module's store of 1000 references takes seconds to fill
 def test_required_mismatch_settled_by_the_records_never_reaches_the_reranker(counting_store):
     engine, backend, by_sha = counting_store
     _reset(backend)
@@ -100,6 +103,7 @@ def test_required_mismatch_settled_by_the_records_never_reaches_the_reranker(cou
     assert [r["stage"] for r in out.results][-len(filtered):] == ["filtered"] * len(filtered)
 
 
+@pytest.mark.slow  # the module's store of 1000 references takes seconds to fill
 def test_embedding_reranker_needs_no_vlm_scoring(counting_store):
     engine, backend, _ = counting_store
     _reset(backend)
@@ -109,6 +113,7 @@ def test_embedding_reranker_needs_no_vlm_scoring(counting_store):
     assert out.results[0]["rerank_score"] == pytest.approx(1.0, abs=1e-5)
 
 
+@pytest.mark.slow  # the module's store of 1000 references takes seconds to fill
 def test_rerank_needs_top_k_and_a_larger_shortlist(counting_store):
     engine, _, _ = counting_store
     with pytest.raises(InvalidInputError, match="top_k"):

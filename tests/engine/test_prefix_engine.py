@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from refsight import Engine
 from refsight.cli import main
 
@@ -21,6 +23,7 @@ def _counts(engine: Engine) -> dict:
     return {"hits": stats.prefix_hits, "misses": stats.prefix_misses}
 
 
+@pytest.mark.slow  # judges a real photo under several rubrics
 def test_compare_reuses_the_reference_prefix_across_rubrics_with_the_same_verdicts(tmp_path, real_photo):
     with Engine(tmp_path / "store", model="tiny-qwen2-vl") as engine:
         engine.add(real_photo("chelsea", size=(64, 48)), ref_id="chelsea")

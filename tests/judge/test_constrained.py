@@ -71,6 +71,7 @@ def generate(model, tokenizer, schemas, budgets, *, sample=False, seed=0, proces
     return rows
 
 
+@pytest.mark.slow  # 200 constrained generations
 def test_200_generated_rubrics_all_give_schema_valid_json(tiny_lm, byte_tokenizer, one_thread):
     """The issue's target: 200 rubrics, 100% valid. Half greedy, half sampled hot (wild tokens)."""
     tok = byte_tokenizer

@@ -51,6 +51,7 @@ def test_labels_are_the_1000_imagenet_classes(clf):
     assert labels[281] == "tabby" and labels[967] == "espresso" and labels[657] == "missile"
 
 
+@pytest.mark.slow  # classifies real photos
 @pytest.mark.parametrize(
     "name,expected", [("chelsea", CAT_LABELS), ("coffee", COFFEE_LABELS), ("rocket", ROCKET_LABELS)]
 )
@@ -79,12 +80,14 @@ def test_features_are_unit_1280_vectors_and_separate_photos(clf, photos):
     assert sims[0] > sims[1] and sims[0] > sims[2]
 
 
+@pytest.mark.slow  # classifies every photo twice
 def test_batching_does_not_change_results(clf, photos):
     batch = clf.probabilities(list(photos.values()))
     single = np.concatenate([clf.probabilities([p]) for p in photos.values()])
     np.testing.assert_allclose(batch, single, atol=1e-5)
 
 
+@pytest.mark.slow  # classifies every photo twice
 def test_tf_lite_preprocessing_beats_imagenet_mean_std(clf, photos):
     """The weights were converted from TF Lite: (x-127)/128 is the scaling they expect."""
     imagenet = EfficientNetLite0Classifier(

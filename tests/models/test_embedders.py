@@ -53,6 +53,7 @@ def _variants(image: Image.Image) -> list[Image.Image]:
     ]
 
 
+@pytest.mark.slow  # embeds every photo with two embedders
 def test_image_queries_find_their_source_and_features_beat_conse_alone(emb, doc_vectors):
     """The measurement behind the design: penultimate features separate photos better than ConSE."""
     queries, truth = [], []

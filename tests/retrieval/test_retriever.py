@@ -82,6 +82,7 @@ def test_where_filter_restricts_results(retriever):
     assert retriever.metadata("horse") == {"species": "horse", "index": BUNDLED.index("horse")}
 
 
+@pytest.mark.slow  # builds every embedder's index
 def test_remove_takes_a_reference_out_of_every_embedders_index(retriever, tmp_path):
     other = Retriever(tmp_path, EfficientNetConSEEmbedder(conse_weight=0.5))
     other.add("chelsea", bundled_photo("chelsea"))

@@ -25,6 +25,8 @@ from refsight.images import load_image
 from refsight.retrieval import Retriever
 from refsight.retrieval.store_index import StoreIndex
 
+pytestmark = pytest.mark.slow  # several writer processes per test
+
 WORKER = Path(__file__).with_name("sync_workers.py")
 PROCESSES = 3
 ROUNDS = 40

@@ -13,6 +13,8 @@ import httpx
 import pytest
 from live_server import LiveServer
 
+pytestmark = pytest.mark.slow  # a live server generating thousands of tokens per request
+
 GIVE_UP_S = 0.3
 
 

@@ -16,8 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import pytest
 from hardening_helpers import ServeProcess
 from PIL import Image
+
+pytestmark = pytest.mark.slow  # each test measures a server in a subprocess
 
 #: The README's bound on what one request or flood within the limits adds to the server's RSS.
 BOUND_MB = 1024

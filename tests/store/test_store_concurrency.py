@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from store_helpers import fingerprint, image_hash, make_package
 
 from refsight.store import open_store
+
+pytestmark = pytest.mark.slow  # several writer processes per test
 
 WORKER = Path(__file__).with_name("store_workers.py")
 ROUNDS = 12

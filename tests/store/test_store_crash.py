@@ -13,7 +13,10 @@ import pytest
 from refsight.store import open_store
 
 WORKER = Path(__file__).with_name("store_workers.py")
-pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
+pytestmark = [
+    pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL"),
+    pytest.mark.slow,  # writer processes killed mid-write
+]
 
 
 def start_writer(root: Path, count: int, hang_after: int) -> subprocess.Popen:

@@ -20,6 +20,8 @@ from refsight.errors import InvalidInputError, StoreError
 from refsight.store import open_store
 from refsight.store.redis_tier import KEY_PREFIX, RedisPackageStore
 
+pytestmark = pytest.mark.slow  # starts and stops real Redis servers
+
 redis = require_module("redis", "pip install 'refsight[redis]'")
 
 from services import RedisServer  # noqa: E402

@@ -58,6 +58,7 @@ def _first_piece_token(backend, tokens: list[int]) -> int:
     return len(tokens)
 
 
+@pytest.mark.slow  # long token loops on two GGUF models
 @pytest.mark.parametrize("name", [QWEN, SMOL])
 def test_a_set_stop_event_ends_the_token_loop_within_a_token(gguf, photos, name):
     backend = gguf(name)
