@@ -9,9 +9,9 @@ runs them (a fresh ``python -m refsight.cli`` process each, medians over ``--rep
 - ``text_search_ms``: ``search TEXT`` (torch and all-MiniLM-L6-v2 in plain torch: no VLM, no
   transformers, no image model); ``text_search_vs_target``: it / 2,500 ms (issue 40's target);
 - ``cached_add_ms``: ``add`` of an image whose package ``--model`` (default ``tiny-qwen2-vl``) already
-  stored; ``cached_add_vs_target``: it / 1,500 ms. It still loads the VLM today: the package key
-  needs the encoder's fingerprint, which is read from the loaded model;
-- ``model_loading_ms``: the command here that loads a VLM (the cached add);
+  stored; ``cached_add_vs_target``: it / 1,500 ms. It loads no VLM: the package key's fingerprint is
+  the one recorded when the model last loaded (:mod:`refsight.backends.fingerprint_record`);
+- ``model_loading_ms``: ``add`` of an image whose package is not stored yet (the VLM loads and encodes it);
 - ``ratio_vs_python``: the slowest model-free command / ``baseline_ms``;
 - ``ratio_vs_model_loading``: the slowest model-free command / ``model_loading_ms`` (well below 1:
   a cheap command does not pay for the model stack).
@@ -75,6 +75,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="runs per command (the median is kept)")
     parser.add_argument("--model", default="tiny-qwen2-vl", help="the VLM of the cached add")
     args = parser.parse_args()
+    if args.refs < 2 or args.repeats < 1:
+        parser.error("--refs must be at least 2 (one cached add, one that loads the model) and --repeats at least 1")
     env = {**os.environ, "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     with tempfile.TemporaryDirectory(prefix="refsight-cli-startup-") as tmp:
         root = Path(tmp)
@@ -90,13 +92,17 @@ def main() -> None:
         add = [*cli, "add", str(root / "ref0.png"), "--id", ids[0], "--model", args.model, "--attributes", "none"]
         subprocess.run(add, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)  # encodes it
         cached_add = median_ms(add, env, max(1, args.repeats // 2))
+        # Each of the other references once: its package is not stored for this model, so the VLM loads.
+        loads = [[*cli, "add", str(root / f"{ref}.png"), "--id", ref, "--model", args.model, "--attributes", "none"]
+                 for ref in ids[1:1 + max(1, args.repeats // 2)]]
+        model_loading = round(statistics.median(timed(argv, env) for argv in loads), 1)
     slowest = max(commands.values())
     print(json.dumps({
         "refs": args.refs, "repeats": args.repeats, "model": args.model, "baseline_ms": baseline,
         "commands_ms": commands, "slowest_ms": slowest, "text_search_ms": text_search, "cached_add_ms": cached_add,
-        "model_loading_ms": cached_add, "text_search_vs_target": round(text_search / TARGETS_MS["text_search"], 3),
+        "model_loading_ms": model_loading, "text_search_vs_target": round(text_search / TARGETS_MS["text_search"], 3),
         "cached_add_vs_target": round(cached_add / TARGETS_MS["cached_add"], 3),
-        "ratio_vs_python": round(slowest / baseline, 2), "ratio_vs_model_loading": round(slowest / cached_add, 3),
+        "ratio_vs_python": round(slowest / baseline, 2), "ratio_vs_model_loading": round(slowest / model_loading, 3),
         "cpu_count": os.cpu_count(),
     }))
 

@@ -19,6 +19,7 @@ import threading
 from dataclasses import dataclass, field
 
 from .backends.base import Backend
+from .backends.fingerprint_record import EncoderFacts, facts_of, record, recorded
 from .backends.options import BackendOptions
 from .errors import InvalidInputError
 from .package import EncoderFingerprint, package_key
@@ -56,10 +57,22 @@ class Models:
         if backend is None:
             # Loaded outside the lock: a request for a model already served never waits on another's load
             # (the registry builds each backend once, so two first requests get the same one).
-            backend = get_backend(name, **self.options(name).as_kwargs())
+            options = self.options(name).as_kwargs()
+            backend = get_backend(name, **options)
             with self._lock:
                 backend = self._loaded.setdefault(name, backend)
+            _record(name, options, backend)
         return backend
+
+    def known_facts(self, model: str | None = None) -> EncoderFacts | None:
+        """``model``'s fingerprint, batch size and backend name without loading it: the loaded backend's, else
+        those recorded at its last load while its files are unchanged (:mod:`refsight.backends.fingerprint_record`);
+        None when only a load can tell."""
+        name = model or self.default
+        backend = self._loaded.get(name)
+        if backend is not None:
+            return facts_of(backend)
+        return recorded(name, self.options(name).as_kwargs())
 
     def provide(self, name: str, backend: Backend) -> Backend:
         """Serve ``backend`` under ``name`` in this engine alone (nothing enters the process-wide registry)."""
@@ -95,6 +108,14 @@ class Models:
             return list(self._loaded.values())
 
 
+def _record(name: str, options: dict, backend: Backend) -> None:
+    """Record a fresh load's fingerprint for commands that need no model; a failure only costs their next load."""
+    try:
+        record(name, options, backend)
+    except OSError:
+        pass  # a model directory that changed under the load: nothing sound to record
+
+
 @dataclass(frozen=True)
 class RequestContext:
     """Who asks, with which model, under which cache switches (see the module docstring)."""
@@ -117,6 +138,10 @@ class RequestContext:
     def backend(self) -> Backend:
         """The model's backend, loaded on first use (a bulk ingest's driver never asks: its workers load it)."""
         return self.models.backend(self.model)
+
+    def known_facts(self) -> EncoderFacts | None:
+        """The model's fingerprint, batch size and backend name when known without a load (see :meth:`Models.known_facts`)."""
+        return self.models.known_facts(self.model)
 
     @property
     def options(self) -> BackendOptions:

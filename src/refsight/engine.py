@@ -193,8 +193,12 @@ class Engine:
         """
         sources_ = check_sources(attributes)
         context = self.context(namespace, model)
-        hook = (lambda batch: self.attribute_records.ingest(batch, sources_, context.backend, context.scope)) if sources_ else None
-        return self.book.add_many(sources, ids=ids, metadata=metadata, context=context, after_batch=hook)
+        # Only the VLM source reads packages and the model: ImageNet records need neither, so a cached add loads no VLM.
+        reads_packages = "vlm" in sources_
+        hook = (lambda batch: self.attribute_records.ingest(
+            batch, sources_, context.backend if reads_packages else None, context.scope)) if sources_ else None
+        return self.book.add_many(
+            sources, ids=ids, metadata=metadata, context=context, after_batch=hook, hook_reads_packages=reads_packages)
 
     def references(self, *, namespace: str | None = None) -> list[Reference]:
         """All references in the namespace, oldest first."""

@@ -46,6 +46,7 @@ from .images import ImageInput
 from .locks import KeyedLocks
 from .package import VisualPackage, package_key
 from .store import Reference, Store
+from .store.disk import StoredPackage
 
 __all__ = [
     "PackageCache", "CachedPackage", "ModelImage", "ServedImage", "PACKAGE_LOCKS", "holding_packages", "encode_packages",
@@ -170,6 +171,19 @@ class PackageCache:
                     self.store.enforce_quota(protect=tuple(keys))
         return [found[key] for key in keys]
 
+    def stored(self, key: str) -> StoredPackage | None:
+        """The package of ``key`` when the durable tier has it and it passes every check of a read, its tensors
+        left unbuilt (no torch: a cached ``add`` only links it). Counted as a hit; a corrupt one is dropped (None)."""
+        started = time.perf_counter()
+        try:
+            found = self.store.local.check(key)
+        except CorruptPackageError:
+            self._drop_corrupt(key)
+            return None
+        if found is not None:
+            self._count_hit(key, found.record.fingerprint_digest, found.record.encode_ms, started)
+        return found
+
     def is_durable(self, key: str) -> bool:
         """Whether a package is on the durable tier under ``key`` (a lookup that loads and counts nothing)."""
         return self.store.local.contains(key)
@@ -204,21 +218,27 @@ class PackageCache:
         try:
             package = self.store.packages.get(key)
         except CorruptPackageError:
-            # Never serve a corrupt package: drop it, so the caller re-encodes from the kept image
-            # and writes the repaired package back (counted: `corrupt`, then the miss of the encode).
-            self.store.packages.delete(key)
-            self.store.counters.add(corrupt=1)
+            self._drop_corrupt(key)
             return None
         if package is None:
             return None
+        self._count_hit(key, package.fingerprint.digest, package.encode_ms, started)
+        return CachedPackage(package, cached=True)
+
+    def _drop_corrupt(self, key: str) -> None:
+        # Never serve a corrupt package: drop it, so the caller re-encodes from the kept image
+        # and writes the repaired package back (counted: `corrupt`, then the miss of the encode).
+        self.store.packages.delete(key)
+        self.store.counters.add(corrupt=1)
+
+    def _count_hit(self, key: str, fingerprint_digest: str, encode_ms: float, started: float) -> None:
         # load_ms beside encode_ms_saved: what each hit cost against the encode it avoided, in all and per model.
         load_ms = (time.perf_counter() - started) * 1000
         self.store.counters.add(
-            hits=1, encode_ms_saved=package.encode_ms, load_ms=load_ms, **model_counts(package, load_ms)
+            hits=1, encode_ms_saved=encode_ms, load_ms=load_ms, **model_counts(fingerprint_digest, encode_ms, load_ms)
         )
         self.store.usage.note(key)  # buffered: a hit writes nothing now
         self.store.pins.note(key)
-        return CachedPackage(package, cached=True)
 
     def _durable_hit(self, key: str) -> CachedPackage | None:
         found = self._hit(key)
@@ -245,10 +265,10 @@ class PackageCache:
 MODEL_COUNTER_PREFIX = "model_"
 
 
-def model_counts(package: VisualPackage, load_ms: float) -> dict[str, float]:
+def model_counts(fingerprint_digest: str, encode_ms: float, load_ms: float) -> dict[str, float]:
     """One hit's counts under its model's own counter names (``refsight stats``' per-model figures)."""
-    model = f"{MODEL_COUNTER_PREFIX}{package.fingerprint.digest[:16]}"
-    return {f"{model}_hits": 1, f"{model}_encode_ms": package.encode_ms, f"{model}_load_ms": load_ms}
+    model = f"{MODEL_COUNTER_PREFIX}{fingerprint_digest[:16]}"
+    return {f"{model}_hits": 1, f"{model}_encode_ms": encode_ms, f"{model}_load_ms": load_ms}
 
 
 def encode_packages(backend: Backend, images: Sequence[ImageInput], scope: str | None) -> list[VisualPackage]:

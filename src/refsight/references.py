@@ -16,9 +16,11 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from .backends.fingerprint_record import EncoderFacts, facts_of
 from .context import RequestContext
 from .errors import InvalidInputError, ReferenceNotFoundError, RefsightError, StoreUnavailableError
 from .images import ImageInput, ImageSource, IntakeLimits, load_image
@@ -26,6 +28,7 @@ from .package import VisualPackage
 from .package_cache import CachedPackage, PackageCache
 from .results import AddFailure, AddResult
 from .store import Catalog, Reference, Store, validate_ref_id
+from .store.disk import StoredPackage
 from .inputs.text import check_texts, printable_text
 
 __all__ = ["IngestHook", "ReferenceBook", "ReferenceSegment", "RemovalListener", "load_kept_image", "source_label", "validate_metadata"]
@@ -39,8 +42,9 @@ class ReferenceSegment:
 
 #: Called as ``listener(namespace, ref_id)`` after a reference is removed.
 RemovalListener = Callable[[str, str], None]
-#: Called with ``[(image, package), ...]`` of the references a batch just stored (e.g. attribute records).
-IngestHook = Callable[[list[tuple[ImageInput, "VisualPackage"]]], None]
+#: Called with ``[(image, package), ...]`` of the references a batch just stored (e.g. attribute records); the
+#: package is None for one linked without building its tensors (only for a hook that reads no packages).
+IngestHook = Callable[[list[tuple[ImageInput, "VisualPackage | None"]]], None]
 #: Opens a progress bar: ``progress(total, description)`` → a context manager with ``update(n)``.
 ProgressFactory = Callable[[int, str], AbstractContextManager[Any]]
 
@@ -72,21 +76,28 @@ class ReferenceBook:
         metadata: Mapping[str, Any] | None,
         context: RequestContext,
         after_batch: IngestHook | None = None,
+        hook_reads_packages: bool = True,
     ) -> Iterator[AddResult | AddFailure]:
         """Add references, one result per input in input order; a bad input fails alone, storing nothing.
 
         ``after_batch`` (the ingest hook) is called with ``(image, package)`` of each batch's stored
-        references once they are committed, before their results are yielded. The references go to
-        the context's namespace, their packages under its model and scope.
+        references once they are committed, before their results are yielded; with
+        ``hook_reads_packages=False`` (it reads the images only), a package already on disk is linked
+        without loading the model and handed over as None. The references go to the context's
+        namespace, their packages under its model and scope.
         """
         ids = list(ids) if ids is not None else [None] * len(sources)
         if len(ids) != len(sources):
             raise InvalidInputError("ids", f"{len(ids)} ids for {len(sources)} images")
         meta = validate_metadata(metadata or {})
-        batch_size = max(1, context.backend.batch_size)
+        # Known without a load when recorded (a cached add never loads the model); else the load tells.
+        batch_size = (context.known_facts() or facts_of(context.backend)).batch_size
         results = _InOrder()
         batch: list[tuple[int, str, ImageInput]] = []
+        tensors = after_batch is not None and hook_reads_packages
         with self._progress(len(sources), "adding") as bar:
+            flush = partial(self._flush, meta=meta, context=context, after_batch=after_batch, tensors=tensors,
+                            results=results, bar=bar)
             for index, (source, ref_id) in enumerate(zip(sources, ids)):
                 taken = self._take_in(source, ref_id, context.namespace)
                 if isinstance(taken, AddFailure):
@@ -95,10 +106,10 @@ class ReferenceBook:
                 else:
                     batch.append((index, *taken))
                     if len(batch) >= batch_size:
-                        self._flush(batch, meta, context, after_batch, results, bar)
+                        flush(batch)
                 yield from results.ready()
             if batch:
-                self._flush(batch, meta, context, after_batch, results, bar)
+                flush(batch)
             yield from results.ready()
 
     def _take_in(self, source: ImageSource, ref_id: str | None, namespace: str) -> tuple[str, ImageInput] | AddFailure:
@@ -112,49 +123,78 @@ class ReferenceBook:
             return AddFailure(input=source_label(source), error=str(e))
 
     def _flush(
-        self, batch: list[tuple[int, str, ImageInput]], meta: dict[str, Any], context: RequestContext,
-        after_batch: IngestHook | None, results: _InOrder, bar: Any,
+        self, batch: list[tuple[int, str, ImageInput]], *, meta: dict[str, Any], context: RequestContext,
+        after_batch: IngestHook | None, tensors: bool, results: _InOrder, bar: Any,
     ) -> None:
         """Store one batch, run the ingest hook over what it stored, and hand its results over."""
-        stored = self._store_batch(batch, meta, context)
+        stored = self._store_batch(batch, meta, context, tensors=tensors)
         for (index, _, _), (result, _) in zip(batch, stored):
             results.put(index, result)
-        added = [(image, package) for (_, _, image), (_, package) in zip(batch, stored) if package is not None]
+        added = [(image, package) for (_, _, image), (result, package) in zip(batch, stored) if isinstance(result, AddResult)]
         if after_batch is not None and added:
             after_batch(added)
         bar.update(len(batch))
         batch.clear()
 
     def _store_batch(
-        self, batch: list[tuple[int, str, ImageInput]], meta: dict[str, Any], context: RequestContext
+        self, batch: list[tuple[int, str, ImageInput]], meta: dict[str, Any], context: RequestContext, *, tensors: bool
     ) -> list[tuple[AddResult | AddFailure, VisualPackage | None]]:
+        """Each input's result (and package, when ``tensors`` or encoded now), in batch order.
+
+        Without ``tensors`` (no ingest hook reads them), images whose package is already on disk are
+        linked without loading the model when its fingerprint is known without a load; only the
+        others go to the model (loaded then, as before).
+        """
         with self.packages.request():  # the batch's packages stay pinned until linked
-            return self._store_pinned(batch, meta, context)
+            linked = {} if tensors else self._link_stored(batch, meta, context)
+            rest = [item for item in batch if item[0] not in linked]
+            # Only a batch with something left to encode (or to load as tensors) needs the model.
+            done = dict(zip((index for index, _, _ in rest), self._store_pinned(rest, meta, context))) if rest else {}
+            return [linked.get(index) or done[index] for index, _, _ in batch]
+
+    def _link_stored(
+        self, batch: list[tuple[int, str, ImageInput]], meta: dict[str, Any], context: RequestContext
+    ) -> dict[int, tuple[AddResult | AddFailure, None]]:
+        """The results of the inputs whose package is on disk, linked by the model's fingerprint as known without a
+        load (:meth:`RequestContext.known_facts`); {} when it is not known so."""
+        facts = context.known_facts()
+        if facts is None:
+            return {}
+        linked: dict[int, tuple[AddResult | AddFailure, None]] = {}
+        for index, ref_id, image in batch:
+            found = self.packages.stored(context.package_key(image.sha256, facts.fingerprint))
+            if found is not None:
+                linked[index] = (self._record(ref_id, image, meta, context.namespace, facts, found, None), None)
+        return linked
 
     def _store_pinned(
         self, batch: list[tuple[int, str, ImageInput]], meta: dict[str, Any], context: RequestContext
     ) -> list[tuple[AddResult | AddFailure, VisualPackage | None]]:
         packages: list[CachedPackage] = self.packages.durable(context, [image for _, _, image in batch])
-        backend, namespace = context.backend, context.namespace
-        digest = backend.fingerprint().digest
+        facts = facts_of(context.backend)
         results: list[tuple[AddResult | AddFailure, VisualPackage | None]] = []
         for (_, ref_id, image), found in zip(batch, packages):
-            package = found.package
-            try:
-                self.store.catalog.ingest_reference(
-                    ref_id, image.sha256, image.source_bytes, image.source_format, meta,
-                    namespace=namespace, link=(digest, package.key),
-                )
-            except StoreUnavailableError:
-                raise  # the store, not this input (a full disk, an unreachable catalog): 503
-            except RefsightError as e:
-                results.append((AddFailure(input=image.name or ref_id, error=str(e)), None))
-                continue
-            result = AddResult(
-                ref_id, image.sha256, package.key, backend.name, found.cached, round(found.encode_ms, 3), package.nbytes
-            )
-            results.append((result, package))
+            result = self._record(ref_id, image, meta, context.namespace, facts, found.package, found)
+            results.append((result, found.package if isinstance(result, AddResult) else None))
         return results
+
+    def _record(
+        self, ref_id: str, image: ImageInput, meta: dict[str, Any], namespace: str, facts: EncoderFacts,
+        package: VisualPackage | StoredPackage, found: CachedPackage | None,
+    ) -> AddResult | AddFailure:
+        """Record the kept bytes, the reference and its package link in one transaction; its result
+        (``found``: how the package was obtained; None: a stored package, linked without the model)."""
+        try:
+            self.store.catalog.ingest_reference(
+                ref_id, image.sha256, image.source_bytes, image.source_format, meta,
+                namespace=namespace, link=(facts.fingerprint.digest, package.key),
+            )
+        except StoreUnavailableError:
+            raise  # the store, not this input (a full disk, an unreachable catalog): 503
+        except RefsightError as e:
+            return AddFailure(input=image.name or ref_id, error=str(e))
+        cached, encode_ms = (True, 0.0) if found is None else (found.cached, found.encode_ms)
+        return AddResult(ref_id, image.sha256, package.key, facts.name, cached, round(encode_ms, 3), package.nbytes)
 
     def _choose_id(self, ref_id: str | None, source: object, image: ImageInput, namespace: str) -> str:
         return self.choose_id(ref_id, source, image.sha256, namespace)

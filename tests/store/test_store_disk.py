@@ -117,9 +117,10 @@ def test_a_flipped_byte_is_caught_by_get_and_verify_all(open_local, tmp_path, of
     index = 20 if offset == "header" else offset
     data[index] ^= 0x01
     path.write_bytes(data)
-    with pytest.raises(CorruptPackageError) as info:
-        store.get(bad.key)
-    assert info.value.key == bad.key and "checksum" in info.value.reason
+    for read in (store.get, store.check):
+        with pytest.raises(CorruptPackageError) as info:
+            read(bad.key)
+        assert info.value.key == bad.key and "checksum" in info.value.reason
     results = dict(store.verify_all())
     assert results[good.key] is None
     assert "checksum" in results[bad.key]
@@ -134,10 +135,11 @@ def test_missing_and_truncated_files_are_corrupt_not_absent(open_local, tmp_path
     store.path_for(gone.key).unlink()
     path = store.path_for(short.key)
     path.write_bytes(path.read_bytes()[:-10])
-    with pytest.raises(CorruptPackageError, match="missing"):
-        store.get(gone.key)
-    with pytest.raises(CorruptPackageError, match="bytes"):
-        store.get(short.key)
+    for read in (store.get, store.check):
+        with pytest.raises(CorruptPackageError, match="missing"):
+            read(gone.key)
+        with pytest.raises(CorruptPackageError, match="bytes"):
+            read(short.key)
     assert {k: p is not None for k, p in store.verify_all()} == {gone.key: True, short.key: True}
 
 
@@ -165,8 +167,20 @@ def _file_of_another_package(store, sql, root) -> tuple[str, str]:
 def test_an_index_row_that_disagrees_with_its_file_is_corrupt(open_local, tmp_path, damage):
     store = open_local(tmp_path)
     key, reason = damage(store, open_local.sql, tmp_path)
-    with pytest.raises(CorruptPackageError, match=reason):
-        store.get(key)
+    for read in (store.get, store.check):
+        with pytest.raises(CorruptPackageError, match=reason):
+            read(key)
+
+
+def test_check_reads_what_get_checks_without_building_tensors(open_local, tmp_path):
+    """A cached add's read: the record and the tensors' size, every check of get() passed."""
+    store = open_local(tmp_path)
+    package = make_package(12)
+    assert store.check(package.key) is None
+    store.put(package)
+    found = store.check(package.key)
+    assert found.key == package.key and found.record == store.record(package.key)
+    assert found.nbytes == package.nbytes == store.get(package.key).nbytes
 
 
 def test_gc_removes_orphan_files_and_stale_temps_but_keeps_indexed_ones(open_local, tmp_path):

@@ -24,6 +24,7 @@ The base class owns the request plumbing every runtime shares, in this order:
 from __future__ import annotations
 
 import abc
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -204,6 +205,11 @@ class Backend(TextAccess, abc.ABC):
     @abc.abstractmethod
     def fingerprint(self) -> EncoderFingerprint:
         """Everything that changes this backend's visual features."""
+
+    def fingerprint_sources(self) -> Sequence[str | os.PathLike] | None:
+        """The files and directories that, with the model name, options and runtime versions, decide :meth:`fingerprint`
+        (recorded at load and read back while they are unchanged: :mod:`.fingerprint_record`); None: more does."""
+        return None
 
     @abc.abstractmethod
     def encode(self, images: Sequence[ImageInput]) -> list[VisualPackage]:

@@ -43,7 +43,7 @@ def unpack(key: str, value: bytes) -> VisualPackage:
         raise CorruptPackageError(key, "checksum mismatch")
     try:
         # A writable copy: the tensors are views of it (torch.frombuffer wants writable memory).
-        tensors, meta, _ = _safetensors.decode(memoryview(bytearray(body)))
+        tensors, meta = _safetensors.decode(memoryview(bytearray(body)))
         header = json.loads(meta[_HEADER_FIELD])
         fingerprint = EncoderFingerprint.from_json(header["fingerprint"])
         image_sha256 = header["image_sha256"]

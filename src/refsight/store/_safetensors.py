@@ -17,9 +17,10 @@ import json
 import math
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any, Mapping
 
-__all__ = ["prepare", "encode", "decode", "read_buffer", "SafetensorsFormatError"]
+__all__ = ["prepare", "encode", "decode", "describe", "read_buffer", "SafetensorsFormatError", "Layout"]
 
 if sys.byteorder != "little":  # pragma: no cover - every platform refsight targets is little-endian
     raise ImportError("refsight's package store needs a little-endian machine (safetensors is little-endian)")
@@ -45,6 +46,11 @@ _CODES = {
     "F8_E4M3": "float8_e4m3fn",
     "F8_E5M2": "float8_e5m2",
     "C64": "complex64",
+}
+#: Bytes per element of each dtype code (the layout checks need no torch).
+_ITEMSIZE = {
+    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1,
+    "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "C64": 8,
 }
 
 
@@ -147,11 +153,34 @@ def read_buffer(path: str | os.PathLike, size: int) -> Any:
     return memoryview(mapping)
 
 
-def decode(raw: memoryview) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
-    """Parse a writable buffer holding a whole file; returns (tensors, ``__metadata__``, raw header).
+@dataclass(frozen=True)
+class Layout:
+    """What a file's header says, every offset checked against the data: no tensor is built (no torch)."""
 
-    The tensors are views into ``raw`` (no copy) and keep it alive. Raises
-    :class:`SafetensorsFormatError` on any inconsistency: a header that runs past
+    #: Name -> ``(dtype code, shape, begin, end)``, offsets relative to the data section.
+    entries: dict[str, tuple[str, list[int], int, int]]
+    #: The ``__metadata__`` strings.
+    metadata: dict[str, str]
+    #: Where the tensor data starts in the file.
+    start: int
+
+    @property
+    def spec(self) -> dict[str, dict[str, Any]]:
+        """``{name: {"dtype", "shape"}}`` in the form of :func:`refsight.package.tensor_spec`."""
+        return {
+            name: {"dtype": _CODES[code], "shape": shape} for name, (code, shape, _, _) in sorted(self.entries.items())
+        }
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of tensor data (what the tensors would occupy)."""
+        return sum(end - begin for _, _, begin, end in self.entries.values())
+
+
+def describe(raw: memoryview) -> Layout:
+    """Parse and check a whole file's header against its length, building no tensor (no torch).
+
+    Raises :class:`SafetensorsFormatError` on any inconsistency: a header that runs past
     the end, unknown dtypes, offsets that do not match shapes, holes or overlaps.
     """
     header, start = _header(raw)
@@ -159,16 +188,24 @@ def decode(raw: memoryview) -> tuple[dict[str, Any], dict[str, str], dict[str, A
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise SafetensorsFormatError("__metadata__ must map strings to strings")
     data_len = len(raw) - start
-    tensors: dict[str, Any] = {}
-    spans = []
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype, shape, begin, end = _entry(name, info, start, data_len)
-        spans.append((begin, end))
-        tensors[name] = _view(raw, dtype, shape, start + begin, end - begin)
-    _check_contiguous(spans, data_len)
-    return tensors, metadata, header
+    entries = {name: _entry(name, info, start, data_len) for name, info in header.items() if name != "__metadata__"}
+    _check_contiguous([(begin, end) for _, _, begin, end in entries.values()], data_len)
+    return Layout(entries, metadata, start)
+
+
+def decode(raw: memoryview) -> tuple[dict[str, Any], dict[str, str]]:
+    """Parse a writable buffer holding a whole file; returns (tensors, ``__metadata__``).
+
+    The tensors are views into ``raw`` (no copy) and keep it alive; the checks are :func:`describe`'s.
+    """
+    layout = describe(raw)
+    _, from_code = _dtype_tables()
+    tensors = {}
+    for name, (code, shape, begin, end) in layout.entries.items():
+        if code not in from_code:  # a code this torch build has no dtype for
+            raise SafetensorsFormatError(f"tensor {name!r}: dtype {code} is not available in this torch")
+        tensors[name] = _view(raw, from_code[code], shape, layout.start + begin, end - begin)
+    return tensors, layout.metadata
 
 
 def _header(raw: memoryview) -> tuple[dict[str, Any], int]:
@@ -188,21 +225,20 @@ def _header(raw: memoryview) -> tuple[dict[str, Any], int]:
     return header, 8 + n
 
 
-def _entry(name: str, info: Any, start: int, data_len: int) -> tuple[Any, list[int], int, int]:
-    # One tensor's (dtype, shape, begin, end), checked against the data it must cover exactly.
-    _, from_code = _dtype_tables()
+def _entry(name: str, info: Any, start: int, data_len: int) -> tuple[str, list[int], int, int]:
+    # One tensor's (dtype code, shape, begin, end), checked against the data it must cover exactly.
     try:
-        dtype = from_code[info["dtype"]]
+        code = info["dtype"]
+        itemsize = _ITEMSIZE[code]
         shape = [int(s) for s in info["shape"]]
         begin, end = (int(x) for x in info["data_offsets"])
     except (KeyError, TypeError, ValueError) as exc:
         raise SafetensorsFormatError(f"tensor {name!r}: bad header entry ({exc!r})") from None
-    itemsize = dtype.itemsize
     if min(shape, default=0) < 0 or begin < 0 or end > data_len or end - begin != math.prod(shape) * itemsize:
         raise SafetensorsFormatError(f"tensor {name!r}: offsets {begin}..{end} do not match shape {shape}")
     if (start + begin) % itemsize:
         raise SafetensorsFormatError(f"tensor {name!r}: offset {begin} is not aligned to its {itemsize}-byte elements")
-    return dtype, shape, begin, end
+    return code, shape, begin, end
 
 
 def _view(raw: memoryview, dtype: Any, shape: list[int], offset: int, size: int) -> Any:

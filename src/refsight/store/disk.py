@@ -20,7 +20,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TypeVar
 
 import xxhash
 
@@ -34,9 +34,10 @@ from .sqlite import SqliteDatabase, open_database
 if TYPE_CHECKING:  # pragma: no cover
     from .postgres import PgDatabase
 
-__all__ = ["DiskPackageStore", "PackageRecord"]
+__all__ = ["DiskPackageStore", "PackageRecord", "StoredPackage"]
 
 _HEADER_FIELD = "refsight.header"
+_Read = TypeVar("_Read")
 _COLUMNS = "key, image_sha256, fingerprint_digest, fingerprint_json, bytes, spec_json, created_at, encode_ms, checksum, scope"
 
 
@@ -64,6 +65,20 @@ class PackageRecord:
     def spec(self) -> dict[str, Any]:
         """Name -> dtype and shape of every tensor."""
         return json.loads(self.spec_json)
+
+
+@dataclass(frozen=True)
+class StoredPackage:
+    """A package on disk that passed every check of a read, its tensors left unbuilt (:meth:`DiskPackageStore.check`)."""
+
+    record: PackageRecord
+    #: Bytes of its tensors (what ``VisualPackage.nbytes`` would say).
+    nbytes: int
+
+    @property
+    def key(self) -> str:
+        """The package key."""
+        return self.record.key
 
 
 def _check_key(key: object) -> str:
@@ -206,11 +221,22 @@ class DiskPackageStore(PackageStore, PackageIndex):
     # -- read -------------------------------------------------------------------
     def get(self, key: str) -> VisualPackage | None:
         """Load and check the package; None when not indexed; CorruptPackageError on any mismatch."""
+        return self._read(key, self._load)
+
+    def check(self, key: str) -> StoredPackage | None:
+        """:meth:`get`'s checks (size, checksum, header, spec) without building a tensor (no torch import).
+
+        None when not indexed; CorruptPackageError on any mismatch. What a caller that only links or
+        counts a stored package (a cached ``add``) reads instead of the tensors.
+        """
+        return self._read(key, self._checked)
+
+    def _read(self, key: str, load: Callable[[PackageRecord], _Read]) -> _Read | None:
         record = self.record(key)
         if record is None:
             return None
         try:
-            return self._load(record)
+            return load(record)
         except CorruptPackageError:
             # A concurrent delete (and maybe a new put) may have changed the file between
             # our row read and our file read: judge against the current row, once.
@@ -219,9 +245,10 @@ class DiskPackageStore(PackageStore, PackageIndex):
                 return None
             if current == record:
                 raise
-            return self._load(current)
+            return load(current)
 
-    def _load(self, record: PackageRecord) -> VisualPackage:
+    def _bytes(self, record: PackageRecord) -> memoryview:
+        """The file's bytes, checked against the row's size and checksum."""
         key = record.key
         path = self.path_for(key)
         try:
@@ -236,17 +263,45 @@ class DiskPackageStore(PackageStore, PackageIndex):
         digest = xxhash.xxh3_128_hexdigest(buf)
         if digest != record.checksum:
             raise CorruptPackageError(key, f"checksum mismatch (file {digest}, index {record.checksum})")
-        return self._parse(record, buf)
+        return buf
 
-    def _parse(self, record: PackageRecord, buf: memoryview) -> VisualPackage:
+    def _checked(self, record: PackageRecord) -> StoredPackage:
+        buf = self._bytes(record)
+        try:
+            layout = _safetensors.describe(buf)
+        except _safetensors.SafetensorsFormatError as exc:
+            raise CorruptPackageError(record.key, f"unreadable file: {exc}") from None
+        self._check_header(record, layout.metadata, layout.spec)
+        return StoredPackage(record, layout.nbytes)
+
+    def _load(self, record: PackageRecord) -> VisualPackage:
+        buf = self._bytes(record)
+        try:
+            tensors, meta = _safetensors.decode(buf)
+        except _safetensors.SafetensorsFormatError as exc:
+            raise CorruptPackageError(record.key, f"unreadable file: {exc}") from None
+        header, fingerprint = self._check_header(record, meta, tensor_spec(tensors))
+        return VisualPackage(
+            tensors=tensors,
+            metadata=header.get("metadata", {}),
+            image_sha256=record.image_sha256,
+            fingerprint=fingerprint,
+            created_at=float(header.get("created_at", record.created_at)),
+            encode_ms=float(header.get("encode_ms", record.encode_ms)),
+            scope=record.scope,
+        )
+
+    def _check_header(
+        self, record: PackageRecord, meta: Mapping[str, str], spec: dict[str, Any]
+    ) -> tuple[dict[str, Any], EncoderFingerprint]:
+        """The file's header and the fingerprint, once both agree with the row: key, image, scope, spec."""
         key = record.key
         try:
-            tensors, meta, _ = _safetensors.decode(buf)
             header = json.loads(meta[_HEADER_FIELD])
             image_sha256 = header["image_sha256"]
             # Parsed and hashed once per fingerprint (cached): get() stays close to a raw read.
             fingerprint, fingerprint_digest, fingerprint_dict = _fingerprint(record.fingerprint_json)
-        except (_safetensors.SafetensorsFormatError, KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError) as exc:
             raise CorruptPackageError(key, f"unreadable file: {exc}") from None
         if header.get("fingerprint") != fingerprint_dict or fingerprint_digest != record.fingerprint_digest:
             raise CorruptPackageError(key, "fingerprint differs from the index")
@@ -255,18 +310,9 @@ class DiskPackageStore(PackageStore, PackageIndex):
             raise CorruptPackageError(key, "the file's isolation scope differs from the index")
         if image_sha256 != record.image_sha256 or _key(image_sha256, record.fingerprint_json, scope) != key:
             raise CorruptPackageError(key, "the file holds another package (image hash or fingerprint differ)")
-        spec = tensor_spec(tensors)
         if spec != json.loads(record.spec_json) or spec != header.get("spec"):
             raise CorruptPackageError(key, f"tensor names, dtypes or shapes differ from the index: {spec}")
-        return VisualPackage(
-            tensors=tensors,
-            metadata=header.get("metadata", {}),
-            image_sha256=image_sha256,
-            fingerprint=fingerprint,
-            created_at=float(header.get("created_at", record.created_at)),
-            encode_ms=float(header.get("encode_ms", record.encode_ms)),
-            scope=scope,
-        )
+        return header, fingerprint
 
     def verify(self, key: str) -> str | None:
         """None when the package of ``key`` passes every check, else the problem in words."""

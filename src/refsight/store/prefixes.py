@@ -270,7 +270,7 @@ class _Corrupt(Exception):
 def _parse(key: str, buf: memoryview) -> StoredPrefix:
     """Decode and check one file's bytes; raises :class:`_Corrupt` with the reason."""
     try:
-        tensors, metadata, _ = _safetensors.decode(buf)
+        tensors, metadata = _safetensors.decode(buf)
         info_text = metadata[_INFO]
         stored_checksum = metadata[_CHECKSUM]
         info = json.loads(info_text)

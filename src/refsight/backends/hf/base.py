@@ -24,6 +24,7 @@ import abc
 import importlib
 import importlib.util
 import time
+from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 from ...errors import BackendError, InvalidInputError
@@ -83,6 +84,7 @@ class HFBackend(Backend):
         random_weights: bool = False,
         batch_size: int = 4,
         device: str = "cpu",
+        local_dir: str | None = None,
     ) -> None:
         super().__init__(name)
         self.model = model
@@ -94,6 +96,8 @@ class HFBackend(Backend):
         self.batch_size = int(batch_size)
         #: Where the model runs ("cpu", "cuda:0", "mps"); packages stay on the CPU.
         self.device = device
+        #: The checkpoint's directory (None: loaded from the hub, where a branch may move).
+        self.local_dir = local_dir
         self.supports_constrained_decoding = _constrained_available()
         # Batches are padded on the left so every row's last token is at the same position.
         self.tokenizer.padding_side = "left"
@@ -185,6 +189,14 @@ class HFBackend(Backend):
     def fingerprint(self) -> EncoderFingerprint:
         """Backend, model id, revision, dtype, processor class and settings, attention and vision-merge settings."""
         return self._fingerprint
+
+    def fingerprint_sources(self) -> list[Path] | None:
+        """The checkpoint directory and the files its revision hashes; None for a hub model (a branch moves)."""
+        if self.local_dir is None:
+            return None
+        from .revision import content_files
+
+        return [Path(self.local_dir), *content_files(self.local_dir)]
 
     def attn_implementation(self) -> dict[str, str]:
         """The attention kernels in use, per (sub-)config: they change features beyond rounding."""

@@ -20,11 +20,12 @@ the memo and files actually read, so tests can prove which happened.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 import threading
 from pathlib import Path
+
+from ...json_memo import read_entries, write_entry
 
 __all__ = ["file_sha256", "memo_path", "memo_hits", "files_hashed", "PROGRESS_MIN_BYTES"]
 
@@ -56,33 +57,13 @@ def _stamp(path: Path) -> dict:
 
 
 def _read(memo: Path) -> dict[str, dict]:
-    try:
-        data = json.loads(memo.read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict) or data.get("version") != _MEMO_VERSION or not isinstance(data.get("entries"), dict):
-        return {}
-    return data["entries"]
+    return read_entries(memo, _MEMO_VERSION)
 
 
 def _write(memo: Path, key: str, entry: dict) -> None:
     """Add one entry, merging with the file as it is now (other processes may have added theirs)."""
-    from filelock import FileLock, Timeout
-
-    from ...atomic import replace_atomically
-
-    try:
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(memo) + ".lock", timeout=30):
-            entries = _read(memo)
-            entries[key] = entry
-            # Forget files that are gone, so the memo does not grow without bound.
-            entries = {k: v for k, v in entries.items() if os.path.exists(k)}
-            text = json.dumps({"version": _MEMO_VERSION, "entries": entries}, sort_keys=True)
-            # Readers see the old memo or the new one, never half a file.
-            replace_atomically(memo, lambda tmp: Path(tmp).write_text(text))
-    except (OSError, Timeout):
-        pass  # an unwritable memo only means the next process hashes again
+    # Forget files that are gone, so the memo does not grow without bound.
+    write_entry(memo, _MEMO_VERSION, key, entry, keep=lambda path, _: os.path.exists(path))
 
 
 def file_sha256(path: str | os.PathLike) -> str:

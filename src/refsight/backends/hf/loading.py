@@ -39,6 +39,8 @@ class LoadedParts:
     random_weights: bool
     batch_size: int
     device: str
+    #: The checkpoint's directory when it was loaded from one (None: a hub model).
+    local_dir: str | None = None
 
 
 def refuse_other_backend_options(options: Mapping[str, Any]) -> None:
@@ -167,4 +169,5 @@ def load_parts(
         random_weights=bool(marker.get("random_weights", False)) if random_weights is None else random_weights,
         batch_size=batch_size or 4,
         device=device_name,
+        local_dir=source if local else None,
     )

@@ -131,6 +131,10 @@ class LlamaCppBackend(Backend):
         """How many image chunks went through the vision encoder so far (explicit or pixel-path)."""
         return self.runtime.encode_calls
 
+    def fingerprint_sources(self) -> list[Path]:
+        """The GGUF and the mmproj: their content hashes are in the fingerprint."""
+        return [self.model_path, self.mmproj_path]
+
     def fingerprint(self) -> EncoderFingerprint:
         """GGUF + mmproj content hashes, llama-cpp-python version and every chunk-changing setting."""
         return self._fingerprint
