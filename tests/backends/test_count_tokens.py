@@ -26,6 +26,7 @@ def test_the_default_is_a_cheap_estimate():
     assert toy.count_text_tokens("猫" * 4) == 3  # UTF-8 bytes, not characters
 
 
+@pytest.mark.slow  # converts the tiny models to GGUF (llama-cpp-python: an optional runtime)
 @pytest.mark.parametrize("name", ["tiny-qwen2-vl-gguf", "tiny-smolvlm-gguf"])
 def test_the_llamacpp_backend_counts_with_its_vocabulary(name):
     require_module("llama_cpp", "pip install 'refsight[llamacpp]'")

@@ -90,6 +90,7 @@ def small_context(tmp_path_factory, model_cache) -> LiveServer:
     live.stop()
 
 
+@pytest.mark.slow  # a server on the tiny model converted to GGUF (llama-cpp-python: an optional runtime)
 @pytest.mark.parametrize("route, body", [
     ("/completion", {"prompt": "fur " * 350, "n_predict": 4}),
     ("/v1/chat/completions", {"model": "tiny-qwen2-vl-gguf", "max_tokens": 4,

@@ -85,6 +85,7 @@ def test_health_is_public_and_503_while_the_model_loads(tmp_path):
         sock.close()
 
 
+@pytest.mark.slow  # a server on the tiny model converted to GGUF (llama-cpp-python: an optional runtime)
 def test_health_and_props(llama):
     with llama.client() as c:
         assert c.get("/health").json() == {"status": "ok"} and c.get("/v1/health").status_code == 200
@@ -103,6 +104,7 @@ def test_health_and_props(llama):
     assert props["default_generation_settings"]["params"]["temperature"] == 0.0  # refsight is greedy by default
 
 
+@pytest.mark.slow  # a server on the tiny model converted to GGUF (llama-cpp-python: an optional runtime)
 def test_tokenize_and_detokenize_equal_llama_cpp_python(llama, reference_llama):
     text = "Hello <|im_start|>world, ünïcode 🐈"
     with llama.client() as c:
@@ -122,6 +124,7 @@ def test_tokenize_and_detokenize_equal_llama_cpp_python(llama, reference_llama):
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens[0]"
 
 
+@pytest.mark.slow  # a server on the tiny model converted to GGUF (llama-cpp-python: an optional runtime)
 @pytest.mark.parametrize("fields", [{}, {"repeat_penalty": 1.3}, {"top_k": 5, "min_p": 0.1}])
 def test_completion_equals_llama_cpp_python_on_the_same_gguf(llama, reference_llama, fields):
     import llama_cpp
@@ -157,7 +160,7 @@ def _apply_template_then_complete(live: LiveServer, image: str, **fields) -> dic
         return c.post("/completion", json={"prompt": prompt, "multimodal_data": [image], "n_predict": 8, **fields}).json()
 
 
-@pytest.mark.parametrize("backend", ["llama", "hf"])
+@pytest.mark.parametrize("backend", [pytest.param("llama", marks=pytest.mark.slow), "hf"])  # llama: converted to GGUF
 def test_completion_with_an_image_is_the_chat_answer_and_takes_stored_references(backend, request):
     live = request.getfixturevalue(backend)
     chat = openai.OpenAI(base_url=f"{live.url}/v1", api_key="none", max_retries=0).chat.completions.create(
@@ -180,6 +183,7 @@ def test_completion_with_an_image_is_the_chat_answer_and_takes_stored_references
         assert mismatch.status_code == 400 and mismatch.json()["error"]["param"] == "multimodal_data"
 
 
+@pytest.mark.slow  # a server on the tiny model converted to GGUF (llama-cpp-python: an optional runtime)
 def test_a_streamed_completion_is_the_plain_one_in_pieces(llama):
     with llama.client() as c:
         plain = c.post("/completion", json={"prompt": PROMPT, "n_predict": 10}).json()
@@ -194,6 +198,7 @@ def test_a_streamed_completion_is_the_plain_one_in_pieces(llama):
     assert events[-1]["tokens_predicted"] == plain["tokens_predicted"]
 
 
+@pytest.mark.slow  # a server on the tiny model converted to GGUF (llama-cpp-python: an optional runtime)
 def test_v1_completions_with_the_openai_sdk(llama):
     client = openai.OpenAI(base_url=f"{llama.url}/v1", api_key="none", max_retries=0)
     with llama.client() as c:
@@ -209,6 +214,7 @@ def test_v1_completions_with_the_openai_sdk(llama):
     assert info.value.body["param"] == "grammar"
 
 
+@pytest.mark.slow  # a server on the tiny model converted to GGUF (llama-cpp-python: an optional runtime)
 def test_chat_template_kwargs_the_template_never_reads_are_accepted(llama):
     client = openai.OpenAI(base_url=f"{llama.url}/v1", api_key="none", max_retries=0)
     hi = [{"role": "user", "content": "hi"}]

@@ -18,6 +18,7 @@ from refsight.server import ServerConfig, create_app
 
 require_module("llama_cpp.mtmd_cpp", "pip install 'refsight[llamacpp]'")
 ollama = require_module("ollama", "pip install 'refsight[test]'")
+pytestmark = pytest.mark.slow  # an Ollama store of the tiny model converted to GGUF (llama-cpp-python: an optional runtime)
 GREEDY = {"num_predict": 8, "temperature": 0}
 
 

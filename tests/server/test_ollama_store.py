@@ -16,6 +16,7 @@ from refsight.errors import InvalidInputError, ModelLoadError
 from refsight.server import ServerConfig, create_app
 
 require_module("llama_cpp.mtmd_cpp", "pip install 'refsight[llamacpp]'")
+pytestmark = pytest.mark.slow  # an Ollama store of the tiny model converted to GGUF (llama-cpp-python: an optional runtime)
 
 PARAMS = {"temperature": 0.7, "seed": 7, "top_k": 20, "stop": ["<|im_end|>"], "num_ctx": 1024}
 CHAT = {"messages": [{"role": "user", "content": "Name three colours."}], "stream": False, "options": {"num_predict": 12}}

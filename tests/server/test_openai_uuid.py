@@ -25,7 +25,8 @@ def _serve(store, model: str) -> LiveServer:
     return LiveServer(create_app(ServerConfig(store=store, model=model, keys={KEY: "one", OTHER: "two"}))).start()
 
 
-@pytest.fixture(scope="module", params=["tiny-qwen2-vl", "tiny-qwen2-vl-gguf"])
+# The GGUF half converts the tiny model to GGUF (llama-cpp-python: an optional runtime): left to the slow runs.
+@pytest.fixture(scope="module", params=["tiny-qwen2-vl", pytest.param("tiny-qwen2-vl-gguf", marks=pytest.mark.slow)])
 def live(request, tmp_path_factory) -> LiveServer:
     """The server on the HF backend, then on the llama.cpp backend (the same tests on both)."""
     if request.param.endswith("-gguf"):

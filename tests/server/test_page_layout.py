@@ -8,8 +8,11 @@ from the DOM, never pixels, so fonts and rendering differences between machines 
 
 from __future__ import annotations
 
+import pytest
 from test_page import browser, wait_until  # noqa: F401  (the browser fixture)
 from test_page_cache_view import screenshot
+
+pytestmark = pytest.mark.slow  # drives a real headless Chromium
 
 # Every textarea's label text: the bottom of its first line against the top of the field it names.
 _LABELS_ABOVE = """() => [...document.querySelectorAll('form > label')].filter(l => l.querySelector('textarea')).map(l => {

@@ -87,6 +87,7 @@ def _solid(i: int) -> bytes:
     return buffer.getvalue()
 
 
+@pytest.mark.slow  # a server on the tiny model converted to GGUF (llama-cpp-python: an optional runtime)
 def test_a_reference_named_past_the_context_is_400_counting_its_tokens(small_context):
     _overflow(small_context, "tiny-qwen2-vl-gguf", 256)
 

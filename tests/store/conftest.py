@@ -63,7 +63,8 @@ class StoreOpener:
         return self.kind
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+# PostgreSQL is a server started for the session: its half of each test is left to the slow runs.
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
 def opener(request, tmp_path_factory) -> StoreOpener:
     """A :class:`StoreOpener` for each catalog implementation (the PostgreSQL one on a fresh database)."""
     if request.param == "sqlite":

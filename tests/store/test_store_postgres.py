@@ -14,6 +14,8 @@ from refsight.errors import StoreError, StoreUnavailableError
 from refsight.store import open_store
 from refsight.store.postgres import redact_url
 
+pytestmark = pytest.mark.slow  # starts PostgreSQL servers (and kills replicas)
+
 
 @pytest.fixture
 def shared(postgres, tmp_path):

@@ -10,6 +10,7 @@ from llama_models import require_llama_cpp
 from refsight.errors import InvalidInputError, ModelLoadError
 
 require_llama_cpp()
+pytestmark = pytest.mark.slow  # converts the tiny models to GGUF (llama-cpp-python: an optional runtime)
 
 QWEN = "tiny-qwen2-vl-gguf"
 SMOL = "tiny-smolvlm-gguf"
@@ -31,7 +32,6 @@ def _tweaked_copy(path, directory, name):
     return copy
 
 
-@pytest.mark.slow  # loads a GGUF model and its mmproj
 def test_prefix_loads_through_the_registry_with_mmproj(gguf_files):
     from refsight.backends.registry import get_backend
 
@@ -51,7 +51,6 @@ def test_a_users_gguf_is_not_marked_random(gguf_files, tmp_path):
     assert backend.fingerprint().model_id != "refsight/tiny-qwen2-vl-gguf"
 
 
-@pytest.mark.slow  # loads the GGUF and the HF model
 def test_backend_names_never_share_keys_with_hf(gguf):
     for name in (QWEN, SMOL):
         assert gguf(name).fingerprint().backend.startswith("llamacpp-")

@@ -11,6 +11,7 @@ from refsight.backends.base import GenerationRequest
 from refsight.errors import CorruptPackageError
 
 require_llama_cpp()
+pytestmark = pytest.mark.slow  # converts the tiny models to GGUF (llama-cpp-python: an optional runtime)
 
 
 def test_qwen_image_is_one_chunk_smolvlm_several_with_text_between(gguf, photos):

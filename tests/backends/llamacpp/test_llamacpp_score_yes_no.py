@@ -15,7 +15,7 @@ import pytest
 from llama_models import GGUF_FAMILIES, require_llama_cpp
 
 require_llama_cpp()
-pytestmark = pytest.mark.slow  # loads every built-in GGUF family
+pytestmark = pytest.mark.slow  # converts every built-in family to GGUF (llama-cpp-python: an optional runtime)
 
 CRITERIA = ("short fur", "pointed ears")
 REFS = ("chelsea", "coffee", "astronaut")

@@ -13,6 +13,7 @@ from refsight.backends.base import GenerationRequest
 from refsight.backends.sampling import SAMPLING_FIELDS, Sampling
 
 require_llama_cpp()
+pytestmark = pytest.mark.slow  # converts the tiny models to GGUF (llama-cpp-python: an optional runtime)
 
 QWEN, SMOL = "tiny-qwen2-vl-gguf", "tiny-smolvlm-gguf"
 
@@ -58,7 +59,6 @@ def _first_piece_token(backend, tokens: list[int]) -> int:
     return len(tokens)
 
 
-@pytest.mark.slow  # long token loops on two GGUF models
 @pytest.mark.parametrize("name", [QWEN, SMOL])
 def test_a_set_stop_event_ends_the_token_loop_within_a_token(gguf, photos, name):
     backend = gguf(name)

@@ -8,6 +8,7 @@ from llama_models import PROMPTS, require_llama_cpp
 from refsight.backends.base import GenerationRequest
 
 require_llama_cpp()
+pytestmark = pytest.mark.slow  # converts the tiny models to GGUF (llama-cpp-python: an optional runtime)
 
 TURNS = [("system", 1), ("user", 2), ("assistant", 1), ("user", 1)]
 
