@@ -68,7 +68,7 @@ def __getattr__(name: str):
         from .backends.sampling import Sampling
 
         return Sampling
-    if name in ("CompareRequest", "ChatRequest", "SearchRequest"):
+    if name in ("CompareRequest", "ChatRequest", "SearchRequest", "AddRequest"):
         from . import requests
 
         return getattr(requests, name)
@@ -96,6 +96,7 @@ __all__ = [
     "CompareRequest",
     "ChatRequest",
     "SearchRequest",
+    "AddRequest",
     "available_models",
     "family_rows",
     "FAMILY_RUNTIMES",

@@ -47,7 +47,7 @@ from .maintenance import Maintenance
 from .package_cache import CachedPackage, PackageCache, holding_packages
 from .prefixes import PrefixStateCache
 from .prompt_size import PromptBudget
-from .requests import ChatRequest, CompareRequest, SearchRequest
+from .requests import AddRequest, ChatRequest, CompareRequest, SearchRequest
 from .references import ReferenceBook, ReferenceSegment, load_kept_image, source_label
 from .results import (
     AddFailure, AddResult, CompareResult, GenerateResult, IndexReport, PackageState, PruneReport, SearchResult,
@@ -163,16 +163,17 @@ class Engine:
         return self.models.context(namespace or self.namespace, model, use_cache=use_cache, prefix_states=prefix_states)
 
     # -- references ----------------------------------------------------------------------
-    def add(
-        self, source: ImageSource, *, ref_id: str | None = None, metadata: Mapping[str, Any] | None = None,
-        model: str | None = None, namespace: str | None = None, attributes: Sequence[str] = (),
-    ) -> AddResult:
+    def add(self, request: AddRequest | ImageSource, /, **options: Any) -> AddResult:
         """Add one reference image and make sure its package is on disk; raises on bad input.
 
-        ``attributes`` (``"imagenet"``, ``"vlm"``) computes and stores those attribute records now
-        (see :meth:`add_many`)."""
+        ``request`` is an :class:`~refsight.requests.AddRequest`, or the image with the request's
+        fields as keywords (``engine.add(image, ref_id="cat")``): ``ref_id``, ``metadata``,
+        ``model``, ``namespace`` and ``attributes`` (``"imagenet"``, ``"vlm"``: computes and stores
+        those attribute records now, see :meth:`add_many`)."""
+        request = AddRequest.of(request, options)
         result = next(iter(self.add_many(
-            [source], ids=[ref_id], metadata=metadata, model=model, namespace=namespace, attributes=attributes
+            [request.source], ids=[request.ref_id], metadata=request.metadata, model=request.model,
+            namespace=request.namespace, attributes=request.attributes,
         )))
         if isinstance(result, AddFailure):
             raise InvalidInputError(result.input, result.error)

@@ -12,6 +12,8 @@ naming the field and the reason; the engine takes the value whole and never chec
   the namespace);
 - :class:`SearchRequest`: one recall by text or by image (``k``, the ``where`` filter, the ids
   it is restricted to, the namespace);
+- :class:`AddRequest`: one reference to add (the image, its id and metadata, the attribute
+  records to compute now, the model and the namespace);
 - :class:`~refsight.backends.sampling.Sampling`: how tokens are picked, with the one merge of a
   request's fields over the served model's defaults (:meth:`Sampling.merged`) and the one rule of
   what a backend honours (:meth:`Sampling.unsupported`). It is defined beside the backends, which
@@ -36,7 +38,9 @@ from .rerank import Reranker
 from .retrieval.query import check_query_text, check_recall_mode, check_search
 from .store.base import validate_ref_id
 
-__all__ = ["CompareRequest", "ChatRequest", "SearchRequest", "Sampling", "SAMPLING_RANGES", "MAX_SHORTLIST"]
+__all__ = [
+    "CompareRequest", "ChatRequest", "SearchRequest", "AddRequest", "Sampling", "SAMPLING_RANGES", "MAX_SHORTLIST",
+]
 
 #: Most references one compare may recall, rerank or judge.
 MAX_SHORTLIST = 1000
@@ -202,6 +206,32 @@ class SearchRequest:
         if _given(cls, request, options):
             return request
         return cls(**options) if request is None else cls(request, **options)
+
+
+@dataclass(frozen=True)
+class AddRequest:
+    """One reference to add (see :meth:`refsight.Engine.add`), checked once when it is built.
+
+    ``source`` is the image, ``ref_id`` its id (default: from the image hash), ``metadata`` stored
+    with it; ``attributes`` (``"imagenet"``, ``"vlm"``) the attribute records computed now. The
+    checks of the reference itself (its id, image and metadata) stay the reference book's, which
+    reports each input's failure on its own as :meth:`refsight.Engine.add_many` does.
+    """
+
+    source: ImageSource
+    ref_id: str | None = None
+    metadata: Mapping[str, Any] | None = None
+    model: str | None = None
+    namespace: str | None = None
+    attributes: Sequence[str] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "attributes", check_sources(self.attributes))
+
+    @classmethod
+    def of(cls, request: AddRequest | ImageSource, options: Mapping[str, Any]) -> AddRequest:
+        """``request`` itself, or the request of an image and keywords (the keyword form of the Python API)."""
+        return request if _given(cls, request, options) else cls(request, **options)
 
 
 def _given(kind: type, request: Any, options: Mapping[str, Any]) -> bool:

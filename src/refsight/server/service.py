@@ -23,13 +23,13 @@ scoped the same way; what isolation leaves is listed in ``docs/architecture.md``
 from __future__ import annotations
 
 import io
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 from PIL import Image
 
 from .. import AddFailure, Engine, ImageInput, IntakeLimits, InvalidInputError, ReferenceSegment, load_image
 from ..config import default_store_dir
-from ..requests import ChatRequest, CompareRequest, SearchRequest
+from ..requests import AddRequest, ChatRequest, CompareRequest, SearchRequest
 from ..results import GenerateResult
 from ..settings import Settings, load_settings
 from .config import ServerConfig
@@ -133,16 +133,18 @@ class Service:
         return printable_data({**ref.to_dict(), "cached": state.cached, "in_memory": state.in_memory})
 
     # -- references ----------------------------------------------------------------------
-    def add(
-        self, image: ImageInput, *, ref_id: str | None = None, metadata: Mapping[str, Any] | None = None, namespace: str
-    ) -> dict[str, Any]:
-        """Add one reference; the same fields as ``refsight add --json``."""
+    def add(self, request: AddRequest) -> dict[str, Any]:
+        """Add the request's reference (the request names the tenant's namespace); the same fields as
+        ``refsight add --json``."""
+        if request.namespace is None:  # a tenant's add never falls back to the engine's namespace
+            raise ValueError("a server's AddRequest names the tenant's namespace")
+        # add_many, not add: a failure names the given id (the field the client sent), not the image's label.
         result = next(iter(self.engine.add_many(
-            [image], ids=[ref_id], metadata=dict(metadata or {}), namespace=namespace,
-            attributes=self.config.ingest_attributes,
+            [request.source], ids=[request.ref_id], metadata=dict(request.metadata or {}), model=request.model,
+            namespace=request.namespace, attributes=request.attributes,
         )))
         if isinstance(result, AddFailure):
-            raise InvalidInputError(ref_id or result.input, result.error)
+            raise InvalidInputError(request.ref_id or result.input, result.error)
         return printable_data(result.to_dict())
 
     def references(self, *, namespace: str) -> list[dict[str, Any]]:

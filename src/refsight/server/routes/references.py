@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from ... import validate_ref_id
+from ...requests import AddRequest
 from ..auth import REF_ID_PATH as _REF_ID
 from ..bodies import AddReferenceBody, body_schema, decode_image_field, read_body
 from ..deps import PoolDep, ServiceDep, Namespace
@@ -34,7 +35,11 @@ async def add_reference(request: Request, namespace: Namespace, service: Service
 
     def work() -> dict[str, Any]:
         image = service.decode(data, "image")
-        return service.add(image, ref_id=body.id, metadata=body.metadata, namespace=namespace)
+        # The body becomes ONE AddRequest; the attribute records computed at add are the server's policy.
+        return service.add(AddRequest(
+            image, ref_id=body.id, metadata=body.metadata, namespace=namespace,
+            attributes=service.config.ingest_attributes,
+        ))
 
     return TextSafeJSONResponse(await pool.run(work), status_code=201)
 
