@@ -163,7 +163,7 @@ class Engine:
         return self.models.context(namespace or self.namespace, model, use_cache=use_cache, prefix_states=prefix_states)
 
     # -- references ----------------------------------------------------------------------
-    def add(self, request: AddRequest | ImageSource, /, **options: Any) -> AddResult:
+    def add(self, request: AddRequest | ImageSource | None = None, /, **options: Any) -> AddResult:
         """Add one reference image and make sure its package is on disk; raises on bad input.
 
         ``request`` is an :class:`~refsight.requests.AddRequest`, or the image with the request's

@@ -229,9 +229,12 @@ class AddRequest:
         object.__setattr__(self, "attributes", check_sources(self.attributes))
 
     @classmethod
-    def of(cls, request: AddRequest | ImageSource, options: Mapping[str, Any]) -> AddRequest:
-        """``request`` itself, or the request of an image and keywords (the keyword form of the Python API)."""
-        return request if _given(cls, request, options) else cls(request, **options)
+    def of(cls, request: AddRequest | ImageSource | None, options: Mapping[str, Any]) -> AddRequest:
+        """``request`` itself, or the request of an image and keywords (the keyword form of the Python API;
+        the image may come as ``source=``, as it did before requests were typed)."""
+        if _given(cls, request, options):
+            return request
+        return cls(**options) if request is None else cls(request, **options)
 
 
 def _given(kind: type, request: Any, options: Mapping[str, Any]) -> bool:

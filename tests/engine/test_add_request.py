@@ -44,3 +44,8 @@ def test_a_bad_reference_still_fails_alone_as_before(tmp_path, photos):
         with pytest.raises(InvalidInputError):
             engine.add(AddRequest(photos["chelsea"], ref_id="no spaces allowed"))
         assert engine.references() == []
+
+
+def test_the_image_may_still_come_as_the_source_keyword(tmp_path, photos):
+    with Engine(tmp_path / "store", model="toy") as engine:
+        assert engine.add(source=photos["chelsea"], ref_id="cat").ref_id == "cat"
