@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from refsight.backends.llamacpp.models import LLAMA_CPP_PYTHON_VERSION
-from refsight.config import model_cache_dir
+from refsight.environment import model_cache_dir
 
 __all__ = ["CMAKE_FLAGS", "LlamaServer", "build_key", "ensure_llama_server", "find_llama_server", "server_cache_dir", "stop_process"]
 

@@ -10,7 +10,7 @@ from architecture_helpers import IMPORTS, MODULES, Import, report
 #: or one below, never one above; a new room takes its place here.
 FLOORS = (
     ("errors", "results", "version", "deprecation", "atomic", "timing", "locks", "threads", "samples", "plugins",
-     "inputs", "package", "config", "images", "report", "extras", "prompt_size", "vllm_connector", "json_memo"),
+     "inputs", "package", "environment", "config", "images", "report", "extras", "prompt_size", "vllm_connector", "json_memo"),
     ("store", "backends"),
     ("models", "settings", "drift"),
     ("retrieval", "context"),

@@ -14,7 +14,7 @@ ARCHITECTURE_DOC = SRC.parents[1] / "docs" / "architecture.md"
 DEPRECATION_ALIASES = {
     "refsight.engine": {"use_kv_cache"},
     "refsight.server.config": {"share_encodes"},
-    "refsight.config": {"default_cache_url"},
+    "refsight.environment": {"default_cache_url"},
 }
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from refsight.config import default_model
+from refsight.environment import default_model
 from refsight.demo import browse_hint
 
 

@@ -14,7 +14,7 @@ from runtimes import require_module
 
 from refsight import Engine, InvalidInputError, open_store
 from refsight.cli import build_parser
-from refsight.config import default_redis_url
+from refsight.environment import default_redis_url
 from refsight.settings import load_settings
 
 URL = "redis://127.0.0.1:6379/0"
@@ -111,3 +111,13 @@ def test_front_end_tools_moved_out_of_the_public_api_are_still_served(name):
         moved = getattr(refsight, name)
     homes = [sys.modules[m] for m in sys.modules if m.startswith("refsight.inputs.")]
     assert any(getattr(home, name, None) is moved for home in homes)
+
+
+def test_the_retired_config_module_still_serves_its_names_with_a_warning():
+    import refsight.config
+    import refsight.environment
+
+    with pytest.warns(DeprecationWarning, match="refsight.environment.default_model"):
+        assert refsight.config.default_model is refsight.environment.default_model
+    with pytest.raises(AttributeError):
+        refsight.config.never_existed  # noqa: B018

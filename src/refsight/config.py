@@ -1,129 +1,22 @@
-"""Defaults that come from the environment: store location, model name, and where built models live."""
+"""Retired module name: the ``REFSIGHT_*`` defaults live in :mod:`refsight.environment`.
+
+``refsight.config`` read as "the config file" (that is :mod:`refsight.settings`) and as the
+server's options (:class:`refsight.server.ServerConfig`); its names are still served from here,
+each with a ``DeprecationWarning`` naming the new module.
+"""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+from typing import Any
 
+from . import environment as _environment
 from .deprecation import warn_renamed
 
-__all__ = [
-    "DEFAULT_MODEL", "default_store_dir", "default_model", "model_cache_dir", "default_replica_dir",
-    "default_catalog_url", "default_redis_url", "default_cache_url", "default_api_keys", "default_api_key",
-]
-
-#: The model used when none is named: an offline random-weight Qwen2-VL, labelled as such.
-DEFAULT_MODEL = "tiny-qwen2-vl"
+__all__: list[str] = []
 
 
-def default_store_dir() -> Path:
-    """``$REFSIGHT_STORE``, else ``<user cache dir>/refsight/store``."""
-    env = os.environ.get("REFSIGHT_STORE")
-    if env:
-        return Path(env).expanduser()
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("refsight")) / "store"
-
-
-def default_model() -> str:
-    """``$REFSIGHT_MODEL``, else :data:`DEFAULT_MODEL`."""
-    return os.environ.get("REFSIGHT_MODEL") or DEFAULT_MODEL
-
-
-def model_cache_dir() -> Path:
-    """Where built models live: ``$REFSIGHT_MODEL_CACHE``, else ``<user cache dir>/refsight/models``."""
-    env = os.environ.get("REFSIGHT_MODEL_CACHE")
-    if env:
-        return Path(env).expanduser()
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("refsight")) / "models"
-
-
-def default_replica_dir(catalog_url: str, blob_dir: Path) -> Path:
-    """Where a replica keeps its derived data (retrieval index, attribute records) for a shared store.
-
-    ``$REFSIGHT_REPLICA_DIR``, else ``<user cache dir>/refsight/replicas/<digest>``, one per
-    catalog URL and blob directory (derived data is rebuilt from the catalog when missing).
-    """
-    env = os.environ.get("REFSIGHT_REPLICA_DIR")
-    if env:
-        return Path(env).expanduser()
-    import hashlib
-
-    from platformdirs import user_cache_dir
-
-    digest = hashlib.sha256(f"{catalog_url}\n{Path(blob_dir).resolve()}".encode()).hexdigest()[:16]
-    return Path(user_cache_dir("refsight")) / "replicas" / digest
-
-
-def default_catalog_url() -> str | None:
-    """``$REFSIGHT_CATALOG``: the ``postgresql://`` catalog replicas share (None: the store's own SQLite catalog)."""
-    return os.environ.get("REFSIGHT_CATALOG") or None
-
-
-def default_redis_url() -> str | None:
-    """``$REFSIGHT_REDIS``: the Redis tier's URL, ``redis://HOST:PORT/DB`` (None: no Redis tier unless configured).
-
-    ``$REFSIGHT_CACHE``, its earlier name, is read when it is unset (with a ``DeprecationWarning``).
-    It means that and nothing else (no directory of any kind is named by it).
-    """
-    url = os.environ.get("REFSIGHT_REDIS") or None
-    if url is None and os.environ.get("REFSIGHT_CACHE"):
-        warn_renamed("$REFSIGHT_CACHE", "$REFSIGHT_REDIS", where="environment")
-        url = os.environ["REFSIGHT_CACHE"]
-    return url
-
-
-def default_cache_url() -> str | None:
-    """Deprecated name of :func:`default_redis_url`."""
-    warn_renamed("default_cache_url", "default_redis_url", where="refsight.config")
-    return default_redis_url()
-
-
-def default_api_keys() -> str:
-    """``$REFSIGHT_API_KEYS``: the server's ``key=namespace`` pairs, separated by commas, semicolons or spaces
-    (``""``: none; a keys file, ``refsight serve --keys FILE``, is read instead when given)."""
-    return os.environ.get("REFSIGHT_API_KEYS", "")
-
-
-def default_api_key() -> str:
-    """``$REFSIGHT_API_KEY``: one API key for the server's default namespace (llama-server's and vLLM's
-    ``--api-key``; ``""``: none). It adds to ``$REFSIGHT_API_KEYS`` or the keys file."""
-    return os.environ.get("REFSIGHT_API_KEY", "")
-
-
-# --- backends: each variable one meaning -------------------------------------------------
-
-__all__ += ["hash_memo_dir", "llama_log_enabled", "llama_cpp_source", "vllm_env_dir"]
-
-
-def hash_memo_dir() -> Path:
-    """Where the checkpoint-hash memo lives: ``$REFSIGHT_HASH_MEMO_DIR``, else the model cache (:func:`model_cache_dir`).
-
-    (``$REFSIGHT_REDIS`` is the Redis tier's URL; it never names this directory.)
-    """
-    env = os.environ.get("REFSIGHT_HASH_MEMO_DIR")
-    return Path(env).expanduser() if env else model_cache_dir()
-
-
-def llama_log_enabled() -> bool:
-    """``$REFSIGHT_LLAMA_LOG`` set (to anything but empty, 0, false, no, off): llama.cpp keeps its own stderr log."""
-    return os.environ.get("REFSIGHT_LLAMA_LOG", "").strip().lower() not in ("", "0", "false", "no", "off")
-
-
-def llama_cpp_source() -> Path | None:
-    """``$REFSIGHT_LLAMA_CPP_SRC``: an unpacked llama-cpp-python sdist (or its tarball) for the GGUF converter; None if unset."""
-    env = os.environ.get("REFSIGHT_LLAMA_CPP_SRC")
-    return Path(env).expanduser() if env else None
-
-
-def vllm_env_dir() -> Path:
-    """The vLLM virtual environment: ``$REFSIGHT_VLLM_ENV``, else ``<user cache dir>/refsight/vllm-env``."""
-    env = os.environ.get("REFSIGHT_VLLM_ENV")
-    if env:
-        return Path(env).expanduser()
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("refsight")) / "vllm-env"
+def __getattr__(name: str) -> Any:
+    """``refsight.config.NAME``: ``refsight.environment.NAME``, with a warning."""
+    value = getattr(_environment, name)  # AttributeError for a name that never existed
+    warn_renamed(f"refsight.config.{name}", f"refsight.environment.{name}", where="refsight.config")
+    return value

@@ -109,7 +109,7 @@ def _strip(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 def browse_hint(store: str | None, model: str) -> str:
     """The command line that serves the demo's references, and where to open them."""
-    from .config import default_model
+    from .environment import default_model
 
     flags = "" if store is None else f" --store {store}"
     flags += "" if model == default_model() else f" --model {model}"
@@ -150,7 +150,7 @@ def run_demo(
     finds them all cached.
     """
     from . import BackendOptions, Engine
-    from .config import default_store_dir
+    from .environment import default_store_dir
     from .samples import sample_paths
 
     say = (lambda *a: None) if as_json else (lambda *a: print(*a, flush=True))

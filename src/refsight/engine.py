@@ -35,7 +35,7 @@ from .backends.prefix import reusable_prefix
 from .backends.sampling import check_supported
 from .backends.turns import plan_turns
 from .compare import ComparePipeline
-from .config import default_model
+from .environment import default_model
 from .context import Models, RequestContext
 from .deprecation import renamed
 from .drift import DriftReport

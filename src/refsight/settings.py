@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .backends.options import OPTION_HELP, BackendOptions, parse_key_values
-from .config import default_store_dir
+from .environment import default_store_dir
 from .deprecation import warn_renamed
 from .errors import InvalidInputError
 from .inputs.jsonlimits import MAX_JSON_DEPTH, json_depth
@@ -100,7 +100,7 @@ def open_configured_store(
     redis: str | None = None, max_package_bytes: int | str | None = None, **options: Any,
 ) -> tuple[Store, Settings | None, bool]:
     """``(store, settings read for it, whether it was opened here)``: an open ``Store`` as it is; else
-    the directory (default: :func:`~refsight.config.default_store_dir`) opened with the explicit
+    the directory (default: :func:`~refsight.environment.default_store_dir`) opened with the explicit
     options over its config file's ``[store]`` table (``options``: more
     :func:`~refsight.store.open_store` keywords), which the caller then closes."""
     if isinstance(store, Store):

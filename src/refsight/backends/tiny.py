@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..config import model_cache_dir  # re-exported: the builders' cache lives there
+from ..environment import model_cache_dir  # re-exported: the builders' cache lives there
 from ..errors import ModelLoadError, UnknownModelError
 from .base import Backend
 from .hf.shape_vocab import Vocabulary, shape_vocabulary

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Callable
 
 from .. import InvalidInputError, RefsightError
-from ..config import default_catalog_url, default_redis_url
+from ..environment import default_catalog_url, default_redis_url
 from . import judging, maintenance, models, references, serving
 from .arguments import CommandParser, UsageError, model_options, store_options
 from .context import open_engine, say
@@ -89,7 +89,7 @@ def describe_error(error: RefsightError, args: argparse.Namespace) -> tuple[str,
 
 
 def _resolve_store_options(args: argparse.Namespace) -> None:
-    """The options every command takes, with their environment defaults (:mod:`refsight.config`)."""
+    """The options every command takes, with their environment defaults (:mod:`refsight.environment`)."""
     args.store = getattr(args, "store", None)
     args.catalog = getattr(args, "catalog", None) or default_catalog_url()
     args.local_dir = getattr(args, "local_dir", None)

@@ -18,7 +18,7 @@ from typing import Any
 
 from .. import InvalidInputError, RefsightError
 from ..inputs.text import check_text
-from ..config import default_model
+from ..environment import default_model
 from ..settings import OPTION_HELP
 
 __all__ = [

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..config import default_model, default_store_dir
+from ..environment import default_model, default_store_dir
 from ..extras import install_command
 from .arguments import Command, path_argument
 from .context import emit, open_engine

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..settings import BackendOptions, Settings
 from ..errors import InvalidInputError
-from ..config import default_api_key
+from ..environment import default_api_key
 from ..deprecation import renamed
 from .binding import split_hosts
 from .generation_body import DEFAULT_MAX_TOKENS

@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 from PIL import Image
 
 from .. import AddFailure, Engine, ImageInput, IntakeLimits, InvalidInputError, ReferenceSegment, load_image
-from ..config import default_store_dir
+from ..environment import default_store_dir
 from ..requests import AddRequest, ChatRequest, CompareRequest, SearchRequest
 from ..results import GenerateResult
 from ..settings import Settings, load_settings

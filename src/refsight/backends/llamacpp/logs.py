@@ -4,7 +4,7 @@ llama.cpp and mtmd log to stderr by default, including advice at error level on 
 load; refsight sends those lines to the ``refsight.llamacpp`` logger (DEBUG) and keeps
 the last ones, so a failed load (which returns NULL and only *logs* why) can say why in
 its exception (:func:`last_error`). ``REFSIGHT_LLAMA_LOG=1``
-(:func:`refsight.config.llama_log_enabled`) keeps llama.cpp's own stderr logging.
+(:func:`refsight.environment.llama_log_enabled`) keeps llama.cpp's own stderr logging.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import logging
 from collections import deque
 from typing import Any
 
-from ...config import llama_log_enabled
+from ...environment import llama_log_enabled
 
 __all__ = ["bindings", "init_backend", "last_error", "recent_errors"]
 

@@ -31,7 +31,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ...config import llama_cpp_source
+from ...environment import llama_cpp_source
 from ...errors import ModelLoadError, UnknownModelError
 from ..tiny import QWEN2_VISION, QWEN25_VISION, QWEN_TINY_TEXT, TINY_MODELS, ModelSpec, build_checkpoint, build_into_cache, model_cache_dir, qwen_spec, smolvlm_spec
 
