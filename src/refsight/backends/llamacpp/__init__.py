@@ -50,7 +50,7 @@ def _require_runtime(name: str) -> None:
         import llama_cpp.mtmd_cpp  # noqa: F401
     except ImportError as e:
         raise ModelLoadError(name, f"llama-cpp-python is not installed: {install_command('llamacpp')} ({e})") from e
-    from .models import LLAMA_CPP_PYTHON_VERSION
+    from .converter import LLAMA_CPP_PYTHON_VERSION
     from .native import llama_cpp_version
 
     if llama_cpp_version() != LLAMA_CPP_PYTHON_VERSION:

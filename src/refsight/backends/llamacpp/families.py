@@ -195,7 +195,7 @@ def family_build_id(name: str) -> str:
     """A hash of everything ``name``'s files are made from (recipe, fixes, versions)."""
     import transformers
 
-    from .models import LLAMA_CPP_PYTHON_VERSION
+    from .converter import LLAMA_CPP_PYTHON_VERSION
 
     entry = FAMILY_GGUFS[name]
     recipe = json.dumps({"entry": entry.__dict__, "build": FAMILY_BUILD_VERSION, "transformers": transformers.__version__,
@@ -230,7 +230,7 @@ def build_family_gguf(name: str, directory: Path) -> None:
     import shutil
 
     from ..tiny_families import FamilySpec, build_family_checkpoint
-    from .models import MMPROJ_FILE, MODEL_FILE, convert, converter_dir
+    from .converter import MMPROJ_FILE, MODEL_FILE, convert, converter_dir
 
     entry = FAMILY_GGUFS[name]
     hf_dir = directory / "hf"

@@ -29,7 +29,8 @@ from typing import Any
 from ...errors import InvalidInputError, ModelLoadError, UnknownModelError
 from ..tiny import build_into_cache
 from . import MARKER_FILE
-from .models import LLAMA_CPP_PYTHON_VERSION, MMPROJ_FILE, MODEL_FILE, ensure_gguf
+from .converter import LLAMA_CPP_PYTHON_VERSION, MMPROJ_FILE, MODEL_FILE
+from .models import ensure_gguf
 
 __all__ = ["QUANTIZATIONS", "QUANTIZED_GGUF_MODELS", "QuantizedGguf", "ensure_quantized_gguf", "load_quantized",
            "quantize_gguf"]
