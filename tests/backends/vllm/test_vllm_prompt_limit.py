@@ -129,3 +129,28 @@ def test_new_images_past_the_limit_are_refused_by_their_size(limited, server):
     assert error["n_ctx"] == LIMIT and error["n_prompt_tokens"] >= 8 * 6, error
     assert limited.get("/v1/stats").json()["misses"] == misses
     assert _vllm_requests(server) == sent
+
+
+def test_a_prompt_over_vllms_context_is_the_callers_400_not_a_500(server, tmp_path):
+    # Under refsight's own limit but over vLLM's --max-model-len 4096: vLLM refuses it (HTTP 400), and
+    # refsight's server answers llama-server's exceed_context_size_error with vLLM's figures (was a 500).
+    import random
+
+    from fastapi.testclient import TestClient
+
+    from refsight.server import ServerConfig, create_app
+
+    letters = random.Random(0)
+    text = " ".join("".join(letters.choice("qxzjkvwy") for _ in range(5)) for _ in range(4000))
+    config = ServerConfig(store=tmp_path / "store", model=f"vllm:{server.url}", keys={}, workers=1,
+                          max_prompt_tokens=60_000)
+    with TestClient(create_app(config), base_url="http://127.0.0.1") as client:
+        response = client.post("/v1/chat/completions", json={"model": _model(client), "max_tokens": 2, "messages": [
+            {"role": "user", "content": text}]})
+        assert response.status_code == 400, (response.status_code, response.text)
+        error = response.json()["error"]
+        assert error["code"] == "exceed_context_size_error" and error["n_ctx"] == 4096, error
+        assert error["n_prompt_tokens"] > 4096 and "vLLM" in error["message"], error
+        fits = client.post("/v1/chat/completions", json={"model": _model(client), "max_tokens": 2, "messages": [
+            {"role": "user", "content": "same?"}]})
+        assert fits.status_code == 200, fits.text

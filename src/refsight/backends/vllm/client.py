@@ -4,22 +4,34 @@ Every failure becomes a refsight error naming the server, here and only here:
 a server that cannot be reached or answers garbage is a
 :class:`~refsight.errors.BackendError`; a request it rejects (HTTP 4xx: wrong
 embedding width, wrong grid, too many images) or fails (5xx) or a timeout is a
-:class:`~refsight.errors.GenerationError` carrying vLLM's own message.
+:class:`~refsight.errors.GenerationError` carrying vLLM's own message, but for a prompt over
+vLLM's context: the caller's, a :class:`~refsight.errors.ContextLengthError` with vLLM's figures
+(llama-server's 400 ``exceed_context_size_error`` on refsight's server, not a 500).
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import threading
 import urllib.parse
 import weakref
 from typing import Any, Callable, Iterator
 
-from ...errors import BackendError, GenerationError
+from ...errors import BackendError, ContextLengthError, GenerationError
 
 __all__ = ["VLLMClient", "DEFAULT_TIMEOUT_S"]
+
+#: vLLM's refusals of a prompt longer than its context (``vllm/renderers/params.py`` and
+#: ``entrypoints/serve/utils/api_utils.py``), whose figures become a ContextLengthError's. vLLM itself
+#: cuts ``max_tokens`` to the room the prompt leaves, so only the prompt can be over.
+_OVER_CONTEXT = (
+    re.compile(r"maximum context length is (?P<ctx>\d+) tokens\. However, your prompt contains (?:at least )?"
+               r"(?P<prompt>\d+) input tokens"),
+    re.compile(r"Input length \((?P<prompt>\d+)\) exceeds model's maximum context length \((?P<ctx>\d+)\)"),
+)
 
 #: Seconds one request may take: generous, since a CPU server can queue many requests.
 DEFAULT_TIMEOUT_S = 600.0
@@ -98,7 +110,7 @@ class VLLMClient:
         except (ConnectionError, OSError, http.client.HTTPException) as e:
             raise BackendError(self.name, f"vLLM server at {self.base_url} is not reachable: {e}") from None
         if not 200 <= status < 300:
-            raise error(self.name, f"vLLM server at {self.base_url} answered HTTP {status}: {_body_message(payload)}")
+            raise self._refusal(status, payload, error)
         try:
             return json.loads(payload)
         except ValueError:
@@ -180,9 +192,19 @@ class VLLMClient:
         watch.start()
         response = connection.getresponse()
         if response.status != 200:
-            payload = response.read()
-            raise GenerationError(self.name, f"vLLM server at {self.base_url} answered HTTP {response.status}: {_body_message(payload)}")
+            raise self._refusal(response.status, response.read(), GenerationError)
         return response
+
+    def _refusal(self, status: int, payload: bytes, error: type[BackendError]) -> Exception:
+        """The refsight error for vLLM's non-2xx answer: a prompt over its context is the caller's
+        (:class:`ContextLengthError`), anything else ``error`` with vLLM's message."""
+        message = _body_message(payload)
+        found = next((m for m in (p.search(message) for p in _OVER_CONTEXT) if m), None) if status == 400 else None
+        if found:
+            prompt, context = int(found["prompt"]), int(found["ctx"])
+            return ContextLengthError("prompt", f"{prompt} tokens do not fit the context of {context} tokens "
+                                      f"(vLLM at {self.base_url})", n_prompt_tokens=prompt, n_ctx=context)
+        return error(self.name, f"vLLM server at {self.base_url} answered HTTP {status}: {message}")
 
     def _events(self, response: Any, watch: "_CancelWatch") -> Iterator[dict[str, Any]]:
         """The parsed ``data:`` events of an SSE response, until ``[DONE]`` or a cancel."""
