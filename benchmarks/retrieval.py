@@ -105,7 +105,7 @@ class Built:
 
 def _stored_vectors(dimensions: int):
     """An embedder for vectors that are already known: the benchmark only searches stored vectors."""
-    from refsight.models.embedders import Embedder
+    from refsight.embedders.base import Embedder
 
     class StoredVectors(Embedder):
         name = "stored-vectors"

@@ -10,12 +10,12 @@ from collections.abc import Iterator
 from architecture_helpers import IMPORTS, MODULES, report, under
 
 #: Packages that may import a model runtime (torch, transformers).
-RUNTIME_OWNERS = ("refsight.backends", "refsight.models")
+RUNTIME_OWNERS = ("refsight.backends", "refsight.embedders")
 RUNTIMES = ("torch", "transformers")
 #: Modules outside RUNTIME_OWNERS allowed to import a runtime, each with the reason.
 RUNTIME_EXCEPTIONS = {
     # The package codec builds torch tensors as zero-copy views of a mapped file: a visual
-    # package *is* torch tensors, and the store must not import backends/ or models/.
+    # package *is* torch tensors, and the store must not import backends/ or embedders/.
     "refsight.store._safetensors": "visual packages are torch tensors; the store decodes them",
     # The connector runs inside vLLM's own process (never imported by refsight): it hands vLLM
     # torch tensors. It sits outside backends/ so the store's quota can read its index module.
@@ -38,22 +38,22 @@ OWN = {
 
 
 def test_the_collector_sees_the_modules_and_their_imports():
-    assert {"refsight", "refsight.cli", "refsight.backends.registry", "refsight.models.registry"} <= set(MODULES)
+    assert {"refsight", "refsight.cli", "refsight.backends.registry", "refsight.embedders.registry"} <= set(MODULES)
     # a known function-local import and a known module-level one
-    assert any(i.module == "refsight.models.conse" and i.target == "refsight.models.efficientnet_lite"
+    assert any(i.module == "refsight.embedders.conse" and i.target == "refsight.embedders.efficientnet_lite"
                and not i.module_level for i in IMPORTS)
-    assert any(i.module == "refsight.retrieval.retriever" and i.target == "refsight.models.embedders"
+    assert any(i.module == "refsight.retrieval.retriever" and i.target == "refsight.embedders.base"
                and i.module_level for i in IMPORTS)
 
 
-def test_only_backends_and_models_import_torch_or_transformers():
+def test_only_backends_and_embedders_import_torch_or_transformers():
     violations = [
         i for i in IMPORTS
         if i.target.split(".")[0] in RUNTIMES
         and not under(i.module, *RUNTIME_OWNERS)
         and i.module not in RUNTIME_EXCEPTIONS
     ]
-    assert not violations, report(violations, "only backends/ and models/ import torch or transformers")
+    assert not violations, report(violations, "only backends/ and embedders/ import torch or transformers")
 
 
 def test_retrieval_and_judge_never_import_the_engine():

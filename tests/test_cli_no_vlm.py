@@ -29,7 +29,7 @@ class _Absent:
 sys.meta_path.insert(0, _Absent())
 from refsight.cli import main
 code = main(sys.argv[1:])
-from refsight.models import efficientnet_lite
+from refsight.embedders import efficientnet_lite
 assert efficientnet_lite.load_efficientnet_lite0.cache_info().currsize == 0, "the image model was loaded"
 sys.exit(code)
 """

@@ -6,6 +6,7 @@ both spellings at once is refused, naming the old one.
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 
@@ -121,3 +122,28 @@ def test_the_retired_config_module_still_serves_its_names_with_a_warning():
         assert refsight.config.default_model is refsight.environment.default_model
     with pytest.raises(AttributeError):
         refsight.config.never_existed  # noqa: B018
+
+
+def test_the_retired_models_package_still_serves_the_embedders_with_a_warning(monkeypatch):
+    import refsight.embedders
+    import refsight.embedders.base
+    import refsight.embedders.registry
+    import refsight.models
+
+    with pytest.warns(DeprecationWarning, match="use refsight.embedders.get_embedder"):
+        assert refsight.models.get_embedder is refsight.embedders.get_embedder
+    with pytest.raises(AttributeError, match="refsight.models"):
+        refsight.models.never_existed  # noqa: B018
+    # a module by its old path is the new module itself (one registry), embedders.py by its new name
+    for old, new in [("refsight.models.registry", refsight.embedders.registry),
+                     ("refsight.models.embedders", refsight.embedders.base)]:
+        monkeypatch.delitem(sys.modules, old, raising=False)
+        with pytest.warns(DeprecationWarning, match=f"use {new.__name__}"):
+            assert importlib.import_module(old) is new
+        assert new.__spec__.name == new.__name__
+    monkeypatch.delitem(sys.modules, "refsight.models.embedders")
+    with pytest.warns(DeprecationWarning, match="use refsight.embedders.base"):
+        from refsight.models.embedders import Embedder
+    assert Embedder is refsight.embedders.base.Embedder
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("refsight.models.never_existed")

@@ -53,7 +53,7 @@ from .results import (
     AddFailure, AddResult, CompareResult, GenerateResult, IndexReport, PackageState, PruneReport, SearchResult,
     StoreStats, VerifyReport,
 )
-from .models.embedders import Embedder
+from .embedders.base import Embedder
 from .retrieval.store_index import StoreIndex
 from .settings import Settings, load_settings, open_configured_store
 from .store import DEFAULT_NAMESPACE, Reference, Store
@@ -78,7 +78,7 @@ class Engine:
     ``local_dir``; ``redis`` (``cache``, its deprecated name), ``max_package_bytes``: see :func:`~refsight.store.open_store`; ``model`` a
     registered model name (default: ``$REFSIGHT_MODEL`` or ``tiny-qwen2-vl``), loaded on
     first use with ``backend_options`` over the config file's (``settings``); ``embedder`` the retrieval
-    embedder, an :class:`~refsight.models.embedders.Embedder` or a registry name (``conse``, the
+    embedder, an :class:`~refsight.embedders.base.Embedder` or a registry name (``conse``, the
     default: EfficientNet-Lite0 + MiniLM; ``clip:PATH``; ``vlm:MODEL``), loaded on first use;
     ``attribute_schema`` the VLM attribute record's schema (an ``AttributeSchema``, a mapping
     ``name → allowed values or None``, or a JSON/YAML file; default: fur, ears, colour, markings).

@@ -27,7 +27,7 @@ from .errors import InvalidInputError
 from .images import ImageInput
 from .package import VisualPackage
 from .package_cache import PackageCache
-from .models.embedders import Embedder
+from .embedders.base import Embedder
 from .retrieval.query import query_vector
 from .store import Reference
 

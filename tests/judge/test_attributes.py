@@ -31,7 +31,7 @@ def imagenet(one_thread):
 
 @pytest.fixture(scope="module")
 def minilm(one_thread):
-    from refsight.models import load_minilm
+    from refsight.embedders import load_minilm
 
     return load_minilm()
 

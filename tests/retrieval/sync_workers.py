@@ -21,7 +21,7 @@ from PIL import Image
 
 from refsight.errors import InvalidInputError, ReferenceNotFoundError
 from refsight.images import load_image
-from refsight.models.embedders import Embedder
+from refsight.embedders.base import Embedder
 from refsight.retrieval.store_index import StoreIndex
 from refsight.store import open_store
 

@@ -7,7 +7,7 @@ from PIL import Image
 
 from refsight.errors import InvalidInputError, InvalidReferenceIdError, ReferenceNotFoundError
 from refsight.images import load_image
-from refsight.models import EfficientNetConSEEmbedder
+from refsight.embedders import EfficientNetConSEEmbedder
 from refsight.retrieval import Retriever, default_embedder
 
 from bundled_photos import BUNDLED, bundled_photo

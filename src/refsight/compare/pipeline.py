@@ -253,6 +253,6 @@ class ComparePipeline:
 
 
 def _minilm() -> Any:
-    from ..models import load_minilm
+    from ..embedders import load_minilm
 
     return load_minilm()

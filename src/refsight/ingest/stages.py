@@ -134,7 +134,7 @@ class EncodeStage:
     def embedder(self) -> Any:
         """The retrieval embedder named in the spec."""
         if self._embedder is None:
-            from ..models.registry import get_embedder
+            from ..embedders.registry import get_embedder
 
             self._embedder = get_embedder(self.spec.embedder)
         return self._embedder
@@ -142,7 +142,7 @@ class EncodeStage:
     def imagenet(self) -> Any:
         """The ImageNet attribute source."""
         if self._imagenet is None:
-            from ..models.imagenet_source import ImageNetAttributeSource
+            from ..embedders.imagenet_source import ImageNetAttributeSource
 
             self._imagenet = ImageNetAttributeSource()
         return self._imagenet

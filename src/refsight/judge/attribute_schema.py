@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import InvalidInputError
 from ..inputs.jsonlimits import load_yaml
-from ..models.imagenet_source import IMAGENET_KEY
+from ..embedders.imagenet_source import IMAGENET_KEY
 from ..package import canonical_json
 from ..inputs.text import check_texts
 

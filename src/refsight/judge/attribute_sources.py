@@ -4,8 +4,8 @@ Two sources fill *attribute records*:
 
 - :class:`VlmAttributeSource` asks the VLM, with constrained JSON, to fill the attributes of
   an :class:`~refsight.judge.attribute_schema.AttributeSchema`, once per reference package and schema.
-- :class:`~refsight.models.imagenet_source.ImageNetAttributeSource` (model code, so it lives
-  in :mod:`refsight.models`; re-exported here) runs the real EfficientNet-Lite0 ImageNet
+- :class:`~refsight.embedders.imagenet_source.ImageNetAttributeSource` (model code, so it lives
+  in :mod:`refsight.embedders`; re-exported here) runs the real EfficientNet-Lite0 ImageNet
   classifier: ``{"imagenet_top5": [{"label", "score"}, ...]}``. It needs pixels, not packages.
 
 The VLM source's fingerprint holds the backend's encoder fingerprint, so (image sha256, that
@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Protocol, Sequence
 
 from ..backends.base import Backend, GenerationRequest
-from ..models.imagenet_source import IMAGENET_KEY, ImageNetAttributeSource
+from ..embedders.imagenet_source import IMAGENET_KEY, ImageNetAttributeSource
 from ..package import VisualPackage
 from ..package_cache import ModelImage
 from .attribute_schema import ERROR_KEY, UNKNOWN, AttributeSchema, canonical_digest

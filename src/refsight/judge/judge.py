@@ -125,7 +125,7 @@ class Judge:
     def _encoder(self) -> Any:
         if self._text_encoder is None and not self._encoder_failed:
             try:
-                from ..models import load_minilm
+                from ..embedders import load_minilm
 
                 self._text_encoder = load_minilm()
             except (ModelLoadError, ImportError) as e:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Mapping, Sequence
 
-from ..models.imagenet_source import IMAGENET_KEY
+from ..embedders.imagenet_source import IMAGENET_KEY
 from .attribute_schema import ERROR_KEY, UNKNOWN
 from .criteria import Criterion
 from .verdict import CriterionVerdict
@@ -55,7 +55,7 @@ _label_groups: dict[str, str] | None = None
 def _label_group(label: str) -> str | None:
     global _label_groups
     if _label_groups is None:
-        text = resources.files("refsight.models").joinpath("imagenet_labels.txt").read_text("utf-8")
+        text = resources.files("refsight.embedders").joinpath("imagenet_labels.txt").read_text("utf-8")
         labels = [line.strip() for line in text.splitlines() if line.strip()]
         _label_groups = {labels[i]: name for lo, hi, name in _GROUPS for i in range(lo, hi + 1) if i < len(labels)}
     return _label_groups.get(label)

@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import InvalidInputError
 from ..images import ImageInput
 from ..inputs.text import check_text, check_texts
-from ..models.embedders import Embedder, l2_normalise
+from ..embedders.base import Embedder, l2_normalise
 
 __all__ = [
     "MAX_K", "RECALL_INSTRUCTION", "RECALL_MODES", "check_query_text", "check_recall_mode", "check_search",

@@ -27,7 +27,7 @@ from ..images import ImageInput
 from ..results import IndexReport, SearchHit, SearchResult
 from ..store.base import Catalog, ReferenceRow
 from .catalog_sync import SyncReport, sync_with_catalog
-from ..models.embedders import Embedder
+from ..embedders.base import Embedder
 from .retriever import DB_NAME, Retriever
 from .vectors import VectorDB, vector_key
 
@@ -38,7 +38,7 @@ class StoreIndex:
     """Retrieval over the store at ``root``.
 
     ``embedder`` is an :class:`Embedder`, a registry name (``conse``, ``clip:PATH``,
-    ``vlm:MODEL``; see :func:`refsight.models.get_embedder`) or None for the default;
+    ``vlm:MODEL``; see :func:`refsight.embedders.get_embedder`) or None for the default;
     a name is loaded on first use.
     """
 
@@ -56,7 +56,7 @@ class StoreIndex:
         self._kept_image = kept_image
         self._embedder = embedder
         #: the registry name the embedder is loaded by (None when an Embedder object was given)
-        from ..models.registry import DEFAULT_EMBEDDER
+        from ..embedders.registry import DEFAULT_EMBEDDER
 
         self.registry_name: str | None = None if isinstance(embedder, Embedder) else (embedder or DEFAULT_EMBEDDER)
         self._progress = progress
@@ -73,7 +73,7 @@ class StoreIndex:
     def embedder(self) -> Embedder:
         """The embedder (loaded from the registry now when it was given by name)."""
         if not isinstance(self._embedder, Embedder):
-            from ..models.registry import DEFAULT_EMBEDDER, get_embedder
+            from ..embedders.registry import DEFAULT_EMBEDDER, get_embedder
 
             self._embedder = get_embedder(self._embedder or DEFAULT_EMBEDDER)
         return self._embedder

@@ -72,7 +72,7 @@ _PROMPT_LINES = (
 
 def _labels() -> list[str]:
     """The first name of each ImageNet class refsight ships (``tabby``, ``golden retriever`` ...)."""
-    text = resources.files("refsight.models").joinpath("imagenet_labels.txt").read_text("utf-8")
+    text = resources.files("refsight.embedders").joinpath("imagenet_labels.txt").read_text("utf-8")
     return [line.split(",")[0].strip() for line in text.splitlines() if line.strip()]
 
 
