@@ -105,10 +105,17 @@ class Arms:
         return (time.perf_counter() - began) * 1000, tokens
 
     def refsight(self, references: list, candidate) -> tuple[float, list[int]]:
-        """refsight: the references' packages by uuid, the candidate as pixels (its package made in the timing)."""
+        """refsight: the references' packages by uuid, the candidate as pixels (its package made in the timing).
+
+        Symmetric with :meth:`baseline`: what a reference travels as when the server must see its
+        pixels (its PNG data URL, kept by the backend's ``PixelUrls`` for as long as refsight runs)
+        is made before the clock, as the baseline's client keeps its references' PNGs; the
+        candidate's is made inside it in both arms."""
         from refsight.backends.base import GenerationRequest
 
         packages = self.backend.encode(references)  # pixel packages, as the store holds them (no vision tower)
+        for package in packages:
+            self.backend.urls.get(package)
         began = time.perf_counter()
         (package,) = self.backend.encode([candidate])
         request = GenerationRequest([*packages, "Compare the candidate", package, PROMPT],
