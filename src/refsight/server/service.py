@@ -17,7 +17,7 @@ value or timing of a reply depends on another tenant's data. ``share_packages=Tr
 packages across tenants to save encodes, at the price of revealing, by timing, that some
 tenant holds an image. Without keys there is a single tenant, and packages are shared
 with the CLI's (same keys). The thumbnail cache (:mod:`~refsight.server.thumbnails`) is
-scoped the same way; what isolation leaves is listed in ``docs/architecture.md`` (policy 4).
+scoped the same way; what isolation leaves is listed in ``docs/architecture/policies.md`` (policy 4).
 """
 
 from __future__ import annotations
