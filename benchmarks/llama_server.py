@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from refsight.backends.llamacpp.models import LLAMA_CPP_PYTHON_VERSION
-from refsight.environment import model_cache_dir
+from refsight.environment import cache_path, model_cache_dir
 
 __all__ = ["CMAKE_FLAGS", "LlamaServer", "build_key", "ensure_llama_server", "find_llama_server", "server_cache_dir", "stop_process"]
 
@@ -66,12 +66,7 @@ def _log(line: str) -> None:
 
 def server_cache_dir() -> Path:
     """``$REFSIGHT_LLAMA_SERVER_CACHE`` or ``<user cache dir>/refsight/llama-server``."""
-    env = os.environ.get("REFSIGHT_LLAMA_SERVER_CACHE")
-    if env:
-        return Path(env).expanduser()
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("refsight")) / "llama-server"
+    return cache_path("REFSIGHT_LLAMA_SERVER_CACHE", "llama-server")
 
 
 def _cpu_flags() -> str:

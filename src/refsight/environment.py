@@ -8,7 +8,7 @@ from pathlib import Path
 from .deprecation import warn_renamed
 
 __all__ = [
-    "DEFAULT_MODEL", "default_store_dir", "default_model", "model_cache_dir", "default_replica_dir",
+    "DEFAULT_MODEL", "cache_path", "default_store_dir", "default_model", "model_cache_dir", "default_replica_dir",
     "default_catalog_url", "default_redis_url", "default_cache_url", "default_api_keys", "default_api_key",
 ]
 
@@ -16,14 +16,20 @@ __all__ = [
 DEFAULT_MODEL = "tiny-qwen2-vl"
 
 
-def default_store_dir() -> Path:
-    """``$REFSIGHT_STORE``, else ``<user cache dir>/refsight/store``."""
-    env = os.environ.get("REFSIGHT_STORE")
+def cache_path(variable: str, *parts: str) -> Path:
+    """``$variable`` when set (``~`` expanded), else ``<user cache dir>/refsight/<parts...>``: where refsight
+    keeps what it builds or derives, each place overridable by its own environment variable."""
+    env = os.environ.get(variable)
     if env:
         return Path(env).expanduser()
-    from platformdirs import user_cache_dir
+    from platformdirs import user_cache_dir  # only when the default is needed
 
-    return Path(user_cache_dir("refsight")) / "store"
+    return Path(user_cache_dir("refsight"), *parts)
+
+
+def default_store_dir() -> Path:
+    """``$REFSIGHT_STORE``, else ``<user cache dir>/refsight/store``."""
+    return cache_path("REFSIGHT_STORE", "store")
 
 
 def default_model() -> str:
@@ -33,12 +39,7 @@ def default_model() -> str:
 
 def model_cache_dir() -> Path:
     """Where built models live: ``$REFSIGHT_MODEL_CACHE``, else ``<user cache dir>/refsight/models``."""
-    env = os.environ.get("REFSIGHT_MODEL_CACHE")
-    if env:
-        return Path(env).expanduser()
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("refsight")) / "models"
+    return cache_path("REFSIGHT_MODEL_CACHE", "models")
 
 
 def default_replica_dir(catalog_url: str, blob_dir: Path) -> Path:
@@ -47,15 +48,10 @@ def default_replica_dir(catalog_url: str, blob_dir: Path) -> Path:
     ``$REFSIGHT_REPLICA_DIR``, else ``<user cache dir>/refsight/replicas/<digest>``, one per
     catalog URL and blob directory (derived data is rebuilt from the catalog when missing).
     """
-    env = os.environ.get("REFSIGHT_REPLICA_DIR")
-    if env:
-        return Path(env).expanduser()
     import hashlib
 
-    from platformdirs import user_cache_dir
-
     digest = hashlib.sha256(f"{catalog_url}\n{Path(blob_dir).resolve()}".encode()).hexdigest()[:16]
-    return Path(user_cache_dir("refsight")) / "replicas" / digest
+    return cache_path("REFSIGHT_REPLICA_DIR", "replicas", digest)
 
 
 def default_catalog_url() -> str | None:
@@ -121,9 +117,4 @@ def llama_cpp_source() -> Path | None:
 
 def vllm_env_dir() -> Path:
     """The vLLM virtual environment: ``$REFSIGHT_VLLM_ENV``, else ``<user cache dir>/refsight/vllm-env``."""
-    env = os.environ.get("REFSIGHT_VLLM_ENV")
-    if env:
-        return Path(env).expanduser()
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("refsight")) / "vllm-env"
+    return cache_path("REFSIGHT_VLLM_ENV", "vllm-env")
