@@ -11,8 +11,9 @@ package handling, request bodies, threads, HTTP):
 - ``vllm`` (``tiny-qwen2-vl-vllm`` on a server at ``--vllm-url``, or one started here): the same
   request (references by uuid, candidate as pixels), minus the HTTP exchange with vLLM;
 - ``http``: ``/v1/chat/completions`` on refsight's app under uvicorn in this process
-  (``tiny-qwen2-vl``, a reference by ``refsight://ref/ID`` and a base64 candidate), minus the
-  in-process backend calls it makes (``encode``, ``generate`` or ``generate_stream``): the front door's own cost.
+  (``tiny-qwen2-vl``, a reference by ``refsight://ref/ID`` and a base64 candidate), sent by a client in
+  a process of its own as real clients are (one kept connection), minus the in-process backend calls it
+  makes (``encode``, ``generate`` or ``generate_stream``): the front door's own cost.
 
 Figures per path: ``<path>_p50_ms`` and ``<path>_p95_ms`` (refsight's own work per request) and
 ``<path>_runtime_p50_ms`` (the runtime's own time), over ``--requests`` requests after 2 untimed ones.
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import http.client
 import io
 import json
 import sys
@@ -140,7 +140,29 @@ def _vllm(args: argparse.Namespace, photos: list) -> dict[str, float]:
             server.stop()
 
 
+#: The HTTP client, a process of its own as real clients are (in this process it would share the GIL with
+#: the server's threads): one kept connection that sends head and body in one write (http.client; httpx
+#: writes them apart, and Nagle's algorithm then waits on the server's delayed ACK, ~40 ms). One request per
+#: "go" line on stdin, its wall-clock ms on stdout, so each is paired with the runtime's time in the server.
+_CLIENT = """
+import http.client, sys, time
+port, body_path = int(sys.argv[1]), sys.argv[2]
+payload = open(body_path, "rb").read()
+connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+for line in sys.stdin:
+    began = time.perf_counter()
+    connection.request("POST", "/v1/chat/completions", body=payload, headers={"Content-Type": "application/json"})
+    response = connection.getresponse()
+    answer = response.read()
+    if response.status != 200:
+        sys.exit(f"chat failed: HTTP {response.status}: {answer[:300]!r}")
+    print((time.perf_counter() - began) * 1000, flush=True)
+"""
+
+
 def _http(args: argparse.Namespace, photos: list) -> dict[str, float]:
+    import subprocess
+
     import httpx
     from serve_load import _Server
 
@@ -156,9 +178,6 @@ def _http(args: argparse.Namespace, photos: list) -> dict[str, float]:
         # On the class: the app may call the backend through another instance of the same weights (its context).
         inside = Inside(type(app.state.service.engine.backend()), ("encode", "generate", "generate_stream"))
         with _Server(app) as server, httpx.Client(base_url=server.url, timeout=120) as client:
-            # The timed requests go over one kept connection that sends head and body in one write (http.client):
-            # httpx writes them apart, and Nagle's algorithm then waits on the server's delayed ACK (~40 ms).
-            connection = http.client.HTTPConnection("127.0.0.1", int(server.url.rsplit(":", 1)[1]), timeout=120)
             buffer = io.BytesIO()
             photos[0].image.save(buffer, format="PNG")
             reference = base64.b64encode(buffer.getvalue()).decode()
@@ -169,19 +188,22 @@ def _http(args: argparse.Namespace, photos: list) -> dict[str, float]:
                         {"type": "text", "text": "Compare the candidate"},
                         {"type": "image_url", "image_url": {"url": candidate}},
                         {"type": "text", "text": PROMPT}]}]}
-            payload = json.dumps(body).encode()
+            body_path = Path(tmp) / "body.json"
+            body_path.write_text(json.dumps(body))
+            port = server.url.rsplit(":", 1)[1]
             pairs = []
-            for i in range(args.requests + 2):
-                inside.take()
-                began = time.perf_counter()
-                connection.request("POST", "/v1/chat/completions", body=payload, headers={"Content-Type": "application/json"})
-                response = connection.getresponse()
-                if response.status != 200:
-                    raise SystemExit(f"chat failed: HTTP {response.status}: {response.read()[:300]!r}")
-                response.read()
-                wall = (time.perf_counter() - began) * 1000
-                if i >= 2:
-                    pairs.append((wall, inside.take()))
+            with subprocess.Popen([sys.executable, "-c", _CLIENT, port, str(body_path)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True) as clientproc:
+                for i in range(args.requests + 2):
+                    inside.take()
+                    clientproc.stdin.write("go\n")
+                    clientproc.stdin.flush()
+                    line = clientproc.stdout.readline()
+                    if not line:
+                        raise SystemExit("the HTTP client failed (its error is above)")
+                    if i >= 2:
+                        pairs.append((float(line), inside.take()))
+                clientproc.stdin.close()
     return _figures("http", pairs)
 
 

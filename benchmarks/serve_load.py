@@ -11,6 +11,10 @@ Prints one JSON line: ``{"requests", "errors", "rps", "p50_ms", "p99_ms", "encod
 
     python benchmarks/serve_load.py [--model tiny-qwen2-vl] [--clients 16] [--requests 48]
 
+``--sweep 1,2,4`` runs the load at each worker count twice, alternating: every core per worker (torch's
+default, as before refsight's thread budget) and the budget (``max(1, cores // workers)`` threads each),
+and prints one line with both throughputs and ``budget_vs_all_cores`` per worker count.
+
 With ``--replicas N`` (N >= 2) it runs N ``refsight serve`` processes on one PostgreSQL catalog
 and one blob directory instead (see ``benchmarks/serve_replicas.py``)::
 
@@ -93,6 +97,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads per worker (default: refsight serve's budget, cores // workers; "
                              "0: torch's own default, every core per worker, as before the budget)")
+    parser.add_argument("--sweep", default=None, metavar="W,W,...",
+                        help="worker counts to run, each with every core per worker (torch's default, as before "
+                             "the thread budget) and with the budget, alternating; one line of both rps and their ratio")
     parser.add_argument("--size", type=int, default=56, help="side of the square test photos in pixels")
     parser.add_argument("--search-every", type=int, default=4, help="every n-th request is a search (0: none)")
     parser.add_argument("--store", default=None, help="store directory (default: a fresh temporary one)")
@@ -204,10 +211,11 @@ def run_single(args) -> dict:
     ref_ids = [f"ref{i}" for i in range(args.references)]
     store = args.store or tempfile.mkdtemp(prefix="refsight-serve-load-")
     config = ServerConfig(store=store, model=args.model, keys={}, workers=args.workers, queue=4 * args.clients)
-    threads = None
-    if args.threads != 0:  # as refsight serve applies it (this server runs in-process, not through serve())
-        from refsight.settings import apply_threads, thread_budget
+    from refsight.settings import apply_threads, available_cores, thread_budget
 
+    if args.threads == 0:  # every core per worker: torch's own default (set again: a sweep ran budgets before)
+        threads = apply_threads(available_cores())
+    else:  # as refsight serve applies it (this server runs in-process, not through serve())
         threads = apply_threads(thread_budget(args.workers, args.threads))
     # The registry hands the server the same backend instance: its encodes are counted here.
     with _EncodeCounter(get_backend(args.model)) as counter, _Server(create_app(config)) as server:
@@ -230,6 +238,26 @@ def run_single(args) -> dict:
     }
 
 
+def run_sweep(args) -> dict:
+    """``--sweep``: at each worker count, every core per worker and the budget (alternating); rps and ratio each."""
+    import argparse
+
+    rows = []
+    for workers in [int(w) for w in args.sweep.split(",") if w.strip()]:
+        row: dict = {"workers": workers}
+        for label, threads in (("all_cores", 0), ("budget", None)):
+            figures = run_single(argparse.Namespace(**{**vars(args), "workers": workers, "threads": threads, "store": None}))
+            row[f"{label}_threads"], row[f"{label}_rps"] = figures["threads"], figures["rps"]
+            row[f"{label}_errors"] = figures["errors"]
+            print(f"so far: {json.dumps(row)}", file=sys.stderr, flush=True)
+        row["budget_vs_all_cores"] = round(row["budget_rps"] / row["all_cores_rps"], 3)
+        rows.append(row)
+    from refsight.settings import available_cores
+
+    return {"sweep": rows, "cores": available_cores(), "clients": args.clients, "requests": args.requests,
+            "model": args.model, "errors": sum(r["all_cores_errors"] + r["budget_errors"] for r in rows)}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, print its JSON line; exit 1 on errors or a duplicate encode."""
     parser = _parser()
@@ -240,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
         return run(args)
     if args.references + args.candidates > len(PHOTOS) * 2:
         parser.error(f"at most {len(PHOTOS) * 2} distinct images")
+    if args.sweep:
+        figures = run_sweep(args)
+        print(json.dumps(figures), flush=True)
+        return 0 if figures["errors"] == 0 else 1
     figures = run_single(args)
     print(json.dumps(figures), flush=True)
     return 0 if figures["errors"] == 0 and figures["encodes"] == figures["distinct_images"] else 1

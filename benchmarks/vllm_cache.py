@@ -22,10 +22,18 @@ Every request carries a new candidate (each is encoded in both arms, as in real 
   caches (the same 4 references again and again): refsight must cost no more than vLLM alone;
 - ``tokens_equal``: every request gave the same greedy tokens in both arms.
 
+``--images embeds`` runs refsight's arm in the other mode (references as their stored
+embeddings, the candidate through refsight's own vision tower: what a server without a
+vision encoder gets); ``--figures a`` measures (a) alone. In pixel mode on a caches-off
+server the references' pixels still go through vLLM's processor (it keeps no uuid) and the
+candidate through vLLM's encoder, so (a) cannot pass R + 1 (encodes over one); embeds mode
+skips the references' processing too and moves the candidate's encode to refsight's tower.
+
 Usage (the 2B-shaped tower at 448², as the issue's figures)::
 
     python benchmarks/vllm_cache.py --model shape-qwen2-vl-2b-vllm --size 448 --working-set 64
     python benchmarks/vllm_cache.py --model tiny-qwen2-vl-vllm --size 56 --working-set 8 --repeats 2   # smoke
+    python benchmarks/vllm_cache.py --model shape-qwen2-vl-2b-8l-vllm --images embeds --figures a
 """
 
 from __future__ import annotations
@@ -53,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=5, help="timed requests per figure of (a) and (c) (default 5)")
     parser.add_argument("--after-restart", type=int, default=4, help="requests timed after the restart (default 4)")
     parser.add_argument("--max-new-tokens", type=int, default=4)
+    parser.add_argument("--images", choices=("pixels", "embeds"), default=None,
+                        help="refsight's image mode (default: what the server supports, pixels here)")
+    parser.add_argument("--figures", default="abc", help="which figures to measure: any of a, b, c (default abc)")
     return parser
 
 
@@ -76,11 +87,11 @@ def _images(count: int, size: int, seed: int) -> list:
 class Arms:
     """Both request shapes against one server; every request's tokens kept for ``tokens_equal``."""
 
-    def __init__(self, url: str, max_new_tokens: int) -> None:
+    def __init__(self, url: str, max_new_tokens: int, images: str | None = None) -> None:
         from refsight.backends.vllm.loading import load_vllm_backend
 
         self.url, self.max_new_tokens = url, max_new_tokens
-        self.backend = load_vllm_backend(f"vllm:{url}")
+        self.backend = load_vllm_backend(f"vllm:{url}", images=images)
         self.equal = True
 
     def baseline(self, references: list, candidate) -> tuple[float, list[int]]:
@@ -113,8 +124,8 @@ class Arms:
         candidate's is made inside it in both arms."""
         from refsight.backends.base import GenerationRequest
 
-        packages = self.backend.encode(references)  # pixel packages, as the store holds them (no vision tower)
-        for package in packages:
+        packages = self.backend.encode(references)  # as the store holds them (pixel packages: no vision tower)
+        for package in packages if self.backend.encodes_images else ():
             self.backend.urls.get(package)
         began = time.perf_counter()
         (package,) = self.backend.encode([candidate])
@@ -174,41 +185,51 @@ def _start(model: str, store: Path, log, extra: tuple[str, ...] = ()):
     return start_server(model, encoder_cache=store, extra_args=extra, log=log)
 
 
+def _runs(figures: str) -> list[tuple[tuple[str, ...], str]]:
+    """The servers to start, in order, for the figures asked for: (extra flags, what runs on it)."""
+    if not figures or set(figures) - set("abc"):
+        raise SystemExit(f"--figures: letters of a, b, c, not {figures!r}")
+    runs = [(CACHES_OFF, "caches_off")] if "a" in figures else []
+    if "b" in figures or "c" in figures:
+        runs.append(((), "default"))
+    if "b" in figures:
+        runs.append(((), "restart"))  # vLLM's own caches empty, the store not
+    return runs
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark and print one JSON line; returns the figures."""
     args = _parser().parse_args(argv)
+    runs = _runs(args.figures)
     refs = _images(max(args.working_set, 4), args.size, seed=1)
     candidates = iter(_images(4 * args.repeats + 4 * args.working_set + args.after_restart + 16, args.size, seed=2))
     figures: dict = {"model": args.model, "size": args.size, "working_set": len(refs), "repeats": args.repeats}
     with tempfile.TemporaryDirectory(prefix="refsight-vllm-cache-") as tmp, open(Path(tmp) / "vllm.log", "w") as log:
         store = Path(tmp) / "store"
         equal = True
-        for extra, run in ((CACHES_OFF, "off"), ((), "default")):
+        for extra, run in runs:
             server = _start(args.model, store, log, extra)
-            arms = Arms(server.url, args.max_new_tokens)
+            arms = Arms(server.url, args.max_new_tokens, args.images)
             try:
-                if run == "off":
+                if run == "caches_off":
                     figures.update(_caches_off(arms, refs, candidates, args.repeats))
+                elif run == "default":
+                    if "b" in args.figures:
+                        figures["speedup_cycling"] = _ratio(_cycle(arms, refs, candidates, passes=2))
+                    if "c" in args.figures:
+                        warm = [arms.both(refs[:4], next(candidates)) for _ in range(args.repeats + 1)][1:]
+                        figures["ratio_warm"] = _ratio(warm)
                 else:
-                    figures["speedup_cycling"] = _ratio(_cycle(arms, refs, candidates, passes=2))
-                    warm = [arms.both(refs[:4], next(candidates)) for _ in range(args.repeats + 1)][1:]
-                    figures["ratio_warm"] = _ratio(warm)
+                    groups = [refs[i:i + 4] for i in range(0, 4 * args.after_restart, 4)]
+                    figures["speedup_after_restart"] = _ratio([arms.both(g, next(candidates)) for g in groups if len(g) == 4])
+                figures["mode"] = arms.backend.runtime_info()  # the last server's (the restarted one's, in a full run)
+                figures["uuid_stats"] = arms.backend.uuid_stats()
+                figures["random_weights"] = arms.backend.random_weights
             finally:
                 equal &= arms.equal
                 arms.close()
                 server.stop()
             _progress(figures)
-        server = _start(args.model, store, log)  # the restart: vLLM's own caches are empty, the store is not
-        arms = Arms(server.url, args.max_new_tokens)
-        try:
-            groups = [refs[i:i + 4] for i in range(0, 4 * args.after_restart, 4)]
-            figures["speedup_after_restart"] = _ratio([arms.both(g, next(candidates)) for g in groups if len(g) == 4])
-            figures["uuid_stats"] = arms.backend.uuid_stats()
-            figures["random_weights"] = arms.backend.random_weights
-        finally:
-            equal &= arms.equal
-            arms.close()
-            server.stop()
         from refsight.vllm_connector.refsight_ec_store import read_counters
 
         figures["vllm_encoder_cache"] = read_counters(store)

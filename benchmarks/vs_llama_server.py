@@ -251,28 +251,14 @@ def model_files(model: str, mmproj: str | None) -> tuple[Path, Path]:
     raise SystemExit(f"{model}: not a built-in GGUF model; use llamacpp:PATH --mmproj PATH")
 
 
-def rendered_prompts_equal(llama_url: str, model_path: Path, request: Request, ref_urls) -> bool:
-    """llama-server's own rendering of a chat (``/apply-template``) equals refsight's (the GGUF's template)."""
+def rendered_prompts_equal(llama_url: str, refsight_url: str, request: Request, ref_urls) -> bool:
+    """llama-server's rendering of a chat equals refsight's: both servers' own ``/apply-template`` on the same
+    messages (each renders the GGUF's template with its own BOS/EOS and architecture, whatever the family)."""
     import httpx
 
-    import llama_cpp
-
-    from refsight.backends.llamacpp.prompt import render_prompt
-
-    params = llama_cpp.llama_model_default_params()
-    params.vocab_only = True
-    handle = llama_cpp.llama_model_load_from_file(str(model_path).encode(), params)
-    try:
-        raw = llama_cpp.llama_model_chat_template(handle, None)
-        template = raw.decode() if raw else None
-    finally:
-        llama_cpp.llama_model_free(handle)
-    content = "".join(
-        p["text"] if p["type"] == "text" else MARKER for p in messages(request, ref_urls)[0]["content"]
-    )
-    ours = render_prompt(template, "qwen2vl", content)
-    theirs = httpx.post(f"{llama_url}/apply-template", json={"messages": messages(request, ref_urls)}, timeout=600)
-    return theirs.status_code == 200 and theirs.json().get("prompt") == ours
+    body = {"messages": messages(request, ref_urls)}
+    prompts = [httpx.post(f"{url}/apply-template", json=body, timeout=600) for url in (llama_url, refsight_url)]
+    return all(r.status_code == 200 for r in prompts) and prompts[0].json().get("prompt") == prompts[1].json().get("prompt")
 
 
 # ----------------------------------------------------------------- workloads
@@ -340,13 +326,13 @@ def main(argv: list[str] | None = None) -> dict:
         refsight = RefsightServer(args.model, args.mmproj, tmp / "store", tmp / "refsight.log")
         os.environ["LLAMA_MEDIA_MARKER"] = MARKER  # inherited by llama-server
         try:
-            return _run(args, llama, refsight, ref_urls, references, work, model_path, threads)
+            return _run(args, llama, refsight, ref_urls, references, work, threads)
         finally:
             llama.stop()
             refsight.stop()
 
 
-def _run(args, llama, refsight, ref_urls, references, work, model_path, threads) -> dict:
+def _run(args, llama, refsight, ref_urls, references, work, threads) -> dict:
     starts: dict[str, list[float]] = {"llama-server": [], "refsight": []}
 
     def restarter(server, name: str):
@@ -365,7 +351,7 @@ def _run(args, llama, refsight, ref_urls, references, work, model_path, threads)
     for peer in peers.values():
         peer.restart()
     ingest_s = refsight.add_references(references)
-    identical = rendered_prompts_equal(llama.url, model_path, work["varied"][0], lambda i: ref_urls[i])
+    identical = rendered_prompts_equal(llama.url, refsight.url, work["varied"][0], lambda i: ref_urls[i])
     seconds = measure(args, (llama, refsight), list(peers.values()), work)
     one_at_a_time = [r for kind in ("varied", "after_restart", "same_refs") for r in work[kind]]
     equal, n_identical = text_equal(one_at_a_time, identical)

@@ -9,7 +9,11 @@ with 2 torch threads per worker on a loaded 2-core machine, 8.6 ms with 1 (issue
 :func:`thread_budget` says how many threads each worker gets (``--threads``, llama-server's
 ``-t``; default ``max(1, cores // workers)``); :func:`apply_threads` applies it to torch
 (``torch.set_num_threads``, or ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` before torch is
-imported) and makes it llama.cpp's ``n_threads`` default (:func:`configured_threads`).
+imported). llama.cpp is not shared out: it runs one thread team at a time whatever the workers (one
+context: requests take turns on it, and ``-np`` slots decode together in one ``llama_decode``), so its
+``n_threads`` default is the count asked for (``--threads``/``-t``, :func:`configured_threads`), else every
+core given, as llama-server's ``-t`` default. (A per-worker share there left cores idle: ``--workers 4`` on 2
+cores encoded with 1 thread while llama-server used 2.)
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ __all__ = ["available_cores", "thread_budget", "apply_threads", "configured_thre
 
 #: The budget applied in this process (None: none applied: every runtime keeps its own default).
 _APPLIED: int | None = None
+#: The thread count asked for (``--threads`` / ``-t``), None when the budget was derived from the cores.
+_ASKED: int | None = None
 
 
 def available_cores() -> int:
@@ -42,14 +48,16 @@ def thread_budget(workers: int = 1, threads: int | None = None, cores: int | Non
     return max(1, (cores or available_cores()) // max(1, int(workers)))
 
 
-def apply_threads(threads: int) -> int:
-    """Make ``threads`` the intra-op thread count of torch and llama.cpp in this process; returns it.
+def apply_threads(threads: int, asked: int | None = None) -> int:
+    """Make ``threads`` the intra-op thread count of torch in this process; returns it. ``asked``: the count
+    the user gave (``--threads`` / ``-t``), if any, which llama.cpp takes too (:func:`configured_threads`).
 
     torch's setting is process-wide (worker threads inherit it); before torch is imported the
     OpenMP/MKL variables are set instead, so importing it later costs nothing now.
     """
-    global _APPLIED
+    global _APPLIED, _ASKED
     _APPLIED = thread_budget(threads=threads)
+    _ASKED = None if asked is None else thread_budget(threads=asked)
     for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[variable] = str(_APPLIED)
     torch = sys.modules.get("torch")
@@ -59,8 +67,9 @@ def apply_threads(threads: int) -> int:
 
 
 def configured_threads() -> int | None:
-    """The budget :func:`apply_threads` set (llama.cpp's ``n_threads`` when none is given), or None."""
-    return _APPLIED
+    """llama.cpp's ``n_threads`` when its backend is given none: the count asked for (``--threads`` / ``-t``),
+    or None (every core this process may use: llama.cpp runs one thread team at a time, see the module)."""
+    return _ASKED
 
 
 def torch_threads() -> int | None:

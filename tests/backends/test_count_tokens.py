@@ -19,6 +19,26 @@ def test_hf_backends_count_exactly_with_their_tokenizer(load, name):
     assert backend.count_text_tokens((text + " ") * 10) >= 9 * expected
 
 
+def test_a_text_counted_again_is_remembered_and_a_long_one_is_not(load, monkeypatch):
+    """The server's prompt limit and the engine's prompt budget count a request's text twice: once is enough."""
+    from refsight.backends.hf import base
+
+    backend = load("tiny-qwen2-vl")
+    calls = []
+    tokenizer = backend.tokenizer
+
+    def counting(text, **kwargs):
+        calls.append(text)
+        return tokenizer(text, **kwargs)
+
+    monkeypatch.setattr(backend, "tokenizer", counting)
+    monkeypatch.delitem(backend.__dict__, "_remembered_counts", raising=False)  # a fresh memory (tests share it)
+    text = "Same colour? A remembered prompt."
+    assert backend.count_text_tokens(text) == backend.count_text_tokens(text) and calls == [text]
+    long = "x " * (base.COUNTED_TEXT_CHARS // 2 + 1)
+    assert backend.count_text_tokens(long) == backend.count_text_tokens(long) and calls == [text, long, long]
+
+
 def test_the_default_is_a_cheap_estimate():
     toy = ToyBackend("toy")
     assert toy.count_text_tokens("") == 0

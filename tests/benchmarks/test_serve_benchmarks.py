@@ -15,6 +15,18 @@ def test_serve_load_encodes_each_image_once(model_cache):
     assert figures["errors"] == 0 and figures["encodes"] == figures["distinct_images"] == 3
 
 
+def test_serve_load_sweeps_worker_counts(model_cache):
+    """``--sweep``: each worker count with every core per worker and with the budget, one line."""
+    figures = run_benchmark("serve_load.py", "--sweep", "1,2", "--clients", "2", "--requests", "2", "--references", "2",
+                            "--candidates", "1", "--search-every", "0")
+    assert_keys(figures, "sweep", "cores", "errors")
+    assert figures["errors"] == 0 and [row["workers"] for row in figures["sweep"]] == [1, 2]
+    for row in figures["sweep"]:
+        assert row["all_cores_threads"] == figures["cores"]
+        assert row["budget_threads"] == max(1, figures["cores"] // row["workers"])
+        assert row["budget_vs_all_cores"] > 0
+
+
 def test_serve_replicas_share_one_store(model_cache):
     figures = run_benchmark("serve_load.py", "--replicas", "2", "--cache", "auto", "--clients", "2", "--requests", "2",
                             "--references", "2", "--candidates", "2", "--search-every", "0")

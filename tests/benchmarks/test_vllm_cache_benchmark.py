@@ -24,3 +24,14 @@ def test_vllm_cache_at_a_tiny_size(vllm_python, model_cache):
     counters = figures["vllm_encoder_cache"]
     assert counters["saves"] == 8 and counters["hits"] > 0 and counters["corrupt"] == 0  # each reference encoded once
     assert figures["uuid_stats"]["with_pixels"] > 0  # after the restart: pixels + uuid, loaded by the connector
+
+
+def test_vllm_cache_figure_a_in_embeds_mode(vllm_python, model_cache):
+    """``--images embeds --figures a``: one caches-off server, refsight's arm sending embeddings (its own tower)."""
+    figures = run_benchmark("vllm_cache.py", "--model", "tiny-qwen2-vl-vllm", "--size", "56", "--working-set", "4",
+                            "--repeats", "2", "--max-new-tokens", "2", "--images", "embeds", "--figures", "a",
+                            timeout=900)
+    assert_keys(figures, "speedup_caches_off_r1", "speedup_caches_off_r4", "tokens_equal", "mode")
+    assert "speedup_cycling" not in figures and "speedup_after_restart" not in figures
+    assert figures["mode"]["vllm_images"] == "embeds" and figures["tokens_equal"] is True
+    assert figures["speedup_caches_off_r1"] > 0 and figures["speedup_caches_off_r4"] > 0

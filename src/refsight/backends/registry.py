@@ -69,6 +69,7 @@ _BUILTINS: dict[str, str] = {
     "shape-qwen2-vl-2b-gguf-q8": "refsight.backends.llamacpp.quantized:load_quantized",
     "shape-qwen2-vl-2b-gguf-q4": "refsight.backends.llamacpp.quantized:load_quantized",
     "shape-qwen2-vl-2b-full-gguf-q4": "refsight.backends.llamacpp.quantized:load_quantized",
+    "shape-gemma3-4b-gguf-q4": "refsight.backends.llamacpp.quantized:load_quantized",
     "tiny-qwen2-vl-vllm": "refsight.backends.vllm.tiny:load_tiny_vllm",
     "tiny-qwen2.5-vl-vllm": "refsight.backends.vllm.tiny:load_tiny_vllm",
     "tiny-qwen3-vl-vllm": "refsight.backends.vllm.tiny:load_tiny_vllm",

@@ -77,7 +77,7 @@ def open_engine(args: argparse.Namespace) -> Engine:
 
     # One worker here: every core is its budget, which torch and llama.cpp take by default; -t/--threads sets it.
     if getattr(args, "threads", None) is not None:
-        apply_threads(thread_budget(1, args.threads))
+        apply_threads(thread_budget(1, args.threads), asked=args.threads)
     return Engine(
         args.store,
         catalog=args.catalog,

@@ -13,7 +13,6 @@ import dataclasses
 import sys
 
 from .arguments import EMBEDDER_HELP, Command, UsageError, add_deprecated_spelling, path_argument, text_argument
-from ..settings import available_cores, thread_budget
 from ..extras import install_command
 from .context import backend_options, settings_of
 from .llama_flags import add_llama_server_arguments, llama_server_settings, slot_context
@@ -131,15 +130,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     workers = args.workers if args.workers is not None else (args.parallel or 2)
     if args.parallel is not None and workers < args.parallel:
         raise UsageError(f"--workers {workers} is below --parallel {args.parallel}: the slots could never all be busy")
-    # The thread budget: workers x threads <= cores. llama.cpp's --parallel slots decode together in one
-    # context (one thread team), so they count as one worker.
-    threads = thread_budget(max(1, workers // (args.parallel or 1)), args.threads, available_cores())
+    # serve() applies the thread budget (refsight.threads): torch's threads are the cores shared out among the
+    # workers, llama.cpp's (one thread team at a time) --threads or every core.
     # serve() loads and checks the model before it binds the port: a bad model or option is
     # a RefsightError here, one line and exit 1 (cli.main), with no server started.
     serve(ServerConfig(
         store=args.store, catalog=args.catalog, local_dir=args.local_dir, model=_model(args),
         backend_options=options, settings=settings_of(args), config_file=args.config,
-        host=args.host, port=args.port, workers=workers, threads=threads, keys_file=args.keys, share_packages=args.share_packages,
+        host=args.host, port=args.port, workers=workers, threads=args.threads, keys_file=args.keys, share_packages=args.share_packages,
         api_key=",".join(args.api_key) if args.api_key else None, served_model_names=tuple(args.served_model_names or ()),
         embedder=args.embedder, max_prompt_tokens=args.max_prompt_tokens,
         ingest_attributes=() if args.attributes == "none" else (args.attributes,),

@@ -53,7 +53,8 @@ class ServerConfig:
     port: int = 8000
     #: Threads that run model work (encode, generate, search) off the event loop.
     workers: int = 2
-    #: torch's and llama.cpp's threads per worker (``--threads``); None: the cores shared out among the workers.
+    #: torch's threads per worker and llama.cpp's threads (``--threads``); None: torch gets the cores shared out
+    #: among the workers, llama.cpp every core (it runs one thread team at a time: :mod:`refsight.threads`).
     threads: int | None = None
     #: Requests that may wait for a worker; one more gets 429.
     queue: int = 32

@@ -31,7 +31,9 @@ __all__ = ["ServiceDep", "PoolDep", "MetricsDep", "ConfigDep", "TenantsDep", "Me
 def _app_state(name: str) -> Callable[[Request], Any]:
     """The dependency that hands a route ``app.state.<name>`` (what :func:`create_app` built once)."""
 
-    def from_state(request: Request) -> Any:
+    # async: FastAPI runs a plain ``def`` dependency in its thread pool, a thread hop (and a wait
+    # for the GIL) per dependency per request, for one attribute read.
+    async def from_state(request: Request) -> Any:
         return getattr(request.app.state, name)
 
     from_state.__name__ = f"app_state_{name}"  # one name per dependency in the OpenAPI schema and tracebacks

@@ -21,6 +21,7 @@ when a prompt uses them. Runtime exceptions become refsight errors in one place,
 from __future__ import annotations
 
 import abc
+import functools
 import importlib
 import importlib.util
 import time
@@ -37,6 +38,12 @@ from .revision import directory_revision
 from .runtime import runtime_errors
 
 __all__ = ["HFBackend", "runtime_errors", "weights_revision", "refuse_other_backend_options", "MARKER_FILE"]
+
+#: Texts up to this many characters have their token count remembered (an image placeholder of a few
+#: thousand tokens included); :data:`COUNTED_TEXTS` of them, the least recently used forgotten first
+#: (at most ~4 MB of text kept).
+COUNTED_TEXT_CHARS = 16384
+COUNTED_TEXTS = 256
 
 #: The revision of a local checkpoint directory (kept under its old name).
 weights_revision = directory_revision
@@ -139,7 +146,20 @@ class HFBackend(Backend):
         return "".join(s if isinstance(s, str) else self.image_placeholder(s) for s in segments)
 
     def count_text_tokens(self, text: str) -> int:
-        """The exact number of tokens the model's tokenizer makes of ``text`` (no special tokens added)."""
+        """The exact number of tokens the model's tokenizer makes of ``text`` (no special tokens added).
+
+        Texts up to :data:`COUNTED_TEXT_CHARS` long are remembered (the last :data:`COUNTED_TEXTS`): a request's
+        text is counted by the server's prompt limit and again by the engine's prompt budget, an image's
+        placeholder at every check, and clients send the same prompts again and again.
+        """
+        if len(text) > COUNTED_TEXT_CHARS:
+            return self._count_tokens(text)
+        counts = self.__dict__.get("_remembered_counts")
+        if counts is None:  # made on first use: subclasses build their instances in many ways
+            counts = self.__dict__.setdefault("_remembered_counts", functools.lru_cache(COUNTED_TEXTS)(self._count_tokens))
+        return counts(text)
+
+    def _count_tokens(self, text: str) -> int:
         with runtime_errors(self.name, BackendError, "cannot tokenize"):
             return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -310,7 +330,7 @@ class HFBackend(Backend):
         decides after encoding)."""
         if not isinstance(package, VisualPackage):
             return None
-        return len(self.tokenizer(self.image_placeholder(package), add_special_tokens=False)["input_ids"])
+        return self.count_text_tokens(self.image_placeholder(package))
 
     @abc.abstractmethod
     def multimodal_inputs(self, packages: list[VisualPackage], input_ids: Any) -> dict[str, Any]:

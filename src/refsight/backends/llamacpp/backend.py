@@ -213,6 +213,10 @@ class LlamaCppBackend(Backend):
             self.runtime.check_grammar(grammar)
         return grammar
 
+    def runtime_info(self) -> dict[str, Any]:
+        """llama.cpp's threads (``--threads``/``-t``, else every core: it runs one thread team at a time)."""
+        return {"llama_threads": self.runtime.settings.threads()}
+
     def count_text_tokens(self, text: str) -> int:
         """The exact number of tokens the model's own vocabulary makes of ``text`` (special tokens not parsed)."""
         with self._lock, _native_errors(self.name, BackendError, "cannot tokenize"):

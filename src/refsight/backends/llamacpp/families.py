@@ -90,6 +90,19 @@ def _keep_embedding(cls, item):
 _llava.LlavaVisionModel.filter_tensors = classmethod(_keep_embedding)
 """
 
+# Gemma 3 at its real shape: the converter cuts the token embedding (the tied LM head) down to the
+# tokenizer's own size, 520 rows for refsight's small stand-in tokenizer, while the GGUF's vocabulary is
+# padded to the config's 262,208 and llama.cpp then refuses the shape. Keep every row, as the real model has.
+_GEMMA3_WHOLE_EMBEDDING = """
+import conversion.gemma as _gemma
+_cut_rows = _gemma.Gemma3Model.modify_tensors
+def _whole_embedding(self, data_torch, name, bid):
+    if "embed_tokens.weight" in name:  # no norm shift applies to it: straight to the base class
+        return super(_gemma.Gemma3Model, self).modify_tensors(data_torch, name, bid)
+    return _cut_rows(self, data_torch, name, bid)
+_gemma.Gemma3Model.modify_tensors = _whole_embedding
+"""
+
 # LFM2-VL and Llama 4 have no recipe of their own in tiny_family_specs yet: theirs, from the
 # transformers-side prototype. Both have only torchvision image processors (their
 # preprocessor_config.json is written as data by build_family_checkpoint).
@@ -187,6 +200,13 @@ FAMILY_GGUFS: dict[str, FamilyGguf] = {
                 {"image_processor": {"scale_resolution": 128, "patch_size": 16}}),
         "qwen2",
         model_args=("--no-mtp",),
+    ),
+    # Gemma 3 4B's whole shape (SigLIP-so400m at 896², 256 image tokens, the 34-layer language model),
+    # random weights, converted to f16 as published GGUFs are before llama-quantize: the base of
+    # shape-gemma3-4b-gguf-q4, the vs-llama-server benchmark's model. Built only when asked for (~8 GB).
+    "shape-gemma3-4b-gguf-f16": FamilyGguf(
+        specs.GEMMA3_4B_SHAPE, "qwen2", renames=_SIGLIP_NESTING, converter_patch=_GEMMA3_WHOLE_EMBEDDING,
+        outtype="f16", mmproj_outtype="f16",
     ),
 }
 

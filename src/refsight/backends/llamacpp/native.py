@@ -78,7 +78,7 @@ class RuntimeSettings:
 
     n_ctx: int = 4096
     n_batch: int = 2048
-    n_threads: int = 0  # 0: the process's thread budget (refsight.threads), else every core it may use
+    n_threads: int = 0  # 0: the threads asked for (--threads / -t, refsight.threads), else every core it may use
     image_min_tokens: int = -1
     image_max_tokens: int = -1
     use_gpu: bool = False
@@ -91,9 +91,9 @@ class RuntimeSettings:
             return self.n_threads
         from ...threads import configured_threads
 
-        budget = configured_threads()  # --threads / -t, or the cores shared out among serve's workers
-        if budget is not None:
-            return budget
+        asked = configured_threads()  # --threads / -t; never the per-worker share: one team runs at a time
+        if asked is not None:
+            return asked
         try:
             return max(1, len(os.sched_getaffinity(0)))
         except AttributeError:  # pragma: no cover - not Linux

@@ -62,6 +62,9 @@ QUANTIZED_GGUF_MODELS: dict[str, QuantizedGguf] = {
     "shape-qwen2-vl-2b-gguf-q4": QuantizedGguf("shape-qwen2-vl-2b-gguf", "Q4_K_M"),
     # Qwen2-VL-2B's whole shape, the real 28-layer language model in Q4_K_M (~1 GB): the prefix figure at real depth.
     "shape-qwen2-vl-2b-full-gguf-q4": QuantizedGguf("shape-qwen2-vl-2b-full-gguf", "Q4_K_M"),
+    # Gemma 3 4B's whole shape (families.py), the language model in Q4_K_M (~2.5 GB) beside an f16 mmproj
+    # of SigLIP-so400m at 896², as llama-server users download it: issue 35's real-shape benchmark.
+    "shape-gemma3-4b-gguf-q4": QuantizedGguf("shape-gemma3-4b-gguf-f16", "Q4_K_M"),
 }
 
 
