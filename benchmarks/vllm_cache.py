@@ -26,7 +26,7 @@ Every request carries a new candidate (each is encoded in both arms, as in real 
 embeddings, the candidate through refsight's own vision tower: what a server without a
 vision encoder gets); ``--figures a`` measures (a) alone. In pixel mode on a caches-off
 server the references' pixels still go through vLLM's processor (it keeps no uuid) and the
-candidate through vLLM's encoder, so (a) cannot pass R + 1 (encodes over one); embeds mode
+candidate through vLLM's encoder, so (a) is bounded near R + 1 (encodes over one); embeds mode
 skips the references' processing too and moves the candidate's encode to refsight's tower.
 
 Usage (the 2B-shaped tower at 448², as the issue's figures)::

@@ -22,7 +22,7 @@ Figures are llama-server's seconds over refsight's for the same requests
 (``speedup_varied``, ``speedup_after_restart``, ``speedup_concurrent``,
 ``ratio_same_refs``). ``text_equal``: in the workloads both servers answer one request
 at a time, (a), (b) and (d), with llama.cpp's default kernels, the greedy answers agree
-wherever the two prompts are identical (same rendered prompt, checked with llama-server's
+wherever the two prompts are identical (same rendered prompt, checked with both servers'
 ``/apply-template``, and the same prompt token count per request), up to a last character
 cut in half by ``max_tokens`` (refsight ends the text with U+FFFD, llama-server drops the
 bytes). (c) is reported apart (``text_equal_concurrent``): there the servers' kernels
