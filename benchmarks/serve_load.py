@@ -240,8 +240,6 @@ def run_single(args) -> dict:
 
 def run_sweep(args) -> dict:
     """``--sweep``: at each worker count, every core per worker and the budget (alternating); rps and ratio each."""
-    import argparse
-
     rows = []
     for workers in [int(w) for w in args.sweep.split(",") if w.strip()]:
         row: dict = {"workers": workers}

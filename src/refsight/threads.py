@@ -25,9 +25,8 @@ from .errors import InvalidInputError
 
 __all__ = ["available_cores", "thread_budget", "apply_threads", "configured_threads", "torch_threads"]
 
-#: The budget applied in this process (None: none applied: every runtime keeps its own default).
-_APPLIED: int | None = None
-#: The thread count asked for (``--threads`` / ``-t``), None when the budget was derived from the cores.
+#: The thread count asked for (``--threads`` / ``-t``) in this process, None when none was: llama.cpp then
+#: takes every core (torch's budget lives in torch itself, or in the OpenMP/MKL variables before its import).
 _ASKED: int | None = None
 
 
@@ -55,15 +54,15 @@ def apply_threads(threads: int, asked: int | None = None) -> int:
     torch's setting is process-wide (worker threads inherit it); before torch is imported the
     OpenMP/MKL variables are set instead, so importing it later costs nothing now.
     """
-    global _APPLIED, _ASKED
-    _APPLIED = thread_budget(threads=threads)
+    global _ASKED
+    threads = thread_budget(threads=threads)
     _ASKED = None if asked is None else thread_budget(threads=asked)
     for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[variable] = str(_APPLIED)
+        os.environ[variable] = str(threads)
     torch = sys.modules.get("torch")
     if torch is not None:
-        torch.set_num_threads(_APPLIED)
-    return _APPLIED
+        torch.set_num_threads(threads)
+    return threads
 
 
 def configured_threads() -> int | None:

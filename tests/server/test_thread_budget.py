@@ -52,8 +52,7 @@ def test_llama_cpp_takes_the_threads_asked_for_else_every_core(monkeypatch):
     from refsight import threads
     from refsight.backends.llamacpp.native import RuntimeSettings
 
-    monkeypatch.setattr(threads, "_APPLIED", 1)  # what serve --workers 2 on 2 cores leaves torch
-    monkeypatch.setattr(threads, "_ASKED", None)
+    monkeypatch.setattr(threads, "_ASKED", None)  # serve --workers 2 without -t: torch 1 thread on 2 cores
     assert RuntimeSettings().threads() == threads.available_cores()
     monkeypatch.setattr(threads, "_ASKED", 3)  # what apply_threads(..., asked=3) leaves (-t 3)
     assert RuntimeSettings().threads() == 3 and RuntimeSettings(n_threads=5).threads() == 5

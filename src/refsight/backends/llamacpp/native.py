@@ -20,7 +20,6 @@ appends one token to each of several sequences in a single ``llama_decode``.
 from __future__ import annotations
 
 import ctypes
-import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -89,15 +88,10 @@ class RuntimeSettings:
         """The thread count to give llama.cpp."""
         if self.n_threads > 0:
             return self.n_threads
-        from ...threads import configured_threads
+        from ...threads import available_cores, configured_threads
 
         asked = configured_threads()  # --threads / -t; never the per-worker share: one team runs at a time
-        if asked is not None:
-            return asked
-        try:
-            return max(1, len(os.sched_getaffinity(0)))
-        except AttributeError:  # pragma: no cover - not Linux
-            return max(1, os.cpu_count() or 1)
+        return asked if asked is not None else available_cores()
 
 
 @dataclass(frozen=True)
