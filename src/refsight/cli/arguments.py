@@ -175,7 +175,8 @@ def model_options() -> argparse.ArgumentParser:
     # Not a backend option: torch's and llama.cpp's setting is the process's (refsight.threads).
     with_model.add_argument(
         "-t", "--threads", type=int, default=None, metavar="N",
-        help="threads per model worker for torch and llama.cpp (llama-server's -t); default: the cores shared out "
-             "among the workers (serve --workers), so workers x threads <= cores",
+        help="threads for llama.cpp (llama-server's -t; default: every core, it runs one thread team at a time) and "
+             "per model worker for torch (default: the cores shared out among serve --workers, so workers x threads "
+             "<= cores)",
     )
     return with_model
