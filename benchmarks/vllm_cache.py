@@ -99,9 +99,11 @@ class Arms:
 
         Symmetric with :meth:`refsight`: the references' PNGs are made before the clock (a client
         keeps them, as refsight's store keeps their packages), the candidate's inside it."""
+        from refsight.backends.hf.grid import resize_to_grid
+
         def part(image):
             buffer = io.BytesIO()
-            self.backend.encoder.resize_to_grid(image.image).save(buffer, format="PNG")
+            resize_to_grid(self.backend.encoder, image.image).save(buffer, format="PNG")
             return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()}}
 
         kept = [part(r) for r in references]

@@ -27,19 +27,18 @@ def main(spec_path: str) -> None:
             tower = vision_tower(backend)
             counts = {"vision": 0, "preprocess": 0}
             hook = tower.register_forward_hook(lambda *a: counts.__setitem__("vision", counts["vision"] + 1))
-            # The generic backend lays each image out through its processor, one image per call.
-            owner, attribute = (backend, "_encode_one") if hasattr(backend, "_encode_one") else (backend.image_processor, "preprocess")
-            original = getattr(owner, attribute)
+            # Every image the processor lays out goes through lay_out (a batch of them, or one).
+            original = backend.lay_out
 
-            def counted(*args, _original=original, _one=owner is backend, **kwargs):
-                counts["preprocess"] += 1 if _one else len(args[0])
-                return _original(*args, **kwargs)
+            def counted(images, _original=original):
+                counts["preprocess"] += len(images)
+                return _original(images)
 
-            setattr(owner, attribute, counted)
+            backend.lay_out = counted
             requests = case_requests(store, case)
             generations = backend.generate(requests, return_logits=True)
             hook.remove()
-            setattr(owner, attribute, original)
+            backend.lay_out = original
             out[case["id"]] = {
                 "rows": [
                     {"tokens": g.token_ids, "logits": g.logits, "random_weights": g.random_weights, "timings": g.timings_ms}

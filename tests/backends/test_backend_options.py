@@ -59,8 +59,8 @@ def test_cached_equals_fresh_tokens_in_each_dtype(load, photos, tmp_path, monkey
             keys.append(package.key)
     with open_store(tmp_path / "store") as store:  # read back from disk, not memory
         cached = [store.packages.get(k) for k in keys]
-    assert all(p.tensors["features"].dtype == getattr(torch, dtype) for p in cached)
-    assert all(p.tensors["features"].device.type == "cpu" for p in cached)  # stored on the CPU, moved at use
+    assert all(p.tensors["features.0"].dtype == getattr(torch, dtype) for p in cached)
+    assert all(p.tensors["features.0"].device.type == "cpu" for p in cached)  # stored on the CPU, moved at use
     assert all(p.metadata["provenance"]["device"] == backend.device for p in cached)
     prompt = [cached[0], "versus", cached[1], "and", photos["rocket"], "same?"]
     fresh = [photos["chelsea"], "versus", photos["coffee"], "and", photos["rocket"], "same?"]
@@ -125,7 +125,8 @@ def test_smolvlm_max_pixels_maps_to_whole_tiles(load, photos):
     assert smol.fingerprint().preprocessing["size"] == {"longest_edge": 96}
     package = smol.encode([photos["chelsea"]])[0]
     assert package.key != _key(load("tiny-smolvlm"), photos)
-    assert max(package.metadata["rows"], package.metadata["cols"]) == 3
+    layout = package.metadata["layout"]
+    assert max(layout["rows"][0][0], layout["cols"][0][0]) == 3
     with pytest.raises(InvalidInputError, match="min_pixels"):
         load("tiny-smolvlm", min_pixels=1024)
     with pytest.raises(InvalidInputError, match="max_pixels.*tile"):

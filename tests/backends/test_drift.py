@@ -58,7 +58,7 @@ def test_perturbed_package_under_the_same_key_is_caught(filled):
     key = _key(backend, store.catalog.get_reference("coffee"))
     good = store.packages.get(key)
     bad = VisualPackage(
-        tensors={"features": good.tensors["features"] + 0.05},
+        tensors={"features.0": good.tensors["features.0"] + 0.05},
         metadata=dict(good.metadata),
         image_sha256=good.image_sha256,
         fingerprint=good.fingerprint,

@@ -30,22 +30,13 @@ def counters(monkeypatch):
     def attach(backend):
         counts = {"vision": 0, "preprocess": 0}
         hooks.append(_vision_tower(backend).register_forward_hook(lambda *a: counts.__setitem__("vision", counts["vision"] + 1)))
-        if hasattr(backend, "_encode_one"):  # the generic backend lays out one image per call
-            original_one = backend._encode_one
+        original = backend.lay_out  # every image the processor lays out comes through here
 
-            def counted_one(image):
-                counts["preprocess"] += 1
-                return original_one(image)
-
-            monkeypatch.setattr(backend, "_encode_one", counted_one)
-            return counts
-        original = backend.image_processor.preprocess
-
-        def counted(images, *args, **kwargs):
+        def counted(images):
             counts["preprocess"] += len(images)
-            return original(images, *args, **kwargs)
+            return original(images)
 
-        monkeypatch.setattr(backend.image_processor, "preprocess", counted)
+        monkeypatch.setattr(backend, "lay_out", counted)
         return counts
 
     yield attach
@@ -76,7 +67,9 @@ def test_encode_batches_by_batch_size_and_keeps_order(load, photos, counters):
     # Batching changes features by float rounding at most: CPU GEMM kernels block their
     # work by the row count (all patches of the batch), so the last bits may differ.
     alone = backend.encode([photos["rocket"]])[0]
-    assert (alone.tensors["features"] - packages[3].tensors["features"]).abs().max().item() <= 1e-6
+    assert (alone.tensors["features.0"] - packages[3].tensors["features.0"]).abs().max().item() <= 1e-6
+    assert alone.metadata["layout"] == packages[3].metadata["layout"]
+    assert alone.metadata["placeholder"] == packages[3].metadata["placeholder"]
     assert alone.key == packages[3].key and alone.encode_ms > 0
 
 
@@ -84,17 +77,21 @@ def test_qwen3_package_holds_deepstack_features(load, photos):
     backend = load("tiny-qwen3-vl")
     package = backend.encode([photos["astronaut"]])[0]
     layers = len(backend.model.config.vision_config.deepstack_visual_indexes)
-    assert package.metadata["deepstack_layers"] == layers
-    assert {f"deepstack.{i}" for i in range(layers)} | {"features"} == set(package.tensors)
-    assert package.tensors["deepstack.0"].shape == package.tensors["features"].shape
+    assert {f"deepstack_features.{i}.0" for i in range(layers)} | {"features.0"} == set(package.tensors)
+    assert package.tensors["deepstack_features.0.0"].shape == package.tensors["features.0"].shape
+    grid = package.metadata["layout"]["image_grid_thw"]
+    assert package.metadata["num_tokens"] == grid[0][1] * grid[0][2] // 4 == package.tensors["features.0"].shape[0]
 
 
-def test_smolvlm_package_holds_per_tile_features(load, photos):
+def test_smolvlm_package_holds_every_tile(load, photos):
     backend = load("tiny-smolvlm")
     package = backend.encode([photos["chelsea"]])[0]
-    meta = package.metadata
-    assert meta["tiles"] == meta["rows"] * meta["cols"] + 1 > 1
-    assert list(package.tensors["features"].shape) == [meta["tiles"], meta["image_seq_len"], 64]
+    layout = package.metadata["layout"]
+    tiles = layout["rows"][0][0] * layout["cols"][0][0] + 1
+    assert tiles > 1
+    rows = tiles * backend.processor.image_seq_len
+    assert list(package.tensors["features.0"].shape) == [rows, 64]
+    assert package.metadata["num_tokens"] == rows == package.metadata["placeholder"].count("<image>")
 
 
 def test_key_changes_with_max_pixels(load, photos):
@@ -114,7 +111,9 @@ def test_key_changes_with_smolvlm_tile_size(load, photos):
     wider = load("tiny-smolvlm", tile_size=48)
     a, b = default.encode([photos["coffee"]])[0], wider.encode([photos["coffee"]])[0]
     assert a.key != b.key
-    assert (a.metadata["image_seq_len"], b.metadata["image_seq_len"]) == (4, 9)
+    # A tile of 48 px is (48 / 8)² patches, pixel-shuffled by 2²: 9 feature rows, 9 <image> tokens a tile.
+    assert (default.processor.image_seq_len, wider.processor.image_seq_len) == (4, 9)
+    assert b.metadata["placeholder"].count("<image>") == b.metadata["feature_rows"]
     # A package made at another tile size is refused, not silently misplaced.
     with pytest.raises(CorruptPackageError, match="max_image_size"):
         default.validate_package(b)
@@ -151,7 +150,8 @@ def test_fingerprint_names_model_revision_dtype_and_settings(load):
     pre = fp.preprocessing
     for key in ("size", "patch_size", "merge_size", "temporal_patch_size", "image_mean", "image_std", "resample"):
         assert key in pre
-    assert pre["model"]["window_size"] == 56
+    # The vision config (window size ...) is in the revision, which hashes config.json with the weights.
+    assert pre["model"]["processor"] == {} and pre["model"]["layout"] == {}
 
 
 def test_batch_of_requests_is_labelled_and_ordered(load, photos):
@@ -184,12 +184,12 @@ def test_package_whose_shapes_disagree_is_refused(load, photos):
     backend = load("tiny-qwen2-vl")
     good = backend.encode([photos["coffee"]])[0]
     cut = VisualPackage(
-        tensors={"features": good.tensors["features"][:-1]},
+        tensors={"features.0": good.tensors["features.0"][:-1]},
         metadata=dict(good.metadata),
         image_sha256=good.image_sha256,
         fingerprint=good.fingerprint,
     )
-    with pytest.raises(CorruptPackageError, match="features shape"):
+    with pytest.raises(CorruptPackageError, match="features hold .* rows, metadata says"):
         backend.generate([GenerationRequest([cut, "same?"])])
     foreign = load("tiny-qwen2.5-vl").encode([photos["coffee"]])[0]
     with pytest.raises(CorruptPackageError, match="another encoder"):
@@ -273,3 +273,48 @@ def test_unknown_load_option_is_refused():
         load_tiny("tiny-qwen2-vl", tile_size=32)
     with pytest.raises(InvalidInputError, match="max_pixels"):
         load_tiny("tiny-qwen2-vl", max_pixels=-1)
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen2-vl", "tiny-smolvlm"])
+def test_template_text_writes_each_marker_where_the_template_puts_an_image(load, photos, name):
+    # /apply-template then /completion must be the chat prompt: the marker stands where the image token
+    # stood (Qwen: between <|vision_start|> and <|vision_end|>; SmolVLM: "User:" with no space before it).
+    backend = load(name)
+    marker = backend.media_marker
+    ref = backend.encode([photos["chelsea"]])[0]
+    for texts, segments in (([f"A{marker}B"], ["A", ref, "B"]), ([f"{marker}B"], [ref, "B"])):
+        text = backend.template_text(texts)
+        assert text.count(marker) == 1
+        assert text.replace(marker, backend.image_placeholder(ref)) == backend.build_prompt(segments)
+    # Without the opening of the answer's turn: the same text, cut where the assistant's turn begins.
+    opened, closed = (backend.template_text([f"A{marker}B"], generation_prompt=g) for g in (True, False))
+    assert opened.startswith(closed) and len(closed) < len(opened)
+
+
+def test_a_qwen_package_whose_grid_does_not_fit_its_features_is_refused(load, photos):
+    # The grid goes to vLLM beside the embeddings: refsight checks it against the rows before anything is sent.
+    import dataclasses
+
+    backend = load("tiny-qwen2-vl")
+    package = backend.encode([photos["coffee"]])[0]
+    (t, h, w), = package.metadata["layout"]["image_grid_thw"]
+    for grid in ([[t, h + 2, w]], [[t, h]], "4x6"):
+        bad = dataclasses.replace(package, metadata={**package.metadata, "layout": {"image_grid_thw": grid}})
+        with pytest.raises(CorruptPackageError, match="image_grid_thw"):
+            backend.validate_package(bad)
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen2-vl", "tiny-smolvlm"])
+def test_packages_are_format_2_so_format_1_keys_never_meet_them(load, photos, name):
+    # Qwen and SmolVLM packages changed layout when they moved onto the generic backend: the format is in
+    # the key, so a package of the old layout is another key (re-encoded from the kept image), never misread.
+    import dataclasses
+
+    from refsight.backends.hf.fingerprint import HF_PACKAGE_FORMAT
+    from refsight.package import package_key
+
+    fingerprint = load(name).fingerprint()
+    assert fingerprint.format_version == HF_PACKAGE_FORMAT == 2
+    format_1 = dataclasses.replace(fingerprint, format_version=1)
+    sha = photos["coffee"].sha256
+    assert package_key(sha, format_1) != package_key(sha, fingerprint)

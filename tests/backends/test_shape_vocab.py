@@ -73,7 +73,7 @@ def test_a_random_weight_model_writes_the_demo_verdict_in_few_steps(shape_tokeni
     assert max(shape) <= 90 and min(spelled) >= 150, (shape, spelled)
 
 
-def test_the_shape_build_id_hashes_the_vocabulary_and_tiny_ids_are_unchanged(monkeypatch):
+def test_the_shape_build_id_hashes_the_vocabulary_and_tiny_ids_hash_their_fields(monkeypatch):
     import transformers
 
     name = "shape-smolvlm-256m"
@@ -83,11 +83,14 @@ def test_the_shape_build_id_hashes_the_vocabulary_and_tiny_ids_are_unchanged(mon
     monkeypatch.setitem(tiny.TINY_MODELS, name, dataclasses.replace(spec, vocabulary=other))
     assert tiny._build_id(name) != before  # a cached build of another corpus is rebuilt, not reused
 
-    # tiny-* models have no vocabulary: their ids hash exactly the fields they hashed before it existed.
+    # tiny-* models have no vocabulary: their ids hash exactly the fields they hashed before it existed,
+    # plus the version of the processor files where refsight writes them (a finish hook writes its own).
     for tiny_name, tiny_spec in tiny.TINY_MODELS.items():
         if tiny_name.startswith("tiny-"):
             assert tiny_spec.vocabulary is None
             fields = {k: v for k, v in tiny_spec.__dict__.items() if k not in ("finish", "save_dtype", "vocabulary") or v}
-            recipe = json.dumps({"spec": fields, "seed": tiny.SEED, "build": tiny.BUILD_VERSION,
-                                 "transformers": transformers.__version__}, sort_keys=True, default=str)
-            assert tiny._build_id(tiny_name) == hashlib.sha256(recipe.encode()).hexdigest()[:12]
+            recipe = {"spec": fields, "seed": tiny.SEED, "build": tiny.BUILD_VERSION, "transformers": transformers.__version__}
+            if not tiny_spec.finish:
+                recipe["processor_files"] = tiny.PROCESSOR_FILES_VERSION
+            text = json.dumps(recipe, sort_keys=True, default=str)
+            assert tiny._build_id(tiny_name) == hashlib.sha256(text.encode()).hexdigest()[:12]

@@ -14,7 +14,9 @@ __all__ = ["Proof", "PROOFS", "RUNTIMES", "proven_model_types", "family_rows", "
 
 RUNTIMES = ("transformers", "llama.cpp", "vllm")
 
-_HF_DEDICATED = "tests/backends/test_equivalence.py"
+# Qwen and SmolVLM: their pixel path written out by hand from the image processor (test_equivalence), the
+# other families: through the processor itself (test_families). Both through the one generic backend.
+_HF_EQUIVALENCE = "tests/backends/test_equivalence.py"
 _HF_GENERIC = "tests/backends/test_families.py"
 _LLAMA = "tests/backends/llamacpp/test_llamacpp_equivalence.py"
 _LLAMA_FAMILIES = "tests/backends/llamacpp/test_llamacpp_families.py"
@@ -36,10 +38,10 @@ _GENERIC = ("gemma3", "llava", "llava_next", "llava_onevision", "paligemma", "in
             "glm4v_moe", "minicpmv4_6", "qwen3_vl_moe")
 
 PROOFS: tuple[Proof, ...] = (
-    Proof("qwen2_vl", "transformers", "tiny-qwen2-vl", _HF_DEDICATED),
-    Proof("qwen2_5_vl", "transformers", "tiny-qwen2.5-vl", _HF_DEDICATED),
-    Proof("qwen3_vl", "transformers", "tiny-qwen3-vl", _HF_DEDICATED),
-    Proof("smolvlm", "transformers", "tiny-smolvlm", _HF_DEDICATED),
+    Proof("qwen2_vl", "transformers", "tiny-qwen2-vl", _HF_EQUIVALENCE),
+    Proof("qwen2_5_vl", "transformers", "tiny-qwen2.5-vl", _HF_EQUIVALENCE),
+    Proof("qwen3_vl", "transformers", "tiny-qwen3-vl", _HF_EQUIVALENCE),
+    Proof("smolvlm", "transformers", "tiny-smolvlm", _HF_EQUIVALENCE),
     *(Proof(t, "transformers", f"tiny-{t.replace('_', '-')}", _HF_GENERIC) for t in _GENERIC),
     Proof("qwen2_vl", "llama.cpp", "tiny-qwen2-vl-gguf", _LLAMA),
     Proof("qwen2_5_vl", "llama.cpp", "tiny-qwen2.5-vl-gguf", _LLAMA),

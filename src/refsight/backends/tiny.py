@@ -28,6 +28,7 @@ from ..errors import ModelLoadError, UnknownModelError
 from .base import Backend
 from .hf.shape_vocab import Vocabulary, shape_vocabulary
 from .tiny_families import FAMILY_SPECS, SHAPE_FAMILY_SPECS, build_family_checkpoint
+from .tiny_templates import write_processor_files
 
 __all__ = [
     "TINY_MODELS", "ModelSpec", "load_tiny", "model_cache_dir", "ensure_model_dir", "build_checkpoint", "build_into_cache",
@@ -36,6 +37,9 @@ __all__ = [
 
 #: Bump when a build recipe changes, so old cache entries are not reused.
 BUILD_VERSION = 1
+#: Bump when :func:`~.tiny_templates.write_processor_files` changes what it writes (tiny models only:
+#: the GGUF builds start from :func:`build_checkpoint` and keep their keys).
+PROCESSOR_FILES_VERSION = 1
 SEED = 0
 
 
@@ -163,12 +167,11 @@ def _build_id(name: str) -> str:
     spec = {k: v for k, v in TINY_MODELS[name].__dict__.items() if k not in ("finish", "save_dtype", "vocabulary") or v}
     if "vocabulary" in spec:
         spec["vocabulary"] = spec["vocabulary"].fingerprint()
-    recipe = json.dumps(
-        {"spec": spec, "seed": SEED, "build": BUILD_VERSION, "transformers": transformers.__version__},
-        sort_keys=True,
-        default=str,
-    )
-    return hashlib.sha256(recipe.encode()).hexdigest()[:12]
+    fields: dict[str, Any] = {"spec": spec, "seed": SEED, "build": BUILD_VERSION, "transformers": transformers.__version__}
+    if not TINY_MODELS[name].finish:
+        # Builds from before the processor files (chat template, processor settings) are other entries.
+        fields["processor_files"] = PROCESSOR_FILES_VERSION
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 def build_into_cache(name: str, build_id: str, done: str, build: Callable[[Path], None], what: str) -> Path:
@@ -218,7 +221,10 @@ def _build(name: str, directory: Path) -> None:
         build_family_checkpoint(FAMILY_SPECS.get(name) or SHAPE_FAMILY_SPECS[name], directory, seed=SEED)
         _write_marker(directory, name)
         return
-    build_checkpoint(name, TINY_MODELS[name], directory)
+    spec = TINY_MODELS[name]
+    build_checkpoint(name, spec, directory)
+    if not spec.finish:  # a finish hook writes its runtime's own files
+        write_processor_files(directory, spec)
 
 
 def _write_marker(directory: Path, name: str) -> None:

@@ -23,13 +23,13 @@ def main(spec_path: str) -> None:
     with open(spec_path) as f:
         backend = get_backend(json.load(f)["model"])
     counts = {"preprocess": 0}
-    original = backend.encoder.preprocess
+    original = backend.encoder.lay_out
 
     def counted(images, _original=original):
         counts["preprocess"] += len(images)
         return _original(images)
 
-    backend.encoder.preprocess = counted
+    backend.encoder.lay_out = counted
     out = {}
     with open_spec(spec_path) as (spec, store):
         for case in spec["cases"]:

@@ -85,15 +85,15 @@ def test_no_cache_path_sends_pixels_and_gives_the_same_tokens(served, photos):
         return [[s[1] if s[0] == "text" else ref(REFS[s[1]]) if s[0] == "ref" else photos[CANDIDATE] for s in row] for row in layout(3)]
 
     calls = []
-    original = backend.encoder.preprocess
-    backend.encoder.preprocess = lambda images: calls.append(len(images)) or original(images)
+    original = backend.encoder.lay_out
+    backend.encoder.lay_out = lambda images: calls.append(len(images)) or original(images)
     try:
         fresh = backend.generate([GenerationRequest(row, max_new_tokens=MAX_NEW_TOKENS) for row in rows(photos.get)])
         assert calls == []  # pixels went to vLLM; refsight's encoder never ran
         cached = backend.generate([GenerationRequest(row, max_new_tokens=MAX_NEW_TOKENS) for row in rows(packages.get)])
         assert calls == []  # the candidates go as pixels too: vLLM encodes them
     finally:
-        backend.encoder.preprocess = original
+        backend.encoder.lay_out = original
     assert [g.token_ids for g in fresh] == [g.token_ids for g in cached]
 
 

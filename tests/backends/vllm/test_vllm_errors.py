@@ -151,8 +151,9 @@ def test_a_grid_that_does_not_match_the_embeddings_is_refused(server, photos):
 
     backend = get_backend(f"vllm:{server.url}", images="embeds")  # the grid travels with image_embeds only
     package = backend.encode([photos["chelsea"]])[0]
-    t, h, w = package.metadata["image_grid_thw"]
-    bad = dataclasses.replace(package, metadata={**package.metadata, "image_grid_thw": [t, h + 2, w]})
+    (t, h, w), = package.metadata["layout"]["image_grid_thw"]
+    layout = {**package.metadata["layout"], "image_grid_thw": [[t, h + 2, w]]}
+    bad = dataclasses.replace(package, metadata={**package.metadata, "layout": layout})
     with pytest.raises(CorruptPackageError):  # refsight's own check comes first
         backend.generate([_request(backend, photos, package=bad)])
     _server_still_answers(server, photos)

@@ -28,6 +28,7 @@ def _load(url: str, **options):
 
 def test_a_server_with_its_caches_off_takes_pixels_every_time(vllm_servers, photos):
     from refsight.backends.base import GenerationRequest
+    from refsight.backends.hf.grid import resize_to_grid
 
     server = vllm_servers.get(MODEL, 8, vllm_args=CACHES_OFF)
     backend = _load(server.url)
@@ -40,8 +41,8 @@ def test_a_server_with_its_caches_off_takes_pixels_every_time(vllm_servers, phot
         first, second = (backend.generate([request])[0].token_ids for _ in range(2))
         # Every reference went with its pixels both times, with no "Cache miss" round trip.
         assert backend.uuid_stats() == {"uuid_only": 0, "with_pixels": 2, "cache_miss_retries": 0}
-        row = [backend.encoder.resize_to_grid(photos["chelsea"].image), "Compare the candidate",
-               backend.encoder.resize_to_grid(photos["rocket"].image), "Same colour?"]
+        row = [resize_to_grid(backend.encoder, photos["chelsea"].image), "Compare the candidate",
+               resize_to_grid(backend.encoder, photos["rocket"].image), "Same colour?"]
         assert first == second == pixel_tokens(server.url, row)
     finally:
         backend.close()

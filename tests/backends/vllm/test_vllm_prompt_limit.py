@@ -18,7 +18,8 @@ from PIL import Image
 pytestmark = pytest.mark.vllm
 
 MODEL = "tiny-qwen2-vl-vllm"
-#: The tiny model lays a 64x48 photo out as 4 image pads + 2 vision tokens: 6 names overflow this limit, one fits.
+#: The tiny model lays a 64x48 photo out as 4 image pads (the processor's placeholder): 8 names overflow this limit,
+#: one fits.
 LIMIT = 30
 
 
@@ -119,14 +120,14 @@ def test_a_reference_named_past_the_prompt_limit_is_400_before_vllm(limited, ser
 
 
 def test_new_images_past_the_limit_are_refused_by_their_size(limited, server):
-    # Eight new 64x48 images (6 tokens each) are refused from their size: no package made, nothing sent.
+    # Eight new 64x48 images (4 image tokens each) are refused from their size: no package made, nothing sent.
     parts = [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + _png(
         Image.new("RGB", (64, 48), (i * 15, 80, 160)))}} for i in range(8)]
     misses = limited.get("/v1/stats").json()["misses"]
     sent = _vllm_requests(server)
     error = _refused(limited.post("/v1/chat/completions", json={"model": _model(limited), "max_tokens": 2, "messages": [
         {"role": "user", "content": [*parts, {"type": "text", "text": "which?"}]}]}))
-    assert error["n_ctx"] == LIMIT and error["n_prompt_tokens"] >= 8 * 6, error
+    assert error["n_ctx"] == LIMIT and error["n_prompt_tokens"] >= 8 * 4, error
     assert limited.get("/v1/stats").json()["misses"] == misses
     assert _vllm_requests(server) == sent
 

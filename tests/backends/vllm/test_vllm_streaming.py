@@ -16,6 +16,8 @@ import time
 
 import pytest
 
+from refsight.backends.hf.grid import merge_size
+
 pytestmark = pytest.mark.vllm
 
 MODEL = "tiny-qwen2-vl-vllm"
@@ -67,7 +69,7 @@ def test_streamed_deltas_join_to_the_greedy_text(backend, package, greedy):
 
 def test_prompt_and_image_token_counts(backend, package, greedy):
     grid = [int(x) for x in package.metadata["image_grid_thw"]]
-    image_tokens = math.prod(grid) // backend.encoder.merge_size**2
+    image_tokens = math.prod(grid) // merge_size(backend.encoder) ** 2
     assert greedy.image_tokens == [image_tokens]
     assert greedy.prompt_tokens > image_tokens
     pieces: list[str] = []

@@ -1,9 +1,10 @@
-"""Hugging Face transformers backends: one generic backend, and modules for Qwen and SmolVLM.
+"""Hugging Face transformers backends: one generic backend for every family with transformers' seam.
 
 :func:`load_hf_backend` takes ``hf:<hub id or local directory>``, reads the config,
-picks the family from ``config.model_type`` (:func:`family_for`: the Qwen and SmolVLM
-modules, else :class:`~.generic.GenericBackend` for any model type with transformers'
-precomputed-features seam) and loads everything with ``from_pretrained``. A model that cannot be loaded (offline, missing files,
+picks the family from ``config.model_type`` (:func:`family_for`: a
+:class:`~.generic.GenericBackend` class for any model type with transformers'
+precomputed-features seam, its exceptions from :mod:`.families`) and loads everything
+with ``from_pretrained``. A model that cannot be loaded (offline, missing files,
 unsupported architecture) raises :class:`~refsight.errors.ModelLoadError` saying which.
 """
 
@@ -15,23 +16,13 @@ from typing import Any
 
 from ...errors import ModelLoadError
 from .base import HFBackend
-from .families import DEDICATED
 
-__all__ = ["load_hf_backend", "family_for", "FAMILIES", "HFBackend"]
-
-#: ``config.model_type`` → "module:Class" of the dedicated family backends (imported on demand).
-FAMILIES: dict[str, str] = DEDICATED
+__all__ = ["load_hf_backend", "family_for", "HFBackend"]
 
 
 def family_for(model_type: str, name: str = "") -> type[HFBackend]:
     """The backend class serving ``model_type``; :class:`ModelLoadError` (one line, naming the
     proven model types and why this one cannot be served) if none does."""
-    import importlib
-
-    target = FAMILIES.get(model_type)
-    if target is not None:
-        module, _, cls = target.partition(":")
-        return getattr(importlib.import_module(f"{__name__}.{module}"), cls)
     from .generic import generic_family
 
     try:
@@ -58,7 +49,8 @@ def load_hf_backend(name: str, *, source: str | None = None, **options: Any) -> 
     ``device``, ``dtype``, ``attn``, ``min_pixels``, ``max_pixels``, ``processor_kwargs``,
     ``revision``, ``batch_size`` (``mmproj`` and ``encoder`` belong to other runtimes and
     are refused by name) — plus ``model_id`` (the name in fingerprints), ``random_weights``
-    and SmolVLM's ``tile_size`` / ``longest_edge`` / ``do_image_splitting``.
+    and the family's own options (SmolVLM's ``tile_size`` / ``longest_edge`` / ``do_image_splitting``:
+    :mod:`.load_options`).
     A hub revision is resolved to its commit before anything loads.
     """
     from transformers import AutoConfig

@@ -9,9 +9,9 @@ batched encoding; and the template's core, :meth:`HFBackend.execute` and
 streaming and cancellation through :mod:`.decoding`), through transformers' seam for
 precomputed features (``mm_encoder_outputs``), so a cached reference runs no vision tower
 and no image processor. Fresh images are encoded first with :meth:`HFBackend.encode` (the
-references' code) by the base class's prepare step. A family subclass (``qwen2_vl.py``,
-``qwen3_vl.py``, ``smolvlm.py``) knows only its own package contents, its placeholder
-layout and its chat template.
+references' code) by the base class's prepare step. The one subclass,
+:class:`~.generic.GenericBackend`, knows the package contents, the placeholder layout and
+the chat template of every family through transformers' processor and the family's traits.
 
 Packages are always stored on the CPU; their tensors move to the model's device
 when a prompt uses them. Runtime exceptions become refsight errors in one place,
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import abc
 import functools
-import importlib
 import importlib.util
 import time
 from pathlib import Path
@@ -73,8 +72,6 @@ class HFBackend(Backend):
     model_types: ClassVar[tuple[str, ...]] = ()
     #: The family's ``*ForConditionalGeneration`` class, by its name in ``transformers``.
     model_class_name: ClassVar[str] = ""
-    #: The family's PIL image processor class, as ``"module:Class"``.
-    image_processor_path: ClassVar[str] = ""
     #: Family-specific load options beyond :class:`~refsight.backends.options.BackendOptions`
     #: (SmolVLM's ``tile_size`` ...), mapped onto the image processor by :meth:`processor_overrides`.
     processor_options: ClassVar[tuple[str, ...]] = ()
@@ -114,9 +111,9 @@ class HFBackend(Backend):
 
         self._fingerprint: EncoderFingerprint = hf_fingerprint(self)
 
+    @abc.abstractmethod
     def chat_template_reads(self, variable: str) -> bool:
-        """False: the families' chat templates are fixed strings (:meth:`chat_prompt`) that read no variables."""
-        return False
+        """Whether the checkpoint's chat template mentions ``variable``."""
 
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
         """The tokenizer's ids of ``text`` (``parse_special=False``: special tokens' text split as plain text)."""
@@ -131,15 +128,6 @@ class HFBackend(Backend):
     def token_piece(self, token: int) -> bytes:
         """One token's text as UTF-8 bytes."""
         return self.detokenize([token]).encode("utf-8", "surrogatepass")
-
-    def template_text(
-        self, texts: Sequence[str], turns: list[tuple[str, int]] | None = None, *, generation_prompt: bool = True
-    ) -> str:
-        """The family's chat template around ``texts`` (:meth:`build_prompt`, which always opens the answer's turn)."""
-        if not generation_prompt:
-            raise InvalidInputError("add_generation_prompt", f"false is not supported by {self.name} (its prompts always "
-                                    "end where the answer starts); the llama.cpp runtime renders it")
-        return self.build_prompt(list(texts), turns)
 
     def raw_text(self, segments: Sequence[str | VisualPackage]) -> str:
         """A raw prompt's text: the segments as given, each package its expanded placeholder."""
@@ -188,21 +176,14 @@ class HFBackend(Backend):
         return getattr(transformers, cls.model_class_name)
 
     @classmethod
+    @abc.abstractmethod
     def image_processor_class(cls) -> Any:
-        """The PIL image processor class of this family (:attr:`image_processor_path`; no torchvision needed)."""
-        module, _, name = cls.image_processor_path.partition(":")
-        return getattr(importlib.import_module(module), name)
+        """The PIL image processor class of this family (no torchvision needed)."""
 
     @classmethod
+    @abc.abstractmethod
     def processor_overrides(cls, options: dict[str, Any], processor: Any) -> dict[str, Any]:
-        """Image-processor settings from the load options (``min_pixels`` ...), given the checkpoint's processor.
-
-        The base class maps nothing and refuses ``min_pixels`` / ``max_pixels``; families override.
-        """
-        for key in ("min_pixels", "max_pixels"):
-            if options.get(key) is not None:
-                raise InvalidInputError(key, f"is not a setting of the {cls.family} image processor")
-        return {}
+        """Image-processor settings from the load options (``min_pixels`` ...), given the checkpoint's processor."""
 
     # -------------------------------------------------------------- fingerprint
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["pack", "join", "tensor_names", "MAIN"]
+__all__ = ["pack", "join", "split", "tensor_names", "MAIN"]
 
 #: The storage name of the main feature field, whatever the family calls it.
 MAIN = "features"
@@ -37,6 +37,29 @@ def pack(output: Any, field: str) -> tuple[dict[str, Any], dict[str, Any]]:
         shapes[stored] = {"field": name, "nesting": _flatten(stored, value, tensors)}
     structure = {"class": f"{type(output).__module__}:{type(output).__qualname__}", "fields": shapes}
     return tensors, structure
+
+
+def split(output: Any, field: str, count: int) -> list[Any]:
+    """The outputs of ``count`` images, one each, from one call over all of them (the inverse of :func:`join`),
+    for families whose sequence fields hold one tensor per image (per layer, for per-layer fields).
+
+    Only what :func:`pack` stores is split: ``field`` and the other sequence-valued fields.
+    :class:`ValueError` when a field does not hold one entry per image.
+    """
+    kept = {name: value for name, value in output.items()
+            if name == field or (name not in _SKIPPED and isinstance(value, (list, tuple)))}
+    pieces = {name: _split_value(name, value, count) for name, value in kept.items()}
+    return [type(output)(**{name: parts[i] for name, parts in pieces.items()}) for i in range(count)]
+
+
+def _split_value(name: str, value: Any, count: int) -> list[Any]:
+    kind = type(value) if isinstance(value, (list, tuple)) else None
+    if kind is not None and len(value) == count and all(hasattr(v, "shape") for v in value):
+        return [kind([v]) for v in value]
+    if kind is not None and value and all(isinstance(v, (list, tuple)) for v in value):
+        layers = [_split_value(name, layer, count) for layer in value]
+        return [kind(layer[i] for layer in layers) for i in range(count)]
+    raise ValueError(f"{name} does not hold one entry per image of the {count}")
 
 
 def _flatten(prefix: str, value: Any, into: dict[str, Any]) -> Any:

@@ -5,10 +5,10 @@ Almost everything a family needs is already in transformers' own tables: the
 (:func:`family_classes`). What is left is a short list of exceptions per model type
 (:data:`TRAITS`): which output field of ``get_image_features`` holds the features, the
 processor settings that change an image's placeholder layout (and so go into the key),
-narrow workarounds of transformers bugs, and what a user must install. The Qwen and
-SmolVLM families keep their own modules (``qwen2_vl.py``, ``qwen3_vl.py``,
-``smolvlm.py``: their package layout and golden keys predate this table); every other
-model type with the seam is served by :class:`~.generic.GenericBackend`.
+narrow workarounds of transformers bugs, the load options a family takes beyond the common
+ones (Qwen's pixel bounds, SmolVLM's tiles: :mod:`.load_options`), and what a user must
+install. Every model type with the seam, Qwen and SmolVLM included, is served by
+:class:`~.generic.GenericBackend`.
 """
 
 from __future__ import annotations
@@ -16,16 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Traits", "TRAITS", "DEDICATED", "FamilyClasses", "family_classes", "processor_class", "traits_for"]
-
-#: Model types served by a module of their own: ``config.model_type`` → "module:Class".
-DEDICATED: dict[str, str] = {
-    "qwen2_vl": "qwen2_vl:Qwen2VLBackend",
-    "qwen2_5_vl": "qwen2_vl:Qwen25VLBackend",
-    "qwen3_vl": "qwen3_vl:Qwen3VLBackend",
-    "smolvlm": "smolvlm:SmolVLMBackend",
-    "idefics3": "smolvlm:Idefics3Backend",
-}
+__all__ = ["Traits", "TRAITS", "FamilyClasses", "family_classes", "processor_class", "traits_for"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +32,15 @@ class Traits:
     multi_image: bool = False
     #: The PIL image processor's class name, where transformers' table has no entry for the model type.
     image_processor: str | None = None
+    #: The load options beyond the common ones, by the name of their mapping in :mod:`.load_options`
+    #: ("pixel_bounds": ``min_pixels`` / ``max_pixels``; "tiles": ``tile_size`` ...; "": none).
+    options: str = ""
+    #: Qwen's smart-resize grid: an image's tokens follow from its size alone (counted before it is
+    #: encoded), and other runtimes are sent its pixels resized onto the grid (:mod:`.grid`).
+    grid: bool = False
+    #: The processor lays each image of a batch out on its own (no padding to the batch's largest) and
+    #: ``get_image_features`` returns one entry per image: a batch of references is one tower call.
+    batch: bool = False
     #: Why a family cannot run here (shown instead of loading), or "".
     unavailable: str = ""
     #: A note for the family table (a workaround in force, a limit).
@@ -50,6 +50,11 @@ class Traits:
 #: Per model type, what differs from :class:`Traits`' defaults. A model type absent here
 #: is served with the defaults when transformers gives it the seam and a PIL image processor.
 TRAITS: dict[str, Traits] = {
+    "qwen2_vl": Traits(options="pixel_bounds", grid=True, batch=True),
+    "qwen2_5_vl": Traits(options="pixel_bounds", grid=True, batch=True),
+    "qwen3_vl": Traits(options="pixel_bounds", grid=True, batch=True),
+    "smolvlm": Traits(options="tiles"),
+    "idefics3": Traits(options="tiles"),
     "gemma3": Traits(note="token_type_ids rebuilt at prompt time (image tokens attend bidirectionally)"),
     "paligemma": Traits(note="images first, text after <bos> (the processor's own layout); token_type_ids rebuilt"),
     # One image alone is tiled any-res ("single" mode); in a prompt of two or more images each is
@@ -57,7 +62,7 @@ TRAITS: dict[str, Traits] = {
     # packages are made in multi mode, and the mode is in the key.
     "llava_onevision": Traits(multi_image=True, note="packages in multi-image mode (prompts of two or more images)"),
     # transformers 5.24's image processor table has no qwen3_vl_moe entry; its checkpoints name Qwen2-VL's.
-    "qwen3_vl_moe": Traits(image_processor="Qwen2VLImageProcessorPil"),
+    "qwen3_vl_moe": Traits(image_processor="Qwen2VLImageProcessorPil", options="pixel_bounds", grid=True, batch=True),
     "glm4v_moe": Traits(image_processor="Glm4vImageProcessorPil"),
     # Features in last_hidden_state. transformers 5.24's Llama4ForConditionalGeneration.forward raises
     # "'MoeCausalLMOutputWithPast' object has no attribute 'image_outputs'" on every call, and its only

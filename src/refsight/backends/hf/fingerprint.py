@@ -11,7 +11,16 @@ from typing import Any
 
 from ...package import EncoderFingerprint
 
-__all__ = ["attn_implementation", "hf_fingerprint", "jsonable"]
+__all__ = ["attn_implementation", "hf_fingerprint", "jsonable", "HF_PACKAGE_FORMAT"]
+
+#: The format of transformers packages, in every key they have (``EncoderFingerprint.format_version``).
+#: 2: every family's package is what :class:`~.generic.GenericBackend` stores: ``get_image_features``'
+#: output as named tensors with its ``structure``, the expanded ``placeholder`` and the processor's
+#: ``layout``. Format 1 Qwen and SmolVLM packages held ``features`` with ``image_grid_thw`` or tile
+#: rows / cols instead. The format is in the key, so a format 1 package is never read as a format 2
+#: one: a reference is encoded again from its kept image on first use (or all at once with
+#: ``refsight reencode``), and the old packages age out as any unused package does.
+HF_PACKAGE_FORMAT = 2
 
 # Keys of an image processor's ``to_dict()`` that name the class, not a setting.
 _NON_SETTINGS = {"image_processor_type", "processor_class", "_processor_class", "_valid_processor_keys", "backend"}
@@ -65,4 +74,5 @@ def hf_fingerprint(backend: Any) -> EncoderFingerprint:
         revision=backend.revision,
         dtype=str(backend.model.dtype).removeprefix("torch."),
         preprocessing=settings,
+        format_version=HF_PACKAGE_FORMAT,
     )

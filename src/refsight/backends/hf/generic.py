@@ -25,18 +25,21 @@ import os
 from typing import Any, ClassVar, Sequence
 
 from ...errors import BackendError, CorruptPackageError, ModelLoadError
+from ...images import ImageInput
 from ...package import VisualPackage
 from .base import HFBackend
 from .families import FamilyClasses, Traits, family_classes, traits_for
-from .encoder_outputs import MAIN, join, pack, tensor_names
+from .encoder_outputs import MAIN, join, pack, split, tensor_names
 from .fingerprint import jsonable
+from .load_options import mapping_for
 
 __all__ = ["GenericBackend", "generic_family", "seam_problem"]
 
 #: The prompt-time token type inputs a processor may emit, rebuilt from the token ids.
 TOKEN_TYPE_KEYS = ("token_type_ids", "mm_token_type_ids")
-# Processor outputs that are the prompt itself or the pixels, not per-image layout.
-_NOT_LAYOUT = {"pixel_values", "input_ids", "attention_mask", *TOKEN_TYPE_KEYS}
+# Processor outputs that are the prompt itself, not per-image layout (nor is anything about the
+# pixels, ``pixel_*``: SmolVLM's per-pixel attention mask would make the metadata the image's size).
+_NOT_LAYOUT = {"input_ids", "attention_mask", *TOKEN_TYPE_KEYS}
 
 
 class GenericBackend(HFBackend):
@@ -49,6 +52,9 @@ class GenericBackend(HFBackend):
     image_processor_name: ClassVar[str] = ""
 
     def __init__(self, name: str, *, processor: Any, **parts: Any) -> None:
+        fit = mapping_for(self.traits.options).fit
+        if fit is not None:  # before the fingerprint, which holds the processor's settings
+            fit(processor, parts["model"].config)
         self.processor = processor
         self.image_token = str(processor.image_token)
         super().__init__(name, **parts)
@@ -62,7 +68,7 @@ class GenericBackend(HFBackend):
         self._feature_params = set(inspect.signature(self._encoder).parameters)
         # Per-image layout the language model's forward takes beside the features (never the pixels).
         self._forward_layout = {
-            k for k in inspect.signature(self.model.forward).parameters if not k.startswith("pixel_values") and k not in _NOT_LAYOUT
+            k for k in inspect.signature(self.model.forward).parameters if not _is_pixels(k) and k not in _NOT_LAYOUT
         }
         self._token_type_key, self._token_types_mark_images = self._probe_token_types()
         use_image_id = getattr(processor, "use_image_id", None)
@@ -92,6 +98,11 @@ class GenericBackend(HFBackend):
         from transformers.models.auto.image_processing_auto import get_image_processor_class_from_name
 
         return get_image_processor_class_from_name(cls.image_processor_name)
+
+    @classmethod
+    def processor_overrides(cls, options: dict[str, Any], processor: Any) -> dict[str, Any]:
+        """Image-processor settings from the load options, through the family's mapping (:mod:`.load_options`)."""
+        return mapping_for(cls.traits.options).apply(options, processor, cls.family)
 
     def _probe_token_types(self) -> tuple[str | None, bool]:
         """Which token type input the processor emits beside the ids, and whether it marks the image
@@ -133,22 +144,40 @@ class GenericBackend(HFBackend):
     # ------------------------------------------------------------------- encode
 
     def encode_pils(self, images: list[Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-        """One image at a time, as the processor lays it out: its features and its placeholder."""
-        return [self._encode_one(image) for image in images]
+        """Each image's features and placeholder, as the processor lays it out: a batch in one tower call
+        where the family's processor lays images out independently (:attr:`~.families.Traits.batch`),
+        else one image per call."""
+        groups = [images] if self.traits.batch else [[image] for image in images]
+        return [encoded for group in groups for encoded in self._encode_group(group)]
 
-    def _encode_one(self, image: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    def _encode_group(self, images: list[Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        processed, placeholders = self.lay_out(images)
+        output = self._run_encoder(processed)
+        if len(images) == 1:
+            return [self._package(output, processed, placeholders[0])]
+        outputs = split(output, self.traits.features, len(images))
+        layouts = [{k: v[i : i + 1] for k, v in processed.items()} for i in range(len(images))]
+        return [self._package(*parts) for parts in zip(outputs, layouts, placeholders)]
+
+    def lay_out(self, images: list[Any]) -> tuple[Any, list[str]]:
+        """The processor's outputs for ``images`` and each one's expanded placeholder text (the one place
+        pixels meet the image processor: a cached reference never comes here)."""
         if self.traits.multi_image:
-            processed, placeholders = self._process_in_multi_image_mode(image)
-        else:
-            processed, placeholders = self.processor._process_images([image], **self._images_kwargs)
+            return self._process_in_multi_image_mode(images[0])
+        return self.processor._process_images(images, **self._images_kwargs)
+
+    def _run_encoder(self, processed: Any) -> Any:
         inputs = {k: v for k, v in processed.items() if k in self._feature_params}
         inputs = {k: _to(v, self.device, self.model.dtype) for k, v in inputs.items()}
-        output = self._encoder(**inputs, return_dict=True)
+        return self._encoder(**inputs, return_dict=True)
+
+    def _package(self, output: Any, processed: Any, placeholder: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """One image's tensors and metadata; ``processed``: the processor's outputs for it alone."""
         tensors, structure = pack(output, self.traits.features)
-        layout = {k: jsonable(_plain(v)) for k, v in processed.items() if k not in _NOT_LAYOUT}
+        layout = {k: jsonable(_plain(v)) for k, v in processed.items() if not _is_pixels(k) and k not in _NOT_LAYOUT}
         metadata = {
-            "placeholder": placeholders[0],
-            "num_tokens": self._image_token_count(placeholders[0]),
+            "placeholder": placeholder,
+            "num_tokens": self._image_token_count(placeholder),
             "feature_rows": _rows(t for n, t in tensors.items() if n.split(".")[0] == MAIN),
             "structure": structure,
             "layout": layout,
@@ -167,6 +196,17 @@ class GenericBackend(HFBackend):
     def image_token_ids(self) -> frozenset[int]:
         """The token ids the processor marks as image tokens (those the features replace)."""
         return frozenset(int(i) for i in self.processor.image_token_ids if i is not None)
+
+    def image_token_count(self, package: VisualPackage | ImageInput) -> int | None:
+        """Prompt tokens one image takes: a package's placeholder, tokenized; pixels only where the family's
+        grid counts them from their size (Qwen), else None (the layout decides once they are encoded)."""
+        if isinstance(package, ImageInput):
+            if not self.traits.grid:
+                return None
+            from .grid import grid_tokens
+
+            return grid_tokens(self, *package.size)  # from the size alone: released pixels are not decoded again
+        return super().image_token_count(package)
 
     def _image_token_count(self, text: str) -> int:
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -188,6 +228,12 @@ class GenericBackend(HFBackend):
         rows = _rows(main)
         if rows != int(meta.get("feature_rows", -1)):
             raise CorruptPackageError(package.key, f"features hold {rows} rows, metadata says {meta.get('feature_rows')}")
+        if self.traits.grid:
+            from .grid import grid_problem
+
+            problem = grid_problem(self, meta)
+            if problem:
+                raise CorruptPackageError(package.key, problem)
         width = {int(t.shape[-1]) for t in main}
         if width != {self.feature_width}:
             raise CorruptPackageError(package.key, f"feature width {sorted(width)}, the model takes {self.feature_width}")
@@ -206,13 +252,7 @@ class GenericBackend(HFBackend):
     def build_prompt(self, segments: Sequence[str | VisualPackage], turns: list[tuple[str, int]] | None = None) -> str:
         """The checkpoint's chat template over the turns, each image token replaced by its package's placeholder."""
         packages = [s for s in segments if isinstance(s, VisualPackage)]
-        messages = _messages(list(segments), turns)
-        try:
-            text = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        except Exception as e:  # noqa: BLE001 - a template that refuses these turns
-            raise BackendError(self.name, f"the chat template cannot render this prompt: {type(e).__name__}: {e}") from e
-        if packages:
-            text = self._processor_layout(text, len(packages))
+        text = self._render(list(segments), turns)
         pieces = text.split(self.image_token)
         if len(pieces) != len(packages) + 1:
             raise BackendError(
@@ -226,6 +266,40 @@ class GenericBackend(HFBackend):
         for placeholder, rest in zip(placeholders, pieces[1:]):
             out += placeholder + rest
         return out
+
+    def template_text(
+        self, texts: Sequence[str], turns: list[tuple[str, int]] | None = None, *, generation_prompt: bool = True
+    ) -> str:
+        """The chat template around ``texts``, each media marker in them rendered as the template renders an
+        image (Qwen: ``<|vision_start|>`` marker ``<|vision_end|>``), so ``/completion`` on the text is the chat
+        prompt; ``generation_prompt=False``: without the opening of the answer's turn."""
+        marker = self.media_marker
+        pieces_per_text = [_with_images(text, marker) for text in texts]
+        segments: list[Any] = []
+        image_turns: list[tuple[str, int]] = []
+        start = 0
+        for role, count in turns or [("user", len(texts))]:
+            parts = [part for pieces in pieces_per_text[start:start + count] for part in pieces] or [""]
+            segments += parts
+            image_turns.append((role, len(parts)))
+            start += count
+        return self._render(segments, image_turns, generation_prompt).replace(self.image_token, marker)
+
+    def _render(self, segments: list[Any], turns: list[tuple[str, int]] | None, generation_prompt: bool = True) -> str:
+        """The template over text and image segments (anything not a string is an image): one image token
+        per image, after the processor's own rewrite."""
+        from transformers import ProcessorMixin
+
+        try:
+            # The mixin's own rendering: the few processors that override it (SmolVLM's) only add video
+            # arguments read off a video processor, which the image-only processor does not have.
+            text = ProcessorMixin.apply_chat_template(
+                self.processor, _messages(segments, turns), tokenize=False, add_generation_prompt=generation_prompt
+            )
+        except Exception as e:  # noqa: BLE001 - a template that refuses these turns
+            raise BackendError(self.name, f"the chat template cannot render this prompt: {type(e).__name__}: {e}") from e
+        images = sum(1 for s in segments if not isinstance(s, str))
+        return self._processor_layout(text, images) if images else text
 
     def _processor_layout(self, text: str, images: int) -> str:
         """The processor's own rewrite of a prompt's text before expansion (PaliGemma: ``<bos>`` after
@@ -260,6 +334,17 @@ class GenericBackend(HFBackend):
         return out
 
 
+def _with_images(text: str, marker: str) -> list[Any]:
+    """``text`` split at each media marker, an image stand-in (None) where each was; empty pieces dropped."""
+    pieces = text.split(marker)
+    out: list[Any] = [pieces[0]] if pieces[0] else []
+    for piece in pieces[1:]:
+        out.append(None)
+        if piece:
+            out.append(piece)
+    return out
+
+
 def _messages(segments: list[Any], turns: list[tuple[str, int]] | None) -> list[dict[str, Any]]:
     """Chat messages with content parts: text as ``{"type": "text"}``, packages as ``{"type": "image"}``."""
     turns = turns or [("user", len(segments))]
@@ -271,6 +356,10 @@ def _messages(segments: list[Any], turns: list[tuple[str, int]] | None) -> list[
         messages.append({"role": role, "content": content})
         start += count
     return messages
+
+
+def _is_pixels(name: str) -> bool:
+    return name.startswith("pixel_")
 
 
 def _to(value: Any, device: str, dtype: Any) -> Any:
@@ -344,4 +433,5 @@ def _family_class(model_type: str) -> type[GenericBackend]:
         "processor_class_name": classes.processor,
         "image_processor_name": classes.image_processor,
         "traits": traits_for(model_type),
+        "processor_options": mapping_for(traits_for(model_type).options).names,
     })

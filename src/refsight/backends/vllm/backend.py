@@ -56,6 +56,7 @@ from ...errors import GenerationError
 from ...images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
 from ..base import Backend, Execution, Generation, GenerationRequest, PreparedRequest
+from ..hf.grid import grid_tokens
 from ..sampling import SAMPLING_FIELDS
 from . import messages
 from .client import VLLMClient
@@ -168,7 +169,7 @@ class VLLMBackend(Backend):
         or the family processor's count for the image's size."""
         return [
             int(s.metadata["num_tokens"]) if isinstance(s, VisualPackage)
-            else self.encoder.grid_tokens(s.image) if self.pixel_kind == GRID_PIXELS else self._count_tokens(s.image.size)
+            else grid_tokens(self.encoder, *s.image.size) if self.pixel_kind == GRID_PIXELS else self._count_tokens(s.image.size)
             for s in segments if not isinstance(s, str)
         ]
 
@@ -180,10 +181,18 @@ class VLLMBackend(Backend):
         any other family by its processor's placeholder for the image's size (a source-pixel package
         keeps that size). None only where that processor cannot be asked.
         """
-        if self.pixel_kind == GRID_PIXELS:
-            # Grid pixel packages carry the HF package's grid and num_tokens: one rule, the encoder's.
-            return self.encoder.image_token_count(image)
-        size = image.metadata.get("size") if isinstance(image, VisualPackage) else image.size
+        grid = self.pixel_kind == GRID_PIXELS
+        if isinstance(image, VisualPackage):
+            # Grid pixel and embeddings packages carry num_tokens; a source-pixel package keeps its size.
+            if grid:
+                return int(image.metadata["num_tokens"])
+            size = image.metadata.get("size")
+        elif isinstance(image, ImageInput):
+            if grid:
+                return grid_tokens(self.encoder, *image.size)
+            size = image.size
+        else:
+            return None  # not an image this backend can count (a reference not yet resolved to its package)
         if not size:
             return None
         return self._count_tokens.prompt_tokens(size) or None  # 0: a processor this counter cannot ask

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from ...package import VisualPackage
 from ..base import GenerationRequest
+from ..hf.grid import flat_embeddings
 from ..sampling import Sampling
 
 __all__ = [
@@ -44,12 +45,13 @@ def embeds_part(package: VisualPackage, encoder: Any) -> dict[str, Any]:
     import torch
 
     buffer = io.BytesIO()
-    torch.save(encoder.flat_embeddings(package).contiguous(), buffer)
+    torch.save(flat_embeddings(encoder, package).contiguous(), buffer)
     return {
         "type": "image_embeds",
         "image_embeds": {
             "image_embeds": base64.b64encode(buffer.getvalue()).decode(),
-            "image_grid_thw": [int(x) for x in package.metadata["image_grid_thw"]],
+            # The processor's image_grid_thw for this one image (its only row).
+            "image_grid_thw": [int(x) for x in package.metadata["layout"]["image_grid_thw"][0]],
         },
         # Content-addressed, so vLLM's multimodal cache may key on it safely.
         "uuid": package.key,

@@ -43,6 +43,7 @@ from typing import Any, Iterable, Sequence
 from ...errors import CorruptPackageError
 from ...images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
+from ..hf.grid import grid_tokens, merge_size, resize_to_grid
 
 __all__ = [
     "UUID_PREFIX", "GRID_PIXELS", "SOURCE_PIXELS", "HeldUuids", "ImageParts", "ImageTokenCounter", "PixelUrls",
@@ -94,13 +95,13 @@ def encode_pixels(encoder: Any, images: Sequence[ImageInput], fingerprint: Encod
     packages = []
     for image in images:
         began = time.perf_counter()
-        resized = encoder.resize_to_grid(image.image).convert("RGB")
+        resized = resize_to_grid(encoder, image.image).convert("RGB")
         pixels = torch.from_numpy(np.array(resized, dtype=np.uint8))
         height, width = int(pixels.shape[0]), int(pixels.shape[1])
         metadata = {
             "image_grid_thw": [1, height // patch, width // patch],
-            "num_tokens": encoder.grid_tokens(image.image),
-            "merge_size": int(encoder.merge_size),
+            "num_tokens": grid_tokens(encoder, *image.image.size),
+            "merge_size": merge_size(encoder),
         }
         packages.append(VisualPackage(
             tensors={PIXELS: pixels}, metadata=metadata, image_sha256=image.sha256, fingerprint=fingerprint,
@@ -160,9 +161,8 @@ class ImageTokenCounter:
     tokens (a call) and all its prompt tokens (:meth:`prompt_tokens`, what the prompt limit counts).
 
     Every family served with source pixels lays an image out from its size alone (resize,
-    crop, tiles), so the layout is taken once per size from a blank image of that size:
-    the processor's own expansion (the transformers families), or the tile layout (SmolVLM,
-    Idefics3). (0, 0) for an encoder this cannot ask.
+    crop, tiles), so the layout is taken once per size from a blank image of that size: the
+    processor's own expansion. (0, 0) for an encoder this cannot ask.
     """
 
     def __init__(self, encoder: Any, limit: int = 4096) -> None:
@@ -206,22 +206,7 @@ class ImageTokenCounter:
                             add_special_tokens=False)["input_ids"][0].tolist()
             marked = encoder.image_token_ids
             return sum(1 for i in ids if i in marked), len(ids)
-        config = getattr(getattr(encoder, "model", None), "config", None)
-        if config is not None and hasattr(config, "scale_factor"):  # SmolVLM / Idefics3: tiles x tokens per tile
-            return self._tile_counts(blank, config)
         return 0, 0
-
-    def _tile_counts(self, blank: Any, config: Any) -> tuple[int, int]:
-        from ..hf.smolvlm import image_prompt_string
-
-        inputs = self.encoder.image_processor.preprocess([[blank]], return_tensors="pt", return_row_col_info=True)
-        rows, cols = int(inputs["rows"][0][0]), int(inputs["cols"][0][0])
-        vision = config.vision_config
-        per_tile = (int(vision.image_size) // int(vision.patch_size)) ** 2 // int(config.scale_factor) ** 2
-        # The placeholder the transformers backend writes for this layout, tokenized as it counts it.
-        text = image_prompt_string(rows, cols, per_tile)
-        prompt = len(self.encoder.tokenizer(text, add_special_tokens=False)["input_ids"])
-        return (rows * cols + 1 if rows or cols else 1) * per_tile, prompt
 
 
 def validate_pixels(package: VisualPackage, fingerprint: EncoderFingerprint, patch: int) -> None:
@@ -334,7 +319,7 @@ class ImageParts:
         from .messages import embeds_part, png_data_url
 
         if isinstance(segment, ImageInput):
-            image = self.encoder.resize_to_grid(segment.image) if self.to_grid else segment.image
+            image = resize_to_grid(self.encoder, segment.image) if self.to_grid else segment.image
             return {"type": "image_url", "image_url": {"url": png_data_url(image)}}
         if PIXELS not in segment.tensors:
             return embeds_part(segment, self.encoder)
