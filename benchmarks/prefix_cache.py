@@ -6,7 +6,7 @@ on each path, interleaved per request so machine load hits every path alike:
 
 - ``fresh_ms``: no caches (``use_cache=False``): every reference re-encoded from its image and
   prefilled, every request;
-- ``package_ms``: the encoder cache only (``use_kv_cache=False``): reference packages from the
+- ``package_ms``: the encoder cache only (``prefix_states=False``): reference packages from the
   store, the language model still prefills every reference token;
 - ``prefix_ms``: encoder + KV prefix cache: the references' prefix state (built once, before
   the timed requests; its cost is ``prefix_build_ms``) is copied in and only the candidate and
@@ -69,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: The three paths: (use_cache, use_kv_cache).
+#: The three paths: (use_cache, prefix_states).
 PATHS = {"fresh": (False, False), "package": (True, False), "prefix": (True, True)}
 
 
@@ -118,7 +118,7 @@ def _measure(engine, ids: list[str], candidates: list, rubrics: list[str], max_n
     for c, candidate in enumerate(candidates):
         for r, rubric in enumerate(rubrics):
             for path, (use_cache, use_kv) in PATHS.items():
-                out, ms = _timed(engine, rubric, ids, candidate, use_cache=use_cache, use_kv_cache=use_kv,
+                out, ms = _timed(engine, rubric, ids, candidate, use_cache=use_cache, prefix_states=use_kv,
                                  max_new_tokens=max_new_tokens)
                 paths.add(path, ms, out)
                 _log(f"candidate {c} rubric {r} {path}: {ms:.0f} ms")

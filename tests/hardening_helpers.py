@@ -112,11 +112,11 @@ def free_port() -> int:
 class ServeProcess:
     """``refsight serve`` in a subprocess; its stderr+stdout are collected in :attr:`log`."""
 
-    def __init__(self, store: Path, *extra: str, keys: Path | None = None) -> None:
+    def __init__(self, store: Path, *extra: str, keys: Path | None = None, model: str = "toy") -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         argv = [sys.executable, "-m", "refsight.cli", "--store", str(store), "serve", "--port", str(self.port),
-                "--model", "toy", "--workers", "1", *extra]
+                "--model", model, "--workers", "1", *extra]
         if keys is not None:
             argv += ["--keys", str(keys)]
         self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env())
@@ -149,6 +149,18 @@ class ServeProcess:
         value = _vm_hwm_mb(self.process.pid)
         assert value is not None, "the server is not running"
         return value
+
+    def rss_mb(self) -> float:
+        """The server's resident memory now (VmRSS)."""
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise AssertionError("no VmRSS")
+
+    def reset_peak(self) -> float:
+        """Start a new peak (``clear_refs`` 5 sets VmHWM to the RSS now); returns that RSS, in MB."""
+        Path(f"/proc/{self.process.pid}/clear_refs").write_text("5")
+        return self.rss_mb()
 
     def stop(self) -> None:
         if self.process.poll() is None:

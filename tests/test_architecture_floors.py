@@ -9,11 +9,11 @@ from architecture_helpers import IMPORTS, MODULES, Import, report
 #: floor by floor from the ground up. An import (function-local ones included) may reach its own floor
 #: or one below, never one above; a new room takes its place here.
 FLOORS = (
-    ("errors", "results", "version", "deprecation", "atomic", "timing", "locks", "threads", "samples", "plugins",
-     "inputs", "package", "environment", "config", "images", "report", "extras", "prompt_size", "vllm_connector", "json_memo"),
+    ("errors", "results", "version", "atomic", "timing", "locks", "threads", "samples", "plugins",
+     "inputs", "package", "environment", "images", "report", "extras", "prompt_size", "vllm_connector", "json_memo",
+     "remembered"),
     ("store", "backends"),
     ("embedders", "settings", "drift"),
-    ("models",),  # the retired name of embedders/: a shim that imports it
     ("retrieval", "context"),
     ("package_cache", "prefixes"),
     ("judge", "references", "rerank"),

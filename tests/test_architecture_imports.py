@@ -24,7 +24,7 @@ RUNTIME_EXCEPTIONS = {
 #: What cli.py and server/ may import: the public API ...
 PUBLIC_API = (
     "refsight", "refsight.errors", "refsight.results", "refsight.environment", "refsight.report", "refsight.settings",
-    "refsight.requests", "refsight.deprecation", "refsight.extras",
+    "refsight.requests", "refsight.extras",
 )
 #: ... the hostile-input primitives every front end applies (refsight/inputs/) ...
 FRONT_END_TOOLS = ("refsight.inputs",)

@@ -10,12 +10,6 @@ from architecture_helpers import MODULES, SRC
 
 
 ARCHITECTURE_DOC = SRC.parents[1] / "docs" / "architecture.md"
-#: Deprecation aliases: where a retired word is still taken (each warns, naming the word that replaced it).
-DEPRECATION_ALIASES = {
-    "refsight.engine": {"use_kv_cache"},
-    "refsight.server.config": {"share_encodes"},
-    "refsight.environment": {"default_cache_url"},
-}
 
 
 def _retired_words() -> set[str]:
@@ -53,6 +47,6 @@ def test_retired_words_name_nothing_in_src():
         f"{module}:{line} {name}"
         for module, path in MODULES.items()
         for name, line in _names(ast.parse(path.read_text(), str(path)))
-        if name in retired and name not in DEPRECATION_ALIASES.get(module, ())
+        if name in retired
     )
     assert not found, f"retired words (glossary of docs/architecture.md) used as names; say it in one word: {found}"

@@ -67,11 +67,11 @@ def test_add_prints_one_json_line_per_input_and_second_add_is_cached(capsys, sto
     assert stats[0]["hits"] == 1 and stats[0]["misses"] == 2
     assert set(stats[0]) == {
         "references", "packages", "bytes", "hits", "misses", "evictions", "encode_ms_saved", "memory_bytes", "scope",
-        "max_package_bytes", "quota_evictions", "quota_evicted_bytes", "pruned", "tiers",
+        "max_package_bytes", "quota_evictions", "quota_evicted_bytes", "pruned", "tiers", "remembered", "remembered_bytes",
         "replica",  # this process's own counts (replicas sharing a catalog)
         "prefix_hits", "prefix_misses", "prefix_bytes", "prefix_ms_saved", "corrupt", "prefix_corrupt", "load_ms", "prefix_tokens_reused", "models",
     }
-    assert set(stats[0]["tiers"]) == {"memory", "disk"}  # fastest first; "redis" between them with --cache
+    assert set(stats[0]["tiers"]) == {"memory", "disk"}  # fastest first; "redis" between them with --redis
 
 
 def test_cached_add_runs_no_encoder(store, photos):

@@ -92,6 +92,10 @@ def test_errors_carry_their_data():
     assert corrupt.key == "k" * 64 and "checksum mismatch" in str(corrupt)
     unknown = errors.UnknownModelError("nope", ["b", "a"])
     assert unknown.known == ["a", "b"] and str(unknown) == "unknown model 'nope'; known models: a, b"
+    near = errors.UnknownModelError("tiny-qwen2vl", [f"tiny-{i}" for i in range(20)] + ["tiny-qwen2-vl"])
+    assert str(near) == "unknown model 'tiny-qwen2vl'; did you mean 'tiny-qwen2-vl'? ('refsight models' lists all 21)"
+    many = errors.UnknownModelError("zzz", [f"model-{i}" for i in range(20)])
+    assert str(many) == "unknown model 'zzz'; 'refsight models' lists the 20 known models"
     assert str(errors.ReferenceNotFoundError("cat")) == "reference not found: 'cat'"
 
 

@@ -52,9 +52,15 @@ def test_every_usage_line_runs_as_written(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("REFSIGHT_STORE", str(tmp_path / "store"))
     monkeypatch.delenv("REFSIGHT_MODEL", raising=False)  # the README's defaults, not this machine's
     monkeypatch.chdir(tmp_path)
+    printed = []
     for line in usage_lines():
         run_line(line)
-    out = capsys.readouterr().out
+        printed.append(capsys.readouterr().out)
+        if "--rerank" in line:  # the embedding reranker has real weights: the cat, not the horse, is judged
+            assert printed[-1].split("\n#1 ", 1)[1].startswith("chelsea"), printed[-1]
+        if line.split()[1:2] == ["prune"]:  # a model the lines used: the dry run has something to say
+            assert "would remove" in printed[-1], printed[-1]
+    out = "".join(printed)
     assert "chelsea" in out and "hit rate" in out and "removed rocket" in out
     assert (tmp_path / "photos" / "rubric.yaml").is_file()
 

@@ -8,10 +8,8 @@ every front end applies live in :mod:`refsight.inputs`. Importing refsight impor
 """
 
 from .errors import *  # noqa: F401,F403  (the error tree is part of the public API)
-from .deprecation import warn_renamed
 from .errors import __all__ as _error_names
 from .images import ImageInput, IntakeLimits, load_image
-from .inputs import jsonlimits as _jsonlimits, reading as _reading, terminal as _terminal, text as _text
 from .inputs.jsonlimits import MAX_JSON_DEPTH
 from .package import EncoderFingerprint, VisualPackage, package_key
 from .results import (
@@ -28,21 +26,7 @@ from .results import (
 )
 from .version import __version__
 
-#: Names this module exported before they moved to :mod:`refsight.inputs` (a front end's
-#: tools, not the library's API): still served, with a ``DeprecationWarning`` naming the new home.
-_MOVED = {
-    **{name: _text for name in ("check_text", "check_texts", "is_valid_text", "printable_text")},
-    **{name: _jsonlimits for name in ("json_depth", "check_json_depth", "load_json")},
-    **{name: _reading for name in ("read_regular_file", "FileReadError")},
-    "escape_controls": _terminal,
-}
-
-
 def __getattr__(name: str):
-    if name in _MOVED:
-        home = _MOVED[name].__name__
-        warn_renamed(f"refsight.{name}", f"{home}.{name}", where="import")
-        return getattr(_MOVED[name], name)
     # Engine and open_store pull in the store (and numpy); load them on first use.
     if name == "Engine":
         from .engine import Engine

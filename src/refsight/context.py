@@ -97,6 +97,18 @@ class Models:
             models=self, use_cache=use_cache, prefix_states=use_cache and prefix_states,
         )
 
+    def unload(self, model: str | None = None) -> bool:
+        """Close ``model``'s backend (default: :attr:`default`) and forget it, so its memory is freed; the next
+        use loads it again. False when it was not loaded. The caller makes sure no request is using it."""
+        from .backends.registry import release_backend
+
+        with self._lock:
+            backend = self._loaded.pop(model or self.default, None)
+        if backend is None:
+            return False
+        release_backend(backend)
+        return True
+
     def is_loaded(self, model: str | None = None) -> bool:
         """Whether ``model``'s backend (default: :attr:`default`) is loaded already (nothing is loaded for this)."""
         with self._lock:

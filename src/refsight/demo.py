@@ -145,19 +145,19 @@ def run_demo(
 ) -> int:
     """Run the demo; returns the exit code (0 when the cached verdicts equal the fresh ones).
 
-    The references go to ``store`` (default: the user's default store, the one every
-    command and ``refsight serve`` use), so they stay to be browsed, and a second run
-    finds them all cached.
+    The references go to ``store`` (default: the demo's own store, apart from the one the other
+    commands use, so its photos never mix with the user's references); they stay there to be
+    browsed, and a second run finds them all cached.
     """
     from . import BackendOptions, Engine
-    from .environment import default_store_dir
+    from .environment import demo_store_dir
     from .samples import sample_paths
 
     say = (lambda *a: None) if as_json else (lambda *a: print(*a, flush=True))
     started = time.perf_counter()
     model = _choose_model(model, say)
-    store_dir = Path(store) if store else default_store_dir()
-    say(f"References are kept in your store: {store_dir} (later runs find them cached).\n")
+    store_dir = Path(store) if store else demo_store_dir()
+    say(f"The demo keeps its references in a store of its own: {store_dir} (later runs find them cached).\n")
     scratch = Path(tempfile.mkdtemp(prefix="refsight-demo-"))  # only the candidate photo is scratch
     try:
         photos = sample_paths()
@@ -170,7 +170,7 @@ def run_demo(
             ref_ids = [row["ref_id"] for row in added if "error" not in row]
             runs = _compare_three_ways(engine, candidate, ref_ids, say)
         figures = cache_figures(runs["before"], runs["after"])
-        summary = _summary(runs, figures, found, ref_ids, store, store_dir, started)
+        summary = _summary(runs, figures, found, ref_ids, str(store_dir), store_dir, started)
         _say_results(runs, summary, say)
         if report:
             from .report import write_comparison_report

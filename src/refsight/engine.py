@@ -31,13 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 from .backends.base import Backend, GenerationRequest
 from .backends.options import BackendOptions
-from .backends.prefix import reusable_prefix
 from .backends.sampling import check_supported
 from .backends.turns import plan_turns
 from .compare import ComparePipeline
 from .environment import default_model
 from .context import Models, RequestContext
-from .deprecation import renamed
 from .drift import DriftReport
 from .errors import InvalidInputError
 from .images import ImageInput, ImageSource, IntakeLimits, load_image
@@ -47,16 +45,17 @@ from .maintenance import Maintenance
 from .package_cache import CachedPackage, PackageCache, holding_packages
 from .prefixes import PrefixStateCache
 from .prompt_size import PromptBudget
+from .remembered import remember_images_setting
 from .requests import AddRequest, ChatRequest, CompareRequest, SearchRequest
 from .references import ReferenceBook, ReferenceSegment, load_kept_image, source_label
 from .results import (
-    AddFailure, AddResult, CompareResult, GenerateResult, IndexReport, PackageState, PruneReport, SearchResult,
+    AddFailure, AddResult, CompareResult, ForgetReport, GenerateResult, IndexReport, PackageState, PruneReport, SearchResult,
     StoreStats, VerifyReport,
 )
 from .embedders.base import Embedder
 from .retrieval.store_index import StoreIndex
 from .settings import Settings, load_settings, open_configured_store
-from .store import DEFAULT_NAMESPACE, Reference, Store
+from .store import DEFAULT_NAMESPACE, Reference, RememberedImage, Store
 from .inputs.text import check_text
 from .timing import elapsed_ms, progress_bar
 
@@ -75,13 +74,16 @@ class Engine:
     ``store`` is a directory (default: ``$REFSIGHT_STORE`` or the user cache dir) or an
     open :class:`~refsight.store.Store` (then the caller closes it); with ``catalog`` (``postgresql://...``)
     the directory is a blob directory shared by replicas, the catalog in PostgreSQL, derived data in
-    ``local_dir``; ``redis`` (``cache``, its deprecated name), ``max_package_bytes``: see :func:`~refsight.store.open_store`; ``model`` a
+    ``local_dir``; ``redis``, ``max_package_bytes``: see :func:`~refsight.store.open_store`; ``model`` a
     registered model name (default: ``$REFSIGHT_MODEL`` or ``tiny-qwen2-vl``), loaded on
     first use with ``backend_options`` over the config file's (``settings``); ``embedder`` the retrieval
     embedder, an :class:`~refsight.embedders.base.Embedder` or a registry name (``conse``, the
     default: EfficientNet-Lite0 + MiniLM; ``clip:PATH``; ``vlm:MODEL``), loaded on first use;
     ``attribute_schema`` the VLM attribute record's schema (an ``AttributeSchema``, a mapping
-    ``name → allowed values or None``, or a JSON/YAML file; default: fur, ears, colour, markings).
+    ``name → allowed values or None``, or a JSON/YAML file; default: fur, ears, colour, markings);
+    ``remember_images`` what the store keeps of images a chat sends inline: ``off``, ``recurring`` (those
+    sent again) or ``all`` (default: ``$REFSIGHT_REMEMBER_IMAGES``, else ``[store] remember_images``, else
+    ``recurring``; :mod:`refsight.remembered`).
     """
 
     def __init__(
@@ -99,9 +101,8 @@ class Engine:
         settings: Settings | None = None,
         share_packages: bool = True,
         catalog: str | None = None, local_dir: str | Path | None = None,
-        redis: str | None = None, max_package_bytes: int | str | None = None, cache: str | None = None,
+        redis: str | None = None, max_package_bytes: int | str | None = None, remember_images: str | None = None,
     ) -> None:
-        redis = renamed("cache", cache, "redis", redis, where="Engine")
         self.store, settings, self._owns_store = open_configured_store(
             store, settings, memory_bytes, redis, max_package_bytes, catalog=catalog, local_dir=local_dir)
         self.model = model or default_model()
@@ -120,7 +121,8 @@ class Engine:
         self.attribute_records = AttributeRecords(self.store.derived_root, schema=self.attribute_schema)
         kept = partial(load_kept_image, self.store.catalog, limits=limits)
         #: The parts (see the module docstring); the methods below are the public API.
-        self.packages = PackageCache(self.store, kept)
+        self.packages = PackageCache(self.store, kept, remember_images=remember_images_setting(
+            remember_images, self.models.settings.store.remember_images))
         self.prefixes = PrefixStateCache(self.store)  # reference-prefix KV states, handed to backends per request
         self.book = ReferenceBook(self.store, self.packages, limits, self._progress_bar)
         self.retrieval = StoreIndex(
@@ -155,11 +157,9 @@ class Engine:
 
     def context(
         self, namespace: str | None = None, model: str | None = None, *, use_cache: bool = True,
-        prefix_states: bool = True, use_kv_cache: bool | None = None,
+        prefix_states: bool = True,
     ) -> RequestContext:
-        """The context of one call (default: the engine's namespace and model), as every public method resolves it
-        (``use_kv_cache``: the deprecated name of ``prefix_states``)."""
-        prefix_states = renamed("use_kv_cache", use_kv_cache, "prefix_states", prefix_states, where="Engine", default=True)
+        """The context of one call (default: the engine's namespace and model), as every public method resolves it."""
         return self.models.context(namespace or self.namespace, model, use_cache=use_cache, prefix_states=prefix_states)
 
     # -- references ----------------------------------------------------------------------
@@ -234,10 +234,10 @@ class Engine:
     def generate(
         self, prompt: str, *, ref_ids: Sequence[str] = (), candidate: ImageSource | None = None,
         use_cache: bool = True, max_new_tokens: int = 64, model: str | None = None, namespace: str | None = None,
-        prefix_states: bool = True, use_kv_cache: bool | None = None,
+        prefix_states: bool = True,
     ) -> GenerateResult:
         """Generate from references (cached packages unless ``use_cache=False``; their prefix states unless
-        ``prefix_states=False``, whose deprecated name is ``use_kv_cache``) plus an optional fresh candidate."""
+        ``prefix_states=False``) plus an optional fresh candidate."""
         if not isinstance(prompt, str) or not check_text(prompt, "prompt").strip():
             raise InvalidInputError("prompt", "the prompt is empty")
         segments: list[Any] = []
@@ -249,7 +249,7 @@ class Engine:
         segments.append(prompt)
         return self.chat(
             segments, use_cache=use_cache, max_new_tokens=max_new_tokens, model=model, namespace=namespace,
-            prefix_states=prefix_states, use_kv_cache=use_kv_cache,
+            prefix_states=prefix_states,
         )
 
     @holding_packages
@@ -261,35 +261,38 @@ class Engine:
 
         ``request`` is a :class:`~refsight.requests.ChatRequest`, or the segments with the request's
         fields as keywords: ``max_new_tokens`` (64), ``json_schema``, ``sampling``, ``turns``,
-        ``raw_prompt``, ``max_prompt_tokens``, ``use_cache``, ``prefix_states`` (deprecated:
-        ``use_kv_cache``), ``model``, ``namespace``.
+        ``raw_prompt``, ``max_prompt_tokens``, ``use_cache``, ``prefix_states``, ``model``, ``namespace``.
 
-        References come from their durable packages, other images through the package cache as
-        candidates (memory only); ``use_cache=False`` sends pixels (the runtime's own fresh path).
+        References come from their durable packages, other images through the package cache under the
+        engine's ``remember_images`` policy (:mod:`refsight.remembered`: candidates in memory only, or
+        remembered, durable, when sent again); ``use_cache=False`` sends pixels (the runtime's own fresh path).
         ``references_cached`` has one flag per image. ``sampling`` (default greedy) may set only
         fields the backend honours; ``turns`` splits the segments into chat turns (``(role,
         count)``, see :func:`~refsight.backends.turns.plan_turns`); ``on_text`` streams the answer
         as it is generated; a set ``stop_event`` ends it early (``finish_reason="cancelled"``). When the
-        segments open with references, the language model's state after them is reused across
-        requests (:mod:`refsight.prefixes`) unless ``prefix_states=False``. ``raw_prompt``: the
+        segments open with references (or remembered images), the language model's state after them is reused
+        across requests (:mod:`refsight.prefixes`) unless ``prefix_states=False``. ``raw_prompt``: the
         segments are the whole prompt, no chat template added (:mod:`refsight.backends.text_access`).
         A prompt whose text and image tokens exceed ``max_prompt_tokens`` or the backend's context is a
         :class:`~refsight.errors.ContextLengthError` before the language model runs (:mod:`refsight.prompt_size`).
         """
         chat = ChatRequest.of(request, options)
         context = self.context(chat.namespace, chat.model, use_cache=chat.use_cache, prefix_states=chat.prefix_states)
+        for segment in chat.segments:  # a mistyped name fails in a catalog read, not after the model's load
+            if isinstance(segment, ReferenceSegment):
+                self.book.get(segment.ref_id, namespace=context.namespace)
         backend = context.backend
         check_supported(chat.sampling, backend.sampling_fields, backend.name)
         segments, turns = plan_turns(list(chat.segments), chat.turns, backend.supports_turns)
         budget = PromptBudget(backend, chat.max_prompt_tokens, chat.raw_prompt)
         budget.check(segments)  # before encoding: new images by size
         start = time.perf_counter()
-        resolved, cached, encode_ms = self.book.resolve_segments(context, segments)
-        load_ms = (time.perf_counter() - start) * 1000 - encode_ms
-        budget.check(resolved)  # images count too, before any prefill
+        resolved = self.book.resolve_segments(context, segments)
+        load_ms = (time.perf_counter() - start) * 1000 - resolved.encode_ms
+        budget.check(resolved.segments)  # images count too, before any prefill
         request = GenerationRequest(
-            segments=resolved, max_new_tokens=chat.max_new_tokens, json_schema=chat.json_schema, sampling=chat.sampling,
-            turns=turns, prefix_segments=reusable_prefix(segments, lambda s: isinstance(s, ReferenceSegment)),
+            segments=resolved.segments, max_new_tokens=chat.max_new_tokens, json_schema=chat.json_schema,
+            sampling=chat.sampling, turns=turns, prefix_segments=resolved.prefix_segments,
             # A raw prompt has no template prefix to key a state by: it is evaluated whole.
             prefix_cache=None if chat.raw_prompt else self.prefixes.for_request(context), raw_prompt=chat.raw_prompt,
         )
@@ -301,11 +304,11 @@ class Engine:
             watched = {} if stop_event is None else {"stop_event": stop_event}
             generation = backend.generate([request], **watched)[0]
         timings = {k: round(v, 3) for k, v in generation.timings_ms.items()}
-        timings["encode"] = round(timings.get("encode", 0.0) + encode_ms, 3)
+        timings["encode"] = round(timings.get("encode", 0.0) + resolved.encode_ms, 3)
         timings["reference_load"] = round(load_ms, 3)
         timings["total"] = elapsed_ms(start)
         return GenerateResult.of(
-            generation, model=backend.name, random_weights=backend.random_weights, references_cached=cached,
+            generation, model=backend.name, random_weights=backend.random_weights, references_cached=resolved.cached,
             timings_ms=timings, max_new_tokens=chat.max_new_tokens,
         )
 
@@ -364,7 +367,7 @@ class Engine:
         request's fields as keywords (``engine.compare(image, criteria=..., top_k=3)``): ``criteria``
         (the rubric), ``ref_ids``, ``top_k``, ``query``, ``recall``, ``rerank``, ``recall_k``,
         ``reranker``, ``force_vlm``, ``attributes``, ``evidence_max_chars``, ``use_cache``,
-        ``prefix_states`` (deprecated: ``use_kv_cache``), ``model``, ``namespace``.
+        ``prefix_states``, ``model``, ``namespace``.
 
         References are ``ref_ids``, or the ``top_k`` recalled by retrieval (within ``ref_ids``
         when both are given). ``recall`` builds the query from the candidate ``"image"``, the
@@ -414,6 +417,19 @@ class Engine:
     def prune(self, *, fingerprints: Sequence[str] = (), models: Sequence[str] = (), dry_run: bool = False) -> PruneReport:
         """Drop every package of these fingerprint digests or models (references and kept images stay)."""
         return self.maintenance.prune(fingerprints=fingerprints, models=models, dry_run=dry_run, backend=self.backend)
+
+    def remembered(self, *, namespace: str | None = None, all_namespaces: bool = False) -> list[RememberedImage]:
+        """The remembered images (images sent inline and kept: :mod:`refsight.remembered`) of the namespace
+        (``all_namespaces``: of the store), most recently used first."""
+        return self.maintenance.remembered(namespace=None if all_namespaces else self.context(namespace).namespace)
+
+    def forget_remembered(
+        self, *, namespace: str | None = None, all_namespaces: bool = False, dry_run: bool = False,
+    ) -> ForgetReport:
+        """Forget the namespace's remembered images (``all_namespaces``: the store's): their packages go unless
+        a reference or another namespace still holds them (``dry_run``: list them only)."""
+        return self.maintenance.forget_remembered(
+            namespace=None if all_namespaces else self.context(namespace).namespace, dry_run=dry_run)
 
     def gc(self, **options: Any) -> dict[str, int]:
         """Remove what interrupted writes left in the store (see :meth:`refsight.store.Store.gc`); returns counts."""

@@ -5,11 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .deprecation import warn_renamed
 
 __all__ = [
-    "DEFAULT_MODEL", "cache_path", "default_store_dir", "default_model", "model_cache_dir", "default_replica_dir",
-    "default_catalog_url", "default_redis_url", "default_cache_url", "default_api_keys", "default_api_key",
+    "DEFAULT_MODEL", "cache_path", "default_store_dir", "demo_store_dir", "default_model", "model_cache_dir", "default_replica_dir",
+    "default_catalog_url", "default_redis_url", "default_remember_images", "default_api_keys", "default_api_key",
 ]
 
 #: The model used when none is named: an offline random-weight Qwen2-VL, labelled as such.
@@ -30,6 +29,12 @@ def cache_path(variable: str, *parts: str) -> Path:
 def default_store_dir() -> Path:
     """``$REFSIGHT_STORE``, else ``<user cache dir>/refsight/store``."""
     return cache_path("REFSIGHT_STORE", "store")
+
+
+def demo_store_dir() -> Path:
+    """``$REFSIGHT_DEMO_STORE``, else ``<user cache dir>/refsight/demo``: the demo's photos in a store of their
+    own, so they never show up among (or get recalled with) the user's references."""
+    return cache_path("REFSIGHT_DEMO_STORE", "demo")
 
 
 def default_model() -> str:
@@ -61,21 +66,14 @@ def default_catalog_url() -> str | None:
 
 def default_redis_url() -> str | None:
     """``$REFSIGHT_REDIS``: the Redis tier's URL, ``redis://HOST:PORT/DB`` (None: no Redis tier unless configured).
-
-    ``$REFSIGHT_CACHE``, its earlier name, is read when it is unset (with a ``DeprecationWarning``).
-    It means that and nothing else (no directory of any kind is named by it).
     """
-    url = os.environ.get("REFSIGHT_REDIS") or None
-    if url is None and os.environ.get("REFSIGHT_CACHE"):
-        warn_renamed("$REFSIGHT_CACHE", "$REFSIGHT_REDIS", where="environment")
-        url = os.environ["REFSIGHT_CACHE"]
-    return url
+    return os.environ.get("REFSIGHT_REDIS") or None
 
 
-def default_cache_url() -> str | None:
-    """Deprecated name of :func:`default_redis_url`."""
-    warn_renamed("default_cache_url", "default_redis_url", where="refsight.environment")
-    return default_redis_url()
+def default_remember_images() -> str | None:
+    """``$REFSIGHT_REMEMBER_IMAGES``: what the store keeps of images sent inline, ``off``, ``recurring`` or ``all``
+    (None: unset; see :mod:`refsight.remembered`)."""
+    return os.environ.get("REFSIGHT_REMEMBER_IMAGES") or None
 
 
 def default_api_keys() -> str:

@@ -125,7 +125,15 @@ class UnknownModelError(NotFoundError):
         super().__init__(name, "model")
 
     def __str__(self) -> str:
-        return f"unknown model {self.name!r}; known models: {', '.join(self.known)}"
+        import difflib  # only when an error is shown: every command imports this module
+
+        # A long list on one line hides the near miss the user meant: name that first, the count after.
+        close = difflib.get_close_matches(self.name, self.known, n=1, cutoff=0.6)
+        if close:
+            return f"unknown model {self.name!r}; did you mean {close[0]!r}? ('refsight models' lists all {len(self.known)})"
+        if len(self.known) <= 8:
+            return f"unknown model {self.name!r}; known models: {', '.join(self.known)}"
+        return f"unknown model {self.name!r}; 'refsight models' lists the {len(self.known)} known models"
 
 
 class CorruptPackageError(RefsightError):

@@ -6,11 +6,17 @@ orientation-corrected 8-bit RGB image and its content hash. Documented behaviour
 - EXIF orientation is applied, then dropped.
 - Alpha (RGBA, LA, palette with transparency) is composited onto white.
 - CMYK, greyscale, 1-bit and palette images become RGB; 16-bit images are
-  scaled to 8 bits (not clipped).
+  scaled to 8 bits (not clipped); floating-point images are refused from the header.
 - Animated images (GIF, WebP, APNG) use their first frame.
 - Empty, truncated or non-image data, formats outside :data:`SUPPORTED_FORMATS`,
   and images over ``max_pixels`` (decompression bombs included, checked from the
   header before any pixels are decoded) raise :class:`~refsight.errors.ImageError`.
+
+Memory per image is bounded before any pixel is decoded: every supported pixel mode is
+stored in at most 4 bytes a pixel (:data:`_STORED_BYTES`; 16-bit samples are read as 16-bit
+grey, or reduced to 8 bits while decoding), and the conversion to RGB, the 16-bit scaling and
+the hash work on bands of about a million pixels, so an image costs its decoded pixels plus
+its RGB result (at most 8 bytes a pixel: 320 MB for 40 M pixels), whatever its mode.
 
 The content hash is sha256 over the width, height and RGB pixels, i.e. what the
 encoder actually sees: a PNG and a lossless re-save of it (BMP, TIFF, WebP
@@ -24,10 +30,11 @@ import io
 import os
 import warnings
 from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Union
 
-from PIL import Image, ImageOps
+from PIL import Image
 
 from .errors import ImageError
 from .inputs.reading import FileReadError, read_regular_file
@@ -51,6 +58,24 @@ _MAGIC = (
     (b"II*\x00", "TIFF"),
     (b"MM\x00*", "TIFF"),
 )
+
+#: Bytes a pixel takes once Pillow has decoded it, per mode (its storage: one byte, two for 16-bit
+#: grey, else four, RGB included). A mode not listed (floating-point "F" ...) is refused from the header.
+_STORED_BYTES = {
+    "1": 1, "L": 1, "P": 1, "I;16": 2, "I;16L": 2, "I;16B": 2, "I;16N": 2,
+    "I": 4, "LA": 4, "La": 4, "PA": 4, "RGB": 4, "RGBA": 4, "RGBa": 4, "RGBX": 4, "CMYK": 4, "YCbCr": 4,
+    "LAB": 4, "HSV": 4,
+}
+#: Pixels converted (and hashed) at a time: each band's working copies are a few MB whatever the image.
+_BAND_PIXELS = 1 << 20
+#: EXIF orientation → the transposition that undoes it (what ``ImageOps.exif_transpose`` applies).
+_ORIENTATIONS = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+#: Where Pillow finds an orientation (EXIF, and XMP): dropped from an image once it is applied.
+_ORIENTATION_KEYS = ("exif", "Raw profile type exif", "XML:com.adobe.xmp", "xmp")
 
 ImageSource = Union[str, os.PathLike, bytes, bytearray, memoryview, Image.Image, "ImageInput"]
 
@@ -113,7 +138,8 @@ def pixel_hash(image: Image.Image) -> str:
         raise ValueError(f"pixel_hash needs an RGB image, got {image.mode}")
     h = hashlib.sha256()
     h.update(f"rgb8:{image.width}x{image.height}:".encode())
-    h.update(image.tobytes())
+    for band in _bands(image):  # the same digest as the whole image's bytes, without a copy of them all
+        h.update(band.tobytes())
     return h.hexdigest()
 
 
@@ -132,7 +158,7 @@ def load_image(source: ImageSource, *, limits: IntakeLimits = IntakeLimits(), na
             source.load()
         except (OSError, ValueError, SyntaxError, EOFError) as e:
             raise ImageError(label, f"cannot decode image: {e or type(e).__name__}") from None
-        return _finish(_normalise(label, source), None, source.format, label)
+        return _finish(_normalise(label, source, owned=False), None, source.format, label)
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         label = name or str(path)
@@ -173,8 +199,9 @@ def _open_pixels(data: bytes, label: str, limits: IntakeLimits) -> tuple[Image.I
         except (OSError, ValueError, SyntaxError) as e:
             raise ImageError(label, f"cannot decode image header: {e}") from None
         fmt = img.format
-        # The header gives the size before any pixel is decoded: refuse bombs here.
+        # The header gives the size and the mode before any pixel is decoded: refuse bombs here.
         _check_pixels(label, img.size, limits)
+        _check_mode(label, img.mode)
         try:
             img.seek(0)  # first frame of an animation
             img.load()
@@ -218,39 +245,84 @@ def _check_pixels(label: str, size: tuple[int, int], limits: IntakeLimits) -> No
         raise ImageError(label, f"{w}x{h} has an aspect ratio over {limits.max_aspect_ratio:g}:1, which VLMs refuse")
 
 
-def _normalise(label: str, img: Image.Image) -> Image.Image:
-    try:
-        img = ImageOps.exif_transpose(img) or img
-    except Exception:  # a broken EXIF block must not reject an otherwise good image
-        pass
-    mode = img.mode
-    if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
-        img = _to_8bit(img)
-        mode = img.mode
+def _check_mode(label: str, mode: str) -> None:
+    """Refuse, from the header, a pixel mode whose decoded size is not known to be at most 4 bytes a pixel."""
     if mode == "F":
         raise ImageError(label, "floating-point images are not supported")
-    has_alpha = "A" in img.getbands() or "transparency" in img.info or mode in ("RGBa", "La", "PA")
+    if mode not in _STORED_BYTES:
+        raise ImageError(label, f"pixel mode {mode} is not supported")
+
+
+def _bands(img: Image.Image) -> Iterator[Image.Image]:
+    """``img`` as horizontal bands of about :data:`_BAND_PIXELS` pixels, top to bottom (each a copy)."""
+    width, height = img.size
+    rows = max(1, _BAND_PIXELS // max(width, 1))
+    for top in range(0, height, rows):
+        yield img.crop((0, top, width, min(height, top + rows)))
+
+
+def _normalise(label: str, img: Image.Image, *, owned: bool = True) -> Image.Image:
+    """``img`` as 8-bit RGB, alpha on white, EXIF orientation applied; converted band by band.
+
+    ``owned``: ``img`` was decoded here, so an RGB one may be returned as it is (else a copy is).
+    """
+    _check_mode(label, img.mode)
     try:
-        if has_alpha:
-            rgba = img.convert("RGBA")
+        transpose = _ORIENTATIONS.get(img.getexif().get(0x0112, 1))
+    except Exception:  # a broken EXIF block must not reject an otherwise good image
+        transpose = None
+    convert = _band_converter(label, img)
+    if convert is None:
+        rgb = img if owned or transpose is not None else img.copy()
+    else:
+        rgb = Image.new("RGB", img.size)
+        top = 0
+        for band in _bands(img):
+            rgb.paste(convert(band), (0, top))
+            top += band.height
+    if transpose is None:
+        return rgb
+    # Per-pixel conversions commute with the transposition: made on the RGB result, one copy of it.
+    rotated = rgb.transpose(transpose)
+    for key in _ORIENTATION_KEYS:  # applied: the pixels carry no orientation any more
+        rotated.info.pop(key, None)
+    return rotated
+
+
+def _band_converter(label: str, img: Image.Image) -> Callable[[Image.Image], Image.Image] | None:
+    """What turns one band of ``img`` into RGB (None: ``img`` is RGB already)."""
+    mode = img.mode
+    if mode.startswith("I"):
+        # "I;16*" is 16-bit by definition: always scale, whatever the values, so a dark
+        # 16-bit image stays dark (a value test would turn 255/65535 into white).
+        # Plain "I" carries no bit depth; Pillow uses it for 16-bit data, and values
+        # above 255 can only mean a wider range, so scale those and keep 8-bit ones.
+        scale = mode != "I" or img.getextrema()[1] > 255
+        return lambda band: _to_8bit(band, scale).convert("RGB")
+    has_alpha = "A" in img.getbands() or "transparency" in img.info or mode in ("RGBa", "La", "PA")
+    if not has_alpha and mode == "RGB":
+        return None
+
+    def convert(band: Image.Image) -> Image.Image:
+        try:
+            if not has_alpha:
+                return band.convert("RGB")
+            rgba = band.convert("RGBA")
             background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
             return Image.alpha_composite(background, rgba).convert("RGB")
-        return img.convert("RGB")
-    except (ValueError, OSError) as e:  # modes Pillow cannot turn into RGB (LAB, HSV ...)
-        raise ImageError(label, f"cannot convert a {mode} image to RGB: {e}") from None
+        except (ValueError, OSError) as e:  # modes Pillow cannot turn into RGB (LAB, HSV ...)
+            raise ImageError(label, f"cannot convert a {mode} image to RGB: {e}") from None
+
+    return convert
 
 
-def _to_8bit(img: Image.Image) -> Image.Image:
+def _to_8bit(band: Image.Image, scale: bool) -> Image.Image:
     import numpy as np
 
-    arr = np.asarray(img).astype(np.int64)
-    # "I;16*" is 16-bit by definition: always scale, whatever the values, so a dark
-    # 16-bit image stays dark (a value test would turn 255/65535 into white).
-    # Plain "I" carries no bit depth; Pillow uses it for 16-bit data, and values
-    # above 255 can only mean a wider range, so scale those and keep 8-bit ones.
-    if img.mode != "I" or arr.max(initial=0) > 255:
+    arr = np.asarray(band).astype(np.int64)
+    if scale:
         arr = np.clip(arr, 0, 65535) >> 8  # 16-bit range onto 8 bits, not a clip
-    return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8), mode="L")
+    return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))  # 2-D uint8: mode L
 
 
 def _finish(img: Image.Image, data: bytes | None, fmt: str | None, label: str) -> ImageInput:

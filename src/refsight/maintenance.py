@@ -18,8 +18,8 @@ from .drift import DEFAULT_THRESHOLD, DriftReport, check_drift
 from .errors import InvalidInputError, RefsightError
 from .package_cache import MODEL_COUNTER_PREFIX, PackageCache
 from .references import ReferenceBook
-from .results import AddResult, PruneReport, StoreStats, VerifyReport
-from .store import Store
+from .results import AddResult, ForgetReport, PruneReport, StoreStats, VerifyReport
+from .store import RememberedImage, Store
 
 __all__ = ["Maintenance"]
 
@@ -113,18 +113,20 @@ class Maintenance:
         if tenant_view and namespace is not None:
             refs = self.references.list(namespace=namespace)
             records = [self.store.local.record(k) for k in {k for ref in refs for k in ref.packages.values()}]
+            remembered, remembered_bytes = self.store.remembered.totals(namespace=namespace)
             return StoreStats(
                 references=len(refs),
                 packages=sum(r is not None for r in records),
                 bytes=sum(r.bytes for r in records if r is not None),
                 hits=None, misses=None, evictions=None, encode_ms_saved=None,
-                scope="namespace",
+                scope="namespace", remembered=remembered, remembered_bytes=remembered_bytes,
             )
         self.store.counters.flush()  # so the figures include this process's latest counts
         tiers = self.store.packages.tier_stats()
         counters = self.store.catalog.counters()
         local = self.store.local.stats()
         prefixes = self.store.prefixes.stats()
+        remembered, remembered_bytes = self.store.remembered.totals()
         return StoreStats(
             references=self.store.catalog.count_references(namespace=namespace),
             packages=local["packages"],
@@ -152,6 +154,8 @@ class Maintenance:
             prefix_corrupt=int(counters.get("prefix_corrupt", 0)),
             runtime_prefix_cache=_runtime_prefix_caches(backends),
             vllm_encoder_cache=_vllm_encoder_cache(self.store.root),
+            remembered=remembered,
+            remembered_bytes=remembered_bytes,
         )
 
     def _per_model(self, counters: dict[str, float]) -> list[dict[str, Any]]:
@@ -203,6 +207,26 @@ class Maintenance:
                 return PruneReport(fingerprints=[], packages=0, bytes=0, links=0, dry_run=dry_run)
             return PruneReport(fingerprints=[u._asdict() for u in usage], packages=0, bytes=0, links=0, dry_run=True)
         return self.store.prune(digests, dry_run=dry_run)
+
+    def remembered(self, *, namespace: str | None) -> list[RememberedImage]:
+        """The remembered images of ``namespace`` (None: every namespace), most recently used first."""
+        return self.store.remembered.list(namespace=namespace)
+
+    def forget_remembered(self, *, namespace: str | None, dry_run: bool) -> ForgetReport:
+        """``refsight prune --remembered``: forget the remembered images of ``namespace`` (None: every namespace);
+        their packages go from every tier unless a reference links them or another namespace remembers them.
+        ``dry_run`` lists them only."""
+        images = self.store.remembered.list(namespace=namespace)
+        if dry_run:
+            return ForgetReport(images=[i.to_dict() for i in images], packages=0, bytes=0, dry_run=True)
+        _, unused = self.store.remembered.forget(namespace=namespace, keys=[i.package_key for i in images])
+        sizes = {i.package_key: i.bytes for i in images}
+        deleted = [key for key in unused if self.store.packages.delete(key)]
+        if deleted:
+            self.store.counters.add(pruned=len(deleted))
+        return ForgetReport(
+            images=[i.to_dict() for i in images], packages=len(deleted), bytes=sum(sizes[k] for k in deleted), dry_run=False,
+        )
 
     def gc(self, **options: Any) -> dict[str, int]:
         """Remove what interrupted writes left (see :meth:`refsight.store.Store.gc`); counts by kind."""

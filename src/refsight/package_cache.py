@@ -9,6 +9,12 @@ Every visual package refsight uses goes through :class:`PackageCache`, under one
   before) is written to disk the moment it is needed as a reference, without encoding.
 - **Candidate packages stay in memory.** A compared image is not a reference: its package
   goes to the bounded memory tier only, so it leaves nothing on disk.
+- **Images sent inline follow the ``remember_images`` policy** (:mod:`refsight.remembered`): a chat's
+  image that is no named reference is a candidate, unless the policy remembers it (``recurring``: the
+  second request of a namespace that sends it; ``all``: the first); then its package is made durable as a
+  reference's is (written from the memory tier without encoding when it is there) and a row names the
+  namespace (:mod:`refsight.store.remembered`). :meth:`PackageCache.inline` says whether the package
+  it served is durable, so a reference prefix may run through it.
 - **Encode once.** A per-key lock (shared by every engine in the process) makes concurrent
   requests for the same new image run the encoder once; the others wait and hit. Across
   replicas of a shared store, the store's lease (:meth:`refsight.store.Store.lease`, a
@@ -41,10 +47,11 @@ from typing import Any, TypeVar, Union
 
 from .backends.base import Backend
 from .context import RequestContext
-from .errors import CorruptPackageError
+from .errors import CorruptPackageError, StoreUnavailableError
 from .images import ImageInput
 from .locks import KeyedLocks
 from .package import VisualPackage, package_key
+from .remembered import DEFAULT_REMEMBER_IMAGES, Sightings, check_remember_images
 from .store import Reference, Store
 from .store.disk import StoredPackage
 
@@ -63,11 +70,13 @@ ModelImage = Union[VisualPackage, ImageInput]
 
 @dataclass(frozen=True)
 class ServedImage:
-    """A :data:`ModelImage` and how the cache served it: ``cached`` when no encoder ran for it now."""
+    """A :data:`ModelImage` and how the cache served it: ``cached`` when no encoder ran for it now; ``lasting``
+    when its package is on the durable tier (a reference's, a remembered image's), so a prefix may run through it."""
 
     item: ModelImage
     cached: bool
     encode_ms: float
+    lasting: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,11 +93,17 @@ class CachedPackage:
 
 
 class PackageCache:
-    """Get-or-encode over one store; ``kept_image(sha256)`` decodes a reference's kept bytes."""
+    """Get-or-encode over one store; ``kept_image(sha256)`` decodes a reference's kept bytes; ``remember_images``
+    is the policy for images sent inline (``off``, ``recurring``, ``all``: :mod:`refsight.remembered`)."""
 
-    def __init__(self, store: Store, kept_image: Callable[[str], ImageInput]) -> None:
+    def __init__(
+        self, store: Store, kept_image: Callable[[str], ImageInput], *, remember_images: str = DEFAULT_REMEMBER_IMAGES,
+    ) -> None:
         self.store = store
         self._kept_image = kept_image
+        self.remember_images = check_remember_images(remember_images)
+        #: Which inline images each namespace sent in this process (memory only: a one-off leaves nothing on disk).
+        self.sightings = Sightings()
 
     def request(self) -> AbstractContextManager[None]:
         """A request's scope: every package looked up inside it is pinned (never evicted) until it ends."""
@@ -98,14 +113,7 @@ class PackageCache:
     def reference(self, context: RequestContext, ref: Reference) -> CachedPackage:
         """The reference's durable package (encoded from the kept image when missing or corrupt)."""
         backend, key = context.backend, context.package_key(ref.image_sha256)
-        found = self._durable_hit(key)
-        if found is None:
-            with PACKAGE_LOCKS.hold(key), self.store.lease(key):
-                found = self._durable_hit(key)  # another thread or replica may have stored it while we waited
-                if found is None:
-                    package = self._encode(backend, [self._kept_image(ref.image_sha256)], context.scope)[0]
-                    self._write(package)
-                    found = CachedPackage(package, cached=False)
+        found = self._durable_package(context, key, lambda: self._kept_image(ref.image_sha256))
         if not found.cached or ref.packages.get(backend.fingerprint().digest) != key:
             # Written now (or made durable now): link it, so it is the reference's and not garbage.
             self.store.catalog.link_package(ref.ref_id, backend.fingerprint().digest, key, namespace=ref.namespace)
@@ -125,6 +133,29 @@ class PackageCache:
                     found = CachedPackage(package, cached=False)
         return found
 
+    def inline(self, context: RequestContext, image: ImageInput) -> ServedImage:
+        """An image a chat sent inline (no named reference), once per request, under the ``remember_images``
+        policy: remembered (a durable package and the namespace's row) when the policy keeps it, else a
+        candidate's package; with ``use_cache=False`` the pixels themselves."""
+        if not context.use_cache:
+            return ServedImage(image, False, 0.0)
+        key = context.package_key(image.sha256)
+        if self.remember_images == "off":
+            found = self.candidate(context, image)
+            return ServedImage(found.package, found.cached, found.encode_ms)
+        # Remembering saves work; it is no condition of the answer: with the store away (a replica's catalog
+        # down) the image is served as a candidate from memory, and kept at a later sighting.
+        try:
+            if self.remember_images == "all" or self.sightings.note(context.namespace, key) > 1:
+                found = self._remember(context, image, key)
+                return ServedImage(found.package, found.cached, found.encode_ms, lasting=True)
+            # Sent once (in this process), but remembered before (a restart, another replica): durable already.
+            lasting = self.is_durable(key)
+        except StoreUnavailableError:
+            lasting = False
+        found = self.candidate(context, image)
+        return ServedImage(found.package, found.cached, found.encode_ms, lasting=lasting)
+
     def model_image(self, context: RequestContext, source: Reference | ImageInput) -> ServedImage:
         """A reference's durable package, a candidate's memory-only package (in the context's scope), or
         with ``use_cache=False`` the pixels themselves, so the runtime takes its own fresh path."""
@@ -133,8 +164,8 @@ class PackageCache:
             return ServedImage(image, False, 0.0)
         if isinstance(source, Reference):
             found = self.reference(context, source)
-        else:
-            found = self.candidate(context, source)
+            return ServedImage(found.package, found.cached, found.encode_ms, lasting=True)
+        found = self.candidate(context, source)
         return ServedImage(found.package, found.cached, found.encode_ms)
 
     def durable(self, context: RequestContext, images: Sequence[ImageInput]) -> list[CachedPackage]:
@@ -213,6 +244,27 @@ class PackageCache:
         return package
 
     # -- internals ---------------------------------------------------------------------
+    def _durable_package(self, context: RequestContext, key: str, image: Callable[[], ImageInput]) -> CachedPackage:
+        """The durable package of ``key``: a hit (made durable when in memory only), else ``image()`` encoded
+        and written, once across threads and replicas."""
+        found = self._durable_hit(key)
+        if found is None:
+            with PACKAGE_LOCKS.hold(key), self.store.lease(key):
+                found = self._durable_hit(key)  # another thread or replica may have stored it while we waited
+                if found is None:
+                    package = self._encode(context.backend, [image()], context.scope)[0]
+                    self._write(package)
+                    found = CachedPackage(package, cached=False)
+        return found
+
+    def _remember(self, context: RequestContext, image: ImageInput, key: str) -> CachedPackage:
+        """A remembered image's durable package (its candidate package written without an encode when still in
+        memory), and its namespace's row: each written once; a later hit writes nothing."""
+        found = self._durable_package(context, key, lambda: image)
+        if not found.cached or not self.store.remembered.contains(context.namespace, key):
+            self.store.remembered.add(context.namespace, key)
+        return found
+
     def _hit(self, key: str) -> CachedPackage | None:
         started = time.perf_counter()
         try:

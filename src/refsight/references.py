@@ -18,20 +18,34 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .backends.fingerprint_record import EncoderFacts, facts_of
+from .backends.prefix import reusable_prefix
 from .context import RequestContext
 from .errors import InvalidInputError, ReferenceNotFoundError, RefsightError, StoreUnavailableError
 from .images import ImageInput, ImageSource, IntakeLimits, load_image
 from .package import VisualPackage
-from .package_cache import CachedPackage, PackageCache
+from .package_cache import CachedPackage, PackageCache, ServedImage
 from .results import AddFailure, AddResult
 from .store import Catalog, Reference, Store, validate_ref_id
 from .store.disk import StoredPackage
 from .inputs.text import check_texts, printable_text
 
-__all__ = ["IngestHook", "ReferenceBook", "ReferenceSegment", "RemovalListener", "load_kept_image", "source_label", "validate_metadata"]
+__all__ = ["IngestHook", "ReferenceBook", "ReferenceSegment", "ResolvedSegments", "RemovalListener", "load_kept_image", "source_label", "validate_metadata"]
+
+class ResolvedSegments(NamedTuple):
+    """A prompt's segments as a backend takes them (:meth:`ReferenceBook.resolve_segments`)."""
+
+    #: Text, packages (or, with ``use_cache=False``, pixels).
+    segments: list[Any]
+    #: One flag per image: no encoder ran for it now.
+    cached: list[bool]
+    #: Encoder time spent on them (ms).
+    encode_ms: float
+    #: How many leading segments form the reusable reference prefix (``GenerationRequest.prefix_segments``).
+    prefix_segments: int
+
 
 @dataclass(frozen=True)
 class ReferenceSegment:
@@ -248,30 +262,52 @@ class ReferenceBook:
         """A kept image by hash, decoded under the intake limits."""
         return load_kept_image(self.store.catalog, image_sha256, limits=self.limits, label=label)
 
-    # -- removal ----------------------------------------------------------------------------
-    def resolve_segments(self, context: RequestContext, segments: Sequence[Any]) -> tuple[list[Any], list[bool], float]:
+    # -- a prompt's images ----------------------------------------------------------------------
+    def resolve_segments(self, context: RequestContext, segments: Sequence[Any]) -> ResolvedSegments:
         """A prompt's segments ready for a backend: text stays, references become their durable packages,
-        other images candidate packages (memory only; their decoded pixels released once encoded);
-        ``use_cache=False`` keeps pixels. Returns the segments, one cached flag per image and the encode
-        time spent (ms)."""
+        other images go through the ``remember_images`` policy (:meth:`PackageCache.inline`: remembered, or
+        candidates in memory only; their decoded pixels released once encoded); ``use_cache=False`` keeps
+        pixels. The reusable prefix runs through references and images whose package is durable, never through
+        the prompt's last image when it was sent inline (the candidate's place)."""
         resolved: list[Any] = []
         cached: list[bool] = []
+        marks: list[Any] = []  # text as it is, each image as whether a prefix may run through it
         encode_ms = 0.0
+        sent: dict[str, ServedImage] = {}  # an image sent twice in one request is one sighting, one lookup
         for segment in segments:
             if isinstance(segment, str):
                 resolved.append(segment)
+                marks.append(segment)
                 continue
             if isinstance(segment, ReferenceSegment):
                 visual = self.packages.model_image(context, self.get(segment.ref_id, namespace=context.namespace))
+                marks.append(True)  # a reference: the prompt's structure, with or without packages
             else:
                 image = load_image(segment, limits=self.limits, name=source_label(segment))
-                visual = self.packages.model_image(context, image)
+                visual = self._inline(context, image, sent)
                 if visual.item is not image:
                     image.release()  # encoded: the request holds its package, not its decoded pixels
+                marks.append(visual.lasting)
             resolved.append(visual.item)
             cached.append(visual.cached)
             encode_ms += visual.encode_ms
-        return resolved, cached, encode_ms
+        last = max((i for i, s in enumerate(segments) if not isinstance(s, str)), default=None)
+        if last is not None and not isinstance(segments[last], ReferenceSegment):
+            # The prompt's last image is where clients put the image they ask about; it changes between
+            # requests, so a prefix through it (once it is remembered) would key a state no later request
+            # asks for and pass over the references' own state.
+            marks[last] = False
+        return ResolvedSegments(resolved, cached, encode_ms, reusable_prefix(marks, bool))
+
+    def _inline(self, context: RequestContext, image: ImageInput, sent: dict[str, ServedImage]) -> ServedImage:
+        """An image sent inline, served once per request: a repeat takes the first one's package (no encode)."""
+        first = sent.get(image.sha256)
+        if first is not None and context.use_cache:
+            return ServedImage(first.item, True, 0.0, first.lasting)
+        sent[image.sha256] = served = self.packages.inline(context, image)
+        return served
+
+    # -- removal ----------------------------------------------------------------------------
 
     def remove(self, ref_id: str, *, namespace: str) -> Reference:
         """Remove a reference and the packages no other reference uses; listeners are told."""

@@ -17,7 +17,9 @@ naming the field and the reason; the engine takes the value whole and never chec
 - :class:`~refsight.backends.sampling.Sampling`: how tokens are picked, with the one merge of a
   request's fields over the served model's defaults (:meth:`Sampling.merged`) and the one rule of
   what a backend honours (:meth:`Sampling.unsupported`). It is defined beside the backends, which
-  read it, and re-exported here with its declared ranges (``SAMPLING_RANGES``, for a schema).
+  read it, and re-exported here with its declared ranges (``SAMPLING_RANGES``, for a schema);
+- :func:`~refsight.backends.schema.check_json_schema`: the one check of a JSON schema before any
+  grammar is built (re-exported so a front door can name the field that carried it).
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .backends.sampling import RANGES as SAMPLING_RANGES
+from .backends.schema import check_json_schema
 from .backends.sampling import Sampling
-from .deprecation import renamed
 from .errors import InvalidInputError
 from .inputs.text import check_text, check_texts
 from .images import ImageSource
@@ -40,6 +42,7 @@ from .store.base import validate_ref_id
 
 __all__ = [
     "CompareRequest", "ChatRequest", "SearchRequest", "AddRequest", "Sampling", "SAMPLING_RANGES", "MAX_SHORTLIST",
+    "check_json_schema",
 ]
 
 #: Most references one compare may recall, rerank or judge.
@@ -98,9 +101,8 @@ class CompareRequest:
 
     @classmethod
     def of(cls, request: CompareRequest | ImageSource, options: Mapping[str, Any]) -> CompareRequest:
-        """``request`` itself, or the request of a candidate and keywords (the keyword form of the Python API;
-        ``use_kv_cache``: the deprecated name of ``prefix_states``)."""
-        return request if _given(cls, request, options) else cls(request, **_prefix_states(options, "Engine.compare"))
+        """``request`` itself, or the request of a candidate and keywords (the keyword form of the Python API)."""
+        return request if _given(cls, request, options) else cls(request, **options)
 
     @property
     def recall_depth(self) -> int | None:
@@ -180,9 +182,8 @@ class ChatRequest:
 
     @classmethod
     def of(cls, request: ChatRequest | Sequence[Any], options: Mapping[str, Any]) -> ChatRequest:
-        """``request`` itself, or the request of segments and keywords (the keyword form of the Python API;
-        ``use_kv_cache``: the deprecated name of ``prefix_states``)."""
-        return request if _given(cls, request, options) else cls(request, **_prefix_states(options, "Engine.chat"))
+        """``request`` itself, or the request of segments and keywords (the keyword form of the Python API)."""
+        return request if _given(cls, request, options) else cls(request, **options)
 
 
 @dataclass(frozen=True)
@@ -245,13 +246,3 @@ def _given(kind: type, request: Any, options: Mapping[str, Any]) -> bool:
         raise InvalidInputError(", ".join(sorted(options)), f"give a {kind.__name__} or keywords, not both")
     return True
 
-
-def _prefix_states(options: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """``options`` with ``use_kv_cache`` (the deprecated name of ``prefix_states``) read as ``prefix_states``."""
-    options = dict(options)
-    if "use_kv_cache" in options:
-        old = options.pop("use_kv_cache")
-        options["prefix_states"] = renamed(
-            "use_kv_cache", old, "prefix_states", options.get("prefix_states", True), where=where, default=True,
-        )
-    return options

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 __all__ = [
@@ -10,6 +11,10 @@ __all__ = [
     "AddFailure",
     "VerifyReport",
     "GenerateResult",
+    "TokenLogprob",
+    "TextPiece",
+    "MAX_LOGPROBS",
+    "finite_logprob",
     "CompareResult",
     "PackageState",
     "SearchHit",
@@ -18,6 +23,7 @@ __all__ = [
     "StoreStats",
     "QuotaReport",
     "PruneReport",
+    "ForgetReport",
     "COMPARE_STAGES",
 ]
 
@@ -85,6 +91,52 @@ class VerifyReport:
         }
 
 
+#: The most alternatives a generation reports per token (``Sampling.logprobs``): OpenAI's chat allows 20,
+#: llama-server's ``n_probs`` any; a bound keeps an answer's size in proportion to its tokens.
+MAX_LOGPROBS = 100
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token with its log probability, and the ``top`` most likely tokens at its step.
+
+    Probabilities are the model's own, over its raw logits (before penalties, a bias, a grammar or
+    the temperature change them: llama-server's ``n_probs`` and vLLM's default). ``piece`` is the
+    token's bytes (a special token's are empty); ``top`` holds ``(token, piece, logprob)``, most
+    likely first, the chosen token among them when it is one of the most likely.
+    """
+
+    token: int
+    piece: bytes
+    logprob: float
+    top: tuple[tuple[int, bytes, float], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields (pieces as text, U+FFFD for bytes that are not UTF-8 alone; -inf as the lowest float)."""
+        return {
+            "token": self.token, "text": self.piece.decode("utf-8", "replace"), "logprob": finite_logprob(self.logprob),
+            "top": [{"token": t, "text": p.decode("utf-8", "replace"), "logprob": finite_logprob(lp)} for t, p, lp in self.top],
+        }
+
+
+def finite_logprob(logprob: float) -> float:
+    """A log probability JSON can carry: ``-inf`` (a banned token) as the lowest float, as llama-server writes it."""
+    return logprob if math.isfinite(logprob) else -3.4028234663852886e38
+
+
+class TextPiece(str):
+    """A piece of streamed text that carries the :class:`TokenLogprob` of the tokens it completes
+    (``logprobs``: empty unless the request asked for them). It is a ``str``: every text callback
+    takes it unchanged."""
+
+    logprobs: tuple[TokenLogprob, ...]
+
+    def __new__(cls, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> TextPiece:
+        piece = super().__new__(cls, text)
+        piece.logprobs = tuple(logprobs)
+        return piece
+
+
 @dataclass
 class GenerateResult:
     """The answer of ``generate``: text, tokens and where the time went.
@@ -92,7 +144,8 @@ class GenerateResult:
     ``prompt_tokens`` counts the prompt (text and image tokens; 0 when the backend cannot
     tell), ``cached_tokens`` the image tokens among them served from cached packages,
     ``prefix_tokens_reused`` the prompt tokens served from a stored reference-prefix (KV) state.
-    ``finish_reason``: ``"stop"``, ``"length"`` or ``"cancelled"``.
+    ``finish_reason``: ``"stop"``, ``"length"`` or ``"cancelled"``. ``logprobs``: one
+    :class:`TokenLogprob` per token of ``tokens`` when the request's ``Sampling.logprobs`` asked for them.
     """
 
     text: str
@@ -105,6 +158,7 @@ class GenerateResult:
     cached_tokens: int = 0
     finish_reason: str = "stop"
     prefix_tokens_reused: int = 0
+    logprobs: list[TokenLogprob] | None = None
 
     @classmethod
     def of(
@@ -127,11 +181,16 @@ class GenerateResult:
             cached_tokens=sum(n for n, hit in zip(image_tokens, references_cached) if hit) if paired else 0,
             finish_reason=finish,
             prefix_tokens_reused=int(getattr(generation, "prefix_tokens_reused", 0) or 0),
+            logprobs=getattr(generation, "logprobs", None),
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields."""
-        return asdict(self)
+        """JSON-ready fields (``logprobs`` by :meth:`TokenLogprob.to_dict`, and only when the request asked for them)."""
+        data = asdict(replace(self, logprobs=None))
+        del data["logprobs"]
+        if self.logprobs is not None:
+            data["logprobs"] = [lp.to_dict() for lp in self.logprobs]
+        return data
 
 
 @dataclass
@@ -266,6 +325,11 @@ class StoreStats:
     #: refsight's vLLM encoder-cache connector on this store (store-wide: hits, misses, saves,
     #: corrupt, evictions, bytes on disk); None when no vLLM server ever used the store that way.
     vllm_encoder_cache: dict[str, int] | None = None
+    #: Remembered images (images sent inline and kept, apart from references: :mod:`refsight.remembered`):
+    #: how many and their packages' bytes (the store's view counts them in ``packages`` and ``bytes`` too; a
+    #: tenant's view: its own, apart from its references' packages).
+    remembered: int = 0
+    remembered_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (``runtime_prefix_cache`` and ``vllm_encoder_cache`` only when there is one)."""
@@ -289,6 +353,25 @@ class QuotaReport:
     skipped_in_use: int = 0
     encoder_outputs_evicted: int = 0
     encoder_outputs_evicted_bytes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields."""
+        return asdict(self)
+
+
+@dataclass
+class ForgetReport:
+    """Remembered images listed (``dry_run``) or forgotten: ``refsight prune --remembered``, ``DELETE /v1/remembered``.
+
+    ``images`` are the remembered images concerned (each ``RememberedImage.to_dict()``); forgetting drops their
+    rows and deletes the ``packages`` (``bytes``) nothing else names; one a reference links, or another
+    namespace still remembers, stays.
+    """
+
+    images: list[dict[str, Any]]
+    packages: int
+    bytes: int
+    dry_run: bool
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields."""

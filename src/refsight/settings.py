@@ -15,9 +15,10 @@
     revision = "main"
 
     [store]                        # the package store (flags and Engine arguments win)
-    redis = "redis://127.0.0.1:6379/0"   # the Redis tier between memory and disk ("cache", its earlier name, still read)
+    redis = "redis://127.0.0.1:6379/0"   # the Redis tier between memory and disk
     max_package_bytes = "50GiB"          # byte quota on packages, least recently used evicted
     memory_bytes = "2GiB"                # the process's memory tier
+    remember_images = "recurring"        # images sent inline and sent again are kept: off, recurring, all
 
 Keys are the :class:`~refsight.backends.options.BackendOptions` fields. The options
 for a model are ``[backend]`` overlaid with its ``[models."NAME"]`` table; the explicit
@@ -36,10 +37,10 @@ from typing import Any, Mapping
 
 from .backends.options import OPTION_HELP, BackendOptions, parse_key_values
 from .environment import default_store_dir
-from .deprecation import warn_renamed
 from .errors import InvalidInputError
 from .inputs.jsonlimits import MAX_JSON_DEPTH, json_depth
 from .inputs.reading import FileReadError, read_regular_file
+from .remembered import REMEMBER_IMAGES, check_remember_images
 from .store import Store, open_store, parse_bytes
 from .threads import apply_threads, available_cores, thread_budget, torch_threads
 
@@ -47,22 +48,24 @@ from .threads import apply_threads, available_cores, thread_budget, torch_thread
 # server) reach them here, with the config file, as one public module.
 __all__ = [
     "CONFIG_NAME", "Settings", "StoreSettings", "load_settings", "open_configured_store", "BackendOptions", "OPTION_HELP",
-    "parse_key_values", "parse_bytes", "apply_threads", "available_cores", "thread_budget", "torch_threads",
+    "parse_key_values", "parse_bytes", "REMEMBER_IMAGES", "apply_threads", "available_cores", "thread_budget", "torch_threads",
 ]
 
 #: The file looked for in the store directory.
 CONFIG_NAME = "refsight.toml"
 _TABLES = ("backend", "models", "store")
-_STORE_KEYS = ("redis", "max_package_bytes", "memory_bytes", "cache")  # cache: the deprecated name of redis
+_STORE_KEYS = ("redis", "max_package_bytes", "memory_bytes", "remember_images")
 
 
 @dataclass(frozen=True)
 class StoreSettings:
-    """``[store]``: the Redis tier's URL, the byte quota on packages, the memory tier's budget."""
+    """``[store]``: the Redis tier's URL, the byte quota on packages, the memory tier's budget, what is kept of
+    images sent inline (:mod:`refsight.remembered`)."""
 
     redis: str | None = None
     max_package_bytes: int | None = None
     memory_bytes: int | None = None
+    remember_images: str | None = None
 
 
 @dataclass(frozen=True)
@@ -187,16 +190,14 @@ def _store(data: Any, file: Path) -> StoreSettings:
     unknown = sorted(set(data) - set(_STORE_KEYS))
     if unknown:
         raise InvalidInputError(f"{file} [store] {', '.join(unknown)}", f"unknown key; known: {', '.join(_STORE_KEYS)}")
-    key = "cache" if "cache" in data else "redis"
-    if key == "cache":  # the earlier name of redis
-        if "redis" in data:
-            raise InvalidInputError(f"{file} [store] cache", "is the deprecated name of redis: give one of them, not both")
-        warn_renamed("cache", "redis", where=f"{file} [store]")
-    redis = data.get(key)
+    redis = data.get("redis")
     if redis is not None and not isinstance(redis, str):
-        raise InvalidInputError(f"{file} [store] {key}", f"must be a redis:// URL string, not {redis!r}")
+        raise InvalidInputError(f"{file} [store] redis", f"must be a redis:// URL string, not {redis!r}")
     sizes = {
         name: parse_bytes(data[name], name=f"{file} [store] {name}", minimum=minimum) if name in data else None
         for name, minimum in (("max_package_bytes", 1), ("memory_bytes", 0))
     }
-    return StoreSettings(redis=redis, **sizes)
+    remember = data.get("remember_images")
+    if remember is not None:
+        check_remember_images(remember, f"{file} [store] remember_images")
+    return StoreSettings(redis=redis, remember_images=remember, **sizes)

@@ -13,7 +13,7 @@ ALL_FAMILIES = TINY_FAMILIES + GENERIC_FAMILIES
 def vision_tower(backend):
     """The module that runs the vision encoder of a transformers backend (whatever the family calls it)."""
     inner = backend.model.model
-    for name in ("visual", "vision_model", "vision_tower"):
+    for name in ("visual", "vision_model", "vision_tower", "image_tower", "vision_encoder"):
         tower = getattr(inner, name, None)
         if tower is not None:
             return tower

@@ -30,6 +30,15 @@ BROKEN = [
     ({"type": "string", "pattern": "(ab"}, "json_schema.pattern"),
     ({"type": "number", "multipleOf": 0}, "json_schema.multipleOf"),
     ({"type": "object", "properties": {"a": {"anyOf": [{"type": "integer"}, {"type": 5}]}}}, "json_schema.properties.a.anyOf[1].type"),
+    # Grammar size (issue 49, group 2): every repeat count and every place a pattern may stand.
+    ({"type": "object", "properties": {"name": {"type": "string", "pattern": "^a{100000000}$"}}},
+     "json_schema.properties.name.pattern"),
+    ({"type": "string", "pattern": "^(a{1000}){1000}$"}, "json_schema.pattern"),
+    ({"type": "string", "pattern": "^a{ 100000000 }$"}, "json_schema.pattern"),
+    ({"type": "object", "patternProperties": {"^[a-z]{5000}$": {"type": "string"}}}, "json_schema.patternProperties.^[a-z]{5000}$"),
+    ({"type": "object", "propertyNames": {"pattern": "^[a-z]{5000}$"}}, "json_schema.propertyNames.pattern"),
+    ({"$ref": "#/components/x", "components": {"x": {"type": "string", "pattern": "^a{5000}$"}}}, "json_schema.components.x.pattern"),
+    ({"type": "object", "properties": {f"p{i}": {"type": "string", "maxLength": 1000} for i in range(101)}}, "json_schema"),
 ]
 
 _TYPES = ["object", "array", "string", "number", "integer", "boolean", "null"]
@@ -40,7 +49,8 @@ _json = st.recursive(
 )
 _names = st.sampled_from(["a", "b", "c"])
 _refs = st.sampled_from(["#", "#/$defs/x", "#/$defs/y", "#/$defs/nowhere", "#/properties/a", "http://x", "#/$defs/x/properties/a"])
-_patterns = st.sampled_from(["^[a-z]+$", "^(yes|no)$", "[a-z]", "(", "^a{2,3}$", "^\\d+$"])
+_patterns = st.sampled_from(["^[a-z]+$", "^(yes|no)$", "[a-z]", "(", "^a{2,3}$", "^\\d+$", "^a{100000000}$",
+                             "^(a{100}){100}$", "^[a-z]{1000,}$", "^a{ 9 }$", "^[]a{9}]$"])
 
 
 def _node(children: st.SearchStrategy) -> st.SearchStrategy:
@@ -64,6 +74,9 @@ def _node(children: st.SearchStrategy) -> st.SearchStrategy:
         "minimum": bound, "maximum": bound, "exclusiveMinimum": bound,
         "minLength": count, "maxLength": count, "minItems": count, "maxItems": count,
         "pattern": _patterns | _json,
+        "patternProperties": st.dictionaries(_patterns, children, max_size=2) | _json,
+        "propertyNames": children | st.booleans() | _json,
+        "not": children | st.booleans() | _json,
         "format": st.sampled_from(["date", "email", "uuid"]) | _json,
     })
 

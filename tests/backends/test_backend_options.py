@@ -256,8 +256,8 @@ def test_weight_hash_memo_serves_a_second_process_and_touching_invalidates(tmp_p
     assert third["revision"] == first["revision"]  # the bytes did not change
 
 
-def test_a_redis_url_in_refsight_cache_never_becomes_the_hash_memo_directory(tmp_path):
-    """``$REFSIGHT_CACHE`` is the Redis tier's URL: hashing a checkpoint must not write under ``redis:/...``."""
+def test_a_redis_url_in_refsight_redis_never_becomes_the_hash_memo_directory(tmp_path):
+    """``$REFSIGHT_REDIS`` is the Redis tier's URL: hashing a checkpoint must not write under ``redis:/...``."""
     from refsight.backends.tiny import ensure_model_dir
 
     model = tmp_path / "model"
@@ -265,7 +265,7 @@ def test_a_redis_url_in_refsight_cache_never_becomes_the_hash_memo_directory(tmp
     work = tmp_path / "cwd"
     work.mkdir()
     memo_home = tmp_path / "models"
-    env = _env(REFSIGHT_CACHE="redis://127.0.0.1:6379/0", REFSIGHT_MODEL_CACHE=str(memo_home))
+    env = _env(REFSIGHT_REDIS="redis://127.0.0.1:6379/0", REFSIGHT_MODEL_CACHE=str(memo_home))
     env.pop("REFSIGHT_HASH_MEMO_DIR", None)
     proc = subprocess.run(
         [sys.executable, "-c", _MEMO_PROBE, str(model)], env=env, cwd=work, capture_output=True, text=True, timeout=120

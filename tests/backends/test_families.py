@@ -21,10 +21,10 @@ from backend_models import GENERIC_FAMILIES
 from worker_spec import CANDIDATE, REFS, layout, run_cached_path
 
 MAX_NEW_TOKENS = 6
-#: Families whose vision tower runs all of a call's images as one sequence (Pixtral, block-diagonal
+#: Families whose vision tower runs all of a call's images as one sequence (Pixtral: Mistral 3, LightOnOCR; block-diagonal
 #: attention over the concatenated patches): the fresh path's batch of 8 images sums in another order
-#: than one image at a time. Measured max |Δ| 1.2e-7 (fp32, CPU); greedy tokens stay identical.
-LOGITS_BOUND = {"tiny-mistral3": 1e-6}
+#: than one image at a time. Measured max |Δ| 1.2e-7 and 2.4e-7 (fp32, CPU); greedy tokens stay identical.
+LOGITS_BOUND = {"tiny-mistral3": 1e-6, "tiny-lighton-ocr": 1e-6}
 WORKER = Path(__file__).with_name("_cached_worker.py")
 
 
@@ -108,3 +108,26 @@ def test_cached_references_run_no_vision_in_new_process(cached_results, load, na
     for n in (1, 3):
         counts = cached_results[f"{name}/{n}"]["counts"]
         assert counts == {"vision": towers, "preprocess": 2}
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3.5", "tiny-qwen3.5-moe"])
+def test_qwen3_5_keeps_qwens_grid_pixel_bounds_and_batched_encodes(load, photos, name):
+    # An image's tokens follow from its size alone (counted before any encode), the pixel bounds are load
+    # options that move them, and a batch of references is one tower call, as for Qwen3-VL.
+    from backend_models import vision_tower
+
+    backend = load(name)
+    assert backend.traits.grid and backend.traits.batch and backend.traits.options == "pixel_bounds"
+    images = [photos[r] for r in REFS]
+    calls: list[int] = []
+    hook = vision_tower(backend).register_forward_hook(lambda *a: calls.append(1))
+    try:
+        packages = backend.encode(images)
+    finally:
+        hook.remove()
+    assert len(calls) == 1
+    assert [backend.image_token_count(i) for i in images] == [int(p.metadata["num_tokens"]) for p in packages]
+    small = load(name, max_pixels=64 * 64)  # the checkpoint's bounds are 64²..80² px, 16 px a token
+    counted = [small.image_token_count(i) for i in images]
+    assert counted == [int(p.metadata["num_tokens"]) for p in small.encode(images)]
+    assert max(counted) <= 16 and sum(counted) < sum(int(p.metadata["num_tokens"]) for p in packages)

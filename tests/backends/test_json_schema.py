@@ -87,3 +87,84 @@ def test_the_vllm_grammar_refuses_the_issue_example_by_path(vllm_transport):
     with pytest.raises(InvalidInputError) as info:
         vllm_transport.check_batch([GenerationRequest(["x"], json_schema=BROKEN[0][0])])
     assert info.value.input == "json_schema.properties.a.$ref"
+
+
+# -- the grammar's size (issue 49, group 2): the shared check alone, no model ------------------------
+# A counted repeat is written out by every compiler (llama.cpp's converter took 26 s and 2 GB for
+# "^a{100000000}$"), so each count, each pattern's expansion and the whole schema's are bounded,
+# wherever a pattern stands and however a compiler could read its braces.
+
+def _doubling(levels: int) -> dict:
+    """$defs d0 .. dN, each referring to the next twice: 2**N copies for a compiler that writes references out."""
+    defs = {f"d{i}": {"type": "object", "properties": {"a": {"$ref": f"#/$defs/d{i + 1}"}, "b": {"$ref": f"#/$defs/d{i + 1}"}}}
+            for i in range(levels)}
+    return {"$defs": {**defs, f"d{levels}": {"type": "string", "maxLength": 10}}, "$ref": "#/$defs/d0"}
+
+
+def _string(pattern: str) -> dict:
+    return {"type": "object", "properties": {"name": {"type": "string", "pattern": pattern}}}
+
+
+GRAMMAR_BOMBS = [
+    (_string("^a{100000000}$"), "format.properties.name.pattern", "repeats 100000000 times"),
+    (_string("^[a-z]{100000000}$"), "format.properties.name.pattern", "repeats 100000000 times"),
+    (_string("^a{1001}$"), "format.properties.name.pattern", "repeats 1001 times"),
+    (_string("^a{1001,}$"), "format.properties.name.pattern", "repeats 1001 times"),
+    (_string("^a{0,1001}$"), "format.properties.name.pattern", "repeats 1001 times"),
+    (_string("^(a{1000}){1000}$"), "format.properties.name.pattern", "expands to more than 10000"),
+    (_string("^(?:(ab){100}c){100}$"), "format.properties.name.pattern", "expands to more than 10000"),
+    (_string("^(a{1000,}){10,}$"), "format.properties.name.pattern", "expands to more than 10000"),
+    (_string("^(x|[a-z]{1000}){11}$"), "format.properties.name.pattern", "expands to more than 10000"),
+    (_string("^" + "[a-z]{1000}" * 11 + "$"), "format.properties.name.pattern", "add up to more than 10000"),
+    # Braces other readers take as counts: spaces, underscores, other digits; a class llama.cpp ends at "[]".
+    (_string("^a{ 100000000 }$"), "format.properties.name.pattern", "write a repeat count as"),
+    (_string("^a{1_000_000}$"), "format.properties.name.pattern", "write a repeat count as"),
+    (_string("^a{\u0661\u0660\u0660\u0660\u0660}$"), "format.properties.name.pattern", "write a repeat count as"),
+    (_string("^[]a{99999}]$"), "format.properties.name.pattern", "repeats 99999 times"),
+    (_string("^[]" + "a{1000}" * 11 + "]$"), "format.properties.name.pattern", "add up to more than 10000"),
+    # Every place a schema (so a pattern) may stand.
+    ({"patternProperties": {"^a{5000}$": {}}}, "format.patternProperties.^a{5000}$", "repeats 5000"),
+    ({"patternProperties": {"^a$": {"pattern": "^a{5000}$"}}}, "format.patternProperties.^a$.pattern", "repeats 5000"),
+    ({"propertyNames": {"pattern": "^a{5000}$"}}, "format.propertyNames.pattern", "repeats 5000"),
+    ({"not": {"pattern": "^a{5000}$"}}, "format.not.pattern", "repeats 5000"),
+    ({"if": {"pattern": "^a{5000}$"}}, "format.if.pattern", "repeats 5000"),
+    ({"contains": {"pattern": "^a{5000}$"}}, "format.contains.pattern", "repeats 5000"),
+    ({"dependentSchemas": {"a": {"pattern": "^a{5000}$"}}}, "format.dependentSchemas.a.pattern", "repeats 5000"),
+    ({"additionalProperties": {"pattern": "^a{5000}$"}}, "format.additionalProperties.pattern", "repeats 5000"),
+    ({"items": [{"pattern": "^a{5000}$"}]}, "format.prefixItems[0].pattern", "repeats 5000"),
+    ({"$ref": "#/components/x", "components": {"x": {"pattern": "^a{5000}$"}}}, "format.components.x.pattern", "repeats 5000"),
+    # Text costs by the character: a long pattern is refused before it is parsed, names and values add up.
+    (_string("^" + "a" * 10_001 + "$"), "format.properties.name.pattern", "a pattern may be at most 10000"),
+    ({"properties": {f"p{i}": {"pattern": "^" + "(ab|c)" * 400 + "$"} for i in range(50)}}, "format", "as written"),
+    ({"enum": [f"{i:04d}" + "x" * 996 for i in range(101)]}, "format", "as written"),
+    ({"properties": {f"{i:04d}" + "n" * 996: {} for i in range(101)}}, "format", "as written"),
+    # The whole grammar: lengths add up, and a reference counts its target each time it is used.
+    ({"properties": {f"p{i}": {"type": "string", "maxLength": 1000} for i in range(101)}}, "format", "more than 100000"),
+    ({"$defs": {"s": {"type": "string", "maxLength": 1000}},
+      "properties": {f"p{i}": {"$ref": "#/$defs/s"} for i in range(101)}}, "format", "more than 100000"),
+    (_doubling(17), "format", "with its references written out"),
+]
+
+
+@pytest.mark.parametrize("schema, path, reason", GRAMMAR_BOMBS, ids=[f"{i}-{p}" for i, (_, p, _) in enumerate(GRAMMAR_BOMBS)])
+def test_a_grammar_bomb_is_refused_naming_the_field_before_any_compiler(schema, path, reason):
+    from refsight.requests import check_json_schema
+
+    with pytest.raises(InvalidInputError) as info:
+        check_json_schema(schema, "format")
+    assert info.value.input == path and reason in info.value.reason, str(info.value)
+
+
+def test_real_patterns_and_large_but_bounded_schemas_pass():
+    from refsight.backends.schema import MAX_SCHEMA_SIZE, schema_size
+
+    for pattern in ("^\\d{4}-\\d{2}-\\d{2}$", "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
+                    "^[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9.-]{1,255}\\.[A-Za-z]{2,63}$", "^[a-z]{1000}$", "^[a-z]{1000,}$",
+                    "^(ab){10}(cd|ef){0,100}$", "^\\{5000\\}$", "^{name}$", "^a{,}$", "^[^\"\\\\]{0,1000}$"):
+        assert schema_size(_string(pattern)) < 2_000, pattern
+    # Counts of schemas add: 1,000 strings of 1,000 characters are one string rule used 1,000 times.
+    assert schema_size({"type": "array", "minItems": 1000, "items": {"type": "string", "minLength": 1000}}) < 3_000
+    # A definition counts where it is used, not where it is written; a chain of them adds up once per use.
+    assert schema_size({"$defs": {"unused": {"type": "string", "maxLength": 1000}}, "type": "string"}) < 10
+    assert schema_size(_doubling(10)) < MAX_SCHEMA_SIZE
+    assert schema_size({"properties": {f"p{i}": {"type": "string", "maxLength": 1000} for i in range(99)}}) < MAX_SCHEMA_SIZE

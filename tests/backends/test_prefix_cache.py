@@ -11,6 +11,10 @@ summation order) differ; measured here ≤ 1.2e-7 (fp32, CPU), asserted ≤ 1e-5
 the suffix tokens only: its first forward takes ``prompt_tokens - prefix_tokens_reused`` tokens and
 ``prefix_tokens_reused`` covers every reference image token.
 (c) **Corrupt or truncated state files** are detected, deleted and rebuilt, never used.
+(d) **Hybrid language models** (Qwen3.5's Gated DeltaNet layers, Gemma 4's KV-shared layers): a state
+holds each layer kind's own tensors (a linear layer's convolution and recurrent state), is never written
+by the requests it serves, and a state that does not fit is rebuilt. Measured in (a): ≤ 1.5e-7 on
+Qwen3.5 and Qwen3.5-MoE, ≤ 2.1e-6 on Gemma 4 (logits of magnitude ~0.6), greedy tokens identical.
 """
 
 from __future__ import annotations
@@ -97,13 +101,21 @@ def from_disk(load, photos, tmp_path_factory):
     return fresh, torch.load(out, weights_only=False)
 
 
-#: Families whose language model has linear-attention layers (MiniCPM-V 4.6's Qwen3.5): their state cannot
-#: be cut at a prefix. Sliding-window families (Gemma 3, Cohere 2's Aya Vision) keep prefix states.
-LINEAR_ATTENTION = ("tiny-minicpmv4-6",)
 #: Families whose template moves a turn's images before its text (LLaVA's, PaliGemma's processor): the
-#: references are no head of the prompt, so there is no prefix to keep.
-IMAGES_FIRST = ("tiny-llava", "tiny-llava-next", "tiny-llava-onevision", "tiny-paligemma")
-NO_PREFIX = LINEAR_ATTENTION + IMAGES_FIRST
+#: references are no head of the prompt, so there is no prefix to keep. Every other family keeps prefix
+#: states: sliding windows (Gemma 3, Cohere 2's Aya Vision), Gated DeltaNet layers (Qwen3.5, Qwen3.5-MoE,
+#: MiniCPM-V 4.6's language model) and KV-shared layers (Gemma 4) included.
+IMAGES_FIRST = ("tiny-llava", "tiny-llava-next", "tiny-llava-onevision", "tiny-paligemma", "tiny-vipllava", "tiny-video-llava",
+                "tiny-llava-next-video")
+#: Families with a language-model layer whose state prefix_cache cannot keep (LFM3's short convolutions):
+#: they run the plain path.
+UNKEPT = ("tiny-lfm3-vl",)
+NO_PREFIX = IMAGES_FIRST + UNKEPT
+#: The hybrid built-ins and each language-model layer's kind (hf/layer_states.py).
+HYBRID_KINDS = {
+    "tiny-qwen3.5": ["linear", "linear", "linear", "full"],
+    "tiny-gemma4": ["sliding", "full", "shared", "shared"],
+}
 PREFIX_FAMILIES = tuple(name for name in TINY_FAMILIES if name not in NO_PREFIX)
 
 
@@ -114,7 +126,7 @@ def test_families_without_a_prefix_fall_back_to_the_fresh_path(load, photos, tmp
     from refsight.store import open_store
 
     backend = load(name)
-    assert usable_cache(backend) == (name not in LINEAR_ATTENTION)
+    assert usable_cache(backend) == (name not in UNKEPT)
     refs = backend.encode([photos[r] for r in REFS[:2]])
     candidate = backend.encode([photos[CANDIDATE]])[0]
     fresh = backend.generate(_requests(refs, candidate, RUBRICS[:2], None), return_logits=True)
@@ -207,7 +219,8 @@ def _language_model(backend):
     return base.language_model if hasattr(base, "language_model") else base.text_model
 
 
-@pytest.mark.parametrize("name", ["tiny-qwen2-vl", "tiny-smolvlm", "tiny-internvl", "tiny-mistral3"])
+@pytest.mark.parametrize("name", ["tiny-qwen2-vl", "tiny-smolvlm", "tiny-internvl", "tiny-mistral3", "tiny-qwen3.5",
+                                  "tiny-gemma4"])
 def test_a_second_rubric_runs_no_prefill_over_the_references(load, photos, tmp_path, name):
     from refsight.prefixes import PrefixStateCache
     from refsight.store import open_store
@@ -280,7 +293,7 @@ def test_a_corrupt_or_truncated_state_file_is_rebuilt_never_used(load, photos, t
         assert third.prefix_tokens_reused > 0 and third.token_ids == fresh.token_ids
 
 
-@pytest.mark.parametrize("name", ["tiny-qwen3-vl", "tiny-smolvlm"])
+@pytest.mark.parametrize("name", ["tiny-qwen3-vl", "tiny-smolvlm", "tiny-qwen3.5"])
 def test_one_batch_mixes_shared_and_different_prefixes_and_rows_without_one(load, photos, tmp_path, name):
     from refsight.backends.base import GenerationRequest
     from refsight.prefixes import PrefixStateCache
@@ -316,3 +329,49 @@ def test_without_a_prefix_cache_nothing_is_kept(load, photos, tmp_path):
     packages = backend.encode([photos[r] for r in (*REFS, CANDIDATE)])
     out = backend.generate(_requests(packages[:1], packages[3], RUBRICS[:1], None))[0]
     assert out.prefix_tokens_reused == 0 and "prefix_build" not in out.timings_ms and "prefix_load" not in out.timings_ms
+
+
+@pytest.mark.parametrize("name", sorted(HYBRID_KINDS))
+def test_a_hybrid_state_holds_each_layer_kind_is_never_written_and_a_misfit_is_rebuilt(load, photos, tmp_path, name):
+    from refsight.backends.hf.layer_states import expected_tensors, layer_kinds
+    from refsight.backends.hf.prefix_cache import state_layout
+    from refsight.backends.prefix import PrefixState
+    from refsight.prefixes import PrefixStateCache
+    from refsight.store import open_store
+
+    backend = load(name)
+    kinds = layer_kinds(backend)
+    assert kinds == HYBRID_KINDS[name]
+    # Which layers are linear is part of every key (the windows already were).
+    assert (":linear=0,1,2" in state_layout(backend)) == ("linear" in kinds)
+    packages = backend.encode([photos[r] for r in (*REFS, CANDIDATE)])
+    requests = lambda c: _requests(packages[:2], packages[3], RUBRICS[:2], c)  # noqa: E731
+    fresh = backend.generate(requests(None), return_logits=True)
+    with open_store(tmp_path / "store") as store:
+        cache = PrefixStateCache(store)
+        backend.generate(requests(cache))
+        (path,) = list((tmp_path / "store" / "prefixes").glob("*/*.safetensors"))
+        key = path.stem
+        state = cache.get(key)
+        # Each layer's own tensors: keys/values for attention layers, convolution and recurrent state for
+        # linear ones, nothing for KV-shared ones.
+        want = expected_tensors(backend, kinds, state.tokens)
+        assert set(state.tensors) == set(want)
+        assert all(list(state.tensors[k].shape) == shape and state.tensors[k].dtype in dtypes for k, (shape, dtypes) in want.items())
+        before = {k: t.clone() for k, t in state.tensors.items()}
+        # Served twice from the memory tier (the same tensor objects): decoding updates its batch's cache in
+        # place, never the stored state.
+        for _ in range(2):
+            served = backend.generate(requests(cache), return_logits=True)
+            for f, s in zip(fresh, served):
+                assert s.prefix_tokens_reused == state.tokens and s.token_ids == f.token_ids
+                assert _max_diff(s.logits, f.logits) <= LOGITS_BOUND
+        assert all(torch.equal(before[k], t) for k, t in state.tensors.items())
+        # A state that lacks one layer's tensor (or has another shape) is discarded and rebuilt, never used.
+        dropped = next(k for k in state.tensors if not k.startswith(("key.", "value."))) if "linear" in kinds else "key.1"
+        cache.put(key, PrefixState({k: t for k, t in state.tensors.items() if k != dropped}, state.meta, state.tokens))
+        rebuilt = backend.generate(requests(cache), return_logits=True)
+        assert [r.prefix_tokens_reused for r in rebuilt] == [0, 0]
+        assert [r.token_ids for r in rebuilt] == [f.token_ids for f in fresh]
+        again = backend.generate(requests(cache))
+        assert again[0].prefix_tokens_reused == state.tokens

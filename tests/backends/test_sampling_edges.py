@@ -84,7 +84,7 @@ def test_every_accepted_value_generates(backend, photos, temperature, top_p, pen
         ({"seed": 2**63}, "seed"),
         ({"seed": 1.5}, "seed"),
         ({"stop": "END"}, "stop"),
-        ({"stop": ("a", "b", "c", "d", "e")}, "stop"),
+        ({"stop": ("x",) * 33}, "stop"),  # a request's own stop strings: at most 4 (test_a_request_sends_at_most_4_stops)
         ({"stop": ("",)}, "stop"),
     ],
 )
@@ -92,6 +92,14 @@ def test_values_outside_the_declared_ranges_are_refused_by_name(fields, name):
     with pytest.raises(InvalidInputError) as info:
         Sampling(**fields)
     assert info.value.input == name
+
+
+def test_a_request_sends_at_most_4_stops_while_a_models_defaults_may_hold_more():
+    ten = tuple(f"<stop{i}>" for i in range(10))  # an Ollama Modelfile's PARAMETER stop lines
+    assert Sampling.merged({}, {"stop": ten}).stop == ten and Sampling(stop=ten).stop == ten
+    with pytest.raises(InvalidInputError) as info:
+        Sampling.merged({"stop": ["a", "b", "c", "d", "e"]}, {"stop": ten})
+    assert info.value.input == "stop" and "at most 4" in info.value.reason
 
 
 def test_stop_strings_given_as_a_list_become_a_tuple():

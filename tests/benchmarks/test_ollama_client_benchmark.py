@@ -1,5 +1,6 @@
 """ollama_client.py runs end to end at a tiny size: the ``ollama`` library against real ``refsight serve``
-processes (cached, restarted on the same store, ``--no-cache``), and prints its ONE JSON line."""
+processes (a fresh store, restarted on the same store, ``--no-cache``), with no refsight-specific call, and prints
+its ONE JSON line."""
 
 from __future__ import annotations
 
@@ -7,14 +8,15 @@ from benchmark_runner import assert_keys, run_benchmark
 from runtimes import require_module
 
 FIGURES = ("model", "client", "references", "requests", "image_px", "first_s", "after_restart_s", "restart_speedup",
-           "cached_s", "no_cache_s", "cache_speedup", "answers_equal")
+           "cached_s", "no_cache_s", "cache_speedup", "answers_equal", "tokens_equal")
 
 
 def test_ollama_client_benchmark_at_a_tiny_size(model_cache):
     require_module("llama_cpp.mtmd_cpp", "pip install 'refsight[llamacpp]'")
     require_module("ollama", "pip install 'refsight[test]'")
-    figures = run_benchmark("ollama_client.py", "--model", "tiny-qwen2-vl-gguf", "--size", "56", "--requests", "1",
+    figures = run_benchmark("ollama_client.py", "--model", "tiny-qwen2-vl-gguf", "--size", "56", "--requests", "2",
                             "--max-new-tokens", "2")
     assert_keys(figures, *FIGURES)
-    assert figures["references"] == 4 and figures["requests"] == 1
+    assert figures["client"] == "ollama-python" and figures["references"] == 3 and figures["requests"] == 2
     assert figures["first_s"] > 0 and figures["after_restart_s"] > 0 and figures["cached_s"] > 0
+    assert figures["tokens_equal"] is True  # remembered packages and prefix states answer as the baseline does

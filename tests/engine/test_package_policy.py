@@ -1,5 +1,6 @@
 """The package cache's policies, on a real tiny model: candidates stay in memory, reads never
-write, a candidate later added as a reference is made durable, and scopes isolate tenants."""
+write, a candidate later added as a reference is made durable, images sent inline are remembered
+by the ``remember_images`` policy (one-off ones leave nothing on disk), and scopes isolate tenants."""
 
 from __future__ import annotations
 
@@ -61,6 +62,61 @@ def test_a_compared_candidate_leaves_nothing_on_disk(tmp_path, photos):
     everything = _every_byte_of(store)
     assert candidate.sha256.encode() not in everything
     assert key.encode() not in everything
+
+
+def _ask(engine: Engine, reference: Path, candidate: Path, **options):
+    """A chat as an unchanged client sends it: the same reference inline, then a candidate, then the question."""
+    return engine.chat(["Reference:", load_image(reference), "Candidate:", load_image(candidate), "Same?"],
+                       max_new_tokens=2, **options)
+
+
+def test_an_image_sent_once_leaves_nothing_on_disk_and_one_sent_again_is_remembered(tmp_path, photos):
+    store = tmp_path / "store"
+    reference, once = load_image(photos["chelsea"]), load_image(photos["coffee-flip"])
+    with Engine(store, model=MODEL) as engine:  # the default policy: recurring
+        key, once_key = (engine.context().package_key(image.sha256) for image in (reference, once))
+        first = _ask(engine, photos["chelsea"], photos["coffee-flip"])
+        assert first.references_cached == [False, False] and first.prefix_tokens_reused == 0
+        assert not engine.store.local.contains(key) and engine.remembered() == []
+        second = _ask(engine, photos["chelsea"], photos["coffee"])  # sent again: kept, from memory (no encode)
+        assert second.references_cached == [True, False]
+        assert engine.store.local.contains(key) and [i.package_key for i in engine.remembered()] == [key]
+        stats = engine.stats()
+        assert (stats.remembered, stats.references) == (1, 0) and stats.remembered_bytes == _package_bytes(engine, key)
+        assert engine.gc(grace_s=0)["unlinked_packages"] == 0 and engine.store.local.contains(key)  # in use
+    everything = _every_byte_of(store)
+    assert once.sha256.encode() not in everything and once_key.encode() not in everything  # sent once: nothing
+    # A new process (a restart): the remembered image is on disk, and so is the prefix state through it.
+    with Engine(store, model=MODEL) as engine:
+        after = _ask(engine, photos["chelsea"], photos["chelsea-flip"])
+        assert after.references_cached == [True, False] and after.prefix_tokens_reused > 0
+        fresh = _ask(engine, photos["chelsea"], photos["chelsea-flip"], use_cache=False)
+        assert after.text == fresh.text
+        forgotten = engine.forget_remembered()
+        assert (len(forgotten.images), forgotten.packages) == (1, 1) and not engine.store.local.contains(key)
+        assert engine.remembered() == [] and engine.stats().remembered == 0
+
+
+def _package_bytes(engine: Engine, key: str) -> int:
+    """The bytes of the package stored under ``key``."""
+    return engine.store.local.record(key).bytes
+
+
+@pytest.mark.parametrize("policy", ["off", "all"])
+def test_the_remember_images_policy_off_keeps_nothing_and_all_keeps_every_image(tmp_path, photos, policy):
+    store = tmp_path / "store"
+    with Engine(store, model=MODEL, remember_images=policy) as engine:
+        for candidate in ("coffee", "coffee-flip", "chelsea-flip"):
+            _ask(engine, photos["chelsea"], photos[candidate])
+        kept = {i.package_key for i in engine.remembered()}
+        if policy == "off":
+            assert kept == set() and engine.store.local.stats()["packages"] == 0
+        else:
+            assert len(kept) == 4 and engine.stats().remembered == 4
+    if policy == "off":
+        everything = _every_byte_of(store)
+        for name in ("chelsea", "coffee", "coffee-flip", "chelsea-flip"):
+            assert load_image(photos[name]).sha256.encode() not in everything
 
 
 def test_compare_then_add_makes_the_candidate_package_durable(tmp_path, photos):

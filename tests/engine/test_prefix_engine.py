@@ -1,7 +1,7 @@
 """The KV prefix cache through the front ends: engine compare, CLI generate / stats (server: tests/server).
 
-The judge and ``generate`` reuse the references' prefix state by default; ``use_kv_cache=False``
-(``--no-kv-cache``, ``"use_kv_cache": false``) prefills it afresh with the same answer; the
+The judge and ``generate`` reuse the references' prefix state by default; ``prefix_states=False``
+(``--no-prefix-states``, ``"prefix_states": false``) prefills it afresh with the same answer; the
 counters show in ``stats`` and Prometheus.
 """
 
@@ -36,12 +36,12 @@ def test_compare_reuses_the_reference_prefix_across_rubrics_with_the_same_verdic
         assert _counts(engine) == {"hits": 0, "misses": 1}
         second = run(RUBRIC_B)
         assert _counts(engine) == {"hits": 1, "misses": 1}  # another rubric: no prefill over the reference
-        assert run(RUBRIC_B, use_kv_cache=False) == second
+        assert run(RUBRIC_B, prefix_states=False) == second
         assert _counts(engine) == {"hits": 1, "misses": 1}  # opted out: the store was not asked
         assert engine.stats().prefix_bytes > 0 and engine.stats().prefix_ms_saved > 0
 
 
-def test_cli_generate_reuses_the_state_and_no_kv_cache_opts_out(cli_store, capsys):
+def test_cli_generate_reuses_the_state_and_no_prefix_states_opts_out(cli_store, capsys):
     store, candidate, _ = cli_store
 
     def generate(prompt: str, *flags: str) -> dict:
@@ -52,7 +52,7 @@ def test_cli_generate_reuses_the_state_and_no_kv_cache_opts_out(cli_store, capsy
 
     built = generate("Which is closer?")
     served = generate("Same animal?")
-    opted_out = generate("Same animal?", "--no-kv-cache")
+    opted_out = generate("Same animal?", "--no-prefix-states")
     assert built["prefix_tokens_reused"] == 0 and "prefix_build" in built["timings_ms"]
     assert served["prefix_tokens_reused"] > 0 and served["timings_ms"]["prefix_build"] == 0
     assert opted_out["prefix_tokens_reused"] == 0 and "prefix_load" not in opted_out["timings_ms"]

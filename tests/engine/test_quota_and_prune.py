@@ -165,7 +165,7 @@ def test_quota_and_cache_come_from_the_config_file_and_flags_win(tmp_path, photo
         ('[store]\nmax_package_bytes = "12 parsecs"\n', "unknown unit"),
         ("[store]\nmax_package_bytes = 0\n", "at least 1"),
         ('[store]\nquota = "1GB"\n', "unknown key"),
-        ("[store]\ncache = 6379\n", "redis:// URL"),
+        ("[store]\nredis = 6379\n", "redis:// URL"),
     ],
 )
 def test_bad_store_settings_name_the_file_and_key(tmp_path, text, problem):

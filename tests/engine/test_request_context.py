@@ -61,8 +61,6 @@ def test_the_cache_switches_travel_as_given(engine):
     assert not engine.context(prefix_states=False).prefix_states
     assert not engine.context(use_cache=False).prefix_states  # pixels: no package keys to key a state by
     assert engine.prefixes.for_request(engine.context(prefix_states=False)) is None
-    with pytest.deprecated_call(match="use prefix_states"):  # the earlier name of the switch
-        assert engine.prefixes.for_request(engine.context(use_kv_cache=False)) is None
     assert engine.prefixes.for_request(engine.context()) is engine.prefixes
     with pytest.raises(InvalidInputError) as e:
         engine.context(use_cache="no")

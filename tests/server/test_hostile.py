@@ -73,6 +73,9 @@ def _json_error(response: httpx.Response) -> dict:
         if isinstance(body["error"], str):  # Ollama's routes: {"error": "message"}, the stable code beside it
             assert set(body) == {"error", "code"} and response.request.url.path.startswith("/api/"), body
             body = {"error": {"code": body["code"], "message": body["error"]}}
+        if body.get("type") == "error":  # Anthropic's routes: {"type": "error", "error": {"type", "message", ...}}
+            assert response.request.url.path.startswith("/v1/messages"), body
+            body = {"error": body["error"]}
         assert set(body) == {"error"} and isinstance(body["error"]["code"], str), body
         assert isinstance(body["error"]["message"], str) and "Traceback" not in body["error"]["message"]
         return body["error"]
@@ -228,6 +231,11 @@ TEXT_FIELDS = [
     ("POST /api/blobs/{digest}", {"x": BAD}, "x"),
     ("POST /api/embed", {"input": BAD}, "input"),
     ("POST /api/embeddings", {"prompt": BAD}, "prompt"),
+    ("POST /v1/messages", {"model": "toy", "max_tokens": 4, "messages": [{"role": "user", "content": BAD}]},
+     "messages[0].content"),
+    ("POST /v1/messages", {"model": "toy", "max_tokens": 4, "system": BAD, "messages": _HI}, "system"),
+    ("POST /v1/messages/count_tokens", {"model": "toy", "messages": [{"role": "user", "content": BAD}]},
+     "messages[0].content"),
 ]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -110,3 +111,57 @@ def test_a_request_holds_one_decoded_image_at_a_time(tmp_path):
           f"all, +{rise:.0f} MB ({rise / DECODED_MB:.1f} decoded images)")
     assert warm.status_code == 200 and chat.status_code == 200, (warm.text, chat.text)
     assert rise < 6 * DECODED_MB, f"peak RSS rose {rise:.0f} MB: {rise / DECODED_MB:.1f} decoded images held at once"
+
+
+def _png16(width: int, height: int, colour_type: int) -> bytes:
+    """A 16-bit PNG (colour type 0: grey, 4: grey and alpha) of one colour, written row by row through zlib:
+    ~100 KB on the wire for 40 M pixels (Pillow writes no 16-bit grey+alpha)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    compressor = zlib.compressobj(9)
+    row = b"\x00" + b"\x12\x34" * {0: 1, 4: 2}[colour_type] * width
+    pixels = b"".join([compressor.compress(row) for _ in range(height)] + [compressor.flush()])
+    header = struct.pack(">IIBBBBB", width, height, 16, colour_type, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
+
+
+def test_hostile_bodies_and_16_bit_images_stay_far_under_the_bound(tmp_path):
+    """Issue 49, items 5 and 10, each request's own peak (the peak restarted before each): 31 MiB of \\" escapes
+    (+1.43 GB before: the depth scan held a Python object per escape; an unknown path read the body too), a
+    body of 10 M empty lists (+868 MB, parsed), and 40-megapixel 16-bit PNGs of ~100 KB (+802 MB grey,
+    +926 MB grey and alpha: int64 copies of the whole image, then four RGBA copies)."""
+    escapes = b'{"prompt":"' + b'\\"' * ((31 << 20) // 2) + b'"}'
+    lists = b'{"model":"toy","l":[' + b"[]," * ((31 << 20) // 3) + b"[]]}"
+
+    def chat(png: bytes) -> bytes:
+        image = base64.b64encode(png).decode()
+        return json.dumps({"model": "toy", "stream": False, "messages": [
+            {"role": "user", "content": "hi", "images": [image]}]}).encode()
+
+    cases = [("escapes, unknown path", "/no-such-route", escapes, 404, 32),
+             ("escapes, /completion", "/completion", escapes, 400, 300),
+             ("escapes, /api/chat", "/api/chat", escapes, 400, 300),
+             ("10 M lists, /api/show", "/api/show", lists, 400, 200),
+             ("16-bit grey PNG, /api/chat", "/api/chat", chat(_png16(8000, 5000, 0)), 200, 450),
+             ("16-bit grey+alpha PNG, /api/chat", "/api/chat", chat(_png16(8000, 5000, 4)), 200, 450)]
+    server = ServeProcess(tmp_path / "store").wait_ready()
+    seen = {}
+    try:
+        with httpx.Client(base_url=server.url, timeout=300) as c:
+            warm = c.post("/api/chat", content=chat(_encoded((64, 48), "PNG")))  # the first request's one-off costs
+            assert warm.status_code == 200, warm.text
+            for name, path, body, status, _ in cases:
+                base = server.reset_peak()
+                reply = c.post(path, content=body, headers={"content-type": "application/json"})
+                seen[name] = (reply.status_code, server.peak_rss_mb() - base, reply.text[:200])
+    finally:
+        server.stop()
+    print("; ".join(f"{name}: {code}, +{rise:.0f} MB" for name, (code, rise, _) in seen.items()))
+    for name, _, _, status, bound_mb in cases:
+        code, rise, text = seen[name]
+        assert code == status, (name, text)
+        assert rise < bound_mb, f"{name}: peak RSS rose {rise:.0f} MB (bound {bound_mb} MB)"

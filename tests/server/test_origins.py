@@ -64,9 +64,46 @@ def test_cors_is_opt_in_and_preflights_come_before_the_key_check(make_server):
         assert c.get("/v1/references", headers={"Origin": app}).headers["access-control-allow-origin"] == app
 
 
+def test_localhost_origins_are_reflected_by_default_as_llama_servers_localhost_mode(make_server):
+    """Issue 51 item 3: llama-server's ``--cors-origins localhost`` (refsight's default) reflects a loopback origin on
+    any port, parsed (``localhost.evil.com`` and user info are not local); keys change nothing; ``""``: none."""
+    preflight = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "Authorization"}
+    server = make_server(keys={"key-a-12345678": "a"})
+    with server.client() as anonymous:
+        for origin in ("http://localhost", "http://localhost:8080", "http://127.0.0.1:3000", "http://[::1]:3000",
+                       "https://localhost"):
+            reply = anonymous.options("/completions", headers={**preflight, "Origin": origin})
+            assert reply.status_code == 200 and reply.headers["access-control-allow-origin"] == origin, origin
+        for origin in ("http://web.mydomain.fr", "http://notlocalhost", "http://localhost.evil.com",
+                       "http://127.0.0.1:1@evil.example", "null"):
+            reply = anonymous.options("/completions", headers={**preflight, "Origin": origin})
+            assert reply.status_code == 200 and "access-control-allow-origin" not in reply.headers, origin
+    with server.client("key-a-12345678") as c:
+        reply = c.get("/v1/models", headers={"Origin": "http://localhost:5173"})
+        assert reply.headers["access-control-allow-origin"] == "http://localhost:5173"
+    off = make_server(cors_origins=())
+    with off.client() as c:
+        assert "access-control-allow-origin" not in c.get("/v1/models", headers={"Origin": "http://localhost"}).headers
+
+
 def test_a_listed_origin_may_post_to_a_keyless_server(make_server):
     server = make_server(cors_origins=("https://app.example",))
     with server.client() as c:
         files = {"image": ("a.png", photo_png(), "image/png")}
         reply = c.post("/v1/references", data={"id": "x"}, files=files, headers={"Origin": "https://app.example"})
         assert reply.status_code == 201 and reply.headers["access-control-allow-origin"] == "https://app.example"
+
+
+def test_an_origin_or_host_is_parsed_not_searched(server):
+    """Issue 49 item 12: ``http://127.0.0.1:1@evil.example`` is evil.example's origin (user info before the @)."""
+    files = {"image": ("a.png", photo_png(), "image/png")}
+    with server.client() as c:
+        for origin in ("http://127.0.0.1:1@evil.example", f"http://127.0.0.1:{server.port}/path",
+                       "http://localhost?x", "http://127.0.0.1 evil.example", "ftp://127.0.0.1"):
+            assert_error(c.post("/v1/references", data={"id": "x"}, files=files, headers={"Origin": origin}), 403,
+                         "origin_not_allowed")
+        assert_error(c.get("/v1/references", headers={"Host": "127.0.0.1:1@evil.example"}), 403, "host_not_allowed")
+        assert c.get("/v1/references").json()["references"] == []
+        for own in (f"http://127.0.0.1:{server.port}", "http://[::1]:8080", "http://app.localhost"):
+            reply = c.post("/v1/references", data={"id": "x"}, files=files, headers={"Origin": own})
+            assert reply.status_code == 201, (own, reply.text)

@@ -1,4 +1,4 @@
-"""``POST /v1/compare`` with ``prefix_states`` (``use_kv_cache``, its deprecated name) and the ``refsight_prefix_*`` metrics,
+"""``POST /v1/compare`` with ``prefix_states`` and the ``refsight_prefix_*`` metrics,
 on a real tiny model."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ RUBRIC_A = "pointed ears"
 RUBRIC_B = "same colour"
 
 
-def test_server_compare_takes_use_kv_cache_and_metrics_count_prefixes(make_server):
+def test_server_compare_takes_prefix_states_and_metrics_count_prefixes(make_server):
     def png(name: str, size) -> str:
         return b64(photo_png(name, size))
 
@@ -18,15 +18,10 @@ def test_server_compare_takes_use_kv_cache_and_metrics_count_prefixes(make_serve
         assert c.post("/v1/references", json={"image": png("chelsea", (64, 48)), "id": "chelsea"}).status_code == 201
         body = {"candidate": png("astronaut", (56, 56)), "criteria": RUBRIC_B, "ref_ids": ["chelsea"], "force_vlm": True}
         kv = c.post("/v1/compare", json=body, timeout=300)
-        fresh = c.post("/v1/compare", json={**body, "use_kv_cache": False}, timeout=300)
+        fresh = c.post("/v1/compare", json={**body, "prefix_states": False}, timeout=300)
         again = c.post("/v1/compare", json={**body, "criteria": RUBRIC_A}, timeout=300)
         assert kv.status_code == fresh.status_code == again.status_code == 200, kv.text
         assert kv.json()["results"] == fresh.json()["results"]
-        bad = c.post("/v1/compare", json={**body, "use_kv_cache": "sometimes"})
-        assert bad.status_code == 400 or bad.status_code == 422
-        # The switch's one name: opted out, it neither reads nor builds a state (the counts below stay).
-        off = c.post("/v1/compare", json={**body, "prefix_states": False}, timeout=300)
-        assert off.status_code == 200 and off.json()["results"] == kv.json()["results"]
         assert c.post("/v1/compare", json={**body, "prefix_states": "sometimes"}).status_code in (400, 422)
         metrics = c.get("/metrics").text
     values = {

@@ -168,7 +168,8 @@ def test_llama_server_flags_honoured_or_accepted(tmp_path):
 
 @pytest.mark.parametrize(("args", "slots", "n_ctx"), [(("-np", "1", "-c", "1024"), 1, 1024),
                                                       (("-np", "2", "-c", "2048"), 2, 1024),
-                                                      (("-np", "2", "-c", "1024", "--ctx-per-slot"), 2, 1024)])
+                                                      (("-np", "2", "-c", "1024", "--ctx-per-slot"), 2, 1024),
+                                                      (("-np", "4", "-c", "256"), 4, 256)])  # llama.cpp pads each share
 def test_np_slots_share_the_context_as_in_llama_server(tmp_path, model_cache, args, slots, n_ctx):
     require_module("llama_cpp")
     from refsight.backends.llamacpp.models import ensure_gguf

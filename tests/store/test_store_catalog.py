@@ -179,6 +179,7 @@ def test_a_version_1_store_is_migrated_in_place(opener, tmp_path):
         store.catalog.add_reference("kept", image_hash(1), {"k": "v"})
     # make it look like a store written before the change journal existed
     opener.sql(root, [
+        "DROP TABLE remembered_packages",  # added by version 5
         "DROP TABLE reference_changes",
         "DROP INDEX packages_by_use",  # added by version 4
         "ALTER TABLE packages DROP COLUMN last_used",
@@ -190,7 +191,7 @@ def test_a_version_1_store_is_migrated_in_place(opener, tmp_path):
         assert store.catalog.revision() == 0
         store.catalog.add_reference("new", image_hash(2), {})
         assert [r.ref_id for r in store.catalog.changes_since(0).changed] == ["new"]
-    assert opener.sql(root, ["SELECT value FROM meta WHERE name = 'schema_version'"])[0][0][0] == "4"
+    assert opener.sql(root, ["SELECT value FROM meta WHERE name = 'schema_version'"])[0][0][0] == "5"
 
 
 def test_a_newer_store_is_refused(opener, tmp_path):
@@ -213,7 +214,8 @@ def _downgraded(opener, root, version: int, statements: list[str]):
 
 def test_a_version_2_store_keeps_its_packages_as_shared(opener, tmp_path):
     # a store written before isolation scopes existed: no scope column (nor version 4's last use)
-    drops = ["DROP INDEX packages_by_use", "ALTER TABLE packages DROP COLUMN last_used", "ALTER TABLE packages DROP COLUMN scope"]
+    drops = ["DROP TABLE remembered_packages", "DROP INDEX packages_by_use", "ALTER TABLE packages DROP COLUMN last_used",
+             "ALTER TABLE packages DROP COLUMN scope"]
     package = _downgraded(opener, tmp_path / "v2", 2, drops)
     with opener(tmp_path / "v2") as store:
         loaded = store.local.get(package.key)
@@ -223,7 +225,8 @@ def test_a_version_2_store_keeps_its_packages_as_shared(opener, tmp_path):
 
 def test_a_version_3_store_gets_last_used_from_creation_time(opener, tmp_path):
     # a store written before the byte quota existed: no last_used column
-    package = _downgraded(opener, tmp_path / "v3", 3, ["DROP INDEX packages_by_use", "ALTER TABLE packages DROP COLUMN last_used"])
+    package = _downgraded(opener, tmp_path / "v3", 3, ["DROP TABLE remembered_packages", "DROP INDEX packages_by_use",
+                                                       "ALTER TABLE packages DROP COLUMN last_used"])
     with opener(tmp_path / "v3") as store:
         [usage] = store.local.least_recently_used(10)
         assert usage.key == package.key and usage.last_used == package.created_at

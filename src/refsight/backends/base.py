@@ -115,7 +115,8 @@ class Generation:
     each image in prompt order. ``finish_reason`` is ``"stop"`` (end of text or a stop
     string), ``"length"`` (``max_new_tokens`` reached) or ``"cancelled"`` (the stop event
     was set); ``None`` when the backend does not say. ``prefix_tokens_reused`` counts the prompt
-    tokens served from a reused prefix state (no prefill ran over them).
+    tokens served from a reused prefix state (no prefill ran over them). ``logprobs``: one
+    :class:`~refsight.results.TokenLogprob` per token when ``Sampling.logprobs`` asked for them.
     """
 
     text: str
@@ -128,6 +129,7 @@ class Generation:
     image_tokens: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     prefix_tokens_reused: int = 0
+    logprobs: list[Any] | None = None
 
 
 @dataclass

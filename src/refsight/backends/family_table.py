@@ -37,25 +37,54 @@ class Proof:
 _GENERIC = ("gemma3", "llava", "llava_next", "llava_onevision", "paligemma", "internvl", "aya_vision", "mistral3", "glm4v",
             "glm4v_moe", "minicpmv4_6", "qwen3_vl_moe")
 
+# Built like an earlier family, with the model type's own config (tiny_kin_specs).
+_KIN = ("vipllava", "video_llava", "llava_next_video", "glm46v", "exaone4_5", "lfm3_vl", "paddleocr_vl", "video_llama_3",
+        "lighton_ocr", "idefics3", "deepseek_vl", "deepseek_vl_hybrid", "janus")
+
 PROOFS: tuple[Proof, ...] = (
     Proof("qwen2_vl", "transformers", "tiny-qwen2-vl", _HF_EQUIVALENCE),
     Proof("qwen2_5_vl", "transformers", "tiny-qwen2.5-vl", _HF_EQUIVALENCE),
     Proof("qwen3_vl", "transformers", "tiny-qwen3-vl", _HF_EQUIVALENCE),
     Proof("smolvlm", "transformers", "tiny-smolvlm", _HF_EQUIVALENCE),
     *(Proof(t, "transformers", f"tiny-{t.replace('_', '-')}", _HF_GENERIC) for t in _GENERIC),
+    *(Proof(t, "transformers", f"tiny-{t.replace('_', '-')}", _HF_GENERIC) for t in _KIN),
+    # Hybrid (Gated DeltaNet + full attention): cached == pixel path in test_families, and the reference
+    # state (every linear layer's convolution and recurrent state) reused exactly in test_prefix_cache.
+    Proof("qwen3_5", "transformers", "tiny-qwen3.5", _HF_GENERIC),
+    Proof("qwen3_5_moe", "transformers", "tiny-qwen3.5-moe", _HF_GENERIC),
+    # Per-layer inputs and KV-shared layers: the shared layers keep no state (they attend with their
+    # producer layer's keys and values), so reference states cover Gemma 4 too (test_prefix_cache).
+    Proof("gemma4", "transformers", "tiny-gemma4", _HF_GENERIC),
     Proof("qwen2_vl", "llama.cpp", "tiny-qwen2-vl-gguf", _LLAMA),
     Proof("qwen2_5_vl", "llama.cpp", "tiny-qwen2.5-vl-gguf", _LLAMA),
     Proof("smolvlm", "llama.cpp", "tiny-smolvlm-gguf", _LLAMA),
     Proof("qwen3_vl", "llama.cpp", "tiny-qwen3-vl-gguf", "tests/backends/llamacpp/test_llamacpp_qwen3vl.py"),
     *(Proof(t, "llama.cpp", f"tiny-{t.replace('_', '-')}-gguf", _LLAMA_FAMILIES)
       for t in ("gemma3", "internvl", "mistral3", "lfm2_vl", "llama4", "glm4v", "minicpmv4_6")),
+    # Hybrids on llama.cpp: the sequence state saved after the references holds every Gated DeltaNet layer's
+    # recurrent and convolution state, restored whole (bit-identical, from disk in a new process).
+    Proof("qwen3_5", "llama.cpp", "tiny-qwen3.5-gguf", _LLAMA_FAMILIES),
+    Proof("qwen3_5_moe", "llama.cpp", "tiny-qwen3.5-moe-gguf", _LLAMA_FAMILIES),
+    # Gemma 4's state is reused while the prefix fits in the sliding window, never past it (llamacpp/prefix.py).
+    Proof("gemma4", "llama.cpp", "tiny-gemma4-gguf", _LLAMA_FAMILIES),
     Proof("qwen2_vl", "vllm", "tiny-qwen2-vl-vllm", _VLLM),
     Proof("qwen2_5_vl", "vllm", "tiny-qwen2.5-vl-vllm", _VLLM),
     Proof("qwen3_vl", "vllm", "tiny-qwen3-vl-vllm", _VLLM),
     *(Proof(t, "vllm", f"tiny-{t}-vllm", _VLLM_FAMILIES) for t in ("gemma3", "llava", "internvl", "mistral3", "smolvlm")),
+    Proof("llava_next", "vllm", "tiny-llava-next-vllm", _VLLM_FAMILIES),
+    Proof("llava_onevision", "vllm", "tiny-llava-onevision-vllm", _VLLM_FAMILIES),
+    # Hybrid on vLLM: references by uuid and the encoder-cache connector (across a restart) as for every
+    # family; the language model's reference state is vLLM's own prefix cache ("align" mode: docs/architecture/vllm.md).
+    Proof("qwen3_5", "vllm", "tiny-qwen3.5-vllm", _VLLM_FAMILIES),
+    Proof("qwen3_5_moe", "vllm", "tiny-qwen3.5-moe-vllm", _VLLM_FAMILIES),
+    *(Proof(t, "vllm", f"tiny-{t.replace('_', '-')}-vllm", _VLLM_FAMILIES)
+      for t in ("qwen3_vl_moe", "glm4v", "glm4v_moe", "paddleocr_vl", "exaone4_5", "idefics3", "minicpmv4_6", "gemma4")),
 )
 
-_TORCHVISION = "transformers 5.24 has only a torchvision image processor for it (see 'torchvision on CPU')"
+_TORCHVISION = ("transformers 5.24 has only a torchvision image processor for it: served where torchvision imports, "
+                "unproven in CI, which installs none (see 'torchvision on CPU')")
+_BASE_ONLY = ("its get_image_features is on {}Model only, which the generic backend calls (loads through the seam); "
+              "no tiny built-in proves it in CI yet")
 _CONVERTER = "llama-cpp-python 0.3.36's convert_hf_to_gguf.py does not convert it"
 
 #: Model types that cannot be served on a runtime here, with the reason (shown in the table).
@@ -63,12 +92,40 @@ NOT_SERVED: dict[tuple[str, str], str] = {
     ("lfm2_vl", "transformers"): _TORCHVISION,
     ("cohere2_vision", "transformers"): _TORCHVISION,
     ("llama4", "transformers"): "transformers 5.24's Llama4ForConditionalGeneration.forward raises "
-                                "'MoeCausalLMOutputWithPast' object has no attribute 'image_outputs'; " + _TORCHVISION,
-    ("mllama", "transformers"): "cross-attention images: no precomputed-features seam in transformers",
+                                "'MoeCausalLMOutputWithPast' object has no attribute 'image_outputs', and its only image "
+                                "processor needs torchvision",
+    ("mllama", "transformers"): "cross-attention images: MllamaForConditionalGeneration has neither get_image_features nor "
+                                "mm_encoder_outputs (its text layers cross-attend to the tower's output), so no seam to cache",
+    ("molmo2", "transformers"): _TORCHVISION,
+    ("kimi_k25", "transformers"): _TORCHVISION,
+    ("step3p7", "transformers"): _TORCHVISION,
+    ("emu3", "transformers"): _BASE_ONLY.format("Emu3"),
+    ("fuyu", "transformers"): _BASE_ONLY.format("Fuyu"),
+    ("florence2", "transformers"): "Florence2ForConditionalGeneration (an encoder-decoder) has no mm_encoder_outputs: no "
+                                   "precomputed-features seam",
+    ("got_ocr2", "transformers"): "GotOcr2Processor refuses more than one image per prompt unless multi_page, which reads them "
+                                  "as the pages of one document; refsight's prompts hold references and a candidate",
+    ("shieldgemma2", "transformers"): "ShieldGemma2Processor is a one-image policy classifier: its __call__ ignores the text, "
+                                      "writes its own policy prompts and refuses a second image (its model is Gemma 3's: gemma3)",
     ("idefics2", "transformers"): "its processor has no replace_image_token (it expands images from the text alone)",
+    ("gemma3n", "transformers"): "its vision tower is timm's MobileNetV5 (TimmWrapperModel); timm is no refsight dependency, so CI cannot build one",
+    ("gemma3n", "llama.cpp"): "convert_hf_to_gguf.py converts its mmproj from the timm MobileNetV5 tower (with the audio "
+                              "tower); timm is no refsight dependency, so CI cannot build a checkpoint to convert",
     ("llava", "llama.cpp"): _CONVERTER,
     ("llava_onevision", "llama.cpp"): _CONVERTER,
     ("paligemma", "llama.cpp"): _CONVERTER,
+    ("paligemma", "vllm"): "vLLM 0.32 takes one image per PaliGemma prompt (paligemma.py get_supported_mm_limits); "
+                           "a comparison holds references and a candidate",
+    ("llava_next_video", "vllm"): "vLLM 0.32's LlavaNextVideoForConditionalGeneration takes videos only "
+                                  "(llava_next_video.py get_supported_mm_limits)",
+    ("aya_vision", "vllm"): "vLLM dropped AyaVisionForConditionalGeneration in 0.24 (registry.py _PREVIOUSLY_SUPPORTED_MODELS)",
+    ("lighton_ocr", "vllm"): "vLLM 0.32's LightOnOCRForConditionalGeneration takes the original checkpoints' Mistral3Config, "
+                             "not transformers' lighton_ocr config (lightonocr.py)",
+    ("mllama", "vllm"): "vLLM dropped MllamaForConditionalGeneration in 0.10.2 (registry.py _PREVIOUSLY_SUPPORTED_MODELS)",
+    **{(t, "vllm"): f"vLLM 0.32 registers no {arch}" for t, arch in (
+        ("vipllava", "VipLlavaForConditionalGeneration"), ("video_llava", "VideoLlavaForConditionalGeneration"),
+        ("glm46v", "Glm46VForConditionalGeneration"), ("lfm3_vl", "Lfm3VlForConditionalGeneration"),
+        ("video_llama_3", "VideoLlama3ForConditionalGeneration"))},
 }
 
 

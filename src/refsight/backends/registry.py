@@ -25,7 +25,7 @@ from .base import Backend
 from .tiny_families import FAMILY_SPECS
 
 __all__ = [
-    "register_backend", "available_models", "get_backend", "resolve_factory", "HF_PREFIX", "LLAMACPP_PREFIX",
+    "register_backend", "available_models", "get_backend", "release_backend", "resolve_factory", "HF_PREFIX", "LLAMACPP_PREFIX",
     "VLLM_PREFIX",
 ]
 
@@ -47,6 +47,7 @@ _BUILTINS: dict[str, str] = {
     "shape-qwen2-vl-2b-full": "refsight.backends.tiny:load_tiny",
     "shape-smolvlm-256m": "refsight.backends.tiny:load_tiny",
     "shape-gemma3-4b": "refsight.backends.tiny:load_tiny",
+    "shape-qwen3.5-0.8b": "refsight.backends.tiny:load_tiny",
     # llama.cpp (GGUF) built-ins: need the ``llamacpp`` extra
     "tiny-qwen2-vl-gguf": "refsight.backends.llamacpp:load_builtin",
     "tiny-qwen2.5-vl-gguf": "refsight.backends.llamacpp:load_builtin",
@@ -61,6 +62,9 @@ _BUILTINS: dict[str, str] = {
     "tiny-llama4-gguf": "refsight.backends.llamacpp:load_builtin",
     "tiny-glm4v-gguf": "refsight.backends.llamacpp:load_builtin",
     "tiny-minicpmv4-6-gguf": "refsight.backends.llamacpp:load_builtin",
+    "tiny-qwen3.5-gguf": "refsight.backends.llamacpp:load_builtin",
+    "tiny-qwen3.5-moe-gguf": "refsight.backends.llamacpp:load_builtin",
+    "tiny-gemma4-gguf": "refsight.backends.llamacpp:load_builtin",
     # quantized GGUFs (llama.cpp's quantizer over an f16 base; see backends/llamacpp/quantized.py)
     "tiny-qwen2-vl-gguf-q8": "refsight.backends.llamacpp.quantized:load_quantized",
     "tiny-qwen2-vl-gguf-q4": "refsight.backends.llamacpp.quantized:load_quantized",
@@ -79,6 +83,18 @@ _BUILTINS: dict[str, str] = {
     "tiny-internvl-vllm": "refsight.backends.vllm.families:load_family_vllm",
     "tiny-mistral3-vllm": "refsight.backends.vllm.families:load_family_vllm",
     "tiny-smolvlm-vllm": "refsight.backends.vllm.families:load_family_vllm",
+    "tiny-qwen3.5-vllm": "refsight.backends.vllm.families:load_family_vllm",
+    "tiny-qwen3.5-moe-vllm": "refsight.backends.vllm.families:load_family_vllm",
+    "tiny-llava-next-vllm": "refsight.backends.vllm.families:load_family_vllm",
+    "tiny-llava-onevision-vllm": "refsight.backends.vllm.families:load_family_vllm",
+    "tiny-minicpmv4-6-vllm": "refsight.backends.vllm.families:load_family_vllm",
+    "tiny-qwen3-vl-moe-vllm": "refsight.backends.vllm.families:load_family_vllm",
+    "tiny-glm4v-vllm": "refsight.backends.vllm.families:load_family_vllm",
+    "tiny-glm4v-moe-vllm": "refsight.backends.vllm.families:load_family_vllm",
+    "tiny-paddleocr-vl-vllm": "refsight.backends.vllm.families:load_family_vllm",
+    "tiny-exaone4-5-vllm": "refsight.backends.vllm.families:load_family_vllm",
+    "tiny-idefics3-vllm": "refsight.backends.vllm.families:load_family_vllm",
+    "tiny-gemma4-vllm": "refsight.backends.vllm.families:load_family_vllm",
 }
 # The tiny checkpoints of the families the generic transformers backend serves (tiny_families.py).
 _BUILTINS.update({name: "refsight.backends.tiny:load_tiny" for name in FAMILY_SPECS})
@@ -116,6 +132,14 @@ def resolve_factory(name: str) -> Callable[..., Backend]:
     if target is None:
         raise UnknownModelError(name, available_models())
     return load_factory(target, name, BackendError, "backend")
+
+
+def release_backend(backend: Backend) -> None:
+    """Close ``backend`` and forget it, so the next :func:`get_backend` of its name and options builds it afresh."""
+    with _lock:
+        for key in [key for key, built in _instances.items() if built is backend]:
+            del _instances[key]
+    backend.close()
 
 
 def get_backend(name: str, **options: Any) -> Backend:

@@ -7,7 +7,11 @@ decoding with no stop strings, so every request that names nothing decodes exact
 before. A backend lists the fields it honours in ``Backend.sampling_fields``;
 :meth:`Sampling.unsupported` names the ones a request sets that a backend would ignore,
 so callers refuse them instead of ignoring them silently. :meth:`Sampling.merged` is the one
-merge of a request's fields over the served model's defaults.
+merge of a request's fields over the served model's defaults. The token constraints
+(:data:`TOKEN_FIELDS`: ``logit_bias``, ``ignore_eos``, a GBNF ``grammar``, llama-server's) are
+fields too, honoured only by a backend that lists them; so is ``logprobs`` (:data:`OUTPUT_FIELDS`), which
+changes no token but asks the backend to report each token's log probability and the most likely
+alternatives (:class:`~refsight.results.TokenLogprob`).
 
 :class:`StopText` cuts a growing text at the first stop string and tells a streamer how
 much of it is safe to show (text that could still become a stop string is held back).
@@ -16,16 +20,20 @@ This module imports no torch: it is shared by every backend and the server.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from ..errors import InvalidInputError
 from ..inputs.text import check_texts
+from ..results import MAX_LOGPROBS
+from .gbnf import check_gbnf
 
 __all__ = [
     "Sampling", "StopText", "check_supported", "SAMPLING_FIELDS", "GREEDY_TEMPERATURE",
     "TOP_P_FLOOR", "TEMPERATURE_RANGE", "TOP_P_RANGE", "PENALTY_RANGE", "SEED_LIMIT", "MAX_STOP_STRINGS",
-    "TOP_K_LIMIT", "MIN_P_RANGE", "REPETITION_PENALTY_RANGE", "RANGES",
+    "MAX_DEFAULT_STOP_STRINGS", "TOP_K_LIMIT", "MIN_P_RANGE", "REPETITION_PENALTY_RANGE", "RANGES",
+    "TOKEN_FIELDS", "MAX_LOGIT_BIAS", "OUTPUT_FIELDS",
 ]
 
 #: Every field of :class:`Sampling`, in the OpenAI spelling.
@@ -33,13 +41,27 @@ SAMPLING_FIELDS = (
     "temperature", "top_p", "seed", "stop", "frequency_penalty", "presence_penalty", "top_k", "min_p", "repetition_penalty",
 )
 
+#: The token constraints (llama-server's fields): a backend honours them only where it lists them.
+TOKEN_FIELDS = ("logit_bias", "ignore_eos", "grammar")
+#: What a generation reports beside its tokens: a backend honours it only where it lists it.
+OUTPUT_FIELDS = ("logprobs",)
+#: The most ``(token, bias)`` pairs one request may give (a vocabulary's worth is never needed).
+MAX_LOGIT_BIAS = 1 << 16
+#: The largest token id a bias may name before the backend checks it against its vocabulary.
+_TOKEN_LIMIT = 2**31
+
 #: The declared ranges, one source for the library's checks and the server's schema (inclusive
 #: bounds; ``top_p`` excludes 0). Every value inside them works on every runtime.
 TEMPERATURE_RANGE = (0.0, 2.0)
 TOP_P_RANGE = (0.0, 1.0)
 PENALTY_RANGE = (-2.0, 2.0)
 SEED_LIMIT = 2**63
+#: The stop strings a request may send (OpenAI's limit), checked where a request's fields are read
+#: (:meth:`Sampling.merged`).
 MAX_STOP_STRINGS = 4
+#: The stop strings a :class:`Sampling` may hold in all: a served model's defaults ship more than a
+#: request may send (an Ollama Modelfile's ``PARAMETER stop`` lines: 4 to 10 on real models).
+MAX_DEFAULT_STOP_STRINGS = 32
 #: ``top_k`` keeps at most this many tokens (0: no limit); above any vocabulary, so the bound changes nothing.
 TOP_K_LIMIT = 1 << 20
 MIN_P_RANGE = (0.0, 1.0)
@@ -78,11 +100,26 @@ def _integer(name: str, value: Any, high: int, reason: str) -> None:
         raise InvalidInputError(name, f"{reason}, not {value!r}")
 
 
-def _stop_strings(stop: Any) -> tuple[str, ...]:
-    if not isinstance(stop, (tuple, list)) or len(stop) > MAX_STOP_STRINGS or any(not isinstance(s, str) or not s for s in stop):
-        raise InvalidInputError("stop", f"give at most {MAX_STOP_STRINGS} non-empty strings")
+def _stop_strings(stop: Any, limit: int = MAX_DEFAULT_STOP_STRINGS) -> tuple[str, ...]:
+    if not isinstance(stop, (tuple, list)) or len(stop) > limit or any(not isinstance(s, str) or not s for s in stop):
+        raise InvalidInputError("stop", f"give at most {limit} non-empty strings")
     check_texts(list(stop), "stop")  # a backend request encodes them, and so would a log
     return tuple(stop)
+
+
+def _logit_bias(pairs: Any) -> tuple[tuple[int, float], ...]:
+    """``(token, bias)`` pairs: token ids >= 0, biases finite or ``-inf`` (the token banned)."""
+    if not isinstance(pairs, (tuple, list)) or len(pairs) > MAX_LOGIT_BIAS:
+        raise InvalidInputError("logit_bias", f"give at most {MAX_LOGIT_BIAS} (token, bias) pairs")
+    out = []
+    for pair in pairs:
+        token, bias = pair if isinstance(pair, (tuple, list)) and len(pair) == 2 else (None, None)
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < _TOKEN_LIMIT:
+            raise InvalidInputError("logit_bias", f"token ids are non-negative integers, not {token!r}")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or math.isnan(bias) or bias == math.inf:
+            raise InvalidInputError("logit_bias", f"token {token}: a bias is a finite number or -inf, not {bias!r}")
+        out.append((token, float(bias)))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -102,6 +139,17 @@ class Sampling:
     always keep the most likely token, so with greedy decoding they change nothing. Every
     value accepted here works on every runtime; anything else is an :class:`InvalidInputError`
     naming the field.
+
+    The token constraints, llama-server's: ``logit_bias`` ``(token id, bias)`` pairs added to
+    those tokens' logits before anything else (``-inf`` bans one); ``ignore_eos`` bans the
+    end-of-generation tokens (llama-server's own reading: a bias of ``-inf`` on each), so the
+    answer runs to ``max_new_tokens``, a stop string or the grammar's end; ``grammar`` a GBNF
+    grammar the answer must follow (:func:`~refsight.backends.gbnf.check_gbnf` bounds it; its
+    syntax is the runtime's to judge). A token id's range is the backend's to check.
+
+    ``logprobs`` (None: off) changes no token: the generation reports each token's log probability
+    and its ``logprobs`` most likely alternatives (0: the chosen token's alone), at most
+    :data:`~refsight.results.MAX_LOGPROBS`.
     """
 
     temperature: float = 0.0
@@ -113,6 +161,10 @@ class Sampling:
     top_k: int = 0
     min_p: float = 0.0
     repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    ignore_eos: bool = False
+    grammar: str | None = None
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         # Every rule of a sampling, checked here once: the front ends build a Sampling and keep no copy.
@@ -122,6 +174,13 @@ class Sampling:
         if self.seed is not None:
             _integer("seed", self.seed, SEED_LIMIT - 1, "must be a non-negative 64-bit integer")
         object.__setattr__(self, "stop", _stop_strings(self.stop))
+        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
+        if not isinstance(self.ignore_eos, bool):
+            raise InvalidInputError("ignore_eos", f"must be true or false, not {self.ignore_eos!r}")
+        if self.grammar is not None:
+            check_gbnf(self.grammar)
+        if self.logprobs is not None:
+            _integer("logprobs", self.logprobs, MAX_LOGPROBS, f"must be an integer from 0 to {MAX_LOGPROBS}")
 
     @classmethod
     def merged(cls, given: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> Sampling:
@@ -130,9 +189,12 @@ class Sampling:
 
         ``None`` means "not set". The spellings front ends receive are read here too: ``stop`` as one
         string, ``seed: -1`` (llama-server, Ollama: a fresh seed), ``top_k: -1`` (vLLM: no limit).
+        A request sends at most :data:`MAX_STOP_STRINGS` stop strings; the defaults may hold more.
         """
+        if isinstance(given.get("stop"), (list, tuple)):
+            _stop_strings(given["stop"], MAX_STOP_STRINGS)
         values = {}
-        for name in SAMPLING_FIELDS:
+        for name in (*SAMPLING_FIELDS, *TOKEN_FIELDS, *OUTPUT_FIELDS):
             value = given.get(name)
             value = (defaults or {}).get(name) if value is None else value
             if value is not None:

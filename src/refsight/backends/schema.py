@@ -7,17 +7,30 @@ recursive reference, not at all), so :func:`check_json_schema` walks the schema 
 and refuses, as :class:`~refsight.errors.InvalidInputError` naming the schema path
 (``json_schema.properties.a.$ref``), everything outside the subset both compilers take:
 
-* every schema is an object (``true``/``false`` only as ``additionalProperties``, and
-  ``"items": false`` beside ``prefixItems``: a fixed-length list);
-* ``type`` names JSON types; ``properties``/``$defs``/``definitions`` map names to schemas;
+* every schema is an object (``true``/``false`` only where one schema stands alone:
+  ``additionalProperties``, ``not``, ``propertyNames`` ..., and ``"items": false`` beside
+  ``prefixItems``: a fixed-length list);
+* ``type`` names JSON types; ``properties``/``patternProperties``/``$defs``/``definitions``/
+  ``dependentSchemas`` map names to schemas;
   ``items`` is a schema, ``prefixItems``/``anyOf``/``oneOf``/``allOf`` non-empty lists of them;
   ``required`` lists names; ``enum`` is a non-empty list; ``pattern`` is a regular expression;
 * numbers are finite, bounds are ordered, counts (``maxLength`` ...) are integers in
   0..:data:`MAX_SCHEMA_COUNT` (a grammar repeats a rule that many times);
+* each ``pattern`` and ``patternProperties`` key is a regular expression of at most
+  :data:`MAX_PATTERN_SIZE` characters whose repeat counts are at most :data:`MAX_SCHEMA_COUNT`
+  and which expands to at most :data:`MAX_PATTERN_SIZE` atoms (nested counts multiply:
+  :mod:`.schema_regex`);
 * ``$ref`` is a local JSON pointer (``#/$defs/name``) that resolves, and no reference
   leads back into itself (llama.cpp's converter has no recursive rules);
+* the whole grammar is at most :data:`MAX_SCHEMA_SIZE` atoms, as written (checked as the walk
+  goes, so the work stays bounded) and with each reference written out where it is used
+  (:func:`schema_size`);
 * the schema is at most :data:`~refsight.inputs.jsonlimits.MAX_JSON_DEPTH` levels deep and
   :data:`MAX_SCHEMA_NODES` values large, walked without recursion.
+
+Every place a schema may stand is walked (``not``, ``if``, ``contains``, ``propertyNames``,
+``dependentSchemas`` ... too), and so is every ``$ref`` target, wherever in the document it
+points: a compiler reads them all, so none may carry an unchecked pattern.
 
 What passes is then compiled by the runtime (``Backend.compile_schema``); a compiler that
 still refuses it is reported as an ``InvalidInputError`` on ``json_schema`` too, never as
@@ -26,27 +39,42 @@ a model failure. Unknown keywords (``title``, ``description`` ...) are left to t
 
 from __future__ import annotations
 
+import json
 import math
-import re
 from collections.abc import Iterator
 from typing import Any
 
 from ..errors import InvalidInputError
 from ..inputs.jsonlimits import MAX_JSON_DEPTH
+from .schema_regex import pattern_size
 
-__all__ = ["check_json_schema", "modern_json_schema", "MAX_SCHEMA_NODES", "MAX_SCHEMA_COUNT", "MAX_SCHEMA_REFS", "SCHEMA_TYPES"]
+__all__ = [
+    "check_json_schema", "modern_json_schema", "schema_size", "MAX_SCHEMA_NODES", "MAX_SCHEMA_COUNT",
+    "MAX_PATTERN_SIZE", "MAX_SCHEMA_SIZE", "MAX_SCHEMA_REFS", "SCHEMA_TYPES",
+]
 
 #: Most values (objects, lists, scalars) a schema may hold.
 MAX_SCHEMA_NODES = 10_000
-#: Largest ``maxLength`` / ``minItems`` ... a schema may ask for.
+#: Largest ``maxLength`` / ``minItems`` ... a schema may ask for, and largest repeat count in a ``pattern``.
 MAX_SCHEMA_COUNT = 1_000
+#: Most atoms one ``pattern`` (or ``patternProperties`` key) may expand to (:mod:`.schema_regex`).
+MAX_PATTERN_SIZE = 10_000
+#: Most atoms a whole schema's grammar may expand to (:func:`schema_size`).
+MAX_SCHEMA_SIZE = 100_000
 #: Most ``$ref`` a schema may hold.
 MAX_SCHEMA_REFS = 256
 #: The JSON types ``type`` may name.
 SCHEMA_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 
-_MAPS = ("properties", "$defs", "definitions")
+_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_DEFINITIONS = ("$defs", "definitions")
 _LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
+# Keywords holding one schema (true/false too, which hold nothing to check).
+_SINGLES = ("additionalProperties", "additionalItems", "propertyNames", "contains", "not", "if", "then", "else",
+            "unevaluatedItems", "unevaluatedProperties", "contentSchema")
+_SPANS = (("minLength", "maxLength"), ("minItems", "maxItems"), ("minProperties", "maxProperties"))
+# llama.cpp's grammar writes a number bounded on both sides as 101 values (backends/llamacpp/grammar.py).
+_GRID_VALUES = 101
 _COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 
@@ -75,16 +103,120 @@ def _modern(node: Any, depth: int) -> Any:
 
 
 def check_json_schema(schema: Any, name: str = "json_schema") -> None:
-    """Raise :class:`InvalidInputError` naming the first place of ``schema`` no runtime could compile."""
+    """Raise :class:`InvalidInputError` naming the first place of ``schema`` no runtime could compile.
+
+    The draft-07 tuple form is checked as the compilers get it (:func:`modern_json_schema`).
+    """
+    schema_size(modern_json_schema(schema), name)
+
+
+def schema_size(schema: Any, name: str = "json_schema") -> int:
+    """The atoms ``schema``'s grammar expands to, making every check of :func:`check_json_schema` on the way.
+
+    Each schema counts one, plus its property names and its ``enum`` / ``const`` values by the
+    character (a grammar spells them out), what its ``pattern`` and ``patternProperties`` keys
+    expand to, its largest count (``maxLength``, or ``minLength`` plus one when open: a compiler
+    writes that many copies of a character or an item rule) and a bounded number's 101 grid
+    values; a definition counts only where it is used, and a ``$ref`` counts its target again
+    wherever it stands (a compiler may write it out there: llama.cpp's ``allOf`` does). Counts
+    of schemas add rather than multiply (1,000 items of
+    1,000-character strings are one string rule used 1,000 times): all three compilers name a
+    rule where it repeats instead of copying it. Only inside a pattern do counts multiply.
+    More than :data:`MAX_SCHEMA_SIZE` is an :class:`InvalidInputError` on ``name``.
+    """
     if not isinstance(schema, dict):
         raise InvalidInputError(name, f"a JSON schema must be an object, not {type(schema).__name__}")
     _check_values(schema, name)
-    refs: list[tuple[tuple[Any, ...], str]] = []
-    for node, path in _schemas(schema):
-        _check_keywords(node, path, name)
-        if "$ref" in node:
-            refs.append((path, node["$ref"]))
-    _check_refs(schema, refs, name)
+    walk = _Walk(schema, name)
+    walk.visit((), schema)
+    targets = walk.follow_refs()
+    # Expanding the schema at T expands every reference inside T's subtree: an edge T -> its target.
+    edges = {
+        start: [(where, target) for where, target in targets.items() if where[: len(start)] == start]
+        for start in {(), *targets.values()}
+    }
+    size = walk.total(targets, _refuse_cycle(edges, name))
+    if size > MAX_SCHEMA_SIZE:
+        raise _too_large(name, walk.own, "with its references written out")
+    return size
+
+
+def _too_large(name: str, own: dict[tuple[Any, ...], int], how: str) -> InvalidInputError:
+    largest = max(own, key=own.__getitem__)
+    return InvalidInputError(name, (
+        f"its grammar, {how}, is more than {MAX_SCHEMA_SIZE} atoms (names, values, lengths, item counts and "
+        f"patterns add up, and a $ref counts its target each time it is used; the largest part: {_where(name, largest)})"))
+
+
+class _Walk:
+    """Every subschema of one document, checked once, with its own size and its parent (for the totals)."""
+
+    def __init__(self, doc: dict[str, Any], name: str) -> None:
+        self.doc, self.name = doc, name
+        self.own: dict[tuple[Any, ...], int] = {}
+        self.parent: dict[tuple[Any, ...], tuple[Any, ...] | None] = {}
+        self.refs: dict[tuple[Any, ...], str] = {}
+        self.definitions: set[tuple[Any, ...]] = set()  # schemas standing in $defs / definitions
+        self.written = 0  # the own sizes so far: every schema once, used or not
+
+    def visit(self, start: tuple[Any, ...], node: Any) -> None:
+        """Check the schema at ``start`` and every schema inside it, without recursion."""
+        stack: list[tuple[Any, tuple[Any, ...], tuple[Any, ...] | None]] = [(node, start, None)]
+        while stack:
+            node, path, parent = stack.pop()
+            if path in self.own:
+                # A reference target walked before from itself turns out to lie inside this schema.
+                if self.parent[path] is None and parent is not None:
+                    self.parent[path] = parent
+                continue
+            self.own[path] = _check_node(node, path, self.name)
+            self.parent[path] = parent
+            self.written += self.own[path]
+            if self.written > MAX_SCHEMA_SIZE:  # before more patterns are parsed: the work stays bounded
+                raise _too_large(self.name, self.own, "as written")
+            if "$ref" in node:
+                self.refs[path] = node["$ref"]
+            for child, child_path in _children(node, path):
+                if len(child_path) == len(path) + 2 and child_path[-2] in _DEFINITIONS:
+                    self.definitions.add(child_path)
+                stack.append((child, child_path, path))
+
+    def follow_refs(self) -> dict[tuple[Any, ...], tuple[Any, ...]]:
+        """Each ``$ref``'s target path; a target outside the schemas walked so far is walked too."""
+        targets: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        while len(targets) < len(self.refs):
+            if len(self.refs) > MAX_SCHEMA_REFS:
+                raise InvalidInputError(self.name, f"a JSON schema may hold at most {MAX_SCHEMA_REFS} references")
+            for path, pointer in [(p, r) for p, r in self.refs.items() if p not in targets]:
+                found = _resolve(self.doc, pointer)
+                if found is None:
+                    raise InvalidInputError(
+                        _where(self.name, (*path, "$ref")), f"{pointer!r} does not resolve to a schema in this document")
+                targets[path], node = found
+                if targets[path] not in self.own:
+                    self.visit(targets[path], node)
+        return targets
+
+    def total(self, targets: dict[tuple[Any, ...], tuple[Any, ...]], order: list[tuple[Any, ...]]) -> int:
+        """The root's size: each schema's own size and its subschemas', each reference adding its target's
+        total; a definition (``$defs``, ``definitions``) counts only where a reference uses it."""
+        subtree = dict(self.own)
+        for path in sorted(self.own, key=len, reverse=True):  # children (longer paths) before parents
+            if self.parent[path] is not None and path not in self.definitions:
+                subtree[self.parent[path]] += subtree[path]
+        uses: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {start: [] for start in order}
+        for where, target in targets.items():
+            node: tuple[Any, ...] | None = where
+            while node is not None:  # every schema whose grammar holds this reference
+                if node in uses:
+                    uses[node].append(target)
+                if node in self.definitions:
+                    break
+                node = self.parent[node]
+        totals: dict[tuple[Any, ...], int] = {}
+        for start in order:  # every target is done before a schema that refers to it
+            totals[start] = min(subtree[start] + sum(totals[t] for t in uses[start]), MAX_SCHEMA_SIZE + 1)
+        return totals[()]
 
 
 def _where(name: str, path: tuple[Any, ...]) -> str:
@@ -115,37 +247,58 @@ def _check_values(schema: dict[str, Any], name: str) -> None:
             raise InvalidInputError(_where(name, path), f"{type(value).__name__} is not a JSON value")
 
 
-def _schemas(root: dict[str, Any]) -> Iterator[tuple[dict[str, Any], tuple[Any, ...]]]:
-    """Every subschema with its path, the root first (nodes that are not objects are yielded for refusal)."""
-    stack: list[tuple[Any, tuple[Any, ...]]] = [(root, ())]
-    while stack:
-        node, path = stack.pop()
-        yield node, path
-        if not isinstance(node, dict):
-            continue
-        for key in _MAPS:
-            if isinstance(node.get(key), dict):
-                stack.extend((child, (*path, key, k)) for k, child in node[key].items())
-        for key in _LISTS:
-            if isinstance(node.get(key), list):
-                stack.extend((child, (*path, key, i)) for i, child in enumerate(node[key]))
-        if "items" in node and not (node["items"] is False and "prefixItems" in node):
-            stack.append((node["items"], (*path, "items")))
-        if isinstance(node.get("additionalProperties"), dict):
-            stack.append((node["additionalProperties"], (*path, "additionalProperties")))
+def _children(node: Any, path: tuple[Any, ...]) -> Iterator[tuple[Any, tuple[Any, ...]]]:
+    """The subschemas directly inside ``node`` with their paths (values that are not objects too, for refusal)."""
+    if not isinstance(node, dict):
+        return
+    for key in _MAPS:
+        if isinstance(node.get(key), dict):
+            yield from ((child, (*path, key, k)) for k, child in node[key].items())
+    for key in _LISTS:
+        if isinstance(node.get(key), list):
+            yield from ((child, (*path, key, i)) for i, child in enumerate(node[key]))
+    if "items" in node and not (node["items"] is False and "prefixItems" in node):
+        yield node["items"], (*path, "items")
+    for key in _SINGLES:
+        if key in node and not isinstance(node[key], bool):
+            yield node[key], (*path, key)
 
 
-def _check_keywords(node: Any, path: tuple[Any, ...], name: str) -> None:
+def _check_node(node: Any, path: tuple[Any, ...], name: str) -> int:
+    """Refuse what no compiler takes in this one schema; return its own size (see :func:`schema_size`)."""
     where = _where(name, path)
     if not isinstance(node, dict):
         raise InvalidInputError(where, f"a schema must be an object, not {type(node).__name__}")
     _check_type(node, path, name)
     _check_structure(node, path, name)
     _check_numbers(node, path, name)
-    if "pattern" in node:
-        _check_pattern(node["pattern"], _where(name, (*path, "pattern")))
     if "$ref" in node and (not isinstance(node["$ref"], str) or not node["$ref"].startswith("#")):
         raise InvalidInputError(_where(name, (*path, "$ref")), "only local references (#/$defs/NAME) are supported")
+    bounds = {"max_repeat": MAX_SCHEMA_COUNT, "max_size": MAX_PATTERN_SIZE}
+    size = 1 + _counted(node)
+    if "pattern" in node:
+        size += pattern_size(node["pattern"], _where(name, (*path, "pattern")), **bounds)
+    for key in node.get("patternProperties", {}):
+        size += pattern_size(key, _where(name, (*path, "patternProperties", key)), **bounds)
+    return size
+
+
+def _counted(node: dict[str, Any]) -> int:
+    """What a schema's names, values, counts and bounds add to its grammar (checked values only)."""
+    # Literal text is written into the grammar character by character: property names, enum and const values.
+    size = sum(map(len, node["properties"])) if isinstance(node.get("properties"), dict) else 0
+    if isinstance(node.get("enum"), list):
+        size += sum(len(json.dumps(value, ensure_ascii=False)) for value in node["enum"])
+    if "const" in node:
+        size += len(json.dumps(node["const"], ensure_ascii=False))
+    for low, high in _SPANS:
+        if node.get(high) is not None:
+            size += node[high]
+        elif node.get(low) is not None:
+            size += node[low] + 1
+    if node.get("type") == "number" and all(isinstance(node.get(k), (int, float)) for k in ("minimum", "maximum")):
+        size += _GRID_VALUES
+    return size
 
 
 def _check_type(node: dict[str, Any], path: tuple[Any, ...], name: str) -> None:
@@ -200,19 +353,10 @@ def _check_numbers(node: dict[str, Any], path: tuple[Any, ...], name: str) -> No
             raise InvalidInputError(_where(name, (*path, low_key)), f"is greater than {high_key}")
 
 
-def _check_pattern(pattern: Any, where: str) -> None:
-    if not isinstance(pattern, str):
-        raise InvalidInputError(where, "must be a regular expression (a string)")
-    try:
-        re.compile(pattern)
-    except (re.error, RecursionError, OverflowError) as e:
-        raise InvalidInputError(where, f"is not a regular expression: {e}") from None
-
-
-def _resolve(root: dict[str, Any], pointer: str) -> tuple[Any, ...] | None:
-    """The path a local JSON pointer names inside ``root``, or None when it names nothing (or not a schema)."""
+def _resolve(root: dict[str, Any], pointer: str) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    """(path, schema) a local JSON pointer names inside ``root``, or None when it names nothing (or not a schema)."""
     if pointer == "#":
-        return ()
+        return (), root
     if not pointer.startswith("#/"):
         return None
     node: Any = root
@@ -227,30 +371,18 @@ def _resolve(root: dict[str, Any], pointer: str) -> tuple[Any, ...] | None:
             path.append(int(part))
         else:
             return None
-    return tuple(path) if isinstance(node, dict) else None
+    return (tuple(path), node) if isinstance(node, dict) else None
 
 
-def _check_refs(root: dict[str, Any], refs: list[tuple[tuple[Any, ...], str]], name: str) -> None:
-    """Every ``$ref`` resolves, and following references never comes back to a schema already being expanded."""
-    if len(refs) > MAX_SCHEMA_REFS:
-        raise InvalidInputError(name, f"a JSON schema may hold at most {MAX_SCHEMA_REFS} references")
-    targets: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-    for path, pointer in refs:
-        target = _resolve(root, pointer)
-        if target is None:
-            raise InvalidInputError(_where(name, (*path, "$ref")), f"{pointer!r} does not resolve to a schema in this document")
-        targets[path] = target
-    # Expanding the schema at T expands every reference inside T's subtree: an edge T -> its target.
-    edges = {
-        start: [(where, target) for where, target in targets.items() if where[: len(start)] == start]
-        for start in {(), *targets.values()}
-    }
-    _refuse_cycle(edges, name)
+def _refuse_cycle(
+    edges: dict[tuple[Any, ...], list[tuple[tuple[Any, ...], tuple[Any, ...]]]], name: str
+) -> list[tuple[Any, ...]]:
+    """Depth-first search without recursion; a reference to a schema on the current path is a cycle.
 
-
-def _refuse_cycle(edges: dict[tuple[Any, ...], list[tuple[tuple[Any, ...], tuple[Any, ...]]]], name: str) -> None:
-    """Depth-first search without recursion; a reference to a schema on the current path is a cycle."""
+    Returns the schemas in the order they were done: each after every target it refers to.
+    """
     state: dict[tuple[Any, ...], int] = {}  # 1: on the current path, 2: done
+    done: list[tuple[Any, ...]] = []
     for root in edges:
         if state.get(root):
             continue
@@ -261,6 +393,7 @@ def _refuse_cycle(edges: dict[tuple[Any, ...], list[tuple[tuple[Any, ...], tuple
             step = next(pending, None)
             if step is None:
                 state[node] = 2
+                done.append(node)
                 stack.pop()
                 continue
             where, target = step
@@ -269,3 +402,4 @@ def _refuse_cycle(edges: dict[tuple[Any, ...], list[tuple[tuple[Any, ...], tuple
             if not state.get(target):
                 state[target] = 1
                 stack.append((target, iter(edges[target])))
+    return done

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from .tiny_family_specs import RECIPES, SHAPE_RECIPES
+from .tiny_hybrid_specs import HYBRID_RECIPES, HYBRID_SHAPE_RECIPES
+from .tiny_kin_specs import KIN_RECIPES
 
 __all__ = ["FamilySpec", "FAMILY_SPECS", "SHAPE_FAMILY_SPECS", "build_family_checkpoint", "family_tokenizer"]
 
@@ -43,17 +45,25 @@ class FamilySpec:
     save_dtype: str | None = None
     #: The language model's vocabulary rows when a real shape has more than the tokenizer (None: the tokenizer's).
     vocab_size: int | None = None
+    #: The built-in's name where the family's own spelling reads better than the model type's
+    #: (``tiny-qwen3.5`` for ``qwen3_5``); None: ``tiny-`` + the model type with dashes.
+    name: str | None = None
 
     def recipe(self) -> dict[str, Any]:
         """The fields as build ids hash them: the optional ones left at None hash as before they existed."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("save_dtype", "vocab_size") or v is not None}
+        return {k: v for k, v in self.__dict__.items() if k not in ("save_dtype", "vocab_size", "name") or v is not None}
 
-#: Built-in model name → recipe (the data is in :mod:`.tiny_family_specs`).
-FAMILY_SPECS: dict[str, FamilySpec] = {
-    f"tiny-{recipe['model_type'].replace('_', '-')}": FamilySpec(**recipe) for recipe in RECIPES
-}
+    @property
+    def builtin_name(self) -> str:
+        """The built-in model's registry name."""
+        return self.name or f"tiny-{self.model_type.replace('_', '-')}"
+
+#: Built-in model name → recipe (the data is in :mod:`.tiny_family_specs`, :mod:`.tiny_hybrid_specs`, :mod:`.tiny_kin_specs`).
+FAMILY_SPECS: dict[str, FamilySpec] = {spec.builtin_name: spec for spec in (FamilySpec(**recipe) for recipe in RECIPES + HYBRID_RECIPES + KIN_RECIPES)}
 #: Built-in real-shape checkpoints (``shape-*``) of the generic families: benchmarks only, never the tiny test set.
-SHAPE_FAMILY_SPECS: dict[str, FamilySpec] = {name: FamilySpec(**recipe) for name, recipe in SHAPE_RECIPES.items()}
+SHAPE_FAMILY_SPECS: dict[str, FamilySpec] = {
+    name: FamilySpec(**recipe) for name, recipe in {**SHAPE_RECIPES, **HYBRID_SHAPE_RECIPES}.items()
+}
 
 
 def _resolve(value: Any, tokenizer: Any) -> Any:

@@ -20,7 +20,6 @@ import json
 import os
 import re
 import sys
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Callable
 
@@ -107,8 +106,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     # transformers draws a bar per weight load; refsight's own bars show the work that
     # matters (ingest), so silence the hub's unless the user asked for them.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    # Python hides DeprecationWarnings outside __main__: show refsight's own (an old flag's spelling, say).
-    warnings.filterwarnings("default", category=DeprecationWarning, module=r"refsight\.")
     parser = build_parser()
     args = parser.parse_args(argv)
     _resolve_store_options(args)

@@ -10,11 +10,12 @@ assembles them under the options of :func:`store_options` (every command) and
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
-import warnings
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import InvalidInputError, RefsightError
 from ..inputs.text import check_text
@@ -23,7 +24,7 @@ from ..settings import OPTION_HELP
 
 __all__ = [
     "Command", "CommandParser", "UsageError", "text_argument", "path_argument", "namespace_argument", "parse_pairs", "store_options",
-    "model_options", "add_deprecated_spelling", "EMBEDDER_HELP", "SCHEMA_HELP",
+    "model_options", "EMBEDDER_HELP", "SCHEMA_HELP",
 ]
 
 EMBEDDER_HELP = "retrieval embedder: conse (default), clip:PATH or vlm:MODEL"
@@ -73,6 +74,63 @@ class CommandParser(argparse.ArgumentParser):
             kwargs["type"] = text_argument
         return super().add_argument(*args, **kwargs)
 
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        """argparse's, but an unknown flag is refused by the command it was given to (its usage, not the top
+        level's), with the closest flag that command knows."""
+        self._typed = list(sys.argv[1:] if args is None else args)
+        parsed, extras = self.parse_known_args(self._typed, namespace)
+        if extras:
+            owner = self._command_parser(getattr(parsed, "command", None))
+            owner.error(unrecognized(extras, owner))
+        return parsed
+
+    def error(self, message: str) -> NoReturn:
+        """argparse's usage error (exit 2), naming what the user mistyped and the closest match."""
+        super().error(self._explained(message))
+
+    def _explained(self, message: str) -> str:
+        choice = _INVALID_CHOICE.search(message)
+        if choice:
+            typed, choices = choice.group(1), re.findall(r"'([^']*)'", choice.group(2))
+            return f"{message[:choice.start()]}invalid choice: {typed!r}{did_you_mean(typed, choices)}"
+        typed = getattr(self, "_typed", None)
+        if typed is not None and message.startswith("the following arguments are required"):
+            # argparse complains of the missing command before it gets to a flag it does not know
+            unknown = [token for token in typed if token.startswith("-") and not self._knows(token)]
+            if unknown:
+                return unrecognized(unknown[:1], self)
+        return message
+
+    def _knows(self, token: str) -> bool:
+        return token.split("=", 1)[0] in self._option_string_actions
+
+    def _command_parser(self, command: str | None) -> argparse.ArgumentParser:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+                return action.choices[command]
+        return self
+
+
+#: argparse's message for a value outside ``choices`` (a command name, a ``--reranker`` kind ...).
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)$")
+
+
+def did_you_mean(typed: str, known: Sequence[str]) -> str:
+    """``"; did you mean 'x'?"`` for the closest of ``known`` to what the user ``typed``, else the choices."""
+    close = difflib.get_close_matches(typed, known, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    return f" (choose from {', '.join(known)})"
+
+
+def unrecognized(tokens: Sequence[str], parser: argparse.ArgumentParser) -> str:
+    """The usage error for flags ``parser`` does not take, with its closest flag."""
+    flags = [flag for flag in parser._option_string_actions if flag.startswith("--")]
+    first = tokens[0].split("=", 1)[0]
+    hint = did_you_mean(first, flags) if first.startswith("-") else ""
+    hint = hint if hint.startswith(";") else f"; '{parser.prog} --help' lists its options"
+    return f"unrecognized arguments: {' '.join(tokens)}{hint}"
+
 
 @dataclass(frozen=True)
 class Command:
@@ -103,29 +161,6 @@ def parse_pairs(items: Sequence[str], flag: str) -> dict[str, str]:
     return pairs
 
 
-class _DeprecatedSpelling(argparse.Action):
-    """An earlier spelling of a flag: does what the flag does, after a DeprecationWarning naming the flag."""
-
-    def __init__(self, option_strings: list[str], dest: str, *, flag: argparse.Action, **kwargs: Any) -> None:
-        super().__init__(
-            option_strings, dest, nargs=flag.nargs, type=flag.type, metavar=flag.metavar,
-            default=argparse.SUPPRESS, help=argparse.SUPPRESS,
-        )
-        self.flag = flag
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
-        new = self.flag.option_strings[-1]
-        warnings.warn(f"{option_string} is deprecated; use {new}", DeprecationWarning, stacklevel=1)
-        self.flag(parser, namespace, values, new)
-
-
-def add_deprecated_spelling(parser: argparse.ArgumentParser, flag: argparse.Action, old: str) -> None:
-    """Accept ``old``, an earlier spelling of ``flag`` (an action of ``parser``), hidden from ``--help``:
-    it does what ``flag`` does and warns (``DeprecationWarning``, shown by the ``refsight`` command)."""
-    parser.add_argument(old, action=_DeprecatedSpelling, flag=flag, dest=flag.dest)
-
-
 #: The options every command takes: (flag, metavar, type, help); each defaults to "not given".
 _STORE_OPTIONS = (
     ("--store", "DIR", path_argument, "store directory (default: $REFSIGHT_STORE or the user cache dir)"),
@@ -152,9 +187,7 @@ def store_options() -> argparse.ArgumentParser:
     common = CommandParser(add_help=False)
     for flag, metavar, kind, help_text in _STORE_OPTIONS:
         # SUPPRESS: given before or after the command, the one the user typed wins (see cli._resolve_store_options).
-        action = common.add_argument(flag, metavar=metavar, type=kind, default=argparse.SUPPRESS, help=help_text)
-        if flag == "--redis":
-            add_deprecated_spelling(common, action, "--cache")
+        common.add_argument(flag, metavar=metavar, type=kind, default=argparse.SUPPRESS, help=help_text)
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON lines")
     common.add_argument("--quiet", action="store_true", default=argparse.SUPPRESS,
                         help="no progress on stderr (bars and stage lines show only on a terminal anyway)")

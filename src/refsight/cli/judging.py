@@ -8,8 +8,9 @@ from collections.abc import Sequence
 
 from .. import RefsightError
 from ..inputs.reading import FileReadError, read_regular_file
+from ..inputs.terminal import escape_controls
 from ..report import format_comparison, format_timings
-from .arguments import EMBEDDER_HELP, SCHEMA_HELP, Command, add_deprecated_spelling, parse_pairs, path_argument, text_argument
+from .arguments import EMBEDDER_HELP, SCHEMA_HELP, Command, parse_pairs, path_argument, text_argument
 from .context import RANDOM_WEIGHTS_NOTICE, emit, open_engine
 
 __all__ = ["COMMANDS"]
@@ -41,11 +42,10 @@ def _criteria_argument(value: str) -> str:
 
 def _cache_switches(p: argparse.ArgumentParser, *, outcome: str) -> None:
     p.add_argument("--no-cache", action="store_true", help=f"re-encode the references from their kept images{outcome}")
-    states = p.add_argument(
+    p.add_argument(
         "--no-prefix-states", dest="prefix_states", action="store_false",
         help=f"prefill the references' prompt prefix afresh (no stored prefix state){outcome}",
     )
-    add_deprecated_spelling(p, states, "--no-kv-cache")
 
 
 def _compare_arguments(p: argparse.ArgumentParser) -> None:
@@ -149,7 +149,8 @@ def _generated_text(d: dict, ref_ids: Sequence[str], candidate: str | None) -> s
     states = ["from cache" if hit else "encoded now" for hit in served]
     refs = ", ".join(f"{ref} ({state})" for ref, state in zip(ref_ids, states)) or "none"
     lines = [
-        d["text"], "",
+        # model text is data: a random-weight model emits ESC and \r as readily as letters
+        escape_controls(d["text"], keep="\n\t"), "",
         f"model       {d['model']}{' (random weights: the text is meaningless)' if d['random_weights'] else ''}",
         f"references  {refs}",
     ]

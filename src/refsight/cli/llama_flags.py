@@ -7,8 +7,10 @@ where that is true** (``--jinja``: the model's own Jinja template is always what
 only type here), or **refused by name** before anything loads (``--chat-template-file``,
 ``--slot-save-path``, other KV cache types), exit 2, never silently ignored.
 
-``-c`` is the whole context, shared by the ``-np`` slots as in llama-server (each slot gets
-``c / np``); ``--ctx-per-slot`` keeps refsight's older reading (``-c`` per slot).
+``-c`` is the whole context, shared by the ``-np`` slots as llama.cpp shares it: both the
+context and each slot's share are rounded up to a multiple of 256 (``-c 256 -np 4``: four slots
+of 256, as llama-server starts them); ``--kv-unified`` (llama-server's ``-kvu``) or
+``--ctx-per-slot`` give each slot the whole ``-c``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from typing import Any
 
 from .arguments import UsageError, path_argument, text_argument
 
-__all__ = ["add_llama_server_arguments", "llama_server_settings", "slot_context"]
+__all__ = ["add_llama_server_arguments", "llama_server_settings", "slot_context", "KV_PAD"]
+
+#: llama.cpp rounds the context, and each sequence's share of it, up to a multiple of this (``GGML_PAD(n, 256)``).
+KV_PAD = 256
 
 #: The KV cache type llama.cpp uses unless told otherwise: the only one refsight's prefix states are kept in.
 _KV_TYPE = "f16"
@@ -48,8 +53,16 @@ def add_llama_server_arguments(p: argparse.ArgumentParser) -> None:
                    help="serve file:// image URLs from this directory (llama-server's flag; default: none)")
     p.add_argument("--strict-model-name", dest="strict_model_name", action="store_true",
                    help="a request naming another model gets 404 model_not_found (default: the served model answers)")
+    p.add_argument("--tags", dest="model_tags", default="", metavar="TAGS",
+                   help="model tags, comma-separated, listed in /v1/models (informational, as llama-server's)")
+    p.add_argument("--sleep-idle-seconds", dest="sleep_idle_seconds", type=float, default=-1, metavar="N",
+                   help="unload the model after N seconds without a request; the next request loads it again "
+                        "(as llama-server's; default -1: never)")
     p.add_argument("--ctx-per-slot", dest="ctx_per_slot", action="store_true",
                    help="-c is each slot's context (default: the whole context, shared by the -np slots)")
+    p.add_argument("-kvu", "--kv-unified", dest="kv_unified", action="store_true",
+                   help="each -np slot may fill the whole -c, as llama-server's -kvu (here each slot keeps its own "
+                        "-c positions: the memory of -c per slot)")
 
 
 def _refuse(args: argparse.Namespace) -> None:
@@ -63,6 +76,8 @@ def _refuse(args: argparse.Namespace) -> None:
     for flag, value in (("--cache-type-k", args.cache_type_k), ("--cache-type-v", args.cache_type_v)):
         if value is not None and value.lower() != _KV_TYPE:
             raise UsageError(f"{flag} {value}: only {_KV_TYPE} is supported (the KV cache type refsight keeps prefix states in)")
+    if args.sleep_idle_seconds != -1 and not 0 < args.sleep_idle_seconds < 1e9:
+        raise UsageError(f"--sleep-idle-seconds {args.sleep_idle_seconds:g}: give -1 (never) or a positive number of seconds")
     if args.n_predict is not None and args.n_predict != -1 and args.n_predict < 1:
         raise UsageError(f"--n-predict {args.n_predict}: give -1 or a positive number of tokens")
 
@@ -73,6 +88,8 @@ def llama_server_settings(args: argparse.Namespace) -> dict[str, Any]:
     settings: dict[str, Any] = {
         "strict_model_names": args.strict_model_name, "webui": not args.no_webui,
         "allowed_media_domains": tuple(args.allowed_media_domains or ()), "media_path": args.media_path,
+        "model_tags": tuple(dict.fromkeys(tag.strip() for tag in args.model_tags.split(",") if tag.strip())),
+        "sleep_idle_seconds": None if args.sleep_idle_seconds == -1 else args.sleep_idle_seconds,
     }
     if args.n_predict is not None:
         settings["n_predict"] = args.n_predict
@@ -81,13 +98,21 @@ def llama_server_settings(args: argparse.Namespace) -> dict[str, Any]:
     return settings
 
 
+def _pad(n: int) -> int:
+    """``n`` rounded up to a multiple of :data:`KV_PAD` (llama.cpp's ``GGML_PAD``)."""
+    return -(-n // KV_PAD) * KV_PAD
+
+
 def slot_context(args: argparse.Namespace) -> int | None:
-    """Each slot's context: ``-c`` shared by the ``-np`` slots (llama-server), or ``-c`` itself (``--ctx-per-slot``)."""
+    """Each slot's context as llama.cpp sizes it: ``-c`` rounded up to a multiple of 256, shared by the
+    ``-np`` slots with each share rounded up again (``llama-context.cpp``: ``n_ctx_seq = GGML_PAD(n_ctx /
+    n_seq_max, 256)``); the whole ``-c`` each with ``--kv-unified`` or ``--ctx-per-slot``. ``-c`` below 1
+    is left to the backend to refuse (llama.cpp's "the model's own context" is not read here)."""
     if args.ctx_size is None:
         return None
-    if args.ctx_per_slot or not args.parallel or args.parallel <= 1:
+    if args.ctx_size < 1:
         return args.ctx_size
-    per_slot = args.ctx_size // args.parallel
-    if per_slot < 1:
-        raise UsageError(f"-c {args.ctx_size} cannot be shared by {args.parallel} slots")
-    return per_slot
+    total = _pad(args.ctx_size)
+    if args.ctx_per_slot or getattr(args, "kv_unified", False) or not args.parallel or args.parallel <= 1:
+        return total
+    return _pad(total // args.parallel)

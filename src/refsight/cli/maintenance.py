@@ -7,9 +7,9 @@ import json
 import math
 from typing import Any
 
-from .arguments import EMBEDDER_HELP, Command
+from .arguments import EMBEDDER_HELP, Command, UsageError
 from .context import emit, open_engine
-from .tables import format_ms, model_name, percent, size, table
+from .tables import format_ms, iso_time, model_name, percent, size, table
 
 __all__ = ["COMMANDS"]
 
@@ -27,6 +27,7 @@ def format_stats(d: dict[str, Any]) -> str:
     lines = [
         f"references        {d['references']}",
         f"packages          {d['packages']} ({size(d['bytes'])} on disk, {size(d['memory_bytes'])} in memory)",
+        f"remembered images {d.get('remembered', 0)} ({size(d.get('remembered_bytes', 0))}: images sent inline and kept)",
     ]
     if d["hits"] is None:  # a tenant's view: the store-wide counters are not its to see
         return "\n".join(lines)
@@ -120,15 +121,38 @@ def _prune_arguments(p: argparse.ArgumentParser) -> None:
         "--model", dest="prune_models", action="append", default=[], metavar="NAME",
         help="every fingerprint of this model (its model id or registered name; repeatable)",
     )
+    p.add_argument(
+        "--remembered", action="store_true",
+        help="forget every remembered image (an image sent inline and kept: serve --remember-images); "
+             "with --dry-run, list them",
+    )
     p.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    """refsight prune (--fingerprint DIGEST | --model NAME)... [--dry-run]"""
+    """refsight prune (--fingerprint DIGEST | --model NAME)... [--dry-run]; refsight prune --remembered [--dry-run]"""
+    if args.remembered:
+        if args.fingerprint or args.prune_models:
+            raise UsageError("--remembered forgets remembered images: give it alone, not with --fingerprint or --model")
+        with open_engine(args) as engine:
+            forgotten = engine.forget_remembered(all_namespaces=True, dry_run=args.dry_run)
+        emit(args, forgotten.to_dict(), _format_forget)
+        return 0
     with open_engine(args) as engine:
         report = engine.prune(fingerprints=args.fingerprint, models=args.prune_models, dry_run=args.dry_run)
     emit(args, report.to_dict(), _format_prune)
     return 0
+
+
+def _format_forget(d: dict[str, Any]) -> str:
+    if not d["images"]:
+        return "no remembered image in this store"
+    rows = [(i["namespace"], i["package_key"][:16], i["model_id"], size(i["bytes"]), iso_time(i["last_used"]))
+            for i in d["images"]]
+    listing = table(("namespace", "package", "model", "size", "last used (UTC)"), rows, right=(3,))
+    if d["dry_run"]:
+        return f"{listing}\n{len(rows)} remembered image(s): `refsight prune --remembered` forgets them"
+    return f"{listing}\nforgot {len(rows)} remembered image(s); removed {d['packages']} package(s), {size(d['bytes'])}"
 
 
 def _format_prune(d: dict[str, Any]) -> str:
@@ -176,7 +200,7 @@ COMMANDS = (
             model=True),
     Command("reencode", "encode every reference for another model", cmd_reencode, model=True),
     Command("index", "bring the retrieval index up to date with the references", cmd_index, _index_arguments),
-    Command("prune", "drop the packages of models no longer used (references and kept images stay)", cmd_prune,
+    Command("prune", "drop the packages of models no longer used, or the remembered images (references stay)", cmd_prune,
             _prune_arguments),
     Command("gc", "remove what interrupted writes left (temp files, orphan files and rows)", cmd_gc, _gc_arguments),
 )

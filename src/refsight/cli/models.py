@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from pathlib import Path
 from typing import Any
 
-from ..environment import default_model, default_store_dir
+from ..environment import default_model, default_store_dir, vllm_env_dir
 from ..extras import install_command
 from .arguments import Command, path_argument
 from .context import emit, open_engine
@@ -15,10 +16,16 @@ from .tables import model_name, size, table
 
 __all__ = ["COMMANDS", "describe_model"]
 
-_VLLM_ENV = "refsight vllm-env (vLLM's own venv, ~3 min, 3.5 GB)"
+def _vllm_env() -> str:
+    # What is still to do, not what once was: a built venv needs nothing more.
+    if (vllm_env_dir() / "bin" / "python").exists():
+        return "- (the vLLM venv is built)"
+    return "refsight vllm-env (vLLM's own venv, ~3 min, 3.5 GB)"
 
 
 def _llamacpp_extra() -> str:
+    if importlib.util.find_spec("llama_cpp") is not None:
+        return "- (llama-cpp-python is installed)"
     return f"{install_command('llamacpp')} (builds llama.cpp: 10-25 min)"
 
 
@@ -38,7 +45,7 @@ def describe_model(name: str) -> dict[str, str]:
     builtin = name.startswith(("tiny-", "shape-"))
     weights = "random" if builtin else "?"
     if name.endswith("-vllm"):
-        return {"name": name, "backend": "vLLM", "weights": weights, "needs": _VLLM_ENV}
+        return {"name": name, "backend": "vLLM", "weights": weights, "needs": _vllm_env()}
     if "-gguf" in name:
         return {"name": name, "backend": "llama.cpp", "weights": weights, "needs": _llamacpp_extra()}
     return {"name": name, "backend": "transformers" if builtin else "plugin", "weights": weights, "needs": "-"}

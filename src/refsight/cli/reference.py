@@ -14,10 +14,13 @@ __all__ = ["markdown", "ENVIRONMENT"]
 #: The environment variables refsight reads, what each sets, and the flag it stands for (if any).
 ENVIRONMENT: dict[str, str] = {
     "REFSIGHT_STORE": "the store directory every command and `refsight serve` use (`--store`)",
+    "REFSIGHT_DEMO_STORE": "the store `refsight demo` uses (`--store`; default: `<user cache>/refsight/demo`, apart from "
+                           "`REFSIGHT_STORE`)",
     "REFSIGHT_MODEL": "the default model (`--model`)",
     "REFSIGHT_CATALOG": "the shared catalog's PostgreSQL URL (`--catalog`)",
     "REFSIGHT_REDIS": "the Redis tier's URL, `redis://HOST:PORT/DB` (`--redis`)",
-    "REFSIGHT_CACHE": "the deprecated name of `REFSIGHT_REDIS`, read when that is unset",
+    "REFSIGHT_REMEMBER_IMAGES": "what the store keeps of images sent inline: `off`, `recurring` (the default), `all` "
+                                "(`refsight serve --remember-images`)",
     "REFSIGHT_REPLICA_DIR": "a replica's private directory when the catalog is shared (default: the user cache)",
     "REFSIGHT_API_KEY": "one key `refsight serve` accepts, for the default namespace (`--api-key`)",
     "REFSIGHT_API_KEYS": "`refsight serve`'s `key=namespace` pairs, separated by commas (instead of `--keys FILE`)",

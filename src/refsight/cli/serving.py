@@ -12,7 +12,7 @@ import argparse
 import dataclasses
 import sys
 
-from .arguments import EMBEDDER_HELP, Command, UsageError, add_deprecated_spelling, path_argument, text_argument
+from .arguments import EMBEDDER_HELP, Command, UsageError, path_argument, text_argument
 from ..extras import install_command
 from .context import backend_options, settings_of
 from .llama_flags import add_llama_server_arguments, llama_server_settings, slot_context
@@ -37,7 +37,7 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     add_llama_server_arguments(p)
     p.add_argument(
         "--served-model-name", "--alias", dest="served_model_names", nargs="+", metavar="NAME",
-        help="the name(s) clients send as model (the first is shown in replies)",
+        help="the name(s) clients send as model, space- or comma-separated (the first is shown in replies)",
     )
     p.add_argument(
         "-c", "--ctx-size", "--max-model-len", dest="ctx_size", type=int, metavar="N",
@@ -49,8 +49,9 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
-        "--cors-origins", default="", metavar="ORIGINS",
-        help="origins allowed cross-origin, comma-separated (* for any; default none: CORS off)",
+        "--cors-origins", default="localhost", metavar="ORIGINS",
+        help="origins allowed cross-origin, comma-separated (* for any; localhost, the default: every loopback "
+             "origin, as llama-server's localhost mode; an empty value: none)",
     )
     p.add_argument(
         "--allowed-hosts", default="", metavar="NAMES",
@@ -66,9 +67,8 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--workers", type=int, default=None, help="threads running model work (default: 2, or --parallel: -np 1 is one)")
     p.add_argument("--keys", metavar="FILE", type=path_argument, help="API keys, one KEY=NAMESPACE a line (default: $REFSIGHT_API_KEYS)")
-    share = p.add_argument("--share-packages", action="store_true", help=(
+    p.add_argument("--share-packages", action="store_true", help=(
         "share packages across tenants (fewer encodes, but timing reveals that some tenant holds an image)"))
-    add_deprecated_spelling(p, share, "--share-encodes")
     p.add_argument("--embedder", default=None, metavar="NAME", help=EMBEDDER_HELP)
     p.add_argument(
         "--max-prompt-tokens", type=int, default=8192, metavar="N",
@@ -78,9 +78,21 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         "--no-cache", action="store_true",
         help="encode every image afresh and prefill every prompt whole (no package or prefix reuse: a baseline)",
     )
+    _remember_images_argument(p)
     p.add_argument(
         "--attributes", choices=("imagenet", "vlm", "none"), default="imagenet",
         help="attribute record computed when a reference is added over HTTP (default: imagenet; none: skip)",
+    )
+
+
+def _remember_images_argument(p: argparse.ArgumentParser) -> None:
+    from ..settings import REMEMBER_IMAGES  # the policy's values (refsight.remembered), through the public face
+
+    p.add_argument(
+        "--remember-images", choices=REMEMBER_IMAGES, default=None,
+        help="what the store keeps of images sent inline: recurring (the default: an image a tenant sends again; "
+             "its package, never its bytes), all, or off (nothing; default: $REFSIGHT_REMEMBER_IMAGES, else "
+             "[store] remember_images in refsight.toml)",
     )
 
 
@@ -138,13 +150,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
         store=args.store, catalog=args.catalog, local_dir=args.local_dir, model=_model(args),
         backend_options=options, settings=settings_of(args), config_file=args.config,
         host=args.host, port=args.port, workers=workers, threads=args.threads, keys_file=args.keys, share_packages=args.share_packages,
-        api_key=",".join(args.api_key) if args.api_key else None, served_model_names=tuple(args.served_model_names or ()),
+        api_key=",".join(args.api_key) if args.api_key else None, served_model_names=_aliases(args.served_model_names),
         embedder=args.embedder, max_prompt_tokens=args.max_prompt_tokens,
         ingest_attributes=() if args.attributes == "none" else (args.attributes,),
         redis=args.redis, max_package_bytes=args.max_package_bytes, use_cache=not args.no_cache,
+        remember_images=args.remember_images,
         cors_origins=_names(args.cors_origins), allowed_hosts=_names(args.allowed_hosts), **llama_settings,
     ))
     return 0
+
+
+def _aliases(values: list[str] | None) -> tuple[str, ...]:
+    """The served names: each value split at commas (llama-server's ``--alias a,b``), in order, once each."""
+    return tuple(dict.fromkeys(name for value in values or () for name in _names(value)))
 
 
 def _names(value: str) -> tuple[str, ...]:

@@ -103,6 +103,8 @@ class ComparePipeline:
 
     def _run(self, context: RequestContext, options: CompareRequest, timer: StageTimer) -> CompareResult:
         request = self._request(context, options)
+        for ref_id in options.ref_ids:  # a mistyped name fails in a catalog read, not after the model's load
+            self.book.get(ref_id, namespace=context.namespace)
         if not context.models.is_loaded(context.model):
             # The model's first load in this process (imports, weights: seconds) is start-up, not a
             # stage: booked to whichever stage first touched the backend, it read "candidate encode 4 s".

@@ -30,7 +30,12 @@ class ClipEmbedder(Embedder):
 
     def __init__(self, model_id_or_dir: str | Path, *, revision: str | None = None, local_files_only: bool = True):
         self.source = str(model_id_or_dir)
-        kwargs = {"revision": revision, "local_files_only": local_files_only}
+        from refsight.backends.hf.model_source import check_config, hub_kwargs
+
+        # trust_remote_code=False: a model folder's code never runs (refsight.backends.hf.model_source).
+        kwargs = {**hub_kwargs(revision), "local_files_only": local_files_only}
+        if Path(self.source).is_dir():
+            check_config(self.source, self.source)  # custom code and absurd sizes refused before transformers reads it
         with embedder_errors(self.source, ModelLoadError, "cannot load CLIP/SigLIP model"):
             import transformers
             from transformers import AutoConfig, AutoTokenizer

@@ -83,11 +83,6 @@ class EfficientNetConSEEmbedder(Embedder):
         """384 (MiniLM) + 1280 (EfficientNet features)."""
         return 384 + 1280
 
-    @property
-    def text_score_scale(self) -> float:
-        """Text queries score at most this (``a``); divide by it for a plain cosine."""
-        return self._a
-
     def fingerprint(self) -> dict[str, Any]:
         """Both models' fingerprints plus the ConSE recipe."""
         return {

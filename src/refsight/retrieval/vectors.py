@@ -219,10 +219,6 @@ class VectorDB:
             except sqlite3.Error as exc:
                 raise StoreError(f"retrieval database {self.path}: {exc}") from exc
 
-    def count_vectors(self, embedder: str) -> int:
-        """How many images have a cached vector under this embedder."""
-        return self._q("SELECT COUNT(*) FROM embeddings WHERE embedder=?", [embedder])[0][0]
-
     # -- entries --------------------------------------------------------------------------
 
     def upsert_entry(self, embedder: str, namespace: str, ref_id: str, sha: str, metadata: Mapping[str, Any]) -> tuple[int, int | None]:

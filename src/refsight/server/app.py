@@ -13,6 +13,7 @@ JSON bodies with a stable code (:mod:`refsight.server.errors`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import asynccontextmanager
 from typing import Any
@@ -31,12 +32,14 @@ from .progress import CompareProgress
 from .methods import HeadAsGetMiddleware
 from .json_content import JsonContentMiddleware
 from .origins import OriginGuardMiddleware
+from .llama_metrics import LlamaCollector
 from .metrics import Metrics, TimingMiddleware
 from .openai_compat import router as openai_router
 from .responses import TextSafeJSONResponse
 from .page import router as page_router
 from .routes import ROUTERS
 from .service import Service
+from .sleep import SleepMiddleware, SleepWatch
 from .tenants import Tenants, unserved_references_warning
 
 __all__ = ["create_app"]
@@ -69,6 +72,8 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
     # Tenants are isolated (keys salted by namespace) unless the operator chose to share packages.
     service = Service(config, share_packages=config.share_packages or not tenants.enabled)
     pool = WorkPool(config.workers, config.queue)
+    # --sleep-idle-seconds: the model unloads when idle and loads again at the next request (server/sleep.py).
+    sleep_watch = SleepWatch(service, pool, config.sleep_idle_seconds) if config.sleep_idle_seconds else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -76,9 +81,12 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
 
         await anyio.to_thread.run_sync(service.open)
         await anyio.to_thread.run_sync(lambda: _announce_tenants(service, tenants, len(keys)))
+        watcher = asyncio.create_task(sleep_watch.run()) if sleep_watch is not None else None
         try:
             yield
         finally:
+            if watcher is not None:
+                watcher.cancel()
             service.close()
 
     app = FastAPI(
@@ -96,9 +104,10 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
     app.state.media_uuids = MediaUuids(config.media_uuid_bytes, config.media_uuid_entries)
     app.state.progress = CompareProgress()
     metrics = Metrics(lambda: _cache_stats(service))
+    metrics.registry.register(LlamaCollector(service.generations, pool))  # llama-server's llamacpp:* beside
     app.state.metrics = metrics
     install_error_handlers(app)
-    _add_middlewares(app, config, tenants, metrics)
+    _add_middlewares(app, config, tenants, metrics, sleep_watch)
     install_access_log_redaction()
 
     # --no-webui (llama-server's flag): the API only, no page at /.
@@ -107,13 +116,19 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
     return app
 
 
-def _add_middlewares(app: FastAPI, config: ServerConfig, tenants: Tenants, metrics: Metrics) -> None:
+def _add_middlewares(
+    app: FastAPI, config: ServerConfig, tenants: Tenants, metrics: Metrics, sleep_watch: SleepWatch | None
+) -> None:
     """The middleware stack, innermost first (each added one wraps those before it)."""
-    # Innermost first: crashes become JSON 500s that the timing middleware then counts.
+    # Innermost: a request that got past every check below wakes a sleeping model (a failed load is a JSON 500).
+    if sleep_watch is not None:
+        app.add_middleware(SleepMiddleware, watch=sleep_watch)
+    # Crashes become JSON 500s that the timing middleware then counts.
     app.add_middleware(CatchAllMiddleware)
     app.add_middleware(TimingMiddleware, metrics=metrics)
-    # A body over the limit (or JSON nested too deep) is refused before routing, parsing or timing.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    # A body over the limit is refused, and a JSON body decoded and checked once (server/json_content.py),
+    # before routing, parsing or timing; a path no route serves is answered without reading the body.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes, routes=lambda: app.routes)
     # Outermost: a request without a valid key is refused before its body is read at all.
     app.add_middleware(AuthGateMiddleware, tenants=tenants, routes=lambda: app.routes)
     # Outside the key check: a keyless server refuses foreign Host/Origin; CORS preflights are answered here.
@@ -125,7 +140,7 @@ def _add_middlewares(app: FastAPI, config: ServerConfig, tenants: Tenants, metri
     app.add_middleware(ErrorShapeMiddleware)
     # HEAD is GET without a body, for every middleware and route alike.
     app.add_middleware(HeadAsGetMiddleware)
-    # llama-server's routes read JSON whatever the Content-Type says; so do these.
+    # llama-server's and Ollama's routes read JSON whatever the Content-Type says; so do these.
     app.add_middleware(JsonContentMiddleware)
 
 

@@ -11,25 +11,48 @@ import base64
 import binascii
 import json
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import Request
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic_core import PydanticCustomError
 
 from .. import MAX_WHERE_KEYS
-from ..inputs.jsonlimits import check_json_depth, load_json
+from ..inputs.jsonlimits import load_json
 from ..inputs.text import check_text, check_texts
 from .errors import ApiError
 
 __all__ = [
     "AddReferenceBody",
     "CompareBody",
+    "Integer",
+    "IntegerOrNull",
+    "Number",
+    "NumberOrNull",
     "SearchBody",
     "body_schema",
     "decode_data_url",
     "decode_image_field",
     "read_body",
 ]
+
+def _not_a_boolean(value: Any) -> Any:
+    """``value`` unless it is ``true``/``false``, which pydantic's lax mode would take as 1 and 0."""
+    if isinstance(value, bool):
+        raise PydanticCustomError("number_type", "Input should be a number, not a boolean ({value})",
+                                  {"value": str(value).lower()})
+    return value
+
+
+#: The integer of every request body (each dialect's numeric fields): ``true`` is not 1.
+Integer = Annotated[int, BeforeValidator(_not_a_boolean)]
+#: The number of every request body (sampling fields and the like): ``true`` is not 1.0.
+Number = Annotated[float, BeforeValidator(_not_a_boolean)]
+#: :data:`Integer` or null. One type, not ``IntegerOrNull``: a field's bounds (``ge``, ``le``) then reach the
+#: JSON schema as ``minimum``/``maximum`` (pydantic writes them raw into a union of a validated type).
+IntegerOrNull = Annotated[int | None, BeforeValidator(_not_a_boolean)]
+#: :data:`Number` or null (one type, as :data:`IntegerOrNull`).
+NumberOrNull = Annotated[float | None, BeforeValidator(_not_a_boolean)]
 
 _DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(?:;[\w.+-]+=[^;,]*)*)(?P<b64>;base64)?,(?P<data>.*)", re.DOTALL)
 
@@ -54,23 +77,21 @@ class CompareBody(BaseModel):
         description="the rubric: free text (one criterion a line), or JSON/YAML criteria"
     )
     ref_ids: list[str] = Field(default_factory=list, max_length=64, description="references to judge against")
-    top_k: int | None = Field(None, ge=1, le=64, description="recall this many references first, then judge them")
+    top_k: IntegerOrNull = Field(None, ge=1, le=64, description="recall this many references first, then judge them")
     query: str | None = Field(None, max_length=2000, description="recall by this text instead of the rubric")
     recall: Literal["image", "text", "both"] | None = Field(
         None, description="recall query: candidate image, text (query, else the rubric) or both (default; text with query)"
     )
-    rerank: int | None = Field(
+    rerank: IntegerOrNull = Field(
         None, ge=1, le=1000, description="recall this many, rerank them, then judge the top_k best (needs top_k)"
     )
-    recall_k: int | None = Field(
+    recall_k: IntegerOrNull = Field(
         None, ge=1, le=1000, description="recall this many (default: rerank, else top_k); the best rerank go on (needs top_k)"
     )
     reranker: Literal["vlm", "embedding"] = Field("vlm", description="vlm: P(yes) in one forward pass; embedding: cosine")
     use_cache: bool = Field(True, description="false re-encodes the references (same verdicts, slower)")
     prefix_states: bool = Field(
-        True, validation_alias=AliasChoices("prefix_states", "use_kv_cache"),
-        description="false prefills the references' prompt prefix afresh instead of reusing its stored state "
-                    "(use_kv_cache: its deprecated name, still read)",
+        True, description="false prefills the references' prompt prefix afresh instead of reusing its stored state",
     )
     force_vlm: bool = Field(False, description="send every criterion to the VLM, none to the attribute records")
 
@@ -82,7 +103,7 @@ class SearchBody(BaseModel):
 
     text: str | None = Field(None, max_length=2000)
     image: str | None = Field(None, description="a query image as base64 or a data: URL")
-    k: int = Field(10, ge=1, le=1000)
+    k: Integer = Field(10, ge=1, le=1000)
     where: dict[str, str | int | float | bool] | None = Field(
         None,
         description=f"metadata filters, KEY: VALUE (at most {MAX_WHERE_KEYS} keys)",
@@ -148,8 +169,8 @@ async def read_body(request: Request, model: type[BaseModel], *, files: set[str]
     """
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "application/json" or content_type.endswith("+json"):
+        # Decoded to UTF-8 and checked by BodyLimitMiddleware, as every JSON body is (server/json_content.py).
         raw = await request.body()
-        check_json_depth(raw, "request body")  # BodyLimitMiddleware checked already; this is for other hosts
         try:
             # Duplicate keys would otherwise silently keep the last value.
             data = json.loads(raw, object_pairs_hook=_no_duplicate_keys)

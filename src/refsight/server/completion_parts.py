@@ -5,6 +5,11 @@ A raw prompt is the whole prompt as the model reads it (no chat template added:
 (``GET /props`` says which), one ``multimodal_data`` item each, in order: base64 bytes
 (or a ``data:`` URL), or a stored reference by ``refsight://ref/<id>`` or by this
 server's ``/v1/references/<id>/image`` URL.
+
+A ``/completion`` prompt may also be token ids, alone or mixed with text
+(``[12, 34, "text", 56]``, llama-server's form): :func:`mixed_prompt_text` takes it where
+the text of those ids, read back by the served model's tokenizer, gives exactly the tokens
+llama-server would evaluate, and refuses it by name where it would not.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .. import ContextLengthError
+from .. import ContextLengthError, InvalidInputError
 from ..results import GenerateResult
 
 from .answers import Answer
@@ -21,8 +26,13 @@ from .errors import ApiError
 from .openai_parts import REF_URL_PREFIX, ContentPart, ImageURL, PartResolver
 from .prompt_limit import check_prompt_chars, check_prompt_tokens
 
-__all__ = ["RawPrompt", "raw_prompt", "media_segment", "check_raw_prompt", "stop_type", "fill_context"]
+__all__ = [
+    "RawPrompt", "raw_prompt", "media_segment", "check_raw_prompt", "stop_type", "fill_context", "mixed_prompt_text",
+    "MAX_PROMPT_IDS",
+]
 
+#: The most token ids one prompt may give (a context's worth; longer prompts are text).
+MAX_PROMPT_IDS = 1 << 17
 #: The longest item read as a reference name when its base64 decodes to ``refsight://ref/<id>``.
 _MAX_NAMED = 512
 
@@ -70,6 +80,48 @@ def media_segment(item: str, where: str, resolver: PartResolver) -> Any:
     if len(data) <= _MAX_NAMED and data.startswith(REF_URL_PREFIX.encode()):
         return resolver.image(ContentPart(type="image_url", image_url=ImageURL(url=data.decode("utf-8", "replace"))), where)
     return resolver.decode_bytes(data, where)
+
+
+def mixed_prompt_text(items: list[Any], backend: Any) -> str:
+    """The text of a prompt given as token ids and strings, as llama-server's ``tokenize_mixed`` reads it.
+
+    llama-server evaluates the first string's tokens after a BOS (when the vocabulary wants one), the
+    other strings' tokens as they are, and the ids as given. refsight's raw prompts are text: the ids'
+    pieces (special tokens written out) joined with the strings. That text is taken only when the
+    served tokenizer reads it back as exactly llama-server's tokens; else a 400 says so (send the text).
+    """
+    if not items:
+        raise ApiError(400, "invalid_input", "prompt: is empty; give the text or tokens to continue", param="prompt")
+    ids = sum(1 for item in items if isinstance(item, int))
+    if ids > MAX_PROMPT_IDS:
+        raise ApiError(400, "invalid_input", f"prompt: at most {MAX_PROMPT_IDS} token ids", param="prompt")
+    expected: list[int] = []
+    parts: list[str] = []
+    for i, item in enumerate(items):
+        if isinstance(item, str):
+            expected += backend.tokenize(item, add_special=not expected and i == 0, parse_special=True)
+            parts.append(item)
+        elif isinstance(item, int) and not isinstance(item, bool):
+            expected.append(item)
+            parts.append(_piece(item, backend, f"prompt[{i}]"))
+        else:
+            raise ApiError(400, "invalid_input", f"prompt[{i}]: a token id or a string", param="prompt")
+    text = "".join(parts)
+    if backend.tokenize(text, add_special=True, parse_special=True) != expected:
+        raise ApiError(
+            400, "unsupported", "prompt: these token ids do not read back as the same tokens from their text "
+            "(a split word, a byte piece, or no BOS where the vocabulary adds one); send the prompt as text",
+            param="prompt",
+        )
+    return text
+
+
+def _piece(token: int, backend: Any, where: str) -> str:
+    """One token's text (special tokens written out); 400 naming ``where`` for an id outside the vocabulary."""
+    try:
+        return backend.token_piece(token).decode("utf-8", "replace")
+    except InvalidInputError as e:
+        raise ApiError(400, "invalid_input", f"{where}: {e.reason}", param="prompt") from None
 
 
 async def check_raw_prompt(prompt: RawPrompt, pool: Any, limit: int, backend: Any) -> None:

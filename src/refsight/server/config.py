@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..settings import BackendOptions, Settings
 from ..errors import InvalidInputError
 from ..environment import default_api_key
-from ..deprecation import renamed
 from .binding import split_hosts
 from .generation_body import DEFAULT_MAX_TOKENS
 from .tenants import is_loopback, load_keys, with_api_key
@@ -42,6 +41,11 @@ class ServerConfig:
     #: False (the default, as llama-server ignores ``model``): a request naming another model is served by
     #: the one served model and the reply's ``model`` says which; True (``--strict-model-name``): 404 ``model_not_found``.
     strict_model_names: bool = False
+    #: llama-server's ``--tags``: informational tags listed in ``/v1/models`` (never used to route).
+    model_tags: tuple[str, ...] = ()
+    #: llama-server's ``--sleep-idle-seconds``: after this many seconds without a request the model is
+    #: unloaded, and the next request that needs it loads it again (:mod:`~refsight.server.sleep`); None: never.
+    sleep_idle_seconds: float | None = None
     #: How the model is loaded (device, dtype, processor settings ...): the options set explicitly
     #: (the CLI's flags). The config file's ``[backend]`` and ``[models."NAME"]`` go under them.
     backend_options: BackendOptions = field(default_factory=BackendOptions)
@@ -79,8 +83,10 @@ class ServerConfig:
     allowed_media_domains: tuple[str, ...] = ()
     #: The directory ``file://`` image URLs may read from (``--media-path``; None: none, the default).
     media_path: str | os.PathLike | None = None
-    #: Largest image fetched by URL, in bytes.
+    #: Largest image fetched by URL, in bytes (on the wire and decoded alike).
     max_media_bytes: int = 20 * MiB
+    #: Seconds for all the fetches by URL of one request together: DNS, connect, headers and body.
+    media_timeout_s: float = 10.0
     #: Serve refsight's page at ``/`` (``--no-webui``: False, the API only).
     webui: bool = True
     #: Share packages across tenants: saves encodes, but reveals by timing that SOME tenant
@@ -97,6 +103,9 @@ class ServerConfig:
     use_cache: bool = True
     #: Byte quota on packages, least recently used evicted (``20GiB``; None: the config file's, or none).
     max_package_bytes: int | str | None = None
+    #: What the store keeps of images sent inline (``--remember-images``): ``off``, ``recurring`` (an image a tenant
+    #: sends in a second request) or ``all``; None: ``$REFSIGHT_REMEMBER_IMAGES``, the config file's, else recurring.
+    remember_images: str | None = None
     thumbnail_px: int = 256
     #: Memory for images clients sent under a vLLM ``uuid`` (decoded pixels + sent bytes, all tenants; LRU).
     media_uuid_bytes: int = 256 * MiB
@@ -104,8 +113,9 @@ class ServerConfig:
     media_uuid_entries: int = 4096
     #: Without keys, the ``Host`` names accepted beside loopback and ``host`` (``--allowed-hosts``).
     allowed_hosts: tuple[str, ...] = ()
-    #: Origins allowed cross-origin (``--cors-origins``; ``*`` any): CORS headers and preflights, opt-in.
-    cors_origins: tuple[str, ...] = ()
+    #: Origins allowed cross-origin (``--cors-origins``; ``*`` any; ``localhost``, the default: every loopback
+    #: origin, as llama-server's ``localhost`` mode): CORS headers and preflights (:mod:`~refsight.server.origins`).
+    cors_origins: tuple[str, ...] = ("localhost",)
     #: Seconds a request's head (request line and headers) may take to arrive (see :mod:`~refsight.server.connections`).
     header_timeout_s: float = 10.0
     #: Seconds a whole request, body included, may take to arrive (a 32 MiB upload at 1 MB/s takes 32 s).
@@ -117,16 +127,6 @@ class ServerConfig:
     #: Attribute records computed when a reference is added (``imagenet``, ``vlm``), so the first
     #: comparison against it does no reference work; ``()`` defers them to the first comparison.
     ingest_attributes: tuple[str, ...] = ("imagenet",)
-    #: Deprecated names, still taken at construction: ``share_encodes`` (``share_packages``), ``cache`` (``redis``).
-    share_encodes: InitVar[bool | None] = None
-    cache: InitVar[str | None] = None
-
-    def __post_init__(self, share_encodes: bool | None, cache: str | None) -> None:
-        self.share_packages = renamed(
-            "share_encodes", share_encodes, "share_packages", self.share_packages, where="ServerConfig", default=False
-        )
-        self.redis = renamed("cache", cache, "redis", self.redis, where="ServerConfig")
-
     def resolved_keys(self) -> dict[str, str]:
         """The configured keys (explicit, file, or environment), with the single ``api_key`` for the default namespace."""
         if self.keys is not None:
@@ -143,10 +143,13 @@ class ServerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise InvalidInputError(name, f"must be a positive integer, got {value!r}")
-        for name in ("header_timeout_s", "request_timeout_s"):
+        for name in ("header_timeout_s", "request_timeout_s", "media_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
                 raise InvalidInputError(name, f"must be a positive number of seconds, got {value!r}")
+        sleep = self.sleep_idle_seconds
+        if sleep is not None and (isinstance(sleep, bool) or not isinstance(sleep, (int, float)) or not 0 < sleep < 1e9):
+            raise InvalidInputError("sleep_idle_seconds", f"must be a positive number of seconds, got {sleep!r}")
         if self.request_timeout_s < self.header_timeout_s:
             raise InvalidInputError("request_timeout_s", "bounds the whole request, head included: not below header_timeout_s")
         if not isinstance(self.max_incomplete_requests, int) or self.max_incomplete_requests < 1:

@@ -11,7 +11,6 @@ resolved by :func:`~refsight.server.auth.require_tenant` (its presence is also w
 from __future__ import annotations
 
 from collections.abc import Callable
-import warnings
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
@@ -57,10 +56,3 @@ ProgressDep = Annotated[CompareProgress, Depends(_app_state("progress"))]
 #: The caller's namespace (401 without a valid key when keys are configured).
 Namespace = Annotated[str, Depends(require_tenant)]
 
-
-def __getattr__(name: str) -> Any:
-    # Deprecated spelling: ``Tenant`` named the caller's namespace, not the tenant (the key's holder).
-    if name == "Tenant":
-        warnings.warn("refsight.server.deps.Tenant is deprecated; use Namespace", DeprecationWarning, stacklevel=2)
-        return Namespace
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,12 +8,17 @@ minutes). :func:`run_watched` runs the work in the :class:`~refsight.server.limi
 the event. Generation checks it after every decode step (``finish_reason="cancelled"``); a compare
 checks it between stages (:func:`stop_between_steps`), raising :class:`ClientGone`, a 499 that
 nobody reads.
+
+The event is also this work's :func:`client_stop` (a context variable of the worker thread, set by
+:func:`with_client_stop`), for work deep below the route that must stop with the request without
+the event passed through every call: an image fetched by URL (:mod:`.fetch_deadline`).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 import anyio
@@ -22,9 +27,25 @@ from starlette.requests import Request
 from .errors import ApiError
 from .limits import WorkPool
 
-__all__ = ["run_watched", "stop_between_steps", "ClientGone"]
+__all__ = ["run_watched", "watched", "stop_between_steps", "ClientGone", "client_stop", "with_client_stop"]
 
 T = TypeVar("T")
+
+_CLIENT_STOP: ContextVar[threading.Event | None] = ContextVar("refsight_client_stop", default=None)
+
+
+def client_stop() -> threading.Event | None:
+    """The event set when the client of the work running on this thread leaves; None outside such work."""
+    return _CLIENT_STOP.get()
+
+
+def with_client_stop(stop: threading.Event, func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``func(*args, **kwargs)`` with ``stop`` as its :func:`client_stop` (call it on the worker thread)."""
+    token = _CLIENT_STOP.set(stop)
+    try:
+        return func(*args, **kwargs)
+    finally:
+        _CLIENT_STOP.reset(token)
 
 
 class ClientGone(ApiError):
@@ -37,6 +58,11 @@ class ClientGone(ApiError):
 async def run_watched(pool: WorkPool, request: Request, func: Callable[..., T]) -> T:
     """``func(stop_event=...)`` in a pool slot; the event is set as soon as the client disconnects."""
     stop = threading.Event()
+    return await watched(request, stop, lambda: pool.run(lambda: with_client_stop(stop, func, stop_event=stop)))
+
+
+async def watched(request: Request, stop: threading.Event, wait: Callable[[], Awaitable[T]]) -> T:
+    """``await wait()``, with ``stop`` set as soon as ``request``'s client disconnects meanwhile."""
 
     async def watch() -> None:
         # The body was read before the work starts: the only message left to arrive is the disconnect.
@@ -44,12 +70,12 @@ async def run_watched(pool: WorkPool, request: Request, func: Callable[..., T]) 
             pass
         stop.set()
 
-    error: Exception | None = None
+    error: BaseException | None = None
     async with anyio.create_task_group() as group:
         group.start_soon(watch)
         try:
-            result = await pool.run(lambda: func(stop_event=stop))
-        except Exception as e:  # noqa: BLE001 -- raised below, outside the group (which would wrap it)
+            result = await wait()
+        except BaseException as e:  # noqa: BLE001 -- raised below, outside the group (which would wrap it)
             error = e
         finally:
             group.cancel_scope.cancel()

@@ -3,8 +3,9 @@
 Route handlers answer in their dialect's shape already (:func:`~refsight.server.errors.error_response_for`);
 middlewares that refuse a request before any route runs answer refsight's ``{"error": {"code", "message"}}``.
 :class:`ErrorShapeMiddleware` reshapes those bodies on the OpenAI paths (adding ``type`` and ``param``, so
-the OpenAI SDK raises its typed exceptions) and on Ollama's (``{"error": "message", "code"}``, what
-Ollama's clients raise with), so a client sees one shape whatever refused its request.
+the OpenAI SDK raises its typed exceptions), on Ollama's (``{"error": "message", "code"}``, what
+Ollama's clients raise with) and on Anthropic's (``{"type": "error", "error": {"type", "message"}}``),
+so a client sees one shape whatever refused its request.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from .errors import OLLAMA_PATHS, OPENAI_PATHS, ollama_error_body, openai_error_body
+from .errors import ANTHROPIC_PATHS, OLLAMA_PATHS, OPENAI_PATHS, anthropic_error_body, ollama_error_body, openai_error_body
 
 __all__ = ["ErrorShapeMiddleware"]
 
@@ -28,11 +29,19 @@ def _ollama(data: dict[str, Any], status: int) -> dict[str, Any]:
     return ollama_error_body(data["error"]["code"], data["error"]["message"])
 
 
+def _anthropic(data: dict[str, Any], status: int) -> dict[str, Any]:
+    if data.get("type") == "error":
+        return data  # a route's answer, already in Anthropic's shape
+    return anthropic_error_body(status, data["error"]["code"], data["error"]["message"])
+
+
 def _reshaper(path: str) -> Callable[[dict[str, Any], int], dict[str, Any]] | None:
     if path.startswith(OPENAI_PATHS):
         return _openai
     if path.startswith(OLLAMA_PATHS):
         return _ollama
+    if path.startswith(ANTHROPIC_PATHS):
+        return _anthropic
     return None
 
 

@@ -14,6 +14,7 @@ Codes, by status::
     413 body_too_large        415 unsupported_media_type
     422 validation_error      429 overloaded        500 internal_error, backend_error, store_error
     503 store_unavailable     (the store's disk is full or read-only; nothing stored is lost, retry later)
+    503 unavailable           (``/slots?fail_on_no_slot=1`` with every slot busy, as llama-server answers it)
 
 Messages use the HTTP API's words: a library message that names a command-line flag
 (``--top-k``) is translated to the request field (``top_k``) by :func:`http_wording`.
@@ -75,6 +76,8 @@ __all__ = [
     "OLLAMA_PATHS",
     "openai_error_body",
     "ollama_error_body",
+    "anthropic_error_body",
+    "ANTHROPIC_PATHS",
     "fields_named",
     "inputs_as_fields",
     "error_response_for",
@@ -120,6 +123,15 @@ OPENAI_PATHS = ("/v1/chat/", "/chat/", "/v1/models", "/models", "/v1/completions
 #: Route prefixes that answer errors in Ollama's shape (:func:`ollama_error_body`).
 OLLAMA_PATHS = ("/api/",)
 
+#: Route prefixes that answer errors in Anthropic's shape (:func:`anthropic_error_body`).
+ANTHROPIC_PATHS = ("/v1/messages",)
+
+#: Anthropic's error ``type`` per HTTP status (anything else 4xx: invalid_request_error; 5xx: api_error).
+_ANTHROPIC_TYPES = {
+    401: "authentication_error", 403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+    429: "rate_limit_error", 503: "overloaded_error",
+}
+
 #: OpenAI's error ``type`` per HTTP status (anything else 4xx: invalid_request_error).
 _OPENAI_TYPES = {
     401: "authentication_error",
@@ -140,6 +152,13 @@ def ollama_error_body(code: str, message: str) -> dict[str, Any]:
     return {"error": message, "code": code}
 
 
+def anthropic_error_body(status: int, code: str, message: str, param: str | None = None) -> dict[str, Any]:
+    """Anthropic's error shape, ``{"type": "error", "error": {"type", "message"}}`` (what its SDK raises with),
+    with refsight's stable ``code`` and the ``param`` at fault beside them."""
+    kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message, "code": code, "param": param}}
+
+
 def _respond(request: Request, status: int, code: str, message: str, headers=None, param: str | None = None) -> JSONResponse:
     return error_response_for(request.url.path, status, code, message, headers, param=param)
 
@@ -152,6 +171,9 @@ def error_response_for(
         return TextSafeJSONResponse(openai_error_body(status, code, message, param), status_code=status, headers=headers)
     if path.startswith(OLLAMA_PATHS):
         return TextSafeJSONResponse(ollama_error_body(code, message), status_code=status, headers=headers)
+    if path.startswith(ANTHROPIC_PATHS):
+        body = anthropic_error_body(status, code, message, param)
+        return TextSafeJSONResponse(body, status_code=status, headers=headers)
     return error_response(status, code, message, headers)
 
 
@@ -323,8 +345,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        if request.url.path.startswith((*OPENAI_PATHS, *OLLAMA_PATHS)):
-            # OpenAI and Ollama answer a malformed request with 400 (OpenAI names the field).
+        if request.url.path.startswith((*OPENAI_PATHS, *OLLAMA_PATHS, *ANTHROPIC_PATHS)):
+            # OpenAI, Ollama and Anthropic answer a malformed request with 400 (OpenAI names the field).
             first = (exc.errors() or [{}])[0]
             param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
             return _respond(request, 400, "invalid_input", _validation_message(exc), param=param)

@@ -2,23 +2,27 @@
 
 One rule for all of them: a field is **honoured** (it changes the answer exactly as its
 runtime documents), **accepted as a hint** (it cannot change the answer: ``cache_prompt``,
-``id_slot`` ...), **accepted at its no-op value** (``ignore_eos: false``, ``n_probs: 0`` ...;
+``id_slot`` ...), **accepted at its no-op value** (``typical_p: 1.0``, ``n_probs: 0`` ...;
 any other value is a 400 naming it), or **refused** with a 400 naming it. Nothing is
 silently ignored. The names are OpenAI's, vLLM's and llama-server's: ``n_predict`` is
 ``max_tokens``; ``repeat_penalty`` is ``repetition_penalty``; vLLM's ``top_k: -1`` is
 ``top_k: 0`` (no limit); llama-server's top-level ``json_schema`` is a ``response_format``
-JSON schema.
+JSON schema. llama-server's token constraints (``logit_bias``, ``ignore_eos``, a GBNF
+``grammar``) are :class:`Sampling` fields: honoured where the backend lists them (llama.cpp),
+a 400 naming the field elsewhere.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from .. import InvalidInputError, Sampling
-from ..requests import SAMPLING_RANGES
+from ..requests import SAMPLING_RANGES, check_json_schema
+from .bodies import IntegerOrNull, NumberOrNull
 from .errors import ApiError
+from .token_fields import logit_bias_pairs
 
 __all__ = [
     "GenerationBody", "ResponseFormat", "HINT_FIELDS", "NO_OP_VALUES", "REFUSED_FIELDS", "DEFAULT_MAX_TOKENS",
@@ -31,17 +35,16 @@ DEFAULT_MAX_TOKENS = 128
 HINT_FIELDS = frozenset({"user", "cache_prompt", "id_slot", "return_tokens", "timings_per_token"})
 #: Fields accepted at the value that changes nothing (their default in llama-server or vLLM); any other is a 400.
 NO_OP_VALUES: dict[str, Any] = {
-    "n_probs": 0, "ignore_eos": False, "min_tokens": 0, "skip_special_tokens": True,
+    "post_sampling_probs": False, "min_tokens": 0, "skip_special_tokens": True,
     "include_stop_str_in_output": False, "spaces_between_special_tokens": True, "echo": False,
     "add_generation_prompt": True, "continue_final_message": False, "typical_p": 1.0, "tfs_z": 1.0,
-    "mirostat": 0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "n_keep": 0, "logit_bias": {},
+    "mirostat": 0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "n_keep": 0,
     "best_of": 1, "suffix": None, "tools": [], "tool_choice": "none", "parallel_tool_calls": False,
     "repeat_last_n": -1,  # the whole context: what repetition_penalty counts here
     "t_max_predict_ms": 0,
 }
 #: Fields refused by name with the reason (what is not supported, and what to send instead).
 REFUSED_FIELDS: dict[str, str] = {
-    "grammar": "GBNF grammars are not supported; send json_schema (or response_format) instead",
     "lora": "LoRA adapters are not supported",
 }
 
@@ -54,8 +57,14 @@ def _declared(name: str, description: str | None = None) -> Any:
 
 
 def _no_op(expected: Any, value: Any) -> bool:
-    """Whether ``value`` is the no-op ``expected`` (None: not set; an empty list or object: either empty)."""
-    if value is None or value == expected:
+    """Whether ``value`` is the no-op ``expected`` (None: not set; an empty list or object: either empty).
+
+    ``true``/``false`` are no number here (``typical_p: true`` is not 1.0), nor a number a boolean."""
+    if value is None:
+        return True
+    if isinstance(value, bool) != isinstance(expected, bool):
+        return False
+    if value == expected:
         return True
     return expected in ({}, []) and value in ({}, [])
 
@@ -82,25 +91,37 @@ class GenerationBody(BaseModel):
     """Sampling, the token bound and the JSON constraint, in every spelling the clients send."""
 
     model_config = ConfigDict(extra="allow")
-    max_tokens: int | None = Field(None, ge=1)
-    n_predict: int | None = Field(None, ge=-1, description="llama-server's max_tokens (-1: up to the server's limit)")
+    max_tokens: IntegerOrNull = Field(None, ge=1)
+    n_predict: IntegerOrNull = Field(None, ge=-1, description="llama-server's max_tokens (-1: up to the server's limit)")
     # The sampling fields' ranges are declared for the schema, and checked by Sampling alone (one check).
-    temperature: float | None = _declared("temperature")
-    top_p: float | None = _declared("top_p")
-    top_k: int | None = Field(
+    temperature: NumberOrNull = _declared("temperature")
+    top_p: NumberOrNull = _declared("top_p")
+    top_k: IntegerOrNull = Field(
         None, description="keep the k most likely tokens (0 or -1: no limit)", json_schema_extra={"minimum": -1}
     )
-    min_p: float | None = _declared("min_p")
-    repetition_penalty: float | None = _declared("repetition_penalty")
-    repeat_penalty: float | None = _declared("repetition_penalty", "llama.cpp's name of repetition_penalty")
-    seed: int | None = Field(
+    min_p: NumberOrNull = _declared("min_p")
+    repetition_penalty: NumberOrNull = _declared("repetition_penalty")
+    repeat_penalty: NumberOrNull = _declared("repetition_penalty", "llama.cpp's name of repetition_penalty")
+    seed: IntegerOrNull = Field(
         None, description="-1 (llama-server): a fresh seed", json_schema_extra={"minimum": -1, "exclusiveMaximum": 2**63}
     )
     stop: str | list[str] | None = None
-    frequency_penalty: float | None = _declared("frequency_penalty")
-    presence_penalty: float | None = _declared("presence_penalty")
+    frequency_penalty: NumberOrNull = _declared("frequency_penalty")
+    presence_penalty: NumberOrNull = _declared("presence_penalty")
     response_format: ResponseFormat | None = None
     json_schema: dict[str, Any] | None = Field(None, description="llama-server: constrain the answer to this schema")
+    grammar: str | None = Field(None, description="llama-server: a GBNF grammar the answer follows (not with a schema)")
+    logit_bias: dict[str, float | bool] | list[list[Any]] | None = Field(
+        None, description="token id (or text) to a bias added to its logit; false bans it (llama-server's forms)"
+    )
+    ignore_eos: bool | None = Field(None, description="llama-server: never end at an end-of-generation token")
+    n_probs: IntegerOrNull = Field(
+        None, ge=0, description="llama-server: each token's log probability and its N most likely alternatives (0: none)"
+    )
+
+    def requested_logprobs(self) -> tuple[int | None, str]:
+        """``Sampling.logprobs`` of the request (None: none asked) and the field that asked (a 400 names it)."""
+        return (self.n_probs or None), "n_probs"
 
     def check_fields(self) -> None:
         """400 naming the first field that is refused, or set away from its no-op value, or unknown."""
@@ -139,21 +160,31 @@ class GenerationBody(BaseModel):
             raise ApiError(400, "invalid_input", f"{param}: {wanted} is over the limit of {limit}", param=param)
         return wanted
 
-    def sampling(self, defaults: Mapping[str, Any] | None = None) -> Sampling:
+    def sampling(
+        self, defaults: Mapping[str, Any] | None = None, tokenize: Callable[[str], list[int]] | None = None
+    ) -> Sampling:
         """The request's :class:`Sampling` (greedy unless it says otherwise); 400 naming a bad value.
 
         ``defaults``: Sampling fields the served model sets (an Ollama model's params layer), used
         for each field the request leaves unset (:meth:`Sampling.merged`, the one merge and check).
+        ``tokenize``: the served model's tokens of a text, for ``logit_bias`` keys given as text.
         """
         penalty = self.repetition_penalty if self.repetition_penalty is not None else self.repeat_penalty
         given = {
             "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed, "top_k": self.top_k,
             "stop": self.stop, "frequency_penalty": self.frequency_penalty, "presence_penalty": self.presence_penalty,
-            "min_p": self.min_p, "repetition_penalty": penalty,
+            "min_p": self.min_p, "repetition_penalty": penalty, "ignore_eos": self.ignore_eos, "grammar": self.grammar or None,
         }
+        if self.grammar and self.schema() is not None:
+            raise ApiError(400, "invalid_input", "grammar: give a GBNF grammar or a JSON schema, not both", param="grammar")
+        if self.logit_bias is not None:
+            given["logit_bias"] = logit_bias_pairs(self.logit_bias, tokenize or _no_text_keys)
+        given["logprobs"], logprobs_field = self.requested_logprobs()
         try:
             return Sampling.merged(given, defaults)
         except InvalidInputError as e:
+            if e.input == "logprobs":
+                raise ApiError(400, "invalid_input", f"{logprobs_field}: {e.reason}", param=logprobs_field) from None
             raise ApiError(400, "invalid_input", str(e), param=str(e.input)) from None
 
     def schema(self) -> dict[str, Any] | None:
@@ -175,11 +206,21 @@ class GenerationBody(BaseModel):
         return check_schema(fmt.json_schema.schema_, "response_format.json_schema.schema")
 
 
+def _no_text_keys(text: str) -> list[int]:
+    raise ApiError(400, "unsupported", f"logit_bias: text keys ({text[:40]!r}) need the served model's tokenizer",
+                   param="logit_bias")
+
+
 def check_schema(schema: dict[str, Any], where: str) -> dict[str, Any]:
     """``schema`` when it is a valid JSON Schema (checked against its meta-schema), else a 400 naming the problem."""
     from jsonschema import Draft7Validator, SchemaError
     from jsonschema.validators import validator_for
 
+    try:  # first the bounded check every grammar compiler needs (values, patterns, size): the meta-schema
+        # check after it costs time by the value and compiles every pattern (300,000 properties: 4 minutes)
+        check_json_schema(schema, where)
+    except InvalidInputError as e:
+        raise ApiError(400, "invalid_input", str(e), param=where.partition(".")[0]) from None
     try:
         try:
             validator_for(schema).check_schema(schema)

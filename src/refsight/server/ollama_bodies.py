@@ -4,7 +4,8 @@ The sampling ``options`` become the fields every text route reads (:mod:`.genera
 are honoured, accepted or refused by the same rule: ``temperature``, ``top_k``, ``top_p``, ``min_p``,
 ``seed``, ``stop``, ``num_predict`` (-1 and -2: the server's limit), ``repeat_penalty``,
 ``presence_penalty``, ``frequency_penalty`` are honoured; ``repeat_last_n``, ``typical_p``, ``tfs_z``,
-``mirostat`` only at their no-op values; ``num_ctx`` only as the served context (it is fixed at start);
+``mirostat`` only at their no-op values; ``num_ctx`` is accepted, the served context used whatever it
+says (the context is fixed at start, ``refsight serve -c N``; the reply's ``refsight.num_ctx`` names it);
 the runtime's resource knobs (``num_gpu``, ``num_thread`` ...) are hints that cannot change an answer;
 any other option is a 400 naming it. ``format`` ``"json"`` or a JSON schema is the constrained decoder's
 schema. ``think``, ``tools``, ``logprobs`` and tool messages are refused by name (no model refsight
@@ -24,13 +25,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .completion_parts import media_segment
 from .errors import ApiError
+from .bodies import IntegerOrNull, Number
 from .generation_body import GenerationBody, check_schema
 from .openai_compat import check_generation
 from .openai_parts import PartResolver
 
 __all__ = [
     "OllamaMessage", "OllamaChatBody", "OllamaGenerateBody", "OllamaShowBody", "OPTION_FIELDS", "RUNTIME_HINTS",
-    "ollama_name", "check_model", "check_refused", "generation", "schema_of", "chat_segments",
+    "ollama_name", "check_model", "check_refused", "check_num_ctx", "generation", "schema_of", "chat_segments",
 ]
 
 #: Ollama's option → the :class:`~.generation_body.GenerationBody` field that carries it.
@@ -45,6 +47,8 @@ RUNTIME_HINTS = frozenset({
     "numa", "num_batch", "num_gpu", "main_gpu", "low_vram", "use_mmap", "use_mlock", "num_thread", "logits_all",
     "num_keep", "penalize_newline", "mirostat_tau", "mirostat_eta",
 })
+#: The hints Ollama types as numbers (the others are booleans): even ignored, ``true`` is no number.
+_NUMBER_HINTS = frozenset({"num_batch", "num_gpu", "main_gpu", "num_thread", "num_keep", "mirostat_tau", "mirostat_eta"})
 _FIELD_OPTIONS = {field: option for option, field in OPTION_FIELDS.items()}
 #: An Ollama name without a tag means ``:latest``.
 _LATEST = ":latest"
@@ -72,10 +76,10 @@ class _OllamaRequest(BaseModel):
     format: Format = None
     options: dict[str, Any] | None = None
     stream: bool = Field(True, description="NDJSON lines as tokens come (Ollama's default); false: one object")
-    keep_alive: float | str | None = Field(None, description="accepted: the model stays loaded for the server's life")
+    keep_alive: Number | str | None = Field(None, description="accepted: the model stays loaded for the server's life")
     think: bool | Literal["low", "medium", "high"] | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: IntegerOrNull = None
 
 
 class OllamaChatBody(_OllamaRequest):
@@ -138,10 +142,11 @@ def check_refused(body: _OllamaRequest) -> None:
 def generation(options: dict[str, Any] | None, service: Any, limit: int) -> tuple[int, Any]:
     """``options`` as the token bound and the :class:`~refsight.Sampling` (the model's params fill what is unset)."""
     options = dict(options or {})
-    _check_num_ctx(options.pop("num_ctx", None), service.context_size)
+    check_num_ctx(options.pop("num_ctx", None))
     unknown = sorted(set(options) - set(OPTION_FIELDS) - RUNTIME_HINTS)
     if unknown:
         raise ApiError(400, "unsupported", f"options.{unknown[0]}: not an option refsight knows", param=f"options.{unknown[0]}")
+    _check_number_hints(options)
     fields = {OPTION_FIELDS[k]: v for k, v in options.items() if k in OPTION_FIELDS}
     if fields.get("n_predict") == -2:  # Ollama: fill the context; here: up to the server's limit, as -1
         fields["n_predict"] = -1
@@ -157,18 +162,29 @@ def generation(options: dict[str, Any] | None, service: Any, limit: int) -> tupl
         raise ApiError(e.status, e.code, e.message.replace(f"{e.param}:", f"{where}:", 1), param=where) from None
 
 
+def _check_number_hints(options: dict[str, Any]) -> None:
+    """400 naming a runtime hint that Ollama types as a number but that is not one (``true`` included)."""
+    for name in sorted(_NUMBER_HINTS & set(options)):
+        value = options[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ApiError(400, "invalid_input", f"options.{name}: must be a number, not {value!r}"[:200],
+                           param=f"options.{name}")
+
+
 def _option(field: str) -> str:
     """The ``options.NAME`` an Ollama client sent for the :class:`GenerationBody` ``field`` (``n_predict.0`` too)."""
     head, dot, rest = field.partition(".")
     return f"options.{_FIELD_OPTIONS.get(head, head)}{dot}{rest}"
 
 
-def _check_num_ctx(num_ctx: Any, context: int | None) -> None:
-    if num_ctx is None or num_ctx == context:
-        return
-    served = f"this server's context is {context} tokens" if context else "the served runtime has no context window"
-    raise ApiError(400, "unsupported", f"options.num_ctx: the context is set when the server starts ({served}; "
-                   "refsight serve -c N sets it)", param="options.num_ctx")
+def check_num_ctx(num_ctx: Any) -> int | None:
+    """``options.num_ctx``: a positive integer (clients send it whenever their user sets a context length), or
+    None. It cannot resize the context, which is fixed at start (``refsight serve -c N``): the answer has the
+    served context whatever the value, and says so (the reply's ``refsight.num_ctx``)."""
+    if num_ctx is not None and (isinstance(num_ctx, bool) or not isinstance(num_ctx, int) or num_ctx < 1):
+        raise ApiError(400, "invalid_input", f"options.num_ctx: must be a positive integer, not {num_ctx!r}",
+                       param="options.num_ctx")
+    return num_ctx
 
 
 def schema_of(fmt: Format) -> dict[str, Any] | None:

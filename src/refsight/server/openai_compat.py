@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import time
 import uuid as uuidlib
+from functools import partial
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Request
@@ -43,7 +44,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from .. import Sampling, __version__
 from .answers import Answer, finish_reason, refsight_extra, usage
 from .deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
+from .bodies import IntegerOrNull
 from .generation_body import GenerationBody
+from .logprob_fields import chat_logprobs, piece_logprobs
 from .errors import ERROR_RESPONSES, ApiError
 from .disconnect import run_watched
 from .openai_parts import Message, PartResolver, messages_to_segments
@@ -73,22 +76,29 @@ class ChatBody(GenerationBody):
 
     model: str | None = Field(None, description="the served model (optional, as llama-server has it)")
     messages: list[Message] = Field(min_length=1, max_length=256)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    n: int | None = Field(None, ge=1)
-    logprobs: bool | None = None
+    max_completion_tokens: IntegerOrNull = Field(None, ge=1)
+    n: IntegerOrNull = Field(None, ge=1)
+    logprobs: bool | None = Field(None, description="each answer token's log probability (honoured where the backend lists it)")
+    top_logprobs: IntegerOrNull = Field(None, ge=0, le=20, description="with logprobs: the N most likely alternatives per token")
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="accepted when the served chat template reads none of its keys (so they change nothing)"
     )
 
+    def requested_logprobs(self) -> tuple[int | None, str]:
+        """OpenAI's ``logprobs`` (with ``top_logprobs`` alternatives, 0 unless given), else llama-server's ``n_probs``."""
+        if self.logprobs:
+            return (self.top_logprobs or 0), "logprobs"
+        if self.top_logprobs is not None:
+            raise ApiError(400, "invalid_input", "top_logprobs: requires logprobs: true", param="top_logprobs")
+        return super().requested_logprobs()
+
     def check_choices(self) -> None:
-        """400 naming what one answer cannot honour: several choices, log probabilities, the stream's own options,
+        """400 naming what one answer cannot honour: several choices, the stream's own options,
         two token bounds that differ, two trailing assistant messages."""
         if self.n not in (None, 1):
             raise ApiError(400, "unsupported", "n: only one choice (n=1) is supported", param="n")
-        if self.logprobs:
-            raise ApiError(400, "unsupported", "logprobs: log probabilities are not returned", param="logprobs")
         if len(self.messages) >= 2 and self.messages[-1].role == self.messages[-2].role == "assistant":
             # llama-server's rule: a final assistant message is continued, two in a row have no meaning.
             raise ApiError(400, "invalid_input", "messages: cannot end with two assistant messages", param="messages")
@@ -116,12 +126,14 @@ def check_generation(body: GenerationBody, service: Any, given: int | None, max_
     max_new_tokens = body.token_limit(max_limit, given, "max_completion_tokens", default) if given is not None else (
         body.token_limit(max_limit, default=default)
     )
-    sampling = body.sampling(service.sampling_defaults)
-    refused = sampling.unsupported(service.engine.backend().sampling_fields)
+    backend = service.engine.backend()
+    tokenize = partial(backend.tokenize, add_special=False, parse_special=False)  # llama-server's text keys
+    sampling = body.sampling(service.sampling_defaults, tokenize)
+    refused = sampling.unsupported(backend.sampling_fields)
     if refused:
-        raise ApiError(
-            400, "unsupported", f"{refused[0]}: the served backend ({service.model}) does not support it", param=refused[0]
-        )
+        # Named as the client spelled it (llama-server's n_probs, OpenAI's logprobs).
+        param = body.requested_logprobs()[1] if refused[0] == "logprobs" else refused[0]
+        raise ApiError(400, "unsupported", f"{param}: the served backend ({service.model}) does not support it", param=param)
     return max_new_tokens, sampling
 
 
@@ -175,7 +187,7 @@ async def chat_completions(
         return Answer.of(result, media_uuids=[use.to_dict() for use in resolver.commit()])
 
     if body.stream:
-        first, source, stop = await open_stream(pool, work)
+        first, source, stop = await open_stream(pool, work, request)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         per_token = bool(body.model_extra.get("timings_per_token"))
         return EventStreamResponse(
@@ -183,7 +195,7 @@ async def chat_completions(
         )
     result = await run_watched(pool, request, work)  # a client that leaves frees its worker
     choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
-              "finish_reason": result.finish_reason, "logprobs": None}
+              "finish_reason": result.finish_reason, "logprobs": chat_logprobs(result.logprobs)}
     return {"id": completion_id, "object": "chat.completion", "created": created, "model": service.served_model,
             "system_fingerprint": SYSTEM_FINGERPRINT, "choices": [choice], "usage": usage(result),
             "timings": clock.final(result), "refsight": refsight_extra(result)}
@@ -196,11 +208,11 @@ async def _chunks(
     """The SSE events of one streamed answer, in the order the OpenAI SDK expects (``timings`` as llama-server
     adds them: on every chunk with ``timings_per_token``, on the last ones always)."""
 
-    def chunk(delta: dict[str, Any], finish_reason: str | None = None, **more: Any) -> bytes:
+    def chunk(delta: dict[str, Any], finish_reason: str | None = None, logprobs: Any = None, **more: Any) -> bytes:
         data = {
             "id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
             "system_fingerprint": SYSTEM_FINGERPRINT,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
             **more,
         }
         if include_usage:
@@ -221,7 +233,11 @@ async def _chunks(
 
     # llama-server's (and OpenAI's) first chunk: the role, content null.
     yield chunk({"role": "assistant", "content": None})
-    async for event in answer_events(first, source, lambda text: chunk({"content": text}), finish):
+    def piece(text: str) -> bytes:
+        logprobs = piece_logprobs(text)  # the piece's tokens' log probabilities, when asked for
+        return chunk({"content": str(text)}, logprobs=chat_logprobs(logprobs) if logprobs else None)
+
+    async for event in answer_events(first, source, piece, finish):
         yield event
 
 
@@ -230,7 +246,7 @@ def model_card(service: Any) -> dict[str, Any]:
     card = {"id": service.served_model, "object": "model", "created": 0, "owned_by": "refsight",
             "random_weights": service.random_weights}
     # How the runtime runs (a vllm: backend's image mode: pixels|embeds, uuids kept or not), where it says.
-    card.update(service.engine.backend().runtime_info() if service.engine is not None else {})
+    card.update(service.facts.runtime_info if service.facts is not None else {})
     context = service.context_size
     return {**card, "max_model_len": context} if context else card
 
@@ -249,8 +265,12 @@ def llama_server_card(service: Any) -> dict[str, Any]:
 @router.get("/models", include_in_schema=False)  # llama-server's path without /v1
 async def list_models(namespace: Namespace, service: ServiceDep) -> dict[str, Any]:
     """The served model, in the OpenAI ``/v1/models`` shape with llama-server's ``models`` list beside ``data``
-    (its ``data`` entry with llama-server's ``aliases``, every name a request may send, and ``tags``)."""
-    listed = {**model_card(service), "aliases": sorted(service.model_names), "tags": []}
+    (its ``data`` entry with llama-server's ``aliases`` and ``tags``); answered from the facts taken at load, so
+    asking never wakes a sleeping model."""
+    # llama-server's: the --alias names (comma-separated or repeated), sorted, and the --tags; the served name
+    # when no alias was given, so ``id`` is always among the aliases.
+    aliases = sorted(service.config.served_model_names) or [service.served_model]
+    listed = {**model_card(service), "aliases": aliases, "tags": sorted(service.config.model_tags)}
     return {"models": [llama_server_card(service)], "object": "list", "data": [listed]}
 
 

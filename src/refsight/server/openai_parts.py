@@ -38,7 +38,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from .. import ReferenceSegment
 from ..inputs.text import check_text
 from .bodies import decode_data_url
+from .disconnect import client_stop
 from .errors import ApiError
+from .fetch_deadline import FetchDeadline
 from .media_uuids import MAX_UUID_CHARS, MediaUuids, UuidUse
 from .remote_media import RemoteMedia
 
@@ -100,6 +102,8 @@ class PartResolver:
     max_pixels: int = 80_000_000
     #: Images by URL the operator opted in to (``--allowed-media-domains``, ``--media-path``); None: none.
     remote: RemoteMedia | None = None
+    #: The one deadline of all the request's fetches by URL, from the first; its client leaving ends it too.
+    fetching: FetchDeadline | None = None
     #: Each uuid's use, in order; a uuid sent with pixels is ``(uuid, image)`` until :meth:`commit`.
     used: list[Any] = field(default_factory=list)
     images: int = 0
@@ -114,7 +118,8 @@ class PartResolver:
         return cls(
             service.decode, namespace, uuids, own_origins(host, port, names),
             max_images=config.max_images_per_request, max_pixels=config.max_request_pixels,
-            remote=RemoteMedia(config.allowed_media_domains, config.media_path, config.max_media_bytes),
+            remote=RemoteMedia(config.allowed_media_domains, config.media_path, config.max_media_bytes,
+                               config.media_timeout_s),
         )
 
     def admit(self, where: str) -> None:
@@ -176,7 +181,9 @@ class PartResolver:
             return reference
         if url and self.remote is not None and self.remote.takes(url):
             # Fetched only where the operator opted in, then decoded like sent bytes (not an image: a 400).
-            image = self._decode_admitted(self.remote.fetch(url, where), where, f"{where}.image_url")
+            if self.fetching is None:
+                self.fetching = FetchDeadline(self.remote.timeout_s, client_stop())
+            image = self._decode_admitted(self.remote.fetch(url, where, self.fetching), where, f"{where}.image_url")
             if uuid is not None:
                 self.used.append((uuid, image))
             return image

@@ -10,39 +10,61 @@ browser sends ``Host: attacker.example``) or by a cross-site "simple" request (a
 - a state-changing request (not GET/HEAD/OPTIONS) whose ``Origin`` is neither such a name nor
   one of ``--cors-origins`` is 403 ``origin_not_allowed``.
 
+Both headers are parsed by their grammar, not searched: an origin is ``http(s)://HOST[:PORT]``
+and nothing else (RFC 6454), a ``Host`` is ``HOST[:PORT]``. Anything more (user info as in
+``http://127.0.0.1:1@evil.example``, a path, a query, spaces) is not a name of this server.
+
 With keys a browser page cannot present them by itself (no cookie is accepted without the
 page's own login), so nothing changes for API clients.
 
-**CORS is opt-in** (``--cors-origins``, as llama-server's flag: a comma-separated list, ``*`` for
-any origin): a listed origin gets ``Access-Control-Allow-Origin`` on every reply, and a
-preflight ``OPTIONS`` is answered 200 before the key check, as llama-server answers it;
-an origin not listed gets no CORS header, so its page cannot read a reply.
+**CORS** (``--cors-origins``, as llama-server's flag: a comma-separated list, ``*`` for any origin,
+``localhost`` for every loopback origin): a listed origin gets ``Access-Control-Allow-Origin`` (its
+own value, reflected) on every reply, and a preflight ``OPTIONS`` is answered 200 before the key
+check, as llama-server answers it; an origin not listed gets no CORS header, so its page cannot read a
+reply. The default is ``localhost``, llama-server's own ``localhost`` mode: a page served from
+``http(s)://localhost``, ``127.0.0.1`` or ``[::1]`` on any port may read replies (it could reach the
+server anyway); any other origin needs listing (llama-server's ``*`` default is not followed: every
+web page could read a keyless server's replies).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
-from urllib.parse import urlsplit
 
 from starlette.responses import Response
 
 from .errors import error_response
 from .tenants import Tenants, is_loopback
 
-__all__ = ["OriginGuardMiddleware", "host_name"]
+__all__ = ["OriginGuardMiddleware", "LOCALHOST", "authority_host", "origin_host"]
 
 #: Methods that change nothing: a foreign Origin may send them (the browser withholds the reply without CORS).
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _PREFLIGHT_HEADERS = (b"access-control-request-method", b"access-control-request-headers")
+#: ``HOST[:PORT]``: a name or IPv4 address, or an IPv6 address in brackets; nothing else.
+_AUTHORITY = r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9._-]+))(?::[0-9]{1,5})?"
+_HOST = re.compile(_AUTHORITY)
+_ORIGIN = re.compile(r"https?://" + _AUTHORITY)
+#: The ``--cors-origins`` entry for every loopback origin (llama-server's special value).
+LOCALHOST = "localhost"
+#: The hosts llama-server's ``localhost`` mode reflects (``origin_is_localhost``), any scheme and port.
+_LOCAL_ORIGIN_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
-def host_name(value: str) -> str:
-    """The host of a ``Host`` header or an origin's netloc, lower-case, without port or IPv6 brackets."""
-    value = value.strip().lower()
-    if value.startswith("["):
-        return value[1:value.find("]")] if "]" in value else value[1:]
-    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+def authority_host(value: str) -> str | None:
+    """The host of a ``Host`` header (``HOST[:PORT]``), lower-case, without port or IPv6 brackets; None
+    when ``value`` is not of that form (user info, a path, spaces ...)."""
+    match = _HOST.fullmatch(value.strip())
+    return (match.group("ipv6") or match.group("name")).lower() if match else None
+
+
+def origin_host(origin: str) -> str | None:
+    """The host of a serialized ``Origin`` (``http(s)://HOST[:PORT]``, RFC 6454), lower-case; None when
+    ``origin`` is anything else (``null``, user info, a path, a query ...)."""
+    match = _ORIGIN.fullmatch(origin)
+    return (match.group("ipv6") or match.group("name")).lower() if match else None
 
 
 class OriginGuardMiddleware:
@@ -53,14 +75,17 @@ class OriginGuardMiddleware:
     ) -> None:
         self.app = app
         self.tenants = tenants
-        self.names = frozenset({host_name(host), *(host_name(name) for name in allowed_hosts)})
+        self.names = frozenset(authority_host(name) or name.strip().lower() for name in (host, *allowed_hosts))
         self.cors = frozenset(origin.strip().rstrip("/").lower() for origin in cors_origins if origin.strip())
 
-    def _own(self, name: str) -> bool:
-        return name in self.names or is_loopback(name) or name.endswith(".localhost")
+    def _own(self, name: str | None) -> bool:
+        return name is not None and (name in self.names or is_loopback(name) or name.endswith(".localhost"))
 
     def _cors_allows(self, origin: str) -> bool:
-        return "*" in self.cors or origin.rstrip("/").lower() in self.cors
+        if "*" in self.cors or origin.rstrip("/").lower() in self.cors:
+            return True
+        # Parsed by the origin grammar: ``http://localhost.evil.com`` and ``http://x@localhost`` are not local.
+        return LOCALHOST in self.cors and origin_host(origin) in _LOCAL_ORIGIN_HOSTS
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -93,15 +118,14 @@ class OriginGuardMiddleware:
 
     def _keyless_problem(self, method: str, host: str, origin: str) -> tuple[str, str] | None:
         # A request without Host (HTTP/1.0 tools) is no browser's: browsers always send it.
-        if host and not self._own(host_name(host)):
+        if host and not self._own(authority_host(host)):
             return "host_not_allowed", (
                 f"Host {host!r} is not this server's name: without API keys only loopback and the names given "
                 "with --host or --allowed-hosts are served (DNS rebinding protection)"
             )
         if method in _SAFE_METHODS or not origin:
             return None
-        netloc = urlsplit(origin).netloc if origin != "null" else ""
-        if (netloc and self._own(host_name(netloc))) or self._cors_allows(origin):
+        if self._own(origin_host(origin)) or self._cors_allows(origin):
             return None
         return "origin_not_allowed", (
             f"Origin {origin!r} may not change anything on a server without API keys; "

@@ -22,7 +22,11 @@ scoped the same way; what isolation leaves is listed in ``docs/architecture/poli
 
 from __future__ import annotations
 
+import gc
 import io
+import time
+from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 from typing import Any, Callable, Sequence
 
 from PIL import Image
@@ -33,10 +37,35 @@ from ..requests import AddRequest, ChatRequest, CompareRequest, SearchRequest
 from ..results import GenerateResult
 from ..settings import Settings, load_settings
 from .config import ServerConfig
+from .llama_metrics import GenerationCounters
 from .responses import printable_data
 from .thumbnails import ThumbnailCache, render_thumbnail, snap_size
 
-__all__ = ["Service", "ReferenceSegment"]
+__all__ = ["Service", "ModelFacts", "ReferenceSegment"]
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the served model's read-only endpoints report (``/props``, ``/v1/models``), taken at load: they
+    answer from it while the model sleeps, without loading it (as llama-server answers from its cache)."""
+
+    name: str
+    context_size: int | None
+    random_weights: bool
+    media_marker: str
+    chat_template: str | None
+    raw_prompt: bool
+    runtime_info: dict[str, Any]
+
+    @classmethod
+    def of(cls, backend: Any) -> ModelFacts:
+        """The facts of a loaded ``backend``."""
+        return cls(
+            name=backend.name, context_size=getattr(backend, "context_size", None),
+            random_weights=bool(backend.random_weights), media_marker=backend.media_marker,
+            chat_template=backend.chat_template_source(), raw_prompt=backend.supports_raw_prompt,
+            runtime_info=dict(backend.runtime_info()),
+        )
 
 
 def _format_of(data: bytes) -> str | None:
@@ -51,13 +80,17 @@ def _format_of(data: bytes) -> str | None:
 class Service:
     """One engine for every tenant; every method is blocking and names the tenant's namespace."""
 
-    def __init__(self, config: ServerConfig, *, share_packages: bool = True) -> None:
+    def __init__(self, config: ServerConfig, *, share_packages: bool) -> None:
         self.config = config
         self.limits = IntakeLimits(max_pixels=config.max_image_pixels, max_bytes=config.max_body_bytes)
         self.share_packages = share_packages
         self.engine: Engine | None = None
+        #: The served model's facts, taken when it loads (:meth:`open`).
+        self.facts: ModelFacts | None = None
         #: JPEG thumbnails, per tenant unless packages are shared (see :mod:`~refsight.server.thumbnails`).
         self.thumbnails = ThumbnailCache()
+        #: Every generation's tokens and times (llama-server's ``llamacpp:*`` metrics).
+        self.generations = GenerationCounters()
 
     # -- lifecycle -------------------------------------------------------------------
     def open(self) -> None:
@@ -77,9 +110,30 @@ class Service:
             embedder=self.config.embedder,
             redis=self.config.redis,
             max_package_bytes=self.config.max_package_bytes,
+            remember_images=self.config.remember_images,
             **options,
         )
         self.engine.backend().fingerprint()
+        self.facts = ModelFacts.of(self.engine.backend())
+
+    # -- sleep (llama-server's --sleep-idle-seconds; server/sleep.py decides when) ---------------------
+    @property
+    def is_sleeping(self) -> bool:
+        """Whether the model is unloaded (asleep): the next request that needs it loads it again."""
+        return self.engine is not None and not self.engine.models.is_loaded()
+
+    def sleep(self) -> bool:
+        """Unload the model, so its memory is freed (the store stays open; stored packages and prefix
+        states stay); False when it was not loaded. The caller makes sure no request is using it."""
+        if self.engine is None or not self.engine.models.unload():
+            return False
+        gc.collect()  # the model's tensors are freed now, not at some later collection
+        return True
+
+    def wake(self) -> None:
+        """Load the model again after :meth:`sleep` (the same options, so the same fingerprint)."""
+        if self.engine is not None:
+            self.engine.backend()
 
     def _settings(self) -> Settings:
         if self.config.settings is not None:
@@ -95,7 +149,7 @@ class Service:
     @property
     def model(self) -> str:
         """Name of the served model."""
-        return self.engine.backend().name
+        return self.facts.name
 
     @property
     def served_model(self) -> str:
@@ -110,7 +164,7 @@ class Service:
     @property
     def context_size(self) -> int | None:
         """The model's context in tokens, where its runtime has a limit (llama.cpp's ``n_ctx``), else None."""
-        return getattr(self.engine.backend(), "context_size", None)
+        return self.facts.context_size
 
     @property
     def sampling_defaults(self) -> dict[str, Any]:
@@ -121,7 +175,7 @@ class Service:
     @property
     def random_weights(self) -> bool:
         """Whether the served model has random weights (its text is meaningless)."""
-        return bool(self.engine.backend().random_weights)
+        return self.facts.random_weights
 
     # -- helpers -----------------------------------------------------------------------
     def decode(self, data: bytes, label: str) -> ImageInput:
@@ -158,6 +212,14 @@ class Service:
     def remove(self, ref_id: str, *, namespace: str) -> dict[str, Any]:
         """Remove the tenant's reference (packages still used by anyone else stay)."""
         return printable_data({"removed": self.engine.remove(ref_id, namespace=namespace).ref_id})
+
+    def remembered(self, *, namespace: str) -> list[dict[str, Any]]:
+        """The tenant's remembered images (images it sent inline and the store kept), most recently used first."""
+        return [image.to_dict() for image in self.engine.remembered(namespace=namespace)]
+
+    def forget_remembered(self, *, namespace: str) -> dict[str, Any]:
+        """Forget the tenant's remembered images (packages a reference or another tenant still holds stay)."""
+        return self.engine.forget_remembered(namespace=namespace).to_dict()
 
     def thumbnail(self, ref_id: str, size: int, *, namespace: str) -> bytes:
         """A JPEG thumbnail (longest side ``size``) of the tenant's reference image."""
@@ -200,8 +262,19 @@ class Service:
         if not self.config.use_cache:  # ``--no-cache``: every image through the runtime's fresh path (a benchmark's baseline)
             policy.update(use_cache=False, prefix_states=False)
         request = ChatRequest(list(segments), namespace=namespace, **policy, **fields)
-        result = self.engine.chat(request, on_text=on_text, stop_event=stop_event)
-        return GenerateResult(**printable_data(result.to_dict()))
+        began, first = time.perf_counter(), None
+
+        def noting(piece: str) -> None:  # the first piece splits the prompt's time from the answer's
+            nonlocal first
+            if first is None:
+                first = time.perf_counter()
+            on_text(piece)
+
+        result = self.engine.chat(request, on_text=None if on_text is None else noting, stop_event=stop_event)
+        self.generations.add(result, began, first, time.perf_counter())
+        # Strings made printable; the log probabilities stay typed (their pieces are bytes, formatted per dialect).
+        plain = {f.name: getattr(result, f.name) for f in dataclass_fields(result) if f.name != "logprobs"}
+        return GenerateResult(**printable_data(plain), logprobs=result.logprobs)
 
     # -- stats -----------------------------------------------------------------------------
     def stats(self, *, namespace: str, tenants: bool) -> dict[str, Any]:

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterable
 
 import anyio
+from starlette.requests import Request
 from starlette.responses import Response
 
+from .disconnect import watched, with_client_stop
 from .limits import WorkPool
 
 __all__ = [
@@ -89,16 +91,23 @@ async def stream_in_pool(pool: WorkPool, func: Callable[[Callable[[str], None]],
     yield Finished(task.result())
 
 
-async def open_stream(pool: WorkPool, work: Callable[..., Any]) -> tuple[Any, AsyncIterator[Any], threading.Event]:
+async def open_stream(
+    pool: WorkPool, work: Callable[..., Any], request: Request | None = None,
+) -> tuple[Any, AsyncIterator[Any], threading.Event]:
     """Start ``work(on_text, stop_event)`` streaming in a pool slot; its first event, the rest, and the stop event.
 
     The first event is awaited here, before any byte is sent: an error up to the first token (a
-    missing reference, a full pool, a bad image) is raised as a plain HTTP error.
+    missing reference, a full pool, a bad image) is raised as a plain HTTP error. Until then no
+    write can fail, so ``request``'s disconnect is watched instead: a client that leaves while its
+    images are fetched or its prompt prefilled stops that work (:func:`~.disconnect.client_stop`).
     """
     stop = threading.Event()
-    source = stream_in_pool(pool, lambda on_text: work(on_text, stop))
+    source = stream_in_pool(pool, lambda on_text: with_client_stop(stop, work, on_text, stop))
     try:
-        first = await source.__anext__()
+        if request is None:
+            first = await source.__anext__()
+        else:
+            first = await watched(request, stop, source.__anext__)
     except BaseException:
         stop.set()
         raise

@@ -23,7 +23,6 @@ import tempfile
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
-from ..deprecation import renamed
 from ..errors import StoreError
 from ..results import PruneReport, QuotaReport
 from ._failures import store_failure, unavailable_reason
@@ -50,6 +49,7 @@ from .lifecycle import enforce_quota, parse_bytes, prune
 from .memory import MemoryPackageStore
 from .postgres import PgDatabase, is_catalog_url, redact_url
 from .prefixes import DEFAULT_PREFIX_DISK_BYTES, DEFAULT_PREFIX_MEMORY_BYTES, PrefixStore
+from .remembered import RememberedImage, RememberedImages
 from .schema import DB_NAME, SCHEMA_VERSION
 from .sqlite import SqliteDatabase
 from .tiered import TieredPackageStore
@@ -58,6 +58,7 @@ from .usage import PinnedKeys, UsageBuffer
 __all__ = [
     "open_store", "Store", "DiskPackageStore", "PackageRecord", "MemoryPackageStore",
     "TieredPackageStore", "SqlCatalog", "CounterBuffer", "PinnedKeys", "UsageBuffer", "parse_bytes", "PrefixStore",
+    "RememberedImage", "RememberedImages",
     "SCHEMA_VERSION", "DEFAULT_MEMORY_BYTES",
     # the interfaces and records of store/base.py
     "PackageStore", "PackageIndex", "PackageUsage", "FingerprintUsage", "Catalog", "Reference", "ReferenceRow",
@@ -69,7 +70,8 @@ DEFAULT_MEMORY_BYTES = 512 * 1024 * 1024
 
 class Store:
     """An opened store directory: ``packages`` (tiered), ``local``, ``memory``, ``catalog``, ``counters``
-    and ``prefixes`` (the language model's reference-prefix states: memory LRU, then ``prefixes/`` on disk).
+    and ``prefixes`` (the language model's reference-prefix states: memory LRU, then ``prefixes/`` on disk);
+    ``remembered`` says which namespaces' inline images the store keeps (:mod:`refsight.store.remembered`).
 
     Use as a context manager, or call :meth:`close`. Safe to open the same
     directory from several processes at once. ``counters`` buffers the cache
@@ -93,6 +95,7 @@ class Store:
         self.catalog_url = database.safe_url if isinstance(database, PgDatabase) else None
         self.local = DiskPackageStore(root, database=database)
         self.catalog = SqlCatalog(root, database=database)
+        self.remembered = RememberedImages(database)
         self.usage = UsageBuffer(self.local)
         self.pins = PinnedKeys()
         self.counters = CounterBuffer(self.catalog, also=(self.usage.flush,))
@@ -175,7 +178,6 @@ def open_store(
     local_dir: str | os.PathLike | None = None,
     redis: str | None = None,
     max_package_bytes: int | str | None = None,
-    cache: str | None = None,
 ) -> Store:
     """Open (creating if needed) the store in directory ``root``.
 
@@ -183,7 +185,7 @@ def open_store(
     PostgreSQL, shared by every replica that opens the same ``root`` with it; ``local_dir``
     is then this replica's directory for derived data (default: one per catalog and root
     under the user cache dir). ``redis`` is a Redis URL (``redis://HOST:PORT/DB``) for the
-    tier between memory and disk (``cache``: its deprecated name); ``max_package_bytes`` a byte quota on packages (an int or
+    tier between memory and disk; ``max_package_bytes`` a byte quota on packages (an int or
     ``"20GiB"``). Raises :class:`StoreError` when the directory cannot be created or written,
     when ``root`` holds a database that is not a refsight store (or a newer one), and
     :class:`StoreUnavailableError` when PostgreSQL cannot be reached;
@@ -193,7 +195,6 @@ def open_store(
     if catalog is not None and not is_catalog_url(catalog):
         raise StoreError(f"--catalog takes a postgresql:// URL (got {redact_url(str(catalog))!r})")
     quota = None if max_package_bytes is None else parse_bytes(max_package_bytes)  # bad values fail before any file
-    redis = renamed("cache", cache, "redis", redis, where="open_store")
     tier = None
     if redis is not None:
         from .redis_tier import RedisPackageStore

@@ -110,11 +110,6 @@ class SqlCatalog(Catalog):
         _check_namespace(namespace)
         return int(conn.execute('SELECT COUNT(*) FROM "references" WHERE namespace = ?', (namespace,)).fetchone()[0])
 
-    def referenced_package_keys(self) -> set[str]:
-        """Every package key some reference (in any namespace) links to."""
-        rows = self._db.connection().execute("SELECT DISTINCT package_key FROM reference_packages")
-        return {r[0] for r in rows.fetchall()}
-
     # -- the journal ----------------------------------------------------------------------
     def revision(self, *, namespace: str = DEFAULT_NAMESPACE) -> int:
         """The namespace's change counter: it grows with every added, changed or removed reference."""
@@ -287,7 +282,12 @@ def _checked(ref_id: object, namespace: object, image_sha256: object, metadata: 
 
 
 def _linked(conn, package_key: str) -> bool:
-    return conn.execute("SELECT 1 FROM reference_packages WHERE package_key = ? LIMIT 1", (package_key,)).fetchone() is not None
+    # A remembered image's package is in use too (store/remembered.py): removing a reference leaves it.
+    return conn.execute(
+        "SELECT 1 FROM reference_packages WHERE package_key = ? UNION ALL "
+        "SELECT 1 FROM remembered_packages WHERE package_key = ? LIMIT 1",
+        (package_key, package_key),
+    ).fetchone() is not None
 
 
 def _link(conn, namespace: str, ref_id: str, fingerprint_digest: str, package_key: str) -> None:

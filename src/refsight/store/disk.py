@@ -194,11 +194,13 @@ class DiskPackageStore(PackageStore, PackageIndex):
         return file.size
 
     def delete(self, key: str) -> bool:
-        """Remove the row, then the file; True when a row was removed."""
+        """Remove the row (and the remembered-image rows naming it), then the file; True when a row was removed."""
         _check_key(key)
         # Drop the row first: from that moment no reader can reach the file.
         with self._db.write() as conn:
             removed = conn.execute("DELETE FROM packages WHERE key = ?", (key,)).rowcount > 0
+            # No remembered image outlives its package (store/remembered.py).
+            conn.execute("DELETE FROM remembered_packages WHERE package_key = ?", (key,))
         if removed:
             self.unlink_if_unindexed(key)
         return removed

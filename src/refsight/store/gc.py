@@ -6,11 +6,11 @@ interrupted write (SIGKILL, a full disk) can leave:
 
 - temp files (``.tmp-*.partial``) under ``packages/`` and ``images/``;
 - package or image files without an index row (killed between rename and commit);
-- package rows no reference links to, and image rows no reference uses (the add
-  failed after the bytes landed).
+- package rows no reference links to and no remembered image names, and image rows no
+  reference uses (the add failed after the bytes landed).
 
 Candidate packages live in the memory tier only, so every package row on disk should
-be linked by some reference. Rows and temp files younger than ``grace_s`` are left
+be linked by some reference or name a remembered image (:mod:`refsight.store.remembered`). Rows and temp files younger than ``grace_s`` are left
 alone: they may belong to an add still in progress in another thread or process.
 Files without a row are removed under the database write lock after a second look,
 exactly as deletes do, so a file published meanwhile always stays.
@@ -79,7 +79,8 @@ def _unlinked_packages(store: Store, cutoff: float) -> int:
         row[0]
         for row in db.connection().execute(
             "SELECT key FROM packages p WHERE created_at < ? AND NOT EXISTS "
-            "(SELECT 1 FROM reference_packages r WHERE r.package_key = p.key)",
+            "(SELECT 1 FROM reference_packages r WHERE r.package_key = p.key) AND NOT EXISTS "
+            "(SELECT 1 FROM remembered_packages m WHERE m.package_key = p.key)",
             (cutoff,),
         )
     ]
@@ -89,8 +90,9 @@ def _unlinked_packages(store: Store, cutoff: float) -> int:
         with db.write() as conn:
             gone = conn.execute(
                 "DELETE FROM packages WHERE key = ? AND NOT EXISTS "
-                "(SELECT 1 FROM reference_packages WHERE package_key = ?)",
-                (key, key),
+                "(SELECT 1 FROM reference_packages WHERE package_key = ?) AND NOT EXISTS "
+                "(SELECT 1 FROM remembered_packages WHERE package_key = ?)",
+                (key, key, key),
             ).rowcount
         if gone:
             removed += 1

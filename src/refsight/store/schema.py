@@ -20,7 +20,7 @@ __all__ = ["SCHEMA", "MIGRATIONS", "SCHEMA_VERSION", "APPLICATION", "DB_NAME", "
 
 #: Bumped when the tables change; a store written by a newer refsight is refused,
 #: an older one is migrated in place (see ``MIGRATIONS``).
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 APPLICATION = "refsight"
 DB_NAME = "refsight.db"
 
@@ -80,6 +80,16 @@ ALTER TABLE packages ADD COLUMN scope TEXT;
 ALTER TABLE packages ADD COLUMN last_used REAL NOT NULL DEFAULT 0;
 UPDATE packages SET last_used = created_at;
 CREATE INDEX packages_by_use ON packages (last_used);
+-- version 5: remembered images: the packages of images a tenant sent inline and the store keeps
+-- (remember_images, see refsight/remembered.py), one row per namespace that sent the image again
+-- (a package some row names is in use, as a reference's linked package is)
+CREATE TABLE remembered_packages (
+    namespace TEXT NOT NULL,
+    package_key TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (namespace, package_key)
+) WITHOUT ROWID;
+CREATE INDEX remembered_packages_by_key ON remembered_packages (package_key);
 """
 
 #: Statements that bring a store from version ``v`` to ``v + 1``.
@@ -88,7 +98,9 @@ MIGRATIONS = {
     1: SCHEMA[SCHEMA.index("-- version 2") : SCHEMA.index("-- version 3")],
     # Existing packages were all shared: NULL is exactly their scope.
     2: SCHEMA[SCHEMA.index("-- version 3") : SCHEMA.index("-- version 4")],
-    3: SCHEMA[SCHEMA.index("-- version 4") :],
+    3: SCHEMA[SCHEMA.index("-- version 4") : SCHEMA.index("-- version 5")],
+    # No image was remembered before: the table starts empty.
+    4: SCHEMA[SCHEMA.index("-- version 5") :],
 }
 
 

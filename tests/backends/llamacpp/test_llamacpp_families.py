@@ -1,10 +1,12 @@
 """More families as built-in GGUFs: cached == llama.cpp's own pixel path, prefix states valid, for each.
 
-Gemma 3, InternVL, Mistral 3, LFM2-VL, Llama 4, GLM-4.1V and MiniCPM-V 4.6 (tiny random
+Gemma 3, InternVL, Mistral 3, LFM2-VL, Llama 4, GLM-4.1V, MiniCPM-V 4.6, the hybrids Qwen3.5 and
+Qwen3.5-MoE (Gated DeltaNet layers: their recurrent and convolution states are part of the sequence
+state saved after the references) and Gemma 4 (per-layer inputs, KV-shared layers) (tiny random
 checkpoints of the transformers tiny-family recipes, converted with llama.cpp's converter:
 :mod:`refsight.backends.llamacpp.families`), and Gemma 3 quantized to Q4_K_M with llama.cpp's
 quantizer. With Qwen2-VL, Qwen2.5-VL, SmolVLM (test_llamacpp_equivalence.py,
-test_llamacpp_prefix_cache.py) and Qwen3-VL (test_llamacpp_qwen3vl.py) that is eleven model types.
+test_llamacpp_prefix_cache.py) and Qwen3-VL (test_llamacpp_qwen3vl.py) that is fourteen model types.
 
 For each model, the method of those tests: (a) references encoded here, stored, and replayed
 from their packages in a NEW process beside a fresh candidate, against (b) llama.cpp on its
@@ -38,6 +40,9 @@ PROMPTS = {
                         "<|header_start|>assistant<|header_end|>\n\n",
     "tiny-glm4v-gguf": "[gMASK]<sop><|user|>\n{}<|assistant|>\n",
     "tiny-minicpmv4-6-gguf": _CHATML,
+    "tiny-qwen3.5-gguf": _CHATML,
+    "tiny-qwen3.5-moe-gguf": _CHATML,
+    "tiny-gemma4-gguf": "<bos><|turn>user\n{}<turn|>\n<|turn>model\n",
 }
 #: A family quantized with llama.cpp's quantizer (its f16 conversion, then Q4_K_M), beside its f16 mmproj.
 QUANTIZED = {"tiny-gemma3-gguf-q4": "tiny-gemma3-gguf"}
@@ -161,3 +166,22 @@ def test_the_quantized_family_is_quantized_beside_its_f16_mmproj(gguf):
         backend = gguf(name)
         assert backend.runtime.meta("general.file_type") == "15"  # LLAMA_FTYPE_MOSTLY_Q4_K_M
         assert backend.arch == gguf(base).arch
+
+
+def test_gemma4_reuses_no_state_past_its_sliding_window(gguf, photos, tmp_path):
+    """Six references reach past Gemma 4's window: no state is saved or restored, the answer is the plain path's."""
+    from refsight.prefixes import PrefixStateCache
+    from refsight.store import open_store
+
+    backend = gguf("tiny-gemma4-gguf")
+    packages = backend.encode([photos[r] for r in (*REFS, "astronaut")]) * 2
+    plain = run(backend, judge_request(packages, photos[CANDIDATE], RUBRICS[0], None))
+    assert plain["prompt_tokens"] > int(backend.runtime.meta("gemma4.attention.sliding_window")) == 512
+    with open_store(tmp_path / "store") as store:
+        cache = PrefixStateCache(store)
+        for _ in range(2):
+            got = run(backend, judge_request(packages, photos[CANDIDATE], RUBRICS[0], cache))
+            assert got["restores"] == 0 and got["cached_tokens"] == 0
+            assert got["tokens"] == plain["tokens"]
+            assert (got["logits"] - plain["logits"]).abs().max().item() == 0.0
+        assert not list((tmp_path / "store" / "prefixes").rglob("*.safetensors"))

@@ -189,6 +189,6 @@ def test_compare_reuses_the_prefix_by_default_and_no_kv_cache_opts_out(gguf, pho
         assert built.prefix_misses == 2 and built.prefix_hits == 0  # one state per reference
         reused = engine.compare(photos["rocket"].image, criteria=RUBRICS[1], **kwargs).to_dict()
         assert engine.stats().prefix_hits == 2
-        plain = engine.compare(photos["rocket"].image, criteria=RUBRICS[1], use_kv_cache=False, **kwargs).to_dict()
+        plain = engine.compare(photos["rocket"].image, criteria=RUBRICS[1], prefix_states=False, **kwargs).to_dict()
         assert engine.stats().prefix_hits == 2 and engine.stats().prefix_misses == 2  # opted out: not asked
     assert [r["criteria"] for r in reused["results"]] == [r["criteria"] for r in plain["results"]]

@@ -1,8 +1,10 @@
 """Every family vLLM serves, not only Qwen: source-pixel packages, uuid references, the connector across a restart.
 
-For tiny Gemma 3, LLaVA, InternVL, Mistral 3 and SmolVLM (``tiny-<family>-vllm``: the
-generic backend's recipes with text heads of 32 for vLLM's CPU attention) on a real vLLM
-server running refsight's encoder-cache connector on a fresh store:
+For every tiny family in ``FAMILIES`` (``tiny-<family>-vllm``: the generic backend's recipes with
+text heads of 32 for vLLM's CPU attention; the hybrid Gated DeltaNet language models of Qwen3.5,
+Qwen3.5-MoE and MiniCPM-V 4.6 served in bfloat16, the only dtype vLLM's CPU kernel takes, with vLLM's
+own hybrid prefix cache on) on a real vLLM server running refsight's encoder-cache connector on a
+fresh store:
 
 - refsight's packages are *source pixels* (the decoded image, not resized: the family's
   processor inside vLLM resizes, crops and tiles by its own rules), the references travel
@@ -13,7 +15,7 @@ server running refsight's encoder-cache connector on a fresh store:
   new server loads them and never encodes them, and the tokens do not change.
 
 One server per family and its restart (the session pool, keyed by store); a few tokens each.
-The Qwen families are proven by the other files of this folder (8 families in all).
+Qwen2-VL, Qwen2.5-VL and Qwen3-VL are proven by the other files of this folder (20 model types in all).
 """
 
 from __future__ import annotations
@@ -33,10 +35,22 @@ FAMILIES = {
     "tiny-internvl-vllm": "internvl",
     "tiny-mistral3-vllm": "mistral3",
     "tiny-smolvlm-vllm": "smolvlm",
+    "tiny-llava-next-vllm": "llava_next",
+    "tiny-llava-onevision-vllm": "llava_onevision",
+    "tiny-qwen3.5-vllm": "qwen3_5",
+    "tiny-qwen3.5-moe-vllm": "qwen3_5_moe",
+    "tiny-qwen3-vl-moe-vllm": "qwen3_vl_moe",
+    "tiny-glm4v-vllm": "glm4v",
+    "tiny-glm4v-moe-vllm": "glm4v_moe",
+    "tiny-paddleocr-vl-vllm": "paddleocr_vl",
+    "tiny-exaone4-5-vllm": "exaone4_5",
+    "tiny-idefics3-vllm": "idefics3",
+    "tiny-minicpmv4-6-vllm": "minicpmv4_6",
+    "tiny-gemma4-vllm": "gemma4",
 }
 #: The families whose server is also restarted on the same store (the connector is family-independent
-#: code; two families, one of them tiled, keep CI's vLLM step short: each start is 35-45 s on 2 cores).
-RESTARTED = ("tiny-gemma3-vllm", "tiny-smolvlm-vllm")
+#: code; two families, one tiled and one hybrid, keep CI's vLLM step short: each start is 35-45 s on 2 cores).
+RESTARTED = ("tiny-smolvlm-vllm", "tiny-qwen3.5-vllm")
 REFS = ("chelsea", "coffee")
 CANDIDATE = "rocket"
 MAX_NEW_TOKENS = 4

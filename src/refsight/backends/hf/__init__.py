@@ -5,7 +5,8 @@ picks the family from ``config.model_type`` (:func:`family_for`: a
 :class:`~.generic.GenericBackend` class for any model type with transformers'
 precomputed-features seam, its exceptions from :mod:`.families`) and loads everything
 with ``from_pretrained``. A model that cannot be loaded (offline, missing files,
-unsupported architecture) raises :class:`~refsight.errors.ModelLoadError` saying which.
+unsupported architecture, custom code, sizes the weights do not have: :mod:`.model_source`)
+raises :class:`~refsight.errors.ModelLoadError` saying which. A model folder's code never runs.
 """
 
 from __future__ import annotations
@@ -16,18 +17,28 @@ from typing import Any
 
 from ...errors import ModelLoadError
 from .base import HFBackend
+from .torchvision_cpu import register_stand_in
 
 __all__ = ["load_hf_backend", "family_for", "HFBackend"]
+
+# Before refsight imports anything of transformers: lets PyPI's (CUDA) torchvision import beside a CPU
+# torch, where transformers would otherwise fail on every model module (see torchvision_cpu).
+register_stand_in()
 
 
 def family_for(model_type: str, name: str = "") -> type[HFBackend]:
     """The backend class serving ``model_type``; :class:`ModelLoadError` (one line, naming the
     proven model types and why this one cannot be served) if none does."""
+    from .families import family_classes, traits_for
     from .generic import generic_family
+    from .torchvision_cpu import missing_torchvision
 
     try:
         return generic_family(model_type, name)
     except ModelLoadError as e:
+        missing = "" if traits_for(model_type).unavailable else missing_torchvision(family_classes(model_type))
+        if missing:  # served once torchvision imports: not "unsupported"
+            raise ModelLoadError(name or model_type, f"model type {model_type!r}: {missing}") from None
         from ..family_table import proven_model_types
 
         raise ModelLoadError(
@@ -56,6 +67,7 @@ def load_hf_backend(name: str, *, source: str | None = None, **options: Any) -> 
     from transformers import AutoConfig
 
     from .base import refuse_other_backend_options
+    from .model_source import check_config, hub_kwargs
     from .revision import resolve_hub_revision
 
     refuse_other_backend_options(options)
@@ -73,21 +85,21 @@ def load_hf_backend(name: str, *, source: str | None = None, **options: Any) -> 
         if not (path / "config.json").is_file():
             raise ModelLoadError(name, f"missing files: {source} has no config.json")
         source = str(path.resolve())
-    hub_revision: dict[str, str] = {}
+    revision = None
     if not os.path.isdir(source):
         # Pin the commit first: the config must come from the same commit as the weights.
-        options["revision"] = resolve_hub_revision(name, source, options.get("revision"))
-        hub_revision = {"revision": options["revision"]}
+        options["revision"] = revision = resolve_hub_revision(name, source, options.get("revision"))
+    # refsight reads config.json itself first: custom code and absurd sizes are refused, and the
+    # family is known, before transformers is asked anything (it never runs the folder's code).
+    model_type = check_config(name, source, revision)["model_type"]
+    backend_class = family_for(model_type, name)
     try:
-        config = AutoConfig.from_pretrained(source, **hub_revision)
+        config = AutoConfig.from_pretrained(source, **hub_kwargs(revision))
     except OSError as e:
-        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"}
-        hint = " (HF_HUB_OFFLINE is set and the model is not in the local cache)" if offline else ""
-        raise ModelLoadError(name, f"cannot load the config of {source}{hint}: {e}") from e
+        raise ModelLoadError(name, f"cannot load the config of {source}: {e}") from e
     except MemoryError as e:
         raise ModelLoadError(name, f"out of memory reading the config of {source}") from e
-    except (ValueError, KeyError) as e:
-        # transformers raises ValueError / KeyError for a model_type it does not know.
-        raise ModelLoadError(name, f"unsupported architecture in {source}: {e}") from e
-    backend_class = family_for(getattr(config, "model_type", ""), name)
+    except (ValueError, KeyError, TypeError) as e:
+        # transformers raises these for a sub-config's unknown model_type or a field of the wrong type.
+        raise ModelLoadError(name, f"unsupported config in {source}: {type(e).__name__}: {e}") from e
     return backend_class.from_pretrained(name, source, config, **options)

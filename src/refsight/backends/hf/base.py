@@ -31,7 +31,7 @@ from ...errors import BackendError, InvalidInputError
 from ...images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
 from ..base import Backend, Execution, Generation, GenerationRequest, PreparedRequest
-from ..sampling import SAMPLING_FIELDS
+from ..sampling import OUTPUT_FIELDS, SAMPLING_FIELDS
 from .loading import MARKER_FILE, refuse_other_backend_options
 from .revision import directory_revision
 from .runtime import runtime_errors
@@ -56,13 +56,14 @@ def _constrained_available() -> bool:
 
 
 class HFBackend(Backend):
-    """A transformers VLM behind refsight; subclasses implement one model family.
+    """A transformers VLM behind refsight: what every family shares; :class:`~.generic.GenericBackend`, the one
+    subclass, adds what a family's processor and traits say.
 
     Construct through :func:`refsight.backends.hf.load_hf_backend` (or
     :meth:`from_pretrained`), not directly.
     """
 
-    sampling_fields: ClassVar[frozenset[str]] = frozenset(SAMPLING_FIELDS)
+    sampling_fields: ClassVar[frozenset[str]] = frozenset((*SAMPLING_FIELDS, *OUTPUT_FIELDS))
     supports_raw_prompt: ClassVar[bool] = True
     supports_turns: ClassVar[bool] = True
     supports_streaming: ClassVar[bool] = True

@@ -21,7 +21,8 @@ __all__ = ["pack", "join", "split", "tensor_names", "MAIN"]
 #: The storage name of the main feature field, whatever the family calls it.
 MAIN = "features"
 # Output fields that are never part of what the forward reads back.
-_SKIPPED = {"hidden_states", "attentions"}
+# (DeepSeek-VL-Hybrid's SAM tower reports its own under high_res_vision_*.)
+_SKIPPED = {"hidden_states", "attentions", "high_res_vision_hidden_states", "high_res_vision_attentions"}
 
 
 def pack(output: Any, field: str) -> tuple[dict[str, Any], dict[str, Any]]:

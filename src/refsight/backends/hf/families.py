@@ -53,6 +53,10 @@ TRAITS: dict[str, Traits] = {
     "qwen2_vl": Traits(options="pixel_bounds", grid=True, batch=True),
     "qwen2_5_vl": Traits(options="pixel_bounds", grid=True, batch=True),
     "qwen3_vl": Traits(options="pixel_bounds", grid=True, batch=True),
+    # Qwen3.5: Qwen3-VL's processor and grid; a hybrid language model (Gated DeltaNet + full attention)
+    # whose prefix states keep each linear layer's convolution and recurrent state (prefix_cache).
+    "qwen3_5": Traits(options="pixel_bounds", grid=True, batch=True),
+    "qwen3_5_moe": Traits(options="pixel_bounds", grid=True, batch=True),
     "smolvlm": Traits(options="tiles"),
     "idefics3": Traits(options="tiles"),
     "gemma3": Traits(note="token_type_ids rebuilt at prompt time (image tokens attend bidirectionally)"),
@@ -85,10 +89,13 @@ class FamilyClasses:
 
     model: str | None
     processor: str | None
-    #: The PIL image processor's class name, or None when transformers has only a torchvision one.
+    #: The image processor's class name: the PIL one, else the torchvision one where torchvision imports, else None.
     image_processor: str | None
     #: The torchvision image processor's class name (for the error when no PIL one exists).
     torchvision_image_processor: str | None
+    #: The base ``…Model`` class (``model.base_model``), whose ``get_image_features`` some top-level classes
+    #: lack (DeepSeek-VL, Janus): the generic backend calls it there.
+    base_model: str | None = None
 
 
 def processor_class(name: str) -> Any:
@@ -125,7 +132,7 @@ def processor_class(name: str) -> Any:
 def family_classes(model_type: str) -> FamilyClasses:
     """The classes transformers' auto tables name for ``model_type``."""
     from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
-    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES, MODEL_MAPPING_NAMES
     from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
 
     images = IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type) or {}
@@ -134,9 +141,16 @@ def family_classes(model_type: str) -> FamilyClasses:
     override = traits_for(model_type).image_processor
     if override is not None:
         images = {**images, "pil": override}
+    image_processor = images.get("pil")
+    if image_processor is None and images.get("torchvision") is not None:
+        from .torchvision_cpu import torchvision_imports
+
+        # Only a torchvision class (LFM2-VL, Cohere2-Vision ...): served with it where torchvision imports.
+        image_processor = images["torchvision"] if torchvision_imports() else None
     return FamilyClasses(
         model=MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.get(model_type),
         processor=PROCESSOR_MAPPING_NAMES.get(model_type),
-        image_processor=images.get("pil"),
+        image_processor=image_processor,
         torchvision_image_processor=images.get("torchvision"),
+        base_model=base if isinstance(base := MODEL_MAPPING_NAMES.get(model_type), str) else None,
     )

@@ -16,12 +16,14 @@ stays greedy, so a request that asks for nothing decodes exactly as it always di
 from __future__ import annotations
 
 import time
+from functools import partial
 from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import GenerationError, InvalidInputError
 from ...package import VisualPackage
 from ..base import Execution, Generation, GenerationRequest, PreparedRequest
+from ..logprobs import token_logprob
 from .runtime import runtime_errors, to_device
 
 __all__ = ["Controls", "PromptInputs", "RowOutput", "generate_batch", "prompt_inputs", "score_batch"]
@@ -70,6 +72,7 @@ class RowOutput:
     finish_reason: str
     prompt_tokens: int
     prefix_tokens_reused: int = 0
+    logprobs: list[Any] | None = None
 
 
 def _decoder(backend: Any) -> Any:
@@ -109,12 +112,17 @@ def controls(backend: Any, batch: list[PreparedRequest], execution: Execution, w
     if any(g is not None for g in grammars):
         # One processor for the whole batch, row by row (None leaves a row free).
         out.processors.append(backend.json_constraint(grammars))
-    # Only when some row asks for it: greedy rows without penalties keep the plain path.
-    if any(r.sampling.non_default() for r in requests):
+    # Only when some row asks for it: greedy rows without penalties keep the plain path (log probabilities
+    # change no token).
+    if any(set(r.sampling.non_default()) - {"logprobs"} for r in requests):
         out.processors.append(SamplingProcessor([r.sampling for r in requests], width, backend.device, backend.pad_id()))
     if execution.on_text is not None:
         if len(batch) != 1:
             raise InvalidInputError("requests", "text is streamed for one request at a time")
+        if requests[0].sampling.logprobs is not None:
+            # generate() hands a streamer tokens, never their logits: they come with the whole answer.
+            raise InvalidInputError("logprobs", "a transformers model returns log probabilities with the whole "
+                                    "answer only; ask for them without streaming")
         out.streamer = TextStreamer(_decoder(backend), execution.on_text, requests[0].sampling.stop)
         out.criteria.append(StreamerStopped(out.streamer))
     elif any(r.sampling.stop for r in requests):
@@ -148,7 +156,7 @@ def _call_generate(backend: Any, inputs: PromptInputs, ctl: Controls, max_new_to
 
 
 def _row_output(backend: Any, output: Any, inputs: PromptInputs, ctl: Controls, row: int, limit: int,
-                return_logits: bool) -> RowOutput:
+                return_logits: bool, n_probs: int | None = None) -> RowOutput:
     """Row ``row`` of the ``generate`` output, cut after its EOS (a finished row is padded) or stop string."""
     import torch
 
@@ -166,12 +174,22 @@ def _row_output(backend: Any, output: Any, inputs: PromptInputs, ctl: Controls, 
         text, finish = tracker.text, "stop"
     if ctl.cancel is not None and ctl.cancel.cancelled:
         finish = "cancelled"
-    logits = torch.stack([step[row] for step in output.logits[: len(new)]]).float().cpu() if return_logits else None
+    rows = torch.stack([step[row] for step in output.logits[: len(new)]]).float().cpu() if output.logits else None
+    logprobs = None
+    if n_probs is not None:  # over the raw logits of each step, as llama.cpp's are read
+        piece = partial(_token_bytes, backend)
+        logprobs = [token_logprob(step.numpy(), token, n_probs, piece) for step, token in zip(rows, new)]
+    logits = rows if return_logits else None
     return RowOutput(
         tokens=new, logits=logits, text=text, finish_reason=finish,
         prompt_tokens=int(inputs.encoded["attention_mask"][row].sum()),
-        prefix_tokens_reused=inputs.plan.reused_tokens(row) if inputs.plan is not None else 0,
+        prefix_tokens_reused=inputs.plan.reused_tokens(row) if inputs.plan is not None else 0, logprobs=logprobs,
     )
+
+
+def _token_bytes(backend: Any, token: int) -> bytes:
+    """One token's text as bytes (a special token's are empty, as the answer's text leaves them out)."""
+    return backend.tokenizer.decode([token], skip_special_tokens=True).encode("utf-8")
 
 
 def _generation(backend: Any, out: RowOutput, lm_ms: float, prepared: PreparedRequest, prefix_ms: dict[str, float]) -> Generation:
@@ -180,7 +198,7 @@ def _generation(backend: Any, out: RowOutput, lm_ms: float, prepared: PreparedRe
         text=out.text, token_ids=out.tokens, model=backend.name, random_weights=backend.random_weights,
         logits=out.logits, timings_ms=timings, prompt_tokens=out.prompt_tokens,
         image_tokens=[backend.image_token_count(p) for p in prepared.packages],
-        finish_reason=out.finish_reason, prefix_tokens_reused=out.prefix_tokens_reused,
+        finish_reason=out.finish_reason, prefix_tokens_reused=out.prefix_tokens_reused, logprobs=out.logprobs,
     )
 
 
@@ -200,9 +218,13 @@ def generate_batch(backend: Any, batch: list[PreparedRequest], execution: Execut
         for inputs in prompt_inputs(backend, [p.segments for p in batch], requests):
             members = [batch[b] for b in inputs.rows]
             ctl = controls(backend, members, execution, inputs.width)
-            output = _call_generate(backend, inputs, ctl, max(limits[b] for b in inputs.rows), execution.return_logits)
+            n_probs = [requests[b].sampling.logprobs for b in inputs.rows]
+            wants_logits = execution.return_logits or any(n is not None for n in n_probs)
+            output = _call_generate(backend, inputs, ctl, max(limits[b] for b in inputs.rows), wants_logits)
             for row, b in enumerate(inputs.rows):
-                outputs[b] = _row_output(backend, output, inputs, ctl, row, limits[b], execution.return_logits)
+                outputs[b] = _row_output(
+                    backend, output, inputs, ctl, row, limits[b], execution.return_logits, n_probs[row]
+                )
             if inputs.plan is not None:
                 prefix_ms["prefix_build"] = prefix_ms.get("prefix_build", 0.0) + inputs.plan.build_ms
                 prefix_ms["prefix_load"] = prefix_ms.get("prefix_load", 0.0) + inputs.plan.load_ms

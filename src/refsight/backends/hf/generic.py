@@ -60,10 +60,12 @@ class GenericBackend(HFBackend):
         super().__init__(name, **parts)
         self.reserved_tokens = tuple(dict.fromkeys([self.image_token, *self.tokenizer.all_special_tokens]))
         self.media_tokens = tuple(dict.fromkeys([self.image_token, *processor.all_special_multimodal_tokens]))
-        self._images_kwargs = processor._merge_kwargs(
-            tokenizer_init_kwargs=self.tokenizer.init_kwargs, return_tensors="pt", **self.traits.layout
-        )["images_kwargs"]
-        # The base model's encoder, as generate calls it (a family's top-level wrapper may take only *args).
+        merged = processor._merge_kwargs(tokenizer_init_kwargs=self.tokenizer.init_kwargs, return_tensors="pt", **self.traits.layout)
+        # With the processor's own settings its _process_images takes by name (LFM2-VL's use_image_special_tokens).
+        named = [k for k, p in inspect.signature(processor._process_images).parameters.items() if p.kind != p.VAR_KEYWORD]
+        self._images_kwargs = {**merged["images_kwargs"], **{k: merged[k] for k in named if k in merged}}
+        # The base model's encoder, as generate calls it (a family's top-level wrapper may take only *args, or, as
+        # DeepSeek-VL's and Janus', have none).
         self._encoder = getattr(self.model.base_model, "get_image_features", None) or self.model.get_image_features
         self._feature_params = set(inspect.signature(self._encoder).parameters)
         # Per-image layout the language model's forward takes beside the features (never the pixels).
@@ -141,6 +143,10 @@ class GenericBackend(HFBackend):
         """Whether the checkpoint's chat template mentions ``variable``."""
         return variable in (self.processor.chat_template or "")
 
+    def chat_template_source(self) -> str | None:
+        """The checkpoint's chat template (Jinja) as its processor holds it: what chats are rendered in."""
+        return self.processor.chat_template
+
     # ------------------------------------------------------------------- encode
 
     def encode_pils(self, images: list[Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -195,7 +201,9 @@ class GenericBackend(HFBackend):
     @property
     def image_token_ids(self) -> frozenset[int]:
         """The token ids the processor marks as image tokens (those the features replace)."""
-        return frozenset(int(i) for i in self.processor.image_token_ids if i is not None)
+        ids = frozenset(int(i) for i in self.processor.image_token_ids if i is not None)
+        # Janus' processor names its image token but keeps no id for it: the tokenizer's is the one it writes.
+        return ids or frozenset([int(self.tokenizer.convert_tokens_to_ids(self.image_token))])
 
     def image_token_count(self, package: VisualPackage | ImageInput) -> int | None:
         """Prompt tokens one image takes: a package's placeholder, tokenized; pixels only where the family's
@@ -359,7 +367,8 @@ def _messages(segments: list[Any], turns: list[tuple[str, int]] | None) -> list[
 
 
 def _is_pixels(name: str) -> bool:
-    return name.startswith("pixel_")
+    # DeepSeek-VL-Hybrid's second tower takes high_res_pixel_values.
+    return name.startswith("pixel_") or name.endswith("_pixel_values")
 
 
 def _to(value: Any, device: str, dtype: Any) -> Any:
@@ -393,8 +402,9 @@ def seam_problem(model_type: str, classes: FamilyClasses) -> str:
     model_class = getattr(transformers, classes.model, None)
     if model_class is None or "mm_encoder_outputs" not in inspect.signature(model_class.forward).parameters:
         return f"{classes.model} lacks the precomputed-features seam (mm_encoder_outputs)"
-    if not hasattr(model_class, "get_image_features"):
-        return f"{classes.model} lacks get_image_features"
+    base_class = getattr(transformers, classes.base_model or "", None)
+    if not hasattr(model_class, "get_image_features") and not hasattr(base_class, "get_image_features"):
+        return f"neither {classes.model} nor its base model has get_image_features"
     from transformers import ProcessorMixin
 
     from .families import processor_class
@@ -404,12 +414,9 @@ def seam_problem(model_type: str, classes: FamilyClasses) -> str:
         return f"{classes.processor} has no replace_image_token (it expands images from the text alone)"
     if classes.image_processor is None and classes.torchvision_image_processor is None:
         return "transformers names no image processor for it"
-    if classes.image_processor is None:
-        return (
-            f"its only image processor, {classes.torchvision_image_processor}, needs torchvision: install the "
-            "torchvision wheel built for this torch (see the README, 'torchvision on CPU')"
-        )
-    return ""
+    from .torchvision_cpu import missing_torchvision
+
+    return missing_torchvision(classes)
 
 
 def generic_family(model_type: str, name: str = "") -> type[GenericBackend]:

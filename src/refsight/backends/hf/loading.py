@@ -3,13 +3,15 @@
 The order is the point: every option is checked and the image processor is built and
 tried on one small image before the (possibly slow) weight load, so a wrong setting
 fails in milliseconds with its name. A hub branch or tag is pinned to its commit first,
-and every file is loaded at that commit.
+and every file is loaded at that commit, with ``trust_remote_code=False`` (:mod:`.model_source`).
 """
 
 from __future__ import annotations
 
-import json
 import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -54,12 +56,14 @@ def refuse_other_backend_options(options: Mapping[str, Any]) -> None:
 
 def read_marker(source: str) -> dict[str, Any]:
     """The :data:`MARKER_FILE` beside the weights refsight built, or {}."""
+    from ..model_files import read_json
+
     path = Path(source) / MARKER_FILE
     if not path.is_file():
         return {}
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return read_json(source, path)  # bounded and depth-checked: the folder is input like any other
+    except ModelLoadError:
         return {}
 
 
@@ -112,6 +116,8 @@ def _weights(
     """(model, tokenizer), the model on ``device`` in ``dtype``."""
     from transformers import AutoTokenizer
 
+    from .model_source import shape_report
+
     load: dict[str, Any] = {"config": config, "dtype": dtype, **hub}
     if attn is not None:
         load["attn_implementation"] = attn
@@ -120,10 +126,27 @@ def _weights(
         load["device_map"] = {"": device}
     what = f"cannot load {source}" + (f" with attn={attn!r}" if attn else "")
     with runtime_errors(name, ModelLoadError, what, device=device, dtype=str(dtype).removeprefix("torch.")):
-        model = family_class.model_class().from_pretrained(source, **load)
+        with shape_report(name, source), bars_on_terminal_only():  # a wrong shape: one line, not transformers' table
+            model = family_class.model_class().from_pretrained(source, **load)
         model.eval()
         tokenizer = AutoTokenizer.from_pretrained(source, **hub)
     return model, tokenizer
+
+
+@contextmanager
+def bars_on_terminal_only() -> Iterator[None]:
+    """transformers' "Loading weights" bar only where stderr is a terminal: in a log, a notebook's captured
+    output or a pipe its carriage returns are noise (the CLI turns the hub's bars off the same way)."""
+    from transformers.utils import logging as hf_logging
+
+    if sys.stderr.isatty() or not hf_logging.is_progress_bar_enabled():
+        yield
+        return
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.enable_progress_bar()
 
 
 def load_parts(
@@ -143,6 +166,7 @@ def load_parts(
     **options: Any,
 ) -> LoadedParts:
     """Check the options, build the image processor, load the weights; see ``HFBackend.from_pretrained``."""
+    from .model_source import hub_kwargs
     from .revision import directory_revision, resolve_hub_revision
     from .runtime import resolve_device, resolve_dtype
 
@@ -156,7 +180,7 @@ def load_parts(
     torch_dtype = resolve_dtype(dtype, device_name, config)
     # A branch or tag moves: pin the commit now and load every file at it.
     commit = None if local else resolve_hub_revision(name, source, revision)
-    hub = {} if local else {"revision": commit}
+    hub = hub_kwargs(commit)  # trust_remote_code=False on every load: a model folder's code never runs
     image_processor = _image_processor(family_class, name, source, hub, options, processor_kwargs)
     model, tokenizer = _weights(family_class, name, source, config, hub, dtype=torch_dtype, device=device_name, attn=attn)
     marker = read_marker(source)

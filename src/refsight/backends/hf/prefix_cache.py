@@ -1,5 +1,6 @@
 """Reference-prefix state reuse for the transformers backends (every family whose template keeps the
-references at the head of the prompt, sliding-window families such as Gemma 3 and Aya Vision included).
+references at the head of the prompt: sliding-window families such as Gemma 3 and Aya Vision, and
+hybrid ones, Qwen3.5's Gated DeltaNet layers and Gemma 4's KV-shared layers, included).
 
 For each row of a ``generate`` batch whose request marks a reference prefix
 (``prefix_segments``) and carries a ``prefix_cache``:
@@ -13,9 +14,10 @@ For each row of a ``generate`` batch whose request marks a reference prefix
 2. **Key.** :func:`~refsight.backends.prefix.prefix_key` over the fingerprint digest and
    device, the prefix packages' keys, the prefix ids and :data:`TEMPLATE`.
 3. **State.** ``get(key)``; on a miss the prefix alone is run through the model (batch 1,
-   no padding, so a state never depends on which batch built it) and its per-layer
-   key/value tensors (after RoPE) are ``put``. Each distinct prefix is built once per call,
-   however many rows share it.
+   no padding, so a state never depends on which batch built it) and every layer's state
+   (:mod:`.layer_states`: key/value tensors after RoPE; a linear layer's convolution and
+   recurrent state) is ``put``. Each distinct prefix is built once per call, however many rows
+   share it.
 4. **Batch.** Every row becomes ``[pad][prefix][pad][suffix]``: the states are copied into
    one new ``DynamicCache`` (copy-on-use; left-padded with zeros that the attention mask
    hides), and ``model.generate`` prefills only the suffixes. Rows without a usable prefix
@@ -31,8 +33,17 @@ not free there: it would push real tokens out of the window. So when some row co
 past the window (its prefix, the widest suffix and the new tokens), the batch runs in parts
 of rows with equal suffix length (:meth:`PrefixBatch.parts`), each part without padding
 between prefix and suffix, which is the fresh path's layout. The windows are part of the key
-(:func:`state_layout`). Linear-attention layers (Qwen3.5) cannot be cut: those families run
-the plain path.
+(:func:`state_layout`).
+
+**Linear-attention layers** (Gated DeltaNet: Qwen3.5, Qwen3.5-MoE, MiniCPM-V 4.6's language model)
+keep a convolution state and a recurrent state instead of keys and values
+(:mod:`.layer_states`). A recurrent state sums every token of the prefix in order, so it cannot
+be cut or padded in the middle: a state is the prefix run alone, and the batch always runs in
+parts of rows with equal suffix length, each row laid out as the plain path lays it out (left
+padding before the prefix only, where the attention layers' mask hides it and the row's own
+state stands for the linear layers). Which layers are linear is part of the key
+(:func:`state_layout`). **KV-shared layers** (Gemma 4) keep nothing: they attend with what their
+producer layer's own cache returns in the same forward.
 
 Positions are the fresh path's, exactly: they are computed over the whole (padded) prompt
 by the model's own ``_prepare_position_ids_for_generation`` (Qwen: M-RoPE with every image's
@@ -53,6 +64,7 @@ from typing import Any
 from ...package import VisualPackage
 from ..base import GenerationRequest
 from ..prefix import PrefixState, prefix_key, render_prefix
+from .layer_states import expected_tensors, fill, layer_kinds, snapshot
 from .runtime import to_device
 
 __all__ = ["TEMPLATE", "PrefixBatch", "plan_prefixes", "state_layout", "usable_cache"]
@@ -79,6 +91,8 @@ class PrefixBatch:
 
     backend: Any
     rows: list[_Row]
+    #: Each language-model layer's kind (:func:`.layer_states.layer_kinds`).
+    kinds: list[str]
     #: Time spent building missing states, and fetching stored ones plus copying them into the batch's cache.
     build_ms: float = 0.0
     load_ms: float = 0.0
@@ -88,16 +102,18 @@ class PrefixBatch:
 
     def parts(self, max_new_tokens: int) -> list[tuple[list[int], PrefixBatch]]:
         """The rows that run in one ``generate`` call each, with their plan: the whole batch, unless a
-        sliding window could reach across the padding between a prefix and a suffix (module docstring)."""
+        sliding window could reach across the padding between a prefix and a suffix, or a linear layer's
+        state would run through it (module docstring)."""
         windows = [w for w in _windows(self.backend) if w is not None]
         suffixes = [len(row.ids) - row.prefix_len for row in self.rows]
         widest = max(suffixes)
-        if not windows or all(row.prefix_len + widest + max_new_tokens < min(windows) for row in self.rows):
+        linear = "linear" in self.kinds
+        if not linear and (not windows or all(row.prefix_len + widest + max_new_tokens < min(windows) for row in self.rows)):
             return [(list(range(len(self.rows))), self)]
         groups: dict[int, list[int]] = {}
         for b, length in enumerate(suffixes):
             groups.setdefault(length, []).append(b)
-        return [(rows, PrefixBatch(self.backend, [self.rows[b] for b in rows], states=self.states))
+        return [(rows, PrefixBatch(self.backend, [self.rows[b] for b in rows], self.kinds, states=self.states))
                 for rows in groups.values()]
 
     def reused_tokens(self, b: int) -> int:
@@ -155,13 +171,13 @@ class PrefixBatch:
     def _state(self, row: _Row) -> tuple[PrefixState, bool]:
         """The row's state from the cache (True), or built now and put (False)."""
         state = row.cache.get(row.key)
-        if state is not None and not _fits(self.backend, state, row.prefix_len):
+        if state is not None and not _fits(self.backend, self.kinds, state, row.prefix_len):
             row.cache.discard(row.key)
             state = None
         if state is not None:
             return state, True
         began = time.perf_counter()
-        state = _build(self.backend, row)
+        state = _build(self.backend, self.kinds, row)
         ms = (time.perf_counter() - began) * 1000
         state = PrefixState(state.tensors, state.meta, state.tokens, ms)
         self.build_ms += ms
@@ -169,56 +185,21 @@ class PrefixBatch:
         return state, False
 
     def _batched_cache(self, n_max: int) -> Any:
-        import torch
         from transformers import DynamicCache
 
-        backend = self.backend
-        layers = _layer_count(backend)
-        heads, head_dim, dtype = _kv_shape(backend)
-        cache = DynamicCache(config=backend.model.config)
-        device = backend.device
-        for layer in range(layers):
-            keys, values = [], []
-            for row in self.rows:
-                for name, out in (("key", keys), ("value", values)):
-                    if row.state is None or row.prefix_len == 0:
-                        part = torch.zeros((1, heads, n_max, head_dim), dtype=dtype, device=device)
-                    else:
-                        part = row.state.tensors[f"{name}.{layer}"].to(device, dtype)
-                        if row.prefix_len < n_max:
-                            # Left padding: zeros the attention mask hides. A new tensor: the state stays as stored.
-                            part = torch.nn.functional.pad(part, (0, 0, n_max - row.prefix_len, 0))
-                    out.append(part)
-            # torch.cat makes new memory: the stored (shared) state is never written to. A sliding layer's
-            # own update keeps its last columns and counts the whole width, as a fresh prefill would.
-            cache.update(torch.cat(keys, dim=0), torch.cat(values, dim=0), layer)
+        cache = DynamicCache(config=self.backend.model.config)
+        states = [row.state if row.state is not None and row.prefix_len else None for row in self.rows]
+        fill(cache, self.kinds, states, n_max, self.backend)
         return cache
 
 
-def _layer_count(backend: Any) -> int:
-    return int(backend.model.config.get_text_config(decoder=True).num_hidden_layers)
-
-
-def _kv_shape(backend: Any) -> tuple[int, int, Any]:
-    text = backend.model.config.get_text_config(decoder=True)
-    heads = int(getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
-    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
-    return heads, head_dim, backend.model.dtype
-
-
-def _fits(backend: Any, state: PrefixState, tokens: int) -> bool:
-    """Whether a stored state has exactly the shapes this model and prefix need (else it is rebuilt)."""
-    heads, head_dim, dtype = _kv_shape(backend)
-    want = [1, heads, tokens, head_dim]
-    try:
-        for layer in range(_layer_count(backend)):
-            for name in ("key", "value"):
-                tensor = state.tensors[f"{name}.{layer}"]
-                if list(tensor.shape) != want or tensor.dtype != dtype:
-                    return False
-    except KeyError:
+def _fits(backend: Any, kinds: list[str], state: PrefixState, tokens: int) -> bool:
+    """Whether a stored state has exactly the tensors, shapes and dtypes this model and prefix need (else it is rebuilt)."""
+    want = expected_tensors(backend, kinds, tokens)
+    if state.tokens != tokens or set(state.tensors) != set(want):
         return False
-    return state.tokens == tokens and len(state.tensors) == 2 * _layer_count(backend)
+    return all(list(state.tensors[name].shape) == shape and state.tensors[name].dtype in dtypes
+               for name, (shape, dtypes) in want.items())
 
 
 def _token_types(mm: dict[str, Any]) -> dict[str, Any]:
@@ -227,8 +208,8 @@ def _token_types(mm: dict[str, Any]) -> dict[str, Any]:
     return {k: mm[k] for k in ("mm_token_type_ids", "token_type_ids") if k in mm}
 
 
-def _build(backend: Any, row: _Row) -> PrefixState:
-    """Run the prefix alone (batch 1) and keep every layer's key/value states on the CPU."""
+def _build(backend: Any, kinds: list[str], row: _Row) -> PrefixState:
+    """Run the prefix alone (batch 1) and keep every layer's state on the CPU (:func:`.layer_states.snapshot`)."""
     import torch
     from transformers import DynamicCache
 
@@ -239,8 +220,8 @@ def _build(backend: Any, row: _Row) -> PrefixState:
     encoder = mm.pop("mm_encoder_outputs")
     positions = backend.model._prepare_position_ids_for_generation(ids, {"attention_mask": mask, **mm})
     cache = DynamicCache(config=backend.model.config)
-    for layer in cache.layers:
-        if layer.is_sliding:
+    for kind, layer in zip(kinds, cache.layers):
+        if kind == "sliding":
             layer.activate_past_recording()  # keep the whole prefix: a batch may cut it anywhere (module docstring)
     # The base model (no LM head: the prefix's logits are never needed). The mask is all ones and
     # dropped, as generate drops it for an unpadded prompt.
@@ -248,23 +229,14 @@ def _build(backend: Any, row: _Row) -> PrefixState:
         input_ids=ids, position_ids=positions, cache=cache, use_cache=True, mm_encoder_outputs=encoder,
         **_token_types(mm),
     )
-    tensors: dict[str, Any] = {}
-    for layer, cached in enumerate(cache.layers):
-        tensors[f"key.{layer}"] = cached.keys.detach().to("cpu").contiguous()
-        tensors[f"value.{layer}"] = cached.values.detach().to("cpu").contiguous()
-    heads, head_dim, dtype = _kv_shape(backend)
-    meta = {"layers": len(cache.layers), "kv_heads": heads, "head_dim": head_dim, "dtype": str(dtype).removeprefix("torch.")}
-    return PrefixState(tensors=tensors, meta=meta, tokens=row.prefix_len)
+    meta = {"layers": len(kinds), "kinds": ",".join(kinds), "dtype": str(backend.model.dtype).removeprefix("torch.")}
+    return PrefixState(tensors=snapshot(cache, kinds), meta=meta, tokens=row.prefix_len)
 
 
 def usable_cache(backend: Any) -> bool:
-    """Only caches of plain growing layers and sliding-window layers can be cut and copied this way
-    (a linear-attention layer's state cannot be cut at a prefix)."""
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
-
-    cache = DynamicCache(config=backend.model.config)
-    return bool(cache.layers) and all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in cache.layers)
+    """Whether every language-model layer's state can be kept after a prefix and put back
+    (:func:`.layer_states.layer_kinds`: full attention, sliding windows, Gated DeltaNet)."""
+    return layer_kinds(backend) is not None
 
 
 def _windows(backend: Any) -> list[int | None]:
@@ -276,12 +248,16 @@ def _windows(backend: Any) -> list[int | None]:
 
 
 def state_layout(backend: Any) -> str:
-    """What of the language model's attention shapes a state beyond the fingerprint: the sliding
-    windows (empty for full attention only, so those keys stay as they were)."""
+    """What of the language model's layer shapes a state beyond the fingerprint: the sliding windows
+    and which layers are linear (empty for full attention only, so those keys stay as they were)."""
     windows = _windows(backend)
-    if all(w is None for w in windows):
-        return ""
-    return ":windows=" + ",".join("full" if w is None else str(w) for w in windows)
+    layout = ""
+    if any(w is not None for w in windows):
+        layout += ":windows=" + ",".join("full" if w is None else str(w) for w in windows)
+    kinds = layer_kinds(backend) or []
+    if "linear" in kinds:
+        layout += ":linear=" + ",".join(str(i) for i, kind in enumerate(kinds) if kind == "linear")
+    return layout
 
 
 def _prefix_text(backend: Any, row: list[Any], request: GenerationRequest, full: str) -> str | None:
@@ -325,11 +301,14 @@ def _row_plan(backend: Any, row: list[Any], request: GenerationRequest, full: st
 def plan_prefixes(backend: Any, rows: list[list[Any]], requests: list[GenerationRequest], texts: list[str]) -> PrefixBatch | None:
     """The batch's prefix plan (``backend``: the calling HFBackend), or None when no row can reuse a
     prefix state (the plain path then runs)."""
-    if not any(r.prefix_cache is not None and r.prefix_segments for r in requests) or not usable_cache(backend):
+    if not any(r.prefix_cache is not None and r.prefix_segments for r in requests):
+        return None
+    kinds = layer_kinds(backend)
+    if kinds is None:
         return None
     model = f"{backend.fingerprint().digest}:{backend.device}"
     template = f"{TEMPLATE}:{backend.family}{state_layout(backend)}"
     plans = [_row_plan(backend, row, request, text, model, template) for row, request, text in zip(rows, requests, texts)]
     if not any(p.key for p in plans):
         return None
-    return PrefixBatch(backend, plans)
+    return PrefixBatch(backend, plans, kinds)

@@ -116,7 +116,7 @@ def _settings(options: dict[str, Any]):
     if flash_attn not in FLASH_ATTN:
         raise InvalidInputError("flash_attn", f"one of {', '.join(FLASH_ATTN)}, not {flash_attn!r}")
     return RuntimeSettings(
-        n_ctx=_int_option(options, "n_ctx", 4096, 256),
+        n_ctx=_int_option(options, "n_ctx", None, 256),  # None: 4096, or the trained context if smaller
         n_threads=_int_option(options, "n_threads", 0, 0),
         image_min_tokens=_int_option(options, "image_min_tokens", -1, -1),
         image_max_tokens=_int_option(options, "image_max_tokens", -1, -1),
@@ -179,13 +179,16 @@ def load_llamacpp_backend(name: str, *, source: str | None = None, model_id: str
         random_weights = bool(marker.get("random_weights", False))
     model_id = model_id or marker.get("model_id")
     from .backend import LlamaCppBackend
-    from .native import NativeError
+    from .native import ContextTooLarge, NativeError
 
     try:
         return LlamaCppBackend(
             name, model_path=model_path, mmproj_path=mmproj_path, settings=settings,
             model_id=model_id, random_weights=random_weights,
         )
+    except ContextTooLarge as e:
+        raise InvalidInputError("n_ctx", f"{e}; give at most {e.trained} (refsight serve -c / --ctx-size, "
+                                "--max-model-len; with --parallel, -c is shared by the slots)") from None
     except NativeError as e:
         raise ModelLoadError(name, str(e)) from e
 

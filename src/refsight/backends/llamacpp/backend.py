@@ -39,9 +39,9 @@ from ...images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
 from ..base import Backend, Execution, Generation, GenerationRequest, PreparedRequest
 from ..prefix import render_prefix
-from ..sampling import SAMPLING_FIELDS
+from ..sampling import OUTPUT_FIELDS, SAMPLING_FIELDS, TOKEN_FIELDS
 from . import package_format as fmt
-from .native import Bitmap, LlamaRuntime, RuntimeSettings, llama_cpp_version
+from .native import Bitmap, LlamaRuntime, NativeError, RuntimeSettings, llama_cpp_version
 from .prompt import chat_template, render_prompt
 
 __all__ = ["LlamaCppBackend"]
@@ -67,8 +67,9 @@ class LlamaCppBackend(Backend):
     """A GGUF VLM served by llama.cpp. Build it with :func:`refsight.backends.llamacpp.load_llamacpp_backend`."""
 
     supports_constrained_decoding: ClassVar[bool] = True
-    #: Every Sampling field: llama.cpp's chain has temperature, top-p, a seeded draw and OpenAI-style penalties.
-    sampling_fields: ClassVar[frozenset[str]] = frozenset(SAMPLING_FIELDS)
+    #: Every Sampling field: llama.cpp's chain has temperature, top-p, a seeded draw and OpenAI-style penalties,
+    #: llama-server's token constraints (logit bias, ignore_eos, a GBNF grammar) and each token's log probabilities.
+    sampling_fields: ClassVar[frozenset[str]] = frozenset((*SAMPLING_FIELDS, *TOKEN_FIELDS, *OUTPUT_FIELDS))
     #: Each token's text leaves the token loop as soon as it is sampled.
     supports_streaming: ClassVar[bool] = True
     #: Conversations render in the GGUF's own chat template (system, user and assistant turns).
@@ -203,6 +204,29 @@ class LlamaCppBackend(Backend):
 
             return self.slots.run([GenerateJob(self, prepared, execution) for prepared in batch])
         return [self._generate_one(prepared, execution) for prepared in batch]
+
+    def check_batch(self, requests: list[GenerationRequest]) -> list[Any]:
+        """The base checks, then each request's token constraints: the logit bias's token ids in the
+        vocabulary, and a GBNF ``grammar`` (never beside a JSON schema) parsed once by llama.cpp; it is
+        then the request's grammar, as a schema's would be."""
+        grammars = super().check_batch(requests)
+        for i, request in enumerate(requests):
+            sampling = request.sampling
+            n_vocab = self.runtime.n_vocab
+            outside = [token for token, _ in sampling.logit_bias if token >= n_vocab]
+            if outside:
+                raise InvalidInputError("logit_bias", f"token {outside[0]} is not in the vocabulary (0 to {n_vocab - 1})")
+            if sampling.grammar is None:
+                continue
+            if request.json_schema is not None:
+                raise InvalidInputError("grammar", "give a GBNF grammar or a JSON schema, not both")
+            with self._lock:
+                try:
+                    self.runtime.check_grammar(sampling.grammar)
+                except NativeError as e:
+                    raise InvalidInputError("grammar", str(e)) from None
+            grammars[i] = sampling.grammar
+        return grammars
 
     def compile_schema(self, schema: dict[str, Any]) -> str:
         """The schema's GBNF grammar (:mod:`.grammar`), parsed once by llama.cpp before any decoding."""

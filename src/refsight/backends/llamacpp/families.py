@@ -1,6 +1,7 @@
 """Built-in GGUFs of more VLM families: the transformers tiny-family recipes, converted with llama.cpp's converter.
 
 Each :class:`FamilyGguf` starts from a recipe of :mod:`refsight.backends.tiny_family_specs`
+(or :mod:`refsight.backends.tiny_hybrid_specs`: Qwen3.5, Qwen3.5-MoE, Gemma 4)
 (a :class:`~refsight.backends.tiny_families.FamilySpec` as keyword arguments), updated with
 what the converter and llama.cpp's runtime need (vision depth ≥ 3, head dims the CLIP graph
 accepts, ...), builds the HF checkpoint with
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import tiny_family_specs as specs
+from .. import tiny_hybrid_specs as hybrid
 
 __all__ = ["FamilyGguf", "FAMILY_GGUFS", "build_family_gguf", "family_build_id"]
 
@@ -101,6 +103,17 @@ def _whole_embedding(self, data_torch, name, bid):
         return super(_gemma.Gemma3Model, self).modify_tensors(data_torch, name, bid)
     return _cut_rows(self, data_torch, name, bid)
 _gemma.Gemma3Model.modify_tensors = _whole_embedding
+"""
+
+# Gemma 4: the converter reads the tokenizer as Gemma's own (a byte-fallback BPE written as llama.cpp's "gemma4"
+# tokenizer model); the tiny tokenizer is a byte-level BPE like every family's here. Write it as one ("gpt2", with
+# the pre-tokenizer named below): the gemma4 graph and mtmd's <|image> ... <image|> layout do not depend on it.
+_GEMMA4_BPE_VOCAB = """
+import conversion.gemma as _gemma
+def _byte_level_vocab(self):
+    self._set_vocab_gpt2()
+    self.gguf_writer.add_add_bos_token(True)
+_gemma.Gemma4Model.set_vocab = _byte_level_vocab
 """
 
 # LFM2-VL and Llama 4 have no recipe of their own in tiny_family_specs yet: theirs, from the
@@ -200,6 +213,21 @@ FAMILY_GGUFS: dict[str, FamilyGguf] = {
                 {"image_processor": {"scale_resolution": 128, "patch_size": 16}}),
         "qwen2",
         model_args=("--no-mtp",),
+    ),
+    # Qwen3.5 and Qwen3.5-MoE: hybrid language models (three Gated DeltaNet layers, one full attention).
+    # The converter's Qwen3.5 classes count multi-token-prediction layers (published checkpoints carry one;
+    # without mtp_num_hidden_layers they assert); the tiny checkpoints have none: --no-mtp.
+    "tiny-qwen3.5-gguf": FamilyGguf(hybrid.QWEN3_5, "qwen2", model_args=("--no-mtp",)),
+    "tiny-qwen3.5-moe-gguf": FamilyGguf(hybrid.QWEN3_5_MOE, "qwen2", model_args=("--no-mtp",)),
+    # Gemma 4: per-layer inputs and KV-shared layers, converted as they are; the vocabulary is written as the
+    # byte-level BPE it is (_GEMMA4_BPE_VOCAB). llama.cpp sizes the per-layer token embedding by the vocabulary
+    # (as every real Gemma 4 has it): the tiny tokenizer's 512 rows, not the transformers recipe's 1024. The
+    # sliding window is Gemma 4 E2B's 512: a two-reference prefix fits in it (its state is reused), six do not
+    # (nothing reused: .prefix.WINDOW_BOUND_ARCHITECTURES).
+    "tiny-gemma4-gguf": FamilyGguf(
+        _update(hybrid.GEMMA4, {"config": {"text_config": {"vocab_size_per_layer_input": 512, "sliding_window": 512}}}),
+        "qwen2",
+        converter_patch=_GEMMA4_BPE_VOCAB,
     ),
     # Gemma 3 4B's whole shape (SigLIP-so400m at 896², 256 image tokens, the 34-layer language model),
     # random weights, converted to f16 as published GGUFs are before llama-quantize: the base of

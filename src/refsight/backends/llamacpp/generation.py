@@ -25,6 +25,8 @@ import numpy as np
 from ...errors import ContextLengthError, CorruptPackageError
 from ...images import ImageInput
 from ...package import VisualPackage
+from ...results import TextPiece, TokenLogprob
+from ..logprobs import token_logprob
 from ..sampling import Sampling, StopText
 from . import package_format as fmt
 from .native import Bitmap, LlamaRuntime
@@ -146,7 +148,9 @@ class TextStream:
     :meth:`add` takes each sampled token's bytes and hands ``on_text`` every piece that
     can no longer change: a tail that could still grow into a stop string, or that ends
     in an incomplete UTF-8 character, is held back until it cannot. :meth:`finish` sends
-    what was held back, so the pieces joined always equal :attr:`text`.
+    what was held back, so the pieces joined always equal :attr:`text`. With log probabilities
+    asked for, each piece is a :class:`~refsight.results.TextPiece` carrying those of the tokens
+    added since the last piece (the last piece, empty if need be, carries the rest).
     """
 
     def __init__(self, stop: Sequence[str] = (), on_text: Callable[[str], None] | None = None) -> None:
@@ -154,6 +158,7 @@ class TextStream:
         self.on_text = on_text
         self.data = b""
         self.sent = 0
+        self.pending: list[TokenLogprob] = []  # the tokens' log probabilities not yet handed out
 
     @property
     def text(self) -> str:
@@ -165,8 +170,10 @@ class TextStream:
         """True once a stop string appeared."""
         return self.tracker.stopped
 
-    def add(self, piece: bytes) -> bool:
-        """Append one token's bytes; True when a stop string has appeared (generation should end)."""
+    def add(self, piece: bytes, logprob: TokenLogprob | None = None) -> bool:
+        """Append one token's bytes (and its log probability); True when a stop string has appeared."""
+        if logprob is not None:
+            self.pending.append(logprob)
         if self.tracker.stopped or not piece:
             return self.tracker.stopped
         self.data += piece
@@ -188,8 +195,10 @@ class TextStream:
             # A token may end inside a multi-byte character: it decodes to U+FFFD until it completes.
             while safe > self.sent and text[safe - 1] == "\ufffd":
                 safe -= 1
-        if safe > self.sent:
-            piece, self.sent = text[self.sent:safe], safe
+        if safe > self.sent or (final and self.pending):
+            piece, self.sent = text[self.sent:safe], max(safe, self.sent)
+            if self.pending:
+                piece, self.pending = TextPiece(piece, tuple(self.pending)), []
             self.on_text(piece)
 
 
@@ -202,7 +211,8 @@ class TokenLoop:
     then decoding stops (``"stop"``), as it does at a stop string (the text is cut before
     it), after ``max_new_tokens`` (``"length"``) or once ``stop_event`` is set
     (``"cancelled"``, checked before every token). Logits are the model's raw logits at
-    each step, before penalties and the grammar change them.
+    each step, before penalties and the grammar change them; so are the log probabilities
+    ``sampling.logprobs`` asks for (:attr:`logprobs`, one per token).
     """
 
     def __init__(
@@ -222,6 +232,8 @@ class TokenLoop:
         self.sampler = Sampler(runtime, grammar, sampling, max_new_tokens, prompt_tokens)
         self.tokens: list[int] = []
         self.rows: list[np.ndarray] = []
+        self.n_probs = sampling.logprobs  # None: no log probabilities
+        self.logprobs: list[TokenLogprob] = []
         self.finish = "length"
         self.token = -1  # the token the next decode appends
 
@@ -230,11 +242,20 @@ class TokenLoop:
         if self.stop_event is not None and self.stop_event.is_set():
             self.finish = "cancelled"
             return True
+        row = self.runtime.last_logits(output) if self.return_logits or self.n_probs is not None else None
         if self.return_logits:
-            self.rows.append(self.runtime.last_logits(output))
+            self.rows.append(row)
         token = self.token = self.sampler.sample(output)
         self.tokens.append(token)
-        if self.runtime.is_eog(token) or self.stream.add(self.runtime.piece(token)):
+        logprob = None
+        if self.n_probs is not None:
+            logprob = token_logprob(row, token, self.n_probs, self.runtime.piece)
+            self.logprobs.append(logprob)
+        if self.runtime.is_eog(token):
+            self.stream.add(b"", logprob)  # no text; its log probability still goes out with the last piece
+            self.finish = "stop"
+            return True
+        if self.stream.add(self.runtime.piece(token), logprob):
             self.finish = "stop"
             return True
         return len(self.tokens) >= self.max_new_tokens

@@ -22,15 +22,15 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from .logs import init_backend, last_error, recent_errors
 
-__all__ = ["INVARIANT_STEP_ROWS", "FLOAT_FILE_TYPES", "LlamaRuntime", "RuntimeSettings", "Bitmap", "ChunkInfo", "NativeError",
-           "llama_cpp_version"]
+__all__ = ["INVARIANT_STEP_ROWS", "FLOAT_FILE_TYPES", "DEFAULT_N_CTX", "LlamaRuntime", "RuntimeSettings", "Bitmap",
+           "ChunkInfo", "NativeError", "ContextTooLarge", "llama_cpp_version"]
 
 IMAGE_CHUNK = 1  # MTMD_INPUT_CHUNK_TYPE_IMAGE
 TEXT_CHUNK = 0  # MTMD_INPUT_CHUNK_TYPE_TEXT
@@ -48,10 +48,20 @@ INVARIANT_STEP_ROWS = 3
 #: their products go through llamafile's tinyBLAS from 2 rows up (``n < 2`` in llamafile/sgemm.cpp) and
 #: ggml's dot products below, so only a call of one sequence gives a sequence's lone numbers.
 FLOAT_FILE_TYPES = frozenset({0, 1, 32})
+#: Each sequence's context when none is asked for (or the model's trained context, when that is smaller).
+DEFAULT_N_CTX = 4096
 
 
 class NativeError(RuntimeError):
     """A llama.cpp call failed (the backend turns this into a refsight error)."""
+
+
+class ContextTooLarge(NativeError):
+    """The context asked for is above the one the model was trained for (refused before any KV cache exists)."""
+
+    def __init__(self, n_ctx: int, trained: int, arch: str) -> None:
+        self.n_ctx, self.trained, self.key = n_ctx, trained, f"{arch}.context_length"
+        super().__init__(f"{n_ctx} tokens per sequence is above the {trained} the model was trained for (GGUF {self.key})")
 
 
 def _bindings():
@@ -71,11 +81,12 @@ def llama_cpp_version() -> str:
 class RuntimeSettings:
     """Load-time settings. ``image_min_tokens`` / ``image_max_tokens`` change the chunks (-1: the model's default).
 
-    ``n_ctx`` is each sequence's context; ``n_seq`` how many sequences decode together;
-    ``flash_attn`` llama.cpp's flash attention ("auto", "on" or "off", as llama-server's ``-fa``).
+    ``n_ctx`` is each sequence's context (None: :data:`DEFAULT_N_CTX` capped at the trained context; above it:
+    :class:`ContextTooLarge`); ``n_seq`` how many sequences decode together; ``flash_attn`` llama.cpp's
+    flash attention ("auto", "on" or "off", as llama-server's ``-fa``).
     """
 
-    n_ctx: int = 4096
+    n_ctx: int | None = None
     n_batch: int = 2048
     n_threads: int = 0  # 0: the threads asked for (--threads / -t, refsight.threads), else every core it may use
     image_min_tokens: int = -1
@@ -162,6 +173,8 @@ class LlamaRuntime:
             file_type = self.meta("general.file_type")
             #: the most sequences a decode call may carry with each getting its lone numbers (:mod:`.slots`)
             self.invariant_step_rows = 1 if file_type is None or int(file_type) in FLOAT_FILE_TYPES else INVARIANT_STEP_ROWS
+            # Sized before the KV cache exists: a runaway n_ctx took gigabytes before llama.cpp failed.
+            self.settings = settings = self._fit_context(settings)
             self.ctx = L.llama_init_from_model(self.model, self._context_params())
             if not self.ctx:
                 raise NativeError("llama_init_from_model failed (n_ctx too large for memory?)")
@@ -186,6 +199,16 @@ class LlamaRuntime:
         except BaseException:
             self.close()
             raise
+
+    def _fit_context(self, settings: RuntimeSettings) -> RuntimeSettings:
+        """``settings`` with each sequence's context: as asked, up to the trained context, else the default capped at it."""
+        trained = int(self._L.llama_model_n_ctx_train(self.model))
+        if settings.n_ctx is None:
+            n_ctx = min(DEFAULT_N_CTX, trained) if trained > 0 else DEFAULT_N_CTX
+            return replace(settings, n_ctx=n_ctx)
+        if 0 < trained < settings.n_ctx:
+            raise ContextTooLarge(settings.n_ctx, trained, self.meta("general.architecture") or "unknown")
+        return settings
 
     def _context_params(self):
         """The llama context's parameters for these settings."""

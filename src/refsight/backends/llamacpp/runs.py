@@ -77,6 +77,7 @@ class Run:
             image_tokens=self.counts[1:],
             finish_reason=finish,
             prefix_tokens_reused=plan.prefix_tokens if plan is not None and plan.outcome == "hit" else 0,
+            logprobs=self.loop.logprobs if self.loop.n_probs is not None else None,
         )
 
 

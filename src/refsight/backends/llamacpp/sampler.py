@@ -2,19 +2,35 @@
 
 from __future__ import annotations
 
+import ctypes
+import math
 import os
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 from .native import LlamaRuntime, NativeError
 
-__all__ = ["Sampler"]
+__all__ = ["Sampler", "eog_tokens"]
+
+#: Each runtime's end-of-generation tokens, found once (a walk over the vocabulary).
+_EOG: weakref.WeakKeyDictionary[LlamaRuntime, tuple[int, ...]] = weakref.WeakKeyDictionary()
+
+
+def eog_tokens(runtime: LlamaRuntime) -> tuple[int, ...]:
+    """The vocabulary's end-of-generation tokens (EOS, EOT, ``<|im_end|>`` ...), as llama-server collects them."""
+    found = _EOG.get(runtime)
+    if found is None:
+        found = _EOG[runtime] = tuple(t for t in range(runtime.n_vocab) if runtime.is_eog(t))
+    return found
 
 
 class Sampler:
     """llama.cpp's own sampler chain over the context's last logits.
 
-    In order: the GBNF grammar (when there is one), the repetition penalty over the
+    In order: the logit bias (``sampling.logit_bias``, and ``-inf`` on every end-of-generation
+    token with ``sampling.ignore_eos``, as llama-server fills it), the GBNF grammar (when there
+    is one: a JSON schema's, or ``sampling.grammar``), the repetition penalty over the
     ``prompt_tokens`` and every sampled token (only when set), the OpenAI frequency/presence
     penalties over the last ``window`` sampled tokens (only when set), then greedy
     (temperature 0 or below the greedy threshold: the chain every default request has always
@@ -29,10 +45,11 @@ class Sampler:
         self._L, self._runtime = L, runtime
         self.chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         try:
+            self._add_logit_bias(sampling)
             if grammar is not None:
                 g = L.llama_sampler_init_grammar(runtime.vocab, grammar.encode(), b"root")
                 if not g:
-                    raise NativeError("llama.cpp rejected the JSON grammar")
+                    raise NativeError("llama.cpp rejected the grammar")
                 L.llama_sampler_chain_add(self.chain, g)
             if sampling.repetition_penalty != 1.0:
                 self._add_repetition_penalty(float(sampling.repetition_penalty), prompt_tokens)
@@ -45,6 +62,20 @@ class Sampler:
         except BaseException:
             self.free()
             raise
+
+    def _add_logit_bias(self, sampling: Any) -> None:
+        """llama.cpp's logit-bias sampler over the request's pairs (and the banned EOG tokens with ``ignore_eos``)."""
+        pairs = list(sampling.logit_bias)
+        if sampling.ignore_eos:
+            pairs += [(token, -math.inf) for token in eog_tokens(self._runtime)]
+        if not pairs:
+            return
+        L = self._L
+        array = (L.llama_logit_bias * len(pairs))(*[L.llama_logit_bias(token, bias) for token, bias in pairs])
+        bias = L.llama_sampler_init_logit_bias(self._runtime.n_vocab, len(pairs), ctypes.cast(array, L.llama_logit_bias_p))
+        if not bias:
+            raise NativeError("llama.cpp refused the logit bias")
+        L.llama_sampler_chain_add(self.chain, bias)  # it copies the pairs: the array may go
 
     def _add_repetition_penalty(self, penalty: float, prompt_tokens: Sequence[int]) -> None:
         """llama.cpp's ``repeat_penalty`` over the whole context: the prompt's tokens, then each sampled one."""

@@ -6,6 +6,10 @@ Each variant here is the recipe with a dict update: two text heads of 32 (hidden
 one KV head. Everything else (tokens, template, processor) is the recipe's own, so
 ``tiny-<family>-vllm`` is also an ordinary refsight HF model of its family (the vLLM
 backend loads it as the encoder-side tokenizer and processor of the served weights).
+Where vLLM 0.32 reads a checkpoint differently from transformers 5.24 the variant says so
+beside it: M-RoPE splits resized for heads of 32, config fields 5.24 no longer writes, the
+hub checkpoints' weight layout (:func:`_hub_layout`), and for the hybrid Gated DeltaNet
+language models (Qwen3.5, MiniCPM-V 4.6) linear heads of 64, served in bfloat16 (``serve.tiny_dtype``).
 
 SmolVLM (``model_type`` ``smolvlm``, vLLM's Idefics3 code) is built by the older
 :mod:`refsight.backends.tiny` recipe (``smolvlm_spec``) with the same head change and a
@@ -23,12 +27,24 @@ from typing import Any
 
 from ..tiny import TINY_MODELS, _Spec, _build_id, build_checkpoint, build_into_cache, smolvlm_spec
 from ..tiny_families import FamilySpec, build_family_checkpoint
-from ..tiny_family_specs import GEMMA3, INTERNVL, LLAVA, MISTRAL3
+from ..tiny_family_specs import (
+    GEMMA3, GLM4V, GLM4V_MOE, INTERNVL, LLAVA, LLAVA_NEXT, LLAVA_ONEVISION, MINICPMV4_6, MISTRAL3, QWEN3_VL_MOE,
+)
+from ..tiny_hybrid_specs import GEMMA4, QWEN3_5, QWEN3_5_MOE
+from ..tiny_kin_specs import EXAONE4_5, IDEFICS3, PADDLEOCR_VL
 
 __all__ = ["VLLM_FAMILY_SPECS", "VLLM_FAMILY_MODELS", "ensure_family_dir", "load_family_vllm", "write_smolvlm_files"]
 
 #: vLLM CPU attention: two text heads of 32 (the recipes' hidden size 64 stays), one KV head.
 _HEADS = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+#: vLLM's CPU Gated DeltaNet kernel takes linear-attention heads of 64 and 128 only, keys as wide as values.
+_LINEAR_HEADS = dict(linear_key_head_dim=64, linear_value_head_dim=64)
+
+
+def _rope(recipe: dict[str, Any], section: list[int]) -> dict[str, Any]:
+    """The recipe's text rope parameters with an M-RoPE split for heads of 32 (vLLM checks it sums to the
+    rotary half: 16 frequencies for a whole head, 8 for half of it)."""
+    return {**recipe["config"]["text_config"]["rope_parameters"], "mrope_section": section}
 
 
 def _variant(recipe: dict[str, Any], fields: dict[str, Any] | None = None, **text: Any) -> FamilySpec:
@@ -53,6 +69,28 @@ VLLM_FAMILY_SPECS: dict[str, FamilySpec] = {
     "tiny-llava-vllm": _variant(LLAVA),
     "tiny-internvl-vllm": _variant(INTERNVL),
     "tiny-mistral3-vllm": _variant(MISTRAL3),
+    # Any-res tiles (a base view plus the tiles of the best-fitting pinpoint grid): CLIP + Mistral, SigLIP + Qwen2.
+    "tiny-llava-next-vllm": _variant(LLAVA_NEXT),
+    "tiny-llava-onevision-vllm": _variant(LLAVA_ONEVISION),
+    # Qwen3.5 (hybrid: three Gated DeltaNet layers, then one full-attention layer), served in bfloat16, the only
+    # dtype of vLLM's CPU Gated DeltaNet kernel (serve.tiny_dtype). Half of each attention head is rotary:
+    # 8 frequencies split t/h/w in about the ratio of Qwen3.5's own [11, 11, 10].
+    "tiny-qwen3.5-vllm": _variant(QWEN3_5, **_LINEAR_HEADS, rope_parameters=_rope(QWEN3_5, [3, 3, 2])),
+    "tiny-qwen3.5-moe-vllm": _variant(QWEN3_5_MOE, **_LINEAR_HEADS, rope_parameters=_rope(QWEN3_5_MOE, [3, 3, 2])),
+    # MiniCPM-V 4.6's language model is Qwen3.5's hybrid (one Gated DeltaNet layer, one full attention).
+    "tiny-minicpmv4-6-vllm": _variant(MINICPMV4_6, **_LINEAR_HEADS, rope_parameters=_rope(MINICPMV4_6, [3, 3, 2])),
+    # vLLM 0.32 reads norm_topk_prob and use_qk_norm, which transformers 5.24 no longer writes (its Qwen3-VL-MoE
+    # always renormalizes the routed weights; its GLM-4.5V has no q/k norm): set to what 5.24 computes.
+    "tiny-qwen3-vl-moe-vllm": _variant(QWEN3_VL_MOE, rope_parameters=_rope(QWEN3_VL_MOE, [4, 6, 6]), norm_topk_prob=True),
+    "tiny-glm4v-vllm": _variant(GLM4V, rope_parameters=_rope(GLM4V, [4, 2, 2])),
+    "tiny-glm4v-moe-vllm": _variant(GLM4V_MOE, rope_parameters=_rope(GLM4V_MOE, [4, 2, 2]), use_qk_norm=False),
+    "tiny-paddleocr-vl-vllm": _variant(PADDLEOCR_VL, rope_parameters=_rope(PADDLEOCR_VL, [8, 4, 4])),
+    "tiny-exaone4-5-vllm": _variant(EXAONE4_5),
+    "tiny-idefics3-vllm": _variant(IDEFICS3),
+    # vLLM 0.32 sizes Gemma 4's images by vision_config.default_output_length (transformers 5.24 writes none):
+    # the recipe's 70 soft tokens.
+    "tiny-gemma4-vllm": _variant(GEMMA4, {"config": {**GEMMA4["config"], "vision_config": {
+        **GEMMA4["config"]["vision_config"], "default_output_length": 70}}}),
 }
 
 _SMOLVLM_FINISH = "refsight.backends.vllm.families:write_smolvlm_files"
@@ -109,23 +147,32 @@ def _family_build_id(name: str) -> str:
 
 #: Model types whose vision tower transformers 5 saves without the hub checkpoints' ``vision_model.`` level
 #: (``vision_tower.embeddings...``); vLLM loads only the hub layout (``vision_tower.vision_model.embeddings...``).
-_HUB_VISION_MODEL = ("gemma3", "llava")
+_HUB_VISION_MODEL = ("gemma3", "llava", "llava_next", "llava_onevision")
+#: Model types whose fused MoE experts transformers 5 saves as it holds them (``[experts, out, in]``); the hub
+#: checkpoints, which vLLM loads, hold them transposed (transformers transposes them on load).
+_HUB_EXPERTS = ("qwen3_vl_moe",)
+_EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+
+
+def _hub_tensor(model_type: str, key: str, tensor: Any) -> tuple[str, Any]:
+    """One saved tensor under its hub checkpoint's name and layout."""
+    if model_type in _HUB_VISION_MODEL and key.startswith("vision_tower.") and not key.startswith("vision_tower.vision_model."):
+        key = "vision_tower.vision_model." + key[len("vision_tower."):]
+    if model_type in _HUB_EXPERTS and key.endswith(_EXPERTS):
+        tensor = tensor.transpose(1, 2).contiguous()
+    return key, tensor
 
 
 def _hub_layout(directory: Path, model_type: str) -> None:
-    """Rename the saved weights into the layout of the family's hub checkpoints (transformers loads both)."""
-    if model_type not in _HUB_VISION_MODEL:
+    """Rewrite the saved weights into the layout of the family's hub checkpoints (transformers loads both)."""
+    if model_type not in _HUB_VISION_MODEL + _HUB_EXPERTS:
         return
     import safetensors.torch
 
     path = directory / "model.safetensors"
     tensors = safetensors.torch.load_file(str(path))
-    renamed = {
-        ("vision_tower.vision_model." + k[len("vision_tower."):]
-         if k.startswith("vision_tower.") and not k.startswith("vision_tower.vision_model.") else k): v
-        for k, v in tensors.items()
-    }
-    safetensors.torch.save_file(renamed, str(path), metadata={"format": "pt"})
+    hub = dict(_hub_tensor(model_type, k, v) for k, v in tensors.items())
+    safetensors.torch.save_file(hub, str(path), metadata={"format": "pt"})
 
 
 def _build_family(name: str, directory: Path) -> None:

@@ -224,8 +224,10 @@ def _check_same_model(name: str, root: str, encoder_name: str, encoder: Any) -> 
     """
     from transformers import AutoConfig
 
+    from ..hf.model_source import NO_REMOTE_CODE
+
     try:
-        served = AutoConfig.from_pretrained(root, local_files_only=True)
+        served = AutoConfig.from_pretrained(root, local_files_only=True, **NO_REMOTE_CODE)
     except Exception:  # noqa: BLE001 - a remote server's model may not be readable here
         return
     theirs = _embedding_width(served)

@@ -27,7 +27,7 @@ from typing import IO, Callable, Sequence
 
 from ...errors import BackendError, InvalidInputError
 
-__all__ = ["VLLMServer", "encoder_cache_flag", "resolve_model_dir", "start_server", "free_port"]
+__all__ = ["VLLMServer", "encoder_cache_flag", "resolve_model_dir", "start_server", "free_port", "tiny_dtype"]
 
 #: Seconds a server may take to answer ``/v1/models`` after start (CPU, cold caches).
 START_TIMEOUT_S = 600.0
@@ -101,6 +101,14 @@ class VLLMServer:
             pass
 
 
+def tiny_dtype(model_dir: Path) -> str:
+    """The dtype vLLM serves a tiny model in: float32, or bfloat16 for a hybrid one (linear-attention layers),
+    because vLLM's CPU Gated DeltaNet kernel takes bfloat16 only (``cpu_gdn_attention_core`` asserts it)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    layer_types = config.get("text_config", config).get("layer_types") or ()
+    return "bfloat16" if "linear_attention" in layer_types else "float32"
+
+
 def server_command(
     python: Path, model_dir: Path, port: int, *, tiny: bool, image_limit: int, extra: Sequence[str] = ()
 ) -> list[str]:
@@ -115,9 +123,9 @@ def server_command(
         "--limit-mm-per-prompt", json.dumps({"image": image_limit, "video": 0}),
     ]
     if tiny:
-        # float32 like refsight's encoder, so both sides hold the same numbers; eager mode
-        # and a short context keep start-up quick on a CPU.
-        cmd += ["--dtype", "float32", "--max-model-len", "4096", "--enforce-eager", "--max-num-seqs", "8"]
+        # float32 like refsight's encoder, so both sides hold the same numbers (bfloat16 where vLLM's CPU
+        # kernels take nothing else); eager mode and a short context keep start-up quick on a CPU.
+        cmd += ["--dtype", tiny_dtype(model_dir), "--max-model-len", "4096", "--enforce-eager", "--max-num-seqs", "8"]
         # One CPU worker inside the engine process: no extra process to import vLLM into
         # (start-up on two cores drops from ~100 s to ~50 s).
         cmd += ["--distributed-executor-backend", "uni"]
@@ -135,6 +143,16 @@ def _server_env(connector: bool) -> dict[str, str]:
     if connector:
         env["PYTHONPATH"] = str(CONNECTOR_PATH)
     return env
+
+
+def _refuse_remote_code(extra_args: Sequence[str]) -> None:
+    """vLLM imports a model folder's ``auto_map`` classes only with ``--trust-remote-code``: refused by name."""
+    for arg in extra_args:
+        flag = arg.partition("=")[0].replace("_", "-")
+        if len(flag) > len("--trust-re") and "--trust-remote-code".startswith(flag):  # argparse takes abbreviations
+            raise InvalidInputError(
+                "--vllm-args", f"{arg}: refsight never runs a model folder's code; serve a model vLLM supports natively"
+            )
 
 
 def start_server(
@@ -161,6 +179,7 @@ def start_server(
     """
     from .env import default_env_dir, find_vllm_env
 
+    _refuse_remote_code(extra_args)
     python = find_vllm_env(env_dir)
     if python is None:
         raise BackendError("vllm-serve", f"no vLLM environment at {env_dir or default_env_dir()}; run `refsight vllm-env` first")

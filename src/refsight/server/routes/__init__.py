@@ -1,6 +1,7 @@
 """The app's own routes, one router per group: references, judging (compare, search), service (health, stats,
 metrics), llama-server's native endpoints (:mod:`.llama_server`), OpenAI's text completions (:mod:`.completions`) and
-Ollama's native API (:mod:`.ollama`: chat and generate; :mod:`.ollama_models`: the model endpoints).
+Ollama's native API (:mod:`.ollama`: chat and generate; :mod:`.ollama_models`: the model endpoints) and
+Anthropic's Messages API (:mod:`.anthropic`).
 
 Each module holds a module-level ``router``; its routes declare what they need
 (:mod:`refsight.server.deps`) instead of closing over it. The OpenAI-compatible routes
@@ -10,6 +11,7 @@ routers of the same kind.
 
 from __future__ import annotations
 
+from .anthropic import router as anthropic_router
 from .completions import router as completions_router
 from .judging import router as judging_router
 from .llama_server import router as llama_server_router
@@ -23,5 +25,5 @@ __all__ = ["ROUTERS"]
 #: In the order the app includes them.
 ROUTERS = (
     service_router, references_router, judging_router, llama_server_router, completions_router, ollama_router,
-    ollama_models_router,
+    ollama_models_router, anthropic_router,
 )

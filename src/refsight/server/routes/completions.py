@@ -22,7 +22,9 @@ from ..completion_parts import check_raw_prompt, raw_prompt
 from ..disconnect import run_watched
 from ..deps import ConfigDep, PoolDep, ServiceDep, Namespace
 from ..errors import ERROR_RESPONSES, ApiError
+from ..bodies import IntegerOrNull
 from ..generation_body import GenerationBody
+from ..logprob_fields import completion_logprobs, piece_logprobs
 from ..openai_compat import SYSTEM_FINGERPRINT, StreamOptions, check_generation
 from ..streaming import SSE_DONE, EventStreamResponse, answer_events, open_stream, sse_event
 
@@ -36,10 +38,16 @@ class CompletionsBody(GenerationBody):
 
     model: str | None = None
     prompt: str | list[str] = Field(description="the raw prompt (a list of one string is accepted too)")
-    n: int | None = Field(None, ge=1)
-    logprobs: int | None = None
+    n: IntegerOrNull = Field(None, ge=1)
+    logprobs: IntegerOrNull = Field(None, ge=0, description="each token's log probability and the N most likely alternatives")
     stream: bool | None = None
     stream_options: StreamOptions | None = None
+
+    def requested_logprobs(self) -> tuple[int | None, str]:
+        """OpenAI's ``logprobs`` (0: the chosen tokens' alone), else llama-server's ``n_probs``."""
+        if self.logprobs is not None:
+            return self.logprobs, "logprobs"
+        return super().requested_logprobs()
 
     def text(self) -> str:
         """The one prompt; 400 for several (one completion per request)."""
@@ -55,8 +63,6 @@ async def completions(request: Request, body: CompletionsBody, namespace: Namesp
     """A text completion of the raw prompt (OpenAI's ``text_completion`` shape)."""
     if body.n not in (None, 1):
         raise ApiError(400, "unsupported", "n: only one choice (n=1) is supported", param="n")
-    if body.logprobs:
-        raise ApiError(400, "unsupported", "logprobs: log probabilities are not returned", param="logprobs")
     max_new_tokens, sampling = check_generation(body, service, None, config.max_new_tokens)
     schema = body.schema()
     backend = service.engine.backend()
@@ -70,15 +76,17 @@ async def completions(request: Request, body: CompletionsBody, namespace: Namesp
             sampling=sampling, on_text=on_text, stop_event=stop_event, raw_prompt=True,
         )
 
-    def choice(text: str, finish: str | None) -> dict[str, Any]:
+    def choice(text: str, finish: str | None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
         data = {"id": completion_id, "object": "text_completion", "created": created, "model": service.served_model,
-                "system_fingerprint": SYSTEM_FINGERPRINT, "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+                "system_fingerprint": SYSTEM_FINGERPRINT,
+                "choices": [{"text": str(text), "index": 0, "logprobs": logprobs, "finish_reason": finish}]}
         return data
 
     if not body.stream:
         result = await run_watched(pool, request, work)  # a client that leaves frees its worker
-        return {**choice(result.text, finish_reason(result)), "usage": usage(result), "refsight": refsight_extra(result)}
-    first, source, stop = await open_stream(pool, work)
+        return {**choice(result.text, finish_reason(result), completion_logprobs(result.logprobs)), "usage": usage(result),
+                "refsight": refsight_extra(result)}
+    first, source, stop = await open_stream(pool, work, request)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return EventStreamResponse(_chunks(first, source, choice, include_usage), stop)
 
@@ -90,5 +98,14 @@ async def _chunks(first: Any, source: AsyncIterator[Any], choice: Any, include_u
             events.append(sse_event({**choice("", None), "choices": [], "usage": usage(result)}))
         return [*events, SSE_DONE]
 
-    async for event in answer_events(first, source, lambda text: sse_event(choice(text, None)), finish):
+    sent = 0  # the answer's characters so far: the text_offset of a piece's first token
+
+    def piece(text: str) -> bytes:
+        nonlocal sent
+        logprobs = piece_logprobs(text)
+        event = sse_event(choice(text, None, completion_logprobs(logprobs, sent) if logprobs else None))
+        sent += len(text)
+        return event
+
+    async for event in answer_events(first, source, piece, finish):
         yield event

@@ -13,21 +13,24 @@ Every field is honoured, accepted as a no-op, or refused with a 400 naming it.
 
 from __future__ import annotations
 
+import math
 from functools import partial
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from ... import __version__
 from ...results import GenerateResult
 from ...settings import torch_threads
 from ..answers import Answer
-from ..completion_parts import RawPrompt, check_raw_prompt, fill_context, raw_prompt, stop_type
+from ..completion_parts import RawPrompt, check_raw_prompt, fill_context, mixed_prompt_text, raw_prompt, stop_type
 from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
 from ..errors import ERROR_RESPONSES, ApiError
+from ..bodies import IntegerOrNull
 from ..generation_body import GenerationBody
+from ..logprob_fields import piece_logprobs, token_entries
 from ..openai_compat import check_generation
 from ..disconnect import run_watched
 from ..openai_parts import Message, PartResolver, template_segments
@@ -55,9 +58,10 @@ async def health(service: ServiceDep) -> Any:
 
 @router.get("/props")
 async def props(namespace: Namespace, service: ServiceDep, config: ConfigDep, pool: PoolDep) -> dict[str, Any]:
-    """The server's properties as llama-server reports them (read-only); ``refsight.threads``: the thread budget,
-    and torch's threads as a worker thread sees them."""
-    backend = service.engine.backend()
+    """The server's properties as llama-server reports them (read-only, from the facts taken at load: asking
+    never wakes a sleeping model); ``refsight.threads``: the thread budget, and torch's threads as a worker
+    thread sees them."""
+    facts = service.facts
     threads = {"per_worker": config.threads, "workers": config.workers, "torch": await pool.run_light(torch_threads)}
     n_ctx = service.context_size
     return {
@@ -69,13 +73,17 @@ async def props(namespace: Namespace, service: ServiceDep, config: ConfigDep, po
         "total_slots": config.workers,
         "model_alias": service.served_model,
         "model_path": service.model,
-        "modalities": {"vision": True, "audio": False},
-        "media_marker": backend.media_marker,
-        "chat_template": backend.chat_template_source(),
+        "modalities": {"vision": True, "video": False, "audio": False},
+        "media_marker": facts.media_marker,
+        # Current llama-server's switches, at what refsight serves: /slots, /props and /metrics always,
+        # the page unless --no-webui, no CORS proxy, no web-UI settings or template capabilities to report.
+        "endpoint_slots": True, "endpoint_props": True, "endpoint_metrics": True, "ui": config.webui,
+        "ui_settings": {}, "chat_template_caps": {}, "cors_proxy_enabled": False,
+        "chat_template": facts.chat_template,
         "build_info": f"refsight {__version__}",
-        "is_sleeping": False,
-        "refsight": {"random_weights": service.random_weights, "raw_prompt": backend.supports_raw_prompt,
-                     "threads": threads, **backend.runtime_info()},
+        "is_sleeping": service.is_sleeping,
+        "refsight": {"random_weights": service.random_weights, "raw_prompt": facts.raw_prompt,
+                     "threads": threads, **facts.runtime_info},
     }
 
 
@@ -90,6 +98,9 @@ async def slots(
     """
     params = _settings(GenerationBody().sampling(), config.n_predict, service.context_size)
     busy = 0 if request.app.state.tenants.enabled else min(pool.pending, config.workers)
+    if request.query_params.get("fail_on_no_slot") and pool.pending >= config.workers:
+        # llama-server's ?fail_on_no_slot=1: 503 when every slot is busy (a load balancer's probe).
+        raise ApiError(503, "unavailable", "no slot available")
     return [
         {"id": i, "id_task": -1, "n_ctx": service.context_size, "speculative": False, "is_processing": i < busy,
          "params": params}
@@ -184,18 +195,47 @@ class CompletionBody(GenerationBody):
     multimodal_data: list[str] | None = Field(None, max_length=64, description="base64 images, one per media marker")
     stream: bool | None = None
     model: str | None = None
+    logprobs: IntegerOrNull = Field(None, ge=0, description="llama-server's alias of n_probs (read when n_probs is not given)")
 
-    def raw(self, marker: str) -> RawPrompt:
-        """The prompt split at the media markers, with its images."""
-        if isinstance(self.prompt, list):
-            raise ApiError(400, "unsupported", "prompt: give one string (or one prompt object); arrays of prompts or "
-                           "of token ids are not supported", param="prompt")
-        if isinstance(self.prompt, PromptObject):
+    def requested_logprobs(self) -> tuple[int | None, str]:
+        """``n_probs``, else its alias ``logprobs`` (0: none)."""
+        if self.n_probs is None and self.logprobs is not None:
+            return (self.logprobs or None), "logprobs"
+        return super().requested_logprobs()
+
+    def raw(self, marker: str, backend: Any) -> RawPrompt:
+        """The prompt split at the media markers, with its images (token ids read as their text:
+        :func:`~..completion_parts.mixed_prompt_text`). Runs the tokenizer: call it off the event loop."""
+        prompt = _one_prompt(self.prompt, backend)
+        if isinstance(prompt, PromptObject):
             if self.multimodal_data is not None:
                 raise ApiError(400, "invalid_input", "multimodal_data: give it inside the prompt object or beside it, not both",
                                param="multimodal_data")
-            return raw_prompt(self.prompt.prompt_string, self.prompt.multimodal_data, marker, "prompt.prompt_string")
-        return raw_prompt(self.prompt, self.multimodal_data, marker)
+            return raw_prompt(prompt.prompt_string, prompt.multimodal_data, marker, "prompt.prompt_string")
+        return raw_prompt(prompt, self.multimodal_data, marker)
+
+
+def _one_prompt(prompt: Any, backend: Any) -> str | PromptObject:
+    """llama-server's one prompt: a string, a prompt object, token ids mixed with strings, or a list of one of those."""
+    if not isinstance(prompt, list):
+        return prompt
+    if any(isinstance(item, int) for item in prompt):  # llama-server: any number makes the list one prompt
+        return mixed_prompt_text(prompt, backend)
+    if len(prompt) != 1:
+        raise ApiError(400, "unsupported", f"prompt: {len(prompt)} prompts in one request; give one (several "
+                       "completions per request are not supported)", param="prompt")
+    (only,) = prompt
+    if isinstance(only, list):
+        return _one_prompt(only, backend)
+    if isinstance(only, dict):
+        try:
+            return PromptObject.model_validate(only)
+        except ValidationError as e:
+            raise ApiError(400, "invalid_input", f"prompt[0]: not a prompt object ({e.errors()[0]['msg']})",
+                           param="prompt") from None
+    if not isinstance(only, str):
+        raise ApiError(400, "invalid_input", "prompt[0]: give a string, token ids or a prompt object", param="prompt")
+    return only
 
 
 @router.post("/completion", responses=_ERRORS)
@@ -208,7 +248,7 @@ async def completion(
     max_new_tokens, sampling = check_generation(body, service, None, config.max_new_tokens)
     schema = body.schema()
     backend = service.engine.backend()
-    prompt = body.raw(backend.media_marker)
+    prompt = await pool.run_light(body.raw, backend.media_marker, backend)
     await check_raw_prompt(prompt, pool, config.max_prompt_tokens, backend)
     resolver = PartResolver.for_request(request, service, namespace, uuids, config)
     clock = TokenClock()
@@ -230,8 +270,10 @@ async def completion(
         finally:
             clock.stop()
 
-    def final(result: Answer) -> dict[str, Any]:
+    def final(result: Answer, streamed: bool = False) -> dict[str, Any]:
         kind, word = stop_type(result, sampling.stop, backend)
+        # Streamed, each event carried its tokens' probabilities already (llama-server sends none at the end).
+        probs = {} if streamed or result.logprobs is None else {"completion_probabilities": token_entries(result.logprobs)}
         return {
             "index": 0, "content": result.text, "tokens": result.tokens if body.model_extra.get("return_tokens") else [],
             "id_slot": 0, "stop": True, "model": service.served_model, "tokens_predicted": len(result.tokens),
@@ -243,11 +285,12 @@ async def completion(
             "prompt": backend.media_marker.join(prompt.texts), "has_new_line": "\n" in result.text, "truncated": result.truncated,
             "stop_type": kind, "stopping_word": word, "timings": clock.final(result),
             "refsight": {"random_weights": result.random_weights, "references_cached": result.references_cached},
+            **probs,
         }
 
     if not body.stream:
         return final(await run_watched(pool, request, work))  # a client that leaves frees its worker
-    first, source, stop = await open_stream(pool, work)
+    first, source, stop = await open_stream(pool, work, request)
     per_token = clock.partial if body.model_extra.get("timings_per_token") else None
     return EventStreamResponse(_events(first, source, final, backend, per_token), stop)
 
@@ -259,15 +302,18 @@ async def _events(
     ``timings_per_token``, the ``timings`` so far), then the final object (``stop: true``)."""
 
     def piece(text: str) -> bytes:
-        # The engines hand over text, not ids: a piece's ids are its text in the served vocabulary
-        # (a few characters: cheap enough for the event loop).
-        tokens = backend.tokenize(text, add_special=False, parse_special=False)
-        event = {"index": 0, "content": text, "tokens": tokens, "stop": False, "id_slot": 0}
+        # A piece with log probabilities names its tokens; else its ids are its text in the served
+        # vocabulary (a few characters: cheap enough for the event loop).
+        logprobs = piece_logprobs(text)
+        tokens = [lp.token for lp in logprobs] or backend.tokenize(text, add_special=False, parse_special=False)
+        event = {"index": 0, "content": str(text), "tokens": tokens, "stop": False, "id_slot": 0}
+        if logprobs:
+            event["completion_probabilities"] = token_entries(logprobs)
         if per_token is not None:
             event["timings"] = per_token()
         return sse_event(event)
 
-    async for event in answer_events(first, source, piece, lambda result: [sse_event({**final(result), "content": ""})]):
+    async for event in answer_events(first, source, piece, lambda result: [sse_event({**final(result, True), "content": ""})]):
         yield event
 
 
@@ -282,8 +328,10 @@ def _settings(sampling: Any, n_predict: int, n_ctx: int | None) -> dict[str, Any
         "max_tokens": n_predict, "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "typical_p": 1.0,
         "xtc_probability": 0.0, "xtc_threshold": 0.1, "repeat_last_n": -1, "dry_multiplier": 0.0, "dry_base": 1.75,
         "dry_allowed_length": 2, "dry_penalty_last_n": -1, "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
-        "n_keep": 0, "n_discard": 0, "ignore_eos": False, "logit_bias": [], "n_probs": 0, "min_keep": 0,
-        "grammar": "", "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"], "lora": [],
+        "n_keep": 0, "n_discard": 0, "ignore_eos": sampling.ignore_eos, "n_probs": sampling.logprobs or 0, "min_keep": 0,
+        # llama-server's shape; a banned token's -inf is JSON's null, as llama-server writes it.
+        "logit_bias": [{"bias": bias if math.isfinite(bias) else None, "token": token} for token, bias in sampling.logit_bias],
+        "grammar": sampling.grammar or "", "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"], "lora": [],
         "post_sampling_probs": False, "stream": False, "timings_per_token": False,
         # Fields of later llama-server builds, at their "off" values: no top-n-sigma, adaptive-p, lazy grammar,
         # reasoning split (the answer is the content as generated), speculative decoding or backend sampling.

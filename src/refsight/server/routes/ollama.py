@@ -12,7 +12,9 @@ prompt, images included, up to the first token), ``eval_count`` / ``eval_duratio
 error after the stream began is a last line ``{"error": "..."}``, as Ollama sends it. A request without
 a prompt (no messages; an empty prompt and no images) answers at once with ``done_reason: "load"``,
 Ollama's way of loading a model (``"unload"`` with ``keep_alive: 0``; the model stays loaded here).
-Each answer also carries refsight's own ``refsight`` object (references cached, timings). A whole answer
+Each answer also carries refsight's own ``refsight`` object (references cached, timings; with
+``options.num_ctx`` sent, ``num_ctx``: the context the answer had, the served one, since the context is
+fixed when the server starts). A whole answer
 (``stream: false``) stops its generation when the client leaves (:func:`..disconnect.run_watched`), as a
 stream does.
 """
@@ -73,9 +75,11 @@ class _Answer:
     """One generation request, answered whole or as NDJSON lines; ``key`` is ``message`` (chat) or ``response``."""
 
     def __init__(self, key: str, service: Any, namespace: str, make_segments: Callable[[], tuple[list[Any], Any]],
-                 options: dict[str, Any]) -> None:
+                 options: dict[str, Any], note: dict[str, Any] | None = None) -> None:
         self.key, self.service, self.namespace = key, service, namespace
         self.make_segments, self.options = make_segments, options
+        #: What the last object's ``refsight`` adds (the context used, when the request sent ``num_ctx``).
+        self.note = note or {}
         self.began = time.perf_counter()
         self.model = ollama_name(service)
 
@@ -102,7 +106,7 @@ class _Answer:
             "load_duration": _ns(result.timings_ms.get("reference_load", 0.0) / 1000),
             "prompt_eval_count": result.prompt_tokens, "prompt_eval_duration": _ns(result.prompt_s),
             "eval_count": len(result.tokens), "eval_duration": _ns(result.eval_s),
-            "refsight": refsight_extra(result),
+            "refsight": {**refsight_extra(result), **self.note},
         }
 
     def _text(self, text: str) -> dict[str, Any]:
@@ -113,7 +117,7 @@ class _Answer:
         if not stream:
             result = await run_watched(pool, request, self.work)  # a client that leaves frees its worker
             return self.final(result, result.text)
-        first, source, stop = await open_stream(pool, self.work)
+        first, source, stop = await open_stream(pool, self.work, request)
         return EventStreamResponse(self._lines(first, source), stop, media_type=NDJSON)
 
     async def _lines(self, first: Any, source: AsyncIterator[Any]) -> AsyncIterator[bytes]:
@@ -134,6 +138,12 @@ def _loaded(service: Any, key: str, keep_alive: Any) -> dict[str, Any]:
     text = {"message": {"role": "assistant", "content": ""}} if key == "message" else {"response": ""}
     return {"model": ollama_name(service), "created_at": created_at(), **text, "done": True,
             "done_reason": "unload" if unload else "load"}
+
+
+def _context_note(options: dict[str, Any] | None, service: Any) -> dict[str, Any]:
+    """The reply's word on ``options.num_ctx``: the context the answer had, the served one (None: the runtime
+    has no fixed window), whenever the request sent one; the context is fixed at start."""
+    return {"num_ctx": service.context_size} if (options or {}).get("num_ctx") is not None else {}
 
 
 def _resolver(request: Request, service: Any, namespace: str, uuids: Any, config: Any) -> PartResolver:
@@ -160,7 +170,8 @@ async def chat(
     options = {"max_new_tokens": max_new_tokens, "sampling": sampling, "json_schema": schema_of(body.format)}
     await _check_texts([m.content for m in body.messages], pool, config.max_prompt_tokens, service)
     resolver, system = _resolver(request, service, namespace, uuids, config), model_facts(service).get("system")
-    answer = _Answer("message", service, namespace, lambda: chat_segments(body.messages, resolver, system), options)
+    answer = _Answer("message", service, namespace, lambda: chat_segments(body.messages, resolver, system), options,
+                     _context_note(body.options, service))
     return await answer.reply(pool, request, body.stream)
 
 
@@ -199,10 +210,11 @@ async def generate(
         prompt = raw_prompt(body.prompt or "", body.images, backend.media_marker, "prompt")
         await check_raw_prompt(prompt, pool, config.max_prompt_tokens, backend)
         answer = _Answer("response", service, namespace, lambda: (prompt.segments(resolver), None),
-                         {**options, "raw_prompt": True})
+                         {**options, "raw_prompt": True}, _context_note(body.options, service))
         return await answer.reply(pool, request, body.stream)
     system = body.system or model_facts(service).get("system")
     messages = [OllamaMessage(role="user", content=body.prompt or "", images=body.images)]
     await _check_texts([body.prompt or "", body.system or ""], pool, config.max_prompt_tokens, service)
-    answer = _Answer("response", service, namespace, lambda: chat_segments(messages, resolver, system, ""), options)
+    answer = _Answer("response", service, namespace, lambda: chat_segments(messages, resolver, system, ""), options,
+                     _context_note(body.options, service))
     return await answer.reply(pool, request, body.stream)

@@ -5,11 +5,19 @@ the store-management ones refsight does not do (``/api/pull``, ``push``, ``creat
 refsight serves the one model it was started with (``refsight serve ollama:NAME[:TAG]`` reads it from
 Ollama's own store); the listing describes it in Ollama's words: an ``ollama:`` model with its store
 name, manifest digest, size and config details; another llama.cpp model with its GGUF architecture.
+``/api/show`` writes ``modelfile``, ``parameters`` and ``template`` as Ollama does (its ``GetModelInfo``):
+the parameters a line each, the name padded to 30 columns and the value in Go syntax; the Modelfile's
+FROM the model's files, a comment saying which template refsight renders prompts in. The template is an
+Ollama model's own (its template layer, a Go template), else the one refsight renders in (the GGUF's
+``tokenizer.chat_template`` or the checkpoint's, Jinja).
 """
 
 from __future__ import annotations
 
+import json
+import math
 from datetime import datetime, timedelta, timezone
+from decimal import Decimal
 from typing import Any
 
 from fastapi import APIRouter
@@ -75,31 +83,117 @@ async def version() -> dict[str, str]:
     return {"version": OLLAMA_API_VERSION, "refsight": __version__}
 
 
+def _go_syntax(value: Any) -> str:
+    """A params-layer value as Go's ``%#v`` writes the JSON-decoded value (Ollama's ``parameters`` text)."""
+    if isinstance(value, str):
+        return _go_quote(value)
+    return _go_value(value)
+
+
+def _go_value(value: Any) -> str:
+    """Go's ``%v`` of a JSON-decoded value: booleans ``true``, strings as they are, numbers as float64s."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return _go_float(float(value))
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _go_float(value: float) -> str:
+    """Go's ``%v`` of a float64: the shortest digits, in exponent form from 1e+06 and below 1e-04
+    (``4096``, ``0.7``, ``1e+06``, ``1e-05``)."""
+    if not math.isfinite(value):
+        return "NaN" if value != value else ("+Inf" if value > 0 else "-Inf")
+    if value == 0:
+        return "0"
+    shortest = Decimal(repr(value)).normalize()
+    digits, exponent = len(shortest.as_tuple().digits), shortest.adjusted()
+    if exponent < -4 or exponent >= 6:
+        return f"{value:.{digits - 1}e}"
+    return f"{value:.{max(digits - exponent - 1, 0)}f}"
+
+
+def _go_quote(text: str) -> str:
+    """Go's ``strconv.Quote``: a double-quoted string, printable characters kept, the others escaped."""
+    out = []
+    for char in text:
+        if char in _GO_ESCAPES:
+            out.append(_GO_ESCAPES[char])
+        elif char.isprintable():
+            out.append(char)
+        else:
+            code = ord(char)
+            out.append(f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+    return '"' + "".join(out) + '"'
+
+
+_GO_ESCAPES = {'"': '\\"', "\\": "\\\\", "\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r",
+               "\t": "\\t", "\v": "\\v"}
+
+
 def _parameters(params: dict[str, Any]) -> str:
-    """Modelfile ``PARAMETER`` lines, as Ollama's ``parameters`` text shows them."""
-    lines = []
-    for key, value in params.items():
-        for item in value if isinstance(value, list) else [value]:
-            lines.append(f'{key:<30} "{item}"' if isinstance(item, str) else f"{key:<30} {item}")
-    return "\n".join(lines)
+    """Modelfile ``PARAMETER`` values as Ollama's ``parameters`` text: one line per value (a list's items one
+    each), the name padded to 30 columns, the value in Go syntax (strings quoted)."""
+    return "\n".join(f"{key:<30} {_go_syntax(item)}" for key, value in params.items()
+                     for item in (value if isinstance(value, list) else [value]))
+
+
+def _modelfile_quote(text: str) -> str:
+    """An argument as Ollama's Modelfile writer quotes it: only text with a newline or edge spaces is quoted."""
+    if "\n" in text or text.startswith(" ") or text.endswith(" "):
+        return f'"""{text}"""' if '"' in text else f'"{text}"'
+    return text
+
+
+def _template(facts: dict[str, Any], backend: Any) -> tuple[str, str]:
+    """The chat template ``/api/show`` reports and the Modelfile's line saying what refsight renders prompts in.
+
+    An Ollama model's own (the template layer: Ollama's Go template), else the one refsight renders in: the
+    GGUF's ``tokenizer.chat_template`` or the checkpoint's chat template (Jinja)."""
+    own = backend.chat_template_source() or ""
+    gguf = getattr(backend, "arch", None) is not None
+    where = "the GGUF's own chat template (tokenizer.chat_template, Jinja)" if gguf else "the checkpoint's chat template (Jinja)"
+    if facts.get("template"):
+        return facts["template"], f"# refsight renders prompts in {where}, not in the Go TEMPLATE below"
+    if own:
+        return own, f"# TEMPLATE is {where}: refsight renders prompts in it"
+    return "", "# the served model has no chat template: refsight joins the prompt's parts as they are"
+
+
+def _modelfile(service: Any, backend: Any, facts: dict[str, Any], template: tuple[str, str]) -> str:
+    """The served model's Modelfile as ``ollama show --modelfile`` writes one: FROM (the model and projector
+    files), TEMPLATE, SYSTEM and a PARAMETER line per value of the params layer."""
+    files = [p for p in (getattr(backend, "model_path", None), getattr(backend, "mmproj_path", None)) if p is not None]
+    lines = ['# Modelfile generated by "ollama show" (refsight serve)',
+             "# To build a new Modelfile based on this, replace FROM with:", f"# FROM {ollama_name(service)}",
+             template[1], ""]
+    lines += [f"FROM {path}" for path in files or [service.model]]
+    if template[0]:
+        lines.append(f"TEMPLATE {_modelfile_quote(template[0])}")
+    if facts.get("system"):
+        lines.append(f"SYSTEM {_modelfile_quote(facts['system'])}")
+    for key, value in (facts.get("params") or {}).items():
+        lines += [f"PARAMETER {key} {_modelfile_quote(_go_value(item))}" for item in (value if isinstance(value, list) else [value])]
+    return "\n".join(lines) + "\n"
 
 
 @router.post("/api/show", responses={k: ERROR_RESPONSES[k] for k in (400, 404)})
 async def show(body: OllamaShowBody, namespace: Namespace, service: ServiceDep) -> dict[str, Any]:
-    """The served model's details, chat template, parameters and capabilities (``vision``, ``completion``)."""
+    """The served model's details, Modelfile, chat template, parameters and capabilities (``vision``, ``completion``),
+    as Ollama's ``/api/show`` returns them."""
     model = body.model or body.name
     if not model:
         raise ApiError(400, "invalid_input", "model: give the model's name", param="model")
     check_model(model, service)
     facts, backend = model_facts(service), service.engine.backend()
-    template = facts.get("template") or backend.chat_template_source() or ""
+    template = _template(facts, backend)
     info: dict[str, Any] = {"general.architecture": facts["details"]["family"]}
     if service.context_size:
         info[f"{facts['details']['family']}.context_length"] = service.context_size
     capabilities = ["completion", "vision"]  # every model refsight serves is a VLM; no tools, thinking or insert
     return {
-        "modelfile": f"# served by refsight\nFROM {service.model}\n", "parameters": _parameters(facts.get("params") or {}),
-        "template": template, "system": facts.get("system") or "", "details": facts["details"], "model_info": info,
+        "modelfile": _modelfile(service, backend, facts, template), "parameters": _parameters(facts.get("params") or {}),
+        "template": template[0], "system": facts.get("system") or "", "details": facts["details"], "model_info": info,
         "capabilities": capabilities, "modified_at": facts["modified_at"],
     }
 

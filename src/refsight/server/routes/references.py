@@ -1,4 +1,5 @@
-"""The reference routes: add (JSON or multipart), list, get, thumbnail, image, delete — all in the caller's namespace."""
+"""The reference routes: add (JSON or multipart), list, get, thumbnail, image, delete; and the remembered images
+(images sent inline and kept: list, forget) — all in the caller's namespace."""
 
 from __future__ import annotations
 
@@ -86,3 +87,16 @@ async def reference_image(namespace: Namespace, service: ServiceDep, pool: PoolD
 async def delete_reference(namespace: Namespace, service: ServiceDep, pool: PoolDep, ref_id: str = _REF_ID) -> dict[str, Any]:
     """Remove a reference; packages still used by other references stay."""
     return await pool.run_light(partial(service.remove, ref_id, namespace=namespace))
+
+
+@router.get("/v1/remembered")
+async def list_remembered(namespace: Namespace, service: ServiceDep, pool: PoolDep) -> dict[str, Any]:
+    """The caller's remembered images: images it sent inline that the store keeps (``--remember-images``), each
+    ``{namespace, package_key, bytes, model_id, remembered_at, last_used}``, most recently used first."""
+    return {"remembered": await pool.run_light(partial(service.remembered, namespace=namespace))}
+
+
+@router.delete("/v1/remembered")
+async def forget_remembered(namespace: Namespace, service: ServiceDep, pool: PoolDep) -> dict[str, Any]:
+    """Forget the caller's remembered images: their packages go unless a reference or another tenant holds them."""
+    return await pool.run_light(partial(service.forget_remembered, namespace=namespace))
