@@ -140,19 +140,18 @@ class PackageCache:
         if not context.use_cache:
             return ServedImage(image, False, 0.0)
         key = context.package_key(image.sha256)
-        if self.remember_images == "off":
-            found = self.candidate(context, image)
-            return ServedImage(found.package, found.cached, found.encode_ms)
+        lasting = False
         # Remembering saves work; it is no condition of the answer: with the store away (a replica's catalog
         # down) the image is served as a candidate from memory, and kept at a later sighting.
-        try:
-            if self.remember_images == "all" or self.sightings.note(context.namespace, key) > 1:
-                found = self._remember(context, image, key)
-                return ServedImage(found.package, found.cached, found.encode_ms, lasting=True)
-            # Sent once (in this process), but remembered before (a restart, another replica): durable already.
-            lasting = self.is_durable(key)
-        except StoreUnavailableError:
-            lasting = False
+        if self.remember_images != "off":
+            try:
+                if self.remember_images == "all" or self.sightings.note(context.namespace, key) > 1:
+                    found = self._remember(context, image, key)
+                    return ServedImage(found.package, found.cached, found.encode_ms, lasting=True)
+                # Sent once (in this process), but remembered before (a restart, another replica): durable already.
+                lasting = self.is_durable(key)
+            except StoreUnavailableError:
+                pass
         found = self.candidate(context, image)
         return ServedImage(found.package, found.cached, found.encode_ms, lasting=lasting)
 
