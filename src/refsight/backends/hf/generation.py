@@ -135,10 +135,13 @@ def controls(backend: Any, batch: list[PreparedRequest], execution: Execution, w
 
 
 def _call_generate(backend: Any, inputs: PromptInputs, ctl: Controls, max_new_tokens: int, return_logits: bool) -> Any:
-    from transformers import LogitsProcessorList, StoppingCriteriaList
+    from transformers import GenerationMixin, LogitsProcessorList, StoppingCriteriaList
 
     eos_ids = backend.eos_ids()
-    return backend.model.generate(
+    # The mixin's own generate, not the model's: Janus overrides it and, for text, drops the logits
+    # processors (sampling and JSON constraints would silently do nothing); no other family overrides it.
+    return GenerationMixin.generate(
+        backend.model,
         input_ids=inputs.encoded["input_ids"],
         attention_mask=inputs.encoded["attention_mask"],
         **inputs.extra,
@@ -152,6 +155,7 @@ def _call_generate(backend: Any, inputs: PromptInputs, ctl: Controls, max_new_to
         logits_processor=LogitsProcessorList(ctl.processors) if ctl.processors else None,
         stopping_criteria=StoppingCriteriaList(ctl.criteria) if ctl.criteria else None,
         streamer=ctl.streamer,
+        guidance_scale=None,  # a text answer: no classifier-free guidance (Janus' image mode uses it)
     )
 
 
