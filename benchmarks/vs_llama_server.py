@@ -241,8 +241,8 @@ def model_files(model: str, mmproj: str | None) -> tuple[Path, Path]:
         if not mmproj:
             raise SystemExit("--mmproj is needed with llamacpp:PATH")
         return Path(model[len("llamacpp:"):]), Path(mmproj)
-    from refsight.backends.llamacpp.models import GGUF_MODELS, ensure_gguf
-    from refsight.backends.llamacpp.quantized import QUANTIZED_GGUF_MODELS, ensure_quantized_gguf
+    from refsight.builtin_models.gguf import GGUF_MODELS, ensure_gguf
+    from refsight.builtin_models.gguf_quantized import QUANTIZED_GGUF_MODELS, ensure_quantized_gguf
 
     if model in QUANTIZED_GGUF_MODELS:
         return ensure_quantized_gguf(model)

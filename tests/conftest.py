@@ -55,7 +55,7 @@ _tiny_loaded: dict[tuple, Any] = {}
 @pytest.fixture(scope="session")
 def load(model_cache) -> Callable[..., Any]:
     """``load(name, **options)`` -> the tiny backend ``name``, built and loaded once per session."""
-    from refsight.backends.tiny import load_tiny
+    from refsight.backends.builtin import load_tiny
 
     def tiny(name: str, **options: Any) -> Any:
         # Options may hold mappings (processor_kwargs): key by their JSON text.

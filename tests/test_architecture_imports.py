@@ -9,8 +9,9 @@ from collections.abc import Iterator
 
 from architecture_helpers import IMPORTS, MODULES, report, under
 
-#: Packages that may import a model runtime (torch, transformers).
-RUNTIME_OWNERS = ("refsight.backends", "refsight.embedders")
+#: Packages that may import a model runtime (torch, transformers): the backends and embedders that run
+#: models, and the built-in models' builders that make them.
+RUNTIME_OWNERS = ("refsight.backends", "refsight.embedders", "refsight.builtin_models")
 RUNTIMES = ("torch", "transformers")
 #: Modules outside RUNTIME_OWNERS allowed to import a runtime, each with the reason.
 RUNTIME_EXCEPTIONS = {
@@ -21,10 +22,13 @@ RUNTIME_EXCEPTIONS = {
     # torch tensors. It sits outside backends/ so the store's quota can read its index module.
     "refsight.vllm_connector.refsight_ec_connector": "runs inside vLLM, whose encoder outputs are torch tensors",
 }
-#: What cli.py and server/ may import: the public API ...
+#: What cli.py and server/ may import: the public API (``refsight`` and the public modules where the names it
+#: does not re-export live: image intake, a reference id's and a ``where`` filter's checks, the model registry and
+#: family table) ...
 PUBLIC_API = (
     "refsight", "refsight.errors", "refsight.results", "refsight.environment", "refsight.report", "refsight.settings",
-    "refsight.requests", "refsight.extras",
+    "refsight.requests", "refsight.extras", "refsight.images", "refsight.store.base", "refsight.retrieval.vectors",
+    "refsight.backends.registry", "refsight.backends.family_table",
 )
 #: ... the hostile-input primitives every front end applies (refsight/inputs/) ...
 FRONT_END_TOOLS = ("refsight.inputs",)
@@ -53,7 +57,19 @@ def test_only_backends_and_embedders_import_torch_or_transformers():
         and not under(i.module, *RUNTIME_OWNERS)
         and i.module not in RUNTIME_EXCEPTIONS
     ]
-    assert not violations, report(violations, "only backends/ and embedders/ import torch or transformers")
+    assert not violations, report(violations, "only backends/, embedders/ and builtin_models/ import torch or transformers")
+
+
+#: The backends' one way into the built-in models' builders (which never import the backends: FLOORS).
+BUILTIN_SEAM = "refsight.backends.builtin"
+
+
+def test_the_backends_reach_the_builtin_models_through_one_seam():
+    violations = [
+        i for i in IMPORTS
+        if under(i.module, "refsight.backends") and under(i.target, "refsight.builtin_models") and i.module != BUILTIN_SEAM
+    ]
+    assert not violations, report(violations, f"backends/ reach builtin_models/ only through {BUILTIN_SEAM}")
 
 
 def test_retrieval_and_judge_never_import_the_engine():

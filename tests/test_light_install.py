@@ -73,7 +73,7 @@ def test_constrained_json_runs_without_xgrammar_or_triton(model_cache):
     code = _BLOCKER.format(blocked=("xgrammar", "triton")) + """
 import json
 from refsight.backends.base import GenerationRequest
-from refsight.backends.tiny import load_tiny
+from refsight.backends.builtin import load_tiny
 
 backend = load_tiny("tiny-qwen2-vl")
 schema = {"type": "object", "properties": {"verdict": {"enum": ["yes", "no"]}, "why": {"type": "string", "maxLength": 4}},

@@ -45,10 +45,11 @@ def test_star_import_gives_exactly_all():
 
 
 def test_top_level_reexports_are_the_same_objects():
-    from refsight import images, package
+    from refsight import images
+    from refsight.backends import sampling
 
-    assert refsight.load_image is images.load_image
-    assert refsight.EncoderFingerprint is package.EncoderFingerprint
+    assert refsight.ImageInput is images.ImageInput
+    assert refsight.Sampling is sampling.Sampling
     assert refsight.ImageError is errors.ImageError
 
 

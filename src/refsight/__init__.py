@@ -1,24 +1,26 @@
 """refsight: compare new images against fixed references with a VLM, encoding each reference once.
 
 The public API is small: :class:`Engine` ties the store, the model backend, retrieval
-and the judge together; :func:`open_store` opens a store directly; the core types, the
-request and result types and the error tree are re-exported here, with the rules a caller
-may check ahead (reference ids, ``where`` filters, JSON depth). The hostile-input primitives
-every front end applies live in :mod:`refsight.inputs`. Importing refsight imports no torch.
+and the judge together; :func:`open_store` opens a store directly; the typed requests, the
+prompt pieces a chat takes (:class:`ImageInput`, :class:`ReferenceSegment`, :class:`Sampling`),
+the results and the error tree are re-exported here. The rest lives in its own public module:
+image intake in :mod:`refsight.images`, the package type in :mod:`refsight.package`, the
+backends' options and the model registry in :mod:`refsight.backends.options` and
+:mod:`refsight.backends.registry`, the rules a caller may check ahead in their owners
+(:func:`refsight.store.base.validate_ref_id`, :func:`refsight.retrieval.vectors.validate_where`,
+:data:`refsight.inputs.jsonlimits.MAX_JSON_DEPTH`); the hostile-input primitives every front end
+applies in :mod:`refsight.inputs`. Importing refsight imports no torch.
 """
 
 from .errors import *  # noqa: F401,F403  (the error tree is part of the public API)
 from .errors import __all__ as _error_names
-from .images import ImageInput, IntakeLimits, load_image
-from .inputs.jsonlimits import MAX_JSON_DEPTH
-from .package import EncoderFingerprint, VisualPackage, package_key
+from .images import ImageInput
 from .results import (
     AddFailure,
     AddResult,
     CompareResult,
     GenerateResult,
     IndexReport,
-    PackageState,
     SearchHit,
     SearchResult,
     StoreStats,
@@ -36,18 +38,6 @@ def __getattr__(name: str):
         from .references import ReferenceSegment
 
         return ReferenceSegment
-    if name == "available_models":
-        from .backends.registry import available_models
-
-        return available_models
-    if name in ("family_rows", "FAMILY_RUNTIMES"):
-        from .backends.family_table import RUNTIMES, family_rows
-
-        return family_rows if name == "family_rows" else RUNTIMES
-    if name == "BackendOptions":
-        from .backends.options import BackendOptions
-
-        return BackendOptions
     if name == "Sampling":
         from .backends.sampling import Sampling
 
@@ -60,31 +50,19 @@ def __getattr__(name: str):
         from .store import open_store
 
         return open_store
-    if name == "validate_ref_id":
-        from .store.base import validate_ref_id
-
-        return validate_ref_id
-    if name in ("validate_where", "MAX_WHERE_KEYS"):
-        from .retrieval import vectors
-
-        return getattr(vectors, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
     "Engine",
-    "ReferenceSegment",
-    "PackageState",
-    "BackendOptions",
-    "Sampling",
+    "open_store",
     "CompareRequest",
     "ChatRequest",
     "SearchRequest",
     "AddRequest",
-    "available_models",
-    "family_rows",
-    "FAMILY_RUNTIMES",
-    "open_store",
+    "ImageInput",
+    "ReferenceSegment",
+    "Sampling",
     "AddResult",
     "AddFailure",
     "CompareResult",
@@ -94,16 +72,6 @@ __all__ = [
     "SearchResult",
     "StoreStats",
     "VerifyReport",
-    "ImageInput",
-    "IntakeLimits",
-    "load_image",
-    "EncoderFingerprint",
-    "VisualPackage",
-    "package_key",
-    "validate_ref_id",
-    "validate_where",
-    "MAX_WHERE_KEYS",
-    "MAX_JSON_DEPTH",
     "__version__",
     *_error_names,
 ]

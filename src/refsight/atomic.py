@@ -3,7 +3,7 @@
 Used by the retrieval index, the checkpoint-hash memo and anything else that rewrites a file in
 place. (The store's package files have their own staged write, :mod:`refsight.store._files`,
 which also checksums and fsyncs the directory; built models are whole directories renamed into
-place, :func:`refsight.backends.tiny.build_into_cache`.)
+place, :func:`refsight.builtin_models.checkpoints.build_into_cache`.)
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ REAL_DEMO_MODEL = "hf:HuggingFaceTB/SmolVLM-256M-Instruct"
 #: The offline random-weight model used otherwise: SmolVLM-256M's real-size vision tower (random
 #: weights), so encoding costs what it costs with the real model and the cache's win shows in the
 #: wall times; its language model is one layer and its vocabulary 4096 tokens (a verdict is a few dozen decode
-#: steps, not ~220 byte-sized ones: :mod:`refsight.backends.hf.shape_vocab`), so the demo stays quick on a laptop's CPU.
+#: steps, not ~220 byte-sized ones: :mod:`refsight.builtin_models.shape_vocab`), so the demo stays quick on a laptop's CPU.
 FALLBACK_DEMO_MODEL = "shape-smolvlm-256m"
 #: One 512×512 tile per image (SmolVLM-256M's tile size): a few seconds an encode on 2 CPU cores.
 FALLBACK_MAX_PIXELS = 512 * 512
@@ -149,7 +149,8 @@ def run_demo(
     commands use, so its photos never mix with the user's references); they stay there to be
     browsed, and a second run finds them all cached.
     """
-    from . import BackendOptions, Engine
+    from . import Engine
+    from .backends.options import BackendOptions
     from .environment import demo_store_dir
     from .samples import sample_paths
 

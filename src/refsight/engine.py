@@ -68,6 +68,17 @@ __all__ = ["Engine", "PackageState", "ReferenceSegment"]
 _DEFAULT_LIMITS = IntakeLimits()
 
 
+def _generate(backend: Any, request: GenerationRequest, on_text: Any, stop_event: Any, on_prompt: Any) -> Any:
+    """The backend's generation of one request: streamed (with ``on_prompt`` when given) or whole."""
+    if on_text is not None:
+        progress = {} if on_prompt is None else {"on_prompt": on_prompt}  # a plugin's generate_stream may not take it
+        return backend.generate_stream(request, on_text=on_text, stop_event=stop_event, **progress)
+    # Not streamed: still stopped between decode steps when the caller leaves. (Only then is the
+    # keyword passed: a plugin backend that overrides generate() may not take it.)
+    watched = {} if stop_event is None else {"stop_event": stop_event}
+    return backend.generate([request], **watched)[0]
+
+
 class Engine:
     """Store + backend + retrieval + judge behind one object.
 
@@ -255,13 +266,14 @@ class Engine:
     @holding_packages
     def chat(
         self, request: ChatRequest | Sequence[str | ReferenceSegment | ImageSource], /, *,
-        on_text: Callable[[str], None] | None = None, stop_event: threading.Event | None = None, **options: Any,
+        on_text: Callable[[str], None] | None = None, stop_event: threading.Event | None = None,
+        on_prompt: Callable[[int, int, int], None] | None = None, **options: Any,
     ) -> GenerateResult:
         """Generate from segments in order: text (``str``), :class:`ReferenceSegment`, or an image.
 
         ``request`` is a :class:`~refsight.requests.ChatRequest`, or the segments with the request's
         fields as keywords: ``max_new_tokens`` (64), ``json_schema``, ``sampling``, ``turns``,
-        ``raw_prompt``, ``max_prompt_tokens``, ``use_cache``, ``prefix_states``, ``model``, ``namespace``.
+        ``raw_prompt``, ``max_prompt_tokens``, ``use_cache``, ``prefix_states``, ``model``, ``namespace``, ``prompt_end``.
 
         References come from their durable packages, other images through the package cache under the
         engine's ``remember_images`` policy (:mod:`refsight.remembered`: candidates in memory only, or
@@ -275,6 +287,8 @@ class Engine:
         segments are the whole prompt, no chat template added (:mod:`refsight.backends.text_access`).
         A prompt whose text and image tokens exceed ``max_prompt_tokens`` or the backend's context is a
         :class:`~refsight.errors.ContextLengthError` before the language model runs (:mod:`refsight.prompt_size`).
+        ``on_prompt(total, cached, processed)``, with ``on_text``, hears of the prompt's tokens as their evaluation
+        starts and ends (a backend with ``supports_prompt_progress``; any other refuses it by name).
         """
         chat = ChatRequest.of(request, options)
         context = self.context(chat.namespace, chat.model, use_cache=chat.use_cache, prefix_states=chat.prefix_states)
@@ -283,6 +297,8 @@ class Engine:
                 self.book.get(segment.ref_id, namespace=context.namespace)
         backend = context.backend
         check_supported(chat.sampling, backend.sampling_fields, backend.name)
+        if on_prompt is not None and not (on_text is not None and backend.supports_prompt_progress):
+            raise InvalidInputError("on_prompt", f"{backend.name} does not report a prompt's evaluation (streamed only)")
         segments, turns = plan_turns(list(chat.segments), chat.turns, backend.supports_turns)
         budget = PromptBudget(backend, chat.max_prompt_tokens, chat.raw_prompt)
         budget.check(segments)  # before encoding: new images by size
@@ -295,14 +311,9 @@ class Engine:
             sampling=chat.sampling, turns=turns, prefix_segments=resolved.prefix_segments,
             # A raw prompt has no template prefix to key a state by: it is evaluated whole.
             prefix_cache=None if chat.raw_prompt else self.prefixes.for_request(context), raw_prompt=chat.raw_prompt,
+            prompt_end=chat.prompt_end,
         )
-        if on_text is not None:
-            generation = backend.generate_stream(request, on_text=on_text, stop_event=stop_event)
-        else:
-            # Not streamed: still stopped between decode steps when the caller leaves. (Only then is the
-            # keyword passed: a plugin backend that overrides generate() may not take it.)
-            watched = {} if stop_event is None else {"stop_event": stop_event}
-            generation = backend.generate([request], **watched)[0]
+        generation = _generate(backend, request, on_text, stop_event, on_prompt)
         timings = {k: round(v, 3) for k, v in generation.timings_ms.items()}
         timings["encode"] = round(timings.get("encode", 0.0) + resolved.encode_ms, 3)
         timings["reference_load"] = round(load_ms, 3)

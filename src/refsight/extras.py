@@ -19,7 +19,10 @@ from importlib import metadata
 from types import ModuleType
 from urllib.parse import unquote, urlparse
 
-__all__ = ["install_command", "require"]
+__all__ = ["LLAMA_CPP_PYTHON_VERSION", "install_command", "require"]
+
+#: The llama-cpp-python release the ``llamacpp`` extra pins, whose runtime and converter refsight is tested with.
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 
 _DISTRIBUTION = "refsight"
 

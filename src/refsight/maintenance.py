@@ -194,14 +194,7 @@ class Maintenance:
             if not isinstance(digest, str) or len(digest) != 64 or digest.strip("0123456789abcdef"):
                 raise InvalidInputError(f"fingerprint {digest!r}", "a fingerprint digest is 64 lowercase hex characters")
         for model in models:
-            found = [u.fingerprint_digest for u in usage if model in (u.model_id, u.backend)]
-            if not found:
-                from .backends.registry import available_models
-
-                if model in available_models():
-                    model_id = backend(model).fingerprint().model_id
-                    found = [u.fingerprint_digest for u in usage if u.model_id == model_id]
-            digests += found
+            digests += _model_digests(model, usage, backend)
         if not digests:
             if fingerprints or models:  # named, but nothing in the store: an empty report, not an error
                 return PruneReport(fingerprints=[], packages=0, bytes=0, links=0, dry_run=dry_run)
@@ -231,6 +224,20 @@ class Maintenance:
     def gc(self, **options: Any) -> dict[str, int]:
         """Remove what interrupted writes left (see :meth:`refsight.store.Store.gc`); counts by kind."""
         return self.store.gc(**options)
+
+
+def _model_digests(model: str, usage: Sequence[Any], backend: Callable[[str], Backend]) -> list[str]:
+    """The fingerprint digests of ``model`` in the store: by model id or backend name, else (a registered
+    model) by the model id of its loaded fingerprint."""
+    found = [u.fingerprint_digest for u in usage if model in (u.model_id, u.backend)]
+    if found:
+        return found
+    from .backends.registry import available_models
+
+    if model not in available_models():
+        return []
+    model_id = backend(model).fingerprint().model_id
+    return [u.fingerprint_digest for u in usage if u.model_id == model_id]
 
 
 _MODEL_COUNTER = re.compile(re.escape(MODEL_COUNTER_PREFIX) + r"([0-9a-f]{16})_(hits|encode_ms|load_ms)")

@@ -91,6 +91,13 @@ class EncoderFingerprint:
         """A plain dict, suitable for JSON."""
         return json.loads(self._json)
 
+    def difference(self, other: "EncoderFingerprint") -> list[str]:
+        """The fields in which ``other`` differs from this one (``preprocessing.KEY`` for each differing setting)."""
+        a, b = self.to_dict(), other.to_dict()
+        fields_ = [k for k in b if k != "preprocessing" and a.get(k) != b[k]]
+        pre_a, pre_b = a.get("preprocessing") or {}, b.get("preprocessing") or {}
+        return fields_ + [f"preprocessing.{k}" for k in sorted(set(pre_a) | set(pre_b)) if pre_a.get(k) != pre_b.get(k)]
+
     def _plain(self) -> dict[str, Any]:
         return {
             "backend": self.backend,

@@ -40,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from typing import Any, TypeVar, Union
@@ -174,32 +174,37 @@ class PackageCache:
         a :meth:`request` scope so that the quota cannot take a package before its link exists.
         """
         keys = [context.package_key(image.sha256) for image in images]
-        found: dict[str, CachedPackage] = {}
-        for key in dict.fromkeys(keys):
-            hit = self._durable_hit(key)
-            if hit is not None:
-                found[key] = hit
+        found = self._durable_hits(dict.fromkeys(keys))
         missing = {key: image for key, image in zip(keys, images) if key not in found}
         if missing:
-            with ExitStack() as held:
-                # Sorted, so two batches that share keys never wait on each other in a cycle.
-                for key in sorted(missing):
-                    held.enter_context(PACKAGE_LOCKS.hold(key))
-                for key in sorted(missing):  # then across replicas, in the same order
-                    held.enter_context(self.store.lease(key))
-                for key in list(missing):
-                    hit = self._durable_hit(key)
-                    if hit is not None:
-                        found[key] = hit
-                        del missing[key]
-                if missing:
-                    encoded = self._encode(context.backend, list(missing.values()), context.scope)
-                    for key, package in zip(missing, encoded):
-                        self._write(package, quota=False)
-                        found[key] = CachedPackage(package, cached=False)
-                    # Once for the batch; the caller's request() scope keeps them pinned until linked.
-                    self.store.enforce_quota(protect=tuple(keys))
+            found.update(self._encode_missing(context, missing, keys))
         return [found[key] for key in keys]
+
+    def _durable_hits(self, keys: Iterable[str]) -> dict[str, CachedPackage]:
+        """The packages of ``keys`` the durable tier has, by key."""
+        return {key: hit for key in keys if (hit := self._durable_hit(key)) is not None}
+
+    def _encode_missing(
+        self, context: RequestContext, missing: dict[str, ImageInput], keys: list[str]
+    ) -> dict[str, CachedPackage]:
+        """Under the keys' locks (this process's, then across replicas): what another writer stored while we
+        waited, and the rest encoded in one batch and written; ``keys`` (the whole batch) stay out of the quota."""
+        with ExitStack() as held:
+            # Sorted, so two batches that share keys never wait on each other in a cycle.
+            for key in sorted(missing):
+                held.enter_context(PACKAGE_LOCKS.hold(key))
+            for key in sorted(missing):  # then across replicas, in the same order
+                held.enter_context(self.store.lease(key))
+            found = self._durable_hits(missing)
+            todo = {key: image for key, image in missing.items() if key not in found}
+            if todo:
+                encoded = self._encode(context.backend, list(todo.values()), context.scope)
+                for key, package in zip(todo, encoded):
+                    self._write(package, quota=False)
+                    found[key] = CachedPackage(package, cached=False)
+                # Once for the batch; the caller's request() scope keeps them pinned until linked.
+                self.store.enforce_quota(protect=tuple(keys))
+            return found
 
     def stored(self, key: str) -> StoredPackage | None:
         """The package of ``key`` when the durable tier has it and it passes every check of a read, its tensors

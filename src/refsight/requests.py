@@ -30,6 +30,7 @@ from typing import Any
 
 from .backends.sampling import RANGES as SAMPLING_RANGES
 from .backends.schema import check_json_schema
+from .backends.turns import check_prompt_end
 from .backends.sampling import Sampling
 from .errors import InvalidInputError
 from .inputs.text import check_text, check_texts
@@ -151,8 +152,9 @@ class ChatRequest:
     image; ``turns`` splits them into chat turns (``(role, count)``); ``raw_prompt``: the segments
     are the whole prompt, no chat template added. ``sampling`` (default greedy) is a
     :class:`Sampling`; ``json_schema`` constrains the answer; ``max_prompt_tokens`` bounds the
-    prompt (text and image tokens). ``use_cache`` / ``prefix_states``, ``model`` and ``namespace``
-    become the request context at the engine's front door.
+    prompt (text and image tokens); ``prompt_end`` how the chat prompt ends after its turns
+    (:data:`~refsight.backends.turns.PROMPT_ENDS`: ``continue`` continues a final assistant turn). ``use_cache`` /
+    ``prefix_states``, ``model`` and ``namespace`` become the request context at the engine's front door.
     """
 
     segments: Sequence[Any]
@@ -166,8 +168,10 @@ class ChatRequest:
     prefix_states: bool = True
     model: str | None = None
     namespace: str | None = None
+    prompt_end: str = "generation_prompt"
 
     def __post_init__(self) -> None:
+        check_prompt_end(self.prompt_end, self.raw_prompt)
         # Every text a prompt carries must be valid Unicode (a backend request encodes it, and so would a log).
         segments = list(self.segments)
         for i, segment in enumerate(segments):

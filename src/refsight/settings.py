@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .backends.options import OPTION_HELP, BackendOptions, parse_key_values
+from .backends.chat_templates import BUILTIN_TEMPLATES, builtin_template
 from .environment import default_store_dir
 from .errors import InvalidInputError
 from .inputs.jsonlimits import MAX_JSON_DEPTH, json_depth
@@ -47,7 +48,7 @@ from .threads import apply_threads, available_cores, thread_budget, torch_thread
 # The options themselves are defined beside the backends that take them; front ends (CLI,
 # server) reach them here, with the config file, as one public module.
 __all__ = [
-    "CONFIG_NAME", "Settings", "StoreSettings", "load_settings", "open_configured_store", "BackendOptions", "OPTION_HELP",
+    "CONFIG_NAME", "BUILTIN_TEMPLATES", "builtin_template", "Settings", "StoreSettings", "load_settings", "open_configured_store", "BackendOptions", "OPTION_HELP",
     "parse_key_values", "parse_bytes", "REMEMBER_IMAGES", "apply_threads", "available_cores", "thread_budget", "torch_threads",
 ]
 

@@ -1,6 +1,6 @@
 """Names shared by the backend tests (a uniquely named module: see tests/image_corpus.py)."""
 
-from refsight.backends.tiny_families import FAMILY_SPECS
+from refsight.builtin_models.family_checkpoints import FAMILY_SPECS
 
 #: The tiny checkpoints of the families with a module of their own (Qwen, SmolVLM).
 TINY_FAMILIES = ("tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl", "tiny-smolvlm")
@@ -13,7 +13,8 @@ ALL_FAMILIES = TINY_FAMILIES + GENERIC_FAMILIES
 def vision_tower(backend):
     """The module that runs the vision encoder of a transformers backend (whatever the family calls it)."""
     inner = backend.model.model
-    for name in ("visual", "vision_model", "vision_tower", "image_tower", "vision_encoder"):
+    # embed_vision: the encoder-free Gemma 4's patch embedding, its whole "tower".
+    for name in ("visual", "vision_model", "vision_tower", "image_tower", "vision_encoder", "embed_vision"):
         tower = getattr(inner, name, None)
         if tower is not None:
             return tower

@@ -135,7 +135,8 @@ def test_smolvlm_max_pixels_maps_to_whole_tiles(load, photos):
 
 def test_refusals_name_the_option():
     from refsight.backends.hf import load_hf_backend
-    from refsight.backends.tiny import ensure_model_dir, load_tiny
+    from refsight.backends.builtin import load_tiny
+    from refsight.builtin_models.checkpoints import ensure_model_dir
 
     for option in ("mmproj", "encoder"):
         with pytest.raises(InvalidInputError, match=f"^{option}: .*(llama.cpp|vLLM)"):
@@ -171,7 +172,7 @@ def test_processor_kwarg_json_text_from_the_cli_is_decoded(load):
 
 def test_moved_hub_revision_is_a_miss(tmp_path):
     """A fake offline hub cache whose ``main`` moves from commit A to commit B."""
-    from refsight.backends.tiny import ensure_model_dir
+    from refsight.builtin_models.checkpoints import ensure_model_dir
 
     repo = tmp_path / "hub" / "models--refsight--tiny-qwen2-vl"
     a, b = "a" * 40, "b" * 40
@@ -238,7 +239,7 @@ def _memo_probe(directory: Path, cache: Path) -> dict:
 
 def test_weight_hash_memo_serves_a_second_process_and_touching_invalidates(tmp_path):
     from refsight.backends.hf.revision import content_files
-    from refsight.backends.tiny import ensure_model_dir
+    from refsight.builtin_models.checkpoints import ensure_model_dir
 
     model = tmp_path / "model"
     shutil.copytree(ensure_model_dir("tiny-qwen2-vl"), model)
@@ -258,7 +259,7 @@ def test_weight_hash_memo_serves_a_second_process_and_touching_invalidates(tmp_p
 
 def test_a_redis_url_in_refsight_redis_never_becomes_the_hash_memo_directory(tmp_path):
     """``$REFSIGHT_REDIS`` is the Redis tier's URL: hashing a checkpoint must not write under ``redis:/...``."""
-    from refsight.backends.tiny import ensure_model_dir
+    from refsight.builtin_models.checkpoints import ensure_model_dir
 
     model = tmp_path / "model"
     shutil.copytree(ensure_model_dir("tiny-qwen2-vl"), model)
@@ -278,7 +279,7 @@ def test_a_redis_url_in_refsight_redis_never_becomes_the_hash_memo_directory(tmp
 
 def test_config_and_processor_files_are_part_of_the_local_revision(tmp_path):
     from refsight.backends.hf.revision import directory_revision
-    from refsight.backends.tiny import ensure_model_dir
+    from refsight.builtin_models.checkpoints import ensure_model_dir
 
     model = tmp_path / "model"
     shutil.copytree(ensure_model_dir("tiny-qwen2-vl"), model)
@@ -334,7 +335,8 @@ import json, resource, sys
 import numpy as np
 from PIL import Image
 from refsight.backends.hf import load_hf_backend
-from refsight.backends.tiny import ensure_model_dir, load_tiny
+from refsight.backends.builtin import load_tiny
+from refsight.builtin_models.checkpoints import ensure_model_dir
 from refsight.errors import BackendError, ModelLoadError
 from refsight.images import load_image
 from refsight.store import open_store

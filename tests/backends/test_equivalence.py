@@ -50,7 +50,7 @@ def pixel_path(backend, name: str, photos, n_refs: int):
     """The plain transformers pixel path for layout(n_refs), independent of refsight's prompt code."""
     from transformers import AutoTokenizer
 
-    from refsight.backends.tiny import ensure_model_dir
+    from refsight.builtin_models.checkpoints import ensure_model_dir
 
     directory = ensure_model_dir(name)
     tokenizer = AutoTokenizer.from_pretrained(directory)

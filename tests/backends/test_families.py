@@ -43,8 +43,8 @@ def _processor(name: str):
     from refsight.backends.hf.families import family_classes, processor_class
     from refsight.backends.hf.generic import GenericBackend
     from refsight.backends.hf.processor import image_only_processor
-    from refsight.backends.tiny import ensure_model_dir
-    from refsight.backends.tiny_families import FAMILY_SPECS
+    from refsight.builtin_models.checkpoints import ensure_model_dir
+    from refsight.builtin_models.family_checkpoints import FAMILY_SPECS
 
     directory = str(ensure_model_dir(name))
     classes = family_classes(FAMILY_SPECS[name].model_type)

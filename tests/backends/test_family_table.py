@@ -20,7 +20,7 @@ def test_every_proof_names_a_registered_built_in_and_a_test_that_runs_it():
         test = ROOT / proof.test
         assert test.is_file(), proof
         # The test's folder names the built-in (its tests, conftest or model lists), or the test runs every
-        # generic family (the tiny_families recipes).
+        # generic family (the family_checkpoints recipes).
         folder = "".join(f.read_text() for f in test.parent.glob("*.py"))
         assert proof.model in folder or "GENERIC_FAMILIES" in test.read_text(), proof
 
@@ -47,8 +47,8 @@ def test_the_generic_families_load_and_encode_without_torchvision(model_cache):
     # A fresh process: load every generic built-in, encode one image each; torchvision is never imported.
     code = (
         "import sys\n"
-        "from refsight.backends.tiny import load_tiny\n"
-        "from refsight.backends.tiny_families import FAMILY_SPECS\n"
+        "from refsight.backends.builtin import load_tiny\n"
+        "from refsight.builtin_models.family_checkpoints import FAMILY_SPECS\n"
         "from refsight.images import load_image\n"
         "from refsight.samples import load_sample\n"
         "image = load_image(load_sample('chelsea', (64, 48)))\n"

@@ -121,7 +121,7 @@ def test_key_changes_with_smolvlm_tile_size(load, photos):
 
 def test_key_follows_weight_content_not_path(load, photos, tmp_path):
     from refsight.backends.hf import load_hf_backend
-    from refsight.backends.tiny import ensure_model_dir
+    from refsight.builtin_models.checkpoints import ensure_model_dir
 
     source = ensure_model_dir("tiny-qwen2-vl")
     same, changed = tmp_path / "same", tmp_path / "changed"
@@ -243,7 +243,7 @@ def test_unknown_and_unsupported_model_types_are_clear_load_errors(tmp_path):
 
 def test_missing_weights_are_a_clear_load_error(tmp_path):
     from refsight.backends.hf import load_hf_backend
-    from refsight.backends.tiny import ensure_model_dir
+    from refsight.builtin_models.checkpoints import ensure_model_dir
 
     broken = tmp_path / "broken"
     shutil.copytree(ensure_model_dir("tiny-smolvlm"), broken)
@@ -271,7 +271,7 @@ def test_hub_id_offline_is_a_clear_load_error(tmp_path):
 
 
 def test_unknown_load_option_is_refused():
-    from refsight.backends.tiny import load_tiny
+    from refsight.backends.builtin import load_tiny
 
     with pytest.raises(InvalidInputError, match="tile_size"):
         load_tiny("tiny-qwen2-vl", tile_size=32)

@@ -49,7 +49,7 @@ def _unknown_type_folder(root: Path, marker: Path) -> Path:
 
 def _known_type_folder(root: Path, marker: Path) -> Path:
     """The tiny Qwen2-VL checkpoint (real weights) whose config adds an auto_map to custom classes."""
-    from refsight.backends.tiny import ensure_model_dir
+    from refsight.builtin_models.checkpoints import ensure_model_dir
 
     folder = root / "qwen2-vl-custom"
     shutil.copytree(ensure_model_dir("tiny-qwen2-vl"), folder)
@@ -95,7 +95,7 @@ def test_an_auto_map_transformers_reads_runs_no_code(tmp_path, model_cache, cons
     # An auto_map refsight does not read itself (the tokenizer's) reaches transformers, which with
     # trust_remote_code=False never imports the class: the model loads on transformers' own classes.
     from refsight.backends.hf import load_hf_backend
-    from refsight.backends.tiny import ensure_model_dir
+    from refsight.builtin_models.checkpoints import ensure_model_dir
 
     marker = tmp_path / "ran.txt"
     folder = tmp_path / "qwen2-vl-custom-tokenizer"
@@ -124,7 +124,7 @@ def test_the_vllm_server_is_never_started_trusting_remote_code():
 
 
 def _tiny_copy(tmp_path: Path, edit) -> Path:
-    from refsight.backends.tiny import ensure_model_dir
+    from refsight.builtin_models.checkpoints import ensure_model_dir
 
     folder = tmp_path / "edited"
     shutil.copytree(ensure_model_dir("tiny-qwen2-vl"), folder)
@@ -184,7 +184,7 @@ def test_a_deep_tokenizer_config_is_one_line_naming_the_file(tmp_path, model_cac
 def test_the_tiny_checkpoints_pass_the_config_checks(model_cache):
     # The bounds are far from any real model's: every built-in checkpoint (real shapes too) passes.
     from refsight.backends.hf.model_source import check_config
-    from refsight.backends.tiny import ensure_model_dir
+    from refsight.builtin_models.checkpoints import ensure_model_dir
 
     for name in ("tiny-qwen2-vl", "tiny-smolvlm", "tiny-qwen3-vl"):
         assert check_config(name, str(ensure_model_dir(name)))["model_type"]

@@ -104,7 +104,7 @@ def from_disk(load, photos, tmp_path_factory):
 #: Families whose template moves a turn's images before its text (LLaVA's, PaliGemma's processor): the
 #: references are no head of the prompt, so there is no prefix to keep. Every other family keeps prefix
 #: states: sliding windows (Gemma 3, Cohere 2's Aya Vision), Gated DeltaNet layers (Qwen3.5, Qwen3.5-MoE,
-#: MiniCPM-V 4.6's language model) and KV-shared layers (Gemma 4) included.
+#: MiniCPM-V 4.6's language model) and KV-shared layers (Gemma 4, the encoder-free gemma4_unified) included.
 IMAGES_FIRST = ("tiny-llava", "tiny-llava-next", "tiny-llava-onevision", "tiny-paligemma", "tiny-vipllava", "tiny-video-llava",
                 "tiny-llava-next-video")
 #: Families with a language-model layer whose state prefix_cache cannot keep (LFM3's short convolutions):
@@ -115,6 +115,7 @@ NO_PREFIX = IMAGES_FIRST + UNKEPT
 HYBRID_KINDS = {
     "tiny-qwen3.5": ["linear", "linear", "linear", "full"],
     "tiny-gemma4": ["sliding", "full", "shared", "shared"],
+    "tiny-gemma4-unified": ["sliding", "full", "shared", "shared"],
 }
 PREFIX_FAMILIES = tuple(name for name in TINY_FAMILIES if name not in NO_PREFIX)
 
@@ -171,7 +172,7 @@ def _narrow_window(model_cache, tmp_path, name: str, window: int):
     import shutil
 
     from refsight.backends.hf import load_hf_backend
-    from refsight.backends.tiny import ensure_model_dir
+    from refsight.builtin_models.checkpoints import ensure_model_dir
 
     directory = tmp_path / f"{name}-window-{window}"
     shutil.copytree(ensure_model_dir(name), directory)

@@ -9,9 +9,9 @@ import json
 import pytest
 import torch
 
-from refsight.backends import tiny
-from refsight.backends.hf.shape_vocab import Vocabulary, shape_vocabulary
-from refsight.backends.hf.tokenizer import smolvlm_special_tokens, train_tokenizer
+from refsight.builtin_models import checkpoints
+from refsight.builtin_models.shape_vocab import Vocabulary, shape_vocabulary
+from refsight.builtin_models.tokenizer import smolvlm_special_tokens, train_tokenizer
 from refsight.demo import DEMO_EVIDENCE_CHARS, DEMO_RUBRIC
 from refsight.judge.criteria import parse_rubric
 from refsight.judge.verdict import verdict_schema
@@ -77,20 +77,20 @@ def test_the_shape_build_id_hashes_the_vocabulary_and_tiny_ids_hash_their_fields
     import transformers
 
     name = "shape-smolvlm-256m"
-    before = tiny._build_id(name)
-    spec = tiny.TINY_MODELS[name]
+    before = checkpoints._build_id(name)
+    spec = checkpoints.TINY_MODELS[name]
     other = dataclasses.replace(spec.vocabulary, corpus=spec.vocabulary.corpus + "\nmore words")
-    monkeypatch.setitem(tiny.TINY_MODELS, name, dataclasses.replace(spec, vocabulary=other))
-    assert tiny._build_id(name) != before  # a cached build of another corpus is rebuilt, not reused
+    monkeypatch.setitem(checkpoints.TINY_MODELS, name, dataclasses.replace(spec, vocabulary=other))
+    assert checkpoints._build_id(name) != before  # a cached build of another corpus is rebuilt, not reused
 
     # tiny-* models have no vocabulary: their ids hash exactly the fields they hashed before it existed,
     # plus the version of the processor files where refsight writes them (a finish hook writes its own).
-    for tiny_name, tiny_spec in tiny.TINY_MODELS.items():
+    for tiny_name, tiny_spec in checkpoints.TINY_MODELS.items():
         if tiny_name.startswith("tiny-"):
             assert tiny_spec.vocabulary is None
             fields = {k: v for k, v in tiny_spec.__dict__.items() if k not in ("finish", "save_dtype", "vocabulary") or v}
-            recipe = {"spec": fields, "seed": tiny.SEED, "build": tiny.BUILD_VERSION, "transformers": transformers.__version__}
+            recipe = {"spec": fields, "seed": checkpoints.SEED, "build": checkpoints.BUILD_VERSION, "transformers": transformers.__version__}
             if not tiny_spec.finish:
-                recipe["processor_files"] = tiny.PROCESSOR_FILES_VERSION
+                recipe["processor_files"] = checkpoints.PROCESSOR_FILES_VERSION
             text = json.dumps(recipe, sort_keys=True, default=str)
-            assert tiny._build_id(tiny_name) == hashlib.sha256(text.encode()).hexdigest()[:12]
+            assert checkpoints._build_id(tiny_name) == hashlib.sha256(text.encode()).hexdigest()[:12]

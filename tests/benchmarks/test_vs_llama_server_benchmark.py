@@ -47,7 +47,7 @@ def test_the_llama_server_cache_key_names_the_sdist_and_changes_with_the_flags(t
     monkeypatch.syspath_prepend(str(SCRIPT.parent))
     import llama_server
 
-    from refsight.backends.llamacpp.models import LLAMA_CPP_PYTHON_VERSION
+    from refsight.extras import LLAMA_CPP_PYTHON_VERSION
 
     monkeypatch.setenv("REFSIGHT_LLAMA_SERVER_CACHE", str(tmp_path))
     key = llama_server.build_key()
@@ -55,3 +55,26 @@ def test_the_llama_server_cache_key_names_the_sdist_and_changes_with_the_flags(t
     assert llama_server.find_llama_server() is None  # nothing built in an empty cache
     monkeypatch.setattr(llama_server, "CMAKE_FLAGS", (*llama_server.CMAKE_FLAGS, "-DGGML_NATIVE=OFF"))
     assert llama_server.build_key() != key
+
+
+SUITE = SCRIPT.parent / "llama_server_suite.py"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_llama_server_suite_runs_llama_cpps_own_tests_against_both_servers(model_cache, tmp_path):
+    # One small file of llama.cpp's tools/server/tests/unit, run unchanged against each server.
+    outcomes = tmp_path / "outcomes.json"
+    args = ["--files", "test_tokenize.py", "--timeout", "120", "--outcomes", str(outcomes)]
+    result = subprocess.run([sys.executable, str(SUITE), *args], capture_output=True, text=True, timeout=3500, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 1  # one JSON line, nothing else on stdout
+    line = json.loads(lines[0])
+    assert line["suite"] == "llama.cpp tools/server/tests/unit" and line["tests"] == 3
+    assert line["by_file"] == {"test_tokenize.py": {"tests": 3, "llama_server": line["llama_server_passed"],
+                                                    "refsight": line["refsight_passed"]}}
+    assert line["llama_server_passed"] >= 1  # the harness, the wrapper and the tiny GGUF work together
+    assert line["both"] + line["llama_server_only"] == line["llama_server_passed"]
+    rows = json.loads(outcomes.read_text())
+    assert len(rows) == 3 and all(row["llama_server"]["outcome"] in ("passed", "failed", "error", "skipped") for row in rows)

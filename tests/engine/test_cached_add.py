@@ -111,7 +111,7 @@ def test_a_cached_add_imports_neither_torch_nor_transformers(tmp_path):
 
 def test_changed_weights_make_the_next_add_miss(tmp_path):
     """A local checkpoint's weights rewritten: the record is not used, the model loads and encodes anew."""
-    from refsight.backends.tiny import ensure_model_dir
+    from refsight.builtin_models.checkpoints import ensure_model_dir
 
     checkpoint = tmp_path / "checkpoint"
     shutil.copytree(ensure_model_dir(MODEL), checkpoint)
@@ -130,7 +130,7 @@ def test_changed_weights_make_the_next_add_miss(tmp_path):
 
 def test_a_replaced_checkpoint_file_is_not_a_hit_either(tmp_path):
     """Replaced (a new inode, same bytes) or a file added beside the weights: the record is stale, never trusted."""
-    from refsight.backends.tiny import ensure_model_dir
+    from refsight.builtin_models.checkpoints import ensure_model_dir
 
     checkpoint = tmp_path / "checkpoint"
     shutil.copytree(ensure_model_dir(MODEL), checkpoint)

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageOps
 
-from refsight import Engine, load_image
+from refsight import Engine
+from refsight.images import load_image
 from refsight.samples import sample_paths
 
 pytestmark = pytest.mark.slow  # encodes real packages; one test kills a subprocess

@@ -46,7 +46,7 @@ class RefsightServe(llama_server.LlamaServer):
 
 def start_pair(store: Path, *, parallel: int, n_ctx: int, extra: Sequence[str] = ()):
     """(llama-server, refsight serve) started with the same flags; ``n_ctx`` per slot, ``-c`` = ``n_ctx * parallel``."""
-    from refsight.backends.llamacpp.models import ensure_gguf
+    from refsight.builtin_models.gguf import ensure_gguf
 
     model, mmproj = ensure_gguf(GGUF)
     binary = llama_server.ensure_llama_server()

@@ -57,7 +57,7 @@ def add_model(root: Path, name: str, tag: str, *, model: Path, projector: Path |
 def tiny_store(root: Path, gguf: str = "tiny-qwen2-vl-gguf", **params_and_system) -> tuple[Path, Path]:
     """A store at ``root`` holding ``tiny:latest`` (model + projector) and ``textonly:latest`` (no projector);
     returns the built-in's (model GGUF, mmproj GGUF)."""
-    from refsight.backends.llamacpp.models import ensure_gguf
+    from refsight.builtin_models.gguf import ensure_gguf
 
     model, mmproj = ensure_gguf(gguf)
     add_model(root, "tiny", "latest", model=model, projector=mmproj, **params_and_system)

@@ -77,6 +77,7 @@ def test_what_refsight_cannot_honour_is_refused_by_name_in_anthropics_shape(toy)
         _refused(post(tool_choice={"type": "any"}), "tool_choice")
         _refused(post(thinking={"type": "enabled", "budget_tokens": 1024}), "thinking")
         _refused(post(container="x"), "container")
+        _refused(post(messages=[*MESSAGES, {"role": "assistant", "content": "Hi"}]), "messages", "invalid_request_error")
         _refused(post(stop_sequences=["a", "b", "c", "d", "e"]), "stop_sequences")
         _refused(post(messages=[{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "1"}]}]),
                  "messages[0].content[0]")
@@ -90,7 +91,7 @@ def test_what_refsight_cannot_honour_is_refused_by_name_in_anthropics_shape(toy)
 def test_an_image_block_answers_as_the_chat_route_and_count_tokens_counts_the_prompt(tmp_path):
     require_module("llama_cpp.mtmd_cpp", "pip install 'refsight[llamacpp]'")
     anthropic = require_module("anthropic", "pip install anthropic")
-    from refsight.backends.llamacpp.models import ensure_gguf
+    from refsight.builtin_models.gguf import ensure_gguf
 
     ensure_gguf("tiny-qwen2-vl-gguf")  # built before the server starts, so start-up is only the load
     live = LiveServer(create_app(ServerConfig(store=tmp_path, model="tiny-qwen2-vl-gguf", keys={}))).start()
@@ -119,5 +120,11 @@ def test_an_image_block_answers_as_the_chat_route_and_count_tokens_counts_the_pr
         with client.messages.stream(model="m", max_tokens=6, messages=[{"role": "user", "content": blocks}],
                                     system="Be brief.") as stream:
             assert "".join(stream.text_stream) == message.content[0].text
+        # A final assistant message is Anthropic's prefill: continued as the chat route continues it (llama-server's).
+        prefill = [{"role": "user", "content": "What is this?"}, {"role": "assistant", "content": "It is"}]
+        continued = client.messages.create(model="m", max_tokens=6, messages=prefill)
+        chat = http_post(live, "/v1/chat/completions", {"max_tokens": 6, "messages": prefill})
+        assert continued.content[0].text == chat["choices"][0]["message"]["content"]
+        assert client.messages.count_tokens(model="m", messages=prefill).input_tokens == chat["usage"]["prompt_tokens"]
     finally:
         live.stop()

@@ -64,7 +64,7 @@ BODIES = [
 
 
 def test_grammar_bombs_are_400_naming_the_field_at_once_and_memory_stays(tmp_path):
-    from refsight.backends.llamacpp.models import ensure_gguf
+    from refsight.builtin_models.gguf import ensure_gguf
 
     ensure_gguf(MODEL)  # built once here, in the session's model cache the server inherits
     server = ServeProcess(tmp_path / "store", model=MODEL).wait_ready(timeout=300)

@@ -37,7 +37,7 @@ def _serve(store, model: str) -> LiveServer:
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory) -> LiveServer:
     require_module("llama_cpp")
-    from refsight.backends.llamacpp.models import ensure_gguf
+    from refsight.builtin_models.gguf import ensure_gguf
 
     ensure_gguf(GGUF)  # built before the server starts, so start-up is only the load
     live = _serve(tmp_path_factory.mktemp("llama-server-api"), GGUF)

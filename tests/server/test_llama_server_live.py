@@ -241,3 +241,44 @@ def test_one_slot_and_the_keyless_preflight(servers):
     assert theirs.status_code == ours.status_code == 200
     assert theirs.headers["access-control-allow-origin"] == "http://example.com"  # llama-server's default: any origin
     assert "access-control-allow-origin" not in ours.headers  # refsight: CORS is opt-in (docs/http.md)
+
+
+@_slow
+def test_the_assistant_prefill_and_prompt_progress_are_llama_servers(servers):
+    """Issue 51: a final assistant message (and continue_final_message with add_generation_prompt false) renders
+    the prompt llama-server renders and continues it with the same tokens (llama-server writes the prefill at the
+    head of its content, refsight only what was generated: docs/http.md); the two servers' refusals agree;
+    return_progress streams prompt_progress in llama-server's shapes with the same totals."""
+    prefilled = [*HI, {"role": "assistant", "content": "Well,"}]
+    for body in ({"messages": prefilled}, {"messages": prefilled, "continue_final_message": True,
+                                           "add_generation_prompt": False}, {"messages": HI, "add_generation_prompt": False}):
+        theirs, ours = (r.json() for r in both(servers, "POST", "/apply-template", json=body))
+        assert theirs == ours, body
+        chat = {**body, "max_tokens": 6, "temperature": 0}
+        theirs, ours = (r.json() for r in both(servers, "POST", "/v1/chat/completions", json=chat))
+        generated = ours["choices"][0]["message"]["content"]
+        assert theirs["choices"][0]["message"]["content"] in (generated, "Well," + generated), body
+        for key in ("prompt_tokens", "completion_tokens"):
+            assert theirs["usage"][key] == ours["usage"][key], (body, key)
+    for body in ({"messages": prefilled, "continue_final_message": True},
+                 {"messages": [*prefilled, {"role": "assistant", "content": "b"}]}):
+        assert [r.status_code for r in both(servers, "POST", "/v1/chat/completions", json=body)] == [400, 400]
+    for path, body in (("/v1/chat/completions", {"messages": HI, "max_tokens": 2}), ("/completion", {"prompt": PROMPT,
+                       "n_predict": 2}), ("/v1/completions", {"prompt": PROMPT, "max_tokens": 2})):
+        streams = [events(r) for r in both(servers, "POST", path, json={**body, "stream": True, "return_progress": True})]
+        shapes, totals = [], []
+        for chunks in streams:
+            reports = [i for i, c in enumerate(chunks) if "prompt_progress" in c]
+            assert reports and reports[-1] < next((i for i, c in enumerate(chunks) if _text(c)), len(chunks)), path
+            reports = [chunks[i] for i in reports]
+            last = reports[-1]["prompt_progress"]
+            assert set(last) == {"total", "cache", "processed", "time_ms"} and last["processed"] == last["total"]
+            shapes.append({key for c in reports for key in c})
+            totals.append(last["total"])
+        assert shapes[0] <= shapes[1] and totals[0] == totals[1], path
+
+
+def _text(chunk: dict) -> str:
+    """A streamed chunk's text in any of the three shapes (``/completion``, text and chat completions)."""
+    choice = (chunk.get("choices") or [{}])[0]
+    return chunk.get("content") or choice.get("text") or (choice.get("delta") or {}).get("content") or ""

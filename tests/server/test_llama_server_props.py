@@ -54,6 +54,23 @@ def test_models_list_aliases_and_tags_and_props_has_current_llama_server_fields(
         assert c.get("/v1/models").json()["data"][0]["aliases"] == ["toy"]
 
 
+def test_no_slots_answers_501_and_props_shows_the_servers_seed_as_llama_server(make_server):
+    from refsight.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "--no-slots", "--verbose"])
+    assert args.slots_endpoint is False and args.verbose is True  # llama-server's flags, as its users type them
+    assert build_parser().parse_args(["serve", "--slots"]).slots_endpoint is True
+    with make_server(slots_endpoint=False).client() as c:
+        answer = c.get("/slots")
+        assert answer.status_code == 501 and answer.json()["error"]["code"] == "not_supported"
+        assert c.get("/props").json()["endpoint_slots"] is False
+    # --seed/--temp are the defaults /props and /slots show, as llama-server's (the test suite's test_server_props).
+    with make_server(sampling_defaults={"seed": 42, "temperature": 0.8}).client() as c:
+        params = c.get("/props").json()["default_generation_settings"]["params"]
+        assert (params["seed"], params["temperature"]) == (42, 0.8)
+        assert c.get("/slots").json()[0]["params"]["seed"] == 42
+
+
 def _wait_asleep(client, seconds: float = 10.0) -> None:
     deadline = time.monotonic() + seconds
     while not client.get("/props").json()["is_sleeping"]:

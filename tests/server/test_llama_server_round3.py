@@ -2,8 +2,8 @@
 
 GBNF ``grammar`` (``/completion`` and chat), ``logit_bias`` (object and array forms, text keys,
 ``false`` bans), ``ignore_eos`` (llama-server's ``-inf`` on every end-of-generation token), token
-ids as the ``/completion`` prompt (alone or mixed with text), and ``-c`` shared by ``-np`` slots as
-llama.cpp sizes it. Each is honoured on llama.cpp and a 400 naming the field where a backend cannot
+ids as the ``/completion`` prompt (alone or mixed with text), ``-c`` shared by ``-np`` slots as
+llama.cpp sizes it, the assistant prefill (``continue_final_message``) and ``return_progress``. Each is honoured on llama.cpp and a 400 naming the field where a backend cannot
 honour it; the grammar's and the bias's bounds are checked before any model work.
 """
 
@@ -61,16 +61,21 @@ def test_a_logit_bias_is_token_ids_and_finite_or_banning_biases():
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory):
+def llama_live(tmp_path_factory):
     require_module("llama_cpp.mtmd_cpp", "pip install 'refsight[llamacpp]'")
-    from refsight.backends.llamacpp.models import ensure_gguf
+    from refsight.builtin_models.gguf import ensure_gguf
 
     ensure_gguf(GGUF)  # built before the server starts, so start-up is only the load
     store = tmp_path_factory.mktemp("llama-round3")
     live = LiveServer(create_app(ServerConfig(store=store, model=GGUF, keys={}))).start()
-    with live.client() as client:
-        yield client
+    yield live
     live.stop()
+
+
+@pytest.fixture(scope="module")
+def llama(llama_live):
+    with llama_live.client() as client:
+        yield client
 
 
 def _complete(client, **body):
@@ -246,7 +251,7 @@ def test_sleep_frees_the_llama_cpp_models_memory_and_wake_loads_it_again(tmp_pat
     import subprocess
     import sys
 
-    from refsight.backends.llamacpp.models import ensure_gguf
+    from refsight.builtin_models.gguf import ensure_gguf
 
     ensure_gguf(GGUF)
     done = subprocess.run([sys.executable, "-c", _SLEEP_PROBE, str(tmp_path / "s"), GGUF, PROMPT],
@@ -255,3 +260,40 @@ def test_sleep_frees_the_llama_cpp_models_memory_and_wake_loads_it_again(tmp_pat
     probe = json.loads(done.stdout.strip().splitlines()[-1])
     assert probe["slept"] and probe["woke"] and probe["tokens"] > 0, probe
     assert probe["awake"] - probe["asleep"] > 10, probe
+
+
+@pytest.mark.slow  # a server on the tiny GGUF (llama-cpp-python: an optional runtime)
+def test_a_final_assistant_message_is_continued_cached_and_fresh_alike_and_progress_is_streamed(llama_live, llama):
+    """The assistant prefill and ``return_progress`` on llama.cpp (:mod:`prefill_checks`; the same checks run on
+    transformers in test_openai_streaming.py, and against llama-server itself in test_llama_server_live.py)."""
+    from live_server import b64, photo_png
+    from prefill_checks import check_prefill, check_progress
+
+    assert llama.post("/v1/references", json={"image": b64(photo_png()), "id": "prefill-cat"}).status_code == 201
+    check_prefill(llama, llama_live.service.engine, "prefill-cat", "default")
+    check_progress(llama, "prefill-cat")
+
+
+def test_what_a_backend_cannot_render_or_report_is_refused_by_name(tmp_path):
+    """The toy renders no chat template and reports no prompt: the prefill, ``add_generation_prompt: false`` and
+    ``return_progress`` are 400s naming the field that asked; the two servers' own rules are 400s on every backend."""
+    from starlette.testclient import TestClient
+
+    hi = [{"role": "user", "content": "hi"}]
+    prefilled = [*hi, {"role": "assistant", "content": "Hello"}]
+    with TestClient(create_app(ServerConfig(store=tmp_path / "s", model="toy", keys={})), base_url="http://127.0.0.1") as client:
+        def chat(messages, **fields):
+            return client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 4, **fields})
+
+        _refused(chat(prefilled), "messages")
+        _refused(chat(prefilled, continue_final_message=True, add_generation_prompt=False), "continue_final_message")
+        _refused(chat(hi, add_generation_prompt=False), "add_generation_prompt")
+        _refused(chat(hi, stream=True, return_progress=True), "return_progress")
+        _refused(client.post("/completion", json={"prompt": "hi", "stream": True, "return_progress": True}), "return_progress")
+        _refused(client.post("/v1/completions", json={"prompt": "hi", "stream": True, "return_progress": True}),
+                 "return_progress")
+        _refused(chat(prefilled, continue_final_message=True), "continue_final_message")  # both servers' rule
+        _refused(chat(hi, continue_final_message=True, add_generation_prompt=False), "continue_final_message")
+        _refused(chat([*prefilled, {"role": "assistant", "content": "again"}]), "messages")
+        assert chat(hi, return_progress=True).status_code == 200  # not streamed: nothing to report, as llama-server
+        assert chat(hi, add_generation_prompt=True, continue_final_message=False).status_code == 200

@@ -289,3 +289,13 @@ def test_a_client_that_leaves_during_the_prefill_stops_generation_too(tiny):
     # The disconnect is seen when the stream's first write fails, then the event stops the loop: a few
     # tokens of the 1000 allowed (2 on a quiet machine; 3 seen when the 2 cores were shared with CI).
     assert generation.finish_reason == "cancelled" and len(generation.token_ids) <= 8, generation.token_ids
+
+
+def test_a_final_assistant_message_is_continued_cached_and_fresh_alike_and_progress_is_streamed(tiny):
+    """Issue 51: llama-server's assistant prefill (and ``continue_final_message``), and ``return_progress``, on
+    transformers (:mod:`prefill_checks`; the same checks run on llama.cpp in test_llama_server_round3.py)."""
+    from prefill_checks import check_prefill, check_progress
+
+    with tiny.client(KEY) as client:
+        check_prefill(client, tiny.service.engine, "cat", "one")
+        check_progress(client, "cat")

@@ -31,7 +31,7 @@ def live(request, tmp_path_factory) -> LiveServer:
     """The server on the HF backend, then on the llama.cpp backend (the same tests on both)."""
     if request.param.endswith("-gguf"):
         require_module("llama_cpp")
-        from refsight.backends.llamacpp.models import ensure_gguf
+        from refsight.builtin_models.gguf import ensure_gguf
 
         ensure_gguf(request.param)  # built before the server starts, so start-up is only the load
     else:

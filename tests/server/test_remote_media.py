@@ -86,21 +86,22 @@ def test_urls_are_refused_by_default(make_server, host, tmp_path):
 
 
 def test_an_allowed_domain_is_fetched_and_every_trick_refused(make_server, host):
-    # localhost resolves to loopback: fetched only because the allow-list names that address.
+    # localhost resolves to loopback: fetched only because the allow-list names that address; the address
+    # itself, written as listed, is fetched too (vLLM's rule), directly or by a redirect.
     live = make_server(allowed_media_domains=("localhost", "127.0.0.1"), max_media_bytes=len(CAT) + 100)
-    for url in (f"http://localhost:{host}/cat.png", f"http://LocalHost:{host}/cat.png", f"http://localhost:{host}/to-allowed"):
+    for url in (f"http://localhost:{host}/cat.png", f"http://LocalHost:{host}/cat.png", f"http://localhost:{host}/to-allowed",
+                f"http://127.0.0.1:{host}/cat.png", f"http://localhost:{host}/to-address"):
         reply = _chat(live, url)
         assert reply.status_code == 200, (url, reply.text)
         assert "1 images" in reply.json()["choices"][0]["message"]["content"]
     refused = {
-        f"http://127.0.0.1:{host}/cat.png": "numeric",
         f"http://2130706433:{host}/cat.png": "numeric",
         f"http://0x7f.1:{host}/cat.png": "numeric",
         f"http://[::1]:{host}/cat.png": "numeric",
         f"http://localhost@127.0.0.1:{host}/cat.png": "user info",
         f"http://user:pw@localhost:{host}/cat.png": "user info",
         f"http://localhost.evil.example:{host}/cat.png": "not an allowed media domain",
-        f"http://localhost:{host}/to-address": "numeric",  # a redirect off the list
+        f"http://127.0.0.2:{host}/cat.png": "numeric",  # an address the list does not name
         f"http://localhost:{host}/loop": "redirects",
         f"http://localhost:{host}/page": "not an image",
         f"http://localhost:{host}/big.png": "larger than",

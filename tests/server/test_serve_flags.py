@@ -101,7 +101,7 @@ def test_the_api_key_from_the_environment(tmp_path):
 
 def test_a_gguf_file_by_m_with_mmproj_and_a_context_size(tmp_path, model_cache):
     require_module("llama_cpp")
-    from refsight.backends.llamacpp.models import ensure_gguf
+    from refsight.builtin_models.gguf import ensure_gguf
 
     model, mmproj = ensure_gguf("tiny-qwen2-vl-gguf")
     process, url = _serve(tmp_path / "store", "-m", str(model), "--mmproj", str(mmproj), "--ctx-size", "1024")
@@ -143,7 +143,9 @@ def test_several_hosts_short_and_several_api_keys(tmp_path):
 
 
 @pytest.mark.parametrize(("args", "named"), [
-    (("--chat-template-file", "t.jinja"), "--chat-template-file"), (("--slot-save-path", "slots"), "--slot-save-path"),
+    (("--chat-template-file", "absent.jinja"), "--chat-template-file"), (("--no-jinja",), "--no-jinja"),
+    (("--chat-template", "llama2"), "--chat-template"), (("--chat-template", "nonesuch"), "--chat-template"),
+    (("--slot-save-path", "slots"), "--slot-save-path"),
     (("-ctk", "q8_0"), "--cache-type-k"), (("-ctv", "q4_0"), "--cache-type-v"), (("-n", "-2"), "--n-predict"),
 ])
 def test_llama_server_flags_that_cannot_be_honoured_are_refused_by_name(tmp_path, args, named):
@@ -172,7 +174,7 @@ def test_llama_server_flags_honoured_or_accepted(tmp_path):
                                                       (("-np", "4", "-c", "256"), 4, 256)])  # llama.cpp pads each share
 def test_np_slots_share_the_context_as_in_llama_server(tmp_path, model_cache, args, slots, n_ctx):
     require_module("llama_cpp")
-    from refsight.backends.llamacpp.models import ensure_gguf
+    from refsight.builtin_models.gguf import ensure_gguf
 
     model, mmproj = ensure_gguf("tiny-qwen2-vl-gguf")
     process, url = _serve_as_is(tmp_path / "store", "-m", str(model), "--mmproj", str(mmproj), *args)
@@ -180,5 +182,30 @@ def test_np_slots_share_the_context_as_in_llama_server(tmp_path, model_cache, ar
         _wait(process, url)
         assert len(httpx.get(f"{url}/slots").json()) == slots
         assert httpx.get(f"{url}/props").json()["default_generation_settings"]["n_ctx"] == n_ctx
+    finally:
+        _stop(process)
+
+
+def test_chat_template_file_renders_every_chat_of_a_gguf(tmp_path, model_cache):
+    """``--chat-template-file`` (llama-server's flag) replaces the GGUF's template: ``/props`` shows it,
+    ``/apply-template`` renders with it, and a chat is answered through it."""
+    require_module("llama_cpp")
+    from refsight.builtin_models.gguf import ensure_gguf
+
+    model, mmproj = ensure_gguf("tiny-qwen2-vl-gguf")
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for message in messages %}<|im_start|>{{ message['role'] }}\n[from the file] "
+                        "{{ message['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}"
+                        "<|im_start|>assistant\n{% endif %}")
+    process, url = _serve_as_is(tmp_path / "store", "-m", str(model), "--mmproj", str(mmproj), "--jinja",
+                                "--chat-template-file", str(template))
+    try:
+        _wait(process, url)
+        assert httpx.get(f"{url}/props").json()["chat_template"] == template.read_text()
+        messages = [{"role": "user", "content": "hi"}]
+        rendered = httpx.post(f"{url}/apply-template", json={"messages": messages}).json()["prompt"]
+        assert rendered == "<|im_start|>user\n[from the file] hi<|im_end|>\n<|im_start|>assistant\n"
+        chat = httpx.post(f"{url}/v1/chat/completions", json={"messages": messages, "max_tokens": 2}, timeout=120)
+        assert chat.status_code == 200, chat.text
     finally:
         _stop(process)

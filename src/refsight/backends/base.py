@@ -39,7 +39,7 @@ from .text_access import TextAccess
 
 __all__ = [
     "Backend", "Execution", "Generation", "GenerationRequest", "PreparedRequest", "Segment", "Sampling",
-    "TextCallback", "ROLES", "fingerprint_difference",
+    "TextCallback", "ROLES",
 ]
 
 #: Called with each new piece of answer text, in order, as a backend produces it.
@@ -69,7 +69,7 @@ class GenerationRequest:
     ``reference_keys`` names the packages that are stored references when they are not the
     prefix (the reranker puts the candidate first); None: the packages of the reference
     prefix. A runtime that keeps images by a durable id (vLLM's ``uuid``) gives one to these
-    only, never to a candidate.
+    only, never to a candidate. ``prompt_end``: how the chat prompt ends (:data:`.turns.PROMPT_ENDS`).
     """
 
     segments: list[Segment]
@@ -82,6 +82,7 @@ class GenerationRequest:
     #: The segments are the whole prompt, no chat template (:mod:`.text_access`); ``turns`` must be None.
     raw_prompt: bool = False
     reference_keys: frozenset[str] | None = None
+    prompt_end: str = "generation_prompt"
 
     def turn_segments(self) -> list[tuple[str, list[Segment]]]:
         """``(role, segments)`` per turn (one user turn when :attr:`turns` is None)."""
@@ -161,25 +162,19 @@ class Execution:
 
     ``on_text`` is set only for a backend with ``supports_streaming`` (the base class hands
     the whole text over afterwards for the others); ``stop_event`` set means the caller went
-    away: a backend ends generation early with ``finish_reason="cancelled"``.
+    away: a backend ends generation early with ``finish_reason="cancelled"``. ``on_prompt(total, cached, processed)``
+    hears of the prompt's tokens as its evaluation starts (``processed == cached``: from a prefix state) and ends.
     """
 
     return_logits: bool = False
     on_text: TextCallback | None = None
     stop_event: threading.Event | None = None
+    on_prompt: Callable[[int, int, int], None] | None = None
 
     @property
     def cancelled(self) -> bool:
         """True once the stop event is set."""
         return self.stop_event is not None and self.stop_event.is_set()
-
-
-def fingerprint_difference(theirs: EncoderFingerprint, ours: EncoderFingerprint) -> list[str]:
-    """The fingerprint fields that differ (``preprocessing.KEY`` for each differing setting)."""
-    a, b = theirs.to_dict(), ours.to_dict()
-    fields_ = [k for k in b if k != "preprocessing" and a.get(k) != b[k]]
-    pre_a, pre_b = a.get("preprocessing") or {}, b.get("preprocessing") or {}
-    return fields_ + [f"preprocessing.{k}" for k in sorted(set(pre_a) | set(pre_b)) if pre_a.get(k) != pre_b.get(k)]
 
 
 class Backend(TextAccess, abc.ABC):
@@ -194,6 +189,10 @@ class Backend(TextAccess, abc.ABC):
     supports_turns: ClassVar[bool] = False
     #: :meth:`generate_stream` yields text as it is generated (not once at the end).
     supports_streaming: ClassVar[bool] = False
+    #: :meth:`generate_stream` reports the prompt's evaluation to ``on_prompt`` (:class:`Execution`).
+    supports_prompt_progress: ClassVar[bool] = False
+    #: The ``GenerationRequest.prompt_end`` values this backend renders.
+    prompt_ends: ClassVar[frozenset[str]] = frozenset({"generation_prompt"})
     #: Special tokens a user's text may not contain (they would shift the image placeholders).
     reserved_tokens: tuple[str, ...] = ()
     #: Images encoded per forward pass.
@@ -232,17 +231,18 @@ class Backend(TextAccess, abc.ABC):
         return self._serve(requests, Execution(return_logits=return_logits, stop_event=stop_event))
 
     def generate_stream(
-        self, request: GenerationRequest, *, on_text: TextCallback, stop_event: threading.Event | None = None
+        self, request: GenerationRequest, *, on_text: TextCallback, stop_event: threading.Event | None = None,
+        on_prompt: Callable[[int, int, int], None] | None = None,
     ) -> Generation:
         """Generate one request, calling ``on_text`` with each new piece of text as it is produced.
 
         Generation ends early, with ``finish_reason="cancelled"``, once ``stop_event`` is set
         (the caller went away); set before the call, nothing runs past the checks. The pieces
         joined equal the returned ``Generation.text``. A backend without ``supports_streaming``
-        streams late: the whole text is handed over at the end.
+        streams late: the whole text is handed over at the end. ``on_prompt``: see :class:`Execution`.
         """
         streaming = self.supports_streaming
-        execution = Execution(on_text=on_text if streaming else None, stop_event=stop_event)
+        execution = Execution(on_text=on_text if streaming else None, stop_event=stop_event, on_prompt=on_prompt)
         generation = self._serve([request], execution)[0]
         if not streaming and generation.text:
             on_text(generation.text)
@@ -380,6 +380,7 @@ class Backend(TextAccess, abc.ABC):
 
     def _check_request(self, i: int, request: GenerationRequest) -> None:
         from .schema import check_json_schema, modern_json_schema
+        from .turns import check_prompt_form
 
         if isinstance(request.max_new_tokens, bool) or not isinstance(request.max_new_tokens, int) or request.max_new_tokens < 1:
             raise InvalidInputError(f"requests[{i}].max_new_tokens", "must be a positive integer")
@@ -399,10 +400,7 @@ class Backend(TextAccess, abc.ABC):
             raise InvalidInputError(f"requests[{i}].reference_keys", "must name packages among the segments")
         if request.json_schema is not None:
             check_json_schema(modern_json_schema(request.json_schema))
-        if request.raw_prompt and not self.supports_raw_prompt:
-            raise InvalidInputError(f"requests[{i}].raw_prompt", f"{self.name} renders every prompt in its chat template")
-        if request.raw_prompt and request.turns is not None:
-            raise InvalidInputError(f"requests[{i}].raw_prompt", "a raw prompt is the whole prompt: it takes no turns")
+        check_prompt_form(self, i, request)  # a raw prompt, or how the chat template's prompt ends
         check = self.check_raw_text if request.raw_prompt else self.check_text
         for j, segment in enumerate(request.segments):
             where = f"requests[{i}].segments[{j}]"
@@ -430,7 +428,7 @@ class Backend(TextAccess, abc.ABC):
             raise InvalidInputError(repr(package)[:80], "expected a VisualPackage")
         mine = self.fingerprint()
         if package.fingerprint != mine:
-            differs = ", ".join(fingerprint_difference(package.fingerprint, mine))
+            differs = ", ".join(package.fingerprint.difference(mine))
             raise CorruptPackageError(package.key, f"made by another encoder than {self.name} (differs in: {differs})")
         try:
             self.check_package(package)

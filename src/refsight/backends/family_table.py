@@ -37,7 +37,7 @@ class Proof:
 _GENERIC = ("gemma3", "llava", "llava_next", "llava_onevision", "paligemma", "internvl", "aya_vision", "mistral3", "glm4v",
             "glm4v_moe", "minicpmv4_6", "qwen3_vl_moe")
 
-# Built like an earlier family, with the model type's own config (tiny_kin_specs).
+# Built like an earlier family, with the model type's own config (kin_recipes).
 _KIN = ("vipllava", "video_llava", "llava_next_video", "glm46v", "exaone4_5", "lfm3_vl", "paddleocr_vl", "video_llama_3",
         "lighton_ocr", "idefics3", "deepseek_vl", "deepseek_vl_hybrid", "janus")
 
@@ -55,6 +55,9 @@ PROOFS: tuple[Proof, ...] = (
     # Per-layer inputs and KV-shared layers: the shared layers keep no state (they attend with their
     # producer layer's keys and values), so reference states cover Gemma 4 too (test_prefix_cache).
     Proof("gemma4", "transformers", "tiny-gemma4", _HF_GENERIC),
+    # Encoder-free Gemma 4: a package is the patch embedding (get_image_features' pooler_output, replayed
+    # bit-exactly); the state is Gemma 4's (no per-layer inputs here), reused exactly (test_prefix_cache).
+    Proof("gemma4_unified", "transformers", "tiny-gemma4-unified", _HF_GENERIC),
     Proof("qwen2_vl", "llama.cpp", "tiny-qwen2-vl-gguf", _LLAMA),
     Proof("qwen2_5_vl", "llama.cpp", "tiny-qwen2.5-vl-gguf", _LLAMA),
     Proof("smolvlm", "llama.cpp", "tiny-smolvlm-gguf", _LLAMA),

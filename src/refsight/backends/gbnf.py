@@ -44,7 +44,18 @@ def check_gbnf(grammar: object, name: str = "grammar") -> str:
         raise InvalidInputError(name, "may not contain a NUL character")
     if "root" not in grammar:
         raise InvalidInputError(name, "has no 'root' rule (generation starts from root ::= ...)")
-    code = _COMMENT.sub("", _LITERAL.sub('""', grammar))
+    copies = _repetition_copies(_COMMENT.sub("", _LITERAL.sub('""', grammar)), name)
+    if copies * len(grammar) > MAX_EXPANSION:
+        raise InvalidInputError(
+            name, f"its repetitions ({copies} copies in a grammar of {len(grammar)} characters) could expand past "
+            f"{MAX_EXPANSION} symbols; use fewer or smaller repetition counts",
+        )
+    return grammar
+
+
+def _repetition_copies(code: str, name: str) -> int:
+    """The copies the repetitions of ``code`` (a grammar without literals or comments) make at most, each
+    repetition checked: counts up to :data:`MAX_REPEAT`, the minimum not above the maximum."""
     copies = 0
     for match in _REPEAT.finditer(code):
         low, comma, high = match.groups()
@@ -54,9 +65,4 @@ def check_gbnf(grammar: object, name: str = "grammar") -> str:
         if comma and low and high and int(low) > int(high):
             raise InvalidInputError(name, f"repetition {match.group(0)}: the minimum is above the maximum")
         copies += max(counts, default=0)
-    if copies * len(grammar) > MAX_EXPANSION:
-        raise InvalidInputError(
-            name, f"its repetitions ({copies} copies in a grammar of {len(grammar)} characters) could expand past "
-            f"{MAX_EXPANSION} symbols; use fewer or smaller repetition counts",
-        )
-    return grammar
+    return copies

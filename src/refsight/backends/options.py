@@ -71,6 +71,9 @@ class BackendOptions:
     flash_attn: str | None = None
     #: vLLM: "pixels" or "embeds" (``--vllm-images``); None: what the server supports (asked at load).
     vllm_images: str | None = None
+    #: A Jinja chat template that replaces the model's own for rendering chats (``refsight serve
+    #: --chat-template``/``--chat-template-file``); applied by the registry after the load (:func:`~.registry.get_backend`).
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         if self.device is not None and not (isinstance(self.device, str) and _DEVICE.fullmatch(self.device)):
@@ -87,7 +90,7 @@ class BackendOptions:
                 raise InvalidInputError(name, f"must be a positive integer, got {value!r}")
         if self.min_pixels and self.max_pixels and self.min_pixels > self.max_pixels:
             raise InvalidInputError("min_pixels", f"{self.min_pixels} is larger than max_pixels {self.max_pixels}")
-        for name in ("attn", "revision", "mmproj", "encoder"):
+        for name in ("attn", "revision", "mmproj", "encoder", "chat_template"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise InvalidInputError(name, f"must be a non-empty string, got {value!r}")

@@ -1,8 +1,8 @@
 """Model name → backend factory, loaded lazily.
 
-Built-ins register exactly like plugins: a name and a ``"module:attr"`` string,
-imported only when that model is first asked for (so listing models imports no
-torch). Third-party packages add backends through the entry-point group
+Built-ins register exactly like plugins: a name and a ``"module:attr"`` string
+(their table is :data:`refsight.backends.builtin.BUILTINS`), imported only when that
+model is first asked for (so listing models imports no torch). Third-party packages add backends through the entry-point group
 ``refsight.backends``, whose entry name is the model name and whose value is a
 factory ``factory(name, **options) -> Backend``.
 
@@ -22,7 +22,7 @@ from ..errors import BackendError, RefsightError, UnknownModelError
 from ..package import canonical_json
 from ..plugins import find_target, load_factory
 from .base import Backend
-from .tiny_families import FAMILY_SPECS
+from .builtin import BUILTINS
 
 __all__ = [
     "register_backend", "available_models", "get_backend", "release_backend", "resolve_factory", "HF_PREFIX", "LLAMACPP_PREFIX",
@@ -37,67 +37,6 @@ VLLM_PREFIX = "vllm:"
 #: ``ollama:NAME[:TAG]`` serves a model of Ollama's store ($OLLAMA_MODELS) through llama.cpp.
 OLLAMA_PREFIX = "ollama:"
 
-_BUILTINS: dict[str, str] = {
-    "toy": "refsight.backends.toy:ToyBackend",
-    "tiny-qwen2-vl": "refsight.backends.tiny:load_tiny",
-    "tiny-qwen2.5-vl": "refsight.backends.tiny:load_tiny",
-    "tiny-qwen3-vl": "refsight.backends.tiny:load_tiny",
-    "tiny-smolvlm": "refsight.backends.tiny:load_tiny",
-    "shape-qwen2-vl-2b": "refsight.backends.tiny:load_tiny",
-    "shape-qwen2-vl-2b-full": "refsight.backends.tiny:load_tiny",
-    "shape-smolvlm-256m": "refsight.backends.tiny:load_tiny",
-    "shape-gemma3-4b": "refsight.backends.tiny:load_tiny",
-    "shape-qwen3.5-0.8b": "refsight.backends.tiny:load_tiny",
-    # llama.cpp (GGUF) built-ins: need the ``llamacpp`` extra
-    "tiny-qwen2-vl-gguf": "refsight.backends.llamacpp:load_builtin",
-    "tiny-qwen2.5-vl-gguf": "refsight.backends.llamacpp:load_builtin",
-    "tiny-smolvlm-gguf": "refsight.backends.llamacpp:load_builtin",
-    "shape-qwen2-vl-2b-gguf": "refsight.backends.llamacpp:load_builtin",
-    "tiny-qwen3-vl-gguf": "refsight.backends.llamacpp:load_builtin",
-    # more families, from the transformers tiny-family recipes (see backends/llamacpp/families.py)
-    "tiny-gemma3-gguf": "refsight.backends.llamacpp:load_builtin",
-    "tiny-internvl-gguf": "refsight.backends.llamacpp:load_builtin",
-    "tiny-mistral3-gguf": "refsight.backends.llamacpp:load_builtin",
-    "tiny-lfm2-vl-gguf": "refsight.backends.llamacpp:load_builtin",
-    "tiny-llama4-gguf": "refsight.backends.llamacpp:load_builtin",
-    "tiny-glm4v-gguf": "refsight.backends.llamacpp:load_builtin",
-    "tiny-minicpmv4-6-gguf": "refsight.backends.llamacpp:load_builtin",
-    "tiny-qwen3.5-gguf": "refsight.backends.llamacpp:load_builtin",
-    "tiny-qwen3.5-moe-gguf": "refsight.backends.llamacpp:load_builtin",
-    "tiny-gemma4-gguf": "refsight.backends.llamacpp:load_builtin",
-    # quantized GGUFs (llama.cpp's quantizer over an f16 base; see backends/llamacpp/quantized.py)
-    "tiny-qwen2-vl-gguf-q8": "refsight.backends.llamacpp.quantized:load_quantized",
-    "tiny-qwen2-vl-gguf-q4": "refsight.backends.llamacpp.quantized:load_quantized",
-    "tiny-qwen2-vl-256-gguf-q4": "refsight.backends.llamacpp.quantized:load_quantized",
-    "tiny-gemma3-gguf-q4": "refsight.backends.llamacpp.quantized:load_quantized",
-    "shape-qwen2-vl-2b-gguf-q8": "refsight.backends.llamacpp.quantized:load_quantized",
-    "shape-qwen2-vl-2b-gguf-q4": "refsight.backends.llamacpp.quantized:load_quantized",
-    "shape-qwen2-vl-2b-full-gguf-q4": "refsight.backends.llamacpp.quantized:load_quantized",
-    "shape-gemma3-4b-gguf-q4": "refsight.backends.llamacpp.quantized:load_quantized",
-    "tiny-qwen2-vl-vllm": "refsight.backends.vllm.tiny:load_tiny_vllm",
-    "tiny-qwen2.5-vl-vllm": "refsight.backends.vllm.tiny:load_tiny_vllm",
-    "tiny-qwen3-vl-vllm": "refsight.backends.vllm.tiny:load_tiny_vllm",
-    "shape-qwen2-vl-2b-vllm": "refsight.backends.vllm.tiny:load_tiny_vllm",
-    "tiny-gemma3-vllm": "refsight.backends.vllm.families:load_family_vllm",
-    "tiny-llava-vllm": "refsight.backends.vllm.families:load_family_vllm",
-    "tiny-internvl-vllm": "refsight.backends.vllm.families:load_family_vllm",
-    "tiny-mistral3-vllm": "refsight.backends.vllm.families:load_family_vllm",
-    "tiny-smolvlm-vllm": "refsight.backends.vllm.families:load_family_vllm",
-    "tiny-qwen3.5-vllm": "refsight.backends.vllm.families:load_family_vllm",
-    "tiny-qwen3.5-moe-vllm": "refsight.backends.vllm.families:load_family_vllm",
-    "tiny-llava-next-vllm": "refsight.backends.vllm.families:load_family_vllm",
-    "tiny-llava-onevision-vllm": "refsight.backends.vllm.families:load_family_vllm",
-    "tiny-minicpmv4-6-vllm": "refsight.backends.vllm.families:load_family_vllm",
-    "tiny-qwen3-vl-moe-vllm": "refsight.backends.vllm.families:load_family_vllm",
-    "tiny-glm4v-vllm": "refsight.backends.vllm.families:load_family_vllm",
-    "tiny-glm4v-moe-vllm": "refsight.backends.vllm.families:load_family_vllm",
-    "tiny-paddleocr-vl-vllm": "refsight.backends.vllm.families:load_family_vllm",
-    "tiny-exaone4-5-vllm": "refsight.backends.vllm.families:load_family_vllm",
-    "tiny-idefics3-vllm": "refsight.backends.vllm.families:load_family_vllm",
-    "tiny-gemma4-vllm": "refsight.backends.vllm.families:load_family_vllm",
-}
-# The tiny checkpoints of the families the generic transformers backend serves (tiny_families.py).
-_BUILTINS.update({name: "refsight.backends.tiny:load_tiny" for name in FAMILY_SPECS})
 #: Name prefixes whose remainder names a model of that runtime (a checkpoint, a GGUF, a server's model, an Ollama tag).
 _RUNTIMES: dict[str, str] = {
     HF_PREFIX: "refsight.backends.hf:load_hf_backend",
@@ -123,12 +62,12 @@ def _plugin_entries() -> dict[str, str]:
 
 def available_models() -> list[str]:
     """Every registered model name (built-ins, plugins, run-time registrations)."""
-    return sorted({*_BUILTINS, *_plugin_entries(), *_registered})
+    return sorted({*BUILTINS, *_plugin_entries(), *_registered})
 
 
 def resolve_factory(name: str) -> Callable[..., Backend]:
     """The factory registered for ``name``; raises :class:`UnknownModelError`."""
-    target = find_target(name, (_registered, _plugin_entries(), _BUILTINS), _RUNTIMES)
+    target = find_target(name, (_registered, _plugin_entries(), BUILTINS), _RUNTIMES)
     if target is None:
         raise UnknownModelError(name, available_models())
     return load_factory(target, name, BackendError, "backend")
@@ -146,6 +85,9 @@ def get_backend(name: str, **options: Any) -> Backend:
     """The backend for ``name``, built once per process and set of options."""
     # Options may hold mappings (processor settings): key by their canonical JSON.
     key = (name, canonical_json(options))
+    # The chat template is no runtime's load option: every backend takes it after its load, in one place,
+    # and a backend with its own template is another instance (the key holds the template).
+    template = options.pop("chat_template", None)
     with _lock:
         backend = _instances.get(key)
         if backend is None:
@@ -156,5 +98,16 @@ def get_backend(name: str, **options: Any) -> Backend:
                 raise
             except Exception as e:  # runtime errors become ours, here and only here
                 raise BackendError(name, f"{type(e).__name__}: {e}") from e
+            if template is not None:
+                _use_template(backend, template)
             _instances[key] = backend
         return backend
+
+
+def _use_template(backend: Backend, template: str) -> None:
+    """``backend`` renders chats in ``template`` from now on; closed again when it cannot."""
+    try:
+        backend.use_chat_template(template)
+    except BaseException:
+        backend.close()
+        raise

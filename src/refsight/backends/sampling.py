@@ -111,15 +111,17 @@ def _logit_bias(pairs: Any) -> tuple[tuple[int, float], ...]:
     """``(token, bias)`` pairs: token ids >= 0, biases finite or ``-inf`` (the token banned)."""
     if not isinstance(pairs, (tuple, list)) or len(pairs) > MAX_LOGIT_BIAS:
         raise InvalidInputError("logit_bias", f"give at most {MAX_LOGIT_BIAS} (token, bias) pairs")
-    out = []
-    for pair in pairs:
-        token, bias = pair if isinstance(pair, (tuple, list)) and len(pair) == 2 else (None, None)
-        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < _TOKEN_LIMIT:
-            raise InvalidInputError("logit_bias", f"token ids are non-negative integers, not {token!r}")
-        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or math.isnan(bias) or bias == math.inf:
-            raise InvalidInputError("logit_bias", f"token {token}: a bias is a finite number or -inf, not {bias!r}")
-        out.append((token, float(bias)))
-    return tuple(out)
+    return tuple(_bias_pair(pair) for pair in pairs)
+
+
+def _bias_pair(pair: Any) -> tuple[int, float]:
+    """One ``(token, bias)`` pair of ``logit_bias``, checked."""
+    token, bias = pair if isinstance(pair, (tuple, list)) and len(pair) == 2 else (None, None)
+    if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < _TOKEN_LIMIT:
+        raise InvalidInputError("logit_bias", f"token ids are non-negative integers, not {token!r}")
+    if isinstance(bias, bool) or not isinstance(bias, (int, float)) or math.isnan(bias) or bias == math.inf:
+        raise InvalidInputError("logit_bias", f"token {token}: a bias is a finite number or -inf, not {bias!r}")
+    return token, float(bias)
 
 
 @dataclass(frozen=True)

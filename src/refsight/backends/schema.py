@@ -234,34 +234,45 @@ def _check_values(schema: dict[str, Any], name: str) -> None:
             raise InvalidInputError(name, f"a JSON schema may hold at most {MAX_SCHEMA_NODES} values")
         if len(path) > MAX_JSON_DEPTH:
             raise InvalidInputError(_where(name, path[:MAX_JSON_DEPTH]), f"nests deeper than {MAX_JSON_DEPTH} levels")
-        if isinstance(value, dict):
-            for key, item in value.items():
-                if not isinstance(key, str):
-                    raise InvalidInputError(_where(name, path), f"object keys must be strings, not {key!r}")
-                stack.append((item, (*path, key)))
-        elif isinstance(value, (list, tuple)):
-            stack.extend((item, (*path, i)) for i, item in enumerate(value))
-        elif isinstance(value, float) and not math.isfinite(value):
-            raise InvalidInputError(_where(name, path), f"{value} is not a JSON number")
-        elif not isinstance(value, (str, int, float, bool)) and value is not None:
-            raise InvalidInputError(_where(name, path), f"{type(value).__name__} is not a JSON value")
+        stack.extend(_inner_values(value, path, name))
+
+
+def _inner_values(value: Any, path: tuple[Any, ...], name: str) -> list[tuple[Any, tuple[Any, ...]]]:
+    """The values directly inside ``value`` with their paths; a value JSON cannot carry is refused."""
+    if isinstance(value, dict):
+        for key in value:
+            if not isinstance(key, str):
+                raise InvalidInputError(_where(name, path), f"object keys must be strings, not {key!r}")
+        return [(item, (*path, key)) for key, item in value.items()]
+    if isinstance(value, (list, tuple)):
+        return [(item, (*path, i)) for i, item in enumerate(value)]
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidInputError(_where(name, path), f"{value} is not a JSON number")
+    if not isinstance(value, (str, int, float, bool)) and value is not None:
+        raise InvalidInputError(_where(name, path), f"{type(value).__name__} is not a JSON value")
+    return []
 
 
 def _children(node: Any, path: tuple[Any, ...]) -> Iterator[tuple[Any, tuple[Any, ...]]]:
     """The subschemas directly inside ``node`` with their paths (values that are not objects too, for refusal)."""
     if not isinstance(node, dict):
         return
+    yield from _grouped_children(node, path)
+    if "items" in node and not (node["items"] is False and "prefixItems" in node):
+        yield node["items"], (*path, "items")
+    for key in _SINGLES:
+        if key in node and not isinstance(node[key], bool):
+            yield node[key], (*path, key)
+
+
+def _grouped_children(node: dict[str, Any], path: tuple[Any, ...]) -> Iterator[tuple[Any, tuple[Any, ...]]]:
+    """The subschemas of the keywords that hold several: by name (``properties`` ...) or in a list (``anyOf`` ...)."""
     for key in _MAPS:
         if isinstance(node.get(key), dict):
             yield from ((child, (*path, key, k)) for k, child in node[key].items())
     for key in _LISTS:
         if isinstance(node.get(key), list):
             yield from ((child, (*path, key, i)) for i, child in enumerate(node[key]))
-    if "items" in node and not (node["items"] is False and "prefixItems" in node):
-        yield node["items"], (*path, "items")
-    for key in _SINGLES:
-        if key in node and not isinstance(node[key], bool):
-            yield node[key], (*path, key)
 
 
 def _check_node(node: Any, path: tuple[Any, ...], name: str) -> int:
@@ -312,6 +323,12 @@ def _check_type(node: dict[str, Any], path: tuple[Any, ...], name: str) -> None:
 
 
 def _check_structure(node: dict[str, Any], path: tuple[Any, ...], name: str) -> None:
+    _check_subschemas(node, path, name)
+    _check_keywords(node, path, name)
+
+
+def _check_subschemas(node: dict[str, Any], path: tuple[Any, ...], name: str) -> None:
+    """The keywords that hold schemas hold them in the right container."""
     for key in _MAPS:
         if key in node and not isinstance(node[key], dict):
             raise InvalidInputError(_where(name, (*path, key)), "must map names to schemas")
@@ -321,6 +338,10 @@ def _check_structure(node: dict[str, Any], path: tuple[Any, ...], name: str) -> 
     extra = node.get("additionalProperties", True)
     if not isinstance(extra, (bool, dict)):
         raise InvalidInputError(_where(name, (*path, "additionalProperties")), "must be true, false or a schema")
+
+
+def _check_keywords(node: dict[str, Any], path: tuple[Any, ...], name: str) -> None:
+    """``required``, ``enum`` and ``format`` hold what they name."""
     required = node.get("required", [])
     if not isinstance(required, list) or not all(isinstance(r, str) for r in required) or len(set(required)) != len(required):
         raise InvalidInputError(_where(name, (*path, "required")), "must be a list of distinct property names")
@@ -331,6 +352,12 @@ def _check_structure(node: dict[str, Any], path: tuple[Any, ...], name: str) -> 
 
 
 def _check_numbers(node: dict[str, Any], path: tuple[Any, ...], name: str) -> None:
+    _check_bounds(node, path, name)
+    _check_counts(node, path, name)
+
+
+def _check_bounds(node: dict[str, Any], path: tuple[Any, ...], name: str) -> None:
+    """A number's bounds are numbers, the lower not above the upper; ``multipleOf`` above 0."""
     def number(key: str) -> float | None:
         value = node.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
@@ -344,6 +371,10 @@ def _check_numbers(node: dict[str, Any], path: tuple[Any, ...], name: str) -> No
     step = number("multipleOf")
     if step is not None and step <= 0:
         raise InvalidInputError(_where(name, (*path, "multipleOf")), "must be greater than 0")
+
+
+def _check_counts(node: dict[str, Any], path: tuple[Any, ...], name: str) -> None:
+    """Lengths, item and property counts are bounded integers, each minimum not above its maximum."""
     for key in _COUNTS:
         value = node.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SCHEMA_COUNT):

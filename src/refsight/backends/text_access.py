@@ -19,10 +19,24 @@ from typing import ClassVar
 
 from ..errors import InvalidInputError
 
-__all__ = ["TextAccess", "MEDIA_MARKER"]
+__all__ = ["TextAccess", "MEDIA_MARKER", "check_chat_template"]
 
 #: Where an image goes in a prompt's text (mtmd's default marker, as llama-server uses it).
 MEDIA_MARKER = "<__media__>"
+
+
+def check_chat_template(template: str) -> None:
+    """InvalidInputError naming ``chat_template`` unless ``template`` is a non-empty Jinja template (compiled in the
+    sandbox every renderer here uses), so a broken file fails at load, not at the first chat."""
+    from jinja2 import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    if not isinstance(template, str) or not template.strip():
+        raise InvalidInputError("chat_template", "must be a non-empty Jinja template")
+    try:
+        ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(template)
+    except TemplateError as e:
+        raise InvalidInputError("chat_template", f"not a Jinja template: {type(e).__name__}: {e}") from None
 
 
 class TextAccess:
@@ -61,6 +75,12 @@ class TextAccess:
     def chat_template_source(self) -> str | None:
         """The chat template's own source (Jinja), where the model carries one; None otherwise."""
         return None
+
+    def use_chat_template(self, template: str) -> None:
+        """Render chats in ``template`` (Jinja) instead of the model's own (``refsight serve --chat-template``);
+        a backend that does not render its chats itself refuses, naming the option."""
+        raise InvalidInputError("chat_template", f"{self.name} does not render its chats here; its runtime's own "
+                                "chat template is used (set the template where that runtime is started)")
 
     def check_raw_text(self, text: str, where: str) -> None:
         """Refuse raw-prompt text that holds an image's own tokens (they would shift the images)."""

@@ -1,4 +1,5 @@
-"""Chat turns of a request: checked against its segments, or folded into text for a backend without turns."""
+"""Chat turns of a request: checked against its segments, or folded into text for a backend without turns;
+and how the rendered prompt ends (:data:`PROMPT_ENDS`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ from typing import Any
 from ..errors import InvalidInputError
 from .base import ROLES
 
-__all__ = ["plan_turns"]
+__all__ = ["plan_turns", "PROMPT_ENDS", "check_prompt_end", "check_prompt_form", "split_final_turn"]
+
+#: How a chat prompt ends after its turns: the opening of the answer's turn (the default); ``continue``: the
+#: final assistant turn left open, its text the start of the answer (llama-server's assistant prefill, vLLM's
+#: ``continue_final_message``); ``none``: nothing after the turns (``add_generation_prompt: false``).
+PROMPT_ENDS = ("generation_prompt", "continue", "none")
 
 
 def plan_turns(
@@ -37,3 +43,42 @@ def plan_turns(
         labelled += segments[start:start + count]
         start += count
     return labelled, None
+
+
+def check_prompt_end(prompt_end: Any, raw_prompt: bool) -> None:
+    """InvalidInputError naming ``prompt_end`` unless it is one of :data:`PROMPT_ENDS` (a raw prompt has no chat
+    template to end: only the default)."""
+    if prompt_end not in PROMPT_ENDS:
+        raise InvalidInputError("prompt_end", f"must be one of {', '.join(PROMPT_ENDS)}, not {prompt_end!r}")
+    if raw_prompt and prompt_end != "generation_prompt":
+        raise InvalidInputError("prompt_end", "a raw prompt is the whole prompt: no chat template to end")
+
+
+def check_prompt_form(backend: Any, i: int, request: Any) -> None:
+    """InvalidInputError for a raw prompt ``backend`` cannot take (or one with turns), or a ``prompt_end`` it does
+    not render (its ``prompt_ends``) or the prompt cannot take: ``continue`` needs a final assistant turn of text
+    only (its text is written as is after the opening of the answer's turn)."""
+    if request.raw_prompt and not backend.supports_raw_prompt:
+        raise InvalidInputError(f"requests[{i}].raw_prompt", f"{backend.name} renders every prompt in its chat template")
+    if request.raw_prompt and request.turns is not None:
+        raise InvalidInputError(f"requests[{i}].raw_prompt", "a raw prompt is the whole prompt: it takes no turns")
+    check_prompt_end(request.prompt_end, request.raw_prompt)
+    if request.prompt_end != "generation_prompt" and request.prompt_end not in backend.prompt_ends:
+        raise InvalidInputError("prompt_end", f"{backend.name} cannot end a prompt with {request.prompt_end!r}")
+    if request.prompt_end != "continue":
+        return
+    turns, segments = request.turns, request.segments
+    if not turns or turns[-1][0] != "assistant":
+        raise InvalidInputError("prompt_end", "continue needs a final assistant turn to continue")
+    if any(not isinstance(s, str) for s in segments[len(segments) - int(turns[-1][1]):]):
+        raise InvalidInputError("prompt_end", "the continued assistant turn takes text only")
+
+
+def split_final_turn(
+    segments: Sequence[Any], turns: Sequence[tuple[str, int]]
+) -> tuple[list[Any], list[tuple[str, int]], str]:
+    """The segments and turns before the final turn, and the final turn's text: a continued prompt is the
+    earlier turns with the opening of the answer's turn, then that text (as llama-server renders a prefill)."""
+    count = int(turns[-1][1])
+    head = list(segments)[: len(segments) - count]
+    return head, [(str(role), int(n)) for role, n in turns[:-1]], "".join(segments[len(segments) - count:])

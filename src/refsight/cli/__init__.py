@@ -80,11 +80,15 @@ def describe_error(error: RefsightError, args: argparse.Namespace) -> tuple[str,
         argument = next((shown for dest, shown in fields.items() if getattr(args, dest, None) == error.input), None)
     if argument is None:
         return str(error), False
-    reason = error.reason
+    return f"{argument}: {_in_flags(error.reason, fields)}", True
+
+
+def _in_flags(reason: str, fields: Mapping[str, str]) -> str:
+    """``reason`` with the library's field names spelled as the command's flags (``top_k`` → ``--top-k``)."""
     for field, flag in fields.items():
         if "_" in field and flag.startswith("-"):
-            reason = re.sub(rf"\b{re.escape(field)}\b", flag, reason)  # top_k → --top-k
-    return f"{argument}: {reason}", True
+            reason = re.sub(rf"\b{re.escape(field)}\b", flag, reason)
+    return reason
 
 
 def _resolve_store_options(args: argparse.Namespace) -> None:

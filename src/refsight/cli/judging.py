@@ -103,7 +103,7 @@ def _search_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _parse_where(items: Sequence[str]) -> dict[str, str] | None:
-    from .. import validate_where
+    from ..retrieval.vectors import validate_where
 
     # Checked now (key names, at most MAX_WHERE_KEYS keys), before the index is synced.
     return validate_where(parse_pairs(items, "--where")) if items else None

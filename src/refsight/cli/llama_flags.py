@@ -1,11 +1,13 @@
 """The llama-server flags ``refsight serve`` takes beyond the model and the port, and what each does here.
 
 llama-server users keep their command lines: each flag is **honoured** (``--n-predict``, ``--temp``,
-``--seed``, ``--no-webui``, ``--api-key`` several times or comma-separated), **accepted as a no-op
-where that is true** (``--jinja``: the model's own Jinja template is always what renders chats;
-``--metrics``: ``/metrics`` is always served, to the operator; ``-ctk``/``-ctv f16``: the KV cache's
-only type here), or **refused by name** before anything loads (``--chat-template-file``,
-``--slot-save-path``, other KV cache types), exit 2, never silently ignored.
+``--seed``, ``--no-webui``, ``--api-key`` several times or comma-separated, ``--chat-template NAME|JINJA``
+and ``--chat-template-file FILE``: the template renders every chat instead of the model's own, and
+prefix states are keyed by it), **accepted as a no-op where that is true** (``--jinja``: chats are
+always rendered with Jinja, llama-server's default; ``--metrics``: ``/metrics`` is always served, to
+the operator; ``-ctk``/``-ctv f16``: the KV cache's only type here), or **refused by name** before
+anything loads (``--no-jinja``, ``--slot-save-path``, other KV cache types, a built-in template name
+not written here), exit 2, never silently ignored.
 
 ``-c`` is the whole context, shared by the ``-np`` slots as llama.cpp shares it: both the
 context and each slot's share are rounded up to a multiple of 256 (``-c 256 -np 4``: four slots
@@ -16,11 +18,13 @@ of 256, as llama-server starts them); ``--kv-unified`` (llama-server's ``-kvu``)
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
+from ..settings import BUILTIN_TEMPLATES, builtin_template
 from .arguments import UsageError, path_argument, text_argument
 
-__all__ = ["add_llama_server_arguments", "llama_server_settings", "slot_context", "KV_PAD"]
+__all__ = ["add_llama_server_arguments", "llama_server_settings", "slot_context", "chat_template", "KV_PAD"]
 
 #: llama.cpp rounds the context, and each sequence's share of it, up to a multiple of this (``GGML_PAD(n, 256)``).
 KV_PAD = 256
@@ -36,10 +40,16 @@ def add_llama_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temp", dest="temp", type=float, metavar="T", help="default temperature (default 0: greedy)")
     p.add_argument("--seed", dest="seed", type=int, metavar="N", help="default sampling seed (-1: a fresh one)")
     p.add_argument("--no-webui", dest="no_webui", action="store_true", help="serve the API only, no page at /")
-    p.add_argument("--jinja", action="store_true", help="accepted: chats are always rendered by the model's Jinja template")
+    p.add_argument("--jinja", dest="jinja", action="store_true", default=None,
+                   help="render chats with Jinja templates (the default, as llama-server's)")
+    p.add_argument("--no-jinja", dest="jinja", action="store_false",
+                   help="refused: refsight renders chat templates with Jinja only")
     p.add_argument("--metrics", action="store_true", help="accepted: /metrics is always served (to the operator)")
+    p.add_argument("--chat-template", dest="chat_template", type=text_argument, metavar="JINJA_TEMPLATE",
+                   help="render chats in this template instead of the model's: a built-in name "
+                        f"({', '.join(sorted(BUILTIN_TEMPLATES))}) or the Jinja template itself")
     p.add_argument("--chat-template-file", dest="chat_template_file", type=path_argument, metavar="FILE",
-                   help="refused: refsight renders the model's own chat template")
+                   help="render chats in the Jinja template in FILE instead of the model's")
     p.add_argument("--slot-save-path", dest="slot_save_path", type=path_argument, metavar="DIR",
                    help="refused: slots are not saved or restored (the prefix cache keeps prompt states)")
     p.add_argument("-ctk", "--cache-type-k", dest="cache_type_k", type=text_argument, metavar="TYPE",
@@ -65,11 +75,34 @@ def add_llama_server_arguments(p: argparse.ArgumentParser) -> None:
                         "-c positions: the memory of -c per slot)")
 
 
+def chat_template(args: argparse.Namespace) -> str | None:
+    """The Jinja that replaces the model's chat template (``--chat-template NAME|JINJA``, ``--chat-template-file``),
+    or None; UsageError for a name not served, an unreadable file or both flags."""
+    if args.chat_template is not None and args.chat_template_file is not None:
+        raise UsageError("--chat-template and --chat-template-file both name a template; give one")
+    if args.chat_template_file is not None:
+        try:
+            text = Path(args.chat_template_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"--chat-template-file {args.chat_template_file}: cannot read it: {e}") from None
+        if not text.strip():
+            raise UsageError(f"--chat-template-file {args.chat_template_file}: the file is empty")
+        return text
+    value = args.chat_template
+    if value is None:
+        return None
+    if "{{" in value or "{%" in value:
+        return value  # the template itself, as llama-server takes it
+    try:
+        return builtin_template(value.strip())
+    except ValueError as e:
+        raise UsageError(f"--chat-template: {e}") from None
+
+
 def _refuse(args: argparse.Namespace) -> None:
     """UsageError naming the first flag that cannot be honoured."""
-    if args.chat_template_file is not None:
-        raise UsageError("--chat-template-file is not supported: refsight renders the model's own chat template "
-                         "(the cached image states are keyed by it)")
+    if args.jinja is False:
+        raise UsageError("--no-jinja is not supported: refsight renders chat templates with Jinja only")
     if args.slot_save_path is not None:
         raise UsageError("--slot-save-path is not supported: slots are not saved or restored "
                          "(refsight's prefix cache keeps prompt states instead)")

@@ -49,7 +49,7 @@ def format_stats(d: dict[str, Any]) -> str:
     for name, figures in (d.get("runtime_prefix_cache") or {}).items():
         lines.append(f"{name}: runtime prefix cache hit rate {percent(figures.get('hits', 0), figures.get('queries', 0))}")
     if d.get("models"):
-        from .. import available_models  # registry names only: the name that loads each model
+        from ..backends.registry import available_models  # registry names only: the name that loads each model
 
         names = available_models()
         rows = [(model_name({"model_id": m["model"]}, names), m["hits"], format_ms(m["encode_ms_saved"] / m["hits"]), format_ms(m["load_ms"] / m["hits"]))

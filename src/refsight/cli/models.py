@@ -62,7 +62,7 @@ def _stored_fingerprints(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def cmd_models(args: argparse.Namespace) -> int:
     """refsight models"""
-    from .. import available_models  # the registry: names only, no backend is imported
+    from ..backends.registry import available_models  # the registry: names only, no backend is imported
 
     names = available_models()
     details = {name: {**describe_model(name), "fingerprints": []} for name in names}
@@ -70,7 +70,7 @@ def cmd_models(args: argparse.Namespace) -> int:
         owner = model_name(fingerprint, names)
         entry = details.setdefault(owner, {**describe_model(owner), "fingerprints": []})
         entry["fingerprints"].append({k: fingerprint[k] for k in ("fingerprint_digest", "packages", "bytes")})
-    from .. import family_rows
+    from ..backends.family_table import family_rows
 
     data = {"models": names, "default": default_model(), "details": list(details.values()), "families": family_rows()}
     emit(args, data, _models_table)
@@ -92,7 +92,7 @@ def _models_table(d: dict[str, Any]) -> str:
 
 def _families_table(d: dict[str, Any]) -> str:
     """Model type × runtime: the built-in that proves cached == fresh there, or why it is not served."""
-    from .. import FAMILY_RUNTIMES as RUNTIMES
+    from ..backends.family_table import RUNTIMES
 
     def cell(entry: dict[str, Any]) -> str:
         return f"yes ({entry['model']})" if entry["proven"] else ("no" if entry["why"] == "not proven yet" else "not served")

@@ -15,12 +15,21 @@ import sys
 from .arguments import EMBEDDER_HELP, Command, UsageError, path_argument, text_argument
 from ..extras import install_command
 from .context import backend_options, settings_of
-from .llama_flags import add_llama_server_arguments, llama_server_settings, slot_context
+from .llama_flags import add_llama_server_arguments, chat_template, llama_server_settings, slot_context
 
 __all__ = ["COMMANDS"]
 
 #: The model-name prefix of a GGUF file (the llama.cpp backend's; cli/ names no backend module).
 _LLAMACPP = "llamacpp:"
+
+
+def _slots_arguments(p: argparse.ArgumentParser) -> None:
+    """llama-server's ``--slots``/``--no-slots`` (whether ``GET /slots`` is served) and ``-v``/``--verbose``."""
+    p.add_argument("-v", "--verbose", action="store_true", help="log at debug level (as llama-server's -v)")
+    p.add_argument("--slots", dest="slots_endpoint", action="store_true", default=True,
+                   help="serve GET /slots (the default, as llama-server's)")
+    p.add_argument("--no-slots", dest="slots_endpoint", action="store_false",
+                   help="no GET /slots: it answers 501, as llama-server's --no-slots")
 
 
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,10 +52,8 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         "-c", "--ctx-size", "--max-model-len", dest="ctx_size", type=int, metavar="N",
         help="context size in tokens, where the runtime has a limit (llama.cpp)",
     )
-    p.add_argument(
-        "--host", default="127.0.0.1",
-        help="address(es) to bind, comma-separated as llama-server's (127.0.0.1,::1); non-loopback needs API keys",
-    )
+    p.add_argument("--host", default="127.0.0.1", help=(
+        "address(es) to bind, comma-separated as llama-server's (127.0.0.1,::1); non-loopback needs API keys"))
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
         "--cors-origins", default="localhost", metavar="ORIGINS",
@@ -65,6 +72,7 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         "-fa", dest="flash_attn", type=text_argument, default=None, metavar="on|off|auto",
         help="llama.cpp's flash attention, as llama-server's -fa (= --flash-attn; default auto, off with --parallel)",
     )
+    _slots_arguments(p)
     p.add_argument("--workers", type=int, default=None, help="threads running model work (default: 2, or --parallel: -np 1 is one)")
     p.add_argument("--keys", metavar="FILE", type=path_argument, help="API keys, one KEY=NAMESPACE a line (default: $REFSIGHT_API_KEYS)")
     p.add_argument("--share-packages", action="store_true", help=(
@@ -138,6 +146,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         options = dataclasses.replace(options, n_ctx=slot_context(args))
     if args.parallel is not None:
         options = dataclasses.replace(options, parallel=args.parallel)
+    template = chat_template(args)
+    if template is not None:
+        options = dataclasses.replace(options, chat_template=template)
     # N slots need N requests reaching the model at once, and -np 1 is one slot (llama-server's /slots).
     workers = args.workers if args.workers is not None else (args.parallel or 2)
     if args.parallel is not None and workers < args.parallel:
@@ -154,7 +165,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         embedder=args.embedder, max_prompt_tokens=args.max_prompt_tokens,
         ingest_attributes=() if args.attributes == "none" else (args.attributes,),
         redis=args.redis, max_package_bytes=args.max_package_bytes, use_cache=not args.no_cache,
-        remember_images=args.remember_images,
+        remember_images=args.remember_images, slots_endpoint=args.slots_endpoint, verbose=args.verbose,
         cors_origins=_names(args.cors_origins), allowed_hosts=_names(args.allowed_hosts), **llama_settings,
     ))
     return 0

@@ -53,7 +53,7 @@ def size(n: float | None) -> str:
 
 def model_names(fingerprints: Iterable[dict[str, Any]]) -> dict[str, str]:
     """Fingerprint digest → the name that loads its model, from ``prune``'s listing (see :func:`model_name`)."""
-    from .. import available_models  # the registry's names: nothing is imported or loaded
+    from ..backends.registry import available_models  # the registry's names: nothing is imported or loaded
 
     names = available_models()
     return {f["fingerprint_digest"]: model_name(f, names) for f in fingerprints}

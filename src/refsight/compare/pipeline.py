@@ -103,13 +103,7 @@ class ComparePipeline:
 
     def _run(self, context: RequestContext, options: CompareRequest, timer: StageTimer) -> CompareResult:
         request = self._request(context, options)
-        for ref_id in options.ref_ids:  # a mistyped name fails in a catalog read, not after the model's load
-            self.book.get(ref_id, namespace=context.namespace)
-        if not context.models.is_loaded(context.model):
-            # The model's first load in this process (imports, weights: seconds) is start-up, not a
-            # stage: booked to whichever stage first touched the backend, it read "candidate encode 4 s".
-            with timer("startup"):
-                context.backend  # noqa: B018 - the property loads it
+        self._start(context, options, timer)
         found = None
         if options.top_k is not None:
             with timer("recall"):
@@ -119,11 +113,7 @@ class ComparePipeline:
         if request.sources and any(c.required for c in request.rubric.criteria):
             with timer("prefilter"):
                 candidate_record = self.prefilter(request, shortlist)
-        survivors = [ref for ref in shortlist.refs if ref.ref_id not in shortlist.filtered]
-        finalists = survivors[: options.top_k] if options.rerank is None and options.recall_k else survivors
-        if options.rerank is not None and survivors:
-            with timer("rerank"):
-                finalists = self.rerank(request, shortlist, survivors[: options.rerank])  # the best by recall go on
+        finalists = self._finalists(request, shortlist, timer)
         judged, vlm_calls = [], 0
         if finalists:
             judged, vlm_calls = self._judge_finalists(request, shortlist, finalists, candidate_record, timer)
@@ -132,6 +122,26 @@ class ComparePipeline:
             random_weights=bool(context.backend.random_weights), results=self._rows(shortlist, judged),
             timings_ms=timer.done(), recalled=shortlist.recalled, vlm_calls=vlm_calls, stages=shortlist.counts,
         )
+
+    def _start(self, context: RequestContext, options: CompareRequest, timer: StageTimer) -> None:
+        """The named references looked up, then the model loaded (its first load timed as start-up)."""
+        for ref_id in options.ref_ids:  # a mistyped name fails in a catalog read, not after the model's load
+            self.book.get(ref_id, namespace=context.namespace)
+        if not context.models.is_loaded(context.model):
+            # The model's first load in this process (imports, weights: seconds) is start-up, not a
+            # stage: booked to whichever stage first touched the backend, it read "candidate encode 4 s".
+            with timer("startup"):
+                context.backend  # noqa: B018 - the property loads it
+
+    def _finalists(self, request: _Request, shortlist: _Shortlist, timer: StageTimer) -> list[Reference]:
+        """The references the judge sees: the survivors of the prefilter, reranked or cut to ``top_k``."""
+        options = request.options
+        survivors = [ref for ref in shortlist.refs if ref.ref_id not in shortlist.filtered]
+        finalists = survivors[: options.top_k] if options.rerank is None and options.recall_k else survivors
+        if options.rerank is not None and survivors:
+            with timer("rerank"):
+                finalists = self.rerank(request, shortlist, survivors[: options.rerank])  # the best by recall go on
+        return finalists
 
     # -- the stages ------------------------------------------------------------------------
     def recall(self, request: _Request) -> SearchResult:

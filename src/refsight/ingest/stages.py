@@ -154,22 +154,32 @@ class EncodeStage:
         out: dict[int, dict[str, Any]] = {}
         images: dict[int, ImageInput] = {}
         for row in items:
-            result = {"index": row["index"], "sha256": row["sha256"], "data": b"", "fmt": "", "package": b"",
-                      "vector": b"", "record": "", "encode_ms": 0.0, "error": ""}
-            out[row["index"]] = result
-            try:
-                image = load_image(Path(row["path"]), limits=self.spec.limits, name=row["path"])
-                if image.sha256 != row["sha256"]:
-                    raise ValueError(f"{row['path']} changed while it was ingested; run the ingest again")
-            except Exception as e:
-                result["error"] = _error(e)
-                continue
-            images[row["index"]] = image
-            result["data"], result["fmt"] = image.source_bytes, image.source_format or ""
-        self._packages([r for r in items if r["need_package"] and r["index"] in images], images, out)
-        self._vectors([r for r in items if r["need_vector"] and r["index"] in images], images, out)
-        self._records([r for r in items if r["need_record"] and r["index"] in images], images, out)
+            out[row["index"]] = result = {
+                "index": row["index"], "sha256": row["sha256"], "data": b"", "fmt": "", "package": b"", "vector": b"",
+                "record": "", "encode_ms": 0.0, "error": "",
+            }
+            image = self._reload(row, result)
+            if image is not None:
+                images[row["index"]] = image
+                result["data"], result["fmt"] = image.source_bytes, image.source_format or ""
+        def needing(what: str) -> list[dict[str, Any]]:
+            return [r for r in items if r[what] and r["index"] in images]
+
+        self._packages(needing("need_package"), images, out)
+        self._vectors(needing("need_vector"), images, out)
+        self._records(needing("need_record"), images, out)
         return columns([out[row["index"]] for row in items], ENCODE_COLUMNS)
+
+    def _reload(self, row: Mapping[str, Any], result: dict[str, Any]) -> ImageInput | None:
+        """The row's image decoded again (the same pixels the hash stage saw), or None with ``result``'s error set."""
+        try:
+            image = load_image(Path(row["path"]), limits=self.spec.limits, name=row["path"])
+            if image.sha256 != row["sha256"]:
+                raise ValueError(f"{row['path']} changed while it was ingested; run the ingest again")
+        except Exception as e:
+            result["error"] = _error(e)
+            return None
+        return image
 
     def _each(self, todo: list[dict[str, Any]], images: dict[int, ImageInput], out: dict[int, dict], work) -> None:
         """Run ``work(rows, images)`` on ``todo``; when it fails, one row at a time so only the bad row fails."""

@@ -48,9 +48,26 @@ def read_regular_file(path: str | os.PathLike, max_bytes: int) -> bytes:
     not a regular file (directory, FIFO, device, socket) and a file over
     ``max_bytes``; the reason names which. Never blocks on a FIFO.
     """
+    fd = _open(path)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise FileReadError(f"is {file_kind(info.st_mode)}, not a regular file; only regular files are read")
+        if info.st_size > max_bytes:
+            raise FileReadError(f"file is {info.st_size} bytes, over the {max_bytes}-byte limit")
+        return _read_bounded(fd, max_bytes)
+    except OSError as e:
+        raise FileReadError(f"cannot read file: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+
+
+def _open(path: str | os.PathLike) -> int:
+    """A file descriptor of ``path``, opened without blocking (a FIFO) or taking a terminal; :class:`FileReadError`
+    naming why it cannot be opened."""
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
     try:
-        fd = os.open(Path(path), flags)
+        return os.open(Path(path), flags)
     except FileNotFoundError:
         raise FileReadError("no such file") from None
     except IsADirectoryError:
@@ -59,25 +76,19 @@ def read_regular_file(path: str | os.PathLike, max_bytes: int) -> bytes:
         raise FileReadError("permission denied") from None
     except (OSError, ValueError) as e:  # ENAMETOOLONG, ELOOP, ENXIO (a socket), a NUL in the path ...
         raise FileReadError(f"cannot read file: {getattr(e, 'strerror', None) or e}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise FileReadError(f"is {file_kind(info.st_mode)}, not a regular file; only regular files are read")
-        if info.st_size > max_bytes:
-            raise FileReadError(f"file is {info.st_size} bytes, over the {max_bytes}-byte limit")
-        # Bounded whatever st_size said: read one byte past the limit to detect "more".
-        chunks: list[bytes] = []
-        total = 0
-        while total <= max_bytes:
-            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        if total > max_bytes:
-            raise FileReadError(f"file is over the {max_bytes}-byte limit")
-        return b"".join(chunks)
-    except OSError as e:
-        raise FileReadError(f"cannot read file: {e.strerror or e}") from None
-    finally:
-        os.close(fd)
+
+
+def _read_bounded(fd: int, max_bytes: int) -> bytes:
+    """All of ``fd``'s bytes, refused past ``max_bytes`` whatever its size said."""
+    # Read one byte past the limit to detect "more".
+    chunks: list[bytes] = []
+    total = 0
+    while total <= max_bytes:
+        chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    if total > max_bytes:
+        raise FileReadError(f"file is over the {max_bytes}-byte limit")
+    return b"".join(chunks)

@@ -199,22 +199,7 @@ def _items_from_data(data: Any) -> list[Any]:
 
 def _criterion(index: int, item: Any, max_chars: int) -> Criterion | None:
     where = f"criterion {index}"
-    weight: Any = 1.0
-    required: Any = False
-    if isinstance(item, str):
-        text = item
-    elif isinstance(item, dict):
-        unknown = set(item) - _KEYS
-        if unknown:
-            raise RubricError(where, f"unknown key(s) {sorted(map(str, unknown))}; allowed: text, weight, required")
-        if "text" not in item:
-            raise RubricError(where, "a criterion mapping needs a 'text'")
-        text, weight, required = item["text"], item.get("weight", 1.0), item.get("required", False)
-        if not isinstance(text, str):
-            raise RubricError(where, f"text must be a string, not {type(text).__name__}")
-    else:
-        raise RubricError(where, f"a criterion must be a string or a mapping, not {type(item).__name__}")
-
+    text, weight, required = _criterion_fields(where, item)
     text = _SPACES.sub(" ", check_text(text, where)).strip()
     if not any(ch.isalnum() for ch in text):
         if isinstance(item, dict):
@@ -223,11 +208,31 @@ def _criterion(index: int, item: Any, max_chars: int) -> Criterion | None:
     where = f"criterion {index} ({text[:60]!r})"
     if len(text) > max_chars:
         raise RubricError(where, f"{len(text)} characters, over the {max_chars}-character limit per criterion")
+    _check_weight(where, weight)
+    if not isinstance(required, bool):
+        raise RubricError(where, f"required must be true or false, not {required!r}")
+    return Criterion(text=text, weight=float(weight), required=required)
+
+
+def _criterion_fields(where: str, item: Any) -> tuple[str, Any, Any]:
+    """(text, weight, required) of a criterion given as a string or a mapping; the text checked to be a string."""
+    if isinstance(item, str):
+        return item, 1.0, False
+    if not isinstance(item, dict):
+        raise RubricError(where, f"a criterion must be a string or a mapping, not {type(item).__name__}")
+    unknown = set(item) - _KEYS
+    if unknown:
+        raise RubricError(where, f"unknown key(s) {sorted(map(str, unknown))}; allowed: text, weight, required")
+    if "text" not in item:
+        raise RubricError(where, "a criterion mapping needs a 'text'")
+    if not isinstance(item["text"], str):
+        raise RubricError(where, f"text must be a string, not {type(item['text']).__name__}")
+    return item["text"], item.get("weight", 1.0), item.get("required", False)
+
+
+def _check_weight(where: str, weight: Any) -> None:
     # bool is an int subclass: True must not pass as weight 1.
     if isinstance(weight, bool) or not isinstance(weight, (int, float)):
         raise RubricError(where, f"weight must be a positive number, not {weight!r}")
     if not math.isfinite(weight) or weight <= 0:
         raise RubricError(where, f"weight must be a positive finite number, not {weight!r}")
-    if not isinstance(required, bool):
-        raise RubricError(where, f"required must be true or false, not {required!r}")
-    return Criterion(text=text, weight=float(weight), required=required)

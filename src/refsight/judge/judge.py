@@ -151,7 +151,16 @@ class Judge:
         if self.attribute_sources and not self.force_vlm:
             candidate_attrs = self._fill_attributes(refs, candidate, candidate_attrs)
         settled = self._settle(rubric, refs, candidate_attrs)
-        pending = [
+        pending = self._pending(rubric, refs, settled)
+        requests_per_ref = [0] * len(refs)
+        self._run(pending, candidate, requests_per_ref)
+        return _results(rubric, refs, settled, pending, requests_per_ref)
+
+    def _pending(
+        self, rubric: Rubric, refs: list[JudgeReference], settled: list[list[CriterionVerdict | None]]
+    ) -> list[_Pending]:
+        """One VLM request per reference with criteria the attribute records did not settle."""
+        return [
             _Pending(
                 index=i, visual=visual, criteria=todo, schema=verdict_schema(todo, evidence_max_chars=self.evidence_max_chars),
                 constrained=self.backend.supports_constrained_decoding,
@@ -159,18 +168,6 @@ class Judge:
             for i, ((_, visual, _), answers) in enumerate(zip(refs, settled))
             if (todo := [c for c, a in zip(rubric.criteria, answers) if a is None])
         ]
-        requests_per_ref = [0] * len(refs)
-        self._run(pending, candidate, requests_per_ref)
-
-        results = []
-        by_index = {p.index: p for p in pending}
-        for i, ((ref_id, _, _), answers) in enumerate(zip(refs, settled)):
-            vlm = iter(by_index[i].verdicts or []) if i in by_index else iter(())
-            verdicts = [a if a is not None else next(vlm) for a in answers]
-            results.append(
-                ReferenceResult(ref_id, score_verdicts(rubric.criteria, verdicts), verdicts, requests_per_ref[i])
-            )
-        return results
 
     def _fill_attributes(
         self, refs: list[JudgeReference], candidate: ModelImage, candidate_attrs: Mapping[str, Any] | None
@@ -201,23 +198,8 @@ class Judge:
     def _check_references(self, references: Any) -> list[JudgeReference]:
         if isinstance(references, (str, bytes)) or not isinstance(references, Sequence) or not references:
             raise InvalidInputError("references", "give at least one (ref_id, package or image, attributes) tuple")
-        out: list[JudgeReference] = []
         seen: set[str] = set()
-        for n, entry in enumerate(references):
-            if not isinstance(entry, tuple) or len(entry) not in (2, 3):
-                raise InvalidInputError(f"references[{n}]", "must be a (ref_id, package or image, attributes) tuple")
-            ref_id, visual, attrs = (*entry, None) if len(entry) == 2 else entry
-            if not isinstance(ref_id, str) or not ref_id:
-                raise InvalidInputError(f"references[{n}]", f"ref_id must be a non-empty string, not {ref_id!r}")
-            if ref_id in seen:
-                raise InvalidInputError(ref_id, "reference given twice")
-            seen.add(ref_id)
-            if not isinstance(visual, (VisualPackage, ImageInput)):
-                raise InvalidInputError(ref_id, f"must be a VisualPackage or an ImageInput, not {type(visual).__name__}")
-            if attrs is not None and not isinstance(attrs, Mapping):
-                raise InvalidInputError(ref_id, f"attributes must be a mapping or None, not {type(attrs).__name__}")
-            out.append((ref_id, visual, attrs))
-        return out
+        return [_reference(n, entry, seen) for n, entry in enumerate(references)]
 
     def _request(self, p: _Pending, candidate: ModelImage) -> GenerationRequest:
         budget = token_budget(p.criteria, evidence_max_chars=self.evidence_max_chars)
@@ -264,3 +246,35 @@ class Judge:
     def _generate(self, requests: list[GenerationRequest]) -> list[str]:
         self.vlm_calls += len(requests)
         return generate_texts(self.backend, requests)
+
+
+def _reference(n: int, entry: Any, seen: set[str]) -> JudgeReference:
+    """``references[n]`` checked: a (ref_id, package or image[, attributes]) tuple, its ref_id not in ``seen``
+    (added to it)."""
+    if not isinstance(entry, tuple) or len(entry) not in (2, 3):
+        raise InvalidInputError(f"references[{n}]", "must be a (ref_id, package or image, attributes) tuple")
+    ref_id, visual, attrs = (*entry, None) if len(entry) == 2 else entry
+    if not isinstance(ref_id, str) or not ref_id:
+        raise InvalidInputError(f"references[{n}]", f"ref_id must be a non-empty string, not {ref_id!r}")
+    if ref_id in seen:
+        raise InvalidInputError(ref_id, "reference given twice")
+    seen.add(ref_id)
+    if not isinstance(visual, (VisualPackage, ImageInput)):
+        raise InvalidInputError(ref_id, f"must be a VisualPackage or an ImageInput, not {type(visual).__name__}")
+    if attrs is not None and not isinstance(attrs, Mapping):
+        raise InvalidInputError(ref_id, f"attributes must be a mapping or None, not {type(attrs).__name__}")
+    return ref_id, visual, attrs
+
+
+def _results(
+    rubric: Rubric, refs: list[JudgeReference], settled: list[list[CriterionVerdict | None]], pending: list[_Pending],
+    requests_per_ref: list[int],
+) -> list[ReferenceResult]:
+    """Per reference, the settled verdicts with the VLM's filled in, in the rubric's order, and the score."""
+    results = []
+    by_index = {p.index: p for p in pending}
+    for i, ((ref_id, _, _), answers) in enumerate(zip(refs, settled)):
+        vlm = iter(by_index[i].verdicts or []) if i in by_index else iter(())
+        verdicts = [a if a is not None else next(vlm) for a in answers]
+        results.append(ReferenceResult(ref_id, score_verdicts(rubric.criteria, verdicts), verdicts, requests_per_ref[i]))
+    return results

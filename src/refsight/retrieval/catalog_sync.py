@@ -64,23 +64,13 @@ def sync_with_catalog(
     if rebuild:
         retriever.rebuild([], namespace=namespace)
         db.mark_synced(digest, namespace, None)
-    synced = db.synced_revision(digest, namespace)
-    changes = catalog.changes_since(synced, namespace=namespace)
-    if synced is not None and changes.revision < synced:
-        # revisions only grow, so this is another catalog (the store was recreated): its
-        # revisions say nothing about ours, so forget them and diff everything
-        db.forget_revisions(digest, namespace)
-        synced, changes = None, catalog.changes_since(None, namespace=namespace)
+    synced, changes = _changes(retriever, catalog, namespace)
     if synced is not None and changes.revision == synced:
         return SyncReport(synced, 0, 0, full=False)
 
     full = synced is None
     indexed = db.entries_by_ref(digest, namespace, None if full else [row.ref_id for row in changes.changed])
-    if full:
-        live = {row.ref_id for row in changes.changed}
-        gone = [ref_id for ref_id in indexed if ref_id not in live]
-    else:
-        gone = changes.removed
+    gone = _removed(indexed, changes) if full else changes.removed
     count = _index_changed(retriever, (namespace, scope), changes, indexed, load_image, progress_bar)
     _, removed = retriever.apply(namespace, changes.revision, removals=gone)
     if rebuild:
@@ -92,25 +82,39 @@ def sync_with_catalog(
     return SyncReport(changes.revision, count, removed, full)
 
 
+def _changes(retriever: Retriever, catalog: Catalog, namespace: str) -> tuple[int | None, ReferenceChanges]:
+    """(the revision ``namespace`` was synced at, or None; the catalog's changes since it)."""
+    db, digest = retriever.db, retriever.embedder.digest
+    synced = db.synced_revision(digest, namespace)
+    changes = catalog.changes_since(synced, namespace=namespace)
+    if synced is not None and changes.revision < synced:
+        # revisions only grow, so this is another catalog (the store was recreated): its
+        # revisions say nothing about ours, so forget them and diff everything
+        db.forget_revisions(digest, namespace)
+        return None, catalog.changes_since(None, namespace=namespace)
+    return synced, changes
+
+
+def _removed(indexed: dict[str, Entry], changes: ReferenceChanges) -> list[str]:
+    """On a full diff: the references indexed that the catalog no longer holds."""
+    live = {row.ref_id for row in changes.changed}
+    return [ref_id for ref_id in indexed if ref_id not in live]
+
+
 def _index_changed(
     retriever: Retriever, where: tuple[str, str | None], changes: ReferenceChanges, indexed: dict[str, Entry],
     load_image: Callable[[ReferenceRow], ImageInput], progress_bar: Callable[[int], AbstractContextManager[Any]] | None,
 ) -> int:
     """Apply the changed rows of ``(namespace, scope)`` at the changes' revision, embedding what has no cached vector."""
     namespace, scope = where
-    db, key = retriever.db, vector_key(retriever.embedder.digest, scope)
+    key = vector_key(retriever.embedder.digest, scope)
     stale = [row for row in changes.changed if not _indexed_as(indexed.get(row.ref_id), row)]
     silent = nullcontext(SimpleNamespace(update=lambda n: None))
     count = 0
     with progress_bar(len(stale)) if progress_bar else silent as bar:
         for start in range(0, len(stale), BATCH):
             batch = stale[start : start + BATCH]
-            # Only images without a cached vector are decoded (bulk ingest caches them all).
-            cached = db.get_vectors(key, [row.image_sha256 for row in batch])
-            todo = {row.image_sha256: row for row in batch if row.image_sha256 not in cached}
-            if todo:
-                fresh = retriever.vectors([load_image(row) for row in todo.values()], scope=scope)  # one model pass
-                db.put_vectors(key, dict(zip(todo, fresh)))  # under the catalog's hash: the entries join on it
+            _embed_uncached(retriever, key, scope, batch, load_image)
             count += retriever.apply(namespace, changes.revision, upserts=batch, scope=scope)[0]
             bar.update(len(batch))
     # Rows indexed as they are still move to this revision, so an older snapshot cannot undo them.
@@ -122,3 +126,15 @@ def _index_changed(
 
 def _indexed_as(entry: Entry | None, row: ReferenceRow) -> bool:
     return entry is not None and entry.image_sha256 == row.image_sha256 and entry.metadata == row.metadata
+
+
+def _embed_uncached(
+    retriever: Retriever, key: str, scope: str | None, batch: list[ReferenceRow], load_image: Callable[[ReferenceRow], ImageInput],
+) -> None:
+    """Embed the rows of ``batch`` without a cached vector under ``key``, in one model pass, and cache them."""
+    # Only images without a cached vector are decoded (bulk ingest caches them all).
+    cached = retriever.db.get_vectors(key, [row.image_sha256 for row in batch])
+    todo = {row.image_sha256: row for row in batch if row.image_sha256 not in cached}
+    if todo:
+        fresh = retriever.vectors([load_image(row) for row in todo.values()], scope=scope)  # one model pass
+        retriever.db.put_vectors(key, dict(zip(todo, fresh)))  # under the catalog's hash: the entries join on it

@@ -17,6 +17,7 @@ endpoints (``/health``, ``/props``, ``/tokenize``, ``/completion`` ...), ``/v1/s
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 from ..settings import apply_threads, available_cores, thread_budget
@@ -44,8 +45,11 @@ def serve(config: ServerConfig) -> None:
     # string is redacted (a key sent as ?api_key=... must not reach the log either).
     # A request must arrive within its deadlines (connections.py): slow senders are closed.
     # Every address of --host (llama-server takes several, comma-separated) serves the same app.
+    if config.verbose:  # --verbose: refsight's own loggers too, not only uvicorn's
+        logging.getLogger("refsight").setLevel(logging.DEBUG)
     run_bound(
-        app, config.host, config.port, log_level="info", server_header=False, log_config=log_config(),
+        app, config.host, config.port, log_level="debug" if config.verbose else "info", server_header=False,
+        log_config=log_config(),
         **uvicorn_options(config),
     )
 

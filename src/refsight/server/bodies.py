@@ -17,7 +17,7 @@ from fastapi import Request
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticCustomError
 
-from .. import MAX_WHERE_KEYS
+from ..retrieval.vectors import MAX_WHERE_KEYS
 from ..inputs.jsonlimits import load_json
 from ..inputs.text import check_text, check_texts
 from .errors import ApiError
@@ -193,8 +193,6 @@ async def read_body(request: Request, model: type[BaseModel], *, files: set[str]
 
 
 async def _read_multipart(request: Request, model: type[BaseModel], files: set[str]) -> tuple[BaseModel, dict[str, bytes]]:
-    from starlette.datastructures import UploadFile
-
     try:
         form = await request.form(max_files=8, max_fields=200, max_part_size=1 << 30)  # the body limit already bounds it
     except Exception as e:  # malformed multipart: the parser's message names the problem
@@ -208,21 +206,7 @@ async def _read_multipart(request: Request, model: type[BaseModel], files: set[s
             if len(values) > 1 and name not in _LIST_FIELDS:
                 # Two image parts (or two ids): which one was meant is a guess, so refuse.
                 raise ApiError(400, "invalid_input", f"{name}: given {len(values)} times; send it once")
-            if name in files:
-                value = values[-1]
-                if isinstance(value, UploadFile):
-                    blobs[name] = await value.read()
-                    data[name] = "<file>"
-                else:
-                    data[name] = value
-            elif name in _LIST_FIELDS:
-                data[name] = [i.strip() for v in values if isinstance(v, str) for i in v.split(",") if i.strip()]
-            elif any(isinstance(v, UploadFile) for v in values):
-                raise ApiError(422, "validation_error", f"{name}: expected a text field, got a file")
-            elif name in _JSON_FIELDS:
-                data[name] = load_json(values[-1], name) if values[-1].strip() else None
-            else:
-                data[name] = values[-1] if values[-1] != "" else None
+            data[name] = await _form_value(name, values, files, blobs)
     finally:
         await form.close()
     data = {k: v for k, v in data.items() if v is not None}
@@ -233,6 +217,31 @@ async def _read_multipart(request: Request, model: type[BaseModel], files: set[s
         return model.model_validate(data), blobs
     except ValidationError as e:
         raise _validation_error(e) from None
+
+
+async def _form_value(name: str, values: list[Any], files: set[str], blobs: dict[str, bytes]) -> Any:
+    """The value of the form field ``name`` (None: left out): a file part's bytes go to ``blobs`` (its value is
+    ``"<file>"``), a list field's comma-separated items, a JSON field parsed, any other the text."""
+    from starlette.datastructures import UploadFile
+
+    if name in files:
+        value = values[-1]
+        if not isinstance(value, UploadFile):
+            return value
+        blobs[name] = await value.read()
+        return "<file>"
+    if name in _LIST_FIELDS:
+        return _list_items(values)
+    if any(isinstance(v, UploadFile) for v in values):
+        raise ApiError(422, "validation_error", f"{name}: expected a text field, got a file")
+    if name in _JSON_FIELDS:
+        return load_json(values[-1], name) if values[-1].strip() else None
+    return values[-1] if values[-1] != "" else None
+
+
+def _list_items(values: list[Any]) -> list[str]:
+    """A list field's items: every text part's comma-separated values, blanks left out."""
+    return [i.strip() for v in values if isinstance(v, str) for i in v.split(",") if i.strip()]
 
 
 def body_schema(model: type[BaseModel], *, files: set[str], multipart: bool = True) -> dict[str, Any]:

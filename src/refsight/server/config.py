@@ -89,6 +89,10 @@ class ServerConfig:
     media_timeout_s: float = 10.0
     #: Serve refsight's page at ``/`` (``--no-webui``: False, the API only).
     webui: bool = True
+    #: Serve ``GET /slots`` (``--no-slots``: False, a 501 there, as llama-server answers it).
+    slots_endpoint: bool = True
+    #: Log at debug level (``--verbose``/``-v``, as llama-server's): uvicorn's and refsight's loggers.
+    verbose: bool = False
     #: Share packages across tenants: saves encodes, but reveals by timing that SOME tenant
     #: holds an image. Off by default: each tenant's namespace salts its package keys.
     share_packages: bool = False

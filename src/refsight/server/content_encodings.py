@@ -75,24 +75,13 @@ class _Inflater:
     def feed(self, data: bytes) -> Iterator[bytes]:
         """The decoded pieces of the next ``data``, each at most :data:`PIECE` bytes."""
         if self.inflater is None:
-            self.head += data
-            if len(self.head) < 2:
+            data = self._sniff(data)
+            if data is None:
                 return
-            data, self.head = self.head, b""
-            # A zlib header: a 32 KiB-or-smaller deflate window, and the pair a multiple of 31 (RFC 1950).
-            wrapped = data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0
-            self.inflater = zlib.decompressobj(zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS)
         while True:
-            if self.inflater.eof:
-                if not data:
-                    return
-                if not self.gzip:
-                    raise EncodingError(f"bytes after the end of the {self.name} body")
-                self.inflater = zlib.decompressobj(_WBITS[self.name])  # the next member of a multi-member gzip
-            try:
-                out = self.inflater.decompress(data, PIECE)
-            except zlib.error as e:
-                raise EncodingError(f"the {self.name} body does not decode ({e})") from None
+            if self.inflater.eof and not self._next_member(data):
+                return
+            out = self._decompress(data)
             if out:
                 yield out
             if self.inflater.eof:
@@ -102,6 +91,34 @@ class _Inflater:
             # A full piece may leave output inside zlib with no input left: ask again until a short one.
             if not data and len(out) < PIECE:
                 return
+
+    def _sniff(self, data: bytes) -> bytes | None:
+        """Deflate: once its first two bytes are here, the inflater for a zlib-wrapped or a raw stream and the bytes
+        held so far; None while fewer have come."""
+        self.head += data
+        if len(self.head) < 2:
+            return None
+        data, self.head = self.head, b""
+        # A zlib header: a 32 KiB-or-smaller deflate window, and the pair a multiple of 31 (RFC 1950).
+        wrapped = data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0
+        self.inflater = zlib.decompressobj(zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS)
+        return data
+
+    def _next_member(self, data: bytes) -> bool:
+        """At the end of a stream: False when no bytes follow; else the next member of a multi-member gzip
+        begins (True); bytes after a deflate body are an error."""
+        if not data:
+            return False
+        if not self.gzip:
+            raise EncodingError(f"bytes after the end of the {self.name} body")
+        self.inflater = zlib.decompressobj(_WBITS[self.name])
+        return True
+
+    def _decompress(self, data: bytes) -> bytes:
+        try:
+            return self.inflater.decompress(data, PIECE)
+        except zlib.error as e:
+            raise EncodingError(f"the {self.name} body does not decode ({e})") from None
 
     def finish(self) -> None:
         """:class:`EncodingError` when the body ended before its encoding did (a cut body)."""

@@ -15,6 +15,7 @@ Codes, by status::
     422 validation_error      429 overloaded        500 internal_error, backend_error, store_error
     503 store_unavailable     (the store's disk is full or read-only; nothing stored is lost, retry later)
     503 unavailable           (``/slots?fail_on_no_slot=1`` with every slot busy, as llama-server answers it)
+    501 not_supported         (``/slots`` on a server started with ``--no-slots``, as llama-server answers it)
 
 Messages use the HTTP API's words: a library message that names a command-line flag
 (``--top-k``) is translated to the request field (``top_k``) by :func:`http_wording`.

@@ -9,7 +9,11 @@ silently ignored. The names are OpenAI's, vLLM's and llama-server's: ``n_predict
 ``top_k: 0`` (no limit); llama-server's top-level ``json_schema`` is a ``response_format``
 JSON schema. llama-server's token constraints (``logit_bias``, ``ignore_eos``, a GBNF
 ``grammar``) are :class:`Sampling` fields: honoured where the backend lists them (llama.cpp),
-a 400 naming the field elsewhere.
+a 400 naming the field elsewhere. ``return_progress`` (with ``stream``) sends llama-server's
+``prompt_progress`` events where the backend reports its prompt's evaluation (llama.cpp,
+transformers), a 400 naming it elsewhere. The chat's ``add_generation_prompt`` and
+``continue_final_message`` are the chat body's (:mod:`.openai_compat`); on a raw prompt they have
+no template to act on, so only their no-op values are taken there.
 """
 
 from __future__ import annotations
@@ -117,6 +121,9 @@ class GenerationBody(BaseModel):
     ignore_eos: bool | None = Field(None, description="llama-server: never end at an end-of-generation token")
     n_probs: IntegerOrNull = Field(
         None, ge=0, description="llama-server: each token's log probability and its N most likely alternatives (0: none)"
+    )
+    return_progress: bool | None = Field(
+        None, description="llama-server: with stream, prompt_progress events (total, cache, processed, time_ms) before the answer"
     )
 
     def requested_logprobs(self) -> tuple[int | None, str]:

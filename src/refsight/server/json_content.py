@@ -13,7 +13,7 @@ compare routes take multipart too, and refuse other types with 415).
 (a JSON label, or none), before any route sees it: the bytes are decoded strictly
 (:func:`~refsight.inputs.jsonlimits.json_utf8`: UTF-8, or UTF-16/UTF-32 detected as RFC 7159
 allows, handed on as UTF-8), measured in one bounded pass (nesting over
-:data:`~refsight.MAX_JSON_DEPTH`, more than :data:`MAX_BODY_VALUES` values: each parsed value costs
+:data:`~refsight.inputs.jsonlimits.MAX_JSON_DEPTH`, more than :data:`MAX_BODY_VALUES` values: each parsed value costs
 50-130 bytes), and any ``\\uD800``-``\\uDFFF`` escape makes the strings be checked for lone
 surrogates, naming the field. So every route, whichever parser it uses (FastAPI's for pydantic
 bodies, :func:`~refsight.server.bodies.read_body`), reads the same checked UTF-8.
@@ -25,7 +25,8 @@ import json
 import re
 from typing import Any
 
-from .. import MAX_JSON_DEPTH, InvalidInputError
+from .. import InvalidInputError
+from ..inputs.jsonlimits import MAX_JSON_DEPTH
 from ..inputs.jsonlimits import json_shape, json_utf8
 from ..inputs.text import check_text, check_texts
 from .errors import ApiError
@@ -74,7 +75,7 @@ def is_json(scope: dict) -> bool:
 def checked_json_body(body: bytes) -> bytes:
     """``body`` as checked UTF-8 JSON text; :class:`ApiError` 400 ``invalid_input`` naming the body or the field.
 
-    Bytes that do not decode, nesting over :data:`~refsight.MAX_JSON_DEPTH`, more than
+    Bytes that do not decode, nesting over :data:`~refsight.inputs.jsonlimits.MAX_JSON_DEPTH`, more than
     :data:`MAX_BODY_VALUES` values, and a lone surrogate in any string (``param``: its field) are
     refused; malformed JSON is left to the route, which says so in its own words.
     """

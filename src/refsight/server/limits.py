@@ -16,7 +16,7 @@
   event loop). At most ``workers`` jobs run and at most ``queue`` wait; one more is
   refused at once with 429 ``overloaded`` instead of piling up unbounded latency.
 
-Image pixel limits are the library's own (:class:`refsight.IntakeLimits`), applied
+Image pixel limits are the library's own (:class:`refsight.images.IntakeLimits`), applied
 by the engines the app builds.
 """
 

@@ -52,34 +52,43 @@ class _CacheCollector:
             metric.add_metric([], float(stats.get(key) or 0) / divisor)
             yield metric
         yield from _tier_metrics(stats.get("tiers") or {})
-        for name, help_text in (("hits", "served without an encoder"), ("misses", "that ran the encoder")):
-            gauge = GaugeMetricFamily(f"refsight_replica_cache_{name}", f"Package lookups of this process {help_text}")
-            gauge.add_metric([], float((stats.get("replica") or {}).get(name) or 0))
-            yield gauge
-        for name, key, help_text in (
-            ("refsight_prefix_bytes", "prefix_bytes", "Bytes of reference prefix states on local disk"),
-            ("refsight_cache_max_package_bytes", "max_package_bytes", "Byte quota on packages (0: none)"),
-            ("refsight_cache_bytes", "bytes", "Bytes of packages on local disk"),
-            ("refsight_cache_packages", "packages", "Packages on local disk"),
-            ("refsight_references", "references", "References across all namespaces"),
-            ("refsight_cache_memory_bytes", "memory_bytes", "Bytes of packages in the memory tier"),
-        ):
-            if key in stats:
-                gauge = GaugeMetricFamily(name, help_text)
-                gauge.add_metric([], float(stats[key] or 0))
-                yield gauge
-        runtimes = stats.get("runtime_prefix_cache") or {}
-        if runtimes:
-            # A runtime's own prefix cache (vLLM's automatic prefix caching), per loaded backend.
-            rate = GaugeMetricFamily(
-                "refsight_runtime_prefix_cache_hit_rate", "Prompt tokens served from the runtime's own prefix cache, as a share",
-                labels=["backend"],
-            )
-            for backend, figures in runtimes.items():
-                if isinstance(figures, dict) and "hit_rate" in figures:
-                    rate.add_metric([backend], float(figures["hit_rate"]))
-            yield rate
+        yield from _gauges(stats)
+        yield from _runtime_prefix_metrics(stats.get("runtime_prefix_cache") or {})
         yield from _encoder_cache_metrics(stats.get("vllm_encoder_cache"))
+
+
+def _gauges(stats: dict[str, Any]) -> Iterator[Any]:
+    """This process's package lookups, and the store's sizes it reports."""
+    for name, help_text in (("hits", "served without an encoder"), ("misses", "that ran the encoder")):
+        gauge = GaugeMetricFamily(f"refsight_replica_cache_{name}", f"Package lookups of this process {help_text}")
+        gauge.add_metric([], float((stats.get("replica") or {}).get(name) or 0))
+        yield gauge
+    for name, key, help_text in (
+        ("refsight_prefix_bytes", "prefix_bytes", "Bytes of reference prefix states on local disk"),
+        ("refsight_cache_max_package_bytes", "max_package_bytes", "Byte quota on packages (0: none)"),
+        ("refsight_cache_bytes", "bytes", "Bytes of packages on local disk"),
+        ("refsight_cache_packages", "packages", "Packages on local disk"),
+        ("refsight_references", "references", "References across all namespaces"),
+        ("refsight_cache_memory_bytes", "memory_bytes", "Bytes of packages in the memory tier"),
+    ):
+        if key in stats:
+            gauge = GaugeMetricFamily(name, help_text)
+            gauge.add_metric([], float(stats[key] or 0))
+            yield gauge
+
+
+def _runtime_prefix_metrics(runtimes: dict[str, Any]) -> Iterator[Any]:
+    """A runtime's own prefix cache (vLLM's automatic prefix caching), per loaded backend."""
+    if not runtimes:
+        return
+    rate = GaugeMetricFamily(
+        "refsight_runtime_prefix_cache_hit_rate", "Prompt tokens served from the runtime's own prefix cache, as a share",
+        labels=["backend"],
+    )
+    for backend, figures in runtimes.items():
+        if isinstance(figures, dict) and "hit_rate" in figures:
+            rate.add_metric([backend], float(figures["hit_rate"]))
+    yield rate
 
 
 def _encoder_cache_metrics(figures: dict[str, Any] | None) -> Iterator[Any]:

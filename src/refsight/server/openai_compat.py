@@ -10,7 +10,14 @@ Other ``http(s)`` (and ``file://``) URLs are refused unless the operator opted i
 (:mod:`.remote_media`): by default the server makes no request on a client's behalf. The reply's ``refsight.media_uuids`` says what each uuid did.
 
 Conversations: ``system``/``developer``, ``user`` and ``assistant`` messages, in any
-number, with images in any user turn, are rendered in the model's own chat template.
+number, with images in any user turn, are rendered in the model's own chat template. A final
+``assistant`` message is continued, as llama-server's assistant prefill does it (its default): the
+earlier turns with the opening of the answer's turn, then that message's text, which the answer
+goes on from; ``continue_final_message: true`` with ``add_generation_prompt: false`` asks for it as
+vLLM and llama-server take it, and ``add_generation_prompt: false`` alone ends the prompt after
+the turns. ``stream: true`` with ``return_progress: true`` sends llama-server's ``prompt_progress``
+(``total``, ``cache``: tokens from a stored reference-prefix state, ``processed``, ``time_ms``) as
+the prompt's evaluation starts and once it is done, before the first token.
 
 ``stream: true`` answers with server-sent ``chat.completion.chunk`` events as tokens are
 generated (:mod:`.streaming`); a client that disconnects stops generation. ``model`` is
@@ -51,10 +58,12 @@ from .errors import ERROR_RESPONSES, ApiError
 from .disconnect import run_watched
 from .openai_parts import Message, PartResolver, messages_to_segments
 from .prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
-from .streaming import SSE_DONE, EventStreamResponse, answer_events, open_stream, sse_event
+from .streaming import SSE_DONE, EventStreamResponse, PromptProgress, answer_events, open_stream, progress_hook, sse_event
 from .timings import TokenClock
 
-__all__ = ["router", "ChatBody", "check_generation", "SYSTEM_FINGERPRINT"]
+__all__ = [
+    "router", "ChatBody", "check_generation", "prompt_end_of", "chat_prompt_end", "template_prompt", "SYSTEM_FINGERPRINT",
+]
 
 #: OpenAI's ``system_fingerprint`` (llama-server sends its build): the refsight version that answered.
 SYSTEM_FINGERPRINT = f"refsight-{__version__}"
@@ -85,6 +94,11 @@ class ChatBody(GenerationBody):
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="accepted when the served chat template reads none of its keys (so they change nothing)"
     )
+    add_generation_prompt: bool | None = Field(None, description="false: the prompt ends after the turns")
+    continue_final_message: bool | None = Field(
+        None, description="true (with add_generation_prompt false): the answer continues the final assistant message "
+        "(a final assistant message is continued anyway: llama-server's assistant prefill)"
+    )
 
     def requested_logprobs(self) -> tuple[int | None, str]:
         """OpenAI's ``logprobs`` (with ``top_logprobs`` alternatives, 0 unless given), else llama-server's ``n_probs``."""
@@ -96,24 +110,70 @@ class ChatBody(GenerationBody):
 
     def check_choices(self) -> None:
         """400 naming what one answer cannot honour: several choices, the stream's own options,
-        two token bounds that differ, two trailing assistant messages."""
+        two token bounds that differ (how the prompt ends: :func:`prompt_end_of`)."""
         if self.n not in (None, 1):
             raise ApiError(400, "unsupported", "n: only one choice (n=1) is supported", param="n")
-        if len(self.messages) >= 2 and self.messages[-1].role == self.messages[-2].role == "assistant":
-            # llama-server's rule: a final assistant message is continued, two in a row have no meaning.
-            raise ApiError(400, "invalid_input", "messages: cannot end with two assistant messages", param="messages")
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "invalid_input", "stream_options: only allowed with stream=true", param="stream_options")
         if self.max_tokens is not None and self.max_completion_tokens is not None and self.max_tokens != self.max_completion_tokens:
             raise ApiError(400, "invalid_input", "max_tokens: differs from max_completion_tokens; give one", param="max_tokens")
 
 
+
+def prompt_end_of(messages: list[Message], add_generation_prompt: bool | None = None,
+                  continue_final_message: bool | None = None) -> tuple[str, str]:
+    """How a chat prompt ends (:data:`refsight.backends.turns.PROMPT_ENDS`) and the field that asked, by
+    llama-server's rules (vLLM's alike): a final assistant message is continued (llama-server's assistant prefill,
+    its default); ``continue_final_message: true`` asks for that, and both servers want ``add_generation_prompt:
+    false`` with it; else ``add_generation_prompt: false`` ends the prompt after the turns."""
+    final_assistant = messages[-1].role == "assistant"
+    if final_assistant and len(messages) >= 2 and messages[-2].role == "assistant":
+        # llama-server's rule: the final assistant message is continued; two in a row have no meaning.
+        raise ApiError(400, "invalid_input", "messages: cannot end with two assistant messages", param="messages")
+    if continue_final_message:
+        if add_generation_prompt is not False:
+            raise ApiError(400, "invalid_input", "continue_final_message: cannot be true with add_generation_prompt "
+                           "true; send add_generation_prompt: false", param="continue_final_message")
+        if not final_assistant:
+            raise ApiError(400, "invalid_input", "continue_final_message: the last message must be an assistant "
+                           "message to continue", param="continue_final_message")
+        return "continue", "continue_final_message"
+    if final_assistant:
+        return "continue", "messages"
+    return ("none" if add_generation_prompt is False else "generation_prompt"), "add_generation_prompt"
+
+
+def chat_prompt_end(service: Any, messages: list[Message], add_generation_prompt: bool | None = None,
+                    continue_final_message: bool | None = None) -> str:
+    """:func:`prompt_end_of` the messages; 400 naming the field that asked where the served backend cannot render it."""
+    ending, asked_by = prompt_end_of(messages, add_generation_prompt, continue_final_message)
+    if ending != "generation_prompt" and ending not in service.engine.backend().prompt_ends:
+        what = "continue a final assistant message" if ending == "continue" else "leave out the answer's opening"
+        raise ApiError(400, "unsupported", f"{asked_by}: the served backend ({service.model}) cannot {what}",
+                       param=asked_by)
+    return ending
+
+
+def template_prompt(backend: Any, texts: list[str], turns: list[tuple[str, int]], ending: str) -> str:
+    """The chat template's text of ``texts`` and ``turns`` ended as ``ending`` says (``continue``: the earlier turns
+    with the answer's opening, then the final message's text, as a chat renders it)."""
+    if ending == "continue":
+        cut = len(texts) - turns[-1][1]  # the final (assistant) message's texts, after the answer's opening
+        return backend.template_text(texts[:cut], turns[:-1]) + "".join(texts[cut:])
+    return backend.template_text(texts, turns, generation_prompt=ending == "generation_prompt")
+
+
 def check_generation(body: GenerationBody, service: Any, given: int | None, max_limit: int) -> tuple[int, Sampling]:
-    """The checks every text route makes: fields, the model, the token bound and the sampling the backend honours.
+    """The checks every text route makes: fields, the model, the token bound, the sampling the backend honours
+    and ``return_progress`` where it reports its prompt's evaluation.
 
     ``given``: the chat's ``max_completion_tokens`` (checked before ``max_tokens``), None elsewhere.
     """
     body.check_fields()
+    backend = service.engine.backend()
+    if body.return_progress and getattr(body, "stream", None) and not backend.supports_prompt_progress:
+        raise ApiError(400, "unsupported", f"return_progress: the served backend ({service.model}) does not report "
+                       "its prompt's evaluation", param="return_progress")
     model = getattr(body, "model", None)
     # One server serves one model: clients written for OpenAI send "gpt-3.5-turbo" and read the reply's
     # `model`; only --strict-model-name makes another name a 404 (GET /v1/models/{id} is a lookup: always strict).
@@ -126,7 +186,6 @@ def check_generation(body: GenerationBody, service: Any, given: int | None, max_
     max_new_tokens = body.token_limit(max_limit, given, "max_completion_tokens", default) if given is not None else (
         body.token_limit(max_limit, default=default)
     )
-    backend = service.engine.backend()
     tokenize = partial(backend.tokenize, add_special=False, parse_special=False)  # llama-server's text keys
     sampling = body.sampling(service.sampling_defaults, tokenize)
     refused = sampling.unsupported(backend.sampling_fields)
@@ -137,9 +196,10 @@ def check_generation(body: GenerationBody, service: Any, given: int | None, max_
     return max_new_tokens, sampling
 
 
-def _check_request(body: ChatBody, service: Any, max_limit: int) -> tuple[int, Sampling]:
-    """Refuse what cannot be honoured (400 naming the field); the token bound and the sampling."""
+def _check_request(body: ChatBody, service: Any, max_limit: int) -> tuple[int, Sampling, str]:
+    """Refuse what cannot be honoured (400 naming the field); the token bound, the sampling and the prompt's end."""
     body.check_choices()
+    prompt_end = chat_prompt_end(service, body.messages, body.add_generation_prompt, body.continue_final_message)
     backend = service.engine.backend()
     for key in sorted(body.chat_template_kwargs or {}):
         if backend.chat_template_reads(key):
@@ -147,7 +207,7 @@ def _check_request(body: ChatBody, service: Any, max_limit: int) -> tuple[int, S
                 400, "unsupported", f"chat_template_kwargs.{key}: the served chat template reads it; "
                 "template variables are not supported", param=f"chat_template_kwargs.{key}",
             )
-    return check_generation(body, service, body.max_completion_tokens, max_limit)
+    return (*check_generation(body, service, body.max_completion_tokens, max_limit), prompt_end)
 
 
 @router.post("/v1/chat/completions", responses={k: ERROR_RESPONSES[k] for k in (400, 404)})
@@ -162,7 +222,7 @@ async def chat_completions(
     With ``stream: true`` the answer is ``text/event-stream`` of ``chat.completion.chunk``
     events, ``data: [DONE]`` last.
     """
-    max_new_tokens, sampling = _check_request(body, service, config.max_new_tokens)
+    max_new_tokens, sampling, prompt_end = _check_request(body, service, config.max_new_tokens)
     json_schema = body.schema()
     # Before any model work: a character bound on the event loop, then the tokenizer's
     # count in the shared thread pool (never in a model worker).
@@ -180,7 +240,8 @@ async def chat_completions(
         try:
             result = service.chat(
                 segments, namespace=namespace, turns=turns, max_new_tokens=max_new_tokens, json_schema=json_schema,
-                sampling=sampling, on_text=clock.wrap(on_text), stop_event=stop_event,
+                sampling=sampling, on_text=clock.wrap(on_text), stop_event=stop_event, prompt_end=prompt_end,
+                on_prompt=progress_hook(on_text, body.return_progress),
             )
         finally:
             clock.stop()
@@ -231,13 +292,17 @@ async def _chunks(
             }))
         return [*events, SSE_DONE]
 
-    # llama-server's (and OpenAI's) first chunk: the role, content null.
-    yield chunk({"role": "assistant", "content": None})
+    if not isinstance(first, PromptProgress):  # (llama-server's progress chunks carry the role themselves)
+        # llama-server's (and OpenAI's) first chunk: the role, content null.
+        yield chunk({"role": "assistant", "content": None})
     def piece(text: str) -> bytes:
         logprobs = piece_logprobs(text)  # the piece's tokens' log probabilities, when asked for
         return chunk({"content": str(text)}, logprobs=chat_logprobs(logprobs) if logprobs else None)
 
-    async for event in answer_events(first, source, piece, finish):
+    def progress(item: PromptProgress) -> bytes:  # llama-server's: a role chunk carrying the prompt's progress
+        return chunk({"role": "assistant", "content": None}, prompt_progress=item.to_dict())
+
+    async for event in answer_events(first, source, piece, finish, progress=progress):
         yield event
 
 

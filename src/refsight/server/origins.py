@@ -93,28 +93,19 @@ class OriginGuardMiddleware:
             return
         headers = dict(scope.get("headers") or [])
         origin = headers.get(b"origin", b"").decode("latin-1")
-        if not self.tenants.enabled:
-            problem = self._keyless_problem(scope["method"], headers.get(b"host", b"").decode("latin-1"), origin)
-            if problem is not None:
-                await error_response(403, *problem)(scope, receive, send)
-                return
+        problem = None if self.tenants.enabled else self._keyless_problem(
+            scope["method"], headers.get(b"host", b"").decode("latin-1"), origin
+        )
+        if problem is not None:
+            await error_response(403, *problem)(scope, receive, send)
+            return
         allowed = bool(origin) and self._cors_allows(origin)
         if scope["method"] == "OPTIONS" and any(h in headers for h in _PREFLIGHT_HEADERS):
             # A preflight carries no credentials: answered before the key check, as llama-server does.
             extra = _preflight_headers(headers) if allowed else {}
             await _empty(200, {**self._cors_headers(origin), **extra} if allowed else {})(scope, receive, send)
             return
-        if not allowed:
-            await self.app(scope, receive, send)
-            return
-        cors = [(k.lower().encode(), v.encode()) for k, v in self._cors_headers(origin).items()]
-
-        async def send_with_cors(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), *cors]}
-            await send(message)
-
-        await self.app(scope, receive, send_with_cors)
+        await self.app(scope, receive, _with_headers(send, self._cors_headers(origin)) if allowed else send)
 
     def _keyless_problem(self, method: str, host: str, origin: str) -> tuple[str, str] | None:
         # A request without Host (HTTP/1.0 tools) is no browser's: browsers always send it.
@@ -147,3 +138,15 @@ def _preflight_headers(headers: dict[bytes, bytes]) -> dict[str, str]:
 
 def _empty(status: int, headers: dict[str, str]) -> Response:
     return Response(b"", status_code=status, headers=headers)
+
+
+def _with_headers(send: Callable, headers: dict[str, str]) -> Callable:
+    """``send`` with ``headers`` added to the response's start."""
+    extra = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+
+    async def send_with_headers(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), *extra]}
+        await send(message)
+
+    return send_with_headers

@@ -4,10 +4,11 @@
 By default nothing is fetched (the server makes no request on a client's behalf). When the
 operator opts in, every URL must pass the checks below, each a 400 naming the image part:
 
-- ``http(s)``: the host is exactly one of the allowed domain names (case-insensitive). No
-  user info (``http://allowed@evil``), no numeric host in any spelling (``127.0.0.1``,
-  ``2130706433``, ``0x7f.1``, ``[::1]``): an allow-list of names cannot be dodged by
-  addresses. Redirects are followed by hand, at most :data:`MAX_REDIRECTS`, each target
+- ``http(s)``: the host is exactly one of the allowed domain names (case-insensitive), or an IP
+  address the list names, written in its canonical form (``--allowed-media-domains 10.0.0.7``
+  fetches ``http://10.0.0.7/...``, as vLLM does). No user info (``http://allowed@evil``), no
+  other numeric host in any spelling (``127.0.0.1`` unlisted, ``2130706433``, ``0x7f.1``,
+  ``[::1]``): an allow-list of names cannot be dodged by addresses. Redirects are followed by hand, at most :data:`MAX_REDIRECTS`, each target
   checked by the same rules (a redirect off the list is refused). Proxies from the
   environment are not used. The name is resolved once, here, and the connection goes to that
   address (a second lookup could answer otherwise: DNS rebinding), with the name in ``Host``
@@ -98,14 +99,36 @@ class RemoteMedia:
         if "@" in parts.netloc or parts.username is not None:
             raise self._refuse(where, "a URL with user info is not fetched", url=url)
         host = (parts.hostname or "").rstrip(".").lower()
-        if not host or ":" in host or "[" in parts.netloc or _NUMERIC.fullmatch(host):
-            raise self._refuse(where, "a numeric or IPv6 host is not fetched: name an allowed domain", url=url)
+        if host and self._named_address(host):
+            pass  # an address the operator named, in its canonical spelling (vLLM fetches it too)
+        elif not host or ":" in host or "[" in parts.netloc or _NUMERIC.fullmatch(host):
+            raise self._refuse(where, "a numeric or IPv6 host is not fetched: name an allowed domain "
+                               "(or the address itself in --allowed-media-domains)", url=url)
         try:
             parts.port  # noqa: B018 -- raises for a port that is not a number
         except ValueError:
             raise self._refuse(where, "the port is not a number", url=url) from None
-        if host not in {d.rstrip(".").lower() for d in self.allowed_domains}:
+        if not self._named_address(host) and host not in {d.rstrip(".").lower() for d in self.allowed_domains}:
             raise self._refuse(where, f"{host} is not an allowed media domain (--allowed-media-domains)", url=url)
+
+    def _named_address(self, host: str) -> bool:
+        """Whether ``host`` is an IP address written exactly as one the allow-list names (``127.0.0.1``, ``::1``):
+        no other spelling of a number (``2130706433``, ``0x7f.1``) ever passes."""
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        return str(address) == host and address in self._named_ips()
+
+    def _named_ips(self) -> set[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+        """The IP addresses the allow-list names."""
+        named = set()
+        for entry in self.allowed_domains:
+            try:
+                named.add(ipaddress.ip_address(entry.strip("[]")))
+            except ValueError:
+                pass  # a domain name
+        return named
 
     def _address(self, host: str, port: int, where: str, url: str, deadline: FetchDeadline) -> str:
         """The one address ``host`` is fetched from: the first it resolves to that is globally routable or
@@ -114,12 +137,7 @@ class RemoteMedia:
             found = deadline.resolve(host, port)
         except OSError:
             raise self._refuse(where, f"{host} does not resolve", "media_unavailable", url) from None
-        named = set()
-        for entry in self.allowed_domains:
-            try:
-                named.add(ipaddress.ip_address(entry.strip("[]")))
-            except ValueError:
-                pass  # a domain name
+        named = self._named_ips()
         addresses = []
         for *_, sockaddr in found:
             address = ipaddress.ip_address(sockaddr[0].split("%")[0])

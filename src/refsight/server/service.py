@@ -22,6 +22,7 @@ scoped the same way; what isolation leaves is listed in ``docs/architecture/poli
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import io
 import time
@@ -31,7 +32,8 @@ from typing import Any, Callable, Sequence
 
 from PIL import Image
 
-from .. import AddFailure, Engine, ImageInput, IntakeLimits, InvalidInputError, ReferenceSegment, load_image
+from .. import AddFailure, Engine, ImageInput, InvalidInputError, ReferenceSegment
+from ..images import IntakeLimits, load_image
 from ..environment import default_store_dir
 from ..requests import AddRequest, ChatRequest, CompareRequest, SearchRequest
 from ..results import GenerateResult
@@ -128,6 +130,7 @@ class Service:
         if self.engine is None or not self.engine.models.unload():
             return False
         gc.collect()  # the model's tensors are freed now, not at some later collection
+        _return_freed_heap()
         return True
 
     def wake(self) -> None:
@@ -252,11 +255,11 @@ class Service:
 
     def chat(
         self, segments: Sequence[Any], *, namespace: str, on_text: Callable[[str], None] | None = None,
-        stop_event: Any = None, **fields: Any,
+        stop_event: Any = None, on_prompt: Callable[[int, int, int], None] | None = None, **fields: Any,
     ) -> GenerateResult:
         """A route's generation: ONE :class:`~refsight.requests.ChatRequest` of its ``fields`` with the server's
         policy merged in (built here, once), taken whole by ``engine.chat`` → the generation, typed, its strings
-        printable (the routes format it by attribute)."""
+        printable (the routes format it by attribute). ``on_prompt``: the prompt's progress (``engine.chat``'s)."""
         # The prompt limit counts every image's tokens too, checked in the engine before any prefill.
         policy: dict[str, Any] = {"max_prompt_tokens": self.config.max_prompt_tokens}
         if not self.config.use_cache:  # ``--no-cache``: every image through the runtime's fresh path (a benchmark's baseline)
@@ -270,7 +273,8 @@ class Service:
                 first = time.perf_counter()
             on_text(piece)
 
-        result = self.engine.chat(request, on_text=None if on_text is None else noting, stop_event=stop_event)
+        result = self.engine.chat(request, on_text=None if on_text is None else noting, stop_event=stop_event,
+                                  on_prompt=on_prompt)
         self.generations.add(result, began, first, time.perf_counter())
         # Strings made printable; the log probabilities stay typed (their pieces are bytes, formatted per dialect).
         plain = {f.name: getattr(result, f.name) for f in dataclass_fields(result) if f.name != "logprobs"}
@@ -284,3 +288,12 @@ class Service:
     def global_stats(self) -> dict[str, Any]:
         """The store-wide counters and sizes (for ``/metrics``), references across all namespaces."""
         return self.engine.stats(all_namespaces=True).to_dict()
+
+
+def _return_freed_heap() -> None:
+    """Hand the C heap's freed pages back to the system (glibc keeps them for reuse otherwise, so a slept
+    model would still count in the process's memory); nothing where the C library is not glibc."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterable
 
@@ -28,7 +29,7 @@ from .limits import WorkPool
 
 __all__ = [
     "Finished", "stream_in_pool", "open_stream", "stream_error", "EventStreamResponse", "sse_event", "SSE_DONE",
-    "ndjson_line", "NDJSON", "answer_events",
+    "ndjson_line", "NDJSON", "answer_events", "PromptProgress", "progress_hook",
 ]
 
 #: The last event of an OpenAI stream.
@@ -64,6 +65,37 @@ class Finished:
     """The end of a stream: the worker function's return value."""
 
     result: Any
+
+
+@dataclass(frozen=True)
+class PromptProgress:
+    """llama-server's ``prompt_progress``, an item of a stream of its own: the prompt's ``total`` tokens,
+    ``cache`` of them served from a stored prefix state, ``processed`` so far, ``time_ms`` since the first report."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: int
+
+    def to_dict(self) -> dict[str, int]:
+        """The ``prompt_progress`` object, as llama-server writes it."""
+        return {"total": self.total, "cache": self.cache, "processed": self.processed, "time_ms": self.time_ms}
+
+
+def progress_hook(send: Callable[[Any], None] | None, wanted: bool | None) -> Callable[[int, int, int], None] | None:
+    """The backend's ``on_prompt`` for a stream that asked for ``return_progress`` (None otherwise): each report
+    goes into the stream through ``send`` (the stream's own callback, before any text) as a :class:`PromptProgress`."""
+    if send is None or not wanted:
+        return None
+    began: list[float] = []
+
+    def on_prompt(total: int, cached: int, processed: int) -> None:
+        now = time.perf_counter()
+        if not began:  # time_ms counts from the first report: as the prompt's evaluation starts
+            began.append(now)
+        send(PromptProgress(int(total), int(cached), int(processed), int((now - began[0]) * 1000)))
+
+    return on_prompt
 
 
 async def stream_in_pool(pool: WorkPool, func: Callable[[Callable[[str], None]], Any]) -> AsyncIterator[Any]:
@@ -120,17 +152,18 @@ def _sse_error(error: dict[str, Any]) -> bytes:
 
 async def answer_events(
     first: Any, source: AsyncIterator[Any], piece: Callable[[str], bytes], finish: Callable[[Any], Iterable[bytes]],
-    error: Callable[[dict[str, Any]], bytes] = _sse_error,
+    error: Callable[[dict[str, Any]], bytes] = _sse_error, progress: Callable[[PromptProgress], bytes] | None = None,
 ) -> AsyncIterator[bytes]:
-    """The one loop of a streamed answer (from :func:`open_stream`): ``piece(text)`` per text piece, then
-    ``finish(result)``'s events; an error after the headers becomes ``error(stream_error(e))``, the last event.
+    """The one loop of a streamed answer (from :func:`open_stream`): ``piece(text)`` per text piece (``progress``
+    per :class:`PromptProgress`, in a stream that asked for them), then ``finish(result)``'s events; an error after
+    the headers becomes ``error(stream_error(e))``, the last event.
 
     Each wire format brings only its formatters (OpenAI chunks, llama-server events, Ollama's NDJSON lines).
     """
     item = first
     try:
         while not isinstance(item, Finished):
-            yield piece(item)
+            yield progress(item) if isinstance(item, PromptProgress) and progress is not None else piece(item)
             item = await source.__anext__()
     except Exception as e:  # noqa: BLE001 -- after the headers an error can only be an event
         yield error(stream_error(e))

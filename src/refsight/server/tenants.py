@@ -59,22 +59,28 @@ def parse_key_pairs(text: str, *, source: str, lines: bool) -> dict[str, str]:
         if not item:
             continue
         where = f"{source} {unit} {number}"
-        if not is_valid_text(item):  # an environment variable can hold undecodable bytes
-            raise InvalidInputError(where, "is not valid Unicode text")  # no position: it would say something of a key
-        key, sep, namespace = item.rpartition("=")
-        key, namespace = key.strip(), namespace.strip()
-        if not sep or not key:
-            raise InvalidInputError(where, "expected KEY=NAMESPACE")
-        if len(key) < _MIN_KEY_CHARS or any(c.isspace() for c in key):
-            raise InvalidInputError(where, f"a key has at least {_MIN_KEY_CHARS} characters and no spaces")
-        if namespace != OPERATOR and not _NAMESPACE.fullmatch(namespace):
-            raise InvalidInputError(
-                where, f"namespace {namespace!r}: use 1-64 letters, digits, '.', '_' or '-', or {OPERATOR}"
-            )
+        key, namespace = _key_pair(item, where)
         if key in pairs:
             raise InvalidInputError(where, "this key is listed twice")
         pairs[key] = namespace
     return pairs
+
+
+def _key_pair(item: str, where: str) -> tuple[str, str]:
+    """``KEY=NAMESPACE`` checked: valid text, a key long enough and without spaces, a namespace's name."""
+    if not is_valid_text(item):  # an environment variable can hold undecodable bytes
+        raise InvalidInputError(where, "is not valid Unicode text")  # no position: it would say something of a key
+    key, sep, namespace = item.rpartition("=")
+    key, namespace = key.strip(), namespace.strip()
+    if not sep or not key:
+        raise InvalidInputError(where, "expected KEY=NAMESPACE")
+    if len(key) < _MIN_KEY_CHARS or any(c.isspace() for c in key):
+        raise InvalidInputError(where, f"a key has at least {_MIN_KEY_CHARS} characters and no spaces")
+    if namespace != OPERATOR and not _NAMESPACE.fullmatch(namespace):
+        raise InvalidInputError(
+            where, f"namespace {namespace!r}: use 1-64 letters, digits, '.', '_' or '-', or {OPERATOR}"
+        )
+    return key, namespace
 
 
 def with_api_key(keys: dict[str, str], key: str | None, source: str, namespace: str = "default") -> dict[str, str]:

@@ -27,6 +27,6 @@ def gguf(model_cache):
 @pytest.fixture(scope="session")
 def gguf_files(model_cache):
     """``gguf_files(name)`` -> (model GGUF path, mmproj GGUF path) of a built-in model."""
-    from refsight.backends.llamacpp.models import ensure_gguf
+    from refsight.builtin_models.gguf import ensure_gguf
 
     return ensure_gguf

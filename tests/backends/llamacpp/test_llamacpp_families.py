@@ -4,7 +4,7 @@ Gemma 3, InternVL, Mistral 3, LFM2-VL, Llama 4, GLM-4.1V, MiniCPM-V 4.6, the hyb
 Qwen3.5-MoE (Gated DeltaNet layers: their recurrent and convolution states are part of the sequence
 state saved after the references) and Gemma 4 (per-layer inputs, KV-shared layers) (tiny random
 checkpoints of the transformers tiny-family recipes, converted with llama.cpp's converter:
-:mod:`refsight.backends.llamacpp.families`), and Gemma 3 quantized to Q4_K_M with llama.cpp's
+:mod:`refsight.builtin_models.gguf_families`), and Gemma 3 quantized to Q4_K_M with llama.cpp's
 quantizer. With Qwen2-VL, Qwen2.5-VL, SmolVLM (test_llamacpp_equivalence.py,
 test_llamacpp_prefix_cache.py) and Qwen3-VL (test_llamacpp_qwen3vl.py) that is fourteen model types.
 

@@ -251,7 +251,7 @@ def test_a_bad_parallel_option_is_refused_by_name(gguf, value):
 
 
 def test_a_backend_without_slots_refuses_the_option_by_name(load):
-    from refsight.backends.tiny import load_tiny
+    from refsight.backends.builtin import load_tiny
 
     with pytest.raises(InvalidInputError) as info:
         load_tiny("tiny-qwen2-vl", parallel=2)

@@ -1,7 +1,7 @@
 """Quantized GGUFs (llama.cpp's own quantizer, Q8_0 and Q4_K_M, beside an f16 mmproj): keyed apart, cached == fresh.
 
 The tiny Qwen2-VL is converted to f16 (model and mmproj), then its language model is
-quantized with ``llama_model_quantize`` (:mod:`refsight.backends.llamacpp.quantized`).
+quantized with ``llama_model_quantize`` (:mod:`refsight.builtin_models.gguf_quantized`).
 On each quantization: the file says its type, the fingerprint and every package key
 differ from the f16 model's and from each other's (a package of one is refused by the
 other); the cached path, from packages on disk in a NEW process, equals llama.cpp's own

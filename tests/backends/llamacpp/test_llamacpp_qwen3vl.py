@@ -3,7 +3,7 @@
 ``tiny-qwen3-vl-gguf`` has the transformers tiny model's vision tower (two deepstack
 layers) and a three-layer language model: llama.cpp's qwen3vl graph cannot have its last
 layer be a deepstack layer (see the model's definition in
-:mod:`refsight.backends.llamacpp.models`). Packages carry the deepstack features beside the
+:mod:`refsight.builtin_models.gguf`). Packages carry the deepstack features beside the
 main embedding (``n_embd_inp = n_embd x (1 + deepstack layers)``), so a cached reference
 replays all of them.
 """

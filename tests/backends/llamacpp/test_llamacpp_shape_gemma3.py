@@ -21,15 +21,15 @@ WIDE_VOCABULARY = 1024
 
 def test_a_gemma3_wider_than_its_tokenizer_converts_with_every_embedding_row(monkeypatch, tmp_path, model_cache, photos):
     from refsight.backends.base import GenerationRequest
-    from refsight.backends.llamacpp import families
-    from refsight.backends.llamacpp.converter import MMPROJ_FILE, MODEL_FILE
     from refsight.backends.registry import get_backend
+    from refsight.builtin_models import gguf_families
+    from refsight.builtin_models.gguf_converter import MMPROJ_FILE, MODEL_FILE
 
-    shape, tiny = families.FAMILY_GGUFS["shape-gemma3-4b-gguf-f16"], families.FAMILY_GGUFS["tiny-gemma3-gguf"]
+    shape, tiny = gguf_families.FAMILY_GGUFS["shape-gemma3-4b-gguf-f16"], gguf_families.FAMILY_GGUFS["tiny-gemma3-gguf"]
     assert shape.renames == tiny.renames and shape.converter_patch  # the shape converts as the tiny one, plus the fix
     wide = replace(tiny, recipe={**tiny.recipe, "vocab_size": WIDE_VOCABULARY}, converter_patch=shape.converter_patch)
-    monkeypatch.setitem(families.FAMILY_GGUFS, "tiny-gemma3-wide-gguf", wide)
-    families.build_family_gguf("tiny-gemma3-wide-gguf", tmp_path)
+    monkeypatch.setitem(gguf_families.FAMILY_GGUFS, "tiny-gemma3-wide-gguf", wide)
+    gguf_families.build_family_gguf("tiny-gemma3-wide-gguf", tmp_path)
 
     backend = get_backend(f"llamacpp:{tmp_path / MODEL_FILE}", mmproj=str(tmp_path / MMPROJ_FILE))
     try:

@@ -8,13 +8,16 @@ on its grid, which the equivalence and uuid tests share.
 from __future__ import annotations
 
 import pytest
-from vllm_helpers import VLLM_FAMILIES
+from vllm_helpers import VLLM_FAMILIES, params_after
 
 
 @pytest.fixture(scope="module", params=VLLM_FAMILIES)
 def served(request, vllm_servers):
-    """(tiny model name, its running server with pixels allowed)."""
-    return request.param, vllm_servers.get(request.param, 8)
+    """(tiny model name, its running server with pixels allowed); the next families' servers start meanwhile."""
+    server = vllm_servers.get(request.param, 8)
+    for later in params_after(request, VLLM_FAMILIES)[:vllm_servers.ahead]:
+        vllm_servers.prefetch(later, 8)
+    return request.param, server
 
 
 @pytest.fixture(scope="module")

@@ -53,7 +53,7 @@ class _Stub(BaseHTTPRequestHandler):
 @pytest.fixture
 def stub(request):
     """A local stub server whose /v1/models names the tiny model; ``request.param`` is its POST mode."""
-    from refsight.backends.vllm.tiny import ensure_vllm_model_dir
+    from refsight.builtin_models.vllm_qwen import ensure_vllm_model_dir
 
     handler = type("Handler", (_Stub,), {"root": str(ensure_vllm_model_dir(MODEL)), "mode": request.param})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)

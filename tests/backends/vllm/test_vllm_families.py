@@ -14,7 +14,8 @@ fresh store:
 - the connector saved the references' encoder outputs; after a restart on the same store the
   new server loads them and never encodes them, and the tokens do not change.
 
-One server per family and its restart (the session pool, keyed by store); a few tokens each.
+One server per family and its restart (the session pool, keyed by store); a few tokens each. While one
+family runs, the next families' servers start (``prefetch``): a start is mostly one core importing vLLM.
 Qwen2-VL, Qwen2.5-VL and Qwen3-VL are proven by the other files of this folder (20 model types in all).
 """
 
@@ -24,7 +25,7 @@ import re
 
 import pytest
 
-from vllm_helpers import png_url, post_chat, served_model
+from vllm_helpers import params_after, png_url, post_chat, served_model
 
 pytestmark = pytest.mark.vllm
 
@@ -102,12 +103,20 @@ def _ask(server, photos):
         backend.close()
 
 
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    """A fresh store per family, made up front so that the next families' servers can start early."""
+    return {name: tmp_path_factory.mktemp(f"vllm-{name}") / "store" for name in FAMILIES}
+
+
 @pytest.fixture(scope="module", params=list(FAMILIES))
-def family_run(request, vllm_servers, photos, tmp_path_factory):
+def family_run(request, vllm_servers, stores, photos):
     """One family: its server on a fresh store (asked through refsight, then straight), stopped, restarted, asked again."""
     name = request.param
-    store = tmp_path_factory.mktemp(f"vllm-{name}") / "store"
+    store = stores[name]
     server = vllm_servers.get(name, 8, store)
+    for later in params_after(request, FAMILIES)[:vllm_servers.ahead]:
+        vllm_servers.prefetch(later, 8, stores[later])
     run = _ask(server, photos)
     row = [photos[n].image for n in REFS]
     run["plain"] = _plain(server.url, _segments(row, photos[CANDIDATE].image))

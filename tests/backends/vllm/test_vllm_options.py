@@ -45,7 +45,7 @@ def test_tiny_vllm_model_folder_has_what_vllm_loads(model_cache):
     """Chat template, processor and video-processor configs, and text heads of 32."""
     import json
 
-    from refsight.backends.vllm.tiny import ensure_vllm_model_dir
+    from refsight.builtin_models.vllm_qwen import ensure_vllm_model_dir
 
     for name, system in (("tiny-qwen2-vl-vllm", True), ("tiny-qwen3-vl-vllm", False)):
         folder = ensure_vllm_model_dir(name)

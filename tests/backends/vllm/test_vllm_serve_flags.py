@@ -49,6 +49,21 @@ def test_the_flag_and_environment_name_the_connector_folder_alone(tmp_path, monk
     assert "PYTHONPATH" not in _server_env(False)
 
 
+def test_tiny_models_run_inside_the_engine_process_and_real_ones_keep_their_worker(tmp_path, monkeypatch):
+    from refsight.backends.vllm.serve import _server_env, runs_in_engine_process, server_command
+
+    assert runs_in_engine_process("tiny-qwen2-vl-vllm", True)
+    assert not runs_in_engine_process("shape-qwen2-vl-2b-vllm", True)  # real shapes: vLLM's bound OpenMP worker
+    assert not runs_in_engine_process(str(tmp_path), False)
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    # vLLM's CPU platform keeps "uni" only with multiprocessing off: the flag and the variable go together.
+    assert _server_env(False, True)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in _server_env(False)
+    one = server_command(tmp_path / "python", tmp_path, 8000, tiny=False, image_limit=8, one_process=True)
+    assert one[one.index("--distributed-executor-backend") + 1] == "uni"
+    assert "--distributed-executor-backend" not in server_command(tmp_path / "python", tmp_path, 8000, tiny=False, image_limit=8)
+
+
 @pytest.mark.parametrize("bad", ["lots", "-1"])
 def test_a_bad_quota_is_refused_naming_the_flag(tmp_path, bad):
     from refsight.cli.vllm import _encoder_cache

@@ -180,6 +180,23 @@ def test_a_conversation_goes_as_messages_and_cached_equals_pixels(backend, packa
     assert cached.prompt_tokens > one_turn.prompt_tokens  # the other turns reached the template
 
 
+def test_a_final_assistant_turn_is_continued_by_vllm_cached_and_pixels_alike(backend, package, photos):
+    """Issue 51: ``prompt_end="continue"`` goes to vLLM as its ``continue_final_message`` (``add_generation_prompt``
+    false): the prompt is the open turn's, the same from the package as from vLLM's pixel path."""
+    from refsight.backends.base import GenerationRequest
+
+    turns = [("user", 2), ("assistant", 1)]
+
+    def ask(image, prefill="It is a", end="continue"):
+        return backend.generate([GenerationRequest([image, "What is it?", prefill], max_new_tokens=6, turns=turns,
+                                                   prompt_end=end)])[0]
+
+    cached, pixels = ask(package), ask(photos["chelsea"])
+    assert cached.token_ids == pixels.token_ids and cached.prompt_tokens == pixels.prompt_tokens
+    closed = ask(package, end="generation_prompt")  # the assistant turn closed, another one opened
+    assert closed.prompt_tokens > cached.prompt_tokens
+
+
 @pytest.mark.parametrize(
     "sampling",
     [dict(temperature=1e-300, seed=1), dict(temperature=1e-40, seed=2), dict(temperature=1e-12, seed=3),

@@ -53,3 +53,14 @@ def pixel_tokens(url: str, row: list, max_new_tokens: int = MAX_NEW_TOKENS) -> l
         "return_token_ids": True,
     }
     return post_chat(url, body)["choices"][0]["token_ids"]
+
+
+def params_after(request, params) -> list:
+    """The values of ``request``'s parametrized fixture this session runs after ``request.param``, in the
+    session's order: none that ``-k`` left out (a server started early for them would be wasted)."""
+    order = []
+    for item in request.session.items:
+        value = getattr(getattr(item, "callspec", None), "params", {}).get(request.fixturename)
+        if value in params and value not in order:
+            order.append(value)
+    return order[order.index(request.param) + 1:] if request.param in order else []

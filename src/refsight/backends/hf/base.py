@@ -32,6 +32,7 @@ from ...images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
 from ..base import Backend, Execution, Generation, GenerationRequest, PreparedRequest
 from ..sampling import OUTPUT_FIELDS, SAMPLING_FIELDS
+from ..turns import PROMPT_ENDS, split_final_turn
 from .loading import MARKER_FILE, refuse_other_backend_options
 from .revision import directory_revision
 from .runtime import runtime_errors
@@ -67,6 +68,10 @@ class HFBackend(Backend):
     supports_raw_prompt: ClassVar[bool] = True
     supports_turns: ClassVar[bool] = True
     supports_streaming: ClassVar[bool] = True
+    #: Chats end as asked (a continued final assistant turn: llama-server's prefill); a streamed answer's prompt
+    #: is reported as generate starts and as its first token comes (the prompt's evaluation is behind it).
+    prompt_ends: ClassVar[frozenset[str]] = frozenset(PROMPT_ENDS)
+    supports_prompt_progress: ClassVar[bool] = True
     #: Short family name, part of the fingerprint ("qwen2_vl", "qwen3_vl", "smolvlm").
     family: ClassVar[str] = ""
     #: ``config.model_type`` values this family serves.
@@ -133,6 +138,17 @@ class HFBackend(Backend):
     def raw_text(self, segments: Sequence[str | VisualPackage]) -> str:
         """A raw prompt's text: the segments as given, each package its expanded placeholder."""
         return "".join(s if isinstance(s, str) else self.image_placeholder(s) for s in segments)
+
+    def prompt_of(self, segments: Sequence[str | VisualPackage], request: GenerationRequest) -> str:
+        """The whole prompt text of ``request`` (its ``segments`` prepared): raw, or the chat template over its
+        turns ended as ``prompt_end`` asks (``continue``: the earlier turns with the opening of the answer's turn,
+        then the final turn's text, as llama-server renders a prefill)."""
+        if request.raw_prompt:
+            return self.raw_text(segments)
+        if request.prompt_end == "continue":
+            head, head_turns, tail = split_final_turn(segments, request.turns or [])
+            return self.build_prompt(head, head_turns) + tail
+        return self.build_prompt(segments, request.turns, request.prompt_end == "generation_prompt")
 
     def count_text_tokens(self, text: str) -> int:
         """The exact number of tokens the model's tokenizer makes of ``text`` (no special tokens added).
@@ -231,7 +247,7 @@ class HFBackend(Backend):
         images = list(images)
         for i, image in enumerate(images):
             if not isinstance(image, ImageInput):
-                raise InvalidInputError(f"images[{i}]", f"expected an ImageInput (use refsight.load_image), got {type(image).__name__}")
+                raise InvalidInputError(f"images[{i}]", f"expected an ImageInput (use refsight.images.load_image), got {type(image).__name__}")
         fingerprint = self.fingerprint()
         packages: list[VisualPackage] = []
         step = max(1, self.batch_size)
@@ -288,11 +304,16 @@ class HFBackend(Backend):
             return self.chat_prompt(turns[0][1])
         raise InvalidInputError("messages", f"{self.family or self.name} renders a single user turn only")
 
-    def build_prompt(self, segments: Sequence[str | VisualPackage], turns: list[tuple[str, int]] | None = None) -> str:
+    def build_prompt(
+        self, segments: Sequence[str | VisualPackage], turns: list[tuple[str, int]] | None = None, generation_prompt: bool = True
+    ) -> str:
         """The full prompt text of one request whose images are all packages by now.
 
-        Without ``turns`` it is one user turn, exactly as :meth:`chat_prompt` renders it.
+        Without ``turns`` it is one user turn, exactly as :meth:`chat_prompt` renders it; this default always
+        opens the answer's turn (a family that renders its template itself takes ``generation_prompt=False``).
         """
+        if not generation_prompt:
+            raise InvalidInputError("prompt_end", f"{self.family or self.name} always opens the answer's turn")
         parts = [s if isinstance(s, str) else self.image_placeholder(s) for s in segments]
         if turns is None:
             return self.chat_prompt(parts)

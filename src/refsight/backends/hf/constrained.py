@@ -87,6 +87,21 @@ def strict_schema(schema: Any) -> Any:
     (``enum``, ``const``, ``default`` ...) are left as they are."""
     if not isinstance(schema, dict):
         return schema
+    out = _strict_subschemas(schema)
+    if "properties" in out:
+        out.setdefault("additionalProperties", False)
+    if "prefixItems" in out:
+        out.setdefault("items", False)
+    if "maxLength" in out and not any(k in out for k in ("pattern", "format", "enum", "const")):
+        low, high = out.pop("minLength", 0), out.pop("maxLength")
+        out["pattern"] = f"^{_STRICT_CHARS}{{{low},{high}}}$"
+    if _is_number(out) and any(k in out for k in _BOUNDS) and "multipleOf" not in out:
+        out["multipleOf"] = _NUMBER_STEP
+    return out
+
+
+def _strict_subschemas(schema: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``schema`` whose subschemas (alone, in lists, by name) are each :func:`strict_schema`'s."""
     out = dict(schema)
     for key in _SUBSCHEMAS:
         if key in out:
@@ -97,15 +112,6 @@ def strict_schema(schema: Any) -> Any:
     for key in _SUBSCHEMA_MAPS:
         if isinstance(out.get(key), dict):
             out[key] = {name: strict_schema(s) for name, s in out[key].items()}
-    if "properties" in out:
-        out.setdefault("additionalProperties", False)
-    if "prefixItems" in out:
-        out.setdefault("items", False)
-    if "maxLength" in out and not any(k in out for k in ("pattern", "format", "enum", "const")):
-        low, high = out.pop("minLength", 0), out.pop("maxLength")
-        out["pattern"] = f"^{_STRICT_CHARS}{{{low},{high}}}$"
-    if _is_number(out) and any(k in out for k in _BOUNDS) and "multipleOf" not in out:
-        out["multipleOf"] = _NUMBER_STEP
     return out
 
 

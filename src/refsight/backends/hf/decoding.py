@@ -159,7 +159,8 @@ class TextStreamer(BaseStreamer):
 
     Runs on the generating thread (no extra thread or queue). Text that could still turn
     into a stop string, or ends in an incomplete UTF-8 character, is held back until it
-    cannot. ``stopped`` tells the matching stopping criterion that a stop string appeared.
+    cannot. ``stopped`` tells the matching stopping criterion that a stop string appeared. ``on_first``, when
+    set, is called once as the first new token comes: the prompt's evaluation is behind it.
     """
 
     def __init__(self, decode: Callable[[list[int]], str], on_text: Callable[[str], None], stop: Sequence[str] = ()) -> None:
@@ -169,6 +170,7 @@ class TextStreamer(BaseStreamer):
         self.tokens: list[int] = []
         self.sent = 0
         self._prompt_seen = False
+        self.on_first: Callable[[], None] | None = None
 
     @property
     def stopped(self) -> bool:
@@ -180,6 +182,9 @@ class TextStreamer(BaseStreamer):
         if not self._prompt_seen:
             self._prompt_seen = True
             return
+        if self.on_first is not None:
+            first, self.on_first = self.on_first, None
+            first()
         if self.tracker.stopped:
             return
         self.tokens.extend(int(t) for t in value.reshape(-1).tolist())

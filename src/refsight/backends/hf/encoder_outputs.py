@@ -54,13 +54,19 @@ def split(output: Any, field: str, count: int) -> list[Any]:
 
 
 def _split_value(name: str, value: Any, count: int) -> list[Any]:
-    kind = type(value) if isinstance(value, (list, tuple)) else None
-    if kind is not None and len(value) == count and all(hasattr(v, "shape") for v in value):
-        return [kind([v]) for v in value]
-    if kind is not None and value and all(isinstance(v, (list, tuple)) for v in value):
-        layers = [_split_value(name, layer, count) for layer in value]
-        return [kind(layer[i] for layer in layers) for i in range(count)]
+    if isinstance(value, (list, tuple)):
+        kind = type(value)
+        if _one_tensor_each(value, count):
+            return [kind([v]) for v in value]
+        if value and all(isinstance(v, (list, tuple)) for v in value):
+            layers = [_split_value(name, layer, count) for layer in value]
+            return [kind(layer[i] for layer in layers) for i in range(count)]
     raise ValueError(f"{name} does not hold one entry per image of the {count}")
+
+
+def _one_tensor_each(value: list[Any] | tuple[Any, ...], count: int) -> bool:
+    """``value`` holds one tensor per image."""
+    return len(value) == count and all(hasattr(v, "shape") for v in value)
 
 
 def _flatten(prefix: str, value: Any, into: dict[str, Any]) -> Any:

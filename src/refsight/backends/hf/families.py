@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Traits", "TRAITS", "FamilyClasses", "family_classes", "processor_class", "traits_for"]
+__all__ = ["Traits", "TRAITS", "FamilyClasses", "family_classes", "image_processor_class", "processor_class", "traits_for"]
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,8 @@ class Traits:
     #: Encode each image as the processor lays it out inside a prompt of several images
     #: (LLaVA-OneVision's ``batch_num_images``), not as a lone image.
     multi_image: bool = False
-    #: The PIL image processor's class name, where transformers' table has no entry for the model type.
+    #: The PIL image processor's class name, where transformers' table has no entry for the model type
+    #: (transformers' class, or refsight's own where transformers has only a torchvision one: :mod:`.pil_processors`).
     image_processor: str | None = None
     #: The load options beyond the common ones, by the name of their mapping in :mod:`.load_options`
     #: ("pixel_bounds": ``min_pixels`` / ``max_pixels``; "tiles": ``tile_size`` ...; "": none).
@@ -68,6 +69,11 @@ TRAITS: dict[str, Traits] = {
     # transformers 5.24's image processor table has no qwen3_vl_moe entry; its checkpoints name Qwen2-VL's.
     "qwen3_vl_moe": Traits(image_processor="Qwen2VLImageProcessorPil", options="pixel_bounds", grid=True, batch=True),
     "glm4v_moe": Traits(image_processor="Glm4vImageProcessorPil"),
+    # Encoder-free Gemma 4: transformers 5.24 has only a torchvision image processor for it; refsight's PIL one
+    # lays images out identically (Gemma 4's at the model-patch size: pil_processors). A package is the patch
+    # embedding (pooler_output: one row per image token); the reference state is Gemma 4's (prefix_cache).
+    "gemma4_unified": Traits(image_processor="Gemma4UnifiedImageProcessorPil",
+                             note="PIL image processor from refsight (Gemma 4's at the model-patch size)"),
     # Features in last_hidden_state. transformers 5.24's Llama4ForConditionalGeneration.forward raises
     # "'MoeCausalLMOutputWithPast' object has no attribute 'image_outputs'" on every call, and its only
     # image processor needs torchvision: not served until transformers fixes the forward.
@@ -127,6 +133,15 @@ def processor_class(name: str) -> Any:
     finally:
         if not had:
             sys.modules.pop(torchvision_module, None)
+
+
+def image_processor_class(name: str) -> Any:
+    """The image processor class ``name``: refsight's own PIL ones (:mod:`.pil_processors`), else transformers'."""
+    from transformers.models.auto.image_processing_auto import get_image_processor_class_from_name
+
+    from .pil_processors import PIL_CLASSES, pil_class
+
+    return pil_class(name) if name in PIL_CLASSES else get_image_processor_class_from_name(name)
 
 
 def family_classes(model_type: str) -> FamilyClasses:

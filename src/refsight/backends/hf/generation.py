@@ -83,10 +83,7 @@ def prompt_inputs(backend: Any, rows: list[list[Any]], requests: list[Generation
     """The batch's prompts, left-padded; packages join on the model's device (they are stored on the CPU).
     One part per ``generate`` call: the whole batch, unless reference prefixes of a sliding-window model
     need parts (:meth:`.prefix_cache.PrefixBatch.parts`)."""
-    texts = [
-        backend.raw_text(row) if request.raw_prompt else backend.build_prompt(row, request.turns)
-        for row, request in zip(rows, requests)
-    ]
+    texts = [backend.prompt_of(row, request) for row, request in zip(rows, requests)]
     if any(r.prefix_cache is not None for r in requests):
         from .prefix_cache import plan_prefixes
 
@@ -104,7 +101,7 @@ def prompt_inputs(backend: Any, rows: list[list[Any]], requests: list[Generation
 
 def controls(backend: Any, batch: list[PreparedRequest], execution: Execution, width: int) -> Controls:
     """The processors and criteria the batch needs; ``width`` is the padded prompt length."""
-    from .decoding import CancelOnEvent, SamplingProcessor, StopStrings, StreamerStopped, TextStreamer
+    from .decoding import CancelOnEvent, SamplingProcessor
 
     requests = [p.request for p in batch]
     out = Controls()
@@ -116,8 +113,19 @@ def controls(backend: Any, batch: list[PreparedRequest], execution: Execution, w
     # change no token).
     if any(set(r.sampling.non_default()) - {"logprobs"} for r in requests):
         out.processors.append(SamplingProcessor([r.sampling for r in requests], width, backend.device, backend.pad_id()))
+    _text_controls(out, backend, requests, execution, width)
+    if execution.stop_event is not None:
+        out.cancel = CancelOnEvent(execution.stop_event)
+        out.criteria.append(out.cancel)
+    return out
+
+
+def _text_controls(out: Controls, backend: Any, requests: list[Any], execution: Execution, width: int) -> None:
+    """What watches the answer's text: the streamer of a streamed request, else the batch's stop strings."""
+    from .decoding import StopStrings, StreamerStopped, TextStreamer
+
     if execution.on_text is not None:
-        if len(batch) != 1:
+        if len(requests) != 1:
             raise InvalidInputError("requests", "text is streamed for one request at a time")
         if requests[0].sampling.logprobs is not None:
             # generate() hands a streamer tokens, never their logits: they come with the whole answer.
@@ -128,10 +136,6 @@ def controls(backend: Any, batch: list[PreparedRequest], execution: Execution, w
     elif any(r.sampling.stop for r in requests):
         out.stops = StopStrings(_decoder(backend), [r.sampling.stop for r in requests], width)
         out.criteria.append(out.stops)
-    if execution.stop_event is not None:
-        out.cancel = CancelOnEvent(execution.stop_event)
-        out.criteria.append(out.cancel)
-    return out
 
 
 def _call_generate(backend: Any, inputs: PromptInputs, ctl: Controls, max_new_tokens: int, return_logits: bool) -> Any:
@@ -164,13 +168,7 @@ def _row_output(backend: Any, output: Any, inputs: PromptInputs, ctl: Controls, 
     """Row ``row`` of the ``generate`` output, cut after its EOS (a finished row is padded) or stop string."""
     import torch
 
-    eos_ids = backend.eos_ids()
-    new = output.sequences[row, inputs.width:].tolist()[:limit]
-    finish = "length" if len(new) >= limit else "stop"
-    for k, token in enumerate(new):
-        if token in eos_ids:
-            new, finish = new[: k + 1], "stop"
-            break
+    new, finish = _cut_at_eos(output.sequences[row, inputs.width:].tolist()[:limit], limit, backend.eos_ids())
     text = _decoder(backend)(new)
     tracker = ctl.tracker(row)
     # The stop string and what follows it are not part of the answer.
@@ -179,16 +177,27 @@ def _row_output(backend: Any, output: Any, inputs: PromptInputs, ctl: Controls, 
     if ctl.cancel is not None and ctl.cancel.cancelled:
         finish = "cancelled"
     rows = torch.stack([step[row] for step in output.logits[: len(new)]]).float().cpu() if output.logits else None
-    logprobs = None
-    if n_probs is not None:  # over the raw logits of each step, as llama.cpp's are read
-        piece = partial(_token_bytes, backend)
-        logprobs = [token_logprob(step.numpy(), token, n_probs, piece) for step, token in zip(rows, new)]
-    logits = rows if return_logits else None
+    logprobs = _logprobs(backend, rows, new, n_probs) if n_probs is not None else None
     return RowOutput(
-        tokens=new, logits=logits, text=text, finish_reason=finish,
+        tokens=new, logits=rows if return_logits else None, text=text, finish_reason=finish,
         prompt_tokens=int(inputs.encoded["attention_mask"][row].sum()),
         prefix_tokens_reused=inputs.plan.reused_tokens(row) if inputs.plan is not None else 0, logprobs=logprobs,
     )
+
+
+def _logprobs(backend: Any, rows: Any, tokens: list[int], n_probs: int) -> list[Any]:
+    """Each new token's log probability and the ``n_probs`` likeliest at its step, over the raw logits of each
+    step, as llama.cpp's are read."""
+    piece = partial(_token_bytes, backend)
+    return [token_logprob(step.numpy(), token, n_probs, piece) for step, token in zip(rows, tokens)]
+
+
+def _cut_at_eos(new: list[int], limit: int, eos_ids: Any) -> tuple[list[int], str]:
+    """A row's new tokens up to and with its first EOS, and why it ended ("stop", or "length" at ``limit``)."""
+    for k, token in enumerate(new):
+        if token in eos_ids:
+            return new[: k + 1], "stop"
+    return new, "length" if len(new) >= limit else "stop"
 
 
 def _token_bytes(backend: Any, token: int) -> bytes:
@@ -204,6 +213,15 @@ def _generation(backend: Any, out: RowOutput, lm_ms: float, prepared: PreparedRe
         image_tokens=[backend.image_token_count(p) for p in prepared.packages],
         finish_reason=out.finish_reason, prefix_tokens_reused=out.prefix_tokens_reused, logprobs=out.logprobs,
     )
+
+
+def _report_prompt(on_prompt: Any, inputs: PromptInputs, streamer: Any) -> None:
+    """A streamed row's prompt progress (:class:`~..base.Execution`): its tokens as generate starts (those from a
+    stored prefix state processed), then all of them as the first new token comes (the prefill is behind it)."""
+    total = int(inputs.encoded["attention_mask"][0].sum())
+    cached = inputs.plan.reused_tokens(0) if inputs.plan is not None else 0
+    on_prompt(total, cached, cached)
+    streamer.on_first = lambda: on_prompt(total, cached, total)
 
 
 def generate_batch(backend: Any, batch: list[PreparedRequest], execution: Execution) -> list[Generation]:
@@ -222,6 +240,8 @@ def generate_batch(backend: Any, batch: list[PreparedRequest], execution: Execut
         for inputs in prompt_inputs(backend, [p.segments for p in batch], requests):
             members = [batch[b] for b in inputs.rows]
             ctl = controls(backend, members, execution, inputs.width)
+            if execution.on_prompt is not None and ctl.streamer is not None:
+                _report_prompt(execution.on_prompt, inputs, ctl.streamer)
             n_probs = [requests[b].sampling.logprobs for b in inputs.rows]
             wants_logits = execution.return_logits or any(n is not None for n in n_probs)
             output = _call_generate(backend, inputs, ctl, max(limits[b] for b in inputs.rows), wants_logits)

@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Sequence
 from ...errors import BackendError, CorruptPackageError, ModelLoadError
 from ...images import ImageInput
 from ...package import VisualPackage
+from ..text_access import check_chat_template
 from .base import HFBackend
 from .families import FamilyClasses, Traits, family_classes, traits_for
 from .encoder_outputs import MAIN, join, pack, split, tensor_names
@@ -96,10 +97,10 @@ class GenericBackend(HFBackend):
 
     @classmethod
     def image_processor_class(cls) -> Any:
-        """The family's PIL image processor class (transformers' auto table names it)."""
-        from transformers.models.auto.image_processing_auto import get_image_processor_class_from_name
+        """The family's PIL image processor class (transformers' auto table names it, or the family's traits)."""
+        from .families import image_processor_class
 
-        return get_image_processor_class_from_name(cls.image_processor_name)
+        return image_processor_class(cls.image_processor_name)
 
     @classmethod
     def processor_overrides(cls, options: dict[str, Any], processor: Any) -> dict[str, Any]:
@@ -146,6 +147,11 @@ class GenericBackend(HFBackend):
     def chat_template_source(self) -> str | None:
         """The checkpoint's chat template (Jinja) as its processor holds it: what chats are rendered in."""
         return self.processor.chat_template
+
+    def use_chat_template(self, template: str) -> None:
+        """Render chats in ``template`` instead of the checkpoint's (the processor holds it: every rendering reads it)."""
+        check_chat_template(template)
+        self.processor.chat_template = template
 
     # ------------------------------------------------------------------- encode
 
@@ -257,23 +263,22 @@ class GenericBackend(HFBackend):
         """The placeholder text the processor wrote for this image when it was encoded."""
         return str(package.metadata["placeholder"])
 
-    def build_prompt(self, segments: Sequence[str | VisualPackage], turns: list[tuple[str, int]] | None = None) -> str:
-        """The checkpoint's chat template over the turns, each image token replaced by its package's placeholder."""
+    def build_prompt(
+        self, segments: Sequence[str | VisualPackage], turns: list[tuple[str, int]] | None = None, generation_prompt: bool = True
+    ) -> str:
+        """The checkpoint's chat template over the turns (``generation_prompt``: with the opening of the answer's
+        turn), each image token replaced by its package's placeholder."""
         packages = [s for s in segments if isinstance(s, VisualPackage)]
-        text = self._render(list(segments), turns)
+        text = self._render(list(segments), turns, generation_prompt)
         pieces = text.split(self.image_token)
         if len(pieces) != len(packages) + 1:
-            raise BackendError(
-                self.name, f"the chat template placed {len(pieces) - 1} image token(s) for {len(packages)} image(s)"
-            )
+            raise BackendError(self.name, f"the chat template placed {len(pieces) - 1} image token(s) for "
+                               f"{len(packages)} image(s)")
         placeholders = [self.image_placeholder(p) for p in packages]
         if self._numbers_images:
             # MiniCPM-V numbers the images of a prompt (<image_id>N</image_id>) outside the placeholder.
             placeholders = self.processor._prepend_local_ids([text], placeholders, self.image_token)
-        out = pieces[0]
-        for placeholder, rest in zip(placeholders, pieces[1:]):
-            out += placeholder + rest
-        return out
+        return pieces[0] + "".join(placeholder + rest for placeholder, rest in zip(placeholders, pieces[1:]))
 
     def template_text(
         self, texts: Sequence[str], turns: list[tuple[str, int]] | None = None, *, generation_prompt: bool = True

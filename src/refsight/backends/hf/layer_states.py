@@ -123,24 +123,37 @@ def fill(cache: Any, kinds: list[str], states: list[Any], width: int, backend: A
     zero). Every tensor is new memory (``torch.cat``): decoding updates the cache in place, and the stored,
     shared states must never change.
     """
-    import torch
-
-    device, dtype = backend.device, backend.model.dtype
     any_state = any(s is not None for s in states)
     for i, kind in enumerate(kinds):
         if kind in ATTENTION_KINDS:
-            heads, head_dim = _kv_shape(backend, i)
-            keys = [_columns(s, f"key.{i}", (1, heads, width, head_dim), device, dtype) for s in states]
-            values = [_columns(s, f"value.{i}", (1, heads, width, head_dim), device, dtype) for s in states]
-            # A sliding layer's own update keeps its last columns and counts the whole width, as a fresh prefill would.
-            cache.update(torch.cat(keys, dim=0), torch.cat(values, dim=0), i)
+            _fill_attention(cache, i, states, width, backend)
         elif kind == "linear" and any_state:  # else the layer stays empty: the part's prefill starts it fresh
-            conv_shape, recurrent_shape = _deltanet_shapes(backend)
-            conv = torch.cat([_state(s, f"conv.{i}", conv_shape, device, dtype) for s in states], dim=0)
-            recurrent = [_state(s, f"recurrent.{i}", recurrent_shape, device, None) for s in states]
-            recurrent_dtype = next(r.dtype for r, s in zip(recurrent, states) if s is not None)
-            cache.update_conv_state(conv, i, conv_kernel_size=conv_shape[-1])
-            cache.update_recurrent_state(torch.cat([r.to(recurrent_dtype) for r in recurrent], dim=0), i)
+            _fill_linear(cache, i, states, backend)
+
+
+def _fill_attention(cache: Any, i: int, states: list[Any], width: int, backend: Any) -> None:
+    """Attention layer ``i``: each row's keys and values, ``width`` columns, left-padded (zeros for a row without)."""
+    import torch
+
+    device, dtype = backend.device, backend.model.dtype
+    heads, head_dim = _kv_shape(backend, i)
+    keys = [_columns(s, f"key.{i}", (1, heads, width, head_dim), device, dtype) for s in states]
+    values = [_columns(s, f"value.{i}", (1, heads, width, head_dim), device, dtype) for s in states]
+    # A sliding layer's own update keeps its last columns and counts the whole width, as a fresh prefill would.
+    cache.update(torch.cat(keys, dim=0), torch.cat(values, dim=0), i)
+
+
+def _fill_linear(cache: Any, i: int, states: list[Any], backend: Any) -> None:
+    """Gated DeltaNet layer ``i``: each row's convolution and recurrent state (zeros for a row without)."""
+    import torch
+
+    device, dtype = backend.device, backend.model.dtype
+    conv_shape, recurrent_shape = _deltanet_shapes(backend)
+    conv = torch.cat([_state(s, f"conv.{i}", conv_shape, device, dtype) for s in states], dim=0)
+    recurrent = [_state(s, f"recurrent.{i}", recurrent_shape, device, None) for s in states]
+    recurrent_dtype = next(r.dtype for r, s in zip(recurrent, states) if s is not None)
+    cache.update_conv_state(conv, i, conv_kernel_size=conv_shape[-1])
+    cache.update_recurrent_state(torch.cat([r.to(recurrent_dtype) for r in recurrent], dim=0), i)
 
 
 def _columns(state: Any, name: str, shape: tuple[int, ...], device: Any, dtype: Any) -> Any:

@@ -178,15 +178,21 @@ def _check_weights(name: str, folder: Path, path: Path, config: dict[str, Any]) 
             f"its sizes imply at least {least:,} parameters but the weight files hold {held:,}; the config does not "
             "describe these weights (refused before anything is allocated)",
         )
+    _check_vocabulary(name, path, config, shapes)
+
+
+def _check_vocabulary(name: str, path: Path, config: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> None:
+    """Each token embedding's rows are one of the config's vocabulary sizes."""
     vocabularies = {sub["vocab_size"] for _, sub in _configs(config, "") if isinstance(sub.get("vocab_size"), int)}
+    if not vocabularies:
+        return
     for tensor, shape in shapes.items():
-        if tensor.rsplit(".", 2)[-2:] == ["embed_tokens", "weight"] and len(shape) == 2 and vocabularies:
-            if shape[0] not in vocabularies:
-                raise problem(
-                    name, path, "vocab_size",
-                    f"{', '.join(map(str, sorted(vocabularies)))} does not match the {shape[0]} rows of {tensor} "
-                    "in the weights; the config does not describe these weights",
-                )
+        if tensor.rsplit(".", 2)[-2:] == ["embed_tokens", "weight"] and len(shape) == 2 and shape[0] not in vocabularies:
+            raise problem(
+                name, path, "vocab_size",
+                f"{', '.join(map(str, sorted(vocabularies)))} does not match the {shape[0]} rows of {tensor} "
+                "in the weights; the config does not describe these weights",
+            )
 
 
 _MISMATCH = re.compile(r"^\s*([^|]+?)\s*\|.*MISMATCH.*ckpt: torch\.Size\((\[[^\]]*\])\) vs model:\s*torch\.Size\((\[[^\]]*\])\)")

@@ -57,6 +57,7 @@ Qwen3-VL the deepstack features are added at image positions only, which lie in 
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -307,7 +308,9 @@ def plan_prefixes(backend: Any, rows: list[list[Any]], requests: list[Generation
     if kinds is None:
         return None
     model = f"{backend.fingerprint().digest}:{backend.device}"
-    template = f"{TEMPLATE}:{backend.family}{state_layout(backend)}"
+    # The chat template's own hash too: a template given at load (--chat-template) never meets another's states.
+    chat = hashlib.sha256((backend.chat_template_source() or "").encode()).hexdigest()[:16]
+    template = f"{TEMPLATE}:{backend.family}{state_layout(backend)}:chat={chat}"
     plans = [_row_plan(backend, row, request, text, model, template) for row, request, text in zip(rows, requests, texts)]
     if not any(p.key for p in plans):
         return None

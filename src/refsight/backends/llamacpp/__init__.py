@@ -3,9 +3,10 @@
 ``--model llamacpp:/models/qwen2-vl-2b.gguf --mmproj /models/mmproj-qwen2-vl-2b.gguf``
 (or ``get_backend("llamacpp:M.gguf", mmproj="P.gguf")``). Built-in offline models
 with random weights: ``tiny-qwen2-vl-gguf``, ``tiny-qwen2.5-vl-gguf``,
-``tiny-smolvlm-gguf``, ``tiny-qwen3-vl-gguf``, the families of :mod:`.families`
+``tiny-smolvlm-gguf``, ``tiny-qwen3-vl-gguf``, the families of :mod:`refsight.builtin_models.gguf_families`
 (``tiny-gemma3-gguf``, ``tiny-internvl-gguf``, ...) and the real-shape
-``shape-qwen2-vl-2b-gguf``, built on first use (see :mod:`.models`). Needs ``pip install 'refsight[llamacpp]'``
+``shape-qwen2-vl-2b-gguf``, built on first use (:mod:`refsight.builtin_models.gguf`, loaded
+through :mod:`refsight.backends.builtin`). Needs ``pip install 'refsight[llamacpp]'``
 (llama-cpp-python, pinned: the signature of ``mtmd_helper_decode_image_chunk``
 changes between releases).
 
@@ -13,8 +14,7 @@ Modules: :mod:`.native` (the only code calling llama.cpp; :mod:`.logs` its proce
 set-up, :mod:`.sampler` its sampler chain), :mod:`.package_format`
 (the package and its fingerprint), :mod:`.prompt` (chat template),
 :mod:`.generation` (prompt evaluation and decoding), :mod:`.prefix` (the reference prefix's saved sequence state), :mod:`.grammar` (JSON schema →
-GBNF), :mod:`.backend` (the :class:`~refsight.backends.base.Backend`), :mod:`.models`
-(built-in GGUFs; :mod:`.families` those of the transformers tiny-family recipes).
+GBNF), :mod:`.backend` (the :class:`~refsight.backends.base.Backend`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ...errors import InvalidInputError, ModelLoadError
 from ...extras import install_command
 from ..options import FLASH_ATTN
 
-__all__ = ["LLAMACPP_PREFIX", "load_llamacpp_backend", "load_builtin", "SUPPORTED_OPTIONS"]
+__all__ = ["LLAMACPP_PREFIX", "load_llamacpp_backend", "SUPPORTED_OPTIONS"]
 
 LLAMACPP_PREFIX = "llamacpp:"
 MARKER_FILE = "refsight_model.json"
@@ -50,7 +50,7 @@ def _require_runtime(name: str) -> None:
         import llama_cpp.mtmd_cpp  # noqa: F401
     except ImportError as e:
         raise ModelLoadError(name, f"llama-cpp-python is not installed: {install_command('llamacpp')} ({e})") from e
-    from .converter import LLAMA_CPP_PYTHON_VERSION
+    from ...extras import LLAMA_CPP_PYTHON_VERSION
     from .native import llama_cpp_version
 
     if llama_cpp_version() != LLAMA_CPP_PYTHON_VERSION:
@@ -84,6 +84,32 @@ def _int_option(options: dict[str, Any], key: str, default: int, minimum: int) -
 def _settings(options: dict[str, Any]):
     from .native import RuntimeSettings
 
+    options = _merged_options(options)
+    device = options.get("device") or "cpu"
+    if device not in ("auto", "cpu", "gpu", "cuda", "mps") and not str(device).startswith("cuda:"):
+        raise InvalidInputError("device", f"the llama.cpp backend runs on cpu, cuda or mps, not {device!r}")
+    # The GGUF fixes the weights' types and mtmd hands out float32 features: no dtype to choose.
+    if options.get("dtype") not in (None, "auto", "float32"):
+        raise InvalidInputError("dtype", "the llama.cpp backend takes the weight types of the GGUF files; quantise those instead")
+    _int_option(options, "batch_size", 1, 1)  # images are encoded one at a time whatever the batch size
+    parallel = _int_option(options, "parallel", 1, 1)
+    if parallel > MAX_PARALLEL:
+        raise InvalidInputError("parallel", f"llama.cpp decodes at most {MAX_PARALLEL} sequences together, got {parallel}")
+    flash_attn = _flash_attn(options.get("flash_attn"), parallel)
+    return RuntimeSettings(
+        n_ctx=_int_option(options, "n_ctx", None, 256),  # None: 4096, or the trained context if smaller
+        n_threads=_int_option(options, "n_threads", 0, 0),
+        image_min_tokens=_int_option(options, "image_min_tokens", -1, -1),
+        image_max_tokens=_int_option(options, "image_max_tokens", -1, -1),
+        use_gpu=_use_gpu(device),
+        n_seq=parallel,
+        flash_attn=flash_attn,
+    )
+
+
+def _merged_options(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` checked against :data:`SUPPORTED_OPTIONS`, with mtmd's image settings given inside
+    ``processor_kwargs`` merged in (the same setting given both ways must agree)."""
     unknown = sorted(set(options) - set(SUPPORTED_OPTIONS))
     if unknown:
         raise InvalidInputError(
@@ -96,34 +122,19 @@ def _settings(options: dict[str, Any]):
     for key in MTMD_SETTINGS:
         if key in extra and options.get(key) is not None and options[key] != extra[key]:
             raise InvalidInputError(key, "given twice with different values")
-    options = {**options, **extra}
-    device = options.get("device") or "cpu"
-    if device not in ("auto", "cpu", "gpu", "cuda", "mps") and not str(device).startswith("cuda:"):
-        raise InvalidInputError("device", f"the llama.cpp backend runs on cpu, cuda or mps, not {device!r}")
-    # The GGUF fixes the weights' types and mtmd hands out float32 features: no dtype to choose.
-    if options.get("dtype") not in (None, "auto", "float32"):
-        raise InvalidInputError("dtype", "the llama.cpp backend takes the weight types of the GGUF files; quantise those instead")
-    _int_option(options, "batch_size", 1, 1)  # images are encoded one at a time whatever the batch size
-    parallel = _int_option(options, "parallel", 1, 1)
-    if parallel > MAX_PARALLEL:
-        raise InvalidInputError("parallel", f"llama.cpp decodes at most {MAX_PARALLEL} sequences together, got {parallel}")
+    return {**options, **extra}
+
+
+def _flash_attn(flash_attn: Any, parallel: int) -> str:
+    """The flash-attention setting: as given, else off with parallel slots and llama.cpp's choice without."""
     # With parallel slots flash attention is off unless asked for: llama.cpp's CPU flash attention
     # splits a lone sequence's keys across threads and merges the parts, another summation order
     # than a step of several sequences takes, so an answer would depend on what decodes beside it.
-    flash_attn = options.get("flash_attn")
     if flash_attn is None:
         flash_attn = "off" if parallel > 1 else "auto"
     if flash_attn not in FLASH_ATTN:
         raise InvalidInputError("flash_attn", f"one of {', '.join(FLASH_ATTN)}, not {flash_attn!r}")
-    return RuntimeSettings(
-        n_ctx=_int_option(options, "n_ctx", None, 256),  # None: 4096, or the trained context if smaller
-        n_threads=_int_option(options, "n_threads", 0, 0),
-        image_min_tokens=_int_option(options, "image_min_tokens", -1, -1),
-        image_max_tokens=_int_option(options, "image_max_tokens", -1, -1),
-        use_gpu=_use_gpu(device),
-        n_seq=parallel,
-        flash_attn=flash_attn,
-    )
+    return flash_attn
 
 
 def _use_gpu(device: str) -> bool:
@@ -191,15 +202,3 @@ def load_llamacpp_backend(name: str, *, source: str | None = None, model_id: str
                                 "--max-model-len; with --parallel, -c is shared by the slots)") from None
     except NativeError as e:
         raise ModelLoadError(name, str(e)) from e
-
-
-def load_builtin(name: str, **options: Any):
-    """The registry factory for the built-in ``*-gguf`` models: build once (see :mod:`.models`), then load."""
-    if options.get("mmproj") is not None:
-        raise InvalidInputError("mmproj", f"{name} is a built-in model with its own mmproj")
-    _settings(options)  # refuse bad options before a possibly long build
-    _require_runtime(name)
-    from .models import ensure_gguf
-
-    model_path, mmproj_path = ensure_gguf(name)
-    return load_llamacpp_backend(name, source=str(model_path), **{**options, "mmproj": str(mmproj_path)})

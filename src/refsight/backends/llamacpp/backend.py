@@ -39,6 +39,8 @@ from ...images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
 from ..base import Backend, Execution, Generation, GenerationRequest, PreparedRequest
 from ..prefix import render_prefix
+from ..text_access import check_chat_template
+from ..turns import PROMPT_ENDS, split_final_turn
 from ..sampling import OUTPUT_FIELDS, SAMPLING_FIELDS, TOKEN_FIELDS
 from . import package_format as fmt
 from .native import Bitmap, LlamaRuntime, NativeError, RuntimeSettings, llama_cpp_version
@@ -72,8 +74,11 @@ class LlamaCppBackend(Backend):
     sampling_fields: ClassVar[frozenset[str]] = frozenset((*SAMPLING_FIELDS, *TOKEN_FIELDS, *OUTPUT_FIELDS))
     #: Each token's text leaves the token loop as soon as it is sampled.
     supports_streaming: ClassVar[bool] = True
-    #: Conversations render in the GGUF's own chat template (system, user and assistant turns).
+    #: Conversations render in the GGUF's own chat template (system, user and assistant turns), ended as asked
+    #: (a continued final assistant turn: llama-server's prefill); the prompt's evaluation is reported as it runs.
     supports_turns: ClassVar[bool] = True
+    prompt_ends: ClassVar[frozenset[str]] = frozenset(PROMPT_ENDS)
+    supports_prompt_progress: ClassVar[bool] = True
     #: Raw prompts (llama-server's ``/completion``): the text as given, after a BOS when the GGUF asks for one.
     supports_raw_prompt: ClassVar[bool] = True
 
@@ -145,7 +150,7 @@ class LlamaCppBackend(Backend):
         images = list(images)
         for i, image in enumerate(images):
             if not isinstance(image, ImageInput):
-                raise InvalidInputError(f"images[{i}]", f"expected an ImageInput (use refsight.load_image), got {type(image).__name__}")
+                raise InvalidInputError(f"images[{i}]", f"expected an ImageInput (use refsight.images.load_image), got {type(image).__name__}")
         packages = []
         for image in images:
             began = time.perf_counter()
@@ -278,7 +283,7 @@ class LlamaCppBackend(Backend):
         self, texts: Sequence[str], turns: list[tuple[str, int]] | None = None, *, generation_prompt: bool = True
     ) -> str:
         """The GGUF's chat template around ``texts`` (:meth:`prompt_text`)."""
-        return self.prompt_text(list(texts), turns, generation_prompt=generation_prompt)
+        return self.prompt_text(list(texts), turns, prompt_end="generation_prompt" if generation_prompt else "none")
 
     def check_raw_text(self, text: str, where: str) -> None:
         """A raw prompt's text may spell special tokens, but not the media marker (it would shift the images)."""
@@ -293,6 +298,12 @@ class LlamaCppBackend(Backend):
     def chat_template_source(self) -> str:
         """The GGUF's chat template, or its family's known one when the GGUF carries none."""
         return chat_template(self._template, self.arch)
+
+    def use_chat_template(self, template: str) -> None:
+        """Render chats in ``template`` instead of the GGUF's own: :meth:`prompt_text` (fresh and cached
+        paths alike) and the prefix keys (:meth:`prefix_plan` hashes the template) both read it."""
+        check_chat_template(template)
+        self._template = template
 
     def chat_template_reads(self, variable: str) -> bool:
         """Whether the GGUF's chat template (or its fallback) names ``variable`` anywhere."""
@@ -313,14 +324,15 @@ class LlamaCppBackend(Backend):
 
     def prompt_text(
         self, segments: Sequence[Any], turns: list[tuple[str, int]] | None = None, *, raw: bool = False,
-        generation_prompt: bool = True,
+        prompt_end: str = "generation_prompt",
     ) -> str:
         """The rendered prompt of ``segments`` (each image a media marker), as mtmd will tokenize it.
 
         ``turns`` (``(role, count)`` pairs over the segments) renders a conversation in the GGUF's
         own chat template; without it the segments are one user turn. ``raw``: the segments are
         the whole prompt, after a BOS when the vocabulary wants one (as llama-server's ``/completion``).
-        ``generation_prompt=False``: without the opening of the answer's turn.
+        ``prompt_end`` (:data:`~..turns.PROMPT_ENDS`): ``none`` leaves out the opening of the answer's turn;
+        ``continue`` renders the turns before the final one with it, then the final turn's text (llama-server's).
         """
         if raw:
             import llama_cpp
@@ -330,6 +342,9 @@ class LlamaCppBackend(Backend):
                 bos >= 0 and llama_cpp.llama_vocab_get_add_bos(self.runtime.vocab)
             ) else ""
             return opening + "".join(s if isinstance(s, str) else self.runtime.marker for s in segments)
+        if prompt_end == "continue":
+            head, head_turns, tail = split_final_turn(segments, turns or [])
+            return self.prompt_text(head, head_turns) + tail
         request = GenerationRequest(list(segments), turns=turns)
         content = [
             (role, "".join(s if isinstance(s, str) else self.runtime.marker for s in part))
@@ -337,7 +352,8 @@ class LlamaCppBackend(Backend):
         ]
         bos = self.runtime.piece(self._special("bos"), special=True).decode("utf-8", "replace") if self._special("bos") >= 0 else ""
         eos = self.runtime.piece(self._special("eos"), special=True).decode("utf-8", "replace") if self._special("eos") >= 0 else ""
-        return render_prompt(self._template, self.arch, content, bos=bos, eos=eos, generation_prompt=generation_prompt)
+        return render_prompt(self._template, self.arch, content, bos=bos, eos=eos,
+                             generation_prompt=prompt_end == "generation_prompt")
 
     def prefix_plan(self, request: GenerationRequest) -> Any:
         """The :class:`~.prefix.PromptPrefix` of ``request``'s reference prefix, or None.

@@ -60,7 +60,8 @@ def _bitmaps(segments: Sequence[Any]) -> tuple[list[Bitmap], dict[str, VisualPac
 
 
 def decode_prompt(
-    runtime: LlamaRuntime, text: str, segments: Sequence[Any], prefix: PromptPrefix | None = None, seq: int = 0
+    runtime: LlamaRuntime, text: str, segments: Sequence[Any], prefix: PromptPrefix | None = None, seq: int = 0,
+    on_prompt: Callable[[int, int, int], None] | None = None,
 ) -> tuple[int, dict[str, float], list[int]]:
     """Evaluate the whole prompt into sequence ``seq``'s cleared KV cache.
 
@@ -68,7 +69,9 @@ def decode_prompt(
     from a saved KV state when one matches, or evaluated and offered for saving, and
     only the rest is evaluated. Returns ``n_past``, ``{"encode": ms}`` and the prompt's
     token counts: the total first, then each image's tokens in prompt order (for the
-    OpenAI ``usage``).
+    OpenAI ``usage``). ``on_prompt(total, cached, processed)`` is told once the prefix state
+    is restored (``processed == cached``) and once the whole prompt is evaluated (llama-server's
+    ``prompt_progress``).
     """
     bitmaps, cached = _bitmaps(segments)
     encode_ms = 0.0
@@ -89,21 +92,26 @@ def decode_prompt(
                     "prompt", f"needs {total} positions; the context holds {runtime.settings.n_ctx}",
                     n_prompt_tokens=total, n_ctx=runtime.settings.n_ctx,
                 )
-            first, n_past = 0, 0
+            first, n_past, cached = 0, 0, 0
             split = prefix.split(runtime, infos, bitmaps) if prefix is not None else None
             if split is not None:
                 first = split.chunk
                 if prefix.restore(runtime, split, seq):
-                    n_past = split.n_past
+                    n_past, cached = split.n_past, prefix.prefix_tokens
                     for info in infos[:first]:  # restored, not decoded: their saved features go unused
                         if info.kind == "image" and info.image_id in saved:
                             saved[info.image_id].pop(0)
-                else:
-                    n_past, ms = _evaluate(runtime, chunks[:first], infos[:first], saved, n_past, False, seq)
-                    encode_ms += ms
-                    prefix.save(runtime, split, seq)
+                    split = None  # nothing left to evaluate or save before the rest
+            if on_prompt is not None:
+                on_prompt(counts[0], cached, cached)
+            if split is not None:
+                n_past, ms = _evaluate(runtime, chunks[:first], infos[:first], saved, n_past, False, seq)
+                encode_ms += ms
+                prefix.save(runtime, split, seq)
             n_past, ms = _evaluate(runtime, chunks[first:], infos[first:], saved, n_past, True, seq)
             encode_ms += ms
+            if on_prompt is not None:
+                on_prompt(counts[0], cached, counts[0])
     finally:
         for b in bitmaps:
             b.free()

@@ -33,19 +33,25 @@ def tighten_schema(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
     out = {k: tighten_schema(v) for k, v in schema.items()}
-    low, high = out.get("minimum"), out.get("maximum")
-    if (
-        out.get("type") == "number"
+    if not _bounded_number(out):
+        return out
+    low, high = out["minimum"], out["maximum"]
+    values = sorted({_tidy(low + (high - low) * k / _GRID) for k in range(_GRID + 1)})
+    # Rounding must never step outside the bounds.
+    return {"enum": [v for v in values if low <= v <= high]}
+
+
+def _bounded_number(schema: dict[str, Any]) -> bool:
+    """A number schema with both bounds (the lower not above the upper) and no ``enum`` or ``const`` of its own."""
+    low, high = schema.get("minimum"), schema.get("maximum")
+    return (
+        schema.get("type") == "number"
         and isinstance(low, (int, float))
         and isinstance(high, (int, float))
         and low <= high
-        and "enum" not in out
-        and "const" not in out
-    ):
-        values = sorted({_tidy(low + (high - low) * k / _GRID) for k in range(_GRID + 1)})
-        # Rounding must never step outside the bounds.
-        out = {"enum": [v for v in values if low <= v <= high]}
-    return out
+        and "enum" not in schema
+        and "const" not in schema
+    )
 
 
 def _tidy(value: float) -> int | float:

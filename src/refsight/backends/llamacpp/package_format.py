@@ -109,28 +109,36 @@ def image_chunk_layout(chunks: Sequence[ChunkInfo | dict[str, Any]]) -> list[tup
 
 def check_package(package: VisualPackage, n_embd: int) -> None:
     """Raise :class:`CorruptPackageError` unless tensors and chunk metadata agree with each other and the model."""
-    meta = package.metadata
     try:
-        width, height = (int(v) for v in meta["image_size"])
-        chunks = meta["chunks"]
-        images = [c for c in chunks if c.get("type") == "image"]
-        if width < 1 or height < 1 or not images:
-            raise ValueError("no image size or no image chunk")
-        if int(meta["n_embd"]) != n_embd:
-            raise ValueError(f"n_embd {meta['n_embd']} but the model takes {n_embd}")
+        images = _image_chunks(package.metadata, n_embd)
         names = [c["tensor"] for c in images]
         if sorted(names) != sorted(package.tensors) or names != [tensor_name(i) for i in range(len(names))]:
             raise ValueError(f"tensors {sorted(package.tensors)} do not match the chunks {names}")
         for c in images:
-            tensor = package.tensors[c["tensor"]]
-            if str(tensor.dtype).removeprefix("torch.") != "float32":
-                raise ValueError(f"{c['tensor']} is {tensor.dtype}, not float32")
-            if list(tensor.shape) != [int(c["n_tokens"]), n_embd]:
-                raise ValueError(f"{c['tensor']} has shape {list(tensor.shape)}, expected [{c['n_tokens']}, {n_embd}]")
+            _check_tensor(c, package.tensors[c["tensor"]], n_embd)
     except CorruptPackageError:
         raise
     except (KeyError, TypeError, ValueError) as e:
         raise CorruptPackageError(package.key, f"malformed llama.cpp package: {type(e).__name__}: {e}") from None
+
+
+def _image_chunks(meta: dict[str, Any], n_embd: int) -> list[dict[str, Any]]:
+    """The metadata's image chunks, once its image size and embedding width are checked."""
+    width, height = (int(v) for v in meta["image_size"])
+    images = [c for c in meta["chunks"] if c.get("type") == "image"]
+    if width < 1 or height < 1 or not images:
+        raise ValueError("no image size or no image chunk")
+    if int(meta["n_embd"]) != n_embd:
+        raise ValueError(f"n_embd {meta['n_embd']} but the model takes {n_embd}")
+    return images
+
+
+def _check_tensor(chunk: dict[str, Any], tensor: Any, n_embd: int) -> None:
+    """One image chunk's tensor: float32, one row of ``n_embd`` per token."""
+    if str(tensor.dtype).removeprefix("torch.") != "float32":
+        raise ValueError(f"{chunk['tensor']} is {tensor.dtype}, not float32")
+    if list(tensor.shape) != [int(chunk["n_tokens"]), n_embd]:
+        raise ValueError(f"{chunk['tensor']} has shape {list(tensor.shape)}, expected [{chunk['n_tokens']}, {n_embd}]")
 
 
 def embeddings(package: VisualPackage) -> list[np.ndarray]:

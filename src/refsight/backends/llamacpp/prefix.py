@@ -96,23 +96,8 @@ class PromptPrefix:
             return None
         with runtime.tokenized(self.text, list(bitmaps[: self.n_images])) as chunks:
             mine = [runtime.chunk_info(c) for c in chunks]
-        if not mine or len(mine) > len(infos):
-            return None
-        for a, b in zip(mine[:-1], infos):
-            if a != b:
-                return None
-        last, there = mine[-1], infos[len(mine) - 1]
-        if last == there:
-            chunk = len(mine)
-        elif last.kind == there.kind == "text" and there.tokens[: len(last.tokens)] == last.tokens:
-            # The prefix ends inside a text chunk: the state stops before that chunk, which is then
-            # evaluated whole, in the one batch the plain path gives it. llama.cpp's quantized CPU
-            # kernels give a token other numbers in another batch (measured on the 28-layer Q4_K_M
-            # GGUF: a split chunk moved the first logits by 0.13 and changed the greedy answer).
-            chunk = len(mine) - 1
-        else:
-            return None
-        if not 0 < chunk < len(infos):
+        chunk = _end_chunk(mine, infos)
+        if chunk is None or not 0 < chunk < len(infos):
             return None  # nothing to reuse, or nothing would follow the prefix: no logits to continue from
         covered = list(infos[:chunk])
         tokens = prefix_tokens(covered)
@@ -174,3 +159,22 @@ def _as_uint8(state: object) -> np.ndarray:
     if hasattr(state, "numpy"):
         return np.ascontiguousarray(state.detach().cpu().numpy()).view(np.uint8).reshape(-1)
     return np.frombuffer(memoryview(state).cast("B"), dtype=np.uint8)
+
+
+def _end_chunk(mine: list[ChunkInfo], infos: list[ChunkInfo]) -> int | None:
+    """How many of the prompt's chunks ``infos`` the prefix's chunks ``mine`` cover, or None when the prefix
+    is not a token prefix of the prompt."""
+    if not mine or len(mine) > len(infos):
+        return None
+    if any(a != b for a, b in zip(mine[:-1], infos)):
+        return None
+    last, there = mine[-1], infos[len(mine) - 1]
+    if last == there:
+        return len(mine)
+    if last.kind == there.kind == "text" and there.tokens[: len(last.tokens)] == last.tokens:
+        # The prefix ends inside a text chunk: the state stops before that chunk, which is then
+        # evaluated whole, in the one batch the plain path gives it. llama.cpp's quantized CPU
+        # kernels give a token other numbers in another batch (measured on the 28-layer Q4_K_M
+        # GGUF: a split chunk moved the first logits by 0.13 and changed the greedy answer).
+        return len(mine) - 1
+    return None

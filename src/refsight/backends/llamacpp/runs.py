@@ -82,12 +82,15 @@ class Run:
 
 
 def start_run(backend: Any, prepared: PreparedRequest, execution: Execution, seq: int) -> Run:
-    """Evaluate ``prepared``'s prompt into sequence ``seq``; the :class:`Run` that decodes its answer."""
+    """Evaluate ``prepared``'s prompt into sequence ``seq`` (``execution.on_prompt`` told as it starts and ends);
+    the :class:`Run` that decodes its answer."""
     request = prepared.request
     began = time.perf_counter()
-    text = backend.prompt_text(prepared.segments, request.turns, raw=request.raw_prompt)
+    text = backend.prompt_text(prepared.segments, request.turns, raw=request.raw_prompt, prompt_end=request.prompt_end)
     plan = backend.prefix_plan(request)
-    n_past, prompt_timings, counts = decode_prompt(backend.runtime, text, prepared.segments, plan, seq)
+    n_past, prompt_timings, counts = decode_prompt(
+        backend.runtime, text, prepared.segments, plan, seq, on_prompt=execution.on_prompt
+    )
     loop = TokenLoop(
         backend.runtime, n_past, request.max_new_tokens, grammar=prepared.grammar, sampling=request.sampling,
         return_logits=execution.return_logits, on_text=execution.on_text, stop_event=execution.stop_event,

@@ -10,6 +10,5 @@ concern each (none imports torch at import time, so ``refsight --help`` stays li
 - :mod:`.client`: JSON over HTTP to the server; failures become refsight errors;
 - :mod:`.env`: builds (or reuses) the separate vLLM venv (``refsight vllm-env``);
 - :mod:`.serve`: starts and stops a server from it (``refsight vllm-serve``);
-- :mod:`.tiny`: random-weight Qwen-VL models vLLM's CPU runtime accepts;
 - :mod:`.cli`: the two commands, hooked into ``refsight.cli``.
 """

@@ -58,6 +58,7 @@ from ...package import EncoderFingerprint, VisualPackage
 from ..base import Backend, Execution, Generation, GenerationRequest, PreparedRequest
 from ..hf.grid import grid_tokens
 from ..sampling import SAMPLING_FIELDS
+from ..turns import PROMPT_ENDS
 from . import messages
 from .client import VLLMClient
 from .pixels import (
@@ -93,8 +94,9 @@ class VLLMBackend(Backend):
     sampling_fields: ClassVar[frozenset[str]] = frozenset(SAMPLING_FIELDS)
     #: Streams relay vLLM's own token stream (SSE) as it arrives.
     supports_streaming: ClassVar[bool] = True
-    #: Conversations go to vLLM as one message per turn, rendered in the model's own chat template.
+    #: Conversations go to vLLM as one message per turn, rendered in the model's own chat template, ended as asked.
     supports_turns: ClassVar[bool] = True
+    prompt_ends: ClassVar[frozenset[str]] = frozenset(PROMPT_ENDS)
 
     def __init__(
         self, name: str, *, client: VLLMClient, served_model: str, encoder: HFBackend, encodes_images: bool = False,

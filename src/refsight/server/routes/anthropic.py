@@ -4,7 +4,9 @@ A request is translated into the OpenAI chat route's messages (:mod:`..openai_pa
 same service call: the same images (a ``base64`` source is a data URL; a ``url`` source is fetched
 only where the operator allows remote media, else a 400), references, prefix states and limits.
 ``system`` (a string or text blocks) opens the conversation; a final ``assistant`` message is
-continued (Anthropic's prefill). ``max_tokens`` is required (Anthropic's rule); ``stop_sequences``,
+continued (Anthropic's prefill, rendered as llama-server renders its assistant prefill: the earlier turns
+with the opening of the answer's turn, then that message's text; a backend that cannot is a 400 naming
+``messages``). ``max_tokens`` is required (Anthropic's rule); ``stop_sequences``,
 ``temperature``, ``top_p`` and ``top_k`` are honoured as on the chat route (greedy unless a
 temperature is given); ``metadata`` and blocks' ``cache_control`` are hints. Tool use (``tools``,
 ``tool_choice`` other than ``none``/``auto``, ``tool_use``/``tool_result`` blocks), extended
@@ -39,7 +41,7 @@ from ..deps import ConfigDep, MediaUuidsDep, Namespace, PoolDep, ServiceDep
 from ..disconnect import run_watched
 from ..errors import ERROR_RESPONSES, ApiError
 from ..generation_body import GenerationBody
-from ..openai_compat import check_generation
+from ..openai_compat import chat_prompt_end, check_generation, prompt_end_of, template_prompt
 from ..openai_parts import ContentPart, ImageURL, Message, PartResolver, messages_to_segments, template_segments
 from ..prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
 from ..streaming import EventStreamResponse, answer_events, open_stream
@@ -171,9 +173,10 @@ def _generation(body: MessagesBody, service: Any, limit: int) -> tuple[int, Any]
 
 
 def _template_tokens(backend: Any, messages: list[Message]) -> int:
-    """The prompt's tokens as the chat template renders it, each image as the media marker."""
+    """The prompt's tokens as the chat template renders it (a prefill continued), each image as the media marker."""
     texts, turns = template_segments(messages, backend.media_marker)
-    return len(backend.tokenize(backend.template_text(texts, turns), add_special=True, parse_special=True))
+    text = template_prompt(backend, texts, turns, prompt_end_of(messages)[0])
+    return len(backend.tokenize(text, add_special=True, parse_special=True))
 
 
 def _opening_count(backend: Any, messages: list[Message], texts: list[str]) -> int:
@@ -215,6 +218,7 @@ async def messages(
     body.check_fields()
     max_new_tokens, sampling = _generation(body, service, config.max_new_tokens)
     chat = body.chat_messages()
+    prompt_end = chat_prompt_end(service, chat)  # a final assistant message: Anthropic's prefill, continued
     texts = prompt_texts(chat)
     check_prompt_chars(texts, config.max_prompt_tokens)
     backend = service.engine.backend()
@@ -225,7 +229,7 @@ async def messages(
     def work(on_text=None, stop_event=None) -> Answer:
         segments, turns = messages_to_segments(chat, resolver)
         result = service.chat(segments, namespace=namespace, turns=turns, max_new_tokens=max_new_tokens,
-                              sampling=sampling, on_text=on_text, stop_event=stop_event)
+                              sampling=sampling, on_text=on_text, stop_event=stop_event, prompt_end=prompt_end)
         return Answer.of(result, media_uuids=[use.to_dict() for use in resolver.commit()])
 
     def ending(result: Answer) -> tuple[str, str | None]:

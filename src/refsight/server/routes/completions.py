@@ -26,7 +26,7 @@ from ..bodies import IntegerOrNull
 from ..generation_body import GenerationBody
 from ..logprob_fields import completion_logprobs, piece_logprobs
 from ..openai_compat import SYSTEM_FINGERPRINT, StreamOptions, check_generation
-from ..streaming import SSE_DONE, EventStreamResponse, answer_events, open_stream, sse_event
+from ..streaming import SSE_DONE, EventStreamResponse, PromptProgress, answer_events, open_stream, progress_hook, sse_event
 
 __all__ = ["router"]
 
@@ -74,6 +74,7 @@ async def completions(request: Request, body: CompletionsBody, namespace: Namesp
         return service.chat(
             [prompt.texts[0]], namespace=namespace, max_new_tokens=max_new_tokens, json_schema=schema,
             sampling=sampling, on_text=on_text, stop_event=stop_event, raw_prompt=True,
+            on_prompt=progress_hook(on_text, body.return_progress),
         )
 
     def choice(text: str, finish: str | None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -107,5 +108,8 @@ async def _chunks(first: Any, source: AsyncIterator[Any], choice: Any, include_u
         sent += len(text)
         return event
 
-    async for event in answer_events(first, source, piece, finish):
+    def progress(item: PromptProgress) -> bytes:  # llama-server's: a chunk with no text, the prompt's progress
+        return sse_event({**choice("", None), "prompt_progress": item.to_dict()})
+
+    async for event in answer_events(first, source, piece, finish, progress=progress):
         yield event

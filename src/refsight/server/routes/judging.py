@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from ... import validate_where
+from ...retrieval.vectors import validate_where
 from ...requests import CompareRequest, SearchRequest
 from ..bodies import CompareBody, SearchBody, body_schema, decode_image_field, read_body
 from ..disconnect import run_watched, stop_between_steps

@@ -14,7 +14,6 @@ Every field is honoured, accepted as a no-op, or refused with a 400 naming it.
 from __future__ import annotations
 
 import math
-from functools import partial
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Request
@@ -31,11 +30,11 @@ from ..errors import ERROR_RESPONSES, ApiError
 from ..bodies import IntegerOrNull
 from ..generation_body import GenerationBody
 from ..logprob_fields import piece_logprobs, token_entries
-from ..openai_compat import check_generation
+from ..openai_compat import check_generation, prompt_end_of, template_prompt
 from ..disconnect import run_watched
 from ..openai_parts import Message, PartResolver, template_segments
 from ..prompt_limit import check_prompt_chars
-from ..streaming import EventStreamResponse, answer_events, open_stream, sse_event
+from ..streaming import EventStreamResponse, PromptProgress, answer_events, open_stream, progress_hook, sse_event
 from ..timings import TokenClock
 
 __all__ = ["router"]
@@ -68,16 +67,17 @@ async def props(namespace: Namespace, service: ServiceDep, config: ConfigDep, po
         "default_generation_settings": {
             "id": 0, "n_ctx": n_ctx, "is_processing": False,
             # The n_predict a request without one gets: one truth for /props, /slots and the README.
-            "params": _settings(GenerationBody().sampling(), config.n_predict, n_ctx),
+            # The server's --temp/--seed defaults (config's: reading the model's own would wake a sleeping one).
+            "params": _settings(GenerationBody().sampling(config.sampling_defaults), config.n_predict, n_ctx),
         },
         "total_slots": config.workers,
         "model_alias": service.served_model,
         "model_path": service.model,
         "modalities": {"vision": True, "video": False, "audio": False},
         "media_marker": facts.media_marker,
-        # Current llama-server's switches, at what refsight serves: /slots, /props and /metrics always,
+        # Current llama-server's switches, at what refsight serves: /slots unless --no-slots, /props and /metrics always,
         # the page unless --no-webui, no CORS proxy, no web-UI settings or template capabilities to report.
-        "endpoint_slots": True, "endpoint_props": True, "endpoint_metrics": True, "ui": config.webui,
+        "endpoint_slots": config.slots_endpoint, "endpoint_props": True, "endpoint_metrics": True, "ui": config.webui,
         "ui_settings": {}, "chat_template_caps": {}, "cors_proxy_enabled": False,
         "chat_template": facts.chat_template,
         "build_info": f"refsight {__version__}",
@@ -96,7 +96,10 @@ async def slots(
     With API keys the slots never show as busy: the workers are shared, so ``is_processing`` would tell
     one tenant that another is generating.
     """
-    params = _settings(GenerationBody().sampling(), config.n_predict, service.context_size)
+    if not config.slots_endpoint:
+        # llama-server's --no-slots answer: 501, "not_supported_error".
+        raise ApiError(501, "not_supported", "This server does not support slots endpoint. Start it with `--slots`")
+    params = _settings(GenerationBody().sampling(config.sampling_defaults), config.n_predict, service.context_size)
     busy = 0 if request.app.state.tenants.enabled else min(pool.pending, config.workers)
     if request.query_params.get("fail_on_no_slot") and pool.pending >= config.workers:
         # llama-server's ?fail_on_no_slot=1: 503 when every slot is busy (a load balancer's probe).
@@ -161,8 +164,10 @@ class ApplyTemplateBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     messages: list[Message] = Field(min_length=1, max_length=256)
-    # llama-server's fields: false leaves out the opening of the answer's turn; tools only null or [] (none are rendered).
-    add_generation_prompt: bool = True
+    # llama-server's fields: false leaves out the opening of the answer's turn; a final assistant message is
+    # continued (prefilled) as in a chat; tools only null or [] (none are rendered).
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
     tools: list[Any] | None = None
 
 
@@ -170,14 +175,15 @@ class ApplyTemplateBody(BaseModel):
 async def apply_template(
     body: ApplyTemplateBody, namespace: Namespace, service: ServiceDep, pool: PoolDep, config: ConfigDep
 ) -> dict[str, str]:
-    """The served model's chat template around ``messages``, images as the media marker (for ``/completion``)."""
+    """The served model's chat template around ``messages``, images as the media marker (for ``/completion``),
+    ended as the chat would be: a final assistant message continued (llama-server's prefill)."""
     if body.tools:
         raise ApiError(400, "unsupported", "tools: tool definitions are not supported; send null or []", param="tools")
     backend = service.engine.backend()
     texts, turns = template_segments(body.messages, backend.media_marker)
     check_prompt_chars(texts, config.max_prompt_tokens)
-    render = partial(backend.template_text, generation_prompt=body.add_generation_prompt)
-    return {"prompt": await pool.run_light(render, texts, turns)}
+    ending, _ = prompt_end_of(body.messages, body.add_generation_prompt, body.continue_final_message)
+    return {"prompt": await pool.run_light(template_prompt, backend, texts, turns, ending)}
 
 
 class PromptObject(BaseModel):
@@ -260,6 +266,7 @@ async def completion(
             return service.chat(
                 prompt.segments(resolver), namespace=namespace, max_new_tokens=limit, json_schema=schema,
                 sampling=sampling, on_text=clock.wrap(on_text), stop_event=stop_event, raw_prompt=True,
+                on_prompt=progress_hook(on_text, body.return_progress),
             )
 
         clock.begin()
@@ -313,7 +320,12 @@ async def _events(
             event["timings"] = per_token()
         return sse_event(event)
 
-    async for event in answer_events(first, source, piece, lambda result: [sse_event({**final(result, True), "content": ""})]):
+    def progress(item: PromptProgress) -> bytes:  # llama-server's: an event with no text, the prompt's progress
+        return sse_event({"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": 0, "tokens_predicted": 0,
+                          "tokens_evaluated": item.total, "prompt_progress": item.to_dict()})
+
+    async for event in answer_events(first, source, piece, lambda result: [sse_event({**final(result, True), "content": ""})],
+                                     progress=progress):
         yield event
 
 

@@ -9,16 +9,16 @@ SigLIP tower and MLP aligner (DeepSeek-VL, DeepSeek-VL-Hybrid, Janus). Each
 recipe here is one of those with the model type's own config: text hidden 64, 2 layers;
 vision hidden 32, 2 layers; a few dozen tokens per image.
 
-Keyword arguments of a :class:`~refsight.backends.tiny_families.FamilySpec`, as in
-:mod:`.tiny_family_specs`.
+Keyword arguments of a :class:`~refsight.builtin_models.family_checkpoints.FamilySpec`, as in
+:mod:`.family_recipes`.
 """
 
 from __future__ import annotations
 
 # ruff: noqa: E501  (chat templates read best on one line each)
 
-from .tiny_family_specs import _CLIP, _SIGLIP, _TEXT, GLM4V, LLAVA, LLAVA_NEXT, MISTRAL3, QWEN3_VL_TEMPLATE, _content
-from .tiny_templates import _SMOLVLM
+from .family_recipes import _CLIP, _SIGLIP, _TEXT, GLM4V, LLAVA, LLAVA_NEXT, MISTRAL3, QWEN3_VL_TEMPLATE, _content
+from .processor_files import _SMOLVLM
 
 __all__ = ["KIN_RECIPES"]
 

@@ -1,6 +1,6 @@
 """Tiny random checkpoints of the non-Qwen families, sized for vLLM's CPU runtime.
 
-The generic backend's tiny recipes (:mod:`refsight.backends.tiny_family_specs`) use a text
+The generic backend's tiny recipes (:mod:`refsight.builtin_models.family_recipes`) use a text
 head dim of 16; vLLM's CPU attention takes 32 and up (``CPUAttentionBackend.get_supported_head_sizes``).
 Each variant here is the recipe with a dict update: two text heads of 32 (hidden stays 64),
 one KV head. Everything else (tokens, template, processor) is the recipe's own, so
@@ -12,7 +12,7 @@ hub checkpoints' weight layout (:func:`_hub_layout`), and for the hybrid Gated D
 language models (Qwen3.5, MiniCPM-V 4.6) linear heads of 64, served in bfloat16 (``serve.tiny_dtype``).
 
 SmolVLM (``model_type`` ``smolvlm``, vLLM's Idefics3 code) is built by the older
-:mod:`refsight.backends.tiny` recipe (``smolvlm_spec``) with the same head change and a
+:mod:`refsight.builtin_models.checkpoints` recipe (``smolvlm_spec``) with the same head change and a
 ``finish`` hook that writes the files vLLM's ``AutoProcessor`` load wants (a chat template,
 a video-processor config).
 
@@ -25,15 +25,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..tiny import TINY_MODELS, _Spec, _build_id, build_checkpoint, build_into_cache, smolvlm_spec
-from ..tiny_families import FamilySpec, build_family_checkpoint
-from ..tiny_family_specs import (
+from .checkpoints import TINY_MODELS, _Spec, _build_id, build_checkpoint, build_into_cache, smolvlm_spec
+from .family_checkpoints import FamilySpec, build_family_checkpoint
+from .family_recipes import (
     GEMMA3, GLM4V, GLM4V_MOE, INTERNVL, LLAVA, LLAVA_NEXT, LLAVA_ONEVISION, MINICPMV4_6, MISTRAL3, QWEN3_VL_MOE,
 )
-from ..tiny_hybrid_specs import GEMMA4, QWEN3_5, QWEN3_5_MOE
-from ..tiny_kin_specs import EXAONE4_5, IDEFICS3, PADDLEOCR_VL
+from .hybrid_recipes import GEMMA4, QWEN3_5, QWEN3_5_MOE
+from .kin_recipes import EXAONE4_5, IDEFICS3, PADDLEOCR_VL
 
-__all__ = ["VLLM_FAMILY_SPECS", "VLLM_FAMILY_MODELS", "ensure_family_dir", "load_family_vllm", "write_smolvlm_files"]
+__all__ = ["VLLM_FAMILY_SPECS", "VLLM_FAMILY_MODELS", "ensure_family_dir", "write_smolvlm_files"]
 
 #: vLLM CPU attention: two text heads of 32 (the recipes' hidden size 64 stays), one KV head.
 _HEADS = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32)
@@ -93,11 +93,11 @@ VLLM_FAMILY_SPECS: dict[str, FamilySpec] = {
         **GEMMA4["config"]["vision_config"], "default_output_length": 70}}}),
 }
 
-_SMOLVLM_FINISH = "refsight.backends.vllm.families:write_smolvlm_files"
+_SMOLVLM_FINISH = "refsight.builtin_models.vllm_families:write_smolvlm_files"
 #: SmolVLM with text heads of 32 (hidden 64, 2 heads, 1 KV head); the tiny tower and tiling of ``tiny-smolvlm``.
 _SMOLVLM = smolvlm_spec((32, 64, 2, 2, 32, 8), (64, 128, 2, 2, 1, 4096), longest_edge=64, tile=32, scale_factor=2)
 
-#: Built-in name -> :mod:`refsight.backends.tiny` recipe (registered into ``TINY_MODELS`` on import).
+#: Built-in name -> :mod:`refsight.builtin_models.checkpoints` recipe (registered into ``TINY_MODELS`` on import).
 VLLM_FAMILY_MODELS: dict[str, _Spec] = {
     "tiny-smolvlm-vllm": _Spec(**{**_SMOLVLM.__dict__, "finish": _SMOLVLM_FINISH}),
 }
@@ -138,7 +138,7 @@ def _family_build_id(name: str) -> str:
 
     import transformers
 
-    from ..tiny import BUILD_VERSION, SEED
+    from .checkpoints import BUILD_VERSION, SEED
 
     recipe = json.dumps({"vllm_family_spec": VLLM_FAMILY_SPECS[name].recipe(), "seed": SEED, "build": BUILD_VERSION,
                          "transformers": transformers.__version__}, sort_keys=True, default=str)
@@ -176,7 +176,7 @@ def _hub_layout(directory: Path, model_type: str) -> None:
 
 
 def _build_family(name: str, directory: Path) -> None:
-    from ..tiny import SEED, _write_marker
+    from .checkpoints import SEED, _write_marker
 
     spec = VLLM_FAMILY_SPECS[name]
     build_family_checkpoint(spec, directory, seed=SEED)
@@ -190,15 +190,8 @@ def ensure_family_dir(name: str) -> Path:
         return build_into_cache(name, _build_id(name), "config.json",
                                 lambda tmp: build_checkpoint(name, TINY_MODELS[name], tmp), "the built-in model")
     if name not in VLLM_FAMILY_SPECS:
-        from ...errors import UnknownModelError
+        from ..errors import UnknownModelError
 
         raise UnknownModelError(name, [*VLLM_FAMILY_SPECS, *VLLM_FAMILY_MODELS])
     return build_into_cache(name, _family_build_id(name), "config.json", lambda tmp: _build_family(name, tmp),
                             "the built-in model")
-
-
-def load_family_vllm(name: str, **options: Any):
-    """Registry factory: the tiny vLLM family model as a plain refsight HF backend (its encoder side)."""
-    from ..tiny import load_built
-
-    return load_built(name, ensure_family_dir, options)

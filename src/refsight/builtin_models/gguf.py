@@ -1,7 +1,7 @@
 """Built-in offline GGUF models: tiny random HF checkpoints converted with llama.cpp's own converter.
 
-Each model is a :class:`~refsight.backends.tiny.ModelSpec` built with the same code
-as the transformers ``tiny-*`` models (:func:`refsight.backends.tiny.build_checkpoint`),
+Each model is a :class:`~refsight.builtin_models.checkpoints.ModelSpec` built with the same code
+as the transformers ``tiny-*`` models (:func:`refsight.builtin_models.checkpoints.build_checkpoint`),
 then converted twice by ``convert_hf_to_gguf.py`` from the llama-cpp-python sdist
 (once for the language model, once with ``--mmproj`` for the vision side). The specs
 respect what the converter and the runtime need: vision depth ≥ 3, vision head
@@ -10,8 +10,8 @@ trained tokenizer's pre-tokenizer is unknown to the converter (it identifies
 pre-tokenizers by hashing their output), so it is mapped to one llama.cpp knows.
 
 More families (Gemma 3, InternVL, Mistral 3, ...) are built from the transformers
-tiny-family recipes by :mod:`.families`, through :func:`ensure_gguf` too; both convert with
-:mod:`.converter` (``convert``, ``LLAMA_CPP_PYTHON_VERSION`` and ``converter_dir`` are re-exported here).
+tiny-family recipes by :mod:`.gguf_families`, through :func:`ensure_gguf` too; both convert with
+:mod:`.gguf_converter`.
 
 Results live in the model cache (``$REFSIGHT_MODEL_CACHE``) as
 ``<name>-<build id>/{model.gguf,mmproj.gguf}``; the sdist is fetched once with
@@ -27,11 +27,12 @@ import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ...errors import UnknownModelError
-from .converter import LLAMA_CPP_PYTHON_VERSION, MMPROJ_FILE, MODEL_FILE, convert, converter_dir
-from ..tiny import QWEN2_VISION, QWEN25_VISION, QWEN_TINY_TEXT, TINY_MODELS, ModelSpec, build_checkpoint, build_into_cache, qwen_spec, smolvlm_spec
+from ..errors import UnknownModelError
+from ..extras import LLAMA_CPP_PYTHON_VERSION
+from .gguf_converter import MMPROJ_FILE, MODEL_FILE, convert, converter_dir
+from .checkpoints import QWEN2_VISION, QWEN25_VISION, QWEN_TINY_TEXT, TINY_MODELS, ModelSpec, build_checkpoint, build_into_cache, qwen_spec, smolvlm_spec
 
-__all__ = ["GGUF_MODELS", "GgufSpec", "ensure_gguf", "convert", "converter_dir", "LLAMA_CPP_PYTHON_VERSION"]
+__all__ = ["GGUF_MODELS", "GgufSpec", "ensure_gguf"]
 
 #: Bump when a recipe below changes, so old cache entries are not reused.
 BUILD_VERSION = 1
@@ -118,10 +119,10 @@ def _build_id(name: str) -> str:
 def ensure_gguf(name: str) -> tuple[Path, Path]:
     """Build ``name`` into the model cache unless it is there; return (model GGUF, mmproj GGUF).
 
-    Built like every built-in model (:func:`refsight.backends.tiny.build_into_cache`):
+    Built like every built-in model (:func:`refsight.builtin_models.checkpoints.build_into_cache`):
     in a temporary directory renamed into place, under a file lock.
     """
-    from .families import FAMILY_GGUFS, build_family_gguf, family_build_id
+    from .gguf_families import FAMILY_GGUFS, build_family_gguf, family_build_id
 
     if name in FAMILY_GGUFS:  # the families built from the transformers tiny-family recipes
         target = build_into_cache(name, family_build_id(name), MMPROJ_FILE, lambda tmp: build_family_gguf(name, tmp),

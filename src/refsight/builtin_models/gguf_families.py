@@ -1,14 +1,14 @@
 """Built-in GGUFs of more VLM families: the transformers tiny-family recipes, converted with llama.cpp's converter.
 
-Each :class:`FamilyGguf` starts from a recipe of :mod:`refsight.backends.tiny_family_specs`
-(or :mod:`refsight.backends.tiny_hybrid_specs`: Qwen3.5, Qwen3.5-MoE, Gemma 4)
-(a :class:`~refsight.backends.tiny_families.FamilySpec` as keyword arguments), updated with
+Each :class:`FamilyGguf` starts from a recipe of :mod:`refsight.builtin_models.family_recipes`
+(or :mod:`refsight.builtin_models.hybrid_recipes`: Qwen3.5, Qwen3.5-MoE, Gemma 4)
+(a :class:`~refsight.builtin_models.family_checkpoints.FamilySpec` as keyword arguments), updated with
 what the converter and llama.cpp's runtime need (vision depth ≥ 3, head dims the CLIP graph
 accepts, ...), builds the HF checkpoint with
-:func:`~refsight.backends.tiny_families.build_family_checkpoint`, adjusts the checkpoint
+:func:`~refsight.builtin_models.family_checkpoints.build_family_checkpoint`, adjusts the checkpoint
 where the converter expects another layout than transformers 5.24 saves (tensor names,
 config fields), and converts it twice (language model, ``--mmproj``) like
-:mod:`.models` does. Conversions are fixed here, narrowly, never in the vendored converter:
+:mod:`.gguf` does. Conversions are fixed here, narrowly, never in the vendored converter:
 ``converter_patch`` is Python run inside the converter's process before it starts.
 
 LLaVA 1.5, LLaVA-OneVision and PaliGemma are not here: this converter (llama-cpp-python
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import tiny_family_specs as specs
-from .. import tiny_hybrid_specs as hybrid
+from . import family_recipes as specs
+from . import hybrid_recipes as hybrid
 
 __all__ = ["FamilyGguf", "FAMILY_GGUFS", "build_family_gguf", "family_build_id"]
 
@@ -116,7 +116,7 @@ def _byte_level_vocab(self):
 _gemma.Gemma4Model.set_vocab = _byte_level_vocab
 """
 
-# LFM2-VL and Llama 4 have no recipe of their own in tiny_family_specs yet: theirs, from the
+# LFM2-VL and Llama 4 have no recipe of their own in family_recipes yet: theirs, from the
 # transformers-side prototype. Both have only torchvision image processors (their
 # preprocessor_config.json is written as data by build_family_checkpoint).
 _LFM2_VL = dict(
@@ -243,7 +243,7 @@ def family_build_id(name: str) -> str:
     """A hash of everything ``name``'s files are made from (recipe, fixes, versions)."""
     import transformers
 
-    from .converter import LLAMA_CPP_PYTHON_VERSION
+    from ..extras import LLAMA_CPP_PYTHON_VERSION
 
     entry = FAMILY_GGUFS[name]
     recipe = json.dumps({"entry": entry.__dict__, "build": FAMILY_BUILD_VERSION, "transformers": transformers.__version__,
@@ -277,8 +277,8 @@ def build_family_gguf(name: str, directory: Path) -> None:
     """Build ``name``'s ``model.gguf`` and ``mmproj.gguf`` into ``directory`` (see the module docstring)."""
     import shutil
 
-    from ..tiny_families import FamilySpec, build_family_checkpoint
-    from .converter import MMPROJ_FILE, MODEL_FILE, convert, converter_dir
+    from .family_checkpoints import FamilySpec, build_family_checkpoint
+    from .gguf_converter import MMPROJ_FILE, MODEL_FILE, convert, converter_dir
 
     entry = FAMILY_GGUFS[name]
     hf_dir = directory / "hf"

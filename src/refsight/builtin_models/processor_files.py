@@ -2,7 +2,7 @@
 
 A real checkpoint carries its chat template and its processor's settings, and the
 transformers backend reads both (the prompt is the checkpoint's own template, each image
-expanded by the family's processor). The tiny checkpoints of :mod:`.tiny` get the same
+expanded by the family's processor). The tiny checkpoints of :mod:`.checkpoints` get the same
 files, with templates shaped like the real ones: Qwen2/2.5-VL open with a default system
 turn and Qwen3-VL does not, one ``<|vision_start|><|image_pad|><|vision_end|>`` block per
 image; SmolVLM writes ``User:`` (no space before an image) and ``Assistant:``.

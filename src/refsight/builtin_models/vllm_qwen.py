@@ -4,8 +4,8 @@ The plain ``tiny-qwen*`` models use a text head dim of 16; vLLM's CPU attention
 needs at least 32, so these variants have two heads of 32 (hidden 64) and a
 multimodal rotary split that adds up to 16. vLLM also loads the model folder
 through ``AutoProcessor`` and applies its chat template server-side, so the build
-adds (through :mod:`refsight.backends.tiny`'s ``finish`` hook) every tiny model's
-chat template and ``processor_config.json`` (:mod:`refsight.backends.tiny_templates`)
+adds (through :mod:`refsight.builtin_models.checkpoints`'s ``finish`` hook) every tiny model's
+chat template and ``processor_config.json`` (:mod:`refsight.builtin_models.processor_files`)
 and a video-processor config, written as plain JSON because refsight's own environment
 has no torchvision.
 
@@ -19,20 +19,20 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..tiny import (
+from .checkpoints import (
     QWEN2_2B_VISION, QWEN2_VISION, QWEN3_PROCESSOR, QWEN3_ROPE, QWEN3_VISION, QWEN25_VISION, QWEN_TINY_TEXT, TINY_MODELS, _Spec,
-    ensure_model_dir, load_tiny, qwen_spec,
+    ensure_model_dir, qwen_spec,
 )
-from ..tiny_templates import processor_class_name, write_processor_files
+from .processor_files import processor_class_name, write_processor_files
 
-__all__ = ["VLLM_TINY_MODELS", "ensure_vllm_model_dir", "load_tiny_vllm", "write_vllm_files"]
+__all__ = ["VLLM_TINY_MODELS", "ensure_vllm_model_dir", "write_vllm_files"]
 
-_FINISH = "refsight.backends.vllm.tiny:write_vllm_files"
+_FINISH = "refsight.builtin_models.vllm_qwen:write_vllm_files"
 # Two heads of 32 (vLLM CPU attention's minimum head size); mrope sections sum to 32 / 2.
 _TEXT = dict(QWEN_TINY_TEXT, num_attention_heads=2, num_key_value_heads=1)
 _ROPE = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6]}
 
-#: name -> spec; registered into :data:`refsight.backends.tiny.TINY_MODELS` on import.
+#: name -> spec; registered into :data:`refsight.builtin_models.checkpoints.TINY_MODELS` on import.
 VLLM_TINY_MODELS: dict[str, _Spec] = {
     "tiny-qwen2-vl-vllm": qwen_spec("qwen2_vl", QWEN2_VISION, dict(_TEXT, rope_parameters=_ROPE), finish=_FINISH),
     "tiny-qwen2.5-vl-vllm": qwen_spec("qwen2_5_vl", QWEN25_VISION, dict(_TEXT, rope_parameters=_ROPE), finish=_FINISH),
@@ -76,8 +76,3 @@ def write_vllm_files(directory: Path, tokenizer: Any, spec: _Spec) -> None:
 def ensure_vllm_model_dir(name: str) -> Path:
     """Build the tiny vLLM model ``name`` into refsight's model cache; return its folder."""
     return ensure_model_dir(name)
-
-
-def load_tiny_vllm(name: str, **options: Any):
-    """Registry factory: the tiny vLLM variant as a plain refsight HF backend (its encoder)."""
-    return load_tiny(name, **options)

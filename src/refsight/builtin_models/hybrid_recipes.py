@@ -11,13 +11,17 @@ inputs (a second, per-layer token embedding added inside every layer) and KV-sha
 last layers attend with the keys and values of the last unshared layer of their type). The tiny
 one has all three: 4 text layers (sliding, full, sliding, full), the last two shared.
 
-Keyword arguments of a :class:`~refsight.backends.tiny_families.FamilySpec`, as in
-:mod:`.tiny_family_specs`.
+Encoder-free Gemma 4 (``gemma4_unified``): Gemma 4's text layers without per-layer inputs (the
+tiny one: sliding, full, sliding, full, the last two shared; image tokens attend both ways
+inside an image in the sliding layers) and no vision tower: raw model patches embedded.
+
+Keyword arguments of a :class:`~refsight.builtin_models.family_checkpoints.FamilySpec`, as in
+:mod:`.family_recipes`.
 """
 
 from __future__ import annotations
 
-from .tiny_family_specs import QWEN3_VL_MOE, _content
+from .family_recipes import QWEN3_VL_MOE, _content
 
 __all__ = ["HYBRID_RECIPES", "HYBRID_SHAPE_RECIPES"]
 
@@ -38,6 +42,7 @@ _QWEN3_5_VISION = dict(hidden_size=32, intermediate_size=64, depth=2, num_heads=
 QWEN3_5 = dict(
     QWEN3_VL_MOE,
     model_type="qwen3_5",
+    image_processor_class=None,  # transformers' table names Qwen3.5's own
     name="tiny-qwen3.5",
     config=dict(QWEN3_VL_MOE["config"], text_config=_QWEN3_5_TEXT, vision_config=_QWEN3_5_VISION),
 )
@@ -82,8 +87,24 @@ GEMMA4 = dict(
     processor=dict(image_seq_length=70),
 )
 
-#: Every hybrid recipe, one per model type (joined to :data:`~.tiny_family_specs.RECIPES` by :mod:`.tiny_families`).
-HYBRID_RECIPES = (QWEN3_5, QWEN3_5_MOE, GEMMA4)
+# Encoder-free Gemma 4 (gemma4_unified): no vision tower, each 12 px model patch (patch 4, merged 3×3) projected
+# straight into the language model; 40-70 tokens per photo at the smallest budget (70). Gemma 4's tokens and
+# template, its text layers without per-layer inputs. The checkpoint names transformers' torchvision image
+# processor, as a real one does (refsight loads its PIL twin: backends/hf/pil_processors.py).
+GEMMA4_UNIFIED = dict(
+    GEMMA4,
+    model_type="gemma4_unified",
+    config=dict(
+        {k: v for k, v in GEMMA4["config"].items() if k not in ("text_config", "vision_config")},
+        text_config={k: v for k, v in GEMMA4["config"]["text_config"].items()
+                     if k not in ("hidden_size_per_layer_input", "vocab_size_per_layer_input")},
+        vision_config=dict(patch_size=4, pooling_kernel_size=3, mm_embed_dim=32, output_proj_dims=32, mm_posemb_size=64),
+    ),
+    image_processor=dict(patch_size=4, max_soft_tokens=70, pooling_kernel_size=3),
+)
+
+#: Every hybrid recipe, one per model type (joined to :data:`~.family_recipes.RECIPES` by :mod:`.family_checkpoints`).
+HYBRID_RECIPES = (QWEN3_5, QWEN3_5_MOE, GEMMA4, GEMMA4_UNIFIED)
 
 # Qwen3.5-0.8B's whole shape (Qwen/Qwen3.5-0.8B's published config), the smallest Qwen3.5 with a vision tower:
 # the 12-layer tower (hidden 768, MLP 3072, 12 heads, patch 16, merge 2 -> one token per 32 px, out 1024) and the

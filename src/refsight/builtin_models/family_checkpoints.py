@@ -7,7 +7,7 @@ family's real one, the model config (a ``"token:<x>"`` value becomes that token'
 and the image processor's and processor's settings. :func:`build_family_checkpoint` turns
 a spec into a checkpoint with ``save_pretrained``, the same files a real one has, so the
 checkpoint loads through the same ``from_pretrained`` path as a real model. The classes
-come from transformers' own auto tables (:func:`~.hf.families.family_classes`).
+come from transformers' own auto tables (:func:`checkpoint_classes`).
 """
 
 from __future__ import annotations
@@ -17,11 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .tiny_family_specs import RECIPES, SHAPE_RECIPES
-from .tiny_hybrid_specs import HYBRID_RECIPES, HYBRID_SHAPE_RECIPES
-from .tiny_kin_specs import KIN_RECIPES
+from .family_recipes import RECIPES, SHAPE_RECIPES
+from .hybrid_recipes import HYBRID_RECIPES, HYBRID_SHAPE_RECIPES
+from .kin_recipes import KIN_RECIPES
 
-__all__ = ["FamilySpec", "FAMILY_SPECS", "SHAPE_FAMILY_SPECS", "build_family_checkpoint", "family_tokenizer"]
+__all__ = [
+    "FamilySpec", "FAMILY_SPECS", "SHAPE_FAMILY_SPECS", "CheckpointClasses", "build_family_checkpoint", "checkpoint_classes",
+    "family_tokenizer",
+]
 
 
 @dataclass(frozen=True)
@@ -45,20 +48,23 @@ class FamilySpec:
     save_dtype: str | None = None
     #: The language model's vocabulary rows when a real shape has more than the tokenizer (None: the tokenizer's).
     vocab_size: int | None = None
+    #: The PIL image processor's class name where transformers' table names none for the model type
+    #: (a real checkpoint of it names one in its ``preprocessor_config.json``).
+    image_processor_class: str | None = None
     #: The built-in's name where the family's own spelling reads better than the model type's
     #: (``tiny-qwen3.5`` for ``qwen3_5``); None: ``tiny-`` + the model type with dashes.
     name: str | None = None
 
     def recipe(self) -> dict[str, Any]:
         """The fields as build ids hash them: the optional ones left at None hash as before they existed."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("save_dtype", "vocab_size", "name") or v is not None}
+        return {k: v for k, v in self.__dict__.items() if k not in ("save_dtype", "vocab_size", "name", "image_processor_class") or v is not None}
 
     @property
     def builtin_name(self) -> str:
         """The built-in model's registry name."""
         return self.name or f"tiny-{self.model_type.replace('_', '-')}"
 
-#: Built-in model name → recipe (the data is in :mod:`.tiny_family_specs`, :mod:`.tiny_hybrid_specs`, :mod:`.tiny_kin_specs`).
+#: Built-in model name → recipe (the data is in :mod:`.family_recipes`, :mod:`.hybrid_recipes`, :mod:`.kin_recipes`).
 FAMILY_SPECS: dict[str, FamilySpec] = {spec.builtin_name: spec for spec in (FamilySpec(**recipe) for recipe in RECIPES + HYBRID_RECIPES + KIN_RECIPES)}
 #: Built-in real-shape checkpoints (``shape-*``) of the generic families: benchmarks only, never the tiny test set.
 SHAPE_FAMILY_SPECS: dict[str, FamilySpec] = {
@@ -81,7 +87,7 @@ def family_tokenizer(spec: FamilySpec) -> Any:
     """The spec's trained byte-level BPE with its special and named tokens and chat template."""
     from transformers import PreTrainedTokenizerFast
 
-    from .hf.tokenizer import train_tokenizer
+    from .tokenizer import train_tokenizer
 
     trained = train_tokenizer(spec.special_tokens, eos_token=spec.eos, pad_token=spec.pad, bos_token=spec.bos)
     if spec.plain_tokens:
@@ -96,6 +102,35 @@ def family_tokenizer(spec: FamilySpec) -> Any:
     return tokenizer
 
 
+@dataclass(frozen=True)
+class CheckpointClasses:
+    """The transformers classes a checkpoint of one model type is built with, by name."""
+
+    model: str
+    processor: str | None
+    #: The PIL image processor, or None where transformers has only a torchvision one.
+    image_processor: str | None
+    torchvision_image_processor: str | None
+
+
+def checkpoint_classes(spec: FamilySpec) -> CheckpointClasses:
+    """The classes transformers' auto tables name for ``spec``'s model type (its PIL image processor,
+    else the recipe's ``image_processor_class``)."""
+    from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+    images = IMAGE_PROCESSOR_MAPPING_NAMES.get(spec.model_type) or {}
+    if isinstance(images, str):  # an older table: one class name
+        images = {"pil": images}
+    return CheckpointClasses(
+        model=MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[spec.model_type],
+        processor=PROCESSOR_MAPPING_NAMES.get(spec.model_type),
+        image_processor=images.get("pil") or spec.image_processor_class,
+        torchvision_image_processor=images.get("torchvision"),
+    )
+
+
 def build_family_checkpoint(spec: FamilySpec, directory: Path, *, seed: int = 0) -> Any:
     """Build ``spec``'s random-weight checkpoint into ``directory``; returns the tokenizer."""
     import torch
@@ -103,10 +138,8 @@ def build_family_checkpoint(spec: FamilySpec, directory: Path, *, seed: int = 0)
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
     from transformers.models.auto.image_processing_auto import get_image_processor_class_from_name
 
-    from .hf.families import family_classes
-
     directory = Path(directory)
-    classes = family_classes(spec.model_type)
+    classes = checkpoint_classes(spec)
     tokenizer = family_tokenizer(spec)
     text = dict(spec.config.get("text_config", {}))
     text.update(vocab_size=spec.vocab_size or len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
@@ -131,7 +164,7 @@ def build_family_checkpoint(spec: FamilySpec, directory: Path, *, seed: int = 0)
     tokenizer.save_pretrained(directory)
     if classes.image_processor is not None:
         get_image_processor_class_from_name(classes.image_processor)(**spec.image_processor).save_pretrained(directory)
-    else:  # only a torchvision class (LFM2-VL, Llama 4), which may not import here: write what it would save
+    else:  # only a torchvision class (LFM2-VL, Llama 4), which may not import: write what it would save, on every machine
         settings = {"image_processor_type": classes.torchvision_image_processor, **spec.image_processor}
         (directory / "preprocessor_config.json").write_text(json.dumps(settings, indent=2))
     settings = {"processor_class": classes.processor, **_resolve(spec.processor, tokenizer)}

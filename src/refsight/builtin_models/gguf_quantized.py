@@ -24,16 +24,14 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from ...errors import InvalidInputError, ModelLoadError, UnknownModelError
-from ..tiny import build_into_cache
-from . import MARKER_FILE
-from .converter import LLAMA_CPP_PYTHON_VERSION, MMPROJ_FILE, MODEL_FILE
-from .models import ensure_gguf
+from ..errors import InvalidInputError, ModelLoadError, UnknownModelError
+from .checkpoints import MARKER_FILE, build_into_cache
+from ..extras import LLAMA_CPP_PYTHON_VERSION
+from .gguf_converter import MMPROJ_FILE, MODEL_FILE
+from .gguf import ensure_gguf
 
-__all__ = ["QUANTIZATIONS", "QUANTIZED_GGUF_MODELS", "QuantizedGguf", "ensure_quantized_gguf", "load_quantized",
-           "quantize_gguf"]
+__all__ = ["QUANTIZATIONS", "QUANTIZED_GGUF_MODELS", "QuantizedGguf", "ensure_quantized_gguf", "quantize_gguf"]
 
 #: Bump when the recipe below changes, so old cache entries are not reused.
 QUANTIZE_VERSION = 1
@@ -120,17 +118,3 @@ def _quantize_into(entry: QuantizedGguf, name: str, base_model: Path, base_mmpro
     marker = {"random_weights": True, "model_id": f"refsight/{name}", "base": entry.base,
               "quantization": entry.quantization, "build": QUANTIZE_VERSION}
     (directory / MARKER_FILE).write_text(json.dumps(marker))
-
-
-def load_quantized(name: str, **options: Any):
-    """The registry factory of the quantized built-ins: build once (base, then quantize), then load."""
-    if options.get("mmproj") is not None:
-        raise InvalidInputError("mmproj", f"{name} is a built-in model with its own mmproj")
-    if name not in QUANTIZED_GGUF_MODELS:
-        raise UnknownModelError(name, list(QUANTIZED_GGUF_MODELS))
-    from . import _require_runtime, _settings, load_llamacpp_backend
-
-    _settings(options)  # refuse bad options before a possibly long build, as load_builtin does
-    _require_runtime(name)
-    model_path, mmproj_path = ensure_quantized_gguf(name)
-    return load_llamacpp_backend(name, source=str(model_path), **{**options, "mmproj": str(mmproj_path)})

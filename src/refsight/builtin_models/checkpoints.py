@@ -2,10 +2,10 @@
 
 ``tiny-*`` models are small (hidden 64, 2 layers) so tests run in seconds;
 ``tiny-<family>`` models of the families the generic backend serves are recipes in
-:mod:`.tiny_families`; ``shape-*`` models have a real model's vision tower and projector at full size and
+:mod:`.family_checkpoints`; ``shape-*`` models have a real model's vision tower and projector at full size and
 a reduced language model, so benchmarks measure real encode times. Each is built
 once from a config, with a tokenizer trained in-process (see
-:mod:`refsight.backends.hf.tokenizer`), saved with ``save_pretrained`` into the
+:mod:`refsight.builtin_models.tokenizer`), saved with ``save_pretrained`` into the
 model cache (``$REFSIGHT_MODEL_CACHE``, default ``<user cache>/refsight/models``)
 and then loaded from there through the same ``from_pretrained`` path as a real
 checkpoint. Every output they produce says ``random_weights=True``.
@@ -25,22 +25,23 @@ from typing import Any, Callable
 
 from ..environment import model_cache_dir  # re-exported: the builders' cache lives there
 from ..errors import ModelLoadError, UnknownModelError
-from .base import Backend
-from .hf.shape_vocab import Vocabulary, shape_vocabulary
-from .tiny_families import FAMILY_SPECS, SHAPE_FAMILY_SPECS, build_family_checkpoint
-from .tiny_templates import write_processor_files
+from .shape_vocab import Vocabulary, shape_vocabulary
+from .family_checkpoints import FAMILY_SPECS, SHAPE_FAMILY_SPECS, build_family_checkpoint
+from .processor_files import write_processor_files
 
 __all__ = [
-    "TINY_MODELS", "ModelSpec", "load_tiny", "model_cache_dir", "ensure_model_dir", "build_checkpoint", "build_into_cache",
+    "TINY_MODELS", "ModelSpec", "MARKER_FILE", "model_cache_dir", "ensure_model_dir", "build_checkpoint", "build_into_cache",
     "qwen_spec", "smolvlm_spec",
 ]
 
 #: Bump when a build recipe changes, so old cache entries are not reused.
 BUILD_VERSION = 1
-#: Bump when :func:`~.tiny_templates.write_processor_files` changes what it writes (tiny models only:
+#: Bump when :func:`~.processor_files.write_processor_files` changes what it writes (tiny models only:
 #: the GGUF builds start from :func:`build_checkpoint` and keep their keys).
 PROCESSOR_FILES_VERSION = 1
 SEED = 0
+#: The file beside a built model that says what it is (random weights, its name, seed and build).
+MARKER_FILE = "refsight_model.json"
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ class _Spec:
     finish: str | None = None
     #: The dtype the weights are built and saved in (None: float32, as before this field existed).
     save_dtype: str | None = None
-    #: The tokenizer's vocabulary (None: the tiny models' 512 tokens; see :mod:`.hf.shape_vocab`).
+    #: The tokenizer's vocabulary (None: the tiny models' 512 tokens; see :mod:`.shape_vocab`).
     vocabulary: Vocabulary | None = None
 
 
@@ -228,7 +229,7 @@ def _build(name: str, directory: Path) -> None:
 
 
 def _write_marker(directory: Path, name: str) -> None:
-    (directory / "refsight_model.json").write_text(
+    (directory / MARKER_FILE).write_text(
         json.dumps({"random_weights": True, "model_id": f"refsight/{name}", "seed": SEED, "build": BUILD_VERSION})
     )
 
@@ -244,7 +245,7 @@ def build_checkpoint(name: str, spec: _Spec, directory: Path, *, extra_tokens: t
     import torch
     from transformers import GenerationConfig
 
-    from .hf.tokenizer import QWEN_SPECIAL_TOKENS, smolvlm_special_tokens, train_tokenizer
+    from .tokenizer import QWEN_SPECIAL_TOKENS, smolvlm_special_tokens, train_tokenizer
 
     if spec.family == "smolvlm":
         tokenizer = train_tokenizer(
@@ -331,29 +332,3 @@ def _smolvlm_parts(spec: _Spec, tokenizer: Any) -> tuple[Any, Any, Any]:
     )
     processor = SmolVLMImageProcessorPil(**spec.processor)
     return config, SmolVLMForConditionalGeneration, processor
-
-
-def load_tiny(name: str, **options: Any) -> Backend:
-    """The registry factory for ``tiny-*`` and ``shape-*``: build once, then ``from_pretrained``.
-
-    ``options`` are those of :func:`refsight.backends.hf.load_hf_backend` (every
-    :class:`~refsight.backends.options.BackendOptions` field but ``revision``, ``mmproj``
-    and ``encoder``, which are refused by name, plus ``tile_size`` ...).
-    """
-    return load_built(name, ensure_model_dir, options)
-
-
-def load_built(name: str, ensure: Callable[[str], Path], options: dict[str, Any]):
-    """A built-in checkpoint that ``ensure(name)`` builds offline once, loaded as a refsight HF backend."""
-    from ..errors import InvalidInputError
-    from .hf import load_hf_backend
-    from .hf.loading import refuse_other_backend_options
-
-    # Refuse before the (possibly long) first build.
-    refuse_other_backend_options(options)
-    if options.get("revision") is not None:
-        raise InvalidInputError("revision", f"{name} is built locally and has no hub revision (its files are hashed)")
-    directory = ensure(name)
-    options.setdefault("model_id", f"refsight/{name}")
-    return load_hf_backend(name, source=str(directory), random_weights=True, **options)
-

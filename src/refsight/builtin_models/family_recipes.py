@@ -1,6 +1,6 @@
 """The recipes of the built-in tiny checkpoints of the generic backend's families (data only).
 
-Each recipe is the keyword arguments of a :class:`~refsight.backends.tiny_families.FamilySpec`:
+Each recipe is the keyword arguments of a :class:`~refsight.builtin_models.family_checkpoints.FamilySpec`:
 special tokens, a short chat template shaped like the family's real one, the model config
 (text hidden 64, 2 layers; vision hidden 32, 2 layers; ``"token:<x>"`` is that token's id), and
 the image processor's and processor's settings, sized so each image takes a few dozen tokens.
@@ -310,6 +310,7 @@ QWEN3_VL_TEMPLATE = (
 
 QWEN3_VL_MOE = dict(
     model_type="qwen3_vl_moe",
+    image_processor_class="Qwen2VLImageProcessorPil",
     special_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
                     "<|image_pad|>", "<|video_pad|>"),
     eos="<|im_end|>", pad="<|endoftext|>",
@@ -341,6 +342,7 @@ QWEN3_VL_MOE = dict(
 GLM4V_MOE = dict(
     GLM4V,
     model_type="glm4v_moe",
+    image_processor_class="Glm4vImageProcessorPil",
     config=dict(
         GLM4V["config"],
         text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

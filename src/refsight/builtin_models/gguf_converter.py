@@ -3,7 +3,7 @@
 ``convert_hf_to_gguf.py`` and its ``conversion/`` and ``gguf-py/`` packages are unpacked once
 from the sdist (fetched with ``pip download`` into the model cache, or taken from
 ``$REFSIGHT_LLAMA_CPP_SRC``) and run in a separate process per conversion. Both the Qwen and
-SmolVLM built-ins (:mod:`.models`) and the generic families (:mod:`.families`) convert through
+SmolVLM built-ins (:mod:`.gguf`) and the generic families (:mod:`.gguf_families`) convert through
 :func:`convert`; the file names of a built GGUF pair live here so neither imports the other.
 """
 
@@ -17,13 +17,11 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from ...environment import llama_cpp_source, model_cache_dir
-from ...errors import ModelLoadError
+from ..environment import llama_cpp_source, model_cache_dir
+from ..errors import ModelLoadError
+from ..extras import LLAMA_CPP_PYTHON_VERSION
 
-__all__ = ["LLAMA_CPP_PYTHON_VERSION", "MMPROJ_FILE", "MODEL_FILE", "convert", "converter_dir"]
-
-#: The llama-cpp-python release whose runtime and converter refsight is tested with.
-LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+__all__ = ["MMPROJ_FILE", "MODEL_FILE", "convert", "converter_dir"]
 #: The language model and the vision projector of a built GGUF pair.
 MODEL_FILE = "model.gguf"
 MMPROJ_FILE = "mmproj.gguf"
