@@ -108,6 +108,23 @@ def test_pipelines_never_import_or_name_the_engine():
     assert not imports + names, "the pipelines take their parts, not the engine:\n  " + "\n  ".join(imports + names)
 
 
+#: The server's one holder of the engine: every route asks it by name (tokenize, render_chat, model_details...).
+SERVER_ENGINE_HOLDER = "refsight.server.service"
+
+
+def test_no_route_reaches_around_the_service_to_its_engine():
+    """Outside server/service.py no server module reads an ``.engine`` attribute (``service.engine.backend()``):
+    what a dialect needs of the model is a named call on the service."""
+    reaches = [
+        f"{module}:{node.lineno} reads .engine"
+        for module, path in MODULES.items()
+        if under(module, "refsight.server") and module != SERVER_ENGINE_HOLDER
+        for node in ast.walk(ast.parse(path.read_text("utf-8")))
+        if isinstance(node, ast.Attribute) and node.attr == "engine"
+    ]
+    assert not reaches, "server modules ask the Service, never its engine:\n  " + "\n  ".join(reaches)
+
+
 def test_store_and_retrieval_never_import_backends_and_backends_never_import_store_cli_or_server():
     violations = [
         i for i in IMPORTS

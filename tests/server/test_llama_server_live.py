@@ -133,8 +133,10 @@ def test_errors_have_llama_servers_status_type_and_figures(servers):
         theirs, ours = theirs.json()["error"], ours.json()["error"]
         assert theirs["type"] == ours["type"] == "exceed_context_size_error", path
         assert theirs["n_ctx"] == ours["n_ctx"] == N_CTX and ours["n_prompt_tokens"] > N_CTX, path
-        if path == "/completion":  # the raw prompt: the same count
+        assert "exceeds the available context size" in theirs["message"] and "exceeds the available context size" in ours["message"]
+        if path == "/completion":  # the raw prompt: the same count, so llama-server's words (refsight's count after)
             assert theirs["n_prompt_tokens"] == ours["n_prompt_tokens"]
+            assert ours["message"].startswith(theirs["message"]), (ours["message"], theirs["message"])
         else:  # refsight counts a chat before its template (a bound checked before any model work): docs/http.md
             assert ours["n_prompt_tokens"] <= theirs["n_prompt_tokens"]
     # A raw prompt that fits once its special tokens are parsed (380 tokens; spelled out, they would be ~900).
@@ -162,6 +164,7 @@ def test_streamed_chat_chunks_and_their_timings(servers):
     texts, per_chunk = [], []
     for chunks in (theirs, ours):
         assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
+        assert "timings" not in chunks[0]  # the role's chunk carries none, even with timings_per_token
         assert all(isinstance(c["system_fingerprint"], str) and c["system_fingerprint"] for c in chunks)
         content = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
         assert content and all(finite(c["timings"]) for c in content)

@@ -10,6 +10,7 @@ honour it; the grammar's and the bias's bounds are checked before any model work
 from __future__ import annotations
 
 import argparse
+import time
 
 import pytest
 from runtimes import require_module
@@ -164,6 +165,8 @@ def test_log_probabilities_in_llama_server_and_openai_shapes_streamed_too(llama)
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
     streamed = [p for e in events if not e["stop"] for p in e.get("completion_probabilities", [])]
     assert streamed == probs and "completion_probabilities" not in events[-1]
+    for event in events[:-1]:  # llama-server's: one event per token, its probabilities alone
+        assert event["tokens"] == [p["id"] for p in event["completion_probabilities"]] and len(event["tokens"]) == 1
 
     chat = {"messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": 5}
     body = llama.post("/v1/chat/completions", json={**chat, "logprobs": True, "top_logprobs": 2}).json()
@@ -198,7 +201,9 @@ def test_metrics_in_llama_servers_names_beside_refsights(tmp_path):
     with TestClient(create_app(ServerConfig(store=tmp_path / "s", model="toy", keys={})), base_url="http://127.0.0.1") as client:
         client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
         figures = _metrics(client)
-        assert "refsight_request_seconds_count" in client.get("/metrics").text
+        scraped = client.get("/metrics")
+        assert "refsight_request_seconds_count" in scraped.text
+        assert 0 < int(scraped.headers["Process-Start-Time-Unix"]) <= time.time()  # llama-server's header
     for name in ("prompt_tokens_total", "prompt_tokens_cached_total", "prompt_seconds_total", "tokens_predicted_total",
                  "tokens_predicted_seconds_total", "n_tokens_max", "prompt_tokens_seconds", "predicted_tokens_seconds",
                  "requests_processing", "requests_deferred", "spec_decode_num_drafts_total"):

@@ -75,9 +75,12 @@ def test_chat_stream_starts_with_null_content_and_carries_fingerprint_and_timing
         assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == usage["timings"]["predicted_n"]
         assert set(usage["timings"]) == TIMINGS
         per_token = _events(c.post("/chat/completions", json={"messages": HI, "stream": True, "timings_per_token": True}))
-        assert all("timings" in e for e in per_token)
+        assert "timings" not in per_token[0] and all("timings" in e for e in per_token[1:])  # llama-server's: not the role's
         _finite(per_token[1]["timings"])
         assert per_token[1]["timings"]["predicted_n"] == 1  # the toy hands its answer over in one piece
+        # verbose needs the chat template as text, which the toy does not have: a 400 naming it, never ignored.
+        refused = c.post("/v1/chat/completions", json={"messages": HI, "verbose": True})
+        assert assert_error(refused, 400, "invalid_input")["param"] == "verbose"
 
 
 def test_raw_prompt_routes_serve_any_model_name_and_carry_the_fingerprint(llama):
@@ -112,6 +115,11 @@ def test_completion_timings_settings_and_streamed_tokens(llama):
             assert piece["tokens"] == tokens and tokens
         assert last["generation_settings"]["stream"] is True
         _finite(last["timings"])
+        # response_fields: only those, under their paths (one that names nothing is left out), as llama-server.
+        fields = ["content", "generation_settings/n_predict", "timings/predicted_n", "nothing/here"]
+        picked = c.post("/completion", json={"prompt": PROMPT, "n_predict": 6, "response_fields": fields}).json()
+        assert picked == {"content": done["content"], "generation_settings/n_predict": 6, "timings/predicted_n": 6}
+        assert len(c.post("/completion", json={"prompt": PROMPT, "n_predict": 2, "response_fields": []}).json()) > 3
 
 
 def test_n_predict_minus_one_fills_the_rest_of_the_context(llama):
@@ -190,6 +198,13 @@ def test_apply_template_takes_add_generation_prompt_and_empty_tools(llama):
         # false: the same turns without the opening of the answer's turn, as llama-server renders them.
         closed = c.post("/apply-template", json={"messages": HI, "add_generation_prompt": False}).json()["prompt"]
         assert plain.json()["prompt"] == closed + "<|im_start|>assistant\n"
+        # A chat's verbose: llama-server's __verbose, the answer as /completion gives it, the prompt as rendered.
+        chat = {"messages": HI, "max_tokens": 3, "temperature": 0}
+        verbose = c.post("/v1/chat/completions", json={**chat, "verbose": True}).json()
+        assert verbose["__verbose"]["prompt"] == plain.json()["prompt"]
+        assert verbose["__verbose"]["content"] == verbose["choices"][0]["message"]["content"]
+        assert verbose["__verbose"]["tokens_predicted"] == verbose["usage"]["completion_tokens"]
+        assert "__verbose" not in c.post("/v1/chat/completions", json={**chat, "verbose": False}).json()
         tools = [{"type": "function", "function": {"name": "f"}}]
         refused = c.post("/apply-template", json={"messages": HI, "tools": tools})  # refused by name, never ignored
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools", refused.text

@@ -56,6 +56,9 @@ def _overflow(live: LiveServer, model: str, bound: int) -> None:
         error = _refused(c.post("/v1/chat/completions", json=_chat(model, names)))
         assert error["n_ctx"] == bound and error["n_prompt_tokens"] >= names * per_image > bound, error
         assert f"in {names} images" in error["message"], error
+        # llama-server's words first (its clients match on them), refsight's count after.
+        assert error["message"].startswith(f"request ({error['n_prompt_tokens']} tokens) exceeds the available "
+                                           f"context size ({bound} tokens), try increasing it; "), error
         # Ollama's door and llama-server's /completion count the same images.
         ollama = c.post("/api/chat", json={"model": model, "stream": False, "messages": [
             {"role": "user", "content": "same?", "images": ["refsight://ref/cat"] * names}]})

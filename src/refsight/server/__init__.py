@@ -58,7 +58,7 @@ def _startup_line(service: Any, config: ServerConfig, threads: int) -> None:
     """One line on stderr saying how the model runs: the thread budget, and the runtime's own mode (vLLM's images)."""
     import sys
 
-    info = service.engine.backend().runtime_info()
+    info = service.facts.runtime_info  # taken at load, just now
     mode = "".join(f", {key} {value}" for key, value in info.items())
     print(f"refsight: serving {service.model}: {config.workers} workers x {threads} threads "
           f"({available_cores()} cores){mode}", file=sys.stderr, flush=True)

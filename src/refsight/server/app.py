@@ -54,7 +54,7 @@ def _announce_tenants(service: Service, tenants: Tenants, keys: int) -> None:
         log.warning("refsight: no API keys configured: serving without authentication, on loopback only")
         return
     log.info("refsight: %d API key(s), %d tenant namespace(s)", keys, len(tenants.namespaces))
-    unserved = unserved_references_warning(service.engine, tenants)
+    unserved = unserved_references_warning(service, tenants)
     if unserved:
         log.warning(unserved)
 
@@ -145,4 +145,4 @@ def _add_middlewares(
 
 
 def _cache_stats(service: Service) -> dict[str, Any]:
-    return service.global_stats() if service.engine is not None else {}
+    return service.global_stats() if service.is_ready else {}

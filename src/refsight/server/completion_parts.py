@@ -82,7 +82,7 @@ def media_segment(item: str, where: str, resolver: PartResolver) -> Any:
     return resolver.decode_bytes(data, where)
 
 
-def mixed_prompt_text(items: list[Any], backend: Any) -> str:
+def mixed_prompt_text(items: list[Any], service: Any) -> str:
     """The text of a prompt given as token ids and strings, as llama-server's ``tokenize_mixed`` reads it.
 
     llama-server evaluates the first string's tokens after a BOS (when the vocabulary wants one), the
@@ -99,15 +99,15 @@ def mixed_prompt_text(items: list[Any], backend: Any) -> str:
     parts: list[str] = []
     for i, item in enumerate(items):
         if isinstance(item, str):
-            expected += backend.tokenize(item, add_special=not expected and i == 0, parse_special=True)
+            expected += service.tokenize(item, add_special=not expected and i == 0, parse_special=True)
             parts.append(item)
         elif isinstance(item, int) and not isinstance(item, bool):
             expected.append(item)
-            parts.append(_piece(item, backend, f"prompt[{i}]"))
+            parts.append(_piece(item, service, f"prompt[{i}]"))
         else:
             raise ApiError(400, "invalid_input", f"prompt[{i}]: a token id or a string", param="prompt")
     text = "".join(parts)
-    if backend.tokenize(text, add_special=True, parse_special=True) != expected:
+    if service.tokenize(text, add_special=True, parse_special=True) != expected:
         raise ApiError(
             400, "unsupported", "prompt: these token ids do not read back as the same tokens from their text "
             "(a split word, a byte piece, or no BOS where the vocabulary adds one); send the prompt as text",
@@ -116,26 +116,26 @@ def mixed_prompt_text(items: list[Any], backend: Any) -> str:
     return text
 
 
-def _piece(token: int, backend: Any, where: str) -> str:
+def _piece(token: int, service: Any, where: str) -> str:
     """One token's text (special tokens written out); 400 naming ``where`` for an id outside the vocabulary."""
     try:
-        return backend.token_piece(token).decode("utf-8", "replace")
+        return service.token_piece(token).decode("utf-8", "replace")
     except InvalidInputError as e:
         raise ApiError(400, "invalid_input", f"{where}: {e.reason}", param="prompt") from None
 
 
-async def check_raw_prompt(prompt: RawPrompt, pool: Any, limit: int, backend: Any) -> None:
+async def check_raw_prompt(prompt: RawPrompt, pool: Any, limit: int, service: Any) -> None:
     """The prompt-token limit, before any model work: characters here, tokens in the shared thread pool."""
     check_prompt_chars(prompt.texts, limit, prompt.field)
-    await pool.run_light(check_prompt_tokens, prompt.texts, limit, backend.count_text_tokens, prompt.field)
+    await pool.run_light(check_prompt_tokens, prompt.texts, limit, service.count_text_tokens, prompt.field)
 
 
-def stop_type(result: GenerateResult, stop: tuple[str, ...], backend: Any) -> tuple[str, str]:
+def stop_type(result: GenerateResult, stop: tuple[str, ...], service: Any) -> tuple[str, str]:
     """llama-server's ``stop_type`` and ``stopping_word``: ``limit``, ``word`` (a stop string) or ``eos``."""
     if result.finish_reason == "length":
         return "limit", ""
     if stop:
-        text = backend.detokenize(result.tokens)
+        text = service.detokenize(result.tokens)
         for word in stop:
             if word in text:
                 return "word", word

@@ -262,6 +262,10 @@ def from_refsight(error: RefsightError) -> ApiError:
         return ApiError(status, code, f"model not found: {error.name!r}")
     if status >= 500:
         return ApiError(status, code, _GENERIC.get(code, str(error)))
+    if isinstance(error, ContextLengthError) and error.n_prompt_tokens >= error.n_ctx:
+        # A prompt the context cannot take: llama-server's sentence (its clients match on it), refsight's count after.
+        return ApiError(status, code, f"request ({error.n_prompt_tokens} tokens) exceeds the available context size "
+                        f"({error.n_ctx} tokens), try increasing it; {http_wording(str(error))}")
     return ApiError(status, code, http_wording(str(error)))
 
 

@@ -137,6 +137,8 @@ class Metrics:
     """The app's registry: ``observe`` request latencies, ``render`` the text exposition."""
 
     def __init__(self, read_cache_stats: Callable[[], dict[str, Any]]) -> None:
+        #: When the server started (Unix seconds): llama-server's ``Process-Start-Time-Unix`` header on ``/metrics``.
+        self.started = int(time.time())
         self.registry = CollectorRegistry()
         self.latency = Histogram(
             "refsight_request_seconds",

@@ -54,15 +54,16 @@ from .deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
 from .bodies import IntegerOrNull
 from .generation_body import GenerationBody
 from .logprob_fields import chat_logprobs, piece_logprobs
-from .errors import ERROR_RESPONSES, ApiError
+from .errors import ERROR_RESPONSES, ApiError, inputs_as_fields
 from .disconnect import run_watched
-from .openai_parts import Message, PartResolver, messages_to_segments
+from .completion_parts import stop_type
+from .openai_parts import Message, PartResolver, messages_to_segments, template_segments
 from .prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
 from .streaming import SSE_DONE, EventStreamResponse, PromptProgress, answer_events, open_stream, progress_hook, sse_event
 from .timings import TokenClock
 
 __all__ = [
-    "router", "ChatBody", "check_generation", "prompt_end_of", "chat_prompt_end", "template_prompt", "SYSTEM_FINGERPRINT",
+    "router", "ChatBody", "check_generation", "prompt_end_of", "chat_prompt_end", "SYSTEM_FINGERPRINT",
 ]
 
 #: OpenAI's ``system_fingerprint`` (llama-server sends its build): the refsight version that answered.
@@ -98,6 +99,9 @@ class ChatBody(GenerationBody):
     continue_final_message: bool | None = Field(
         None, description="true (with add_generation_prompt false): the answer continues the final assistant message "
         "(a final assistant message is continued anyway: llama-server's assistant prefill)"
+    )
+    verbose: bool | None = Field(
+        None, description="llama-server: add __verbose, the answer as /completion gives it (with the rendered prompt)"
     )
 
     def requested_logprobs(self) -> tuple[int | None, str]:
@@ -147,20 +151,11 @@ def chat_prompt_end(service: Any, messages: list[Message], add_generation_prompt
                     continue_final_message: bool | None = None) -> str:
     """:func:`prompt_end_of` the messages; 400 naming the field that asked where the served backend cannot render it."""
     ending, asked_by = prompt_end_of(messages, add_generation_prompt, continue_final_message)
-    if ending != "generation_prompt" and ending not in service.engine.backend().prompt_ends:
+    if ending != "generation_prompt" and ending not in service.generation_support().prompt_ends:
         what = "continue a final assistant message" if ending == "continue" else "leave out the answer's opening"
         raise ApiError(400, "unsupported", f"{asked_by}: the served backend ({service.model}) cannot {what}",
                        param=asked_by)
     return ending
-
-
-def template_prompt(backend: Any, texts: list[str], turns: list[tuple[str, int]], ending: str) -> str:
-    """The chat template's text of ``texts`` and ``turns`` ended as ``ending`` says (``continue``: the earlier turns
-    with the answer's opening, then the final message's text, as a chat renders it)."""
-    if ending == "continue":
-        cut = len(texts) - turns[-1][1]  # the final (assistant) message's texts, after the answer's opening
-        return backend.template_text(texts[:cut], turns[:-1]) + "".join(texts[cut:])
-    return backend.template_text(texts, turns, generation_prompt=ending == "generation_prompt")
 
 
 def check_generation(body: GenerationBody, service: Any, given: int | None, max_limit: int) -> tuple[int, Sampling]:
@@ -170,8 +165,8 @@ def check_generation(body: GenerationBody, service: Any, given: int | None, max_
     ``given``: the chat's ``max_completion_tokens`` (checked before ``max_tokens``), None elsewhere.
     """
     body.check_fields()
-    backend = service.engine.backend()
-    if body.return_progress and getattr(body, "stream", None) and not backend.supports_prompt_progress:
+    support = service.generation_support()
+    if body.return_progress and getattr(body, "stream", None) and not support.prompt_progress:
         raise ApiError(400, "unsupported", f"return_progress: the served backend ({service.model}) does not report "
                        "its prompt's evaluation", param="return_progress")
     model = getattr(body, "model", None)
@@ -186,9 +181,9 @@ def check_generation(body: GenerationBody, service: Any, given: int | None, max_
     max_new_tokens = body.token_limit(max_limit, given, "max_completion_tokens", default) if given is not None else (
         body.token_limit(max_limit, default=default)
     )
-    tokenize = partial(backend.tokenize, add_special=False, parse_special=False)  # llama-server's text keys
+    tokenize = partial(service.tokenize, add_special=False, parse_special=False)  # llama-server's text keys
     sampling = body.sampling(service.sampling_defaults, tokenize)
-    refused = sampling.unsupported(backend.sampling_fields)
+    refused = sampling.unsupported(support.sampling_fields)
     if refused:
         # Named as the client spelled it (llama-server's n_probs, OpenAI's logprobs).
         param = body.requested_logprobs()[1] if refused[0] == "logprobs" else refused[0]
@@ -200,9 +195,8 @@ def _check_request(body: ChatBody, service: Any, max_limit: int) -> tuple[int, S
     """Refuse what cannot be honoured (400 naming the field); the token bound, the sampling and the prompt's end."""
     body.check_choices()
     prompt_end = chat_prompt_end(service, body.messages, body.add_generation_prompt, body.continue_final_message)
-    backend = service.engine.backend()
     for key in sorted(body.chat_template_kwargs or {}):
-        if backend.chat_template_reads(key):
+        if service.template_reads(key):
             raise ApiError(
                 400, "unsupported", f"chat_template_kwargs.{key}: the served chat template reads it; "
                 "template variables are not supported", param=f"chat_template_kwargs.{key}",
@@ -228,11 +222,11 @@ async def chat_completions(
     # count in the shared thread pool (never in a model worker).
     texts = prompt_texts(body.messages)
     check_prompt_chars(texts, config.max_prompt_tokens)
-    backend = service.engine.backend()
-    await pool.run_light(check_prompt_tokens, texts, config.max_prompt_tokens, backend.count_text_tokens)
+    await pool.run_light(check_prompt_tokens, texts, config.max_prompt_tokens, service.count_text_tokens)
     completion_id, created = f"chatcmpl-{uuidlib.uuid4().hex}", int(time.time())
     resolver = PartResolver.for_request(request, service, namespace, uuids, config)
     clock = TokenClock()
+    verbose = await _verbose_of(body, service, pool, prompt_end, clock, sampling.stop)
 
     def work(on_text=None, stop_event=None) -> Answer:
         segments, turns = messages_to_segments(body.messages, resolver)
@@ -252,24 +246,50 @@ async def chat_completions(
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         per_token = bool(body.model_extra.get("timings_per_token"))
         return EventStreamResponse(
-            _chunks(first, source, completion_id, created, service.served_model, include_usage, clock, per_token), stop
+            _chunks(first, source, completion_id, created, service.served_model, include_usage, clock, per_token,
+                    verbose), stop
         )
     result = await run_watched(pool, request, work)  # a client that leaves frees its worker
     choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
               "finish_reason": result.finish_reason, "logprobs": chat_logprobs(result.logprobs)}
     return {"id": completion_id, "object": "chat.completion", "created": created, "model": service.served_model,
             "system_fingerprint": SYSTEM_FINGERPRINT, "choices": [choice], "usage": usage(result),
-            "timings": clock.final(result), "refsight": refsight_extra(result)}
+            "timings": clock.final(result), "refsight": refsight_extra(result),
+            **({"__verbose": verbose(result)} if verbose else {})}
+
+
+async def _verbose_of(body: ChatBody, service: Any, pool: Any, ending: str, clock: TokenClock, stop: tuple[str, ...]) -> Any:
+    """With ``verbose``, what makes llama-server's ``__verbose`` of an answer: the answer as ``/completion``
+    gives it, with the prompt as rendered in the chat template (images as the media marker), less its
+    ``generation_settings``; None without ``verbose``."""
+    if not body.verbose:
+        return None
+    texts, turns = template_segments(body.messages, service.media_marker)
+    with inputs_as_fields(messages="verbose"):  # a backend without its template as text: a 400 naming verbose
+        prompt = await pool.run_light(service.render_chat, texts, turns, ending)
+
+    def of(result: Answer) -> dict[str, Any]:
+        kind, word = stop_type(result, stop, service)
+        return {
+            "index": 0, "content": result.text, "tokens": [], "id_slot": 0, "stop": True, "model": service.served_model,
+            "tokens_predicted": len(result.tokens), "tokens_evaluated": result.prompt_tokens,
+            "tokens_cached": result.prefix_tokens_reused, "prompt": prompt, "has_new_line": "\n" in result.text,
+            "truncated": result.truncated, "stop_type": kind, "stopping_word": word, "timings": clock.final(result),
+        }
+
+    return of
 
 
 async def _chunks(
     first: Any, source: AsyncIterator[Any], completion_id: str, created: int, model: str, include_usage: bool,
-    clock: TokenClock, per_token: bool,
+    clock: TokenClock, per_token: bool, verbose: Any = None,
 ) -> AsyncIterator[bytes]:
     """The SSE events of one streamed answer, in the order the OpenAI SDK expects (``timings`` as llama-server
-    adds them: on every chunk with ``timings_per_token``, on the last ones always)."""
+    adds them: on every chunk but the first (the role's) with ``timings_per_token``, on the last ones always)."""
 
-    def chunk(delta: dict[str, Any], finish_reason: str | None = None, logprobs: Any = None, **more: Any) -> bytes:
+    def chunk(
+        delta: dict[str, Any], finish_reason: str | None = None, logprobs: Any = None, timed: bool = True, **more: Any
+    ) -> bytes:
         data = {
             "id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
             "system_fingerprint": SYSTEM_FINGERPRINT,
@@ -278,13 +298,14 @@ async def _chunks(
         }
         if include_usage:
             data.setdefault("usage", None)  # OpenAI: null on every chunk but the last
-        if per_token:
+        if per_token and timed:
             data.setdefault("timings", clock.partial())
         return sse_event(data)
 
     def finish(result: Answer) -> list[bytes]:
         final = clock.final(result)
-        events = [chunk({}, finish_reason(result), refsight=refsight_extra(result), timings=final)]
+        more = {"__verbose": verbose(result)} if verbose else {}  # llama-server's: on the finishing chunk
+        events = [chunk({}, finish_reason(result), refsight=refsight_extra(result), timings=final, **more)]
         if include_usage:
             events.append(sse_event({
                 "id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
@@ -293,8 +314,8 @@ async def _chunks(
         return [*events, SSE_DONE]
 
     if not isinstance(first, PromptProgress):  # (llama-server's progress chunks carry the role themselves)
-        # llama-server's (and OpenAI's) first chunk: the role, content null.
-        yield chunk({"role": "assistant", "content": None})
+        # llama-server's (and OpenAI's) first chunk: the role, content null; no timings (llama-server's has none).
+        yield chunk({"role": "assistant", "content": None}, timed=False)
     def piece(text: str) -> bytes:
         logprobs = piece_logprobs(text)  # the piece's tokens' log probabilities, when asked for
         return chunk({"content": str(text)}, logprobs=chat_logprobs(logprobs) if logprobs else None)

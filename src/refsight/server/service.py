@@ -26,7 +26,6 @@ import ctypes
 import gc
 import io
 import time
-from dataclasses import dataclass
 from dataclasses import fields as dataclass_fields
 from typing import Any, Callable, Sequence
 
@@ -40,34 +39,11 @@ from ..results import GenerateResult
 from ..settings import Settings, load_settings
 from .config import ServerConfig
 from .llama_metrics import GenerationCounters
+from .model_facts import GenerationSupport, ModelDetails, ModelFacts
 from .responses import printable_data
 from .thumbnails import ThumbnailCache, render_thumbnail, snap_size
 
-__all__ = ["Service", "ModelFacts", "ReferenceSegment"]
-
-
-@dataclass(frozen=True)
-class ModelFacts:
-    """What the served model's read-only endpoints report (``/props``, ``/v1/models``), taken at load: they
-    answer from it while the model sleeps, without loading it (as llama-server answers from its cache)."""
-
-    name: str
-    context_size: int | None
-    random_weights: bool
-    media_marker: str
-    chat_template: str | None
-    raw_prompt: bool
-    runtime_info: dict[str, Any]
-
-    @classmethod
-    def of(cls, backend: Any) -> ModelFacts:
-        """The facts of a loaded ``backend``."""
-        return cls(
-            name=backend.name, context_size=getattr(backend, "context_size", None),
-            random_weights=bool(backend.random_weights), media_marker=backend.media_marker,
-            chat_template=backend.chat_template_source(), raw_prompt=backend.supports_raw_prompt,
-            runtime_info=dict(backend.runtime_info()),
-        )
+__all__ = ["Service", "ReferenceSegment"]
 
 
 def _format_of(data: bytes) -> str | None:
@@ -180,6 +156,60 @@ class Service:
         """Whether the served model has random weights (its text is meaningless)."""
         return self.facts.random_weights
 
+    # -- the served model's text and facts: the routes' one way to the model (they never hold the backend) --------
+    @property
+    def is_ready(self) -> bool:
+        """Whether the engine is open (:meth:`open` ran and :meth:`close` did not): llama-server's ``/health``."""
+        return self.engine is not None
+
+    @property
+    def media_marker(self) -> str:
+        """The text that stands for an image in a raw prompt (where its tokens go)."""
+        return self.engine.backend().media_marker
+
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        """The served model's token ids of ``text`` (``add_special``: a BOS where the vocabulary wants one;
+        ``parse_special``: special tokens written out in the text are read as themselves)."""
+        return self.engine.backend().tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """The text of ``tokens`` in the served model's vocabulary."""
+        return self.engine.backend().detokenize(tokens)
+
+    def token_piece(self, token: int) -> bytes:
+        """One token's bytes (special tokens written out); InvalidInputError for an id outside the vocabulary."""
+        return self.engine.backend().token_piece(token)
+
+    def count_text_tokens(self, text: str) -> int:
+        """How many tokens ``text`` becomes in a prompt, images not counted (the prompt limit's count)."""
+        return self.engine.backend().count_text_tokens(text)
+
+    def image_token_count(self, image: Any) -> int | None:
+        """Prompt tokens an image segment takes (a stored reference by its package's layout), or None where the
+        served runtime cannot tell before running the model."""
+        return self.engine.backend().image_token_count(image)
+
+    def render_chat(self, texts: list[str], turns: list[tuple[str, int]], ending: str) -> str:
+        """The chat template's text of ``texts`` in ``turns``, ended as ``ending`` says (``continue``: the earlier
+        turns with the answer's opening, then the final message's text, as a chat renders it)."""
+        backend = self.engine.backend()
+        if ending == "continue":
+            cut = len(texts) - turns[-1][1]  # the final (assistant) message's texts, after the answer's opening
+            return backend.template_text(texts[:cut], turns[:-1]) + "".join(texts[cut:])
+        return backend.template_text(texts, turns, generation_prompt=ending == "generation_prompt")
+
+    def template_reads(self, variable: str) -> bool:
+        """Whether the served chat template could read ``variable`` (a ``chat_template_kwargs`` key)."""
+        return self.engine.backend().chat_template_reads(variable)
+
+    def generation_support(self) -> GenerationSupport:
+        """What the served backend honours in a generation request (sampling fields, prompt ends, progress)."""
+        return GenerationSupport.of(self.engine.backend())
+
+    def model_details(self) -> ModelDetails:
+        """The served model's origin and files (Ollama's model endpoints describe it by them)."""
+        return ModelDetails.of(self.engine.backend())
+
     # -- helpers -----------------------------------------------------------------------
     def decode(self, data: bytes, label: str) -> ImageInput:
         """Decode an uploaded image under the server's limits; ImageError names ``label``."""
@@ -207,6 +237,12 @@ class Service:
     def references(self, *, namespace: str) -> list[dict[str, Any]]:
         """Every reference of the tenant, with its cache state under the served model."""
         return [self._reference_view(ref) for ref in self.engine.references(namespace=namespace)]
+
+    def reference_count(self, *, namespace: str | None = None) -> int:
+        """How many references the tenant's ``namespace`` holds; every namespace's together when None."""
+        if namespace is None:
+            return self.engine.stats(all_namespaces=True).references
+        return len(self.engine.references(namespace=namespace))
 
     def reference(self, ref_id: str, *, namespace: str) -> dict[str, Any]:
         """One reference; ReferenceNotFoundError when the tenant has none by that id."""

@@ -7,7 +7,7 @@ prefix states stay) once that many seconds passed with no request in flight and 
 queued, and the next request that may need it loads it again before it runs (the load's seconds are
 that request's). As in llama-server, asking how the server is does not wake it: ``/health``,
 ``/props`` (``is_sleeping``), ``/v1/models`` and ``/metrics`` answer from what was known at load
-(:class:`~refsight.server.service.ModelFacts`), and preflights change nothing.
+(:class:`~refsight.server.model_facts.ModelFacts`), and preflights change nothing.
 
 Sleep and wake never overlap a request: one asyncio lock orders them, a request counts as in flight
 from before its wake check until its reply (a stream's last byte) is sent, and the watcher unloads

@@ -178,7 +178,7 @@ class Tenants:
         return f"Tenants({len(self._entries)} keys)"
 
 
-def unserved_references_warning(engine: Any, tenants: Tenants) -> str | None:
+def unserved_references_warning(service: Any, tenants: Tenants) -> str | None:
     """The start-up warning when keys are on and some references are in namespaces no key maps to.
 
     Without keys the server serves the default namespace, where the CLI adds references without
@@ -187,14 +187,14 @@ def unserved_references_warning(engine: Any, tenants: Tenants) -> str | None:
     """
     if not tenants.enabled:
         return None
-    total = engine.stats(all_namespaces=True).references
-    served = sum(len(engine.references(namespace=namespace)) for namespace in tenants.namespaces)
+    total = service.reference_count()
+    served = sum(service.reference_count(namespace=namespace) for namespace in tenants.namespaces)
     if total <= served:
         return None
     message = f"refsight: {total - served} reference(s) exist only in namespaces no key maps to: no request can see them"
     default = tenants.default_namespace
     if default not in tenants.namespaces:
-        in_default = len(engine.references(namespace=default))
+        in_default = service.reference_count(namespace=default)
         if in_default:
             message += (f"; {in_default} in {default!r}, where the CLI adds references without --namespace "
                         f"(map a key to it, KEY={default}, to serve them)")

@@ -16,8 +16,8 @@ stays greedy, so a request that asks for nothing decodes exactly as it always di
 from __future__ import annotations
 
 import time
-from functools import partial
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from ...errors import GenerationError, InvalidInputError
@@ -142,10 +142,12 @@ def _call_generate(backend: Any, inputs: PromptInputs, ctl: Controls, max_new_to
     from transformers import GenerationMixin, LogitsProcessorList, StoppingCriteriaList
 
     eos_ids = backend.eos_ids()
-    # The mixin's own generate, not the model's: Janus overrides it and, for text, drops the logits
-    # processors (sampling and JSON constraints would silently do nothing); no other family overrides it.
-    return GenerationMixin.generate(
-        backend.model,
+    generate = backend.model.generate
+    if type(backend.model).generate is not GenerationMixin.generate:
+        # Janus overrides generate and, for text, drops the logits processors (sampling and JSON
+        # constraints would silently do nothing): the mixin's own is the text path of every family.
+        generate = partial(GenerationMixin.generate, backend.model)
+    return generate(
         input_ids=inputs.encoded["input_ids"],
         attention_mask=inputs.encoded["attention_mask"],
         **inputs.extra,

@@ -41,7 +41,7 @@ from ..deps import ConfigDep, MediaUuidsDep, Namespace, PoolDep, ServiceDep
 from ..disconnect import run_watched
 from ..errors import ERROR_RESPONSES, ApiError
 from ..generation_body import GenerationBody
-from ..openai_compat import chat_prompt_end, check_generation, prompt_end_of, template_prompt
+from ..openai_compat import chat_prompt_end, check_generation, prompt_end_of
 from ..openai_parts import ContentPart, ImageURL, Message, PartResolver, messages_to_segments, template_segments
 from ..prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
 from ..streaming import EventStreamResponse, answer_events, open_stream
@@ -172,19 +172,19 @@ def _generation(body: MessagesBody, service: Any, limit: int) -> tuple[int, Any]
         raise
 
 
-def _template_tokens(backend: Any, messages: list[Message]) -> int:
+def _template_tokens(service: Any, messages: list[Message]) -> int:
     """The prompt's tokens as the chat template renders it (a prefill continued), each image as the media marker."""
-    texts, turns = template_segments(messages, backend.media_marker)
-    text = template_prompt(backend, texts, turns, prompt_end_of(messages)[0])
-    return len(backend.tokenize(text, add_special=True, parse_special=True))
+    texts, turns = template_segments(messages, service.media_marker)
+    text = service.render_chat(texts, turns, prompt_end_of(messages)[0])
+    return len(service.tokenize(text, add_special=True, parse_special=True))
 
 
-def _opening_count(backend: Any, messages: list[Message], texts: list[str]) -> int:
+def _opening_count(service: Any, messages: list[Message], texts: list[str]) -> int:
     """``message_start``'s ``input_tokens``: the template's tokens, or the texts' where a backend renders none."""
     try:
-        return _template_tokens(backend, messages)
+        return _template_tokens(service, messages)
     except InvalidInputError:
-        return backend.count_text_tokens("\n".join(texts))
+        return service.count_text_tokens("\n".join(texts))
 
 
 @router.post("/v1/messages/count_tokens", responses=_ERRORS)
@@ -196,15 +196,14 @@ async def count_tokens(
     body.check_fields()
     messages = body.chat_messages()
     check_prompt_chars(prompt_texts(messages), config.max_prompt_tokens)
-    backend = service.engine.backend()
     resolver = PartResolver.for_request(request, service, namespace, uuids, config)
 
     def count() -> int:
-        total = _template_tokens(backend, messages)
+        total = _template_tokens(service, messages)
         segments, _ = messages_to_segments(messages, resolver)
-        marker = len(backend.tokenize(backend.media_marker, add_special=False, parse_special=True))
+        marker = len(service.tokenize(service.media_marker, add_special=False, parse_special=True))
         # An image takes its own tokens where the marker stood (a stored reference: as its package lays it out).
-        return total + sum((backend.image_token_count(s) or 0) - marker for s in segments if not isinstance(s, str))
+        return total + sum((service.image_token_count(s) or 0) - marker for s in segments if not isinstance(s, str))
 
     return {"input_tokens": await pool.run_light(count)}
 
@@ -221,8 +220,7 @@ async def messages(
     prompt_end = chat_prompt_end(service, chat)  # a final assistant message: Anthropic's prefill, continued
     texts = prompt_texts(chat)
     check_prompt_chars(texts, config.max_prompt_tokens)
-    backend = service.engine.backend()
-    await pool.run_light(check_prompt_tokens, texts, config.max_prompt_tokens, backend.count_text_tokens)
+    await pool.run_light(check_prompt_tokens, texts, config.max_prompt_tokens, service.count_text_tokens)
     resolver = PartResolver.for_request(request, service, namespace, uuids, config)
     message_id = f"msg_{uuidlib.uuid4().hex}"
 
@@ -235,7 +233,7 @@ async def messages(
     def ending(result: Answer) -> tuple[str, str | None]:
         if result.finish_reason == "length":
             return "max_tokens", None
-        kind, word = stop_type(result, sampling.stop, backend)
+        kind, word = stop_type(result, sampling.stop, service)
         return ("stop_sequence", word) if kind == "word" else ("end_turn", None)
 
     def message(result: Answer) -> dict[str, Any]:
@@ -246,7 +244,7 @@ async def messages(
 
     if not body.stream:
         return message(await run_watched(pool, request, work))  # a client that leaves frees its worker
-    prompt_tokens = await pool.run_light(_opening_count, backend, chat, texts)
+    prompt_tokens = await pool.run_light(_opening_count, service, chat, texts)
     first, source, stop = await open_stream(pool, work, request)
     start = {"id": message_id, "type": "message", "role": "assistant", "content": [], "model": service.served_model,
              "stop_reason": None, "stop_sequence": None,

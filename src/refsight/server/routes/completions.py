@@ -65,9 +65,8 @@ async def completions(request: Request, body: CompletionsBody, namespace: Namesp
         raise ApiError(400, "unsupported", "n: only one choice (n=1) is supported", param="n")
     max_new_tokens, sampling = check_generation(body, service, None, config.max_new_tokens)
     schema = body.schema()
-    backend = service.engine.backend()
-    prompt = raw_prompt(body.text(), [], backend.media_marker)
-    await check_raw_prompt(prompt, pool, config.max_prompt_tokens, backend)
+    prompt = raw_prompt(body.text(), [], service.media_marker)
+    await check_raw_prompt(prompt, pool, config.max_prompt_tokens, service)
     completion_id, created = f"cmpl-{uuidlib.uuid4().hex}", int(time.time())
 
     def work(on_text=None, stop_event=None) -> GenerateResult:

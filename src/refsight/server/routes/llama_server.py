@@ -30,7 +30,7 @@ from ..errors import ERROR_RESPONSES, ApiError
 from ..bodies import IntegerOrNull
 from ..generation_body import GenerationBody
 from ..logprob_fields import piece_logprobs, token_entries
-from ..openai_compat import check_generation, prompt_end_of, template_prompt
+from ..openai_compat import check_generation, prompt_end_of
 from ..disconnect import run_watched
 from ..openai_parts import Message, PartResolver, template_segments
 from ..prompt_limit import check_prompt_chars
@@ -49,7 +49,7 @@ MAX_DETOKENIZE = 1 << 16
 @router.get("/v1/health", responses={503: ERROR_RESPONSES[503]})
 async def health(service: ServiceDep) -> Any:
     """llama-server's readiness check (no key): 503 while the model loads, then 200 ``{"status": "ok"}``."""
-    if service.engine is None:
+    if not service.is_ready:
         body = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
         return JSONResponse(body, status_code=503)
     return {"status": "ok"}
@@ -125,13 +125,12 @@ class TokenizeBody(BaseModel):
 async def tokenize(body: TokenizeBody, namespace: Namespace, service: ServiceDep, pool: PoolDep, config: ConfigDep) -> Any:
     """The served model's own tokens of ``content`` (with ``with_pieces``: each token's text, or its bytes)."""
     check_prompt_chars([body.content], config.max_prompt_tokens, "content")
-    backend = service.engine.backend()
 
     def work() -> dict[str, Any]:
-        ids = backend.tokenize(body.content, add_special=body.add_special, parse_special=body.parse_special)
+        ids = service.tokenize(body.content, add_special=body.add_special, parse_special=body.parse_special)
         if not body.with_pieces:
             return {"tokens": ids}
-        return {"tokens": [{"id": t, "piece": _piece(backend.token_piece(t))} for t in ids]}
+        return {"tokens": [{"id": t, "piece": _piece(service.token_piece(t))} for t in ids]}
 
     return await pool.run_light(work)
 
@@ -155,8 +154,7 @@ class DetokenizeBody(BaseModel):
 @router.post("/detokenize", responses=_ERRORS)
 async def detokenize(body: DetokenizeBody, namespace: Namespace, service: ServiceDep, pool: PoolDep) -> dict[str, str]:
     """The text of ``tokens`` in the served model's vocabulary."""
-    backend = service.engine.backend()
-    return {"content": await pool.run_light(backend.detokenize, body.tokens)}
+    return {"content": await pool.run_light(service.detokenize, body.tokens)}
 
 
 class ApplyTemplateBody(BaseModel):
@@ -179,11 +177,10 @@ async def apply_template(
     ended as the chat would be: a final assistant message continued (llama-server's prefill)."""
     if body.tools:
         raise ApiError(400, "unsupported", "tools: tool definitions are not supported; send null or []", param="tools")
-    backend = service.engine.backend()
-    texts, turns = template_segments(body.messages, backend.media_marker)
+    texts, turns = template_segments(body.messages, service.media_marker)
     check_prompt_chars(texts, config.max_prompt_tokens)
     ending, _ = prompt_end_of(body.messages, body.add_generation_prompt, body.continue_final_message)
-    return {"prompt": await pool.run_light(template_prompt, backend, texts, turns, ending)}
+    return {"prompt": await pool.run_light(service.render_chat, texts, turns, ending)}
 
 
 class PromptObject(BaseModel):
@@ -202,6 +199,9 @@ class CompletionBody(GenerationBody):
     stream: bool | None = None
     model: str | None = None
     logprobs: IntegerOrNull = Field(None, ge=0, description="llama-server's alias of n_probs (read when n_probs is not given)")
+    response_fields: list[str] | None = Field(
+        None, max_length=256, description="llama-server: answer only these fields ('a/b': field b of object a)"
+    )
 
     def requested_logprobs(self) -> tuple[int | None, str]:
         """``n_probs``, else its alias ``logprobs`` (0: none)."""
@@ -209,10 +209,10 @@ class CompletionBody(GenerationBody):
             return (self.logprobs or None), "logprobs"
         return super().requested_logprobs()
 
-    def raw(self, marker: str, backend: Any) -> RawPrompt:
+    def raw(self, marker: str, service: Any) -> RawPrompt:
         """The prompt split at the media markers, with its images (token ids read as their text:
         :func:`~..completion_parts.mixed_prompt_text`). Runs the tokenizer: call it off the event loop."""
-        prompt = _one_prompt(self.prompt, backend)
+        prompt = _one_prompt(self.prompt, service)
         if isinstance(prompt, PromptObject):
             if self.multimodal_data is not None:
                 raise ApiError(400, "invalid_input", "multimodal_data: give it inside the prompt object or beside it, not both",
@@ -221,18 +221,18 @@ class CompletionBody(GenerationBody):
         return raw_prompt(prompt, self.multimodal_data, marker)
 
 
-def _one_prompt(prompt: Any, backend: Any) -> str | PromptObject:
+def _one_prompt(prompt: Any, service: Any) -> str | PromptObject:
     """llama-server's one prompt: a string, a prompt object, token ids mixed with strings, or a list of one of those."""
     if not isinstance(prompt, list):
         return prompt
     if any(isinstance(item, int) for item in prompt):  # llama-server: any number makes the list one prompt
-        return mixed_prompt_text(prompt, backend)
+        return mixed_prompt_text(prompt, service)
     if len(prompt) != 1:
         raise ApiError(400, "unsupported", f"prompt: {len(prompt)} prompts in one request; give one (several "
                        "completions per request are not supported)", param="prompt")
     (only,) = prompt
     if isinstance(only, list):
-        return _one_prompt(only, backend)
+        return _one_prompt(only, service)
     if isinstance(only, dict):
         try:
             return PromptObject.model_validate(only)
@@ -253,9 +253,8 @@ async def completion(
     """llama-server's native completion: the prompt as given (no chat template), images at its media markers."""
     max_new_tokens, sampling = check_generation(body, service, None, config.max_new_tokens)
     schema = body.schema()
-    backend = service.engine.backend()
-    prompt = await pool.run_light(body.raw, backend.media_marker, backend)
-    await check_raw_prompt(prompt, pool, config.max_prompt_tokens, backend)
+    prompt = await pool.run_light(body.raw, service.media_marker, service)
+    await check_raw_prompt(prompt, pool, config.max_prompt_tokens, service)
     resolver = PartResolver.for_request(request, service, namespace, uuids, config)
     clock = TokenClock()
 
@@ -278,55 +277,80 @@ async def completion(
             clock.stop()
 
     def final(result: Answer, streamed: bool = False) -> dict[str, Any]:
-        kind, word = stop_type(result, sampling.stop, backend)
+        kind, word = stop_type(result, sampling.stop, service)
         # Streamed, each event carried its tokens' probabilities already (llama-server sends none at the end).
         probs = {} if streamed or result.logprobs is None else {"completion_probabilities": token_entries(result.logprobs)}
-        return {
-            "index": 0, "content": result.text, "tokens": result.tokens if body.model_extra.get("return_tokens") else [],
+        return _fields({
+            "index": 0, "content": "" if streamed else result.text,
+            "tokens": result.tokens if body.model_extra.get("return_tokens") else [],
             "id_slot": 0, "stop": True, "model": service.served_model, "tokens_predicted": len(result.tokens),
             "tokens_evaluated": result.prompt_tokens, "tokens_cached": result.prefix_tokens_reused,
             "generation_settings": {
                 **_settings(sampling, -1 if fill else max_new_tokens, service.context_size), "model": service.served_model,
                 "stream": bool(body.stream), "timings_per_token": bool(body.model_extra.get("timings_per_token")),
             },
-            "prompt": backend.media_marker.join(prompt.texts), "has_new_line": "\n" in result.text, "truncated": result.truncated,
+            "prompt": service.media_marker.join(prompt.texts), "has_new_line": "\n" in result.text, "truncated": result.truncated,
             "stop_type": kind, "stopping_word": word, "timings": clock.final(result),
             "refsight": {"random_weights": result.random_weights, "references_cached": result.references_cached},
             **probs,
-        }
+        }, body.response_fields)
 
     if not body.stream:
         return final(await run_watched(pool, request, work))  # a client that leaves frees its worker
     first, source, stop = await open_stream(pool, work, request)
     per_token = clock.partial if body.model_extra.get("timings_per_token") else None
-    return EventStreamResponse(_events(first, source, final, backend, per_token), stop)
+    return EventStreamResponse(_events(first, source, final, service, per_token), stop)
 
 
 async def _events(
-    first: Any, source: AsyncIterator[Any], final: Any, backend: Any, per_token: Any = None
+    first: Any, source: AsyncIterator[Any], final: Any, service: Any, per_token: Any = None
 ) -> AsyncIterator[bytes]:
     """llama-server's stream: one event per piece (``stop: false``) with its ``tokens`` (and, with
-    ``timings_per_token``, the ``timings`` so far), then the final object (``stop: true``)."""
+    ``timings_per_token``, the ``timings`` so far), then the final object (``stop: true``). With ``n_probs``
+    each token has its own event, as in llama-server: a piece of several tokens (a character split over
+    them, text held back for a stop string) is sent as its last token's event, the others before it with
+    no content (llama-server drops the probabilities of a character's first tokens; here they are kept)."""
+
+    def piece_event(content: str, tokens: list[int], logprobs: Any = ()) -> bytes:
+        data = {"index": 0, "content": content, "tokens": tokens, "stop": False, "id_slot": 0}
+        if logprobs:
+            data["completion_probabilities"] = token_entries(logprobs)
+        if per_token is not None:
+            data["timings"] = per_token()
+        return sse_event(data)
 
     def piece(text: str) -> bytes:
-        # A piece with log probabilities names its tokens; else its ids are its text in the served
-        # vocabulary (a few characters: cheap enough for the event loop).
         logprobs = piece_logprobs(text)
-        tokens = [lp.token for lp in logprobs] or backend.tokenize(text, add_special=False, parse_special=False)
-        event = {"index": 0, "content": str(text), "tokens": tokens, "stop": False, "id_slot": 0}
-        if logprobs:
-            event["completion_probabilities"] = token_entries(logprobs)
-        if per_token is not None:
-            event["timings"] = per_token()
-        return sse_event(event)
+        if not logprobs:  # its ids are its text in the served vocabulary (a few characters: cheap on the event loop)
+            return piece_event(str(text), service.tokenize(text, add_special=False, parse_special=False))
+        *before, last = logprobs
+        return b"".join([*(piece_event("", [lp.token], [lp]) for lp in before),
+                         piece_event(str(text), [last.token], [last])])
 
     def progress(item: PromptProgress) -> bytes:  # llama-server's: an event with no text, the prompt's progress
         return sse_event({"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": 0, "tokens_predicted": 0,
                           "tokens_evaluated": item.total, "prompt_progress": item.to_dict()})
 
-    async for event in answer_events(first, source, piece, lambda result: [sse_event({**final(result, True), "content": ""})],
+    async for event in answer_events(first, source, piece, lambda result: [sse_event(final(result, True))],
                                      progress=progress):
         yield event
+
+
+def _fields(answer: dict[str, Any], paths: list[str] | None) -> dict[str, Any]:
+    """llama-server's ``response_fields``: only the fields named, each under its path as given (``a/b``: field
+    ``b`` of object ``a``); a path that names nothing is left out. None or []: the whole answer."""
+    if not paths:
+        return answer
+    picked = {}
+    for path in paths:
+        value: Any = answer
+        for key in path.split("/"):
+            if not isinstance(value, dict) or key not in value:
+                break
+            value = value[key]
+        else:
+            picked[path] = value
+    return picked
 
 
 def _settings(sampling: Any, n_predict: int, n_ctx: int | None) -> dict[str, Any]:

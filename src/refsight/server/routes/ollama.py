@@ -153,7 +153,7 @@ def _resolver(request: Request, service: Any, namespace: str, uuids: Any, config
 async def _check_texts(texts: list[str], pool: Any, limit: int, service: Any) -> None:
     """The prompt-token limit before any model work: characters here, tokens in the shared thread pool."""
     check_prompt_chars(texts, limit)
-    await pool.run_light(check_prompt_tokens, texts, limit, service.engine.backend().count_text_tokens)
+    await pool.run_light(check_prompt_tokens, texts, limit, service.count_text_tokens)
 
 
 @router.post("/api/chat", responses=_ERRORS)
@@ -206,9 +206,8 @@ async def generate(
     options = {"max_new_tokens": max_new_tokens, "sampling": sampling, "json_schema": schema_of(body.format)}
     resolver = _resolver(request, service, namespace, uuids, config)
     if body.raw:
-        backend = service.engine.backend()
-        prompt = raw_prompt(body.prompt or "", body.images, backend.media_marker, "prompt")
-        await check_raw_prompt(prompt, pool, config.max_prompt_tokens, backend)
+        prompt = raw_prompt(body.prompt or "", body.images, service.media_marker, "prompt")
+        await check_raw_prompt(prompt, pool, config.max_prompt_tokens, service)
         answer = _Answer("response", service, namespace, lambda: (prompt.segments(resolver), None),
                          {**options, "raw_prompt": True}, _context_note(body.options, service))
         return await answer.reply(pool, request, body.stream)

@@ -25,11 +25,12 @@ async def healthz(service: ServiceDep) -> dict[str, Any]:
 
 @router.get("/metrics", response_class=Response, dependencies=[Depends(require_operator)])
 async def prometheus(metrics: MetricsDep) -> Response:
-    """Prometheus text format: cache hits/misses/evictions/bytes/encode time saved, request latencies."""
+    """Prometheus text format: cache hits/misses/evictions/bytes/encode time saved, request latencies (and
+    llama-server's ``Process-Start-Time-Unix`` header: when the server started)."""
     import anyio.to_thread
 
     body = await anyio.to_thread.run_sync(metrics.render)
-    return Response(body, media_type=CONTENT_TYPE_LATEST)
+    return Response(body, media_type=CONTENT_TYPE_LATEST, headers={"Process-Start-Time-Unix": str(metrics.started)})
 
 
 @router.get("/v1/stats")
