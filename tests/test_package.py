@@ -23,7 +23,7 @@ from refsight.package import (
     package_key,
     tensor_spec,
 )
-from refsight.store.base import validate_ref_id
+from refsight.inputs.ref_ids import validate_ref_id
 
 IMAGE = "ab" * 32  # a sha256-shaped image hash
 

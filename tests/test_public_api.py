@@ -46,7 +46,7 @@ def test_star_import_gives_exactly_all():
 
 def test_top_level_reexports_are_the_same_objects():
     from refsight import images
-    from refsight.backends import sampling
+    from refsight import sampling
 
     assert refsight.ImageInput is images.ImageInput
     assert refsight.Sampling is sampling.Sampling

@@ -7,7 +7,7 @@ the results and the error tree are re-exported here. The rest lives in its own p
 image intake in :mod:`refsight.images`, the package type in :mod:`refsight.package`, the
 backends' options and the model registry in :mod:`refsight.backends.options` and
 :mod:`refsight.backends.registry`, the rules a caller may check ahead in their owners
-(:func:`refsight.store.base.validate_ref_id`, :func:`refsight.retrieval.vectors.validate_where`,
+(:func:`refsight.inputs.ref_ids.validate_ref_id`, :func:`refsight.retrieval.vectors.validate_where`,
 :data:`refsight.inputs.jsonlimits.MAX_JSON_DEPTH`); the hostile-input primitives every front end
 applies in :mod:`refsight.inputs`. Importing refsight imports no torch.
 """
@@ -39,7 +39,7 @@ def __getattr__(name: str):
 
         return ReferenceSegment
     if name == "Sampling":
-        from .backends.sampling import Sampling
+        from .sampling import Sampling
 
         return Sampling
     if name in ("CompareRequest", "ChatRequest", "SearchRequest", "AddRequest"):

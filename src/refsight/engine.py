@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from .backends.base import Backend, GenerationRequest
 from .backends.options import BackendOptions
-from .backends.sampling import check_supported
+from .sampling import check_supported
 from .backends.turns import plan_turns
 from .compare import ComparePipeline
 from .environment import default_model
@@ -39,14 +39,14 @@ from .context import Models, RequestContext
 from .drift import DriftReport
 from .errors import InvalidInputError
 from .images import ImageInput, ImageSource, IntakeLimits, load_image
-from .judge.attribute_records import AttributeRecords, check_sources
+from .judge.attribute_records import AttributeRecords
 from .judge.attribute_schema import AttributeSchema, load_attribute_schema
 from .maintenance import Maintenance
 from .package_cache import CachedPackage, PackageCache, holding_packages
 from .prefixes import PrefixStateCache
 from .prompt_size import PromptBudget
 from .remembered import remember_images_setting
-from .requests import AddRequest, ChatRequest, CompareRequest, SearchRequest
+from .requests import AddRequest, ChatRequest, CompareRequest, SearchRequest, check_sources
 from .references import ReferenceBook, ReferenceSegment, load_kept_image, source_label
 from .results import (
     AddFailure, AddResult, CompareResult, ForgetReport, GenerateResult, IndexReport, PackageState, PruneReport, SearchResult,

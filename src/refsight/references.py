@@ -28,7 +28,8 @@ from .images import ImageInput, ImageSource, IntakeLimits, load_image
 from .package import VisualPackage
 from .package_cache import CachedPackage, PackageCache, ServedImage
 from .results import AddFailure, AddResult
-from .store import Catalog, Reference, Store, validate_ref_id
+from .inputs.ref_ids import validate_ref_id
+from .store import Catalog, Reference, Store
 from .store.disk import StoredPackage
 from .inputs.text import check_texts, printable_text
 

@@ -14,12 +14,17 @@ naming the field and the reason; the engine takes the value whole and never chec
   it is restricted to, the namespace);
 - :class:`AddRequest`: one reference to add (the image, its id and metadata, the attribute
   records to compute now, the model and the namespace);
-- :class:`~refsight.backends.sampling.Sampling`: how tokens are picked, with the one merge of a
+- :class:`~refsight.sampling.Sampling`: how tokens are picked, with the one merge of a
   request's fields over the served model's defaults (:meth:`Sampling.merged`) and the one rule of
-  what a backend honours (:meth:`Sampling.unsupported`). It is defined beside the backends, which
-  read it, and re-exported here with its declared ranges (``SAMPLING_RANGES``, for a schema);
-- :func:`~refsight.backends.schema.check_json_schema`: the one check of a JSON schema before any
+  what a backend honours (:meth:`Sampling.unsupported`). It is defined in :mod:`refsight.sampling`
+  (the backends read it there) and re-exported here with its declared ranges (``SAMPLING_RANGES``, for a schema);
+- :func:`~refsight.inputs.json_schema.check_json_schema`: the one check of a JSON schema before any
   grammar is built (re-exported so a front door can name the field that carried it).
+
+The requests sit on the ground floor: they import only ground-floor rooms (the errors, image intake, the
+hostile-input checks of :mod:`refsight.inputs`, :mod:`refsight.rubric`, :mod:`refsight.sampling`), and the
+checks of the fields the rooms above also apply live here (:func:`check_search`, :func:`check_recall_mode`,
+:func:`check_sources`, :func:`check_prompt_end`, the reranker names).
 """
 
 from __future__ import annotations
@@ -28,26 +33,40 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .backends.sampling import RANGES as SAMPLING_RANGES
-from .backends.schema import check_json_schema
-from .backends.turns import check_prompt_end
-from .backends.sampling import Sampling
 from .errors import InvalidInputError
-from .inputs.text import check_text, check_texts
 from .images import ImageSource
-from .judge.attribute_records import check_sources
-from .judge.criteria import Rubric, parse_rubric
-from .rerank import Reranker
-from .retrieval.query import check_query_text, check_recall_mode, check_search
-from .store.base import validate_ref_id
+from .inputs.json_schema import check_json_schema
+from .inputs.ref_ids import validate_ref_id
+from .inputs.text import check_text, check_texts
+from .rubric import Rubric, parse_rubric
+from .sampling import RANGES as SAMPLING_RANGES
+from .sampling import Sampling
 
 __all__ = [
     "CompareRequest", "ChatRequest", "SearchRequest", "AddRequest", "Sampling", "SAMPLING_RANGES", "MAX_SHORTLIST",
-    "check_json_schema",
+    "MAX_K", "PROMPT_ENDS", "RECALL_MODES", "RECORD_SOURCES", "RERANKERS", "check_json_schema", "check_prompt_end",
+    "check_query_text", "check_recall_mode", "check_search", "check_sources",
 ]
 
 #: Most references one compare may recall, rerank or judge.
 MAX_SHORTLIST = 1000
+
+#: Most references one search returns.
+MAX_K = 1000
+
+#: How a compare may build its recall query.
+RECALL_MODES = ("image", "text", "both")
+
+#: The attribute records a comparison may ask for.
+RECORD_SOURCES = ("imagenet", "vlm")
+
+#: The rerankers a compare may name (or it gives a :class:`refsight.rerank.Reranker` itself).
+RERANKERS = ("vlm", "embedding")
+
+#: How a chat prompt ends after its turns: the opening of the answer's turn (the default); ``continue``: the
+#: final assistant turn left open, its text the start of the answer (llama-server's assistant prefill, vLLM's
+#: ``continue_final_message``); ``none``: nothing after the turns (``add_generation_prompt: false``).
+PROMPT_ENDS = ("generation_prompt", "continue", "none")
 
 
 @dataclass(frozen=True)
@@ -73,7 +92,8 @@ class CompareRequest:
     #: references recalled (default: ``rerank``, else ``top_k``); with more than ``rerank``, the best
     #: ``rerank`` by recall score (after the prefilter) are reranked, the rest reported as ``recalled``
     recall_k: int | None = None
-    reranker: str | Reranker = "vlm"
+    #: a name in :data:`RERANKERS` or a :class:`refsight.rerank.Reranker`
+    reranker: Any = "vlm"
     force_vlm: bool = False
     attributes: Sequence[str] = ("imagenet",)
     evidence_max_chars: int | None = None
@@ -122,7 +142,9 @@ class CompareRequest:
         for name in ("top_k", "rerank", "recall_k"):
             _count(name, getattr(self, name))
         self._check_depths()
-        if not isinstance(self.reranker, Reranker) and self.reranker not in ("vlm", "embedding"):
+        # A reranker given as an object is anything that scores (refsight.rerank.Reranker's one call): the request
+        # names no class above the ground floor.
+        if not callable(getattr(self.reranker, "score", None)) and self.reranker not in RERANKERS:
             raise InvalidInputError("reranker", f"use 'vlm', 'embedding' or a Reranker, not {self.reranker!r}")
 
     def _check_depths(self) -> None:
@@ -250,3 +272,54 @@ def _given(kind: type, request: Any, options: Mapping[str, Any]) -> bool:
         raise InvalidInputError(", ".join(sorted(options)), f"give a {kind.__name__} or keywords, not both")
     return True
 
+
+def check_query_text(text: object, name: str) -> str:
+    """A query text as given, or InvalidInputError naming ``name``: the one rule for search's ``text``
+    and compare's ``query`` (a string of valid Unicode with something in it)."""
+    if not isinstance(text, str):
+        raise InvalidInputError(name, f"the query text must be a string, not {type(text).__name__}")
+    check_text(text, name)
+    if not text.strip():
+        raise InvalidInputError(name, "the query text is empty")
+    return text
+
+
+def check_search(text: str | None, image: object | None, k: object, where: object = None, restrict_to: object = None) -> None:
+    """The rules of one search: exactly one of ``text`` (see :func:`check_query_text`) or ``image``, ``k`` in
+    1..1000, and valid text in the ``where`` filter and the ``restrict_to`` ids."""
+    check_texts(where, "where")
+    check_texts(restrict_to, "restrict_to")
+    if (text is None) == (image is None):
+        raise InvalidInputError("query", "give exactly one of a text query or an image")
+    if text is not None:
+        check_query_text(text, "text")
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
+        raise InvalidInputError("k", f"must be an integer in 1..{MAX_K}, not {k!r}")
+
+
+def check_recall_mode(mode: str | None, *, query: str | None) -> str:
+    """The recall mode to use: ``mode``, else ``text`` when an explicit query is given, else ``both``."""
+    if mode is None:
+        return "text" if query else "both"
+    if mode not in RECALL_MODES:
+        raise InvalidInputError("recall", f"must be one of {', '.join(RECALL_MODES)}, not {mode!r}")
+    return mode
+
+
+def check_prompt_end(prompt_end: Any, raw_prompt: bool) -> None:
+    """InvalidInputError naming ``prompt_end`` unless it is one of :data:`PROMPT_ENDS` (a raw prompt has no chat
+    template to end: only the default)."""
+    if prompt_end not in PROMPT_ENDS:
+        raise InvalidInputError("prompt_end", f"must be one of {', '.join(PROMPT_ENDS)}, not {prompt_end!r}")
+    if raw_prompt and prompt_end != "generation_prompt":
+        raise InvalidInputError("prompt_end", "a raw prompt is the whole prompt: no chat template to end")
+
+
+def check_sources(sources: Sequence[str], what: str = "attributes") -> tuple[str, ...]:
+    """``sources`` as a tuple, or InvalidInputError naming the unknown ones."""
+    if isinstance(sources, str):
+        sources = [sources]
+    unknown = sorted(set(sources) - set(RECORD_SOURCES))
+    if unknown:
+        raise InvalidInputError(what, f"unknown sources {unknown}; use {', '.join(RECORD_SOURCES)}")
+    return tuple(sources)

@@ -1,6 +1,6 @@
 """An uncompilable ``json_schema`` is an InvalidInputError naming its path, before any model work (issue 25, item 4).
 
-One shared check (``refsight.backends.schema``) runs for every runtime, then the runtime's
+One shared check (``refsight.inputs.json_schema``) runs for every runtime, then the runtime's
 own compiler (xgrammar here, for the transformers backends and for vLLM's grammar); whatever
 either refuses reaches the caller as ``InvalidInputError`` on ``json_schema``, never as a
 generation failure. The hypothesis tests feed each compiler a few hundred generated schemas.
@@ -156,7 +156,7 @@ def test_a_grammar_bomb_is_refused_naming_the_field_before_any_compiler(schema, 
 
 
 def test_real_patterns_and_large_but_bounded_schemas_pass():
-    from refsight.backends.schema import MAX_SCHEMA_SIZE, schema_size
+    from refsight.inputs.json_schema import MAX_SCHEMA_SIZE, schema_size
 
     for pattern in ("^\\d{4}-\\d{2}-\\d{2}$", "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
                     "^[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9.-]{1,255}\\.[A-Za-z]{2,63}$", "^[a-z]{1000}$", "^[a-z]{1000,}$",

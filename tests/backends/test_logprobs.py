@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from refsight.backends.logprobs import token_logprob
-from refsight.backends.sampling import Sampling
+from refsight.sampling import Sampling
 from refsight.errors import InvalidInputError
 from refsight.results import MAX_LOGPROBS, GenerateResult, TokenLogprob
 

@@ -13,7 +13,8 @@ import pytest
 
 from refsight import ChatRequest, Engine, InvalidInputError
 from refsight.backends.base import GenerationRequest
-from refsight.backends.turns import PROMPT_ENDS, check_prompt_form, split_final_turn
+from refsight.backends.turns import check_prompt_form, split_final_turn
+from refsight.requests import PROMPT_ENDS
 from refsight.backends.vllm.messages import chat_body
 
 TURNS = [("system", 1), ("user", 2), ("assistant", 1)]

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from refsight.backends.sampling import Sampling
+from refsight.sampling import Sampling
 from refsight.errors import InvalidInputError
 
 #: Requests that must decode exactly as greedy decoding does.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from runtimes import require_module
 
-from refsight.backends.sampling import Sampling
+from refsight.sampling import Sampling
 
 
 def _torch():

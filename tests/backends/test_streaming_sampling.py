@@ -9,7 +9,7 @@ from runtimes import require_module
 
 from backend_models import ALL_FAMILIES as TINY_FAMILIES
 from refsight.backends.base import GenerationRequest
-from refsight.backends.sampling import Sampling, StopText
+from refsight.sampling import Sampling, StopText
 
 require_module("transformers")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from refsight.images import ImageInput
-from refsight.judge.criteria import parse_rubric
+from refsight.rubric import parse_rubric
 from refsight.judge.prompts import JUDGE_PREAMBLE, build_attribute_request, build_judge_request, reference_prefix
 from refsight.judge.verdict import verdict_schema
 from refsight.package import VisualPackage

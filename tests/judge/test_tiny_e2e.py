@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 from runtimes import require_module
 
-from refsight.judge import ImageNetAttributeSource, Judge, parse_rubric
+from refsight.judge import ImageNetAttributeSource, Judge
+from refsight.rubric import parse_rubric
 from refsight.judge.verdict import VERDICTS
 
 from judge_helpers import photo

@@ -17,7 +17,7 @@ from runtimes import require_module
 
 from live_server import LiveServer
 from refsight import InvalidInputError, Sampling
-from refsight.backends.gbnf import MAX_GBNF_CHARS, MAX_REPEAT, check_gbnf
+from refsight.inputs.gbnf import MAX_GBNF_CHARS, MAX_REPEAT, check_gbnf
 from refsight.cli.llama_flags import slot_context
 from refsight.server import ServerConfig, create_app
 

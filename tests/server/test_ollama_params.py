@@ -13,7 +13,7 @@ from ollama_helpers import PARAMS, add_model
 
 from refsight.backends.llamacpp.ollama_store import context_param, find_model, sampling_defaults
 from refsight.backends.registry import get_backend
-from refsight.backends.sampling import MAX_DEFAULT_STOP_STRINGS, MAX_STOP_STRINGS, Sampling
+from refsight.sampling import MAX_DEFAULT_STOP_STRINGS, MAX_STOP_STRINGS, Sampling
 from refsight.errors import InvalidInputError, ModelLoadError
 from refsight.server.routes.ollama_models import _go_float, _modelfile_quote, _parameters
 

@@ -34,7 +34,7 @@ from ..errors import BackendError, CorruptPackageError, InvalidInputError, Refsi
 from ..images import ImageInput
 from ..package import EncoderFingerprint, VisualPackage
 from .prefix import PrefixCache
-from .sampling import Sampling
+from ..sampling import Sampling
 from .text_access import TextAccess
 
 __all__ = [
@@ -69,7 +69,7 @@ class GenerationRequest:
     ``reference_keys`` names the packages that are stored references when they are not the
     prefix (the reranker puts the candidate first); None: the packages of the reference
     prefix. A runtime that keeps images by a durable id (vLLM's ``uuid``) gives one to these
-    only, never to a candidate. ``prompt_end``: how the chat prompt ends (:data:`.turns.PROMPT_ENDS`).
+    only, never to a candidate. ``prompt_end``: how the chat prompt ends (:data:`refsight.requests.PROMPT_ENDS`).
     """
 
     segments: list[Segment]
@@ -284,7 +284,7 @@ class Backend(TextAccess, abc.ABC):
             return None
         if not self.supports_constrained_decoding:
             raise InvalidInputError("json_schema", f"{self.name} does not support constrained decoding")
-        from .schema import modern_json_schema
+        from ..inputs.json_schema import modern_json_schema
 
         try:
             return self.compile_schema(modern_json_schema(schema))
@@ -379,7 +379,7 @@ class Backend(TextAccess, abc.ABC):
             self._check_request(i, request)
 
     def _check_request(self, i: int, request: GenerationRequest) -> None:
-        from .schema import check_json_schema, modern_json_schema
+        from ..inputs.json_schema import check_json_schema, modern_json_schema
         from .turns import check_prompt_form
 
         if isinstance(request.max_new_tokens, bool) or not isinstance(request.max_new_tokens, int) or request.max_new_tokens < 1:

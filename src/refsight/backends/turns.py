@@ -1,5 +1,5 @@
 """Chat turns of a request: checked against its segments, or folded into text for a backend without turns;
-and how the rendered prompt ends (:data:`PROMPT_ENDS`)."""
+and how the rendered prompt ends (:data:`refsight.requests.PROMPT_ENDS`)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import InvalidInputError
+from ..requests import check_prompt_end
 from .base import ROLES
 
-__all__ = ["plan_turns", "PROMPT_ENDS", "check_prompt_end", "check_prompt_form", "split_final_turn"]
-
-#: How a chat prompt ends after its turns: the opening of the answer's turn (the default); ``continue``: the
-#: final assistant turn left open, its text the start of the answer (llama-server's assistant prefill, vLLM's
-#: ``continue_final_message``); ``none``: nothing after the turns (``add_generation_prompt: false``).
-PROMPT_ENDS = ("generation_prompt", "continue", "none")
+__all__ = ["plan_turns", "check_prompt_form", "split_final_turn"]
 
 
 def plan_turns(
@@ -43,15 +39,6 @@ def plan_turns(
         labelled += segments[start:start + count]
         start += count
     return labelled, None
-
-
-def check_prompt_end(prompt_end: Any, raw_prompt: bool) -> None:
-    """InvalidInputError naming ``prompt_end`` unless it is one of :data:`PROMPT_ENDS` (a raw prompt has no chat
-    template to end: only the default)."""
-    if prompt_end not in PROMPT_ENDS:
-        raise InvalidInputError("prompt_end", f"must be one of {', '.join(PROMPT_ENDS)}, not {prompt_end!r}")
-    if raw_prompt and prompt_end != "generation_prompt":
-        raise InvalidInputError("prompt_end", "a raw prompt is the whole prompt: no chat template to end")
 
 
 def check_prompt_form(backend: Any, i: int, request: Any) -> None:

@@ -16,7 +16,8 @@ from typing import Any
 from ..context import RequestContext
 from ..errors import InvalidInputError
 from ..images import ImageInput, IntakeLimits, load_image
-from ..judge import Judge, Rubric
+from ..judge import Judge
+from ..rubric import Rubric
 from ..judge.attribute_records import AttributeRecords
 from ..judge.prefilter import Filtered, required_mismatches
 from ..package_cache import ModelImage, PackageCache, ServedImage
@@ -255,7 +256,7 @@ class ComparePipeline:
 
     def _reranker(self, request: _Request) -> Reranker:
         reranker = request.options.reranker
-        if isinstance(reranker, Reranker):
+        if not isinstance(reranker, str):  # the request let only a scorer through
             return reranker
         if reranker == "embedding":
             # The tenant's own cached vectors: timing never reveals another tenant's images.

@@ -3,5 +3,9 @@
 * :mod:`~refsight.inputs.reading` – a user-named file read only if regular, never blocking, never past its limit;
 * :mod:`~refsight.inputs.jsonlimits` – JSON depth measured without recursion, values counted, YAML bounded while parsed;
 * :mod:`~refsight.inputs.text` – text that must be valid Unicode;
-* :mod:`~refsight.inputs.terminal` – control characters escaped for a terminal.
+* :mod:`~refsight.inputs.terminal` – control characters escaped for a terminal;
+* :mod:`~refsight.inputs.json_schema` – a JSON schema bounded before any grammar is built (with
+  :mod:`~refsight.inputs.schema_regex`, its patterns' size);
+* :mod:`~refsight.inputs.gbnf` – a GBNF grammar bounded before any runtime compiles it;
+* :mod:`~refsight.inputs.ref_ids` – a reference id safe as a key and a file name.
 """

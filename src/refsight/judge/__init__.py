@@ -1,6 +1,7 @@
 """Criteria-driven judging: rubric → criteria → prompt (references first) → schema-valid verdicts.
 
-- :mod:`.criteria` parses rubrics (free text, JSON, YAML) into :class:`Rubric`.
+- :mod:`refsight.rubric` (on the ground floor, beside the requests) parses rubrics (free text, JSON, YAML) into
+  :class:`~refsight.rubric.Rubric`.
 - :mod:`.prompts` lays out the request: references, candidate, criteria, instructions.
 - :mod:`.verdict` holds the verdict JSON schema, validation and the score.
 - attribute records, structured facts about each image: :mod:`.attribute_schema` (what a VLM
@@ -16,7 +17,6 @@ from .attribute_records import AttributeRecords
 from .attribute_schema import AttributeSchema, AttributeSpec, load_attribute_schema
 from .attribute_sources import AttributeSource, ImageNetAttributeSource, VlmAttributeSource, merge_records
 from .attribute_store import AttributeStore
-from .criteria import Criterion, Rubric, parse_rubric
 from .judge import Judge, JudgeReference, ReferenceResult
 from .prompts import build_judge_request, reference_prefix
 from .settling import SettleThresholds, settle_criteria
@@ -43,9 +43,6 @@ __all__ = [
     "VlmAttributeSource",
     "merge_records",
     "settle_criteria",
-    "Criterion",
-    "Rubric",
-    "parse_rubric",
     "Judge",
     "JudgeReference",
     "ReferenceResult",

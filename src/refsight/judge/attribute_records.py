@@ -12,33 +12,19 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..errors import InvalidInputError
 from ..images import ImageInput
 from ..package_cache import ModelImage
 from .attribute_schema import ERROR_KEY, AttributeSchema
 from .attribute_sources import AttributeSource, ImageNetAttributeSource, VlmAttributeSource, merge_records, scoped_subject, subject_of
 from .attribute_store import AttributeStore
 
-__all__ = ["RECORD_SOURCES", "AttributeRecords", "RecordedReference", "check_sources"]
-
-#: The attribute records a comparison may ask for.
-RECORD_SOURCES = ("imagenet", "vlm")
+__all__ = ["AttributeRecords", "RecordedReference"]
 
 #: Candidate records kept in memory (a few KB each).
 CANDIDATE_RECORDS = 1024
 
 #: ``(image sha256, package or image, loader of the kept image)`` for one reference
 RecordedReference = tuple[str, ModelImage, Callable[[], ImageInput]]
-
-
-def check_sources(sources: Sequence[str], what: str = "attributes") -> tuple[str, ...]:
-    """``sources`` as a tuple, or InvalidInputError naming the unknown ones."""
-    if isinstance(sources, str):
-        sources = [sources]
-    unknown = sorted(set(sources) - set(RECORD_SOURCES))
-    if unknown:
-        raise InvalidInputError(what, f"unknown sources {unknown}; use {', '.join(RECORD_SOURCES)}")
-    return tuple(sources)
 
 
 class AttributeRecords:

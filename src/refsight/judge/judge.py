@@ -24,7 +24,7 @@ from ..package import VisualPackage
 from ..package_cache import ModelImage
 from .attribute_sources import AttributeSource, ImageNetAttributeSource, merge_records
 from .batches import generate_texts
-from .criteria import Criterion, Rubric, parse_rubric
+from ..rubric import Criterion, Rubric, parse_rubric
 from .prompts import build_judge_request
 from .settling import SettleThresholds, settle_criteria
 from .verdict import DEFAULT_EVIDENCE_CHARS, CriterionVerdict, VerdictParseError, parse_verdicts, score_verdicts

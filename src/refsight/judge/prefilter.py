@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .settling import SettleThresholds, settle_criteria
-from .criteria import Rubric
+from ..rubric import Rubric
 from .verdict import CriterionVerdict
 
 __all__ = ["Filtered", "required_mismatches"]

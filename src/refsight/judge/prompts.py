@@ -18,7 +18,7 @@ from ..backends.base import GenerationRequest, Segment
 from ..images import ImageInput
 from ..package import VisualPackage
 from ..package_cache import ModelImage
-from .criteria import Criterion
+from ..rubric import Criterion
 
 __all__ = [
     "JUDGE_PREAMBLE",

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..errors import RefsightError
-from .criteria import Criterion
+from ..rubric import Criterion
 
 __all__ = [
     "VERDICTS",

@@ -26,55 +26,12 @@ import numpy as np
 
 from ..errors import InvalidInputError
 from ..images import ImageInput
-from ..inputs.text import check_text, check_texts
 from ..embedders.base import Embedder, l2_normalise
 
-__all__ = [
-    "MAX_K", "RECALL_INSTRUCTION", "RECALL_MODES", "check_query_text", "check_recall_mode", "check_search",
-    "query_vector", "recall_text",
-]
-
-#: Most references one search returns.
-MAX_K = 1000
-
-#: How a compare may build its recall query.
-RECALL_MODES = ("image", "text", "both")
+__all__ = ["RECALL_INSTRUCTION", "query_vector", "recall_text"]
 
 #: The instruction given with the rubric text to instruction-aware embedders.
 RECALL_INSTRUCTION = "Find a reference image that meets these criteria."
-
-
-def check_query_text(text: object, name: str) -> str:
-    """A query text as given, or InvalidInputError naming ``name``: the one rule for search's ``text``
-    and compare's ``query`` (a string of valid Unicode with something in it)."""
-    if not isinstance(text, str):
-        raise InvalidInputError(name, f"the query text must be a string, not {type(text).__name__}")
-    check_text(text, name)
-    if not text.strip():
-        raise InvalidInputError(name, "the query text is empty")
-    return text
-
-
-def check_search(text: str | None, image: object | None, k: object, where: object = None, restrict_to: object = None) -> None:
-    """The rules of one search: exactly one of ``text`` (see :func:`check_query_text`) or ``image``, ``k`` in
-    1..1000, and valid text in the ``where`` filter and the ``restrict_to`` ids."""
-    check_texts(where, "where")
-    check_texts(restrict_to, "restrict_to")
-    if (text is None) == (image is None):
-        raise InvalidInputError("query", "give exactly one of a text query or an image")
-    if text is not None:
-        check_query_text(text, "text")
-    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
-        raise InvalidInputError("k", f"must be an integer in 1..{MAX_K}, not {k!r}")
-
-
-def check_recall_mode(mode: str | None, *, query: str | None) -> str:
-    """The recall mode to use: ``mode``, else ``text`` when an explicit query is given, else ``both``."""
-    if mode is None:
-        return "text" if query else "both"
-    if mode not in RECALL_MODES:
-        raise InvalidInputError("recall", f"must be one of {', '.join(RECALL_MODES)}, not {mode!r}")
-    return mode
 
 
 def recall_text(criteria: Sequence[str], query: str | None) -> str:

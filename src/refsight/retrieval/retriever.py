@@ -29,7 +29,7 @@ DB_NAME = "vectors.sqlite"
 
 def _check_namespace(namespace: object) -> str:
     # namespaces name a folder, so they follow the reference-id rules
-    from refsight.store.base import validate_ref_id
+    from refsight.inputs.ref_ids import validate_ref_id
 
     if not isinstance(namespace, str):
         raise InvalidInputError(namespace, "a namespace must be a string")
@@ -96,7 +96,7 @@ class Retriever(AbstractContextManager):
 
     def add(self, ref_id: str, image: ImageInput, metadata: Mapping[str, Any] | None = None, namespace: str = "default") -> None:
         """Index a reference (replacing any earlier entry with this id); embeds at most once per image."""
-        from refsight.store.base import validate_ref_id
+        from refsight.inputs.ref_ids import validate_ref_id
 
         validate_ref_id(ref_id)
         if not isinstance(image, ImageInput):
@@ -108,7 +108,7 @@ class Retriever(AbstractContextManager):
         namespace: str = "default",
     ) -> None:
         """Index a reference whose vector under this embedder is already known (no image, no model)."""
-        from refsight.store.base import validate_ref_id
+        from refsight.inputs.ref_ids import validate_ref_id
 
         validate_ref_id(ref_id)
         metadata = dict(metadata or {})

@@ -43,9 +43,9 @@ class ModelFacts:
 class GenerationSupport:
     """What the served backend honours in a generation request; the text routes refuse the rest by field name."""
 
-    #: The :class:`~refsight.backends.sampling.Sampling` fields it honours.
+    #: The :class:`~refsight.sampling.Sampling` fields it honours.
     sampling_fields: frozenset[str]
-    #: The ways a chat prompt may end that it renders (:data:`refsight.backends.turns.PROMPT_ENDS`).
+    #: The ways a chat prompt may end that it renders (:data:`refsight.requests.PROMPT_ENDS`).
     prompt_ends: frozenset[str]
     #: Whether it reports its prompt's evaluation (``return_progress``).
     prompt_progress: bool

@@ -126,7 +126,7 @@ class ChatBody(GenerationBody):
 
 def prompt_end_of(messages: list[Message], add_generation_prompt: bool | None = None,
                   continue_final_message: bool | None = None) -> tuple[str, str]:
-    """How a chat prompt ends (:data:`refsight.backends.turns.PROMPT_ENDS`) and the field that asked, by
+    """How a chat prompt ends (:data:`refsight.requests.PROMPT_ENDS`) and the field that asked, by
     llama-server's rules (vLLM's alike): a final assistant message is continued (llama-server's assistant prefill,
     its default); ``continue_final_message: true`` asks for that, and both servers want ``add_generation_prompt:
     false`` with it; else ``add_generation_prompt: false`` ends the prompt after the turns."""

@@ -38,7 +38,6 @@ from .base import (
     Reference,
     ReferenceChanges,
     ReferenceRow,
-    validate_ref_id,
 )
 from .catalog import SqlCatalog
 from .counters import CounterBuffer
@@ -62,7 +61,7 @@ __all__ = [
     "SCHEMA_VERSION", "DEFAULT_MEMORY_BYTES",
     # the interfaces and records of store/base.py
     "PackageStore", "PackageIndex", "PackageUsage", "FingerprintUsage", "Catalog", "Reference", "ReferenceRow",
-    "ReferenceChanges", "validate_ref_id", "DEFAULT_NAMESPACE", "COUNTER_NAMES", "PREFIX_COUNTER_NAMES",
+    "ReferenceChanges", "DEFAULT_NAMESPACE", "COUNTER_NAMES", "PREFIX_COUNTER_NAMES",
 ]
 
 DEFAULT_MEMORY_BYTES = 512 * 1024 * 1024

@@ -14,7 +14,6 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, Mapping, NamedTuple
 
-from ..errors import InvalidReferenceIdError
 from ..package import VisualPackage
 from ..inputs.text import printable_text
 
@@ -27,7 +26,6 @@ __all__ = [
     "Reference",
     "ReferenceRow",
     "ReferenceChanges",
-    "validate_ref_id",
     "metadata_from_json",
     "DEFAULT_NAMESPACE",
     "COUNTER_NAMES",
@@ -42,28 +40,8 @@ COUNTER_NAMES = ("hits", "misses", "evictions", "encode_ms_saved", "quota_evicti
 #: counters read exactly as before.
 PREFIX_COUNTER_NAMES = ("prefix_hits", "prefix_misses", "prefix_ms_saved", "prefix_corrupt")
 
-_REF_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+=-]{0,127}")
 # A JSON escape of a UTF-16 surrogate: the only way stored (ASCII) JSON can decode to a lone one.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-
-
-def validate_ref_id(ref_id: object) -> str:
-    """Return ``ref_id`` if it is a safe reference id, else raise :class:`InvalidReferenceIdError`.
-
-    Allowed: 1–128 characters of letters, digits and ``. _ - @ + =``, starting with a
-    letter or digit, with no ``..`` (ids may appear in paths and URLs).
-    """
-    if not isinstance(ref_id, str):
-        raise InvalidReferenceIdError(ref_id, "a reference id must be a string")
-    if not ref_id:
-        raise InvalidReferenceIdError(ref_id, "a reference id cannot be empty")
-    if len(ref_id) > 128:
-        raise InvalidReferenceIdError(ref_id, "a reference id has at most 128 characters")
-    if ".." in ref_id or not _REF_ID.fullmatch(ref_id):
-        raise InvalidReferenceIdError(
-            ref_id, "use letters, digits and . _ - @ + = only, starting with a letter or digit, and no '..'"
-        )
-    return ref_id
 
 
 def metadata_from_json(text: str) -> dict[str, Any]:

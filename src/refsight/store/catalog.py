@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import InvalidInputError, ReferenceNotFoundError
 from ..package import canonical_json
 from . import journal
-from .base import DEFAULT_NAMESPACE, Catalog, Reference, ReferenceChanges, metadata_from_json, validate_ref_id
+from ..inputs.ref_ids import validate_ref_id
+from .base import DEFAULT_NAMESPACE, Catalog, Reference, ReferenceChanges, metadata_from_json
 from .counters import CounterTable
 from .images import KeptImages, check_sha
 from .sqlite import SqliteDatabase, open_database

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from llama_models import require_llama_cpp
 
 from refsight.backends.base import GenerationRequest
-from refsight.backends.sampling import Sampling
+from refsight.sampling import Sampling
 from refsight.errors import InvalidInputError
 from schema_cases import BROKEN, schemas
 

@@ -24,7 +24,7 @@ def _without_timings(result: dict) -> dict:
 @pytest.mark.parametrize("model", GGUF_FAMILIES)
 def test_compare_gives_schema_valid_verdicts_cached_and_fresh(tmp_path, photos, gguf, model):
     from refsight import Engine
-    from refsight.judge.criteria import parse_rubric
+    from refsight.rubric import parse_rubric
     from refsight.judge.verdict import verdict_schema
 
     gguf(model)  # build (if needed) outside the engine's timings
@@ -50,7 +50,7 @@ def test_compare_gives_schema_valid_verdicts_cached_and_fresh(tmp_path, photos, 
 
 def test_seeded_sampling_is_reproducible(gguf, photos):
     from refsight.backends.base import GenerationRequest
-    from refsight.backends.sampling import Sampling
+    from refsight.sampling import Sampling
 
     backend = gguf("tiny-qwen2-vl-gguf")
     sampled = GenerationRequest([photos["chelsea"], "Describe it."], max_new_tokens=8, sampling=Sampling(temperature=0.8, seed=7))

@@ -10,7 +10,7 @@ import pytest
 from llama_models import require_llama_cpp
 
 from refsight.backends.base import GenerationRequest
-from refsight.backends.sampling import OUTPUT_FIELDS, SAMPLING_FIELDS, TOKEN_FIELDS, Sampling
+from refsight.sampling import OUTPUT_FIELDS, SAMPLING_FIELDS, TOKEN_FIELDS, Sampling
 
 require_llama_cpp()
 pytestmark = pytest.mark.slow  # converts the tiny models to GGUF (llama-cpp-python: an optional runtime)

@@ -67,7 +67,7 @@ def test_vllm_commands_are_in_the_cli():
 
 def test_sampling_maps_onto_vllm_fields_and_greedy_is_the_default():
     from refsight.backends.base import Sampling
-    from refsight.backends.sampling import SAMPLING_FIELDS
+    from refsight.sampling import SAMPLING_FIELDS
     from refsight.backends.vllm.backend import VLLMBackend
     from refsight.backends.vllm.messages import sampling_fields
 
@@ -84,7 +84,7 @@ def test_sampling_maps_onto_vllm_fields_and_greedy_is_the_default():
 def test_sampling_edges_reach_vllm_as_values_it_serves():
     """A tiny temperature is greedy (vLLM would raise it to 0.01 and sample); a tiny top_p is never rounded to 0."""
     from refsight.backends.base import Sampling
-    from refsight.backends.sampling import TOP_P_FLOOR
+    from refsight.sampling import TOP_P_FLOOR
     from refsight.backends.vllm.messages import sampling_fields
 
     assert sampling_fields(Sampling(temperature=1e-300))["temperature"] == 0.0

@@ -31,8 +31,9 @@ from ...errors import BackendError, InvalidInputError
 from ...images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
 from ..base import Backend, Execution, Generation, GenerationRequest, PreparedRequest
-from ..sampling import OUTPUT_FIELDS, SAMPLING_FIELDS
-from ..turns import PROMPT_ENDS, split_final_turn
+from ...sampling import OUTPUT_FIELDS, SAMPLING_FIELDS
+from ...requests import PROMPT_ENDS
+from ..turns import split_final_turn
 from .loading import MARKER_FILE, refuse_other_backend_options
 from .revision import directory_revision
 from .runtime import runtime_errors

@@ -1,4 +1,4 @@
-"""transformers pieces that carry :class:`~refsight.backends.sampling.Sampling`, stop strings,
+"""transformers pieces that carry :class:`~refsight.sampling.Sampling`, stop strings,
 cancellation and streaming into ``model.generate``.
 
 ``generate`` itself always runs greedy (``do_sample=False``): :class:`SamplingProcessor`,
@@ -18,7 +18,7 @@ import torch
 from transformers import LogitsProcessor, StoppingCriteria
 from transformers.generation.streamers import BaseStreamer
 
-from ..sampling import Sampling, StopText
+from ...sampling import Sampling, StopText
 
 __all__ = ["SamplingProcessor", "StopStrings", "CancelOnEvent", "StreamerStopped", "TextStreamer", "row_generator"]
 

@@ -40,8 +40,9 @@ from ...package import EncoderFingerprint, VisualPackage
 from ..base import Backend, Execution, Generation, GenerationRequest, PreparedRequest
 from ..prefix import render_prefix
 from ..text_access import check_chat_template
-from ..turns import PROMPT_ENDS, split_final_turn
-from ..sampling import OUTPUT_FIELDS, SAMPLING_FIELDS, TOKEN_FIELDS
+from ...requests import PROMPT_ENDS
+from ..turns import split_final_turn
+from ...sampling import OUTPUT_FIELDS, SAMPLING_FIELDS, TOKEN_FIELDS
 from . import package_format as fmt
 from .native import Bitmap, LlamaRuntime, NativeError, RuntimeSettings, llama_cpp_version
 from .prompt import chat_template, render_prompt
@@ -331,7 +332,7 @@ class LlamaCppBackend(Backend):
         ``turns`` (``(role, count)`` pairs over the segments) renders a conversation in the GGUF's
         own chat template; without it the segments are one user turn. ``raw``: the segments are
         the whole prompt, after a BOS when the vocabulary wants one (as llama-server's ``/completion``).
-        ``prompt_end`` (:data:`~..turns.PROMPT_ENDS`): ``none`` leaves out the opening of the answer's turn;
+        ``prompt_end`` (:data:`refsight.requests.PROMPT_ENDS`): ``none`` leaves out the opening of the answer's turn;
         ``continue`` renders the turns before the final one with it, then the final turn's text (llama-server's).
         """
         if raw:

@@ -27,7 +27,7 @@ from ...images import ImageInput
 from ...package import VisualPackage
 from ...results import TextPiece, TokenLogprob
 from ..logprobs import token_logprob
-from ..sampling import Sampling, StopText
+from ...sampling import Sampling, StopText
 from . import package_format as fmt
 from .native import Bitmap, LlamaRuntime
 from .prefix import PromptPrefix

@@ -52,7 +52,7 @@ DEFAULT_REGISTRY, DEFAULT_NAMESPACE, DEFAULT_TAG = "registry.ollama.ai", "librar
 MAX_SMALL_BLOB = 1 << 20
 #: The longest stop string a params layer may set (real ones are special tokens: ``<|im_end|>``, ``<end_of_turn>``).
 MAX_STOP_CHARS = 256
-#: Ollama params → refsight's :class:`~refsight.backends.sampling.Sampling` fields they set by default.
+#: Ollama params → refsight's :class:`~refsight.sampling.Sampling` fields they set by default.
 PARAM_SAMPLING = {
     "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "seed": "seed",
     "stop": "stop", "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
@@ -260,11 +260,11 @@ def load_ollama_backend(name: str, **options: Any):
 
 
 def sampling_defaults(model: OllamaModel, params: dict[str, Any]) -> dict[str, Any]:
-    """The params layer's sampling parameters as :class:`~refsight.backends.sampling.Sampling` fields, each
+    """The params layer's sampling parameters as :class:`~refsight.sampling.Sampling` fields, each
     checked as a request would use it (a bad one is refused at start, naming the layer and the parameter,
     never a 400 blaming every client). ``stop`` may hold up to :data:`MAX_DEFAULT_STOP_STRINGS` strings of
     at most :data:`MAX_STOP_CHARS` characters; other parameters (``num_predict``, ``num_keep`` ...) are not read."""
-    from ..sampling import Sampling
+    from ...sampling import Sampling
 
     defaults = {}
     for key, field in PARAM_SAMPLING.items():
@@ -284,7 +284,7 @@ def sampling_defaults(model: OllamaModel, params: dict[str, Any]) -> dict[str, A
 
 def _stop_param(model: OllamaModel, value: Any) -> tuple[str, ...]:
     """The layer's ``stop``: one string or a list of them, bounded in count and length."""
-    from ..sampling import MAX_DEFAULT_STOP_STRINGS
+    from ...sampling import MAX_DEFAULT_STOP_STRINGS
 
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not 0 < len(stops) <= MAX_DEFAULT_STOP_STRINGS or not all(

@@ -1,4 +1,4 @@
-"""llama.cpp's own sampler chain for one request's :class:`~refsight.backends.sampling.Sampling`."""
+"""llama.cpp's own sampler chain for one request's :class:`~refsight.sampling.Sampling`."""
 
 from __future__ import annotations
 

@@ -57,8 +57,8 @@ from ...images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
 from ..base import Backend, Execution, Generation, GenerationRequest, PreparedRequest
 from ..hf.grid import grid_tokens
-from ..sampling import SAMPLING_FIELDS
-from ..turns import PROMPT_ENDS
+from ...sampling import SAMPLING_FIELDS
+from ...requests import PROMPT_ENDS
 from . import messages
 from .client import VLLMClient
 from .pixels import (
@@ -90,7 +90,7 @@ class VLLMBackend(Backend):
     """
 
     supports_constrained_decoding: ClassVar[bool] = True
-    #: Every :class:`~refsight.backends.sampling.Sampling` field, passed to vLLM under its OpenAI name.
+    #: Every :class:`~refsight.sampling.Sampling` field, passed to vLLM under its OpenAI name.
     sampling_fields: ClassVar[frozenset[str]] = frozenset(SAMPLING_FIELDS)
     #: Streams relay vLLM's own token stream (SSE) as it arrives.
     supports_streaming: ClassVar[bool] = True

@@ -21,7 +21,7 @@ from typing import Any, Callable
 from ...package import VisualPackage
 from ..base import GenerationRequest
 from ..hf.grid import flat_embeddings
-from ..sampling import Sampling
+from ...sampling import Sampling
 
 __all__ = [
     "TOP_LOGPROBS", "StreamedAnswer", "answer_logprobs", "chat_body", "content_part", "embeds_part", "finish_reason",

@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from ...store.base import validate_ref_id
+from ...inputs.ref_ids import validate_ref_id
 from ...requests import AddRequest
 from ..auth import REF_ID_PATH as _REF_ID
 from ..bodies import AddReferenceBody, body_schema, decode_image_field, read_body

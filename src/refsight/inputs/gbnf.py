@@ -6,7 +6,7 @@ set (``"abc"{1000000}``). :func:`check_gbnf` refuses what would cost more than a
 budget, by name, with the reason: a text over :data:`MAX_GBNF_CHARS`, a repetition count over
 :data:`MAX_REPEAT`, or repetitions whose copies, counted at most the grammar's own length each,
 exceed :data:`MAX_EXPANSION`. The grammar's syntax is the runtime's to judge (llama.cpp's parser,
-before decoding). This module imports nothing heavy: :class:`~refsight.backends.sampling.Sampling`
+before decoding). This module imports nothing heavy: :class:`~refsight.sampling.Sampling`
 calls it.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 from ..errors import InvalidInputError
-from ..inputs.text import check_text
+from .text import check_text
 
 __all__ = ["check_gbnf", "MAX_GBNF_CHARS", "MAX_REPEAT", "MAX_EXPANSION"]
 

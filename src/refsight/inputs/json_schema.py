@@ -45,7 +45,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import InvalidInputError
-from ..inputs.jsonlimits import MAX_JSON_DEPTH
+from .jsonlimits import MAX_JSON_DEPTH
 from .schema_regex import pattern_size
 
 __all__ = [

@@ -24,10 +24,10 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from ..errors import InvalidInputError
-from ..inputs.text import check_texts
-from ..results import MAX_LOGPROBS
-from .gbnf import check_gbnf
+from .errors import InvalidInputError
+from .inputs.gbnf import check_gbnf
+from .inputs.text import check_texts
+from .results import MAX_LOGPROBS
 
 __all__ = [
     "Sampling", "StopText", "check_supported", "SAMPLING_FIELDS", "GREEDY_TEMPERATURE",
@@ -146,7 +146,7 @@ class Sampling:
     those tokens' logits before anything else (``-inf`` bans one); ``ignore_eos`` bans the
     end-of-generation tokens (llama-server's own reading: a bias of ``-inf`` on each), so the
     answer runs to ``max_new_tokens``, a stop string or the grammar's end; ``grammar`` a GBNF
-    grammar the answer must follow (:func:`~refsight.backends.gbnf.check_gbnf` bounds it; its
+    grammar the answer must follow (:func:`~refsight.inputs.gbnf.check_gbnf` bounds it; its
     syntax is the runtime's to judge). A token id's range is the backend's to check.
 
     ``logprobs`` (None: off) changes no token: the generation reports each token's log probability
