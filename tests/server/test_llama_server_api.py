@@ -101,7 +101,10 @@ def test_health_and_props(llama):
         assert slots[0]["n_ctx"] == backend.runtime.settings.n_ctx
         refused = c.post("/completion", json={"prompt": ["one prompt", "and another"]})  # several prompts: one at a time
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "prompt"
-    assert props["default_generation_settings"]["params"]["temperature"] == 0.0  # refsight is greedy by default
+    params = props["default_generation_settings"]["params"]
+    assert params["temperature"] == 0.0  # refsight is greedy by default
+    # ...and samples, when asked to, through llama-server's sampler defaults on llama.cpp.
+    assert (params["top_k"], params["top_p"], params["min_p"]) == (40, 0.95, 0.05)
 
 
 @pytest.mark.slow  # a server on the tiny model converted to GGUF (llama-cpp-python: an optional runtime)
@@ -125,18 +128,22 @@ def test_tokenize_and_detokenize_equal_llama_cpp_python(llama, reference_llama):
 
 
 @pytest.mark.slow  # a server on the tiny model converted to GGUF (llama-cpp-python: an optional runtime)
-@pytest.mark.parametrize("fields", [{}, {"repeat_penalty": 1.3}, {"top_k": 5, "min_p": 0.1}])
+@pytest.mark.parametrize("fields", [{}, {"repeat_penalty": 1.3}, {"top_k": 5, "min_p": 0.1},
+                                    # Sampled: llama-server's sampler defaults and order, one seed on both sides.
+                                    {"temperature": 0.8, "seed": 7}, {"temperature": 1.5, "seed": 7, "top_k": 3},
+                                    {"temperature": 2.0, "seed": 7, "min_p": 0.3}, {"temperature": 0.2, "seed": 7, "top_p": 0.5}])
 def test_completion_equals_llama_cpp_python_on_the_same_gguf(llama, reference_llama, fields):
     import llama_cpp
 
     with llama.client() as c:
         got = c.post("/completion", json={"prompt": PROMPT, "n_predict": 12, "cache_prompt": True, "return_tokens": True,
                                           **fields}).json()
-    options = {"top_p": 1.0, "top_k": fields.get("top_k", 0), "min_p": fields.get("min_p", 0.0),
-               "repeat_penalty": fields.get("repeat_penalty", 1.0)}
+    options = {"temp": fields.get("temperature", 0.0), "top_k": fields.get("top_k", 40), "top_p": fields.get("top_p", 0.95),
+               "min_p": fields.get("min_p", 0.05), "repeat_penalty": fields.get("repeat_penalty", 1.0)}
     prompt_ids = reference_llama.tokenize(PROMPT.encode(), add_bos=True, special=True)
+    reference_llama.set_seed(fields.get("seed", 1))  # its draw's seed (greedy decoding draws nothing)
     their_tokens = []
-    for token in reference_llama.generate(prompt_ids, temp=0.0, reset=True, **options):
+    for token in reference_llama.generate(prompt_ids, reset=True, **options):
         their_tokens.append(token)
         if llama_cpp.llama_vocab_is_eog(reference_llama._model.vocab, token) or len(their_tokens) == 12:
             break
@@ -148,6 +155,19 @@ def test_completion_equals_llama_cpp_python_on_the_same_gguf(llama, reference_ll
     assert got["tokens_evaluated"] == len(prompt_ids)
     assert got["stop"] is True and got["stop_type"] in ("eos", "limit") and got["model"] == "local"
     assert got["generation_settings"]["n_predict"] == 12
+
+
+@pytest.mark.slow  # a server on the tiny model converted to GGUF (llama-cpp-python: an optional runtime)
+def test_a_sampled_completion_draws_through_llama_servers_sampler_defaults(llama):
+    """A request that samples and names no filter gets llama-server's top-k 40, top-p 0.95 and min-p 0.05: the
+    tokens of naming them, not those of naming none (the llama.cpp suite's sampled tests expect its chain)."""
+    ask = {"prompt": PROMPT, "n_predict": 16, "temperature": 1.0, "seed": 11, "return_tokens": True, "ignore_eos": True}
+    filters = ({}, {"top_k": 40, "top_p": 0.95, "min_p": 0.05}, {"top_k": 0, "top_p": 1.0, "min_p": 0.0})
+    with llama.client() as c:
+        default, named, unfiltered = (c.post("/completion", json={**ask, **fields}).json() for fields in filters)
+    assert default["tokens"] == named["tokens"] != unfiltered["tokens"]
+    settings = default["generation_settings"]
+    assert (settings["top_k"], settings["top_p"], settings["min_p"]) == (40, 0.95, 0.05)
 
 
 def _apply_template_then_complete(live: LiveServer, image: str, **fields) -> dict:

@@ -193,6 +193,9 @@ def test_completion_timings_cache_fields_and_generation_settings(servers):
         assert answer["timings"]["predicted_n"] == 1 and answer["timings"]["predicted_per_second"] == 0
     theirs, ours = (r.json()["default_generation_settings"] for r in both(servers, "GET", "/props"))
     assert set(theirs["params"]) <= set(ours["params"]) and theirs["n_ctx"] == ours["n_ctx"] == N_CTX
+    sampler = ("top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty")
+    # llama-server's sampler defaults are refsight's on llama.cpp (llama-server writes its float32 values widened).
+    assert [ours["params"][k] for k in sampler] == [pytest.approx(theirs["params"][k], rel=1e-6) for k in sampler]
     theirs, ours = (r.json()[0]["params"] for r in both(servers, "GET", "/slots"))
     assert set(theirs) <= set(ours)
 

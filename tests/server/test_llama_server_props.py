@@ -35,6 +35,17 @@ def test_aliases_and_tags_are_comma_separated_as_llama_servers_flags():
             _flags("--sleep-idle-seconds", bad)
 
 
+def test_sampler_flags_are_the_servers_defaults_and_a_bad_one_is_refused_naming_the_flag():
+    settings = _flags("--temp", "0.7", "--top-k", "5", "--top-p", "0.5", "--min-p", "0.1", "--repeat-penalty", "1.1",
+                      "--presence-penalty", "0.2", "--frequency-penalty", "-0.3")
+    assert settings["sampling_defaults"] == {"temperature": 0.7, "top_k": 5, "top_p": 0.5, "min_p": 0.1,
+                                             "repetition_penalty": 1.1, "presence_penalty": 0.2, "frequency_penalty": -0.3}
+    assert _flags()["sampling_defaults"] == {}  # unset: the runtime's own (llama-server's chain on llama.cpp)
+    for flag, bad in (("--top-p", "0"), ("--top-k", "-2"), ("--min-p", "nan"), ("--temp", "9"), ("--repeat-penalty", "0")):
+        with pytest.raises(UsageError, match=f"^{flag} "):  # at start, not a 400 blaming every client
+            _flags(flag, bad)
+
+
 def test_models_list_aliases_and_tags_and_props_has_current_llama_server_fields(make_server):
     server = make_server(served_model_names=("tinyllama-2", "fim", "code"), model_tags=("chat", "fim", "small"))
     with server.client() as c:

@@ -60,7 +60,8 @@ def test_the_blobs_are_served_in_place_with_keys_from_their_digests(store):
     assert backend.mmproj_path.name == "sha256-" + hashed["mmproj_sha256"].removeprefix("sha256:")
     assert backend.fingerprint().revision == plain.fingerprint().revision  # the revision hashes both blobs
     assert backend.context_size == PARAMS["num_ctx"]  # the params layer's num_ctx is the context
-    assert backend.sampling_defaults == {"temperature": 0.7, "seed": 7, "top_k": 20, "stop": ("<|im_end|>",)}
+    # The params layer over Ollama's own sampler defaults (top-k 40, top-p 0.9): the layer's top_k wins.
+    assert backend.sampling_defaults == {"temperature": 0.7, "seed": 7, "top_k": 20, "top_p": 0.9, "stop": ("<|im_end|>",)}
 
 
 def test_the_params_layer_is_the_default_a_request_overrides(store, tmp_path):
@@ -69,7 +70,9 @@ def test_the_params_layer_is_the_default_a_request_overrides(store, tmp_path):
     plain = _serve(tmp_path, f"llamacpp:{model}", mmproj=str(mmproj), n_ctx=1024)
     try:
         with ours.client() as a, plain.client() as b:
-            options = {"temperature": 0.7, "seed": 7, "top_k": 20, "stop": ["<|im_end|>"], "num_predict": 12}
+            # The params layer, over Ollama's own top_p 0.9 and min_p 0 (a plain GGUF gets llama-server's instead).
+            options = {"temperature": 0.7, "seed": 7, "top_k": 20, "top_p": 0.9, "min_p": 0.0, "stop": ["<|im_end|>"],
+                       "num_predict": 12}
             system = [{"role": "system", "content": "You describe images."}]
             defaulted = a.post("/api/chat", json={**CHAT, "model": "tiny"}).json()
             explicit = b.post("/api/chat", json={**CHAT, "model": f"llamacpp:{model}",

@@ -1,9 +1,8 @@
 """The :class:`Backend` interface every model runtime implements, as one template.
 
-A backend gives its :class:`~refsight.package.EncoderFingerprint`, encodes a batch
-of images into :class:`~refsight.package.VisualPackage` objects, and generates
-text from prompts whose images are any mix of cached packages and fresh images.
-Capability flags tell the engine what it may ask for.
+A backend gives its :class:`~refsight.package.EncoderFingerprint`, encodes a batch of images into
+:class:`~refsight.package.VisualPackage` objects, and generates text from prompts whose images are any
+mix of cached packages and fresh images. Capability flags tell the engine what it may ask for.
 
 The base class owns the request plumbing every runtime shares, in this order:
 
@@ -28,7 +27,8 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Sequence, Union
+from types import MappingProxyType
+from typing import Any, Callable, ClassVar, Mapping, Sequence, Union
 
 from ..errors import BackendError, CorruptPackageError, InvalidInputError, RefsightError
 from ..images import ImageInput
@@ -37,10 +37,8 @@ from .prefix import PrefixCache
 from ..sampling import Sampling
 from .text_access import TextAccess
 
-__all__ = [
-    "Backend", "Execution", "Generation", "GenerationRequest", "PreparedRequest", "Segment", "Sampling",
-    "TextCallback", "ROLES",
-]
+__all__ = ["Backend", "Execution", "Generation", "GenerationRequest", "PreparedRequest", "Segment", "Sampling",
+           "TextCallback", "ROLES"]
 
 #: Called with each new piece of answer text, in order, as a backend produces it.
 TextCallback = Callable[[str], None]
@@ -199,6 +197,9 @@ class Backend(TextAccess, abc.ABC):
     batch_size: int = 4
     #: True when the weights are random (test and benchmark models).
     random_weights: bool = False
+    #: What a served request gets for the sampling fields it leaves unset: its runtime's server defaults (llama.cpp:
+    #: llama-server's; an Ollama model: Ollama's under its params). A library :class:`Sampling` is as written.
+    sampling_defaults: Mapping[str, Any] = MappingProxyType({})
 
     def __init__(self, name: str) -> None:
         self.name = name

@@ -1,7 +1,8 @@
 """The llama-server flags ``refsight serve`` takes beyond the model and the port, and what each does here.
 
 llama-server users keep their command lines: each flag is **honoured** (``--n-predict``, ``--temp``,
-``--seed``, ``--no-webui``, ``--api-key`` several times or comma-separated, ``--chat-template NAME|JINJA``
+``--seed``, the sampler defaults ``--top-k``, ``--top-p``, ``--min-p``, ``--repeat-penalty``, ``--presence-penalty``
+and ``--frequency-penalty``, ``--no-webui``, ``--api-key`` several times or comma-separated, ``--chat-template NAME|JINJA``
 and ``--chat-template-file FILE``: the template renders every chat instead of the model's own, and
 prefix states are keyed by it), **accepted as a no-op where that is true** (``--jinja``: chats are
 always rendered with Jinja, llama-server's default; ``--metrics``: ``/metrics`` is always served, to
@@ -21,16 +22,28 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from .. import InvalidInputError, Sampling
 from ..settings import BUILTIN_TEMPLATES, builtin_template
 from .arguments import UsageError, path_argument, text_argument
 
-__all__ = ["add_llama_server_arguments", "llama_server_settings", "slot_context", "chat_template", "KV_PAD"]
+__all__ = ["add_llama_server_arguments", "llama_server_settings", "slot_context", "chat_template", "KV_PAD", "SAMPLER_FLAGS"]
 
 #: llama.cpp rounds the context, and each sequence's share of it, up to a multiple of this (``GGML_PAD(n, 256)``).
 KV_PAD = 256
 
 #: The KV cache type llama.cpp uses unless told otherwise: the only one refsight's prefix states are kept in.
 _KV_TYPE = "f16"
+
+#: llama-server's sampler flags: each sets the default of one :class:`~refsight.sampling.Sampling` field. Unset,
+#: a request gets its runtime's (on llama.cpp llama-server's own: top-k 40, top-p 0.95, min-p 0.05).
+SAMPLER_FLAGS = {
+    "--top-k": ("top_k", int, "top-k sampling (0: off)"),
+    "--top-p": ("top_p", float, "top-p sampling (1: off)"),
+    "--min-p": ("min_p", float, "min-p sampling (0: off)"),
+    "--repeat-penalty": ("repetition_penalty", float, "repeat penalty (1: off)"),
+    "--presence-penalty": ("presence_penalty", float, "presence penalty (0: off)"),
+    "--frequency-penalty": ("frequency_penalty", float, "frequency penalty (0: off)"),
+}
 
 
 def add_llama_server_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,6 +52,8 @@ def add_llama_server_arguments(p: argparse.ArgumentParser) -> None:
                    help="tokens an answer may have when the request names none (default 128; -1: up to the server limit)")
     p.add_argument("--temp", dest="temp", type=float, metavar="T", help="default temperature (default 0: greedy)")
     p.add_argument("--seed", dest="seed", type=int, metavar="N", help="default sampling seed (-1: a fresh one)")
+    for flag, (field, kind, meaning) in SAMPLER_FLAGS.items():
+        p.add_argument(flag, dest=field, type=kind, metavar="N", help=f"default {meaning} (default: the runtime's)")
     p.add_argument("--no-webui", dest="no_webui", action="store_true", help="serve the API only, no page at /")
     p.add_argument("--jinja", dest="jinja", action="store_true", default=None,
                    help="render chats with Jinja templates (the default, as llama-server's)")
@@ -126,9 +141,21 @@ def llama_server_settings(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.n_predict is not None:
         settings["n_predict"] = args.n_predict
-    sampling = {"temperature": args.temp, "seed": args.seed}
-    settings["sampling_defaults"] = {k: v for k, v in sampling.items() if v is not None}
+    settings["sampling_defaults"] = _sampling_defaults(args)
     return settings
+
+
+def _sampling_defaults(args: argparse.Namespace) -> dict[str, Any]:
+    """The sampling defaults the flags set, each checked as a request would use it (UsageError naming the flag)."""
+    given = {"--temp": ("temperature", args.temp), "--seed": ("seed", args.seed),
+             **{flag: (field, getattr(args, field)) for flag, (field, _, _) in SAMPLER_FLAGS.items()}}
+    defaults = {field: value for field, value in given.values() if value is not None}
+    try:
+        Sampling.merged({}, defaults)
+    except InvalidInputError as e:
+        flag = next((flag for flag, (field, _) in given.items() if field == e.input), e.input)
+        raise UsageError(f"{flag} {defaults.get(e.input)}: {e.reason}") from None
+    return defaults
 
 
 def _pad(n: int) -> int:

@@ -27,6 +27,8 @@ class ModelFacts:
     chat_template: str | None
     raw_prompt: bool
     runtime_info: dict[str, Any]
+    #: The sampling its requests get for the fields they leave unset (the runtime's server defaults).
+    sampling_defaults: dict[str, Any]
 
     @classmethod
     def of(cls, backend: Any) -> ModelFacts:
@@ -35,7 +37,7 @@ class ModelFacts:
             name=backend.name, context_size=getattr(backend, "context_size", None),
             random_weights=bool(backend.random_weights), media_marker=backend.media_marker,
             chat_template=backend.chat_template_source(), raw_prompt=backend.supports_raw_prompt,
-            runtime_info=dict(backend.runtime_info()),
+            runtime_info=dict(backend.runtime_info()), sampling_defaults=dict(backend.sampling_defaults),
         )
 
 

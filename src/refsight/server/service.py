@@ -147,9 +147,11 @@ class Service:
 
     @property
     def sampling_defaults(self) -> dict[str, Any]:
-        """Sampling fields for requests that leave them unset: the served model's (an ``ollama:`` model's params),
-        under the server's own (``--temp``, ``--seed``: the operator's word is the last)."""
-        return {**(getattr(self.engine.backend(), "sampling_defaults", None) or {}), **self.config.sampling_defaults}
+        """Sampling fields for requests that leave them unset: the served model's runtime's (llama-server's
+        sampler chain on llama.cpp; an ``ollama:`` model's params over Ollama's), under the server's own
+        (``--temp``, ``--top-k`` ...: the operator's word is the last). From the facts taken at load: reading
+        them never wakes a sleeping model."""
+        return {**self.facts.sampling_defaults, **self.config.sampling_defaults}
 
     @property
     def random_weights(self) -> bool:

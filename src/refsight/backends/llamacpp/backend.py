@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 from ...errors import (
@@ -73,6 +74,9 @@ class LlamaCppBackend(Backend):
     #: Every Sampling field: llama.cpp's chain has temperature, top-p, a seeded draw and OpenAI-style penalties,
     #: llama-server's token constraints (logit bias, ignore_eos, a GBNF grammar) and each token's log probabilities.
     sampling_fields: ClassVar[frozenset[str]] = frozenset((*SAMPLING_FIELDS, *TOKEN_FIELDS, *OUTPUT_FIELDS))
+    #: llama-server's sampler defaults (llama.cpp's ``common_params_sampling``): a served request that samples
+    #: and sets none of these draws as it would from llama-server. Greedy decoding never reads them.
+    sampling_defaults = MappingProxyType({"top_k": 40, "top_p": 0.95, "min_p": 0.05})
     #: Each token's text leaves the token loop as soon as it is sampled.
     supports_streaming: ClassVar[bool] = True
     #: Conversations render in the GGUF's own chat template (system, user and assistant turns), ended as asked

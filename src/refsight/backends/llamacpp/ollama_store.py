@@ -10,7 +10,8 @@ The model layer (``application/vnd.ollama.image.model``) is the language model's
 projector layer (``application/vnd.ollama.image.projector``) the mmproj GGUF: exactly what
 ``llamacpp:<model.gguf>`` with ``mmproj=`` loads, so the backend is the llama.cpp one, reading the
 blobs in place. The params layer (JSON: ``stop``, ``temperature`` ...) gives the sampling defaults a
-request does not set (``backend.sampling_defaults``; ``num_ctx`` is the context unless ``n_ctx`` is
+request does not set, over Ollama's own top-k 40 and top-p 0.9 (``backend.sampling_defaults``;
+``num_ctx`` is the context unless ``n_ctx`` is
 given), each checked at start as a request would use it: a value no request could work with (a
 ``temperature`` of ``"hot"``, NaN, ``num_ctx`` above the trained context) refuses to load, naming the
 layer's blob and the parameter. The system layer is the default system prompt; the template layer
@@ -58,6 +59,9 @@ PARAM_SAMPLING = {
     "stop": "stop", "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
     "frequency_penalty": "frequency_penalty",
 }
+#: Ollama's own sampler defaults (``api.DefaultOptions``), under the params layer's: a sampled request that sets
+#: neither draws from the top 40 tokens within top-p 0.9, as it would from Ollama. Greedy decoding never reads them.
+OLLAMA_SAMPLER = {"top_k": 40, "top_p": 0.9}
 _PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _DIGEST = re.compile(r"sha256[:-](?P<hex>[0-9a-f]{64})")
 #: The config blob's fields refsight reports (``/api/show``): strings when present.
@@ -254,7 +258,7 @@ def load_ollama_backend(name: str, **options: Any):
         raise
     _check_digest(model, backend)
     #: Read by the server's routes (duck-typed: the server imports no backend module).
-    backend.sampling_defaults = defaults
+    backend.sampling_defaults = {**OLLAMA_SAMPLER, **defaults}
     backend.ollama_model = facts
     return backend
 

@@ -34,8 +34,8 @@ class Sampler:
     ``prompt_tokens`` and every sampled token (only when set), the OpenAI frequency/presence
     penalties over the last ``window`` sampled tokens (only when set), then greedy
     (temperature 0 or below the greedy threshold: the chain every default request has always
-    had; llama.cpp divides float32 logits by the temperature, which overflows for tiny ones) or temperature,
-    top-k, top-p, min-p and a seeded draw (a fresh seed when ``sampling.seed`` is None).
+    had; llama.cpp divides float32 logits by the temperature, which overflows for tiny ones) or top-k, top-p,
+    min-p, temperature and a seeded draw (a fresh seed when ``sampling.seed`` is None), llama-server's order.
     """
 
     def __init__(
@@ -86,12 +86,12 @@ class Sampler:
             L.llama_sampler_accept(repeat, int(token))
 
     def _add_pick(self, sampling: Any) -> None:
-        """Greedy, or temperature, top-p and a seeded draw."""
+        """Greedy, or top-k, top-p, min-p, temperature and a seeded draw: llama-server's order (and
+        llama-cpp-python's), so a seeded request draws the tokens they draw."""
         L = self._L
         if sampling.greedy:
             L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_greedy())
             return
-        L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_temp(float(sampling.temperature)))
         if sampling.top_k > 0:
             L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_top_k(int(sampling.top_k)))
         if sampling.top_p < 1.0:
@@ -99,6 +99,7 @@ class Sampler:
             L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_top_p(sampling.runtime_top_p, 1))
         if sampling.min_p > 0:
             L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_min_p(float(sampling.min_p), 1))
+        L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_temp(float(sampling.temperature)))
         seed = sampling.seed if sampling.seed is not None else int.from_bytes(os.urandom(8), "little")
         # 0xFFFFFFFF is LLAMA_DEFAULT_SEED ("pick a random one"): a given seed never maps to it.
         L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_dist(int(seed) % 0xFFFFFFFF))

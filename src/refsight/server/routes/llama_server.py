@@ -66,9 +66,8 @@ async def props(namespace: Namespace, service: ServiceDep, config: ConfigDep, po
     return {
         "default_generation_settings": {
             "id": 0, "n_ctx": n_ctx, "is_processing": False,
-            # The n_predict a request without one gets: one truth for /props, /slots and the README.
-            # The server's --temp/--seed defaults (config's: reading the model's own would wake a sleeping one).
-            "params": _settings(GenerationBody().sampling(config.sampling_defaults), config.n_predict, n_ctx),
+            # What a request that sets nothing gets: one truth for /props, /slots and the README.
+            "params": _settings(GenerationBody().sampling(service.sampling_defaults), config.n_predict, n_ctx),
         },
         "total_slots": config.workers,
         "model_alias": service.served_model,
@@ -99,7 +98,7 @@ async def slots(
     if not config.slots_endpoint:
         # llama-server's --no-slots answer: 501, "not_supported_error".
         raise ApiError(501, "not_supported", "This server does not support slots endpoint. Start it with `--slots`")
-    params = _settings(GenerationBody().sampling(config.sampling_defaults), config.n_predict, service.context_size)
+    params = _settings(GenerationBody().sampling(service.sampling_defaults), config.n_predict, service.context_size)
     busy = 0 if request.app.state.tenants.enabled else min(pool.pending, config.workers)
     if request.query_params.get("fail_on_no_slot") and pool.pending >= config.workers:
         # llama-server's ?fail_on_no_slot=1: 503 when every slot is busy (a load balancer's probe).
@@ -354,7 +353,7 @@ def _fields(answer: dict[str, Any], paths: list[str] | None) -> dict[str, Any]:
 
 
 def _settings(sampling: Any, n_predict: int, n_ctx: int | None) -> dict[str, Any]:
-    """llama-server's ``generation_settings`` of a request (refsight's defaults: greedy, no penalties)."""
+    """llama-server's ``generation_settings`` of a request."""
     return {
         "n_ctx": n_ctx, "n_predict": n_predict, "temperature": sampling.temperature, "top_k": sampling.top_k,
         "top_p": sampling.top_p, "min_p": sampling.min_p, "repeat_penalty": sampling.repetition_penalty,
