@@ -170,6 +170,21 @@ def test_a_sampled_completion_draws_through_llama_servers_sampler_defaults(llama
     assert (settings["top_k"], settings["top_p"], settings["min_p"]) == (40, 0.95, 0.05)
 
 
+@pytest.mark.slow  # a server on the tiny model converted to GGUF (llama-cpp-python: an optional runtime)
+def test_ignore_eos_shows_a_banned_end_token_in_logit_bias_as_llama_server(llama, reference_llama):
+    """llama-server reads ``ignore_eos`` as a -inf bias (JSON null) on every end-of-generation token, appended to the
+    request's own biases and shown in ``generation_settings.logit_bias`` (the llama.cpp suite's test_ignore_eos)."""
+    ask = {"prompt": PROMPT, "n_predict": 4, "temperature": 0, "logit_bias": [[5, 1.5]]}
+    with llama.client() as c:
+        on, off = (c.post("/completion", json={**ask, "ignore_eos": flag}).json()["generation_settings"]
+                   for flag in (True, False))
+    (end,) = reference_llama.tokenize(b"<|im_end|>", add_bos=False, special=True)
+    assert on["ignore_eos"] is True and on["logit_bias"][0] == {"bias": 1.5, "token": 5}
+    banned = on["logit_bias"][1:]
+    assert banned and all(entry["bias"] is None for entry in banned) and end in {entry["token"] for entry in banned}
+    assert off["ignore_eos"] is False and off["logit_bias"] == [{"bias": 1.5, "token": 5}]
+
+
 def _apply_template_then_complete(live: LiveServer, image: str, **fields) -> dict:
     messages = [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
                                              {"type": "image_url", "image_url": {"url": "refsight://ref/cat"}}]}]

@@ -47,6 +47,7 @@ from ...sampling import OUTPUT_FIELDS, SAMPLING_FIELDS, TOKEN_FIELDS
 from . import package_format as fmt
 from .native import Bitmap, LlamaRuntime, NativeError, RuntimeSettings, llama_cpp_version
 from .prompt import chat_template, render_prompt
+from .sampler import eog_tokens
 
 __all__ = ["LlamaCppBackend"]
 
@@ -87,16 +88,8 @@ class LlamaCppBackend(Backend):
     #: Raw prompts (llama-server's ``/completion``): the text as given, after a BOS when the GGUF asks for one.
     supports_raw_prompt: ClassVar[bool] = True
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        model_path: Path,
-        mmproj_path: Path,
-        settings: RuntimeSettings,
-        model_id: str | None = None,
-        random_weights: bool = False,
-    ) -> None:
+    def __init__(self, name: str, *, model_path: Path, mmproj_path: Path, settings: RuntimeSettings,
+                 model_id: str | None = None, random_weights: bool = False) -> None:
         super().__init__(name)
         # Images are encoded one at a time (mtmd encodes one chunk per call).
         self.batch_size = 1
@@ -299,6 +292,10 @@ class LlamaCppBackend(Backend):
     def context_size(self) -> int:
         """The context in tokens (``n_ctx``): the prompt and the answer together."""
         return int(self.runtime.settings.n_ctx)
+
+    def end_tokens(self) -> tuple[int, ...]:
+        """The vocabulary's end-of-generation tokens: what ``ignore_eos`` bans (llama-server's list)."""
+        return eog_tokens(self.runtime)
 
     def chat_template_source(self) -> str:
         """The GGUF's chat template, or its family's known one when the GGUF carries none."""
