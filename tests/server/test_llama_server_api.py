@@ -185,6 +185,22 @@ def test_ignore_eos_shows_a_banned_end_token_in_logit_bias_as_llama_server(llama
     assert off["ignore_eos"] is False and off["logit_bias"] == [{"bias": 1.5, "token": 5}]
 
 
+@pytest.mark.parametrize("backend", [pytest.param("llama", marks=pytest.mark.slow), "hf"])  # llama: converted to GGUF
+def test_chat_input_tokens_are_the_prompt_tokens_the_chat_then_uses(backend, request):
+    """llama-server's ``/chat/completions/input_tokens`` (with and without ``/v1``): the chat's prompt tokens, a stored
+    reference's image tokens included, as the chat's own ``usage.prompt_tokens`` then counts them."""
+    live = request.getfixturevalue(backend)
+    image = {"type": "image_url", "image_url": {"url": "refsight://ref/cat"}}
+    chats = ([{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}],
+             [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}])
+    with live.client() as c:
+        for messages in chats:
+            counted = [c.post(path, json={"messages": messages}).json()["input_tokens"]
+                       for path in ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens")]
+            used = c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1}).json()["usage"]
+            assert counted == [used["prompt_tokens"]] * 2, (messages, counted, used)
+
+
 def _apply_template_then_complete(live: LiveServer, image: str, **fields) -> dict:
     messages = [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
                                              {"type": "image_url", "image_url": {"url": "refsight://ref/cat"}}]}]

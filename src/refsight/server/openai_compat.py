@@ -55,6 +55,7 @@ from .answers import Answer, finish_reason, refsight_extra, usage
 from .deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
 from .bodies import IntegerOrNull
 from .generation_body import GenerationBody
+from .input_tokens import input_tokens
 from .logprob_fields import chat_logprobs, piece_logprobs
 from .errors import ERROR_RESPONSES, ApiError, inputs_as_fields
 from .disconnect import run_watched
@@ -349,6 +350,20 @@ def llama_server_card(service: Any) -> dict[str, Any]:
             "type": "model", "description": "", "tags": [""], "capabilities": capabilities, "parameters": "",
             "details": {"parent_model": "", "format": "gguf" if service.model.startswith("llamacpp:") else "",
                         "family": "", "families": [""], "parameter_size": "", "quantization_level": ""}}
+
+
+@router.post("/v1/chat/completions/input_tokens", responses={400: ERROR_RESPONSES[400]})
+@router.post("/chat/completions/input_tokens", responses={400: ERROR_RESPONSES[400]}, include_in_schema=False)
+async def chat_input_tokens(
+    request: Request, body: ChatBody, namespace: Namespace, service: ServiceDep, pool: PoolDep, config: ConfigDep,
+    uuids: MediaUuidsDep,
+) -> dict[str, int]:
+    """llama-server's count of a chat's prompt tokens (``input_tokens``), images included; nothing is generated
+    (:mod:`~refsight.server.input_tokens`: a fresh image on llama.cpp counts once encoded, so not here)."""
+    prompt_end = chat_prompt_end(service, body.messages, body.add_generation_prompt, body.continue_final_message)
+    check_prompt_chars(prompt_texts(body.messages), config.max_prompt_tokens)
+    resolver = PartResolver.for_request(request, service, namespace, uuids, config)
+    return {"input_tokens": await pool.run_light(input_tokens, service, body.messages, prompt_end, resolver, namespace)}
 
 
 @router.get("/v1/models")

@@ -186,9 +186,11 @@ class Service:
         """How many tokens ``text`` becomes in a prompt, images not counted (the prompt limit's count)."""
         return self.engine.backend().count_text_tokens(text)
 
-    def image_token_count(self, image: Any) -> int | None:
-        """Prompt tokens an image segment takes (a stored reference by its package's layout), or None where the
-        served runtime cannot tell before running the model."""
+    def image_token_count(self, image: Any, *, namespace: str) -> int | None:
+        """Prompt tokens an image segment takes, or None where the served runtime cannot tell before running the
+        model. A stored reference counts by its package's layout (encoded now when missing, as a chat would)."""
+        if isinstance(image, ReferenceSegment):
+            image = self.engine.reference_package(self.engine.reference(image.ref_id, namespace=namespace)).package
         return self.engine.backend().image_token_count(image)
 
     def render_chat(self, texts: list[str], turns: list[tuple[str, int]], ending: str) -> str:

@@ -250,10 +250,13 @@ class LlamaCppBackend(Backend):
             return len(self.runtime.tokenize(text, False)) if text else 0
 
     def image_token_count(self, image: VisualPackage | ImageInput) -> int | None:
-        """A package's tokens, from its chunk layout (pixels: None, mtmd's preprocessing decides)."""
+        """A package's tokens in a prompt: its image chunks and the text mtmd lays around them (Qwen's
+        ``<|vision_start|>``/``<|vision_end|>``, text between tiles), from its saved layout. Pixels: None."""
         if not isinstance(image, VisualPackage):
             return None
-        return sum(n_tokens for n_tokens, *_ in fmt.image_chunk_layout(image.metadata.get("chunks", ())))
+        chunks = image.metadata.get("chunks", ())
+        text = sum(len(c.get("tokens", ())) for c in chunks if c.get("type") == "text")
+        return text + sum(n_tokens for n_tokens, *_ in fmt.image_chunk_layout(chunks))
 
     @property
     def media_marker(self) -> str:

@@ -18,9 +18,8 @@ temperature is given); ``metadata`` and blocks' ``cache_control`` are hints. Too
 ``content_block_delta`` (``text_delta``), ``content_block_stop``, ``message_delta`` (the
 ``stop_reason`` and the usage) and ``message_stop``. ``message_start`` counts the prompt's text as
 the template renders it (images are counted once they are encoded: ``message_delta`` has the
-whole prompt). ``count_tokens`` counts the template's tokens and each image's where the backend can tell
-before encoding it (a stored package by its layout; transformers by its size); a fresh image on llama.cpp,
-whose layout mtmd decides as it encodes, is not counted (the count is then a lower bound). ``usage``: ``input_tokens`` the prompt tokens evaluated, ``cache_read_input_tokens``
+whole prompt). ``count_tokens`` is :mod:`..input_tokens`' count (llama-server's ``/chat/completions/input_tokens``
+too): a fresh image on llama.cpp, whose layout mtmd decides as it encodes, is not counted (then a lower bound). ``usage``: ``input_tokens`` the prompt tokens evaluated, ``cache_read_input_tokens``
 those served from a stored reference-prefix state, ``output_tokens`` the answer's.
 """
 
@@ -42,7 +41,8 @@ from ..disconnect import run_watched
 from ..errors import ERROR_RESPONSES, ApiError
 from ..generation_body import GenerationBody
 from ..openai_compat import chat_prompt_end, check_generation, prompt_end_of
-from ..openai_parts import ContentPart, ImageURL, Message, PartResolver, messages_to_segments, template_segments
+from ..input_tokens import input_tokens, template_tokens
+from ..openai_parts import ContentPart, ImageURL, Message, PartResolver, messages_to_segments
 from ..prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
 from ..streaming import EventStreamResponse, answer_events, open_stream
 
@@ -172,17 +172,10 @@ def _generation(body: MessagesBody, service: Any, limit: int) -> tuple[int, Any]
         raise
 
 
-def _template_tokens(service: Any, messages: list[Message]) -> int:
-    """The prompt's tokens as the chat template renders it (a prefill continued), each image as the media marker."""
-    texts, turns = template_segments(messages, service.media_marker)
-    text = service.render_chat(texts, turns, prompt_end_of(messages)[0])
-    return len(service.tokenize(text, add_special=True, parse_special=True))
-
-
 def _opening_count(service: Any, messages: list[Message], texts: list[str]) -> int:
     """``message_start``'s ``input_tokens``: the template's tokens, or the texts' where a backend renders none."""
     try:
-        return _template_tokens(service, messages)
+        return template_tokens(service, messages, prompt_end_of(messages)[0])  # a prefill continued
     except InvalidInputError:
         return service.count_text_tokens("\n".join(texts))
 
@@ -198,14 +191,8 @@ async def count_tokens(
     check_prompt_chars(prompt_texts(messages), config.max_prompt_tokens)
     resolver = PartResolver.for_request(request, service, namespace, uuids, config)
 
-    def count() -> int:
-        total = _template_tokens(service, messages)
-        segments, _ = messages_to_segments(messages, resolver)
-        marker = len(service.tokenize(service.media_marker, add_special=False, parse_special=True))
-        # An image takes its own tokens where the marker stood (a stored reference: as its package lays it out).
-        return total + sum((service.image_token_count(s) or 0) - marker for s in segments if not isinstance(s, str))
-
-    return {"input_tokens": await pool.run_light(count)}
+    ending = prompt_end_of(messages)[0]
+    return {"input_tokens": await pool.run_light(input_tokens, service, messages, ending, resolver, namespace)}
 
 
 @router.post("/v1/messages", responses=_ERRORS)
