@@ -10,11 +10,10 @@ The model layer (``application/vnd.ollama.image.model``) is the language model's
 projector layer (``application/vnd.ollama.image.projector``) the mmproj GGUF: exactly what
 ``llamacpp:<model.gguf>`` with ``mmproj=`` loads, so the backend is the llama.cpp one, reading the
 blobs in place. The params layer (JSON: ``stop``, ``temperature`` ...) gives the sampling defaults a
-request does not set, over Ollama's own top-k 40 and top-p 0.9 (``backend.sampling_defaults``;
-``num_ctx`` is the context unless ``n_ctx`` is
-given), each checked at start as a request would use it: a value no request could work with (a
-``temperature`` of ``"hot"``, NaN, ``num_ctx`` above the trained context) refuses to load, naming the
-layer's blob and the parameter. The system layer is the default system prompt; the template layer
+request does not set, over Ollama's own top-k 40 and top-p 0.9 (``backend.sampling_defaults``; ``num_ctx``
+is the context unless ``n_ctx`` is given), each checked at start as a request would use it: a value no
+request could work with (a ``temperature`` of ``"hot"``, NaN, ``num_ctx`` above the trained context)
+refuses to load, naming the layer's blob and the parameter. The system layer is the default system prompt; the template layer
 (Ollama's Go template) is reported by ``/api/show``, while prompts are rendered in the GGUF's own
 chat template. Package keys hold the blobs' content hashes
 (the fingerprint's ``model_sha256`` / ``mmproj_sha256`` are the digests), so the same blobs served as

@@ -19,8 +19,9 @@ temperature is given); ``metadata`` and blocks' ``cache_control`` are hints. Too
 ``stop_reason`` and the usage) and ``message_stop``. ``message_start`` counts the prompt's text as
 the template renders it (images are counted once they are encoded: ``message_delta`` has the
 whole prompt). ``count_tokens`` is :mod:`..input_tokens`' count (llama-server's ``/chat/completions/input_tokens``
-too): a fresh image on llama.cpp, whose layout mtmd decides as it encodes, is not counted (then a lower bound). ``usage``: ``input_tokens`` the prompt tokens evaluated, ``cache_read_input_tokens``
-those served from a stored reference-prefix state, ``output_tokens`` the answer's.
+too): a fresh image on llama.cpp, whose layout mtmd decides as it encodes, is not counted (then a lower bound).
+``usage``: ``input_tokens`` the prompt tokens evaluated, ``cache_read_input_tokens`` those served from a stored
+reference-prefix state, ``output_tokens`` the answer's.
 """
 
 from __future__ import annotations
