@@ -30,6 +30,7 @@ NOT_FUZZED = {
     ("GET", "/favicon.ico"): "the page's icon (no JSON schema): tests/server/test_hostile.py and test_page_layout.py",
     ("GET", "/models"): _ALIAS,
     ("POST", "/chat/completions"): _ALIAS,
+    ("POST", "/chat/completions/input_tokens"): _ALIAS,
     ("POST", "/completions"): "llama-server's alias of /completion: the same handler, fuzzed as /completion",
 }
 

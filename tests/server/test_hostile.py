@@ -236,6 +236,8 @@ TEXT_FIELDS = [
     ("POST /v1/messages", {"model": "toy", "max_tokens": 4, "system": BAD, "messages": _HI}, "system"),
     ("POST /v1/messages/count_tokens", {"model": "toy", "messages": [{"role": "user", "content": BAD}]},
      "messages[0].content"),
+    ("POST /v1/chat/completions/input_tokens", {"messages": [{"role": "user", "content": BAD}]}, "messages[0].content"),
+    ("POST /chat/completions/input_tokens", {"messages": _HI, "stop": [BAD]}, "stop[0]"),
 ]
 
 

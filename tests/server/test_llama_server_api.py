@@ -8,6 +8,7 @@ On llama.cpp, ``/tokenize``, ``/detokenize`` and ``/completion`` are compared wi
 
 from __future__ import annotations
 
+import io
 import json
 import socket
 import threading
@@ -17,6 +18,7 @@ import httpx
 import openai
 import pytest
 import uvicorn
+from PIL import Image
 from runtimes import require_module
 
 from live_server import LiveServer, b64, data_url, photo_png
@@ -199,6 +201,24 @@ def test_chat_input_tokens_are_the_prompt_tokens_the_chat_then_uses(backend, req
                        for path in ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens")]
             used = c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1}).json()["usage"]
             assert counted == [used["prompt_tokens"]] * 2, (messages, counted, used)
+
+
+@pytest.mark.slow  # a server on the tiny model converted to GGUF (llama-cpp-python: an optional runtime)
+def test_an_image_whose_tokens_fill_the_context_is_refused_before_decoding_not_a_500(llama):
+    """An 8000x5000 image is 4,000 image tokens on 80 M-RoPE positions: the KV cells, not the positions, fill the
+    4,096 context. An answer that cannot fit is a 400 naming ``max_new_tokens`` before decoding (it was a 500:
+    llama_decode found the context full mid-answer); one that fits is answered."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (8000, 5000), (40, 90, 160)).save(buffer, "PNG")
+    image = {"type": "image_url", "image_url": {"url": data_url(buffer.getvalue())}}
+    messages = [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}]
+    with llama.client() as c:
+        refused = c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 128})
+        answered = c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 8})
+    error = refused.json()["error"]
+    assert refused.status_code == 400 and error["type"] == "exceed_context_size_error", refused.text  # llama-server's
+    assert error["param"] == "max_new_tokens" and error["n_prompt_tokens"] > 4000, error  # the cells, not 80 positions
+    assert answered.status_code == 200 and answered.json()["usage"]["prompt_tokens"] > 4000, answered.text
 
 
 def _apply_template_then_complete(live: LiveServer, image: str, **fields) -> dict:

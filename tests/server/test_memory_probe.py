@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 from hardening_helpers import ServeProcess
+from runtimes import require_module
 from PIL import Image
 
 pytestmark = pytest.mark.slow  # each test measures a server in a subprocess
@@ -129,39 +130,67 @@ def _png16(width: int, height: int, colour_type: int) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
 
 
-def test_hostile_bodies_and_16_bit_images_stay_far_under_the_bound(tmp_path):
-    """Issue 49, items 5 and 10, each request's own peak (the peak restarted before each): 31 MiB of \\" escapes
-    (+1.43 GB before: the depth scan held a Python object per escape; an unknown path read the body too), a
-    body of 10 M empty lists (+868 MB, parsed), and 40-megapixel 16-bit PNGs of ~100 KB (+802 MB grey,
-    +926 MB grey and alpha: int64 copies of the whole image, then four RGBA copies)."""
+def _hostile_cases(model: str) -> list[tuple[str, str, bytes, int, int]]:
+    """``(name, path, body, status, bound MB on toy)`` of issue 49's items 5 and 10, each small on the wire."""
     escapes = b'{"prompt":"' + b'\\"' * ((31 << 20) // 2) + b'"}'
     lists = b'{"model":"toy","l":[' + b"[]," * ((31 << 20) // 3) + b"[]]}"
+    return [("escapes, unknown path", "/no-such-route", escapes, 404, 32),
+            ("escapes, /completion", "/completion", escapes, 400, 300),
+            ("escapes, /api/chat", "/api/chat", escapes, 400, 300),
+            ("10 M lists, /api/show", "/api/show", lists, 400, 200),
+            ("16-bit grey PNG, /api/chat", "/api/chat", _image_chat(_png16(8000, 5000, 0), model), 200, 450),
+            ("16-bit grey+alpha PNG, /api/chat", "/api/chat", _image_chat(_png16(8000, 5000, 4), model), 200, 450)]
 
-    def chat(png: bytes) -> bytes:
-        image = base64.b64encode(png).decode()
-        return json.dumps({"model": "toy", "stream": False, "messages": [
-            {"role": "user", "content": "hi", "images": [image]}]}).encode()
 
-    cases = [("escapes, unknown path", "/no-such-route", escapes, 404, 32),
-             ("escapes, /completion", "/completion", escapes, 400, 300),
-             ("escapes, /api/chat", "/api/chat", escapes, 400, 300),
-             ("10 M lists, /api/show", "/api/show", lists, 400, 200),
-             ("16-bit grey PNG, /api/chat", "/api/chat", chat(_png16(8000, 5000, 0)), 200, 450),
-             ("16-bit grey+alpha PNG, /api/chat", "/api/chat", chat(_png16(8000, 5000, 4)), 200, 450)]
-    server = ServeProcess(tmp_path / "store").wait_ready()
+def _image_chat(png: bytes, model: str) -> bytes:
+    image = base64.b64encode(png).decode()
+    return json.dumps({"model": model, "stream": False, "options": {"num_predict": 8}, "messages": [
+        {"role": "user", "content": "hi", "images": [image]}]}).encode()
+
+
+def _each_peak(tmp_path: Path, model: str, cases: list) -> dict[str, tuple[int, float, str]]:
+    """Each case's status, its own peak RSS rise (the peak restarted before each) and the reply's start."""
+    server = ServeProcess(tmp_path / "store", model=model).wait_ready(timeout=300)
     seen = {}
     try:
         with httpx.Client(base_url=server.url, timeout=300) as c:
-            warm = c.post("/api/chat", content=chat(_encoded((64, 48), "PNG")))  # the first request's one-off costs
+            warm = c.post("/api/chat", content=_image_chat(_encoded((64, 48), "PNG"), model))  # the first request's one-off costs
             assert warm.status_code == 200, warm.text
-            for name, path, body, status, _ in cases:
+            for name, path, body, _, _ in cases:
                 base = server.reset_peak()
                 reply = c.post(path, content=body, headers={"content-type": "application/json"})
                 seen[name] = (reply.status_code, server.peak_rss_mb() - base, reply.text[:200])
     finally:
         server.stop()
-    print("; ".join(f"{name}: {code}, +{rise:.0f} MB" for name, (code, rise, _) in seen.items()))
+    print(f"{model}: " + "; ".join(f"{name}: {code}, +{rise:.0f} MB" for name, (code, rise, _) in seen.items()))
+    return seen
+
+
+def test_hostile_bodies_and_16_bit_images_stay_far_under_the_bound(tmp_path):
+    """Issue 49, items 5 and 10, each request's own peak (the peak restarted before each): 31 MiB of \\" escapes
+    (+1.43 GB before: the depth scan held a Python object per escape; an unknown path read the body too), a
+    body of 10 M empty lists (+868 MB, parsed), and 40-megapixel 16-bit PNGs of ~100 KB (+802 MB grey,
+    +926 MB grey and alpha: int64 copies of the whole image, then four RGBA copies)."""
+    cases = _hostile_cases("toy")
+    seen = _each_peak(tmp_path, "toy", cases)
     for name, _, _, status, bound_mb in cases:
         code, rise, text = seen[name]
         assert code == status, (name, text)
         assert rise < bound_mb, f"{name}: peak RSS rose {rise:.0f} MB (bound {bound_mb} MB)"
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen2-vl", "tiny-qwen2-vl-gguf"])
+def test_the_bound_holds_on_the_transformers_and_llama_cpp_runtimes(tmp_path, model):
+    """The same requests on a real runtime: the 16-bit images are encoded and answered, and no request raises
+    the server's peak RSS by more than the documented :data:`BOUND_MB` (llama.cpp copies the RGB pixels twice)."""
+    if model.endswith("-gguf"):
+        require_module("llama_cpp")
+        from refsight.builtin_models.gguf import ensure_gguf
+
+        ensure_gguf(model)  # built before the server starts, so its start is only the load
+    cases = _hostile_cases(model)
+    seen = _each_peak(tmp_path, model, cases)
+    for name, _, _, status, _ in cases:
+        code, rise, text = seen[name]
+        assert code == status, (name, text)
+        assert rise < BOUND_MB, f"{name}: peak RSS rose {rise:.0f} MB (bound {BOUND_MB} MB)"

@@ -226,13 +226,16 @@ class TokenLoop:
     def __init__(
         self, runtime: LlamaRuntime, n_past: int, max_new_tokens: int, *, grammar: str | None, sampling: Sampling,
         return_logits: bool, on_text: Callable[[str], None] | None = None,
-        stop_event: threading.Event | None = None, prompt_tokens: Sequence[int] = (),
+        stop_event: threading.Event | None = None, prompt_tokens: Sequence[int] = (), prompt_cells: int = 0,
     ) -> None:
-        room = runtime.settings.n_ctx - n_past
+        # Each token takes a KV cell and a position; with M-RoPE an image has fewer positions than tokens, so
+        # the prompt's cells (``prompt_cells``: its token count) can fill the context before its positions do.
+        taken = max(n_past, prompt_cells)
+        room = runtime.settings.n_ctx - taken
         if room < max_new_tokens:
             raise ContextLengthError(
-                "max_new_tokens", f"{max_new_tokens} does not fit: the prompt takes {n_past} of the context's "
-                f"{runtime.settings.n_ctx} positions, {room} are left", n_prompt_tokens=n_past, n_ctx=runtime.settings.n_ctx,
+                "max_new_tokens", f"{max_new_tokens} does not fit: the prompt takes {taken} of the context's "
+                f"{runtime.settings.n_ctx} positions, {room} are left", n_prompt_tokens=taken, n_ctx=runtime.settings.n_ctx,
             )
         self.runtime, self.n_past, self.max_new_tokens = runtime, n_past, max_new_tokens
         self.return_logits, self.stop_event = return_logits, stop_event

@@ -95,6 +95,7 @@ def start_run(backend: Any, prepared: PreparedRequest, execution: Execution, seq
         backend.runtime, n_past, request.max_new_tokens, grammar=prepared.grammar, sampling=request.sampling,
         return_logits=execution.return_logits, on_text=execution.on_text, stop_event=execution.stop_event,
         prompt_tokens=backend.prompt_token_ids(text) if request.sampling.repetition_penalty != 1.0 else (),
+        prompt_cells=counts[0],
     )
     return Run(backend, seq, loop, plan, counts, prompt_timings["encode"], execution.return_logits, began)
 
