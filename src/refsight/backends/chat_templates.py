@@ -39,6 +39,62 @@ BUILTIN_TEMPLATES: dict[str, str] = {
         "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
         "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
     ),
+    "command-r": (
+        "{% set tokens = {'system': '<|SYSTEM_TOKEN|>', 'user': '<|USER_TOKEN|>', 'assistant': '<|CHATBOT_TOKEN|>'} %}"
+        "{% for message in messages %}{% if message['role'] in tokens %}<|START_OF_TURN_TOKEN|>"
+        "{{ tokens[message['role']] }}{{ message['content'] | trim }}<|END_OF_TURN_TOKEN|>{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>{% endif %}"
+    ),
+    "phi4": (
+        "{% for message in messages %}<|im_start|>{{ message['role'] }}<|im_sep|>{{ message['content'] }}<|im_end|>"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant<|im_sep|>{% endif %}"
+    ),
+    "llama4": (
+        "{% for message in messages %}<|header_start|>{{ message['role'] }}<|header_end|>\n\n"
+        "{{ message['content'] | trim }}<|eot|>{% endfor %}"
+        "{% if add_generation_prompt %}<|header_start|>assistant<|header_end|>\n\n{% endif %}"
+    ),
+    "falcon3": (
+        "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+    ),
+    "vicuna": (
+        "{% for message in messages %}{% if message['role'] == 'system' %}{{ message['content'] }}\n\n"
+        "{% elif message['role'] == 'user' %}USER: {{ message['content'] }}\n"
+        "{% elif message['role'] == 'assistant' %}ASSISTANT: {{ message['content'] }}</s>\n{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}ASSISTANT:{% endif %}"
+    ),
+    "vicuna-orca": (
+        "{% for message in messages %}{% if message['role'] == 'system' %}SYSTEM: {{ message['content'] }}\n"
+        "{% elif message['role'] == 'user' %}USER: {{ message['content'] }}\n"
+        "{% elif message['role'] == 'assistant' %}ASSISTANT: {{ message['content'] }}</s>\n{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}ASSISTANT:{% endif %}"
+    ),
+    "openchat": (
+        "{% for message in messages %}{% if message['role'] == 'system' %}{{ message['content'] }}<|end_of_turn|>"
+        "{% else %}GPT4 Correct {{ message['role'] | capitalize }}: {{ message['content'] }}<|end_of_turn|>{% endif %}"
+        "{% endfor %}{% if add_generation_prompt %}GPT4 Correct Assistant:{% endif %}"
+    ),
+    "exaone3": (
+        "{% for message in messages %}{% if message['role'] == 'system' %}[|system|]{{ message['content'] | trim }}"
+        "[|endofturn|]\n{% elif message['role'] == 'user' %}[|user|]{{ message['content'] | trim }}\n"
+        "{% elif message['role'] == 'assistant' %}[|assistant|]{{ message['content'] | trim }}[|endofturn|]\n{% endif %}"
+        "{% endfor %}{% if add_generation_prompt %}[|assistant|]{% endif %}"
+    ),
+    "deepseek3": (
+        "{% for message in messages %}{% if message['role'] == 'system' %}{{ message['content'] }}\n\n"
+        "{% elif message['role'] == 'user' %}<｜User｜>{{ message['content'] }}"
+        "{% elif message['role'] == 'assistant' %}<｜Assistant｜>{{ message['content'] }}<｜end▁of▁sentence｜>{% endif %}"
+        "{% endfor %}{% if add_generation_prompt %}<｜Assistant｜>{% endif %}"
+    ),
+    "megrez": (
+        "{% for message in messages %}<|role_start|>{{ message['role'] }}<|role_end|>{{ message['content'] }}<|turn_end|>"
+        "{% endfor %}{% if add_generation_prompt %}<|role_start|>assistant<|role_end|>{% endif %}"
+    ),
+    "monarch": (
+        "{% for message in messages %}{% if not loop.first %}<s>{% endif %}{{ message['role'] }}\n{{ message['content'] }}"
+        "</s>\n{% endfor %}{% if add_generation_prompt %}<s>assistant\n{% endif %}"
+    ),
     "smolvlm": (
         "<|im_start|>{% for message in messages %}{% if message['role'] == 'system' %}{{ message['content'] }}\n\n"
         "{% elif message['role'] == 'user' %}User: {{ message['content'] }}<end_of_utterance>\n"
