@@ -51,15 +51,12 @@ class GenerationSupport:
     prompt_ends: frozenset[str]
     #: Whether it reports its prompt's evaluation (``return_progress``).
     prompt_progress: bool
-    #: The tokens that end a generation, where it honours ``ignore_eos`` (llama.cpp); else empty.
-    end_tokens: tuple[int, ...]
 
     @classmethod
     def of(cls, backend: Any) -> GenerationSupport:
         """What a loaded ``backend`` honours."""
         return cls(sampling_fields=frozenset(backend.sampling_fields), prompt_ends=frozenset(backend.prompt_ends),
-                   prompt_progress=bool(backend.supports_prompt_progress),
-                   end_tokens=tuple(getattr(backend, "end_tokens", tuple)()))
+                   prompt_progress=bool(backend.supports_prompt_progress))
 
 
 @dataclass(frozen=True)

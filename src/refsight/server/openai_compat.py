@@ -40,10 +40,8 @@ OpenAI's error shape (:func:`refsight.server.errors.openai_error_body`).
 
 from __future__ import annotations
 
-import math
 import time
 import uuid as uuidlib
-from dataclasses import replace
 from functools import partial
 from typing import Any, AsyncIterator
 
@@ -191,8 +189,6 @@ def check_generation(body: GenerationBody, service: Any, given: int | None, max_
         # Named as the client spelled it (llama-server's n_probs, OpenAI's logprobs).
         param = body.requested_logprobs()[1] if refused[0] == "logprobs" else refused[0]
         raise ApiError(400, "unsupported", f"{param}: the served backend ({service.model}) does not support it", param=param)
-    if sampling.ignore_eos:  # llama-server's reading, shown as it shows it: a -inf bias on each end token, appended
-        sampling = replace(sampling, logit_bias=(*sampling.logit_bias, *((t, -math.inf) for t in support.end_tokens)))
     return max_new_tokens, sampling
 
 

@@ -206,6 +206,11 @@ class Service:
         """Whether the served chat template could read ``variable`` (a ``chat_template_kwargs`` key)."""
         return self.engine.backend().chat_template_reads(variable)
 
+    def end_tokens(self) -> tuple[int, ...]:
+        """The tokens that end a generation, where the backend honours ``ignore_eos`` (llama.cpp: what it bans);
+        else none. Asked only for a request that sets ``ignore_eos``: the first ask walks the vocabulary."""
+        return tuple(getattr(self.engine.backend(), "end_tokens", tuple)())
+
     def generation_support(self) -> GenerationSupport:
         """What the served backend honours in a generation request (sampling fields, prompt ends, progress)."""
         return GenerationSupport.of(self.engine.backend())

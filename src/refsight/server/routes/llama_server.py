@@ -14,6 +14,7 @@ Every field is honoured, accepted as a no-op, or refused with a 400 naming it.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Request
@@ -256,6 +257,8 @@ async def completion(
     await check_raw_prompt(prompt, pool, config.max_prompt_tokens, service)
     resolver = PartResolver.for_request(request, service, namespace, uuids, config)
     clock = TokenClock()
+    # ignore_eos bans the end tokens: generation_settings shows them (the first ask walks the vocabulary: off the loop)
+    ends = await pool.run_light(service.end_tokens) if sampling.ignore_eos else ()
 
     fill = body.n_predict == -1 and body.max_tokens is None
 
@@ -285,7 +288,8 @@ async def completion(
             "id_slot": 0, "stop": True, "model": service.served_model, "tokens_predicted": len(result.tokens),
             "tokens_evaluated": result.prompt_tokens, "tokens_cached": result.prefix_tokens_reused,
             "generation_settings": {
-                **_settings(sampling, -1 if fill else max_new_tokens, service.context_size), "model": service.served_model,
+                **_settings(sampling, -1 if fill else max_new_tokens, service.context_size, ends),
+                "model": service.served_model,
                 "stream": bool(body.stream), "timings_per_token": bool(body.model_extra.get("timings_per_token")),
             },
             "prompt": service.media_marker.join(prompt.texts), "has_new_line": "\n" in result.text, "truncated": result.truncated,
@@ -352,8 +356,10 @@ def _fields(answer: dict[str, Any], paths: list[str] | None) -> dict[str, Any]:
     return picked
 
 
-def _settings(sampling: Any, n_predict: int, n_ctx: int | None) -> dict[str, Any]:
-    """llama-server's ``generation_settings`` of a request."""
+def _settings(sampling: Any, n_predict: int, n_ctx: int | None, end_tokens: Sequence[int] = ()) -> dict[str, Any]:
+    """llama-server's ``generation_settings`` of a request. With ``ignore_eos`` its ``logit_bias`` lists a -inf bias on
+    each of ``end_tokens`` after the request's own, as llama-server fills and shows it (the sampler applies them)."""
+    banned = [(token, -math.inf) for token in end_tokens] if sampling.ignore_eos else []
     return {
         "n_ctx": n_ctx, "n_predict": n_predict, "temperature": sampling.temperature, "top_k": sampling.top_k,
         "top_p": sampling.top_p, "min_p": sampling.min_p, "repeat_penalty": sampling.repetition_penalty,
@@ -365,7 +371,7 @@ def _settings(sampling: Any, n_predict: int, n_ctx: int | None) -> dict[str, Any
         "dry_allowed_length": 2, "dry_penalty_last_n": -1, "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
         "n_keep": 0, "n_discard": 0, "ignore_eos": sampling.ignore_eos, "n_probs": sampling.logprobs or 0, "min_keep": 0,
         # llama-server's shape; a banned token's -inf is JSON's null, as llama-server writes it.
-        "logit_bias": [{"bias": bias if math.isfinite(bias) else None, "token": token} for token, bias in sampling.logit_bias],
+        "logit_bias": [{"bias": bias if math.isfinite(bias) else None, "token": token} for token, bias in [*sampling.logit_bias, *banned]],
         "grammar": sampling.grammar or "", "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"], "lora": [],
         "post_sampling_probs": False, "stream": False, "timings_per_token": False,
         # Fields of later llama-server builds, at their "off" values: no top-n-sigma, adaptive-p, lazy grammar,
