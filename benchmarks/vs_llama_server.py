@@ -15,8 +15,10 @@ candidate never sent before, in one run:
   llama-server's slot and prompt cache were in memory);
 - (c) ``concurrent``: C clients at once, each with its own R references (both servers with
   ``-np C``: C slots decoding together, each with its own prefix);
-- (d) ``same_refs``: the same R references in the same order every time, after one
-  untimed request (llama-server's slot is warm: it evaluates only the candidate).
+- (d) ``same_refs``: the same R references in the same order every time, each request with
+  a new candidate under a new rubric, after one untimed request (llama-server's slot is
+  warm: on a transformer it evaluates only what follows the references; a hybrid's
+  recurrent state cannot be cut back to them unless a context checkpoint sits there).
 
 Figures are llama-server's seconds over refsight's for the same requests
 (``speedup_varied``, ``speedup_after_restart``, ``speedup_concurrent``,
@@ -115,6 +117,7 @@ class Request:
 
     refs: list[int]
     candidate: bytes
+    rubric: str = "Does the candidate match the references? Answer yes or no, then why."
     answers: dict[str, dict] = field(default_factory=dict)
 
 
@@ -125,7 +128,7 @@ def messages(request: Request, ref_image) -> list[dict]:
         parts += [{"type": "text", "text": f"Reference {n + 1}:"}, {"type": "image_url", "image_url": {"url": ref_image(index)}}]
     parts += [
         {"type": "text", "text": "Candidate:"}, {"type": "image_url", "image_url": {"url": data_url(request.candidate)}},
-        {"type": "text", "text": "Does the candidate match the references? Answer yes or no, then why."},
+        {"type": "text", "text": request.rubric},
     ]
     return [{"role": "user", "content": parts}]
 
@@ -273,8 +276,19 @@ def workloads(args, candidates: Candidates) -> dict[str, list[Request]]:
     sets = [rng.sample(working, args.refs) for _ in range(args.clients)]
     concurrent = [Request(list(sets[i % args.clients]), candidates.next()) for i in range(args.clients * args.per_client)]
     same = rng.sample(working, args.refs)
-    same_refs = [Request(list(same), candidates.next()) for _ in range(args.same + 1)]  # the first is untimed
+    # the first is untimed; each asks about other criteria (a user's new rubric over the same references)
+    same_refs = [Request(list(same), candidates.next(), rubric=RUBRICS[i % len(RUBRICS)]) for i in range(args.same + 1)]
     return {"varied": varied, "after_restart": after, "concurrent": concurrent, "same_refs": same_refs}
+
+
+#: (d)'s rubrics: the criteria change with every request, the references do not.
+RUBRICS = (
+    "Same animal as the references? Judge the fur length and the ear shape.",
+    "Compare the forehead stripes and the eye colour with the references. Yes or no, then why.",
+    "Is the candidate's coat pattern the references'? Answer in one line.",
+    "Do the nose and whiskers match the references? Yes or no.",
+    "Same pose and lighting as the references? Say which differ.",
+)
 
 
 def _complete(text: str) -> str:

@@ -26,7 +26,12 @@ from .results import (
     StoreStats,
     VerifyReport,
 )
+from .torchvision_cpu import register_stand_in
 from .version import __version__
+
+# Before anything imports transformers: PyPI's (CUDA) torchvision beside a CPU torch breaks every transformers
+# model module unless one empty module stands in first (torchvision_cpu). Nothing happens without torchvision.
+register_stand_in()
 
 def __getattr__(name: str):
     # Engine and open_store pull in the store (and numpy); load them on first use.

@@ -8,6 +8,9 @@ TINY_FAMILIES = ("tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl", "tiny-smol
 GENERIC_FAMILIES = tuple(FAMILY_SPECS)
 #: Every tiny transformers family.
 ALL_FAMILIES = TINY_FAMILIES + GENERIC_FAMILIES
+#: Tower calls per image where a family's get_image_features runs its tower more than once (Step 3.7: the global
+#: view, then the local crops); every other family: one.
+TOWER_CALLS = {"tiny-step3p7": 2}
 
 
 def vision_tower(backend):

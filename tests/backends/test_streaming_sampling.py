@@ -42,7 +42,12 @@ def test_stream_equals_generate_and_cancel_stops_it(load, photos, name):
         already.set()
         cancelled = backend.generate_stream(
             GenerationRequest(segments=["Describe it."], max_new_tokens=200), on_text=lambda piece: None, stop_event=already)
-    assert cancelled.finish_reason == "cancelled" and len(cancelled.token_ids) <= 3
+    assert cancelled.finish_reason == "cancelled"
+    # It stops within two tokens of the first piece, however many tokens that piece took: a random-weight model
+    # may start with bytes that complete no character (Step 3.7), which stream as nothing until they do.
+    ids = cancelled.token_ids
+    first_piece = next((k for k in range(1, len(ids) + 1) if backend.tokenizer.decode(ids[:k]).rstrip("\ufffd")), 1)
+    assert len(ids) <= first_piece + 2, (ids, first_piece)
 
 
 @pytest.mark.slow  # generates on every tiny family

@@ -48,7 +48,7 @@ BUILTINS: dict[str, str] = {
     **_factories(
         "load_quantized", "tiny-qwen2-vl-gguf-q8", "tiny-qwen2-vl-gguf-q4", "tiny-qwen2-vl-256-gguf-q4",
         "tiny-gemma3-gguf-q4", "shape-qwen2-vl-2b-gguf-q8", "shape-qwen2-vl-2b-gguf-q4", "shape-qwen2-vl-2b-full-gguf-q4",
-        "shape-gemma3-4b-gguf-q4",
+        "shape-gemma3-4b-gguf-q4", "shape-qwen3.5-0.8b-gguf-q4",
     ),
     **_factories("load_tiny_vllm", "tiny-qwen2-vl-vllm", "tiny-qwen2.5-vl-vllm", "tiny-qwen3-vl-vllm", "shape-qwen2-vl-2b-vllm"),
     **_factories(

@@ -41,6 +41,9 @@ _GENERIC = ("gemma3", "llava", "llava_next", "llava_onevision", "paligemma", "in
 _KIN = ("vipllava", "video_llava", "llava_next_video", "glm46v", "exaone4_5", "lfm3_vl", "paddleocr_vl", "video_llama_3",
         "lighton_ocr", "idefics3", "deepseek_vl", "deepseek_vl_hybrid", "janus")
 
+# Their only image processor needs torchvision (torchvision_recipes).
+_TORCHVISION_ONLY = ("lfm2_vl", "cohere2_vision", "kimi_k25", "step3p7")
+
 PROOFS: tuple[Proof, ...] = (
     Proof("qwen2_vl", "transformers", "tiny-qwen2-vl", _HF_EQUIVALENCE),
     Proof("qwen2_5_vl", "transformers", "tiny-qwen2.5-vl", _HF_EQUIVALENCE),
@@ -58,6 +61,9 @@ PROOFS: tuple[Proof, ...] = (
     # Encoder-free Gemma 4: a package is the patch embedding (get_image_features' pooler_output, replayed
     # bit-exactly); the state is Gemma 4's (no per-layer inputs here), reused exactly (test_prefix_cache).
     Proof("gemma4_unified", "transformers", "tiny-gemma4-unified", _HF_GENERIC),
+    # Only a torchvision image processor in transformers 5.24: served with it (the test extras install
+    # torchvision; refsight/torchvision_cpu.py lets PyPI's CUDA wheel import beside the CPU torch).
+    *(Proof(t, "transformers", f"tiny-{t.replace('_', '-')}", _HF_GENERIC) for t in _TORCHVISION_ONLY),
     Proof("qwen2_vl", "llama.cpp", "tiny-qwen2-vl-gguf", _LLAMA),
     Proof("qwen2_5_vl", "llama.cpp", "tiny-qwen2.5-vl-gguf", _LLAMA),
     Proof("smolvlm", "llama.cpp", "tiny-smolvlm-gguf", _LLAMA),
@@ -84,24 +90,20 @@ PROOFS: tuple[Proof, ...] = (
       for t in ("qwen3_vl_moe", "glm4v", "glm4v_moe", "paddleocr_vl", "exaone4_5", "idefics3", "minicpmv4_6", "gemma4")),
 )
 
-_TORCHVISION = ("transformers 5.24 has only a torchvision image processor for it: served where torchvision imports, "
-                "unproven in CI, which installs none (see 'torchvision on CPU')")
 _BASE_ONLY = ("its get_image_features is on {}Model only, which the generic backend calls (loads through the seam); "
               "no tiny built-in proves it in CI yet")
 _CONVERTER = "llama-cpp-python 0.3.36's convert_hf_to_gguf.py does not convert it"
 
 #: Model types that cannot be served on a runtime here, with the reason (shown in the table).
 NOT_SERVED: dict[tuple[str, str], str] = {
-    ("lfm2_vl", "transformers"): _TORCHVISION,
-    ("cohere2_vision", "transformers"): _TORCHVISION,
     ("llama4", "transformers"): "transformers 5.24's Llama4ForConditionalGeneration.forward raises "
                                 "'MoeCausalLMOutputWithPast' object has no attribute 'image_outputs', and its only image "
                                 "processor needs torchvision",
     ("mllama", "transformers"): "cross-attention images: MllamaForConditionalGeneration has neither get_image_features nor "
                                 "mm_encoder_outputs (its text layers cross-attend to the tower's output), so no seam to cache",
-    ("molmo2", "transformers"): _TORCHVISION,
-    ("kimi_k25", "transformers"): _TORCHVISION,
-    ("step3p7", "transformers"): _TORCHVISION,
+    ("molmo2", "transformers"): "served where torchvision imports (its only image processor needs it); no tiny built-in "
+                                "proves it in CI yet: its processor's crop, pooling and column tokens (ids past the "
+                                "text vocabulary, additional_vocab_size) have no recipe here",
     ("emu3", "transformers"): _BASE_ONLY.format("Emu3"),
     ("fuyu", "transformers"): _BASE_ONLY.format("Fuyu"),
     ("florence2", "transformers"): "Florence2ForConditionalGeneration (an encoder-decoder) has no mm_encoder_outputs: no "

@@ -20,6 +20,7 @@ from typing import Any
 from .family_recipes import RECIPES, SHAPE_RECIPES
 from .hybrid_recipes import HYBRID_RECIPES, HYBRID_SHAPE_RECIPES
 from .kin_recipes import KIN_RECIPES
+from .torchvision_recipes import TORCHVISION_RECIPES
 
 __all__ = [
     "FamilySpec", "FAMILY_SPECS", "SHAPE_FAMILY_SPECS", "CheckpointClasses", "build_family_checkpoint", "checkpoint_classes",
@@ -64,8 +65,9 @@ class FamilySpec:
         """The built-in model's registry name."""
         return self.name or f"tiny-{self.model_type.replace('_', '-')}"
 
-#: Built-in model name → recipe (the data is in :mod:`.family_recipes`, :mod:`.hybrid_recipes`, :mod:`.kin_recipes`).
-FAMILY_SPECS: dict[str, FamilySpec] = {spec.builtin_name: spec for spec in (FamilySpec(**recipe) for recipe in RECIPES + HYBRID_RECIPES + KIN_RECIPES)}
+#: Built-in model name → recipe (the data is in :mod:`.family_recipes`, :mod:`.hybrid_recipes`, :mod:`.kin_recipes`,
+#: :mod:`.torchvision_recipes`).
+FAMILY_SPECS: dict[str, FamilySpec] = {spec.builtin_name: spec for spec in (FamilySpec(**recipe) for recipe in RECIPES + HYBRID_RECIPES + KIN_RECIPES + TORCHVISION_RECIPES)}
 #: Built-in real-shape checkpoints (``shape-*``) of the generic families: benchmarks only, never the tiny test set.
 SHAPE_FAMILY_SPECS: dict[str, FamilySpec] = {
     name: FamilySpec(**recipe) for name, recipe in {**SHAPE_RECIPES, **HYBRID_SHAPE_RECIPES}.items()

@@ -28,6 +28,7 @@ from typing import Any
 
 from . import family_recipes as specs
 from . import hybrid_recipes as hybrid
+from . import torchvision_recipes as torchvision
 
 __all__ = ["FamilyGguf", "FAMILY_GGUFS", "build_family_gguf", "family_build_id"]
 
@@ -116,33 +117,9 @@ def _byte_level_vocab(self):
 _gemma.Gemma4Model.set_vocab = _byte_level_vocab
 """
 
-# LFM2-VL and Llama 4 have no recipe of their own in family_recipes yet: theirs, from the
-# transformers-side prototype. Both have only torchvision image processors (their
-# preprocessor_config.json is written as data by build_family_checkpoint).
-_LFM2_VL = dict(
-    model_type="lfm2_vl",
-    special_tokens=("<|pad|>", "<|startoftext|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>",
-                    "<|image_start|>", "<|image_end|>", "<|img_thumbnail|>",
-                    *(f"<|img_row_{r}_col_{c}|>" for r in range(1, 5) for c in range(1, 5))),
-    eos="<|im_end|>", pad="<|pad|>", bos="<|startoftext|>",
-    named_tokens={"image_token": "<image>", "image_start_token": "<|image_start|>", "image_end_token": "<|image_end|>",
-                  "image_thumbnail_token": "<|img_thumbnail|>"},
-    chat_template=(
-        "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-        "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
-        "{% if c['type']=='image' %}<image>{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
-        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"),
-    config=dict(
-        text_config=dict(model_type="lfm2", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                         layer_types=["conv", "full_attention"], block_auto_adjust_ff_dim=False),
-        vision_config=dict(model_type="siglip2_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                           num_attention_heads=2, patch_size=4, num_patches=64, vision_use_head=False),
-        image_token_id="token:<image>", projector_hidden_size=64, downsample_factor=2),
-    image_processor=dict(encoder_patch_size=4, downsample_factor=2, tile_size=32, min_image_tokens=4, max_image_tokens=16,
-                         min_tiles=2, max_tiles=4, use_thumbnail=True, max_pixels_tolerance=2.0, do_image_splitting=True,
-                         image_mean=[0.5] * 3, image_std=[0.5] * 3),
-)
+# Llama 4 has no recipe of its own in family_recipes (transformers 5.24's forward raises): this one is from the
+# transformers-side prototype. Its only image processor needs torchvision (its preprocessor_config.json is
+# written as data by build_family_checkpoint).
 _LLAMA4 = dict(
     model_type="llama4",
     special_tokens=("<|finetune_right_pad|>", "<|begin_of_text|>", "<|end_of_text|>", "<|header_start|>",
@@ -199,7 +176,7 @@ FAMILY_GGUFS: dict[str, FamilyGguf] = {
     "tiny-glm4v-gguf": FamilyGguf(_vision(specs.GLM4V, depth=3), "qwen2"),
     "tiny-lfm2-vl-gguf": FamilyGguf(
         # The converter reshapes the patch embedding as 16x16 px patches whatever the config says.
-        _update(_vision(_LFM2_VL, num_hidden_layers=3, patch_size=16),
+        _update(_vision(torchvision.LFM2_VL, num_hidden_layers=3, patch_size=16),
                 {"image_processor": {"encoder_patch_size": 16, "tile_size": 128}}),
         "qwen2", renames=_SIGLIP_NESTING,
         # The top-level Lfm2VlForConditionalGeneration is only the converter's mmproj class.
@@ -235,6 +212,12 @@ FAMILY_GGUFS: dict[str, FamilyGguf] = {
     "shape-gemma3-4b-gguf-f16": FamilyGguf(
         specs.GEMMA3_4B_SHAPE, "qwen2", renames=_SIGLIP_NESTING, converter_patch=_GEMMA3_WHOLE_EMBEDDING,
         outtype="f16", mmproj_outtype="f16",
+    ),
+    # Qwen3.5-0.8B's whole shape (hybrid_recipes: the 12-layer tower, the 24-layer hybrid language model), random
+    # weights in f16: the base of shape-qwen3.5-0.8b-gguf-q4, issue 50's vs-llama-server model (~1.8 GB, built
+    # only when asked for). Published checkpoints carry a multi-token-prediction layer; this shape has none.
+    "shape-qwen3.5-0.8b-gguf-f16": FamilyGguf(
+        hybrid.QWEN3_5_0_8B_SHAPE, "qwen2", model_args=("--no-mtp",), outtype="f16", mmproj_outtype="f16",
     ),
 }
 

@@ -63,6 +63,9 @@ QUANTIZED_GGUF_MODELS: dict[str, QuantizedGguf] = {
     # Gemma 3 4B's whole shape (families.py), the language model in Q4_K_M (~2.5 GB) beside an f16 mmproj
     # of SigLIP-so400m at 896², as llama-server users download it: issue 35's real-shape benchmark.
     "shape-gemma3-4b-gguf-q4": QuantizedGguf("shape-gemma3-4b-gguf-f16", "Q4_K_M"),
+    # Qwen3.5-0.8B's whole shape (hybrid: Gated DeltaNet + full attention), Q4_K_M beside an f16 mmproj:
+    # issue 50's vs-llama-server model, the hybrid that llama-server's image prefix cache does not keep.
+    "shape-qwen3.5-0.8b-gguf-q4": QuantizedGguf("shape-qwen3.5-0.8b-gguf-f16", "Q4_K_M"),
 }
 
 

@@ -17,13 +17,8 @@ from typing import Any
 
 from ...errors import ModelLoadError
 from .base import HFBackend
-from .torchvision_cpu import register_stand_in
 
 __all__ = ["load_hf_backend", "family_for", "HFBackend"]
-
-# Before refsight imports anything of transformers: lets PyPI's (CUDA) torchvision import beside a CPU
-# torch, where transformers would otherwise fail on every model module (see torchvision_cpu).
-register_stand_in()
 
 
 def family_for(model_type: str, name: str = "") -> type[HFBackend]:
@@ -31,7 +26,7 @@ def family_for(model_type: str, name: str = "") -> type[HFBackend]:
     proven model types and why this one cannot be served) if none does."""
     from .families import family_classes, traits_for
     from .generic import generic_family
-    from .torchvision_cpu import missing_torchvision
+    from ...torchvision_cpu import missing_torchvision
 
     try:
         return generic_family(model_type, name)

@@ -5,8 +5,8 @@ PyPI's torchvision wheels are CUDA builds. Beside torch ``+cpu`` their
 exist": it registers meta kernels of CUDA-built operators), and once torchvision is installed
 transformers imports it with every model module, so nothing of transformers would load. An empty
 module registered under that name first lets the rest of torchvision import; its transforms run
-on the CPU. :func:`register_stand_in` does that, from ``refsight.backends.hf``'s import (before
-refsight imports anything of transformers). It changes nothing when torchvision is not installed,
+on the CPU. :func:`register_stand_in` does that when refsight is imported, before anything of
+transformers is, in the caller's process and in every process refsight starts (workers, converters). It changes nothing when torchvision is not installed,
 is imported already, or torch and torchvision are built alike (whose meta registrations work and are kept).
 
 Families whose only image processor needs torchvision (LFM2-VL, Cohere2-Vision ...) are then
@@ -17,7 +17,6 @@ the package to install (:func:`missing_torchvision`), not "unsupported".
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import importlib.util
 import sys
 import types
@@ -35,10 +34,12 @@ def register_stand_in() -> bool:
         return True
     if "torchvision" in sys.modules or importlib.util.find_spec("torchvision") is None:
         return False
+    from importlib import metadata  # only with torchvision installed: it costs `import refsight` ~30 ms
+
     try:
         # PyTorch's own CPU wheels say "+cpu"; PyPI's torchvision (a CUDA build) says nothing.
-        needed = importlib.metadata.version("torch").endswith("+cpu") and not importlib.metadata.version("torchvision").endswith("+cpu")
-    except importlib.metadata.PackageNotFoundError:
+        needed = metadata.version("torch").endswith("+cpu") and not metadata.version("torchvision").endswith("+cpu")
+    except metadata.PackageNotFoundError:
         return False
     if needed:
         sys.modules[STAND_IN] = types.ModuleType(STAND_IN)
@@ -58,9 +59,11 @@ def torchvision_imports() -> bool:
 
 def install_line() -> str:
     """The pip line for the torchvision release built for the torch installed here (torch 2.N pairs with 0.N+15)."""
+    from importlib import metadata
+
     try:
-        major, minor = importlib.metadata.version("torch").split("+")[0].split(".")[:2]
-    except (importlib.metadata.PackageNotFoundError, ValueError):
+        major, minor = metadata.version("torch").split("+")[0].split(".")[:2]
+    except (metadata.PackageNotFoundError, ValueError):
         return "pip install torchvision"
     return f"pip install torchvision=={int(major) - 2}.{int(minor) + 15}.*" if major == "2" else "pip install torchvision"
 
