@@ -64,7 +64,7 @@ def test_the_generic_families_load_and_encode_without_torchvision(model_cache):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("ok")
     _, with_pil, every = done.stdout.split()
-    assert int(every) - int(with_pil) == 4  # LFM2-VL, Command A Vision, Kimi K2.5, Step 3.7
+    assert int(every) - int(with_pil) == 5  # LFM2-VL, Command A Vision, Kimi K2.5, Step 3.7, Molmo 2
 
 
 def test_the_readme_carries_the_family_table():

@@ -107,9 +107,10 @@ def from_disk(load, photos, tmp_path_factory):
 #: MiniCPM-V 4.6's language model) and KV-shared layers (Gemma 4, the encoder-free gemma4_unified) included.
 IMAGES_FIRST = ("tiny-llava", "tiny-llava-next", "tiny-llava-onevision", "tiny-paligemma", "tiny-vipllava", "tiny-video-llava",
                 "tiny-llava-next-video")
-#: Families with a language-model layer whose state prefix_cache cannot keep (LFM3's short convolutions):
-#: they run the plain path.
-UNKEPT = ("tiny-lfm3-vl",)
+#: Families with a language-model layer whose state prefix_cache cannot keep (LFM2's and LFM3's short
+#: convolutions), or whose references' state depends on what follows them (Molmo 2: every image token attends
+#: to every image of the prompt): they run the plain path.
+UNKEPT = ("tiny-lfm3-vl", "tiny-lfm2-vl", "tiny-molmo2")
 NO_PREFIX = IMAGES_FIRST + UNKEPT
 #: The hybrid built-ins and each language-model layer's kind (hf/layer_states.py).
 HYBRID_KINDS = {

@@ -42,7 +42,7 @@ _KIN = ("vipllava", "video_llava", "llava_next_video", "glm46v", "exaone4_5", "l
         "lighton_ocr", "idefics3", "deepseek_vl", "deepseek_vl_hybrid", "janus")
 
 # Their only image processor needs torchvision (torchvision_recipes).
-_TORCHVISION_ONLY = ("lfm2_vl", "cohere2_vision", "kimi_k25", "step3p7")
+_TORCHVISION_ONLY = ("lfm2_vl", "cohere2_vision", "kimi_k25", "step3p7", "molmo2")
 
 PROOFS: tuple[Proof, ...] = (
     Proof("qwen2_vl", "transformers", "tiny-qwen2-vl", _HF_EQUIVALENCE),
@@ -101,9 +101,6 @@ NOT_SERVED: dict[tuple[str, str], str] = {
                                 "processor needs torchvision",
     ("mllama", "transformers"): "cross-attention images: MllamaForConditionalGeneration has neither get_image_features nor "
                                 "mm_encoder_outputs (its text layers cross-attend to the tower's output), so no seam to cache",
-    ("molmo2", "transformers"): "served where torchvision imports (its only image processor needs it); no tiny built-in "
-                                "proves it in CI yet: its processor's crop, pooling and column tokens (ids past the "
-                                "text vocabulary, additional_vocab_size) have no recipe here",
     ("emu3", "transformers"): _BASE_ONLY.format("Emu3"),
     ("fuyu", "transformers"): _BASE_ONLY.format("Fuyu"),
     ("florence2", "transformers"): "Florence2ForConditionalGeneration (an encoder-decoder) has no mm_encoder_outputs: no "

@@ -1,5 +1,7 @@
 """The recipes of the built-in checkpoints whose only image processor needs torchvision (data only).
 
+LFM2-VL, Command A Vision (``cohere2_vision``), Kimi K2.5, Step 3.7 and Molmo 2.
+
 transformers 5.24 has no PIL image processor for these model types: their checkpoints name a
 torchvision one, so refsight serves them where torchvision imports (``refsight/torchvision_cpu.py``
 lets PyPI's CUDA-built torchvision import beside the CPU torch) and the test extras install it.
@@ -125,5 +127,34 @@ STEP3P7 = dict(
                          downsampler_stride=4),
 )
 
+# Molmo 2 (molmo2): a SigLIP-like ViT read at two layers, an attention-pooling adapter (2x2 patches to a token) and
+# an OLMo/Qwen-style language model. The template renders an image as <|image|>; the processor expands it to a
+# low-resolution view (<low_res_im_start> rows of <im_patch> each closed by <im_col>, <im_end>) and then the
+# overlapping high-resolution crops the same way (<im_start> ... <im_end>). 32 px crops of 4 px patches pooled 2x2:
+# 4x4 tokens a crop, at most 2 crops.
+MOLMO2 = dict(
+    model_type="molmo2",
+    special_tokens=("<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|image|>", "<|video|>", "<im_patch>",
+                    "<im_col>", "<im_start>", "<low_res_im_start>", "<frame_start>", "<im_end>", "<frame_end>", "<im_low>"),
+    eos="<|im_end|>", pad="<|pad|>", bos="<|endoftext|>",
+    named_tokens={"image_token": "<|image|>", "video_token": "<|video|>"},
+    # The template starts with the BOS token, as allenai's fixed templates do (Molmo2Processor prepends one to a
+    # prompt without it: refsight renders prompts itself).
+    chat_template=("{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n" + _content("<|image|>") +
+                   "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"),
+    config=dict(
+        text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, max_position_embeddings=4096, additional_vocab_size=0),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                           num_key_value_heads=2, head_dim=16, image_size=[32, 32], patch_size=4),
+        adapter_config=dict(vision_feature_layer=[-1, -2], hidden_size=32, num_attention_heads=2, num_key_value_heads=2,
+                            head_dim=16, intermediate_size=64, text_hidden_size=64),
+        image_start_token_id="token:<im_start>", low_res_image_start_token_id="token:<low_res_im_start>",
+        image_end_token_id="token:<im_end>", image_patch_id="token:<im_patch>",
+        frame_start_token_id="token:<frame_start>", frame_end_token_id="token:<frame_end>"),
+    image_processor=dict(size={"height": 32, "width": 32}, patch_size=4, pooling_size=[2, 2], overlap_margins=[1, 1],
+                         max_crops=2),
+)
+
 #: Every recipe here, one per model type (joined to the others by :mod:`.family_checkpoints`).
-TORCHVISION_RECIPES = (LFM2_VL, COHERE2_VISION, KIMI_K25, STEP3P7)
+TORCHVISION_RECIPES = (LFM2_VL, COHERE2_VISION, KIMI_K25, STEP3P7, MOLMO2)

@@ -42,6 +42,9 @@ class Traits:
     #: The processor lays each image of a batch out on its own (no padding to the batch's largest) and
     #: ``get_image_features`` returns one entry per image: a batch of references is one tower call.
     batch: bool = False
+    #: Why a reference-prefix state cannot stand for the references in this family's prompts (the
+    #: plain path runs), or "" where it can.
+    no_prefix: str = ""
     #: Why a family cannot run here (shown instead of loading), or "".
     unavailable: str = ""
     #: A note for the family table (a workaround in force, a limit).
@@ -69,6 +72,10 @@ TRAITS: dict[str, Traits] = {
     # transformers 5.24's image processor table has no qwen3_vl_moe entry; its checkpoints name Qwen2-VL's.
     "qwen3_vl_moe": Traits(image_processor="Qwen2VLImageProcessorPil", options="pixel_bounds", grid=True, batch=True),
     "glm4v_moe": Traits(image_processor="Glm4vImageProcessorPil"),
+    # Molmo 2's image tokens attend to each other across every image of the prompt (one bidirectional block, at
+    # prefill): a reference's keys and values depend on the candidate after it, so no state stops at the references.
+    "molmo2": Traits(no_prefix="image tokens attend to every image of the prompt (one bidirectional block), the candidate's too",
+                     note="no reference-prefix states: image tokens attend across all the prompt's images"),
     # Encoder-free Gemma 4: transformers 5.24 has only a torchvision image processor for it; refsight's PIL one
     # lays images out identically (Gemma 4's at the model-patch size: pil_processors). A package is the patch
     # embedding (pooler_output: one row per image token); the reference state is Gemma 4's (prefix_cache).

@@ -63,14 +63,18 @@ def layer_kinds(backend: Any) -> list[str] | None:
     return kinds if any(kind != "shared" for kind in kinds) else None
 
 
-def _kv_shape(backend: Any, layer: int) -> tuple[int, int]:
-    """(KV heads, head size) of attention layer ``layer``: its own where the config varies them per layer."""
+def _kv_shape(backend: Any, layer: int) -> tuple[int, int, int]:
+    """(KV heads, key size, value size) of attention layer ``layer``'s cache: its own where the config varies
+    them per layer. Multi-head latent attention (DeepSeek-V3's, Kimi K2.5's) caches its two latents as one
+    head each: the compressed keys and values (``kv_lora_rank``) as keys, the shared RoPE key as values."""
     text = _text_config(backend)
     views = getattr(text, "per_layer_config", None)
     config = views[layer] if views is not None else text
     heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+    if getattr(config, "kv_lora_rank", None):
+        return 1, int(config.kv_lora_rank), int(config.qk_rope_head_dim)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
-    return heads, head_dim
+    return heads, head_dim, head_dim
 
 
 def _deltanet_shapes(backend: Any) -> tuple[list[int], list[int]]:
@@ -90,8 +94,9 @@ def expected_tensors(backend: Any, kinds: list[str], tokens: int) -> dict[str, t
     want: dict[str, tuple[list[int], tuple[Any, ...]]] = {}
     for i, kind in enumerate(kinds):
         if kind in ATTENTION_KINDS:
-            heads, head_dim = _kv_shape(backend, i)
-            want[f"key.{i}"] = want[f"value.{i}"] = ([1, heads, tokens, head_dim], (dtype,))
+            heads, key_dim, value_dim = _kv_shape(backend, i)
+            want[f"key.{i}"] = ([1, heads, tokens, key_dim], (dtype,))
+            want[f"value.{i}"] = ([1, heads, tokens, value_dim], (dtype,))
         elif kind == "linear":
             conv, recurrent = _deltanet_shapes(backend)
             want[f"conv.{i}"] = (conv, (dtype,))
@@ -136,9 +141,9 @@ def _fill_attention(cache: Any, i: int, states: list[Any], width: int, backend: 
     import torch
 
     device, dtype = backend.device, backend.model.dtype
-    heads, head_dim = _kv_shape(backend, i)
-    keys = [_columns(s, f"key.{i}", (1, heads, width, head_dim), device, dtype) for s in states]
-    values = [_columns(s, f"value.{i}", (1, heads, width, head_dim), device, dtype) for s in states]
+    heads, key_dim, value_dim = _kv_shape(backend, i)
+    keys = [_columns(s, f"key.{i}", (1, heads, width, key_dim), device, dtype) for s in states]
+    values = [_columns(s, f"value.{i}", (1, heads, width, value_dim), device, dtype) for s in states]
     # A sliding layer's own update keeps its last columns and counts the whole width, as a fresh prefill would.
     cache.update(torch.cat(keys, dim=0), torch.cat(values, dim=0), i)
 

@@ -235,9 +235,10 @@ def _build(backend: Any, kinds: list[str], row: _Row) -> PrefixState:
 
 
 def usable_cache(backend: Any) -> bool:
-    """Whether every language-model layer's state can be kept after a prefix and put back
-    (:func:`.layer_states.layer_kinds`: full attention, sliding windows, Gated DeltaNet)."""
-    return layer_kinds(backend) is not None
+    """Whether a state after the references can stand for them (the family's attention allows it:
+    :attr:`~.families.Traits.no_prefix`) and every language-model layer's state can be kept and put
+    back (:func:`.layer_states.layer_kinds`: full attention, sliding windows, Gated DeltaNet)."""
+    return not backend.traits.no_prefix and layer_kinds(backend) is not None
 
 
 def _windows(backend: Any) -> list[int | None]:
@@ -305,7 +306,7 @@ def plan_prefixes(backend: Any, rows: list[list[Any]], requests: list[Generation
     if not any(r.prefix_cache is not None and r.prefix_segments for r in requests):
         return None
     kinds = layer_kinds(backend)
-    if kinds is None:
+    if kinds is None or backend.traits.no_prefix:
         return None
     model = f"{backend.fingerprint().digest}:{backend.device}"
     # The chat template's own hash too: a template given at load (--chat-template) never meets another's states.
