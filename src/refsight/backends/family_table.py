@@ -90,8 +90,6 @@ PROOFS: tuple[Proof, ...] = (
       for t in ("qwen3_vl_moe", "glm4v", "glm4v_moe", "paddleocr_vl", "exaone4_5", "idefics3", "minicpmv4_6", "gemma4")),
 )
 
-_BASE_ONLY = ("its get_image_features is on {}Model only, which the generic backend calls (loads through the seam); "
-              "no tiny built-in proves it in CI yet")
 _CONVERTER = "llama-cpp-python 0.3.36's convert_hf_to_gguf.py does not convert it"
 
 #: Model types that cannot be served on a runtime here, with the reason (shown in the table).
@@ -101,8 +99,12 @@ NOT_SERVED: dict[tuple[str, str], str] = {
                                 "processor needs torchvision",
     ("mllama", "transformers"): "cross-attention images: MllamaForConditionalGeneration has neither get_image_features nor "
                                 "mm_encoder_outputs (its text layers cross-attend to the tower's output), so no seam to cache",
-    ("emu3", "transformers"): _BASE_ONLY.format("Emu3"),
-    ("fuyu", "transformers"): _BASE_ONLY.format("Fuyu"),
+    ("emu3", "transformers"): "its image features are VQ-VAE codes mapped into the text vocabulary (one "
+                              "'<|visual token N|>' token per code, config.vocabulary_map); loads through the seam on "
+                              "Emu3Model, but no tiny built-in with such a codebook proves it in CI yet",
+    ("fuyu", "transformers"): "FuyuProcessor takes one image per prompt and places it before the text itself "
+                              "(prepare_inputs_layout prepends |SPEAKER| to each text and zips one image with it); "
+                              "refsight's prompts hold references and a candidate",
     ("florence2", "transformers"): "Florence2ForConditionalGeneration (an encoder-decoder) has no mm_encoder_outputs: no "
                                    "precomputed-features seam",
     ("got_ocr2", "transformers"): "GotOcr2Processor refuses more than one image per prompt unless multi_page, which reads them "
