@@ -101,7 +101,8 @@ class TokenLogprob:
     """One generated token with its log probability, and the ``top`` most likely tokens at its step.
 
     Probabilities are the model's own, over its raw logits (before penalties, a bias, a grammar or
-    the temperature change them: llama-server's ``n_probs`` and vLLM's default). ``piece`` is the
+    the temperature change them: llama-server's ``n_probs`` and vLLM's default), or the sampler
+    chain's where the request asked for them (``Sampling.post_sampling_probs``). ``piece`` is the
     token's bytes (a special token's are empty); ``top`` holds ``(token, piece, logprob)``, most
     likely first, the chosen token among them when it is one of the most likely.
     """
@@ -110,12 +111,15 @@ class TokenLogprob:
     piece: bytes
     logprob: float
     top: tuple[tuple[int, bytes, float], ...] = ()
+    #: The sampler chain's probabilities (``Sampling.post_sampling_probs``), not the model's own.
+    post_sampling: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (pieces as text, U+FFFD for bytes that are not UTF-8 alone; -inf as the lowest float)."""
         return {
             "token": self.token, "text": self.piece.decode("utf-8", "replace"), "logprob": finite_logprob(self.logprob),
             "top": [{"token": t, "text": p.decode("utf-8", "replace"), "logprob": finite_logprob(lp)} for t, p, lp in self.top],
+            **({"post_sampling": True} if self.post_sampling else {}),
         }
 
 

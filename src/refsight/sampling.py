@@ -9,9 +9,10 @@ before. A backend lists the fields it honours in ``Backend.sampling_fields``;
 so callers refuse them instead of ignoring them silently. :meth:`Sampling.merged` is the one
 merge of a request's fields over the served model's defaults. The token constraints
 (:data:`TOKEN_FIELDS`: ``logit_bias``, ``ignore_eos``, a GBNF ``grammar``, llama-server's) are
-fields too, honoured only by a backend that lists them; so is ``logprobs`` (:data:`OUTPUT_FIELDS`), which
-changes no token but asks the backend to report each token's log probability and the most likely
-alternatives (:class:`~refsight.results.TokenLogprob`).
+fields too, honoured only by a backend that lists them; so are ``logprobs`` and ``post_sampling_probs``
+(:data:`OUTPUT_FIELDS`), which change no token but ask the backend to report each token's log probability
+and the most likely alternatives (:class:`~refsight.results.TokenLogprob`), the model's own or the
+sampler chain's.
 
 :class:`StopText` cuts a growing text at the first stop string and tells a streamer how
 much of it is safe to show (text that could still become a stop string is held back).
@@ -43,8 +44,8 @@ SAMPLING_FIELDS = (
 
 #: The token constraints (llama-server's fields): a backend honours them only where it lists them.
 TOKEN_FIELDS = ("logit_bias", "ignore_eos", "grammar")
-#: What a generation reports beside its tokens: a backend honours it only where it lists it.
-OUTPUT_FIELDS = ("logprobs",)
+#: What a generation reports beside its tokens: a backend honours them only where it lists them.
+OUTPUT_FIELDS = ("logprobs", "post_sampling_probs")
 #: The most ``(token, bias)`` pairs one request may give (a vocabulary's worth is never needed).
 MAX_LOGIT_BIAS = 1 << 16
 #: The largest token id a bias may name before the backend checks it against its vocabulary.
@@ -151,7 +152,10 @@ class Sampling:
 
     ``logprobs`` (None: off) changes no token: the generation reports each token's log probability
     and its ``logprobs`` most likely alternatives (0: the chosen token's alone), at most
-    :data:`~refsight.results.MAX_LOGPROBS`.
+    :data:`~refsight.results.MAX_LOGPROBS`. They are the model's own (a softmax over the raw logits)
+    unless ``post_sampling_probs`` (llama-server's field) asks for the sampler chain's: after the
+    bias, the grammar, the penalties, top-k, top-p, min-p and the temperature, over the tokens the
+    chain kept (greedy decoding keeps one, at probability 1).
     """
 
     temperature: float = 0.0
@@ -167,6 +171,7 @@ class Sampling:
     ignore_eos: bool = False
     grammar: str | None = None
     logprobs: int | None = None
+    post_sampling_probs: bool = False
 
     def __post_init__(self) -> None:
         # Every rule of a sampling, checked here once: the front ends build a Sampling and keep no copy.
@@ -183,6 +188,8 @@ class Sampling:
             check_gbnf(self.grammar)
         if self.logprobs is not None:
             _integer("logprobs", self.logprobs, MAX_LOGPROBS, f"must be an integer from 0 to {MAX_LOGPROBS}")
+        if not isinstance(self.post_sampling_probs, bool):
+            raise InvalidInputError("post_sampling_probs", f"must be true or false, not {self.post_sampling_probs!r}")
 
     @classmethod
     def merged(cls, given: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> Sampling:

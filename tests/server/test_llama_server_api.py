@@ -101,12 +101,28 @@ def test_health_and_props(llama):
         slots = c.get("/slots").json()
         assert [s["id"] for s in slots] == [0, 1] and not any(s["is_processing"] for s in slots)
         assert slots[0]["n_ctx"] == backend.runtime.settings.n_ctx
-        refused = c.post("/completion", json={"prompt": ["one prompt", "and another"]})  # several prompts: one at a time
-        assert refused.status_code == 400 and refused.json()["error"]["param"] == "prompt"
     params = props["default_generation_settings"]["params"]
     assert params["temperature"] == 0.0  # refsight is greedy by default
     # ...and samples, when asked to, through llama-server's sampler defaults on llama.cpp.
     assert (params["top_k"], params["top_p"], params["min_p"]) == (40, 0.95, 0.05)
+
+
+@pytest.mark.slow  # a server on the tiny model converted to GGUF (llama-cpp-python: an optional runtime)
+def test_several_prompts_in_one_completion_are_answered_in_order_as_llama_server(llama):
+    text = "I believe the meaning of life is"
+    with llama.client() as c:
+        tokens = c.post("/tokenize", json={"content": text, "add_special": True}).json()["tokens"]
+        one = c.post("/completion", json={"prompt": tokens, "n_predict": 6}).json()
+        for prompts in ([tokens, tokens], [tokens, text], [tokens, {"prompt_string": text}], [text, tokens, [text]]):
+            answers = c.post("/completion", json={"prompt": prompts, "n_predict": 6}).json()
+            assert isinstance(answers, list) and [a["index"] for a in answers] == list(range(len(prompts)))
+            assert {a["content"] for a in answers} == {one["content"]}
+        assert isinstance(c.post("/completion", json={"prompt": [text], "n_predict": 2}).json(), dict)  # one: an object
+        for body, param in (({"prompt": [text, text], "stream": True}, "stream"), ({"prompt": [text] * 17}, "prompt"),
+                            ({"prompt": []}, "prompt"), ({"prompt": [text, 5.5]}, "prompt"),
+                            ({"prompt": [text, text], "multimodal_data": []}, "multimodal_data")):
+            refused = c.post("/completion", json={**body, "n_predict": 2})
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == param, body
 
 
 @pytest.mark.slow  # a server on the tiny model converted to GGUF (llama-cpp-python: an optional runtime)
@@ -282,6 +298,16 @@ def test_v1_completions_with_the_openai_sdk(llama):
     assert streamed == native["content"]
     constrained = client.completions.create(model="local", prompt=PROMPT, max_tokens=4, extra_body={"grammar": "root ::= \"a\""})
     assert constrained.choices[0].text == "a"  # llama-server's GBNF grammar, honoured on llama.cpp
+    # A list of prompts: a choice each, in order, the usage summed.
+    several = client.completions.create(model="local", prompt=[PROMPT, "Once upon a time", PROMPT], max_tokens=10)
+    assert [c.index for c in several.choices] == [0, 1, 2]
+    assert several.choices[0].text == several.choices[2].text == native["content"]
+    alone = client.completions.create(model="local", prompt="Once upon a time", max_tokens=10)
+    assert several.choices[1].text == alone.choices[0].text
+    assert several.usage.prompt_tokens == 2 * completion.usage.prompt_tokens + alone.usage.prompt_tokens
+    with pytest.raises(openai.BadRequestError) as refused:  # several prompts stream one at a time
+        client.completions.create(model="local", prompt=[PROMPT, PROMPT], max_tokens=2, stream=True)
+    assert refused.value.body["param"] == "stream"
 
 
 @pytest.mark.slow  # a server on the tiny model converted to GGUF (llama-cpp-python: an optional runtime)

@@ -131,8 +131,9 @@ def test_token_ids_as_the_prompt_alone_or_mixed_with_text(llama):
         answer = _complete(llama, prompt=prompt).json()
         assert (answer["content"], answer["tokens_evaluated"]) == (as_text["content"], as_text["tokens_evaluated"]), prompt
     _refused(_complete(llama, prompt=[*ids, 10**9]), "prompt")
-    _refused(_complete(llama, prompt=["one", "two"]), "prompt")
     _refused(_complete(llama, prompt=[1.5]), "prompt")
+    # Strings beside each other (no id among them) are several prompts: an answer each (test_llama_server_api).
+    assert [a["prompt"] for a in _complete(llama, prompt=["one", "two"]).json()] == ["one", "two"]
 
 
 def test_a_backend_without_the_token_constraints_refuses_them_by_name(tmp_path):
@@ -140,7 +141,7 @@ def test_a_backend_without_the_token_constraints_refuses_them_by_name(tmp_path):
 
     with TestClient(create_app(ServerConfig(store=tmp_path / "s", model="toy", keys={})), base_url="http://127.0.0.1") as client:
         for field, value in (("ignore_eos", True), ("grammar", 'root ::= "a"'), ("logit_bias", {"5": 1.0}),
-                             ("logprobs", True), ("n_probs", 2)):
+                             ("logprobs", True), ("n_probs", 2), ("post_sampling_probs", True)):
             body = {"messages": [{"role": "user", "content": "hi"}], field: value}
             _refused(client.post("/v1/chat/completions", json=body), field)
         _refused(client.post("/v1/completions", json={"prompt": "hi", "logprobs": 0}), "logprobs")
@@ -187,7 +188,38 @@ def test_log_probabilities_in_llama_server_and_openai_shapes_streamed_too(llama)
     _refused(_complete(llama, n_probs=101), "n_probs")
     _refused(llama.post("/v1/chat/completions", json={**chat, "top_logprobs": 2}), "top_logprobs")
     _refused(llama.post("/v1/chat/completions", json={**chat, "logprobs": True, "top_logprobs": 21}), "top_logprobs")
-    _refused(_complete(llama, n_probs=2, post_sampling_probs=True), "post_sampling_probs")
+
+
+
+@pytest.mark.slow  # a server on the tiny GGUF (llama-cpp-python: an optional runtime)
+def test_post_sampling_probs_are_the_sampler_chains_and_change_no_token(llama):
+    import math
+
+    # Sampled (llama-server's defaults: top-k 40, top-p 0.95, min-p 0.05): the same seeded tokens as without
+    # the field, each with its probability among what the chain kept, llama-server's prob/top_probs fields.
+    sampled = {"n_predict": 8, "temperature": 1.0, "seed": 7, "return_tokens": True}
+    plain = _complete(llama, **sampled).json()
+    answer = _complete(llama, **sampled, n_probs=10, post_sampling_probs=True).json()
+    assert answer["tokens"] == plain["tokens"] and answer["generation_settings"]["post_sampling_probs"] is True
+    for entry in answer["completion_probabilities"]:
+        assert 0.0 < entry["prob"] <= 1.0 and "logprob" not in entry and "top_logprobs" not in entry
+        top = entry["top_probs"]
+        assert 0 < len(top) <= 10 and all(0.0 < t["prob"] <= 1.0 for t in top)
+        assert [t["prob"] for t in top] == sorted((t["prob"] for t in top), reverse=True)
+        assert sum(t["prob"] for t in top) <= 1.0 + 1e-6
+        if len(top) < 10:  # fewer than asked only when the chain kept fewer: they are all of it
+            assert math.isclose(sum(t["prob"] for t in top), 1.0, abs_tol=1e-5)
+        if entry["id"] in [t["id"] for t in top]:
+            assert next(t["prob"] for t in top if t["id"] == entry["id"]) == entry["prob"]
+    # top-k 1 keeps one token, at probability 1; so does greedy decoding (llama-server's temperature 0).
+    for narrow in ({"temperature": 1.0, "seed": 7, "top_k": 1}, {"temperature": 0}):
+        body = _complete(llama, n_predict=4, n_probs=5, post_sampling_probs=True, return_tokens=True, **narrow).json()
+        assert all(e["prob"] == 1.0 and [t["id"] for t in e["top_probs"]] == [e["id"]] for e in body["completion_probabilities"])
+    # The chat carries the same entries, streamed too.
+    chat = {"messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": 4, "logprobs": True,
+            "top_logprobs": 3, "post_sampling_probs": True, "temperature": 1.0, "seed": 3}
+    content = llama.post("/v1/chat/completions", json=chat).json()["choices"][0]["logprobs"]["content"]
+    assert len(content) == 4 and all("prob" in e and "top_probs" in e for e in content)
 
 
 def _metrics(client) -> dict[str, float]:

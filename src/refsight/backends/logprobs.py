@@ -1,4 +1,5 @@
-"""A generated token's log probability and its most likely alternatives, from one step's raw logits.
+"""A generated token's log probability and its most likely alternatives, from one step's raw logits
+(or from what a sampler chain kept at that step: :func:`chain_logprob`).
 
 Every backend that honours ``Sampling.logprobs`` computes them here, the same way: a log-softmax
 over the model's raw logits of the step in float64 (llama-server's ``n_probs`` reads the same
@@ -14,7 +15,7 @@ import numpy as np
 
 from ..results import TokenLogprob
 
-__all__ = ["token_logprob"]
+__all__ = ["token_logprob", "chain_logprob"]
 
 
 def token_logprob(row: np.ndarray, token: int, n: int, piece: Callable[[int], bytes]) -> TokenLogprob:
@@ -33,3 +34,15 @@ def token_logprob(row: np.ndarray, token: int, n: int, piece: Callable[[int], by
         best = best[np.lexsort((best, -logprobs[best]))]
         top = tuple((int(t), piece(int(t)), float(logprobs[t])) for t in best)
     return TokenLogprob(token=int(token), piece=piece(int(token)), logprob=float(logprobs[token]), top=top)
+
+
+def chain_logprob(token: int, ids: np.ndarray, probs: np.ndarray, n: int, piece: Callable[[int], bytes]) -> TokenLogprob:
+    """``token``'s :class:`TokenLogprob` from what a sampler chain kept at its step (``ids`` with their
+    probabilities ``probs``: llama-server's post-sampling probabilities), with the ``n`` most likely kept
+    tokens that have a probability above 0 (ties by the lower id)."""
+    order = np.lexsort((ids, -probs))
+    chosen = float(probs[ids == token][0])
+    with np.errstate(divide="ignore"):
+        top = tuple((int(ids[i]), piece(int(ids[i])), float(np.log(probs[i]))) for i in order[:n] if probs[i] > 0)
+        return TokenLogprob(token=int(token), piece=piece(int(token)), logprob=float(np.log(chosen)), top=top,
+                            post_sampling=True)

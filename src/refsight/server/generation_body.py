@@ -39,7 +39,7 @@ DEFAULT_MAX_TOKENS = 128
 HINT_FIELDS = frozenset({"user", "cache_prompt", "id_slot", "return_tokens", "timings_per_token"})
 #: Fields accepted at the value that changes nothing (their default in llama-server or vLLM); any other is a 400.
 NO_OP_VALUES: dict[str, Any] = {
-    "post_sampling_probs": False, "min_tokens": 0, "skip_special_tokens": True,
+    "min_tokens": 0, "skip_special_tokens": True,
     "include_stop_str_in_output": False, "spaces_between_special_tokens": True, "echo": False,
     "add_generation_prompt": True, "continue_final_message": False, "typical_p": 1.0, "tfs_z": 1.0,
     "mirostat": 0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "n_keep": 0,
@@ -122,6 +122,9 @@ class GenerationBody(BaseModel):
     n_probs: IntegerOrNull = Field(
         None, ge=0, description="llama-server: each token's log probability and its N most likely alternatives (0: none)"
     )
+    post_sampling_probs: bool | None = Field(
+        None, description="llama-server: with n_probs, the sampler chain's probabilities (prob, top_probs) over the tokens it kept"
+    )
     return_progress: bool | None = Field(
         None, description="llama-server: with stream, prompt_progress events (total, cache, processed, time_ms) before the answer"
     )
@@ -187,6 +190,7 @@ class GenerationBody(BaseModel):
         if self.logit_bias is not None:
             given["logit_bias"] = logit_bias_pairs(self.logit_bias, tokenize or _no_text_keys)
         given["logprobs"], logprobs_field = self.requested_logprobs()
+        given["post_sampling_probs"] = self.post_sampling_probs
         try:
             return Sampling.merged(given, defaults)
         except InvalidInputError as e:

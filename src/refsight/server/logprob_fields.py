@@ -6,7 +6,8 @@ most likely alternatives at its step); a streamed piece carries those of its tok
 
 - llama-server's ``completion_probabilities`` (``/completion``, with ``n_probs``), and OpenAI's chat
   ``logprobs.content``, which llama-server returns in the same entries: ``id``, ``token``, ``bytes``,
-  ``logprob`` and ``top_logprobs`` of the same fields (:func:`token_entries`);
+  ``logprob`` and ``top_logprobs`` of the same fields (:func:`token_entries`); the sampler chain's
+  probabilities (``post_sampling_probs``) as llama-server gives them, ``prob`` and ``top_probs``;
 - OpenAI's legacy ``/v1/completions`` ``logprobs``: ``tokens``, ``token_logprobs``,
   ``top_logprobs`` (text to log probability) and ``text_offset``, with llama-server's ``content``
   entries beside them (:func:`completion_logprobs`).
@@ -17,6 +18,7 @@ reading: a piece of a multi-byte character has no text of its own); ``bytes`` ar
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 from ..results import TokenLogprob, finite_logprob
@@ -32,14 +34,16 @@ def _text(piece: bytes) -> str:
         return piece[: e.start].decode("utf-8")
 
 
-def _entry(token: int, piece: bytes, logprob: float) -> dict[str, Any]:
-    return {"id": token, "token": _text(piece), "bytes": list(piece), "logprob": finite_logprob(logprob)}
+def _entry(token: int, piece: bytes, logprob: float, post_sampling: bool = False) -> dict[str, Any]:
+    value = {"prob": math.exp(logprob)} if post_sampling else {"logprob": finite_logprob(logprob)}
+    return {"id": token, "token": _text(piece), "bytes": list(piece), **value}
 
 
 def token_entries(logprobs: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
     """llama-server's entries (its ``completion_probabilities``, and OpenAI's chat ``logprobs.content``)."""
     return [
-        {**_entry(lp.token, lp.piece, lp.logprob), "top_logprobs": [_entry(*alt) for alt in lp.top]}
+        {**_entry(lp.token, lp.piece, lp.logprob, lp.post_sampling),
+         ("top_probs" if lp.post_sampling else "top_logprobs"): [_entry(*alt, lp.post_sampling) for alt in lp.top]}
         for lp in logprobs
     ]
 

@@ -65,7 +65,8 @@ class HFBackend(Backend):
     :meth:`from_pretrained`), not directly.
     """
 
-    sampling_fields: ClassVar[frozenset[str]] = frozenset((*SAMPLING_FIELDS, *OUTPUT_FIELDS))
+    # The model's own log probabilities; the sampler chain's (post_sampling_probs) are llama.cpp's alone.
+    sampling_fields: ClassVar[frozenset[str]] = frozenset((*SAMPLING_FIELDS, *OUTPUT_FIELDS)) - {"post_sampling_probs"}
     supports_raw_prompt: ClassVar[bool] = True
     supports_turns: ClassVar[bool] = True
     supports_streaming: ClassVar[bool] = True

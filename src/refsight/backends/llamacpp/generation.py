@@ -26,7 +26,7 @@ from ...errors import ContextLengthError, CorruptPackageError
 from ...images import ImageInput
 from ...package import VisualPackage
 from ...results import TextPiece, TokenLogprob
-from ..logprobs import token_logprob
+from ..logprobs import chain_logprob, token_logprob
 from ...sampling import Sampling, StopText
 from . import package_format as fmt
 from .native import Bitmap, LlamaRuntime
@@ -220,7 +220,8 @@ class TokenLoop:
     it), after ``max_new_tokens`` (``"length"``) or once ``stop_event`` is set
     (``"cancelled"``, checked before every token). Logits are the model's raw logits at
     each step, before penalties and the grammar change them; so are the log probabilities
-    ``sampling.logprobs`` asks for (:attr:`logprobs`, one per token).
+    ``sampling.logprobs`` asks for (:attr:`logprobs`, one per token), unless
+    ``sampling.post_sampling_probs`` asks for the sampler chain's.
     """
 
     def __init__(
@@ -244,6 +245,7 @@ class TokenLoop:
         self.tokens: list[int] = []
         self.rows: list[np.ndarray] = []
         self.n_probs = sampling.logprobs  # None: no log probabilities
+        self.post_sampling = sampling.post_sampling_probs and self.n_probs is not None
         self.logprobs: list[TokenLogprob] = []
         self.finish = "length"
         self.token = -1  # the token the next decode appends
@@ -256,11 +258,17 @@ class TokenLoop:
         row = self.runtime.last_logits(output) if self.return_logits or self.n_probs is not None else None
         if self.return_logits:
             self.rows.append(row)
-        token = self.token = self.sampler.sample(output)
-        self.tokens.append(token)
         logprob = None
-        if self.n_probs is not None:
-            logprob = token_logprob(row, token, self.n_probs, self.runtime.piece)
+        if self.post_sampling:
+            token, ids, probs = self.sampler.sample_with_probs(row)
+            logprob = chain_logprob(token, ids, probs, self.n_probs, self.runtime.piece)
+        else:
+            token = self.sampler.sample(output)
+            if self.n_probs is not None:
+                logprob = token_logprob(row, token, self.n_probs, self.runtime.piece)
+        self.token = token
+        self.tokens.append(token)
+        if logprob is not None:
             self.logprobs.append(logprob)
         if self.runtime.is_eog(token):
             self.stream.add(b"", logprob)  # no text; its log probability still goes out with the last piece

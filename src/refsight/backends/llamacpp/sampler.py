@@ -9,9 +9,14 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from .native import LlamaRuntime, NativeError
 
 __all__ = ["Sampler", "eog_tokens"]
+
+#: ``llama_token_data`` as numpy lays it out: the array the chain works on, filled from one row of logits.
+_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 
 #: Each runtime's end-of-generation tokens, found once (a walk over the vocabulary).
 _EOG: weakref.WeakKeyDictionary[LlamaRuntime, tuple[int, ...]] = weakref.WeakKeyDictionary()
@@ -43,6 +48,7 @@ class Sampler:
     ) -> None:
         L = runtime._L
         self._L, self._runtime = L, runtime
+        self.greedy = sampling.greedy
         self.chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         try:
             self._add_logit_bias(sampling)
@@ -107,6 +113,30 @@ class Sampler:
     def sample(self, output: int = -1) -> int:
         """Choose the next token from the last decode's output ``output`` (and advance the grammar and penalties)."""
         return int(self._L.llama_sampler_sample(self.chain, self._runtime.ctx, output))
+
+    def sample_with_probs(self, logits: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+        """Choose the next token from ``logits`` (the output's row) as :meth:`sample` does, and return what the
+        chain left with it: ``(token, ids, probabilities)`` of the tokens it kept (llama-server's post-sampling
+        probabilities). ``llama_sampler_sample``'s own steps over an array held here: the same token."""
+        L = self._L
+        data = np.zeros(logits.size, dtype=_TOKEN_DATA)
+        data["id"] = np.arange(logits.size, dtype=np.int32)
+        data["logit"] = logits
+        array = L.llama_token_data_array(data.ctypes.data_as(L.llama_token_data_p), logits.size, -1, False)
+        L.llama_sampler_apply(self.chain, ctypes.byref(array))
+        size, selected = int(array.size), int(array.selected)
+        if not 0 <= selected < size:
+            raise NativeError("the sampler chain selected no token")
+        # A sampler may point the array at its own buffer: read where it points, not the array given.
+        raw = ctypes.cast(array.data, ctypes.POINTER(ctypes.c_uint8 * (size * _TOKEN_DATA.itemsize))).contents
+        kept = np.frombuffer(bytes(raw), dtype=_TOKEN_DATA)
+        token = int(kept["id"][selected])
+        L.llama_sampler_accept(self.chain, token)
+        probs = kept["p"].astype(np.float64)
+        if self.greedy:  # argmax computes no probabilities: the chain keeps that one token, as llama-server's temp 0
+            probs = np.zeros(size)
+            probs[selected] = 1.0
+        return token, kept["id"].copy(), probs
 
     def free(self) -> None:
         """Release the chain (and the samplers it owns). Idempotent."""

@@ -1,8 +1,9 @@
 """``POST /v1/completions``: OpenAI's (legacy) text completion, as the openai SDK's ``completions.create`` sends it.
 
-The prompt is raw text (no chat template added), one prompt per request; the generation
+The prompt is raw text (no chat template added); a list of prompts is answered one after the
+other, a choice each (``index`` in the list's order, the usage summed). The generation
 fields are the chat endpoint's (:mod:`..generation_body`: OpenAI's, vLLM's and
-llama-server's names). ``stream: true`` answers with ``text_completion`` chunks, then
+llama-server's names). ``stream: true`` answers one prompt with ``text_completion`` chunks, then
 ``data: [DONE]``. Images are not taken here (use ``/v1/chat/completions`` or llama-server's
 ``/completion``): a prompt holding the media marker is a 400.
 """
@@ -34,10 +35,10 @@ router = APIRouter(tags=["openai"])
 
 
 class CompletionsBody(GenerationBody):
-    """OpenAI's completions request (one prompt)."""
+    """OpenAI's completions request."""
 
     model: str | None = None
-    prompt: str | list[str] = Field(description="the raw prompt (a list of one string is accepted too)")
+    prompt: str | list[str] = Field(description="the raw prompt, or a list of prompts (a choice each)")
     n: IntegerOrNull = Field(None, ge=1)
     logprobs: IntegerOrNull = Field(None, ge=0, description="each token's log probability and the N most likely alternatives")
     stream: bool | None = None
@@ -49,13 +50,19 @@ class CompletionsBody(GenerationBody):
             return self.logprobs, "logprobs"
         return super().requested_logprobs()
 
-    def text(self) -> str:
-        """The one prompt; 400 for several (one completion per request)."""
-        if isinstance(self.prompt, str):
-            return self.prompt
-        if len(self.prompt) != 1:
-            raise ApiError(400, "unsupported", "prompt: give one prompt per request", param="prompt")
-        return self.prompt[0]
+    def texts(self) -> list[str]:
+        """The prompts, in order; 400 for none, more than :data:`MAX_PROMPTS`, or several streamed."""
+        texts = [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+        if not texts or len(texts) > MAX_PROMPTS:
+            raise ApiError(400, "invalid_input", f"prompt: give 1 to {MAX_PROMPTS} prompts, not {len(texts)}", param="prompt")
+        if len(texts) > 1 and self.stream:
+            raise ApiError(400, "unsupported", f"stream: {len(texts)} prompts are answered as choices of one response; "
+                           "stream one prompt per request", param="stream")
+        return texts
+
+
+#: The prompts one request may hold (each is answered in turn).
+MAX_PROMPTS = 16
 
 
 @router.post("/v1/completions", responses={k: ERROR_RESPONSES[k] for k in (400, 404)})
@@ -65,37 +72,50 @@ async def completions(request: Request, body: CompletionsBody, namespace: Namesp
         raise ApiError(400, "unsupported", "n: only one choice (n=1) is supported", param="n")
     max_new_tokens, sampling = check_generation(body, service, None, config.max_new_tokens)
     schema = body.schema()
-    prompt = raw_prompt(body.text(), [], service.media_marker)
-    await check_raw_prompt(prompt, pool, config.max_prompt_tokens, service)
+    prompts = [raw_prompt(text, [], service.media_marker) for text in body.texts()]
+    for prompt in prompts:
+        await check_raw_prompt(prompt, pool, config.max_prompt_tokens, service)
     completion_id, created = f"cmpl-{uuidlib.uuid4().hex}", int(time.time())
 
-    def work(on_text=None, stop_event=None) -> GenerateResult:
-        return service.chat(
-            [prompt.texts[0]], namespace=namespace, max_new_tokens=max_new_tokens, json_schema=schema,
-            sampling=sampling, on_text=on_text, stop_event=stop_event, raw_prompt=True,
-            on_prompt=progress_hook(on_text, body.return_progress),
-        )
+    def work_of(text: str) -> Any:
+        def work(on_text=None, stop_event=None) -> GenerateResult:
+            return service.chat(
+                [text], namespace=namespace, max_new_tokens=max_new_tokens, json_schema=schema,
+                sampling=sampling, on_text=on_text, stop_event=stop_event, raw_prompt=True,
+                on_prompt=progress_hook(on_text, body.return_progress),
+            )
 
-    def choice(text: str, finish: str | None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-        data = {"id": completion_id, "object": "text_completion", "created": created, "model": service.served_model,
-                "system_fingerprint": SYSTEM_FINGERPRINT,
-                "choices": [{"text": str(text), "index": 0, "logprobs": logprobs, "finish_reason": finish}]}
-        return data
+        return work
+
+    def choice(text: str, finish: str | None, logprobs: dict[str, Any] | None = None, index: int = 0) -> dict[str, Any]:
+        return {"text": str(text), "index": index, "logprobs": logprobs, "finish_reason": finish}
+
+    def response(*choices: dict[str, Any]) -> dict[str, Any]:
+        return {"id": completion_id, "object": "text_completion", "created": created, "model": service.served_model,
+                "system_fingerprint": SYSTEM_FINGERPRINT, "choices": list(choices)}
 
     if not body.stream:
-        result = await run_watched(pool, request, work)  # a client that leaves frees its worker
-        return {**choice(result.text, finish_reason(result), completion_logprobs(result.logprobs)), "usage": usage(result),
-                "refsight": refsight_extra(result)}
-    first, source, stop = await open_stream(pool, work, request)
+        results = [await run_watched(pool, request, work_of(p.texts[0])) for p in prompts]  # a client that leaves frees its worker
+        choices = [choice(r.text, finish_reason(r), completion_logprobs(r.logprobs), i) for i, r in enumerate(results)]
+        counts = [usage(r) for r in results]
+        total = {k: sum(u[k] for u in counts) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+        total["prompt_tokens_details"] = {"cached_tokens": sum(u["prompt_tokens_details"]["cached_tokens"] for u in counts)}
+        if len(results) == 1:
+            return {**response(*choices), "usage": total, "refsight": refsight_extra(results[0])}
+        # Several: each choice carries its own answer's refsight object.
+        choices = [{**c, "refsight": refsight_extra(r)} for c, r in zip(choices, results)]
+        return {**response(*choices), "usage": total}
+    first, source, stop = await open_stream(pool, work_of(prompts[0].texts[0]), request)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return EventStreamResponse(_chunks(first, source, choice, include_usage), stop)
+    return EventStreamResponse(_chunks(first, source, lambda *a: response(choice(*a)), include_usage), stop)
 
 
-async def _chunks(first: Any, source: AsyncIterator[Any], choice: Any, include_usage: bool) -> AsyncIterator[bytes]:
+async def _chunks(first: Any, source: AsyncIterator[Any], chunk: Any, include_usage: bool) -> AsyncIterator[bytes]:
+    """The SSE events of one streamed answer; ``chunk(text, finish, logprobs)`` is one ``text_completion`` chunk."""
     def finish(result: GenerateResult) -> list[bytes]:
-        events = [sse_event({**choice("", finish_reason(result)), "refsight": refsight_extra(result)})]
+        events = [sse_event({**chunk("", finish_reason(result)), "refsight": refsight_extra(result)})]
         if include_usage:
-            events.append(sse_event({**choice("", None), "choices": [], "usage": usage(result)}))
+            events.append(sse_event({**chunk("", None), "choices": [], "usage": usage(result)}))
         return [*events, SSE_DONE]
 
     sent = 0  # the answer's characters so far: the text_offset of a piece's first token
@@ -103,12 +123,12 @@ async def _chunks(first: Any, source: AsyncIterator[Any], choice: Any, include_u
     def piece(text: str) -> bytes:
         nonlocal sent
         logprobs = piece_logprobs(text)
-        event = sse_event(choice(text, None, completion_logprobs(logprobs, sent) if logprobs else None))
+        event = sse_event(chunk(text, None, completion_logprobs(logprobs, sent) if logprobs else None))
         sent += len(text)
         return event
 
     def progress(item: PromptProgress) -> bytes:  # llama-server's: a chunk with no text, the prompt's progress
-        return sse_event({**choice("", None), "prompt_progress": item.to_dict()})
+        return sse_event({**chunk("", None), "prompt_progress": item.to_dict()})
 
     async for event in answer_events(first, source, piece, finish, progress=progress):
         yield event

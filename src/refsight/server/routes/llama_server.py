@@ -13,6 +13,7 @@ Every field is honoured, accepted as a no-op, or refused with a 400 naming it.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any, AsyncIterator
@@ -209,39 +210,58 @@ class CompletionBody(GenerationBody):
             return (self.logprobs or None), "logprobs"
         return super().requested_logprobs()
 
-    def raw(self, marker: str, service: Any) -> RawPrompt:
-        """The prompt split at the media markers, with its images (token ids read as their text:
+    def raw_prompts(self, marker: str, service: Any) -> list[RawPrompt]:
+        """Each prompt split at the media markers, with its images (token ids read as their text:
         :func:`~..completion_parts.mixed_prompt_text`). Runs the tokenizer: call it off the event loop."""
-        prompt = _one_prompt(self.prompt, service)
-        if isinstance(prompt, PromptObject):
-            if self.multimodal_data is not None:
-                raise ApiError(400, "invalid_input", "multimodal_data: give it inside the prompt object or beside it, not both",
-                               param="multimodal_data")
-            return raw_prompt(prompt.prompt_string, prompt.multimodal_data, marker, "prompt.prompt_string")
-        return raw_prompt(prompt, self.multimodal_data, marker)
+        prompts = _prompts(self.prompt, service)
+        if len(prompts) > 1 and self.multimodal_data is not None:
+            raise ApiError(400, "invalid_input", "multimodal_data: with several prompts, give each its own in a prompt "
+                           "object", param="multimodal_data")
+        raws = []
+        for index, prompt in enumerate(prompts):
+            if isinstance(prompt, PromptObject):
+                if self.multimodal_data is not None:
+                    raise ApiError(400, "invalid_input", "multimodal_data: give it inside the prompt object or beside it, "
+                                   "not both", param="multimodal_data")
+                field = "prompt.prompt_string" if len(prompts) == 1 else f"prompt[{index}].prompt_string"
+                raws.append(raw_prompt(prompt.prompt_string, prompt.multimodal_data, marker, field))
+            else:
+                raws.append(raw_prompt(prompt, self.multimodal_data, marker))
+        return raws
 
 
-def _one_prompt(prompt: Any, service: Any) -> str | PromptObject:
-    """llama-server's one prompt: a string, a prompt object, token ids mixed with strings, or a list of one of those."""
+#: The prompts one ``/completion`` may hold (each is answered in turn, as one request of the slot's).
+MAX_PROMPTS = 16
+
+
+def _prompts(prompt: Any, service: Any) -> list[str | PromptObject]:
+    """llama-server's prompts: a string, a prompt object, token ids mixed with strings (one prompt), or a list of
+    prompts, each a string, a prompt object or token ids (mixed with strings)."""
     if not isinstance(prompt, list):
-        return prompt
+        return [prompt]
     if any(isinstance(item, int) for item in prompt):  # llama-server: any number makes the list one prompt
-        return mixed_prompt_text(prompt, service)
-    if len(prompt) != 1:
-        raise ApiError(400, "unsupported", f"prompt: {len(prompt)} prompts in one request; give one (several "
-                       "completions per request are not supported)", param="prompt")
-    (only,) = prompt
-    if isinstance(only, list):
-        return _one_prompt(only, service)
-    if isinstance(only, dict):
+        return [mixed_prompt_text(prompt, service)]
+    if not prompt:
+        raise ApiError(400, "invalid_input", "prompt: an empty list holds no prompt", param="prompt")
+    if len(prompt) > MAX_PROMPTS:
+        raise ApiError(400, "invalid_input", f"prompt: {len(prompt)} prompts in one request, over the limit of "
+                       f"{MAX_PROMPTS}", param="prompt")
+    return [_one_prompt(item, index, service) for index, item in enumerate(prompt)]
+
+
+def _one_prompt(item: Any, index: int, service: Any) -> str | PromptObject:
+    """The list's prompt ``index``: a string, token ids (mixed with strings) or a prompt object."""
+    if isinstance(item, list):
+        return mixed_prompt_text(item, service)
+    if isinstance(item, dict):
         try:
-            return PromptObject.model_validate(only)
+            return PromptObject.model_validate(item)
         except ValidationError as e:
-            raise ApiError(400, "invalid_input", f"prompt[0]: not a prompt object ({e.errors()[0]['msg']})",
+            raise ApiError(400, "invalid_input", f"prompt[{index}]: not a prompt object ({e.errors()[0]['msg']})",
                            param="prompt") from None
-    if not isinstance(only, str):
-        raise ApiError(400, "invalid_input", "prompt[0]: give a string, token ids or a prompt object", param="prompt")
-    return only
+    if not isinstance(item, str):
+        raise ApiError(400, "invalid_input", f"prompt[{index}]: give a string, token ids or a prompt object", param="prompt")
+    return item
 
 
 @router.post("/completion", responses=_ERRORS)
@@ -250,40 +270,47 @@ async def completion(
     request: Request, body: CompletionBody, namespace: Namespace, service: ServiceDep, pool: PoolDep, config: ConfigDep,
     uuids: MediaUuidsDep,
 ) -> Any:
-    """llama-server's native completion: the prompt as given (no chat template), images at its media markers."""
+    """llama-server's native completion: the prompt as given (no chat template), images at its media markers.
+    Several prompts are answered one after the other, as a JSON array in their order (not streamed)."""
     max_new_tokens, sampling = check_generation(body, service, None, config.max_new_tokens)
     schema = body.schema()
-    prompt = await pool.run_light(body.raw, service.media_marker, service)
-    await check_raw_prompt(prompt, pool, config.max_prompt_tokens, service)
+    prompts = await pool.run_light(body.raw_prompts, service.media_marker, service)
+    if len(prompts) > 1 and body.stream:
+        raise ApiError(400, "unsupported", f"stream: {len(prompts)} prompts are answered as one JSON array; stream "
+                       "one prompt per request", param="stream")
+    for prompt in prompts:
+        await check_raw_prompt(prompt, pool, config.max_prompt_tokens, service)
     resolver = PartResolver.for_request(request, service, namespace, uuids, config)
-    clock = TokenClock()
     # ignore_eos bans the end tokens: generation_settings shows them (the first ask walks the vocabulary: off the loop)
     ends = await pool.run_light(service.end_tokens) if sampling.ignore_eos else ()
 
     fill = body.n_predict == -1 and body.max_tokens is None
 
-    def work(on_text=None, stop_event=None) -> Answer:
-        def generate(limit: int) -> GenerateResult:
-            return service.chat(
-                prompt.segments(resolver), namespace=namespace, max_new_tokens=limit, json_schema=schema,
-                sampling=sampling, on_text=clock.wrap(on_text), stop_event=stop_event, raw_prompt=True,
-                on_prompt=progress_hook(on_text, body.return_progress),
-            )
+    def work_of(prompt: RawPrompt, clock: TokenClock) -> Any:
+        def work(on_text=None, stop_event=None) -> Answer:
+            def generate(limit: int) -> GenerateResult:
+                return service.chat(
+                    prompt.segments(resolver), namespace=namespace, max_new_tokens=limit, json_schema=schema,
+                    sampling=sampling, on_text=clock.wrap(on_text), stop_event=stop_event, raw_prompt=True,
+                    on_prompt=progress_hook(on_text, body.return_progress),
+                )
 
-        clock.begin()
-        try:
-            if fill:  # n_predict -1: the rest of the context
-                return fill_context(generate, service.context_size, max_new_tokens)
-            return Answer.of(generate(max_new_tokens))
-        finally:
-            clock.stop()
+            clock.begin()
+            try:
+                if fill:  # n_predict -1: the rest of the context
+                    return fill_context(generate, service.context_size, max_new_tokens)
+                return Answer.of(generate(max_new_tokens))
+            finally:
+                clock.stop()
 
-    def final(result: Answer, streamed: bool = False) -> dict[str, Any]:
+        return work
+
+    def final(prompt: RawPrompt, clock: TokenClock, index: int, result: Answer, streamed: bool = False) -> dict[str, Any]:
         kind, word = stop_type(result, sampling.stop, service)
         # Streamed, each event carried its tokens' probabilities already (llama-server sends none at the end).
         probs = {} if streamed or result.logprobs is None else {"completion_probabilities": token_entries(result.logprobs)}
         return _fields({
-            "index": 0, "content": "" if streamed else result.text,
+            "index": index, "content": "" if streamed else result.text,
             "tokens": result.tokens if body.model_extra.get("return_tokens") else [],
             "id_slot": 0, "stop": True, "model": service.served_model, "tokens_predicted": len(result.tokens),
             "tokens_evaluated": result.prompt_tokens, "tokens_cached": result.prefix_tokens_reused,
@@ -298,11 +325,17 @@ async def completion(
             **probs,
         }, body.response_fields)
 
+    clocks = [TokenClock() for _ in prompts]
     if not body.stream:
-        return final(await run_watched(pool, request, work))  # a client that leaves frees its worker
-    first, source, stop = await open_stream(pool, work, request)
+        answers = []
+        for index, (prompt, clock) in enumerate(zip(prompts, clocks)):
+            result = await run_watched(pool, request, work_of(prompt, clock))  # a client that leaves frees its worker
+            answers.append(final(prompt, clock, index, result))
+        return answers if len(answers) > 1 else answers[0]
+    (prompt,), (clock,) = prompts, clocks
+    first, source, stop = await open_stream(pool, work_of(prompt, clock), request)
     per_token = clock.partial if body.model_extra.get("timings_per_token") else None
-    return EventStreamResponse(_events(first, source, final, service, per_token), stop)
+    return EventStreamResponse(_events(first, source, functools.partial(final, prompt, clock, 0), service, per_token), stop)
 
 
 async def _events(
@@ -373,7 +406,7 @@ def _settings(sampling: Any, n_predict: int, n_ctx: int | None, end_tokens: Sequ
         # llama-server's shape; a banned token's -inf is JSON's null, as llama-server writes it.
         "logit_bias": [{"bias": bias if math.isfinite(bias) else None, "token": token} for token, bias in [*sampling.logit_bias, *banned]],
         "grammar": sampling.grammar or "", "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"], "lora": [],
-        "post_sampling_probs": False, "stream": False, "timings_per_token": False,
+        "post_sampling_probs": sampling.post_sampling_probs, "stream": False, "timings_per_token": False,
         # Fields of later llama-server builds, at their "off" values: no top-n-sigma, adaptive-p, lazy grammar,
         # reasoning split (the answer is the content as generated), speculative decoding or backend sampling.
         "top_n_sigma": -1.0, "dry_sequence_breakers": ["\n", ":", "\"", "*"], "adaptive_target": -1.0,
