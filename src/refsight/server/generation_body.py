@@ -13,11 +13,14 @@ a 400 naming the field elsewhere. ``return_progress`` (with ``stream``) sends ll
 ``prompt_progress`` events where the backend reports its prompt's evaluation (llama.cpp,
 transformers), a 400 naming it elsewhere. The chat's ``add_generation_prompt`` and
 ``continue_final_message`` are the chat body's (:mod:`.openai_compat`); on a raw prompt they have
-no template to act on, so only their no-op values are taken there.
+no template to act on, so only their no-op values are taken there. :func:`check_generation` is the
+one check every dialect's text route makes of a body against the served model (OpenAI's, vLLM's,
+llama-server's, Ollama's and Anthropic's).
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -29,7 +32,7 @@ from .errors import ApiError
 from .token_fields import logit_bias_pairs
 
 __all__ = [
-    "GenerationBody", "ResponseFormat", "HINT_FIELDS", "NO_OP_VALUES", "REFUSED_FIELDS", "DEFAULT_MAX_TOKENS",
+    "GenerationBody", "check_generation", "ResponseFormat", "HINT_FIELDS", "NO_OP_VALUES", "REFUSED_FIELDS", "DEFAULT_MAX_TOKENS",
     "check_schema",
 ]
 
@@ -248,3 +251,36 @@ def check_schema(schema: dict[str, Any], where: str) -> dict[str, Any]:
             400, "invalid_input", f"{where}: not a valid JSON Schema at {path}: {e.message[:300]}", param=param
         ) from None
     return schema
+
+
+def check_generation(body: GenerationBody, service: Any, given: int | None, max_limit: int) -> tuple[int, Sampling]:
+    """The checks every text route makes: fields, the model, the token bound, the sampling the backend honours
+    and ``return_progress`` where it reports its prompt's evaluation.
+
+    ``given``: the chat's ``max_completion_tokens`` (checked before ``max_tokens``), None elsewhere.
+    """
+    body.check_fields()
+    support = service.generation_support()
+    if body.return_progress and getattr(body, "stream", None) and not support.prompt_progress:
+        raise ApiError(400, "unsupported", f"return_progress: the served backend ({service.model}) does not report "
+                       "its prompt's evaluation", param="return_progress")
+    model = getattr(body, "model", None)
+    # One server serves one model: clients written for OpenAI send "gpt-3.5-turbo" and read the reply's
+    # `model`; only --strict-model-name makes another name a 404 (GET /v1/models/{id} is a lookup: always strict).
+    if model is not None and model not in service.model_names and service.config.strict_model_names:
+        raise ApiError(
+            404, "model_not_found", f"model {model!r} is not served here; this server serves {service.served_model!r}",
+            param="model",
+        )
+    default = service.config.n_predict
+    max_new_tokens = body.token_limit(max_limit, given, "max_completion_tokens", default) if given is not None else (
+        body.token_limit(max_limit, default=default)
+    )
+    tokenize = partial(service.tokenize, add_special=False, parse_special=False)  # llama-server's text keys
+    sampling = body.sampling(service.sampling_defaults, tokenize)
+    refused = sampling.unsupported(support.sampling_fields)
+    if refused:
+        # Named as the client spelled it (llama-server's n_probs, OpenAI's logprobs).
+        param = body.requested_logprobs()[1] if refused[0] == "logprobs" else refused[0]
+        raise ApiError(400, "unsupported", f"{param}: the served backend ({service.model}) does not support it", param=param)
+    return max_new_tokens, sampling

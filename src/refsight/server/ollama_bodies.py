@@ -27,7 +27,7 @@ from .completion_parts import media_segment
 from .errors import ApiError
 from .bodies import IntegerOrNull, Number
 from .generation_body import GenerationBody, check_schema
-from .openai_compat import check_generation
+from .generation_body import check_generation
 from .openai_parts import PartResolver
 
 __all__ = [

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import time
 import uuid as uuidlib
-from functools import partial
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Request
@@ -52,7 +51,7 @@ from .. import Sampling, __version__
 from .answers import Answer, finish_reason, refsight_extra, usage
 from .deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
 from .bodies import IntegerOrNull
-from .generation_body import GenerationBody
+from .generation_body import GenerationBody, check_generation
 from .input_tokens import input_tokens
 from .logprob_fields import chat_logprobs, piece_logprobs
 from .errors import ERROR_RESPONSES, ApiError, inputs_as_fields
@@ -64,7 +63,7 @@ from .streaming import SSE_DONE, EventStreamResponse, PromptProgress, answer_eve
 from .timings import TokenClock
 
 __all__ = [
-    "router", "ChatBody", "check_generation", "prompt_end_of", "chat_prompt_end", "SYSTEM_FINGERPRINT",
+    "router", "ChatBody", "prompt_end_of", "chat_prompt_end", "SYSTEM_FINGERPRINT",
 ]
 
 #: OpenAI's ``system_fingerprint`` (llama-server sends its build): the refsight version that answered.
@@ -157,39 +156,6 @@ def chat_prompt_end(service: Any, messages: list[Message], add_generation_prompt
         raise ApiError(400, "unsupported", f"{asked_by}: the served backend ({service.model}) cannot {what}",
                        param=asked_by)
     return ending
-
-
-def check_generation(body: GenerationBody, service: Any, given: int | None, max_limit: int) -> tuple[int, Sampling]:
-    """The checks every text route makes: fields, the model, the token bound, the sampling the backend honours
-    and ``return_progress`` where it reports its prompt's evaluation.
-
-    ``given``: the chat's ``max_completion_tokens`` (checked before ``max_tokens``), None elsewhere.
-    """
-    body.check_fields()
-    support = service.generation_support()
-    if body.return_progress and getattr(body, "stream", None) and not support.prompt_progress:
-        raise ApiError(400, "unsupported", f"return_progress: the served backend ({service.model}) does not report "
-                       "its prompt's evaluation", param="return_progress")
-    model = getattr(body, "model", None)
-    # One server serves one model: clients written for OpenAI send "gpt-3.5-turbo" and read the reply's
-    # `model`; only --strict-model-name makes another name a 404 (GET /v1/models/{id} is a lookup: always strict).
-    if model is not None and model not in service.model_names and service.config.strict_model_names:
-        raise ApiError(
-            404, "model_not_found", f"model {model!r} is not served here; this server serves {service.served_model!r}",
-            param="model",
-        )
-    default = service.config.n_predict
-    max_new_tokens = body.token_limit(max_limit, given, "max_completion_tokens", default) if given is not None else (
-        body.token_limit(max_limit, default=default)
-    )
-    tokenize = partial(service.tokenize, add_special=False, parse_special=False)  # llama-server's text keys
-    sampling = body.sampling(service.sampling_defaults, tokenize)
-    refused = sampling.unsupported(support.sampling_fields)
-    if refused:
-        # Named as the client spelled it (llama-server's n_probs, OpenAI's logprobs).
-        param = body.requested_logprobs()[1] if refused[0] == "logprobs" else refused[0]
-        raise ApiError(400, "unsupported", f"{param}: the served backend ({service.model}) does not support it", param=param)
-    return max_new_tokens, sampling
 
 
 def _check_request(body: ChatBody, service: Any, max_limit: int) -> tuple[int, Sampling, str]:

@@ -26,7 +26,8 @@ from ..errors import ERROR_RESPONSES, ApiError
 from ..bodies import IntegerOrNull
 from ..generation_body import GenerationBody
 from ..logprob_fields import completion_logprobs, piece_logprobs
-from ..openai_compat import SYSTEM_FINGERPRINT, StreamOptions, check_generation
+from ..generation_body import check_generation
+from ..openai_compat import SYSTEM_FINGERPRINT, StreamOptions
 from ..streaming import SSE_DONE, EventStreamResponse, PromptProgress, answer_events, open_stream, progress_hook, sse_event
 
 __all__ = ["router"]
