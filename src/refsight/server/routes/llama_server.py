@@ -265,6 +265,17 @@ def _one_prompt(item: Any, index: int, service: Any) -> str | PromptObject:
     return item
 
 
+async def _checked_prompts(body: CompletionBody, service: Any, pool: Any, config: Any) -> list[RawPrompt]:
+    """The body's prompts, each within the prompt limit; 400 for several streamed (they are one JSON array)."""
+    prompts = await pool.run_light(body.raw_prompts, service.media_marker, service)
+    if len(prompts) > 1 and body.stream:
+        raise ApiError(400, "unsupported", f"stream: {len(prompts)} prompts are answered as one JSON array; stream "
+                       "one prompt per request", param="stream")
+    for prompt in prompts:
+        await check_raw_prompt(prompt, pool, config.max_prompt_tokens, service)
+    return prompts
+
+
 @router.post("/completion", responses=_ERRORS)
 @router.post("/completions", responses=_ERRORS, include_in_schema=False)  # llama-server's alias of /completion
 async def completion(
@@ -275,12 +286,7 @@ async def completion(
     Several prompts are answered one after the other, as a JSON array in their order (not streamed)."""
     max_new_tokens, sampling = check_generation(body, service, None, config.max_new_tokens)
     schema = body.schema()
-    prompts = await pool.run_light(body.raw_prompts, service.media_marker, service)
-    if len(prompts) > 1 and body.stream:
-        raise ApiError(400, "unsupported", f"stream: {len(prompts)} prompts are answered as one JSON array; stream "
-                       "one prompt per request", param="stream")
-    for prompt in prompts:
-        await check_raw_prompt(prompt, pool, config.max_prompt_tokens, service)
+    prompts = await _checked_prompts(body, service, pool, config)
     resolver = PartResolver.for_request(request, service, namespace, uuids, config)
     # ignore_eos bans the end tokens: generation_settings shows them (the first ask walks the vocabulary: off the loop)
     ends = await pool.run_light(service.end_tokens) if sampling.ignore_eos else ()
@@ -315,11 +321,9 @@ async def completion(
             "tokens": result.tokens if body.model_extra.get("return_tokens") else [],
             "id_slot": 0, "stop": True, "model": service.served_model, "tokens_predicted": len(result.tokens),
             "tokens_evaluated": result.prompt_tokens, "tokens_cached": result.prefix_tokens_reused,
-            "generation_settings": {
-                **_settings(sampling, -1 if fill else max_new_tokens, service.context_size, ends),
-                "model": service.served_model,
-                "stream": bool(body.stream), "timings_per_token": bool(body.model_extra.get("timings_per_token")),
-            },
+            "generation_settings": {**_settings(sampling, -1 if fill else max_new_tokens, service.context_size, ends),
+                                    "model": service.served_model, "stream": bool(body.stream),
+                                    "timings_per_token": bool(body.model_extra.get("timings_per_token"))},
             "prompt": service.media_marker.join(prompt.texts), "has_new_line": "\n" in result.text, "truncated": result.truncated,
             "stop_type": kind, "stopping_word": word, "timings": clock.final(result),
             "refsight": {"random_weights": result.random_weights, "references_cached": result.references_cached},
@@ -327,11 +331,8 @@ async def completion(
         }, body.response_fields)
 
     clocks = [TokenClock() for _ in prompts]
-    if not body.stream:
-        answers = []
-        for index, (prompt, clock) in enumerate(zip(prompts, clocks)):
-            result = await run_watched(pool, request, work_of(prompt, clock))  # a client that leaves frees its worker
-            answers.append(final(prompt, clock, index, result))
+    if not body.stream:  # a client that leaves frees its worker
+        answers = [final(p, c, i, await run_watched(pool, request, work_of(p, c))) for i, (p, c) in enumerate(zip(prompts, clocks))]
         return answers if len(answers) > 1 else answers[0]
     (prompt,), (clock,) = prompts, clocks
     first, source, stop = await open_stream(pool, work_of(prompt, clock), request)
