@@ -9,12 +9,22 @@ import ctypes
 import pytest
 from runtimes import require_module
 
-from refsight.backends.chat_templates import BUILTIN_TEMPLATES, builtin_template
+from refsight.backends.chat_templates import BUILTIN_TEMPLATES, LLAMA_CPP_NAMES, builtin_template
 from refsight.backends.llamacpp.prompt import render_prompt
 from refsight.cli.arguments import UsageError
 from refsight.cli.llama_flags import chat_template
 
 TURNS = [("system", " Be brief. "), ("user", " What is this? "), ("assistant", " A cat. "), ("user", "And now?")]
+#: Each template is held to llama.cpp on all of these, so that none passes by the luck of one conversation: no system
+#: message, turns that end on an answer, a system message late, and text with spaces, newlines, a no-break space and
+#: a \x1c at its ends (whitespace to Python's strip(), not to C's isspace(): a template that trims must keep them).
+CONVERSATIONS = {
+    "system-first": TURNS,
+    "no-system": [("user", "  Hi there!\n"), ("assistant", "\tHello.\nWhat can I do? "),
+                  ("user", "Two lines:\none, two "), ("assistant", "\u00a0Sure\x1c "),
+                  ("user", " \r\nAnd\vthree?\f"), ("assistant", "Done.\n\n")],
+    "late-system": [("user", "Hi"), ("assistant", "Hello."), ("system", " Answer in French.\n"), ("user", " Again? ")],
+}
 
 
 def _llama_cpp(name: str, turns: list[tuple[str, str]], add_ass: bool) -> str:
@@ -31,10 +41,12 @@ def _llama_cpp(name: str, turns: list[tuple[str, str]], add_ass: bool) -> str:
 
 @pytest.mark.parametrize("name", sorted(BUILTIN_TEMPLATES))
 @pytest.mark.parametrize("add_ass", [True, False])
-def test_each_builtin_renders_what_llama_cpp_writes(name, add_ass):
+@pytest.mark.parametrize("conversation", sorted(CONVERSATIONS))
+def test_each_builtin_renders_what_llama_cpp_writes(name, add_ass, conversation):
     require_module("llama_cpp")
-    ours = render_prompt(BUILTIN_TEMPLATES[name], "unknown", TURNS, generation_prompt=add_ass)
-    assert ours == _llama_cpp(name, TURNS, add_ass)
+    turns = CONVERSATIONS[conversation]
+    ours = render_prompt(BUILTIN_TEMPLATES[name], "unknown", turns, generation_prompt=add_ass)
+    assert ours == _llama_cpp(name, turns, add_ass)
 
 
 def _args(**given) -> argparse.Namespace:
@@ -44,11 +56,13 @@ def _args(**given) -> argparse.Namespace:
 def test_the_flags_resolve_to_jinja_or_are_refused_by_name(tmp_path):
     assert chat_template(_args()) is None
     assert chat_template(_args(chat_template="chatml")) == builtin_template("chatml")
+    assert set(BUILTIN_TEMPLATES) == set(LLAMA_CPP_NAMES)  # every name llama.cpp knows is written, none refused
+    assert all(chat_template(_args(chat_template=name)) == BUILTIN_TEMPLATES[name] for name in LLAMA_CPP_NAMES)
     assert chat_template(_args(chat_template="{{ messages }}")) == "{{ messages }}"  # the template itself
     path = tmp_path / "t.jinja"
     path.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
     assert chat_template(_args(chat_template_file=str(path))) == path.read_text()
-    for given, named in (({"chat_template": "llama2"}, "not written here"), ({"chat_template": "nonesuch"}, "neither"),
+    for given, named in (({"chat_template": "nonesuch"}, "neither"),
                          ({"chat_template_file": str(tmp_path / "absent")}, "cannot read"),
                          ({"chat_template": "chatml", "chat_template_file": str(path)}, "give one")):
         with pytest.raises(UsageError, match=named):

@@ -7,8 +7,8 @@ and ``--chat-template-file FILE``: the template renders every chat instead of th
 prefix states are keyed by it), **accepted as a no-op where that is true** (``--jinja``: chats are
 always rendered with Jinja, llama-server's default; ``--metrics``: ``/metrics`` is always served, to
 the operator; ``-ctk``/``-ctv f16``: the KV cache's only type here), or **refused by name** before
-anything loads (``--no-jinja``, ``--slot-save-path``, other KV cache types, a built-in template name
-not written here), exit 2, never silently ignored.
+anything loads (``--no-jinja``, ``--slot-save-path``, other KV cache types, a name that is neither a
+built-in template nor Jinja), exit 2, never silently ignored.
 
 ``-c`` is the whole context, shared by the ``-np`` slots as llama.cpp shares it: both the
 context and each slot's share are rounded up to a multiple of 256 (``-c 256 -np 4``: four slots
