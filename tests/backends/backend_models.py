@@ -21,4 +21,8 @@ def vision_tower(backend):
         tower = getattr(inner, name, None)
         if tower is not None:
             return tower
+    # Emu3: the VQ-VAE's encoder (get_image_features calls vqmodel.encode, never the VQ-VAE's forward).
+    vqmodel = getattr(inner, "vqmodel", None)
+    if vqmodel is not None:
+        return vqmodel.encoder
     raise AttributeError(f"{type(inner).__name__} has no vision tower attribute")

@@ -101,12 +101,12 @@ def from_disk(load, photos, tmp_path_factory):
     return fresh, torch.load(out, weights_only=False)
 
 
-#: Families whose template moves a turn's images before its text (LLaVA's, PaliGemma's processor): the
+#: Families whose template moves a turn's images before its text (LLaVA's, Emu3's, PaliGemma's processor): the
 #: references are no head of the prompt, so there is no prefix to keep. Every other family keeps prefix
 #: states: sliding windows (Gemma 3, Cohere 2's Aya Vision), Gated DeltaNet layers (Qwen3.5, Qwen3.5-MoE,
 #: MiniCPM-V 4.6's language model) and KV-shared layers (Gemma 4, the encoder-free gemma4_unified) included.
 IMAGES_FIRST = ("tiny-llava", "tiny-llava-next", "tiny-llava-onevision", "tiny-paligemma", "tiny-vipllava", "tiny-video-llava",
-                "tiny-llava-next-video")
+                "tiny-llava-next-video", "tiny-emu3")
 #: Families with a language-model layer whose state prefix_cache cannot keep (LFM2's and LFM3's short
 #: convolutions), or whose references' state depends on what follows them (Molmo 2: every image token attends
 #: to every image of the prompt): they run the plain path.

@@ -64,6 +64,9 @@ PROOFS: tuple[Proof, ...] = (
     # Only a torchvision image processor in transformers 5.24: served with it (the test extras install
     # torchvision; refsight/torchvision_cpu.py lets PyPI's CUDA wheel import beside the CPU torch).
     *(Proof(t, "transformers", f"tiny-{t.replace('_', '-')}", _HF_GENERIC) for t in _TORCHVISION_ONLY),
+    # Image features that are codebook tokens: Emu3's VQ-VAE codes, mapped into the text vocabulary through
+    # config.vocabulary_map and embedded by the language model's own table (codebook_recipes).
+    Proof("emu3", "transformers", "tiny-emu3", _HF_GENERIC),
     Proof("qwen2_vl", "llama.cpp", "tiny-qwen2-vl-gguf", _LLAMA),
     Proof("qwen2_5_vl", "llama.cpp", "tiny-qwen2.5-vl-gguf", _LLAMA),
     Proof("smolvlm", "llama.cpp", "tiny-smolvlm-gguf", _LLAMA),
@@ -99,9 +102,6 @@ NOT_SERVED: dict[tuple[str, str], str] = {
                                 "processor needs torchvision",
     ("mllama", "transformers"): "cross-attention images: MllamaForConditionalGeneration has neither get_image_features nor "
                                 "mm_encoder_outputs (its text layers cross-attend to the tower's output), so no seam to cache",
-    ("emu3", "transformers"): "its image features are VQ-VAE codes mapped into the text vocabulary (one "
-                              "'<|visual token N|>' token per code, config.vocabulary_map); loads through the seam on "
-                              "Emu3Model, but no tiny built-in with such a codebook proves it in CI yet",
     ("fuyu", "transformers"): "FuyuProcessor takes one image per prompt and places it before the text itself "
                               "(prepare_inputs_layout prepends |SPEAKER| to each text and zips one image with it); "
                               "refsight's prompts hold references and a candidate",

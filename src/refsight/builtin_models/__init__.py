@@ -9,7 +9,8 @@ the backends; they reach it through one seam, :mod:`refsight.backends.builtin`.
 - :mod:`.checkpoints`: the Qwen and SmolVLM checkpoints (:class:`~.checkpoints.ModelSpec`), the one
   build-into-cache of every built-in, and :func:`~.checkpoints.ensure_model_dir`;
 - :mod:`.family_checkpoints`: the checkpoints of the other families, from the recipes of
-  :mod:`.family_recipes`, :mod:`.hybrid_recipes` and :mod:`.kin_recipes`;
+  :mod:`.family_recipes`, :mod:`.hybrid_recipes`, :mod:`.kin_recipes`, :mod:`.torchvision_recipes`
+  and :mod:`.codebook_recipes`;
 - :mod:`.processor_files`, :mod:`.tokenizer`, :mod:`.shape_vocab`: chat templates and processor
   settings, the tokenizers trained in-process, the real-shape vocabulary;
 - :mod:`.gguf`, :mod:`.gguf_families`, :mod:`.gguf_quantized`, :mod:`.gguf_converter`: the same

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .codebook_recipes import CODEBOOK_RECIPES
 from .family_recipes import RECIPES, SHAPE_RECIPES
 from .hybrid_recipes import HYBRID_RECIPES, HYBRID_SHAPE_RECIPES
 from .kin_recipes import KIN_RECIPES
@@ -66,8 +67,10 @@ class FamilySpec:
         return self.name or f"tiny-{self.model_type.replace('_', '-')}"
 
 #: Built-in model name → recipe (the data is in :mod:`.family_recipes`, :mod:`.hybrid_recipes`, :mod:`.kin_recipes`,
-#: :mod:`.torchvision_recipes`).
-FAMILY_SPECS: dict[str, FamilySpec] = {spec.builtin_name: spec for spec in (FamilySpec(**recipe) for recipe in RECIPES + HYBRID_RECIPES + KIN_RECIPES + TORCHVISION_RECIPES)}
+#: :mod:`.torchvision_recipes`, :mod:`.codebook_recipes`).
+FAMILY_SPECS: dict[str, FamilySpec] = {spec.builtin_name: spec for spec in (
+    FamilySpec(**recipe) for recipe in RECIPES + HYBRID_RECIPES + KIN_RECIPES + TORCHVISION_RECIPES + CODEBOOK_RECIPES
+)}
 #: Built-in real-shape checkpoints (``shape-*``) of the generic families: benchmarks only, never the tiny test set.
 SHAPE_FAMILY_SPECS: dict[str, FamilySpec] = {
     name: FamilySpec(**recipe) for name, recipe in {**SHAPE_RECIPES, **HYBRID_SHAPE_RECIPES}.items()

@@ -81,6 +81,11 @@ TRAITS: dict[str, Traits] = {
     # embedding (pooler_output: one row per image token); the reference state is Gemma 4's (prefix_cache).
     "gemma4_unified": Traits(image_processor="Gemma4UnifiedImageProcessorPil",
                              note="PIL image processor from refsight (Gemma 4's at the model-patch size)"),
+    # Emu3: the features are the embedding rows of the VQ-VAE's codes (get_image_features' pooler_output, one
+    # tensor per image: the defaults fit). Its image processor pads a call's images to the largest, and the padding
+    # changes the codes of the smaller ones (the VQ-VAE's group norms and attention see it); refsight encodes each
+    # image alone, so its codes are those of the image in a call of its own (or among images of its size).
+    "emu3": Traits(note="each image encoded alone: transformers' batch of mixed sizes pads them, which moves some codes"),
     # Features in last_hidden_state. transformers 5.24's Llama4ForConditionalGeneration.forward raises
     # "'MoeCausalLMOutputWithPast' object has no attribute 'image_outputs'" on every call, and its only
     # image processor needs torchvision: not served until transformers fixes the forward.
