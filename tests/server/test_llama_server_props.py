@@ -77,9 +77,11 @@ def test_no_slots_answers_501_and_props_shows_the_servers_seed_as_llama_server(m
         assert c.get("/props").json()["endpoint_slots"] is False
     # --seed/--temp are the defaults /props and /slots show, as llama-server's (the test suite's test_server_props).
     with make_server(sampling_defaults={"seed": 42, "temperature": 0.8}).client() as c:
-        params = c.get("/props").json()["default_generation_settings"]["params"]
-        assert (params["seed"], params["temperature"]) == (42, 0.8)
-        assert c.get("/slots").json()[0]["params"]["seed"] == 42
+        settings = c.get("/props").json()["default_generation_settings"]
+        assert (settings["params"]["seed"], settings["params"]["temperature"]) == (42, 0.8)
+        # A slot that has run no task shows its id, context and state only (llama-server's test_server_slots).
+        fresh = {"id": 0, "n_ctx": settings["n_ctx"], "speculative": False, "is_processing": False}
+        assert c.get("/slots").json()[0] == fresh
 
 
 def _wait_asleep(client, seconds: float = 10.0) -> None:

@@ -228,7 +228,7 @@ def test_server_defaults_n_predict_temp_seed_and_no_webui(make_server):
     live = make_server(n_predict=7, webui=False)
     with live.client() as c:
         assert c.get("/props").json()["default_generation_settings"]["params"]["n_predict"] == 7
-        assert [s["params"]["n_predict"] for s in c.get("/slots").json()] == [7, 7]
+        assert all("params" not in s for s in c.get("/slots").json())  # no slot has run a task yet
         assert c.get("/").status_code == 404
         assert c.get("/health").status_code == 200
     # --temp is a default the toy backend cannot honour: requests say so by name, never ignore it.

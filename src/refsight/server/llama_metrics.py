@@ -56,6 +56,7 @@ class GenerationCounters:
         self.window_prompt, self.window_predict = _Bucket(), _Bucket()  # since the last scrape
         self.cached = 0
         self.tokens_max = 0
+        self.count = 0  # generations finished
 
     def add(self, result: Any, began: float, first: float | None, ended: float) -> None:
         """One finished generation (``result``: a GenerateResult), timed from ``began`` to ``ended``
@@ -77,6 +78,7 @@ class GenerationCounters:
                 bucket.add(predicted, steps, max(predict_s, 0.0))
             self.cached += cached
             self.tokens_max = max(self.tokens_max, int(result.prompt_tokens) + predicted)
+            self.count += 1
 
     def scrape(self) -> dict[str, float]:
         """The figures now, and a fresh window for the rates."""

@@ -95,8 +95,10 @@ async def slots(
 ) -> list[dict[str, Any]]:
     """One slot per model worker (``--workers``, llama-server's ``--parallel``), busy ones first; no per-slot state.
 
-    With API keys the slots never show as busy: the workers are shared, so ``is_processing`` would tell
-    one tenant that another is generating.
+    As llama-server, a slot that has not run a task shows only its id, context and state; the others
+    (as many as generations ran, first slots first) show the task fields too, ``params`` the server's
+    defaults. With API keys the slots never show as busy: the workers are shared, so ``is_processing``
+    would tell one tenant that another is generating.
     """
     if not config.slots_endpoint:
         # llama-server's --no-slots answer: 501, "not_supported_error".
@@ -106,9 +108,10 @@ async def slots(
     if request.query_params.get("fail_on_no_slot") and pool.pending >= config.workers:
         # llama-server's ?fail_on_no_slot=1: 503 when every slot is busy (a load balancer's probe).
         raise ApiError(503, "unavailable", "no slot available")
+    ran = service.generations.count
     return [
-        {"id": i, "id_task": -1, "n_ctx": service.context_size, "speculative": False, "is_processing": i < busy,
-         "params": params}
+        {"id": i, "n_ctx": service.context_size, "speculative": False, "is_processing": i < busy,
+         **({"id_task": -1, "params": params} if i < ran else {})}
         for i in range(config.workers)
     ]
 
