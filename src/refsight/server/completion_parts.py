@@ -28,11 +28,13 @@ from .prompt_limit import check_prompt_chars, check_prompt_tokens
 
 __all__ = [
     "RawPrompt", "raw_prompt", "media_segment", "check_raw_prompt", "stop_type", "fill_context", "mixed_prompt_text",
-    "MAX_PROMPT_IDS",
+    "MAX_PROMPT_IDS", "MAX_PROMPTS",
 ]
 
 #: The most token ids one prompt may give (a context's worth; longer prompts are text).
 MAX_PROMPT_IDS = 1 << 17
+#: The prompts one completion request may hold (``/completion``, ``/v1/completions``), each answered in turn.
+MAX_PROMPTS = 16
 #: The longest item read as a reference name when its base64 decodes to ``refsight://ref/<id>``.
 _MAX_NAMED = 512
 

@@ -40,8 +40,7 @@ from ..completion_parts import stop_type
 from ..deps import ConfigDep, MediaUuidsDep, Namespace, PoolDep, ServiceDep
 from ..disconnect import run_watched
 from ..errors import ERROR_RESPONSES, ApiError
-from ..generation_body import GenerationBody
-from ..generation_body import check_generation
+from ..generation_body import GenerationBody, check_generation
 from ..openai_compat import chat_prompt_end, prompt_end_of
 from ..input_tokens import input_tokens, template_tokens
 from ..openai_parts import ContentPart, ImageURL, Message, PartResolver, messages_to_segments

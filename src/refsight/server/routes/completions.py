@@ -19,14 +19,13 @@ from pydantic import Field
 
 from ...results import GenerateResult
 from ..answers import finish_reason, refsight_extra, usage
-from ..completion_parts import check_raw_prompt, raw_prompt
+from ..completion_parts import MAX_PROMPTS, check_raw_prompt, raw_prompt
 from ..disconnect import run_watched
 from ..deps import ConfigDep, PoolDep, ServiceDep, Namespace
 from ..errors import ERROR_RESPONSES, ApiError
 from ..bodies import IntegerOrNull
-from ..generation_body import GenerationBody
+from ..generation_body import GenerationBody, check_generation
 from ..logprob_fields import completion_logprobs, piece_logprobs
-from ..generation_body import check_generation
 from ..openai_compat import SYSTEM_FINGERPRINT, StreamOptions
 from ..streaming import SSE_DONE, EventStreamResponse, PromptProgress, answer_events, open_stream, progress_hook, sse_event
 
@@ -60,10 +59,6 @@ class CompletionsBody(GenerationBody):
             raise ApiError(400, "unsupported", f"stream: {len(texts)} prompts are answered as choices of one response; "
                            "stream one prompt per request", param="stream")
         return texts
-
-
-#: The prompts one request may hold (each is answered in turn).
-MAX_PROMPTS = 16
 
 
 @router.post("/v1/completions", responses={k: ERROR_RESPONSES[k] for k in (400, 404)})

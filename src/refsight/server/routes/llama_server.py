@@ -26,13 +26,12 @@ from ... import __version__
 from ...results import GenerateResult
 from ...settings import torch_threads
 from ..answers import Answer
-from ..completion_parts import RawPrompt, check_raw_prompt, fill_context, mixed_prompt_text, raw_prompt, stop_type
+from ..completion_parts import MAX_PROMPTS, RawPrompt, check_raw_prompt, fill_context, mixed_prompt_text, raw_prompt, stop_type
 from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
 from ..errors import ERROR_RESPONSES, ApiError
 from ..bodies import IntegerOrNull
-from ..generation_body import GenerationBody
+from ..generation_body import GenerationBody, check_generation
 from ..logprob_fields import piece_logprobs, token_entries
-from ..generation_body import check_generation
 from ..openai_compat import prompt_end_of
 from ..disconnect import run_watched
 from ..openai_parts import Message, PartResolver, template_segments
@@ -232,10 +231,6 @@ class CompletionBody(GenerationBody):
             else:
                 raws.append(raw_prompt(prompt, self.multimodal_data, marker))
         return raws
-
-
-#: The prompts one ``/completion`` may hold (each is answered in turn, as one request of the slot's).
-MAX_PROMPTS = 16
 
 
 def _prompts(prompt: Any, service: Any) -> list[str | PromptObject]:
