@@ -26,8 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .completion_parts import media_segment
 from .errors import ApiError
 from .bodies import IntegerOrNull, Number
-from .generation_body import GenerationBody, check_schema
-from .generation_body import check_generation
+from .generation_body import GenerationBody, check_generation, check_schema
 from .openai_parts import PartResolver
 
 __all__ = [
