@@ -174,6 +174,8 @@ def test_log_probabilities_in_llama_server_and_openai_shapes_streamed_too(llama)
     content = body["choices"][0]["logprobs"]["content"]
     text = b"".join(bytes(t["bytes"]) for t in content).decode("utf-8", "replace")  # random weights: byte tokens too
     assert text == body["choices"][0]["message"]["content"]
+    # The tokens' texts join to the answer's text, a byte that is not UTF-8 as U+FFFD (llama-server's test_logprobs).
+    assert "".join(t["token"] for t in content) == text
     assert all(len(t["top_logprobs"]) == 2 and t["logprob"] <= 0 for t in content)
     assert llama.post("/v1/chat/completions", json={**chat, "logprobs": True}).json()["choices"][0]["logprobs"][
         "content"][0]["top_logprobs"] == []  # OpenAI's default: top_logprobs 0
@@ -181,6 +183,7 @@ def test_log_probabilities_in_llama_server_and_openai_shapes_streamed_too(llama)
         chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     streamed = [t for c in chunks for t in ((c["choices"][0]["logprobs"] or {}).get("content") or [])]
     assert streamed == content
+    assert "".join(t["token"] for t in streamed) == "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
     legacy = llama.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 5, "logprobs": 2}).json()
     logprobs = legacy["choices"][0]["logprobs"]
     assert len(logprobs["tokens"]) == len(logprobs["token_logprobs"]) == len(logprobs["text_offset"]) == 5

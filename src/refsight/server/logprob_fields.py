@@ -12,8 +12,11 @@ most likely alternatives at its step); a streamed piece carries those of its tok
   ``top_logprobs`` (text to log probability) and ``text_offset``, with llama-server's ``content``
   entries beside them (:func:`completion_logprobs`).
 
-A token's ``token`` text is its bytes up to the first that is not valid UTF-8 (llama-server's
-reading: a piece of a multi-byte character has no text of its own); ``bytes`` are all of them.
+A generated token's ``token`` text is what the answer's text gained with it, as llama-server sends
+it: a token that leaves a character cut off gains nothing, the one that completes it the whole
+character, bytes that are not UTF-8 are U+FFFD, and what is still cut off at the end goes with the
+last token, so the texts join to the answer's text. An alternative's text is its own bytes less a
+character cut off at their end (llama-server's ``validate_utf8``). ``bytes`` are always the token's own.
 """
 
 from __future__ import annotations
@@ -26,25 +29,45 @@ from ..results import TokenLogprob, finite_logprob
 __all__ = ["token_entries", "chat_logprobs", "completion_logprobs", "piece_logprobs"]
 
 
+def _whole_length(data: bytes) -> int:
+    """llama-server's ``validate_utf8``: the length of ``data`` without a multi-byte character cut off at its end."""
+    for i in range(1, min(4, len(data)) + 1):
+        lead = data[-i]
+        needs = 2 if lead & 0xE0 == 0xC0 else 3 if lead & 0xF0 == 0xE0 else 4 if lead & 0xF8 == 0xF0 else 0
+        if i < needs:
+            return len(data) - i
+    return len(data)
+
+
 def _text(piece: bytes) -> str:
-    """The valid UTF-8 text at the start of ``piece``."""
-    try:
-        return piece.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return piece[: e.start].decode("utf-8")
+    """An alternative's text: ``piece`` less a character cut off at its end, other bytes that are not UTF-8 as U+FFFD."""
+    return piece[: _whole_length(piece)].decode("utf-8", "replace")
 
 
-def _entry(token: int, piece: bytes, logprob: float, post_sampling: bool = False) -> dict[str, Any]:
+def _released(logprobs: Sequence[TokenLogprob]) -> list[str]:
+    """Each token's text: what the answer's text gained with it (see the module docstring)."""
+    texts, pending = [], b""
+    for lp in logprobs:
+        pending += lp.piece
+        whole = _whole_length(pending)
+        texts.append(pending[:whole].decode("utf-8", "replace"))
+        pending = pending[whole:]
+    if pending and texts:
+        texts[-1] += pending.decode("utf-8", "replace")
+    return texts
+
+
+def _entry(token: int, piece: bytes, logprob: float, post_sampling: bool = False, text: str | None = None) -> dict[str, Any]:
     value = {"prob": math.exp(logprob)} if post_sampling else {"logprob": finite_logprob(logprob)}
-    return {"id": token, "token": _text(piece), "bytes": list(piece), **value}
+    return {"id": token, "token": _text(piece) if text is None else text, "bytes": list(piece), **value}
 
 
 def token_entries(logprobs: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
     """llama-server's entries (its ``completion_probabilities``, and OpenAI's chat ``logprobs.content``)."""
     return [
-        {**_entry(lp.token, lp.piece, lp.logprob, lp.post_sampling),
+        {**_entry(lp.token, lp.piece, lp.logprob, lp.post_sampling, text),
          ("top_probs" if lp.post_sampling else "top_logprobs"): [_entry(*alt, lp.post_sampling) for alt in lp.top]}
-        for lp in logprobs
+        for lp, text in zip(logprobs, _released(logprobs))
     ]
 
 
@@ -58,11 +81,10 @@ def completion_logprobs(logprobs: Sequence[TokenLogprob] | None, offset: int = 0
     ``offset``: the characters of the answer before these tokens (a stream's earlier pieces)."""
     if logprobs is None:
         return None
-    tokens, offsets = [], []
-    for lp in logprobs:
+    tokens, offsets = _released(logprobs), []
+    for text in tokens:
         offsets.append(offset)
-        tokens.append(_text(lp.piece))
-        offset += len(tokens[-1])
+        offset += len(text)
     return {
         "tokens": tokens,
         "token_logprobs": [finite_logprob(lp.logprob) for lp in logprobs],
