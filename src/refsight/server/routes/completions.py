@@ -92,18 +92,24 @@ async def completions(request: Request, body: CompletionsBody, namespace: Namesp
 
     if not body.stream:
         results = [await run_watched(pool, request, work_of(p.texts[0])) for p in prompts]  # a client that leaves frees its worker
-        choices = [choice(r.text, finish_reason(r), completion_logprobs(r.logprobs), i) for i, r in enumerate(results)]
-        counts = [usage(r) for r in results]
-        total = {k: sum(u[k] for u in counts) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
-        total["prompt_tokens_details"] = {"cached_tokens": sum(u["prompt_tokens_details"]["cached_tokens"] for u in counts)}
-        if len(results) == 1:
-            return {**response(*choices), "usage": total, "refsight": refsight_extra(results[0])}
-        # Several: each choice carries its own answer's refsight object.
-        choices = [{**c, "refsight": refsight_extra(r)} for c, r in zip(choices, results)]
-        return {**response(*choices), "usage": total}
+        return {**response(*_choices(results, choice)), **_answers_usage(results)}
     first, source, stop = await open_stream(pool, work_of(prompts[0].texts[0]), request)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return EventStreamResponse(_chunks(first, source, lambda *a: response(choice(*a)), include_usage), stop)
+
+
+def _choices(results: list[GenerateResult], choice: Any) -> list[dict[str, Any]]:
+    """One choice per answer, in order; with several, each carries its own answer's ``refsight`` object."""
+    choices = [choice(r.text, finish_reason(r), completion_logprobs(r.logprobs), i) for i, r in enumerate(results)]
+    return choices if len(results) == 1 else [{**c, "refsight": refsight_extra(r)} for c, r in zip(choices, results)]
+
+
+def _answers_usage(results: list[GenerateResult]) -> dict[str, Any]:
+    """The response's ``usage``, summed over the answers (and, for one answer, its ``refsight`` object)."""
+    counts = [usage(r) for r in results]
+    total = {k: sum(u[k] for u in counts) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    total["prompt_tokens_details"] = {"cached_tokens": sum(u["prompt_tokens_details"]["cached_tokens"] for u in counts)}
+    return {"usage": total, **({"refsight": refsight_extra(results[0])} if len(results) == 1 else {})}
 
 
 async def _chunks(first: Any, source: AsyncIterator[Any], chunk: Any, include_usage: bool) -> AsyncIterator[bytes]:
