@@ -6,8 +6,9 @@ exist": it registers meta kernels of CUDA-built operators), and once torchvision
 transformers imports it with every model module, so nothing of transformers would load. An empty
 module registered under that name first lets the rest of torchvision import; its transforms run
 on the CPU. :func:`register_stand_in` does that when refsight is imported, before anything of
-transformers is, in the caller's process and in every process refsight starts (workers, converters). It changes nothing when torchvision is not installed,
-is imported already, or torch and torchvision are built alike (whose meta registrations work and are kept).
+transformers is, in the caller's process and in every process refsight starts (workers, converters).
+It changes nothing when torchvision is not installed, is imported already, or torch and torchvision
+are built alike (whose meta registrations work and are kept).
 
 Families whose only image processor needs torchvision (LFM2-VL, Cohere2-Vision ...) are then
 served with it (:func:`torchvision_imports`); where it does not import, their load error names
