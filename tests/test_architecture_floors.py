@@ -11,7 +11,7 @@ from architecture_helpers import IMPORTS, MODULES, Import, report
 FLOORS = (
     ("errors", "results", "version", "atomic", "timing", "locks", "threads", "samples", "plugins",
      "inputs", "package", "environment", "images", "report", "extras", "prompt_size", "vllm_connector", "json_memo",
-     "remembered", "sampling", "rubric", "requests", "torchvision_cpu"),
+     "remembered", "sampling", "rubric", "requests", "torchvision_cpu", "families"),
     ("store", "builtin_models"),
     ("backends",),
     ("embedders", "settings", "drift"),

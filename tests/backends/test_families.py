@@ -42,7 +42,7 @@ def _processor(name: str):
     """The family's processor from the checkpoint's files: PIL image processor, tokenizer, settings, template."""
     from transformers import AutoTokenizer
 
-    from refsight.backends.hf.families import family_classes, processor_class
+    from refsight.backends.hf.classes import family_classes, processor_class
     from refsight.backends.hf.generic import GenericBackend
     from refsight.backends.hf.processor import image_only_processor
     from refsight.builtin_models.checkpoints import ensure_model_dir

@@ -50,7 +50,7 @@ def test_the_generic_families_load_and_encode_without_torchvision(model_cache):
         "import sys\n"
         "sys.modules['torchvision'] = None  # import torchvision raises ImportError, as where it is not installed\n"
         "from refsight.backends.builtin import load_tiny\n"
-        "from refsight.backends.hf.families import family_classes\n"
+        "from refsight.backends.hf.classes import family_classes\n"
         "from refsight.builtin_models.family_checkpoints import FAMILY_SPECS\n"
         "from refsight.images import load_image\n"
         "from refsight.samples import load_sample\n"

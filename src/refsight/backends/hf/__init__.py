@@ -3,7 +3,7 @@
 :func:`load_hf_backend` takes ``hf:<hub id or local directory>``, reads the config,
 picks the family from ``config.model_type`` (:func:`family_for`: a
 :class:`~.generic.GenericBackend` class for any model type with transformers'
-precomputed-features seam, its exceptions from :mod:`.families`) and loads everything
+precomputed-features seam, its exceptions from :mod:`refsight.families`) and loads everything
 with ``from_pretrained``. A model that cannot be loaded (offline, missing files,
 unsupported architecture, custom code, sizes the weights do not have: :mod:`.model_source`)
 raises :class:`~refsight.errors.ModelLoadError` saying which. A model folder's code never runs.
@@ -24,7 +24,7 @@ __all__ = ["load_hf_backend", "family_for", "HFBackend"]
 def family_for(model_type: str, name: str = "") -> type[HFBackend]:
     """The backend class serving ``model_type``; :class:`ModelLoadError` (one line, naming the
     proven model types and why this one cannot be served) if none does."""
-    from .families import family_classes, traits_for
+    from .classes import family_classes, traits_for
     from .generic import generic_family
     from ...torchvision_cpu import missing_torchvision
 

@@ -14,7 +14,7 @@ pixels: the expanded ``placeholder`` text and the processor's other outputs (``i
 chat template rendered by the processor, each image token replaced by its package's
 placeholder, exactly as the processor would; the prompt-time extras the processor adds
 (``token_type_ids`` for Gemma 3 and PaliGemma, ``mm_token_type_ids`` for the M-RoPE
-families) are rebuilt from the token ids. Per-family exceptions are data (:mod:`.families`).
+families) are rebuilt from the token ids. Per-family exceptions are data (:mod:`refsight.families`).
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ import os
 from typing import Any, ClassVar, Sequence
 
 from ...errors import BackendError, CorruptPackageError, ModelLoadError
+from ...families.entry import Traits
 from ...images import ImageInput
 from ...package import VisualPackage
 from ..text_access import check_chat_template
 from .base import HFBackend
-from .families import FamilyClasses, Traits, family_classes, traits_for
+from .classes import FamilyClasses, family_classes, traits_for
 from .encoder_outputs import MAIN, join, pack, split, tensor_names
 from .fingerprint import jsonable
 from .load_options import mapping_for
@@ -84,7 +85,7 @@ class GenericBackend(HFBackend):
     @classmethod
     def from_pretrained(cls, name: str, source: str, config: Any, **options: Any) -> "GenericBackend":
         """Load model, tokenizer and PIL image processor (:func:`~.loading.load_parts`), then the image-only processor."""
-        from .families import processor_class
+        from .classes import processor_class
         from .loading import load_parts
         from .processor import image_only_processor
 
@@ -98,7 +99,7 @@ class GenericBackend(HFBackend):
     @classmethod
     def image_processor_class(cls) -> Any:
         """The family's PIL image processor class (transformers' auto table names it, or the family's traits)."""
-        from .families import image_processor_class
+        from .classes import image_processor_class
 
         return image_processor_class(cls.image_processor_name)
 
@@ -157,7 +158,7 @@ class GenericBackend(HFBackend):
 
     def encode_pils(self, images: list[Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """Each image's features and placeholder, as the processor lays it out: a batch in one tower call
-        where the family's processor lays images out independently (:attr:`~.families.Traits.batch`),
+        where the family's processor lays images out independently (:attr:`~refsight.families.entry.Traits.batch`),
         else one image per call."""
         groups = [images] if self.traits.batch else [[image] for image in images]
         return [encoded for group in groups for encoded in self._encode_group(group)]
@@ -412,7 +413,7 @@ def seam_problem(model_type: str, classes: FamilyClasses) -> str:
         return f"neither {classes.model} nor its base model has get_image_features"
     from transformers import ProcessorMixin
 
-    from .families import processor_class
+    from .classes import processor_class
 
     processor = processor_class(classes.processor)
     if isinstance(processor, type) and getattr(processor, "replace_image_token", None) is ProcessorMixin.replace_image_token:

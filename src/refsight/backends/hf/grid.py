@@ -5,7 +5,7 @@ pixel bounds (``smart_resize``) and cut it into patches; every ``merge²`` patch
 prompt token. So an image's token count follows from its size alone, and another runtime
 sent the image already resized onto its grid (PIL, as refsight's encoder resizes) encodes
 exactly the pixels refsight would. The families with this grid are marked in their traits
-(:attr:`~.families.Traits.grid`); these functions read only the backend's image processor
+(:attr:`~refsight.families.entry.Traits.grid`); these functions read only the backend's image processor
 and model config.
 """
 

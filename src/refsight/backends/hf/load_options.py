@@ -3,7 +3,7 @@
 ``--min-pixels`` / ``--max-pixels`` are common options, but what they mean depends on how a
 family resizes: Qwen's processor takes the bounds as they are, SmolVLM's resizes the longest
 edge and rounds up to whole tiles. A family names its mapping in its traits
-(:attr:`~.families.Traits.options`); :data:`MAPPINGS` holds each mapping's extra option
+(:attr:`~refsight.families.entry.Traits.options`); :data:`MAPPINGS` holds each mapping's extra option
 names and the function that turns the options into image-processor settings, checked
 against the checkpoint's own processor. A family with no mapping refuses the pixel bounds.
 """
@@ -99,7 +99,7 @@ class Mapping(NamedTuple):
     fit: Callable[[Any, Any], None] | None = None
 
 
-#: Mapping name (a family's :attr:`~.families.Traits.options`) → :class:`Mapping`.
+#: Mapping name (a family's :attr:`~refsight.families.entry.Traits.options`) → :class:`Mapping`.
 MAPPINGS: dict[str, Mapping] = {
     "": Mapping((), no_bounds),
     "pixel_bounds": Mapping((), pixel_bounds),

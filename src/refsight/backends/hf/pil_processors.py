@@ -15,8 +15,8 @@ differ only as PIL's and torchvision's bicubic resize do (measured against torch
 the sample photos at p 4 and 16, budgets 70 and 280: at most 2/255; 19/255 on random noise
 squeezed 37×211 → 12×72; an image already on the grid is not resized by either).
 
-The family traits name these classes (:attr:`~.families.Traits.image_processor`);
-:func:`~.families.image_processor_class` resolves the names here before transformers' table.
+The family traits name these classes (:attr:`~refsight.families.entry.Traits.image_processor`);
+:func:`~.classes.image_processor_class` resolves the names here before transformers' table.
 """
 
 from __future__ import annotations

@@ -236,7 +236,7 @@ def _build(backend: Any, kinds: list[str], row: _Row) -> PrefixState:
 
 def usable_cache(backend: Any) -> bool:
     """Whether a state after the references can stand for them (the family's attention allows it:
-    :attr:`~.families.Traits.no_prefix`) and every language-model layer's state can be kept and put
+    :attr:`~refsight.families.entry.Traits.no_prefix`) and every language-model layer's state can be kept and put
     back (:func:`.layer_states.layer_kinds`: full attention, sliding windows, Gated DeltaNet)."""
     return not backend.traits.no_prefix and layer_kinds(backend) is not None
 
