@@ -271,7 +271,7 @@ def _reference_side(backend, refs: list, root: str) -> tuple[list[float], list[f
 def _build_prefix_state(backend, packages: list, root: str) -> None:
     """The references' prefix state, built once and stored (not timed): a request with a text-only suffix
     renders the same prefix, so the timed request finds its state."""
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
     from refsight.prefixes import PrefixStateCache
     from refsight.store import open_store
 
@@ -283,7 +283,7 @@ def _build_prefix_state(backend, packages: list, root: str) -> None:
 
 def _run(backend, peer, refs: list, candidate, packages: list, root: str, mnt: int, prefix_states: bool) -> dict:
     """One reference count: the fresh path, the cached path (packages loaded cold, load time included), the peer."""
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
     from refsight.prefixes import PrefixStateCache
     from refsight.store import open_store
 
@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = _parser().parse_args(argv)
     import torch
 
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
 
     torch.set_num_threads(args.threads)
     counts = [int(r) for r in args.refs.split(",")]

@@ -90,7 +90,7 @@ def _photos(size: int) -> list:
 
 def _timed_requests(backend: Any, inside: Inside, photos: list, args: argparse.Namespace) -> list[tuple[float, float]]:
     """The request (two cached references, a cached candidate) ``2 + --requests`` times; the timed pairs."""
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
 
     packages = backend.encode(photos)
     request = GenerationRequest([*packages[:2], "Compare the candidate", packages[2], PROMPT],

@@ -42,7 +42,7 @@ RUBRICS = ("same colour", "a round shape", "short fur and pointed ears")
 
 
 def _request(references, candidate, rubric, cache, opening: str | None = None):
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
     from refsight.judge.prompts import reference_prefix
 
     prefix = [*([opening] if opening else []), *reference_prefix(references)]

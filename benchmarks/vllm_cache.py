@@ -124,7 +124,7 @@ class Arms:
         pixels (its PNG data URL, kept by the backend's ``PixelUrls`` for as long as refsight runs)
         is made before the clock, as the baseline's client keeps its references' PNGs; the
         candidate's is made inside it in both arms."""
-        from refsight.backends.base import GenerationRequest
+        from refsight.requests import GenerationRequest
 
         packages = self.backend.encode(references)  # as the store holds them (pixel packages: no vision tower)
         for package in packages if self.backend.encodes_images else ():

@@ -72,7 +72,7 @@ def test_constrained_json_runs_without_xgrammar_or_triton(model_cache):
     """The transformers backend's constrained decoder is llguidance: a CPU install pulls no GPU kernels."""
     code = _BLOCKER.format(blocked=("xgrammar", "triton")) + """
 import json
-from refsight.backends.base import GenerationRequest
+from refsight.requests import GenerationRequest
 from refsight.backends.builtin import load_tiny
 
 backend = load_tiny("tiny-qwen2-vl")

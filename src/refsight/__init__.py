@@ -47,7 +47,7 @@ def __getattr__(name: str):
         from .sampling import Sampling
 
         return Sampling
-    if name in ("CompareRequest", "ChatRequest", "SearchRequest", "AddRequest"):
+    if name in ("CompareRequest", "GenerationRequest", "SearchRequest", "AddRequest"):
         from . import requests
 
         return getattr(requests, name)
@@ -62,7 +62,7 @@ __all__ = [
     "Engine",
     "open_store",
     "CompareRequest",
-    "ChatRequest",
+    "GenerationRequest",
     "SearchRequest",
     "AddRequest",
     "ImageInput",

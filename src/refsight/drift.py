@@ -190,7 +190,7 @@ def _unreadable(ref_id: str, image_sha256: str, key: str, problem: str) -> Packa
 
 
 def _check_one(store: Any, backend: Any, ref: Any, key: str, threshold: float, load_image: Any) -> PackageDrift:
-    from .backends.base import GenerationRequest
+    from .requests import GenerationRequest
 
     ref_id = str(getattr(ref, "ref_id", ref.image_sha256))
     try:

@@ -25,11 +25,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .backends.base import Backend, GenerationRequest
+from .backends.base import Backend
 from .backends.options import BackendOptions
 from .sampling import check_supported
 from .backends.turns import plan_turns
@@ -46,7 +47,7 @@ from .package_cache import CachedPackage, PackageCache, holding_packages
 from .prefixes import PrefixStateCache
 from .prompt_size import PromptBudget
 from .remembered import remember_images_setting
-from .requests import AddRequest, ChatRequest, CompareRequest, SearchRequest, check_sources
+from .requests import AddRequest, CompareRequest, GenerationRequest, SearchRequest, check_sources
 from .references import ReferenceBook, ReferenceSegment, load_kept_image, source_label
 from .results import (
     AddFailure, AddResult, CompareResult, ForgetReport, GenerateResult, IndexReport, PackageState, PruneReport, SearchResult,
@@ -265,13 +266,13 @@ class Engine:
 
     @holding_packages
     def chat(
-        self, request: ChatRequest | Sequence[str | ReferenceSegment | ImageSource], /, *,
+        self, request: GenerationRequest | Sequence[str | ReferenceSegment | ImageSource], /, *,
         on_text: Callable[[str], None] | None = None, stop_event: threading.Event | None = None,
         on_prompt: Callable[[int, int, int], None] | None = None, **options: Any,
     ) -> GenerateResult:
         """Generate from segments in order: text (``str``), :class:`ReferenceSegment`, or an image.
 
-        ``request`` is a :class:`~refsight.requests.ChatRequest`, or the segments with the request's
+        ``request`` is a :class:`~refsight.requests.GenerationRequest`, or the segments with the request's
         fields as keywords: ``max_new_tokens`` (64), ``json_schema``, ``sampling``, ``turns``,
         ``raw_prompt``, ``max_prompt_tokens``, ``use_cache``, ``prefix_states``, ``model``, ``namespace``, ``prompt_end``.
 
@@ -290,7 +291,7 @@ class Engine:
         ``on_prompt(total, cached, processed)``, with ``on_text``, hears of the prompt's tokens as their evaluation
         starts and ends (a backend with ``supports_prompt_progress``; any other refuses it by name).
         """
-        chat = ChatRequest.of(request, options)
+        chat = GenerationRequest.of(request, options)
         context = self.context(chat.namespace, chat.model, use_cache=chat.use_cache, prefix_states=chat.prefix_states)
         for segment in chat.segments:  # a mistyped name fails in a catalog read, not after the model's load
             if isinstance(segment, ReferenceSegment):
@@ -306,12 +307,11 @@ class Engine:
         resolved = self.book.resolve_segments(context, segments)
         load_ms = (time.perf_counter() - start) * 1000 - resolved.encode_ms
         budget.check(resolved.segments)  # images count too, before any prefill
-        request = GenerationRequest(
-            segments=resolved.segments, max_new_tokens=chat.max_new_tokens, json_schema=chat.json_schema,
-            sampling=chat.sampling, turns=turns, prefix_segments=resolved.prefix_segments,
-            # A raw prompt has no template prefix to key a state by: it is evaluated whole.
-            prefix_cache=None if chat.raw_prompt else self.prefixes.for_request(context), raw_prompt=chat.raw_prompt,
-            prompt_end=chat.prompt_end,
+        # The same request, taken whole, with its images resolved and the reference prefix marked; a raw prompt has no
+        # template prefix to key a state by: it is evaluated whole.
+        request = replace(
+            chat, segments=resolved.segments, turns=turns, prefix_segments=resolved.prefix_segments,
+            prefix_cache=None if chat.raw_prompt else self.prefixes.for_request(context),
         )
         generation = _generate(backend, request, on_text, stop_event, on_prompt)
         timings = {k: round(v, 3) for k, v in generation.timings_ms.items()}

@@ -7,9 +7,10 @@ naming the field and the reason; the engine takes the value whole and never chec
 
 - :class:`CompareRequest`: one compare (the candidate, the rubric, recall / rerank / judge
   knobs, the cache switches, the model and the namespace);
-- :class:`ChatRequest`: one generation (the prompt's segments, the token bound, the JSON schema,
+- :class:`GenerationRequest`: one generation (the prompt's segments, the token bound, the JSON schema,
   the sampling, the chat turns, a raw prompt, the prompt limit, the cache switches, the model and
-  the namespace);
+  the namespace), the one shape of it from the front door down to the backend (the engine puts the
+  resolved segments and the prefix in place);
 - :class:`SearchRequest`: one recall by text or by image (``k``, the ``where`` filter, the ids
   it is restricted to, the namespace);
 - :class:`AddRequest`: one reference to add (the image, its id and metadata, the attribute
@@ -34,16 +35,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import InvalidInputError
-from .images import ImageSource
-from .inputs.json_schema import check_json_schema
+from .images import ImageInput, ImageSource
+from .inputs.json_schema import check_json_schema, modern_json_schema
 from .inputs.ref_ids import validate_ref_id
 from .inputs.text import check_text, check_texts
+from .package import VisualPackage
 from .rubric import Rubric, parse_rubric
 from .sampling import RANGES as SAMPLING_RANGES
 from .sampling import Sampling
 
 __all__ = [
-    "CompareRequest", "ChatRequest", "SearchRequest", "AddRequest", "Sampling", "SAMPLING_RANGES", "MAX_SHORTLIST",
+    "CompareRequest", "GenerationRequest", "SearchRequest", "AddRequest", "Sampling", "SAMPLING_RANGES", "MAX_SHORTLIST",
     "MAX_K", "PROMPT_ENDS", "RECALL_MODES", "RECORD_SOURCES", "RERANKERS", "check_json_schema", "check_prompt_end",
     "check_query_text", "check_recall_mode", "check_search", "check_sources",
 ]
@@ -167,16 +169,27 @@ def _count(name: str, value: Any) -> None:
 
 
 @dataclass(frozen=True)
-class ChatRequest:
-    """One generation (see :meth:`refsight.Engine.chat`), checked once when it is built.
+class GenerationRequest:
+    """One generation (see :meth:`refsight.Engine.chat`), checked once when it is built, taken whole down to the backend.
 
     ``segments`` in order: text (``str``), a :class:`~refsight.references.ReferenceSegment`, or an
-    image; ``turns`` splits them into chat turns (``(role, count)``); ``raw_prompt``: the segments
-    are the whole prompt, no chat template added. ``sampling`` (default greedy) is a
-    :class:`Sampling`; ``json_schema`` constrains the answer; ``max_prompt_tokens`` bounds the
-    prompt (text and image tokens); ``prompt_end`` how the chat prompt ends after its turns
-    (:data:`~refsight.backends.turns.PROMPT_ENDS`: ``continue`` continues a final assistant turn). ``use_cache`` /
-    ``prefix_states``, ``model`` and ``namespace`` become the request context at the engine's front door.
+    image; the engine resolves references and images into packages (or pixels for the runtime's own
+    path) and hands the same request on with them in place. ``turns`` splits the segments into chat
+    turns (``(role, count)`` pairs whose counts add up to ``len(segments)``; None: one user turn);
+    ``raw_prompt``: the segments are the whole prompt, no chat template added. ``sampling`` (default
+    greedy) is a :class:`Sampling`; ``json_schema`` constrains the answer (a backend with
+    ``supports_constrained_decoding``); ``max_prompt_tokens`` bounds the prompt (text and image
+    tokens); ``prompt_end`` how the chat prompt ends after its turns (:data:`PROMPT_ENDS`:
+    ``continue`` continues a final assistant turn). ``use_cache`` / ``prefix_states``, ``model`` and
+    ``namespace`` become the request context at the engine's front door.
+
+    What the engine (or a pipeline) sets as it resolves the prompt: ``prefix_segments``, how many
+    leading segments depend only on the references (0: none), and ``prefix_cache``, where a backend
+    that implements it (HF, llama.cpp) keeps and reuses the language model's state after that prefix
+    (a :class:`~refsight.backends.prefix.PrefixCache`; the answer is the same either way);
+    ``reference_keys`` names the packages that are stored references when they are not the prefix (the
+    reranker puts the candidate first; None: those of the reference prefix). A runtime that keeps
+    images by a durable id (vLLM's ``uuid``) gives one to these only, never to a candidate.
     """
 
     segments: Sequence[Any]
@@ -191,25 +204,58 @@ class ChatRequest:
     model: str | None = None
     namespace: str | None = None
     prompt_end: str = "generation_prompt"
+    prefix_segments: int = 0
+    prefix_cache: Any = None
+    reference_keys: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
+        # The order errors are found in: the token bound, the prompt's end, its texts, the schema, the sampling.
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise InvalidInputError("max_new_tokens", f"must be a positive integer, not {self.max_new_tokens!r}")
         check_prompt_end(self.prompt_end, self.raw_prompt)
         # Every text a prompt carries must be valid Unicode (a backend request encodes it, and so would a log).
         segments = list(self.segments)
+        if not segments:
+            raise InvalidInputError("segments", "a request needs at least one segment")
         for i, segment in enumerate(segments):
             if isinstance(segment, str):
                 check_text(segment, f"segments[{i}]")
-        check_texts(self.json_schema, "json_schema")
+        if self.json_schema is not None:
+            check_texts(self.json_schema, "json_schema")
+            check_json_schema(modern_json_schema(self.json_schema))
         sampling = Sampling() if self.sampling is None else self.sampling
         if not isinstance(sampling, Sampling):
             raise InvalidInputError("sampling", f"expected a Sampling, got {type(sampling).__name__}")
+        prefix = self.prefix_segments
+        if isinstance(prefix, bool) or not isinstance(prefix, int) or not 0 <= prefix <= len(segments):
+            raise InvalidInputError("prefix_segments", "must be an integer in 0..len(segments)")
         object.__setattr__(self, "segments", segments)
         object.__setattr__(self, "sampling", sampling)
 
     @classmethod
-    def of(cls, request: ChatRequest | Sequence[Any], options: Mapping[str, Any]) -> ChatRequest:
+    def of(cls, request: GenerationRequest | Sequence[Any], options: Mapping[str, Any]) -> GenerationRequest:
         """``request`` itself, or the request of segments and keywords (the keyword form of the Python API)."""
         return request if _given(cls, request, options) else cls(request, **options)
+
+    def turn_segments(self) -> list[tuple[str, list[Any]]]:
+        """``(role, segments)`` per turn (one user turn when :attr:`turns` is None)."""
+        if self.turns is None:
+            return [("user", list(self.segments))]
+        out, start = [], 0
+        for role, count in self.turns:
+            out.append((role, list(self.segments[start:start + count])))
+            start += count
+        return out
+
+    @property
+    def packages(self) -> list[VisualPackage]:
+        """The cached packages among the segments, in order."""
+        return [s for s in self.segments if isinstance(s, VisualPackage)]
+
+    @property
+    def fresh_images(self) -> list[ImageInput]:
+        """The fresh images among the segments, in order."""
+        return [s for s in self.segments if isinstance(s, ImageInput)]
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .backends.base import GenerationRequest
+from .requests import GenerationRequest
 from .context import RequestContext
 from .errors import InvalidInputError
 from .images import ImageInput

@@ -17,7 +17,7 @@ from worker_spec import open_spec
 def main(spec_path: str) -> None:
     import torch
 
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
     from refsight.backends.registry import get_backend
     from refsight.judge.prompts import reference_prefix
     from refsight.prefixes import PrefixStateCache

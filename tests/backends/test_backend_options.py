@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from backend_models import TINY_FAMILIES
-from refsight.backends.base import GenerationRequest
+from refsight.requests import GenerationRequest
 from refsight.errors import BackendError, InvalidInputError, ModelLoadError
 
 REFS = ("chelsea", "coffee")

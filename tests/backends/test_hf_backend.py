@@ -14,7 +14,7 @@ import pytest
 from runtimes import require_runtime
 
 from backend_models import ALL_FAMILIES, TOWER_CALLS, vision_tower
-from refsight.backends.base import GenerationRequest
+from refsight.requests import GenerationRequest
 from refsight.errors import CorruptPackageError, InvalidInputError, ModelLoadError
 from refsight.package import VisualPackage
 

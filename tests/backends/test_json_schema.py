@@ -21,7 +21,7 @@ def backend(load):
 
 
 def _request(schema, *segments, max_new_tokens=8):
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
 
     return GenerationRequest([*segments, "Answer in JSON."], max_new_tokens=max_new_tokens, json_schema=schema)
 
@@ -51,7 +51,7 @@ def test_the_judges_schema_and_other_valid_schemas_still_constrain(backend, phot
 
 
 def _compiled_or_refused(backend, schema) -> str:
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
 
     try:
         backend.check_batch([GenerationRequest(["Answer."], json_schema=schema)])
@@ -82,7 +82,7 @@ def test_generated_schemas_are_compiled_or_refused_by_the_vllm_grammar(vllm_tran
 
 
 def test_the_vllm_grammar_refuses_the_issue_example_by_path(vllm_transport):
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
 
     with pytest.raises(InvalidInputError) as info:
         vllm_transport.check_batch([GenerationRequest(["x"], json_schema=BROKEN[0][0])])

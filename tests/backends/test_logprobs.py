@@ -43,7 +43,7 @@ def test_logprobs_are_bounded_and_json_ready():
 
 @pytest.mark.slow  # a tiny transformers model
 def test_a_transformers_answer_reports_its_tokens_logprobs_and_refuses_them_streamed(load, photos):
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
 
     backend = load("tiny-qwen2-vl")
 

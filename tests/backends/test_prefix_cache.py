@@ -43,7 +43,7 @@ WORKER = Path(__file__).with_name("_prefix_worker.py")
 
 
 def _requests(refs, candidate, rubrics, cache):
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
     from refsight.judge.prompts import reference_prefix
 
     prefix = reference_prefix(refs)
@@ -297,7 +297,7 @@ def test_a_corrupt_or_truncated_state_file_is_rebuilt_never_used(load, photos, t
 
 @pytest.mark.parametrize("name", ["tiny-qwen3-vl", "tiny-smolvlm", "tiny-qwen3.5"])
 def test_one_batch_mixes_shared_and_different_prefixes_and_rows_without_one(load, photos, tmp_path, name):
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
     from refsight.prefixes import PrefixStateCache
     from refsight.store import open_store
 

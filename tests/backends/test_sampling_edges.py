@@ -32,7 +32,7 @@ def backend(load):
 
 
 def _request(photos, sampling=None, max_new_tokens=6):
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
 
     return GenerationRequest([photos["chelsea"], "Describe it."], max_new_tokens=max_new_tokens, sampling=sampling or Sampling())
 

@@ -11,7 +11,7 @@ import math
 import pytest
 
 from refsight import Engine
-from refsight.backends.base import GenerationRequest
+from refsight.requests import GenerationRequest
 from refsight.rerank import RerankQuery, VlmReranker, rerank_segments
 from refsight.samples import load_sample
 

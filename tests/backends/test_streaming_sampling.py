@@ -8,7 +8,7 @@ import pytest
 from runtimes import require_module
 
 from backend_models import ALL_FAMILIES as TINY_FAMILIES
-from refsight.backends.base import GenerationRequest
+from refsight.requests import GenerationRequest
 from refsight.sampling import Sampling, StopText
 
 require_module("transformers")

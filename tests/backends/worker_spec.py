@@ -102,7 +102,7 @@ def open_spec(spec_path: str) -> Iterator[tuple[dict[str, Any], Any]]:
 
 def case_requests(store: Any, case: dict[str, Any]) -> list[Any]:
     """The case's :class:`GenerationRequest` list; a package missing from ``store`` ends the worker, naming it."""
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
     from refsight.images import load_image
 
     requests = []

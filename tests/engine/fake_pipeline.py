@@ -13,7 +13,8 @@ from typing import Sequence
 
 import numpy as np
 
-from refsight.backends.base import Generation, GenerationRequest
+from refsight.backends.base import Generation
+from refsight.requests import GenerationRequest
 from refsight.backends.toy import ToyBackend
 from refsight.package import VisualPackage
 from refsight.retrieval import Embedder

@@ -6,7 +6,8 @@ from typing import Sequence
 
 from PIL import Image
 
-from refsight.backends.base import Backend, Generation, GenerationRequest
+from refsight.backends.base import Backend, Generation
+from refsight.requests import GenerationRequest
 from refsight.images import ImageInput, load_image
 from refsight.package import EncoderFingerprint, VisualPackage
 

@@ -46,7 +46,8 @@ def test_top_k_and_min_p_reach_vllm(live):
 
 
 def test_repetition_penalty_reaches_vllm_with_transformers_meaning(live):
-    from refsight.backends.base import GenerationRequest, Sampling
+    from refsight.backends.base import Sampling
+    from refsight.requests import GenerationRequest
 
     backend = live.service.engine.backend()
     encoder = backend.encoder

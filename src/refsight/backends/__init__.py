@@ -4,7 +4,7 @@ Backends load lazily through :mod:`refsight.backends.registry`; importing this
 package imports no torch.
 """
 
-from .base import Backend, Generation, GenerationRequest, Segment
+from .base import Backend, Generation, Segment
 from .options import BackendOptions
 from .registry import available_models, get_backend, register_backend
 
@@ -12,7 +12,6 @@ __all__ = [
     "Backend",
     "BackendOptions",
     "Generation",
-    "GenerationRequest",
     "Segment",
     "available_models",
     "get_backend",

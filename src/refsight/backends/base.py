@@ -6,9 +6,11 @@ mix of cached packages and fresh images. Capability flags tell the engine what i
 
 The base class owns the request plumbing every runtime shares, in this order:
 
-1. **check** (:meth:`Backend.check_batch`): the requests' shape, user text, sampling, the
-   packages (:meth:`Backend.validate_package`) and each JSON schema (the shared structural
-   check of :mod:`.schema`, then :meth:`Backend.compile_schema`), all before any model work;
+1. **check** (:meth:`Backend.check_batch`): what this runtime adds to the checks each
+   :class:`~refsight.requests.GenerationRequest` made of its own fields when it was built (the
+   prompt forms it renders, its rule for user text, the segment kinds), the packages
+   (:meth:`Backend.validate_package`) and each JSON schema's grammar
+   (:meth:`Backend.compile_schema`), all before any model work;
 2. **cancel**: a stream whose caller already went away ends here, with nothing run;
 3. **prepare** (:meth:`Backend.prepare`, the step a backend tailors): what each request
    becomes for the runtime, a :class:`PreparedRequest`. The default encodes, in one
@@ -33,11 +35,11 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence, Union
 from ..errors import BackendError, CorruptPackageError, InvalidInputError, RefsightError
 from ..images import ImageInput
 from ..package import EncoderFingerprint, VisualPackage
-from .prefix import PrefixCache
+from ..requests import GenerationRequest
 from ..sampling import Sampling
 from .text_access import TextAccess
 
-__all__ = ["Backend", "Execution", "Generation", "GenerationRequest", "PreparedRequest", "Segment", "Sampling",
+__all__ = ["Backend", "Execution", "Generation", "PreparedRequest", "Segment", "Sampling",
            "TextCallback", "ROLES"]
 
 #: Called with each new piece of answer text, in order, as a backend produces it.
@@ -47,60 +49,6 @@ ROLES = ("system", "user", "assistant")
 
 #: One piece of a prompt, in order: text, a cached package, or a fresh image.
 Segment = Union[str, VisualPackage, ImageInput]
-
-
-@dataclass
-class GenerationRequest:
-    """One prompt: segments in order (the backend wraps them in its chat template).
-
-    ``json_schema``, when set, asks a backend with ``supports_constrained_decoding``
-    to constrain its output to that schema. ``sampling`` (default: greedy) picks tokens.
-    ``turns``, when set, splits ``segments`` into chat turns: ``(role, count)`` pairs whose
-    counts add up to ``len(segments)``; ``None`` is one user turn (the prompt every
-    single-turn request has always had).
-
-    ``prefix_segments`` says how many leading segments depend only on the references (the
-    judge's and ``generate``'s reference prefix; 0: none). With a ``prefix_cache`` a backend
-    that implements it (HF, llama.cpp) reuses the language model's state after that prefix
-    (see :mod:`refsight.backends.prefix`); the answer is the same either way.
-
-    ``reference_keys`` names the packages that are stored references when they are not the
-    prefix (the reranker puts the candidate first); None: the packages of the reference
-    prefix. A runtime that keeps images by a durable id (vLLM's ``uuid``) gives one to these
-    only, never to a candidate. ``prompt_end``: how the chat prompt ends (:data:`refsight.requests.PROMPT_ENDS`).
-    """
-
-    segments: list[Segment]
-    max_new_tokens: int = 64
-    json_schema: dict[str, Any] | None = None
-    sampling: Sampling = field(default_factory=Sampling)
-    turns: list[tuple[str, int]] | None = None
-    prefix_segments: int = 0
-    prefix_cache: PrefixCache | None = None
-    #: The segments are the whole prompt, no chat template (:mod:`.text_access`); ``turns`` must be None.
-    raw_prompt: bool = False
-    reference_keys: frozenset[str] | None = None
-    prompt_end: str = "generation_prompt"
-
-    def turn_segments(self) -> list[tuple[str, list[Segment]]]:
-        """``(role, segments)`` per turn (one user turn when :attr:`turns` is None)."""
-        if self.turns is None:
-            return [("user", list(self.segments))]
-        out, start = [], 0
-        for role, count in self.turns:
-            out.append((role, list(self.segments[start:start + count])))
-            start += count
-        return out
-
-    @property
-    def packages(self) -> list[VisualPackage]:
-        """The cached packages among the segments, in order."""
-        return [s for s in self.segments if isinstance(s, VisualPackage)]
-
-    @property
-    def fresh_images(self) -> list[ImageInput]:
-        """The fresh images among the segments, in order."""
-        return [s for s in self.segments if isinstance(s, ImageInput)]
 
 
 @dataclass
@@ -380,27 +328,15 @@ class Backend(TextAccess, abc.ABC):
             self._check_request(i, request)
 
     def _check_request(self, i: int, request: GenerationRequest) -> None:
-        from ..inputs.json_schema import check_json_schema, modern_json_schema
+        """What this backend adds to the request's own checks: the prompt form it renders, its text rules, the
+        segment kinds it takes and the reference keys among its packages."""
         from .turns import check_prompt_form
 
-        if isinstance(request.max_new_tokens, bool) or not isinstance(request.max_new_tokens, int) or request.max_new_tokens < 1:
-            raise InvalidInputError(f"requests[{i}].max_new_tokens", "must be a positive integer")
-        if not isinstance(request.sampling, Sampling):
-            raise InvalidInputError(f"requests[{i}].sampling", f"expected a Sampling, got {type(request.sampling).__name__}")
-        if not request.segments:
-            raise InvalidInputError(f"requests[{i}].segments", "a request needs at least one segment")
-        if (
-            isinstance(request.prefix_segments, bool) or not isinstance(request.prefix_segments, int)
-            or not 0 <= request.prefix_segments <= len(request.segments)
-        ):
-            raise InvalidInputError(f"requests[{i}].prefix_segments", "must be an integer in 0..len(segments)")
         if request.reference_keys is not None and not (
             isinstance(request.reference_keys, (set, frozenset, tuple, list))
             and set(request.reference_keys) <= {p.key for p in request.packages}
         ):
             raise InvalidInputError(f"requests[{i}].reference_keys", "must name packages among the segments")
-        if request.json_schema is not None:
-            check_json_schema(modern_json_schema(request.json_schema))
         check_prompt_form(self, i, request)  # a raw prompt, or how the chat template's prompt ends
         check = self.check_raw_text if request.raw_prompt else self.check_text
         for j, segment in enumerate(request.segments):

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import InvalidInputError
-from ..requests import check_prompt_end
 from .base import ROLES
 
 __all__ = ["plan_turns", "check_prompt_form", "split_final_turn"]
@@ -49,7 +48,6 @@ def check_prompt_form(backend: Any, i: int, request: Any) -> None:
         raise InvalidInputError(f"requests[{i}].raw_prompt", f"{backend.name} renders every prompt in its chat template")
     if request.raw_prompt and request.turns is not None:
         raise InvalidInputError(f"requests[{i}].raw_prompt", "a raw prompt is the whole prompt: it takes no turns")
-    check_prompt_end(request.prompt_end, request.raw_prompt)
     if request.prompt_end != "generation_prompt" and request.prompt_end not in backend.prompt_ends:
         raise InvalidInputError("prompt_end", f"{backend.name} cannot end a prompt with {request.prompt_end!r}")
     if request.prompt_end != "continue":

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Protocol, Sequence
 
-from ..backends.base import Backend, GenerationRequest
+from ..backends.base import Backend
+from ..requests import GenerationRequest
 from ..embedders.imagenet_source import IMAGENET_KEY, ImageNetAttributeSource
 from ..package import VisualPackage
 from ..package_cache import ModelImage

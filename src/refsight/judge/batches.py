@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..backends.base import Backend, GenerationRequest
+from ..backends.base import Backend
+from ..requests import GenerationRequest
 from ..errors import BackendError
 
 __all__ = ["generate_texts"]

@@ -13,10 +13,11 @@ verdicts and weights (:func:`.verdict.score_verdicts`).
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
-from ..backends.base import Backend, GenerationRequest
+from ..backends.base import Backend
+from ..requests import GenerationRequest
 from ..backends.prefix import PrefixCache
 from ..errors import InvalidInputError, ModelLoadError
 from ..images import ImageInput
@@ -216,8 +217,7 @@ class Judge:
             json_schema=p.schema if p.constrained else None,
             retry_reason=p.reason,
         )
-        request.prefix_cache = self.prefix_cache
-        return request
+        return replace(request, prefix_cache=self.prefix_cache)
 
     def _run(self, pending: list[_Pending], candidate: ModelImage, requests_per_ref: list[int]) -> None:
         todo = pending

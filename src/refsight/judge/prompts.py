@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 from typing import Mapping, Sequence
 
-from ..backends.base import GenerationRequest, Segment
+from ..backends.base import Segment
+from ..requests import GenerationRequest
 from ..images import ImageInput
 from ..package import VisualPackage
 from ..package_cache import ModelImage

@@ -82,7 +82,7 @@ class StreamOptions(BaseModel):
 class ChatBody(GenerationBody):
     """The OpenAI chat body (and the vLLM and llama-server fields, :mod:`.generation_body`); any other field is a 400.
 
-    The service builds the :class:`refsight.requests.ChatRequest` the engine takes from what it holds."""
+    The service builds the :class:`refsight.requests.GenerationRequest` the engine takes from what it holds."""
 
     model: str | None = Field(None, description="the served model (optional, as llama-server has it)")
     messages: list[Message] = Field(min_length=1, max_length=256)

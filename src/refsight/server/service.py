@@ -34,7 +34,7 @@ from PIL import Image
 from .. import AddFailure, Engine, ImageInput, InvalidInputError, ReferenceSegment
 from ..images import IntakeLimits, load_image
 from ..environment import default_store_dir
-from ..requests import AddRequest, ChatRequest, CompareRequest, SearchRequest
+from ..requests import AddRequest, GenerationRequest, CompareRequest, SearchRequest
 from ..results import GenerateResult
 from ..settings import Settings, load_settings
 from .config import ServerConfig
@@ -302,14 +302,14 @@ class Service:
         self, segments: Sequence[Any], *, namespace: str, on_text: Callable[[str], None] | None = None,
         stop_event: Any = None, on_prompt: Callable[[int, int, int], None] | None = None, **fields: Any,
     ) -> GenerateResult:
-        """A route's generation: ONE :class:`~refsight.requests.ChatRequest` of its ``fields`` with the server's
+        """A route's generation: ONE :class:`~refsight.requests.GenerationRequest` of its ``fields`` with the server's
         policy merged in (built here, once), taken whole by ``engine.chat`` → the generation, typed, its strings
         printable (the routes format it by attribute). ``on_prompt``: the prompt's progress (``engine.chat``'s)."""
         # The prompt limit counts every image's tokens too, checked in the engine before any prefill.
         policy: dict[str, Any] = {"max_prompt_tokens": self.config.max_prompt_tokens}
         if not self.config.use_cache:  # ``--no-cache``: every image through the runtime's fresh path (a benchmark's baseline)
             policy.update(use_cache=False, prefix_states=False)
-        request = ChatRequest(list(segments), namespace=namespace, **policy, **fields)
+        request = GenerationRequest(list(segments), namespace=namespace, **policy, **fields)
         began, first = time.perf_counter(), None
 
         def noting(piece: str) -> None:  # the first piece splits the prompt's time from the answer's

@@ -17,7 +17,7 @@ import sys
 
 def judge_request(packages, candidate, rubric, cache):
     """The judge's layout: the reference prefix, then the candidate and the rubric."""
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
     from refsight.judge.prompts import reference_prefix
 
     prefix = reference_prefix(packages)

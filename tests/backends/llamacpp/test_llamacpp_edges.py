@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from llama_models import require_llama_cpp
 
-from refsight.backends.base import GenerationRequest
+from refsight.requests import GenerationRequest
 from refsight.sampling import Sampling
 from refsight.errors import InvalidInputError
 from schema_cases import BROKEN, schemas

@@ -148,7 +148,7 @@ def test_cached_references_make_no_encode_calls(cached_results, gguf, photos, na
 @pytest.mark.parametrize("name", GGUF_FAMILIES)
 def test_fresh_references_give_the_same_tokens_as_cached(gguf, photos, name):
     """``use_cache=False`` hands references over as images: same tokens and logits as their packages."""
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
 
     backend = gguf(name)
     packages = backend.encode([photos[r] for r in REFS])

@@ -149,7 +149,7 @@ def test_prefix_states_are_valid_here_and_from_disk(proofs, name):
 @pytest.mark.parametrize("name", MODELS)
 def test_fresh_references_give_the_same_tokens_and_logits_as_cached(gguf, photos, name):
     """``use_cache=False`` hands references over as images: the same answer as their packages."""
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
 
     backend = gguf(name)
     packages = backend.encode([photos[r] for r in REFS])

@@ -49,7 +49,7 @@ def test_compare_gives_schema_valid_verdicts_cached_and_fresh(tmp_path, photos, 
 
 
 def test_seeded_sampling_is_reproducible(gguf, photos):
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
     from refsight.sampling import Sampling
 
     backend = gguf("tiny-qwen2-vl-gguf")
@@ -62,7 +62,7 @@ def test_seeded_sampling_is_reproducible(gguf, photos):
 
 
 def test_text_with_special_tokens_or_markers_is_refused(gguf, photos):
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
     from refsight.errors import InvalidInputError
 
     backend = gguf("tiny-qwen2-vl-gguf")

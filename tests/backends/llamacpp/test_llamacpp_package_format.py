@@ -7,7 +7,7 @@ import copy
 import pytest
 from llama_models import require_llama_cpp
 
-from refsight.backends.base import GenerationRequest
+from refsight.requests import GenerationRequest
 from refsight.errors import CorruptPackageError
 
 require_llama_cpp()

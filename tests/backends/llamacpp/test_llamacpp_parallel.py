@@ -17,7 +17,7 @@ import threading
 import pytest
 from llama_models import GGUF_FAMILIES, require_llama_cpp
 
-from refsight.backends.base import GenerationRequest
+from refsight.requests import GenerationRequest
 from refsight.errors import ContextLengthError, GenerationError, InvalidInputError
 
 require_llama_cpp()

@@ -20,7 +20,7 @@ WIDE_VOCABULARY = 1024
 
 
 def test_a_gemma3_wider_than_its_tokenizer_converts_with_every_embedding_row(monkeypatch, tmp_path, model_cache, photos):
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
     from refsight.backends.registry import get_backend
     from refsight.builtin_models import gguf_families
     from refsight.builtin_models.gguf_converter import MMPROJ_FILE, MODEL_FILE

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from llama_models import require_llama_cpp
 
-from refsight.backends.base import GenerationRequest
+from refsight.requests import GenerationRequest
 from refsight.sampling import OUTPUT_FIELDS, SAMPLING_FIELDS, TOKEN_FIELDS, Sampling
 
 require_llama_cpp()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from llama_models import PROMPTS, require_llama_cpp
 
-from refsight.backends.base import GenerationRequest
+from refsight.requests import GenerationRequest
 
 require_llama_cpp()
 pytestmark = pytest.mark.slow  # converts the tiny models to GGUF (llama-cpp-python: an optional runtime)

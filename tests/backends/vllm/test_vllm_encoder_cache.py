@@ -48,7 +48,7 @@ def _events(server, kind: str) -> list[str]:
 
 def _ask(server, images, names: list[str]) -> tuple[list[int], list[str]]:
     """Greedy tokens of the references ``names`` and the candidate through a new backend; the references' uuids."""
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
     from refsight.backends.vllm.loading import load_vllm_backend
     from refsight.backends.vllm.pixels import reference_uuid
 

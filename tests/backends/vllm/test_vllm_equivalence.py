@@ -74,7 +74,7 @@ def test_refsight_runs_no_image_processor_in_new_process(cached):
 def test_no_cache_path_sends_pixels_and_gives_the_same_tokens(served, photos):
     """Off-grid photos, every image an ImageInput (what --no-cache passes): vLLM gets pixels,
     refsight encodes nothing, and the tokens equal those from refsight's pixel packages."""
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
     from refsight.backends.registry import get_backend
 
     _, server = served

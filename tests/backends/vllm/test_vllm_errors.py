@@ -65,7 +65,7 @@ def stub(request):
 
 
 def _request(backend, photos, *, package=None):
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
 
     image = package if package is not None else backend.encode([photos["chelsea"]])[0]
     return GenerationRequest(["Describe", image], max_new_tokens=4)

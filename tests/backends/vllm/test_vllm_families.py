@@ -84,7 +84,7 @@ def _plain(url: str, row: list, top: int = 5) -> tuple[list[int], list[dict[str,
 
 def _ask(server, photos):
     """Through a new ``vllm:`` backend: the references' packages, two generations (pixels + uuid, then uuid-only)."""
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
     from refsight.backends.vllm.loading import load_vllm_backend
     from refsight.backends.vllm.pixels import reference_uuid
 

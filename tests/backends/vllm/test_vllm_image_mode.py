@@ -27,7 +27,7 @@ def _load(url: str, **options):
 
 
 def test_a_server_with_its_caches_off_takes_pixels_every_time(vllm_servers, photos):
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
     from refsight.backends.hf.grid import resize_to_grid
 
     server = vllm_servers.get(MODEL, 8, vllm_args=CACHES_OFF)

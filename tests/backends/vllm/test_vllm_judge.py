@@ -72,7 +72,7 @@ def test_return_logits_are_vllms_top_logprobs(engine, photos):
     """An OpenAI server returns no full logits: ``logits`` holds vLLM's top-k log-probabilities."""
     import torch
 
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
     from refsight.backends.vllm.backend import TOP_LOGPROBS
 
     backend = engine.backend()

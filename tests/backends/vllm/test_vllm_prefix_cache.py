@@ -39,7 +39,7 @@ def backend(vllm_servers):
 
 
 def _judge_request(references, candidate, rubric):
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
     from refsight.judge.prompts import reference_prefix
 
     segments = [*reference_prefix(references), "Candidate:", candidate, f"\nCriteria:\n1. {rubric}\nAnswer in JSON."]
@@ -83,7 +83,7 @@ def test_second_and_third_rubric_hit_the_prefix_cache_with_identical_tokens(back
 
 
 def test_yes_no_scores_repeat_match_hf_and_pixels(backend, photos):
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
     from refsight.rerank import rerank_segments
 
     references = [photos[r] for r in REFS]

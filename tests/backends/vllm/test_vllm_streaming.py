@@ -42,7 +42,8 @@ def package(backend, photos):
 
 
 def _request(package, max_new_tokens=MAX_NEW_TOKENS, **sampling):
-    from refsight.backends.base import GenerationRequest, Sampling
+    from refsight.backends.base import Sampling
+    from refsight.requests import GenerationRequest
 
     return GenerationRequest(
         ["Describe", package, " in detail."], max_new_tokens=max_new_tokens, sampling=Sampling(**sampling)
@@ -165,7 +166,7 @@ def test_stop_strings_cut_the_text(backend, package, greedy):
 
 def test_a_conversation_goes_as_messages_and_cached_equals_pixels(backend, package, photos):
     """System, user (with the image), assistant and user turns: from the package == from vLLM's pixel path."""
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
 
     turns = [("system", 1), ("user", 2), ("assistant", 1), ("user", 1)]
 
@@ -183,7 +184,7 @@ def test_a_conversation_goes_as_messages_and_cached_equals_pixels(backend, packa
 def test_a_final_assistant_turn_is_continued_by_vllm_cached_and_pixels_alike(backend, package, photos):
     """Issue 51: ``prompt_end="continue"`` goes to vLLM as its ``continue_final_message`` (``add_generation_prompt``
     false): the prompt is the open turn's, the same from the package as from vLLM's pixel path."""
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
 
     turns = [("user", 2), ("assistant", 1)]
 
@@ -213,7 +214,7 @@ def test_tiny_temperatures_and_top_p_decode_greedily(backend, package, greedy, s
 
 def test_broken_schemas_are_refused_by_path_before_anything_is_sent(backend, package):
     """Issue 25, item 4: the shared check runs before the request leaves (vLLM sees nothing)."""
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
     from refsight.errors import InvalidInputError
     from schema_cases import BROKEN
 

@@ -27,7 +27,7 @@ def _fresh_backend(url: str):
 
 
 def _request(references: list, candidate, text: str = "Same colour?"):
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
 
     segments = [*references, "Compare the candidate", candidate, text]
     return GenerationRequest(segments, max_new_tokens=MAX_NEW_TOKENS, prefix_segments=len(references))
@@ -98,7 +98,7 @@ def test_a_cache_miss_is_retried_once_with_pixels(served, grid_photos, photos):
 def test_the_rerankers_reference_goes_by_uuid_and_scores_as_with_pixels(served, grid_photos):
     """The reranker puts the candidate first and names its reference (``reference_keys``): the reference
     travels by uuid (pixels once, then uuid-only), the candidate never, and the score is the all-pixels score."""
-    from refsight.backends.base import GenerationRequest
+    from refsight.requests import GenerationRequest
     from refsight.backends.vllm.pixels import reference_uuid
     from refsight.rerank import rerank_segments
 

@@ -30,7 +30,8 @@ from typing import Any, ClassVar, Sequence
 from ...errors import BackendError, InvalidInputError
 from ...images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
-from ..base import Backend, Execution, Generation, GenerationRequest, PreparedRequest
+from ..base import Backend, Execution, Generation, PreparedRequest
+from ...requests import GenerationRequest
 from ...sampling import OUTPUT_FIELDS, SAMPLING_FIELDS
 from ...requests import PROMPT_ENDS
 from ..turns import split_final_turn

@@ -22,7 +22,8 @@ from typing import Any
 
 from ...errors import GenerationError, InvalidInputError
 from ...package import VisualPackage
-from ..base import Execution, Generation, GenerationRequest, PreparedRequest
+from ..base import Execution, Generation, PreparedRequest
+from ...requests import GenerationRequest
 from ..logprobs import token_logprob
 from .runtime import runtime_errors, to_device
 

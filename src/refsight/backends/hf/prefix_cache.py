@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...package import VisualPackage
-from ..base import GenerationRequest
+from ...requests import GenerationRequest
 from ..prefix import PrefixState, prefix_key, render_prefix
 from .layer_states import expected_tensors, fill, layer_kinds, snapshot
 from .runtime import to_device

@@ -38,7 +38,8 @@ from ...errors import (
 )
 from ...images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
-from ..base import Backend, Execution, Generation, GenerationRequest, PreparedRequest
+from ..base import Backend, Execution, Generation, PreparedRequest
+from ...requests import GenerationRequest
 from ..prefix import render_prefix
 from ..text_access import check_chat_template
 from ...requests import PROMPT_ENDS

@@ -55,7 +55,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence, TypeVar
 from ...errors import GenerationError
 from ...images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
-from ..base import Backend, Execution, Generation, GenerationRequest, PreparedRequest
+from ..base import Backend, Execution, Generation, PreparedRequest
+from ...requests import GenerationRequest
 from ..hf.grid import grid_tokens
 from ...sampling import SAMPLING_FIELDS
 from ...requests import PROMPT_ENDS

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ...package import VisualPackage
-from ..base import GenerationRequest
+from ...requests import GenerationRequest
 from ..hf.grid import flat_embeddings
 from ...sampling import Sampling
 
