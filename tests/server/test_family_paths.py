@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from refsight.builtin_models.family_checkpoints import FAMILY_SPECS
-from refsight.builtin_models.kin_recipes import KIN_RECIPES
+from refsight.families import FAMILIES
 from compare_helpers import RUBRIC, cached_and_fresh, without_timings
 from live_server import b64, data_url, photo_png
 from refsight.cli import main
@@ -25,7 +25,7 @@ from refsight.rerank import RerankQuery, VlmReranker
 #: layout, proven cached == fresh in tests/backends/test_families.py): the doors below are the same code for them,
 #: and each family costs three model loads and a live server in CI.
 #: Gemma 4 unified is Gemma 4's language model and state rules over a patch embedding: its doors are Gemma 4's.
-SHAPED_LIKE_ONE_HERE = {recipe["model_type"] for recipe in KIN_RECIPES} | {"gemma4_unified"}
+SHAPED_LIKE_ONE_HERE = {f.model_type for f in FAMILIES.values() if f.transformers.recipe.startswith("kin_recipes.")} | {"gemma4_unified"}
 DOOR_FAMILIES = tuple(name for name, spec in FAMILY_SPECS.items() if spec.model_type not in SHAPED_LIKE_ONE_HERE)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from .family_recipes import _TEXT, _images_then_texts
 
-__all__ = ["CODEBOOK_RECIPES", "EMU3"]
+__all__ = ["EMU3"]
 
 #: The tiny VQ-VAE's codebook size: one ``<|visual token NNNNNN|>`` token per code.
 _EMU3_CODES = 32
@@ -57,6 +57,3 @@ EMU3 = dict(
     # differ). refsight encodes each image alone; the proof's pixel path batches every image of the prompts.
     image_processor=dict(spatial_factor=32, min_pixels=32 * 32, max_pixels=32 * 32, image_mean=[0.5] * 3, image_std=[0.5] * 3),
 )
-
-#: Every recipe here, one per model type (joined to the others by :mod:`.family_checkpoints`).
-CODEBOOK_RECIPES = (EMU3,)

@@ -12,20 +12,19 @@ come from transformers' own auto tables (:func:`checkpoint_classes`).
 
 from __future__ import annotations
 
+import importlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .codebook_recipes import CODEBOOK_RECIPES
-from .family_recipes import RECIPES, SHAPE_RECIPES
-from .hybrid_recipes import HYBRID_RECIPES, HYBRID_SHAPE_RECIPES
-from .kin_recipes import KIN_RECIPES
-from .torchvision_recipes import TORCHVISION_RECIPES
+from ..families import FAMILIES
+from .family_recipes import SHAPE_RECIPES
+from .hybrid_recipes import HYBRID_SHAPE_RECIPES
 
 __all__ = [
     "FamilySpec", "FAMILY_SPECS", "SHAPE_FAMILY_SPECS", "CheckpointClasses", "build_family_checkpoint", "checkpoint_classes",
-    "family_tokenizer",
+    "family_recipe", "family_tokenizer",
 ]
 
 
@@ -66,11 +65,20 @@ class FamilySpec:
         """The built-in model's registry name."""
         return self.name or f"tiny-{self.model_type.replace('_', '-')}"
 
-#: Built-in model name → recipe (the data is in :mod:`.family_recipes`, :mod:`.hybrid_recipes`, :mod:`.kin_recipes`,
-#: :mod:`.torchvision_recipes`, :mod:`.codebook_recipes`).
-FAMILY_SPECS: dict[str, FamilySpec] = {spec.builtin_name: spec for spec in (
-    FamilySpec(**recipe) for recipe in RECIPES + HYBRID_RECIPES + KIN_RECIPES + TORCHVISION_RECIPES + CODEBOOK_RECIPES
-)}
+
+def family_recipe(name: str) -> dict[str, Any]:
+    """The recipe a family entry names (``"<module>.<CONSTANT>"`` in this package: :mod:`.family_recipes`,
+    :mod:`.hybrid_recipes`, :mod:`.kin_recipes`, :mod:`.torchvision_recipes`, :mod:`.codebook_recipes`)."""
+    module, _, constant = name.partition(".")
+    return getattr(importlib.import_module(f"{__package__}.{module}"), constant)
+
+
+#: Built-in model name → recipe: one per family entry whose transformers built-in is a recipe
+#: (:data:`refsight.families.FAMILIES`, ``transformers.recipe``).
+FAMILY_SPECS: dict[str, FamilySpec] = {
+    f.transformers.builtin: FamilySpec(**family_recipe(f.transformers.recipe))
+    for f in FAMILIES.values() if f.transformers.recipe
+}
 #: Built-in real-shape checkpoints (``shape-*``) of the generic families: benchmarks only, never the tiny test set.
 SHAPE_FAMILY_SPECS: dict[str, FamilySpec] = {
     name: FamilySpec(**recipe) for name, recipe in {**SHAPE_RECIPES, **HYBRID_SHAPE_RECIPES}.items()

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 # ruff: noqa: E501  (chat templates read best on one line each)
 
-__all__ = ["RECIPES"]
+# One recipe per model type, named by its family entry (refsight.families: transformers.recipe).
+__all__ = ["GEMMA3", "LLAVA", "LLAVA_ONEVISION", "PALIGEMMA", "LLAVA_NEXT", "INTERNVL", "AYA_VISION", "MISTRAL3", "GLM4V",
+           "GLM4V_MOE", "MINICPMV4_6", "QWEN3_VL_MOE", "SHAPE_RECIPES"]
 
 
 def _content(image: str) -> str:
@@ -351,10 +353,6 @@ GLM4V_MOE = dict(
                          rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5,
                                               mrope_section=[2, 1, 1]))),
 )
-
-#: Every recipe, one per model type.
-RECIPES = (GEMMA3, LLAVA, LLAVA_ONEVISION, PALIGEMMA, LLAVA_NEXT, INTERNVL, AYA_VISION, MISTRAL3, GLM4V, GLM4V_MOE,
-           MINICPMV4_6, QWEN3_VL_MOE)
 
 # Gemma-3-4B's whole shape (google/gemma-3-4b-it's config): the SigLIP-so400m tower at 896² (27 layers, hidden
 # 1152, patch 14: 4,096 patches pooled to 256 image tokens) and the real-depth language model (34 layers, hidden

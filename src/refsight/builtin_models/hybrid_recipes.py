@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from .family_recipes import QWEN3_VL_MOE, _content
 
-__all__ = ["HYBRID_RECIPES", "HYBRID_SHAPE_RECIPES"]
+# One recipe per model type, named by its family entry (refsight.families: transformers.recipe).
+__all__ = ["QWEN3_5", "QWEN3_5_MOE", "GEMMA4", "GEMMA4_UNIFIED", "HYBRID_SHAPE_RECIPES"]
 
 # Text hidden 64, 4 layers (three Gated DeltaNet, one full attention: Qwen3.5's own interval of 4), head dim
 # 16 with half of it rotary (4 frequencies split t/h/w by the interleaved mrope_section), linear heads 2 key /
@@ -102,9 +103,6 @@ GEMMA4_UNIFIED = dict(
     ),
     image_processor=dict(patch_size=4, max_soft_tokens=70, pooling_kernel_size=3),
 )
-
-#: Every hybrid recipe, one per model type (joined to :data:`~.family_recipes.RECIPES` by :mod:`.family_checkpoints`).
-HYBRID_RECIPES = (QWEN3_5, QWEN3_5_MOE, GEMMA4, GEMMA4_UNIFIED)
 
 # Qwen3.5-0.8B's whole shape (Qwen/Qwen3.5-0.8B's published config), the smallest Qwen3.5 with a vision tower:
 # the 12-layer tower (hidden 768, MLP 3072, 12 heads, patch 16, merge 2 -> one token per 32 px, out 1024) and the

@@ -20,7 +20,9 @@ from __future__ import annotations
 from .family_recipes import _CLIP, _SIGLIP, _TEXT, GLM4V, LLAVA, LLAVA_NEXT, MISTRAL3, QWEN3_VL_TEMPLATE, _content
 from .processor_files import _SMOLVLM
 
-__all__ = ["KIN_RECIPES"]
+# One recipe per model type, named by its family entry (refsight.families: transformers.recipe).
+__all__ = ["VIPLLAVA", "VIDEO_LLAVA", "LLAVA_NEXT_VIDEO", "GLM46V", "EXAONE4_5", "LFM3_VL", "PADDLEOCR_VL", "VIDEO_LLAMA_3",
+           "LIGHTON_OCR", "IDEFICS3", "DEEPSEEK_VL", "DEEPSEEK_VL_HYBRID", "JANUS"]
 
 # ---------------------------------------------------------------- the LLaVA processor over a CLIP tower
 # VipLLaVA: the features of several vision layers (here both) concatenated, every patch kept (no CLS
@@ -197,7 +199,3 @@ JANUS = dict(
                        num_res_blocks=1, projection_dim=64, image_token_embed_dim=64),
         image_token_id="token:<image_placeholder>"),
 )
-
-#: Every recipe of this module, one per model type.
-KIN_RECIPES = (VIPLLAVA, VIDEO_LLAVA, LLAVA_NEXT_VIDEO, GLM46V, EXAONE4_5, LFM3_VL, PADDLEOCR_VL, VIDEO_LLAMA_3, LIGHTON_OCR,
-               IDEFICS3, DEEPSEEK_VL, DEEPSEEK_VL_HYBRID, JANUS)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from .family_recipes import _SIGLIP, _TEXT, _content
 
-__all__ = ["TORCHVISION_RECIPES", "LFM2_VL"]
+# One recipe per model type, named by its family entry (refsight.families: transformers.recipe).
+__all__ = ["LFM2_VL", "COHERE2_VISION", "KIMI_K25", "STEP3P7", "MOLMO2"]
 
 # LFM2-VL: SigLIP2 NaFlex tower, pixel-unshuffle projector, LFM2 hybrid text model (short convolutions +
 # attention). Its processor splits an image into 32 px tiles plus a thumbnail, each rendered between
@@ -155,6 +156,3 @@ MOLMO2 = dict(
     image_processor=dict(size={"height": 32, "width": 32}, patch_size=4, pooling_size=[2, 2], overlap_margins=[1, 1],
                          max_crops=2),
 )
-
-#: Every recipe here, one per model type (joined to the others by :mod:`.family_checkpoints`).
-TORCHVISION_RECIPES = (LFM2_VL, COHERE2_VISION, KIMI_K25, STEP3P7, MOLMO2)

@@ -25,6 +25,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..families import family
 from .checkpoints import TINY_MODELS, _Spec, _build_id, build_checkpoint, build_into_cache, smolvlm_spec
 from .family_checkpoints import FamilySpec, build_family_checkpoint
 from .family_recipes import (
@@ -145,33 +146,32 @@ def _family_build_id(name: str) -> str:
     return hashlib.sha256(recipe.encode()).hexdigest()[:12]
 
 
-#: Model types whose vision tower transformers 5 saves without the hub checkpoints' ``vision_model.`` level
-#: (``vision_tower.embeddings...``); vLLM loads only the hub layout (``vision_tower.vision_model.embeddings...``).
-_HUB_VISION_MODEL = ("gemma3", "llava", "llava_next", "llava_onevision")
-#: Model types whose fused MoE experts transformers 5 saves as it holds them (``[experts, out, in]``); the hub
-#: checkpoints, which vLLM loads, hold them transposed (transformers transposes them on load).
-_HUB_EXPERTS = ("qwen3_vl_moe",)
+# The family entry's vllm.hub_layout says where transformers 5 saves another layout than the hub checkpoints vLLM
+# loads: "vision_model", a vision tower without the ``vision_model.`` level (``vision_tower.embeddings...``, vLLM
+# loads only ``vision_tower.vision_model.embeddings...``); "experts", fused MoE experts as transformers holds them
+# (``[experts, out, in]``; the hub checkpoints hold them transposed, and transformers transposes them on load).
 _EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 
 
-def _hub_tensor(model_type: str, key: str, tensor: Any) -> tuple[str, Any]:
+def _hub_tensor(layout: str, key: str, tensor: Any) -> tuple[str, Any]:
     """One saved tensor under its hub checkpoint's name and layout."""
-    if model_type in _HUB_VISION_MODEL and key.startswith("vision_tower.") and not key.startswith("vision_tower.vision_model."):
+    if layout == "vision_model" and key.startswith("vision_tower.") and not key.startswith("vision_tower.vision_model."):
         key = "vision_tower.vision_model." + key[len("vision_tower."):]
-    if model_type in _HUB_EXPERTS and key.endswith(_EXPERTS):
+    if layout == "experts" and key.endswith(_EXPERTS):
         tensor = tensor.transpose(1, 2).contiguous()
     return key, tensor
 
 
 def _hub_layout(directory: Path, model_type: str) -> None:
     """Rewrite the saved weights into the layout of the family's hub checkpoints (transformers loads both)."""
-    if model_type not in _HUB_VISION_MODEL + _HUB_EXPERTS:
+    layout = family(model_type).vllm.hub_layout
+    if not layout:
         return
     import safetensors.torch
 
     path = directory / "model.safetensors"
     tensors = safetensors.torch.load_file(str(path))
-    hub = dict(_hub_tensor(model_type, k, v) for k, v in tensors.items())
+    hub = dict(_hub_tensor(layout, k, v) for k, v in tensors.items())
     safetensors.torch.save_file(hub, str(path), metadata={"format": "pt"})
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ...families import FAMILIES
 from ..prefix import PrefixCache, PrefixState, prefix_key
 from .native import ChunkInfo, LlamaRuntime, NativeError
 
@@ -41,7 +42,8 @@ PREFIX_STATE_VERSION = 2  # 2: a state ends at a chunk boundary (1 could end ins
 #: sliding layers attend both ways inside an image) the prompt then continues otherwise than the plain
 #: path: measured on tiny-gemma4-gguf, logits off by up to 0.73 and a changed greedy token with the prefix
 #: past the window, bit-identical within it. Gemma 3 (causal sliding layers) is bit-identical either way.
-WINDOW_BOUND_ARCHITECTURES = frozenset({"gemma4"})
+#: Read off the family entries (``llamacpp.window_bound``, keyed by the GGUF architecture).
+WINDOW_BOUND_ARCHITECTURES = frozenset(f.llamacpp.architecture for f in FAMILIES.values() if f.llamacpp.window_bound)
 
 
 @dataclass(frozen=True)

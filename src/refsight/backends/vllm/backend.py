@@ -53,6 +53,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence, TypeVar
 
 from ...errors import GenerationError
+from ...families import FAMILIES
 from ...images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
 from ..base import Backend, Execution, Generation, PreparedRequest
@@ -70,8 +71,9 @@ from .pixels import (
 if TYPE_CHECKING:  # the encoder is a transformers backend: imported only when one is loaded
     from ..hf.base import HFBackend
 
-#: The families whose pixel packages are the image on its grid (and that take ``image_embeds``).
-QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+#: The model types whose pixel packages are the image on its grid and that take ``image_embeds`` (their family
+#: entries' ``vllm.image_embeds``).
+EMBEDS_MODEL_TYPES = tuple(t for t, f in FAMILIES.items() if f.vllm.image_embeds)
 
 __all__ = ["VLLMBackend", "TOP_LOGPROBS"]
 
@@ -117,7 +119,7 @@ class VLLMBackend(Backend):
         self.held = HeldUuids() if keeps_uuids else HeldUuids(limit=0)
         self.urls = PixelUrls()
         #: Pixel packages on the Qwen grid, or the decoded image (every other family: :mod:`.pixels`).
-        self.pixel_kind = GRID_PIXELS if getattr(encoder, "family", None) in QWEN_FAMILIES else SOURCE_PIXELS
+        self.pixel_kind = GRID_PIXELS if getattr(encoder, "family", None) in EMBEDS_MODEL_TYPES else SOURCE_PIXELS
         self._count_tokens = ImageTokenCounter(encoder)
         self._fingerprint = pixel_fingerprint(encoder.fingerprint(), self.pixel_kind) if encodes_images else encoder.fingerprint()
         self._stats = {"uuid_only": 0, "with_pixels": 0, "cache_miss_retries": 0}

@@ -27,7 +27,7 @@ import secrets
 from typing import Any
 
 from ...errors import GenerationError, InvalidInputError, ModelLoadError
-from .backend import QWEN_FAMILIES, VLLMBackend
+from .backend import EMBEDS_MODEL_TYPES, VLLMBackend
 from .client import DEFAULT_TIMEOUT_S, VLLMClient
 from .pixels import is_cache_miss
 
@@ -194,9 +194,9 @@ def load_vllm_backend(name: str, *, encoder: str | None = None, timeout: float |
                 name, f"encoder {encoder_name} is {type(backend).__name__}; the vllm backend needs the transformers "
                 "backend of the served weights (hf:DIR, a folder, a hub id or a built-in name)"
             )
-        if images == "embeds" and family not in QWEN_FAMILIES:
+        if images == "embeds" and family not in EMBEDS_MODEL_TYPES:
             raise ModelLoadError(
-                name, f"encoder {encoder_name} is {family}: image embeddings go to vLLM for {', '.join(QWEN_FAMILIES)} only; "
+                name, f"encoder {encoder_name} is {family}: image embeddings go to vLLM for {', '.join(EMBEDS_MODEL_TYPES)} only; "
                 "serve this model with its vision encoder (an image limit above 0) and use images=pixels"
             )
         _check_same_model(name, root, encoder_name, backend)
