@@ -48,7 +48,7 @@ from .prefixes import PrefixStateCache
 from .prompt_size import PromptBudget
 from .remembered import remember_images_setting
 from .requests import AddRequest, CompareRequest, GenerationRequest, SearchRequest, check_sources
-from .references import ReferenceBook, ReferenceSegment, load_kept_image, source_label
+from .references import ReferenceBook, ReferenceSegment, load_kept_image
 from .results import (
     AddFailure, AddResult, CompareResult, ForgetReport, GenerateResult, IndexReport, PackageState, PruneReport, SearchResult,
     StoreStats, VerifyReport,
@@ -257,7 +257,7 @@ class Engine:
             segments += [f"Reference {i} ({ref_id}):", ReferenceSegment(ref_id)]
         if candidate is not None:
             # Loaded here: in chat() a plain string is text, so a path must not reach it as one.
-            segments += ["Candidate:", load_image(candidate, limits=self.limits, name=source_label(candidate))]
+            segments += ["Candidate:", load_image(candidate, limits=self.limits)]
         segments.append(prompt)
         return self.chat(
             segments, use_cache=use_cache, max_new_tokens=max_new_tokens, model=model, namespace=namespace,
@@ -293,18 +293,16 @@ class Engine:
         """
         chat = GenerationRequest.of(request, options)
         context = self.context(chat.namespace, chat.model, use_cache=chat.use_cache, prefix_states=chat.prefix_states)
-        for segment in chat.segments:  # a mistyped name fails in a catalog read, not after the model's load
-            if isinstance(segment, ReferenceSegment):
-                self.book.get(segment.ref_id, namespace=context.namespace)
+        named = self.book.named_references(chat.segments, namespace=context.namespace)  # before the model loads
         backend = context.backend
+        segments, turns = plan_turns(list(chat.segments), chat.turns, backend.supports_turns)
         check_supported(chat.sampling, backend.sampling_fields, backend.name)
         if on_prompt is not None and not (on_text is not None and backend.supports_prompt_progress):
             raise InvalidInputError("on_prompt", f"{backend.name} does not report a prompt's evaluation (streamed only)")
-        segments, turns = plan_turns(list(chat.segments), chat.turns, backend.supports_turns)
         budget = PromptBudget(backend, chat.max_prompt_tokens, chat.raw_prompt)
         budget.check(segments)  # before encoding: new images by size
         start = time.perf_counter()
-        resolved = self.book.resolve_segments(context, segments)
+        resolved = self.book.resolve_segments(context, segments, named)
         load_ms = (time.perf_counter() - start) * 1000 - resolved.encode_ms
         budget.check(resolved.segments)  # images count too, before any prefill
         # The same request, taken whole, with its images resolved and the reference prefix marked; a raw prompt has no
@@ -334,7 +332,7 @@ class Engine:
         """
         search = SearchRequest.of(request, options)
         image = search.image
-        query = None if image is None else load_image(image, limits=self.limits, name=source_label(image))
+        query = None if image is None else load_image(image, limits=self.limits)
         context = self.context(search.namespace)
         return self.retrieval.search(
             text=search.text, image=query, k=search.k, namespace=context.namespace, where=search.where,

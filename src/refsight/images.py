@@ -38,8 +38,9 @@ from PIL import Image
 
 from .errors import ImageError
 from .inputs.reading import FileReadError, read_regular_file
+from .inputs.text import printable_text
 
-__all__ = ["ImageInput", "IntakeLimits", "SUPPORTED_FORMATS", "load_image", "pixel_hash", "ImageSource"]
+__all__ = ["ImageInput", "IntakeLimits", "SUPPORTED_FORMATS", "load_image", "pixel_hash", "source_label", "ImageSource"]
 
 #: Pillow format names refsight decodes; anything else (PDF, EPS, ...) is refused.
 SUPPORTED_FORMATS = ("JPEG", "PNG", "GIF", "WEBP", "BMP", "TIFF", "MPO")
@@ -146,12 +147,12 @@ def pixel_hash(image: Image.Image) -> str:
 def load_image(source: ImageSource, *, limits: IntakeLimits = IntakeLimits(), name: str | None = None) -> ImageInput:
     """Decode ``source`` into an :class:`ImageInput`, or raise :class:`ImageError`.
 
-    ``name`` is what errors call the input (defaults to the path, or ``<N bytes>``).
+    ``name`` is what errors call the input (defaults to :func:`source_label`'s).
     """
     if isinstance(source, ImageInput):
         return source
+    label = name or source_label(source)
     if isinstance(source, Image.Image):
-        label = name or "<PIL image>"
         _check_pixels(label, source.size, limits)
         try:
             # A lazily opened image decodes here; its failures are the caller's bad input.
@@ -161,7 +162,6 @@ def load_image(source: ImageSource, *, limits: IntakeLimits = IntakeLimits(), na
         return _finish(_normalise(label, source, owned=False), None, source.format, label)
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
-        label = name or str(path)
         try:
             # Regular files only, opened without blocking and read no further than the
             # limit: /dev/zero, a FIFO or a /proc file cannot hang or exhaust memory.
@@ -170,10 +170,21 @@ def load_image(source: ImageSource, *, limits: IntakeLimits = IntakeLimits(), na
             raise ImageError(label, e.reason) from None
     elif isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
-        label = name or f"<{len(data)} bytes>"
     else:
         raise ImageError(repr(source)[:80], f"cannot read an image from a {type(source).__name__}")
     return _decode(data, label, limits)
+
+
+def source_label(source: object) -> str:
+    """How an image source is named in messages: its path, its size, or its kind (always printable text:
+    a path from the command line may hold undecodable bytes, which stay a valid path to read)."""
+    if isinstance(source, (str, os.PathLike)):
+        return printable_text(str(Path(source)))
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return f"<{memoryview(source).nbytes} bytes>"
+    if isinstance(source, Image.Image):
+        return "<PIL image>"
+    return printable_text(str(getattr(source, "name", None) or type(source).__name__))
 
 
 def _decode(data: bytes, label: str, limits: IntakeLimits) -> ImageInput:

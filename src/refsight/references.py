@@ -24,16 +24,16 @@ from .backends.fingerprint_record import EncoderFacts, facts_of
 from .backends.prefix import reusable_prefix
 from .context import RequestContext
 from .errors import InvalidInputError, ReferenceNotFoundError, RefsightError, StoreUnavailableError
-from .images import ImageInput, ImageSource, IntakeLimits, load_image
+from .images import ImageInput, ImageSource, IntakeLimits, load_image, source_label
 from .package import VisualPackage
 from .package_cache import CachedPackage, PackageCache, ServedImage
 from .results import AddFailure, AddResult
 from .inputs.ref_ids import validate_ref_id
 from .store import Catalog, Reference, Store
 from .store.disk import StoredPackage
-from .inputs.text import check_texts, printable_text
+from .inputs.text import check_texts
 
-__all__ = ["IngestHook", "ReferenceBook", "ReferenceSegment", "ResolvedSegments", "RemovalListener", "load_kept_image", "source_label", "validate_metadata"]
+__all__ = ["IngestHook", "ReferenceBook", "ReferenceSegment", "ResolvedSegments", "RemovalListener", "load_kept_image", "validate_metadata"]
 
 class ResolvedSegments(NamedTuple):
     """A prompt's segments as a backend takes them (:meth:`ReferenceBook.resolve_segments`)."""
@@ -130,7 +130,7 @@ class ReferenceBook:
     def _take_in(self, source: ImageSource, ref_id: str | None, namespace: str) -> tuple[str, ImageInput] | AddFailure:
         """``(id, decoded image)`` of one input, or the AddFailure that says why it cannot be added."""
         try:
-            image = load_image(source, limits=self.limits, name=source_label(source))
+            image = load_image(source, limits=self.limits)
             return self._choose_id(ref_id, source, image, namespace), image
         except StoreUnavailableError:
             raise  # the store, not this input: the whole request fails (503), nothing half-done
@@ -264,8 +264,17 @@ class ReferenceBook:
         return load_kept_image(self.store.catalog, image_sha256, limits=self.limits, label=label)
 
     # -- a prompt's images ----------------------------------------------------------------------
-    def resolve_segments(self, context: RequestContext, segments: Sequence[Any]) -> ResolvedSegments:
-        """A prompt's segments ready for a backend: text stays, references become their durable packages,
+    def named_references(self, segments: Sequence[Any], *, namespace: str) -> dict[str, Reference]:
+        """The references a prompt names, by id, each read once: a mistyped name fails here, before any model work."""
+        return {
+            s.ref_id: self.get(s.ref_id, namespace=namespace) for s in segments if isinstance(s, ReferenceSegment)
+        }
+
+    def resolve_segments(
+        self, context: RequestContext, segments: Sequence[Any], named: Mapping[str, Reference]
+    ) -> ResolvedSegments:
+        """A prompt's segments ready for a backend: text stays, references (``named``: :meth:`named_references`)
+        become their durable packages,
         other images go through the ``remember_images`` policy (:meth:`PackageCache.inline`: remembered, or
         candidates in memory only; their decoded pixels released once encoded); ``use_cache=False`` keeps
         pixels. The reusable prefix runs through references and images whose package is durable, never through
@@ -281,10 +290,10 @@ class ReferenceBook:
                 marks.append(segment)
                 continue
             if isinstance(segment, ReferenceSegment):
-                visual = self.packages.model_image(context, self.get(segment.ref_id, namespace=context.namespace))
+                visual = self.packages.model_image(context, named[segment.ref_id])
                 marks.append(True)  # a reference: the prompt's structure, with or without packages
             else:
-                image = load_image(segment, limits=self.limits, name=source_label(segment))
+                image = load_image(segment, limits=self.limits)
                 visual = self._inline(context, image, sent)
                 if visual.item is not image:
                     image.release()  # encoded: the request holds its package, not its decoded pixels
@@ -342,16 +351,6 @@ def load_kept_image(catalog: Catalog, image_sha256: str, *, limits: IntakeLimits
     """The kept original bytes of an image, decoded under ``limits`` (what re-encoding starts from)."""
     data = catalog.get_image(image_sha256)
     return load_image(data, limits=limits, name=label or f"image {image_sha256[:12]}")
-
-
-def source_label(source: object) -> str:
-    """How an image source is named in messages: its path, its size, or its type (always printable text:
-    a path from the command line may hold undecodable bytes, which stay a valid path to read)."""
-    if isinstance(source, (str, Path)):
-        return printable_text(str(source))
-    if isinstance(source, (bytes, bytearray, memoryview)):
-        return f"<{len(source)} bytes>"
-    return printable_text(str(getattr(source, "name", None) or type(source).__name__))
 
 
 def validate_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:

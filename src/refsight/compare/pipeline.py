@@ -22,7 +22,7 @@ from ..judge.attribute_records import AttributeRecords
 from ..judge.prefilter import Filtered, required_mismatches
 from ..package_cache import ModelImage, PackageCache, ServedImage
 from ..prefixes import PrefixStateCache
-from ..references import ReferenceBook, source_label
+from ..references import ReferenceBook
 from ..requests import CompareRequest
 from ..rerank import EmbeddingReranker, Reranker, RerankQuery, VlmReranker
 from ..results import CompareResult, SearchResult
@@ -198,7 +198,7 @@ class ComparePipeline:
     # -- the steps between -----------------------------------------------------------------
     def _request(self, context: RequestContext, options: CompareRequest) -> _Request:
         candidate = options.candidate
-        image = load_image(candidate, limits=self.limits, name=source_label(candidate))
+        image = load_image(candidate, limits=self.limits)
         return _Request(
             context=context, options=options, image=image, text=recall_text(options.rubric.texts, options.query),
         )
