@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 __all__ = [
+    "FieldRecord",
     "AddResult",
     "AddFailure",
     "VerifyReport",
@@ -34,8 +35,19 @@ __all__ = [
 COMPARE_STAGES = ("recall", "prefilter", "rerank", "judge")
 
 
+class FieldRecord:
+    """A dataclass whose JSON is its fields as they are: ``to_dict()`` by :func:`dataclasses.asdict`.
+
+    The records with nothing to leave out or reshape take their ``to_dict`` from here.
+    """
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields, in their declared order."""
+        return asdict(self)
+
+
 @dataclass
-class AddResult:
+class AddResult(FieldRecord):
     """One stored reference, as ``refsight add --json`` prints it."""
 
     ref_id: str
@@ -46,21 +58,13 @@ class AddResult:
     encode_ms: float
     bytes: int
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields."""
-        return asdict(self)
-
 
 @dataclass
-class AddFailure:
+class AddFailure(FieldRecord):
     """An input that could not be added; nothing was stored for it."""
 
     input: str
     error: str
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields."""
-        return asdict(self)
 
 
 @dataclass
@@ -237,15 +241,11 @@ class PackageState:
 
 
 @dataclass(frozen=True)
-class SearchHit:
+class SearchHit(FieldRecord):
     """One recalled reference and its similarity score (higher is closer)."""
 
     ref_id: str
     score: float
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields."""
-        return {"ref_id": self.ref_id, "score": self.score}
 
 
 @dataclass(frozen=True)
@@ -266,7 +266,7 @@ class SearchResult:
 
 
 @dataclass(frozen=True)
-class IndexReport:
+class IndexReport(FieldRecord):
     """What bringing the retrieval index up to date did."""
 
     embedder: str
@@ -274,10 +274,6 @@ class IndexReport:
     embedded_now: int
     removed_now: int
     revision: int  # the catalog revision the index reflects
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields."""
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -345,7 +341,7 @@ class StoreStats:
 
 
 @dataclass
-class QuotaReport:
+class QuotaReport(FieldRecord):
     """One quota pass: packages evicted and their bytes, vLLM encoder outputs evicted and their bytes,
     what was skipped because in use, the result (bytes of both under the one quota)."""
 
@@ -358,13 +354,9 @@ class QuotaReport:
     encoder_outputs_evicted: int = 0
     encoder_outputs_evicted_bytes: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields."""
-        return asdict(self)
-
 
 @dataclass
-class ForgetReport:
+class ForgetReport(FieldRecord):
     """Remembered images listed (``dry_run``) or forgotten: ``refsight prune --remembered``, ``DELETE /v1/remembered``.
 
     ``images`` are the remembered images concerned (each ``RememberedImage.to_dict()``); forgetting drops their
@@ -377,13 +369,9 @@ class ForgetReport:
     bytes: int
     dry_run: bool
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields."""
-        return asdict(self)
-
 
 @dataclass
-class PruneReport:
+class PruneReport(FieldRecord):
     """What ``prune`` removed (or, with ``dry_run``, would remove)."""
 
     fingerprints: list[dict[str, Any]]
@@ -392,7 +380,3 @@ class PruneReport:
     links: int
     dry_run: bool
     keys: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields."""
-        return asdict(self)

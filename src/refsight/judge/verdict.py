@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..errors import RefsightError
+from ..results import FieldRecord
 from ..rubric import Criterion
 
 __all__ = [
@@ -53,24 +54,15 @@ class VerdictParseError(RefsightError, ValueError):
 
 
 @dataclass(frozen=True)
-class CriterionVerdict:
-    """One criterion's answer; ``source`` is ``"vlm"`` or ``"attributes"``."""
+class CriterionVerdict(FieldRecord):
+    """One criterion's answer; ``source`` is ``"vlm"`` or ``"attributes"``; ``to_dict()`` gives
+    ``{"criterion", "verdict", "confidence", "evidence", "source"}``."""
 
     criterion: str
     verdict: str
     confidence: float
     evidence: str
     source: str = "vlm"
-
-    def to_dict(self) -> dict[str, Any]:
-        """``{"criterion", "verdict", "confidence", "evidence", "source"}``."""
-        return {
-            "criterion": self.criterion,
-            "verdict": self.verdict,
-            "confidence": self.confidence,
-            "evidence": self.evidence,
-            "source": self.source,
-        }
 
 
 def verdict_schema(criteria: Sequence[Criterion], *, evidence_max_chars: int = DEFAULT_EVIDENCE_CHARS) -> dict:

@@ -23,6 +23,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from .. import ImageInput
+from ..results import FieldRecord
 
 __all__ = ["MediaUuids", "UuidUse", "OUTCOMES", "MAX_UUID_CHARS", "ENTRY_OVERHEAD"]
 
@@ -38,15 +39,12 @@ ENTRY_OVERHEAD = 2048
 
 
 @dataclass(frozen=True)
-class UuidUse:
-    """One use of a uuid in a request: the uuid and its outcome (one of :data:`OUTCOMES`)."""
+class UuidUse(FieldRecord):
+    """One use of a uuid in a request: the uuid and its outcome (one of :data:`OUTCOMES`); ``to_dict()``
+    gives ``{"uuid": ..., "outcome": ...}``, as the reply shows it."""
 
     uuid: str
     outcome: str
-
-    def to_dict(self) -> dict[str, str]:
-        """``{"uuid": ..., "outcome": ...}``, as the reply shows it."""
-        return {"uuid": self.uuid, "outcome": self.outcome}
 
 
 def _cost(key: tuple[str, str], image: ImageInput) -> int:

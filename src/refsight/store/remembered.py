@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..package import EncoderFingerprint
+from ..results import FieldRecord
 
 if TYPE_CHECKING:  # pragma: no cover
     from .postgres import PgDatabase
@@ -30,7 +31,7 @@ __all__ = ["RememberedImage", "RememberedImages"]
 
 
 @dataclass(frozen=True)
-class RememberedImage:
+class RememberedImage(FieldRecord):
     """One namespace's remembered image: its package key, the package's size and model, when kept and last used."""
 
     namespace: str
@@ -39,10 +40,6 @@ class RememberedImage:
     model_id: str
     remembered_at: float
     last_used: float
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields."""
-        return asdict(self)
 
 
 _LISTED = (
