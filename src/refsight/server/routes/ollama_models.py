@@ -199,39 +199,36 @@ async def show(body: OllamaShowBody, namespace: Namespace, service: ServiceDep) 
 
 _MANAGED = "refsight serves the model it was started with (refsight serve ollama:NAME[:TAG] reads Ollama's store); "
 
+#: Ollama's store-management endpoints refsight refuses with a 400, each as (method, path, route name,
+#: the route's description, what to do instead): its own command for it in Ollama.
+_REFUSED = (
+    ("POST", "/api/pull", "pull",
+     "Refused: models are not downloaded here (``ollama pull`` into Ollama's store, then serve it).",
+     "pull it with `ollama pull NAME`, then start refsight serve ollama:NAME"),
+    ("POST", "/api/push", "push", "Refused: refsight does not publish models.", "push with `ollama push`"),
+    ("POST", "/api/create", "create", "Refused: refsight does not build models (``ollama create`` does).",
+     "create models with `ollama create`"),
+    ("DELETE", "/api/delete", "delete", "Refused: refsight never changes Ollama's store.", "delete with `ollama rm`"),
+    ("POST", "/api/copy", "copy",
+     "Refused: refsight never changes Ollama's store (``--alias`` adds a name the server answers to).",
+     "copy with `ollama cp`; refsight serve --alias NAME adds a name this server answers to"),
+)
+
 
 def _refuse(what: str) -> ApiError:
     return ApiError(400, "unsupported", _MANAGED + what)
 
 
-@router.post("/api/pull", responses={400: ERROR_RESPONSES[400]})
-async def pull(namespace: Namespace) -> None:
-    """Refused: models are not downloaded here (``ollama pull`` into Ollama's store, then serve it)."""
-    raise _refuse("pull it with `ollama pull NAME`, then start refsight serve ollama:NAME")
+def _add_refusal(method: str, path: str, name: str, description: str, what: str) -> None:
+    async def refuse(namespace: Namespace) -> None:
+        raise _refuse(what)
+
+    router.add_api_route(path, refuse, methods=[method], name=name, description=description,
+                         responses={400: ERROR_RESPONSES[400]})
 
 
-@router.post("/api/push", responses={400: ERROR_RESPONSES[400]})
-async def push(namespace: Namespace) -> None:
-    """Refused: refsight does not publish models."""
-    raise _refuse("push with `ollama push`")
-
-
-@router.post("/api/create", responses={400: ERROR_RESPONSES[400]})
-async def create(namespace: Namespace) -> None:
-    """Refused: refsight does not build models (``ollama create`` does)."""
-    raise _refuse("create models with `ollama create`")
-
-
-@router.delete("/api/delete", responses={400: ERROR_RESPONSES[400]})
-async def delete(namespace: Namespace) -> None:
-    """Refused: refsight never changes Ollama's store."""
-    raise _refuse("delete with `ollama rm`")
-
-
-@router.post("/api/copy", responses={400: ERROR_RESPONSES[400]})
-async def copy(namespace: Namespace) -> None:
-    """Refused: refsight never changes Ollama's store (``--alias`` adds a name the server answers to)."""
-    raise _refuse("copy with `ollama cp`; refsight serve --alias NAME adds a name this server answers to")
+for _refused in _REFUSED:
+    _add_refusal(*_refused)
 
 
 @router.post("/api/blobs/{digest}", responses={400: ERROR_RESPONSES[400]})
