@@ -210,11 +210,7 @@ class PackageCache:
         """The package of ``key`` when the durable tier has it and it passes every check of a read, its tensors
         left unbuilt (no torch: a cached ``add`` only links it). Counted as a hit; a corrupt one is dropped (None)."""
         started = time.perf_counter()
-        try:
-            found = self.store.local.check(key)
-        except CorruptPackageError:
-            self._drop_corrupt(key)
-            return None
+        found = self._read(key, self.store.local.check)
         if found is not None:
             self._count_hit(key, found.record.fingerprint_digest, found.record.encode_ms, started)
         return found
@@ -271,15 +267,19 @@ class PackageCache:
 
     def _hit(self, key: str) -> CachedPackage | None:
         started = time.perf_counter()
-        try:
-            package = self.store.packages.get(key)
-        except CorruptPackageError:
-            self._drop_corrupt(key)
-            return None
+        package = self._read(key, self.store.packages.get)
         if package is None:
             return None
         self._count_hit(key, package.fingerprint.digest, package.encode_ms, started)
         return CachedPackage(package, cached=True)
+
+    def _read(self, key: str, read: Callable[[str], Any]) -> Any:
+        """What ``read(key)`` finds, or None; a corrupt package is dropped (:meth:`_drop_corrupt`), never served."""
+        try:
+            return read(key)
+        except CorruptPackageError:
+            self._drop_corrupt(key)
+            return None
 
     def _drop_corrupt(self, key: str) -> None:
         # Never serve a corrupt package: drop it, so the caller re-encodes from the kept image
