@@ -213,24 +213,17 @@ class GenerationRequest:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise InvalidInputError("max_new_tokens", f"must be a positive integer, not {self.max_new_tokens!r}")
         check_prompt_end(self.prompt_end, self.raw_prompt)
-        # Every text a prompt carries must be valid Unicode (a backend request encodes it, and so would a log).
-        segments = list(self.segments)
-        if not segments:
-            raise InvalidInputError("segments", "a request needs at least one segment")
-        for i, segment in enumerate(segments):
-            if isinstance(segment, str):
-                check_text(segment, f"segments[{i}]")
+        object.__setattr__(self, "segments", _checked_segments(self.segments))
         if self.json_schema is not None:
             check_texts(self.json_schema, "json_schema")
             check_json_schema(modern_json_schema(self.json_schema))
         sampling = Sampling() if self.sampling is None else self.sampling
         if not isinstance(sampling, Sampling):
             raise InvalidInputError("sampling", f"expected a Sampling, got {type(sampling).__name__}")
-        prefix = self.prefix_segments
-        if isinstance(prefix, bool) or not isinstance(prefix, int) or not 0 <= prefix <= len(segments):
-            raise InvalidInputError("prefix_segments", "must be an integer in 0..len(segments)")
-        object.__setattr__(self, "segments", segments)
         object.__setattr__(self, "sampling", sampling)
+        prefix = self.prefix_segments
+        if isinstance(prefix, bool) or not isinstance(prefix, int) or not 0 <= prefix <= len(self.segments):
+            raise InvalidInputError("prefix_segments", "must be an integer in 0..len(segments)")
 
     @classmethod
     def of(cls, request: GenerationRequest | Sequence[Any], options: Mapping[str, Any]) -> GenerationRequest:
@@ -256,6 +249,18 @@ class GenerationRequest:
     def fresh_images(self) -> list[ImageInput]:
         """The fresh images among the segments, in order."""
         return [s for s in self.segments if isinstance(s, ImageInput)]
+
+
+def _checked_segments(segments: Sequence[Any]) -> list[Any]:
+    """A prompt's segments as a list: at least one, every text valid Unicode (a backend request encodes it, and so
+    would a log)."""
+    segments = list(segments)
+    if not segments:
+        raise InvalidInputError("segments", "a request needs at least one segment")
+    for i, segment in enumerate(segments):
+        if isinstance(segment, str):
+            check_text(segment, f"segments[{i}]")
+    return segments
 
 
 @dataclass(frozen=True)
