@@ -70,7 +70,7 @@ def install_line() -> str:
 
 
 def missing_torchvision(classes: Any) -> str:
-    """Why a family (its :class:`~.families.FamilyClasses`) cannot load for want of torchvision, naming the
+    """Why a family (its :class:`~refsight.backends.hf.classes.FamilyClasses`) cannot load for want of torchvision, naming the
     package to install; "" when it has a PIL image processor, or torchvision imports."""
     if classes.image_processor is not None or classes.torchvision_image_processor is None:
         return ""
