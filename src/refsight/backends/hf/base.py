@@ -31,9 +31,8 @@ from ...errors import BackendError, InvalidInputError
 from ...images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
 from ..base import Backend, Execution, Generation, PreparedRequest
-from ...requests import GenerationRequest
 from ...sampling import OUTPUT_FIELDS, SAMPLING_FIELDS
-from ...requests import PROMPT_ENDS
+from ...requests import PROMPT_ENDS, GenerationRequest
 from ..turns import split_final_turn
 from .loading import MARKER_FILE, refuse_other_backend_options
 from .revision import directory_revision

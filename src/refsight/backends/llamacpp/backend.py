@@ -39,10 +39,9 @@ from ...errors import (
 from ...images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
 from ..base import Backend, Execution, Generation, PreparedRequest
-from ...requests import GenerationRequest
 from ..prefix import render_prefix
 from ..text_access import check_chat_template
-from ...requests import PROMPT_ENDS
+from ...requests import PROMPT_ENDS, GenerationRequest
 from ..turns import split_final_turn
 from ...sampling import OUTPUT_FIELDS, SAMPLING_FIELDS, TOKEN_FIELDS
 from . import package_format as fmt

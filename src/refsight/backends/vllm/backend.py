@@ -57,10 +57,9 @@ from ...families import FAMILIES
 from ...images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
 from ..base import Backend, Execution, Generation, PreparedRequest
-from ...requests import GenerationRequest
 from ..hf.grid import grid_tokens
 from ...sampling import SAMPLING_FIELDS
-from ...requests import PROMPT_ENDS
+from ...requests import PROMPT_ENDS, GenerationRequest
 from . import messages
 from .client import VLLMClient
 from .pixels import (
