@@ -274,10 +274,9 @@ class ReferenceBook:
         self, context: RequestContext, segments: Sequence[Any], named: Mapping[str, Reference]
     ) -> ResolvedSegments:
         """A prompt's segments ready for a backend: text stays, references (``named``: :meth:`named_references`)
-        become their durable packages,
-        other images go through the ``remember_images`` policy (:meth:`PackageCache.inline`: remembered, or
-        candidates in memory only; their decoded pixels released once encoded); ``use_cache=False`` keeps
-        pixels. The reusable prefix runs through references and images whose package is durable, never through
+        become their durable packages, other images go through the ``remember_images`` policy
+        (:meth:`PackageCache.inline`: remembered, or candidates in memory only; their decoded pixels released once
+        encoded); ``use_cache=False`` keeps pixels. The reusable prefix runs through references and images whose package is durable, never through
         the prompt's last image when it was sent inline (the candidate's place)."""
         resolved: list[Any] = []
         cached: list[bool] = []
