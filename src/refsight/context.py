@@ -146,9 +146,8 @@ class RequestContext:
     #: caller did not opt out, and packages are used (pixels give no package keys to key a state by).
     prefix_states: bool = True
 
-    @property
     def backend(self) -> Backend:
-        """The model's backend, loaded on first use (a bulk ingest's driver never asks: its workers load it)."""
+        """The model's backend, loaded by the first call (a bulk ingest's driver never calls: its workers load it)."""
         return self.models.backend(self.model)
 
     def known_facts(self) -> EncoderFacts | None:
@@ -162,4 +161,4 @@ class RequestContext:
 
     def package_key(self, image_sha256: str, fingerprint: EncoderFingerprint | None = None) -> str:
         """The key of ``image_sha256``'s package in this context (``fingerprint``: the backend's, unless given)."""
-        return package_key(image_sha256, fingerprint or self.backend.fingerprint(), self.scope)
+        return package_key(image_sha256, fingerprint or self.backend().fingerprint(), self.scope)

@@ -209,7 +209,7 @@ class Engine:
         # Only the VLM source reads packages and the model: ImageNet records need neither, so a cached add loads no VLM.
         reads_packages = "vlm" in sources_
         hook = (lambda batch: self.attribute_records.ingest(
-            batch, sources_, context.backend if reads_packages else None, context.scope)) if sources_ else None
+            batch, sources_, context.backend() if reads_packages else None, context.scope)) if sources_ else None
         return self.book.add_many(
             sources, ids=ids, metadata=metadata, context=context, after_batch=hook, hook_reads_packages=reads_packages)
 
@@ -294,7 +294,7 @@ class Engine:
         chat = GenerationRequest.of(request, options)
         context = self.context(chat.namespace, chat.model, use_cache=chat.use_cache, prefix_states=chat.prefix_states)
         named = self.book.named_references(chat.segments, namespace=context.namespace)  # before the model loads
-        backend = context.backend
+        backend = context.backend()
         segments, turns = plan_turns(list(chat.segments), chat.turns, backend.supports_turns)
         check_supported(chat.sampling, backend.sampling_fields, backend.name)
         if on_prompt is not None and not (on_text is not None and backend.supports_prompt_progress):

@@ -92,7 +92,7 @@ class Maintenance:
 
     def reencode(self, context: RequestContext) -> Iterator[AddResult]:
         """Make sure every reference of the context's namespace has a durable package for its model."""
-        backend, refs = context.backend, self.references.list(namespace=context.namespace)
+        backend, refs = context.backend(), self.references.list(namespace=context.namespace)
         with self._progress(len(refs), f"encoding for {backend.name}") as bar:
             for ref in refs:
                 found = self.packages.reference(context, ref)
@@ -175,7 +175,7 @@ class Maintenance:
     def drift(self, context: RequestContext, *, sample: int, seed: int, threshold: float | None) -> DriftReport:
         """``refsight verify --fresh``: stored features against a fresh encode of a random sample."""
         return check_drift(
-            self.store, context.backend, self.references.list(namespace=context.namespace), sample=sample, seed=seed,
+            self.store, context.backend(), self.references.list(namespace=context.namespace), sample=sample, seed=seed,
             threshold=DEFAULT_THRESHOLD if threshold is None else threshold, scope=context.scope,
         )
 

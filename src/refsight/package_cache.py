@@ -112,7 +112,7 @@ class PackageCache:
     # -- lookups ---------------------------------------------------------------------
     def reference(self, context: RequestContext, ref: Reference) -> CachedPackage:
         """The reference's durable package (encoded from the kept image when missing or corrupt)."""
-        backend, key = context.backend, context.package_key(ref.image_sha256)
+        backend, key = context.backend(), context.package_key(ref.image_sha256)
         found = self._durable_package(context, key, lambda: self._kept_image(ref.image_sha256))
         if not found.cached or ref.packages.get(backend.fingerprint().digest) != key:
             # Written now (or made durable now): link it, so it is the reference's and not garbage.
@@ -127,7 +127,7 @@ class PackageCache:
             with PACKAGE_LOCKS.hold(key):
                 found = self._hit(key)
                 if found is None:
-                    package = self._encode(context.backend, [image], context.scope)[0]
+                    package = self._encode(context.backend(), [image], context.scope)[0]
                     self.store.pins.note(key)
                     self.store.memory.put(package)  # bounded and never written to disk (nor to Redis)
                     found = CachedPackage(package, cached=False)
@@ -198,7 +198,7 @@ class PackageCache:
             found = self._durable_hits(missing)
             todo = {key: image for key, image in missing.items() if key not in found}
             if todo:
-                encoded = self._encode(context.backend, list(todo.values()), context.scope)
+                encoded = self._encode(context.backend(), list(todo.values()), context.scope)
                 for key, package in zip(todo, encoded):
                     self._write(package, quota=False)
                     found[key] = CachedPackage(package, cached=False)
@@ -252,7 +252,7 @@ class PackageCache:
             with PACKAGE_LOCKS.hold(key), self.store.lease(key):
                 found = self._durable_hit(key)  # another thread or replica may have stored it while we waited
                 if found is None:
-                    package = self._encode(context.backend, [image()], context.scope)[0]
+                    package = self._encode(context.backend(), [image()], context.scope)[0]
                     self._write(package)
                     found = CachedPackage(package, cached=False)
         return found

@@ -106,7 +106,7 @@ class ReferenceBook:
             raise InvalidInputError("ids", f"{len(ids)} ids for {len(sources)} images")
         meta = validate_metadata(metadata or {})
         # Known without a load when recorded (a cached add never loads the model); else the load tells.
-        batch_size = (context.known_facts() or facts_of(context.backend)).batch_size
+        batch_size = (context.known_facts() or facts_of(context.backend())).batch_size
         results = _InOrder()
         batch: list[tuple[int, str, ImageInput]] = []
         tensors = after_batch is not None and hook_reads_packages
@@ -186,7 +186,7 @@ class ReferenceBook:
         self, batch: list[tuple[int, str, ImageInput]], meta: dict[str, Any], context: RequestContext
     ) -> list[tuple[AddResult | AddFailure, VisualPackage | None]]:
         packages: list[CachedPackage] = self.packages.durable(context, [image for _, _, image in batch])
-        facts = facts_of(context.backend)
+        facts = facts_of(context.backend())
         results: list[tuple[AddResult | AddFailure, VisualPackage | None]] = []
         for (_, ref_id, image), found in zip(batch, packages):
             result = self._record(ref_id, image, meta, context.namespace, facts, found.package, found)

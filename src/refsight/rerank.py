@@ -105,7 +105,7 @@ class VlmReranker(Reranker):
         self.instruction = instruction
 
     def _score(self, query: RerankQuery, references: list[Reference]) -> list[float]:
-        backend = self.context.backend
+        backend = self.context.backend()
         candidate = self.packages.model_image(self.context, query.image).item
         step = max(1, int(getattr(backend, "batch_size", 1) or 1))
         scores: list[float] = []

@@ -119,8 +119,8 @@ class ComparePipeline:
         if finalists:
             judged, vlm_calls = self._judge_finalists(request, shortlist, finalists, candidate_record, timer)
         return CompareResult(
-            candidate_sha256=request.image.sha256, model=context.backend.name,
-            random_weights=bool(context.backend.random_weights), results=self._rows(shortlist, judged),
+            candidate_sha256=request.image.sha256, model=context.backend().name,
+            random_weights=bool(context.backend().random_weights), results=self._rows(shortlist, judged),
             timings_ms=timer.done(), recalled=shortlist.recalled, vlm_calls=vlm_calls, stages=shortlist.counts,
         )
 
@@ -132,7 +132,7 @@ class ComparePipeline:
             # The model's first load in this process (imports, weights: seconds) is start-up, not a
             # stage: booked to whichever stage first touched the backend, it read "candidate encode 4 s".
             with timer("startup"):
-                context.backend  # noqa: B018 - the property loads it
+                context.backend()  # loads it
 
     def _finalists(self, request: _Request, shortlist: _Shortlist, timer: StageTimer) -> list[Reference]:
         """The references the judge sees: the survivors of the prefilter, reranked or cut to ``top_k``."""
@@ -158,7 +158,7 @@ class ComparePipeline:
         candidate's record when it was needed (the judge reuses it)."""
         context, refs = request.context, shortlist.refs
         stored = self.attribute_records.stored([(ref.image_sha256, context.scope) for ref in refs], request.sources,
-                                               context.backend)
+                                               context.backend())
         if not any(stored):
             return None
         candidate_record = self._candidate_record(request)
@@ -185,7 +185,7 @@ class ComparePipeline:
         options = request.options
         extra = {} if options.evidence_max_chars is None else {"evidence_max_chars": options.evidence_max_chars}
         judge = Judge(
-            request.context.backend, force_vlm=options.force_vlm, prefix_cache=self.prefixes.for_request(request.context),
+            request.context.backend(), force_vlm=options.force_vlm, prefix_cache=self.prefixes.for_request(request.context),
             **extra,
         )
         results = judge.judge(
@@ -229,7 +229,7 @@ class ComparePipeline:
             with timer("attributes"):
                 records, candidate_record = self.attribute_records.records(
                     [(ref.image_sha256, s.item, partial(self.book.image, ref)) for ref, s in zip(finalists, served)],
-                    request.image, candidate, request.sources, context.backend, context.scope,
+                    request.image, candidate, request.sources, context.backend(), context.scope,
                 )
         with timer("judge"):
             rows, vlm_calls = self.judge(request, finalists, served, records, candidate, candidate_record)
@@ -250,7 +250,7 @@ class ComparePipeline:
         """The candidate's attribute record for the prefilter (memory LRU; never stored)."""
         context = request.context
         item = self.packages.model_image(context, request.image).item if "vlm" in request.sources else request.image
-        _, record = self.attribute_records.records([], request.image, item, request.sources, context.backend,
+        _, record = self.attribute_records.records([], request.image, item, request.sources, context.backend(),
                                                    context.scope)
         return record
 
