@@ -32,7 +32,7 @@ __all__ = ["Models", "RequestContext"]
 class Models:
     """The models one engine serves: each loaded once, with its options merged in ONE place."""
 
-    def __init__(self, settings: Settings, explicit: BackendOptions, default: str, *, share_packages: bool = True) -> None:
+    def __init__(self, settings: Settings, explicit: BackendOptions, default: str, *, share_packages: bool) -> None:
         #: The config file's options (``[backend]``, ``[models."NAME"]``).
         self.settings = settings
         #: Options the caller gave (flags, keywords): they win over the file's.

@@ -63,7 +63,7 @@ def _added(result: subprocess.CompletedProcess) -> dict:
 
 
 def _models(model: str) -> Models:
-    return Models(Settings(), BackendOptions(), model)
+    return Models(Settings(), BackendOptions(), model, share_packages=True)
 
 
 @pytest.mark.parametrize("model", [MODEL, "tiny-smolvlm", "tiny-qwen2-vl-gguf"])
