@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 
 from .backends.base import Backend
 from .backends.options import BackendOptions
-from .sampling import check_supported
 from .backends.turns import plan_turns
 from .compare import ComparePipeline
 from .environment import default_model
@@ -296,7 +295,8 @@ class Engine:
         named = self.book.named_references(chat.segments, namespace=context.namespace)  # before the model loads
         backend = context.backend()
         segments, turns = plan_turns(list(chat.segments), chat.turns, backend.supports_turns)
-        check_supported(chat.sampling, backend.sampling_fields, backend.name)
+        planned = replace(chat, segments=segments, turns=turns)
+        backend.check_prompt(planned)  # this runtime's rules, before any image is encoded
         if on_prompt is not None and not (on_text is not None and backend.supports_prompt_progress):
             raise InvalidInputError("on_prompt", f"{backend.name} does not report a prompt's evaluation (streamed only)")
         budget = PromptBudget(backend, chat.max_prompt_tokens, chat.raw_prompt)
@@ -308,7 +308,7 @@ class Engine:
         # The same request, taken whole, with its images resolved and the reference prefix marked; a raw prompt has no
         # template prefix to key a state by: it is evaluated whole.
         request = replace(
-            chat, segments=resolved.segments, turns=turns, prefix_segments=resolved.prefix_segments,
+            planned, segments=resolved.segments, prefix_segments=resolved.prefix_segments,
             prefix_cache=None if chat.raw_prompt else self.prefixes.for_request(context),
         )
         generation = _generate(backend, request, on_text, stop_event, on_prompt)

@@ -61,3 +61,18 @@ def test_a_path_with_undecodable_bytes_is_still_read_and_named_printably(engine,
     failure = next(iter(engine.add_many([broken])))
     failure.to_dict()["input"].encode("utf-8")  # printable: a JSON reply or a terminal can show it
     assert "\ufffd" in failure.input
+
+
+def test_what_the_runtime_cannot_render_is_refused_before_any_image_is_encoded(engine):
+    # The backend's own rules (here: the toy renders every prompt in its template) are asked before the images
+    # are resolved, so a request it must refuse costs no encode.
+    backend = engine.models.backend(engine.model)
+    before = backend.encode_calls
+    photo = sample_paths()["coffee"].read_bytes()
+    with pytest.raises(InvalidInputError) as e:
+        engine.chat(["describe", photo], raw_prompt=True)
+    assert e.value.input == "requests[0].raw_prompt"
+    with pytest.raises(InvalidInputError) as e:
+        engine.chat(["describe", photo], prompt_end="continue", turns=[("user", 1), ("assistant", 1)])
+    assert e.value.input == "prompt_end"
+    assert backend.encode_calls == before

@@ -36,7 +36,7 @@ from ..errors import BackendError, CorruptPackageError, InvalidInputError, Refsi
 from ..images import ImageInput
 from ..package import EncoderFingerprint, VisualPackage
 from ..requests import GenerationRequest
-from ..sampling import Sampling
+from ..sampling import Sampling, check_supported
 from .text_access import TextAccess
 
 __all__ = ["Backend", "Execution", "Generation", "PreparedRequest", "Segment", "Sampling",
@@ -327,25 +327,34 @@ class Backend(TextAccess, abc.ABC):
                 raise InvalidInputError(f"requests[{i}]", f"expected a GenerationRequest, got {type(request).__name__}")
             self._check_request(i, request)
 
-    def _check_request(self, i: int, request: GenerationRequest) -> None:
-        """What this backend adds to the request's own checks: the prompt form it renders, its text rules, the
-        segment kinds it takes and the reference keys among its packages."""
+    def check_prompt(self, request: GenerationRequest, i: int = 0) -> None:
+        """This runtime's rules for a request, none of which needs its images resolved: the :class:`Sampling` fields it
+        honours (:attr:`sampling_fields`), the prompt forms it renders (:func:`~.turns.check_prompt_form`) and its rule
+        for user text (:meth:`check_text`, :meth:`check_raw_text`). The engine asks before it resolves or encodes any
+        image; :meth:`check_requests` asks again, for every caller."""
         from .turns import check_prompt_form
 
+        check_supported(request.sampling, self.sampling_fields, self.name)
+        check_prompt_form(self, i, request)  # a raw prompt, or how the chat template's prompt ends
+        check = self.check_raw_text if request.raw_prompt else self.check_text
+        for j, segment in enumerate(request.segments):
+            if isinstance(segment, str):
+                check(segment, f"requests[{i}].segments[{j}]")
+
+    def _check_request(self, i: int, request: GenerationRequest) -> None:
+        """What this backend adds to the request's own checks: the reference keys among its packages, its rules for
+        the prompt (:meth:`check_prompt`) and the segment kinds it takes."""
         if request.reference_keys is not None and not (
             isinstance(request.reference_keys, (set, frozenset, tuple, list))
             and set(request.reference_keys) <= {p.key for p in request.packages}
         ):
             raise InvalidInputError(f"requests[{i}].reference_keys", "must name packages among the segments")
-        check_prompt_form(self, i, request)  # a raw prompt, or how the chat template's prompt ends
-        check = self.check_raw_text if request.raw_prompt else self.check_text
+        self.check_prompt(request, i)
         for j, segment in enumerate(request.segments):
-            where = f"requests[{i}].segments[{j}]"
-            if isinstance(segment, str):
-                check(segment, where)
-            elif not isinstance(segment, (VisualPackage, ImageInput)):
+            if not isinstance(segment, (str, VisualPackage, ImageInput)):
                 raise InvalidInputError(
-                    where, f"a segment is text, a VisualPackage or an ImageInput, not {type(segment).__name__}"
+                    f"requests[{i}].segments[{j}]",
+                    f"a segment is text, a VisualPackage or an ImageInput, not {type(segment).__name__}",
                 )
 
     def check_text(self, text: str, where: str) -> None:
