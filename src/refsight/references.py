@@ -266,9 +266,8 @@ class ReferenceBook:
     # -- a prompt's images ----------------------------------------------------------------------
     def named_references(self, segments: Sequence[Any], *, namespace: str) -> dict[str, Reference]:
         """The references a prompt names, by id, each read once: a mistyped name fails here, before any model work."""
-        return {
-            s.ref_id: self.get(s.ref_id, namespace=namespace) for s in segments if isinstance(s, ReferenceSegment)
-        }
+        named = dict.fromkeys(s.ref_id for s in segments if isinstance(s, ReferenceSegment))  # in order, each once
+        return {ref_id: self.get(ref_id, namespace=namespace) for ref_id in named}
 
     def resolve_segments(
         self, context: RequestContext, segments: Sequence[Any], named: Mapping[str, Reference]

@@ -76,3 +76,12 @@ def test_what_the_runtime_cannot_render_is_refused_before_any_image_is_encoded(e
         engine.chat(["describe", photo], prompt_end="continue", turns=[("user", 1), ("assistant", 1)])
     assert e.value.input == "prompt_end"
     assert backend.encode_calls == before
+
+
+def test_a_reference_named_twice_in_a_prompt_is_read_once(engine, monkeypatch):
+    reads = []
+    real_get = engine.book.get
+    monkeypatch.setattr(engine.book, "get", lambda ref_id, **kw: reads.append(ref_id) or real_get(ref_id, **kw))
+    result = engine.chat([ReferenceSegment("chelsea"), "and again", ReferenceSegment("chelsea"), "same?"])
+    assert reads == ["chelsea"]
+    assert result.references_cached == [True, True]
