@@ -13,7 +13,7 @@ verdicts and weights (:func:`.verdict.score_verdicts`).
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from ..backends.base import Backend
@@ -208,7 +208,7 @@ class Judge:
             budget += _FREE_FORM_SLACK
         if self.max_new_tokens is not None:
             budget = min(budget, self.max_new_tokens)
-        request = build_judge_request(
+        return build_judge_request(
             [p.visual],
             candidate,
             p.criteria,
@@ -216,8 +216,8 @@ class Judge:
             max_new_tokens=budget,
             json_schema=p.schema if p.constrained else None,
             retry_reason=p.reason,
+            prefix_cache=self.prefix_cache,
         )
-        return replace(request, prefix_cache=self.prefix_cache)
 
     def _run(self, pending: list[_Pending], candidate: ModelImage, requests_per_ref: list[int]) -> None:
         todo = pending

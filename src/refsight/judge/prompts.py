@@ -12,7 +12,7 @@ its own chat template and image placeholders.
 from __future__ import annotations
 
 import json
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..backends.base import Segment
 from ..requests import GenerationRequest
@@ -77,8 +77,10 @@ def build_judge_request(
     max_new_tokens: int,
     json_schema: dict | None = None,
     retry_reason: str | None = None,
+    prefix_cache: Any = None,
 ) -> GenerationRequest:
-    """One judging prompt. ``retry_reason`` (second attempt) is appended last, keeping the prefix."""
+    """One judging prompt. ``retry_reason`` (second attempt) is appended last, keeping the prefix, whose state
+    ``prefix_cache`` (a :class:`~refsight.backends.prefix.PrefixCache`) keeps and reuses."""
     _check_visual(candidate, "the candidate")
     if not criteria:
         raise ValueError("a judge prompt needs at least one criterion")
@@ -91,7 +93,7 @@ def build_judge_request(
     # The reference prefix (preamble and references) is the part a backend may reuse state for.
     return GenerationRequest(
         segments=segments, max_new_tokens=max_new_tokens, json_schema=json_schema,
-        prefix_segments=len(reference_prefix(references)),
+        prefix_segments=len(reference_prefix(references)), prefix_cache=prefix_cache,
     )
 
 
