@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 
 from .backends.base import Backend
 from .backends.options import BackendOptions
-from .backends.turns import plan_turns
 from .compare import ComparePipeline
 from .environment import default_model
 from .context import Models, RequestContext
@@ -44,7 +43,6 @@ from .judge.attribute_schema import AttributeSchema, load_attribute_schema
 from .maintenance import Maintenance
 from .package_cache import CachedPackage, PackageCache, holding_packages
 from .prefixes import PrefixStateCache
-from .prompt_size import PromptBudget
 from .remembered import remember_images_setting
 from .requests import AddRequest, CompareRequest, GenerationRequest, SearchRequest, check_sources
 from .references import ReferenceBook, ReferenceSegment, load_kept_image
@@ -294,19 +292,15 @@ class Engine:
         context = self.context(chat.namespace, chat.model, use_cache=chat.use_cache, prefix_states=chat.prefix_states)
         named = self.book.named_references(chat.segments, namespace=context.namespace)  # before the model loads
         backend = context.backend()
-        segments, turns = plan_turns(list(chat.segments), chat.turns, backend.supports_turns)
-        planned = replace(chat, segments=segments, turns=turns)
-        backend.check_prompt(planned)  # this runtime's rules, before any image is encoded
+        planned = backend.plan_prompt(chat)  # its turns, rules and size, before any image is encoded
         if on_prompt is not None and not (on_text is not None and backend.supports_prompt_progress):
             raise InvalidInputError("on_prompt", f"{backend.name} does not report a prompt's evaluation (streamed only)")
-        budget = PromptBudget(backend, chat.max_prompt_tokens, chat.raw_prompt)
-        budget.check(segments)  # before encoding: new images by size
         start = time.perf_counter()
-        resolved = self.book.resolve_segments(context, segments, named)
+        resolved = self.book.resolve_segments(context, planned.segments, named)
         load_ms = (time.perf_counter() - start) * 1000 - resolved.encode_ms
-        budget.check(resolved.segments)  # images count too, before any prefill
-        # The same request, taken whole, with its images resolved and the reference prefix marked; a raw prompt has no
-        # template prefix to key a state by: it is evaluated whole.
+        # The same request, taken whole, with its images resolved and the reference prefix marked (the backend counts
+        # its size again, with every package, before any prefill); a raw prompt has no template prefix to key a state
+        # by: it is evaluated whole.
         request = replace(
             planned, segments=resolved.segments, prefix_segments=resolved.prefix_segments,
             prefix_cache=None if chat.raw_prompt else self.prefixes.for_request(context),

@@ -7,10 +7,11 @@ package by its layout, pixels by their size where the backend can tell:
 :meth:`~refsight.backends.base.Backend.image_token_count`) and refuses a prompt over the limit
 (``max_prompt_tokens``) or over the backend's context (``context_size``, llama.cpp's ``n_ctx``)
 with :class:`~refsight.errors.ContextLengthError`, llama-server's ``exceed_context_size_error``,
-before any prefill. ``Engine.chat`` checks twice, the text counted once: before any image is
-encoded (the text and the new images the backend can count from their size; stored references
-count nothing yet), then with every image resolved to its package. The count leaves out the chat template's own tokens,
-so it is a lower bound: a backend with a context still checks the exact prompt itself.
+before any prefill. :meth:`~refsight.backends.base.Backend.check_prompt` checks: on a chat before
+any image is encoded (the text and the new images the backend can count from their size; stored
+references count nothing yet), then for every generation with every image resolved to its package.
+The count leaves out the chat template's own tokens, so it is a lower bound: a backend with a
+context still checks the exact prompt itself.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ __all__ = ["PromptBudget"]
 
 class PromptBudget:
     """One prompt's size checks against ``max_prompt_tokens`` and the backend's context: its text is counted
-    once (resolving images to packages leaves the texts as they are), its images at every check."""
+    once however often it is checked, its images at every check."""
 
     def __init__(self, backend: Any, max_prompt_tokens: int | None = None, raw: bool = False) -> None:
         self.backend, self.max_prompt_tokens, self.raw = backend, max_prompt_tokens, raw

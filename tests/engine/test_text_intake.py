@@ -8,6 +8,7 @@ import pytest
 
 from refsight import Engine
 from refsight.errors import InvalidInputError
+from refsight.images import load_image
 from refsight.references import ReferenceSegment
 from refsight.samples import sample_paths
 
@@ -85,3 +86,20 @@ def test_a_reference_named_twice_in_a_prompt_is_read_once(engine, monkeypatch):
     result = engine.chat([ReferenceSegment("chelsea"), "and again", ReferenceSegment("chelsea"), "same?"])
     assert reads == ["chelsea"]
     assert result.references_cached == [True, True]
+
+
+def test_every_generation_counts_its_prompt_before_any_model_work(engine):
+    # Not only a chat: the judge, the reranker and a caller of the backend alone get the same size check, from the
+    # runtime itself (here: the text's estimate, over the request's max_prompt_tokens), before any encode or prefill.
+    from refsight.errors import ContextLengthError
+    from refsight.requests import GenerationRequest
+
+    backend = engine.models.backend(engine.model)
+    before = backend.encode_calls
+    photo = load_image(sample_paths()["coffee"])
+    request = GenerationRequest(["word " * 100, photo], max_new_tokens=2, max_prompt_tokens=20)
+    with pytest.raises(ContextLengthError) as e:
+        backend.generate([request])
+    assert (e.value.n_ctx, e.value.input) == (20, "prompt")
+    assert e.value.n_prompt_tokens >= 100
+    assert backend.encode_calls == before

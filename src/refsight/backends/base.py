@@ -28,13 +28,14 @@ import abc
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Callable, ClassVar, Mapping, Sequence, Union
 
 from ..errors import BackendError, CorruptPackageError, InvalidInputError, RefsightError
 from ..images import ImageInput
 from ..package import EncoderFingerprint, VisualPackage
+from ..prompt_size import PromptBudget
 from ..requests import GenerationRequest
 from ..sampling import Sampling, check_supported
 from .text_access import TextAccess
@@ -327,11 +328,24 @@ class Backend(TextAccess, abc.ABC):
                 raise InvalidInputError(f"requests[{i}]", f"expected a GenerationRequest, got {type(request).__name__}")
             self._check_request(i, request)
 
+    def plan_prompt(self, request: GenerationRequest) -> GenerationRequest:
+        """``request`` as this runtime lays it out: its segments in chat turns (:func:`~.turns.plan_turns`: turns this
+        runtime cannot render are labelled in the text), then :meth:`check_prompt`. The engine asks before it resolves
+        or encodes any image, so a prompt this runtime cannot render or fit costs no encode."""
+        from .turns import plan_turns
+
+        segments, turns = plan_turns(list(request.segments), request.turns, self.supports_turns)
+        planned = replace(request, segments=segments, turns=turns)
+        self.check_prompt(planned)
+        return planned
+
     def check_prompt(self, request: GenerationRequest, i: int = 0) -> None:
-        """This runtime's rules for a request, none of which needs its images resolved: the :class:`Sampling` fields it
-        honours (:attr:`sampling_fields`), the prompt forms it renders (:func:`~.turns.check_prompt_form`) and its rule
-        for user text (:meth:`check_text`, :meth:`check_raw_text`). The engine asks before it resolves or encodes any
-        image; :meth:`check_requests` asks again, for every caller."""
+        """This runtime's rules for a request: the :class:`Sampling` fields it honours (:attr:`sampling_fields`), the
+        prompt forms it renders (:func:`~.turns.check_prompt_form`), its rule for user text (:meth:`check_text`,
+        :meth:`check_raw_text`), and the prompt's size against ``max_prompt_tokens`` and :attr:`context_size`
+        (:class:`~refsight.prompt_size.PromptBudget`). None needs the images resolved: asked before any is encoded
+        (:meth:`plan_prompt`, new images counted by their size), the size is asked again with every image a package
+        (:meth:`check_requests`, for every caller, before any prefill)."""
         from .turns import check_prompt_form
 
         check_supported(request.sampling, self.sampling_fields, self.name)
@@ -340,6 +354,7 @@ class Backend(TextAccess, abc.ABC):
         for j, segment in enumerate(request.segments):
             if isinstance(segment, str):
                 check(segment, f"requests[{i}].segments[{j}]")
+        PromptBudget(self, request.max_prompt_tokens, request.raw_prompt).check(request.segments)
 
     def _check_request(self, i: int, request: GenerationRequest) -> None:
         """What this backend adds to the request's own checks: the reference keys among its packages, its rules for
