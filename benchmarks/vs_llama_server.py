@@ -22,7 +22,9 @@ candidate never sent before, in one run:
 
 Figures are llama-server's seconds over refsight's for the same requests
 (``speedup_varied``, ``speedup_after_restart``, ``speedup_concurrent``,
-``ratio_same_refs``). ``text_equal``: in the workloads both servers answer one request
+``ratio_same_refs``). ``ceiling_varied`` is (a)'s bound, estimated from the same run:
+llama-server's seconds over the same less every reference's encode (:func:`varied_ceiling`),
+all that a cache can skip while the language model runs over a changed prefix. ``text_equal``: in the workloads both servers answer one request
 at a time, (a), (b) and (d), with llama.cpp's default kernels, the greedy answers agree
 wherever the two prompts are identical (same rendered prompt, checked with both servers'
 ``/apply-template``, and the same prompt token count per request), up to a last character
@@ -154,7 +156,7 @@ class Peer:
         data = response.json()
         request.answers[self.name] = {
             "text": data["choices"][0]["message"]["content"], "prompt_tokens": data["usage"]["prompt_tokens"],
-            "seconds": seconds,
+            "seconds": seconds, "encode_s": data.get("refsight", {}).get("timings_ms", {}).get("encode", 0.0) / 1000,
         }
         return seconds
 
@@ -305,6 +307,17 @@ def text_equal(all_requests: list[Request], identical_render: bool) -> tuple[boo
     return equal and bool(same_prompt), len(same_prompt)
 
 
+def varied_ceiling(requests: list[Request], refs: int) -> float | None:
+    """What any exact cache could gain in (a), estimated from the same run: llama-server's seconds over those seconds
+    less the encodes of each request's ``refs`` references, each costing what refsight's encode of that request's new
+    candidate cost (an image of the same size through the same tower). The language model still runs over every
+    changed prefix (a state after other references in another order cannot stand for it): the references' encodes
+    are all a cache can skip there. None when the estimate leaves llama-server no time."""
+    llama = sum(r.answers["llama-server"]["seconds"] for r in requests)
+    saved = sum(refs * r.answers["refsight"]["encode_s"] for r in requests)
+    return round(llama / (llama - saved), 3) if saved < llama else None
+
+
 def measure(args, servers: tuple[LlamaServer, RefsightServer], peers: list[Peer], work: dict) -> dict:
     """Run (a), (d), (b), (c) in that order; seconds per workload and peer."""
     seconds: dict[str, dict[str, float]] = {}
@@ -377,6 +390,7 @@ def _run(args, llama, refsight, ref_urls, references, work, threads) -> dict:
         "requests": {k: len(v) - (k == "same_refs") for k, v in work.items()},
         "speedup_varied": ratio["varied"], "speedup_after_restart": ratio["after_restart"],
         "speedup_concurrent": ratio["concurrent"], "ratio_same_refs": ratio["same_refs"],
+        "ceiling_varied": varied_ceiling(work["varied"], args.refs),
         "text_equal": equal, "identical_prompts": n_identical, "requests_total": len(one_at_a_time),
         "text_equal_concurrent": equal_concurrent,
         "rendered_prompt_equal": identical,
