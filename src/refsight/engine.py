@@ -290,7 +290,9 @@ class Engine:
         """
         chat = GenerationRequest.of(request, options)
         context = self.context(chat.namespace, chat.model, use_cache=chat.use_cache, prefix_states=chat.prefix_states)
-        named = self.book.named_references(chat.segments, namespace=context.namespace)  # before the model loads
+        # Before the model loads: each named reference read, each new image decoded (a bad one costs no encode).
+        named = self.book.named_references(chat.segments, namespace=context.namespace)
+        chat = replace(chat, segments=self.book.decode_images(chat.segments))
         backend = context.backend()
         planned = backend.plan_prompt(chat)  # its turns, rules and size, before any image is encoded
         if on_prompt is not None and not (on_text is not None and backend.supports_prompt_progress):

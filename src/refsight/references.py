@@ -269,13 +269,18 @@ class ReferenceBook:
         named = dict.fromkeys(s.ref_id for s in segments if isinstance(s, ReferenceSegment))  # in order, each once
         return {ref_id: self.get(ref_id, namespace=namespace) for ref_id in named}
 
+    def decode_images(self, segments: Sequence[Any]) -> list[Any]:
+        """``segments`` with each image sent inline decoded and checked against the intake limits (text and
+        references as they are): a bad image is refused before any image of the prompt is encoded."""
+        return [s if isinstance(s, (str, ReferenceSegment)) else load_image(s, limits=self.limits) for s in segments]
+
     def resolve_segments(
         self, context: RequestContext, segments: Sequence[Any], named: Mapping[str, Reference]
     ) -> ResolvedSegments:
         """A prompt's segments ready for a backend: text stays, references (``named``: :meth:`named_references`)
-        become their durable packages, other images go through the ``remember_images`` policy
-        (:meth:`PackageCache.inline`: remembered, or candidates in memory only; their decoded pixels released once
-        encoded); ``use_cache=False`` keeps pixels. The reusable prefix runs through references and images whose
+        become their durable packages, other images (decoded: :meth:`decode_images`) go through the
+        ``remember_images`` policy (:meth:`PackageCache.inline`: remembered, or candidates in memory only; their
+        decoded pixels released once encoded); ``use_cache=False`` keeps pixels. The reusable prefix runs through references and images whose
         package is durable, never through the prompt's last image when it was sent inline (the candidate's place)."""
         resolved: list[Any] = []
         cached: list[bool] = []
@@ -291,10 +296,9 @@ class ReferenceBook:
                 visual = self.packages.model_image(context, named[segment.ref_id])
                 marks.append(True)  # a reference: the prompt's structure, with or without packages
             else:
-                image = load_image(segment, limits=self.limits)
-                visual = self._inline(context, image, sent)
-                if visual.item is not image:
-                    image.release()  # encoded: the request holds its package, not its decoded pixels
+                visual = self._inline(context, segment, sent)
+                if visual.item is not segment:
+                    segment.release()  # encoded: the request holds its package, not its decoded pixels
                 marks.append(visual.lasting)
             resolved.append(visual.item)
             cached.append(visual.cached)

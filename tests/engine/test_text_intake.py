@@ -79,6 +79,18 @@ def test_what_the_runtime_cannot_render_is_refused_before_any_image_is_encoded(e
     assert backend.encode_calls == before
 
 
+def test_a_bad_image_is_refused_before_any_image_of_the_prompt_is_encoded(engine):
+    # Every image sent inline is decoded and checked first: the good photo before the bad one costs no encode.
+    from refsight.errors import ImageError
+
+    backend = engine.models.backend(engine.model)
+    before = backend.encode_calls
+    with pytest.raises(ImageError) as e:
+        engine.chat(["first", sample_paths()["coffee"].read_bytes(), "then", b"not an image at all"])
+    assert e.value.input == "<19 bytes>"
+    assert backend.encode_calls == before
+
+
 def test_a_reference_named_twice_in_a_prompt_is_read_once(engine, monkeypatch):
     reads = []
     real_get = engine.book.get
