@@ -280,8 +280,9 @@ class ReferenceBook:
         """A prompt's segments ready for a backend: text stays, references (``named``: :meth:`named_references`)
         become their durable packages, other images (decoded: :meth:`decode_images`) go through the
         ``remember_images`` policy (:meth:`PackageCache.inline`: remembered, or candidates in memory only; their
-        decoded pixels released once encoded); ``use_cache=False`` keeps pixels. The reusable prefix runs through references and images whose
-        package is durable, never through the prompt's last image when it was sent inline (the candidate's place)."""
+        decoded pixels released once encoded); ``use_cache=False`` keeps pixels. The reusable prefix runs through
+        references and images whose package is durable, never through the prompt's last image when it was sent
+        inline (the candidate's place)."""
         resolved: list[Any] = []
         cached: list[bool] = []
         marks: list[Any] = []  # text as it is, each image as whether a prefix may run through it
