@@ -2,7 +2,7 @@
 
 The server bounds a prompt's *text* tokens before any model work (``server/prompt_limit.py``), but
 an image costs tokens too: one stored reference named 4,000 times in a 277 KB body was a
-56,026-token prompt (issue 38). :class:`PromptBudget` counts each image's tokens as well (a
+56,026-token prompt (issue 38). :func:`check_prompt_size` counts each image's tokens as well (a
 package by its layout, pixels by their size where the backend can tell:
 :meth:`~refsight.backends.base.Backend.image_token_count`) and refuses a prompt over the limit
 (``max_prompt_tokens``) or over the backend's context (``context_size``, llama.cpp's ``n_ctx``)
@@ -21,35 +21,25 @@ from typing import Any
 
 from .errors import ContextLengthError
 
-__all__ = ["PromptBudget"]
+__all__ = ["check_prompt_size"]
 
 
-class PromptBudget:
-    """One prompt's size checks against ``max_prompt_tokens`` and the backend's context: its text is counted
-    once however often it is checked, its images at every check."""
-
-    def __init__(self, backend: Any, max_prompt_tokens: int | None = None, raw: bool = False) -> None:
-        self.backend, self.max_prompt_tokens, self.raw = backend, max_prompt_tokens, raw
-        self._text_tokens: int | None = None
-
-    def check(self, segments: Sequence[Any]) -> None:
-        """Raise :class:`ContextLengthError` when the text and image tokens exceed ``max_prompt_tokens`` or fill
-        the backend's context; nothing to check (or count) without either bound."""
-        context = getattr(self.backend, "context_size", None)
-        if self.max_prompt_tokens is None and not context:
-            return
-        if self._text_tokens is None:
-            self._text_tokens = _text_tokens(self.backend, segments, self.raw)
-        text_tokens, image_tokens = self._text_tokens, _image_tokens(self.backend, segments)
-        total = text_tokens + image_tokens
-        images = sum(1 for s in segments if not isinstance(s, str))
-        counted = f"{total} tokens ({text_tokens} text, {image_tokens} in {images} image{'' if images == 1 else 's'})"
-        if context and total >= context:
-            raise ContextLengthError("prompt", f"{counted} does not fit the context of {context} tokens",
-                                     n_prompt_tokens=total, n_ctx=context)
-        if self.max_prompt_tokens is not None and total > self.max_prompt_tokens:
-            raise ContextLengthError("prompt", f"{counted}, over the limit of {self.max_prompt_tokens} prompt tokens "
-                                     "(max_prompt_tokens)", n_prompt_tokens=total, n_ctx=self.max_prompt_tokens)
+def check_prompt_size(backend: Any, segments: Sequence[Any], max_prompt_tokens: int | None, raw: bool = False) -> None:
+    """Raise :class:`ContextLengthError` when the text and image tokens of ``segments`` exceed ``max_prompt_tokens`` or
+    fill ``backend``'s context; nothing to check (or count) without either bound. ``raw``: the text is a raw prompt."""
+    context = getattr(backend, "context_size", None)
+    if max_prompt_tokens is None and not context:
+        return
+    text_tokens, image_tokens = _text_tokens(backend, segments, raw), _image_tokens(backend, segments)
+    total = text_tokens + image_tokens
+    images = sum(1 for s in segments if not isinstance(s, str))
+    counted = f"{total} tokens ({text_tokens} text, {image_tokens} in {images} image{'' if images == 1 else 's'})"
+    if context and total >= context:
+        raise ContextLengthError("prompt", f"{counted} does not fit the context of {context} tokens",
+                                 n_prompt_tokens=total, n_ctx=context)
+    if max_prompt_tokens is not None and total > max_prompt_tokens:
+        raise ContextLengthError("prompt", f"{counted}, over the limit of {max_prompt_tokens} prompt tokens "
+                                 "(max_prompt_tokens)", n_prompt_tokens=total, n_ctx=max_prompt_tokens)
 
 
 def _text_tokens(backend: Any, segments: Sequence[Any], raw: bool) -> int:

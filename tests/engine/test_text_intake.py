@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 
 from refsight import Engine
-from refsight.errors import InvalidInputError
+from refsight.errors import ContextLengthError, ImageError, InvalidInputError
 from refsight.images import load_image
 from refsight.references import ReferenceSegment
+from refsight.requests import GenerationRequest
 from refsight.samples import sample_paths
 
 BAD = "\ud800"
@@ -81,8 +82,6 @@ def test_what_the_runtime_cannot_render_is_refused_before_any_image_is_encoded(e
 
 def test_a_bad_image_is_refused_before_any_image_of_the_prompt_is_encoded(engine):
     # Every image sent inline is decoded and checked first: the good photo before the bad one costs no encode.
-    from refsight.errors import ImageError
-
     backend = engine.models.backend(engine.model)
     before = backend.encode_calls
     with pytest.raises(ImageError) as e:
@@ -103,9 +102,6 @@ def test_a_reference_named_twice_in_a_prompt_is_read_once(engine, monkeypatch):
 def test_every_generation_counts_its_prompt_before_any_model_work(engine):
     # Not only a chat: the judge, the reranker and a caller of the backend alone get the same size check, from the
     # runtime itself (here: the text's estimate, over the request's max_prompt_tokens), before any encode or prefill.
-    from refsight.errors import ContextLengthError
-    from refsight.requests import GenerationRequest
-
     backend = engine.models.backend(engine.model)
     before = backend.encode_calls
     photo = load_image(sample_paths()["coffee"])

@@ -35,7 +35,7 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence, Union
 from ..errors import BackendError, CorruptPackageError, InvalidInputError, RefsightError
 from ..images import ImageInput
 from ..package import EncoderFingerprint, VisualPackage
-from ..prompt_size import PromptBudget
+from ..prompt_size import check_prompt_size
 from ..requests import GenerationRequest
 from ..sampling import Sampling, check_supported
 from .text_access import TextAccess
@@ -343,7 +343,7 @@ class Backend(TextAccess, abc.ABC):
         """This runtime's rules for a request: the :class:`Sampling` fields it honours (:attr:`sampling_fields`), the
         prompt forms it renders (:func:`~.turns.check_prompt_form`), its rule for user text (:meth:`check_text`,
         :meth:`check_raw_text`), and the prompt's size against ``max_prompt_tokens`` and :attr:`context_size`
-        (:class:`~refsight.prompt_size.PromptBudget`). None needs the images resolved: asked before any is encoded
+        (:func:`~refsight.prompt_size.check_prompt_size`). None needs the images resolved: asked before any is encoded
         (:meth:`plan_prompt`, new images counted by their size), the size is asked again with every image a package
         (:meth:`check_requests`, for every caller, before any prefill)."""
         from .turns import check_prompt_form
@@ -354,7 +354,7 @@ class Backend(TextAccess, abc.ABC):
         for j, segment in enumerate(request.segments):
             if isinstance(segment, str):
                 check(segment, f"requests[{i}].segments[{j}]")
-        PromptBudget(self, request.max_prompt_tokens, request.raw_prompt).check(request.segments)
+        check_prompt_size(self, request.segments, request.max_prompt_tokens, request.raw_prompt)
 
     def _check_request(self, i: int, request: GenerationRequest) -> None:
         """What this backend adds to the request's own checks: the reference keys among its packages, its rules for

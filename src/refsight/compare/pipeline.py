@@ -118,9 +118,10 @@ class ComparePipeline:
         judged, vlm_calls = [], 0
         if finalists:
             judged, vlm_calls = self._judge_finalists(request, shortlist, finalists, candidate_record, timer)
+        backend = context.backend()
         return CompareResult(
-            candidate_sha256=request.image.sha256, model=context.backend().name,
-            random_weights=bool(context.backend().random_weights), results=self._rows(shortlist, judged),
+            candidate_sha256=request.image.sha256, model=backend.name,
+            random_weights=bool(backend.random_weights), results=self._rows(shortlist, judged),
             timings_ms=timer.done(), recalled=shortlist.recalled, vlm_calls=vlm_calls, stages=shortlist.counts,
         )
 
