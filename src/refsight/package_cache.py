@@ -13,7 +13,7 @@ Every visual package refsight uses goes through :class:`PackageCache`, under one
   image that is no named reference is a candidate, unless the policy remembers it (``recurring``: the
   second request of a namespace that sends it; ``all``: the first); then its package is made durable as a
   reference's is (written from the memory tier without encoding when it is there) and a row names the
-  namespace (:mod:`refsight.store.remembered`). :meth:`PackageCache.inline` says whether the package
+  namespace (:mod:`refsight.store.remembered`). :meth:`PackageCache.served_inline` says whether the package
   it served is durable, so a reference prefix may run through it.
 - **Encode once.** A per-key lock (shared by every engine in the process) makes concurrent
   requests for the same new image run the encoder once; the others wait and hit. Across
@@ -121,19 +121,19 @@ class PackageCache:
 
     def candidate(self, context: RequestContext, image: ImageInput) -> CachedPackage:
         """The package of a compared image: a stored one when it exists, else encoded into memory only."""
-        key = context.package_key(image.sha256)
+        backend, key = context.backend(), context.package_key(image.sha256)
         found = self._hit(key)
         if found is None:
             with PACKAGE_LOCKS.hold(key):
                 found = self._hit(key)
                 if found is None:
-                    package = self._encode(context.backend(), [image], context.scope)[0]
+                    package = self._encode(backend, [image], context.scope)[0]
                     self.store.pins.note(key)
                     self.store.memory.put(package)  # bounded and never written to disk (nor to Redis)
                     found = CachedPackage(package, cached=False)
         return found
 
-    def inline(self, context: RequestContext, image: ImageInput) -> ServedImage:
+    def served_inline(self, context: RequestContext, image: ImageInput) -> ServedImage:
         """An image a chat sent inline (no named reference), once per request, under the ``remember_images``
         policy: remembered (a durable package and the namespace's row) when the policy keeps it, else a
         candidate's package; with ``use_cache=False`` the pixels themselves."""
@@ -155,16 +155,20 @@ class PackageCache:
         found = self.candidate(context, image)
         return ServedImage(found.package, found.cached, found.encode_ms, lasting=lasting)
 
-    def model_image(self, context: RequestContext, source: Reference | ImageInput) -> ServedImage:
-        """A reference's durable package, a candidate's memory-only package (in the context's scope), or
-        with ``use_cache=False`` the pixels themselves, so the runtime takes its own fresh path."""
+    def served_reference(self, context: RequestContext, ref: Reference) -> ServedImage:
+        """A reference as a backend takes it: its durable package, or with ``use_cache=False`` its kept image's
+        pixels, so the runtime takes its own fresh path."""
         if not context.use_cache:
-            image = self._kept_image(source.image_sha256) if isinstance(source, Reference) else source
+            return ServedImage(self._kept_image(ref.image_sha256), False, 0.0)
+        found = self.reference(context, ref)
+        return ServedImage(found.package, found.cached, found.encode_ms, lasting=True)
+
+    def served_candidate(self, context: RequestContext, image: ImageInput) -> ServedImage:
+        """A compared image as a backend takes it: its memory-only package (in the context's scope), or with
+        ``use_cache=False`` its pixels."""
+        if not context.use_cache:
             return ServedImage(image, False, 0.0)
-        if isinstance(source, Reference):
-            found = self.reference(context, source)
-            return ServedImage(found.package, found.cached, found.encode_ms, lasting=True)
-        found = self.candidate(context, source)
+        found = self.candidate(context, image)
         return ServedImage(found.package, found.cached, found.encode_ms)
 
     def durable(self, context: RequestContext, images: Sequence[ImageInput]) -> list[CachedPackage]:

@@ -279,7 +279,7 @@ class ReferenceBook:
     ) -> ResolvedSegments:
         """A prompt's segments ready for a backend: text stays, references (``named``: :meth:`named_references`)
         become their durable packages, other images (decoded: :meth:`decode_images`) go through the
-        ``remember_images`` policy (:meth:`PackageCache.inline`: remembered, or candidates in memory only; their
+        ``remember_images`` policy (:meth:`PackageCache.served_inline`: remembered, or candidates in memory only; their
         decoded pixels released once encoded); ``use_cache=False`` keeps pixels. The reusable prefix runs through
         references and images whose package is durable, never through the prompt's last image when it was sent
         inline (the candidate's place)."""
@@ -293,14 +293,14 @@ class ReferenceBook:
                 resolved.append(segment)
                 marks.append(segment)
                 continue
-            if isinstance(segment, ReferenceSegment):
-                visual = self.packages.model_image(context, named[segment.ref_id])
-                marks.append(True)  # a reference: the prompt's structure, with or without packages
-            else:
+            if isinstance(segment, ImageInput):
                 visual = self._inline(context, segment, sent)
                 if visual.item is not segment:
                     segment.release()  # encoded: the request holds its package, not its decoded pixels
                 marks.append(visual.lasting)
+            else:
+                visual = self.packages.served_reference(context, named[segment.ref_id])
+                marks.append(True)  # a reference: the prompt's structure, with or without packages
             resolved.append(visual.item)
             cached.append(visual.cached)
             encode_ms += visual.encode_ms
@@ -317,7 +317,7 @@ class ReferenceBook:
         first = sent.get(image.sha256)
         if first is not None and context.use_cache:
             return ServedImage(first.item, True, 0.0, first.lasting)
-        sent[image.sha256] = served = self.packages.inline(context, image)
+        sent[image.sha256] = served = self.packages.served_inline(context, image)
         return served
 
     # -- removal ----------------------------------------------------------------------------

@@ -106,7 +106,7 @@ class VlmReranker(Reranker):
 
     def _score(self, query: RerankQuery, references: list[Reference]) -> list[float]:
         backend = self.context.backend()
-        candidate = self.packages.model_image(self.context, query.image).item
+        candidate = self.packages.served_candidate(self.context, query.image).item
         step = max(1, int(getattr(backend, "batch_size", 1) or 1))
         scores: list[float] = []
         for start in range(0, len(references), step):
@@ -116,7 +116,7 @@ class VlmReranker(Reranker):
 
     def request(self, reference: Reference, candidate: object, query: RerankQuery) -> GenerationRequest:
         """The yes/no request of one reference against the candidate's image (a package or pixels)."""
-        image = self.packages.model_image(self.context, reference).item
+        image = self.packages.served_reference(self.context, reference).item
         # The candidate comes first here, so the reference is named: a runtime that keeps images by a
         # durable id (vLLM's uuid) gives one to the reference and never to the candidate.
         keys = frozenset((image.key,)) if isinstance(image, VisualPackage) else None

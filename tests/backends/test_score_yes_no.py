@@ -65,7 +65,7 @@ def test_the_reranker_names_its_reference_and_a_wrong_name_is_refused(tiny_engin
     backend = engine.backend()
     reranker = VlmReranker(engine.context(), engine.packages)
     query = RerankQuery(image=candidate, criteria=CRITERIA, text="")
-    cached_candidate = engine.packages.model_image(engine.context(), candidate).item
+    cached_candidate = engine.packages.served_candidate(engine.context(), candidate).item
     reference = engine.reference("coffee")
     request = reranker.request(reference, cached_candidate, query)
     package = engine.reference_package(reference).package

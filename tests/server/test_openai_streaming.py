@@ -108,7 +108,7 @@ def test_a_stored_reference_by_url_streams_with_zero_encodes_and_counts_cached_t
     assert rec.encoded == 0 and text
     usage = chunks[-1].usage
     engine = tiny.service.engine
-    package = engine.packages.model_image(engine.context("one"), engine.reference("cat", namespace="one")).item
+    package = engine.packages.served_reference(engine.context("one"), engine.reference("cat", namespace="one")).item
     image_tokens = engine.backend().image_token_count(package)
     assert usage.prompt_tokens_details.cached_tokens == image_tokens > 0
     assert usage.prompt_tokens > image_tokens

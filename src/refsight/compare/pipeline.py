@@ -222,9 +222,9 @@ class ComparePipeline:
     ) -> tuple[list[dict[str, Any]], int]:
         context = request.context
         with timer("candidate_encode"):  # encoded once (memory only), shared by every reference's request
-            candidate = self.packages.model_image(context, request.image).item
+            candidate = self.packages.served_candidate(context, request.image).item
         with timer("reference_load"):
-            served = [self.packages.model_image(context, ref) for ref in finalists]
+            served = [self.packages.served_reference(context, ref) for ref in finalists]
         records: list[Any] = [None] * len(finalists)
         if request.sources:
             with timer("attributes"):
@@ -250,7 +250,7 @@ class ComparePipeline:
     def _candidate_record(self, request: _Request) -> dict[str, Any]:
         """The candidate's attribute record for the prefilter (memory LRU; never stored)."""
         context = request.context
-        item = self.packages.model_image(context, request.image).item if "vlm" in request.sources else request.image
+        item = self.packages.served_candidate(context, request.image).item if "vlm" in request.sources else request.image
         _, record = self.attribute_records.records([], request.image, item, request.sources, context.backend(),
                                                    context.scope)
         return record
