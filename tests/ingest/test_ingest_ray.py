@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -20,12 +18,13 @@ from pathlib import Path
 import pytest
 from runtimes import require_module
 
+from hardening_helpers import run_bounded
 from image_corpus import CORPUS_ACCEPTED, CORPUS_REJECTED
 from ingest_helpers import MODEL, make_images, snapshot, stored_packages
 from refsight import Engine
 
 ray = require_module("ray", "pip install 'refsight[ray]'")
-pytestmark = pytest.mark.slow  # three 300-image ingests on a 2-CPU Ray instance
+pytestmark = pytest.mark.slow  # three 300-image ingests, each on a local Ray instance of its own
 
 COUNT = 300
 
@@ -33,11 +32,10 @@ COUNT = 300
 def ingest(store: Path, source: Path, *, batch_size: int, errors: Path | None = None) -> dict:
     """``refsight ingest SOURCE --ray local --actors 2`` in a child process: its JSON report (it exits 1: the
     bad-image corpus is refused)."""
-    command = [sys.executable, "-m", "refsight.cli", "--store", str(store), "ingest", str(source), "--model", MODEL,
-               "--ray", "local", "--actors", "2", "--batch-size", str(batch_size), "--json",
-               "--errors", str(errors or store.parent / "errors.jsonl")]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=900)
-    assert run.returncode in (0, 1) and run.stdout.strip(), run.stderr[-3000:]
+    run = run_bounded(["--store", str(store), "ingest", str(source), "--model", MODEL, "--ray", "local", "--actors", "2",
+                       "--batch-size", str(batch_size), "--json", "--errors", str(errors or store.parent / "errors.jsonl")],
+                      timeout=900)
+    assert run.returncode == 1 and run.stdout.strip(), run.stderr[-3000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
