@@ -66,7 +66,7 @@ def test_a_path_with_undecodable_bytes_is_still_read_and_named_printably(engine,
 
 
 def test_what_the_runtime_cannot_render_is_refused_before_any_image_is_encoded(engine):
-    # The backend's own rules (here: the toy renders every prompt in its template) are asked before the images
+    # The backend's own rules (here: the toy renders every prompt in its template, and constrains no answer) are asked before the images
     # are resolved, so a request it must refuse costs no encode.
     backend = engine.models.backend(engine.model)
     before = backend.encode_calls
@@ -77,6 +77,9 @@ def test_what_the_runtime_cannot_render_is_refused_before_any_image_is_encoded(e
     with pytest.raises(InvalidInputError) as e:
         engine.chat(["describe", photo], prompt_end="continue", turns=[("user", 1), ("assistant", 1)])
     assert e.value.input == "prompt_end"
+    with pytest.raises(InvalidInputError, match="does not support constrained decoding") as e:
+        engine.chat(["describe", photo], json_schema={"type": "object"})  # the toy compiles no grammar
+    assert e.value.input == "json_schema"
     assert backend.encode_calls == before
 
 

@@ -330,13 +330,17 @@ class Backend(TextAccess, abc.ABC):
 
     def plan_prompt(self, request: GenerationRequest) -> GenerationRequest:
         """``request`` as this runtime lays it out: its segments in chat turns (:func:`~.turns.plan_turns`: turns this
-        runtime cannot render are labelled in the text), then :meth:`check_prompt`. The engine asks before it resolves
-        or encodes any image, so a prompt this runtime cannot render or fit costs no encode."""
+        runtime cannot render are labelled in the text), then :meth:`check_prompt` and its JSON schema compiled. The
+        engine asks before it resolves or encodes any image, so a prompt this runtime cannot render, fit or constrain
+        costs no encode."""
         from .turns import plan_turns
 
         segments, turns = plan_turns(list(request.segments), request.turns, self.supports_turns)
         planned = replace(request, segments=segments, turns=turns)
         self.check_prompt(planned)
+        # Compiled here to be refused before the images are encoded; the generation compiles it again (a cost bounded
+        # by the schema's size: the transformers backends cache the grammar, the others rebuild a grammar text).
+        self._grammar(planned.json_schema)
         return planned
 
     def check_prompt(self, request: GenerationRequest, i: int = 0) -> None:
