@@ -298,7 +298,7 @@ class Engine:
         if on_prompt is not None and not (on_text is not None and backend.supports_prompt_progress):
             raise InvalidInputError("on_prompt", f"{backend.name} does not report a prompt's evaluation (streamed only)")
         start = time.perf_counter()
-        resolved = self.book.resolve_segments(context, planned.segments, named)
+        resolved = self.book.resolve_segments(context, backend, planned.segments, named)
         load_ms = (time.perf_counter() - start) * 1000 - resolved.encode_ms
         # The same request, taken whole, with its images resolved and the reference prefix marked (the backend counts
         # its size again, with every package, before any prefill); a raw prompt has no template prefix to key a state

@@ -13,8 +13,11 @@ Every visual package refsight uses goes through :class:`PackageCache`, under one
   image that is no named reference is a candidate, unless the policy remembers it (``recurring``: the
   second request of a namespace that sends it; ``all``: the first); then its package is made durable as a
   reference's is (written from the memory tier without encoding when it is there) and a row names the
-  namespace (:mod:`refsight.store.remembered`). :meth:`PackageCache.served_inline` says whether the package
+  namespace (:mod:`refsight.store.remembered`). :meth:`PackageCache.served_prompt` says whether each package
   it served is durable, so a reference prefix may run through it.
+- **A prompt's keys, derived once.** :meth:`PackageCache.served_prompt` takes a chat's references and inline
+  images together, with the backend the request loaded: one fingerprint, one key per image, and an image
+  sent twice is one lookup.
 - **Encode once.** A per-key lock (shared by every engine in the process) makes concurrent
   requests for the same new image run the encoder once; the others wait and hit. Across
   replicas of a shared store, the store's lease (:meth:`refsight.store.Store.lease`, a
@@ -43,7 +46,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
-from typing import Any, TypeVar, Union
+from typing import Any, NamedTuple, TypeVar, Union
 
 from .backends.base import Backend
 from .context import RequestContext
@@ -56,7 +59,8 @@ from .store import Reference, Store
 from .store.disk import StoredPackage
 
 __all__ = [
-    "PackageCache", "CachedPackage", "ModelImage", "ServedImage", "PACKAGE_LOCKS", "holding_packages", "encode_packages",
+    "PackageCache", "CachedPackage", "ModelImage", "ServedImage", "ServedPrompt", "PACKAGE_LOCKS", "holding_packages",
+    "encode_packages",
 ]
 
 #: Package keys are content-addressed and mean the same in every engine of a process (tenants
@@ -77,6 +81,15 @@ class ServedImage:
     cached: bool
     encode_ms: float
     lasting: bool = False
+
+
+class ServedPrompt(NamedTuple):
+    """A chat prompt's images as a backend takes them (:meth:`PackageCache.served_prompt`), each kind in order."""
+
+    #: Its references' durable packages (or their kept images' pixels).
+    references: list[ServedImage]
+    #: Its images sent inline: packages under the ``remember_images`` policy (or the pixels themselves).
+    inline: list[ServedImage]
 
 
 @dataclass(frozen=True)
@@ -110,66 +123,61 @@ class PackageCache:
         return self.store.pins.scope()
 
     # -- lookups ---------------------------------------------------------------------
+    def served_prompt(
+        self, context: RequestContext, backend: Backend, references: Sequence[Reference], inline: Sequence[ImageInput],
+    ) -> ServedPrompt:
+        """A chat prompt's images as ``backend`` takes them, each kind in its order: the references' durable packages
+        and the images sent inline under the ``remember_images`` policy (remembered: a durable package and the
+        namespace's row; else a candidate's package, in memory only). The keys are derived once for the prompt; an
+        image sent twice is one sighting and one lookup; an inline image's decoded pixels are released once its
+        package stands for it. With ``use_cache=False``, the pixels themselves: the runtime's own fresh path."""
+        if not context.use_cache:
+            return ServedPrompt(
+                [ServedImage(self._kept_image(ref.image_sha256), False, 0.0) for ref in references],
+                [ServedImage(image, False, 0.0) for image in inline],
+            )
+        fingerprint = backend.fingerprint()
+        shas = {*(ref.image_sha256 for ref in references), *(image.sha256 for image in inline)}
+        keys = {sha: package_key(sha, fingerprint, context.scope) for sha in shas}
+        served_references = [
+            self._served(self._reference(context, backend, ref, keys[ref.image_sha256]), lasting=True)
+            for ref in references
+        ]
+        sent: dict[str, ServedImage] = {}
+        served_images = []
+        for image in inline:
+            first = sent.get(image.sha256)
+            if first is None:
+                sent[image.sha256] = first = self._served_inline(context, backend, image, keys[image.sha256])
+                served_images.append(first)
+            else:
+                served_images.append(ServedImage(first.item, True, 0.0, first.lasting))
+            image.release()  # a package stands for it: the request holds that, not the decoded pixels
+        return ServedPrompt(served_references, served_images)
+
     def reference(self, context: RequestContext, ref: Reference) -> CachedPackage:
         """The reference's durable package (encoded from the kept image when missing or corrupt)."""
-        backend, key = context.backend(), context.package_key(ref.image_sha256)
-        found = self._durable_package(context, key, lambda: self._kept_image(ref.image_sha256))
-        if not found.cached or ref.packages.get(backend.fingerprint().digest) != key:
-            # Written now (or made durable now): link it, so it is the reference's and not garbage.
-            self.store.catalog.link_package(ref.ref_id, backend.fingerprint().digest, key, namespace=ref.namespace)
-        return found
+        backend = context.backend()
+        return self._reference(context, backend, ref, context.package_key(ref.image_sha256, backend.fingerprint()))
 
     def candidate(self, context: RequestContext, image: ImageInput) -> CachedPackage:
         """The package of a compared image: a stored one when it exists, else encoded into memory only."""
-        backend, key = context.backend(), context.package_key(image.sha256)
-        found = self._hit(key)
-        if found is None:
-            with PACKAGE_LOCKS.hold(key):
-                found = self._hit(key)
-                if found is None:
-                    package = self._encode(backend, [image], context.scope)[0]
-                    self.store.pins.note(key)
-                    self.store.memory.put(package)  # bounded and never written to disk (nor to Redis)
-                    found = CachedPackage(package, cached=False)
-        return found
-
-    def served_inline(self, context: RequestContext, image: ImageInput) -> ServedImage:
-        """An image a chat sent inline (no named reference), once per request, under the ``remember_images``
-        policy: remembered (a durable package and the namespace's row) when the policy keeps it, else a
-        candidate's package; with ``use_cache=False`` the pixels themselves."""
-        if not context.use_cache:
-            return ServedImage(image, False, 0.0)
-        key = context.package_key(image.sha256)
-        lasting = False
-        # Remembering saves work; it is no condition of the answer: with the store away (a replica's catalog
-        # down) the image is served as a candidate from memory, and kept at a later sighting.
-        if self.remember_images != "off":
-            try:
-                if self.remember_images == "all" or self.sightings.note(context.namespace, key) > 1:
-                    found = self._remember(context, image, key)
-                    return ServedImage(found.package, found.cached, found.encode_ms, lasting=True)
-                # Sent once (in this process), but remembered before (a restart, another replica): durable already.
-                lasting = self.is_durable(key)
-            except StoreUnavailableError:
-                pass
-        found = self.candidate(context, image)
-        return ServedImage(found.package, found.cached, found.encode_ms, lasting=lasting)
+        backend = context.backend()
+        return self._candidate(context, backend, image, context.package_key(image.sha256, backend.fingerprint()))
 
     def served_reference(self, context: RequestContext, ref: Reference) -> ServedImage:
         """A reference as a backend takes it: its durable package, or with ``use_cache=False`` its kept image's
         pixels, so the runtime takes its own fresh path."""
         if not context.use_cache:
             return ServedImage(self._kept_image(ref.image_sha256), False, 0.0)
-        found = self.reference(context, ref)
-        return ServedImage(found.package, found.cached, found.encode_ms, lasting=True)
+        return self._served(self.reference(context, ref), lasting=True)
 
     def served_candidate(self, context: RequestContext, image: ImageInput) -> ServedImage:
         """A compared image as a backend takes it: its memory-only package (in the context's scope), or with
         ``use_cache=False`` its pixels."""
         if not context.use_cache:
             return ServedImage(image, False, 0.0)
-        found = self.candidate(context, image)
-        return ServedImage(found.package, found.cached, found.encode_ms)
+        return self._served(self.candidate(context, image), lasting=False)
 
     def durable(self, context: RequestContext, images: Sequence[ImageInput]) -> list[CachedPackage]:
         """Durable packages for new references, in order; the missing ones encoded in one batch.
@@ -248,7 +256,54 @@ class PackageCache:
         return package
 
     # -- internals ---------------------------------------------------------------------
-    def _durable_package(self, context: RequestContext, key: str, image: Callable[[], ImageInput]) -> CachedPackage:
+    def _reference(self, context: RequestContext, backend: Backend, ref: Reference, key: str) -> CachedPackage:
+        """The reference's durable package under ``key``, linked to it when written (or made durable) now."""
+        found = self._durable_package(context, backend, key, lambda: self._kept_image(ref.image_sha256))
+        if not found.cached or ref.packages.get(backend.fingerprint().digest) != key:
+            # Written now (or made durable now): link it, so it is the reference's and not garbage.
+            self.store.catalog.link_package(ref.ref_id, backend.fingerprint().digest, key, namespace=ref.namespace)
+        return found
+
+    def _candidate(self, context: RequestContext, backend: Backend, image: ImageInput, key: str) -> CachedPackage:
+        """A stored package under ``key`` when one exists, else ``image`` encoded into the memory tier only."""
+        found = self._hit(key)
+        if found is None:
+            with PACKAGE_LOCKS.hold(key):
+                found = self._hit(key)
+                if found is None:
+                    package = self._encode(backend, [image], context.scope)[0]
+                    self.store.pins.note(key)
+                    self.store.memory.put(package)  # bounded and never written to disk (nor to Redis)
+                    found = CachedPackage(package, cached=False)
+        return found
+
+    def _served_inline(self, context: RequestContext, backend: Backend, image: ImageInput, key: str) -> ServedImage:
+        """An image sent inline under the ``remember_images`` policy: remembered (a durable package and the
+        namespace's row) when the policy keeps it, else a candidate's package."""
+        lasting = False
+        # Remembering saves work; it is no condition of the answer: with the store away (a replica's catalog
+        # down) the image is served as a candidate from memory, and kept at a later sighting.
+        if self.remember_images != "off":
+            try:
+                if self.remember_images == "all" or self.sightings.note(context.namespace, key) > 1:
+                    return self._served(self._remember(context, backend, image, key), lasting=True)
+                # Sent once (in this process), but remembered before (a restart, another replica): durable already.
+                lasting = self.is_durable(key)
+            except StoreUnavailableError:
+                pass
+        return self._served(self._candidate(context, backend, image, key), lasting=lasting)
+
+    def _remember(self, context: RequestContext, backend: Backend, image: ImageInput, key: str) -> CachedPackage:
+        """A remembered image's durable package (its candidate package written without an encode when still in
+        memory), and its namespace's row: each written once; a later hit writes nothing."""
+        found = self._durable_package(context, backend, key, lambda: image)
+        if not found.cached or not self.store.remembered.contains(context.namespace, key):
+            self.store.remembered.add(context.namespace, key)
+        return found
+
+    def _durable_package(
+        self, context: RequestContext, backend: Backend, key: str, image: Callable[[], ImageInput],
+    ) -> CachedPackage:
         """The durable package of ``key``: a hit (made durable when in memory only), else ``image()`` encoded
         and written, once across threads and replicas."""
         found = self._durable_hit(key)
@@ -256,18 +311,14 @@ class PackageCache:
             with PACKAGE_LOCKS.hold(key), self.store.lease(key):
                 found = self._durable_hit(key)  # another thread or replica may have stored it while we waited
                 if found is None:
-                    package = self._encode(context.backend(), [image()], context.scope)[0]
+                    package = self._encode(backend, [image()], context.scope)[0]
                     self._write(package)
                     found = CachedPackage(package, cached=False)
         return found
 
-    def _remember(self, context: RequestContext, image: ImageInput, key: str) -> CachedPackage:
-        """A remembered image's durable package (its candidate package written without an encode when still in
-        memory), and its namespace's row: each written once; a later hit writes nothing."""
-        found = self._durable_package(context, key, lambda: image)
-        if not found.cached or not self.store.remembered.contains(context.namespace, key):
-            self.store.remembered.add(context.namespace, key)
-        return found
+    @staticmethod
+    def _served(found: CachedPackage, *, lasting: bool) -> ServedImage:
+        return ServedImage(found.package, found.cached, found.encode_ms, lasting=lasting)
 
     def _hit(self, key: str) -> CachedPackage | None:
         started = time.perf_counter()

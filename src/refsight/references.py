@@ -20,6 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from .backends.base import Backend
 from .backends.fingerprint_record import EncoderFacts, facts_of
 from .backends.prefix import reusable_prefix
 from .context import RequestContext
@@ -275,50 +276,26 @@ class ReferenceBook:
         return [s if isinstance(s, (str, ReferenceSegment)) else load_image(s, limits=self.limits) for s in segments]
 
     def resolve_segments(
-        self, context: RequestContext, segments: Sequence[Any], named: Mapping[str, Reference]
+        self, context: RequestContext, backend: Backend, segments: Sequence[Any], named: Mapping[str, Reference]
     ) -> ResolvedSegments:
-        """A prompt's segments ready for a backend: text stays, references (``named``: :meth:`named_references`)
-        become their durable packages, other images (decoded: :meth:`decode_images`) go through the
-        ``remember_images`` policy (:meth:`PackageCache.served_inline`: remembered, or candidates in memory only; their
-        decoded pixels released once encoded); ``use_cache=False`` keeps pixels. The reusable prefix runs through
-        references and images whose package is durable, never through the prompt's last image when it was sent
-        inline (the candidate's place)."""
-        resolved: list[Any] = []
-        cached: list[bool] = []
-        marks: list[Any] = []  # text as it is, each image as whether a prefix may run through it
-        encode_ms = 0.0
-        sent: dict[str, ServedImage] = {}  # an image sent twice in one request is one sighting, one lookup
-        for segment in segments:
-            if isinstance(segment, str):
-                resolved.append(segment)
-                marks.append(segment)
-                continue
-            if isinstance(segment, ImageInput):
-                visual = self._inline(context, segment, sent)
-                if visual.item is not segment:
-                    segment.release()  # encoded: the request holds its package, not its decoded pixels
-                marks.append(visual.lasting)
-            else:
-                visual = self.packages.served_reference(context, named[segment.ref_id])
-                marks.append(True)  # a reference: the prompt's structure, with or without packages
-            resolved.append(visual.item)
-            cached.append(visual.cached)
-            encode_ms += visual.encode_ms
-        last = max((i for i, s in enumerate(segments) if not isinstance(s, str)), default=None)
-        if last is not None and not isinstance(segments[last], ReferenceSegment):
-            # The prompt's last image is where clients put the image they ask about; it changes between
-            # requests, so a prefix through it (once it is remembered) would key a state no later request
-            # asks for and pass over the references' own state.
-            marks[last] = False
-        return ResolvedSegments(resolved, cached, encode_ms, reusable_prefix(marks, bool))
-
-    def _inline(self, context: RequestContext, image: ImageInput, sent: dict[str, ServedImage]) -> ServedImage:
-        """An image sent inline, served once per request: a repeat takes the first one's package (no encode)."""
-        first = sent.get(image.sha256)
-        if first is not None and context.use_cache:
-            return ServedImage(first.item, True, 0.0, first.lasting)
-        sent[image.sha256] = served = self.packages.served_inline(context, image)
-        return served
+        """A prompt's segments ready for ``backend``: text stays, references (``named``: :meth:`named_references`) and
+        images sent inline (decoded: :meth:`decode_images`) become packages (:meth:`PackageCache.served_prompt`:
+        references durable, other images under the ``remember_images`` policy); ``use_cache=False`` keeps pixels.
+        The reusable prefix runs through references and images whose package is durable, never through the
+        prompt's last image when it was sent inline (the candidate's place)."""
+        served = self.packages.served_prompt(
+            context, backend, [named[s.ref_id] for s in segments if isinstance(s, ReferenceSegment)],
+            [s for s in segments if isinstance(s, ImageInput)],
+        )
+        references, inline = iter(served.references), iter(served.inline)
+        visuals = {  # each image's place in the prompt: what serves it
+            i: next(references) if isinstance(s, ReferenceSegment) else next(inline)
+            for i, s in enumerate(segments) if not isinstance(s, str)
+        }
+        resolved = [visuals[i].item if i in visuals else s for i, s in enumerate(segments)]
+        cached = [visual.cached for visual in visuals.values()]
+        encode_ms = sum(visual.encode_ms for visual in visuals.values())
+        return ResolvedSegments(resolved, cached, encode_ms, _reusable_prefix(segments, visuals))
 
     # -- removal ----------------------------------------------------------------------------
 
@@ -348,6 +325,20 @@ class _InOrder:
         while self._next in self._done:
             yield self._done.pop(self._next)
             self._next += 1
+
+
+def _reusable_prefix(segments: Sequence[Any], visuals: Mapping[int, ServedImage]) -> int:
+    """How many leading segments a reusable prefix spans: through references (the prompt's structure, with or without
+    packages) and images whose package is durable, never through the prompt's last image when it was sent inline."""
+    marks: list[Any] = [  # text as it is, each image as whether a prefix may run through it
+        s if isinstance(s, str) else isinstance(s, ReferenceSegment) or visuals[i].lasting for i, s in enumerate(segments)
+    ]
+    if visuals and not isinstance(segments[max(visuals)], ReferenceSegment):
+        # The prompt's last image is where clients put the image they ask about; it changes between
+        # requests, so a prefix through it (once it is remembered) would key a state no later request
+        # asks for and pass over the references' own state.
+        marks[max(visuals)] = False
+    return reusable_prefix(marks, bool)
 
 
 def load_kept_image(catalog: Catalog, image_sha256: str, *, limits: IntakeLimits, label: str | None = None) -> ImageInput:

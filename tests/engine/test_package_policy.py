@@ -98,6 +98,20 @@ def test_an_image_sent_once_leaves_nothing_on_disk_and_one_sent_again_is_remembe
         assert engine.remembered() == [] and engine.stats().remembered == 0
 
 
+def test_an_image_sent_twice_in_one_chat_is_one_encode_and_one_sighting(tmp_path, photos):
+    with Engine(tmp_path / "store", model=MODEL) as engine:
+        key = engine.context().package_key(load_image(photos["chelsea"]).sha256)
+        first = _ask(engine, photos["chelsea"], photos["chelsea"])
+        assert first.references_cached == [False, True]  # the repeat takes the first one's package
+        assert engine.stats().misses == 1
+        assert not engine.store.local.contains(key)  # one sighting: a recurring image is kept once sent again
+        again = _ask(engine, photos["chelsea"], photos["chelsea"])
+        assert again.references_cached == [True, True] and engine.stats().misses == 1
+        assert [i.package_key for i in engine.remembered()] == [key]  # the second request's sighting: kept
+        fresh = _ask(engine, photos["chelsea"], photos["chelsea"], use_cache=False)
+        assert fresh.references_cached == [False, False] and fresh.text == again.text
+
+
 def _package_bytes(engine: Engine, key: str) -> int:
     """The bytes of the package stored under ``key``."""
     return engine.store.local.record(key).bytes

@@ -8,7 +8,7 @@ from store_helpers import make_package
 
 
 def _remembered(store, n: int, *namespaces: str) -> str:
-    """A package written as PackageCache.served_inline writes a remembered image's, remembered by ``namespaces``."""
+    """A package written as PackageCache.served_prompt writes a remembered image's, remembered by ``namespaces``."""
     package = make_package(n)
     store.packages.put(package)
     for namespace in namespaces:
