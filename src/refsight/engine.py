@@ -66,17 +66,6 @@ __all__ = ["Engine", "PackageState", "ReferenceSegment"]
 _DEFAULT_LIMITS = IntakeLimits()
 
 
-def _generate(backend: Any, request: GenerationRequest, on_text: Any, stop_event: Any, on_prompt: Any) -> Any:
-    """The backend's generation of one request: streamed (with ``on_prompt`` when given) or whole."""
-    if on_text is not None:
-        progress = {} if on_prompt is None else {"on_prompt": on_prompt}  # a plugin's generate_stream may not take it
-        return backend.generate_stream(request, on_text=on_text, stop_event=stop_event, **progress)
-    # Not streamed: still stopped between decode steps when the caller leaves. (Only then is the
-    # keyword passed: a plugin backend that overrides generate() may not take it.)
-    watched = {} if stop_event is None else {"stop_event": stop_event}
-    return backend.generate([request], **watched)[0]
-
-
 class Engine:
     """Store + backend + retrieval + judge behind one object.
 
@@ -307,7 +296,7 @@ class Engine:
             planned, segments=resolved.segments, prefix_segments=resolved.prefix_segments,
             prefix_cache=None if chat.raw_prompt else self.prefixes.for_request(context),
         )
-        generation = _generate(backend, request, on_text, stop_event, on_prompt)
+        generation = backend.generate_one(request, on_text=on_text, stop_event=stop_event, on_prompt=on_prompt)
         timings = {k: round(v, 3) for k, v in generation.timings_ms.items()}
         timings["encode"] = round(timings.get("encode", 0.0) + resolved.encode_ms, 3)
         timings["reference_load"] = round(load_ms, 3)

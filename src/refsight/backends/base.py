@@ -198,6 +198,19 @@ class Backend(TextAccess, abc.ABC):
             on_text(generation.text)
         return generation
 
+    def generate_one(
+        self, request: GenerationRequest, *, on_text: TextCallback | None = None,
+        stop_event: threading.Event | None = None, on_prompt: Callable[[int, int, int], None] | None = None,
+    ) -> Generation:
+        """One request's generation: streamed through ``on_text`` when given (:meth:`generate_stream`, with
+        ``on_prompt``), else whole (:meth:`generate`); either way ended early once ``stop_event`` is set."""
+        if on_text is not None:
+            progress = {} if on_prompt is None else {"on_prompt": on_prompt}  # a plugin's generate_stream may not take it
+            return self.generate_stream(request, on_text=on_text, stop_event=stop_event, **progress)
+        # Only a set stop_event is passed: a plugin backend that overrides generate() may not take the keyword.
+        watched = {} if stop_event is None else {"stop_event": stop_event}
+        return self.generate([request], **watched)[0]
+
     def score_yes_no(self, requests: Sequence[GenerationRequest]) -> list[float]:
         """P("yes") per request from the next-token logits after its prompt (no decoding).
 
