@@ -331,13 +331,15 @@ def _reusable_prefix(segments: Sequence[Any], visuals: Mapping[int, ServedImage]
     """How many leading segments a reusable prefix spans: through references (the prompt's structure, with or without
     packages) and images whose package is durable, never through the prompt's last image when it was sent inline."""
     marks: list[Any] = [  # text as it is, each image as whether a prefix may run through it
-        s if isinstance(s, str) else isinstance(s, ReferenceSegment) or visuals[i].lasting for i, s in enumerate(segments)
+        s if isinstance(s, str) else isinstance(s, ReferenceSegment) or visuals[i].lasting
+        for i, s in enumerate(segments)
     ]
-    if visuals and not isinstance(segments[max(visuals)], ReferenceSegment):
+    last = max(visuals, default=None)
+    if last is not None and not isinstance(segments[last], ReferenceSegment):
         # The prompt's last image is where clients put the image they ask about; it changes between
         # requests, so a prefix through it (once it is remembered) would key a state no later request
         # asks for and pass over the references' own state.
-        marks[max(visuals)] = False
+        marks[last] = False
     return reusable_prefix(marks, bool)
 
 

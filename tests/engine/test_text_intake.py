@@ -66,8 +66,8 @@ def test_a_path_with_undecodable_bytes_is_still_read_and_named_printably(engine,
 
 
 def test_what_the_runtime_cannot_render_is_refused_before_any_image_is_encoded(engine):
-    # The backend's own rules (here: the toy renders every prompt in its template, and constrains no answer) are asked before the images
-    # are resolved, so a request it must refuse costs no encode.
+    # The backend's own rules (here: the toy renders every prompt in its template, and constrains no answer) are
+    # asked before the images are resolved, so a request it must refuse costs no encode.
     backend = engine.models.backend(engine.model)
     before = backend.encode_calls
     photo = sample_paths()["coffee"].read_bytes()

@@ -205,7 +205,8 @@ class Backend(TextAccess, abc.ABC):
         """One request's generation: streamed through ``on_text`` when given (:meth:`generate_stream`, with
         ``on_prompt``), else whole (:meth:`generate`); either way ended early once ``stop_event`` is set."""
         if on_text is not None:
-            progress = {} if on_prompt is None else {"on_prompt": on_prompt}  # a plugin's generate_stream may not take it
+            # Only a given on_prompt is passed: a plugin backend's generate_stream may not take the keyword.
+            progress = {} if on_prompt is None else {"on_prompt": on_prompt}
             return self.generate_stream(request, on_text=on_text, stop_event=stop_event, **progress)
         # Only a set stop_event is passed: a plugin backend that overrides generate() may not take the keyword.
         watched = {} if stop_event is None else {"stop_event": stop_event}
