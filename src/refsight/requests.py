@@ -178,7 +178,7 @@ class GenerationRequest:
     turns (``(role, count)`` pairs whose counts add up to ``len(segments)``; None: one user turn);
     ``raw_prompt``: the segments are the whole prompt, no chat template added. ``sampling`` (default
     greedy) is a :class:`Sampling`; ``json_schema`` constrains the answer (a backend with
-    ``supports_constrained_decoding``); ``max_prompt_tokens`` bounds the prompt (text and image
+    ``supports_constrained_decoding``; kept in 2020-12's form, draft-07's tuple ``items`` as ``prefixItems``); ``max_prompt_tokens`` bounds the prompt (text and image
     tokens); ``prompt_end`` how the chat prompt ends after its turns (:data:`PROMPT_ENDS`:
     ``continue`` continues a final assistant turn). ``use_cache`` / ``prefix_states``, ``model`` and
     ``namespace`` become the request context at the engine's front door.
@@ -216,7 +216,9 @@ class GenerationRequest:
         object.__setattr__(self, "segments", _checked_segments(self.segments))
         if self.json_schema is not None:
             check_texts(self.json_schema, "json_schema")
-            check_json_schema(modern_json_schema(self.json_schema))
+            check_json_schema(self.json_schema)
+            # Kept in 2020-12's form, the one every grammar compiler takes: written once, here, not by each backend.
+            object.__setattr__(self, "json_schema", modern_json_schema(self.json_schema))
         sampling = Sampling() if self.sampling is None else self.sampling
         if not isinstance(sampling, Sampling):
             raise InvalidInputError("sampling", f"expected a Sampling, got {type(sampling).__name__}")

@@ -6,11 +6,12 @@ mix of cached packages and fresh images. Capability flags tell the engine what i
 
 The base class owns the request plumbing every runtime shares, in this order:
 
-1. **check** (:meth:`Backend.check_batch`): what this runtime adds to the checks each
-   :class:`~refsight.requests.GenerationRequest` made of its own fields when it was built (the
-   prompt forms it renders, its rule for user text, the segment kinds), the packages
-   (:meth:`Backend.validate_package`) and each JSON schema's grammar
-   (:meth:`Backend.compile_schema`), all before any model work;
+1. **check** (:meth:`Backend.check_batch`, request by request: :meth:`Backend.check_request`): what this
+   runtime adds to the checks each :class:`~refsight.requests.GenerationRequest` made of its own fields
+   when it was built: the segment kinds, the packages (:meth:`Backend.validate_package`), the JSON
+   schema's grammar (:meth:`Backend.compile_schema`), then the prompt's rules (:meth:`Backend.check_prompt`:
+   the forms it renders, its rule for user text, the sampling fields, the prompt's size), all before any
+   model work;
 2. **cancel**: a stream whose caller already went away ends here, with nothing run;
 3. **prepare** (:meth:`Backend.prepare`, the step a backend tailors): what each request
    becomes for the runtime, a :class:`PreparedRequest`. The default encodes, in one
@@ -39,14 +40,12 @@ from ..prompt_size import check_prompt_size
 from ..requests import GenerationRequest
 from ..sampling import Sampling, check_supported
 from .text_access import TextAccess
+from .turns import check_prompt_form, plan_turns
 
-__all__ = ["Backend", "Execution", "Generation", "PreparedRequest", "Segment", "Sampling",
-           "TextCallback", "ROLES"]
+__all__ = ["Backend", "Execution", "Generation", "PreparedRequest", "Segment", "Sampling", "TextCallback"]
 
 #: Called with each new piece of answer text, in order, as a backend produces it.
 TextCallback = Callable[[str], None]
-#: The chat roles a turn may have.
-ROLES = ("system", "user", "assistant")
 
 #: One piece of a prompt, in order: text, a cached package, or a fresh image.
 Segment = Union[str, VisualPackage, ImageInput]
@@ -233,25 +232,24 @@ class Backend(TextAccess, abc.ABC):
         return self.execute(self.prepare(requests, grammars), execution)
 
     def check_batch(self, requests: list[GenerationRequest]) -> list[Any]:
-        """Every check before model work: :meth:`check_requests`, the packages, the schemas; their grammars.
+        """Every check before model work, request by request (:meth:`check_request`); their grammars.
 
         Returns each request's compiled grammar (:meth:`compile_schema`; None without a schema).
         """
-        self.check_requests(requests)
-        for request in requests:
-            for package in request.packages:
-                self.validate_package(package)
-        return [self._grammar(request.json_schema) for request in requests]
+        if not requests:
+            raise InvalidInputError("requests", "at least one GenerationRequest is needed")
+        grammars = []
+        for i, request in enumerate(requests):
+            grammars.append(self.check_request(i, request))
+        return grammars
 
     def _grammar(self, schema: dict[str, Any] | None) -> Any:
         if schema is None:
             return None
         if not self.supports_constrained_decoding:
             raise InvalidInputError("json_schema", f"{self.name} does not support constrained decoding")
-        from ..inputs.json_schema import modern_json_schema
-
         try:
-            return self.compile_schema(modern_json_schema(schema))
+            return self.compile_schema(schema)
         except RefsightError:
             raise
         except Exception as e:  # noqa: BLE001 - whatever the compiler says, the schema is at fault
@@ -328,27 +326,11 @@ class Backend(TextAccess, abc.ABC):
         backend cannot tell before running the model: the prompt limit counts images with it."""
         return None
 
-    def check_requests(self, requests: Sequence[GenerationRequest]) -> None:
-        """Raise :class:`~refsight.errors.InvalidInputError` naming the first request no runtime could serve.
-
-        Every backend calls this before any model work; :meth:`check_text` adds the
-        runtime's own rule for user text, :func:`~.schema.check_json_schema` the shared
-        rule for JSON schemas.
-        """
-        if not requests:
-            raise InvalidInputError("requests", "at least one GenerationRequest is needed")
-        for i, request in enumerate(requests):
-            if not isinstance(request, GenerationRequest):
-                raise InvalidInputError(f"requests[{i}]", f"expected a GenerationRequest, got {type(request).__name__}")
-            self._check_request(i, request)
-
     def plan_prompt(self, request: GenerationRequest) -> GenerationRequest:
         """``request`` as this runtime lays it out: its segments in chat turns (:func:`~.turns.plan_turns`: turns this
         runtime cannot render are labelled in the text), then :meth:`check_prompt` and its JSON schema compiled. The
         engine asks before it resolves or encodes any image, so a prompt this runtime cannot render, fit or constrain
         costs no encode."""
-        from .turns import plan_turns
-
         segments, turns = plan_turns(list(request.segments), request.turns, self.supports_turns)
         planned = replace(request, segments=segments, turns=turns)
         self.check_prompt(planned)
@@ -363,32 +345,41 @@ class Backend(TextAccess, abc.ABC):
         :meth:`check_raw_text`), and the prompt's size against ``max_prompt_tokens`` and :attr:`context_size`
         (:func:`~refsight.prompt_size.check_prompt_size`). None needs the images resolved: asked before any is encoded
         (:meth:`plan_prompt`, new images counted by their size), the size is asked again with every image a package
-        (:meth:`check_requests`, for every caller, before any prefill)."""
-        from .turns import check_prompt_form
-
-        check_supported(request.sampling, self.sampling_fields, self.name)
-        check_prompt_form(self, i, request)  # a raw prompt, or how the chat template's prompt ends
+        (:meth:`check_request`, for every caller, before any prefill)."""
         check = self.check_raw_text if request.raw_prompt else self.check_text
         for j, segment in enumerate(request.segments):
             if isinstance(segment, str):
                 check(segment, f"requests[{i}].segments[{j}]")
+        check_prompt_form(self, i, request)  # a raw prompt, or how the chat template's prompt ends
+        check_supported(request.sampling, self.sampling_fields, self.name)
         check_prompt_size(self, request.segments, request.max_prompt_tokens, request.raw_prompt)
 
-    def _check_request(self, i: int, request: GenerationRequest) -> None:
-        """What this backend adds to the request's own checks: the reference keys among its packages, its rules for
-        the prompt (:meth:`check_prompt`) and the segment kinds it takes."""
-        if request.reference_keys is not None and not (
-            isinstance(request.reference_keys, (set, frozenset, tuple, list))
-            and set(request.reference_keys) <= {p.key for p in request.packages}
-        ):
-            raise InvalidInputError(f"requests[{i}].reference_keys", "must name packages among the segments")
-        self.check_prompt(request, i)
+    def check_request(self, i: int, request: GenerationRequest) -> Any:
+        """Raise :class:`~refsight.errors.InvalidInputError` (or :class:`CorruptPackageError`) naming what of request
+        ``i`` this runtime cannot serve; else its compiled grammar (None without a schema).
+
+        What the backend adds to the request's own checks, the runtime's own first: the segment kinds it takes, the
+        reference keys among its packages, each package (:meth:`validate_package`), the schema's grammar, then its
+        rules for the prompt (:meth:`check_prompt`), whose size now counts every image as a package.
+        """
+        if not isinstance(request, GenerationRequest):
+            raise InvalidInputError(f"requests[{i}]", f"expected a GenerationRequest, got {type(request).__name__}")
         for j, segment in enumerate(request.segments):
             if not isinstance(segment, (str, VisualPackage, ImageInput)):
                 raise InvalidInputError(
                     f"requests[{i}].segments[{j}]",
                     f"a segment is text, a VisualPackage or an ImageInput, not {type(segment).__name__}",
                 )
+        if request.reference_keys is not None and not (
+            isinstance(request.reference_keys, (set, frozenset, tuple, list))
+            and set(request.reference_keys) <= {p.key for p in request.packages}
+        ):
+            raise InvalidInputError(f"requests[{i}].reference_keys", "must name packages among the segments")
+        for package in request.packages:
+            self.validate_package(package)
+        grammar = self._grammar(request.json_schema)
+        self.check_prompt(request, i)
+        return grammar
 
     def check_text(self, text: str, where: str) -> None:
         """Refuse user text holding one of :attr:`reserved_tokens` (it would shift the placeholders)."""
@@ -406,15 +397,17 @@ class Backend(TextAccess, abc.ABC):
         if not isinstance(package, VisualPackage):
             raise InvalidInputError(repr(package)[:80], "expected a VisualPackage")
         mine = self.fingerprint()
-        if package.fingerprint != mine:
-            differs = ", ".join(package.fingerprint.difference(mine))
-            raise CorruptPackageError(package.key, f"made by another encoder than {self.name} (differs in: {differs})")
-        try:
-            self.check_package(package)
-        except CorruptPackageError:
-            raise
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
-            raise CorruptPackageError(package.key, f"malformed metadata or tensors: {type(e).__name__}: {e}") from None
+        if package.fingerprint == mine:
+            try:
+                self.check_package(package)
+            except CorruptPackageError:
+                raise
+            except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+                malformed = f"malformed metadata or tensors: {type(e).__name__}: {e}"
+                raise CorruptPackageError(package.key, malformed) from None
+            return
+        differs = ", ".join(package.fingerprint.difference(mine))
+        raise CorruptPackageError(package.key, f"made by another encoder than {self.name} (differs in: {differs})")
 
     def check_package(self, package: VisualPackage) -> None:
         """Shape checks of a package whose fingerprint matches; raise :class:`CorruptPackageError`. Default: none."""

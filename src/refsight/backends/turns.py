@@ -7,9 +7,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import InvalidInputError
-from .base import ROLES
 
-__all__ = ["plan_turns", "check_prompt_form", "split_final_turn"]
+__all__ = ["ROLES", "plan_turns", "check_prompt_form", "split_final_turn"]
+
+#: The chat roles a turn may have.
+ROLES = ("system", "user", "assistant")
 
 
 def plan_turns(

@@ -83,7 +83,8 @@ def modern_json_schema(schema: Any) -> Any:
     """``schema`` with draft-04..07's tuple form written as 2020-12's: ``"items": [A, B]`` becomes
     ``"prefixItems": [A, B]`` and ``additionalItems`` becomes ``items`` (what llama-server and the
     grammar compilers take). Other values are returned as they are; the caller's object is not changed.
-    Nesting deeper than :data:`MAX_JSON_DEPTH` is left as it is (the check then refuses it)."""
+    Nesting deeper than :data:`MAX_JSON_DEPTH` is left as it is (the check then refuses it). A schema already
+    in the modern form is returned itself: nothing is copied."""
     return _modern(schema, 0)
 
 
@@ -91,7 +92,8 @@ def _modern(node: Any, depth: int) -> Any:
     if depth > MAX_JSON_DEPTH:
         return node
     if isinstance(node, list):
-        return [_modern(item, depth + 1) for item in node]
+        items = [_modern(item, depth + 1) for item in node]
+        return node if all(new is old for new, old in zip(items, node)) else items
     if not isinstance(node, dict):
         return node
     out = {key: _modern(value, depth + 1) for key, value in node.items()}
@@ -99,7 +101,8 @@ def _modern(node: Any, depth: int) -> Any:
         out["prefixItems"] = out.pop("items")
         if "additionalItems" in out:
             out["items"] = out.pop("additionalItems")
-    return out
+        return out
+    return node if all(out[key] is value for key, value in node.items()) else out
 
 
 def check_json_schema(schema: Any, name: str = "json_schema") -> None:
