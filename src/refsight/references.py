@@ -27,7 +27,7 @@ from .context import RequestContext
 from .errors import InvalidInputError, ReferenceNotFoundError, RefsightError, StoreUnavailableError
 from .images import ImageInput, ImageSource, IntakeLimits, load_image, source_label
 from .package import VisualPackage
-from .package_cache import CachedPackage, PackageCache, ServedImage
+from .package_cache import CachedPackage, PackageCache
 from .results import AddFailure, AddResult
 from .inputs.ref_ids import validate_ref_id
 from .store import Catalog, Reference, Store
@@ -283,10 +283,8 @@ class ReferenceBook:
         references durable, other images under the ``remember_images`` policy); ``use_cache=False`` keeps pixels.
         The reusable prefix runs through references and images whose package is durable, never through the
         prompt's last image when it was sent inline (the candidate's place)."""
-        served = self.packages.served_prompt(
-            context, backend, [named[s.ref_id] for s in segments if isinstance(s, ReferenceSegment)],
-            [s for s in segments if isinstance(s, ImageInput)],
-        )
+        references, inline = _images_by_kind(segments, named)
+        served = self.packages.served_prompt(context, backend, references, inline)
         references, inline = iter(served.references), iter(served.inline)
         visuals = {  # each image's place in the prompt: what serves it
             i: next(references) if isinstance(s, ReferenceSegment) else next(inline)
@@ -295,7 +293,16 @@ class ReferenceBook:
         resolved = [visuals[i].item if i in visuals else s for i, s in enumerate(segments)]
         cached = [visual.cached for visual in visuals.values()]
         encode_ms = sum(visual.encode_ms for visual in visuals.values())
-        return ResolvedSegments(resolved, cached, encode_ms, _reusable_prefix(segments, visuals))
+        # A prefix runs through references (with or without packages) and images whose package is durable, never
+        # through the prompt's last image when it was sent inline: that is where clients put the image they ask about;
+        # it changes between requests, so a prefix through it (once remembered) would key a state no later request
+        # asks for and pass over the references' own state.
+        last = max(visuals, default=None)
+        through = [  # text as it is, each image as whether a prefix may run through it
+            s if isinstance(s, str) else isinstance(s, ReferenceSegment) or (visuals[i].lasting and i != last)
+            for i, s in enumerate(segments)
+        ]
+        return ResolvedSegments(resolved, cached, encode_ms, reusable_prefix(through, bool))
 
     # -- removal ----------------------------------------------------------------------------
 
@@ -327,20 +334,12 @@ class _InOrder:
             self._next += 1
 
 
-def _reusable_prefix(segments: Sequence[Any], visuals: Mapping[int, ServedImage]) -> int:
-    """How many leading segments a reusable prefix spans: through references (the prompt's structure, with or without
-    packages) and images whose package is durable, never through the prompt's last image when it was sent inline."""
-    marks: list[Any] = [  # text as it is, each image as whether a prefix may run through it
-        s if isinstance(s, str) else isinstance(s, ReferenceSegment) or visuals[i].lasting
-        for i, s in enumerate(segments)
-    ]
-    last = max(visuals, default=None)
-    if last is not None and not isinstance(segments[last], ReferenceSegment):
-        # The prompt's last image is where clients put the image they ask about; it changes between
-        # requests, so a prefix through it (once it is remembered) would key a state no later request
-        # asks for and pass over the references' own state.
-        marks[last] = False
-    return reusable_prefix(marks, bool)
+def _images_by_kind(
+    segments: Sequence[Any], named: Mapping[str, Reference]
+) -> tuple[list[Reference], list[ImageInput]]:
+    """A prompt's references (``named``: by id) and its images sent inline, each kind in prompt order."""
+    references = [named[s.ref_id] for s in segments if isinstance(s, ReferenceSegment)]
+    return references, [s for s in segments if isinstance(s, ImageInput)]
 
 
 def load_kept_image(catalog: Catalog, image_sha256: str, *, limits: IntakeLimits, label: str | None = None) -> ImageInput:
