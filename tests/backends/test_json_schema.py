@@ -168,3 +168,15 @@ def test_real_patterns_and_large_but_bounded_schemas_pass():
     assert schema_size({"$defs": {"unused": {"type": "string", "maxLength": 1000}}, "type": "string"}) < 10
     assert schema_size(_doubling(10)) < MAX_SCHEMA_SIZE
     assert schema_size({"properties": {f"p{i}": {"type": "string", "maxLength": 1000} for i in range(99)}}) < MAX_SCHEMA_SIZE
+
+
+def test_a_request_keeps_its_schema_in_the_form_every_compiler_takes():
+    # Draft-07's tuple form becomes 2020-12's once, when the request is built: no backend rewrites it again.
+    tuple_form = {"type": "array", "items": [{"type": "string"}, {"type": "integer"}], "additionalItems": False}
+    request = _request(tuple_form)
+    assert request.json_schema == {
+        "type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}], "items": False,
+    }
+    assert tuple_form["items"] == [{"type": "string"}, {"type": "integer"}]  # the caller's schema is not changed
+    modern = request.json_schema
+    assert _request(modern).json_schema is modern  # a modern schema is kept itself: nothing is copied
