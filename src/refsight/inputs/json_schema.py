@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..errors import InvalidInputError
@@ -89,20 +89,23 @@ def modern_json_schema(schema: Any) -> Any:
 
 
 def _modern(node: Any, depth: int) -> Any:
-    if depth > MAX_JSON_DEPTH:
+    if depth > MAX_JSON_DEPTH or not isinstance(node, (list, dict)):
         return node
     if isinstance(node, list):
         items = [_modern(item, depth + 1) for item in node]
-        return node if all(new is old for new, old in zip(items, node)) else items
-    if not isinstance(node, dict):
-        return node
+        return node if _unchanged(items, node) else items
     out = {key: _modern(value, depth + 1) for key, value in node.items()}
     if isinstance(out.get("items"), list) and "prefixItems" not in out:
         out["prefixItems"] = out.pop("items")
         if "additionalItems" in out:
             out["items"] = out.pop("additionalItems")
         return out
-    return node if all(out[key] is value for key, value in node.items()) else out
+    return node if _unchanged(out.values(), node.values()) else out
+
+
+def _unchanged(new: Iterable[Any], old: Iterable[Any]) -> bool:
+    """Whether each of ``new`` is the very object of ``old`` in its place: nothing under them was rewritten."""
+    return all(a is b for a, b in zip(new, old))
 
 
 def check_json_schema(schema: Any, name: str = "json_schema") -> None:
