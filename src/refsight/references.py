@@ -285,9 +285,9 @@ class ReferenceBook:
         prompt's last image when it was sent inline (the candidate's place)."""
         references, inline = _images_by_kind(segments, named)
         served = self.packages.served_prompt(context, backend, references, inline)
-        references, inline = iter(served.references), iter(served.inline)
+        served_references, served_inline = iter(served.references), iter(served.inline)
         visuals = {  # each image's place in the prompt: what serves it
-            i: next(references) if isinstance(s, ReferenceSegment) else next(inline)
+            i: next(served_references) if isinstance(s, ReferenceSegment) else next(served_inline)
             for i, s in enumerate(segments) if not isinstance(s, str)
         }
         resolved = [visuals[i].item if i in visuals else s for i, s in enumerate(segments)]

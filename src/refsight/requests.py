@@ -178,9 +178,10 @@ class GenerationRequest:
     turns (``(role, count)`` pairs whose counts add up to ``len(segments)``; None: one user turn);
     ``raw_prompt``: the segments are the whole prompt, no chat template added. ``sampling`` (default
     greedy) is a :class:`Sampling`; ``json_schema`` constrains the answer (a backend with
-    ``supports_constrained_decoding``; kept in 2020-12's form, draft-07's tuple ``items`` as ``prefixItems``); ``max_prompt_tokens`` bounds the prompt (text and image
-    tokens); ``prompt_end`` how the chat prompt ends after its turns (:data:`PROMPT_ENDS`:
-    ``continue`` continues a final assistant turn). ``use_cache`` / ``prefix_states``, ``model`` and
+    ``supports_constrained_decoding``; kept in 2020-12's form, draft-07's tuple ``items`` as
+    ``prefixItems``); ``max_prompt_tokens`` bounds the prompt (text and image tokens); ``prompt_end``
+    how the chat prompt ends after its turns (:data:`PROMPT_ENDS`: ``continue`` continues a final
+    assistant turn). ``use_cache`` / ``prefix_states``, ``model`` and
     ``namespace`` become the request context at the engine's front door.
 
     What the engine (or a pipeline) sets as it resolves the prompt: ``prefix_segments``, how many

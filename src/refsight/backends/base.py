@@ -358,9 +358,9 @@ class Backend(TextAccess, abc.ABC):
         """Raise :class:`~refsight.errors.InvalidInputError` (or :class:`CorruptPackageError`) naming what of request
         ``i`` this runtime cannot serve; else its compiled grammar (None without a schema).
 
-        What the backend adds to the request's own checks, the runtime's own first: the segment kinds it takes, the
-        reference keys among its packages, each package (:meth:`validate_package`), the schema's grammar, then its
-        rules for the prompt (:meth:`check_prompt`), whose size now counts every image as a package.
+        What the backend adds to the request's own checks, in this order: the segment kinds it takes, the reference
+        keys among its packages, each package (:meth:`validate_package`), the schema's grammar, then its rules for
+        the prompt (:meth:`check_prompt`), whose size counts only packages found sound.
         """
         if not isinstance(request, GenerationRequest):
             raise InvalidInputError(f"requests[{i}]", f"expected a GenerationRequest, got {type(request).__name__}")
