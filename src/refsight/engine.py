@@ -284,8 +284,7 @@ class Engine:
         chat = replace(chat, segments=self.book.decode_images(chat.segments))
         backend = context.backend()
         planned = backend.plan_prompt(chat)  # its turns, rules and size, before any image is encoded
-        if on_prompt is not None and not (on_text is not None and backend.supports_prompt_progress):
-            raise InvalidInputError("on_prompt", f"{backend.name} does not report a prompt's evaluation (streamed only)")
+        backend.check_progress(on_text, on_prompt)
         start = time.perf_counter()
         resolved = self.book.resolve_segments(context, backend, planned.segments, named)
         load_ms = (time.perf_counter() - start) * 1000 - resolved.encode_ms

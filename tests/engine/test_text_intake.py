@@ -80,6 +80,9 @@ def test_what_the_runtime_cannot_render_is_refused_before_any_image_is_encoded(e
     with pytest.raises(InvalidInputError, match="does not support constrained decoding") as e:
         engine.chat(["describe", photo], json_schema={"type": "object"})  # the toy compiles no grammar
     assert e.value.input == "json_schema"
+    with pytest.raises(InvalidInputError, match="does not report a prompt's evaluation") as e:
+        engine.chat(["describe", photo], on_text=lambda piece: None, on_prompt=lambda *counts: None)
+    assert e.value.input == "on_prompt"
     assert backend.encode_calls == before
 
 

@@ -190,6 +190,7 @@ class Backend(TextAccess, abc.ABC):
         joined equal the returned ``Generation.text``. A backend without ``supports_streaming``
         streams late: the whole text is handed over at the end. ``on_prompt``: see :class:`Execution`.
         """
+        self.check_progress(on_text, on_prompt)
         streaming = self.supports_streaming
         execution = Execution(on_text=on_text if streaming else None, stop_event=stop_event, on_prompt=on_prompt)
         generation = self._serve([request], execution)[0]
@@ -203,6 +204,7 @@ class Backend(TextAccess, abc.ABC):
     ) -> Generation:
         """One request's generation: streamed through ``on_text`` when given (:meth:`generate_stream`, with
         ``on_prompt``), else whole (:meth:`generate`); either way ended early once ``stop_event`` is set."""
+        self.check_progress(on_text, on_prompt)
         if on_text is not None:
             # Only a given on_prompt is passed: a plugin backend's generate_stream may not take the keyword.
             progress = {} if on_prompt is None else {"on_prompt": on_prompt}
@@ -210,6 +212,12 @@ class Backend(TextAccess, abc.ABC):
         # Only a set stop_event is passed: a plugin backend that overrides generate() may not take the keyword.
         watched = {} if stop_event is None else {"stop_event": stop_event}
         return self.generate([request], **watched)[0]
+
+    def check_progress(self, on_text: TextCallback | None, on_prompt: Callable[[int, int, int], None] | None) -> None:
+        """Refuse an ``on_prompt`` that would never be called: a prompt's evaluation is reported while streaming
+        (with ``on_text``), by a backend with :attr:`supports_prompt_progress`."""
+        if on_prompt is not None and not (on_text is not None and self.supports_prompt_progress):
+            raise InvalidInputError("on_prompt", f"{self.name} does not report a prompt's evaluation (streamed only)")
 
     def score_yes_no(self, requests: Sequence[GenerationRequest]) -> list[float]:
         """P("yes") per request from the next-token logits after its prompt (no decoding).
