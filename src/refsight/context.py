@@ -6,8 +6,8 @@ package keys, the model with its options, and the cache switches. The pipelines 
 below take that value and never work any of it out again, so
 
 - a namespace becomes a scope in one place (:meth:`Models.context`, with ``share_packages``);
-- a package key is salted in one way: :func:`refsight.package.package_key` with the context's ``scope``
-  (:meth:`RequestContext.package_key`; a chat's prompt takes its keys in one pass: ``PackageCache.served_prompt``);
+- a package key is derived in one place (:meth:`RequestContext.package_key`; a chat's prompt derives each of its
+  keys once, with one fingerprint: ``PackageCache.served_prompt``);
 - settings are merged in one place (:meth:`Models.options`: the config file's ``[backend]``,
   then that model's ``[models."NAME"]``, then the explicit options the caller gave);
 - ``use_cache`` travels as it was given, down to the backend request; ``prefix_states`` is

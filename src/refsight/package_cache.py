@@ -138,7 +138,7 @@ class PackageCache:
             )
         fingerprint = backend.fingerprint()
         shas = {*(ref.image_sha256 for ref in references), *(image.sha256 for image in inline)}
-        keys = {sha: package_key(sha, fingerprint, context.scope) for sha in shas}
+        keys = {sha: context.package_key(sha, fingerprint) for sha in shas}
         served_references = [
             self._served(self._reference(context, backend, ref, keys[ref.image_sha256]), lasting=True)
             for ref in references
