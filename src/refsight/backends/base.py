@@ -405,17 +405,16 @@ class Backend(TextAccess, abc.ABC):
         if not isinstance(package, VisualPackage):
             raise InvalidInputError(repr(package)[:80], "expected a VisualPackage")
         mine = self.fingerprint()
-        if package.fingerprint == mine:
-            try:
-                self.check_package(package)
-            except CorruptPackageError:
-                raise
-            except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
-                malformed = f"malformed metadata or tensors: {type(e).__name__}: {e}"
-                raise CorruptPackageError(package.key, malformed) from None
-            return
-        differs = ", ".join(package.fingerprint.difference(mine))
-        raise CorruptPackageError(package.key, f"made by another encoder than {self.name} (differs in: {differs})")
+        if package.fingerprint != mine:
+            raise CorruptPackageError(package.key, f"made by another encoder than {self.name} (differs in: "
+                                                   f"{', '.join(package.fingerprint.difference(mine))})")
+        try:
+            self.check_package(package)
+        except CorruptPackageError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+            malformed = f"malformed metadata or tensors: {type(e).__name__}: {e}"
+            raise CorruptPackageError(package.key, malformed) from None
 
     def check_package(self, package: VisualPackage) -> None:
         """Shape checks of a package whose fingerprint matches; raise :class:`CorruptPackageError`. Default: none."""
