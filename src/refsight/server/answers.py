@@ -12,9 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .. import __version__
 from ..results import GenerateResult
 
-__all__ = ["Answer", "usage", "refsight_extra", "finish_reason", "RANDOM_WEIGHTS_NOTICE"]
+__all__ = ["Answer", "usage", "refsight_extra", "finish_reason", "RANDOM_WEIGHTS_NOTICE", "SYSTEM_FINGERPRINT"]
+
+#: OpenAI's ``system_fingerprint`` (llama-server sends its build): the refsight version that answered.
+SYSTEM_FINGERPRINT = f"refsight-{__version__}"
 
 RANDOM_WEIGHTS_NOTICE = "random weights: this text is meaningless (timings and caching are real)"
 

@@ -3,7 +3,7 @@
 
 The parts live on ``app.state`` and reach the routes as declared dependencies
 (:mod:`refsight.server.deps`); the routes are module-level routers (:mod:`.routes`,
-:mod:`.openai_compat`, :mod:`.page`). Every route resolves the caller's namespace first
+:mod:`.page`). Every route resolves the caller's namespace first
 (:func:`~refsight.server.auth.require_tenant`), reads and checks its body on the event
 loop (cheap), then runs the blocking work in the
 :class:`~refsight.server.limits.WorkPool`; catalog reads and thumbnails use the shared
@@ -34,7 +34,6 @@ from .json_content import JsonContentMiddleware
 from .origins import OriginGuardMiddleware
 from .llama_metrics import LlamaCollector
 from .metrics import Metrics, TimingMiddleware
-from .openai_compat import router as openai_router
 from .responses import TextSafeJSONResponse
 from .page import router as page_router
 from .routes import ROUTERS
@@ -111,7 +110,7 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
     install_access_log_redaction()
 
     # --no-webui (llama-server's flag): the API only, no page at /.
-    for router in (*ROUTERS, openai_router, *((page_router,) if config.webui else ())):
+    for router in (*ROUTERS, *((page_router,) if config.webui else ())):
         app.include_router(router)
     return app
 

@@ -30,6 +30,7 @@ __all__ = [
     "Number",
     "NumberOrNull",
     "SearchBody",
+    "StreamOptions",
     "body_schema",
     "decode_data_url",
     "decode_image_field",
@@ -263,3 +264,10 @@ def body_schema(model: type[BaseModel], *, files: set[str], multipart: bool = Tr
             "schema": {"type": "object", "required": schema.get("required", []), "properties": properties}
         }
     return {"requestBody": {"required": True, "content": content}}
+
+
+class StreamOptions(BaseModel):
+    """``stream_options``: ``include_usage`` adds a last chunk with the usage."""
+
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool | None = None

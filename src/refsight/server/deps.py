@@ -2,7 +2,7 @@
 
 :func:`refsight.server.create_app` builds these once and keeps them on ``app.state``;
 routes never close over them, they declare them as parameters (``service: ServiceDep``),
-so every router (:mod:`.routes`, :mod:`.openai_compat`) is a plain module-level
+so every router (:mod:`.routes`) is a plain module-level
 ``APIRouter`` that any app can include. :data:`Namespace` is the caller's namespace,
 resolved by :func:`~refsight.server.auth.require_tenant` (its presence is also what makes
 :class:`~refsight.server.gate.AuthGateMiddleware` demand a key before the body is read).

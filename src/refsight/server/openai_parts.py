@@ -46,7 +46,7 @@ from .remote_media import RemoteMedia
 
 __all__ = [
     "ImageURL", "ContentPart", "Message", "PartResolver", "messages_to_segments", "template_segments", "own_origins",
-    "REF_URL_PREFIX", "REFERENCE_IMAGE_PATH", "check_image_role",
+    "REF_URL_PREFIX", "REFERENCE_IMAGE_PATH", "check_image_role", "prompt_end_of", "chat_prompt_end",
 ]
 
 #: URL scheme naming a stored reference instead of sending its bytes.
@@ -314,3 +314,37 @@ def _header_size(data: bytes) -> tuple[int, int]:
                 return img.size
     except Exception:  # noqa: BLE001 -- any refusal is the decoder's to word
         return 0, 0
+
+
+def prompt_end_of(messages: list[Message], add_generation_prompt: bool | None = None,
+                  continue_final_message: bool | None = None) -> tuple[str, str]:
+    """How a chat prompt ends (:data:`refsight.requests.PROMPT_ENDS`) and the field that asked, by
+    llama-server's rules (vLLM's alike): a final assistant message is continued (llama-server's assistant prefill,
+    its default); ``continue_final_message: true`` asks for that, and both servers want ``add_generation_prompt:
+    false`` with it; else ``add_generation_prompt: false`` ends the prompt after the turns."""
+    final_assistant = messages[-1].role == "assistant"
+    if final_assistant and len(messages) >= 2 and messages[-2].role == "assistant":
+        # llama-server's rule: the final assistant message is continued; two in a row have no meaning.
+        raise ApiError(400, "invalid_input", "messages: cannot end with two assistant messages", param="messages")
+    if continue_final_message:
+        if add_generation_prompt is not False:
+            raise ApiError(400, "invalid_input", "continue_final_message: cannot be true with add_generation_prompt "
+                           "true; send add_generation_prompt: false", param="continue_final_message")
+        if not final_assistant:
+            raise ApiError(400, "invalid_input", "continue_final_message: the last message must be an assistant "
+                           "message to continue", param="continue_final_message")
+        return "continue", "continue_final_message"
+    if final_assistant:
+        return "continue", "messages"
+    return ("none" if add_generation_prompt is False else "generation_prompt"), "add_generation_prompt"
+
+
+def chat_prompt_end(service: Any, messages: list[Message], add_generation_prompt: bool | None = None,
+                    continue_final_message: bool | None = None) -> str:
+    """:func:`prompt_end_of` the messages; 400 naming the field that asked where the served backend cannot render it."""
+    ending, asked_by = prompt_end_of(messages, add_generation_prompt, continue_final_message)
+    if ending != "generation_prompt" and ending not in service.generation_support().prompt_ends:
+        what = "continue a final assistant message" if ending == "continue" else "leave out the answer's opening"
+        raise ApiError(400, "unsupported", f"{asked_by}: the served backend ({service.model}) cannot {what}",
+                       param=asked_by)
+    return ending

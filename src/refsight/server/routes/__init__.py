@@ -1,12 +1,11 @@
 """The app's own routes, one router per group: references, judging (compare, search), service (health, stats,
-metrics), llama-server's native endpoints (:mod:`.llama_server`), OpenAI's text completions (:mod:`.completions`) and
-Ollama's native API (:mod:`.ollama`: chat and generate; :mod:`.ollama_models`: the model endpoints) and
-Anthropic's Messages API (:mod:`.anthropic`).
+metrics), and one module per dialect: OpenAI's chat completions and models (:mod:`.openai`) and text completions
+(:mod:`.completions`), llama-server's native endpoints (:mod:`.llama_server`), Ollama's native API (:mod:`.ollama`:
+chat and generate; :mod:`.ollama_models`: the model endpoints) and Anthropic's Messages API (:mod:`.anthropic`).
 
 Each module holds a module-level ``router``; its routes declare what they need
-(:mod:`refsight.server.deps`) instead of closing over it. The OpenAI-compatible routes
-(:mod:`refsight.server.openai_compat`) and the page (:mod:`refsight.server.page`) are
-routers of the same kind.
+(:mod:`refsight.server.deps`) instead of closing over it. The page (:mod:`refsight.server.page`) is a router of
+the same kind.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from .judging import router as judging_router
 from .llama_server import router as llama_server_router
 from .ollama import router as ollama_router
 from .ollama_models import router as ollama_models_router
+from .openai import router as openai_router
 from .references import router as references_router
 from .service import router as service_router
 
@@ -25,5 +25,5 @@ __all__ = ["ROUTERS"]
 #: In the order the app includes them.
 ROUTERS = (
     service_router, references_router, judging_router, llama_server_router, completions_router, ollama_router,
-    ollama_models_router, anthropic_router,
+    ollama_models_router, anthropic_router, openai_router,
 )

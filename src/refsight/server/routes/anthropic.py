@@ -41,7 +41,7 @@ from ..deps import ConfigDep, MediaUuidsDep, Namespace, PoolDep, ServiceDep
 from ..disconnect import run_watched
 from ..errors import ERROR_RESPONSES, ApiError
 from ..generation_body import GenerationBody, check_generation
-from ..openai_compat import chat_prompt_end, prompt_end_of
+from ..openai_parts import chat_prompt_end, prompt_end_of
 from ..input_tokens import input_tokens, template_tokens
 from ..openai_parts import ContentPart, ImageURL, Message, PartResolver, messages_to_segments
 from ..prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts

@@ -32,7 +32,7 @@ from ..errors import ERROR_RESPONSES, ApiError
 from ..bodies import IntegerOrNull
 from ..generation_body import GenerationBody, check_generation
 from ..logprob_fields import piece_logprobs, token_entries
-from ..openai_compat import prompt_end_of
+from ..openai_parts import prompt_end_of
 from ..disconnect import run_watched
 from ..openai_parts import Message, PartResolver, template_segments
 from ..prompt_limit import check_prompt_chars

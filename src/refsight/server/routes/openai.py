@@ -1,13 +1,13 @@
 """``POST /v1/chat/completions`` in the shape the OpenAI Python SDK sends and parses.
 
-Messages carry ``text`` and ``image_url`` parts (:mod:`.openai_parts`). An image is a
+Messages carry ``text`` and ``image_url`` parts (:mod:`..openai_parts`). An image is a
 base64 ``data:`` URL (with vLLM's ``uuid`` beside it: also remembered under that uuid;
 ``image_url: null`` with a ``uuid``: the image sent before under it), or a stored
 reference named without its bytes: ``refsight://ref/<id>`` or this server's
 ``http://HOST:PORT/v1/references/<id>/image``. References and uuids resolve in the
 caller's namespace only, so another tenant's id is a 404 exactly like an absent one.
 Other ``http(s)`` (and ``file://``) URLs are refused unless the operator opted in
-(:mod:`.remote_media`): by default the server makes no request on a client's behalf. The reply's ``refsight.media_uuids`` says what each uuid did.
+(:mod:`..remote_media`): by default the server makes no request on a client's behalf. The reply's ``refsight.media_uuids`` says what each uuid did.
 
 Conversations: ``system``/``developer``, ``user`` and ``assistant`` messages, in any
 number, with images in any user turn, are rendered in the model's own chat template. A final
@@ -20,9 +20,9 @@ the turns. ``stream: true`` with ``return_progress: true`` sends llama-server's 
 the prompt's evaluation starts and once it is done, before the first token.
 
 ``stream: true`` answers with server-sent ``chat.completion.chunk`` events as tokens are
-generated (:mod:`.streaming`); a client that disconnects stops generation. ``model`` is
+generated (:mod:`..streaming`); a client that disconnects stops generation. ``model`` is
 optional and, as llama-server ignores it, any name is served by the one model (the reply's
-``model`` says which) unless ``strict_model_names`` makes another name a 404. Sampling (:mod:`.generation_body`): ``temperature`` (default
+``model`` says which) unless ``strict_model_names`` makes another name a 404. Sampling (:mod:`..generation_body`): ``temperature`` (default
 0: greedy, unlike OpenAI's 1, so answers are reproducible), ``top_p``, ``top_k``,
 ``min_p``, ``repetition_penalty`` (``repeat_penalty``), ``seed``, ``stop``,
 ``frequency_penalty``, ``presence_penalty`` where the served backend honours them; pure
@@ -45,42 +45,30 @@ import uuid as uuidlib
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from .. import Sampling, __version__
-from .answers import Answer, finish_reason, refsight_extra, usage
-from .deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
-from .bodies import IntegerOrNull
-from .generation_body import GenerationBody, check_generation
-from .input_tokens import input_tokens
-from .logprob_fields import chat_logprobs, piece_logprobs
-from .errors import ERROR_RESPONSES, ApiError, inputs_as_fields
-from .disconnect import run_watched
-from .completion_parts import stop_type
-from .openai_parts import Message, PartResolver, messages_to_segments, template_segments
-from .prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
-from .streaming import SSE_DONE, EventStreamResponse, PromptProgress, answer_events, open_stream, progress_hook, sse_event
-from .timings import TokenClock
+from ... import Sampling
+from ..answers import SYSTEM_FINGERPRINT, Answer, finish_reason, refsight_extra, usage
+from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
+from ..bodies import IntegerOrNull, StreamOptions
+from ..generation_body import GenerationBody, check_generation
+from ..input_tokens import input_tokens
+from ..logprob_fields import chat_logprobs, piece_logprobs
+from ..errors import ERROR_RESPONSES, ApiError, inputs_as_fields
+from ..disconnect import run_watched
+from ..completion_parts import stop_type
+from ..openai_parts import Message, PartResolver, chat_prompt_end, messages_to_segments, template_segments
+from ..prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
+from ..streaming import SSE_DONE, EventStreamResponse, PromptProgress, answer_events, open_stream, progress_hook, sse_event
+from ..timings import TokenClock
 
-__all__ = [
-    "router", "ChatBody", "prompt_end_of", "chat_prompt_end", "SYSTEM_FINGERPRINT",
-]
-
-#: OpenAI's ``system_fingerprint`` (llama-server sends its build): the refsight version that answered.
-SYSTEM_FINGERPRINT = f"refsight-{__version__}"
+__all__ = ["router", "ChatBody"]
 
 router = APIRouter(tags=["openai"])
 
 
-class StreamOptions(BaseModel):
-    """``stream_options``: ``include_usage`` adds a last chunk with the usage."""
-
-    model_config = ConfigDict(extra="forbid")
-    include_usage: bool | None = None
-
-
 class ChatBody(GenerationBody):
-    """The OpenAI chat body (and the vLLM and llama-server fields, :mod:`.generation_body`); any other field is a 400.
+    """The OpenAI chat body (and the vLLM and llama-server fields, :mod:`..generation_body`); any other field is a 400.
 
     The service builds the :class:`refsight.requests.GenerationRequest` the engine takes from what it holds."""
 
@@ -114,7 +102,7 @@ class ChatBody(GenerationBody):
 
     def check_choices(self) -> None:
         """400 naming what one answer cannot honour: several choices, the stream's own options,
-        two token bounds that differ (how the prompt ends: :func:`prompt_end_of`)."""
+        two token bounds that differ (how the prompt ends: :func:`..openai_parts.prompt_end_of`)."""
         if self.n not in (None, 1):
             raise ApiError(400, "unsupported", "n: only one choice (n=1) is supported", param="n")
         if self.stream_options is not None and not self.stream:
@@ -122,40 +110,6 @@ class ChatBody(GenerationBody):
         if self.max_tokens is not None and self.max_completion_tokens is not None and self.max_tokens != self.max_completion_tokens:
             raise ApiError(400, "invalid_input", "max_tokens: differs from max_completion_tokens; give one", param="max_tokens")
 
-
-
-def prompt_end_of(messages: list[Message], add_generation_prompt: bool | None = None,
-                  continue_final_message: bool | None = None) -> tuple[str, str]:
-    """How a chat prompt ends (:data:`refsight.requests.PROMPT_ENDS`) and the field that asked, by
-    llama-server's rules (vLLM's alike): a final assistant message is continued (llama-server's assistant prefill,
-    its default); ``continue_final_message: true`` asks for that, and both servers want ``add_generation_prompt:
-    false`` with it; else ``add_generation_prompt: false`` ends the prompt after the turns."""
-    final_assistant = messages[-1].role == "assistant"
-    if final_assistant and len(messages) >= 2 and messages[-2].role == "assistant":
-        # llama-server's rule: the final assistant message is continued; two in a row have no meaning.
-        raise ApiError(400, "invalid_input", "messages: cannot end with two assistant messages", param="messages")
-    if continue_final_message:
-        if add_generation_prompt is not False:
-            raise ApiError(400, "invalid_input", "continue_final_message: cannot be true with add_generation_prompt "
-                           "true; send add_generation_prompt: false", param="continue_final_message")
-        if not final_assistant:
-            raise ApiError(400, "invalid_input", "continue_final_message: the last message must be an assistant "
-                           "message to continue", param="continue_final_message")
-        return "continue", "continue_final_message"
-    if final_assistant:
-        return "continue", "messages"
-    return ("none" if add_generation_prompt is False else "generation_prompt"), "add_generation_prompt"
-
-
-def chat_prompt_end(service: Any, messages: list[Message], add_generation_prompt: bool | None = None,
-                    continue_final_message: bool | None = None) -> str:
-    """:func:`prompt_end_of` the messages; 400 naming the field that asked where the served backend cannot render it."""
-    ending, asked_by = prompt_end_of(messages, add_generation_prompt, continue_final_message)
-    if ending != "generation_prompt" and ending not in service.generation_support().prompt_ends:
-        what = "continue a final assistant message" if ending == "continue" else "leave out the answer's opening"
-        raise ApiError(400, "unsupported", f"{asked_by}: the served backend ({service.model}) cannot {what}",
-                       param=asked_by)
-    return ending
 
 
 def _check_request(body: ChatBody, service: Any, max_limit: int) -> tuple[int, Sampling, str]:
