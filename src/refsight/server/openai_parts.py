@@ -21,6 +21,10 @@ stored references alike: each is model work and prompt tokens) and decode at mos
 pixels are decoded. Each image's decoded pixels are released once it is checked and hashed (and again
 once it is encoded), so a request holds one decoded image at a time.
 A uuid sent with pixels is remembered only when the request succeeds (:meth:`PartResolver.commit`).
+
+How the messages end the prompt (:func:`prompt_end_of`: the answer's opening, the turns alone, or a final assistant
+message continued) is read here too, by llama-server's rules, for every chat dialect (OpenAI's, llama-server's,
+Anthropic's).
 """
 
 from __future__ import annotations
