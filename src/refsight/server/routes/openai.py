@@ -7,7 +7,8 @@ reference named without its bytes: ``refsight://ref/<id>`` or this server's
 ``http://HOST:PORT/v1/references/<id>/image``. References and uuids resolve in the
 caller's namespace only, so another tenant's id is a 404 exactly like an absent one.
 Other ``http(s)`` (and ``file://``) URLs are refused unless the operator opted in
-(:mod:`..remote_media`): by default the server makes no request on a client's behalf. The reply's ``refsight.media_uuids`` says what each uuid did.
+(:mod:`..remote_media`): by default the server makes no request on a client's behalf. The reply's
+``refsight.media_uuids`` says what each uuid did.
 
 Conversations: ``system``/``developer``, ``user`` and ``assistant`` messages, in any
 number, with images in any user turn, are rendered in the model's own chat template. A final
@@ -22,9 +23,9 @@ the prompt's evaluation starts and once it is done, before the first token.
 ``stream: true`` answers with server-sent ``chat.completion.chunk`` events as tokens are
 generated (:mod:`..streaming`); a client that disconnects stops generation. ``model`` is
 optional and, as llama-server ignores it, any name is served by the one model (the reply's
-``model`` says which) unless ``strict_model_names`` makes another name a 404. Sampling (:mod:`..generation_body`): ``temperature`` (default
-0: greedy, unlike OpenAI's 1, so answers are reproducible), ``top_p``, ``top_k``,
-``min_p``, ``repetition_penalty`` (``repeat_penalty``), ``seed``, ``stop``,
+``model`` says which) unless ``strict_model_names`` makes another name a 404. Sampling
+(:mod:`..generation_body`): ``temperature`` (default 0: greedy, unlike OpenAI's 1, so answers are
+reproducible), ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty`` (``repeat_penalty``), ``seed``, ``stop``,
 ``frequency_penalty``, ``presence_penalty`` where the served backend honours them; pure
 hints (``cache_prompt``, ``id_slot`` ...) are accepted; any other field, or one the
 backend cannot honour, is a 400 naming it, never silently ignored. ``usage`` counts the
@@ -59,7 +60,9 @@ from ..disconnect import run_watched
 from ..completion_parts import stop_type
 from ..openai_parts import Message, PartResolver, chat_prompt_end, messages_to_segments, template_segments
 from ..prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
-from ..streaming import SSE_DONE, EventStreamResponse, PromptProgress, answer_events, open_stream, progress_hook, sse_event
+from ..streaming import (
+    SSE_DONE, EventStreamResponse, PromptProgress, answer_events, open_stream, progress_hook, sse_event,
+)
 from ..timings import TokenClock
 
 __all__ = ["router", "ChatBody"]
