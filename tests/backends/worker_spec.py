@@ -3,7 +3,8 @@
 The parent side: :func:`layout` (two prompts, references in different places relative to
 text and the candidate), :func:`stored_keys` (references encoded here, stored for the
 worker), :func:`cases` (the rows of each layout as JSON segments) and :func:`run_worker`
-(the spec written, the worker run in a NEW process). The worker side: :func:`open_spec`
+(the spec written, the worker run in a NEW process), then :func:`assert_rows_match` and
+:func:`assert_only_candidates_reached_vision` (what the HF tests hold the worker's rows to). The worker side: :func:`open_spec`
 (the spec read, the parent's thread count, the store opened) and :func:`case_requests`.
 
 A case's ``rows`` are lists of segments: ``{"text": ...}``, ``{"ref": package key}`` (read
@@ -79,6 +80,24 @@ def run_cached_path(worker: Path, tmp: Path, photos: dict[str, Any], backends: d
             all_cases += cases(f"{name}/", keys, candidate, max_new_tokens, model=name)
     out = run_worker(worker, tmp, {"store": str(tmp / "store"), "cases": all_cases, **spec}, "cached.pt")
     return torch.load(out, weights_only=False)
+
+
+def assert_rows_match(rows: list[dict[str, Any]], fresh: list[tuple], bound: float = 0.0) -> None:
+    """The worker's rows of one layout against the runtime's own pixel path, ``(tokens, logits)`` per row: the same
+    greedy tokens, logits of the same shape within ``bound`` (max |Δ|), random-weight output labelled so."""
+    assert len(rows) == len(fresh) == 2
+    for row, (tokens, logits) in zip(rows, fresh):
+        assert row["tokens"] == tokens
+        assert row["logits"].shape == logits.shape
+        assert (row["logits"] - logits).abs().max().item() <= bound
+        assert row["random_weights"] is True
+
+
+def assert_only_candidates_reached_vision(results: dict[str, Any], name: str, towers: int) -> None:
+    """With one and three stored references, only the two fresh candidates (one per prompt) reached the processor,
+    and the vision tower ``towers`` times; the stored references never did."""
+    for n in (1, 3):
+        assert results[f"{name}/{n}"]["counts"] == {"vision": towers, "preprocess": 2}
 
 
 @contextlib.contextmanager

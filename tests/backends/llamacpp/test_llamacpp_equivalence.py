@@ -25,8 +25,9 @@ from llama_models import (
     PROMPTS,
     require_llama_cpp,
 )
+from llama_workers import pixel_path_rows
 
-from worker_spec import CANDIDATE, REFS, layout, run_cached_path
+from worker_spec import CANDIDATE, REFS, run_cached_path
 
 require_llama_cpp()
 
@@ -106,28 +107,11 @@ class PixelPath:
         self.L.llama_model_free(self.model)
 
 
-def pixel_path(name: str, gguf_files, photos, n_refs: int, n_threads: int):
-    model_path, mmproj_path = gguf_files(name)
-    runner = PixelPath(model_path, mmproj_path, n_threads)
-    import llama_cpp.mtmd_cpp as M
-
-    marker = M.mtmd_default_marker().decode()
-    try:
-        out = []
-        for row in layout(n_refs):
-            content = "".join(s[1] if s[0] == "text" else marker for s in row)
-            images = [photos[REFS[s[1]]] if s[0] == "ref" else photos[CANDIDATE] for s in row if s[0] != "text"]
-            out.append(runner.run(PROMPTS[name].format(content), images, MAX_NEW_TOKENS))
-        return out
-    finally:
-        runner.close()
-
-
 @pytest.mark.parametrize("n_refs", [1, 3])
 @pytest.mark.parametrize("name", GGUF_FAMILIES)
-def test_cached_path_from_disk_in_new_process_equals_pixel_path(cached_results, gguf, gguf_files, photos, name, n_refs):
+def test_cached_path_from_disk_in_new_process_equals_pixel_path(cached_results, gguf, photos, name, n_refs):
     backend = gguf(name)
-    fresh = pixel_path(name, gguf_files, photos, n_refs, backend.runtime.settings.threads())
+    fresh = pixel_path_rows(backend, PROMPTS[name], photos, REFS[:n_refs], CANDIDATE, MAX_NEW_TOKENS)
     cached = cached_results[f"{name}/{n_refs}"]
     assert len(cached["rows"]) == len(fresh) == 2
     for row, (tokens, logits) in zip(cached["rows"], fresh):

@@ -22,12 +22,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from llama_models import require_llama_cpp
-from llama_workers import run_worker, spec_rows
+from llama_workers import pixel_path_rows, stored_proofs
 
 require_llama_cpp()
 
 from _llamacpp_prefix_worker import judge_request, run  # noqa: E402
-from test_llamacpp_equivalence import PixelPath, layout  # noqa: E402
 
 _CHATML = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 #: Each family's prompt, written from its real chat template, independently of refsight's prompt code.
@@ -61,51 +60,10 @@ def prompt(name: str) -> str:
 def proofs(gguf, photos, tmp_path_factory):
     """Per model: packages stored and prefix states built here (with and without the cache); then
     one new process replays every model's packages, and another every model's prefix states, from disk."""
-    from refsight.prefixes import PrefixStateCache
-    from refsight.store import open_store
-
-    tmp = tmp_path_factory.mktemp("llama-families")
-    candidate_png = tmp / "candidate.png"
-    photos[CANDIDATE].image.save(candidate_png)
-    here, cached_cases, prefix_cases = {}, [], []
-    with open_store(tmp / "store") as store:
-        cache = PrefixStateCache(store)
-        for name in MODELS:
-            backend = gguf(name)
-            packages = backend.encode([photos[r] for r in REFS])
-            for package in packages:
-                store.packages.put(package)
-            keys = [p.key for p in packages]
-            here[name] = {
-                "plain": [run(backend, judge_request(packages, photos[CANDIDATE], r, None)) for r in RUBRICS],
-                "cached": [run(backend, judge_request(packages, photos[CANDIDATE], r, cache)) for r in RUBRICS],
-            }
-            cached_cases += [
-                {"id": f"{name}/{n}", "model": name, "rows": spec_rows(layout(n), keys, candidate_png),
-                 "max_new_tokens": MAX_NEW_TOKENS}
-                for n in (1, 2)
-            ]
-            prefix_cases.append({"id": name, "model": name, "refs": keys, "candidate": str(candidate_png),
-                                 "rubrics": list(RUBRICS)})
-    cached = run_worker("_llamacpp_cached_worker.py", tmp, cached_cases)
-    return here, cached, run_worker("_llamacpp_prefix_worker.py", tmp, prefix_cases)
-
-
-def pixel_path(backend, photos, name: str, n_refs: int) -> list[tuple]:
-    """llama.cpp's own pixel path on ``backend``'s files, for every row of ``layout(n_refs)``."""
-    import llama_cpp.mtmd_cpp as M
-
-    runner = PixelPath(backend.model_path, backend.mmproj_path, backend.runtime.settings.threads())
-    marker = M.mtmd_default_marker().decode()
-    try:
-        out = []
-        for row in layout(n_refs):
-            content = "".join(s[1] if s[0] == "text" else marker for s in row)
-            images = [photos[REFS[s[1]]] if s[0] == "ref" else photos[CANDIDATE] for s in row if s[0] != "text"]
-            out.append(runner.run(prompt(name).format(content), images, MAX_NEW_TOKENS))
-        return out
-    finally:
-        runner.close()
+    return stored_proofs(
+        gguf, photos, tmp_path_factory.mktemp("llama-families"), MODELS, n_refs=(1, 2), refs=REFS,
+        candidate=CANDIDATE, rubrics=RUBRICS, max_new_tokens=MAX_NEW_TOKENS,
+    )
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -119,7 +77,7 @@ def test_the_prompt_written_here_is_the_ggufs_own_template(gguf, name):
 def test_cached_path_from_disk_equals_llama_cpps_pixel_path(proofs, gguf, photos, name, n_refs):
     _, cached, _ = proofs
     backend = gguf(name)
-    fresh = pixel_path(backend, photos, name, n_refs)
+    fresh = pixel_path_rows(backend, prompt(name), photos, REFS[:n_refs], CANDIDATE, MAX_NEW_TOKENS)
     got = cached[f"{name}/{n_refs}"]
     assert len(got["rows"]) == len(fresh) == 2
     for row, (tokens, logits) in zip(got["rows"], fresh, strict=True):

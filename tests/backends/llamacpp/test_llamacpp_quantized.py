@@ -15,13 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from llama_models import require_llama_cpp
-from llama_workers import pixel_path_rows, run_worker, spec_rows
+from llama_models import PROMPTS, require_llama_cpp
+from llama_workers import pixel_path_rows, stored_proofs
 
 require_llama_cpp()
-
-from _llamacpp_prefix_worker import judge_request, run  # noqa: E402
-from test_llamacpp_equivalence import layout  # noqa: E402
 
 QUANTIZED = {"tiny-qwen2-vl-gguf-q8": 7, "tiny-qwen2-vl-gguf-q4": 15}  # name -> general.file_type (llama_ftype)
 #: The tiny model's 64-wide rows fall back to Q5_0; 256-wide rows take real Q4_K / Q6_K (repacked) kernels.
@@ -60,43 +57,23 @@ def test_the_quantization_is_in_the_file_the_fingerprint_and_every_key(gguf, f16
 @pytest.fixture(scope="module")
 def from_disk(gguf, photos, tmp_path_factory):
     """Per quantization: packages stored, prefix states built here; a new process replays both from disk."""
-    from refsight.prefixes import PrefixStateCache
-    from refsight.store import open_store
-
-    tmp = tmp_path_factory.mktemp("llama-quantized")
-    candidate_png = tmp / "candidate.png"
-    photos[CANDIDATE].image.save(candidate_png)
-    here, cached_cases, prefix_cases = {}, [], []
-    with open_store(tmp / "store") as store:
-        cache = PrefixStateCache(store)
-        for name in EQUIVALENCE:
-            backend = gguf(name)
-            packages = backend.encode([photos[r] for r in REFS])
-            for package in packages:
-                store.packages.put(package)
-            keys = [p.key for p in packages]
-            here[name] = {
-                "plain": [run(backend, judge_request(packages, photos[CANDIDATE], r, None)) for r in RUBRICS],
-                "cached": [run(backend, judge_request(packages, photos[CANDIDATE], r, cache)) for r in RUBRICS],
-            }
-            rows = spec_rows(layout(len(REFS)), keys, candidate_png)
-            cached_cases.append({"id": name, "model": name, "rows": rows, "max_new_tokens": MAX_NEW_TOKENS})
-            prefix_cases.append({"id": name, "model": name, "refs": keys, "candidate": str(candidate_png),
-                                 "rubrics": list(RUBRICS)})
-    cached = run_worker("_llamacpp_cached_worker.py", tmp, cached_cases)
-    return here, cached, run_worker("_llamacpp_prefix_worker.py", tmp, prefix_cases)
+    return stored_proofs(
+        gguf, photos, tmp_path_factory.mktemp("llama-quantized"), EQUIVALENCE, n_refs=(len(REFS),), refs=REFS,
+        candidate=CANDIDATE, rubrics=RUBRICS, max_new_tokens=MAX_NEW_TOKENS,
+    )
 
 
 @pytest.mark.parametrize("name", EQUIVALENCE)
 def test_cached_path_from_disk_equals_llama_cpps_pixel_path_on_a_quantized_model(from_disk, gguf, photos, name):
     _, cached, _ = from_disk
     backend = gguf(name)
-    fresh = pixel_path_rows(backend, photos, REFS, CANDIDATE, MAX_NEW_TOKENS)
-    for got, (tokens, logits) in zip(cached[name]["rows"], fresh, strict=True):
-        assert got["tokens"] == tokens
-        assert np.abs(got["logits"].numpy() - logits).max() == 0.0
+    fresh = pixel_path_rows(backend, PROMPTS["tiny-qwen2-vl-gguf"], photos, REFS, CANDIDATE, MAX_NEW_TOKENS)
+    got = cached[f"{name}/{len(REFS)}"]
+    for row, (tokens, logits) in zip(got["rows"], fresh, strict=True):
+        assert row["tokens"] == tokens
+        assert np.abs(row["logits"].numpy() - logits).max() == 0.0
     # Only the candidate reached the vision encoder (once per prompt).
-    assert cached[name]["encode_calls"] == 2 * len(backend.encode([photos[CANDIDATE]])[0].tensors)
+    assert got["encode_calls"] == 2 * len(backend.encode([photos[CANDIDATE]])[0].tensors)
 
 
 @pytest.mark.parametrize("name", EQUIVALENCE)

@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from llama_models import require_llama_cpp
-from llama_workers import pixel_path_rows, run_worker, spec_rows
+from llama_models import PROMPTS, require_llama_cpp
+from llama_workers import pixel_path_rows, stored_proofs
 
 require_llama_cpp()
-
-from _llamacpp_prefix_worker import judge_request, run  # noqa: E402
-from test_llamacpp_equivalence import layout  # noqa: E402
 
 MODEL = "tiny-qwen3-vl-gguf"
 REFS = ("chelsea", "coffee")
@@ -39,35 +36,17 @@ def test_packages_hold_the_deepstack_features_beside_the_embedding(gguf, photos)
 @pytest.fixture(scope="module")
 def from_disk(gguf, photos, tmp_path_factory):
     """Packages stored and prefix states built here; a new process replays both from disk."""
-    from refsight.prefixes import PrefixStateCache
-    from refsight.store import open_store
-
-    tmp = tmp_path_factory.mktemp("llama-qwen3vl")
-    candidate_png = tmp / "candidate.png"
-    photos[CANDIDATE].image.save(candidate_png)
-    backend = gguf(MODEL)
-    with open_store(tmp / "store") as store:
-        cache = PrefixStateCache(store)
-        packages = backend.encode([photos[r] for r in REFS])
-        for package in packages:
-            store.packages.put(package)
-        keys = [p.key for p in packages]
-        here = {
-            "plain": [run(backend, judge_request(packages, photos[CANDIDATE], r, None)) for r in RUBRICS],
-            "cached": [run(backend, judge_request(packages, photos[CANDIDATE], r, cache)) for r in RUBRICS],
-        }
-    rows = spec_rows(layout(len(REFS)), keys, candidate_png)
-    cached = run_worker("_llamacpp_cached_worker.py", tmp, [{"id": MODEL, "model": MODEL, "rows": rows,
-                                                          "max_new_tokens": MAX_NEW_TOKENS}])
-    prefix = run_worker("_llamacpp_prefix_worker.py", tmp, [{"id": MODEL, "model": MODEL, "refs": keys,
-                                                          "candidate": str(candidate_png), "rubrics": list(RUBRICS)}])
-    return here, cached[MODEL], prefix[MODEL]
+    here, cached, prefix = stored_proofs(
+        gguf, photos, tmp_path_factory.mktemp("llama-qwen3vl"), (MODEL,), n_refs=(len(REFS),), refs=REFS,
+        candidate=CANDIDATE, rubrics=RUBRICS, max_new_tokens=MAX_NEW_TOKENS,
+    )
+    return here[MODEL], cached[f"{MODEL}/{len(REFS)}"], prefix[MODEL]
 
 
 def test_cached_path_from_disk_equals_llama_cpps_pixel_path(from_disk, gguf, photos):
     _, cached, _ = from_disk
     backend = gguf(MODEL)
-    fresh = pixel_path_rows(backend, photos, REFS, CANDIDATE, MAX_NEW_TOKENS)
+    fresh = pixel_path_rows(backend, PROMPTS["tiny-qwen2-vl-gguf"], photos, REFS, CANDIDATE, MAX_NEW_TOKENS)
     for got, (tokens, logits) in zip(cached["rows"], fresh, strict=True):
         assert got["tokens"] == tokens
         assert np.abs(got["logits"].numpy() - logits).max() == 0.0
