@@ -46,7 +46,8 @@ def from_disk(gguf, photos, tmp_path_factory):
 def test_cached_path_from_disk_equals_llama_cpps_pixel_path(from_disk, gguf, photos):
     _, cached, _ = from_disk
     backend = gguf(MODEL)
-    fresh = pixel_path_rows(backend, PROMPTS["tiny-qwen2-vl-gguf"], photos, REFS, CANDIDATE, MAX_NEW_TOKENS)
+    chatml = PROMPTS["tiny-qwen2-vl-gguf"]  # Qwen3-VL keeps Qwen2-VL's ChatML prompt
+    fresh = pixel_path_rows(backend, chatml, photos, REFS, CANDIDATE, MAX_NEW_TOKENS)
     for got, (tokens, logits) in zip(cached["rows"], fresh, strict=True):
         assert got["tokens"] == tokens
         assert np.abs(got["logits"].numpy() - logits).max() == 0.0
