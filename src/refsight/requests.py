@@ -36,7 +36,7 @@ from typing import Any
 
 from .errors import InvalidInputError
 from .images import ImageInput, ImageSource
-from .inputs.json_schema import check_json_schema, modern_json_schema
+from .inputs.json_schema import check_json_schema
 from .inputs.ref_ids import validate_ref_id
 from .inputs.text import check_text, check_texts
 from .package import VisualPackage
@@ -217,9 +217,8 @@ class GenerationRequest:
         object.__setattr__(self, "segments", _checked_segments(self.segments))
         if self.json_schema is not None:
             check_texts(self.json_schema, "json_schema")
-            check_json_schema(self.json_schema)
             # Kept in 2020-12's form, the one every grammar compiler takes: written once, here, not by each backend.
-            object.__setattr__(self, "json_schema", modern_json_schema(self.json_schema))
+            object.__setattr__(self, "json_schema", check_json_schema(self.json_schema))
         sampling = Sampling() if self.sampling is None else self.sampling
         if not isinstance(sampling, Sampling):
             raise InvalidInputError("sampling", f"expected a Sampling, got {type(sampling).__name__}")

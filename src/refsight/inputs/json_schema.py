@@ -108,12 +108,13 @@ def _unchanged(new: Iterable[Any], old: Iterable[Any]) -> bool:
     return all(a is b for a, b in zip(new, old))
 
 
-def check_json_schema(schema: Any, name: str = "json_schema") -> None:
-    """Raise :class:`InvalidInputError` naming the first place of ``schema`` no runtime could compile.
-
-    The draft-07 tuple form is checked as the compilers get it (:func:`modern_json_schema`).
-    """
-    schema_size(modern_json_schema(schema), name)
+def check_json_schema(schema: Any, name: str = "json_schema") -> Any:
+    """Raise :class:`InvalidInputError` naming the first place of ``schema`` no runtime could compile; else the
+    schema as it was checked, in the form the compilers get (:func:`modern_json_schema`: the draft-07 tuple form
+    written as 2020-12's; ``schema`` itself when it is modern already)."""
+    modern = modern_json_schema(schema)
+    schema_size(modern, name)
+    return modern
 
 
 def schema_size(schema: Any, name: str = "json_schema") -> int:
