@@ -49,7 +49,7 @@ def stored_proofs(
     from _llamacpp_prefix_worker import judge_request, run
     from refsight.prefixes import PrefixStateCache
     from refsight.store import open_store
-    from worker_spec import layout
+    from worker_spec import layout, stored_keys
 
     candidate_png = tmp / "candidate.png"
     photos[candidate].image.save(candidate_png)
@@ -59,9 +59,7 @@ def stored_proofs(
         for name in models:
             backend = gguf(name)
             packages = backend.encode([photos[r] for r in refs])
-            for package in packages:
-                store.packages.put(package)
-            keys = [p.key for p in packages]
+            keys = stored_keys(store, packages)
             here[name] = {
                 "plain": [run(backend, judge_request(packages, photos[candidate], r, None)) for r in rubrics],
                 "cached": [run(backend, judge_request(packages, photos[candidate], r, cache)) for r in rubrics],

@@ -12,20 +12,16 @@ neither is ever used.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 from llama_models import GGUF_FAMILIES, require_llama_cpp
+from llama_workers import run_worker
+from worker_spec import stored_keys
 
 require_llama_cpp()
 
 REFS = ("chelsea", "coffee", "astronaut")
 RUBRICS = ("same colour", "a round shape", "short fur and pointed ears")
-WORKER = Path(__file__).with_name("_llamacpp_prefix_worker.py")
-sys.path.insert(0, str(WORKER.parent))
+
 from _llamacpp_prefix_worker import judge_request, run  # noqa: E402
 
 
@@ -45,24 +41,16 @@ def results(gguf, photos, tmp_path_factory):
         for name in GGUF_FAMILIES:
             backend = gguf(name)
             packages = backend.encode([photos[r] for r in REFS])
-            for package in packages:
-                store.packages.put(package)
+            keys = stored_keys(store, packages)
             for n in (1, 3):
                 case = f"{name}/{n}"
                 here[case] = {
                     "plain": [run(backend, judge_request(packages[:n], photos["rocket"], r, None)) for r in RUBRICS],
                     "cached": [run(backend, judge_request(packages[:n], photos["rocket"], r, cache)) for r in RUBRICS],
                 }
-                cases.append({"id": case, "model": name, "refs": [p.key for p in packages[:n]],
-                              "candidate": str(candidate_png), "rubrics": list(RUBRICS)})
-    spec = tmp / "spec.json"
-    out = tmp / "from-disk.pt"
-    spec.write_text(json.dumps({"store": str(tmp / "store"), "cases": cases, "out": str(out)}))
-    proc = subprocess.run([sys.executable, str(WORKER), str(spec)], capture_output=True, text=True, timeout=900, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    import torch
-
-    return here, torch.load(out, weights_only=False)
+                cases.append({"id": case, "model": name, "refs": keys[:n], "candidate": str(candidate_png),
+                              "rubrics": list(RUBRICS)})
+    return here, run_worker("_llamacpp_prefix_worker.py", tmp, cases)
 
 
 @pytest.mark.parametrize("n_refs", (1, 3))
