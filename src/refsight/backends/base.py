@@ -348,12 +348,12 @@ class Backend(TextAccess, abc.ABC):
         return planned
 
     def check_prompt(self, request: GenerationRequest, i: int = 0) -> None:
-        """This runtime's rules for a request: the :class:`Sampling` fields it honours (:attr:`sampling_fields`), the
-        prompt forms it renders (:func:`~.turns.check_prompt_form`), its rule for user text (:meth:`check_text`,
-        :meth:`check_raw_text`), and the prompt's size against ``max_prompt_tokens`` and :attr:`context_size`
-        (:func:`~refsight.prompt_size.check_prompt_size`). None needs the images resolved: asked before any is encoded
-        (:meth:`plan_prompt`, new images counted by their size), the size is asked again with every image a package
-        (:meth:`check_request`, for every caller, before any prefill)."""
+        """This runtime's rules for a request, in this order: its rule for user text (:meth:`check_text`,
+        :meth:`check_raw_text`), the prompt forms it renders (:func:`~.turns.check_prompt_form`), the :class:`Sampling`
+        fields it honours (:attr:`sampling_fields`), and the prompt's size against ``max_prompt_tokens`` and
+        :attr:`context_size` (:func:`~refsight.prompt_size.check_prompt_size`). None needs the images resolved: asked
+        before any is encoded (:meth:`plan_prompt`, new images counted by their size), the size is asked again with
+        every image a package (:meth:`check_request`, for every caller, before any prefill)."""
         check = self.check_raw_text if request.raw_prompt else self.check_text
         for j, segment in enumerate(request.segments):
             if isinstance(segment, str):
@@ -413,8 +413,7 @@ class Backend(TextAccess, abc.ABC):
         except CorruptPackageError:
             raise
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
-            malformed = f"malformed metadata or tensors: {type(e).__name__}: {e}"
-            raise CorruptPackageError(package.key, malformed) from None
+            raise CorruptPackageError(package.key, f"malformed metadata or tensors: {type(e).__name__}: {e}") from None
 
     def check_package(self, package: VisualPackage) -> None:
         """Shape checks of a package whose fingerprint matches; raise :class:`CorruptPackageError`. Default: none."""
