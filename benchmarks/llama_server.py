@@ -235,8 +235,10 @@ class LlamaServer:
     ``n_ctx`` positions. The batch sizes equal refsight's llama.cpp context
     (``n_batch = n_ubatch = 2048``), so both split prompts alike; everything else
     (prompt cache in RAM, slot reuse by longest common prefix, flash attention auto) is
-    llama-server's default, unless ``extra`` flags say otherwise. The server's log goes
-    to ``log_path``.
+    llama-server's default, unless ``extra`` flags say otherwise. Where refsight keeps weights
+    out of llama.cpp's repacked buffers (a build with AMX kernels, which crash:
+    :func:`refsight.backends.llamacpp.logs.repack_weights`), so does the peer (``--no-repack``),
+    as its users there must. The server's log goes to ``log_path``.
     """
 
     #: What the start-up error calls this server.
@@ -253,11 +255,13 @@ class LlamaServer:
 
     def command(self, port: int) -> list[str]:
         """The command line of one start."""
+        from refsight.backends.llamacpp.logs import repack_weights
+
         return [
             str(self.binary), "-m", str(self.model), "--mmproj", str(self.mmproj),
             "--host", "127.0.0.1", "--port", str(port), "-t", str(self.threads), "-tb", str(self.threads),
             "-np", str(self.parallel), "-c", str(self.n_ctx * self.parallel), "-b", "2048", "-ub", "2048",
-            *self.extra,
+            *(() if repack_weights() else ("--no-repack",)), *self.extra,
         ]
 
     def start(self, timeout: float = 600.0) -> LlamaServer:

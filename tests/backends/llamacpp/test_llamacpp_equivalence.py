@@ -49,10 +49,14 @@ class PixelPath:
         import llama_cpp as L
         import llama_cpp.mtmd_cpp as M
 
+        from refsight.backends.llamacpp.logs import repack_weights
+
         self.L, self.M = L, M
         L.llama_backend_init()
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = 0
+        # The backend's weight placement (plain CPU memory where llama.cpp's AMX kernels would crash).
+        mp.use_extra_bufts = repack_weights()
         self.model = L.llama_model_load_from_file(str(model_path).encode(), mp)
         cp = L.llama_context_default_params()
         # The backend's defaults: same context and batch sizes, so the same batch splits.

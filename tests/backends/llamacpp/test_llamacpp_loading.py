@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
+from types import SimpleNamespace
 
 import pytest
 from llama_models import require_llama_cpp
@@ -162,3 +164,36 @@ def test_impossible_token_limits_say_why(gguf_files):
     model, mmproj = gguf_files(QWEN)
     with pytest.raises(ModelLoadError, match="less than image_min_pixels"):
         _load(model, mmproj=str(mmproj), image_max_tokens=4)
+
+
+def test_no_weight_is_placed_in_llama_cpps_amx_buffer(gguf, caplog):
+    """llama.cpp's AMX matrix product crashed the process on the Q4_K_M model's first prompt (issue 20824): on a build
+    with AMX kernels its weights stay in plain CPU memory; elsewhere llama.cpp places them as it always does."""
+    from refsight.backends.llamacpp.logs import repack_weights
+
+    quantized = gguf("tiny-gemma3-gguf-q4")  # built (quantized) on first use; loaded again here to see its load
+    with caplog.at_level(logging.DEBUG, "refsight.llamacpp"):
+        _load(quantized.model_path, mmproj=str(quantized.mmproj_path)).close()
+    loaded = caplog.text  # llama.cpp's own load lines, through refsight's logger
+    assert "model buffer size" in loaded and "AMX model buffer" not in loaded
+    assert repack_weights() or "CPU_REPACK model buffer" not in loaded
+
+
+@pytest.mark.parametrize(("system_info", "repack"), [
+    ("CPU : AVX2 = 1 | AVX512 = 1 | AMX_INT8 = 1 | OPENMP = 1 | REPACK = 1 |", False),
+    ("CPU : AVX2 = 1 | AVX512 = 1 | OPENMP = 1 | REPACK = 1 |", True),
+])
+def test_the_weights_are_repacked_unless_llama_cpp_has_amx_kernels(monkeypatch, caplog, system_info, repack):
+    from refsight.backends.llamacpp import logs
+
+    build = SimpleNamespace(llama_print_system_info=lambda: system_info.encode())
+    monkeypatch.setattr(logs, "bindings", lambda: (build, None))
+    logs.repack_weights.cache_clear()
+    try:
+        with caplog.at_level(logging.INFO, "refsight.llamacpp"):
+            assert logs.repack_weights() is repack
+            assert logs.repack_weights() is repack
+        # Said once, at INFO, naming why and what llama-server users do instead.
+        assert caplog.text.count("--no-repack") == (0 if repack else 1)
+    finally:
+        logs.repack_weights.cache_clear()  # the next load asks this build again

@@ -1,22 +1,34 @@
-"""llama.cpp's process-wide set-up: the bindings, ``llama_backend_init`` once, and its log output.
+"""llama.cpp's process-wide set-up: the bindings, ``llama_backend_init`` once, its log output, and whether its
+weights may be repacked.
 
 llama.cpp and mtmd log to stderr by default, including advice at error level on every
 load; refsight sends those lines to the ``refsight.llamacpp`` logger (DEBUG) and keeps
 the last ones, so a failed load (which returns NULL and only *logs* why) can say why in
 its exception (:func:`last_error`). ``REFSIGHT_LLAMA_LOG=1``
 (:func:`refsight.environment.llama_log_enabled`) keeps llama.cpp's own stderr logging.
+
+A llama.cpp built on a CPU with Intel AMX (``-march=native``, as pip builds it there) puts quantized and f16
+weights in its AMX buffer, and its AMX matrix product crashes the process with a segmentation fault
+(llama.cpp issue 20824, on real Q4_K_M models; here, on a Xeon with AMX, on the first prompt of the tiny Q4_K_M
+Gemma 3): :func:`repack_weights` keeps weights out of the extra buffer types there, as llama-server's
+``--no-repack`` does.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 from collections import deque
 from typing import Any
 
 from ...environment import llama_log_enabled
 
-__all__ = ["bindings", "init_backend", "last_error", "recent_errors"]
+__all__ = ["bindings", "init_backend", "last_error", "recent_errors", "repack_weights"]
+
+log = logging.getLogger("refsight.llamacpp")
+#: What ``llama_print_system_info`` says of a build with Intel AMX kernels.
+_AMX_BUILD = "AMX_INT8 = 1"
 
 _backend_ready = False
 # Kept alive for the life of the process: ctypes callbacks must not be collected.
@@ -49,11 +61,25 @@ def last_error() -> str:
     return "; ".join(lines[-3:])
 
 
+@functools.cache
+def repack_weights() -> bool:
+    """Whether llama.cpp may move weights into its CPU backend's extra buffer types (``use_extra_bufts``).
+
+    True but for a build with AMX kernels (see the module's docstring): there every weight stays in plain CPU
+    memory, which costs the AMX and repacked kernels' speed on quantized weights, not a crash.
+    """
+    L, _ = bindings()
+    if _AMX_BUILD not in L.llama_print_system_info().decode("utf-8", "replace"):
+        return True
+    log.info("refsight: llama.cpp was built with AMX kernels, whose matrix product crashes (llama.cpp issue 20824): "
+             "weights stay in plain CPU memory, as llama-server's --no-repack")
+    return False
+
+
 def _quiet_logs(L: Any, M: Any) -> None:
     """Send llama.cpp's and mtmd's stderr chatter to the ``refsight.llamacpp`` logger, unless asked not to."""
     if llama_log_enabled():
         return
-    log = logging.getLogger("refsight.llamacpp")
 
     @L.llama_log_callback
     def _to_logging(level, text, user_data):

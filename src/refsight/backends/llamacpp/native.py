@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .logs import init_backend, last_error, recent_errors
+from .logs import init_backend, last_error, recent_errors, repack_weights
 
 __all__ = ["INVARIANT_STEP_ROWS", "FLOAT_FILE_TYPES", "DEFAULT_N_CTX", "LlamaRuntime", "RuntimeSettings", "Bitmap",
            "ChunkInfo", "NativeError", "ContextTooLarge", "llama_cpp_version"]
@@ -163,6 +163,7 @@ class LlamaRuntime:
         params = L.llama_model_default_params()
         if not settings.use_gpu:
             params.n_gpu_layers = 0
+        params.use_extra_bufts = repack_weights()
         self.model = L.llama_model_load_from_file(str(model_path).encode(), params)
         if not self.model:
             raise NativeError(f"llama.cpp cannot load {model_path} as a language model GGUF ({last_error() or 'no reason given'})")
