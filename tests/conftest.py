@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
+from fault_handler import FaultHandlerGuard
 from image_corpus import build_bad_image_corpus, load_photo
 # Real PostgreSQL and Redis servers (throwaway, loopback) for the tests that need them.
 from services import postgres, postgres_server, private_postgres, redis_server  # noqa: F401
@@ -92,6 +93,11 @@ def backend_registry() -> Iterator[None]:
 #: ``pytest -m "not slow and not vllm"`` leaves them out for a quick inner loop (with the modules and tests
 #: marked ``slow`` in place: ``pytestmark`` or ``@pytest.mark.slow``); CI runs everything.
 SLOW_MODULES = Path(__file__).with_name("slow_modules.txt")
+
+
+def pytest_configure(config):
+    """Keep Python's fault handler armed for the whole run, whatever native library replaces it (:mod:`fault_handler`)."""
+    config.pluginmanager.register(FaultHandlerGuard(), "refsight-fault-handler")
 
 
 def pytest_collection_modifyitems(config, items):

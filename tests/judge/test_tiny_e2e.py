@@ -15,7 +15,6 @@ from refsight.judge.verdict import VERDICTS
 
 from judge_helpers import photo
 
-require_module("xgrammar")
 tiny = require_module("refsight.builtin_models.checkpoints")
 
 FAMILIES = ("tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl", "tiny-smolvlm")
