@@ -45,6 +45,7 @@ from ...requests import PROMPT_ENDS, GenerationRequest
 from ..turns import split_final_turn
 from ...sampling import OUTPUT_FIELDS, SAMPLING_FIELDS, TOKEN_FIELDS
 from . import package_format as fmt
+from .logs import repack_weights
 from .native import Bitmap, LlamaRuntime, NativeError, RuntimeSettings, llama_cpp_version
 from .prompt import chat_template, render_prompt
 from .sampler import eog_tokens
@@ -383,15 +384,16 @@ class LlamaCppBackend(Backend):
         # One stream and llama.cpp's default attention: the key states were always stored under.
         streams = f":streams={settings.n_seq}" if settings.n_seq > 1 else ""
         attention = f":fa={settings.flash_attn}" if settings.flash_attn != "auto" else ""
+        weights = "" if repack_weights() else ":repack=off"
         return PromptPrefix(
             text=text,
             n_images=len(packages),
             package_keys=tuple(p.key for p in packages),
             states=states,
-            # The numbers of a state also depend on the device, the batch split, the KV type and the
-            # attention kernel; llama.cpp writes the context's stream count into a state and loads
-            # it only there.
-            model=f"{self._fingerprint.digest}:{self.device}:n_batch={self.runtime._n_batch()}:kv=f16{streams}{attention}",
+            # The numbers of a state also depend on the device, the batch split, the KV type, the
+            # attention kernel and the weights' kernels (repacked or not); llama.cpp writes the
+            # context's stream count into a state and loads it only there.
+            model=f"{self._fingerprint.digest}:{self.device}:n_batch={self.runtime._n_batch()}:kv=f16{streams}{attention}{weights}",
             template=hashlib.sha256((self._template or self.arch).encode()).hexdigest(),
         )
 
