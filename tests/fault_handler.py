@@ -66,8 +66,6 @@ class FaultHandlerGuard:
 
     def check(self, after: str) -> None:
         """Arm Python's fault handler again if another took SIGSEGV since (``after``: what ran meanwhile)."""
-        if self._libc is None:
-            return
         handler = self._segv_handler()
         if handler != self._armed:
             os.write(self._stderr, f"\n[tests] {self._library(handler)} replaced Python's fault handler "
