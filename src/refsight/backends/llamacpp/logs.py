@@ -7,8 +7,8 @@ the last ones, so a failed load (which returns NULL and only *logs* why) can say
 its exception (:func:`last_error`). ``REFSIGHT_LLAMA_LOG=1``
 (:func:`refsight.environment.llama_log_enabled`) keeps llama.cpp's own stderr logging.
 
-A llama.cpp built on a CPU with Intel AMX (``-march=native``, as pip builds it there) puts quantized and f16
-weights in its AMX buffer, and its AMX matrix product crashes the process with a segmentation fault
+A llama.cpp built on a CPU with Intel AMX (``-march=native``, as pip builds it there) puts the weights its AMX
+kernels take (Q4_0, Q8_0, the K-quants ...) in its AMX buffer, and their matrix product crashes the process
 (llama.cpp issue 20824, on real Q4_K_M models; here, on a Xeon with AMX, on the first prompt of the tiny Q4_K_M
 Gemma 3): :func:`repack_weights` keeps weights out of the extra buffer types there, as llama-server's
 ``--no-repack`` does.
