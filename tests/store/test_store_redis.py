@@ -121,21 +121,23 @@ def test_redis_stopped_mid_run_fails_no_read_backs_off_and_refills_when_back(tmp
         threads = [threading.Thread(target=reader) for _ in range(3)]
         for t in threads:
             t.start()
-        time.sleep(0.3)
-        redis_server.stop()
-        time.sleep(1.5)  # ~3 back-off rounds
-        down = store.redis.tier_info()
-        assert down["available"] is False and down["outages"] == 1
-        # a back-off, not one failed call per read: most reads never touched the network
-        assert down["skipped"] > 10 * down["errors"]
-        redis_server.start()
-        deadline = time.monotonic() + 10
-        while not store.redis.available and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(0.3)
-        stop.set()
-        for t in threads:
-            t.join()
+        try:  # the readers stop before the store closes, whatever fails: a failure is reported, not raced
+            time.sleep(0.3)
+            redis_server.stop()
+            time.sleep(1.5)  # ~3 back-off rounds
+            down = store.redis.tier_info()
+            assert down["available"] is False and down["outages"] == 1, down
+            # a back-off, not one failed call per read: most reads never touched the network
+            assert down["skipped"] > 10 * down["errors"], down
+            redis_server.start()
+            deadline = time.monotonic() + 10
+            while not store.redis.available and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(0.3)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
         assert not failures, failures[:3]
         assert store.redis.available
         # Redis came back empty (no persistence): reads refilled it, and then hit it

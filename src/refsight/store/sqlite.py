@@ -63,7 +63,8 @@ class SqliteConnections:
         self._local = threading.local()
         self._shared: tuple[int, sqlite3.Connection] | None = None
         self._lock = threading.Lock()
-        self._connections: list[tuple[int, sqlite3.Connection]] = []
+        #: Every connection opened: (process, the thread it is for or None when shared, connection).
+        self._connections: list[tuple[int, threading.Thread | None, sqlite3.Connection]] = []
         self._closed = False
         if schema is not None:
             with closed_on_failure(self):
@@ -118,7 +119,7 @@ class SqliteConnections:
         except (OSError, sqlite3.Error) as exc:
             raise self._open_failure(exc) from exc
         with self._lock:
-            self._connections.append((os.getpid(), conn))
+            self._connections.append((os.getpid(), threading.current_thread() if self.per_thread else None, conn))
         return conn
 
     @contextmanager
@@ -155,14 +156,22 @@ class SqliteConnections:
         return StoreError(self._open_error.format(path=self.path, exc=exc))
 
     def close(self) -> None:
-        """Close the connections this process opened; later use raises :class:`StoreError`. Idempotent."""
+        """Close the connections this process opened; later use raises :class:`StoreError`. Idempotent.
+
+        The caller's connection, the shared one and those of threads that have ended are closed now.
+        Another live thread's connection is only let go of: that thread may be inside a statement on
+        it, and closing a connection under a running statement frees memory the statement still reads
+        (a segmentation fault). It closes when that thread drops it; the thread's next use raises.
+        """
+        me = threading.current_thread()
         with self._lock:
             self._closed = True
-            mine = [c for pid, c in self._connections if pid == os.getpid()]
+            here = [(owner, c) for pid, owner, c in self._connections if pid == os.getpid()]
             # Connections inherited through fork are left alone: closing them in the
             # child could disturb the parent's locks.
-            self._connections = [(pid, c) for pid, c in self._connections if pid != os.getpid()]
+            self._connections = [entry for entry in self._connections if entry[0] != os.getpid()]
             self._shared = None
+        mine = [c for owner, c in here if owner is None or owner is me or not owner.is_alive()]
         for conn in mine:
             try:
                 conn.close()
