@@ -126,7 +126,9 @@ def test_redis_stopped_mid_run_fails_no_read_backs_off_and_refills_when_back(tmp
             redis_server.stop()
             time.sleep(1.5)  # ~3 back-off rounds
             down = store.redis.tier_info()
-            assert down["available"] is False and down["outages"] == 1, down
+            # At least one outage: Redis may answer once more while it shuts down (a probe that succeeds
+            # between two failures), which counts two (CI, stop 60: errors 3, skipped 5024, outages 2).
+            assert down["available"] is False and down["outages"] >= 1, down
             # a back-off, not one failed call per read: most reads never touched the network
             assert down["skipped"] > 10 * down["errors"], down
             redis_server.start()
