@@ -35,8 +35,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from refsight.environment import cache_path, model_cache_dir
-from refsight.extras import LLAMA_CPP_PYTHON_VERSION
+from refsight.support.environment import cache_path, model_cache_dir
+from refsight.support.extras import LLAMA_CPP_PYTHON_VERSION
 
 __all__ = ["CMAKE_FLAGS", "LlamaServer", "build_key", "ensure_llama_server", "find_llama_server", "server_cache_dir", "stop_process"]
 

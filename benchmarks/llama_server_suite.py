@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     from llama_server import ensure_llama_server
 
     from refsight.builtin_models.gguf import ensure_gguf
-    from refsight.extras import LLAMA_CPP_PYTHON_VERSION
+    from refsight.support.extras import LLAMA_CPP_PYTHON_VERSION
 
     binary = ensure_llama_server()
     model, mmproj = ensure_gguf(args.model)

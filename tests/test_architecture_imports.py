@@ -26,8 +26,8 @@ RUNTIME_EXCEPTIONS = {
 #: does not re-export live: image intake, a reference id's and a ``where`` filter's checks, the model registry and
 #: family table) ...
 PUBLIC_API = (
-    "refsight", "refsight.errors", "refsight.results", "refsight.environment", "refsight.report", "refsight.settings",
-    "refsight.requests", "refsight.extras", "refsight.images", "refsight.store.base", "refsight.retrieval.vectors",
+    "refsight", "refsight.errors", "refsight.results", "refsight.support.environment", "refsight.report", "refsight.settings",
+    "refsight.requests", "refsight.support.extras", "refsight.images", "refsight.store.base", "refsight.retrieval.vectors",
     "refsight.backends.registry", "refsight.backends.family_table",
 )
 #: ... the hostile-input primitives every front end applies (refsight/inputs/) ...

@@ -26,7 +26,7 @@ from .results import (
     StoreStats,
     VerifyReport,
 )
-from .torchvision_cpu import register_stand_in
+from .support.torchvision_cpu import register_stand_in
 from .version import __version__
 
 # Before anything imports transformers: PyPI's (CUDA) torchvision beside a CPU torch breaks every transformers

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from .backends.base import Backend
 from .backends.options import BackendOptions
 from .compare import ComparePipeline
-from .environment import default_model
+from .support.environment import default_model
 from .context import Models, RequestContext
 from .drift import DriftReport
 from .errors import InvalidInputError
@@ -55,7 +55,7 @@ from .retrieval.store_index import StoreIndex
 from .settings import Settings, load_settings, open_configured_store
 from .store import DEFAULT_NAMESPACE, Reference, RememberedImage, Store
 from .inputs.text import check_text
-from .timing import elapsed_ms, progress_bar
+from .support.timing import elapsed_ms, progress_bar
 
 if TYPE_CHECKING:  # pragma: no cover
     from .ingest import IngestReport

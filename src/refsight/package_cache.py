@@ -52,7 +52,7 @@ from .backends.base import Backend
 from .context import RequestContext
 from .errors import CorruptPackageError, StoreUnavailableError
 from .images import ImageInput
-from .locks import KeyedLocks
+from .support.locks import KeyedLocks
 from .package import VisualPackage, package_key
 from .remembered import DEFAULT_REMEMBER_IMAGES, Sightings, check_remember_images
 from .store import Reference, Store

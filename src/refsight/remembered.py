@@ -29,7 +29,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from .environment import default_remember_images
+from .support.environment import default_remember_images
 from .errors import InvalidInputError
 
 __all__ = [

@@ -50,7 +50,7 @@ def test_the_llama_server_cache_key_names_the_sdist_and_changes_with_the_flags(t
     monkeypatch.syspath_prepend(str(SCRIPT.parent))
     import llama_server
 
-    from refsight.extras import LLAMA_CPP_PYTHON_VERSION
+    from refsight.support.extras import LLAMA_CPP_PYTHON_VERSION
 
     monkeypatch.setenv("REFSIGHT_LLAMA_SERVER_CACHE", str(tmp_path))
     key = llama_server.build_key()

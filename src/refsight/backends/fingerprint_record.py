@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..errors import RefsightError
-from ..json_memo import read_entries, write_entry
+from ..support.json_memo import read_entries, write_entry
 from ..package import EncoderFingerprint, canonical_json
 from ..version import __version__
 
@@ -63,7 +63,7 @@ def facts_of(backend: Backend) -> EncoderFacts:
 
 def records_path() -> Path:
     """``$REFSIGHT_HASH_MEMO_DIR/fingerprints.json``, else ``<model cache>/fingerprints.json``."""
-    from ..environment import hash_memo_dir
+    from ..support.environment import hash_memo_dir
 
     return hash_memo_dir() / _RECORDS_NAME
 

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from ..errors import BackendError, RefsightError, UnknownModelError
 from ..package import canonical_json
-from ..plugins import find_target, load_factory
+from ..support.plugins import find_target, load_factory
 from .base import Backend
 from .builtin import BUILTINS
 

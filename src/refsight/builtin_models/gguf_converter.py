@@ -17,9 +17,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from ..environment import llama_cpp_source, model_cache_dir
+from ..support.environment import llama_cpp_source, model_cache_dir
 from ..errors import ModelLoadError
-from ..extras import LLAMA_CPP_PYTHON_VERSION
+from ..support.extras import LLAMA_CPP_PYTHON_VERSION
 
 __all__ = ["MMPROJ_FILE", "MODEL_FILE", "convert", "converter_dir"]
 #: The language model and the vision projector of a built GGUF pair.

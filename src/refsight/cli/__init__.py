@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Callable
 
 from .. import InvalidInputError, RefsightError
-from ..environment import default_catalog_url, default_redis_url
+from ..support.environment import default_catalog_url, default_redis_url
 from . import judging, maintenance, models, references, serving
 from .arguments import CommandParser, UsageError, model_options, store_options
 from .context import open_engine, say

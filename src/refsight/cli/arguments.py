@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 
 from .. import InvalidInputError, RefsightError
 from ..inputs.text import check_text
-from ..environment import default_model
+from ..support.environment import default_model
 from ..settings import OPTION_HELP
 
 __all__ = [

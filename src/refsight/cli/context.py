@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..inputs.terminal import escape_controls
 from ..inputs.text import printable_text
-from ..environment import default_store_dir
+from ..support.environment import default_store_dir
 from ..settings import OPTION_HELP, BackendOptions, Settings, apply_threads, load_settings, parse_key_values, thread_budget
 
 if TYPE_CHECKING:

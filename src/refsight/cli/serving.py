@@ -13,7 +13,7 @@ import dataclasses
 import sys
 
 from .arguments import EMBEDDER_HELP, Command, UsageError, path_argument, text_argument
-from ..extras import install_command
+from ..support.extras import install_command
 from .context import backend_options, settings_of
 from .llama_flags import add_llama_server_arguments, chat_template, llama_server_settings, slot_context
 

@@ -29,7 +29,7 @@ from ..results import CompareResult, SearchResult
 from ..retrieval.query import query_vector, recall_text
 from ..retrieval.store_index import StoreIndex
 from ..store import Reference
-from ..timing import StageTicker, StageTimer
+from ..support.timing import StageTicker, StageTimer
 from .rows import other_row, sort_results
 
 __all__ = ["ComparePipeline"]

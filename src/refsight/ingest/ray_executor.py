@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import InvalidInputError
-from ..extras import install_command
+from ..support.extras import install_command
 from ..images import IntakeLimits
 from ..package import EncoderFingerprint
 from .runner import HASH_BATCH

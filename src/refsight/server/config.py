@@ -9,7 +9,7 @@ from typing import Any
 
 from ..settings import BackendOptions, Settings
 from ..errors import InvalidInputError
-from ..environment import default_api_key
+from ..support.environment import default_api_key
 from .binding import split_hosts
 from .generation_body import DEFAULT_MAX_TOKENS
 from .tenants import is_loopback, load_keys, with_api_key

@@ -33,7 +33,7 @@ from PIL import Image
 
 from .. import AddFailure, Engine, ImageInput, InvalidInputError, ReferenceSegment
 from ..images import IntakeLimits, load_image
-from ..environment import default_store_dir
+from ..support.environment import default_store_dir
 from ..requests import AddRequest, GenerationRequest, CompareRequest, SearchRequest
 from ..results import GenerateResult
 from ..settings import Settings, load_settings

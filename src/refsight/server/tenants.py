@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 from ..inputs.reading import FileReadError, read_regular_file
 from ..inputs.text import is_valid_text
-from ..environment import default_api_keys
+from ..support.environment import default_api_keys
 from ..errors import InvalidInputError
 
 __all__ = [

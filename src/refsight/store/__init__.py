@@ -234,7 +234,7 @@ def _open(
     if catalog is not None:
         if (path / DB_NAME).exists():
             raise StoreError(f"{path} is an embedded store (it holds {DB_NAME}); a shared blob directory holds none")
-        from ..environment import default_replica_dir
+        from ..support.environment import default_replica_dir
 
         derived = Path(os.path.expanduser(os.fspath(local_dir))) if local_dir else default_replica_dir(catalog, path)
         derived.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import CorruptPackageError, InvalidInputError, StoreError
-from ..extras import install_command
+from ..support.extras import install_command
 from ..package import VisualPackage
 from ._packed import pack, unpack
 from .base import PackageStore

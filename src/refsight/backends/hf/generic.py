@@ -420,7 +420,7 @@ def seam_problem(model_type: str, classes: FamilyClasses) -> str:
         return f"{classes.processor} has no replace_image_token (it expands images from the text alone)"
     if classes.image_processor is None and classes.torchvision_image_processor is None:
         return "transformers names no image processor for it"
-    from ...torchvision_cpu import missing_torchvision
+    from ...support.torchvision_cpu import missing_torchvision
 
     return missing_torchvision(classes)
 

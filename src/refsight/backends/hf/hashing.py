@@ -25,7 +25,7 @@ import sys
 import threading
 from pathlib import Path
 
-from ...json_memo import read_entries, write_entry
+from ...support.json_memo import read_entries, write_entry
 
 __all__ = ["file_sha256", "memo_path", "memo_hits", "files_hashed", "PROGRESS_MIN_BYTES"]
 
@@ -46,7 +46,7 @@ _memory: dict[str, dict] = {}
 
 def memo_path() -> Path:
     """The memo file: ``$REFSIGHT_HASH_MEMO_DIR/file-hashes.json`` or ``<model cache>/file-hashes.json``."""
-    from ...environment import hash_memo_dir
+    from ...support.environment import hash_memo_dir
 
     return hash_memo_dir() / _MEMO_NAME
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import InvalidInputError, ModelLoadError
-from ...extras import install_command
+from ...support.extras import install_command
 from ..options import FLASH_ATTN
 
 __all__ = ["LLAMACPP_PREFIX", "load_llamacpp_backend", "SUPPORTED_OPTIONS"]
@@ -50,7 +50,7 @@ def _require_runtime(name: str) -> None:
         import llama_cpp.mtmd_cpp  # noqa: F401
     except ImportError as e:
         raise ModelLoadError(name, f"llama-cpp-python is not installed: {install_command('llamacpp')} ({e})") from e
-    from ...extras import LLAMA_CPP_PYTHON_VERSION
+    from ...support.extras import LLAMA_CPP_PYTHON_VERSION
     from .native import llama_cpp_version
 
     if llama_cpp_version() != LLAMA_CPP_PYTHON_VERSION:

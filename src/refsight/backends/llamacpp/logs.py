@@ -22,7 +22,7 @@ import logging
 from collections import deque
 from typing import Any
 
-from ...environment import llama_log_enabled
+from ...support.environment import llama_log_enabled
 
 __all__ = ["bindings", "init_backend", "last_error", "recent_errors", "repack_weights"]
 

@@ -99,7 +99,7 @@ class RuntimeSettings:
         """The thread count to give llama.cpp."""
         if self.n_threads > 0:
             return self.n_threads
-        from ...threads import available_cores, configured_threads
+        from ...support.threads import available_cores, configured_threads
 
         asked = configured_threads()  # --threads / -t; never the per-worker share: one team runs at a time
         return asked if asked is not None else available_cores()

@@ -13,7 +13,7 @@ import importlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable, TypeVar
 
-from .errors import RefsightError
+from ..errors import RefsightError
 
 __all__ = ["find_target", "load_factory"]
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .errors import InvalidInputError
+from ..errors import InvalidInputError
 
 __all__ = ["available_cores", "thread_budget", "apply_threads", "configured_threads", "torch_threads"]
 
