@@ -10,7 +10,7 @@ from architecture_helpers import IMPORTS, MODULES, Import, report
 #: or one below, never one above; a new room takes its place here.
 FLOORS = (
     ("errors", "results", "version", "support", "samples", "inputs", "package", "images", "report", "prompt_size",
-     "vllm_connector", "remembered", "sampling", "rubric", "requests", "families"),
+     "vllm_connector", "sampling", "rubric", "requests", "families"),
     ("store", "builtin_models"),
     ("backends",),
     ("embedders", "settings", "drift"),

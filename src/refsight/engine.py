@@ -43,7 +43,7 @@ from .judge.attribute_schema import AttributeSchema, load_attribute_schema
 from .maintenance import Maintenance
 from .package_cache import CachedPackage, PackageCache, holding_packages
 from .prefixes import PrefixStateCache
-from .remembered import remember_images_setting
+from .settings.remembering import remember_images_setting
 from .requests import AddRequest, CompareRequest, GenerationRequest, SearchRequest, check_sources
 from .references import ReferenceBook, ReferenceSegment, load_kept_image
 from .results import (

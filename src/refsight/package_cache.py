@@ -54,7 +54,7 @@ from .errors import CorruptPackageError, StoreUnavailableError
 from .images import ImageInput
 from .support.locks import KeyedLocks
 from .package import VisualPackage, package_key
-from .remembered import DEFAULT_REMEMBER_IMAGES, Sightings, check_remember_images
+from .settings.remembering import DEFAULT_REMEMBER_IMAGES, Sightings, check_remember_images
 from .store import Reference, Store
 from .store.disk import StoredPackage
 

@@ -29,8 +29,8 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from .support.environment import default_remember_images
-from .errors import InvalidInputError
+from ..support.environment import default_remember_images
+from ..errors import InvalidInputError
 
 __all__ = [
     "REMEMBER_IMAGES", "DEFAULT_REMEMBER_IMAGES", "MAX_SIGHTINGS", "Sightings", "check_remember_images",

@@ -35,15 +35,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .backends.options import OPTION_HELP, BackendOptions, parse_key_values
-from .backends.chat_templates import BUILTIN_TEMPLATES, builtin_template
-from .support.environment import default_store_dir
-from .errors import InvalidInputError
-from .inputs.jsonlimits import MAX_JSON_DEPTH, json_depth
-from .inputs.reading import FileReadError, read_regular_file
-from .remembered import REMEMBER_IMAGES, check_remember_images
-from .store import Store, open_store, parse_bytes
-from .support.threads import apply_threads, available_cores, thread_budget, torch_threads
+from ..backends.options import OPTION_HELP, BackendOptions, parse_key_values
+from ..backends.chat_templates import BUILTIN_TEMPLATES, builtin_template
+from ..support.environment import default_store_dir
+from ..errors import InvalidInputError
+from ..inputs.jsonlimits import MAX_JSON_DEPTH, json_depth
+from ..inputs.reading import FileReadError, read_regular_file
+from .remembering import REMEMBER_IMAGES, check_remember_images
+from ..store import Store, open_store, parse_bytes
+from ..support.threads import apply_threads, available_cores, thread_budget, torch_threads
 
 # The options themselves are defined beside the backends that take them; front ends (CLI,
 # server) reach them here, with the config file, as one public module.
