@@ -57,7 +57,7 @@ def _timed(fn):
 
 
 def llamacpp(backend, refs, candidates, rubrics) -> dict:
-    from refsight.prefixes import PrefixStateCache
+    from refsight.cache.prefix_states import PrefixStateCache
     from refsight.store import open_store
 
     packages = backend.encode(refs)

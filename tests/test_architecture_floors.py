@@ -15,7 +15,7 @@ FLOORS = (
     ("backends",),
     ("embedders", "settings", "drift"),
     ("retrieval", "context"),
-    ("package_cache", "prefixes"),
+    ("cache",),
     ("judge", "references", "rerank"),
     ("compare", "ingest", "maintenance"),
     ("engine",),

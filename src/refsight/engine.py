@@ -41,8 +41,8 @@ from .images import ImageInput, ImageSource, IntakeLimits, load_image
 from .judge.attribute_records import AttributeRecords
 from .judge.attribute_schema import AttributeSchema, load_attribute_schema
 from .maintenance import Maintenance
-from .package_cache import CachedPackage, PackageCache, holding_packages
-from .prefixes import PrefixStateCache
+from .cache.packages import CachedPackage, PackageCache, holding_packages
+from .cache.prefix_states import PrefixStateCache
 from .settings.remembering import remember_images_setting
 from .requests import AddRequest, CompareRequest, GenerationRequest, SearchRequest, check_sources
 from .references import ReferenceBook, ReferenceSegment, load_kept_image

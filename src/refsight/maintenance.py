@@ -16,7 +16,7 @@ from .backends.base import Backend
 from .context import RequestContext
 from .drift import DEFAULT_THRESHOLD, DriftReport, check_drift
 from .errors import InvalidInputError, RefsightError
-from .package_cache import MODEL_COUNTER_PREFIX, PackageCache
+from .cache.packages import MODEL_COUNTER_PREFIX, PackageCache
 from .references import ReferenceBook
 from .results import AddResult, ForgetReport, PruneReport, StoreStats, VerifyReport
 from .store import RememberedImage, Store

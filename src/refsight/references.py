@@ -27,7 +27,7 @@ from .context import RequestContext
 from .errors import InvalidInputError, ReferenceNotFoundError, RefsightError, StoreUnavailableError
 from .images import ImageInput, ImageSource, IntakeLimits, load_image, source_label
 from .package import VisualPackage
-from .package_cache import CachedPackage, PackageCache
+from .cache.packages import CachedPackage, PackageCache
 from .results import AddFailure, AddResult
 from .inputs.ref_ids import validate_ref_id
 from .store import Catalog, Reference, Store

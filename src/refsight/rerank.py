@@ -26,7 +26,7 @@ from .context import RequestContext
 from .errors import InvalidInputError
 from .images import ImageInput
 from .package import VisualPackage
-from .package_cache import PackageCache
+from .cache.packages import PackageCache
 from .embedders.base import Embedder
 from .retrieval.query import query_vector
 from .store import Reference

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from refsight.backends.prefix import PrefixState, prefix_key, reusable_prefix
-from refsight.prefixes import PrefixStateCache
+from refsight.cache.prefix_states import PrefixStateCache
 from refsight.store import open_store
 from refsight.store.prefixes import PrefixStore
 

@@ -20,8 +20,8 @@ from ..judge import Judge
 from ..rubric import Rubric
 from ..judge.attribute_records import AttributeRecords
 from ..judge.prefilter import Filtered, required_mismatches
-from ..package_cache import ModelImage, PackageCache, ServedImage
-from ..prefixes import PrefixStateCache
+from ..cache.packages import ModelImage, PackageCache, ServedImage
+from ..cache.prefix_states import PrefixStateCache
 from ..references import ReferenceBook
 from ..requests import CompareRequest
 from ..rerank import EmbeddingReranker, Reranker, RerankQuery, VlmReranker

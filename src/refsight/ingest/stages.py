@@ -198,7 +198,7 @@ class EncodeStage:
                     out[row["index"]]["error"] = _error(e)
 
     def _packages(self, todo, images, out) -> None:
-        from ..package_cache import encode_packages
+        from ..cache.packages import encode_packages
 
         def work(batch_rows, batch_images):
             backend = self.backend()

@@ -36,7 +36,7 @@ from ..images import IntakeLimits
 from ..judge.attribute_records import AttributeRecords
 from ..judge.attribute_sources import scoped_subject
 from ..package import EncoderFingerprint
-from ..package_cache import PackageCache
+from ..cache.packages import PackageCache
 from ..references import ReferenceBook, validate_metadata
 from ..retrieval.store_index import StoreIndex
 from ..retrieval.vectors import vector_key

@@ -22,7 +22,7 @@ from ..backends.prefix import PrefixCache
 from ..errors import InvalidInputError, ModelLoadError
 from ..images import ImageInput
 from ..package import VisualPackage
-from ..package_cache import ModelImage
+from ..cache.packages import ModelImage
 from .attribute_sources import AttributeSource, ImageNetAttributeSource, merge_records
 from .batches import generate_texts
 from ..rubric import Criterion, Rubric, parse_rubric

@@ -18,7 +18,7 @@ from ..backends.base import Segment
 from ..requests import GenerationRequest
 from ..images import ImageInput
 from ..package import VisualPackage
-from ..package_cache import ModelImage
+from ..cache.packages import ModelImage
 from ..rubric import Criterion
 
 __all__ = [

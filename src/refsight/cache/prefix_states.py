@@ -18,10 +18,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .backends.prefix import PrefixState
-from .context import RequestContext
-from .store import Store
-from .store.prefixes import PrefixStore
+from ..backends.prefix import PrefixState
+from ..context import RequestContext
+from ..store import Store
+from ..store.prefixes import PrefixStore
 
 __all__ = ["PrefixStateCache"]
 

@@ -48,15 +48,15 @@ from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar, Union
 
-from .backends.base import Backend
-from .context import RequestContext
-from .errors import CorruptPackageError, StoreUnavailableError
-from .images import ImageInput
-from .support.locks import KeyedLocks
-from .package import VisualPackage, package_key
-from .settings.remembering import DEFAULT_REMEMBER_IMAGES, Sightings, check_remember_images
-from .store import Reference, Store
-from .store.disk import StoredPackage
+from ..backends.base import Backend
+from ..context import RequestContext
+from ..errors import CorruptPackageError, StoreUnavailableError
+from ..images import ImageInput
+from ..support.locks import KeyedLocks
+from ..package import VisualPackage, package_key
+from ..settings.remembering import DEFAULT_REMEMBER_IMAGES, Sightings, check_remember_images
+from ..store import Reference, Store
+from ..store.disk import StoredPackage
 
 __all__ = [
     "PackageCache", "CachedPackage", "ModelImage", "ServedImage", "ServedPrompt", "PACKAGE_LOCKS", "holding_packages",
