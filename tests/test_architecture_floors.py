@@ -13,7 +13,7 @@ FLOORS = (
      "vllm_connector", "sampling", "rubric", "requests", "families"),
     ("store", "builtin_models"),
     ("backends",),
-    ("embedders", "settings", "drift"),
+    ("embedders", "settings"),
     ("retrieval", "context"),
     ("cache",),
     ("judge", "references", "rerank"),

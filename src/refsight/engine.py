@@ -35,7 +35,7 @@ from .backends.options import BackendOptions
 from .compare import ComparePipeline
 from .support.environment import default_model
 from .context import Models, RequestContext
-from .drift import DriftReport
+from .maintenance.drift import DriftReport
 from .errors import InvalidInputError
 from .images import ImageInput, ImageSource, IntakeLimits, load_image
 from .judge.attribute_records import AttributeRecords

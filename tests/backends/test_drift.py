@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from refsight.drift import check_drift
+from refsight.maintenance.drift import check_drift
 from refsight.images import load_image
 from refsight.package import VisualPackage
 

@@ -12,14 +12,14 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from .backends.base import Backend
-from .context import RequestContext
+from ..backends.base import Backend
+from ..context import RequestContext
 from .drift import DEFAULT_THRESHOLD, DriftReport, check_drift
-from .errors import InvalidInputError, RefsightError
-from .cache.packages import MODEL_COUNTER_PREFIX, PackageCache
-from .references import ReferenceBook
-from .results import AddResult, ForgetReport, PruneReport, StoreStats, VerifyReport
-from .store import RememberedImage, Store
+from ..errors import InvalidInputError, RefsightError
+from ..cache.packages import MODEL_COUNTER_PREFIX, PackageCache
+from ..references import ReferenceBook
+from ..results import AddResult, ForgetReport, PruneReport, StoreStats, VerifyReport
+from ..store import RememberedImage, Store
 
 __all__ = ["Maintenance"]
 
@@ -232,7 +232,7 @@ def _model_digests(model: str, usage: Sequence[Any], backend: Callable[[str], Ba
     found = [u.fingerprint_digest for u in usage if model in (u.model_id, u.backend)]
     if found:
         return found
-    from .backends.registry import available_models
+    from ..backends.registry import available_models
 
     if model not in available_models():
         return []
@@ -245,7 +245,7 @@ _MODEL_COUNTER = re.compile(re.escape(MODEL_COUNTER_PREFIX) + r"([0-9a-f]{16})_(
 
 def _vllm_encoder_cache(root: Any) -> dict[str, int] | None:
     """The vLLM encoder-cache connector's counters in this store (its own index file; stdlib only)."""
-    from .vllm_connector.refsight_ec_store import read_counters
+    from ..vllm_connector.refsight_ec_store import read_counters
 
     return read_counters(root)
 

@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .errors import CorruptPackageError, InvalidInputError
+from ..errors import CorruptPackageError, InvalidInputError
 
 __all__ = ["PROBE_PROMPT", "DEFAULT_THRESHOLD", "PackageDrift", "DriftReport", "check_drift"]
 
@@ -148,8 +148,8 @@ def check_drift(
     package under ``backend.fingerprint()`` (and ``scope``) are sampled; the others are
     counted in ``skipped``. The draw depends only on ``seed`` and the references' images.
     """
-    from .images import load_image
-    from .package import package_key
+    from ..images import load_image
+    from ..package import package_key
 
     if isinstance(sample, bool) or not isinstance(sample, int) or sample < 1:
         raise InvalidInputError("sample", f"must be a positive integer, got {sample!r}")
@@ -172,7 +172,7 @@ def check_drift(
     runtime = {}
     device = getattr(backend, "device", None)
     if device is not None:
-        from .backends.hf.runtime import provenance
+        from ..backends.hf.runtime import provenance
 
         runtime = provenance(device)
         runtime.pop("date", None)
@@ -190,7 +190,7 @@ def _unreadable(ref_id: str, image_sha256: str, key: str, problem: str) -> Packa
 
 
 def _check_one(store: Any, backend: Any, ref: Any, key: str, threshold: float, load_image: Any) -> PackageDrift:
-    from .requests import GenerationRequest
+    from ..requests import GenerationRequest
 
     ref_id = str(getattr(ref, "ref_id", ref.image_sha256))
     try:
