@@ -58,7 +58,7 @@ import time
 
 
 def _photos(size: int):
-    from refsight.images import load_image
+    from refsight.inputs.images import load_image
     from refsight.samples import load_sample
 
     def photo(name: str):

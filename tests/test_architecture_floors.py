@@ -9,8 +9,8 @@ from architecture_helpers import IMPORTS, MODULES, Import, report
 #: floor by floor from the ground up. An import (function-local ones included) may reach its own floor
 #: or one below, never one above; a new room takes its place here.
 FLOORS = (
-    ("errors", "results", "version", "support", "samples", "inputs", "package", "images", "report", "prompt_size",
-     "vllm_connector", "sampling", "rubric", "requests", "families"),
+    ("errors", "results", "version", "support", "samples", "inputs", "package", "report", "vllm_connector", "sampling",
+     "requests", "families"),
     ("store", "builtin_models"),
     ("backends",),
     ("embedders", "settings"),

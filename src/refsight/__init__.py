@@ -14,7 +14,7 @@ applies in :mod:`refsight.inputs`. Importing refsight imports no torch.
 
 from .errors import *  # noqa: F401,F403  (the error tree is part of the public API)
 from .errors import __all__ as _error_names
-from .images import ImageInput
+from .inputs.images import ImageInput
 from .results import (
     AddFailure,
     AddResult,

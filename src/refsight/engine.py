@@ -37,7 +37,7 @@ from .support.environment import default_model
 from .context import Models, RequestContext
 from .maintenance.drift import DriftReport
 from .errors import InvalidInputError
-from .images import ImageInput, ImageSource, IntakeLimits, load_image
+from .inputs.images import ImageInput, ImageSource, IntakeLimits, load_image
 from .judge.attribute_records import AttributeRecords
 from .judge.attribute_schema import AttributeSchema, load_attribute_schema
 from .maintenance import Maintenance

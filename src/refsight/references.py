@@ -25,7 +25,7 @@ from .backends.fingerprint_record import EncoderFacts, facts_of
 from .backends.prefix import reusable_prefix
 from .context import RequestContext
 from .errors import InvalidInputError, ReferenceNotFoundError, RefsightError, StoreUnavailableError
-from .images import ImageInput, ImageSource, IntakeLimits, load_image, source_label
+from .inputs.images import ImageInput, ImageSource, IntakeLimits, load_image, source_label
 from .package import VisualPackage
 from .cache.packages import CachedPackage, PackageCache
 from .results import AddFailure, AddResult

@@ -35,12 +35,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import InvalidInputError
-from .images import ImageInput, ImageSource
+from .inputs.images import ImageInput, ImageSource
 from .inputs.json_schema import check_json_schema
 from .inputs.ref_ids import validate_ref_id
 from .inputs.text import check_text, check_texts
 from .package import VisualPackage
-from .rubric import Rubric, parse_rubric
+from .inputs.rubric import Rubric, parse_rubric
 from .sampling import RANGES as SAMPLING_RANGES
 from .sampling import Sampling
 

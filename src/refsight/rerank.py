@@ -24,7 +24,7 @@ import numpy as np
 from .requests import GenerationRequest
 from .context import RequestContext
 from .errors import InvalidInputError
-from .images import ImageInput
+from .inputs.images import ImageInput
 from .package import VisualPackage
 from .cache.packages import PackageCache
 from .embedders.base import Embedder

@@ -7,7 +7,7 @@ import io
 import pytest
 
 from refsight.maintenance.drift import check_drift
-from refsight.images import load_image
+from refsight.inputs.images import load_image
 from refsight.package import VisualPackage
 
 NAMES = ("chelsea", "coffee", "astronaut", "rocket")

@@ -122,7 +122,7 @@ def open_spec(spec_path: str) -> Iterator[tuple[dict[str, Any], Any]]:
 def case_requests(store: Any, case: dict[str, Any]) -> list[Any]:
     """The case's :class:`GenerationRequest` list; a package missing from ``store`` ends the worker, naming it."""
     from refsight.requests import GenerationRequest
-    from refsight.images import load_image
+    from refsight.inputs.images import load_image
 
     requests = []
     for row in case["rows"]:

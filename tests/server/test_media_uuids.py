@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from live_server import photo_png
-from refsight.images import load_image
+from refsight.inputs.images import load_image
 from refsight.server.media_uuids import ENTRY_OVERHEAD, MediaUuids
 
 

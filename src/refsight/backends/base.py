@@ -34,9 +34,9 @@ from types import MappingProxyType
 from typing import Any, Callable, ClassVar, Mapping, Sequence, Union
 
 from ..errors import BackendError, CorruptPackageError, InvalidInputError, RefsightError
-from ..images import ImageInput
+from ..inputs.images import ImageInput
 from ..package import EncoderFingerprint, VisualPackage
-from ..prompt_size import check_prompt_size
+from ..inputs.prompt_size import check_prompt_size
 from ..requests import GenerationRequest
 from ..sampling import Sampling, check_supported
 from .text_access import TextAccess

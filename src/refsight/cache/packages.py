@@ -51,7 +51,7 @@ from typing import Any, NamedTuple, TypeVar, Union
 from ..backends.base import Backend
 from ..context import RequestContext
 from ..errors import CorruptPackageError, StoreUnavailableError
-from ..images import ImageInput
+from ..inputs.images import ImageInput
 from ..support.locks import KeyedLocks
 from ..package import VisualPackage, package_key
 from ..settings.remembering import DEFAULT_REMEMBER_IMAGES, Sightings, check_remember_images

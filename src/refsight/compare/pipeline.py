@@ -15,9 +15,9 @@ from typing import Any
 
 from ..context import RequestContext
 from ..errors import InvalidInputError
-from ..images import ImageInput, IntakeLimits, load_image
+from ..inputs.images import ImageInput, IntakeLimits, load_image
 from ..judge import Judge
-from ..rubric import Rubric
+from ..inputs.rubric import Rubric
 from ..judge.attribute_records import AttributeRecords
 from ..judge.prefilter import Filtered, required_mismatches
 from ..cache.packages import ModelImage, PackageCache, ServedImage

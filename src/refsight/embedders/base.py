@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from refsight.errors import InvalidInputError, ModelLoadError
-from refsight.images import ImageInput
+from refsight.inputs.images import ImageInput
 from refsight.package import canonical_json
 
 __all__ = ["Embedder", "l2_normalise"]

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import InvalidInputError
 from ..support.extras import install_command
-from ..images import IntakeLimits
+from ..inputs.images import IntakeLimits
 from ..package import EncoderFingerprint
 from .runner import HASH_BATCH
 from .stages import EncodeStage, StageSpec, hash_stage

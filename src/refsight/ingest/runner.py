@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from ..context import RequestContext
 from ..errors import InvalidInputError, RefsightError, StoreUnavailableError
-from ..images import IntakeLimits
+from ..inputs.images import IntakeLimits
 from ..package import EncoderFingerprint
 from ..inputs.text import printable_text
 from ..support.timing import progress_bar

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..images import ImageInput, IntakeLimits, load_image
+from ..inputs.images import ImageInput, IntakeLimits, load_image
 from ..package import EncoderFingerprint
 
 __all__ = ["HASH_COLUMNS", "ENCODE_COLUMNS", "EncodeStage", "StageSpec", "columns", "hash_stage", "rows"]

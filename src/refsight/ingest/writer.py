@@ -32,7 +32,7 @@ import numpy as np
 
 from ..context import RequestContext
 from ..errors import InvalidInputError, RefsightError, StoreUnavailableError
-from ..images import IntakeLimits
+from ..inputs.images import IntakeLimits
 from ..judge.attribute_records import AttributeRecords
 from ..judge.attribute_sources import scoped_subject
 from ..package import EncoderFingerprint

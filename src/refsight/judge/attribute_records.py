@@ -12,7 +12,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..images import ImageInput
+from ..inputs.images import ImageInput
 from ..cache.packages import ModelImage
 from .attribute_schema import ERROR_KEY, AttributeSchema
 from .attribute_sources import AttributeSource, ImageNetAttributeSource, VlmAttributeSource, merge_records, scoped_subject, subject_of

@@ -148,7 +148,7 @@ def check_drift(
     package under ``backend.fingerprint()`` (and ``scope``) are sampled; the others are
     counted in ``skipped``. The draw depends only on ``seed`` and the references' images.
     """
-    from ..images import load_image
+    from ..inputs.images import load_image
     from ..package import package_key
 
     if isinstance(sample, bool) or not isinstance(sample, int) or sample < 1:

@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 from PIL import Image
 
 from .. import AddFailure, Engine, ImageInput, InvalidInputError, ReferenceSegment
-from ..images import IntakeLimits, load_image
+from ..inputs.images import IntakeLimits, load_image
 from ..support.environment import default_store_dir
 from ..requests import AddRequest, GenerationRequest, CompareRequest, SearchRequest
 from ..results import GenerateResult

@@ -42,7 +42,7 @@ def main(spec_path: str) -> None:
     import torch
 
     from refsight.backends.registry import get_backend
-    from refsight.images import load_image
+    from refsight.inputs.images import load_image
     from refsight.cache.prefix_states import PrefixStateCache
     from refsight.store import open_store
 

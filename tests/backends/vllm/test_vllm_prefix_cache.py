@@ -47,7 +47,7 @@ def _judge_request(references, candidate, rubric):
 
 
 def test_second_and_third_rubric_hit_the_prefix_cache_with_identical_tokens(backend, photos):
-    from refsight.images import load_image
+    from refsight.inputs.images import load_image
     from refsight.samples import load_sample
 
     # vLLM's CPU KV blocks hold 128 tokens and only whole blocks are cached: seven

@@ -76,7 +76,7 @@ def test_a_cache_miss_is_retried_once_with_pixels(served, grid_photos, photos):
         # Off-grid and flipped: pixels this server was never sent by any test.
         from PIL import ImageOps
 
-        from refsight.images import load_image
+        from refsight.inputs.images import load_image
 
         unseen = load_image(ImageOps.mirror(photos["coffee"].image), name="unseen")
         reference = backend.encode([unseen])[0]

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 from ...errors import BackendError, InvalidInputError
-from ...images import ImageInput
+from ...inputs.images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
 from ..base import Backend, Execution, Generation, PreparedRequest
 from ...sampling import OUTPUT_FIELDS, SAMPLING_FIELDS

@@ -26,7 +26,7 @@ from typing import Any, ClassVar, Sequence
 
 from ...errors import BackendError, CorruptPackageError, ModelLoadError
 from ...families.entry import Traits
-from ...images import ImageInput
+from ...inputs.images import ImageInput
 from ...package import VisualPackage
 from ..text_access import check_chat_template
 from .base import HFBackend

@@ -36,7 +36,7 @@ from ...errors import (
     InvalidInputError,
     RefsightError,
 )
-from ...images import ImageInput
+from ...inputs.images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
 from ..base import Backend, Execution, Generation, PreparedRequest
 from ..prefix import render_prefix

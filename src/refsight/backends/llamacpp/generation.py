@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import ContextLengthError, CorruptPackageError
-from ...images import ImageInput
+from ...inputs.images import ImageInput
 from ...package import VisualPackage
 from ...results import TextPiece, TokenLogprob
 from ..logprobs import chain_logprob, token_logprob

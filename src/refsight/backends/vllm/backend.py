@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence, TypeVar
 
 from ...errors import GenerationError
 from ...families import FAMILIES
-from ...images import ImageInput
+from ...inputs.images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
 from ..base import Backend, Execution, Generation, PreparedRequest
 from ..hf.grid import grid_tokens

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import ContextLengthError
+from ..errors import ContextLengthError
 
 __all__ = ["check_prompt_size"]
 

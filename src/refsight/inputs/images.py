@@ -36,9 +36,9 @@ from typing import Union
 
 from PIL import Image
 
-from .errors import ImageError
-from .inputs.reading import FileReadError, read_regular_file
-from .inputs.text import printable_text
+from ..errors import ImageError
+from .reading import FileReadError, read_regular_file
+from .text import printable_text
 
 __all__ = ["ImageInput", "IntakeLimits", "SUPPORTED_FORMATS", "load_image", "pixel_hash", "source_label", "ImageSource"]
 

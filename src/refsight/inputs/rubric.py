@@ -29,10 +29,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import InvalidInputError, RubricError
-from .inputs.jsonlimits import MAX_NODES, check_json_depth, json_nodes, load_yaml
-from .inputs.text import check_text
-from .package import canonical_json
+from ..errors import InvalidInputError, RubricError
+from .jsonlimits import MAX_NODES, check_json_depth, json_nodes, load_yaml
+from .text import check_text
+from ..package import canonical_json
 
 __all__ = [
     "MAX_CRITERIA",
