@@ -16,7 +16,7 @@ FLOORS = (
     ("embedders", "settings"),
     ("retrieval", "context"),
     ("cache",),
-    ("judge", "references", "rerank"),
+    ("judge", "references"),
     ("compare", "ingest", "maintenance"),
     ("engine",),
     ("refsight",),

@@ -12,7 +12,7 @@ import pytest
 
 from refsight import Engine
 from refsight.requests import GenerationRequest
-from refsight.rerank import RerankQuery, VlmReranker, rerank_segments
+from refsight.compare.rerank import RerankQuery, VlmReranker, rerank_segments
 from refsight.samples import load_sample
 
 CRITERIA = ("short fur", "pointed ears")

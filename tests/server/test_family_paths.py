@@ -19,7 +19,7 @@ from refsight.families import FAMILIES
 from compare_helpers import RUBRIC, cached_and_fresh, without_timings
 from live_server import b64, data_url, photo_png
 from refsight.cli import main
-from refsight.rerank import RerankQuery, VlmReranker
+from refsight.compare.rerank import RerankQuery, VlmReranker
 
 #: Every family but those shaped like one already here (``kin_recipes``: another tower or config on a known
 #: layout, proven cached == fresh in tests/backends/test_families.py): the doors below are the same code for them,

@@ -24,7 +24,7 @@ from ..cache.packages import ModelImage, PackageCache, ServedImage
 from ..cache.prefix_states import PrefixStateCache
 from ..references import ReferenceBook
 from ..requests import CompareRequest
-from ..rerank import EmbeddingReranker, Reranker, RerankQuery, VlmReranker
+from .rerank import EmbeddingReranker, Reranker, RerankQuery, VlmReranker
 from ..results import CompareResult, SearchResult
 from ..retrieval.query import query_vector, recall_text
 from ..retrieval.store_index import StoreIndex

@@ -24,7 +24,7 @@ REFS = ("chelsea", "coffee", "astronaut")
 @pytest.mark.parametrize("name", GGUF_FAMILIES)
 def test_scores_cached_equal_fresh_deterministic_and_first_step_softmax(gguf, photos, name):
     from refsight.requests import GenerationRequest
-    from refsight.rerank import rerank_segments
+    from refsight.compare.rerank import rerank_segments
 
     backend = gguf(name)
     candidate = photos["rocket"]

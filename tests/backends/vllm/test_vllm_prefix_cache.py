@@ -84,7 +84,7 @@ def test_second_and_third_rubric_hit_the_prefix_cache_with_identical_tokens(back
 
 def test_yes_no_scores_repeat_match_hf_and_pixels(backend, photos):
     from refsight.requests import GenerationRequest
-    from refsight.rerank import rerank_segments
+    from refsight.compare.rerank import rerank_segments
 
     references = [photos[r] for r in REFS]
     packages = backend.encode(references)

@@ -100,7 +100,7 @@ def test_the_rerankers_reference_goes_by_uuid_and_scores_as_with_pixels(served, 
     travels by uuid (pixels once, then uuid-only), the candidate never, and the score is the all-pixels score."""
     from refsight.requests import GenerationRequest
     from refsight.backends.vllm.pixels import reference_uuid
-    from refsight.rerank import rerank_segments
+    from refsight.compare.rerank import rerank_segments
 
     _, server = served
     backend = _fresh_backend(server.url)

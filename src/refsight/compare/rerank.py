@@ -21,15 +21,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .requests import GenerationRequest
-from .context import RequestContext
-from .errors import InvalidInputError
-from .inputs.images import ImageInput
-from .package import VisualPackage
-from .cache.packages import PackageCache
-from .embedders.base import Embedder
-from .retrieval.query import query_vector
-from .store import Reference
+from ..requests import GenerationRequest
+from ..context import RequestContext
+from ..errors import InvalidInputError
+from ..inputs.images import ImageInput
+from ..package import VisualPackage
+from ..cache.packages import PackageCache
+from ..embedders.base import Embedder
+from ..retrieval.query import query_vector
+from ..store import Reference
 
 __all__ = ["RERANK_INSTRUCTION", "EmbeddingReranker", "RerankQuery", "Reranker", "VlmReranker", "rerank_segments"]
 
