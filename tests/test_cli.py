@@ -316,7 +316,7 @@ def test_a_model_named_on_the_command_line_is_loaded_with_its_own_table_not_the_
 def test_the_cli_passes_only_the_flags_typed_and_the_file_read_once(tmp_path):
     from refsight.backends.options import BackendOptions
     from refsight.cli import build_parser
-    from refsight.cli.context import backend_options, settings_of
+    from refsight.cli.command import backend_options, settings_of
 
     (tmp_path / "refsight.toml").write_text('[backend]\ndevice = "cpu"\n[models."tiny-qwen2-vl"]\nmax_pixels = 12544\n')
     parser = build_parser()

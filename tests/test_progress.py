@@ -7,7 +7,7 @@ import io
 
 from refsight import Engine
 from refsight.cli import build_parser
-from refsight.cli.context import shows_progress
+from refsight.cli.command import shows_progress
 from refsight.samples import sample_paths
 from refsight.support.timing import StageTicker, StageTimer
 

@@ -27,7 +27,7 @@ from .. import InvalidInputError, RefsightError
 from ..support.environment import default_catalog_url, default_redis_url
 from . import judging, maintenance, models, references, serving
 from .arguments import CommandParser, UsageError, model_options, store_options
-from .context import open_engine, say
+from .command import open_engine, say
 
 __all__ = ["main", "build_parser", "describe_error"]
 

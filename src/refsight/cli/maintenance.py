@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from .arguments import EMBEDDER_HELP, Command, UsageError
-from .context import emit, open_engine
+from .command import emit, open_engine
 from .tables import format_ms, iso_time, model_name, percent, size, table
 
 __all__ = ["COMMANDS"]

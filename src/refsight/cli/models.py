@@ -11,7 +11,7 @@ from typing import Any
 from ..support.environment import default_model, default_store_dir, vllm_env_dir
 from ..support.extras import install_command
 from .arguments import Command, path_argument
-from .context import emit, open_engine
+from .command import emit, open_engine
 from .tables import model_name, size, table
 
 __all__ = ["COMMANDS", "describe_model"]

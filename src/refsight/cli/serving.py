@@ -14,7 +14,7 @@ import sys
 
 from .arguments import EMBEDDER_HELP, Command, UsageError, path_argument, text_argument
 from ..support.extras import install_command
-from .context import backend_options, settings_of
+from .command import backend_options, settings_of
 from .llama_flags import add_llama_server_arguments, chat_template, llama_server_settings, slot_context
 
 __all__ = ["COMMANDS"]
