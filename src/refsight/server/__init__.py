@@ -29,8 +29,8 @@ __all__ = ["create_app", "ServerConfig", "serve"]
 
 def serve(config: ServerConfig) -> None:
     """Run the app under uvicorn until interrupted (checks the settings and loads the model before binding)."""
-    from .access_log import log_config
-    from .binding import run as run_bound
+    from .edge.access_log import log_config
+    from .edge.binding import run as run_bound
     from .connections import uvicorn_options
 
     # Before the model loads: workers x threads <= cores (refsight.threads), so workers do not fight.

@@ -21,25 +21,25 @@ from typing import Any
 from fastapi import FastAPI
 
 from .. import __version__
-from .access_log import install as install_access_log_redaction
+from .edge.access_log import install as install_access_log_redaction
 from .config import ServerConfig
-from .error_shapes import ErrorShapeMiddleware
-from .errors import ERROR_RESPONSES, CatchAllMiddleware, install_error_handlers
-from .gate import AuthGateMiddleware
-from .limits import BodyLimitMiddleware, WorkPool
+from .edge.error_shapes import ErrorShapeMiddleware
+from .edge.http_errors import ERROR_RESPONSES, CatchAllMiddleware, install_error_handlers
+from .edge.gate import AuthGateMiddleware
+from .edge.limits import BodyLimitMiddleware, WorkPool
 from .media_uuids import MediaUuids
 from .progress import CompareProgress
-from .methods import HeadAsGetMiddleware
-from .json_content import JsonContentMiddleware
-from .origins import OriginGuardMiddleware
-from .llama_metrics import LlamaCollector
-from .metrics import Metrics, TimingMiddleware
-from .responses import TextSafeJSONResponse
+from .edge.methods import HeadAsGetMiddleware
+from .edge.json_content import JsonContentMiddleware
+from .edge.origins import OriginGuardMiddleware
+from .edge.llama_metrics import LlamaCollector
+from .edge.metrics import Metrics, TimingMiddleware
+from .edge.responses import TextSafeJSONResponse
 from .page import router as page_router
 from .routes import ROUTERS
 from .service import Service
-from .sleep import SleepMiddleware, SleepWatch
-from .tenants import Tenants, unserved_references_warning
+from .edge.sleep import SleepMiddleware, SleepWatch
+from .edge.tenants import Tenants, unserved_references_warning
 
 __all__ = ["create_app"]
 

@@ -20,7 +20,7 @@ from pydantic_core import PydanticCustomError
 from ..retrieval.vectors import MAX_WHERE_KEYS
 from ..inputs.jsonlimits import load_json
 from ..inputs.text import check_text, check_texts
-from .errors import ApiError
+from .edge.http_errors import ApiError
 
 __all__ = [
     "AddReferenceBody",

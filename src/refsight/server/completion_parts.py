@@ -22,7 +22,7 @@ from ..results import GenerateResult
 
 from .answers import Answer
 from .bodies import decode_image_field
-from .errors import ApiError
+from .edge.http_errors import ApiError
 from .openai_parts import REF_URL_PREFIX, ContentPart, ImageURL, PartResolver
 from .prompt_limit import check_prompt_chars, check_prompt_tokens
 

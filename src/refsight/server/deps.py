@@ -15,14 +15,14 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
-from .auth import require_tenant
+from .edge.auth import require_tenant
 from .config import ServerConfig
-from .limits import WorkPool
+from .edge.limits import WorkPool
 from .media_uuids import MediaUuids
-from .metrics import Metrics
+from .edge.metrics import Metrics
 from .progress import CompareProgress
 from .service import Service
-from .tenants import Tenants
+from .edge.tenants import Tenants
 
 __all__ = ["ServiceDep", "PoolDep", "MetricsDep", "ConfigDep", "TenantsDep", "MediaUuidsDep", "ProgressDep", "Namespace"]
 

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .. import InvalidInputError, Sampling
 from ..requests import SAMPLING_RANGES, check_json_schema
 from .bodies import IntegerOrNull, NumberOrNull
-from .errors import ApiError
+from .edge.http_errors import ApiError
 from .token_fields import logit_bias_pairs
 
 __all__ = [

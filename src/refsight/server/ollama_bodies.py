@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .completion_parts import media_segment
-from .errors import ApiError
+from .edge.http_errors import ApiError
 from .bodies import IntegerOrNull, Number
 from .generation_body import GenerationBody, check_generation, check_schema
 from .openai_parts import PartResolver

@@ -38,9 +38,9 @@ from ..requests import AddRequest, GenerationRequest, CompareRequest, SearchRequ
 from ..results import GenerateResult
 from ..settings import Settings, load_settings
 from .config import ServerConfig
-from .llama_metrics import GenerationCounters
+from .edge.llama_metrics import GenerationCounters
 from .model_facts import GenerationSupport, ModelDetails, ModelFacts
-from .responses import printable_data
+from .edge.responses import printable_data
 from .thumbnails import ThumbnailCache, render_thumbnail, snap_size
 
 __all__ = ["Service", "ReferenceSegment"]

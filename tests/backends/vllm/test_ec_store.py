@@ -179,7 +179,7 @@ def test_the_connector_counters_reach_stats_and_metrics(tmp_path):
     """What a connector counted in a store is ``vllm_encoder_cache`` in ``Engine.stats()`` (so in
     ``refsight stats``) and ``refsight_vllm_encoder_cache_*`` on the server's ``/metrics``."""
     from refsight import Engine
-    from refsight.server.metrics import Metrics
+    from refsight.server.edge.metrics import Metrics
 
     store = ec.ECStore(tmp_path / "store" / ec.DIRNAME, FINGERPRINT)
     uuid = _uuid(7)

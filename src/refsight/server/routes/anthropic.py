@@ -38,8 +38,8 @@ from ..answers import Answer
 from ..bodies import Integer, Number
 from ..completion_parts import stop_type
 from ..deps import ConfigDep, MediaUuidsDep, Namespace, PoolDep, ServiceDep
-from ..disconnect import run_watched
-from ..errors import ERROR_RESPONSES, ApiError
+from ..edge.disconnect import run_watched
+from ..edge.http_errors import ERROR_RESPONSES, ApiError
 from ..generation_body import GenerationBody, check_generation
 from ..openai_parts import chat_prompt_end, prompt_end_of
 from ..input_tokens import input_tokens, template_tokens

@@ -20,9 +20,9 @@ from pydantic import Field
 from ...results import GenerateResult
 from ..answers import SYSTEM_FINGERPRINT, finish_reason, refsight_extra, usage
 from ..completion_parts import MAX_PROMPTS, check_raw_prompt, raw_prompt
-from ..disconnect import run_watched
+from ..edge.disconnect import run_watched
 from ..deps import ConfigDep, PoolDep, ServiceDep, Namespace
-from ..errors import ERROR_RESPONSES, ApiError
+from ..edge.http_errors import ERROR_RESPONSES, ApiError
 from ..bodies import IntegerOrNull, StreamOptions
 from ..generation_body import GenerationBody, check_generation
 from ..logprob_fields import completion_logprobs, piece_logprobs

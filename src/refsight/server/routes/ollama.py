@@ -29,8 +29,8 @@ from fastapi import APIRouter, Request
 
 from ..completion_parts import check_raw_prompt, raw_prompt
 from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
-from ..disconnect import run_watched
-from ..errors import ERROR_RESPONSES, ApiError
+from ..edge.disconnect import run_watched
+from ..edge.http_errors import ERROR_RESPONSES, ApiError
 from ..ollama_bodies import (
     OllamaChatBody, OllamaGenerateBody, OllamaMessage, chat_segments, check_model, check_refused, generation,
     ollama_name, schema_of,

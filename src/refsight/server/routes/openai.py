@@ -55,8 +55,8 @@ from ..bodies import IntegerOrNull, StreamOptions
 from ..generation_body import GenerationBody, check_generation
 from ..input_tokens import input_tokens
 from ..logprob_fields import chat_logprobs, piece_logprobs
-from ..errors import ERROR_RESPONSES, ApiError, inputs_as_fields
-from ..disconnect import run_watched
+from ..edge.http_errors import ERROR_RESPONSES, ApiError, inputs_as_fields
+from ..edge.disconnect import run_watched
 from ..completion_parts import stop_type
 from ..openai_parts import Message, PartResolver, chat_prompt_end, messages_to_segments, template_segments
 from ..prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts

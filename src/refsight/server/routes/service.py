@@ -8,9 +8,9 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 
 from ... import __version__
-from ..auth import require_operator
+from ..edge.auth import require_operator
 from ..deps import MetricsDep, PoolDep, ServiceDep, Namespace, TenantsDep
-from ..metrics import CONTENT_TYPE_LATEST
+from ..edge.metrics import CONTENT_TYPE_LATEST
 
 __all__ = ["router"]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from ..inputs.text import printable_text
+from ...inputs.text import printable_text
 
 __all__ = ["TextSafeJSONResponse", "printable_data"]
 

@@ -43,7 +43,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import (
+from ...errors import (
     BackendError,
     CorruptPackageError,
     GenerationError,

@@ -24,10 +24,10 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..inputs.reading import FileReadError, read_regular_file
-from ..inputs.text import is_valid_text
-from ..support.environment import default_api_keys
-from ..errors import InvalidInputError
+from ...inputs.reading import FileReadError, read_regular_file
+from ...inputs.text import is_valid_text
+from ...support.environment import default_api_keys
+from ...errors import InvalidInputError
 
 __all__ = [
     "Tenants", "OPERATOR", "ENV_VAR", "is_loopback", "parse_key_pairs", "load_keys", "unserved_references_warning",

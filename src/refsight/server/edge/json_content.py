@@ -25,11 +25,11 @@ import json
 import re
 from typing import Any
 
-from .. import InvalidInputError
-from ..inputs.jsonlimits import MAX_JSON_DEPTH
-from ..inputs.jsonlimits import json_shape, json_utf8
-from ..inputs.text import check_text, check_texts
-from .errors import ApiError
+from ... import InvalidInputError
+from ...inputs.jsonlimits import MAX_JSON_DEPTH
+from ...inputs.jsonlimits import json_shape, json_utf8
+from ...inputs.text import check_text, check_texts
+from .http_errors import ApiError
 
 __all__ = ["JsonContentMiddleware", "JSON_ROUTES", "MAX_BODY_VALUES", "checked_json_body", "is_json"]
 

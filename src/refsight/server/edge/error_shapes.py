@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from .errors import ANTHROPIC_PATHS, OLLAMA_PATHS, OPENAI_PATHS, anthropic_error_body, ollama_error_body, openai_error_body
+from .http_errors import ANTHROPIC_PATHS, OLLAMA_PATHS, OPENAI_PATHS, anthropic_error_body, ollama_error_body, openai_error_body
 
 __all__ = ["ErrorShapeMiddleware"]
 

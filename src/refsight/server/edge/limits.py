@@ -29,7 +29,7 @@ import anyio
 import anyio.to_thread
 from starlette.routing import Match
 
-from .errors import ApiError, error_response, error_response_for
+from .http_errors import ApiError, error_response, error_response_for
 from .gate import flat_routes
 from .json_content import checked_json_body, is_json
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from ..results import COMPARE_STAGES
+from ...results import COMPARE_STAGES
 
 __all__ = ["Metrics", "TimingMiddleware", "CONTENT_TYPE_LATEST"]
 

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import anyio
 from starlette.requests import Request
 
-from .errors import ApiError
+from .http_errors import ApiError
 from .limits import WorkPool
 
 __all__ = ["run_watched", "watched", "stop_between_steps", "ClientGone", "client_stop", "with_client_stop"]

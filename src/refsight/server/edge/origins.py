@@ -35,7 +35,7 @@ from typing import Any
 
 from starlette.responses import Response
 
-from .errors import error_response
+from .http_errors import error_response
 from .tenants import Tenants, is_loopback
 
 __all__ = ["OriginGuardMiddleware", "LOCALHOST", "authority_host", "origin_host"]

@@ -19,7 +19,7 @@ from urllib.parse import unquote
 from fastapi import Depends, Path, Request
 from fastapi.security import APIKeyHeader, HTTPBearer
 
-from .errors import ApiError
+from .http_errors import ApiError
 from .tenants import OPERATOR, Tenants
 
 __all__ = ["REF_ID_PATH", "authenticate", "credential_headers", "presented_key", "require_operator", "require_tenant"]

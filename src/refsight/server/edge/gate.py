@@ -23,7 +23,7 @@ from typing import Any
 from starlette.routing import Match
 
 from .auth import authenticate, credential_headers, require_operator, require_tenant
-from .errors import ApiError, error_response
+from .http_errors import ApiError, error_response
 from .tenants import Tenants
 
 __all__ = ["AuthGateMiddleware", "flat_routes", "route_guard"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from ..errors import InvalidInputError
+from ...errors import InvalidInputError
 
 __all__ = ["split_hosts", "run"]
 
