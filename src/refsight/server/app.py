@@ -28,7 +28,7 @@ from .edge.http_errors import ERROR_RESPONSES, CatchAllMiddleware, install_error
 from .edge.gate import AuthGateMiddleware
 from .edge.limits import BodyLimitMiddleware, WorkPool
 from .media_uuids import MediaUuids
-from .progress import CompareProgress
+from .replies.progress import CompareProgress
 from .edge.methods import HeadAsGetMiddleware
 from .edge.json_content import JsonContentMiddleware
 from .edge.origins import OriginGuardMiddleware

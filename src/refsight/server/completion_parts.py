@@ -20,7 +20,7 @@ from typing import Any, Callable
 from .. import ContextLengthError, InvalidInputError
 from ..results import GenerateResult
 
-from .answers import Answer
+from .replies.answers import Answer
 from .bodies import decode_image_field
 from .edge.http_errors import ApiError
 from .openai_parts import REF_URL_PREFIX, ContentPart, ImageURL, PartResolver

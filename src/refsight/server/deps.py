@@ -20,7 +20,7 @@ from .config import ServerConfig
 from .edge.limits import WorkPool
 from .media_uuids import MediaUuids
 from .edge.metrics import Metrics
-from .progress import CompareProgress
+from .replies.progress import CompareProgress
 from .service import Service
 from .edge.tenants import Tenants
 

@@ -34,7 +34,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from ... import InvalidInputError
-from ..answers import Answer
+from ..replies.answers import Answer
 from ..bodies import Integer, Number
 from ..completion_parts import stop_type
 from ..deps import ConfigDep, MediaUuidsDep, Namespace, PoolDep, ServiceDep
@@ -45,7 +45,7 @@ from ..openai_parts import chat_prompt_end, prompt_end_of
 from ..input_tokens import input_tokens, template_tokens
 from ..openai_parts import ContentPart, ImageURL, Message, PartResolver, messages_to_segments
 from ..prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
-from ..streaming import EventStreamResponse, answer_events, open_stream
+from ..replies.streaming import EventStreamResponse, answer_events, open_stream
 
 __all__ = ["router"]
 

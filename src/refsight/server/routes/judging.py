@@ -12,7 +12,7 @@ from ..bodies import CompareBody, SearchBody, body_schema, decode_image_field, r
 from ..edge.disconnect import run_watched, stop_between_steps
 from ..deps import MetricsDep, PoolDep, ProgressDep, ServiceDep, Namespace
 from ..edge.http_errors import ERROR_RESPONSES, ApiError, fields_named, inputs_as_fields
-from ..progress import PROGRESS_HEADER, check_token
+from ..replies.progress import PROGRESS_HEADER, check_token
 
 __all__ = ["router"]
 

@@ -35,10 +35,10 @@ from ..ollama_bodies import (
     OllamaChatBody, OllamaGenerateBody, OllamaMessage, chat_segments, check_model, check_refused, generation,
     ollama_name, schema_of,
 )
-from ..answers import Answer, finish_reason, refsight_extra
+from ..replies.answers import Answer, finish_reason, refsight_extra
 from ..openai_parts import PartResolver
 from ..prompt_limit import check_prompt_chars, check_prompt_tokens
-from ..streaming import NDJSON, EventStreamResponse, answer_events, ndjson_line, open_stream
+from ..replies.streaming import NDJSON, EventStreamResponse, answer_events, ndjson_line, open_stream
 from .ollama_models import model_facts
 
 __all__ = ["router", "created_at"]

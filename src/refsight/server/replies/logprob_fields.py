@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from ..results import TokenLogprob, finite_logprob
+from ...results import TokenLogprob, finite_logprob
 
 __all__ = ["token_entries", "chat_logprobs", "completion_logprobs", "piece_logprobs"]
 

@@ -24,8 +24,8 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .edge.disconnect import watched, with_client_stop
-from .edge.limits import WorkPool
+from ..edge.disconnect import watched, with_client_stop
+from ..edge.limits import WorkPool
 
 __all__ = [
     "Finished", "stream_in_pool", "open_stream", "stream_error", "EventStreamResponse", "sse_event", "SSE_DONE",
@@ -52,8 +52,8 @@ def ndjson_line(data: Any) -> bytes:
 
 def stream_error(error: BaseException) -> dict[str, Any]:
     """The error object of an error after a stream began (OpenAI's shape; details of a crash are not shown)."""
-    from .. import RefsightError
-    from .edge.http_errors import ApiError, from_refsight, openai_error_body
+    from ... import RefsightError
+    from ..edge.http_errors import ApiError, from_refsight, openai_error_body
 
     if not isinstance(error, ApiError):
         error = from_refsight(error) if isinstance(error, RefsightError) else ApiError(500, "internal_error", "internal server error")

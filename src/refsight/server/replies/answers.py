@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .. import __version__
-from ..results import GenerateResult
+from ... import __version__
+from ...results import GenerateResult
 
 __all__ = ["Answer", "usage", "refsight_extra", "finish_reason", "RANDOM_WEIGHTS_NOTICE", "SYSTEM_FINGERPRINT"]
 

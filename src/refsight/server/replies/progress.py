@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .edge.http_errors import ApiError
+from ..edge.http_errors import ApiError
 
 __all__ = ["CompareProgress", "PROGRESS_HEADER", "check_token"]
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from ..results import GenerateResult
+from ...results import GenerateResult
 
 __all__ = ["TokenClock"]
 
