@@ -12,7 +12,7 @@ import pytest
 
 from live_server import LiveServer, photo_png
 from refsight.server.edge.http_errors import ApiError
-from refsight.server.remote_media import RemoteMedia
+from refsight.server.intake.remote_media import RemoteMedia
 
 CAT = photo_png("chelsea", (32, 32))
 

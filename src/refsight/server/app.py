@@ -27,7 +27,7 @@ from .edge.error_shapes import ErrorShapeMiddleware
 from .edge.http_errors import ERROR_RESPONSES, CatchAllMiddleware, install_error_handlers
 from .edge.gate import AuthGateMiddleware
 from .edge.limits import BodyLimitMiddleware, WorkPool
-from .media_uuids import MediaUuids
+from .intake.media_uuids import MediaUuids
 from .replies.progress import CompareProgress
 from .edge.methods import HeadAsGetMiddleware
 from .edge.json_content import JsonContentMiddleware

@@ -11,7 +11,7 @@ from ..settings import BackendOptions, Settings
 from ..errors import InvalidInputError
 from ..support.environment import default_api_key
 from .edge.binding import split_hosts
-from .generation_body import DEFAULT_MAX_TOKENS
+from .intake.generation_body import DEFAULT_MAX_TOKENS
 from .edge.tenants import is_loopback, load_keys, with_api_key
 
 __all__ = ["ServerConfig"]

@@ -18,7 +18,7 @@ from fastapi import Depends, Request
 from .edge.auth import require_tenant
 from .config import ServerConfig
 from .edge.limits import WorkPool
-from .media_uuids import MediaUuids
+from .intake.media_uuids import MediaUuids
 from .edge.metrics import Metrics
 from .replies.progress import CompareProgress
 from .service import Service

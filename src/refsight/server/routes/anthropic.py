@@ -35,16 +35,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ... import InvalidInputError
 from ..replies.answers import Answer
-from ..bodies import Integer, Number
-from ..completion_parts import stop_type
+from ..intake.bodies import Integer, Number
+from ..intake.completion_parts import stop_type
 from ..deps import ConfigDep, MediaUuidsDep, Namespace, PoolDep, ServiceDep
 from ..edge.disconnect import run_watched
 from ..edge.http_errors import ERROR_RESPONSES, ApiError
-from ..generation_body import GenerationBody, check_generation
-from ..openai_parts import chat_prompt_end, prompt_end_of
-from ..input_tokens import input_tokens, template_tokens
-from ..openai_parts import ContentPart, ImageURL, Message, PartResolver, messages_to_segments
-from ..prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
+from ..intake.generation_body import GenerationBody, check_generation
+from ..intake.messages import chat_prompt_end, prompt_end_of
+from ..intake.input_tokens import input_tokens, template_tokens
+from ..intake.messages import ContentPart, ImageURL, Message, PartResolver, messages_to_segments
+from ..intake.prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
 from ..replies.streaming import EventStreamResponse, answer_events, open_stream
 
 __all__ = ["router"]

@@ -19,12 +19,12 @@ from pydantic import Field
 
 from ...results import GenerateResult
 from ..replies.answers import SYSTEM_FINGERPRINT, finish_reason, refsight_extra, usage
-from ..completion_parts import MAX_PROMPTS, check_raw_prompt, raw_prompt
+from ..intake.completion_parts import MAX_PROMPTS, check_raw_prompt, raw_prompt
 from ..edge.disconnect import run_watched
 from ..deps import ConfigDep, PoolDep, ServiceDep, Namespace
 from ..edge.http_errors import ERROR_RESPONSES, ApiError
-from ..bodies import IntegerOrNull, StreamOptions
-from ..generation_body import GenerationBody, check_generation
+from ..intake.bodies import IntegerOrNull, StreamOptions
+from ..intake.generation_body import GenerationBody, check_generation
 from ..replies.logprob_fields import completion_logprobs, piece_logprobs
 from ..replies.streaming import SSE_DONE, EventStreamResponse, PromptProgress, answer_events, open_stream, progress_hook, sse_event
 

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 
 from ...retrieval.vectors import validate_where
 from ...requests import CompareRequest, SearchRequest
-from ..bodies import CompareBody, SearchBody, body_schema, decode_image_field, read_body
+from ..intake.bodies import CompareBody, SearchBody, body_schema, decode_image_field, read_body
 from ..edge.disconnect import run_watched, stop_between_steps
 from ..deps import MetricsDep, PoolDep, ProgressDep, ServiceDep, Namespace
 from ..edge.http_errors import ERROR_RESPONSES, ApiError, fields_named, inputs_as_fields

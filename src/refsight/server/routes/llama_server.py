@@ -26,16 +26,16 @@ from ... import __version__
 from ...results import GenerateResult
 from ...settings import torch_threads
 from ..replies.answers import Answer
-from ..completion_parts import MAX_PROMPTS, RawPrompt, check_raw_prompt, fill_context, mixed_prompt_text, raw_prompt, stop_type
+from ..intake.completion_parts import MAX_PROMPTS, RawPrompt, check_raw_prompt, fill_context, mixed_prompt_text, raw_prompt, stop_type
 from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
 from ..edge.http_errors import ERROR_RESPONSES, ApiError
-from ..bodies import IntegerOrNull
-from ..generation_body import GenerationBody, check_generation
+from ..intake.bodies import IntegerOrNull
+from ..intake.generation_body import GenerationBody, check_generation
 from ..replies.logprob_fields import piece_logprobs, token_entries
-from ..openai_parts import prompt_end_of
+from ..intake.messages import prompt_end_of
 from ..edge.disconnect import run_watched
-from ..openai_parts import Message, PartResolver, template_segments
-from ..prompt_limit import check_prompt_chars
+from ..intake.messages import Message, PartResolver, template_segments
+from ..intake.prompt_limit import check_prompt_chars
 from ..replies.streaming import EventStreamResponse, PromptProgress, answer_events, open_stream, progress_hook, sse_event
 from ..replies.timings import TokenClock
 

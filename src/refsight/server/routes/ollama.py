@@ -27,7 +27,7 @@ from typing import Any, AsyncIterator, Callable
 
 from fastapi import APIRouter, Request
 
-from ..completion_parts import check_raw_prompt, raw_prompt
+from ..intake.completion_parts import check_raw_prompt, raw_prompt
 from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
 from ..edge.disconnect import run_watched
 from ..edge.http_errors import ERROR_RESPONSES, ApiError
@@ -36,8 +36,8 @@ from ..ollama_bodies import (
     ollama_name, schema_of,
 )
 from ..replies.answers import Answer, finish_reason, refsight_extra
-from ..openai_parts import PartResolver
-from ..prompt_limit import check_prompt_chars, check_prompt_tokens
+from ..intake.messages import PartResolver
+from ..intake.prompt_limit import check_prompt_chars, check_prompt_tokens
 from ..replies.streaming import NDJSON, EventStreamResponse, answer_events, ndjson_line, open_stream
 from .ollama_models import model_facts
 

@@ -51,15 +51,15 @@ from pydantic import Field
 from ... import Sampling
 from ..replies.answers import SYSTEM_FINGERPRINT, Answer, finish_reason, refsight_extra, usage
 from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
-from ..bodies import IntegerOrNull, StreamOptions
-from ..generation_body import GenerationBody, check_generation
-from ..input_tokens import input_tokens
+from ..intake.bodies import IntegerOrNull, StreamOptions
+from ..intake.generation_body import GenerationBody, check_generation
+from ..intake.input_tokens import input_tokens
 from ..replies.logprob_fields import chat_logprobs, piece_logprobs
 from ..edge.http_errors import ERROR_RESPONSES, ApiError, inputs_as_fields
 from ..edge.disconnect import run_watched
-from ..completion_parts import stop_type
-from ..openai_parts import Message, PartResolver, chat_prompt_end, messages_to_segments, template_segments
-from ..prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
+from ..intake.completion_parts import stop_type
+from ..intake.messages import Message, PartResolver, chat_prompt_end, messages_to_segments, template_segments
+from ..intake.prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
 from ..replies.streaming import (
     SSE_DONE, EventStreamResponse, PromptProgress, answer_events, open_stream, progress_hook, sse_event,
 )

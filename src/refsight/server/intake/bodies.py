@@ -17,10 +17,10 @@ from fastapi import Request
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticCustomError
 
-from ..retrieval.vectors import MAX_WHERE_KEYS
-from ..inputs.jsonlimits import load_json
-from ..inputs.text import check_text, check_texts
-from .edge.http_errors import ApiError
+from ...retrieval.vectors import MAX_WHERE_KEYS
+from ...inputs.jsonlimits import load_json
+from ...inputs.text import check_text, check_texts
+from ..edge.http_errors import ApiError
 
 __all__ = [
     "AddReferenceBody",

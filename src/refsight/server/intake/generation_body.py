@@ -25,10 +25,10 @@ from typing import Any, Callable, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .. import InvalidInputError, Sampling
-from ..requests import SAMPLING_RANGES, check_json_schema
+from ... import InvalidInputError, Sampling
+from ...requests import SAMPLING_RANGES, check_json_schema
 from .bodies import IntegerOrNull, NumberOrNull
-from .edge.http_errors import ApiError
+from ..edge.http_errors import ApiError
 from .token_fields import logit_bias_pairs
 
 __all__ = [

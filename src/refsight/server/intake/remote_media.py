@@ -46,8 +46,8 @@ from pathlib import Path
 from urllib.parse import SplitResult, quote, unquote, urljoin, urlsplit
 
 from .content_encodings import PIECE, EncodingError, decoded, encoding_layers
-from .edge.disconnect import ClientGone
-from .edge.http_errors import ApiError
+from ..edge.disconnect import ClientGone
+from ..edge.http_errors import ApiError
 from .fetch_deadline import FetchDeadline, FetchStopped
 
 __all__ = ["RemoteMedia", "MAX_REDIRECTS"]

@@ -22,8 +22,8 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from .. import ImageInput
-from ..results import FieldRecord
+from ... import ImageInput
+from ...results import FieldRecord
 
 __all__ = ["MediaUuids", "UuidUse", "OUTCOMES", "MAX_UUID_CHARS", "ENTRY_OVERHEAD"]
 

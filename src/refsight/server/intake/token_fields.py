@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from .edge.http_errors import ApiError
+from ..edge.http_errors import ApiError
 
 __all__ = ["logit_bias_pairs"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .openai_parts import Message, PartResolver, messages_to_segments, template_segments
+from .messages import Message, PartResolver, messages_to_segments, template_segments
 
 __all__ = ["template_tokens", "input_tokens"]
 

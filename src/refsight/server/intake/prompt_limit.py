@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .edge.http_errors import ApiError
+from ..edge.http_errors import ApiError
 
 __all__ = ["MAX_CHARS_PER_TOKEN", "check_prompt_chars", "check_prompt_tokens", "prompt_texts"]
 

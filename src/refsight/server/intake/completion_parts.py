@@ -17,13 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .. import ContextLengthError, InvalidInputError
-from ..results import GenerateResult
+from ... import ContextLengthError, InvalidInputError
+from ...results import GenerateResult
 
-from .replies.answers import Answer
+from ..replies.answers import Answer
 from .bodies import decode_image_field
-from .edge.http_errors import ApiError
-from .openai_parts import REF_URL_PREFIX, ContentPart, ImageURL, PartResolver
+from ..edge.http_errors import ApiError
+from .messages import REF_URL_PREFIX, ContentPart, ImageURL, PartResolver
 from .prompt_limit import check_prompt_chars, check_prompt_tokens
 
 __all__ = [

@@ -39,11 +39,11 @@ from urllib.parse import unquote, urlsplit
 from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field
 
-from .. import ReferenceSegment
-from ..inputs.text import check_text
+from ... import ReferenceSegment
+from ...inputs.text import check_text
 from .bodies import decode_data_url
-from .edge.disconnect import client_stop
-from .edge.http_errors import ApiError
+from ..edge.disconnect import client_stop
+from ..edge.http_errors import ApiError
 from .fetch_deadline import FetchDeadline
 from .media_uuids import MAX_UUID_CHARS, MediaUuids, UuidUse
 from .remote_media import RemoteMedia
