@@ -35,7 +35,7 @@ from .edge.origins import OriginGuardMiddleware
 from .edge.llama_metrics import LlamaCollector
 from .edge.metrics import Metrics, TimingMiddleware
 from .edge.responses import TextSafeJSONResponse
-from .page import router as page_router
+from .routes.page import router as page_router
 from .routes import ROUTERS
 from .service import Service
 from .edge.sleep import SleepMiddleware, SleepWatch

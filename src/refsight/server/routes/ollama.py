@@ -31,7 +31,7 @@ from ..intake.completion_parts import check_raw_prompt, raw_prompt
 from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
 from ..edge.disconnect import run_watched
 from ..edge.http_errors import ERROR_RESPONSES, ApiError
-from ..ollama_bodies import (
+from .ollama_bodies import (
     OllamaChatBody, OllamaGenerateBody, OllamaMessage, chat_segments, check_model, check_refused, generation,
     ollama_name, schema_of,
 )

@@ -23,11 +23,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .intake.completion_parts import media_segment
-from .edge.http_errors import ApiError
-from .intake.bodies import IntegerOrNull, Number
-from .intake.generation_body import GenerationBody, check_generation, check_schema
-from .intake.messages import PartResolver
+from ..intake.completion_parts import media_segment
+from ..edge.http_errors import ApiError
+from ..intake.bodies import IntegerOrNull, Number
+from ..intake.generation_body import GenerationBody, check_generation, check_schema
+from ..intake.messages import PartResolver
 
 __all__ = [
     "OllamaMessage", "OllamaChatBody", "OllamaGenerateBody", "OllamaShowBody", "OPTION_FIELDS", "RUNTIME_HINTS",
