@@ -67,7 +67,7 @@ def _candidate(path: Path, into: Path, name: str = "candidate-cat.png") -> Path:
 
 
 #: The example rubric ``refsight samples`` writes (the README's ``--criteria @rubric.yaml``); it opens with
-#: ``---`` so that it reads as YAML (see ``refsight.rubric``), its comments after.
+#: ``---`` so that it reads as YAML (see ``refsight.inputs.rubric``), its comments after.
 SAMPLE_RUBRIC = """\
 ---
 # An example rubric: one criterion per entry. weight (default 1) counts in the score;

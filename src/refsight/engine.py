@@ -2,7 +2,7 @@
 
 The parts, each a module with one concern:
 
-- :class:`~refsight.package_cache.PackageCache`: the one get-or-encode (cache policy, counters);
+- :class:`~refsight.cache.packages.PackageCache`: the one get-or-encode (cache policy, counters);
 - :class:`~refsight.references.ReferenceBook`: ingest and reference CRUD;
 - :class:`~refsight.retrieval.store_index.StoreIndex`: recall, kept in sync with the catalog;
 - :class:`~refsight.maintenance.Maintenance`: verify, repair, re-encode, stats, gc;
@@ -81,7 +81,7 @@ class Engine:
     ``name → allowed values or None``, or a JSON/YAML file; default: fur, ears, colour, markings);
     ``remember_images`` what the store keeps of images a chat sends inline: ``off``, ``recurring`` (those
     sent again) or ``all`` (default: ``$REFSIGHT_REMEMBER_IMAGES``, else ``[store] remember_images``, else
-    ``recurring``; :mod:`refsight.remembered`).
+    ``recurring``; :mod:`refsight.settings.remembering`).
     """
 
     def __init__(
@@ -263,17 +263,17 @@ class Engine:
         ``raw_prompt``, ``max_prompt_tokens``, ``use_cache``, ``prefix_states``, ``model``, ``namespace``, ``prompt_end``.
 
         References come from their durable packages, other images through the package cache under the
-        engine's ``remember_images`` policy (:mod:`refsight.remembered`: candidates in memory only, or
+        engine's ``remember_images`` policy (:mod:`refsight.settings.remembering`: candidates in memory only, or
         remembered, durable, when sent again); ``use_cache=False`` sends pixels (the runtime's own fresh path).
         ``references_cached`` has one flag per image. ``sampling`` (default greedy) may set only
         fields the backend honours; ``turns`` splits the segments into chat turns (``(role,
         count)``, see :func:`~refsight.backends.turns.plan_turns`); ``on_text`` streams the answer
         as it is generated; a set ``stop_event`` ends it early (``finish_reason="cancelled"``). When the
         segments open with references (or remembered images), the language model's state after them is reused
-        across requests (:mod:`refsight.prefixes`) unless ``prefix_states=False``. ``raw_prompt``: the
+        across requests (:mod:`refsight.cache.prefix_states`) unless ``prefix_states=False``. ``raw_prompt``: the
         segments are the whole prompt, no chat template added (:mod:`refsight.backends.text_access`).
         A prompt whose text and image tokens exceed ``max_prompt_tokens`` or the backend's context is a
-        :class:`~refsight.errors.ContextLengthError` before the language model runs (:mod:`refsight.prompt_size`).
+        :class:`~refsight.errors.ContextLengthError` before the language model runs (:mod:`refsight.inputs.prompt_size`).
         ``on_prompt(total, cached, processed)``, with ``on_text``, hears of the prompt's tokens as their evaluation
         starts and ends (a backend with ``supports_prompt_progress``; any other refuses it by name).
         """
@@ -366,7 +366,7 @@ class Engine:
         when both are given). ``recall`` builds the query from the candidate ``"image"``, the
         ``"text"`` (``query``, else the rubric) or ``"both"`` (default; ``"text"`` when ``query``
         is given). ``rerank=N`` recalls N, reranks them with ``reranker`` (``"vlm"``: P(yes) of
-        the model, ``"embedding"``: cosine, or a :class:`~refsight.rerank.Reranker`) and judges
+        the model, ``"embedding"``: cosine, or a :class:`~refsight.compare.rerank.Reranker`) and judges
         the ``top_k`` best (``recall_k``: recall that many, rerank the best ``rerank`` of them by recall
         score). References whose stored attribute records settle a required
         criterion as a mismatch are dropped first (``stage: "filtered"``). The candidate is
@@ -412,7 +412,7 @@ class Engine:
         return self.maintenance.prune(fingerprints=fingerprints, models=models, dry_run=dry_run, backend=self.backend)
 
     def remembered(self, *, namespace: str | None = None, all_namespaces: bool = False) -> list[RememberedImage]:
-        """The remembered images (images sent inline and kept: :mod:`refsight.remembered`) of the namespace
+        """The remembered images (images sent inline and kept: :mod:`refsight.settings.remembering`) of the namespace
         (``all_namespaces``: of the store), most recently used first."""
         return self.maintenance.remembered(namespace=None if all_namespaces else self.context(namespace).namespace)
 

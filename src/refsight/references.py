@@ -2,7 +2,7 @@
 
 :class:`ReferenceBook` is what users name: reference ids in namespaces, their metadata
 and kept images. Adding a reference decodes and checks the image, gets its durable
-package from the :class:`~refsight.package_cache.PackageCache` (images are encoded in batches
+package from the :class:`~refsight.cache.packages.PackageCache` (images are encoded in batches
 of the backend's ``batch_size``; known ones skip the encoder), then records the kept
 bytes, the reference and its package link in ONE catalog transaction. Removing a
 reference notifies listeners (the retrieval index drops its entry), so nothing here

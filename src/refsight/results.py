@@ -325,7 +325,7 @@ class StoreStats:
     #: refsight's vLLM encoder-cache connector on this store (store-wide: hits, misses, saves,
     #: corrupt, evictions, bytes on disk); None when no vLLM server ever used the store that way.
     vllm_encoder_cache: dict[str, int] | None = None
-    #: Remembered images (images sent inline and kept, apart from references: :mod:`refsight.remembered`):
+    #: Remembered images (images sent inline and kept, apart from references: :mod:`refsight.settings.remembering`):
     #: how many and their packages' bytes (the store's view counts them in ``packages`` and ``bytes`` too; a
     #: tenant's view: its own, apart from its references' packages).
     remembered: int = 0

@@ -351,7 +351,7 @@ class Backend(TextAccess, abc.ABC):
         """This runtime's rules for a request, in this order: its rule for user text (:meth:`check_text`,
         :meth:`check_raw_text`), the prompt forms it renders (:func:`~.turns.check_prompt_form`), the :class:`Sampling`
         fields it honours (:attr:`sampling_fields`), and the prompt's size against ``max_prompt_tokens`` and
-        :attr:`context_size` (:func:`~refsight.prompt_size.check_prompt_size`). None needs the images resolved: asked
+        :attr:`context_size` (:func:`~refsight.inputs.prompt_size.check_prompt_size`). None needs the images resolved: asked
         before any is encoded (:meth:`plan_prompt`, new images counted by their size), the size is asked again with
         every image a package (:meth:`check_request`, for every caller, before any prefill)."""
         check = self.check_raw_text if request.raw_prompt else self.check_text

@@ -31,7 +31,7 @@ MMPROJ_FILE = "mmproj.gguf"
 # separate process: the converter parses sys.argv and configures logging globally.
 _CONVERT = """
 import os, runpy, sys
-import refsight  # its import lets PyPI's torchvision import beside a CPU torch (refsight.torchvision_cpu)
+import refsight  # its import lets PyPI's torchvision import beside a CPU torch (refsight.support.torchvision_cpu)
 src = os.environ["REFSIGHT_CONVERTER_DIR"]
 sys.path[:0] = [src, os.path.join(src, "gguf-py")]
 import conversion.base as base

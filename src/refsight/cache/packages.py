@@ -9,7 +9,7 @@ Every visual package refsight uses goes through :class:`PackageCache`, under one
   before) is written to disk the moment it is needed as a reference, without encoding.
 - **Candidate packages stay in memory.** A compared image is not a reference: its package
   goes to the bounded memory tier only, so it leaves nothing on disk.
-- **Images sent inline follow the ``remember_images`` policy** (:mod:`refsight.remembered`): a chat's
+- **Images sent inline follow the ``remember_images`` policy** (:mod:`refsight.settings.remembering`): a chat's
   image that is no named reference is a candidate, unless the policy remembers it (``recurring``: the
   second request of a namespace that sends it; ``all``: the first); then its package is made durable as a
   reference's is (written from the memory tier without encoding when it is there) and a row names the
@@ -107,7 +107,7 @@ class CachedPackage:
 
 class PackageCache:
     """Get-or-encode over one store; ``kept_image(sha256)`` decodes a reference's kept bytes; ``remember_images``
-    is the policy for images sent inline (``off``, ``recurring``, ``all``: :mod:`refsight.remembered`)."""
+    is the policy for images sent inline (``off``, ``recurring``, ``all``: :mod:`refsight.settings.remembering`)."""
 
     def __init__(
         self, store: Store, kept_image: Callable[[str], ImageInput], *, remember_images: str = DEFAULT_REMEMBER_IMAGES,

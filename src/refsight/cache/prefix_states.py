@@ -1,6 +1,6 @@
 """The engine's prefix-state cache: the store's tiers behind the backends' :class:`PrefixCache` protocol.
 
-One place counts, as :class:`~refsight.package_cache.PackageCache` does for packages:
+One place counts, as :class:`~refsight.cache.packages.PackageCache` does for packages:
 ``prefix_hits`` (a state served, memory or disk), ``prefix_misses`` (none usable: the
 backend builds it), ``prefix_ms_saved`` (the build time of every state served), ``prefix_tokens_reused`` (its
 prompt tokens, which no prefill ran over) and ``prefix_corrupt`` (files found corrupt, deleted and so rebuilt). Counts go to the

@@ -92,7 +92,7 @@ def _in_flags(reason: str, fields: Mapping[str, str]) -> str:
 
 
 def _resolve_store_options(args: argparse.Namespace) -> None:
-    """The options every command takes, with their environment defaults (:mod:`refsight.environment`)."""
+    """The options every command takes, with their environment defaults (:mod:`refsight.support.environment`)."""
     args.store = getattr(args, "store", None)
     args.catalog = getattr(args, "catalog", None) or default_catalog_url()
     args.local_dir = getattr(args, "local_dir", None)

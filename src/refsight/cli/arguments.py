@@ -205,7 +205,7 @@ def model_options() -> argparse.ArgumentParser:
             kind = int if name in ("min_pixels", "max_pixels", "batch_size") else text_argument
             metavar = "pixels|embeds" if name == "vllm_images" else None
             with_model.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None, metavar=metavar, help=help_text)
-    # Not a backend option: torch's and llama.cpp's setting is the process's (refsight.threads).
+    # Not a backend option: torch's and llama.cpp's setting is the process's (refsight.support.threads).
     with_model.add_argument(
         "-t", "--threads", type=int, default=None, metavar="N",
         help="threads for llama.cpp (llama-server's -t; default: every core, it runs one thread team at a time) and "

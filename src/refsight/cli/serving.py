@@ -94,7 +94,7 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _remember_images_argument(p: argparse.ArgumentParser) -> None:
-    from ..settings import REMEMBER_IMAGES  # the policy's values (refsight.remembered), through the public face
+    from ..settings import REMEMBER_IMAGES  # the policy's values (refsight.settings.remembering), through the public face
 
     p.add_argument(
         "--remember-images", choices=REMEMBER_IMAGES, default=None,
@@ -153,7 +153,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     workers = args.workers if args.workers is not None else (args.parallel or 2)
     if args.parallel is not None and workers < args.parallel:
         raise UsageError(f"--workers {workers} is below --parallel {args.parallel}: the slots could never all be busy")
-    # serve() applies the thread budget (refsight.threads): torch's threads are the cores shared out among the
+    # serve() applies the thread budget (refsight.support.threads): torch's threads are the cores shared out among the
     # workers, llama.cpp's (one thread team at a time) --threads or every core.
     # serve() loads and checks the model before it binds the port: a bad model or option is
     # a RefsightError here, one line and exit 1 (cli.main), with no server started.

@@ -6,7 +6,7 @@ reference; the engine keeps the ``top_k`` best for the judge. Two implementation
 - :class:`VlmReranker` (the default, Qwen3-VL-Reranker style): one forward pass per
   (reference package, candidate, rubric), score = P("yes") from the next-token logits,
   softmax over the yes/no pair, no decoding (:meth:`refsight.backends.base.Backend.score_yes_no`).
-  References come from their cached packages (:class:`~refsight.package_cache.PackageCache`),
+  References come from their cached packages (:class:`~refsight.cache.packages.PackageCache`),
   the candidate is encoded once, requests go in batches of the backend's ``batch_size``.
 - :class:`EmbeddingReranker`: cosine between the query vector (candidate and/or rubric) and
   each reference's cached vector under an embedder, often a stronger one than recall's.

@@ -63,7 +63,7 @@ class Embedder(abc.ABC):
         images = list(images)
         for i, im in enumerate(images):
             if not isinstance(im, ImageInput):
-                raise InvalidInputError(f"images[{i}]", f"expected an ImageInput (use refsight.images.load_image), got {type(im).__name__}")
+                raise InvalidInputError(f"images[{i}]", f"expected an ImageInput (use refsight.inputs.images.load_image), got {type(im).__name__}")
         return self._batched(images, self._embed_images)
 
     def embed_texts(self, texts: Sequence[str], instruction: str | None = None) -> np.ndarray:

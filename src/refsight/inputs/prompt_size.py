@@ -1,6 +1,6 @@
 """A prompt's size in tokens, text and images together, checked before the language model runs.
 
-The server bounds a prompt's *text* tokens before any model work (``server/prompt_limit.py``), but
+The server bounds a prompt's *text* tokens before any model work (``server/intake/prompt_limit.py``), but
 an image costs tokens too: one stored reference named 4,000 times in a 277 KB body was a
 56,026-token prompt (issue 38). :func:`check_prompt_size` counts each image's tokens as well (a
 package by its layout, pixels by their size where the backend can tell:

@@ -33,7 +33,7 @@ def serve(config: ServerConfig) -> None:
     from .edge.binding import run as run_bound
     from .connections import uvicorn_options
 
-    # Before the model loads: workers x threads <= cores (refsight.threads), so workers do not fight.
+    # Before the model loads: workers x threads <= cores (refsight.support.threads), so workers do not fight.
     threads = apply_threads(thread_budget(config.workers, config.threads), asked=config.threads)
     config = dataclasses.replace(config, threads=threads)  # what /props reports
     app = create_app(config)  # raises for a non-loopback host without keys, before any socket opens

@@ -24,7 +24,7 @@ class ServerConfig:
     """Everything :func:`refsight.server.create_app` needs.
 
     ``keys`` maps API key → namespace; ``None`` reads them from ``keys_file`` or
-    ``$REFSIGHT_API_KEYS`` (see :mod:`refsight.server.tenants`); ``api_key`` (or
+    ``$REFSIGHT_API_KEYS`` (see :mod:`refsight.server.edge.tenants`); ``api_key`` (or
     ``$REFSIGHT_API_KEY``) adds one key for the default namespace. With no keys the
     server refuses any ``host`` that is not loopback.
     """
@@ -44,7 +44,7 @@ class ServerConfig:
     #: llama-server's ``--tags``: informational tags listed in ``/v1/models`` (never used to route).
     model_tags: tuple[str, ...] = ()
     #: llama-server's ``--sleep-idle-seconds``: after this many seconds without a request the model is
-    #: unloaded, and the next request that needs it loads it again (:mod:`~refsight.server.sleep`); None: never.
+    #: unloaded, and the next request that needs it loads it again (:mod:`~refsight.server.edge.sleep`); None: never.
     sleep_idle_seconds: float | None = None
     #: How the model is loaded (device, dtype, processor settings ...): the options set explicitly
     #: (the CLI's flags). The config file's ``[backend]`` and ``[models."NAME"]`` go under them.
@@ -58,7 +58,7 @@ class ServerConfig:
     #: Threads that run model work (encode, generate, search) off the event loop.
     workers: int = 2
     #: torch's threads per worker and llama.cpp's threads (``--threads``); None: torch gets the cores shared out
-    #: among the workers, llama.cpp every core (it runs one thread team at a time: :mod:`refsight.threads`).
+    #: among the workers, llama.cpp every core (it runs one thread team at a time: :mod:`refsight.support.threads`).
     threads: int | None = None
     #: Requests that may wait for a worker; one more gets 429.
     queue: int = 32
@@ -118,7 +118,7 @@ class ServerConfig:
     #: Without keys, the ``Host`` names accepted beside loopback and ``host`` (``--allowed-hosts``).
     allowed_hosts: tuple[str, ...] = ()
     #: Origins allowed cross-origin (``--cors-origins``; ``*`` any; ``localhost``, the default: every loopback
-    #: origin, as llama-server's ``localhost`` mode): CORS headers and preflights (:mod:`~refsight.server.origins`).
+    #: origin, as llama-server's ``localhost`` mode): CORS headers and preflights (:mod:`~refsight.server.edge.origins`).
     cors_origins: tuple[str, ...] = ("localhost",)
     #: Seconds a request's head (request line and headers) may take to arrive (see :mod:`~refsight.server.connections`).
     header_timeout_s: float = 10.0

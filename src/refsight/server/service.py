@@ -3,10 +3,10 @@
 :class:`Service` calls only the engine's public API, naming the caller's namespace on
 every call; its methods take their arguments as the engine's do (the input first, the
 ``namespace`` a keyword); it reads no store tier itself. Its methods are plain synchronous calls that
-the routes run in the :class:`~refsight.server.limits.WorkPool`, so model work never
+the routes run in the :class:`~refsight.server.edge.limits.WorkPool`, so model work never
 blocks the event loop, and they return JSON-ready dicts (the edge of the library; a generation
 stays a typed :class:`~refsight.results.GenerateResult` for the text routes to format), every
-string printable (:func:`~refsight.server.responses.printable_data`: a stored value that is not
+string printable (:func:`~refsight.server.edge.responses.printable_data`: a stored value that is not
 valid Unicode shows as U+FFFD instead of failing the reply).
 
 **Tenants learn nothing about each other.** With API keys, each tenant's namespace salts
@@ -94,7 +94,7 @@ class Service:
         self.engine.backend().fingerprint()
         self.facts = ModelFacts.of(self.engine.backend())
 
-    # -- sleep (llama-server's --sleep-idle-seconds; server/sleep.py decides when) ---------------------
+    # -- sleep (llama-server's --sleep-idle-seconds; server/edge/sleep.py decides when) ---------------------
     @property
     def is_sleeping(self) -> bool:
         """Whether the model is unloaded (asleep): the next request that needs it loads it again."""

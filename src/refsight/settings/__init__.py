@@ -61,7 +61,7 @@ _STORE_KEYS = ("redis", "max_package_bytes", "memory_bytes", "remember_images")
 @dataclass(frozen=True)
 class StoreSettings:
     """``[store]``: the Redis tier's URL, the byte quota on packages, the memory tier's budget, what is kept of
-    images sent inline (:mod:`refsight.remembered`)."""
+    images sent inline (:mod:`refsight.settings.remembering`)."""
 
     redis: str | None = None
     max_package_bytes: int | None = None
@@ -104,7 +104,7 @@ def open_configured_store(
     redis: str | None = None, max_package_bytes: int | str | None = None, **options: Any,
 ) -> tuple[Store, Settings | None, bool]:
     """``(store, settings read for it, whether it was opened here)``: an open ``Store`` as it is; else
-    the directory (default: :func:`~refsight.environment.default_store_dir`) opened with the explicit
+    the directory (default: :func:`~refsight.support.environment.default_store_dir`) opened with the explicit
     options over its config file's ``[store]`` table (``options``: more
     :func:`~refsight.store.open_store` keywords), which the caller then closes."""
     if isinstance(store, Store):

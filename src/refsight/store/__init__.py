@@ -139,7 +139,7 @@ class Store:
     def lease(self, key: str) -> AbstractContextManager[bool]:
         """Hold package ``key``'s encode lease across replicas (PostgreSQL catalog), else nothing to hold.
 
-        Within one process, :data:`refsight.package_cache.PACKAGE_LOCKS` already makes an encode happen once.
+        Within one process, :data:`refsight.cache.packages.PACKAGE_LOCKS` already makes an encode happen once.
         """
         if isinstance(self._db, PgDatabase):
             return self._db.lease(key)

@@ -72,7 +72,7 @@ def default_redis_url() -> str | None:
 
 def default_remember_images() -> str | None:
     """``$REFSIGHT_REMEMBER_IMAGES``: what the store keeps of images sent inline, ``off``, ``recurring`` or ``all``
-    (None: unset; see :mod:`refsight.remembered`)."""
+    (None: unset; see :mod:`refsight.settings.remembering`)."""
     return os.environ.get("REFSIGHT_REMEMBER_IMAGES") or None
 
 

@@ -8,7 +8,7 @@ ever reads a checkpoint through; the others stat its files and hit the memo. A
 rewritten or merely touched file has a new mtime, so it is hashed again.
 
 The memo lives in ``$REFSIGHT_HASH_MEMO_DIR``, else the model cache directory
-(:func:`refsight.environment.hash_memo_dir`), as ``file-hashes.json``. It is
+(:func:`refsight.support.environment.hash_memo_dir`), as ``file-hashes.json``. It is
 rewritten atomically (temp file + ``os.replace``) under a file lock, merging with
 what other processes wrote meanwhile. A memo that cannot be read or written only
 costs time: hashing never fails because of it.

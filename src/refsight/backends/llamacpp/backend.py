@@ -149,7 +149,7 @@ class LlamaCppBackend(Backend):
         images = list(images)
         for i, image in enumerate(images):
             if not isinstance(image, ImageInput):
-                raise InvalidInputError(f"images[{i}]", f"expected an ImageInput (use refsight.images.load_image), got {type(image).__name__}")
+                raise InvalidInputError(f"images[{i}]", f"expected an ImageInput (use refsight.inputs.images.load_image), got {type(image).__name__}")
         packages = []
         for image in images:
             began = time.perf_counter()

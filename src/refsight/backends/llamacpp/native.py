@@ -88,7 +88,7 @@ class RuntimeSettings:
 
     n_ctx: int | None = None
     n_batch: int = 2048
-    n_threads: int = 0  # 0: the threads asked for (--threads / -t, refsight.threads), else every core it may use
+    n_threads: int = 0  # 0: the threads asked for (--threads / -t, refsight.support.threads), else every core it may use
     image_min_tokens: int = -1
     image_max_tokens: int = -1
     use_gpu: bool = False

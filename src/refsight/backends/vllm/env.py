@@ -54,7 +54,7 @@ SHIM = (
 
 
 def default_env_dir() -> Path:
-    """``$REFSIGHT_VLLM_ENV`` or ``<user cache dir>/refsight/vllm-env`` (:func:`refsight.environment.vllm_env_dir`)."""
+    """``$REFSIGHT_VLLM_ENV`` or ``<user cache dir>/refsight/vllm-env`` (:func:`refsight.support.environment.vllm_env_dir`)."""
     from ...support.environment import vllm_env_dir
 
     return vllm_env_dir()

@@ -5,7 +5,7 @@ Keys arrive as ``Authorization: Bearer KEY`` (what the OpenAI SDK sends) or
 so are ambiguous credentials: another ``Authorization`` scheme (``Basic``...), or a
 bearer token and an ``X-API-Key`` that differ. :func:`authenticate` holds these
 rules; the FastAPI dependencies (:func:`require_tenant`, :func:`require_operator`)
-and :class:`~refsight.server.gate.AuthGateMiddleware` (which refuses before the body
+and :class:`~refsight.server.edge.gate.AuthGateMiddleware` (which refuses before the body
 is read) both call it.
 """
 

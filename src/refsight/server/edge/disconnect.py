@@ -1,9 +1,9 @@
 """Work that stops when its client leaves, for answers that are not streamed.
 
-A stream notices a departed client when a write fails (:mod:`.streaming`); a plain JSON answer
+A stream notices a departed client when a write fails (:mod:`..replies.streaming`); a plain JSON answer
 writes nothing until the work is done, so a client that gave up after 0.2 s used to keep a model
 worker for the whole generation (issue 38: a 1,024-token chat busy until 8 s, a compare for
-minutes). :func:`run_watched` runs the work in the :class:`~refsight.server.limits.WorkPool` with a
+minutes). :func:`run_watched` runs the work in the :class:`~refsight.server.edge.limits.WorkPool` with a
 ``stop_event`` and, beside it, waits on the ASGI ``receive`` channel: ``http.disconnect`` sets
 the event. Generation checks it after every decode step (``finish_reason="cancelled"``); a compare
 checks it between stages (:func:`stop_between_steps`), raising :class:`ClientGone`, a 499 that
@@ -11,7 +11,7 @@ nobody reads.
 
 The event is also this work's :func:`client_stop` (a context variable of the worker thread, set by
 :func:`with_client_stop`), for work deep below the route that must stop with the request without
-the event passed through every call: an image fetched by URL (:mod:`.fetch_deadline`).
+the event passed through every call: an image fetched by URL (:mod:`..intake.fetch_deadline`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Errors that middlewares answer (the auth gate, the body limits) in the shape of the path's routes.
 
-Route handlers answer in their dialect's shape already (:func:`~refsight.server.errors.error_response_for`);
+Route handlers answer in their dialect's shape already (:func:`~refsight.server.edge.http_errors.error_response_for`);
 middlewares that refuse a request before any route runs answer refsight's ``{"error": {"code", "message"}}``.
 :class:`ErrorShapeMiddleware` reshapes those bodies on the OpenAI paths (adding ``type`` and ``param``, so
 the OpenAI SDK raises its typed exceptions), on Ollama's (``{"error": "message", "code"}``, what

@@ -3,13 +3,13 @@
 :class:`BodyLimitMiddleware` buffers a body (up to the limit) before routing, so
 without this gate 24 unauthenticated 32 MiB uploads would each be held in memory
 just to be answered 401. :class:`AuthGateMiddleware` sits outside it and applies
-the same rules as the route dependencies (:func:`refsight.server.auth.authenticate`)
+the same rules as the route dependencies (:func:`refsight.server.edge.auth.authenticate`)
 to the headers alone: a request that would be refused is refused before one byte
 of its body is read.
 
 Which rules apply is read from the routes themselves: a route whose dependencies
-include :func:`~refsight.server.auth.require_tenant` needs a tenant key, one with
-:func:`~refsight.server.auth.require_operator` an operator key, and any other route
+include :func:`~refsight.server.edge.auth.require_tenant` needs a tenant key, one with
+:func:`~refsight.server.edge.auth.require_operator` an operator key, and any other route
 (``/healthz``, the page, the OpenAPI schema) is public. A path no route serves needs
 a key too when keys are configured, so a new route is never open by accident and an
 unknown path cannot be used to make the server buffer a body.

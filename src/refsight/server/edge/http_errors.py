@@ -26,7 +26,7 @@ OpenAI SDKs raise their own typed exceptions: the same ``code`` and ``message`` 
 ``type`` (``invalid_request_error``, ``authentication_error`` ...) and ``param`` (the
 request field at fault, or null), and a request that does not match the schema is a 400
 there (OpenAI's status, and Ollama's), not a 422. Errors that middlewares answer before any route
-are reshaped for those paths by :class:`~refsight.server.error_shapes.ErrorShapeMiddleware`.
+are reshaped for those paths by :class:`~refsight.server.edge.error_shapes.ErrorShapeMiddleware`.
 """
 
 from __future__ import annotations

@@ -9,14 +9,14 @@ JSON exactly as a correctly labelled one. Other routes keep their own rules (the
 compare routes take multipart too, and refuse other types with 415).
 
 **The decoding and the checks.** :func:`checked_json_body` is what
-:class:`~refsight.server.limits.BodyLimitMiddleware` applies to every body that :func:`is_json`
+:class:`~refsight.server.edge.limits.BodyLimitMiddleware` applies to every body that :func:`is_json`
 (a JSON label, or none), before any route sees it: the bytes are decoded strictly
 (:func:`~refsight.inputs.jsonlimits.json_utf8`: UTF-8, or UTF-16/UTF-32 detected as RFC 7159
 allows, handed on as UTF-8), measured in one bounded pass (nesting over
 :data:`~refsight.inputs.jsonlimits.MAX_JSON_DEPTH`, more than :data:`MAX_BODY_VALUES` values: each parsed value costs
 50-130 bytes), and any ``\\uD800``-``\\uDFFF`` escape makes the strings be checked for lone
 surrogates, naming the field. So every route, whichever parser it uses (FastAPI's for pydantic
-bodies, :func:`~refsight.server.bodies.read_body`), reads the same checked UTF-8.
+bodies, :func:`~refsight.server.intake.bodies.read_body`), reads the same checked UTF-8.
 """
 
 from __future__ import annotations

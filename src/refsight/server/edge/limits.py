@@ -6,9 +6,9 @@
   A request no route serves (404) or serves with another method (405) is answered
   without its body being read at all. A JSON body (or one without a content type, which
   FastAPI parses as JSON) is decoded and checked once, for every route, before any route
-  parses it (:func:`refsight.server.json_content.checked_json_body`): bytes that are not
+  parses it (:func:`refsight.server.edge.json_content.checked_json_body`): bytes that are not
   UTF-8 (or UTF-16/UTF-32), nesting deeper than :data:`refsight.inputs.jsonlimits.MAX_JSON_DEPTH`,
-  more values than :data:`~refsight.server.json_content.MAX_BODY_VALUES` and text that is
+  more values than :data:`~refsight.server.edge.json_content.MAX_BODY_VALUES` and text that is
   not valid Unicode (a ``\\ud800`` escape with no partner) are 400 ``invalid_input`` naming
   the body or the field (``metadata key '\\ud800'``, ``messages[0].content``); the routes
   then read the body as UTF-8.
@@ -16,7 +16,7 @@
   event loop). At most ``workers`` jobs run and at most ``queue`` wait; one more is
   refused at once with 429 ``overloaded`` instead of piling up unbounded latency.
 
-Image pixel limits are the library's own (:class:`refsight.images.IntakeLimits`), applied
+Image pixel limits are the library's own (:class:`refsight.inputs.images.IntakeLimits`), applied
 by the engines the app builds.
 """
 

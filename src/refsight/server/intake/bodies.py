@@ -170,7 +170,7 @@ async def read_body(request: Request, model: type[BaseModel], *, files: set[str]
     """
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "application/json" or content_type.endswith("+json"):
-        # Decoded to UTF-8 and checked by BodyLimitMiddleware, as every JSON body is (server/json_content.py).
+        # Decoded to UTF-8 and checked by BodyLimitMiddleware, as every JSON body is (server/edge/json_content.py).
         raw = await request.body()
         try:
             # Duplicate keys would otherwise silently keep the last value.

@@ -4,7 +4,7 @@ A per-operation timeout (a socket's, httpx's) starts again with every byte that 
 trickled one line every 2 s held a request 120 s, and the fetch went on after the client had gone.
 A :class:`FetchDeadline` is one budget of seconds for all the fetches of one request, spent by
 every step of each, and it also ends the moment the request's ``stop_event`` is set (the client
-disconnected: :func:`~refsight.server.disconnect.client_stop`):
+disconnected: :func:`~refsight.server.edge.disconnect.client_stop`):
 
 - DNS: ``getaddrinfo`` runs in a helper thread, waited for at most until the deadline (a lookup
   cannot be interrupted: a late one is left to finish on its own, under the system resolver's timeouts);

@@ -12,7 +12,7 @@ JSON schema. llama-server's token constraints (``logit_bias``, ``ignore_eos``, a
 a 400 naming the field elsewhere. ``return_progress`` (with ``stream``) sends llama-server's
 ``prompt_progress`` events where the backend reports its prompt's evaluation (llama.cpp,
 transformers), a 400 naming it elsewhere. The chat's ``add_generation_prompt`` and
-``continue_final_message`` are the chat body's (:mod:`.routes.openai`); on a raw prompt they have
+``continue_final_message`` are the chat body's (:mod:`..routes.openai`); on a raw prompt they have
 no template to act on, so only their no-op values are taken there. :func:`check_generation` is the
 one check every dialect's text route makes of a body against the served model (OpenAI's, vLLM's,
 llama-server's, Ollama's and Anthropic's).

@@ -12,7 +12,7 @@ bounded by ``ServerConfig.max_prompt_tokens``. Two steps, cheapest first:
 
 Images are counted in the worker, once their tokens are known and before any prefill: the
 engine adds each image's tokens to the text's and refuses a prompt over the same limit or the
-context with llama-server's ``exceed_context_size_error`` (:mod:`refsight.prompt_size`; the
+context with llama-server's ``exceed_context_size_error`` (:mod:`refsight.inputs.prompt_size`; the
 service hands it ``max_prompt_tokens``).
 """
 

@@ -1,7 +1,7 @@
 """Server-sent events: model work that streams text out of a WorkPool thread, and the ASGI
 response that carries it and stops the work when the client goes away.
 
-:func:`stream_in_pool` runs ``func(on_text)`` in a :class:`~refsight.server.limits.WorkPool`
+:func:`stream_in_pool` runs ``func(on_text)`` in a :class:`~refsight.server.edge.limits.WorkPool`
 slot (the same bound as every other model call) and yields each piece of text the moment
 the worker thread hands it over, then a :class:`Finished` with the function's result.
 
@@ -131,7 +131,7 @@ async def open_stream(
     The first event is awaited here, before any byte is sent: an error up to the first token (a
     missing reference, a full pool, a bad image) is raised as a plain HTTP error. Until then no
     write can fail, so ``request``'s disconnect is watched instead: a client that leaves while its
-    images are fetched or its prompt prefilled stops that work (:func:`~.disconnect.client_stop`).
+    images are fetched or its prompt prefilled stops that work (:func:`~..edge.disconnect.client_stop`).
     """
     stop = threading.Event()
     source = stream_in_pool(pool, lambda on_text: with_client_stop(stop, work, on_text, stop))

@@ -1,6 +1,6 @@
 """Anthropic's Messages API (``POST /v1/messages``, ``/v1/messages/count_tokens``), as llama-server serves it.
 
-A request is translated into the OpenAI chat route's messages (:mod:`..openai_parts`) and runs the
+A request is translated into the OpenAI chat route's messages (:mod:`..intake.messages`) and runs the
 same service call: the same images (a ``base64`` source is a data URL; a ``url`` source is fetched
 only where the operator allows remote media, else a 400), references, prefix states and limits.
 ``system`` (a string or text blocks) opens the conversation; a final ``assistant`` message is
@@ -12,13 +12,13 @@ temperature is given); ``metadata`` and blocks' ``cache_control`` are hints. Too
 ``tool_choice`` other than ``none``/``auto``, ``tool_use``/``tool_result`` blocks), extended
 ``thinking`` and any other field are refused by name, in Anthropic's error shape
 (``{"type": "error", "error": {"type": "invalid_request_error", "message"}}``,
-:func:`~..errors.anthropic_error_body`).
+:func:`~..edge.http_errors.anthropic_error_body`).
 
 ``stream: true`` answers with Anthropic's events: ``message_start``, ``content_block_start``,
 ``content_block_delta`` (``text_delta``), ``content_block_stop``, ``message_delta`` (the
 ``stop_reason`` and the usage) and ``message_stop``. ``message_start`` counts the prompt's text as
 the template renders it (images are counted once they are encoded: ``message_delta`` has the
-whole prompt). ``count_tokens`` is :mod:`..input_tokens`' count (llama-server's ``/chat/completions/input_tokens``
+whole prompt). ``count_tokens`` is :mod:`..intake.input_tokens`' count (llama-server's ``/chat/completions/input_tokens``
 too): a fresh image on llama.cpp, whose layout mtmd decides as it encodes, is not counted (then a lower bound).
 ``usage``: ``input_tokens`` the prompt tokens evaluated, ``cache_read_input_tokens`` those served from a stored
 reference-prefix state, ``output_tokens`` the answer's.

@@ -2,7 +2,7 @@
 
 The prompt is raw text (no chat template added); a list of prompts is answered one after the
 other, a choice each (``index`` in the list's order, the usage summed). The generation
-fields are the chat endpoint's (:mod:`..generation_body`: OpenAI's, vLLM's and
+fields are the chat endpoint's (:mod:`..intake.generation_body`: OpenAI's, vLLM's and
 llama-server's names). ``stream: true`` answers one prompt with ``text_completion`` chunks, then
 ``data: [DONE]``. Images are not taken here (use ``/v1/chat/completions`` or llama-server's
 ``/completion``): a prompt holding the media marker is a 400.

@@ -7,7 +7,7 @@ model worker), ``POST /tokenize``,
 ``/detokenize``, ``/apply-template`` (the served model's own tokenizer and chat
 template) and ``POST /completion`` (and ``/completions``, as llama-server): a raw prompt (no chat template added) with a media
 marker per image and the images in ``multimodal_data`` (base64, or a stored reference:
-:mod:`..completion_parts`), the sampling fields of :mod:`..generation_body`, ``stream``.
+:mod:`..intake.completion_parts`), the sampling fields of :mod:`..intake.generation_body`, ``stream``.
 Every field is honoured, accepted as a no-op, or refused with a 400 naming it.
 """
 
@@ -215,7 +215,7 @@ class CompletionBody(GenerationBody):
 
     def raw_prompts(self, marker: str, service: Any) -> list[RawPrompt]:
         """Each prompt split at the media markers, with its images (token ids read as their text:
-        :func:`~..completion_parts.mixed_prompt_text`). Runs the tokenizer: call it off the event loop."""
+        :func:`~..intake.completion_parts.mixed_prompt_text`). Runs the tokenizer: call it off the event loop."""
         prompts = _prompts(self.prompt, service)
         if len(prompts) > 1 and self.multimodal_data is not None:
             raise ApiError(400, "invalid_input", "multimodal_data: with several prompts, give each its own in a prompt "

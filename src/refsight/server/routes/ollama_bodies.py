@@ -1,6 +1,6 @@
 """Ollama's request bodies (``/api/chat``, ``/api/generate``, ``/api/show``) and what they mean to refsight.
 
-The sampling ``options`` become the fields every text route reads (:mod:`.generation_body`), so they
+The sampling ``options`` become the fields every text route reads (:mod:`..intake.generation_body`), so they
 are honoured, accepted or refused by the same rule: ``temperature``, ``top_k``, ``top_p``, ``min_p``,
 ``seed``, ``stop``, ``num_predict`` (-1 and -2: the server's limit), ``repeat_penalty``,
 ``presence_penalty``, ``frequency_penalty`` are honoured; ``repeat_last_n``, ``typical_p``, ``tfs_z``,
@@ -34,7 +34,7 @@ __all__ = [
     "ollama_name", "check_model", "check_refused", "check_num_ctx", "generation", "schema_of", "chat_segments",
 ]
 
-#: Ollama's option → the :class:`~.generation_body.GenerationBody` field that carries it.
+#: Ollama's option → the :class:`~..intake.generation_body.GenerationBody` field that carries it.
 OPTION_FIELDS = {
     "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "seed": "seed", "stop": "stop",
     "num_predict": "n_predict", "repeat_penalty": "repeat_penalty", "presence_penalty": "presence_penalty",
