@@ -17,8 +17,9 @@ what its page does, through its own HTTP API as the page calls it (``open_webui_
 
 A check passes when Open WebUI reports no error and refsight answered every request of it 2xx with a reply
 Open WebUI reads (``tests/server/open_webui_replay.py``); else it is ``failed: WHY``, refsight's refusal first.
-``--save-fixtures DIR`` writes the captured bodies (one file per kind, secrets removed) for
-``tests/server/test_open_webui_requests.py``; ``--failures FILE`` writes every refusal grouped by cause.
+``--save-fixtures DIR`` writes the captured bodies (one file per kind, secrets removed; the files there are
+replaced) for ``tests/server/test_open_webui_requests.py``; ``--failures FILE`` writes every refusal grouped
+by cause.
 ``--replay`` needs no Open WebUI: it replays the captured bodies (``tests/server/data/open_webui``) against
 ``refsight serve`` and checks each reply as Open WebUI reads it.
 
@@ -116,6 +117,8 @@ def replay(args: argparse.Namespace, store: Path) -> tuple[dict, list[dict]]:
 
 def main() -> None:
     args = parser().parse_args()
+    if args.replay and args.save_fixtures:
+        raise SystemExit("--save-fixtures writes what a live run captured: leave out --replay")
     # A `timeout` or Ctrl-C stops the servers too (the context managers exit).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     began = time.perf_counter()
@@ -124,6 +127,8 @@ def main() -> None:
     results = figures["checks"]
     if args.save_fixtures:
         args.save_fixtures.mkdir(parents=True, exist_ok=True)
+        for stale in args.save_fixtures.glob("*.json"):  # the capture replaces the last one whole
+            stale.unlink()
         for kind, requests in fixtures(records).items():
             (args.save_fixtures / f"{kind}.json").write_text(json.dumps(requests, indent=1) + "\n")
     if args.failures:
