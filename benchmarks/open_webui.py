@@ -48,10 +48,10 @@ sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests" / "server")]
 
 from ollama_client import Serve  # noqa: E402
 from open_webui_app import VENV_VARIABLE, OpenWebUI, Session  # noqa: E402
-from open_webui_checks import Checks, check_chats, check_parameters, check_setup, check_tasks  # noqa: E402
+from open_webui_checks import Checks, check_chats, check_parameters, check_setup, check_tasks, verdict  # noqa: E402
 from open_webui_failures import failures_markdown  # noqa: E402
 from open_webui_proxy import CaptureProxy, fixtures  # noqa: E402
-from open_webui_replay import FIXTURES, load_requests, send, unreadable  # noqa: E402
+from open_webui_replay import FIXTURES, load_requests, send  # noqa: E402
 
 CONNECTIONS = ("ollama", "openai")
 
@@ -108,10 +108,9 @@ def replay(args: argparse.Namespace, store: Path) -> tuple[dict, list[dict]]:
     with Serve(args.model, store, *serve_flags(args)) as serve, httpx.Client(base_url=serve.url, timeout=600) as client:
         for request in requests:
             response = send(client, request)
-            problem = unreadable(request, response)
-            results[f"replay.{request['name']}"] = f"failed: {problem}" if problem else "passed"
             records.append({**request, "label": request["name"], "task": None, "response": response,
                             "status": response.status_code})
+            results[f"replay.{request['name']}"] = verdict(records[-1:], None)
     return {"mode": "replay", "open_webui": None, "model": args.model, "checks": results}, records
 
 
