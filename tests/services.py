@@ -329,20 +329,20 @@ class S3Server:
                 time.sleep(0.2)
         return f"s3://{name}/{prefix}"
 
-    def stop(self) -> None:
-        """Stop the server (SIGTERM, then SIGKILL); the data stays."""
+    def stop(self, grace_s: float = 3.0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after ``grace_s``); the data stays."""
         if self._proc is not None:
             self._proc.terminate()
             try:
-                self._proc.wait(10)
+                self._proc.wait(grace_s)
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
             self._proc = None
 
     def close(self) -> None:
-        """Stop the server and delete its directory."""
-        self.stop()
+        """Stop the server at once and delete its directory (its data is thrown away)."""
+        self.stop(grace_s=0.0)
         shutil.rmtree(self._tmp, ignore_errors=True)
 
 

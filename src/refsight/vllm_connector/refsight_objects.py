@@ -94,6 +94,7 @@ class ObjectStore:
         self._backoff = min_backoff_s
         self._retry_at: float | None = None  # None: healthy
         self._probing = False
+        self.list_page = 1000  # keys per listing request (S3's largest page)
         self.counts = {"reads": 0, "bytes_read": 0, "writes": 0, "bytes_written": 0, "errors": 0, "skipped": 0,
                        "outages": 0}
 
@@ -267,13 +268,14 @@ class ObjectStore:
         self._call(lambda c: c.delete_object(Bucket=self.bucket, Key=self.key(name)))
 
     def listing(self, prefix: str = "") -> Iterator[ObjectEntry]:
-        """Every object whose name starts with ``prefix``, in name order, a page (1000) at a time."""
+        """Every object whose name starts with ``prefix``, in name order, a page (``list_page``) at a time."""
         start = self.key(prefix)
         strip = len(self.key(""))
         token: str | None = None
         while True:
             extra = {"ContinuationToken": token} if token else {}
-            page = self._call(lambda c: c.list_objects_v2(Bucket=self.bucket, Prefix=start, **extra))
+            page = self._call(lambda c: c.list_objects_v2(Bucket=self.bucket, Prefix=start, MaxKeys=self.list_page,
+                                                          **extra))
             for item in page.get("Contents", ()):
                 yield ObjectEntry(item["Key"][strip:], int(item["Size"]), item["LastModified"].timestamp())
             token = page.get("NextContinuationToken")
