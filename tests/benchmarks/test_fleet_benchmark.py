@@ -1,5 +1,5 @@
-"""benchmarks/fleet.py end to end at a tiny size (the toy model, small packages) on real SeaweedFS, PostgreSQL
-and Redis servers."""
+"""benchmarks/fleet.py (the toy model, small packages) and benchmarks/object_clients.py end to end at a tiny size, on
+real SeaweedFS, PostgreSQL and Redis servers."""
 
 from __future__ import annotations
 
@@ -24,3 +24,11 @@ def test_fleet_prints_its_figures():
     assert figures["refs"] == 2 and figures["listed_objects"] == 30
     assert figures["first_cached_answer_s"] >= figures["healthz_s"] > 0
     assert set(figures["million"]) == {"objects", "bytes", "listing_s", "list_requests"}
+
+
+def test_object_clients_prints_its_figures():
+    figures = run_benchmark("object_clients.py", "--mb", "1", "--repeats", "1")
+    assert figures["mb"] == [1] and set(figures) >= {"boto3", "obstore", "httpx_sigv4"}
+    assert_keys(figures["boto3"], "put_mb_s_1mb", "get_mb_s_1mb", "rss_mb", "import_ms", "async", "multipart")
+    # The others are measured where installed (obstore is no dependency): a figure or the reason there is none.
+    assert all("get_mb_s_1mb" in figures[c] or "error" in figures[c] for c in ("obstore", "httpx_sigv4"))

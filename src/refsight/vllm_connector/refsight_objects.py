@@ -310,8 +310,13 @@ class ObjectStore:
         return {**counts, "available": self.available, "url": self.url, "endpoint": self.endpoint}
 
     def close(self) -> None:
-        """Stop the transfer threads. Idempotent."""
+        """Stop the transfer threads and close the connections. Idempotent."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        for client in (self._client, self._writer):
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection must not fail a shutdown
+                pass
 
 
 def _parse(url: str) -> tuple[str, str]:
