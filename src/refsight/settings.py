@@ -50,7 +50,7 @@ from .threads import apply_threads, available_cores, thread_budget, torch_thread
 # server) reach them here, with the config file, as one public module.
 __all__ = [
     "CONFIG_NAME", "BUILTIN_TEMPLATES", "builtin_template", "Settings", "StoreSettings", "load_settings", "open_configured_store", "BackendOptions", "OPTION_HELP",
-    "parse_key_values", "parse_bytes", "REMEMBER_IMAGES", "apply_threads", "available_cores", "thread_budget", "torch_threads",
+    "parse_key_values", "parse_bytes", "is_bucket_url", "REMEMBER_IMAGES", "apply_threads", "available_cores", "thread_budget", "torch_threads",
 ]
 
 #: The file looked for in the store directory.

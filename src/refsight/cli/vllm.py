@@ -75,8 +75,7 @@ def _encoder_cache(args: argparse.Namespace) -> tuple[str | None, int, str | Non
     store = getattr(args, "store", None)
     if store is None or args.no_encoder_cache or args.image_limit == 0:
         return None, 0, None
-    from ..settings import load_settings, parse_bytes
-    from ..store import is_bucket_url
+    from ..settings import is_bucket_url, load_settings, parse_bytes
 
     bucket = str(store) if is_bucket_url(store) else None
     if bucket is not None:
