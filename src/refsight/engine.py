@@ -72,7 +72,8 @@ class Engine:
     ``store`` is a directory (default: ``$REFSIGHT_STORE`` or the user cache dir) or an
     open :class:`~refsight.store.Store` (then the caller closes it); with ``catalog`` (``postgresql://...``)
     the directory is a blob directory shared by replicas, the catalog in PostgreSQL, derived data in
-    ``local_dir``; ``redis``, ``max_package_bytes``: see :func:`~refsight.store.open_store`; ``model`` a
+    ``local_dir``; ``"s3://BUCKET/PREFIX"`` with ``catalog`` is a bucket shared by replicas, each with a disk cache
+    of ``local_cache_bytes`` in ``local_dir``; ``redis``, ``max_package_bytes``: see :func:`~refsight.store.open_store`; ``model`` a
     registered model name (default: ``$REFSIGHT_MODEL`` or ``tiny-qwen2-vl``), loaded on
     first use with ``backend_options`` over the config file's (``settings``); ``embedder`` the retrieval
     embedder, an :class:`~refsight.embedders.base.Embedder` or a registry name (``conse``, the
@@ -100,9 +101,11 @@ class Engine:
         share_packages: bool = True,
         catalog: str | None = None, local_dir: str | Path | None = None,
         redis: str | None = None, max_package_bytes: int | str | None = None, remember_images: str | None = None,
+        local_cache_bytes: int | str | None = None,
     ) -> None:
         self.store, settings, self._owns_store = open_configured_store(
-            store, settings, memory_bytes, redis, max_package_bytes, catalog=catalog, local_dir=local_dir)
+            store, settings, memory_bytes, redis, max_package_bytes, local_cache_bytes, catalog=catalog,
+            local_dir=local_dir)
         self.model = model or default_model()
         self.namespace = namespace
         self.limits = limits

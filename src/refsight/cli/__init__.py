@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Callable
 
 from .. import InvalidInputError, RefsightError
+from ..errors import StoreConfigError
 from ..support.environment import default_catalog_url, default_redis_url
 from . import judging, maintenance, models, references, serving
 from .arguments import CommandParser, UsageError, model_options, store_options
@@ -70,7 +71,7 @@ def describe_error(error: RefsightError, args: argparse.Namespace) -> tuple[str,
     names the argument and the exit code is a usage error's. An input the library names by its
     value rather than its field (an empty query text) is named by the argument that holds it.
     """
-    if isinstance(error, UsageError):
+    if isinstance(error, (UsageError, StoreConfigError)):
         return str(error), True
     fields: Mapping[str, str] = getattr(args, "fields", None) or {}
     if not isinstance(error, InvalidInputError) or not isinstance(error.input, str):
@@ -98,6 +99,7 @@ def _resolve_store_options(args: argparse.Namespace) -> None:
     args.local_dir = getattr(args, "local_dir", None)
     args.redis = getattr(args, "redis", None) or default_redis_url()
     args.max_package_bytes = getattr(args, "max_package_bytes", None)
+    args.local_cache_bytes = getattr(args, "local_cache_bytes", None)
     args.config = getattr(args, "config", None)
     args.json = getattr(args, "json", False)
     args.quiet = getattr(args, "quiet", False)

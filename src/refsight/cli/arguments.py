@@ -163,12 +163,16 @@ def parse_pairs(items: Sequence[str], flag: str) -> dict[str, str]:
 
 #: The options every command takes: (flag, metavar, type, help); each defaults to "not given".
 _STORE_OPTIONS = (
-    ("--store", "DIR", path_argument, "store directory (default: $REFSIGHT_STORE or the user cache dir)"),
+    ("--store", "DIR", path_argument, "store directory, or s3://BUCKET/PREFIX with --catalog (default: "
+     "$REFSIGHT_STORE or the user cache dir)"),
     ("--catalog", "URL", text_argument,
      "postgresql://... : the catalog in PostgreSQL, shared by replicas; --store then names the shared "
-     "blob directory (default: $REFSIGHT_CATALOG, else the embedded SQLite catalog in the store)"),
+     "blob directory or bucket (default: $REFSIGHT_CATALOG, else the embedded SQLite catalog in the store)"),
     ("--local-dir", "DIR", path_argument,
-     "with --catalog: this replica's directory for derived data (retrieval index, attribute records)"),
+     "with --catalog: this replica's directory for derived data (retrieval index, attribute records) and, with "
+     "a bucket, its disk cache"),
+    ("--local-cache-bytes", "SIZE", text_argument,
+     "with an s3:// store: the byte limit of the disk cache in --local-dir, e.g. 50GiB (default 8GiB)"),
     ("--config", "FILE", path_argument,
      "config file of backend options (default: refsight.toml in the store directory); flags override it"),
     ("--redis", "URL", text_argument,

@@ -90,5 +90,6 @@ def open_engine(args: argparse.Namespace) -> Engine:
         settings=settings_of(args),
         redis=args.redis,
         max_package_bytes=args.max_package_bytes,
+        local_cache_bytes=args.local_cache_bytes,
         **({"namespace": args.namespace} if getattr(args, "namespace", None) else {}),
     )

@@ -164,7 +164,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         api_key=",".join(args.api_key) if args.api_key else None, served_model_names=_aliases(args.served_model_names),
         embedder=args.embedder, max_prompt_tokens=args.max_prompt_tokens,
         ingest_attributes=() if args.attributes == "none" else (args.attributes,),
-        redis=args.redis, max_package_bytes=args.max_package_bytes, use_cache=not args.no_cache,
+        redis=args.redis, max_package_bytes=args.max_package_bytes, local_cache_bytes=args.local_cache_bytes,
+        use_cache=not args.no_cache,
         remember_images=args.remember_images, slots_endpoint=args.slots_endpoint, verbose=args.verbose,
         cors_origins=_names(args.cors_origins), allowed_hosts=_names(args.allowed_hosts), **llama_settings,
     ))

@@ -107,6 +107,8 @@ class ServerConfig:
     use_cache: bool = True
     #: Byte quota on packages, least recently used evicted (``20GiB``; None: the config file's, or none).
     max_package_bytes: int | str | None = None
+    #: A bucket store's local disk cache, in ``local_dir`` (``50GiB``; None: the config file's, or the default).
+    local_cache_bytes: int | str | None = None
     #: What the store keeps of images sent inline (``--remember-images``): ``off``, ``recurring`` (an image a tenant
     #: sends in a second request) or ``all``; None: ``$REFSIGHT_REMEMBER_IMAGES``, the config file's, else recurring.
     remember_images: str | None = None
@@ -173,6 +175,8 @@ class ServerConfig:
             )
 
     @property
-    def store_dir(self) -> Path | None:
-        """The store directory, if one was given (else the library default)."""
+    def store_dir(self) -> Path | str | None:
+        """The store directory or ``s3://`` bucket, if one was given (else the library default)."""
+        if isinstance(self.store, str) and self.store.startswith("s3://"):
+            return self.store
         return Path(self.store) if self.store is not None else None

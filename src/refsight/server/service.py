@@ -88,6 +88,7 @@ class Service:
             embedder=self.config.embedder,
             redis=self.config.redis,
             max_package_bytes=self.config.max_package_bytes,
+            local_cache_bytes=self.config.local_cache_bytes,
             remember_images=self.config.remember_images,
             **options,
         )

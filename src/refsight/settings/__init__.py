@@ -16,6 +16,7 @@
 
     [store]                        # the package store (flags and Engine arguments win)
     redis = "redis://127.0.0.1:6379/0"   # the Redis tier between memory and disk
+    local_cache_bytes = "50GiB"          # a bucket store's disk cache in --local-dir
     max_package_bytes = "50GiB"          # byte quota on packages, least recently used evicted
     memory_bytes = "2GiB"                # the process's memory tier
     remember_images = "recurring"        # images sent inline and sent again are kept: off, recurring, all
@@ -42,31 +43,32 @@ from ..errors import InvalidInputError
 from ..inputs.jsonlimits import MAX_JSON_DEPTH, json_depth
 from ..inputs.reading import FileReadError, read_regular_file
 from .remembering import REMEMBER_IMAGES, check_remember_images
-from ..store import Store, open_store, parse_bytes
+from ..store import Store, is_bucket_url, open_store, parse_bytes
 from ..support.threads import apply_threads, available_cores, thread_budget, torch_threads
 
 # The options themselves are defined beside the backends that take them; front ends (CLI,
 # server) reach them here, with the config file, as one public module.
 __all__ = [
     "CONFIG_NAME", "BUILTIN_TEMPLATES", "builtin_template", "Settings", "StoreSettings", "load_settings", "open_configured_store", "BackendOptions", "OPTION_HELP",
-    "parse_key_values", "parse_bytes", "REMEMBER_IMAGES", "apply_threads", "available_cores", "thread_budget", "torch_threads",
+    "parse_key_values", "parse_bytes", "is_bucket_url", "REMEMBER_IMAGES", "apply_threads", "available_cores", "thread_budget", "torch_threads",
 ]
 
 #: The file looked for in the store directory.
 CONFIG_NAME = "refsight.toml"
 _TABLES = ("backend", "models", "store")
-_STORE_KEYS = ("redis", "max_package_bytes", "memory_bytes", "remember_images")
+_STORE_KEYS = ("redis", "max_package_bytes", "memory_bytes", "remember_images", "local_cache_bytes")
 
 
 @dataclass(frozen=True)
 class StoreSettings:
     """``[store]``: the Redis tier's URL, the byte quota on packages, the memory tier's budget, what is kept of
-    images sent inline (:mod:`refsight.settings.remembering`)."""
+    images sent inline (:mod:`refsight.settings.remembering`), a bucket store's local disk cache."""
 
     redis: str | None = None
     max_package_bytes: int | None = None
     memory_bytes: int | None = None
     remember_images: str | None = None
+    local_cache_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -88,30 +90,35 @@ class Settings:
         return self.backend.merged(self.models.get(model)).merged(explicit)
 
     def store_options(
-        self, memory_bytes: int | None = None, redis: str | None = None, max_package_bytes: int | str | None = None
+        self, memory_bytes: int | None = None, redis: str | None = None, max_package_bytes: int | str | None = None,
+        local_cache_bytes: int | str | None = None,
     ) -> dict[str, Any]:
         """:func:`~refsight.store.open_store` keywords: the explicit values, else ``[store]``'s."""
         options = {
             "memory_bytes": memory_bytes if memory_bytes is not None else self.store.memory_bytes,
             "redis": redis if redis is not None else self.store.redis,
             "max_package_bytes": max_package_bytes if max_package_bytes is not None else self.store.max_package_bytes,
+            "local_cache_bytes": local_cache_bytes if local_cache_bytes is not None else self.store.local_cache_bytes,
         }
         return {k: v for k, v in options.items() if v is not None}
 
 
 def open_configured_store(
     store: str | os.PathLike | Store | None, settings: Settings | None, memory_bytes: int | None = None,
-    redis: str | None = None, max_package_bytes: int | str | None = None, **options: Any,
+    redis: str | None = None, max_package_bytes: int | str | None = None, local_cache_bytes: int | str | None = None,
+    **options: Any,
 ) -> tuple[Store, Settings | None, bool]:
     """``(store, settings read for it, whether it was opened here)``: an open ``Store`` as it is; else
-    the directory (default: :func:`~refsight.support.environment.default_store_dir`) opened with the explicit
-    options over its config file's ``[store]`` table (``options``: more
-    :func:`~refsight.store.open_store` keywords), which the caller then closes."""
+    the directory (default: :func:`~refsight.support.environment.default_store_dir`) or ``s3://`` bucket opened
+    with the explicit options over its config file's ``[store]`` table (``options``: more
+    :func:`~refsight.store.open_store` keywords), which the caller then closes. A bucket has no config
+    file of its own: ``settings`` (``--config FILE``) says what it would."""
     if isinstance(store, Store):
         return store, settings, False
-    root = Path(store) if store is not None else default_store_dir()
-    settings = settings if settings is not None else load_settings(root)
-    return open_store(root, **settings.store_options(memory_bytes, redis, max_package_bytes), **options), settings, True
+    root = store if is_bucket_url(store) else Path(store) if store is not None else default_store_dir()
+    settings = settings if settings is not None else load_settings(None if is_bucket_url(root) else root)
+    chosen = settings.store_options(memory_bytes, redis, max_package_bytes, local_cache_bytes)
+    return open_store(root, **chosen, **options), settings, True
 
 
 def _options(data: Any, file: Path, table: str) -> BackendOptions:
@@ -196,7 +203,7 @@ def _store(data: Any, file: Path) -> StoreSettings:
         raise InvalidInputError(f"{file} [store] redis", f"must be a redis:// URL string, not {redis!r}")
     sizes = {
         name: parse_bytes(data[name], name=f"{file} [store] {name}", minimum=minimum) if name in data else None
-        for name, minimum in (("max_package_bytes", 1), ("memory_bytes", 0))
+        for name, minimum in (("max_package_bytes", 1), ("memory_bytes", 0), ("local_cache_bytes", 1))
     }
     remember = data.get("remember_images")
     if remember is not None:

@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["DiskPackageStore", "PackageRecord", "StoredPackage"]
 
 _HEADER_FIELD = "refsight.header"
+_KEY_PAGE = 1000
 _Read = TypeVar("_Read")
 _COLUMNS = "key, image_sha256, fingerprint_digest, fingerprint_json, bytes, spec_json, created_at, encode_ms, checksum, scope"
 
@@ -141,9 +142,13 @@ class DiskPackageStore(PackageStore, PackageIndex):
         return self._db.connection().execute("SELECT 1 FROM packages WHERE key = ?", (key,)).fetchone() is not None
 
     def keys(self) -> Iterator[str]:
-        """Every indexed key, in key order."""
-        rows = self._db.connection().execute("SELECT key FROM packages ORDER BY key").fetchall()
-        return iter([r[0] for r in rows])
+        """Every indexed key, in key order, a page at a time (a million rows never sit in memory at once)."""
+        last = ""
+        while rows := self._db.connection().execute(
+            "SELECT key FROM packages WHERE key > ? ORDER BY key LIMIT ?", (last, _KEY_PAGE)
+        ).fetchall():
+            yield from (row[0] for row in rows)
+            last = rows[-1][0]
 
     def records(self) -> Iterator[PackageRecord]:
         """Every index row, in key order."""
@@ -172,6 +177,11 @@ class DiskPackageStore(PackageStore, PackageIndex):
             chunks = _safetensors.encode(prepared, {_HEADER_FIELD: header_text})
         except (TypeError, ValueError) as exc:
             raise InvalidInputError(f"package {key}", f"cannot be stored: {exc}") from exc
+        return self._publish(package, chunks)
+
+    def _publish(self, package: VisualPackage, chunks: list) -> int:
+        """Make the file's bytes durable and record its row: the blob directory's way (the bucket has its own)."""
+        key = package.key
         # 1. Write and fsync a temp file next to the final name, outside any lock: the slow part
         #    runs in parallel across processes (the store's one publish path, see _files.staged).
         with staged(self.path_for(key), chunks, what=f"package {key}", withdraw=lambda: self.unlink_if_unindexed(key)) as file:
@@ -187,11 +197,14 @@ class DiskPackageStore(PackageStore, PackageIndex):
                 #    the commit leaves an orphan file, invisible to readers (they go through the
                 #    index) and removed by gc().
                 file.publish()
-                conn.execute(
-                    f"INSERT INTO packages ({_COLUMNS}, last_used) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    _row(package, file.size, file.checksum),
-                )
+                self._insert(conn, package, file.size, file.checksum)
         return file.size
+
+    @staticmethod
+    def _insert(conn, package: VisualPackage, size: int, checksum: str) -> None:
+        """Inside the caller's write: the row of ``package``, whose bytes (``size``, ``checksum``) are durable."""
+        conn.execute(f"INSERT INTO packages ({_COLUMNS}, last_used) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                     _row(package, size, checksum))
 
     def delete(self, key: str) -> bool:
         """Remove the row (and the remembered-image rows naming it), then the file; True when a row was removed."""
@@ -252,20 +265,25 @@ class DiskPackageStore(PackageStore, PackageIndex):
     def _bytes(self, record: PackageRecord) -> memoryview:
         """The file's bytes, checked against the row's size and checksum."""
         key = record.key
+        buf = self._read_blob(record)
+        # The checksum covers every byte (header and tensors): check it before parsing anything.
+        digest = xxhash.xxh3_128_hexdigest(buf)
+        if digest != record.checksum:
+            raise CorruptPackageError(key, f"checksum mismatch (file {digest}, index {record.checksum})")
+        return buf
+
+    def _read_blob(self, record: PackageRecord) -> memoryview:
+        """The bytes of the row's file, of the row's size (mapped, not copied); CorruptPackageError when they are not."""
+        key = record.key
         path = self.path_for(key)
         try:
-            buf = _safetensors.read_buffer(path, record.bytes)
+            return _safetensors.read_buffer(path, record.bytes)
         except FileNotFoundError:
             raise CorruptPackageError(key, f"file {path} is missing") from None
         except ValueError as exc:
             raise CorruptPackageError(key, f"size mismatch: {exc}") from None
         except OSError as exc:
             raise CorruptPackageError(key, f"cannot read {path}: {exc}") from None
-        # The checksum covers every byte (header and tensors): check it before parsing anything.
-        digest = xxhash.xxh3_128_hexdigest(buf)
-        if digest != record.checksum:
-            raise CorruptPackageError(key, f"checksum mismatch (file {digest}, index {record.checksum})")
-        return buf
 
     def _checked(self, record: PackageRecord) -> StoredPackage:
         buf = self._bytes(record)

@@ -17,6 +17,13 @@ and a bad state is never served. Writes are atomic (temp file in the same direct
 fsync, rename); the disk tier is bounded by ``disk_bytes`` (least recently used files go
 first; a hit refreshes the file's mtime, a file-system touch, never an SQL write).
 
+With a bucket store, the bucket is a third tier, shared by every replica (``shared``): the same
+bytes under ``prefixes/ab/<key>.safetensors``. A state one replica built is read by the others
+(checked exactly as a file is, then kept on their own disk); a bad object is a miss and deleted; an
+unreachable bucket is a miss (a state is never worth a failed request). Two replicas writing one
+key write equivalent, self-checking objects: whichever lands last is as good. The bucket's prefix
+states are bounded by the bucket's own lifecycle rules (docs/deployment.md), not by ``disk_bytes``.
+
 This module knows nothing of backends: tensors are whatever the codec stores (torch
 tensors; bytes-like values become one ``uint8`` tensor).
 """
@@ -35,6 +42,7 @@ from typing import Any, Iterator, Mapping
 import xxhash
 
 from ..package import canonical_json, tensor_spec
+from ..vllm_connector.refsight_objects import BucketUnavailable, ObjectStore
 from . import _safetensors
 from ._files import HEX_KEY, SAFETENSORS_SUFFIX, TEMP_PREFIX, staged
 
@@ -71,15 +79,16 @@ def _check_key(key: object) -> str:
 class PrefixStore:
     """Prefix states by key: memory LRU (``memory_bytes``), then disk (``disk_bytes``) under ``root/prefixes``.
 
-    ``on_corrupt(key, reason)`` is called for each corrupt file found (and deleted).
-    Thread-safe; several processes may share the directory.
+    ``on_corrupt(key, reason)`` is called for each corrupt file found (and deleted); ``shared`` is a
+    bucket store's object store, the tier behind the disk. Thread-safe; several processes may share the directory.
     """
 
     def __init__(
         self, root: str | os.PathLike, *, memory_bytes: int = DEFAULT_PREFIX_MEMORY_BYTES,
-        disk_bytes: int = DEFAULT_PREFIX_DISK_BYTES, on_corrupt: Any = None,
+        disk_bytes: int = DEFAULT_PREFIX_DISK_BYTES, on_corrupt: Any = None, shared: ObjectStore | None = None,
     ) -> None:
         self.root = Path(root) / PREFIX_DIR
+        self.shared = shared
         self.memory_bytes = int(memory_bytes)
         self.disk_bytes = int(disk_bytes)
         self.on_corrupt = on_corrupt
@@ -128,9 +137,40 @@ class PrefixStore:
                 self._memory.move_to_end(key)
                 return entry
         entry = self._read(key)
+        if entry is None and self.shared is not None:
+            entry = self._fetch(key)
         if entry is not None:
             self._remember(key, entry)
         return entry
+
+    def _object(self, key: str) -> str:
+        return f"{PREFIX_DIR}/{key[:2]}/{key}{SAFETENSORS_SUFFIX}"
+
+    def _fetch(self, key: str) -> StoredPrefix | None:
+        """The state from the bucket, checked, then kept on this disk too; None when absent, bad or unreachable."""
+        try:
+            buf = self.shared.get(self._object(key))
+        except BucketUnavailable:
+            return None
+        if buf is None:
+            return None
+        try:
+            entry = _parse(key, memoryview(buf))
+        except _Corrupt as exc:
+            self._unshare(key)
+            if self.on_corrupt is not None:
+                self.on_corrupt(key, f"bucket object: {exc}")
+            return None
+        with staged(self.path_for(key), [buf], what=f"prefix state {key}") as file:
+            file.publish()
+        self._enforce_disk_budget(keep=self.path_for(key))
+        return entry
+
+    def _unshare(self, key: str) -> None:
+        try:
+            self.shared.delete(self._object(key))
+        except BucketUnavailable:
+            pass
 
     def contains(self, key: str) -> bool:
         """Whether ``key`` is in memory or on disk (the file is not read)."""
@@ -193,6 +233,11 @@ class PrefixStore:
         with staged(final, chunks, what=f"prefix state {key}") as file:
             file.publish()
         size = file.size
+        if self.shared is not None:
+            try:  # the same bytes, for every other replica
+                self.shared.put(self._object(key), chunks)
+            except BucketUnavailable:
+                pass  # derived data: the next replica that misses builds it again
         self._remember(key, StoredPrefix(dict(prepared), info["meta"], info["tokens"], info["build_ms"], nbytes))
         self._enforce_disk_budget(keep=final)
         return size
@@ -200,6 +245,8 @@ class PrefixStore:
     def delete(self, key: str) -> bool:
         """Drop ``key`` from memory and disk; True when a file was removed."""
         self._forget(key)
+        if self.shared is not None:
+            self._unshare(key)
         try:
             self.path_for(key).unlink()
         except FileNotFoundError:

@@ -47,15 +47,16 @@ def model_cache_dir() -> Path:
     return cache_path("REFSIGHT_MODEL_CACHE", "models")
 
 
-def default_replica_dir(catalog_url: str, blob_dir: Path) -> Path:
+def default_replica_dir(catalog_url: str, blob_dir: Path | str) -> Path:
     """Where a replica keeps its derived data (retrieval index, attribute records) for a shared store.
 
     ``$REFSIGHT_REPLICA_DIR``, else ``<user cache dir>/refsight/replicas/<digest>``, one per
-    catalog URL and blob directory (derived data is rebuilt from the catalog when missing).
+    catalog URL and blob directory or ``s3://`` bucket (derived data is rebuilt from the catalog when missing).
     """
     import hashlib
 
-    digest = hashlib.sha256(f"{catalog_url}\n{Path(blob_dir).resolve()}".encode()).hexdigest()[:16]
+    where = blob_dir if isinstance(blob_dir, str) and blob_dir.startswith("s3://") else Path(blob_dir).resolve()
+    digest = hashlib.sha256(f"{catalog_url}\n{where}".encode()).hexdigest()[:16]
     return cache_path("REFSIGHT_REPLICA_DIR", "replicas", digest)
 
 
