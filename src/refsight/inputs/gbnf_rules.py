@@ -33,8 +33,9 @@ MAX_LEFT_DEPTH = 4096
 #: 2^20 took 52 ms).
 MAX_LEFT_CALLS = 1 << 20
 #: The most alternatives one step of llama.cpp's automaton may open before it matches a character (each a
-#: stack it keeps and tests every token of the vocabulary against, at every step).
-MAX_BRANCHES = 1 << 14
+#: stack it keeps and tests every token of the vocabulary against, at every step; its runtime follows as many
+#: at most: ``backends/llamacpp/grammar_stacks.py``).
+MAX_BRANCHES = 1 << 12
 #: The most token references a grammar may hold (each one followed through the rules).
 MAX_TOKEN_REFERENCES = 256
 
