@@ -45,6 +45,7 @@ from ...requests import PROMPT_ENDS, GenerationRequest
 from ..turns import split_final_turn
 from ...sampling import OUTPUT_FIELDS, SAMPLING_FIELDS, TOKEN_FIELDS
 from . import package_format as fmt
+from .grammar import check_grammar, schema_to_gbnf
 from .logs import repack_weights
 from .native import Bitmap, LlamaRuntime, RuntimeSettings, llama_cpp_version
 from .prompt import chat_template, render_prompt
@@ -214,8 +215,6 @@ class LlamaCppBackend(Backend):
         vocabulary, and a GBNF ``grammar`` (never beside a JSON schema) checked against the vocabulary and
         parsed once by llama.cpp (:func:`.grammar.check_grammar`); it is then the request's grammar, as a
         schema's would be."""
-        from .grammar import check_grammar
-
         grammars = super().check_batch(requests)
         for i, request in enumerate(requests):
             sampling = request.sampling
@@ -234,8 +233,6 @@ class LlamaCppBackend(Backend):
     def compile_schema(self, schema: dict[str, Any]) -> Any:
         """The schema's GBNF grammar (:mod:`.grammar`), checked as a caller's grammar is (but for the caller's
         size bounds: the schema's own bounded it) and parsed once by llama.cpp before any decoding."""
-        from .grammar import check_grammar, schema_to_gbnf
-
         with self._lock:
             try:
                 return check_grammar(self.runtime, schema_to_gbnf(schema), "json_schema", bounded=False)
