@@ -46,11 +46,11 @@ def check_gbnf(grammar: object, name: str = "grammar") -> str:
         raise InvalidInputError(name, "give a GBNF grammar as a non-empty string")
     if len(grammar) > MAX_GBNF_CHARS:
         raise InvalidInputError(name, f"is {len(grammar)} characters; at most {MAX_GBNF_CHARS} are taken")
-    read_gbnf(grammar, name)
+    read_gbnf(grammar, name, bounded=True)
     return grammar
 
 
-@lru_cache(maxsize=16)  # Sampling checks a grammar, then the runtime reads it: one parse (read it, never change it)
+@lru_cache(maxsize=4)  # Sampling checks a grammar, then the runtime reads it: one parse (a few MiB at most each)
 def read_gbnf(grammar: str, name: str = "grammar", *, bounded: bool = True) -> GbnfRules:
     """The rules llama.cpp builds of ``grammar``, after every check of :func:`check_gbnf` (``bounded=False``:
     all but the caller's bounds on size, for a grammar refsight wrote from a checked JSON schema); its token

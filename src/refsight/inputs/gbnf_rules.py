@@ -17,7 +17,7 @@ All of it runs without recursion, in time linear in the rules (token references:
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 
 from ..errors import InvalidInputError
@@ -290,13 +290,7 @@ def _chars_before_tokens(grammar: GbnfRules, nullable: set[int], edges: list[_Ed
                     chars_then.add((last, after, rule if open_end else None))
                     after = 0
                 open_end = False
-    todo = list(rules)
-    while todo:
-        rule = todo.pop()
-        for child in feeds.get(rule, ()):
-            if follow[rule] & ~follow[child]:
-                follow[child] |= follow[rule]
-                todo.append(child)
+    _spread(follow, feeds, rules)
     before: dict[int, set[CharSet]] = defaultdict(set)
     for chars, after, rule in chars_then:
         tokens = after | (follow[rule] if rule is not None else 0)
@@ -322,11 +316,17 @@ def _first_tokens(grammar: GbnfRules, nullable: set[int], edges: list[_Edge]) ->
     parents: dict[int, list[int]] = defaultdict(list)
     for rule, child, _ in edges:
         parents[child].append(rule)
-    todo = list(grammar.rules)
-    while todo:
-        child = todo.pop()
-        for rule in parents.get(child, ()):
-            if first[child] & ~first[rule]:
-                first[rule] |= first[child]
-                todo.append(rule)
+    _spread(first, parents, grammar.rules)
     return first
+
+
+def _spread(bits: dict[int, int], onward: dict[int, list[int]], rules: Iterable[int]) -> None:
+    """Each rule's ``bits`` into the rules ``onward`` of it, and on, until nothing changes (each bit crosses each
+    edge once at most)."""
+    todo = list(rules)
+    while todo:
+        source = todo.pop()
+        for target in onward.get(source, ()):
+            if bits[source] & ~bits[target]:
+                bits[target] |= bits[source]
+                todo.append(target)

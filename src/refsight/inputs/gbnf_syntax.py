@@ -8,7 +8,7 @@ literals and classes with llama.cpp's escapes (``\\x``, ``\\u``, ``\\U`` with 2,
 llama.cpp writes them (``S{m,n}``: ``m`` copies of ``S``, then a chain of ``n - m`` optional rules),
 ``#`` comments, and token references ``<[id]>``, ``<text>``, ``!<...>``. A rule is kept as its
 alternatives, tuples of items: rule ids, and terminals (``< 0``) described in
-:attr:`GbnfRules.terminals` by what :mod:`refsight.inputs.gbnf` analyses. Refused, as
+:attr:`GbnfRules.terminals` by what :mod:`.gbnf_rules` analyses. Refused, as
 :class:`~refsight.errors.InvalidInputError` naming the grammar, the line and the column: what llama.cpp
 refuses, nesting past :data:`MAX_NESTING`, a character that is no Unicode scalar value, a NUL to
 match, a class no character matches, a count above :data:`MAX_REPEAT` or a minimum above its maximum,
@@ -47,8 +47,7 @@ _PLAIN = re.compile(r'[^"\\\0]+')  # literal characters without an escape
 _HEX = re.compile(r"[0-9a-fA-F]*")
 _ESCAPES = {"t": 9, "r": 13, "n": 10, "\\": 92, '"': 34, "[": 91, "]": 93, "-": 45}
 _HEX_DIGITS = {"x": 2, "u": 4, "U": 8}
-# Code points a model's text can hold: Unicode scalar values but NUL (llama.cpp ends a token's text there).
-_WRITABLE = ((1, 0xD7FF), (0xE000, 0x10FFFF))
+_WRITABLE = ((1, 0xD7FF), (0xE000, 0x10FFFF))  # scalar values but NUL (llama.cpp ends a token's text there)
 # An unsigned 32-bit id (llama.cpp's limit on <[id]>) has at most 10 digits; a count above MAX_REPEAT, 5.
 _TOKEN_DIGITS, _COUNT_DIGITS = 10, 5
 

@@ -218,9 +218,9 @@ class TokenLoop:
     request is finished; when it is not, :attr:`token` goes into the next decode at
     :attr:`n_past` (:meth:`advance`). The end-of-generation token is kept in ``tokens``,
     then decoding stops (``"stop"``), as it does at a stop string (the text is cut before
-    it) and at a complete grammar that nothing may follow, after ``max_new_tokens`` (``"length"``) or once ``stop_event`` is set
-    (``"cancelled"``, checked before every token). Logits are the model's raw logits at
-    each step, before penalties and the grammar change them; so are the log probabilities
+    it) and at a complete grammar nothing may follow, after ``max_new_tokens`` (``"length"``)
+    or once ``stop_event`` is set (``"cancelled"``, checked before every token). Logits are the
+    model's raw logits at each step, before penalties and the grammar change them; so are the log probabilities
     ``sampling.logprobs`` asks for (:attr:`logprobs`, one per token), unless
     ``sampling.post_sampling_probs`` asks for the sampler chain's.
     """
