@@ -60,9 +60,9 @@ def check_rules(grammar: GbnfRules, name: str) -> GbnfRules:
     # misses the cycles through rules that match "" otherwise; with more to match after the reference, its
     # stack then grows forever. A cycle of references that each end their alternative (``("a"?)*``) keeps the
     # stack's size: it runs. Its edges are a subset of these: without a cycle here, it has none either.
-    cycles = [(r, c) for r, c, last in edges if components[r] == components[c]]
+    cyclic = any(components[rule] == components[child] for rule, child, _ in edges)
     llama_edges = list(_start_edges(rules, {r for r, alternatives in rules.items() if () in alternatives}))
-    llama_components = _components(rules, llama_edges) if cycles else components
+    llama_components = _components(rules, llama_edges) if cyclic else components
     cycles = [(r, c) for r, c, last in edges if components[r] == components[c] and not last]
     cycles += [(r, c) for r, c, _ in llama_edges if llama_components[r] == llama_components[c]]
     if cycles:
