@@ -15,8 +15,8 @@ llama.cpp stores them (nested repetitions multiply). Each refusal is an
 :class:`~refsight.errors.InvalidInputError` naming the grammar and the reason.
 
 Token references (``<[id]>``, ``<text>``) are the vocabulary's to judge: :func:`read_gbnf` gives the
-rules and the references to the runtime's own check. This module imports nothing heavy: :class:`~refsight.sampling.
-Sampling` calls it.
+rules and the references to the runtime's own check. This module imports nothing heavy:
+:class:`~refsight.sampling.Sampling` calls it.
 """
 
 from __future__ import annotations
