@@ -10,6 +10,7 @@
 * :mod:`~refsight.inputs.terminal` – control characters escaped for a terminal;
 * :mod:`~refsight.inputs.json_schema` – a JSON schema bounded before any grammar is built (with
   :mod:`~refsight.inputs.schema_regex`, its patterns' size);
-* :mod:`~refsight.inputs.gbnf` – a GBNF grammar bounded before any runtime compiles it;
+* :mod:`~refsight.inputs.gbnf` – a GBNF grammar read whole, as llama.cpp reads it, before any runtime compiles it
+  (with :mod:`~refsight.inputs.gbnf_syntax`, its parser, and :mod:`~refsight.inputs.gbnf_rules`, its rules' checks);
 * :mod:`~refsight.inputs.ref_ids` – a reference id safe as a key and a file name.
 """

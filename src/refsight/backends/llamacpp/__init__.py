@@ -13,8 +13,9 @@ changes between releases).
 Modules: :mod:`.native` (the only code calling llama.cpp; :mod:`.logs` its process-wide
 set-up, :mod:`.sampler` its sampler chain), :mod:`.package_format`
 (the package and its fingerprint), :mod:`.prompt` (chat template),
-:mod:`.generation` (prompt evaluation and decoding), :mod:`.prefix` (the reference prefix's saved sequence state), :mod:`.grammar` (JSON schema →
-GBNF), :mod:`.backend` (the :class:`~refsight.backends.base.Backend`).
+:mod:`.generation` (prompt evaluation and decoding), :mod:`.prefix` (the reference prefix's saved sequence state), :mod:`.grammar` (the
+check every grammar passes, and JSON schema → GBNF), :mod:`.grammar_stacks` (the grammar's stacks followed while
+sampling), :mod:`.backend` (the :class:`~refsight.backends.base.Backend`).
 """
 
 from __future__ import annotations

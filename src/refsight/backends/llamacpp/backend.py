@@ -45,8 +45,9 @@ from ...requests import PROMPT_ENDS, GenerationRequest
 from ..turns import split_final_turn
 from ...sampling import OUTPUT_FIELDS, SAMPLING_FIELDS, TOKEN_FIELDS
 from . import package_format as fmt
+from .grammar import check_grammar, schema_to_gbnf
 from .logs import repack_weights
-from .native import Bitmap, LlamaRuntime, NativeError, RuntimeSettings, llama_cpp_version
+from .native import Bitmap, LlamaRuntime, RuntimeSettings, llama_cpp_version
 from .prompt import chat_template, render_prompt
 from .sampler import eog_tokens
 
@@ -211,8 +212,9 @@ class LlamaCppBackend(Backend):
 
     def check_batch(self, requests: list[GenerationRequest]) -> list[Any]:
         """The base checks, then each request's token constraints: the logit bias's token ids in the
-        vocabulary, and a GBNF ``grammar`` (never beside a JSON schema) parsed once by llama.cpp; it is
-        then the request's grammar, as a schema's would be."""
+        vocabulary, and a GBNF ``grammar`` (never beside a JSON schema) checked against the vocabulary and
+        parsed once by llama.cpp (:func:`.grammar.check_grammar`); it is then the request's grammar, as a
+        schema's would be."""
         grammars = super().check_batch(requests)
         for i, request in enumerate(requests):
             sampling = request.sampling
@@ -225,21 +227,17 @@ class LlamaCppBackend(Backend):
             if request.json_schema is not None:
                 raise InvalidInputError("grammar", "give a GBNF grammar or a JSON schema, not both")
             with self._lock:
-                try:
-                    self.runtime.check_grammar(sampling.grammar)
-                except NativeError as e:
-                    raise InvalidInputError("grammar", str(e)) from None
-            grammars[i] = sampling.grammar
+                grammars[i] = check_grammar(self.runtime, sampling.grammar)
         return grammars
 
-    def compile_schema(self, schema: dict[str, Any]) -> str:
-        """The schema's GBNF grammar (:mod:`.grammar`), parsed once by llama.cpp before any decoding."""
-        from .grammar import schema_to_gbnf
-
-        grammar = schema_to_gbnf(schema)
+    def compile_schema(self, schema: dict[str, Any]) -> Any:
+        """The schema's GBNF grammar (:mod:`.grammar`), checked as a caller's grammar is (but for the caller's
+        size bounds: the schema's own bounded it) and parsed once by llama.cpp before any decoding."""
         with self._lock:
-            self.runtime.check_grammar(grammar)
-        return grammar
+            try:
+                return check_grammar(self.runtime, schema_to_gbnf(schema), "json_schema", bounded=False)
+            except InvalidInputError as e:  # a const "\u0000" or a pattern's \x00 becomes a NUL to match
+                raise InvalidInputError("json_schema", f"its grammar cannot run on llama.cpp: {e.reason}") from None
 
     def runtime_info(self) -> dict[str, Any]:
         """llama.cpp's threads (``--threads``/``-t``, else every core: it runs one thread team at a time)."""
