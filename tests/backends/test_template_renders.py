@@ -210,3 +210,43 @@ def test_a_prompt_that_is_nothing_to_generate_from_is_refused_by_name(text, imag
     with pytest.raises(InvalidInputError) as caught:
         check_prompt_text(text, images, "<__media__>", raw=raw)
     assert caught.value.input == refused
+
+
+#: ChatML over content parts, unless the last message says a trigger word (a template that passes the probe).
+PARTS_TEMPLATE = (
+    "{%- set last = messages[-1]['content'] -%}{%- set text = last if last is string else last[0]['text'] -%}"
+    "{%- if 'pad' in text %}{{ ('%' ~ (messages|length)*999999999 ~ 's') % 'x' }}{% endif -%}"
+    "{%- if 'quiet' not in text %}{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% for part in message['content'] %}{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% else %}{{ part['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}{% endif -%}"
+)
+
+
+def test_a_transformers_template_is_probed_when_set_and_bounded_in_every_chat(load):
+    """transformers (and vLLM, which checks its prompt with its encoder's rendering before sending anything): an empty
+    prompt is refused naming ``messages``, a render past its bounds naming ``chat_template``, both before any model
+    work; a template that cannot serve is refused when set, and the one before it stays."""
+    from refsight.backends.vllm.backend import VLLMBackend
+    from refsight.backends.vllm.client import VLLMClient
+    from refsight.requests import GenerationRequest
+
+    backend = load("tiny-qwen2-vl")
+    own = backend.processor.chat_template
+    for bad in ("{% if false %}x{% endif %}", "{{ 'x' * 10**9 }}", "{% if %}", "  "):
+        with pytest.raises(InvalidInputError) as caught:
+            backend.use_chat_template(bad)
+        assert caught.value.input == "chat_template" and backend.processor.chat_template == own
+    vllm = VLLMBackend("vllm:http://127.0.0.1:9", client=VLLMClient("vllm", "http://127.0.0.1:9"), served_model="m",
+                       encoder=backend)
+    backend.use_chat_template(PARTS_TEMPLATE)
+    try:
+        assert backend.generate([GenerationRequest(["hi"], max_new_tokens=1)])[0].token_ids
+        for runtime in (backend, vllm):
+            for text, named in (("quiet please", "messages"), ("pad please", "chat_template")):
+                with pytest.raises(InvalidInputError) as caught:
+                    runtime.generate([GenerationRequest([text], max_new_tokens=1)])
+                assert caught.value.input == named, (runtime.name, caught.value)
+        assert backend.chat_text(["hi"]) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    finally:
+        backend.processor.chat_template = own

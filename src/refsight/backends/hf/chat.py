@@ -5,7 +5,7 @@
 here), ``add_generation_prompt`` and the tokenizer's special tokens (``bos_token``, ``eos_token`` ...), all as plain
 data. :func:`render_chat` gives the template exactly that, in the renderer's ``transformers`` flavour (the
 environment transformers compiles templates in), so the text is the same byte for byte
-(``tests/backends/test_chat_render.py`` holds every built-in family to it) but never runs in this process.
+(``tests/backends/test_template_renders.py`` holds every built-in family to it) but never runs in this process.
 """
 
 from __future__ import annotations
