@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from ..errors import InvalidInputError
+from .templates import TemplateRaised
 from .turns import split_final_turn
 
 __all__ = ["TextAccess", "MEDIA_MARKER", "PROBE_TEXT", "check_prompt_text"]
@@ -40,7 +41,7 @@ def check_prompt_text(text: str, images: int, marker: str, *, raw: bool = False)
         return text
     if raw:
         raise InvalidInputError("prompt", "is empty (or only whitespace): give the text to continue")
-    raise InvalidInputError("messages", "make an empty prompt (or only whitespace) through the chat template: "
+    raise InvalidInputError("messages", "the prompt they make is empty (or only whitespace) after the chat template: "
                             "nothing to generate from")
 
 
@@ -96,8 +97,6 @@ class TextAccess:
         """Try the chat template on one user message (:data:`PROBE_TEXT`), as it is set: InvalidInputError naming
         ``chat_template`` when it does not compile, breaks a render's bounds or deadline, or renders an empty
         prompt. An error the template raises itself is left to the chats it refuses (some want a system message)."""
-        from .templates import TemplateRaised
-
         try:
             text = self.template_text([PROBE_TEXT])
         except TemplateRaised:

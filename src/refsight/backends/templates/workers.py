@@ -28,6 +28,8 @@ _SANDBOX = str(Path(__file__).with_name("sandbox.py"))
 _HEADER = struct.Struct(">I")
 #: How long a new worker may take to import Jinja and say it is ready (not part of any render's deadline).
 _START_TIMEOUT_S = 30.0
+#: The longest reply a worker may send (a render's output is far smaller: its bound is its input's size).
+_MAX_REPLY_BYTES = 256 << 20
 
 
 class RenderFailed(Exception):
@@ -43,12 +45,12 @@ class Worker:
             [sys.executable, "-I", _SANDBOX, str(memory_bytes)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         )
         self._out = self.process.stdout.fileno()
-        self._buffer = b""
+        self._buffer = bytearray()
         try:
             self._read(time.monotonic() + _START_TIMEOUT_S)
-        except RenderFailed:
+        except RenderFailed as e:
             self.kill()
-            raise
+            raise RenderFailed(f"a render worker did not start ({e}; it needs Jinja2 beside this Python)") from None
 
     def call(self, request: dict[str, Any], deadline_s: float) -> dict[str, Any]:
         """The worker's reply to ``request``; RenderFailed when none comes within ``deadline_s`` (the worker is
@@ -66,10 +68,13 @@ class Worker:
         while True:
             if len(self._buffer) >= _HEADER.size:
                 (length,) = _HEADER.unpack_from(self._buffer)
+                if length > _MAX_REPLY_BYTES:
+                    self.kill()
+                    raise RenderFailed("the render worker sent a reply past any render's bound")
                 if len(self._buffer) >= _HEADER.size + length:
-                    body = self._buffer[_HEADER.size:_HEADER.size + length]
-                    self._buffer = self._buffer[_HEADER.size + length:]
-                    return json.loads(body)
+                    body = bytes(self._buffer[_HEADER.size:_HEADER.size + length])
+                    del self._buffer[:_HEADER.size + length]
+                    return self._reply(body)
             left = until - time.monotonic()
             ready = select.select([self._out], [], [], max(left, 0))[0] if left > 0 else []
             if not ready:
@@ -80,6 +85,17 @@ class Worker:
                 self.kill()
                 raise RenderFailed("the render worker ended")
             self._buffer += chunk
+
+    def _reply(self, body: bytes) -> dict[str, Any]:
+        """A frame as the reply it must be (an object of strings and flags): a worker is never trusted further."""
+        try:
+            reply = json.loads(body)
+        except ValueError:
+            reply = None
+        if not isinstance(reply, dict) or not all(isinstance(v, (str, bool)) for v in reply.values()):
+            self.kill()
+            raise RenderFailed("the render worker replied with something no render gives")
+        return reply
 
     @property
     def alive(self) -> bool:
