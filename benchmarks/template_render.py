@@ -7,9 +7,10 @@ there and, as a baseline in the same run, in this process in Jinja's sandbox as 
 - ``short``: one user turn in ChatML (the built-in GGUFs' template);
 - ``long``: 20 turns of 2,000 characters each.
 
-Figures: ``<case>_inprocess_us`` and ``<case>_worker_us`` (medians over ``--renders``), ``<case>_overhead_us``
-(their difference: the worker's round trip) and ``<case>_ratio``; ``worker_start_ms``, the first render's extra
-time (a worker started, once per process).
+Figures: ``<case>_inprocess_us`` and ``<case>_worker_us`` (medians over ``--renders``, each render a conversation
+not rendered before: a round trip to the worker), ``<case>_overhead_us`` (their difference) and ``<case>_ratio``;
+``<case>_again_us``, the same render again (remembered: no round trip, as a chat's checks and generation render
+its prompt more than once); ``worker_start_ms``, the first render's extra time (a worker started, once per process).
 
     python benchmarks/template_render.py [--renders 2000]
 """
@@ -28,17 +29,18 @@ CHATML = (
 )
 
 
-def _context(turns: int, chars: int) -> dict[str, Any]:
+def _context(turns: int, chars: int, serial: int = 0) -> dict[str, Any]:
     roles = ("user", "assistant")
     messages = [{"role": roles[i % 2], "content": ("word " * chars)[:chars]} for i in range(turns)]
+    messages[-1]["content"] += f" #{serial}"  # a conversation of its own
     return {"messages": messages, "add_generation_prompt": True, "bos_token": "", "eos_token": ""}
 
 
-def _median_us(render: Callable[[], str], n: int) -> float:
+def _median_us(render: Callable[[int], str], n: int) -> float:
     times = []
-    for _ in range(n):
+    for i in range(n):
         began = time.perf_counter()
-        render()
+        render(i)
         times.append(time.perf_counter() - began)
     return statistics.median(times) * 1e6
 
@@ -55,13 +57,16 @@ def main() -> None:
     render(CHATML, _context(1, 2), flavour="llama.cpp")
     figures: dict[str, Any] = {"worker_start_ms": round((time.perf_counter() - began) * 1000, 1)}
     compiled = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(CHATML)
-    for case, context in (("short", _context(1, 12)), ("long", _context(20, 2000))):
-        inprocess = _median_us(lambda: compiled.render(**context), args.renders)
-        worker = _median_us(lambda: render(CHATML, context, flavour="llama.cpp"), args.renders)
-        assert render(CHATML, context, flavour="llama.cpp") == compiled.render(**context)
+    for case, turns, chars in (("short", 1, 12), ("long", 20, 2000)):
+        contexts = [_context(turns, chars, i) for i in range(args.renders)]
+        inprocess = _median_us(lambda i: compiled.render(**contexts[i]), args.renders)
+        worker = _median_us(lambda i: render(CHATML, contexts[i], flavour="llama.cpp"), args.renders)
+        again = _median_us(lambda i: render(CHATML, contexts[-1], flavour="llama.cpp"), args.renders)
+        assert render(CHATML, contexts[0], flavour="llama.cpp") == compiled.render(**contexts[0])
         figures.update({
             f"{case}_inprocess_us": round(inprocess, 1), f"{case}_worker_us": round(worker, 1),
             f"{case}_overhead_us": round(worker - inprocess, 1), f"{case}_ratio": round(worker / inprocess, 2),
+            f"{case}_again_us": round(again, 1),
         })
     print(json.dumps(figures))
 

@@ -250,3 +250,15 @@ def test_a_transformers_template_is_probed_when_set_and_bounded_in_every_chat(lo
         assert backend.chat_text(["hi"]) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     finally:
         backend.processor.chat_template = own
+
+
+def test_a_render_that_reads_the_clock_runs_each_time_and_any_other_is_remembered():
+    from refsight.backends import templates
+
+    clock = "{{ strftime_now('%H:%M:%S.%f') }}"
+    assert render(clock, {}, flavour="transformers") != render(clock, {}, flavour="transformers")
+    context = {"messages": [{"role": "user", "content": "remember me"}]}
+    first = render("{{ messages[0]['content'] }}", context, flavour="llama.cpp")
+    remembered = len(templates._memo)  # noqa: SLF001 - the memo itself: a second render adds nothing to it
+    assert render("{{ messages[0]['content'] }}", context, flavour="llama.cpp") == first == "remember me"
+    assert len(templates._memo) == remembered and remembered <= templates.MEMO_ENTRIES  # noqa: SLF001

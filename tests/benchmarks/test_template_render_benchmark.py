@@ -12,6 +12,7 @@ from benchmark_runner import assert_keys, run_benchmark
 def test_template_render_benchmark_prints_each_case():
     figures = run_benchmark("template_render.py", "--renders", "20")
     for case in ("short", "long"):
-        assert_keys(figures, f"{case}_inprocess_us", f"{case}_worker_us", f"{case}_overhead_us", f"{case}_ratio")
+        assert_keys(figures, f"{case}_inprocess_us", f"{case}_worker_us", f"{case}_overhead_us", f"{case}_ratio",
+                    f"{case}_again_us")
         assert math.isfinite(figures[f"{case}_ratio"]) and figures[f"{case}_worker_us"] > 0
     assert figures["worker_start_ms"] > 0

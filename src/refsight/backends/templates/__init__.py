@@ -14,6 +14,11 @@ its pipe (a model thread or a light thread waits; the event loop never does). Pe
 - the worker's address space, :data:`RENDER_MEMORY_BYTES`: what no rule sizes beforehand fails there;
 - compiling happens there too, where nothing is folded at compile time (:mod:`.sandbox`).
 
+A chat renders the same prompt more than once (its checks, then its generation): the last renders are remembered
+(:data:`MEMO_ENTRIES`, at most :data:`MEMO_CHARS` characters, none longer than :data:`LIMIT_BASE`) by their whole
+request, so the same render again is no round trip to a worker. A template that reads the clock or draws at random
+(``strftime_now``, ``random``) is never remembered: each of its renders runs.
+
 Each backend renders in its **flavour** (:data:`~.sandbox.FLAVOURS`): ``llama.cpp`` for a GGUF, ``transformers``
 for a checkpoint (``apply_chat_template``'s environment), each byte-identical to what that path rendered in-process.
 :func:`stop_renders` kills every worker at once (a server's SIGTERM: a render in progress fails then, so shutting
@@ -22,15 +27,19 @@ down never waits on a template).
 
 from __future__ import annotations
 
+import hashlib
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
 from ...errors import InvalidInputError
-from .workers import RenderFailed, RenderPool
+from .workers import RenderFailed, RenderPool, encode
 
 __all__ = [
-    "TemplateRaised", "LIMIT_BASE", "LIMIT_PER_INPUT_CHAR", "RENDER_DEADLINE_S", "RENDER_MEMORY_BYTES", "RENDER_WORKERS",
-    "check_compiles", "render", "render_limit", "render_workers", "stop_renders",
+    "TemplateRaised", "LIMIT_BASE", "LIMIT_PER_INPUT_CHAR", "MEMO_CHARS", "MEMO_ENTRIES", "RENDER_DEADLINE_S",
+    "RENDER_MEMORY_BYTES", "RENDER_WORKERS", "check_compiles", "render", "render_limit", "render_workers",
+    "stop_renders",
 ]
 
 #: Seconds a render may take in its worker (renders of real templates take milliseconds).
@@ -43,8 +52,14 @@ RENDER_WORKERS = 4
 LIMIT_BASE = 1 << 20
 #: ...and this many more per character it is given (a template may repeat its messages a few times).
 LIMIT_PER_INPUT_CHAR = 8
+#: Renders remembered, and the characters they may hold together.
+MEMO_ENTRIES, MEMO_CHARS = 32, 4 << 20
+#: Names in a template that make its renders differ from one call to the next: those are never remembered.
+_UNREPEATABLE = ("strftime_now", "random")
 
 _pool = RenderPool(RENDER_WORKERS, RENDER_DEADLINE_S, RENDER_MEMORY_BYTES)
+_memo: OrderedDict[bytes, dict[str, Any]] = OrderedDict()
+_memo_lock = threading.Lock()
 
 
 class TemplateRaised(InvalidInputError):
@@ -81,16 +96,44 @@ def check_compiles(template: str, *, flavour: str) -> None:
 
 
 def _ask(request: dict[str, Any]) -> str:
+    body = encode(request)
+    key = hashlib.blake2b(body, digest_size=16).digest()
+    with _memo_lock:
+        reply = _memo.get(key)
+        if reply is not None:
+            _memo.move_to_end(key)
+    if reply is None:
+        reply = _render_in_worker(body)
+        if not any(name in request["template"] for name in _UNREPEATABLE):
+            _remember(key, reply)
+    if "error" in reply:
+        raise (TemplateRaised if reply.get("raised") else InvalidInputError)("chat_template", reply["error"])
+    return reply["text"]
+
+
+def _render_in_worker(body: bytes) -> dict[str, Any]:
+    """The worker's reply (its text, or the template's error); InvalidInputError past the deadline or when the
+    worker failed (neither is remembered: another try may differ)."""
     try:
-        reply = _pool.call(request)
+        return _pool.call(body)
     except RenderFailed as e:
         if str(e) == "timeout":
             raise InvalidInputError("chat_template", f"did not finish rendering within {RENDER_DEADLINE_S:g} s "
                                     "(the deadline of a render)") from None
         raise InvalidInputError("chat_template", str(e)) from None
-    if "error" in reply:
-        raise (TemplateRaised if reply.get("raised") else InvalidInputError)("chat_template", reply["error"])
-    return reply["text"]
+
+
+def _remember(key: bytes, reply: dict[str, Any]) -> None:
+    if _chars_of(reply) > LIMIT_BASE:
+        return
+    with _memo_lock:
+        _memo[key] = reply
+        while len(_memo) > MEMO_ENTRIES or sum(map(_chars_of, _memo.values())) > MEMO_CHARS:
+            _memo.popitem(last=False)
+
+
+def _chars_of(reply: dict[str, Any]) -> int:
+    return len(reply.get("text") or reply.get("error") or "")
 
 
 def render_workers() -> int:

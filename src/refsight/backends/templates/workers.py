@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RenderFailed", "RenderPool", "Worker"]
+__all__ = ["RenderFailed", "RenderPool", "Worker", "encode"]
 
 _SANDBOX = str(Path(__file__).with_name("sandbox.py"))
 _HEADER = struct.Struct(">I")
@@ -30,6 +30,11 @@ _HEADER = struct.Struct(">I")
 _START_TIMEOUT_S = 30.0
 #: The longest reply a worker may send (a render's output is far smaller: its bound is its input's size).
 _MAX_REPLY_BYTES = 256 << 20
+
+
+def encode(request: dict[str, Any]) -> bytes:
+    """A request as the JSON a worker reads."""
+    return json.dumps(request, ensure_ascii=False).encode("utf-8", "surrogatepass")
 
 
 class RenderFailed(Exception):
@@ -52,10 +57,9 @@ class Worker:
             self.kill()
             raise RenderFailed(f"a render worker did not start ({e}; it needs Jinja2 beside this Python)") from None
 
-    def call(self, request: dict[str, Any], deadline_s: float) -> dict[str, Any]:
-        """The worker's reply to ``request``; RenderFailed when none comes within ``deadline_s`` (the worker is
-        killed then) or the worker ends."""
-        body = json.dumps(request, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    def call(self, body: bytes, deadline_s: float) -> dict[str, Any]:
+        """The worker's reply to the request ``body`` (JSON); RenderFailed when none comes within ``deadline_s`` (the
+        worker is killed then) or the worker ends."""
         try:
             self.process.stdin.write(_HEADER.pack(len(body)) + body)
             self.process.stdin.flush()
@@ -130,11 +134,13 @@ class RenderPool:
         self._stopped = False
         self._changed = threading.Condition()
 
-    def call(self, request: dict[str, Any]) -> dict[str, Any]:
-        """``request``'s reply from a worker; RenderFailed("timeout") past the deadline, or naming what failed."""
+    def call(self, request: dict[str, Any] | bytes) -> dict[str, Any]:
+        """``request``'s reply from a worker (a dict, or its JSON); RenderFailed("timeout") past the deadline, or
+        naming what failed."""
+        body = request if isinstance(request, bytes) else encode(request)
         worker = self._take()
         try:
-            reply = worker.call(request, self.deadline_s)
+            reply = worker.call(body, self.deadline_s)
         except RenderFailed:
             self._give_back(worker)
             if self._stopped:
