@@ -125,7 +125,8 @@ def _probe_own_template(name: str, backend: Backend) -> None:
         backend.probe_chat_template()
     except InvalidInputError as e:
         backend.close()
-        raise ModelLoadError(name, f"its own chat template {e.reason}; give it another (--chat-template-file)") from None
+        raise ModelLoadError(name, f"its own chat template {e.reason}; give it another (the chat_template option, "
+                              "--chat-template-file)") from None
     except BaseException:
         backend.close()
         raise

@@ -24,11 +24,10 @@ import inspect
 import os
 from typing import Any, ClassVar, Sequence
 
-from ...errors import BackendError, CorruptPackageError, ModelLoadError
+from ...errors import BackendError, CorruptPackageError, InvalidInputError, ModelLoadError
 from ...families.entry import Traits
 from ...images import ImageInput
 from ...package import VisualPackage
-from ...errors import InvalidInputError
 from ...requests import GenerationRequest
 from .base import HFBackend
 from .chat import chat_messages, render_chat
@@ -320,9 +319,9 @@ class GenericBackend(HFBackend):
         override it, SmolVLM's, only add video arguments the image-only processor has no use for)."""
         try:
             text = render_chat(self.processor, chat_messages(segments, turns), generation_prompt)
-        except ValueError as e:
-            if isinstance(e, InvalidInputError):  # the bounded renderer's word on the template
-                raise
+        except InvalidInputError:  # the bounded renderer's word on the template (a ValueError too)
+            raise
+        except ValueError as e:  # the processor has no template to render
             raise BackendError(self.name, f"the chat template cannot render this prompt: {e}") from e
         images = sum(1 for s in segments if not isinstance(s, str))
         return self._processor_layout(text, images) if images else text
