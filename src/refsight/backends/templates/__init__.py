@@ -1,5 +1,5 @@
-"""Chat templates rendered under bounds: every render of every backend goes through :func:`render` (or
-:func:`check_compiles`), in a worker process, under a deadline, with its output and values bounded.
+"""Chat templates rendered under bounds: every render of every backend goes through :func:`render`, in a worker
+process, under a deadline, with its output and values bounded.
 
 A chat template comes from the operator (``--chat-template``, ``--chat-template-file``) or from a model file
 (a GGUF's ``tokenizer.chat_template``, a checkpoint's); either may be hostile or broken. Nothing of it runs in
@@ -38,8 +38,7 @@ from .workers import RenderFailed, RenderPool, encode
 
 __all__ = [
     "TemplateRaised", "LIMIT_BASE", "LIMIT_PER_INPUT_CHAR", "MEMO_CHARS", "MEMO_ENTRIES", "RENDER_DEADLINE_S",
-    "RENDER_MEMORY_BYTES", "RENDER_WORKERS", "check_compiles", "render", "render_limit", "render_workers",
-    "stop_renders",
+    "RENDER_MEMORY_BYTES", "RENDER_WORKERS", "render", "render_limit", "render_workers", "stop_renders",
 ]
 
 #: Seconds a render may take in its worker (renders of real templates take milliseconds).
@@ -86,13 +85,7 @@ def render(template: str, context: Mapping[str, Any], *, flavour: str) -> str:
     """``template`` rendered with ``context`` (plain data: strings, numbers, booleans, lists, dicts) in
     ``flavour``'s environment; InvalidInputError naming ``chat_template`` when it does not compile, raises, breaks
     a bound or the deadline."""
-    return _ask({"op": "render", "flavour": flavour, "template": template, "context": dict(context),
-                 "limit": render_limit(context)})
-
-
-def check_compiles(template: str, *, flavour: str) -> None:
-    """InvalidInputError naming ``chat_template`` unless ``template`` compiles in ``flavour``'s environment."""
-    _ask({"op": "compile", "flavour": flavour, "template": template})
+    return _ask({"flavour": flavour, "template": template, "context": dict(context), "limit": render_limit(context)})
 
 
 def _ask(request: dict[str, Any]) -> str:

@@ -205,7 +205,7 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
                 raise BoundError(f"'*' would make a value past the bound of {self.limit} characters or items "
                                  f"(or {MAX_INT_BITS} bits)")
         elif operator == "**" and _power_bits(left, right) > MAX_INT_BITS:
-            raise BoundError(f"'**' would make an integer of over {MAX_INT_BITS} bits")
+            raise BoundError(f"'**' would make an integer of over {MAX_INT_BITS} bits, the bound of an integer")
         elif operator == "%" and isinstance(left, str):
             self.check_widths(_format_widths(left, right))
         elif operator == "+" and _size(left) + _size(right) > self.limit:
@@ -289,7 +289,7 @@ def render(flavour: str, source: str, context: dict[str, Any], limit: int) -> st
     for piece in template.generate(**context):
         total += len(piece)
         if total > limit:
-            raise BoundError(f"wrote more than {limit} characters")
+            raise BoundError(f"wrote more than {limit} characters, the bound of its output")
         pieces.append(piece)
     return "".join(pieces)
 
@@ -298,9 +298,6 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
     """One request's reply: ``{"text": ...}``, or ``{"error": ...}`` (``"raised": true``: the template's own error;
     ``"retire": true``: this process is spent)."""
     try:
-        if request.get("op") == "compile":
-            compile_template(request["flavour"], request["template"])
-            return {"text": ""}
         return {"text": render(request["flavour"], request["template"], request["context"], request["limit"])}
     except jinja2.exceptions.TemplateSyntaxError as e:
         return {"error": f"does not compile: {e.message} (line {e.lineno})"}
