@@ -43,8 +43,9 @@ __all__ = [
 
 #: Seconds a render may take in its worker (renders of real templates take milliseconds).
 RENDER_DEADLINE_S = 2.0
-#: The address space of a render worker (Python and Jinja take about 25 MB of it).
-RENDER_MEMORY_BYTES = 512 << 20
+#: The address space of a render worker (Python and Jinja take about 25 MB of it): the workers together stay within
+#: the 1 GB a request or flood may add to the server's memory.
+RENDER_MEMORY_BYTES = 256 << 20
 #: Render workers at most, started as renders need them (each about 20 MB resident).
 RENDER_WORKERS = 4
 #: Characters any render may write (or make as one value) whatever its input...
