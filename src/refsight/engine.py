@@ -146,6 +146,14 @@ class Engine:
         if self._owns_store:
             self.store.close()
 
+    def stop_renders(self) -> None:
+        """Stop every chat-template render in this process now (each runs in a worker process, killed here: a render
+        in progress fails at once) and refuse more: for a process that is shutting down (``refsight serve``'s SIGTERM),
+        which then waits on no template."""
+        from .backends.templates import stop_renders
+
+        stop_renders()
+
     def __enter__(self) -> Engine:
         return self
 

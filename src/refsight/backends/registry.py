@@ -18,7 +18,7 @@ import threading
 from importlib.metadata import entry_points
 from typing import Any, Callable
 
-from ..errors import BackendError, RefsightError, UnknownModelError
+from ..errors import BackendError, InvalidInputError, ModelLoadError, RefsightError, UnknownModelError
 from ..package import canonical_json
 from ..support.plugins import find_target, load_factory
 from .base import Backend
@@ -100,14 +100,33 @@ def get_backend(name: str, **options: Any) -> Backend:
                 raise BackendError(name, f"{type(e).__name__}: {e}") from e
             if template is not None:
                 _use_template(backend, template)
+            else:
+                _probe_own_template(name, backend)
             _instances[key] = backend
         return backend
 
 
 def _use_template(backend: Backend, template: str) -> None:
-    """``backend`` renders chats in ``template`` from now on; closed again when it cannot."""
+    """``backend`` renders chats in ``template`` from now on (probed first); closed again when it cannot."""
     try:
         backend.use_chat_template(template)
+    except BaseException:
+        backend.close()
+        raise
+
+
+def _probe_own_template(name: str, backend: Backend) -> None:
+    """The model's own chat template (a GGUF's, a checkpoint's), where the backend renders one here, tried as a given
+    one is (:meth:`~.text_access.TextAccess.probe_chat_template`): a template that cannot serve is refused at load,
+    in one line naming the model, never at the first chat. The backend is closed again then."""
+    if backend.chat_template_source() is None:
+        return  # no template rendered here (the runtime renders its own, or there is none)
+    try:
+        backend.probe_chat_template()
+    except InvalidInputError as e:
+        backend.close()
+        raise ModelLoadError(name, f"its own chat template {e.reason}; give it another (the chat_template option, "
+                              "--chat-template-file)") from None
     except BaseException:
         backend.close()
         raise

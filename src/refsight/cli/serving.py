@@ -149,6 +149,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     template = chat_template(args)
     if template is not None:
         options = dataclasses.replace(options, chat_template=template)
+        # Tried at load (compiled, rendered once under the renders' bounds): a template that cannot serve is one line
+        # naming the flag that gave it, exit 2.
+        flag = "--chat-template" if args.chat_template_file is None else f"--chat-template-file {args.chat_template_file}"
+        args.fields = {**args.fields, "chat_template": flag}
     # N slots need N requests reaching the model at once, and -np 1 is one slot (llama-server's /slots).
     workers = args.workers if args.workers is not None else (args.parallel or 2)
     if args.parallel is not None and workers < args.parallel:

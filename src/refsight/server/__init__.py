@@ -47,9 +47,11 @@ def serve(config: ServerConfig) -> None:
     # Every address of --host (llama-server takes several, comma-separated) serves the same app.
     if config.verbose:  # --verbose: refsight's own loggers too, not only uvicorn's
         logging.getLogger("refsight").setLevel(logging.DEBUG)
+    # SIGTERM stops the chat-template renders in progress at once (each in a worker process): shutting down
+    # then waits on no template.
     run_bound(
         app, config.host, config.port, log_level="debug" if config.verbose else "info", server_header=False,
-        log_config=log_config(),
+        log_config=log_config(), on_exit=app.state.service.stop_renders,
         **uvicorn_options(config),
     )
 

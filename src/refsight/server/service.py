@@ -120,6 +120,12 @@ class Service:
             return self.config.settings
         return load_settings(self.config.store_dir or default_store_dir(), self.config.config_file)
 
+    def stop_renders(self) -> None:
+        """Stop the chat-template renders in progress (they fail at once) and refuse more: the server is shutting
+        down (its SIGTERM), and waits on no template."""
+        if self.engine is not None:
+            self.engine.stop_renders()
+
     def close(self) -> None:
         """Close the engine (and with it the store)."""
         if self.engine is not None:
@@ -196,12 +202,9 @@ class Service:
 
     def render_chat(self, texts: list[str], turns: list[tuple[str, int]], ending: str) -> str:
         """The chat template's text of ``texts`` in ``turns``, ended as ``ending`` says (``continue``: the earlier
-        turns with the answer's opening, then the final message's text, as a chat renders it)."""
-        backend = self.engine.backend()
-        if ending == "continue":
-            cut = len(texts) - turns[-1][1]  # the final (assistant) message's texts, after the answer's opening
-            return backend.template_text(texts[:cut], turns[:-1]) + "".join(texts[cut:])
-        return backend.template_text(texts, turns, generation_prompt=ending == "generation_prompt")
+        turns with the answer's opening, then the final message's text, as a chat renders it); rendered under the
+        renders' bounds, and refused (400) when it is nothing to generate from, as a chat would be."""
+        return self.engine.backend().chat_text(texts, turns, ending)
 
     def template_reads(self, variable: str) -> bool:
         """Whether the served chat template could read ``variable`` (a ``chat_template_kwargs`` key)."""

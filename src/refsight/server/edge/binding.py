@@ -8,7 +8,7 @@ An address that cannot be bound is an error before any request is served.
 from __future__ import annotations
 
 import socket
-from typing import Any
+from typing import Any, Callable
 
 from ...errors import InvalidInputError
 
@@ -46,18 +46,26 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run(app: Any, host: str, port: int, **options: Any) -> None:
-    """Serve ``app`` under uvicorn on every address of ``host`` until interrupted."""
+def run(app: Any, host: str, port: int, *, on_exit: Callable[[], None] = lambda: None, **options: Any) -> None:
+    """Serve ``app`` under uvicorn on every address of ``host`` until interrupted; ``on_exit`` is called as soon as
+    a signal says to stop (SIGTERM, SIGINT), before uvicorn waits for the requests in progress."""
     import uvicorn
 
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            on_exit()
+            super().handle_exit(sig, frame)
+
     hosts = split_hosts(host)
-    if len(hosts) == 1:
-        uvicorn.run(app, host=hosts[0], port=port, **options)
-        return
-    sockets = [_bind(one, port) for one in hosts]
-    server = uvicorn.Server(uvicorn.Config(app, port=port, **options))
+    # One address: uvicorn binds it (as uvicorn.run does); several: bound here, one socket each.
+    sockets = [_bind(one, port) for one in hosts] if len(hosts) > 1 else None
+    server = Server(uvicorn.Config(app, host=hosts[0], port=port, **options))
     try:
         server.run(sockets=sockets)
+    except KeyboardInterrupt:  # Ctrl-C: a clean stop, as uvicorn.run ends it
+        pass
     finally:
-        for sock in sockets:
+        for sock in sockets or ():
             sock.close()
+    if not server.started:  # an address uvicorn could not bind: uvicorn.run's exit status for that
+        raise SystemExit(3)
