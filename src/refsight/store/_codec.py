@@ -40,7 +40,7 @@ import xxhash
 
 __all__ = [
     "MAGIC", "LEVEL", "MIN_RATIO", "MAX_RATIO", "CodecError", "Compressed", "compress", "compress_file", "decompress",
-    "raw_size", "shuffle", "unshuffle_into",
+    "frames", "raw_size", "shuffle", "unshuffle_into",
 ]
 
 #: Opens a compressed entry; as a little-endian u64 it is ~5e17, far above safetensors' 100 MB header limit.
@@ -138,34 +138,36 @@ def compress(frames: Iterable[tuple[Any, int]]) -> Compressed:
     raw_bytes = sum(len(view) for view, _ in frames)
     table, chunks = [], []
     for view, plane in frames:
-        method, stored = _compress_frame(compressor, view, plane)
-        table.append([method, plane if method == _ZSTD else 1, len(view), len(stored)])
+        method, plane, stored = _compress_frame(compressor, view, plane)
+        table.append([method, plane, len(view), len(stored)])
         chunks.append(stored)
-    stored_bytes = sum(len(chunk) for chunk in chunks)
-    if not stored_bytes or raw_bytes < MIN_RATIO * stored_bytes:
-        return Compressed([view for view, _ in frames], raw_bytes, raw_bytes)
     hasher = xxhash.xxh3_128()
     for view, _ in frames:
         hasher.update(view)
     head = json.dumps({"raw_xxh3": hasher.hexdigest(), "frames": table}, separators=(",", ":")).encode()
+    stored_bytes = _PREFIX + len(head) + sum(len(chunk) for chunk in chunks)
+    if raw_bytes < MIN_RATIO * stored_bytes:  # the container's own bytes count too
+        return Compressed([view for view, _ in frames], raw_bytes, raw_bytes)
     body = [len(head).to_bytes(4, "little"), head, *chunks]
     digest = xxhash.xxh3_128()
     for chunk in body:
         digest.update(chunk)
-    prefix = MAGIC + raw_bytes.to_bytes(8, "little") + digest.digest()
-    return Compressed([prefix, *body], raw_bytes, len(prefix) + sum(len(chunk) for chunk in body))
+    return Compressed([MAGIC + raw_bytes.to_bytes(8, "little") + digest.digest(), *body], raw_bytes, stored_bytes)
 
 
-def _compress_frame(compressor: Any, view: memoryview, plane: int) -> tuple[str, Any]:
-    # (method, stored bytes) of one frame: zstd over its byte planes, or the raw bytes when that saves too little.
+def _compress_frame(compressor: Any, view: memoryview, plane: int) -> tuple[str, int, Any]:
+    # (method, plane, stored bytes) of one frame: zstd over its byte planes or over its plain bytes, whichever is
+    # smaller (planes win on dense floats, plain bytes on runs of zero elements: post-ReLU features), or the raw
+    # bytes when that saves too little.
     if not view:
-        return _RAW, view
-    if plane not in _WORDS or len(view) % plane:
-        plane = 1
-    packed = compressor.compress(shuffle(view, plane) if plane > 1 else view)
+        return _RAW, 1, view
+    tries = [(1, compressor.compress(view))]
+    if plane in _WORDS and len(view) % plane == 0:
+        tries.append((plane, compressor.compress(shuffle(view, plane))))
+    plane, packed = min(tries, key=lambda item: len(item[1]))
     if len(view) < MIN_RATIO * len(packed) or len(view) > MAX_RATIO * len(packed):
-        return _RAW, view  # too little saved, or more than a reader may accept: kept as it is
-    return _ZSTD, packed
+        return _RAW, 1, view  # too little saved, or more than a reader may accept: kept as it is
+    return _ZSTD, plane, packed
 
 
 def raw_size(head: bytes | memoryview, size: int) -> int:
@@ -173,6 +175,13 @@ def raw_size(head: bytes | memoryview, size: int) -> int:
     if len(head) >= 16 and bytes(head[: len(MAGIC)]) == MAGIC:
         return int.from_bytes(head[8:16], "little")
     return size
+
+
+def frames(stored: memoryview) -> list[tuple[str, int, int, int]]:
+    """The checked frame table of an entry: ``(method, plane, raw length, stored length)`` each; ``[]`` for a raw entry."""
+    if len(stored) < len(MAGIC) or bytes(stored[: len(MAGIC)]) != MAGIC:
+        return []
+    return _read_table(stored)[1]["frames"]
 
 
 def decompress(stored: memoryview, *, expected: int | None = None) -> memoryview:
