@@ -1,13 +1,14 @@
 """The store's lossless codec: the bytes every tier keeps of a package or a prefix state.
 
 A safetensors file (:mod:`refsight.store._safetensors`) is cut into frames: its header, then
-each tensor's bytes. A tensor of ``k``-byte elements is split into ``k`` byte planes first
-(byte ``j`` of every element together, as blosc's shuffle and ZipNN do): the planes that hold a
-float's sign and exponent repeat a few values and compress, the low mantissa planes are noise
-and do not, and keeping them apart lets zstd store those as they are. Each frame is then
-compressed with zstd at :data:`LEVEL`; a frame that does not shrink by :data:`MIN_RATIO` is kept
-raw (and unshuffled), and so is a whole entry: a file whose frames save too little is written as
-the plain safetensors file, no container (a flagged "raw" entry is simply one without the magic).
+each tensor's bytes. A tensor of ``k``-byte elements may be split into ``k`` byte planes (byte
+``j`` of every element together, as blosc's shuffle and ZipNN do): the planes that hold a float's
+sign and exponent repeat a few values and compress, the low mantissa planes are noise and do not,
+and keeping them apart lets zstd store those as they are. Each frame is compressed with zstd at
+:data:`LEVEL`, over its byte planes and over its plain bytes, and the smaller is kept (planes win
+on dense floats, plain bytes on runs of zero elements, as in post-ReLU features); a frame that does
+not shrink by :data:`MIN_RATIO` is kept raw, and so is a whole entry: a file whose container would
+save too little is written as the plain safetensors file (a "raw" entry is one without the magic).
 ``benchmarks/codec.py`` measured these choices on every kind the store holds
 (``docs/architecture/replicas.md``).
 
@@ -45,10 +46,13 @@ __all__ = [
 
 #: Opens a compressed entry; as a little-endian u64 it is ~5e17, far above safetensors' 100 MB header limit.
 MAGIC = b"RSZ\x01\x00\x01\x0d\x0a"
-#: zstd's level (``benchmarks/codec.py``: level 1 decodes as fast as any and higher levels buy ~1% of ratio).
+#: zstd's level (``benchmarks/codec.py``: level 1 decodes as fast as any, and levels 3 and 9 buy under 1% of ratio
+#: for 1.5-6x the encode time).
 LEVEL = 1
-#: A frame (or a whole entry) that does not shrink by at least this much is kept raw.
-MIN_RATIO = 1.05
+#: A frame (or a whole entry) that does not shrink by at least this much is kept raw: decoding costs ~0.5 ms per MB,
+#: so at the fleet's 137 MB/s object-store read bar a ratio under ~1.07-1.1 would read slower than the raw bytes
+#: (``benchmarks/codec.py``: dense real f32 and f16 activations land at 1.08 and are kept raw).
+MIN_RATIO = 1.1
 #: The most raw bytes a stored byte may stand for: the bound on what decoding any input may cost.
 MAX_RATIO = 256
 #: Byte planes of an opaque ``uint8`` blob (a llama.cpp sequence state: mostly f16 KV cells).
