@@ -280,6 +280,9 @@ class IndexReport(FieldRecord):
 class StoreStats:
     """Cache statistics: references of the namespace, packages and bytes on disk, and the counters.
 
+    ``bytes`` and ``prefix_bytes`` are what the store keeps (compressed by its codec: what the quota counts);
+    ``raw_bytes`` and ``prefix_raw_bytes`` the same entries before compression.
+
     The counters span the whole store (every namespace); a tenant-scoped view leaves them
     out (``None``), since they would tell one tenant about another's traffic.
     """
@@ -330,6 +333,10 @@ class StoreStats:
     #: tenant's view: its own, apart from its references' packages).
     remembered: int = 0
     remembered_bytes: int = 0
+    #: The packages' bytes before the store's codec compressed them (``bytes``: after, on disk).
+    raw_bytes: int = 0
+    #: The prefix states' bytes before compression (``prefix_bytes``: after, on disk); None in a tenant view.
+    prefix_raw_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (``runtime_prefix_cache`` and ``vllm_encoder_cache`` only when there is one)."""

@@ -179,7 +179,8 @@ _STORE_OPTIONS = (
      "Redis tier between memory and disk, e.g. redis://127.0.0.1:6379/0 (Redis >= 7; default: $REFSIGHT_REDIS, "
      "else [store] redis in refsight.toml)"),
     ("--max-package-bytes", "SIZE", text_argument,
-     "byte quota on packages, e.g. 20GiB: least recently used ones are evicted (re-encoded when needed)"),
+     "byte quota on packages (their stored, compressed bytes), e.g. 20GiB: least recently used ones are evicted "
+     "(re-encoded when needed)"),
     ("--namespace", "NAME", namespace_argument,
      "the references' namespace (default: 'default', the one a server without API keys serves; with keys, "
      "each key's namespace); verify, prune and gc work on the whole store"),

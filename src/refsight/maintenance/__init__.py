@@ -118,6 +118,7 @@ class Maintenance:
                 references=len(refs),
                 packages=sum(r is not None for r in records),
                 bytes=sum(r.bytes for r in records if r is not None),
+                raw_bytes=sum(r.raw_bytes for r in records if r is not None),
                 hits=None, misses=None, evictions=None, encode_ms_saved=None,
                 scope="namespace", remembered=remembered, remembered_bytes=remembered_bytes,
             )
@@ -131,6 +132,7 @@ class Maintenance:
             references=self.store.catalog.count_references(namespace=namespace),
             packages=local["packages"],
             bytes=local["bytes"],
+            raw_bytes=local["raw_bytes"],
             hits=int(counters.get("hits", 0)),
             misses=int(counters.get("misses", 0)),
             evictions=int(counters.get("evictions", 0)),
@@ -148,6 +150,7 @@ class Maintenance:
             prefix_hits=int(counters.get("prefix_hits", 0)),
             prefix_misses=int(counters.get("prefix_misses", 0)),
             prefix_bytes=prefixes["bytes"],
+            prefix_raw_bytes=prefixes["raw_bytes"],
             prefix_ms_saved=round(float(counters.get("prefix_ms_saved", 0.0)), 3),
             prefix_tokens_reused=int(counters.get("prefix_tokens_reused", 0)),
             corrupt=int(counters.get("corrupt", 0)),

@@ -37,6 +37,7 @@ from ..errors import CorruptPackageError, NotFoundError, StoreError, StoreUnavai
 from ..package import VisualPackage
 from ..vllm_connector.refsight_objects import BucketUnavailable, ObjectStore
 from ._files import HEX_KEY, SAFETENSORS_SUFFIX
+from ._codec import Compressed
 from .disk import DiskPackageStore, PackageRecord
 from .images import KeptImages, check_sha
 
@@ -90,8 +91,9 @@ class BucketPackageStore(DiskPackageStore):
         """This process's reads, writes, errors and skipped calls on the bucket, and its state."""
         return self.objects.info()
 
-    def _publish(self, package: VisualPackage, chunks: list) -> int:
+    def _publish(self, package: VisualPackage, stored: Compressed) -> int:
         key = package.key
+        chunks = stored.chunks
         checksum, size = _checksum(chunks)
         name = package_object(key, checksum)
         self._upload(name, chunks, f"write package {key}")  # outside any lock: the slow part
@@ -101,7 +103,7 @@ class BucketPackageStore(DiskPackageStore):
                 if won is None:
                     if not self._exists(name, f"write package {key}"):  # a delete took it meanwhile: once more
                         self._upload(name, chunks, f"write package {key}")
-                    self._insert(conn, package, size, checksum)
+                    self._insert(conn, package, size, checksum, stored.raw_bytes)
                     return size
         except BaseException:
             self.unlink_if_unindexed(key, checksum)

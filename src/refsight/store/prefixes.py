@@ -8,7 +8,9 @@ Layout::
 
     <store>/prefixes/ab/<key>.safetensors
 
-Each file is self-describing and checked on every read: the safetensors header holds
+Each file is the safetensors file below in the store's codec's stored form (compressed, or the
+plain file when compression saves too little: :mod:`refsight.store._codec`, whose own checks run
+first), self-describing and checked on every read: the safetensors header holds
 ``refsight.prefix`` (key, format, token count, build time, the backend's metadata and the
 tensor spec) and ``refsight.checksum``, the xxh3-128 of that JSON text followed by every
 tensor byte. A file that is truncated, altered, or holds another key is *corrupt*:
@@ -43,7 +45,7 @@ import xxhash
 
 from ..package import canonical_json, tensor_spec
 from ..vllm_connector.refsight_objects import BucketUnavailable, ObjectStore
-from . import _safetensors
+from . import _codec, _safetensors
 from ._files import HEX_KEY, SAFETENSORS_SUFFIX, TEMP_PREFIX, staged
 
 __all__ = ["PrefixStore", "StoredPrefix", "PREFIX_DIR", "DEFAULT_PREFIX_MEMORY_BYTES", "DEFAULT_PREFIX_DISK_BYTES"]
@@ -155,8 +157,8 @@ class PrefixStore:
         if buf is None:
             return None
         try:
-            entry = _parse(key, memoryview(buf))
-        except _Corrupt as exc:
+            entry = _parse(key, _codec.decompress(memoryview(buf)))
+        except (_codec.CodecError, _Corrupt) as exc:
             self._unshare(key)
             if self.on_corrupt is not None:
                 self.on_corrupt(key, f"bucket object: {exc}")
@@ -187,7 +189,10 @@ class PrefixStore:
             self._corrupt(key, path, stat.st_ino if "stat" in locals() else None, f"cannot read: {exc}")
             return None
         try:
-            entry = _parse(key, buf)
+            entry = _parse(key, _codec.decompress(buf))
+        except _codec.CodecError as exc:
+            self._corrupt(key, path, stat.st_ino, f"unreadable file: {exc}")
+            return None
         except _Corrupt as exc:
             self._corrupt(key, path, stat.st_ino, str(exc))
             return None
@@ -209,7 +214,7 @@ class PrefixStore:
 
     # -- writes ------------------------------------------------------------------------
     def put(self, key: str, tensors: Mapping[str, Any], *, meta: Mapping[str, Any], tokens: int, build_ms: float) -> int:
-        """Keep a state in memory and on disk (atomic); returns the file's size."""
+        """Keep a state in memory and on disk (atomic); returns the file's size (compressed)."""
         _check_key(key)
         prepared = _safetensors.prepare(dict(tensors))
         nbytes = sum(t.numel() * t.element_size() for _, t in prepared)
@@ -227,15 +232,15 @@ class PrefixStore:
         hasher = xxhash.xxh3_128(info_text.encode())
         for chunk in data:
             hasher.update(chunk)
-        chunks = _safetensors.encode(prepared, {_INFO: info_text, _CHECKSUM: hasher.hexdigest()})
+        stored = _codec.compress_file(prepared, {_INFO: info_text, _CHECKSUM: hasher.hexdigest()})
         final = self.path_for(key)
         # The store's one publish path; no row to record: the file checks itself on every read.
-        with staged(final, chunks, what=f"prefix state {key}") as file:
+        with staged(final, stored.chunks, what=f"prefix state {key}") as file:
             file.publish()
         size = file.size
         if self.shared is not None:
             try:  # the same bytes, for every other replica
-                self.shared.put(self._object(key), chunks)
+                self.shared.put(self._object(key), stored.chunks)
             except BucketUnavailable:
                 pass  # derived data: the next replica that misses builds it again
         self._remember(key, StoredPrefix(dict(prepared), info["meta"], info["tokens"], info["build_ms"], nbytes))
@@ -272,12 +277,14 @@ class PrefixStore:
                 continue
 
     def stats(self) -> dict[str, int]:
-        """``{"prefixes": files on disk, "bytes": their total size, "memory_bytes": held in memory}``."""
-        count = total = 0
-        for _, stat in self._files():
+        """``{"prefixes": files on disk, "bytes": their total size, "raw_bytes": the same before compression,
+        "memory_bytes": held in memory}``."""
+        count = total = raw = 0
+        for path, stat in self._files():
             count += 1
             total += stat.st_size
-        return {"prefixes": count, "bytes": total, "memory_bytes": self._memory_used}
+            raw += _raw_size(path, stat.st_size)
+        return {"prefixes": count, "bytes": total, "raw_bytes": raw, "memory_bytes": self._memory_used}
 
     def _enforce_disk_budget(self, keep: Path) -> None:
         files = sorted(self._files(), key=lambda item: item[1].st_mtime)
@@ -312,6 +319,15 @@ class PrefixStore:
 
 class _Corrupt(Exception):
     pass
+
+
+def _raw_size(path: Path, size: int) -> int:
+    # What the codec's fixed header says (16 bytes read, nothing checked: a statistic); a raw file: its size.
+    try:
+        with open(path, "rb") as f:
+            return _codec.raw_size(f.read(16), size)
+    except OSError:
+        return size  # removed meanwhile
 
 
 def _parse(key: str, buf: memoryview) -> StoredPrefix:

@@ -64,9 +64,11 @@ def _gauges(stats: dict[str, Any]) -> Iterator[Any]:
         gauge.add_metric([], float((stats.get("replica") or {}).get(name) or 0))
         yield gauge
     for name, key, help_text in (
-        ("refsight_prefix_bytes", "prefix_bytes", "Bytes of reference prefix states on local disk"),
+        ("refsight_prefix_bytes", "prefix_bytes", "Bytes of reference prefix states on local disk (compressed)"),
+        ("refsight_prefix_raw_bytes", "prefix_raw_bytes", "Bytes of reference prefix states before compression"),
         ("refsight_cache_max_package_bytes", "max_package_bytes", "Byte quota on packages (0: none)"),
-        ("refsight_cache_bytes", "bytes", "Bytes of packages on local disk"),
+        ("refsight_cache_bytes", "bytes", "Bytes of packages on disk (compressed: what the byte quota counts)"),
+        ("refsight_cache_raw_bytes", "raw_bytes", "Bytes of packages before compression"),
         ("refsight_cache_packages", "packages", "Packages on local disk"),
         ("refsight_references", "references", "References across all namespaces"),
         ("refsight_cache_memory_bytes", "memory_bytes", "Bytes of packages in the memory tier"),
