@@ -218,14 +218,19 @@ def test_the_local_disk_cache_keeps_to_its_byte_limit_least_recently_used_out(fl
     a = fleet("a")
     for package in packages:
         a.packages.put(package)
-    size = a.cache.tier_info()["bytes_held"] // 4
-    b = fleet("b", memory_bytes=0, local_cache_bytes=size * 2 + 10)
+    # Each package's size in the cache, as stored (compressed: the four differ), read off a cache of its own.
+    probe, sizes, held = fleet("probe", memory_bytes=0), {}, 0
+    for package in packages:
+        probe.packages.get(package.key)
+        sizes[package.key], held = probe.cache.tier_info()["bytes_held"] - held, probe.cache.tier_info()["bytes_held"]
+    limit = sizes[packages[2].key] + sizes[packages[0].key] + 10
+    b = fleet("b", memory_bytes=0, local_cache_bytes=limit)
     for package in packages:
         b.packages.get(package.key)
     b.packages.get(packages[2].key)  # recently used: stays
     b.packages.get(packages[0].key)  # from the bucket again: evicts packages[3]
     assert sorted(b.cache.keys()) == sorted([packages[2].key, packages[0].key])
-    assert b.cache.tier_info()["bytes_held"] <= size * 2 + 10
+    assert b.cache.tier_info()["bytes_held"] <= limit
 
 
 def test_prefix_states_and_vllm_encoder_outputs_are_shared_through_the_bucket(fleet):
