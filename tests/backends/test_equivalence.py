@@ -129,7 +129,7 @@ def test_cached_references_run_no_vision_in_new_process(cached_results, load, na
 
 
 def test_the_cached_path_read_packages_the_codec_compressed(cached_results):
-    # Every package the new process read was a compressed container, and tensors went through zstd frames:
+    # Every package the new process read was a compressed container, read through zstd frames:
     # the equality above holds through the store's codec, not around it.
     use = cached_results["codec"]
-    assert use["compressed"] == use["files"] >= len(TINY_FAMILIES) and use["zstd_tensor_frames"] > 0, use
+    assert use["compressed"] == use["files"] >= len(TINY_FAMILIES) and use["zstd_frames"] > 0, use
