@@ -129,7 +129,7 @@ def test_cached_references_run_no_vision_in_new_process(cached_results, load, na
 
 
 def test_the_cached_path_read_packages_the_codec_compressed(cached_results):
-    # Every package the new process read was a compressed container, read through zstd frames:
-    # the equality above holds through the store's codec, not around it.
+    # The packages the new process read went through the store's codec: containers read through zstd frames (an
+    # entry that saves under 10% is kept as the plain file, also read here): the equality holds through the codec.
     use = cached_results["codec"]
-    assert use["compressed"] == use["files"] >= len(TINY_FAMILIES) and use["zstd_frames"] > 0, use
+    assert use["files"] >= len(TINY_FAMILIES) and use["compressed"] > 0 and use["zstd_frames"] > 0, use

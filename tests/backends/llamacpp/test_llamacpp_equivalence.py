@@ -152,6 +152,7 @@ def test_fresh_references_give_the_same_tokens_as_cached(gguf, photos, name):
 
 
 def test_the_cached_path_read_packages_the_codec_compressed(cached_results):
-    # llama.cpp's image embeddings (f32) went through the store's codec: containers with zstd tensor frames.
+    # llama.cpp's image embeddings (f32) went through the store's codec: containers read through zstd frames (an entry
+    # that saves under 10% is kept as the plain file, also read here: both forms hold the equality).
     use = cached_results["codec"]
-    assert use["compressed"] == use["files"] >= len(GGUF_FAMILIES) and use["zstd_frames"] > 0, use
+    assert use["files"] >= len(GGUF_FAMILIES) and use["compressed"] > 0 and use["zstd_frames"] > 0, use
