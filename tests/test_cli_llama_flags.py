@@ -109,7 +109,9 @@ def test_llama_cpps_underscore_spellings_and_refsights_new_spellings_of_honoured
 
 
 def test_c_above_the_trained_context_is_capped_where_max_model_len_is_refused(capsys, tmp_path):
-    assert _backend_options(_parsed("-c 8192")).n_ctx_over_trained == "cap"
+    assert _backend_options(_parsed("-m m.gguf -c 8192")).n_ctx_over_trained == "cap"
+    assert _backend_options(_parsed("-c 8192 --model ollama:gemma3")).n_ctx_over_trained == "cap"
+    assert _backend_options(_parsed("-c 8192")).n_ctx_over_trained is None  # not llama.cpp's: -c is refused there
     assert _backend_options(_parsed("--max-model-len 8192")).n_ctx_over_trained is None
     assert _backend_options(_parsed("--max-model-len 8192")).n_ctx == 8192
     assert main(["serve", "--store", str(tmp_path / "s"), "-c", "512", "--max-model-len", "512"]) == 2

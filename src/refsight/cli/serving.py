@@ -25,6 +25,8 @@ __all__ = ["COMMANDS"]
 
 #: The model-name prefix of a GGUF file (the llama.cpp backend's; cli/ names no backend module).
 _LLAMACPP = "llamacpp:"
+#: The model names llama.cpp serves: a GGUF file, a model of Ollama's store.
+_LLAMA_CPP_NAMES = (_LLAMACPP, "ollama:")
 
 
 def _slots_arguments(p: argparse.ArgumentParser) -> None:
@@ -150,7 +152,8 @@ def _backend_options(args: argparse.Namespace) -> BackendOptions:
     context = slot_context(args)
     if context is not None:
         options = dataclasses.replace(options, n_ctx=context)
-    if args.ctx_size is not None:  # llama-server's -c: a slot above the trained context is capped, with a warning
+    if args.ctx_size is not None and (_model(args) or "").startswith(_LLAMA_CPP_NAMES):
+        # llama-server's -c: a slot above the trained context is capped, with a warning
         options = dataclasses.replace(options, n_ctx_over_trained="cap")
     if args.parallel is not None:
         options = dataclasses.replace(options, parallel=args.parallel)
