@@ -31,7 +31,7 @@ from .. import InvalidInputError, Sampling, __version__
 from ..settings import BUILTIN_TEMPLATES, builtin_template
 from .arguments import UsageError, path_argument, text_argument
 from .context import say
-from .llama_flag_table import ACCEPTED, HONOURED, LLAMA_SERVER_FLAGS, RECORDED, REFUSED, LlamaFlag, flag_named
+from .llama_flag_table import ACCEPTED, HONOURED, LLAMA_SERVER_FLAGS, RECORDED, REFUSED, LlamaFlag
 
 __all__ = ["add_llama_server_arguments", "add_table_flags", "llama_server_settings", "table_verdicts", "log_table_flags",
            "slot_context", "chat_template", "api_keys", "apply_environment", "KV_PAD", "SAMPLER_FLAGS", "TableVerdicts"]
@@ -129,13 +129,18 @@ def _add_serving_flags(p: argparse.ArgumentParser) -> None:
 
 
 class _TableFlag(argparse.Action):
-    """A flag of :data:`LLAMA_SERVER_FLAGS` refsight does not parse itself: the spelling and its value are kept
-    (in order, in ``llama_server_flags``) for :func:`table_verdicts`."""
+    """A flag of :data:`LLAMA_SERVER_FLAGS` refsight does not parse itself: the spelling typed, its value and the
+    flag's row are kept (in order, in ``llama_server_flags``) for :func:`table_verdicts`."""
+
+    def __init__(self, *args: Any, flag: LlamaFlag, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.flag = flag
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
         value = " ".join(values) if isinstance(values, list) else (values or "")
-        setattr(namespace, self.dest, [*(getattr(namespace, self.dest, None) or ()), (option_string, value)])
+        given = (option_string or self.option_strings[0], value, self.flag)
+        setattr(namespace, self.dest, [*(getattr(namespace, self.dest, None) or ()), given])
 
 
 def add_table_flags(p: argparse.ArgumentParser) -> None:
@@ -145,9 +150,9 @@ def add_table_flags(p: argparse.ArgumentParser) -> None:
         spellings = [s for s in flag.spellings if s not in known]
         if flag.status == HONOURED or not spellings:
             continue
-        p.add_argument(*spellings, dest="llama_server_flags", action=_TableFlag, default=[], help=argparse.SUPPRESS,
-                       nargs={0: 0, 1: None}.get(flag.values, flag.values), metavar=flag.value.split() or None,
-                       **({"type": text_argument} if flag.values else {}))
+        p.add_argument(*spellings, dest="llama_server_flags", action=_TableFlag, flag=flag, default=[],
+                       help=argparse.SUPPRESS, nargs={0: 0, 1: None}.get(flag.values, flag.values),
+                       metavar=flag.value.split() or None, **({"type": text_argument} if flag.values else {}))
 
 
 @dataclass(frozen=True)
@@ -177,10 +182,9 @@ def _neutral(flag: LlamaFlag, spelling: str, value: str) -> bool:
 def table_verdicts(args: argparse.Namespace) -> TableVerdicts:
     """The verdict on each table flag given; UsageError naming the first refused one and the reason."""
     accepted, recorded_rows, recorded = [], [], {}
-    for spelling, value in getattr(args, "llama_server_flags", None) or ():
-        flag = flag_named(spelling)
+    for spelling, value, flag in getattr(args, "llama_server_flags", None) or ():
         typed = f"{spelling} {value}".strip()
-        if flag is None or flag.status == ACCEPTED or _neutral(flag, spelling, value):
+        if flag.status == ACCEPTED or _neutral(flag, spelling, value):
             accepted.append((typed, flag))
         elif flag.status == REFUSED:
             raise UsageError(f"{typed}: not supported: {flag.why}")
