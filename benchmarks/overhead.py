@@ -82,7 +82,7 @@ def _figures(path: str, pairs: list[tuple[float, float]]) -> dict[str, float]:
 
 
 def _photos(size: int) -> list:
-    from refsight.images import load_image
+    from refsight.inputs.images import load_image
     from refsight.samples import load_sample
 
     return [load_image(load_sample(name).resize((size, size)), name=name) for name in ("chelsea", "coffee", "rocket")]

@@ -45,7 +45,7 @@ CANDIDATES = ("china", "horse", "flower")
 
 
 def _photo(name: str, size: int):
-    from refsight.images import load_image
+    from refsight.inputs.images import load_image
     from refsight.samples import load_sample
 
     return load_image(load_sample(name, (size, size)), name=f"{name}-{size}")

@@ -57,7 +57,7 @@ def _timed(fn):
 
 
 def llamacpp(backend, refs, candidates, rubrics) -> dict:
-    from refsight.prefixes import PrefixStateCache
+    from refsight.cache.prefix_states import PrefixStateCache
     from refsight.store import open_store
 
     packages = backend.encode(refs)
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
 
     from refsight.backends.registry import get_backend
-    from refsight.images import load_image
+    from refsight.inputs.images import load_image
     from refsight.samples import load_sample
 
     options = {k: v for k, v in (("mmproj", args.mmproj), ("encoder", args.encoder)) if v is not None}

@@ -72,7 +72,7 @@ def _images(count: int, size: int, seed: int) -> list:
     import numpy as np
     from PIL import Image
 
-    from refsight.images import load_image
+    from refsight.inputs.images import load_image
 
     rng = np.random.default_rng(seed)
     axis = np.linspace(0, 1, size)

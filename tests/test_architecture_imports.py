@@ -23,14 +23,15 @@ RUNTIME_EXCEPTIONS = {
     "refsight.vllm_connector.refsight_ec_connector": "runs inside vLLM, whose encoder outputs are torch tensors",
 }
 #: What cli.py and server/ may import: the public API (``refsight`` and the public modules where the names it
-#: does not re-export live: image intake, a reference id's and a ``where`` filter's checks, the model registry and
-#: family table) ...
+#: does not re-export live: the environment's defaults and the extras' install lines, a reference id's and a
+#: ``where`` filter's checks, the model registry and family table) ...
 PUBLIC_API = (
-    "refsight", "refsight.errors", "refsight.results", "refsight.environment", "refsight.report", "refsight.settings",
-    "refsight.requests", "refsight.extras", "refsight.images", "refsight.store.base", "refsight.retrieval.vectors",
-    "refsight.backends.registry", "refsight.backends.family_table",
+    "refsight", "refsight.errors", "refsight.results", "refsight.support.environment", "refsight.report",
+    "refsight.settings", "refsight.requests", "refsight.support.extras", "refsight.store.base",
+    "refsight.retrieval.vectors", "refsight.backends.registry", "refsight.backends.family_table",
 )
-#: ... the hostile-input primitives every front end applies (refsight/inputs/) ...
+#: ... the intake and hostile-input primitives every front end applies (refsight/inputs/: images, rubrics, files,
+#: JSON, text) ...
 FRONT_END_TOOLS = ("refsight.inputs",)
 #: ... plus their own subpackage (for the CLI: the entry points its `serve`, `demo`, `vllm-*` and `ingest` commands hand over to).
 OWN = {

@@ -70,7 +70,9 @@ def test_add_prints_one_json_line_per_input_and_second_add_is_cached(capsys, sto
         "max_package_bytes", "quota_evictions", "quota_evicted_bytes", "pruned", "tiers", "remembered", "remembered_bytes",
         "replica",  # this process's own counts (replicas sharing a catalog)
         "prefix_hits", "prefix_misses", "prefix_bytes", "prefix_ms_saved", "corrupt", "prefix_corrupt", "load_ms", "prefix_tokens_reused", "models",
+        "raw_bytes", "prefix_raw_bytes",  # the same bytes before the store's codec compressed them
     }
+    assert stats[0]["raw_bytes"] >= stats[0]["bytes"] > 0
     assert set(stats[0]["tiers"]) == {"memory", "disk"}  # fastest first; "redis" between them with --redis
 
 
@@ -316,7 +318,7 @@ def test_a_model_named_on_the_command_line_is_loaded_with_its_own_table_not_the_
 def test_the_cli_passes_only_the_flags_typed_and_the_file_read_once(tmp_path):
     from refsight.backends.options import BackendOptions
     from refsight.cli import build_parser
-    from refsight.cli.context import backend_options, settings_of
+    from refsight.cli.command import backend_options, settings_of
 
     (tmp_path / "refsight.toml").write_text('[backend]\ndevice = "cpu"\n[models."tiny-qwen2-vl"]\nmax_pixels = 12544\n')
     parser = build_parser()

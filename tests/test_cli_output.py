@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from refsight.cli import main
-from refsight.extras import install_command
+from refsight.support.extras import install_command
 from refsight.report import format_comparison
 
 ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")

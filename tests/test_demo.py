@@ -65,7 +65,7 @@ def test_the_demo_ends_with_the_encodes_it_avoided_and_what_each_cost(tmp_path, 
 
 def test_samples_writes_the_photos_a_new_cat_and_a_rubric_that_parses(tmp_path, capsys):
     from refsight.cli import main
-    from refsight.rubric import parse_rubric
+    from refsight.inputs.rubric import parse_rubric
 
     assert main(["samples", str(tmp_path / "photos")]) == 0
     assert "wrote 9 files" in capsys.readouterr().out

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from refsight.environment import default_model
+from refsight.support.environment import default_model
 from refsight.demo import browse_hint
 
 
@@ -12,7 +12,7 @@ def test_browse_hint_names_only_what_differs_from_the_defaults():
 
 
 def test_the_demo_keeps_its_own_store_apart_from_the_users(monkeypatch, tmp_path):
-    from refsight.environment import default_store_dir, demo_store_dir
+    from refsight.support.environment import default_store_dir, demo_store_dir
 
     monkeypatch.delenv("REFSIGHT_DEMO_STORE", raising=False)
     monkeypatch.setenv("REFSIGHT_STORE", str(tmp_path / "mine"))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from refsight.extras import install_command, require
+from refsight.support.extras import install_command, require
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -23,7 +23,7 @@ from image_corpus import (
     png16_rgb_array,
 )
 from refsight.errors import ImageError, InvalidInputError, RefsightError
-from refsight.images import SUPPORTED_FORMATS, ImageInput, IntakeLimits, load_image, pixel_hash
+from refsight.inputs.images import SUPPORTED_FORMATS, ImageInput, IntakeLimits, load_image, pixel_hash
 
 
 def rgb(result: ImageInput) -> np.ndarray:

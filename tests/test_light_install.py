@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from refsight.extras import install_command
+from refsight.support.extras import install_command
 
 pytestmark = pytest.mark.slow  # each test runs a fresh interpreter
 

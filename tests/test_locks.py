@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from refsight.locks import ReadWriteLock
+from refsight.support.locks import ReadWriteLock
 
 
 def test_readers_hold_the_lock_at_the_same_time():

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from image_corpus import encode
 from refsight.errors import InvalidInputError, InvalidReferenceIdError, RefsightError
-from refsight.images import load_image
+from refsight.inputs.images import load_image
 from refsight.package import (
     PACKAGE_FORMAT_VERSION,
     EncoderFingerprint,

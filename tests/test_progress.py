@@ -7,9 +7,9 @@ import io
 
 from refsight import Engine
 from refsight.cli import build_parser
-from refsight.cli.context import shows_progress
+from refsight.cli.command import shows_progress
 from refsight.samples import sample_paths
-from refsight.timing import StageTicker, StageTimer
+from refsight.support.timing import StageTicker, StageTimer
 
 
 def test_the_ticker_shows_each_stage_with_the_elapsed_time_and_erases_its_line():

@@ -17,16 +17,16 @@ from refsight import errors
 HEAVY_MODULES = ("torch", "transformers", "tokenizers", "torchvision", "sentence_transformers", "safetensors.torch")
 
 #: Public modules whose ``__all__`` must list only names that exist.
-PUBLIC_MODULES = ("refsight", "refsight.errors", "refsight.images", "refsight.package", "refsight.store.base")
+PUBLIC_MODULES = ("refsight", "refsight.errors", "refsight.inputs.images", "refsight.package", "refsight.store.base")
 
 
 def test_import_refsight_does_not_import_heavy_modules():
     # Also list two modules refsight does load, so the check is seen to work at all.
-    probe = HEAVY_MODULES + ("refsight.images", "PIL.Image")
+    probe = HEAVY_MODULES + ("refsight.inputs.images", "PIL.Image")
     code = f"import json, sys, refsight\nprint(json.dumps(sorted(m for m in {probe!r} if m in sys.modules)))\n"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == ["PIL.Image", "refsight.images"]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == ["PIL.Image", "refsight.inputs.images"]
 
 
 @pytest.mark.parametrize("module_name", PUBLIC_MODULES)
@@ -45,7 +45,7 @@ def test_star_import_gives_exactly_all():
 
 
 def test_top_level_reexports_are_the_same_objects():
-    from refsight import images
+    from refsight.inputs import images
     from refsight import sampling
 
     assert refsight.ImageInput is images.ImageInput

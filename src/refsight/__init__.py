@@ -4,7 +4,7 @@ The public API is small: :class:`Engine` ties the store, the model backend, retr
 and the judge together; :func:`open_store` opens a store directly; the typed requests, the
 prompt pieces a chat takes (:class:`ImageInput`, :class:`ReferenceSegment`, :class:`Sampling`),
 the results and the error tree are re-exported here. The rest lives in its own public module:
-image intake in :mod:`refsight.images`, the package type in :mod:`refsight.package`, the
+image intake in :mod:`refsight.inputs.images`, the package type in :mod:`refsight.package`, the
 backends' options and the model registry in :mod:`refsight.backends.options` and
 :mod:`refsight.backends.registry`, the rules a caller may check ahead in their owners
 (:func:`refsight.inputs.ref_ids.validate_ref_id`, :func:`refsight.retrieval.vectors.validate_where`,
@@ -14,7 +14,7 @@ applies in :mod:`refsight.inputs`. Importing refsight imports no torch.
 
 from .errors import *  # noqa: F401,F403  (the error tree is part of the public API)
 from .errors import __all__ as _error_names
-from .images import ImageInput
+from .inputs.images import ImageInput
 from .results import (
     AddFailure,
     AddResult,
@@ -26,7 +26,7 @@ from .results import (
     StoreStats,
     VerifyReport,
 )
-from .torchvision_cpu import register_stand_in
+from .support.torchvision_cpu import register_stand_in
 from .version import __version__
 
 # Before anything imports transformers: PyPI's (CUDA) torchvision beside a CPU torch breaks every transformers

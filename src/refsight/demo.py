@@ -67,7 +67,7 @@ def _candidate(path: Path, into: Path, name: str = "candidate-cat.png") -> Path:
 
 
 #: The example rubric ``refsight samples`` writes (the README's ``--criteria @rubric.yaml``); it opens with
-#: ``---`` so that it reads as YAML (see ``refsight.rubric``), its comments after.
+#: ``---`` so that it reads as YAML (see ``refsight.inputs.rubric``), its comments after.
 SAMPLE_RUBRIC = """\
 ---
 # An example rubric: one criterion per entry. weight (default 1) counts in the score;
@@ -109,7 +109,7 @@ def _strip(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 def browse_hint(store: str | None, model: str) -> str:
     """The command line that serves the demo's references, and where to open them."""
-    from .environment import default_model
+    from .support.environment import default_model
 
     flags = "" if store is None else f" --store {store}"
     flags += "" if model == default_model() else f" --model {model}"
@@ -120,7 +120,7 @@ def _server_hint() -> str:
     """Nothing when the server extra is installed; else the line that installs it, from where refsight came."""
     import importlib.util
 
-    from .extras import install_command
+    from .support.extras import install_command
 
     def installed(module: str) -> bool:
         try:
@@ -151,7 +151,7 @@ def run_demo(
     """
     from . import Engine
     from .backends.options import BackendOptions
-    from .environment import demo_store_dir
+    from .support.environment import demo_store_dir
     from .samples import sample_paths
 
     say = (lambda *a: None) if as_json else (lambda *a: print(*a, flush=True))

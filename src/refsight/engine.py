@@ -2,7 +2,7 @@
 
 The parts, each a module with one concern:
 
-- :class:`~refsight.package_cache.PackageCache`: the one get-or-encode (cache policy, counters);
+- :class:`~refsight.cache.packages.PackageCache`: the one get-or-encode (cache policy, counters);
 - :class:`~refsight.references.ReferenceBook`: ingest and reference CRUD;
 - :class:`~refsight.retrieval.store_index.StoreIndex`: recall, kept in sync with the catalog;
 - :class:`~refsight.maintenance.Maintenance`: verify, repair, re-encode, stats, gc;
@@ -33,17 +33,17 @@ from typing import TYPE_CHECKING, Any
 from .backends.base import Backend
 from .backends.options import BackendOptions
 from .compare import ComparePipeline
-from .environment import default_model
+from .support.environment import default_model
 from .context import Models, RequestContext
-from .drift import DriftReport
+from .maintenance.drift import DriftReport
 from .errors import InvalidInputError
-from .images import ImageInput, ImageSource, IntakeLimits, load_image
+from .inputs.images import ImageInput, ImageSource, IntakeLimits, load_image
 from .judge.attribute_records import AttributeRecords
 from .judge.attribute_schema import AttributeSchema, load_attribute_schema
 from .maintenance import Maintenance
-from .package_cache import CachedPackage, PackageCache, holding_packages
-from .prefixes import PrefixStateCache
-from .remembered import remember_images_setting
+from .cache.packages import CachedPackage, PackageCache, holding_packages
+from .cache.prefix_states import PrefixStateCache
+from .settings.remembering import remember_images_setting
 from .requests import AddRequest, CompareRequest, GenerationRequest, SearchRequest, check_sources
 from .references import ReferenceBook, ReferenceSegment, load_kept_image
 from .results import (
@@ -55,7 +55,7 @@ from .retrieval.store_index import StoreIndex
 from .settings import Settings, load_settings, open_configured_store
 from .store import DEFAULT_NAMESPACE, Reference, RememberedImage, Store
 from .inputs.text import check_text
-from .timing import elapsed_ms, progress_bar
+from .support.timing import elapsed_ms, progress_bar
 
 if TYPE_CHECKING:  # pragma: no cover
     from .ingest import IngestReport
@@ -72,7 +72,8 @@ class Engine:
     ``store`` is a directory (default: ``$REFSIGHT_STORE`` or the user cache dir) or an
     open :class:`~refsight.store.Store` (then the caller closes it); with ``catalog`` (``postgresql://...``)
     the directory is a blob directory shared by replicas, the catalog in PostgreSQL, derived data in
-    ``local_dir``; ``redis``, ``max_package_bytes``: see :func:`~refsight.store.open_store`; ``model`` a
+    ``local_dir``; ``"s3://BUCKET/PREFIX"`` with ``catalog`` is a bucket shared by replicas, each with a disk cache
+    of ``local_cache_bytes`` in ``local_dir``; ``redis``, ``max_package_bytes``: see :func:`~refsight.store.open_store`; ``model`` a
     registered model name (default: ``$REFSIGHT_MODEL`` or ``tiny-qwen2-vl``), loaded on
     first use with ``backend_options`` over the config file's (``settings``); ``embedder`` the retrieval
     embedder, an :class:`~refsight.embedders.base.Embedder` or a registry name (``conse``, the
@@ -81,7 +82,7 @@ class Engine:
     ``name → allowed values or None``, or a JSON/YAML file; default: fur, ears, colour, markings);
     ``remember_images`` what the store keeps of images a chat sends inline: ``off``, ``recurring`` (those
     sent again) or ``all`` (default: ``$REFSIGHT_REMEMBER_IMAGES``, else ``[store] remember_images``, else
-    ``recurring``; :mod:`refsight.remembered`).
+    ``recurring``; :mod:`refsight.settings.remembering`).
     """
 
     def __init__(
@@ -100,9 +101,11 @@ class Engine:
         share_packages: bool = True,
         catalog: str | None = None, local_dir: str | Path | None = None,
         redis: str | None = None, max_package_bytes: int | str | None = None, remember_images: str | None = None,
+        local_cache_bytes: int | str | None = None,
     ) -> None:
         self.store, settings, self._owns_store = open_configured_store(
-            store, settings, memory_bytes, redis, max_package_bytes, catalog=catalog, local_dir=local_dir)
+            store, settings, memory_bytes, redis, max_package_bytes, local_cache_bytes, catalog=catalog,
+            local_dir=local_dir)
         self.model = model or default_model()
         self.namespace = namespace
         self.limits = limits
@@ -142,6 +145,14 @@ class Engine:
         self.retrieval.close()
         if self._owns_store:
             self.store.close()
+
+    def stop_renders(self) -> None:
+        """Stop every chat-template render in this process now (each runs in a worker process, killed here: a render
+        in progress fails at once) and refuse more: for a process that is shutting down (``refsight serve``'s SIGTERM),
+        which then waits on no template."""
+        from .backends.templates import stop_renders
+
+        stop_renders()
 
     def __enter__(self) -> Engine:
         return self
@@ -263,17 +274,17 @@ class Engine:
         ``raw_prompt``, ``max_prompt_tokens``, ``use_cache``, ``prefix_states``, ``model``, ``namespace``, ``prompt_end``.
 
         References come from their durable packages, other images through the package cache under the
-        engine's ``remember_images`` policy (:mod:`refsight.remembered`: candidates in memory only, or
+        engine's ``remember_images`` policy (:mod:`refsight.settings.remembering`: candidates in memory only, or
         remembered, durable, when sent again); ``use_cache=False`` sends pixels (the runtime's own fresh path).
         ``references_cached`` has one flag per image. ``sampling`` (default greedy) may set only
         fields the backend honours; ``turns`` splits the segments into chat turns (``(role,
         count)``, see :func:`~refsight.backends.turns.plan_turns`); ``on_text`` streams the answer
         as it is generated; a set ``stop_event`` ends it early (``finish_reason="cancelled"``). When the
         segments open with references (or remembered images), the language model's state after them is reused
-        across requests (:mod:`refsight.prefixes`) unless ``prefix_states=False``. ``raw_prompt``: the
+        across requests (:mod:`refsight.cache.prefix_states`) unless ``prefix_states=False``. ``raw_prompt``: the
         segments are the whole prompt, no chat template added (:mod:`refsight.backends.text_access`).
         A prompt whose text and image tokens exceed ``max_prompt_tokens`` or the backend's context is a
-        :class:`~refsight.errors.ContextLengthError` before the language model runs (:mod:`refsight.prompt_size`).
+        :class:`~refsight.errors.ContextLengthError` before the language model runs (:mod:`refsight.inputs.prompt_size`).
         ``on_prompt(total, cached, processed)``, with ``on_text``, hears of the prompt's tokens as their evaluation
         starts and ends (a backend with ``supports_prompt_progress``; any other refuses it by name).
         """
@@ -366,7 +377,7 @@ class Engine:
         when both are given). ``recall`` builds the query from the candidate ``"image"``, the
         ``"text"`` (``query``, else the rubric) or ``"both"`` (default; ``"text"`` when ``query``
         is given). ``rerank=N`` recalls N, reranks them with ``reranker`` (``"vlm"``: P(yes) of
-        the model, ``"embedding"``: cosine, or a :class:`~refsight.rerank.Reranker`) and judges
+        the model, ``"embedding"``: cosine, or a :class:`~refsight.compare.rerank.Reranker`) and judges
         the ``top_k`` best (``recall_k``: recall that many, rerank the best ``rerank`` of them by recall
         score). References whose stored attribute records settle a required
         criterion as a mismatch are dropped first (``stage: "filtered"``). The candidate is
@@ -412,7 +423,7 @@ class Engine:
         return self.maintenance.prune(fingerprints=fingerprints, models=models, dry_run=dry_run, backend=self.backend)
 
     def remembered(self, *, namespace: str | None = None, all_namespaces: bool = False) -> list[RememberedImage]:
-        """The remembered images (images sent inline and kept: :mod:`refsight.remembered`) of the namespace
+        """The remembered images (images sent inline and kept: :mod:`refsight.settings.remembering`) of the namespace
         (``all_namespaces``: of the store), most recently used first."""
         return self.maintenance.remembered(namespace=None if all_namespaces else self.context(namespace).namespace)
 

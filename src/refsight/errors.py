@@ -13,7 +13,8 @@
     │   └── UnknownModelError                   no backend registered under that name
     ├── CorruptPackageError                     a stored package failed its checks
     ├── StoreError                              the store itself cannot work
-    │   └── StoreUnavailableError               its disk is full or read-only (retry later)
+    │   ├── StoreUnavailableError               its disk is full or read-only (retry later)
+    │   └── StoreConfigError                    its settings are wrong (credentials, a missing bucket)
     └── BackendError                            a model runtime failed
         ├── ModelLoadError                      weights/config could not be loaded
         └── GenerationError                     generation failed
@@ -38,6 +39,7 @@ __all__ = [
     "CorruptPackageError",
     "StoreError",
     "StoreUnavailableError",
+    "StoreConfigError",
     "BackendError",
     "ModelLoadError",
     "GenerationError",
@@ -159,6 +161,11 @@ class StoreUnavailableError(StoreError):
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class StoreConfigError(StoreError):
+    """The store cannot work as configured (credentials refused, a bucket that does not exist): the message
+    names the setting to fix; retrying never helps (the command line's exit code 2)."""
 
 
 class BackendError(RefsightError):

@@ -2,7 +2,7 @@
 
 :class:`ReferenceBook` is what users name: reference ids in namespaces, their metadata
 and kept images. Adding a reference decodes and checks the image, gets its durable
-package from the :class:`~refsight.package_cache.PackageCache` (images are encoded in batches
+package from the :class:`~refsight.cache.packages.PackageCache` (images are encoded in batches
 of the backend's ``batch_size``; known ones skip the encoder), then records the kept
 bytes, the reference and its package link in ONE catalog transaction. Removing a
 reference notifies listeners (the retrieval index drops its entry), so nothing here
@@ -25,9 +25,9 @@ from .backends.fingerprint_record import EncoderFacts, facts_of
 from .backends.prefix import reusable_prefix
 from .context import RequestContext
 from .errors import InvalidInputError, ReferenceNotFoundError, RefsightError, StoreUnavailableError
-from .images import ImageInput, ImageSource, IntakeLimits, load_image, source_label
+from .inputs.images import ImageInput, ImageSource, IntakeLimits, load_image, source_label
 from .package import VisualPackage
-from .package_cache import CachedPackage, PackageCache
+from .cache.packages import CachedPackage, PackageCache
 from .results import AddFailure, AddResult
 from .inputs.ref_ids import validate_ref_id
 from .store import Catalog, Reference, Store

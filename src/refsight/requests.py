@@ -23,7 +23,7 @@ naming the field and the reason; the engine takes the value whole and never chec
   grammar is built (re-exported so a front door can name the field that carried it).
 
 The requests sit on the ground floor: they import only ground-floor rooms (the errors, image intake, the
-hostile-input checks of :mod:`refsight.inputs`, :mod:`refsight.rubric`, :mod:`refsight.sampling`), and the
+hostile-input checks of :mod:`refsight.inputs`, :mod:`refsight.inputs.rubric`, :mod:`refsight.sampling`), and the
 checks of the fields the rooms above also apply live here (:func:`check_search`, :func:`check_recall_mode`,
 :func:`check_sources`, :func:`check_prompt_end`, the reranker names).
 """
@@ -35,12 +35,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import InvalidInputError
-from .images import ImageInput, ImageSource
+from .inputs.images import ImageInput, ImageSource
 from .inputs.json_schema import check_json_schema
 from .inputs.ref_ids import validate_ref_id
 from .inputs.text import check_text, check_texts
 from .package import VisualPackage
-from .rubric import Rubric, parse_rubric
+from .inputs.rubric import Rubric, parse_rubric
 from .sampling import RANGES as SAMPLING_RANGES
 from .sampling import Sampling
 
@@ -62,7 +62,7 @@ RECALL_MODES = ("image", "text", "both")
 #: The attribute records a comparison may ask for.
 RECORD_SOURCES = ("imagenet", "vlm")
 
-#: The rerankers a compare may name (or it gives a :class:`refsight.rerank.Reranker` itself).
+#: The rerankers a compare may name (or it gives a :class:`refsight.compare.rerank.Reranker` itself).
 RERANKERS = ("vlm", "embedding")
 
 #: How a chat prompt ends after its turns: the opening of the answer's turn (the default); ``continue``: the
@@ -94,7 +94,7 @@ class CompareRequest:
     #: references recalled (default: ``rerank``, else ``top_k``); with more than ``rerank``, the best
     #: ``rerank`` by recall score (after the prefilter) are reranked, the rest reported as ``recalled``
     recall_k: int | None = None
-    #: a name in :data:`RERANKERS` or a :class:`refsight.rerank.Reranker`
+    #: a name in :data:`RERANKERS` or a :class:`refsight.compare.rerank.Reranker`
     reranker: Any = "vlm"
     force_vlm: bool = False
     attributes: Sequence[str] = ("imagenet",)
@@ -144,7 +144,7 @@ class CompareRequest:
         for name in ("top_k", "rerank", "recall_k"):
             _count(name, getattr(self, name))
         self._check_depths()
-        # A reranker given as an object is anything that scores (refsight.rerank.Reranker's one call): the request
+        # A reranker given as an object is anything that scores (refsight.compare.rerank.Reranker's one call): the request
         # names no class above the ground floor.
         if not callable(getattr(self.reranker, "score", None)) and self.reranker not in RERANKERS:
             raise InvalidInputError("reranker", f"use 'vlm', 'embedding' or a Reranker, not {self.reranker!r}")

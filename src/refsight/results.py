@@ -280,6 +280,9 @@ class IndexReport(FieldRecord):
 class StoreStats:
     """Cache statistics: references of the namespace, packages and bytes on disk, and the counters.
 
+    ``bytes`` and ``prefix_bytes`` are what the store keeps (compressed by its codec: what the quota counts);
+    ``raw_bytes`` and ``prefix_raw_bytes`` the same entries before compression.
+
     The counters span the whole store (every namespace); a tenant-scoped view leaves them
     out (``None``), since they would tell one tenant about another's traffic.
     """
@@ -325,11 +328,15 @@ class StoreStats:
     #: refsight's vLLM encoder-cache connector on this store (store-wide: hits, misses, saves,
     #: corrupt, evictions, bytes on disk); None when no vLLM server ever used the store that way.
     vllm_encoder_cache: dict[str, int] | None = None
-    #: Remembered images (images sent inline and kept, apart from references: :mod:`refsight.remembered`):
+    #: Remembered images (images sent inline and kept, apart from references: :mod:`refsight.settings.remembering`):
     #: how many and their packages' bytes (the store's view counts them in ``packages`` and ``bytes`` too; a
     #: tenant's view: its own, apart from its references' packages).
     remembered: int = 0
     remembered_bytes: int = 0
+    #: The packages' bytes before the store's codec compressed them (``bytes``: after, on disk).
+    raw_bytes: int = 0
+    #: The prefix states' bytes before compression (``prefix_bytes``: after, on disk); None in a tenant view.
+    prefix_raw_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (``runtime_prefix_cache`` and ``vllm_encoder_cache`` only when there is one)."""

@@ -147,8 +147,9 @@ class Sampling:
     those tokens' logits before anything else (``-inf`` bans one); ``ignore_eos`` bans the
     end-of-generation tokens (llama-server's own reading: a bias of ``-inf`` on each), so the
     answer runs to ``max_new_tokens``, a stop string or the grammar's end; ``grammar`` a GBNF
-    grammar the answer must follow (:func:`~refsight.inputs.gbnf.check_gbnf` bounds it; its
-    syntax is the runtime's to judge). A token id's range is the backend's to check.
+    grammar the answer must follow (:func:`~refsight.inputs.gbnf.check_gbnf` reads it whole, as
+    llama.cpp would parse and run it, and bounds it). A token id, in ``logit_bias`` and in the
+    grammar's token references, is the backend's to check against its vocabulary.
 
     ``logprobs`` (None: off) changes no token: the generation reports each token's log probability
     and its ``logprobs`` most likely alternatives (0: the chosen token's alone), at most

@@ -3,7 +3,7 @@ state is read back from the store's disk tier (the memory tier of this process s
 
 Reads a JSON spec (store directory, cases of requests: prefix package keys, candidate package
 key, rubric texts), generates with ``return_logits=True`` through the engine's
-:class:`~refsight.prefixes.PrefixStateCache` and writes tokens, logits, ``prefix_tokens_reused``, the
+:class:`~refsight.cache.prefix_states.PrefixStateCache` and writes tokens, logits, ``prefix_tokens_reused``, the
 prefix counters and the language-model token count of the widest forward to a ``torch.save`` file.
 """
 
@@ -20,7 +20,7 @@ def main(spec_path: str) -> None:
     from refsight.requests import GenerationRequest
     from refsight.backends.registry import get_backend
     from refsight.judge.prompts import reference_prefix
-    from refsight.prefixes import PrefixStateCache
+    from refsight.cache.prefix_states import PrefixStateCache
 
     out: dict[str, object] = {}
     with open_spec(spec_path) as (spec, store):

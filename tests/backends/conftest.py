@@ -18,7 +18,7 @@ PHOTO_SIZES = {"chelsea": (96, 72), "coffee": (88, 64), "astronaut": (80, 80), "
 @pytest.fixture(scope="session")
 def photos():
     """name -> ImageInput of a small real photo."""
-    from refsight.images import load_image
+    from refsight.inputs.images import load_image
     from refsight.samples import load_sample
 
     out = {}

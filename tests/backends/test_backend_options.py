@@ -186,7 +186,7 @@ def test_moved_hub_revision_is_a_miss(tmp_path):
         from PIL import Image
         from refsight.backends.hf import load_hf_backend
         from refsight.errors import ModelLoadError
-        from refsight.images import load_image
+        from refsight.inputs.images import load_image
 
         image = load_image(Image.new("RGB", (64, 48), (10, 200, 30)))
         out = {{}}
@@ -338,7 +338,7 @@ from refsight.backends.hf import load_hf_backend
 from refsight.backends.builtin import load_tiny
 from refsight.builtin_models.checkpoints import ensure_model_dir
 from refsight.errors import BackendError, ModelLoadError
-from refsight.images import load_image
+from refsight.inputs.images import load_image
 from refsight.store import open_store
 
 def headroom(extra):

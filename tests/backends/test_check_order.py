@@ -7,7 +7,7 @@ from PIL import Image
 
 from refsight.backends.toy import ToyBackend
 from refsight.errors import ContextLengthError, CorruptPackageError, InvalidInputError
-from refsight.images import load_image
+from refsight.inputs.images import load_image
 from refsight.requests import GenerationRequest
 
 

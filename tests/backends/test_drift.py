@@ -6,8 +6,8 @@ import io
 
 import pytest
 
-from refsight.drift import check_drift
-from refsight.images import load_image
+from refsight.maintenance.drift import check_drift
+from refsight.inputs.images import load_image
 from refsight.package import VisualPackage
 
 NAMES = ("chelsea", "coffee", "astronaut", "rocket")

@@ -126,3 +126,10 @@ def test_cached_references_run_no_vision_in_new_process(cached_results, load, na
     # Only the two fresh candidates (one per prompt) reach the processor and the tower (in one
     # batch where the family batches: Qwen); the stored references never do.
     assert_only_candidates_reached_vision(cached_results, name, 1 if load(name).traits.batch else 2)
+
+
+def test_the_cached_path_read_packages_the_codec_compressed(cached_results):
+    # Every package the new process read was a compressed container, read through zstd frames:
+    # the equality above holds through the store's codec, not around it.
+    use = cached_results["codec"]
+    assert use["compressed"] == use["files"] >= len(TINY_FAMILIES) and use["zstd_frames"] > 0, use

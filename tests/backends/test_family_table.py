@@ -52,7 +52,7 @@ def test_the_generic_families_load_and_encode_without_torchvision(model_cache):
         "from refsight.backends.builtin import load_tiny\n"
         "from refsight.backends.hf.classes import family_classes\n"
         "from refsight.builtin_models.family_checkpoints import FAMILY_SPECS\n"
-        "from refsight.images import load_image\n"
+        "from refsight.inputs.images import load_image\n"
         "from refsight.samples import load_sample\n"
         "image = load_image(load_sample('chelsea', (64, 48)))\n"
         "pil = [name for name, spec in FAMILY_SPECS.items() if family_classes(spec.model_type).image_processor]\n"

@@ -64,7 +64,7 @@ def _max_diff(a, b) -> float:
 @pytest.fixture(scope="module")
 def from_disk(load, photos, tmp_path_factory):
     """Fresh results here; states built here; the cached path run from disk in a new process."""
-    from refsight.prefixes import PrefixStateCache
+    from refsight.cache.prefix_states import PrefixStateCache
     from refsight.store import open_store
 
     from refsight.backends.hf.prefix_cache import usable_cache
@@ -124,7 +124,7 @@ PREFIX_FAMILIES = tuple(name for name in TINY_FAMILIES if name not in NO_PREFIX)
 @pytest.mark.parametrize("name", NO_PREFIX)
 def test_families_without_a_prefix_fall_back_to_the_fresh_path(load, photos, tmp_path, name):
     from refsight.backends.hf.prefix_cache import usable_cache
-    from refsight.prefixes import PrefixStateCache
+    from refsight.cache.prefix_states import PrefixStateCache
     from refsight.store import open_store
 
     backend = load(name)
@@ -188,7 +188,7 @@ def test_a_prefix_longer_than_the_sliding_window_equals_the_fresh_path(model_cac
     """The sliding layers keep only the window's last tokens: a state over a longer prefix, in a batch
     of rubrics of different lengths, still gives the fresh path's tokens and logits."""
     from refsight.backends.hf.prefix_cache import state_layout
-    from refsight.prefixes import PrefixStateCache
+    from refsight.cache.prefix_states import PrefixStateCache
     from refsight.store import open_store
 
     window = 8
@@ -224,7 +224,7 @@ def _language_model(backend):
 @pytest.mark.parametrize("name", ["tiny-qwen2-vl", "tiny-smolvlm", "tiny-internvl", "tiny-mistral3", "tiny-qwen3.5",
                                   "tiny-gemma4"])
 def test_a_second_rubric_runs_no_prefill_over_the_references(load, photos, tmp_path, name):
-    from refsight.prefixes import PrefixStateCache
+    from refsight.cache.prefix_states import PrefixStateCache
     from refsight.store import open_store
 
     backend = load(name)
@@ -259,7 +259,7 @@ def test_a_second_rubric_runs_no_prefill_over_the_references(load, photos, tmp_p
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "other-key"])
 def test_a_corrupt_or_truncated_state_file_is_rebuilt_never_used(load, photos, tmp_path, damage):
-    from refsight.prefixes import PrefixStateCache
+    from refsight.cache.prefix_states import PrefixStateCache
     from refsight.store import open_store
 
     backend = load("tiny-qwen2-vl")
@@ -298,7 +298,7 @@ def test_a_corrupt_or_truncated_state_file_is_rebuilt_never_used(load, photos, t
 @pytest.mark.parametrize("name", ["tiny-qwen3-vl", "tiny-smolvlm", "tiny-qwen3.5"])
 def test_one_batch_mixes_shared_and_different_prefixes_and_rows_without_one(load, photos, tmp_path, name):
     from refsight.requests import GenerationRequest
-    from refsight.prefixes import PrefixStateCache
+    from refsight.cache.prefix_states import PrefixStateCache
     from refsight.store import open_store
 
     backend = load(name)
@@ -338,7 +338,7 @@ def test_a_hybrid_state_holds_each_layer_kind_is_never_written_and_a_misfit_is_r
     from refsight.backends.hf.layer_states import expected_tensors, layer_kinds
     from refsight.backends.hf.prefix_cache import state_layout
     from refsight.backends.prefix import PrefixState
-    from refsight.prefixes import PrefixStateCache
+    from refsight.cache.prefix_states import PrefixStateCache
     from refsight.store import open_store
 
     backend = load(name)

@@ -12,7 +12,7 @@ import pytest
 
 from refsight import Engine
 from refsight.requests import GenerationRequest
-from refsight.rerank import RerankQuery, VlmReranker, rerank_segments
+from refsight.compare.rerank import RerankQuery, VlmReranker, rerank_segments
 from refsight.samples import load_sample
 
 CRITERIA = ("short fur", "pointed ears")
@@ -20,7 +20,7 @@ CRITERIA = ("short fur", "pointed ears")
 
 @pytest.fixture(scope="module")
 def tiny_engine(tmp_path_factory):
-    from refsight.images import load_image
+    from refsight.inputs.images import load_image
 
     engine = Engine(tmp_path_factory.mktemp("yes-no") / "store", model="tiny-qwen2-vl")
     for name, size in (("chelsea", (80, 64)), ("coffee", (72, 56)), ("rocket", (56, 72))):

@@ -13,7 +13,7 @@ from refsight.builtin_models import checkpoints
 from refsight.builtin_models.shape_vocab import Vocabulary, shape_vocabulary
 from refsight.builtin_models.tokenizer import smolvlm_special_tokens, train_tokenizer
 from refsight.demo import DEMO_EVIDENCE_CHARS, DEMO_RUBRIC
-from refsight.rubric import parse_rubric
+from refsight.inputs.rubric import parse_rubric
 from refsight.judge.verdict import verdict_schema
 
 

@@ -79,7 +79,25 @@ def run_cached_path(worker: Path, tmp: Path, photos: dict[str, Any], backends: d
             keys = stored_keys(store, backend.encode([photos[r] for r in REFS]))
             all_cases += cases(f"{name}/", keys, candidate, max_new_tokens, model=name)
     out = run_worker(worker, tmp, {"store": str(tmp / "store"), "cases": all_cases, **spec}, "cached.pt")
-    return torch.load(out, weights_only=False)
+    results = torch.load(out, weights_only=False)
+    results["codec"] = codec_use(tmp / "store")
+    return results
+
+
+def codec_use(root: Path) -> dict[str, int]:
+    """How the store's codec kept the package files under ``root``: how many files, how many compressed, and how
+    many of their tensors' frames are zstd-compressed byte planes (the header is frame 0)."""
+    from refsight.store import _codec
+
+    files = [memoryview(path.read_bytes()) for path in (root / "packages").rglob("*.safetensors")]
+    tables = [_codec.frames(data) for data in files]
+    return {
+        "files": len(files),
+        "compressed": sum(bool(table) for table in tables),
+        # Every frame, the header's included: a tiny model's random features may not shrink by the codec's 10%,
+        # so their tensor frames can stay raw (zstd frames of every dtype: tests/store/test_store_codec.py).
+        "zstd_frames": sum(method == "zstd" for table in tables for method, *_ in table),
+    }
 
 
 def assert_rows_match(rows: list[dict[str, Any]], fresh: list[tuple], bound: float = 0.0) -> None:
@@ -122,7 +140,7 @@ def open_spec(spec_path: str) -> Iterator[tuple[dict[str, Any], Any]]:
 def case_requests(store: Any, case: dict[str, Any]) -> list[Any]:
     """The case's :class:`GenerationRequest` list; a package missing from ``store`` ends the worker, naming it."""
     from refsight.requests import GenerationRequest
-    from refsight.images import load_image
+    from refsight.inputs.images import load_image
 
     requests = []
     for row in case["rows"]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from runtimes import require_module
 
-from refsight.extras import LLAMA_CPP_PYTHON_VERSION
+from refsight.support.extras import LLAMA_CPP_PYTHON_VERSION
 
 require_module("llama_cpp.mtmd_cpp", "pip install 'refsight[llamacpp]'")
 

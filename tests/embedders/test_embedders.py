@@ -8,7 +8,7 @@ from runtimes import require_runtime
 from PIL import Image, ImageEnhance
 
 from refsight.errors import InvalidInputError, ModelLoadError
-from refsight.images import load_image
+from refsight.inputs.images import load_image
 from refsight.embedders import ClipEmbedder, EfficientNetConSEEmbedder, VlmEmbedder
 from refsight.retrieval import Embedder, default_embedder
 

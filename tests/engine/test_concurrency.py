@@ -7,7 +7,7 @@ import threading
 from refsight import Engine, open_store
 from refsight.backends.registry import register_backend
 from refsight.backends.toy import ToyBackend
-from refsight.locks import KeyedLocks
+from refsight.support.locks import KeyedLocks
 
 
 class SlowToy(ToyBackend):

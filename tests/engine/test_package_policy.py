@@ -13,7 +13,7 @@ import pytest
 from PIL import Image, ImageOps
 
 from refsight import Engine
-from refsight.images import load_image
+from refsight.inputs.images import load_image
 from refsight.samples import sample_paths
 
 pytestmark = pytest.mark.slow  # encodes real packages; one test kills a subprocess

@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from refsight import Engine
-from refsight.images import load_image
+from refsight.inputs.images import load_image
 from refsight.backends.registry import register_backend
 from refsight.cli import main
 from refsight.errors import BackendError, InvalidInputError

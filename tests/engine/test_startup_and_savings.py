@@ -45,7 +45,7 @@ def test_the_first_compare_reports_the_models_load_as_startup_and_the_next_does_
 
 
 def test_repeated_candidates_credit_each_packages_own_encode_time_once_per_hit(engine, bundled_photos):
-    from refsight.images import load_image
+    from refsight.inputs.images import load_image
 
     context = engine.context()
     before = engine.stats()

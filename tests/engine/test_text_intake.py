@@ -8,7 +8,7 @@ import pytest
 
 from refsight import Engine
 from refsight.errors import ContextLengthError, ImageError, InvalidInputError
-from refsight.images import load_image
+from refsight.inputs.images import load_image
 from refsight.references import ReferenceSegment
 from refsight.requests import GenerationRequest
 from refsight.samples import sample_paths

@@ -8,7 +8,7 @@ from PIL import Image
 
 from refsight.backends.base import Backend, Generation
 from refsight.requests import GenerationRequest
-from refsight.images import ImageInput, load_image
+from refsight.inputs.images import ImageInput, load_image
 from refsight.package import EncoderFingerprint, VisualPackage
 
 

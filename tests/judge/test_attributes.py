@@ -7,7 +7,7 @@ import json
 import pytest
 
 from refsight.errors import InvalidInputError
-from refsight.rubric import parse_rubric
+from refsight.inputs.rubric import parse_rubric
 from refsight.judge import (
     AttributeSchema,
     AttributeSpec,

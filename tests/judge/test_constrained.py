@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 from runtimes import require_module
 
-from refsight.rubric import parse_rubric
+from refsight.inputs.rubric import parse_rubric
 from refsight.judge.verdict import parse_verdicts, token_budget, verdict_schema
 
 require_module("llguidance")

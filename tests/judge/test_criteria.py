@@ -7,7 +7,7 @@ import json
 import pytest
 
 from refsight.errors import InvalidInputError, RubricError
-from refsight.rubric import Criterion, Rubric, parse_rubric
+from refsight.inputs.rubric import Criterion, Rubric, parse_rubric
 
 
 def texts(rubric: Rubric) -> list[str]:

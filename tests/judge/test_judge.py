@@ -12,7 +12,7 @@ import pytest
 
 from refsight.errors import BackendError, InvalidInputError, RubricError
 from refsight.judge import Judge
-from refsight.rubric import parse_rubric
+from refsight.inputs.rubric import parse_rubric
 from refsight.judge.verdict import CriterionVerdict
 
 from judge_helpers import ScriptedBackend, fake_package

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from refsight.images import ImageInput
-from refsight.rubric import parse_rubric
+from refsight.inputs.images import ImageInput
+from refsight.inputs.rubric import parse_rubric
 from refsight.judge.prompts import JUDGE_PREAMBLE, build_attribute_request, build_judge_request, reference_prefix
 from refsight.judge.verdict import verdict_schema
 from refsight.package import VisualPackage

@@ -11,7 +11,7 @@ import pytest
 from refsight.errors import InvalidInputError, RubricError
 from refsight.inputs.jsonlimits import MAX_NODES, json_nodes, load_json, load_yaml
 from refsight.judge import load_attribute_schema
-from refsight.rubric import parse_rubric
+from refsight.inputs.rubric import parse_rubric
 
 
 def alias_bomb(levels: int = 8) -> str:

@@ -10,7 +10,7 @@ import pytest
 from runtimes import require_module
 
 from refsight.judge import ImageNetAttributeSource, Judge
-from refsight.rubric import parse_rubric
+from refsight.inputs.rubric import parse_rubric
 from refsight.judge.verdict import VERDICTS
 
 from judge_helpers import photo

@@ -7,7 +7,7 @@ import json
 import jsonschema
 import pytest
 
-from refsight.rubric import Criterion, parse_rubric
+from refsight.inputs.rubric import Criterion, parse_rubric
 from refsight.judge.verdict import (
     CriterionVerdict,
     VerdictParseError,

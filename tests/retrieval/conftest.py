@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bundled_photos import BUNDLED, bundled_photo  # noqa: F401  (re-exported for fixtures)
-from refsight.images import ImageInput
+from refsight.inputs.images import ImageInput
 
 
 @pytest.fixture(scope="session")

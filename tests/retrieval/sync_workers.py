@@ -20,7 +20,7 @@ import numpy as np
 from PIL import Image
 
 from refsight.errors import InvalidInputError, ReferenceNotFoundError
-from refsight.images import load_image
+from refsight.inputs.images import load_image
 from refsight.embedders.base import Embedder
 from refsight.retrieval.store_index import StoreIndex
 from refsight.store import open_store

@@ -6,7 +6,7 @@ import pytest
 from PIL import Image
 
 from refsight.errors import InvalidInputError, InvalidReferenceIdError, ReferenceNotFoundError
-from refsight.images import load_image
+from refsight.inputs.images import load_image
 from refsight.embedders import EfficientNetConSEEmbedder
 from refsight.retrieval import Retriever, default_embedder
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from sync_workers import DIM, HashEmbedder, image_bytes
 
-from refsight.images import load_image
+from refsight.inputs.images import load_image
 from refsight.retrieval.store_index import StoreIndex
 from refsight.store import open_store
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from sync_workers import DIM, NAMESPACE, HashEmbedder, everything, image_bytes
 
-from refsight.images import load_image
+from refsight.inputs.images import load_image
 from refsight.retrieval import Retriever
 from refsight.retrieval.store_index import StoreIndex
 

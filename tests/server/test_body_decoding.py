@@ -24,10 +24,10 @@ from fastapi.routing import APIRoute
 from live_server import photo_png
 from pydantic import BaseModel, ValidationError
 
-from refsight.server.bodies import AddReferenceBody, CompareBody
-from refsight.server.gate import flat_routes
-from refsight.server.generation_body import GenerationBody
-from refsight.server.json_content import MAX_BODY_VALUES
+from refsight.server.intake.bodies import AddReferenceBody, CompareBody
+from refsight.server.edge.gate import flat_routes
+from refsight.server.intake.generation_body import GenerationBody
+from refsight.server.edge.json_content import MAX_BODY_VALUES
 
 BAD = "\ud800"
 _HI = [{"role": "user", "content": "hi"}]

@@ -125,7 +125,7 @@ def test_a_draft_07_tuple_schema_is_accepted_and_constrains_the_answer(tiny):
 def test_one_default_n_predict_in_props_slots_and_the_readme(tiny):
     from pathlib import Path
 
-    from refsight.server.generation_body import DEFAULT_MAX_TOKENS
+    from refsight.server.intake.generation_body import DEFAULT_MAX_TOKENS
 
     with tiny.client() as c:
         props = c.get("/props").json()["default_generation_settings"]["params"]["n_predict"]

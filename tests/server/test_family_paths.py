@@ -19,7 +19,7 @@ from refsight.families import FAMILIES
 from compare_helpers import RUBRIC, cached_and_fresh, without_timings
 from live_server import b64, data_url, photo_png
 from refsight.cli import main
-from refsight.rerank import RerankQuery, VlmReranker
+from refsight.compare.rerank import RerankQuery, VlmReranker
 
 #: Every family but those shaped like one already here (``kin_recipes``: another tower or config on a known
 #: layout, proven cached == fresh in tests/backends/test_families.py): the doors below are the same code for them,
@@ -32,7 +32,7 @@ DOOR_FAMILIES = tuple(name for name, spec in FAMILY_SPECS.items() if spec.model_
 @pytest.mark.parametrize("model", DOOR_FAMILIES)
 def test_judge_and_reranker_are_equal_cached_and_fresh(tmp_path, real_photo, model):
     with cached_and_fresh(tmp_path / "store", real_photo, model) as (engine, refs, candidate, cached, fresh):
-        from refsight.images import load_image
+        from refsight.inputs.images import load_image
 
         query = RerankQuery(image=load_image(candidate), criteria=("short fur",), text="short fur")
         references = [engine.reference(n) for n in refs]

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 from live_server import LiveServer, b64, photo_png
 
 from refsight.server import ServerConfig, create_app
-from refsight.server.gate import flat_routes
+from refsight.server.edge.gate import flat_routes
 
 # The schema does not depend on the store or keys; building the app opens nothing (that
 # happens at startup), so the schema is read at collection time and the server per module.

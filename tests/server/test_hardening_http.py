@@ -311,7 +311,7 @@ def test_http_errors_use_http_words(server):
 
 
 def test_http_wording_translates_flags():
-    from refsight.server.errors import http_wording
+    from refsight.server.edge.http_errors import http_wording
 
     assert http_wording("no reference to compare with: name --ref IDs or use --top-k") == (
         "no reference to compare with: name ref_ids IDs or use top_k")

@@ -29,7 +29,7 @@ from fastapi.routing import APIRoute
 from live_server import LiveServer, b64, photo_png
 
 from refsight.server import ServerConfig, create_app
-from refsight.server.gate import OPERATOR, PUBLIC, flat_routes, route_guard
+from refsight.server.edge.gate import OPERATOR, PUBLIC, flat_routes, route_guard
 
 TENANT_KEY, OTHER_KEY, OPERATOR_KEY = "hostile-tenant-0001", "hostile-other-0002", "hostile-operator-03"
 KEYS = {TENANT_KEY: "team", OTHER_KEY: "other", OPERATOR_KEY: "@operator"}

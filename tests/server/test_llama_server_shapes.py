@@ -21,8 +21,8 @@ from runtimes import require_module
 
 from refsight import ContextLengthError, GenerateResult
 from refsight.server import ServerConfig, create_app
-from refsight.server.completion_parts import fill_context
-from refsight.server.timings import TokenClock
+from refsight.server.intake.completion_parts import fill_context
+from refsight.server.replies.timings import TokenClock
 
 HI = [{"role": "user", "content": "hi"}]
 GGUF = "tiny-qwen2-vl-gguf"

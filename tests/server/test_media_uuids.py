@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from live_server import photo_png
-from refsight.images import load_image
-from refsight.server.media_uuids import ENTRY_OVERHEAD, MediaUuids
+from refsight.inputs.images import load_image
+from refsight.server.intake.media_uuids import ENTRY_OVERHEAD, MediaUuids
 
 
 def test_entries_are_per_tenant_bound_to_pixels_and_bounded():

@@ -9,7 +9,7 @@ from runtimes import require_module
 
 from live_server import LiveServer, assert_error
 from refsight.server import ServerConfig, create_app
-from refsight.server.generation_body import DEFAULT_MAX_TOKENS, NO_OP_VALUES, REFUSED_FIELDS
+from refsight.server.intake.generation_body import DEFAULT_MAX_TOKENS, NO_OP_VALUES, REFUSED_FIELDS
 
 HI = [{"role": "user", "content": "hi"}]
 

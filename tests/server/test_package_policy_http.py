@@ -11,7 +11,7 @@ import pytest
 import refsight
 from live_server import assert_error, b64, data_url, photo_png
 from refsight.errors import RefsightError
-from refsight.server.errors import ERROR_STATUS, from_refsight, status_of
+from refsight.server.edge.http_errors import ERROR_STATUS, from_refsight, status_of
 
 MODEL = "tiny-qwen2-vl"
 KEYS = {"policy-key-aaaa": "tenant-a", "policy-key-bbbb": "tenant-b"}

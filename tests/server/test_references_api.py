@@ -118,6 +118,7 @@ def test_metrics_expose_cache_counters_and_latency(client):
     assert samples["refsight_cache_hits_total"] == stats["hits"] == 1
     assert samples["refsight_cache_misses_total"] == stats["misses"] == 1
     assert samples["refsight_cache_bytes"] == stats["bytes"]
+    assert samples["refsight_cache_raw_bytes"] == stats["raw_bytes"] >= stats["bytes"]
     assert "refsight_cache_evictions_total" in samples and "refsight_cache_encode_seconds_saved_total" in samples
     assert samples['refsight_request_seconds_count{method="GET",route="/v1/references/{ref_id}",status="200"}'] == 1
     assert samples['refsight_request_seconds_count{method="POST",route="/v1/references",status="201"}'] == 2

@@ -11,8 +11,8 @@ from typing import Iterator
 import pytest
 
 from live_server import LiveServer, photo_png
-from refsight.server.errors import ApiError
-from refsight.server.remote_media import RemoteMedia
+from refsight.server.edge.http_errors import ApiError
+from refsight.server.intake.remote_media import RemoteMedia
 
 CAT = photo_png("chelsea", (32, 32))
 

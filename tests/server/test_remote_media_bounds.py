@@ -21,8 +21,8 @@ import pytest
 
 from hardening_helpers import ServeProcess
 from live_server import LiveServer, photo_png
-from refsight.server.errors import ApiError
-from refsight.server.remote_media import RemoteMedia
+from refsight.server.edge.http_errors import ApiError
+from refsight.server.intake.remote_media import RemoteMedia
 
 pytestmark = pytest.mark.slow  # real servers, deadlines of seconds, and one `refsight serve` measured
 

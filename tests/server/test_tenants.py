@@ -12,7 +12,7 @@ import pytest
 from live_server import assert_error, b64, data_url, photo_png
 from refsight import InvalidInputError
 from refsight.server import ServerConfig, create_app
-from refsight.server.tenants import Tenants, load_keys, parse_key_pairs
+from refsight.server.edge.tenants import Tenants, load_keys, parse_key_pairs
 
 KEY_A = "key-alpha-0123456789"
 KEY_B = "key-bravo-9876543210"
@@ -163,7 +163,7 @@ def test_a_keys_file_that_is_not_a_regular_file_is_refused_at_once(tmp_path):
     """Issue 18 rows 6-7 for the keys file: a FIFO or a device never blocks or fills memory."""
     import os
 
-    from refsight.server.tenants import load_keys
+    from refsight.server.edge.tenants import load_keys
 
     fifo = tmp_path / "keys-fifo"
     os.mkfifo(fifo)
@@ -175,7 +175,7 @@ def test_a_keys_file_that_is_not_a_regular_file_is_refused_at_once(tmp_path):
 
 def test_keys_from_the_environment_that_are_not_valid_unicode_are_refused_without_echoing_them():
     from refsight import InvalidInputError
-    from refsight.server.tenants import load_keys
+    from refsight.server.edge.tenants import load_keys
 
     secret = "s3cret-key-\udcff-000"  # undecodable bytes in the environment arrive as lone surrogates
     with pytest.raises(InvalidInputError) as refused:

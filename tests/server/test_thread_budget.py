@@ -49,7 +49,7 @@ def test_the_budget_shares_the_cores_out_and_a_given_count_wins():
 def test_llama_cpp_takes_the_threads_asked_for_else_every_core(monkeypatch):
     """llama.cpp runs one thread team at a time (requests take turns on its one context, slots decode together):
     the per-worker share would leave cores idle, so it takes ``--threads``/``-t`` or every core given."""
-    from refsight import threads
+    from refsight.support import threads
     from refsight.backends.llamacpp.native import RuntimeSettings
 
     monkeypatch.setattr(threads, "_ASKED", None)  # serve --workers 2 without -t: torch 1 thread on 2 cores

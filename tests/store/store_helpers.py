@@ -40,6 +40,22 @@ def make_package(n: int, *, tokens: int = 16, dims: int = 32, model: str = "tiny
     )
 
 
+def written_before_the_codec(store, key: str) -> bytes:
+    """Turn the stored package ``key`` into what refsight wrote before its codec: the plain safetensors file
+    (byte for byte the codec's raw form: ``_safetensors.encode``'s chunks, as that refsight's ``put`` wrote
+    them) and a row naming that file's size and checksum. Returns the file's bytes."""
+    from refsight.store import _codec
+    from refsight.store._files import checksum
+
+    path = store.local.path_for(key)
+    raw = bytes(_codec.decompress(memoryview(path.read_bytes())))
+    path.write_bytes(raw)
+    with store.local._db.write() as conn:
+        conn.execute("UPDATE packages SET bytes = ?, checksum = ?, raw_bytes = ? WHERE key = ?",
+                     (len(raw), checksum(raw), len(raw), key))
+    return raw
+
+
 def run_threads(work: Callable[[int], None], count: int = 4) -> list[BaseException]:
     """Run ``work(0)`` … ``work(count - 1)`` on threads at once; the exceptions they raised (a thread's would vanish)."""
     errors: list[BaseException] = []

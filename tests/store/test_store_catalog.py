@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from store_helpers import fingerprint, image_hash, make_package
+from store_helpers import fingerprint, image_hash, make_package, written_before_the_codec
 
 from refsight.errors import InvalidInputError, InvalidReferenceIdError, NotFoundError, ReferenceNotFoundError, StoreError
 from refsight.store import COUNTER_NAMES, SqlCatalog
@@ -179,6 +179,7 @@ def test_a_version_1_store_is_migrated_in_place(opener, tmp_path):
         store.catalog.add_reference("kept", image_hash(1), {"k": "v"})
     # make it look like a store written before the change journal existed
     opener.sql(root, [
+        "ALTER TABLE packages DROP COLUMN raw_bytes",  # added by version 6
         "DROP TABLE remembered_packages",  # added by version 5
         "DROP TABLE reference_changes",
         "DROP INDEX packages_by_use",  # added by version 4
@@ -191,7 +192,7 @@ def test_a_version_1_store_is_migrated_in_place(opener, tmp_path):
         assert store.catalog.revision() == 0
         store.catalog.add_reference("new", image_hash(2), {})
         assert [r.ref_id for r in store.catalog.changes_since(0).changed] == ["new"]
-    assert opener.sql(root, ["SELECT value FROM meta WHERE name = 'schema_version'"])[0][0][0] == "5"
+    assert opener.sql(root, ["SELECT value FROM meta WHERE name = 'schema_version'"])[0][0][0] == "6"
 
 
 def test_a_newer_store_is_refused(opener, tmp_path):
@@ -208,6 +209,8 @@ def _downgraded(opener, root, version: int, statements: list[str]):
     package = make_package(1)
     with opener(root) as store:
         store.packages.put(package)
+        written_before_the_codec(store, package.key)
+    statements = ["ALTER TABLE packages DROP COLUMN raw_bytes", *statements]  # added by version 6
     opener.sql(root, [*statements, f"UPDATE meta SET value = '{version}' WHERE name = 'schema_version'"])
     return package
 

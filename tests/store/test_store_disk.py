@@ -14,7 +14,7 @@ from store_helpers import image_hash, make_package, run_threads
 
 from refsight.errors import CorruptPackageError, InvalidInputError
 from refsight.package import VisualPackage
-from refsight.store import DiskPackageStore
+from refsight.store import DiskPackageStore, _codec
 
 
 @pytest.fixture
@@ -66,12 +66,20 @@ def test_round_trip_is_bit_exact_for_bf16_int64_bool_and_metadata(open_local, tm
     reopened.close()
 
 
-def test_files_are_plain_safetensors_with_the_header_as_metadata(open_local, tmp_path):
+def test_files_are_compressed_safetensors_with_the_header_as_metadata(open_local, tmp_path):
     store = open_local(tmp_path)
     package = make_package(2)
     store.put(package)
     path = store.path_for(package.key)
     assert path.parent.parent.name == package.key[:2] and path.parent.name == package.key[2:4]
+    stored = path.read_bytes()
+    assert stored.startswith(_codec.MAGIC)  # bf16 features and a JSON header: the codec saves enough to keep
+    record = store.record(package.key)
+    assert record.bytes == len(stored) < record.raw_bytes
+    # Decompressed, the file is plain safetensors: what refsight wrote before its codec.
+    path = tmp_path / "raw.safetensors"
+    path.write_bytes(_codec.decompress(memoryview(stored)))
+    assert path.stat().st_size == record.raw_bytes
     loaded = safetensors.torch.load_file(path)
     for name, tensor in package.tensors.items():
         assert torch.equal(loaded[name], tensor)
@@ -220,7 +228,8 @@ def test_stats_and_records(open_local, tmp_path):
     store = open_local(tmp_path)
     packages = [make_package(n) for n in range(3)]
     sizes = [store.put(p) for p in packages]
-    assert store.stats() == {"packages": 3, "bytes": sum(sizes)}
+    raw = sum(store.record(p.key).raw_bytes for p in packages)
+    assert store.stats() == {"packages": 3, "bytes": sum(sizes), "raw_bytes": raw} and raw > sum(sizes)
     record = store.record(packages[0].key)
     assert record.image_sha256 == image_hash(0)
     assert record.fingerprint == packages[0].fingerprint

@@ -4,7 +4,7 @@ a reference's removal, gone with their package, forgotten on demand; on SQLite a
 from __future__ import annotations
 
 import pytest
-from store_helpers import make_package
+from store_helpers import make_package, written_before_the_codec
 
 
 def _remembered(store, n: int, *namespaces: str) -> str:
@@ -50,8 +50,10 @@ def test_gc_and_a_reference_removal_keep_a_remembered_package_and_deleting_it_dr
 def test_a_store_before_remembered_images_gets_the_table(opener, tmp_path, version):
     root = tmp_path / "v4"
     with opener(root) as store:
-        store.packages.put(make_package(4))
-    opener.sql(root, ["DROP TABLE remembered_packages", f"UPDATE meta SET value = '{version}' WHERE name = 'schema_version'"])
+        store.packages.put(package := make_package(4))
+        written_before_the_codec(store, package.key)
+    opener.sql(root, ["ALTER TABLE packages DROP COLUMN raw_bytes", "DROP TABLE remembered_packages",
+                      f"UPDATE meta SET value = '{version}' WHERE name = 'schema_version'"])
     with opener(root) as store:
         assert store.remembered.list() == [] and store.remembered.totals() == (0, 0)
         key = _remembered(store, 5, "a")

@@ -34,12 +34,12 @@ from types import MappingProxyType
 from typing import Any, Callable, ClassVar, Mapping, Sequence, Union
 
 from ..errors import BackendError, CorruptPackageError, InvalidInputError, RefsightError
-from ..images import ImageInput
+from ..inputs.images import ImageInput
 from ..package import EncoderFingerprint, VisualPackage
-from ..prompt_size import check_prompt_size
+from ..inputs.prompt_size import check_prompt_size
 from ..requests import GenerationRequest
 from ..sampling import Sampling, check_supported
-from .text_access import TextAccess
+from .text_access import TextAccess, check_prompt_text
 from .turns import check_prompt_form, plan_turns
 
 __all__ = ["Backend", "Execution", "Generation", "PreparedRequest", "Segment", "Sampling", "TextCallback"]
@@ -88,13 +88,17 @@ class PreparedRequest:
     packages it encoded in place of the images it encoded). ``encode_ms`` is the time this
     request's images took to encode here; ``grammar`` its compiled JSON constraint
     (:meth:`Backend.compile_schema`), None without a schema. A backend that tailors
-    :meth:`Backend.prepare` may put its own objects in ``segments`` (its ``execute`` reads them).
+    :meth:`Backend.prepare` may put its own objects in ``segments`` (its ``execute`` reads them),
+    and what it renders before the runtime runs: ``prompt``, the prompt's text, and ``prefix``, its
+    plan for the reference prefix (llama.cpp: rendered before its runtime's lock is taken).
     """
 
     request: GenerationRequest
     segments: list[Any]
     encode_ms: float = 0.0
     grammar: Any = None
+    prompt: str | None = None
+    prefix: Any = None
 
     @property
     def packages(self) -> list[VisualPackage]:
@@ -350,8 +354,10 @@ class Backend(TextAccess, abc.ABC):
     def check_prompt(self, request: GenerationRequest, i: int = 0) -> None:
         """This runtime's rules for a request, in this order: its rule for user text (:meth:`check_text`,
         :meth:`check_raw_text`), the prompt forms it renders (:func:`~.turns.check_prompt_form`), the :class:`Sampling`
-        fields it honours (:attr:`sampling_fields`), and the prompt's size against ``max_prompt_tokens`` and
-        :attr:`context_size` (:func:`~refsight.prompt_size.check_prompt_size`). None needs the images resolved: asked
+        fields it honours (:attr:`sampling_fields`), the prompt's size against ``max_prompt_tokens`` and
+        :attr:`context_size` (:func:`~refsight.inputs.prompt_size.check_prompt_size`), and the prompt as this runtime reads it
+        (:meth:`prompt_text_of`: :func:`~.text_access.check_prompt_text` refuses one that is nothing to generate from,
+        whichever route, dialect or caller made it, before any runtime sees it). None needs the images resolved: asked
         before any is encoded (:meth:`plan_prompt`, new images counted by their size), the size is asked again with
         every image a package (:meth:`check_request`, for every caller, before any prefill)."""
         check = self.check_raw_text if request.raw_prompt else self.check_text
@@ -361,6 +367,14 @@ class Backend(TextAccess, abc.ABC):
         check_prompt_form(self, i, request)  # a raw prompt, or how the chat template's prompt ends
         check_supported(request.sampling, self.sampling_fields, self.name)
         check_prompt_size(self, request.segments, request.max_prompt_tokens, request.raw_prompt)
+        images = sum(1 for s in request.segments if not isinstance(s, str))
+        check_prompt_text(self.prompt_text_of(request), images, self.media_marker, raw=request.raw_prompt)
+
+    def prompt_text_of(self, request: GenerationRequest) -> str:
+        """The text of ``request``'s prompt as this runtime reads it, each image as the media marker: what
+        :meth:`check_prompt` holds to :func:`~.text_access.check_prompt_text`. This default is the segments as given
+        (a raw prompt; a runtime that adds no chat template); a backend that renders one renders it."""
+        return "".join(s if isinstance(s, str) else self.media_marker for s in request.segments)
 
     def check_request(self, i: int, request: GenerationRequest) -> Any:
         """Raise :class:`~refsight.errors.InvalidInputError` (or :class:`CorruptPackageError`) naming what of request

@@ -4,7 +4,7 @@ A package key needs the encoder's fingerprint, which a backend computes from the
 model (processor settings, dtype, attention kernels, the weights' revision). Loading a VLM
 takes seconds; a command that only links a stored package (a cached ``refsight add``) should
 not pay for it. So each load records, in ``<hash memo dir>/fingerprints.json`` (beside the
-checkpoint-hash memo, :func:`refsight.environment.hash_memo_dir`), the backend's fingerprint and
+checkpoint-hash memo, :func:`refsight.support.environment.hash_memo_dir`), the backend's fingerprint and
 batch size under :func:`record_key` — the model name, its options, the versions of refsight
 and of the model runtimes, the host and the device-selecting environment — together with
 the stamp ``(size, mtime_ns, inode)`` of every file and directory the backend names in
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..errors import RefsightError
-from ..json_memo import read_entries, write_entry
+from ..support.json_memo import read_entries, write_entry
 from ..package import EncoderFingerprint, canonical_json
 from ..version import __version__
 
@@ -63,7 +63,7 @@ def facts_of(backend: Backend) -> EncoderFacts:
 
 def records_path() -> Path:
     """``$REFSIGHT_HASH_MEMO_DIR/fingerprints.json``, else ``<model cache>/fingerprints.json``."""
-    from ..environment import hash_memo_dir
+    from ..support.environment import hash_memo_dir
 
     return hash_memo_dir() / _RECORDS_NAME
 

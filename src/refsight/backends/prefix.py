@@ -75,7 +75,7 @@ class PrefixState:
 
 @runtime_checkable
 class PrefixCache(Protocol):
-    """Where prefix states are kept (the engine's store implements it; see :mod:`refsight.prefixes`)."""
+    """Where prefix states are kept (the engine's store implements it; see :mod:`refsight.cache.prefix_states`)."""
 
     def get(self, key: str) -> PrefixState | None:
         """The state under ``key`` (counted as a hit), or None (counted as a miss)."""

@@ -18,9 +18,9 @@ import threading
 from importlib.metadata import entry_points
 from typing import Any, Callable
 
-from ..errors import BackendError, InvalidInputError, RefsightError, UnknownModelError
+from ..errors import BackendError, InvalidInputError, ModelLoadError, RefsightError, UnknownModelError
 from ..package import canonical_json
-from ..plugins import find_target, load_factory
+from ..support.plugins import find_target, load_factory
 from .base import Backend
 from .builtin import BUILTINS
 from .chat_formats import builtin_format
@@ -102,21 +102,41 @@ def get_backend(name: str, **options: Any) -> Backend:
                 raise BackendError(name, f"{type(e).__name__}: {e}") from e
             if template is not None or jinja is False:
                 _use_template(backend, template, jinja=jinja is not False)
+            else:
+                _probe_own_template(name, backend)
             _instances[key] = backend
         return backend
 
 
 def _use_template(backend: Backend, template: str | None, *, jinja: bool) -> None:
-    """``backend`` renders chats in ``template`` from now on, or without Jinja (llama-server's ``--no-jinja``) in
-    llama.cpp's built-in format detected from ``template`` (or the model's own); closed again when it cannot."""
+    """``backend`` renders chats in ``template`` from now on (probed first), or without Jinja (llama-server's
+    ``--no-jinja``) in llama.cpp's built-in format detected from ``template`` (or the model's own); closed again when
+    it cannot."""
     try:
         if not jinja:
             source = template if template is not None else backend.chat_template_source()
             try:
                 template = builtin_format(source or "")
             except ValueError as e:
-                raise InvalidInputError("jinja", f"without Jinja: {e}") from None
+                raise InvalidInputError("jinja", str(e)) from None
         backend.use_chat_template(template)
+    except BaseException:
+        backend.close()
+        raise
+
+
+def _probe_own_template(name: str, backend: Backend) -> None:
+    """The model's own chat template (a GGUF's, a checkpoint's), where the backend renders one here, tried as a given
+    one is (:meth:`~.text_access.TextAccess.probe_chat_template`): a template that cannot serve is refused at load,
+    in one line naming the model, never at the first chat. The backend is closed again then."""
+    if backend.chat_template_source() is None:
+        return  # no template rendered here (the runtime renders its own, or there is none)
+    try:
+        backend.probe_chat_template()
+    except InvalidInputError as e:
+        backend.close()
+        raise ModelLoadError(name, f"its own chat template {e.reason}; give it another (the chat_template option, "
+                              "--chat-template-file)") from None
     except BaseException:
         backend.close()
         raise

@@ -18,25 +18,31 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from ..errors import InvalidInputError
+from .templates import TemplateRaised
+from .turns import split_final_turn
 
-__all__ = ["TextAccess", "MEDIA_MARKER", "check_chat_template"]
+__all__ = ["TextAccess", "MEDIA_MARKER", "PROBE_TEXT", "check_prompt_text"]
 
 #: Where an image goes in a prompt's text (mtmd's default marker, as llama-server uses it).
 MEDIA_MARKER = "<__media__>"
+#: The one user message a chat template is tried on when it is set (:meth:`TextAccess.probe_chat_template`).
+PROBE_TEXT = "hi"
 
 
-def check_chat_template(template: str) -> None:
-    """InvalidInputError naming ``chat_template`` unless ``template`` is a non-empty Jinja template (compiled in the
-    sandbox every renderer here uses), so a broken file fails at load, not at the first chat."""
-    from jinja2 import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    if not isinstance(template, str) or not template.strip():
-        raise InvalidInputError("chat_template", "must be a non-empty Jinja template")
-    try:
-        ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(template)
-    except TemplateError as e:
-        raise InvalidInputError("chat_template", f"not a Jinja template: {type(e).__name__}: {e}") from None
+def check_prompt_text(text: str, images: int, marker: str, *, raw: bool = False) -> str:
+    """``text``, the whole prompt a runtime would read (each of its ``images`` written as ``marker``), unless it is
+    nothing to generate from: empty or only whitespace, with no image (a runtime fed no tokens aborts: llama.cpp's
+    ``GGML_ASSERT``), or a chat template's that dropped some of the images. InvalidInputError naming the input
+    (``prompt`` for a raw prompt, ``messages`` for a chat) and why."""
+    placed = text.count(marker) if marker else images
+    if placed < images:
+        raise InvalidInputError("messages", f"the chat template renders {placed} of their {images} image(s)")
+    if placed or text.strip():
+        return text
+    if raw:
+        raise InvalidInputError("prompt", "is empty (or only whitespace): give the text to continue")
+    raise InvalidInputError("messages", "the prompt they make is empty (or only whitespace) after the chat template: "
+                            "nothing to generate from")
 
 
 class TextAccess:
@@ -71,6 +77,32 @@ class TextAccess:
         """The chat template around ``texts`` (``turns`` as in a request), images already written as the marker;
         ``generation_prompt=False``: without the opening of the answer's turn."""
         raise InvalidInputError("messages", f"{self.name} does not expose its chat template as text")
+
+    def chat_text(self, texts: Sequence[str], turns: Sequence[tuple[str, int]] | None = None,
+                  prompt_end: str = "generation_prompt") -> str:
+        """The whole prompt a chat of ``texts`` (images already written as the marker) renders to: the chat template
+        over ``turns`` (None: one user turn) ended as ``prompt_end`` says (``continue``: the turns before the final one
+        with the opening of the answer's turn, then the final turn's text, as llama-server renders a prefill).
+        InvalidInputError when that prompt is nothing to generate from (:func:`check_prompt_text`)."""
+        texts = list(texts)
+        turns = list(turns or [("user", len(texts))])
+        if prompt_end == "continue":
+            head, head_turns, tail = split_final_turn(texts, turns)
+            text = self.template_text(head, head_turns) + tail
+        else:
+            text = self.template_text(texts, turns, generation_prompt=prompt_end == "generation_prompt")
+        return check_prompt_text(text, sum(t.count(self.media_marker) for t in texts), self.media_marker)
+
+    def probe_chat_template(self) -> None:
+        """Try the chat template on one user message (:data:`PROBE_TEXT`), as it is set: InvalidInputError naming
+        ``chat_template`` when it does not compile, breaks a render's bounds or deadline, or renders an empty
+        prompt. An error the template raises itself is left to the chats it refuses (some want a system message)."""
+        try:
+            text = self.template_text([PROBE_TEXT])
+        except TemplateRaised:
+            return
+        if not text.strip():
+            raise InvalidInputError("chat_template", f"renders an empty prompt (for one user message {PROBE_TEXT!r})")
 
     def chat_template_source(self) -> str | None:
         """The chat template's own source (Jinja), where the model carries one; None otherwise."""

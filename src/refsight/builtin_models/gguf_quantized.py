@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..errors import InvalidInputError, ModelLoadError, UnknownModelError
 from .checkpoints import MARKER_FILE, build_into_cache
-from ..extras import LLAMA_CPP_PYTHON_VERSION
+from ..support.extras import LLAMA_CPP_PYTHON_VERSION
 from .gguf_converter import MMPROJ_FILE, MODEL_FILE
 from .gguf import ensure_gguf
 

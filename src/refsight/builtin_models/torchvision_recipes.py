@@ -3,7 +3,7 @@
 LFM2-VL, Command A Vision (``cohere2_vision``), Kimi K2.5, Step 3.7 and Molmo 2.
 
 transformers 5.24 has no PIL image processor for these model types: their checkpoints name a
-torchvision one, so refsight serves them where torchvision imports (``refsight/torchvision_cpu.py``
+torchvision one, so refsight serves them where torchvision imports (``refsight/support/torchvision_cpu.py``
 lets PyPI's CUDA-built torchvision import beside the CPU torch) and the test extras install it.
 Their ``preprocessor_config.json`` is written as data by
 :func:`~refsight.builtin_models.family_checkpoints.build_family_checkpoint`, so building one needs

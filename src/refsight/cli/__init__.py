@@ -24,10 +24,11 @@ from collections.abc import Mapping, Sequence
 from typing import Callable
 
 from .. import InvalidInputError, RefsightError
-from ..environment import default_catalog_url, default_redis_url
+from ..errors import StoreConfigError
+from ..support.environment import default_catalog_url, default_redis_url
 from . import judging, maintenance, models, references, serving
 from .arguments import CommandParser, UsageError, model_options, store_options
-from .context import open_engine, say
+from .command import open_engine, say
 
 __all__ = ["main", "build_parser", "describe_error"]
 
@@ -70,7 +71,7 @@ def describe_error(error: RefsightError, args: argparse.Namespace) -> tuple[str,
     names the argument and the exit code is a usage error's. An input the library names by its
     value rather than its field (an empty query text) is named by the argument that holds it.
     """
-    if isinstance(error, UsageError):
+    if isinstance(error, (UsageError, StoreConfigError)):
         return str(error), True
     fields: Mapping[str, str] = getattr(args, "fields", None) or {}
     if not isinstance(error, InvalidInputError) or not isinstance(error.input, str):
@@ -92,12 +93,13 @@ def _in_flags(reason: str, fields: Mapping[str, str]) -> str:
 
 
 def _resolve_store_options(args: argparse.Namespace) -> None:
-    """The options every command takes, with their environment defaults (:mod:`refsight.environment`)."""
+    """The options every command takes, with their environment defaults (:mod:`refsight.support.environment`)."""
     args.store = getattr(args, "store", None)
     args.catalog = getattr(args, "catalog", None) or default_catalog_url()
     args.local_dir = getattr(args, "local_dir", None)
     args.redis = getattr(args, "redis", None) or default_redis_url()
     args.max_package_bytes = getattr(args, "max_package_bytes", None)
+    args.local_cache_bytes = getattr(args, "local_cache_bytes", None)
     args.config = getattr(args, "config", None)
     args.json = getattr(args, "json", False)
     args.quiet = getattr(args, "quiet", False)

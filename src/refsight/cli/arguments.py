@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 
 from .. import InvalidInputError, RefsightError
 from ..inputs.text import check_text
-from ..environment import default_model
+from ..support.environment import default_model
 from ..settings import OPTION_HELP
 
 __all__ = [
@@ -175,19 +175,24 @@ def parse_pairs(items: Sequence[str], flag: str) -> dict[str, str]:
 
 #: The options every command takes: (flag, metavar, type, help); each defaults to "not given".
 _STORE_OPTIONS = (
-    ("--store", "DIR", path_argument, "store directory (default: $REFSIGHT_STORE or the user cache dir)"),
+    ("--store", "DIR", path_argument, "store directory, or s3://BUCKET/PREFIX with --catalog (default: "
+     "$REFSIGHT_STORE or the user cache dir)"),
     ("--catalog", "URL", text_argument,
      "postgresql://... : the catalog in PostgreSQL, shared by replicas; --store then names the shared "
-     "blob directory (default: $REFSIGHT_CATALOG, else the embedded SQLite catalog in the store)"),
+     "blob directory or bucket (default: $REFSIGHT_CATALOG, else the embedded SQLite catalog in the store)"),
     ("--local-dir", "DIR", path_argument,
-     "with --catalog: this replica's directory for derived data (retrieval index, attribute records)"),
+     "with --catalog: this replica's directory for derived data (retrieval index, attribute records) and, with "
+     "a bucket, its disk cache"),
+    ("--local-cache-bytes", "SIZE", text_argument,
+     "with an s3:// store: the byte limit of the disk cache in --local-dir, e.g. 50GiB (default 8GiB)"),
     ("--config", "FILE", path_argument,
      "config file of backend options (default: refsight.toml in the store directory); flags override it"),
     ("--redis", "URL", text_argument,
      "Redis tier between memory and disk, e.g. redis://127.0.0.1:6379/0 (Redis >= 7; default: $REFSIGHT_REDIS, "
      "else [store] redis in refsight.toml)"),
     ("--max-package-bytes", "SIZE", text_argument,
-     "byte quota on packages, e.g. 20GiB: least recently used ones are evicted (re-encoded when needed)"),
+     "byte quota on packages (their stored, compressed bytes), e.g. 20GiB: least recently used ones are evicted "
+     "(re-encoded when needed)"),
     ("--namespace", "NAME", namespace_argument,
      "the references' namespace (default: 'default', the one a server without API keys serves; with keys, "
      "each key's namespace); verify, prune and gc work on the whole store"),
@@ -217,7 +222,7 @@ def model_options() -> argparse.ArgumentParser:
             kind = int if name in ("min_pixels", "max_pixels", "batch_size") else text_argument
             metavar = "pixels|embeds" if name == "vllm_images" else None
             with_model.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None, metavar=metavar, help=help_text)
-    # Not a backend option: torch's and llama.cpp's setting is the process's (refsight.threads).
+    # Not a backend option: torch's and llama.cpp's setting is the process's (refsight.support.threads).
     with_model.add_argument(
         "-t", "--threads", type=int, default=None, metavar="N",
         help="threads for llama.cpp (llama-server's -t; default: every core, it runs one thread team at a time) and "

@@ -11,7 +11,7 @@ from ..inputs.reading import FileReadError, read_regular_file
 from ..inputs.terminal import escape_controls
 from ..report import format_comparison, format_timings
 from .arguments import EMBEDDER_HELP, SCHEMA_HELP, Command, parse_pairs, path_argument, text_argument
-from .context import RANDOM_WEIGHTS_NOTICE, emit, open_engine
+from .command import RANDOM_WEIGHTS_NOTICE, emit, open_engine
 
 __all__ = ["COMMANDS"]
 

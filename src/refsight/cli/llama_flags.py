@@ -30,7 +30,7 @@ from typing import Any
 from .. import InvalidInputError, Sampling, __version__
 from ..settings import BUILTIN_TEMPLATES, builtin_template
 from .arguments import UsageError, path_argument, text_argument
-from .context import say
+from .command import say
 from .llama_flag_table import ACCEPTED, HONOURED, LLAMA_SERVER_FLAGS, RECORDED, REFUSED, LlamaFlag
 
 __all__ = ["add_llama_server_arguments", "add_table_flags", "llama_server_settings", "table_verdicts", "log_table_flags",

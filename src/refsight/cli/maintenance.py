@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from .arguments import EMBEDDER_HELP, Command, UsageError
-from .context import emit, open_engine
+from .command import emit, open_engine
 from .tables import format_ms, iso_time, model_name, percent, size, table
 
 __all__ = ["COMMANDS"]
@@ -26,7 +26,7 @@ def format_stats(d: dict[str, Any]) -> str:
     """``refsight stats`` for people: what the cache did (hit rate, encodes avoided, time saved, prefix reuse)."""
     lines = [
         f"references        {d['references']}",
-        f"packages          {d['packages']} ({size(d['bytes'])} on disk, {size(d['memory_bytes'])} in memory)",
+        f"packages          {d['packages']} ({on_disk(d['bytes'], d.get('raw_bytes'))}; {size(d['memory_bytes'])} in memory)",
         f"remembered images {d.get('remembered', 0)} ({size(d.get('remembered_bytes', 0))}: images sent inline and kept)",
     ]
     if d["hits"] is None:  # a tenant's view: the store-wide counters are not its to see
@@ -41,7 +41,7 @@ def format_stats(d: dict[str, Any]) -> str:
     lines.append(
         f"KV prefix cache   hit rate {percent(prefix_hits, prefix_hits + prefix_misses)} ({prefix_hits} reused, "
         f"{prefix_misses} built): {d.get('prefix_tokens_reused') or 0} prompt tokens not prefilled again, "
-        f"{format_ms(d['prefix_ms_saved'])} saved; {size(d['prefix_bytes'])} on disk"
+        f"{format_ms(d['prefix_ms_saved'])} saved; {on_disk(d['prefix_bytes'], d.get('prefix_raw_bytes'))}"
     )
     quota = "none" if d["max_package_bytes"] is None else size(d["max_package_bytes"])
     lines.append(f"byte quota        {quota} ({d['quota_evictions']} evicted, {size(d['quota_evicted_bytes'])}); "
@@ -59,6 +59,14 @@ def format_stats(d: dict[str, Any]) -> str:
     # No per-tier table: its counts are this process's, and `refsight stats` is a process that has served
     # nothing (it printed zeros). They stay in --json, and mean something in a server's /stats.
     return "\n".join(lines)
+
+
+def on_disk(stored: int, raw: int | None) -> str:
+    """Bytes the store keeps, and before its codec compressed them when that differs: ``1.2 MiB on disk, 2.0 MiB
+    before compression (1.67x)``."""
+    if not raw or raw <= stored:
+        return f"{size(stored)} on disk"
+    return f"{size(stored)} on disk, {size(raw)} before compression ({raw / stored:.2f}x)"
 
 
 def _verify_arguments(p: argparse.ArgumentParser) -> None:

@@ -8,10 +8,10 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from ..environment import default_model, default_store_dir, vllm_env_dir
-from ..extras import install_command
+from ..support.environment import default_model, default_store_dir, vllm_env_dir
+from ..support.extras import install_command
 from .arguments import Command, path_argument
-from .context import emit, open_engine
+from .command import emit, open_engine
 from .tables import model_name, size, table
 
 __all__ = ["COMMANDS", "describe_model"]

@@ -7,7 +7,7 @@ import json
 
 from ..inputs.terminal import escape_controls
 from .arguments import SCHEMA_HELP, Command, UsageError, parse_pairs, path_argument
-from .context import emit, open_engine, say, show
+from .command import emit, open_engine, say, show
 from .tables import format_ms, iso_time, model_names, size, table
 
 __all__ = ["COMMANDS"]

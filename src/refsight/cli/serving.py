@@ -13,8 +13,8 @@ import dataclasses
 import sys
 
 from .arguments import EMBEDDER_HELP, Command, UsageError, path_argument, text_argument
-from ..extras import install_command
-from .context import backend_options, settings_of
+from ..support.extras import install_command
+from .command import backend_options, settings_of
 from ..settings import BackendOptions
 from .llama_flags import (
     add_llama_server_arguments, add_table_flags, api_keys, apply_environment, chat_template, llama_server_settings,
@@ -111,7 +111,7 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _remember_images_argument(p: argparse.ArgumentParser) -> None:
-    from ..settings import REMEMBER_IMAGES  # the policy's values (refsight.remembered), through the public face
+    from ..settings import REMEMBER_IMAGES  # the policy's values (refsight.settings.remembering), through the public face
 
     p.add_argument(
         "--remember-images", choices=REMEMBER_IMAGES, default=None,
@@ -185,13 +185,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     llama_settings = llama_server_settings(args)
     options = _backend_options(args)
     keys = api_keys(args)
+    # A template is tried at load (compiled, rendered once under the renders' bounds): one that cannot serve, or one
+    # no built-in format matches without Jinja, is one line naming the flag that gave it, exit 2.
+    if options.chat_template is not None:
+        flag = "--chat-template" if args.chat_template_file is None else f"--chat-template-file {args.chat_template_file}"
+        args.fields = {**args.fields, "chat_template": flag}
+    args.fields = {**args.fields, "jinja": "--no-jinja"}
     log_table_flags(verdicts)
     apply_environment(args)
     # N slots need N requests reaching the model at once, and -np 1 is one slot (llama-server's /slots).
     workers = args.workers if args.workers is not None else (args.parallel or 2)
     if args.parallel is not None and workers < args.parallel:
         raise UsageError(f"--workers {workers} is below --parallel {args.parallel}: the slots could never all be busy")
-    # serve() applies the thread budget (refsight.threads): torch's threads are the cores shared out among the
+    # serve() applies the thread budget (refsight.support.threads): torch's threads are the cores shared out among the
     # workers, llama.cpp's (one thread team at a time) --threads or every core.
     # serve() loads and checks the model before it binds the port: a bad model or option is
     # a RefsightError here, one line and exit 1 (cli.main), with no server started.
@@ -202,7 +208,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         api_key=keys, served_model_names=_aliases(args.served_model_names),
         embedder=args.embedder, max_prompt_tokens=args.max_prompt_tokens,
         ingest_attributes=() if args.attributes == "none" else (args.attributes,),
-        redis=args.redis, max_package_bytes=args.max_package_bytes, use_cache=not args.no_cache,
+        redis=args.redis, max_package_bytes=args.max_package_bytes, local_cache_bytes=args.local_cache_bytes,
+        use_cache=not args.no_cache,
         remember_images=args.remember_images, slots_endpoint=args.slots_endpoint, verbose=args.verbose,
         cors_origins=_names(args.cors_origins), allowed_hosts=_names(args.allowed_hosts), **llama_settings,
     ))

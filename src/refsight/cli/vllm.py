@@ -14,6 +14,8 @@ import sys
 import threading
 from typing import Callable
 
+from .arguments import UsageError
+
 __all__ = ["register_commands", "cmd_vllm_env", "cmd_vllm_serve"]
 
 
@@ -34,7 +36,7 @@ def cmd_vllm_serve(args: argparse.Namespace) -> int:
     # Signals only set a flag: the server is stopped below, on this thread, exactly once.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
-    store, quota = _encoder_cache(args)
+    store, quota, bucket = _encoder_cache(args)
     server = start_server(
         args.model_name,
         port=args.port,
@@ -44,6 +46,7 @@ def cmd_vllm_serve(args: argparse.Namespace) -> int:
         cancel=stop.is_set,
         encoder_cache=store,
         encoder_cache_bytes=quota,
+        encoder_cache_bucket=bucket,
     )
     if server is None:  # stopped before it answered
         return 0
@@ -64,18 +67,26 @@ def cmd_vllm_serve(args: argparse.Namespace) -> int:
         server.stop()
 
 
-def _encoder_cache(args: argparse.Namespace) -> tuple[str | None, int]:
-    """(store, byte quota) of the encoder-cache connector; (None, 0) without ``--store`` or with ``--no-encoder-cache``.
+def _encoder_cache(args: argparse.Namespace) -> tuple[str | None, int, str | None]:
+    """(folder, byte quota, bucket) of the encoder-cache connector; (None, 0, None) without ``--store`` or with
+    ``--no-encoder-cache``. With an ``s3://`` store the folder is ``--local-dir`` and the bucket is shared.
 
     The quota is the store's: ``--max-package-bytes``, else ``max_package_bytes`` in its ``refsight.toml``."""
     store = getattr(args, "store", None)
     if store is None or args.no_encoder_cache or args.image_limit == 0:
-        return None, 0
-    from ..settings import load_settings, parse_bytes
+        return None, 0, None
+    from ..settings import is_bucket_url, load_settings, parse_bytes
 
+    bucket = str(store) if is_bucket_url(store) else None
+    if bucket is not None:
+        if not getattr(args, "local_dir", None):
+            raise UsageError(f"--store {bucket}: give --local-dir, the folder this server keeps its encoder outputs in")
+        store = args.local_dir
     if getattr(args, "max_package_bytes", None) is not None:
-        return str(store), parse_bytes(args.max_package_bytes, name="--max-package-bytes")
-    return str(store), int(load_settings(store).store.max_package_bytes or 0)
+        return str(store), parse_bytes(args.max_package_bytes, name="--max-package-bytes"), bucket
+    # A bucket has no refsight.toml of its own: its settings are --config's.
+    settings = load_settings(None, getattr(args, "config", None)) if bucket else load_settings(store)
+    return str(store), int(settings.store.max_package_bytes or 0), bucket
 
 
 def register_commands(add: Callable[..., argparse.ArgumentParser]) -> None:

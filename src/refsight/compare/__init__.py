@@ -9,7 +9,7 @@ engine's parts (it never sees the engine). The stages:
 2. **prefilter**: references whose *stored* attribute records settle a required criterion as a
    mismatch are dropped (``stage: "filtered"``, ``filtered_by``) before any VLM work
    (:mod:`refsight.judge.prefilter`).
-3. **rerank** (with ``rerank``): a :class:`~refsight.rerank.Reranker` scores the best ``rerank``
+3. **rerank** (with ``rerank``): a :class:`~refsight.compare.rerank.Reranker` scores the best ``rerank``
    survivors (by recall score) and the ``top_k`` best go on; the rest are reported with
    ``stage: "reranked"`` (and survivors beyond ``rerank``, or beyond ``top_k`` without a
    reranker, with ``stage: "recalled"``).

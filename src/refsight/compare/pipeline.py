@@ -15,21 +15,21 @@ from typing import Any
 
 from ..context import RequestContext
 from ..errors import InvalidInputError
-from ..images import ImageInput, IntakeLimits, load_image
+from ..inputs.images import ImageInput, IntakeLimits, load_image
 from ..judge import Judge
-from ..rubric import Rubric
+from ..inputs.rubric import Rubric
 from ..judge.attribute_records import AttributeRecords
 from ..judge.prefilter import Filtered, required_mismatches
-from ..package_cache import ModelImage, PackageCache, ServedImage
-from ..prefixes import PrefixStateCache
+from ..cache.packages import ModelImage, PackageCache, ServedImage
+from ..cache.prefix_states import PrefixStateCache
 from ..references import ReferenceBook
 from ..requests import CompareRequest
-from ..rerank import EmbeddingReranker, Reranker, RerankQuery, VlmReranker
+from .rerank import EmbeddingReranker, Reranker, RerankQuery, VlmReranker
 from ..results import CompareResult, SearchResult
 from ..retrieval.query import query_vector, recall_text
 from ..retrieval.store_index import StoreIndex
 from ..store import Reference
-from ..timing import StageTicker, StageTimer
+from ..support.timing import StageTicker, StageTimer
 from .rows import other_row, sort_results
 
 __all__ = ["ComparePipeline"]

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from refsight.errors import InvalidInputError, ModelLoadError
-from refsight.images import ImageInput
+from refsight.inputs.images import ImageInput
 from refsight.package import canonical_json
 
 __all__ = ["Embedder", "l2_normalise"]
@@ -63,7 +63,7 @@ class Embedder(abc.ABC):
         images = list(images)
         for i, im in enumerate(images):
             if not isinstance(im, ImageInput):
-                raise InvalidInputError(f"images[{i}]", f"expected an ImageInput (use refsight.images.load_image), got {type(im).__name__}")
+                raise InvalidInputError(f"images[{i}]", f"expected an ImageInput (use refsight.inputs.images.load_image), got {type(im).__name__}")
         return self._batched(images, self._embed_images)
 
     def embed_texts(self, texts: Sequence[str], instruction: str | None = None) -> np.ndarray:

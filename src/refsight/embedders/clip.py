@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from refsight.errors import ModelLoadError
-from refsight.images import ImageInput
+from refsight.inputs.images import ImageInput
 from refsight.embedders._errors import embedder_errors
 from refsight.embedders.base import Embedder
 

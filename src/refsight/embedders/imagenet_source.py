@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from refsight.errors import InvalidInputError
-from refsight.images import ImageInput
+from refsight.inputs.images import ImageInput
 from refsight.embedders._errors import embedder_errors
 from refsight.package import canonical_json
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from refsight.errors import ModelLoadError, UnknownModelError
 from refsight.embedders._errors import embedder_errors
-from refsight.plugins import find_target, load_factory
+from refsight.support.plugins import find_target, load_factory
 
 if TYPE_CHECKING:  # pragma: no cover
     from refsight.embedders.base import Embedder

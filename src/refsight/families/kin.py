@@ -46,7 +46,7 @@ KIN: tuple[Family, ...] = (
 )
 
 # Only a torchvision image processor in transformers 5.24: served with it (the test extras install torchvision;
-# refsight/torchvision_cpu.py lets PyPI's CUDA wheel import beside the CPU torch).
+# refsight/support/torchvision_cpu.py lets PyPI's CUDA wheel import beside the CPU torch).
 #: The families whose only image processor needs torchvision (torchvision_recipes).
 TORCHVISION_ONLY: tuple[Family, ...] = (
     Family("lfm2_vl", TransformersFacts(tiny_name("lfm2_vl"), HF_GENERIC, recipe="torchvision_recipes.LFM2_VL"),

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import InvalidInputError
-from ..extras import install_command
-from ..images import IntakeLimits
+from ..support.extras import install_command
+from ..inputs.images import IntakeLimits
 from ..package import EncoderFingerprint
 from .runner import HASH_BATCH
 from .stages import EncodeStage, StageSpec, hash_stage

@@ -27,10 +27,10 @@ from typing import Any, Protocol
 
 from ..context import RequestContext
 from ..errors import InvalidInputError, RefsightError, StoreUnavailableError
-from ..images import IntakeLimits
+from ..inputs.images import IntakeLimits
 from ..package import EncoderFingerprint
 from ..inputs.text import printable_text
-from ..timing import progress_bar
+from ..support.timing import progress_bar
 from .sources import IngestItem, list_source
 from .stages import EncodeStage, StageSpec, columns, hash_stage, rows
 from .writer import IngestParts, IngestWriter, Todo

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidInputError
-from ..extras import install_command
+from ..support.extras import install_command
 from ..inputs.reading import FileReadError, read_regular_file
 
 __all__ = ["IMAGE_SUFFIXES", "IngestItem", "list_source"]

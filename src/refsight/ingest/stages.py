@@ -7,7 +7,7 @@ Two stages run on workers and touch no store (the driver is the one writer, see
   hash, or an error row (a bad file never stops the job);
 - :class:`EncodeStage` (one per Ray actor, models loaded once per actor, and only when a batch
   needs them) decodes the files that need work and computes what each lacks: the visual package
-  (through :func:`refsight.package_cache.encode_packages`, the one encode call), the retrieval vector
+  (through :func:`refsight.cache.packages.encode_packages`, the one encode call), the retrieval vector
   of the default embedder and the ImageNet attribute record.
 
 Batches are column dicts (what Ray Data's ``map_batches`` passes with ``batch_format="numpy"``);
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..images import ImageInput, IntakeLimits, load_image
+from ..inputs.images import ImageInput, IntakeLimits, load_image
 from ..package import EncoderFingerprint
 
 __all__ = ["HASH_COLUMNS", "ENCODE_COLUMNS", "EncodeStage", "StageSpec", "columns", "hash_stage", "rows"]
@@ -198,7 +198,7 @@ class EncodeStage:
                     out[row["index"]]["error"] = _error(e)
 
     def _packages(self, todo, images, out) -> None:
-        from ..package_cache import encode_packages
+        from ..cache.packages import encode_packages
 
         def work(batch_rows, batch_images):
             backend = self.backend()

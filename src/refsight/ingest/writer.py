@@ -32,11 +32,11 @@ import numpy as np
 
 from ..context import RequestContext
 from ..errors import InvalidInputError, RefsightError, StoreUnavailableError
-from ..images import IntakeLimits
+from ..inputs.images import IntakeLimits
 from ..judge.attribute_records import AttributeRecords
 from ..judge.attribute_sources import scoped_subject
 from ..package import EncoderFingerprint
-from ..package_cache import PackageCache
+from ..cache.packages import PackageCache
 from ..references import ReferenceBook, validate_metadata
 from ..retrieval.store_index import StoreIndex
 from ..retrieval.vectors import vector_key

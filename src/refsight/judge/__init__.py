@@ -1,7 +1,7 @@
 """Criteria-driven judging: rubric → criteria → prompt (references first) → schema-valid verdicts.
 
-- :mod:`refsight.rubric` (on the ground floor, beside the requests) parses rubrics (free text, JSON, YAML) into
-  :class:`~refsight.rubric.Rubric`.
+- :mod:`refsight.inputs.rubric` (on the ground floor, beside the requests) parses rubrics (free text, JSON, YAML) into
+  :class:`~refsight.inputs.rubric.Rubric`.
 - :mod:`.prompts` lays out the request: references, candidate, criteria, instructions.
 - :mod:`.verdict` holds the verdict JSON schema, validation and the score.
 - attribute records, structured facts about each image: :mod:`.attribute_schema` (what a VLM

@@ -12,8 +12,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..images import ImageInput
-from ..package_cache import ModelImage
+from ..inputs.images import ImageInput
+from ..cache.packages import ModelImage
 from .attribute_schema import ERROR_KEY, AttributeSchema
 from .attribute_sources import AttributeSource, ImageNetAttributeSource, VlmAttributeSource, merge_records, scoped_subject, subject_of
 from .attribute_store import AttributeStore

@@ -20,7 +20,7 @@ from ..backends.base import Backend
 from ..requests import GenerationRequest
 from ..embedders.imagenet_source import IMAGENET_KEY, ImageNetAttributeSource
 from ..package import VisualPackage
-from ..package_cache import ModelImage
+from ..cache.packages import ModelImage
 from .attribute_schema import ERROR_KEY, UNKNOWN, AttributeSchema, canonical_digest
 from .batches import generate_texts
 from .prompts import build_attribute_request

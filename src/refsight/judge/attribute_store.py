@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..package import canonical_json
-from ..package_cache import ModelImage
+from ..cache.packages import ModelImage
 from ..store.sqlite import SqliteConnections
 from .attribute_schema import ERROR_KEY
 from .attribute_sources import AttributeSource, subject_of

@@ -20,12 +20,12 @@ from ..backends.base import Backend
 from ..requests import GenerationRequest
 from ..backends.prefix import PrefixCache
 from ..errors import InvalidInputError, ModelLoadError
-from ..images import ImageInput
+from ..inputs.images import ImageInput
 from ..package import VisualPackage
-from ..package_cache import ModelImage
+from ..cache.packages import ModelImage
 from .attribute_sources import AttributeSource, ImageNetAttributeSource, merge_records
 from .batches import generate_texts
-from ..rubric import Criterion, Rubric, parse_rubric
+from ..inputs.rubric import Criterion, Rubric, parse_rubric
 from .prompts import build_judge_request
 from .settling import SettleThresholds, settle_criteria
 from .verdict import DEFAULT_EVIDENCE_CHARS, CriterionVerdict, VerdictParseError, parse_verdicts, score_verdicts

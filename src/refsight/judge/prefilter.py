@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .settling import SettleThresholds, settle_criteria
-from ..rubric import Rubric
+from ..inputs.rubric import Rubric
 from .verdict import CriterionVerdict
 
 __all__ = ["Filtered", "required_mismatches"]

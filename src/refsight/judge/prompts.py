@@ -16,10 +16,10 @@ from typing import Any, Mapping, Sequence
 
 from ..backends.base import Segment
 from ..requests import GenerationRequest
-from ..images import ImageInput
+from ..inputs.images import ImageInput
 from ..package import VisualPackage
-from ..package_cache import ModelImage
-from ..rubric import Criterion
+from ..cache.packages import ModelImage
+from ..inputs.rubric import Criterion
 
 __all__ = [
     "JUDGE_PREAMBLE",

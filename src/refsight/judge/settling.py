@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 
 from ..embedders.imagenet_source import IMAGENET_KEY
 from .attribute_schema import ERROR_KEY, UNKNOWN
-from ..rubric import Criterion
+from ..inputs.rubric import Criterion
 from .verdict import CriterionVerdict
 
 __all__ = ["SettleThresholds", "settle_criteria"]

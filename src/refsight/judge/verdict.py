@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 from ..errors import RefsightError
 from ..results import FieldRecord
-from ..rubric import Criterion
+from ..inputs.rubric import Criterion
 
 __all__ = [
     "VERDICTS",

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from refsight.locks import ReadWriteLock
-from refsight.atomic import replace_atomically
+from refsight.support.locks import ReadWriteLock
+from refsight.support.atomic import replace_atomically
 
 __all__ = ["DEFAULT_GRAPH", "AnnIndex"]
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from refsight.images import ImageInput
+from refsight.inputs.images import ImageInput
 from refsight.retrieval.retriever import Retriever
 from refsight.retrieval.vectors import Entry, vector_key
 from refsight.store.base import Catalog, ReferenceChanges, ReferenceRow

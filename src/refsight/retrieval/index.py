@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from refsight.errors import InvalidInputError
-from refsight.atomic import replace_atomically
+from refsight.support.atomic import replace_atomically
 from refsight.retrieval.ann import DEFAULT_GRAPH, AnnIndex
 from refsight.retrieval.vectors import VectorDB
 

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import InvalidInputError
-from ..images import ImageInput
+from ..inputs.images import ImageInput
 from ..embedders.base import Embedder, l2_normalise
 
 __all__ = ["RECALL_INSTRUCTION", "query_vector", "recall_text"]

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from refsight.errors import InvalidInputError, ReferenceNotFoundError
-from refsight.images import ImageInput
+from refsight.inputs.images import ImageInput
 from refsight.embedders.base import Embedder
 from refsight.retrieval.index import DEFAULT_GRAPH, EXACT_THRESHOLD, VectorIndex, checked_breadth
 from refsight.retrieval.vectors import VectorDB, validate_where, vector_key

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..images import ImageInput
+from ..inputs.images import ImageInput
 from ..results import IndexReport, SearchHit, SearchResult
 from ..store.base import Catalog, ReferenceRow
 from .catalog_sync import SyncReport, sync_with_catalog

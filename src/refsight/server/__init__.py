@@ -29,11 +29,11 @@ __all__ = ["create_app", "ServerConfig", "serve"]
 
 def serve(config: ServerConfig) -> None:
     """Run the app under uvicorn until interrupted (checks the settings and loads the model before binding)."""
-    from .access_log import log_config
-    from .binding import run as run_bound
+    from .edge.access_log import log_config
+    from .edge.binding import run as run_bound
     from .connections import uvicorn_options
 
-    # Before the model loads: workers x threads <= cores (refsight.threads), so workers do not fight.
+    # Before the model loads: workers x threads <= cores (refsight.support.threads), so workers do not fight.
     threads = apply_threads(thread_budget(config.workers, config.threads), asked=config.threads)
     config = dataclasses.replace(config, threads=threads)  # what /props reports
     app = create_app(config)  # raises for a non-loopback host without keys, before any socket opens
@@ -47,9 +47,11 @@ def serve(config: ServerConfig) -> None:
     # Every address of --host (llama-server takes several, comma-separated) serves the same app.
     if config.verbose:  # --verbose: refsight's own loggers too, not only uvicorn's
         logging.getLogger("refsight").setLevel(logging.DEBUG)
+    # SIGTERM stops the chat-template renders in progress at once (each in a worker process): shutting down
+    # then waits on no template.
     run_bound(
         app, config.host, config.port, log_level="debug" if config.verbose else "info", server_header=False,
-        log_config=log_config(),
+        log_config=log_config(), on_exit=app.state.service.stop_renders,
         **uvicorn_options(config),
     )
 

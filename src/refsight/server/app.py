@@ -3,12 +3,12 @@
 
 The parts live on ``app.state`` and reach the routes as declared dependencies
 (:mod:`refsight.server.deps`); the routes are module-level routers (:mod:`.routes`,
-:mod:`.page`). Every route resolves the caller's namespace first
-(:func:`~refsight.server.auth.require_tenant`), reads and checks its body on the event
+:mod:`.routes.page`). Every route resolves the caller's namespace first
+(:func:`~refsight.server.edge.auth.require_tenant`), reads and checks its body on the event
 loop (cheap), then runs the blocking work in the
-:class:`~refsight.server.limits.WorkPool`; catalog reads and thumbnails use the shared
+:class:`~refsight.server.edge.limits.WorkPool`; catalog reads and thumbnails use the shared
 thread pool instead, so they never queue behind the model. Errors of any kind become
-JSON bodies with a stable code (:mod:`refsight.server.errors`).
+JSON bodies with a stable code (:mod:`refsight.server.edge.http_errors`).
 """
 
 from __future__ import annotations
@@ -21,25 +21,25 @@ from typing import Any
 from fastapi import FastAPI
 
 from .. import __version__
-from .access_log import install as install_access_log_redaction
+from .edge.access_log import install as install_access_log_redaction
 from .config import ServerConfig
-from .error_shapes import ErrorShapeMiddleware
-from .errors import ERROR_RESPONSES, CatchAllMiddleware, install_error_handlers
-from .gate import AuthGateMiddleware
-from .limits import BodyLimitMiddleware, WorkPool
-from .media_uuids import MediaUuids
-from .progress import CompareProgress
-from .methods import HeadAsGetMiddleware
-from .json_content import JsonContentMiddleware
-from .origins import OriginGuardMiddleware
-from .llama_metrics import LlamaCollector
-from .metrics import Metrics, TimingMiddleware
-from .responses import TextSafeJSONResponse
-from .page import router as page_router
+from .edge.error_shapes import ErrorShapeMiddleware
+from .edge.http_errors import ERROR_RESPONSES, CatchAllMiddleware, install_error_handlers
+from .edge.gate import AuthGateMiddleware
+from .edge.limits import BodyLimitMiddleware, WorkPool
+from .intake.media_uuids import MediaUuids
+from .replies.progress import CompareProgress
+from .edge.methods import HeadAsGetMiddleware
+from .edge.json_content import JsonContentMiddleware
+from .edge.origins import OriginGuardMiddleware
+from .edge.llama_metrics import LlamaCollector
+from .edge.metrics import Metrics, TimingMiddleware
+from .edge.responses import TextSafeJSONResponse
+from .routes.page import router as page_router
 from .routes import ROUTERS
 from .service import Service
-from .sleep import SleepMiddleware, SleepWatch
-from .tenants import Tenants, unserved_references_warning
+from .edge.sleep import SleepMiddleware, SleepWatch
+from .edge.tenants import Tenants, unserved_references_warning
 
 __all__ = ["create_app"]
 
@@ -71,7 +71,7 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
     # Tenants are isolated (keys salted by namespace) unless the operator chose to share packages.
     service = Service(config, share_packages=config.share_packages or not tenants.enabled)
     pool = WorkPool(config.workers, config.queue)
-    # --sleep-idle-seconds: the model unloads when idle and loads again at the next request (server/sleep.py).
+    # --sleep-idle-seconds: the model unloads when idle and loads again at the next request (server/edge/sleep.py).
     sleep_watch = SleepWatch(service, pool, config.sleep_idle_seconds) if config.sleep_idle_seconds else None
 
     @asynccontextmanager
@@ -125,7 +125,7 @@ def _add_middlewares(
     # Crashes become JSON 500s that the timing middleware then counts.
     app.add_middleware(CatchAllMiddleware)
     app.add_middleware(TimingMiddleware, metrics=metrics)
-    # A body over the limit is refused, and a JSON body decoded and checked once (server/json_content.py),
+    # A body over the limit is refused, and a JSON body decoded and checked once (server/edge/json_content.py),
     # before routing, parsing or timing; a path no route serves is answered without reading the body.
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes, routes=lambda: app.routes)
     # Outermost: a request without a valid key is refused before its body is read at all.

@@ -9,10 +9,10 @@ from typing import Any
 
 from ..settings import BackendOptions, Settings
 from ..errors import InvalidInputError
-from ..environment import default_api_key
-from .binding import split_hosts
-from .generation_body import DEFAULT_MAX_TOKENS
-from .tenants import is_loopback, load_keys, with_api_key
+from ..support.environment import default_api_key
+from .edge.binding import split_hosts
+from .intake.generation_body import DEFAULT_MAX_TOKENS
+from .edge.tenants import is_loopback, load_keys, with_api_key
 
 __all__ = ["ServerConfig"]
 
@@ -24,7 +24,7 @@ class ServerConfig:
     """Everything :func:`refsight.server.create_app` needs.
 
     ``keys`` maps API key → namespace; ``None`` reads them from ``keys_file`` or
-    ``$REFSIGHT_API_KEYS`` (see :mod:`refsight.server.tenants`); ``api_key`` (or
+    ``$REFSIGHT_API_KEYS`` (see :mod:`refsight.server.edge.tenants`); ``api_key`` (or
     ``$REFSIGHT_API_KEY``) adds one key for the default namespace. With no keys the
     server refuses any ``host`` that is not loopback.
     """
@@ -44,7 +44,7 @@ class ServerConfig:
     #: llama-server's ``--tags``: informational tags listed in ``/v1/models`` (never used to route).
     model_tags: tuple[str, ...] = ()
     #: llama-server's ``--sleep-idle-seconds``: after this many seconds without a request the model is
-    #: unloaded, and the next request that needs it loads it again (:mod:`~refsight.server.sleep`); None: never.
+    #: unloaded, and the next request that needs it loads it again (:mod:`~refsight.server.edge.sleep`); None: never.
     sleep_idle_seconds: float | None = None
     #: How the model is loaded (device, dtype, processor settings ...): the options set explicitly
     #: (the CLI's flags). The config file's ``[backend]`` and ``[models."NAME"]`` go under them.
@@ -58,7 +58,7 @@ class ServerConfig:
     #: Threads that run model work (encode, generate, search) off the event loop.
     workers: int = 2
     #: torch's threads per worker and llama.cpp's threads (``--threads``); None: torch gets the cores shared out
-    #: among the workers, llama.cpp every core (it runs one thread team at a time: :mod:`refsight.threads`).
+    #: among the workers, llama.cpp every core (it runs one thread team at a time: :mod:`refsight.support.threads`).
     threads: int | None = None
     #: Requests that may wait for a worker; one more gets 429.
     queue: int = 32
@@ -107,6 +107,8 @@ class ServerConfig:
     use_cache: bool = True
     #: Byte quota on packages, least recently used evicted (``20GiB``; None: the config file's, or none).
     max_package_bytes: int | str | None = None
+    #: A bucket store's local disk cache, in ``local_dir`` (``50GiB``; None: the config file's, or the default).
+    local_cache_bytes: int | str | None = None
     #: What the store keeps of images sent inline (``--remember-images``): ``off``, ``recurring`` (an image a tenant
     #: sends in a second request) or ``all``; None: ``$REFSIGHT_REMEMBER_IMAGES``, the config file's, else recurring.
     remember_images: str | None = None
@@ -118,7 +120,7 @@ class ServerConfig:
     #: Without keys, the ``Host`` names accepted beside loopback and ``host`` (``--allowed-hosts``).
     allowed_hosts: tuple[str, ...] = ()
     #: Origins allowed cross-origin (``--cors-origins``; ``*`` any; ``localhost``, the default: every loopback
-    #: origin, as llama-server's ``localhost`` mode): CORS headers and preflights (:mod:`~refsight.server.origins`).
+    #: origin, as llama-server's ``localhost`` mode): CORS headers and preflights (:mod:`~refsight.server.edge.origins`).
     cors_origins: tuple[str, ...] = ("localhost",)
     #: Seconds a request's head (request line and headers) may take to arrive (see :mod:`~refsight.server.connections`).
     header_timeout_s: float = 10.0
@@ -173,6 +175,8 @@ class ServerConfig:
             )
 
     @property
-    def store_dir(self) -> Path | None:
-        """The store directory, if one was given (else the library default)."""
+    def store_dir(self) -> Path | str | None:
+        """The store directory or ``s3://`` bucket, if one was given (else the library default)."""
+        if isinstance(self.store, str) and self.store.startswith("s3://"):
+            return self.store
         return Path(self.store) if self.store is not None else None

@@ -3,7 +3,7 @@
 The routes never hold the backend: :class:`~refsight.server.service.Service` reads it and hands them one
 of these. :class:`ModelFacts` is taken once, at load, so the read-only endpoints answer from it while the
 model sleeps; :class:`GenerationSupport` and :class:`ModelDetails` are read from the loaded backend when a
-route asks (the model is awake then: :mod:`~refsight.server.sleep` loads it before such a request runs).
+route asks (the model is awake then: :mod:`~refsight.server.edge.sleep` loads it before such a request runs).
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@
 :class:`Service` calls only the engine's public API, naming the caller's namespace on
 every call; its methods take their arguments as the engine's do (the input first, the
 ``namespace`` a keyword); it reads no store tier itself. Its methods are plain synchronous calls that
-the routes run in the :class:`~refsight.server.limits.WorkPool`, so model work never
+the routes run in the :class:`~refsight.server.edge.limits.WorkPool`, so model work never
 blocks the event loop, and they return JSON-ready dicts (the edge of the library; a generation
 stays a typed :class:`~refsight.results.GenerateResult` for the text routes to format), every
-string printable (:func:`~refsight.server.responses.printable_data`: a stored value that is not
+string printable (:func:`~refsight.server.edge.responses.printable_data`: a stored value that is not
 valid Unicode shows as U+FFFD instead of failing the reply).
 
 **Tenants learn nothing about each other.** With API keys, each tenant's namespace salts
@@ -32,15 +32,15 @@ from typing import Any, Callable, Sequence
 from PIL import Image
 
 from .. import AddFailure, Engine, ImageInput, InvalidInputError, ReferenceSegment
-from ..images import IntakeLimits, load_image
-from ..environment import default_store_dir
+from ..inputs.images import IntakeLimits, load_image
+from ..support.environment import default_store_dir
 from ..requests import AddRequest, GenerationRequest, CompareRequest, SearchRequest
 from ..results import GenerateResult
 from ..settings import Settings, load_settings
 from .config import ServerConfig
-from .llama_metrics import GenerationCounters
+from .edge.llama_metrics import GenerationCounters
 from .model_facts import GenerationSupport, ModelDetails, ModelFacts
-from .responses import printable_data
+from .edge.responses import printable_data
 from .thumbnails import ThumbnailCache, render_thumbnail, snap_size
 
 __all__ = ["Service", "ReferenceSegment"]
@@ -88,13 +88,14 @@ class Service:
             embedder=self.config.embedder,
             redis=self.config.redis,
             max_package_bytes=self.config.max_package_bytes,
+            local_cache_bytes=self.config.local_cache_bytes,
             remember_images=self.config.remember_images,
             **options,
         )
         self.engine.backend().fingerprint()
         self.facts = ModelFacts.of(self.engine.backend())
 
-    # -- sleep (llama-server's --sleep-idle-seconds; server/sleep.py decides when) ---------------------
+    # -- sleep (llama-server's --sleep-idle-seconds; server/edge/sleep.py decides when) ---------------------
     @property
     def is_sleeping(self) -> bool:
         """Whether the model is unloaded (asleep): the next request that needs it loads it again."""
@@ -118,6 +119,12 @@ class Service:
         if self.config.settings is not None:
             return self.config.settings
         return load_settings(self.config.store_dir or default_store_dir(), self.config.config_file)
+
+    def stop_renders(self) -> None:
+        """Stop the chat-template renders in progress (they fail at once) and refuse more: the server is shutting
+        down (its SIGTERM), and waits on no template."""
+        if self.engine is not None:
+            self.engine.stop_renders()
 
     def close(self) -> None:
         """Close the engine (and with it the store)."""
@@ -195,12 +202,9 @@ class Service:
 
     def render_chat(self, texts: list[str], turns: list[tuple[str, int]], ending: str) -> str:
         """The chat template's text of ``texts`` in ``turns``, ended as ``ending`` says (``continue``: the earlier
-        turns with the answer's opening, then the final message's text, as a chat renders it)."""
-        backend = self.engine.backend()
-        if ending == "continue":
-            cut = len(texts) - turns[-1][1]  # the final (assistant) message's texts, after the answer's opening
-            return backend.template_text(texts[:cut], turns[:-1]) + "".join(texts[cut:])
-        return backend.template_text(texts, turns, generation_prompt=ending == "generation_prompt")
+        turns with the answer's opening, then the final message's text, as a chat renders it); rendered under the
+        renders' bounds, and refused (400) when it is nothing to generate from, as a chat would be."""
+        return self.engine.backend().chat_text(texts, turns, ending)
 
     def template_reads(self, variable: str) -> bool:
         """Whether the served chat template could read ``variable`` (a ``chat_template_kwargs`` key)."""

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from PIL import Image, ImageOps
 
 from .. import ImageError
-from ..images import IntakeLimits
+from ..inputs.images import IntakeLimits
 
 __all__ = ["ThumbnailCache", "SIZES", "snap_size", "render_thumbnail"]
 

@@ -1,7 +1,9 @@
 """A package as ONE self-checking byte string (what the Redis tier stores as a value).
 
 Layout: ``MAGIC`` (8 bytes) + xxh3-128 of the rest (16 raw bytes) + a safetensors file
-whose ``__metadata__`` holds the package header (the same file the disk tier writes).
+whose ``__metadata__`` holds the package header, in the store's codec's stored form: the same
+bytes the disk tier writes (compressed, or the plain file: :mod:`refsight.store._codec`; a value
+written before the codec holds the plain file and reads as it did).
 A value is trusted only when all of these hold: the magic, the checksum over every
 following byte, a well-formed safetensors body, and a header whose image hash,
 fingerprint and scope derive exactly the key it was read under (so a value stored
@@ -16,9 +18,9 @@ import xxhash
 
 from ..errors import CorruptPackageError
 from ..package import EncoderFingerprint, VisualPackage, canonical_json, package_key, tensor_spec
-from . import _safetensors
+from . import _codec, _safetensors
 
-__all__ = ["MAGIC", "pack", "unpack"]
+__all__ = ["MAGIC", "pack", "unpack", "raw_size"]
 
 #: Names the layout; a value with another magic (an older or newer format) is a miss.
 MAGIC = b"RSPKG\x001\n"
@@ -27,10 +29,17 @@ _DIGEST_BYTES = 16
 
 
 def pack(package: VisualPackage) -> bytes:
-    """The package as one byte string (header, tensors, checksum)."""
+    """The package as one byte string (header, tensors, checksum), compressed as the disk tier stores it."""
     prepared = _safetensors.prepare(package.tensors)
-    body = b"".join(bytes(chunk) for chunk in _safetensors.encode(prepared, {_HEADER_FIELD: canonical_json(package.header())}))
+    stored = _codec.compress_file(prepared, {_HEADER_FIELD: canonical_json(package.header())})
+    body = b"".join(bytes(chunk) for chunk in stored.chunks)
     return MAGIC + xxhash.xxh3_128_digest(body) + body
+
+
+def raw_size(value: bytes) -> int:
+    """The bytes a :func:`pack` value's package file holds before compression (read from its header, unchecked)."""
+    start = len(MAGIC) + _DIGEST_BYTES
+    return _codec.raw_size(value[start : start + 16], len(value) - start)
 
 
 def unpack(key: str, value: bytes) -> VisualPackage:
@@ -42,8 +51,9 @@ def unpack(key: str, value: bytes) -> VisualPackage:
     if xxhash.xxh3_128_digest(body) != value[len(MAGIC) : start]:
         raise CorruptPackageError(key, "checksum mismatch")
     try:
-        # A writable copy: the tensors are views of it (torch.frombuffer wants writable memory).
-        tensors, meta = _safetensors.decode(memoryview(bytearray(body)))
+        raw = _codec.decompress(body)  # a new writable buffer, or ``body`` when the value was stored raw
+        # A writable copy of a raw value: the tensors are views of it (torch.frombuffer wants writable memory).
+        tensors, meta = _safetensors.decode(raw if raw is not body else memoryview(bytearray(body)))
         header = json.loads(meta[_HEADER_FIELD])
         fingerprint = EncoderFingerprint.from_json(header["fingerprint"])
         image_sha256 = header["image_sha256"]

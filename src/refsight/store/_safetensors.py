@@ -3,7 +3,8 @@
 Format (https://github.com/huggingface/safetensors): 8-byte little-endian header
 length N, N bytes of JSON (``{"__metadata__": {str: str}, name: {"dtype", "shape",
 "data_offsets": [begin, end]}}``, padded with spaces to 8 bytes), then the tensor
-bytes back to back. Files written here load with ``safetensors.torch.load_file``.
+bytes back to back. Files written here load with ``safetensors.torch.load_file``; the store
+keeps them in its codec's stored form (:mod:`refsight.store._codec`), which decompresses to exactly them.
 
 Writing streams each tensor's own memory (no joined buffer); reading builds every
 tensor as a view of the one buffer that was read from disk (no second copy). torch

@@ -36,7 +36,7 @@ DEFAULT_NAMESPACE = "default"
 #: Counters every store keeps across processes (``quota_evictions``: packages the byte quota
 #: evicted from disk; ``pruned``: packages ``prune`` removed).
 COUNTER_NAMES = ("hits", "misses", "evictions", "encode_ms_saved", "quota_evictions", "quota_evicted_bytes", "pruned")
-#: Counters of the KV prefix-state cache (see :mod:`refsight.prefixes`); kept apart so the package
+#: Counters of the KV prefix-state cache (see :mod:`refsight.cache.prefix_states`); kept apart so the package
 #: counters read exactly as before.
 PREFIX_COUNTER_NAMES = ("prefix_hits", "prefix_misses", "prefix_ms_saved", "prefix_corrupt")
 

@@ -44,11 +44,14 @@ def _check_namespace(namespace: object) -> str:
 class SqlCatalog(Catalog):
     """References, links, kept image bytes and counters of one store."""
 
-    def __init__(self, root: str | Path, *, database: SqliteDatabase | PgDatabase | None = None) -> None:
+    def __init__(
+        self, root: str | Path, *, database: SqliteDatabase | PgDatabase | None = None, images: KeptImages | None = None,
+    ) -> None:
         self.root = Path(root)
         self._owns_db = database is None
         self._db = open_database(self.root, database)
-        self.images = KeptImages(self.root, self._db)
+        # The kept bytes: files under root/images, or (a bucket store's) objects of the bucket.
+        self.images = images if images is not None else KeptImages(self.root, self._db)
         self.images_dir = self.images.directory
         self._counters = CounterTable(self._db)
 

@@ -3,11 +3,13 @@
 Layout under ``root``::
 
     refsight.db                              index (and the catalog's tables)
-    packages/ab/cd/<key>.safetensors         tensors + the package header as metadata
+    packages/ab/cd/<key>.safetensors         tensors + the package header as metadata, in the store's
+                                             codec's stored form (compressed, or the plain file: store/_codec.py)
 
 The index row is the truth: a file without a row (a writer killed between its
 rename and its insert) is invisible to readers and removed by :meth:`gc`. Each row
-keeps the file's size and xxh3-128 checksum, the tensor spec and the fingerprint;
+keeps the file's size (the stored bytes: what the quota counts), its size before compression, its
+xxh3-128 checksum, the tensor spec and the fingerprint;
 :meth:`get` checks all of them and raises :class:`CorruptPackageError` rather than
 serve a package that does not match. Several processes may read and write one
 store at once (SQLite WAL + ``BEGIN IMMEDIATE`` around every publish).
@@ -26,7 +28,7 @@ import xxhash
 
 from ..errors import CorruptPackageError, InvalidInputError
 from ..package import EncoderFingerprint, VisualPackage, canonical_json, package_key, tensor_spec
-from . import _safetensors
+from . import _codec, _safetensors
 from ._files import HEX_KEY, SAFETENSORS_SUFFIX, TEMP_PREFIX, staged
 from .base import FingerprintUsage, PackageIndex, PackageStore, PackageUsage
 from .sqlite import SqliteDatabase, open_database
@@ -37,8 +39,12 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["DiskPackageStore", "PackageRecord", "StoredPackage"]
 
 _HEADER_FIELD = "refsight.header"
+_KEY_PAGE = 1000
 _Read = TypeVar("_Read")
-_COLUMNS = "key, image_sha256, fingerprint_digest, fingerprint_json, bytes, spec_json, created_at, encode_ms, checksum, scope"
+_COLUMNS = (
+    "key, image_sha256, fingerprint_digest, fingerprint_json, bytes, spec_json, created_at, encode_ms, checksum, scope, "
+    "raw_bytes"
+)
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,7 @@ class PackageRecord:
     encode_ms: float
     checksum: str
     scope: str | None = None  # the isolation scope salting the key (None: shared)
+    raw_bytes: int = 0  # the file's bytes before the codec compressed them (``bytes`` when stored raw)
 
     @property
     def fingerprint(self) -> EncoderFingerprint:
@@ -101,13 +108,13 @@ def _key(image_sha256: str, fingerprint_json: str, scope: str | None) -> str:
     return package_key(image_sha256, _fingerprint(fingerprint_json)[0], scope)
 
 
-def _row(package: VisualPackage, size: int, checksum: str) -> tuple:
+def _row(package: VisualPackage, size: int, checksum: str, raw_bytes: int) -> tuple:
     # The index row of a package whose file holds ``size`` bytes with this checksum (``_COLUMNS``, last_used).
     fingerprint = package.fingerprint
     return (
         package.key, package.image_sha256, fingerprint.digest, fingerprint.to_json(), size,
         canonical_json(package.spec), float(package.created_at), float(package.encode_ms), checksum, package.scope,
-        time.time(),
+        raw_bytes, time.time(),
     )
 
 
@@ -141,9 +148,13 @@ class DiskPackageStore(PackageStore, PackageIndex):
         return self._db.connection().execute("SELECT 1 FROM packages WHERE key = ?", (key,)).fetchone() is not None
 
     def keys(self) -> Iterator[str]:
-        """Every indexed key, in key order."""
-        rows = self._db.connection().execute("SELECT key FROM packages ORDER BY key").fetchall()
-        return iter([r[0] for r in rows])
+        """Every indexed key, in key order, a page at a time (a million rows never sit in memory at once)."""
+        last = ""
+        while rows := self._db.connection().execute(
+            "SELECT key FROM packages WHERE key > ? ORDER BY key LIMIT ?", (last, _KEY_PAGE)
+        ).fetchall():
+            yield from (row[0] for row in rows)
+            last = rows[-1][0]
 
     def records(self) -> Iterator[PackageRecord]:
         """Every index row, in key order."""
@@ -151,16 +162,18 @@ class DiskPackageStore(PackageStore, PackageIndex):
         return iter([PackageRecord(*r) for r in rows])
 
     def stats(self) -> dict[str, int]:
-        """``{"packages": count, "bytes": total file bytes}``."""
-        count, total = self._db.connection().execute("SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM packages").fetchone()
-        return {"packages": int(count), "bytes": int(total)}
+        """``{"packages": count, "bytes": total file bytes, "raw_bytes": the same before compression}``."""
+        count, total, raw = self._db.connection().execute(
+            "SELECT COUNT(*), COALESCE(SUM(bytes), 0), COALESCE(SUM(raw_bytes), 0) FROM packages"
+        ).fetchone()
+        return {"packages": int(count), "bytes": int(total), "raw_bytes": int(raw)}
 
     def __len__(self) -> int:
         return self.stats()["packages"]
 
     # -- write ------------------------------------------------------------------
     def put(self, package: VisualPackage) -> int:
-        """Store ``package`` durably (idempotent); returns the size of its file in bytes."""
+        """Store ``package`` durably (idempotent); returns the size of its file in bytes (compressed)."""
         key = package.key
         existing = self.record(key)
         if existing is not None:
@@ -169,12 +182,17 @@ class DiskPackageStore(PackageStore, PackageIndex):
             # Tensors first: a non-tensor gets a clearer message than header() would give.
             prepared = _safetensors.prepare(package.tensors)
             header_text = canonical_json(package.header())
-            chunks = _safetensors.encode(prepared, {_HEADER_FIELD: header_text})
+            stored = _codec.compress_file(prepared, {_HEADER_FIELD: header_text})
         except (TypeError, ValueError) as exc:
             raise InvalidInputError(f"package {key}", f"cannot be stored: {exc}") from exc
+        return self._publish(package, stored)
+
+    def _publish(self, package: VisualPackage, stored: _codec.Compressed) -> int:
+        """Make the stored bytes durable and record their row: the blob directory's way (the bucket has its own)."""
+        key = package.key
         # 1. Write and fsync a temp file next to the final name, outside any lock: the slow part
         #    runs in parallel across processes (the store's one publish path, see _files.staged).
-        with staged(self.path_for(key), chunks, what=f"package {key}", withdraw=lambda: self.unlink_if_unindexed(key)) as file:
+        with staged(self.path_for(key), stored.chunks, what=f"package {key}", withdraw=lambda: self.unlink_if_unindexed(key)) as file:
             # 2. Under the database write lock: another process may have published the same key
             #    meanwhile. Its file and row must stay paired (our file differs in created_at, so
             #    replacing it would break its checksum): keep theirs.
@@ -187,11 +205,15 @@ class DiskPackageStore(PackageStore, PackageIndex):
                 #    the commit leaves an orphan file, invisible to readers (they go through the
                 #    index) and removed by gc().
                 file.publish()
-                conn.execute(
-                    f"INSERT INTO packages ({_COLUMNS}, last_used) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    _row(package, file.size, file.checksum),
-                )
+                self._insert(conn, package, file.size, file.checksum, stored.raw_bytes)
         return file.size
+
+    @staticmethod
+    def _insert(conn, package: VisualPackage, size: int, checksum: str, raw_bytes: int) -> None:
+        """Inside the caller's write: the row of ``package``, whose stored bytes (``size``, ``checksum``; ``raw_bytes``
+        before compression) are durable."""
+        conn.execute(f"INSERT INTO packages ({_COLUMNS}, last_used) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                     _row(package, size, checksum, raw_bytes))
 
     def delete(self, key: str) -> bool:
         """Remove the row (and the remembered-image rows naming it), then the file; True when a row was removed."""
@@ -250,22 +272,31 @@ class DiskPackageStore(PackageStore, PackageIndex):
             return load(current)
 
     def _bytes(self, record: PackageRecord) -> memoryview:
-        """The file's bytes, checked against the row's size and checksum."""
+        """The file's bytes, checked against the row's size and checksum, then decompressed (once) and checked again."""
+        key = record.key
+        buf = self._read_blob(record)
+        # The checksum covers every byte (header and tensors): check it before parsing anything.
+        digest = xxhash.xxh3_128_hexdigest(buf)
+        if digest != record.checksum:
+            raise CorruptPackageError(key, f"checksum mismatch (file {digest}, index {record.checksum})")
+        try:
+            # Bounded by the row: a file that claims another raw size is refused before anything is allocated.
+            return _codec.decompress(buf, expected=record.raw_bytes)
+        except _codec.CodecError as exc:
+            raise CorruptPackageError(key, f"unreadable file: {exc}") from None
+
+    def _read_blob(self, record: PackageRecord) -> memoryview:
+        """The bytes of the row's file, of the row's size (mapped, not copied); CorruptPackageError when they are not."""
         key = record.key
         path = self.path_for(key)
         try:
-            buf = _safetensors.read_buffer(path, record.bytes)
+            return _safetensors.read_buffer(path, record.bytes)
         except FileNotFoundError:
             raise CorruptPackageError(key, f"file {path} is missing") from None
         except ValueError as exc:
             raise CorruptPackageError(key, f"size mismatch: {exc}") from None
         except OSError as exc:
             raise CorruptPackageError(key, f"cannot read {path}: {exc}") from None
-        # The checksum covers every byte (header and tensors): check it before parsing anything.
-        digest = xxhash.xxh3_128_hexdigest(buf)
-        if digest != record.checksum:
-            raise CorruptPackageError(key, f"checksum mismatch (file {digest}, index {record.checksum})")
-        return buf
 
     def _checked(self, record: PackageRecord) -> StoredPackage:
         buf = self._bytes(record)

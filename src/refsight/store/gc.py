@@ -59,7 +59,7 @@ def collect_garbage(store: Store, *, grace_s: float = DEFAULT_GRACE_S) -> dict[s
     files = store.local.gc(temp_age_s=grace_s)
     counts["temp_files"] += files["temps"]
     counts["orphan_package_files"] += files["orphans"]
-    temps, orphans = _image_files(store, cutoff)
+    temps, orphans = store.catalog.images.collect(cutoff)
     counts["temp_files"] += temps
     counts["orphan_image_files"] += orphans
     counts["temp_files"] += store.prefixes.gc(temp_age_s=grace_s)  # prefix states' killed writes
@@ -111,7 +111,7 @@ def _unreferenced_images(store: Store, cutoff: float) -> int:
     removed = 0
     for sha256, relative in rows:
         # Images have no creation time in the index: the file's age stands in for it.
-        if _mtime(store.root / relative) >= cutoff:
+        if catalog.images.modified(relative) >= cutoff:
             continue
         with db.write() as conn:
             gone = conn.execute(
@@ -122,25 +122,6 @@ def _unreferenced_images(store: Store, cutoff: float) -> int:
             removed += 1
             catalog.images.unlink_if_unindexed(sha256)
     return removed
-
-
-def _image_files(store: Store, cutoff: float) -> tuple[int, int]:
-    catalog = store.catalog
-    images_dir: Path = catalog.images_dir
-    if not images_dir.is_dir():
-        return 0, 0
-    indexed = {row[0] for row in store._db.connection().execute("SELECT sha256 FROM images")}
-    temps = orphans = 0
-    for path in sorted(images_dir.glob("*/*")):
-        name = path.name
-        if name.startswith(TEMP_PREFIX):
-            if _mtime(path) < cutoff:
-                temps += _unlink(path)
-        elif len(name) == 64 and name not in indexed and _is_hex(name):
-            # unlink_if_unindexed looks again under the write lock.
-            catalog.images.unlink_if_unindexed(name)
-            orphans += not path.exists()
-    return temps, orphans
 
 
 def sweep_stale_temps(root: Path, *, older_than_s: float = STARTUP_TEMP_AGE_S) -> int:
@@ -183,7 +164,3 @@ def _unlink(path: Path) -> int:
     except FileNotFoundError:
         return 0  # its writer renamed or removed it meanwhile
     return 1
-
-
-def _is_hex(name: str) -> bool:
-    return all(c in "0123456789abcdef" for c in name)

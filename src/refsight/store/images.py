@@ -10,11 +10,12 @@ concurrent publish of the same image always keeps its file-row pair.
 
 from __future__ import annotations
 
+import os
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 from ..errors import InvalidInputError, NotFoundError, StoreError
-from ._files import HEX_KEY, StagedFile, read_exact, staged
+from ._files import HEX_KEY, TEMP_PREFIX, StagedFile, read_exact, staged
 from ._files import checksum as file_checksum
 
 __all__ = ["KeptImages", "check_sha"]
@@ -108,3 +109,31 @@ class KeptImages:
             if conn.execute("SELECT 1 FROM images WHERE sha256 = ?", (image_sha256,)).fetchone():
                 return
             self.path(image_sha256).unlink(missing_ok=True)
+
+    # -- garbage (store/gc.py) -------------------------------------------------------------
+    def modified(self, relative: str) -> float:
+        """When the kept bytes recorded under ``relative`` were written (0.0 when they are gone)."""
+        try:
+            return (self.root / relative).stat().st_mtime
+        except OSError:
+            return 0.0
+
+    def collect(self, cutoff: float) -> tuple[int, int]:
+        """Remove temp files and files without a row written before ``cutoff``; ``(temps, orphans)``."""
+        if not self.directory.is_dir():
+            return 0, 0
+        indexed = {row[0] for row in self._db.connection().execute("SELECT sha256 FROM images")}
+        temps = orphans = 0
+        for path in sorted(self.directory.glob("*/*")):
+            name = path.name
+            if name.startswith(TEMP_PREFIX):
+                if self.modified(str(path.relative_to(self.root))) < cutoff:
+                    try:
+                        os.unlink(path)
+                        temps += 1
+                    except FileNotFoundError:
+                        pass  # its writer renamed or removed it meanwhile
+            elif name not in indexed and HEX_KEY.fullmatch(name):
+                self.unlink_if_unindexed(name)  # looks again under the write lock
+                orphans += not path.exists()
+        return temps, orphans

@@ -8,7 +8,8 @@ Everything goes through a :class:`~refsight.store.base.PackageIndex` and the cat
 interface, so the embedded SQLite store and a shared catalog run the same code.
 
 - **Quota** (``max_package_bytes``; ``--max-package-bytes`` or ``[store] max_package_bytes`` in
-  ``refsight.toml``): after a durable write pushes the total over the quota, packages and the
+  ``refsight.toml``; it counts stored bytes, the files as the store's codec compressed them: a row's
+  ``bytes``, not its ``raw_bytes``): after a durable write pushes the total over the quota, packages and the
   encoder outputs refsight's vLLM connector keeps in the same store
   (:mod:`refsight.store.encoder_outputs`) are evicted least recently used first until it fits
   again. Keys a running request of this process holds

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StoreError, StoreUnavailableError
-from ..extras import install_command
+from ..support.extras import install_command
 from . import schema
 from ._failures import closed_on_failure
 

@@ -8,7 +8,9 @@ Layout::
 
     <store>/prefixes/ab/<key>.safetensors
 
-Each file is self-describing and checked on every read: the safetensors header holds
+Each file is the safetensors file below in the store's codec's stored form (compressed, or the
+plain file when compression saves too little: :mod:`refsight.store._codec`, whose own checks run
+first), self-describing and checked on every read: the safetensors header holds
 ``refsight.prefix`` (key, format, token count, build time, the backend's metadata and the
 tensor spec) and ``refsight.checksum``, the xxh3-128 of that JSON text followed by every
 tensor byte. A file that is truncated, altered, or holds another key is *corrupt*:
@@ -16,6 +18,13 @@ tensor byte. A file that is truncated, altered, or holds another key is *corrupt
 and a bad state is never served. Writes are atomic (temp file in the same directory,
 fsync, rename); the disk tier is bounded by ``disk_bytes`` (least recently used files go
 first; a hit refreshes the file's mtime, a file-system touch, never an SQL write).
+
+With a bucket store, the bucket is a third tier, shared by every replica (``shared``): the same
+bytes under ``prefixes/ab/<key>.safetensors``. A state one replica built is read by the others
+(checked exactly as a file is, then kept on their own disk); a bad object is a miss and deleted; an
+unreachable bucket is a miss (a state is never worth a failed request). Two replicas writing one
+key write equivalent, self-checking objects: whichever lands last is as good. The bucket's prefix
+states are bounded by the bucket's own lifecycle rules (docs/deployment.md), not by ``disk_bytes``.
 
 This module knows nothing of backends: tensors are whatever the codec stores (torch
 tensors; bytes-like values become one ``uint8`` tensor).
@@ -35,7 +44,8 @@ from typing import Any, Iterator, Mapping
 import xxhash
 
 from ..package import canonical_json, tensor_spec
-from . import _safetensors
+from ..vllm_connector.refsight_objects import BucketUnavailable, ObjectStore
+from . import _codec, _safetensors
 from ._files import HEX_KEY, SAFETENSORS_SUFFIX, TEMP_PREFIX, staged
 
 __all__ = ["PrefixStore", "StoredPrefix", "PREFIX_DIR", "DEFAULT_PREFIX_MEMORY_BYTES", "DEFAULT_PREFIX_DISK_BYTES"]
@@ -71,15 +81,16 @@ def _check_key(key: object) -> str:
 class PrefixStore:
     """Prefix states by key: memory LRU (``memory_bytes``), then disk (``disk_bytes``) under ``root/prefixes``.
 
-    ``on_corrupt(key, reason)`` is called for each corrupt file found (and deleted).
-    Thread-safe; several processes may share the directory.
+    ``on_corrupt(key, reason)`` is called for each corrupt file found (and deleted); ``shared`` is a
+    bucket store's object store, the tier behind the disk. Thread-safe; several processes may share the directory.
     """
 
     def __init__(
         self, root: str | os.PathLike, *, memory_bytes: int = DEFAULT_PREFIX_MEMORY_BYTES,
-        disk_bytes: int = DEFAULT_PREFIX_DISK_BYTES, on_corrupt: Any = None,
+        disk_bytes: int = DEFAULT_PREFIX_DISK_BYTES, on_corrupt: Any = None, shared: ObjectStore | None = None,
     ) -> None:
         self.root = Path(root) / PREFIX_DIR
+        self.shared = shared
         self.memory_bytes = int(memory_bytes)
         self.disk_bytes = int(disk_bytes)
         self.on_corrupt = on_corrupt
@@ -128,9 +139,40 @@ class PrefixStore:
                 self._memory.move_to_end(key)
                 return entry
         entry = self._read(key)
+        if entry is None and self.shared is not None:
+            entry = self._fetch(key)
         if entry is not None:
             self._remember(key, entry)
         return entry
+
+    def _object(self, key: str) -> str:
+        return f"{PREFIX_DIR}/{key[:2]}/{key}{SAFETENSORS_SUFFIX}"
+
+    def _fetch(self, key: str) -> StoredPrefix | None:
+        """The state from the bucket, checked, then kept on this disk too; None when absent, bad or unreachable."""
+        try:
+            buf = self.shared.get(self._object(key))
+        except BucketUnavailable:
+            return None
+        if buf is None:
+            return None
+        try:
+            entry = _parse(key, _codec.decompress(memoryview(buf)))
+        except (_codec.CodecError, _Corrupt) as exc:
+            self._unshare(key)
+            if self.on_corrupt is not None:
+                self.on_corrupt(key, f"bucket object: {exc}")
+            return None
+        with staged(self.path_for(key), [buf], what=f"prefix state {key}") as file:
+            file.publish()
+        self._enforce_disk_budget(keep=self.path_for(key))
+        return entry
+
+    def _unshare(self, key: str) -> None:
+        try:
+            self.shared.delete(self._object(key))
+        except BucketUnavailable:
+            pass
 
     def contains(self, key: str) -> bool:
         """Whether ``key`` is in memory or on disk (the file is not read)."""
@@ -147,7 +189,10 @@ class PrefixStore:
             self._corrupt(key, path, stat.st_ino if "stat" in locals() else None, f"cannot read: {exc}")
             return None
         try:
-            entry = _parse(key, buf)
+            entry = _parse(key, _codec.decompress(buf))
+        except _codec.CodecError as exc:
+            self._corrupt(key, path, stat.st_ino, f"unreadable file: {exc}")
+            return None
         except _Corrupt as exc:
             self._corrupt(key, path, stat.st_ino, str(exc))
             return None
@@ -169,7 +214,7 @@ class PrefixStore:
 
     # -- writes ------------------------------------------------------------------------
     def put(self, key: str, tensors: Mapping[str, Any], *, meta: Mapping[str, Any], tokens: int, build_ms: float) -> int:
-        """Keep a state in memory and on disk (atomic); returns the file's size."""
+        """Keep a state in memory and on disk (atomic); returns the file's size (compressed)."""
         _check_key(key)
         prepared = _safetensors.prepare(dict(tensors))
         nbytes = sum(t.numel() * t.element_size() for _, t in prepared)
@@ -187,12 +232,17 @@ class PrefixStore:
         hasher = xxhash.xxh3_128(info_text.encode())
         for chunk in data:
             hasher.update(chunk)
-        chunks = _safetensors.encode(prepared, {_INFO: info_text, _CHECKSUM: hasher.hexdigest()})
+        stored = _codec.compress_file(prepared, {_INFO: info_text, _CHECKSUM: hasher.hexdigest()})
         final = self.path_for(key)
         # The store's one publish path; no row to record: the file checks itself on every read.
-        with staged(final, chunks, what=f"prefix state {key}") as file:
+        with staged(final, stored.chunks, what=f"prefix state {key}") as file:
             file.publish()
         size = file.size
+        if self.shared is not None:
+            try:  # the same bytes, for every other replica
+                self.shared.put(self._object(key), stored.chunks)
+            except BucketUnavailable:
+                pass  # derived data: the next replica that misses builds it again
         self._remember(key, StoredPrefix(dict(prepared), info["meta"], info["tokens"], info["build_ms"], nbytes))
         self._enforce_disk_budget(keep=final)
         return size
@@ -200,6 +250,8 @@ class PrefixStore:
     def delete(self, key: str) -> bool:
         """Drop ``key`` from memory and disk; True when a file was removed."""
         self._forget(key)
+        if self.shared is not None:
+            self._unshare(key)
         try:
             self.path_for(key).unlink()
         except FileNotFoundError:
@@ -225,12 +277,14 @@ class PrefixStore:
                 continue
 
     def stats(self) -> dict[str, int]:
-        """``{"prefixes": files on disk, "bytes": their total size, "memory_bytes": held in memory}``."""
-        count = total = 0
-        for _, stat in self._files():
+        """``{"prefixes": files on disk, "bytes": their total size, "raw_bytes": the same before compression,
+        "memory_bytes": held in memory}``."""
+        count = total = raw = 0
+        for path, stat in self._files():
             count += 1
             total += stat.st_size
-        return {"prefixes": count, "bytes": total, "memory_bytes": self._memory_used}
+            raw += _raw_size(path, stat.st_size)
+        return {"prefixes": count, "bytes": total, "raw_bytes": raw, "memory_bytes": self._memory_used}
 
     def _enforce_disk_budget(self, keep: Path) -> None:
         files = sorted(self._files(), key=lambda item: item[1].st_mtime)
@@ -265,6 +319,15 @@ class PrefixStore:
 
 class _Corrupt(Exception):
     pass
+
+
+def _raw_size(path: Path, size: int) -> int:
+    # What the codec's fixed header says (16 bytes read, nothing checked: a statistic); a raw file: its size.
+    try:
+        with open(path, "rb") as f:
+            return _codec.raw_size(f.read(16), size)
+    except OSError:
+        return size  # removed meanwhile
 
 
 def _parse(key: str, buf: memoryview) -> StoredPrefix:

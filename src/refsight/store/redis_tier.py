@@ -28,9 +28,9 @@ from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import CorruptPackageError, InvalidInputError, StoreError
-from ..extras import install_command
+from ..support.extras import install_command
 from ..package import VisualPackage
-from ._packed import pack, unpack
+from ._packed import pack, raw_size, unpack
 from .base import PackageStore
 
 __all__ = ["RedisPackageStore", "KEY_PREFIX", "MIN_REDIS_MAJOR", "redacted_url"]
@@ -98,7 +98,9 @@ class RedisPackageStore(PackageStore):
         self._checked = False  # server version looked at (on the first successful contact)
         self.disabled: str | None = None  # why the tier is off for good (an old server)
         self.server: dict[str, Any] = {}
-        self.counts = {"writes": 0, "bytes_written": 0, "errors": 0, "skipped": 0, "corrupt": 0, "outages": 0}
+        # bytes_written: the values' bytes (compressed); raw_bytes_written: their package files' bytes before compression
+        self.counts = {"writes": 0, "bytes_written": 0, "raw_bytes_written": 0, "errors": 0, "skipped": 0, "corrupt": 0,
+                       "outages": 0}
         # At open, an old server is a configuration error worth failing for; an unreachable one
         # is an outage like any other (the tier starts backing off and serves nothing meanwhile).
         if self._call(lambda c: c.ping()) is True and self.disabled:
@@ -220,6 +222,7 @@ class RedisPackageStore(PackageStore):
         with self._lock:
             self.counts["writes"] += 1
             self.counts["bytes_written"] += len(value)
+            self.counts["raw_bytes_written"] += raw_size(value)
         return len(value)
 
     def _may_try_soon(self) -> bool:

@@ -1,7 +1,7 @@
 """Remembered images in the store: which namespaces' inline images the store keeps, by package key.
 
 A *remembered image* is an image a tenant sent inline (not a named reference) whose package the store keeps
-under the ``remember_images`` policy (:mod:`refsight.remembered`). Its package (features and fingerprint,
+under the ``remember_images`` policy (:mod:`refsight.settings.remembering`). Its package (features and fingerprint,
 never the image bytes) sits in the package index like any other, under the byte quota's least-recently-used
 order; ``remembered_packages`` holds one row per namespace that sent it again:
 

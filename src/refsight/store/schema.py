@@ -20,7 +20,7 @@ __all__ = ["SCHEMA", "MIGRATIONS", "SCHEMA_VERSION", "APPLICATION", "DB_NAME", "
 
 #: Bumped when the tables change; a store written by a newer refsight is refused,
 #: an older one is migrated in place (see ``MIGRATIONS``).
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 APPLICATION = "refsight"
 DB_NAME = "refsight.db"
 
@@ -90,6 +90,10 @@ CREATE TABLE remembered_packages (
     PRIMARY KEY (namespace, package_key)
 ) WITHOUT ROWID;
 CREATE INDEX remembered_packages_by_key ON remembered_packages (package_key);
+-- version 6: each package's bytes before the store's codec compressed them (store/_codec.py): ``bytes``
+-- stays what the file holds, the size the quota counts, and every older file was written raw
+ALTER TABLE packages ADD COLUMN raw_bytes INTEGER NOT NULL DEFAULT 0;
+UPDATE packages SET raw_bytes = bytes;
 """
 
 #: Statements that bring a store from version ``v`` to ``v + 1``.
@@ -100,7 +104,9 @@ MIGRATIONS = {
     2: SCHEMA[SCHEMA.index("-- version 3") : SCHEMA.index("-- version 4")],
     3: SCHEMA[SCHEMA.index("-- version 4") : SCHEMA.index("-- version 5")],
     # No image was remembered before: the table starts empty.
-    4: SCHEMA[SCHEMA.index("-- version 5") :],
+    4: SCHEMA[SCHEMA.index("-- version 5") : SCHEMA.index("-- version 6")],
+    # Packages written before the codec are raw files: their raw size is their size.
+    5: SCHEMA[SCHEMA.index("-- version 6") :],
 }
 
 

@@ -9,7 +9,9 @@ and :mod:`refsight_ec_store` beside this file). Switched on with one flag
         "ec_role": "ec_both", "ec_connector_extra_config": {"store": "/path/to/refsight-store"}}'
 
 ``ec_connector_extra_config``: ``store`` (the refsight store; files go to its
-``vllm-encoder/`` folder), ``max_bytes`` (the store's byte quota, over these files and
+``vllm-encoder/`` folder), ``bucket`` (a bucket store's ``s3://BUCKET/PREFIX``: every file goes
+there too, and a miss here is looked up there, so a fleet shares its encoder outputs; configured by
+the server's ``AWS_*`` environment), ``max_bytes`` (the store's byte quota, over these files and
 refsight's packages together; least recently used files evicted; 0 = none) and
 ``fingerprint`` (anything else that changes the features, added to :func:`features_fingerprint`).
 
@@ -128,7 +130,13 @@ class RefsightECConnector(ECConnectorBase):
             raise ValueError("RefsightECConnector needs ec_connector_extra_config.store (a refsight store folder)")
         fingerprint = features_fingerprint(vllm_config, str(config.get_from_extra_config("fingerprint", "")))
         max_bytes = int(config.get_from_extra_config("max_bytes", 0) or 0)
-        self.store = ECStore(Path(store) / DIRNAME, fingerprint, max_bytes=max_bytes)
+        bucket = config.get_from_extra_config("bucket", None)
+        shared = None
+        if bucket:
+            from refsight_objects import ObjectStore
+
+            shared = ObjectStore(bucket)
+        self.store = ECStore(Path(store) / DIRNAME, fingerprint, max_bytes=max_bytes, shared=shared)
         # Scheduler and worker of one server share its engine id: the staging folder is theirs alone.
         self.staging = Path(tempfile.gettempdir()) / f"refsight-ec-staging-{config.engine_id}"
         self.staging.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,12 @@ Layout, under ``<refsight store>/vllm-encoder/`` (a blob directory replicas may 
   once: its count and last use are buffered and written every :data:`FLUSH_INTERVAL_S`
   seconds (and with the next save, and at :meth:`ECStore.flush`), as refsight's own counters are.
 
+With a bucket store, the bucket is the tier behind this folder, shared by every replica
+(``shared``: a :class:`refsight_objects.ObjectStore`): a save uploads the same file under
+``vllm-encoder/ab/<name>.safetensors``; a load that misses here downloads it, checks it exactly as
+a file (a bad object is a miss, deleted) and keeps it here. An unreachable bucket is a miss: vLLM
+encodes, as it would without the connector.
+
 Only uuids refsight gives references (``refsight-`` + 64 hex digits, content-derived) are
 ever looked up or saved: vLLM names items without a uuid by per-process counters, which
 must never be served to another process. A file that fails any check is moved aside and
@@ -38,7 +44,8 @@ import time
 from pathlib import Path
 
 __all__ = [
-    "COUNTERS", "DIRNAME", "ECStore", "eligible", "pixels_digest_of", "read_counters", "read_file", "serialize",
+    "COUNTERS", "DIRNAME", "ECStore", "check_blob", "eligible", "pixels_digest_of", "read_counters", "read_file",
+    "serialize",
 ]
 
 #: The folder under a refsight store.
@@ -74,10 +81,17 @@ def serialize(data: bytes, dtype: str, shape: list[int], *, uuid: str, fingerpri
 
 
 def read_file(path: Path, uuid: str, fingerprint: str) -> bytes | None:
-    """The file's bytes if every check passes (header, one tensor whose size fits its shape and dtype,
-    uuid, fingerprint, checksum of the data), else None. Never raises for a bad file."""
+    """The file's bytes if every check passes (:func:`check_blob`), else None. Never raises for a bad file."""
     try:
-        blob = path.read_bytes()
+        return check_blob(path.read_bytes(), uuid, fingerprint)
+    except OSError:
+        return None
+
+
+def check_blob(blob: bytes, uuid: str, fingerprint: str) -> bytes | None:
+    """``blob`` if every check passes (header, one tensor whose size fits its shape and dtype, uuid,
+    fingerprint, checksum of the data), else None. Never raises for bad bytes."""
+    try:
         size = int.from_bytes(blob[:8], "little")
         if len(blob) < 8 or not 0 < size <= _MAX_HEADER:
             return None
@@ -91,8 +105,8 @@ def read_file(path: Path, uuid: str, fingerprint: str) -> bytes | None:
         fits = list(entry["data_offsets"]) == [0, len(data)] and len(data) == count * _DTYPE_BYTES[entry["dtype"]]
         named = metadata.get("uuid") == uuid and metadata.get("fingerprint") == fingerprint
         if fits and named and metadata.get("sha256") == hashlib.sha256(data).hexdigest():
-            return blob
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return bytes(blob)
+    except (ValueError, KeyError, TypeError, AttributeError):
         pass
     return None
 
@@ -113,10 +127,11 @@ class ECStore:
     pass) needs no fingerprint: ``ECStore(root, "")``.
     """
 
-    def __init__(self, root: str | os.PathLike, fingerprint: str, *, max_bytes: int = 0) -> None:
+    def __init__(self, root: str | os.PathLike, fingerprint: str, *, max_bytes: int = 0, shared=None) -> None:
         self.root = Path(root)
         self.fingerprint = fingerprint
         self.max_bytes = int(max_bytes)  # 0: unbounded
+        self.shared = shared  # a bucket store's ObjectStore: the tier behind this folder
         self.root.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -142,7 +157,7 @@ class ECStore:
         if not eligible(uuid):
             return None
         path = self.path(uuid)
-        if not path.exists():
+        if not path.exists() and not self._fetch(uuid):
             self.count(misses=1)
             return None
         blob = read_file(path, uuid, self.fingerprint)
@@ -155,11 +170,53 @@ class ECStore:
         self.count(hits=1)
         return blob
 
+    def _object(self, uuid: str) -> str:
+        name = self.name(uuid)
+        return f"{DIRNAME}/{name[:2]}/{name}.safetensors"
+
+    def _fetch(self, uuid: str) -> bool:
+        """Bring ``uuid``'s file from the bucket (checked) into this folder; False when it is not to be had."""
+        if self.shared is None:
+            return False
+        try:
+            blob = self.shared.get(self._object(uuid))
+        except Exception:  # noqa: BLE001 - the bucket away is a miss: vLLM encodes
+            return False
+        if blob is None:
+            return False
+        if check_blob(blob, uuid, self.fingerprint) is None:
+            self.count(corrupt=1)
+            self._unshare(uuid)
+            return False
+        self._publish(uuid, bytes(blob))
+        return True
+
+    def _unshare(self, uuid: str) -> None:
+        try:
+            self.shared.delete(self._object(uuid))
+        except Exception:  # noqa: BLE001 - best effort: a later save overwrites it
+            pass
+
     def save(self, uuid: str, blob: bytes) -> bool:
-        """Publish ``blob`` for ``uuid`` atomically (False: not eligible, or a whole file is already there)."""
+        """Publish ``blob`` for ``uuid`` atomically, here and in the bucket (False: not eligible, or a whole
+        file is already there)."""
         path = self.path(uuid)
         if not eligible(uuid) or read_file(path, uuid, self.fingerprint) is not None:
             return False
+        self._publish(uuid, blob)
+        if self.shared is not None:
+            try:
+                self.shared.put(self._object(uuid), [blob])
+            except Exception:  # noqa: BLE001 - the bucket away: this replica keeps it; another encodes once more
+                pass
+        self.count(saves=1)
+        self.flush()  # a save is rare (it follows an encode): the quota then sees every recent use
+        self.enforce_quota(keep=self.name(uuid))
+        return True
+
+    def _publish(self, uuid: str, blob: bytes) -> None:
+        """Write the file atomically (temp, fsync, rename) and its index row."""
+        path = self.path(uuid)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".safetensors")
         try:
@@ -178,10 +235,6 @@ class ECStore:
                 "ON CONFLICT (name) DO UPDATE SET bytes = excluded.bytes, last_used = excluded.last_used",
                 (self.name(uuid), len(blob), time.time()),
             )
-        self.count(saves=1)
-        self.flush()  # a save is rare (it follows an encode): the quota then sees every recent use
-        self.enforce_quota(keep=self.name(uuid))
-        return True
 
     def enforce_quota(self, *, keep: str = "") -> int:
         """Delete least recently used files (never ``keep``) until they and the external bytes fit ``max_bytes``;

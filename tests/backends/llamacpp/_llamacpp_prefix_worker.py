@@ -2,7 +2,7 @@
 
 Reads a JSON spec (store directory, cases: model, reference package keys, candidate
 image path, rubrics), loads the packages from ``refsight.store``, hands the store's
-prefix-state cache (:class:`refsight.prefixes.PrefixStateCache`, memory tier empty in
+prefix-state cache (:class:`refsight.cache.prefix_states.PrefixStateCache`, memory tier empty in
 this process: every state comes from disk) to each request, and writes per request the
 greedy tokens, logits, the prefix outcome and what the language model evaluated
 (tokens decoded, image chunks decoded, images encoded, states restored) to a
@@ -42,8 +42,8 @@ def main(spec_path: str) -> None:
     import torch
 
     from refsight.backends.registry import get_backend
-    from refsight.images import load_image
-    from refsight.prefixes import PrefixStateCache
+    from refsight.inputs.images import load_image
+    from refsight.cache.prefix_states import PrefixStateCache
     from refsight.store import open_store
 
     with open(spec_path) as f:

@@ -47,7 +47,7 @@ def stored_proofs(
     candidate, a case ``name/n`` for each count of references in ``n_refs`` (``cached``), and another the prefix
     states from disk (``prefix[name]``). Returns ``(here, cached, prefix)``."""
     from _llamacpp_prefix_worker import judge_request, run
-    from refsight.prefixes import PrefixStateCache
+    from refsight.cache.prefix_states import PrefixStateCache
     from refsight.store import open_store
     from worker_spec import layout, stored_keys
 

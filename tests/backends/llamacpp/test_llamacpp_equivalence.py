@@ -149,3 +149,9 @@ def test_fresh_references_give_the_same_tokens_as_cached(gguf, photos, name):
     assert cached.token_ids == fresh.token_ids
     assert (cached.logits - fresh.logits).abs().max().item() == 0.0
     assert cached_calls == len(backend.encode([photos[CANDIDATE]])[0].tensors)
+
+
+def test_the_cached_path_read_packages_the_codec_compressed(cached_results):
+    # llama.cpp's image embeddings (f32) went through the store's codec: containers with zstd tensor frames.
+    use = cached_results["codec"]
+    assert use["compressed"] == use["files"] >= len(GGUF_FAMILIES) and use["zstd_frames"] > 0, use

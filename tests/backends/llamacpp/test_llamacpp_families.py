@@ -128,7 +128,7 @@ def test_the_quantized_family_is_quantized_beside_its_f16_mmproj(gguf):
 
 def test_gemma4_reuses_no_state_past_its_sliding_window(gguf, photos, tmp_path):
     """Six references reach past Gemma 4's window: no state is saved or restored, the answer is the plain path's."""
-    from refsight.prefixes import PrefixStateCache
+    from refsight.cache.prefix_states import PrefixStateCache
     from refsight.store import open_store
 
     backend = gguf("tiny-gemma4-gguf")

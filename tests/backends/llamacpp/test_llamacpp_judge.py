@@ -24,7 +24,7 @@ def _without_timings(result: dict) -> dict:
 @pytest.mark.parametrize("model", GGUF_FAMILIES)
 def test_compare_gives_schema_valid_verdicts_cached_and_fresh(tmp_path, photos, gguf, model):
     from refsight import Engine
-    from refsight.rubric import parse_rubric
+    from refsight.inputs.rubric import parse_rubric
     from refsight.judge.verdict import verdict_schema
 
     gguf(model)  # build (if needed) outside the engine's timings

@@ -75,7 +75,7 @@ def test_without_jinja_chats_render_in_the_builtin_format_detected_from_the_temp
     assert gguf(f"llamacpp:{model}", mmproj=str(mmproj), jinja=False).chat_template_source() == BUILTIN_TEMPLATES["chatml"]
     named = gguf(f"llamacpp:{model}", mmproj=str(mmproj), jinja=False, chat_template="gemma")  # --chat-template gemma
     assert named.template_text(["hi"]) == "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
-    with pytest.raises(InvalidInputError, match="without Jinja: the chat template is none of llama.cpp's built-in"):
+    with pytest.raises(InvalidInputError, match="jinja: the chat template is none of llama.cpp's built-in"):
         gguf(f"llamacpp:{model}", mmproj=str(mmproj), jinja=False, chat_template="{{ messages[0]['content'] }}")
 
 

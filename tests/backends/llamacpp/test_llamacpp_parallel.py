@@ -75,7 +75,7 @@ def _assert_same(got, want) -> None:
 
 @pytest.mark.parametrize("name", GGUF_FAMILIES)
 def test_concurrent_requests_share_decode_steps_and_answer_as_alone(pair, photos, name, tmp_path):
-    from refsight.prefixes import PrefixStateCache
+    from refsight.cache.prefix_states import PrefixStateCache
     from refsight.store import open_store
 
     alone, parallel = pair(name)
@@ -167,7 +167,7 @@ def test_a_bad_flash_attn_option_is_refused_by_name(gguf, value):
 
 
 def test_prefix_states_are_keyed_by_the_attention_kernel(gguf, photos, tmp_path):
-    from refsight.prefixes import PrefixStateCache
+    from refsight.cache.prefix_states import PrefixStateCache
     from refsight.store import open_store
 
     default, off = gguf(GGUF_FAMILIES[0]), gguf(GGUF_FAMILIES[0], flash_attn="off")

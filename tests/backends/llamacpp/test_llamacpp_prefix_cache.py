@@ -28,7 +28,7 @@ from _llamacpp_prefix_worker import judge_request, run  # noqa: E402
 @pytest.fixture(scope="module")
 def results(gguf, photos, tmp_path_factory):
     """Here: without the cache, and with it (building and saving states). New process: from disk."""
-    from refsight.prefixes import PrefixStateCache
+    from refsight.cache.prefix_states import PrefixStateCache
     from refsight.store import open_store
 
     tmp = tmp_path_factory.mktemp("llama-prefix")
@@ -94,7 +94,7 @@ def small(gguf, photos):
 
 @pytest.mark.parametrize("damage", ("flip", "truncate"))
 def test_a_corrupted_or_truncated_state_file_is_detected_and_rebuilt(small, photos, tmp_path, damage):
-    from refsight.prefixes import PrefixStateCache
+    from refsight.cache.prefix_states import PrefixStateCache
     from refsight.store import open_store
 
     backend, packages, plain = small

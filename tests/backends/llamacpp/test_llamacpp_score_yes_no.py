@@ -24,7 +24,7 @@ REFS = ("chelsea", "coffee", "astronaut")
 @pytest.mark.parametrize("name", GGUF_FAMILIES)
 def test_scores_cached_equal_fresh_deterministic_and_first_step_softmax(gguf, photos, name):
     from refsight.requests import GenerationRequest
-    from refsight.rerank import rerank_segments
+    from refsight.compare.rerank import rerank_segments
 
     backend = gguf(name)
     candidate = photos["rocket"]
@@ -62,7 +62,7 @@ def test_a_stored_prefix_state_gives_the_same_score(gguf, photos, tmp_path):
     """A references-first yes/no prompt restores its prefix state and scores exactly as without it."""
     from refsight.requests import GenerationRequest
     from refsight.judge.prompts import reference_prefix
-    from refsight.prefixes import PrefixStateCache
+    from refsight.cache.prefix_states import PrefixStateCache
     from refsight.store import open_store
 
     backend = gguf("tiny-qwen2-vl-gguf")

@@ -26,7 +26,7 @@ def grid_photos(served, photos):
     so the independent pixel path sees the very pixels refsight stores."""
     from PIL import Image
 
-    from refsight.images import load_image
+    from refsight.inputs.images import load_image
 
     factor = 32 if "qwen3" in served[0] else 28
     shapes = {"chelsea": (4, 3), "coffee": (3, 2), "astronaut": (3, 3), "rocket": (2, 4)}

@@ -35,7 +35,7 @@ def images(photos):
     """Three references, two more (mirrored, so no server saw them elsewhere) and a candidate."""
     from PIL import ImageOps
 
-    from refsight.images import load_image
+    from refsight.inputs.images import load_image
 
     mirrored = {f"mirrored-{n}": load_image(ImageOps.mirror(photos[n].image), name=f"mirrored-{n}") for n in ("chelsea", "astronaut")}
     return {**photos, **mirrored}

@@ -27,7 +27,7 @@ def _backends(model: str, pixels: bool):
 
 
 def _photo(size: tuple[int, int]):
-    from refsight.images import load_image
+    from refsight.inputs.images import load_image
     from refsight.samples import load_sample
 
     return load_image(load_sample("chelsea").resize(size), name=f"chelsea-{size[0]}x{size[1]}")

@@ -47,7 +47,7 @@ def _judge_request(references, candidate, rubric):
 
 
 def test_second_and_third_rubric_hit_the_prefix_cache_with_identical_tokens(backend, photos):
-    from refsight.images import load_image
+    from refsight.inputs.images import load_image
     from refsight.samples import load_sample
 
     # vLLM's CPU KV blocks hold 128 tokens and only whole blocks are cached: seven
@@ -84,7 +84,7 @@ def test_second_and_third_rubric_hit_the_prefix_cache_with_identical_tokens(back
 
 def test_yes_no_scores_repeat_match_hf_and_pixels(backend, photos):
     from refsight.requests import GenerationRequest
-    from refsight.rerank import rerank_segments
+    from refsight.compare.rerank import rerank_segments
 
     references = [photos[r] for r in REFS]
     packages = backend.encode(references)

@@ -84,7 +84,7 @@ def _vllm_requests(server) -> float:
 
 def test_vllm_counts_an_image_as_the_transformers_backend_of_the_same_weights(server):
     from refsight.backends.registry import get_backend
-    from refsight.images import load_image
+    from refsight.inputs.images import load_image
 
     hf = get_backend(MODEL)  # built once per process (shared, so not closed here)
     for images in ("pixels", "embeds"):
@@ -99,7 +99,7 @@ def test_vllm_counts_an_image_as_the_transformers_backend_of_the_same_weights(se
 
 def test_a_reference_named_past_the_prompt_limit_is_400_before_vllm(limited, server):
     from refsight.backends.registry import get_backend
-    from refsight.images import load_image
+    from refsight.inputs.images import load_image
 
     hf = get_backend(MODEL)
     per_image = hf.image_token_count(load_image(_photo(), name="cat"))

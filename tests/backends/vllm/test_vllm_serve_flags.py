@@ -20,17 +20,27 @@ def _args(*argv: str):
 
 
 def test_the_connector_follows_store_and_its_quota(tmp_path):
+    from refsight.backends.vllm.serve import encoder_cache_flag
+    from refsight.cli.arguments import UsageError
     from refsight.cli.vllm import _encoder_cache
 
     store = tmp_path / "store"
-    assert _encoder_cache(_args()) == (None, 0)  # no --store: no connector
-    assert _encoder_cache(_args("--store", str(store))) == (str(store), 0)
-    assert _encoder_cache(_args("--store", str(store), "--no-encoder-cache")) == (None, 0)
-    assert _encoder_cache(_args("--store", str(store), "--image-limit", "0")) == (None, 0)  # no vision encoder
-    assert _encoder_cache(_args("--store", str(store), "--max-package-bytes", "2MiB")) == (str(store), 2 << 20)
+    assert _encoder_cache(_args()) == (None, 0, None)  # no --store: no connector
+    assert _encoder_cache(_args("--store", str(store))) == (str(store), 0, None)
+    assert _encoder_cache(_args("--store", str(store), "--no-encoder-cache")) == (None, 0, None)
+    assert _encoder_cache(_args("--store", str(store), "--image-limit", "0")) == (None, 0, None)  # no vision encoder
+    assert _encoder_cache(_args("--store", str(store), "--max-package-bytes", "2MiB")) == (str(store), 2 << 20, None)
     store.mkdir()
     (store / "refsight.toml").write_text('[store]\nmax_package_bytes = "1MiB"\n')
-    assert _encoder_cache(_args("--store", str(store))) == (str(store), 1 << 20)
+    assert _encoder_cache(_args("--store", str(store))) == (str(store), 1 << 20, None)
+    # A bucket store: the files in --local-dir, shared through the bucket; its settings are --config's.
+    local = tmp_path / "local"
+    assert _encoder_cache(_args("--store", "s3://fleet/x", "--local-dir", str(local), "--config",
+                                str(store / "refsight.toml"))) == (str(local), 1 << 20, "s3://fleet/x")
+    with pytest.raises(UsageError, match="--local-dir"):
+        _encoder_cache(_args("--store", "s3://fleet/x"))
+    flag = json.loads(encoder_cache_flag(local, bucket="s3://fleet/x")[1])
+    assert flag["ec_connector_extra_config"]["bucket"] == "s3://fleet/x"
 
 
 def test_the_flag_and_environment_name_the_connector_folder_alone(tmp_path, monkeypatch):

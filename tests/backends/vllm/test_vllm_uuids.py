@@ -76,7 +76,7 @@ def test_a_cache_miss_is_retried_once_with_pixels(served, grid_photos, photos):
         # Off-grid and flipped: pixels this server was never sent by any test.
         from PIL import ImageOps
 
-        from refsight.images import load_image
+        from refsight.inputs.images import load_image
 
         unseen = load_image(ImageOps.mirror(photos["coffee"].image), name="unseen")
         reference = backend.encode([unseen])[0]
@@ -100,7 +100,7 @@ def test_the_rerankers_reference_goes_by_uuid_and_scores_as_with_pixels(served, 
     travels by uuid (pixels once, then uuid-only), the candidate never, and the score is the all-pixels score."""
     from refsight.requests import GenerationRequest
     from refsight.backends.vllm.pixels import reference_uuid
-    from refsight.rerank import rerank_segments
+    from refsight.compare.rerank import rerank_segments
 
     _, server = served
     backend = _fresh_backend(server.url)

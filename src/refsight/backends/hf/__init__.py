@@ -26,7 +26,7 @@ def family_for(model_type: str, name: str = "") -> type[HFBackend]:
     proven model types and why this one cannot be served) if none does."""
     from .classes import family_classes, traits_for
     from .generic import generic_family
-    from ...torchvision_cpu import missing_torchvision
+    from ...support.torchvision_cpu import missing_torchvision
 
     try:
         return generic_family(model_type, name)

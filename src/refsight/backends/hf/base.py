@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 from ...errors import BackendError, InvalidInputError
-from ...images import ImageInput
+from ...inputs.images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
 from ..base import Backend, Execution, Generation, PreparedRequest
 from ...sampling import OUTPUT_FIELDS, SAMPLING_FIELDS
@@ -249,7 +249,7 @@ class HFBackend(Backend):
         images = list(images)
         for i, image in enumerate(images):
             if not isinstance(image, ImageInput):
-                raise InvalidInputError(f"images[{i}]", f"expected an ImageInput (use refsight.images.load_image), got {type(image).__name__}")
+                raise InvalidInputError(f"images[{i}]", f"expected an ImageInput (use refsight.inputs.images.load_image), got {type(image).__name__}")
         fingerprint = self.fingerprint()
         packages: list[VisualPackage] = []
         step = max(1, self.batch_size)

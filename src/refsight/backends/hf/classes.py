@@ -96,7 +96,7 @@ def family_classes(model_type: str) -> FamilyClasses:
         images = {**images, "pil": override}
     image_processor = images.get("pil")
     if image_processor is None and images.get("torchvision") is not None:
-        from ...torchvision_cpu import torchvision_imports
+        from ...support.torchvision_cpu import torchvision_imports
 
         # Only a torchvision class (LFM2-VL, Cohere2-Vision ...): served with it where torchvision imports.
         image_processor = images["torchvision"] if torchvision_imports() else None

@@ -24,12 +24,13 @@ import inspect
 import os
 from typing import Any, ClassVar, Sequence
 
-from ...errors import BackendError, CorruptPackageError, ModelLoadError
+from ...errors import BackendError, CorruptPackageError, InvalidInputError, ModelLoadError
 from ...families.entry import Traits
-from ...images import ImageInput
+from ...inputs.images import ImageInput
 from ...package import VisualPackage
-from ..text_access import check_chat_template
+from ...requests import GenerationRequest
 from .base import HFBackend
+from .chat import chat_messages, render_chat
 from .classes import FamilyClasses, family_classes, traits_for
 from .encoder_outputs import MAIN, join, pack, split, tensor_names
 from .fingerprint import jsonable
@@ -150,9 +151,14 @@ class GenericBackend(HFBackend):
         return self.processor.chat_template
 
     def use_chat_template(self, template: str) -> None:
-        """Render chats in ``template`` instead of the checkpoint's (the processor holds it: every rendering reads it)."""
-        check_chat_template(template)
-        self.processor.chat_template = template
+        """Render chats in ``template`` instead of the checkpoint's (the processor holds it: every rendering reads it),
+        once it passes :meth:`probe_chat_template`."""
+        previous, self.processor.chat_template = self.processor.chat_template, template
+        try:
+            self.probe_chat_template()
+        except BaseException:
+            self.processor.chat_template = previous
+            raise
 
     # ------------------------------------------------------------------- encode
 
@@ -299,19 +305,24 @@ class GenericBackend(HFBackend):
             start += count
         return self._render(segments, image_turns, generation_prompt).replace(self.image_token, marker)
 
+    def prompt_text_of(self, request: GenerationRequest) -> str:
+        """The checkpoint's chat template over ``request``, each image as the media marker (:meth:`chat_text`); a raw
+        prompt's text as given."""
+        if request.raw_prompt:
+            return super().prompt_text_of(request)
+        texts = [s if isinstance(s, str) else self.media_marker for s in request.segments]
+        return self.chat_text(texts, request.turns, request.prompt_end)
+
     def _render(self, segments: list[Any], turns: list[tuple[str, int]] | None, generation_prompt: bool = True) -> str:
         """The template over text and image segments (anything not a string is an image): one image token
-        per image, after the processor's own rewrite."""
-        from transformers import ProcessorMixin
-
+        per image, after the processor's own rewrite. The mixin's rendering (:mod:`.chat`; the few processors that
+        override it, SmolVLM's, only add video arguments the image-only processor has no use for)."""
         try:
-            # The mixin's own rendering: the few processors that override it (SmolVLM's) only add video
-            # arguments read off a video processor, which the image-only processor does not have.
-            text = ProcessorMixin.apply_chat_template(
-                self.processor, _messages(segments, turns), tokenize=False, add_generation_prompt=generation_prompt
-            )
-        except Exception as e:  # noqa: BLE001 - a template that refuses these turns
-            raise BackendError(self.name, f"the chat template cannot render this prompt: {type(e).__name__}: {e}") from e
+            text = render_chat(self.processor, chat_messages(segments, turns), generation_prompt)
+        except InvalidInputError:  # the bounded renderer's word on the template (a ValueError too)
+            raise
+        except ValueError as e:  # the processor has no template to render
+            raise BackendError(self.name, f"the chat template cannot render this prompt: {e}") from e
         images = sum(1 for s in segments if not isinstance(s, str))
         return self._processor_layout(text, images) if images else text
 
@@ -357,19 +368,6 @@ def _with_images(text: str, marker: str) -> list[Any]:
         if piece:
             out.append(piece)
     return out
-
-
-def _messages(segments: list[Any], turns: list[tuple[str, int]] | None) -> list[dict[str, Any]]:
-    """Chat messages with content parts: text as ``{"type": "text"}``, packages as ``{"type": "image"}``."""
-    turns = turns or [("user", len(segments))]
-    messages, start = [], 0
-    for role, count in turns:
-        content = [
-            {"type": "text", "text": s} if isinstance(s, str) else {"type": "image"} for s in segments[start:start + count]
-        ]
-        messages.append({"role": role, "content": content})
-        start += count
-    return messages
 
 
 def _is_pixels(name: str) -> bool:
@@ -420,7 +418,7 @@ def seam_problem(model_type: str, classes: FamilyClasses) -> str:
         return f"{classes.processor} has no replace_image_token (it expands images from the text alone)"
     if classes.image_processor is None and classes.torchvision_image_processor is None:
         return "transformers names no image processor for it"
-    from ...torchvision_cpu import missing_torchvision
+    from ...support.torchvision_cpu import missing_torchvision
 
     return missing_torchvision(classes)
 

@@ -8,7 +8,7 @@ ever reads a checkpoint through; the others stat its files and hit the memo. A
 rewritten or merely touched file has a new mtime, so it is hashed again.
 
 The memo lives in ``$REFSIGHT_HASH_MEMO_DIR``, else the model cache directory
-(:func:`refsight.environment.hash_memo_dir`), as ``file-hashes.json``. It is
+(:func:`refsight.support.environment.hash_memo_dir`), as ``file-hashes.json``. It is
 rewritten atomically (temp file + ``os.replace``) under a file lock, merging with
 what other processes wrote meanwhile. A memo that cannot be read or written only
 costs time: hashing never fails because of it.
@@ -25,7 +25,7 @@ import sys
 import threading
 from pathlib import Path
 
-from ...json_memo import read_entries, write_entry
+from ...support.json_memo import read_entries, write_entry
 
 __all__ = ["file_sha256", "memo_path", "memo_hits", "files_hashed", "PROGRESS_MIN_BYTES"]
 
@@ -46,7 +46,7 @@ _memory: dict[str, dict] = {}
 
 def memo_path() -> Path:
     """The memo file: ``$REFSIGHT_HASH_MEMO_DIR/file-hashes.json`` or ``<model cache>/file-hashes.json``."""
-    from ...environment import hash_memo_dir
+    from ...support.environment import hash_memo_dir
 
     return hash_memo_dir() / _MEMO_NAME
 

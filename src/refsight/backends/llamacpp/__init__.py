@@ -13,8 +13,9 @@ changes between releases).
 Modules: :mod:`.native` (the only code calling llama.cpp; :mod:`.logs` its process-wide
 set-up, :mod:`.sampler` its sampler chain), :mod:`.package_format`
 (the package and its fingerprint), :mod:`.prompt` (chat template),
-:mod:`.generation` (prompt evaluation and decoding), :mod:`.prefix` (the reference prefix's saved sequence state), :mod:`.grammar` (JSON schema →
-GBNF), :mod:`.backend` (the :class:`~refsight.backends.base.Backend`).
+:mod:`.generation` (prompt evaluation and decoding), :mod:`.prefix` (the reference prefix's saved sequence state), :mod:`.grammar` (the
+check every grammar passes, and JSON schema → GBNF), :mod:`.grammar_stacks` (the grammar's stacks followed while
+sampling), :mod:`.backend` (the :class:`~refsight.backends.base.Backend`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import InvalidInputError, ModelLoadError
-from ...extras import install_command
+from ...support.extras import install_command
 from ..options import FLASH_ATTN
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ def _require_runtime(name: str) -> None:
         import llama_cpp.mtmd_cpp  # noqa: F401
     except ImportError as e:
         raise ModelLoadError(name, f"llama-cpp-python is not installed: {install_command('llamacpp')} ({e})") from e
-    from ...extras import LLAMA_CPP_PYTHON_VERSION
+    from ...support.extras import LLAMA_CPP_PYTHON_VERSION
     from .native import llama_cpp_version
 
     if llama_cpp_version() != LLAMA_CPP_PYTHON_VERSION:

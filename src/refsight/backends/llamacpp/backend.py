@@ -22,7 +22,6 @@ Runtime failures become refsight errors here and only here (:func:`_native_error
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -36,17 +35,15 @@ from ...errors import (
     InvalidInputError,
     RefsightError,
 )
-from ...images import ImageInput
+from ...inputs.images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
 from ..base import Backend, Execution, Generation, PreparedRequest
-from ..prefix import render_prefix
-from ..text_access import check_chat_template
 from ...requests import PROMPT_ENDS, GenerationRequest
 from ..turns import split_final_turn
 from ...sampling import OUTPUT_FIELDS, SAMPLING_FIELDS, TOKEN_FIELDS
 from . import package_format as fmt
-from .logs import repack_weights
-from .native import Bitmap, LlamaRuntime, NativeError, RuntimeSettings, llama_cpp_version
+from .grammar import check_grammar, schema_to_gbnf
+from .native import Bitmap, LlamaRuntime, RuntimeSettings, llama_cpp_version
 from .prompt import chat_template, render_prompt
 from .sampler import eog_tokens
 
@@ -149,7 +146,7 @@ class LlamaCppBackend(Backend):
         images = list(images)
         for i, image in enumerate(images):
             if not isinstance(image, ImageInput):
-                raise InvalidInputError(f"images[{i}]", f"expected an ImageInput (use refsight.images.load_image), got {type(image).__name__}")
+                raise InvalidInputError(f"images[{i}]", f"expected an ImageInput (use refsight.inputs.images.load_image), got {type(image).__name__}")
         packages = []
         for image in images:
             began = time.perf_counter()
@@ -211,8 +208,9 @@ class LlamaCppBackend(Backend):
 
     def check_batch(self, requests: list[GenerationRequest]) -> list[Any]:
         """The base checks, then each request's token constraints: the logit bias's token ids in the
-        vocabulary, and a GBNF ``grammar`` (never beside a JSON schema) parsed once by llama.cpp; it is
-        then the request's grammar, as a schema's would be."""
+        vocabulary, and a GBNF ``grammar`` (never beside a JSON schema) checked against the vocabulary and
+        parsed once by llama.cpp (:func:`.grammar.check_grammar`); it is then the request's grammar, as a
+        schema's would be."""
         grammars = super().check_batch(requests)
         for i, request in enumerate(requests):
             sampling = request.sampling
@@ -225,21 +223,17 @@ class LlamaCppBackend(Backend):
             if request.json_schema is not None:
                 raise InvalidInputError("grammar", "give a GBNF grammar or a JSON schema, not both")
             with self._lock:
-                try:
-                    self.runtime.check_grammar(sampling.grammar)
-                except NativeError as e:
-                    raise InvalidInputError("grammar", str(e)) from None
-            grammars[i] = sampling.grammar
+                grammars[i] = check_grammar(self.runtime, sampling.grammar)
         return grammars
 
-    def compile_schema(self, schema: dict[str, Any]) -> str:
-        """The schema's GBNF grammar (:mod:`.grammar`), parsed once by llama.cpp before any decoding."""
-        from .grammar import schema_to_gbnf
-
-        grammar = schema_to_gbnf(schema)
+    def compile_schema(self, schema: dict[str, Any]) -> Any:
+        """The schema's GBNF grammar (:mod:`.grammar`), checked as a caller's grammar is (but for the caller's
+        size bounds: the schema's own bounded it) and parsed once by llama.cpp before any decoding."""
         with self._lock:
-            self.runtime.check_grammar(grammar)
-        return grammar
+            try:
+                return check_grammar(self.runtime, schema_to_gbnf(schema), "json_schema", bounded=False)
+            except InvalidInputError as e:  # a const "\u0000" or a pattern's \x00 becomes a NUL to match
+                raise InvalidInputError("json_schema", f"its grammar cannot run on llama.cpp: {e.reason}") from None
 
     def runtime_info(self) -> dict[str, Any]:
         """llama.cpp's threads (``--threads``/``-t``, else every core: it runs one thread team at a time)."""
@@ -287,6 +281,24 @@ class LlamaCppBackend(Backend):
         """The GGUF's chat template around ``texts`` (:meth:`prompt_text`)."""
         return self.prompt_text(list(texts), turns, prompt_end="generation_prompt" if generation_prompt else "none")
 
+    def prompt_text_of(self, request: GenerationRequest) -> str:
+        """The GGUF's chat template over ``request`` as generation renders it (:meth:`prompt_text`); a raw prompt's
+        text as given (without the BOS, which is no text of the caller's)."""
+        if request.raw_prompt:
+            return super().prompt_text_of(request)
+        return self.prompt_text(request.segments, request.turns, prompt_end=request.prompt_end)
+
+    def prepare(self, requests: list[GenerationRequest], grammars: list[Any]) -> list[PreparedRequest]:
+        """The base's, then each request's prompt rendered and its prefix planned: here, before the runtime's lock
+        is taken, so a chat template's render (bounded, in a worker process) never holds the model."""
+        prepared = super().prepare(requests, grammars)
+        for one in prepared:
+            request = one.request
+            one.prompt = self.prompt_text(one.segments, request.turns, raw=request.raw_prompt,
+                                          prompt_end=request.prompt_end)
+            one.prefix = self.prefix_plan(request)
+        return prepared
+
     def check_raw_text(self, text: str, where: str) -> None:
         """A raw prompt's text may spell special tokens, but not the media marker (it would shift the images)."""
         if self.runtime.marker in text:
@@ -306,10 +318,14 @@ class LlamaCppBackend(Backend):
         return chat_template(self._template, self.arch)
 
     def use_chat_template(self, template: str) -> None:
-        """Render chats in ``template`` instead of the GGUF's own: :meth:`prompt_text` (fresh and cached
-        paths alike) and the prefix keys (:meth:`prefix_plan` hashes the template) both read it."""
-        check_chat_template(template)
-        self._template = template
+        """Render chats in ``template`` instead of the GGUF's own, once it passes :meth:`probe_chat_template`:
+        :meth:`prompt_text` (fresh and cached paths alike) and the prefix keys (:meth:`prefix_plan` hashes it) read it."""
+        previous, self._template = self._template, template
+        try:
+            self.probe_chat_template()
+        except BaseException:
+            self._template = previous
+            raise
 
     def chat_template_reads(self, variable: str) -> bool:
         """Whether the GGUF's chat template (or its fallback) names ``variable`` anywhere."""
@@ -356,46 +372,15 @@ class LlamaCppBackend(Backend):
             (role, "".join(s if isinstance(s, str) else self.runtime.marker for s in part))
             for role, part in request.turn_segments()
         ]
-        bos = self.runtime.piece(self._special("bos"), special=True).decode("utf-8", "replace") if self._special("bos") >= 0 else ""
-        eos = self.runtime.piece(self._special("eos"), special=True).decode("utf-8", "replace") if self._special("eos") >= 0 else ""
-        return render_prompt(self._template, self.arch, content, bos=bos, eos=eos,
-                             generation_prompt=prompt_end == "generation_prompt")
+        return render_prompt(self._template, self.arch, content, bos=self._special_text("bos"),
+                             eos=self._special_text("eos"), generation_prompt=prompt_end == "generation_prompt")
 
     def prefix_plan(self, request: GenerationRequest) -> Any:
-        """The :class:`~.prefix.PromptPrefix` of ``request``'s reference prefix, or None.
+        """The :class:`~.prefix.PromptPrefix` of ``request``'s reference prefix, or None (:func:`~.prefix.plan_prefix`;
+        keyed by the template given, else by the architecture whose fallback renders)."""
+        from .prefix import plan_prefix
 
-        None when there is nothing to reuse: no ``prefix_cache``, no ``prefix_segments``,
-        or a prefix holding a fresh image (only cached packages have a stable identity to
-        key a state by).
-        """
-        from .prefix import PromptPrefix
-
-        n_segments, states = request.prefix_segments, request.prefix_cache
-        if states is None or not n_segments or n_segments >= len(request.segments):
-            return None
-        head = list(request.segments[:n_segments])
-        if any(isinstance(s, ImageInput) for s in head) or not any(isinstance(s, VisualPackage) for s in head):
-            return None
-        text = render_prefix(self.prompt_text, request.segments, request.turns, n_segments)
-        if text is None:
-            return None
-        packages = [s for s in head if isinstance(s, VisualPackage)]
-        settings = self.runtime.settings
-        # One stream and llama.cpp's default attention: the key states were always stored under.
-        streams = f":streams={settings.n_seq}" if settings.n_seq > 1 else ""
-        attention = f":fa={settings.flash_attn}" if settings.flash_attn != "auto" else ""
-        weights = "" if repack_weights() else ":repack=off"
-        return PromptPrefix(
-            text=text,
-            n_images=len(packages),
-            package_keys=tuple(p.key for p in packages),
-            states=states,
-            # The numbers of a state also depend on the device, the batch split, the KV type, the
-            # attention kernel and the weights' kernels (repacked or not); llama.cpp writes the
-            # context's stream count into a state and loads it only there.
-            model=f"{self._fingerprint.digest}:{self.device}:n_batch={self.runtime._n_batch()}:kv=f16{streams}{attention}{weights}",
-            template=hashlib.sha256((self._template or self.arch).encode()).hexdigest(),
-        )
+        return plan_prefix(self, request, self._template or self.arch)
 
     def prompt_token_ids(self, prompt: str) -> list[int]:
         """The token ids of the prompt's text: mtmd tokenizes the text between media markers exactly so."""
@@ -406,6 +391,10 @@ class LlamaCppBackend(Backend):
 
         fn = llama_cpp.llama_vocab_bos if which == "bos" else llama_cpp.llama_vocab_eos
         return int(fn(self.runtime.vocab))
+
+    def _special_text(self, which: str) -> str:
+        token = self._special(which)
+        return self.runtime.piece(token, special=True).decode("utf-8", "replace") if token >= 0 else ""
 
     def _generate_one(self, prepared: PreparedRequest, execution: Execution) -> Generation:
         from .runs import start_run

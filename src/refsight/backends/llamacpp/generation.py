@@ -23,12 +23,13 @@ from typing import Any
 import numpy as np
 
 from ...errors import ContextLengthError, CorruptPackageError
-from ...images import ImageInput
+from ...inputs.images import ImageInput
 from ...package import VisualPackage
 from ...results import TextPiece, TokenLogprob
 from ..logprobs import chain_logprob, token_logprob
 from ...sampling import Sampling, StopText
 from . import package_format as fmt
+from .grammar_stacks import CheckedGrammar
 from .native import Bitmap, LlamaRuntime
 from .prefix import PromptPrefix
 from .sampler import Sampler
@@ -217,15 +218,15 @@ class TokenLoop:
     request is finished; when it is not, :attr:`token` goes into the next decode at
     :attr:`n_past` (:meth:`advance`). The end-of-generation token is kept in ``tokens``,
     then decoding stops (``"stop"``), as it does at a stop string (the text is cut before
-    it), after ``max_new_tokens`` (``"length"``) or once ``stop_event`` is set
-    (``"cancelled"``, checked before every token). Logits are the model's raw logits at
-    each step, before penalties and the grammar change them; so are the log probabilities
+    it) and at a complete grammar nothing may follow, after ``max_new_tokens`` (``"length"``)
+    or once ``stop_event`` is set (``"cancelled"``, checked before every token). Logits are the
+    model's raw logits at each step, before penalties and the grammar change them; so are the log probabilities
     ``sampling.logprobs`` asks for (:attr:`logprobs`, one per token), unless
     ``sampling.post_sampling_probs`` asks for the sampler chain's.
     """
 
     def __init__(
-        self, runtime: LlamaRuntime, n_past: int, max_new_tokens: int, *, grammar: str | None, sampling: Sampling,
+        self, runtime: LlamaRuntime, n_past: int, max_new_tokens: int, *, grammar: CheckedGrammar | None, sampling: Sampling,
         return_logits: bool, on_text: Callable[[str], None] | None = None,
         stop_event: threading.Event | None = None, prompt_tokens: Sequence[int] = (), prompt_cells: int = 0,
     ) -> None:
@@ -261,11 +262,15 @@ class TokenLoop:
         logprob = None
         if self.post_sampling:
             token, ids, probs = self.sampler.sample_with_probs(row)
-            logprob = chain_logprob(token, ids, probs, self.n_probs, self.runtime.piece)
+            if token is not None:
+                logprob = chain_logprob(token, ids, probs, self.n_probs, self.runtime.piece)
         else:
             token = self.sampler.sample(output)
-            if self.n_probs is not None:
+            if self.n_probs is not None and token is not None:
                 logprob = token_logprob(row, token, self.n_probs, self.runtime.piece)
+        if token is None:  # the grammar is complete and its end-of-generation tokens are banned: it ends here
+            self.finish = "stop"
+            return True
         self.token = token
         self.tokens.append(token)
         if logprob is not None:

@@ -1,6 +1,14 @@
-"""JSON schema → GBNF for llama.cpp's grammar sampler, tightened so every answer fits the judge.
+"""GBNF for llama.cpp's grammar sampler: a caller's, checked against the vocabulary; a JSON schema's, tightened.
 
-llama-cpp-python's converter (:func:`llama_cpp.llama_grammar.json_schema_to_gbnf`)
+:func:`check_grammar` is the one door a grammar passes before llama.cpp parses it: the rules
+(:mod:`refsight.inputs.gbnf`: what would crash or hang llama.cpp is refused there), then each
+token reference against the loaded vocabulary (an id below ``n_vocab``, a ``<text>`` that is one
+token; a required token never an end-of-generation token, one without text, nor one whose text could
+start inside the characters right before it, which llama.cpp's sampler mishandles and aborts on), then
+llama.cpp's own parse. What passes is a :class:`~.grammar_stacks.CheckedGrammar`, whose stacks the
+sampler then follows beside llama.cpp's (:mod:`.grammar_stacks`).
+
+A JSON schema's grammar: llama-cpp-python's converter (:func:`llama_cpp.llama_grammar.json_schema_to_gbnf`)
 does the work, with two adjustments made here, each to a *stricter* schema or
 grammar (so anything the grammar allows is still valid under the original schema):
 
@@ -19,9 +27,82 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["schema_to_gbnf", "tighten_schema"]
+from ...errors import InvalidInputError
+from ...inputs.gbnf import TokenReference, read_gbnf
+from ...inputs.gbnf_syntax import matches
+from .grammar_stacks import CheckedGrammar
+from .native import NativeError
+
+__all__ = ["GrammarRuntime", "check_grammar", "schema_to_gbnf", "tighten_schema"]
+
+
+class GrammarRuntime(Protocol):
+    """What the check needs of a runtime (:class:`~.native.LlamaRuntime`): its vocabulary and llama.cpp's parser."""
+
+    n_vocab: int
+
+    def is_eog(self, token: int) -> bool: ...
+
+    def piece(self, token: int, special: bool = False) -> bytes: ...
+
+    def tokenize(self, text: str, parse_special: bool, add_special: bool = False) -> list[int]: ...
+
+    def check_grammar(self, grammar: str) -> None: ...
+
+
+def check_grammar(runtime: GrammarRuntime, grammar: str, name: str = "grammar", *, bounded: bool = True
+                  ) -> CheckedGrammar:
+    """``grammar`` checked for llama.cpp on this runtime (:class:`InvalidInputError` naming ``name`` if not):
+    its rules (with the caller's size bounds unless ``bounded`` is False), its token references, then
+    llama.cpp's own parse (the caller holds the runtime's lock)."""
+    rules = read_gbnf(grammar, name, bounded=bounded)
+    token_ids = tuple(_token_id(runtime, reference, name) for reference in rules.tokens)
+    try:
+        runtime.check_grammar(grammar)
+    except NativeError as e:  # llama.cpp's parser said no after every check above: a case they do not know
+        raise InvalidInputError(name, str(e)) from None
+    return CheckedGrammar(grammar, rules, token_ids)
+
+
+def _token_id(runtime: GrammarRuntime, reference: TokenReference, name: str) -> int:
+    """The id of one token reference, checked against the runtime's vocabulary as llama.cpp reads it and as its
+    sampler can meet it."""
+    written = f"<[{reference.id}]>" if reference.text is None else reference.text[:80]
+    token = reference.id
+    if reference.text is not None:  # llama.cpp tokenizes the brackets too, special tokens parsed
+        tokens = runtime.tokenize(reference.text, True)
+        if len(tokens) != 1:
+            raise InvalidInputError(name, f"{reference.at}: {written} is {len(tokens)} tokens of the vocabulary, "
+                                          "not one (write <[id]> for a token by its id)")
+        token = tokens[0]
+    if token >= runtime.n_vocab:
+        raise InvalidInputError(name, f"{reference.at}: token {written} is not in the vocabulary "
+                                      f"(0 to {runtime.n_vocab - 1})")
+    if not reference.negated:
+        _check_required(runtime, reference, token, written, name)
+    return token
+
+
+def _check_required(runtime: GrammarRuntime, reference: TokenReference, token: int, written: str, name: str) -> None:
+    """A token the grammar requires must be one llama.cpp's sampler can offer and accept there."""
+    # llama.cpp's sampler masks these before the grammar sees them: a grammar waiting on one can never go on.
+    if runtime.is_eog(token):
+        raise InvalidInputError(name, f"{reference.at}: {written} is an end-of-generation token: the answer ends "
+                                      "there by itself, a grammar cannot ask for it")
+    piece = runtime.piece(token, True)
+    if not piece or piece[0] == 0:
+        raise InvalidInputError(name, f"{reference.at}: {written} has no text llama.cpp's grammar can match")
+    # Its sampler lets the token through when the characters right before the reference match the start of its
+    # text (and the reference the rest); accepting it then finds no way on, and aborts.
+    text = piece.decode("utf-8", "replace")
+    crossing = next((c for c in text[:-1] for chars in reference.after if matches(chars, ord(c))), None)
+    if crossing is not None:
+        raise InvalidInputError(name, f"{reference.at}: {written} comes right after an element that matches "
+                                      f"{crossing!r}, a character of its own text {text[:40]!r}: llama.cpp cannot "
+                                      "run a token that starts inside the characters before it")
+
 
 _GRID = 100
 

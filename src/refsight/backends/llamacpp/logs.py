@@ -5,7 +5,7 @@ llama.cpp and mtmd log to stderr by default, including advice at error level on 
 load; refsight sends those lines to the ``refsight.llamacpp`` logger (DEBUG) and keeps
 the last ones, so a failed load (which returns NULL and only *logs* why) can say why in
 its exception (:func:`last_error`). ``REFSIGHT_LLAMA_LOG=1``
-(:func:`refsight.environment.llama_log_enabled`) keeps llama.cpp's own stderr logging.
+(:func:`refsight.support.environment.llama_log_enabled`) keeps llama.cpp's own stderr logging.
 
 A llama.cpp built on a CPU with Intel AMX (``-march=native``, as pip builds it there) puts the weights its AMX
 kernels take (Q4_0, Q8_0, the K-quants ...) in its AMX buffer, and their matrix product crashes the process
@@ -22,7 +22,7 @@ import logging
 from collections import deque
 from typing import Any
 
-from ...environment import llama_log_enabled
+from ...support.environment import llama_log_enabled
 
 __all__ = ["bindings", "init_backend", "last_error", "recent_errors", "repack_weights"]
 

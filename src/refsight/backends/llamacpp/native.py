@@ -88,7 +88,7 @@ class RuntimeSettings:
 
     n_ctx: int | None = None
     n_batch: int = 2048
-    n_threads: int = 0  # 0: the threads asked for (--threads / -t, refsight.threads), else every core it may use
+    n_threads: int = 0  # 0: the threads asked for (--threads / -t, refsight.support.threads), else every core it may use
     image_min_tokens: int = -1
     image_max_tokens: int = -1
     use_gpu: bool = False
@@ -99,7 +99,7 @@ class RuntimeSettings:
         """The thread count to give llama.cpp."""
         if self.n_threads > 0:
             return self.n_threads
-        from ...threads import available_cores, configured_threads
+        from ...support.threads import available_cores, configured_threads
 
         asked = configured_threads()  # --threads / -t; never the per-worker share: one team runs at a time
         return asked if asked is not None else available_cores()

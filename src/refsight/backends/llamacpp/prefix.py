@@ -22,6 +22,7 @@ never used.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,10 +31,13 @@ from typing import Any
 import numpy as np
 
 from ...families import FAMILIES
-from ..prefix import PrefixCache, PrefixState, prefix_key
+from ...inputs.images import ImageInput
+from ...package import VisualPackage
+from ..prefix import PrefixCache, PrefixState, prefix_key, render_prefix
+from .logs import repack_weights
 from .native import ChunkInfo, LlamaRuntime, NativeError
 
-__all__ = ["PREFIX_STATE_VERSION", "WINDOW_BOUND_ARCHITECTURES", "PromptPrefix", "PrefixSplit", "prefix_tokens"]
+__all__ = ["PREFIX_STATE_VERSION", "WINDOW_BOUND_ARCHITECTURES", "PromptPrefix", "PrefixSplit", "plan_prefix", "prefix_tokens"]
 
 #: Version of the llama.cpp state layout (one ``llama_state_seq_get_data`` blob); part of every key.
 PREFIX_STATE_VERSION = 2  # 2: a state ends at a chunk boundary (1 could end inside a text chunk)
@@ -145,6 +149,43 @@ class PromptPrefix:
         meta = {"runtime": "llama.cpp", "n_past": split.n_past, "package_keys": list(self.package_keys)}
         state = torch.from_numpy(runtime.state_bytes(seq))
         self.states.put(split.key, PrefixState({"state": state}, meta, tokens=self.prefix_tokens, build_ms=self.build_ms))
+
+
+def plan_prefix(backend: Any, request: Any, template: str) -> PromptPrefix | None:
+    """The :class:`PromptPrefix` of ``request``'s reference prefix on ``backend`` (a llama.cpp backend), its states
+    keyed by ``template`` (what the chat template is known by), or None.
+
+    None when there is nothing to reuse: no ``prefix_cache``, no ``prefix_segments``,
+    or a prefix holding a fresh image (only cached packages have a stable identity to
+    key a state by).
+    """
+    n_segments, states = request.prefix_segments, request.prefix_cache
+    if states is None or not n_segments or n_segments >= len(request.segments):
+        return None
+    head = list(request.segments[:n_segments])
+    if any(isinstance(s, ImageInput) for s in head) or not any(isinstance(s, VisualPackage) for s in head):
+        return None
+    text = render_prefix(backend.prompt_text, request.segments, request.turns, n_segments)
+    if text is None:
+        return None
+    packages = [s for s in head if isinstance(s, VisualPackage)]
+    settings = backend.runtime.settings
+    # One stream and llama.cpp's default attention: the key states were always stored under.
+    streams = f":streams={settings.n_seq}" if settings.n_seq > 1 else ""
+    attention = f":fa={settings.flash_attn}" if settings.flash_attn != "auto" else ""
+    weights = "" if repack_weights() else ":repack=off"
+    context = f"n_batch={backend.runtime._n_batch()}:kv=f16{streams}{attention}{weights}"
+    return PromptPrefix(
+        text=text,
+        n_images=len(packages),
+        package_keys=tuple(p.key for p in packages),
+        states=states,
+        # The numbers of a state also depend on the device, the batch split, the KV type, the
+        # attention kernel and the weights' kernels (repacked or not); llama.cpp writes the
+        # context's stream count into a state and loads it only there.
+        model=f"{backend.fingerprint().digest}:{backend.device}:{context}",
+        template=hashlib.sha256(template.encode()).hexdigest(),
+    )
 
 
 def _past_the_window(runtime: LlamaRuntime, n_past: int) -> bool:

@@ -3,13 +3,14 @@
 As llama-server does, the user turn is one string in which every image is mtmd's
 default media marker; mtmd expands each marker into the model's own image tokens
 (``<|vision_start|>`` ... for Qwen, tiles with ``<row_i_col_j>`` for SmolVLM).
-A GGUF without a template falls back to its family's known one.
+A GGUF without a template falls back to its family's known one. The template renders in the bounded
+renderer (:mod:`refsight.backends.templates`, the ``llama.cpp`` flavour: the settings Hugging Face and
+llama-cpp-python render chat templates with, and ``raise_exception``), never in this process.
 """
 
 from __future__ import annotations
 
-import functools
-from typing import Any
+from ..templates import render
 
 __all__ = ["render_prompt", "chat_template", "FALLBACK_TEMPLATES"]
 
@@ -31,20 +32,6 @@ FALLBACK_TEMPLATES: dict[str, str] = {
 }
 
 
-@functools.lru_cache(maxsize=16)
-def _compile(template: str) -> Any:
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    # The settings Hugging Face and llama-cpp-python render chat templates with.
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-
-    def raise_exception(message: str) -> None:
-        raise ValueError(message)
-
-    env.globals["raise_exception"] = raise_exception
-    return env.from_string(template)
-
-
 def chat_template(template: str | None, arch: str) -> str:
     """The template a prompt is rendered with: the GGUF's own, else its family's known one."""
     return template or FALLBACK_TEMPLATES.get(arch, _CHATML)
@@ -59,9 +46,9 @@ def render_prompt(
     opening of the answer's turn (llama-server's ``add_generation_prompt: false``)."""
     template = chat_template(template, arch)
     turns = [("user", content)] if isinstance(content, str) else content
-    return _compile(template).render(
-        messages=[{"role": role, "content": text} for role, text in turns],
-        add_generation_prompt=generation_prompt,
-        bos_token=bos,
-        eos_token=eos,
-    )
+    return render(template, {
+        "messages": [{"role": role, "content": text} for role, text in turns],
+        "add_generation_prompt": generation_prompt,
+        "bos_token": bos,
+        "eos_token": eos,
+    }, flavour="llama.cpp")

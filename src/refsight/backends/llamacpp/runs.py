@@ -86,8 +86,7 @@ def start_run(backend: Any, prepared: PreparedRequest, execution: Execution, seq
     the :class:`Run` that decodes its answer."""
     request = prepared.request
     began = time.perf_counter()
-    text = backend.prompt_text(prepared.segments, request.turns, raw=request.raw_prompt, prompt_end=request.prompt_end)
-    plan = backend.prefix_plan(request)
+    text, plan = prepared.prompt, prepared.prefix  # rendered and planned by the backend's prepare, before the lock
     n_past, prompt_timings, counts = decode_prompt(
         backend.runtime, text, prepared.segments, plan, seq, on_prompt=execution.on_prompt
     )
@@ -102,9 +101,7 @@ def start_run(backend: Any, prepared: PreparedRequest, execution: Execution, seq
 
 def score_prompt(backend: Any, prepared: PreparedRequest, seq: int, answer_ids: tuple[int, int]) -> float:
     """P("yes"): the softmax over the "yes"/"no" logits after ``prepared``'s prompt, evaluated into ``seq``."""
-    request = prepared.request
-    text = backend.prompt_text(prepared.segments, request.turns)
-    decode_prompt(backend.runtime, text, prepared.segments, backend.prefix_plan(request), seq)
+    decode_prompt(backend.runtime, prepared.prompt, prepared.segments, prepared.prefix, seq)
     pair = backend.runtime.last_logits()[list(answer_ids)].astype(np.float64)
     pair = np.exp(pair - pair.max())
     return float(pair[0] / pair.sum())

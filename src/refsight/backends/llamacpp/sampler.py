@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import InvalidInputError
+from .grammar_stacks import CheckedGrammar, GrammarStacks
 from .native import LlamaRuntime, NativeError
 
 __all__ = ["Sampler", "eog_tokens"]
@@ -41,19 +43,29 @@ class Sampler:
     (temperature 0 or below the greedy threshold: the chain every default request has always
     had; llama.cpp divides float32 logits by the temperature, which overflows for tiny ones) or top-k, top-p,
     min-p, temperature and a seeded draw (a fresh seed when ``sampling.seed`` is None), llama-server's order.
+
+    With a grammar, its stacks are followed beside llama.cpp's (:class:`~.grammar_stacks.GrammarStacks`),
+    and a token is accepted only where llama.cpp can go on: never one the chain left at ``-inf``
+    (llama.cpp's grammar aborts the process on an end-of-generation token while the grammar is open, and
+    on any other token it does not allow), never one that would leave it no stack or too many. When the
+    bias and the grammar together leave no token, the answer ends there if the grammar is complete (its
+    end, with the end-of-generation tokens banned: :meth:`sample` returns None); otherwise, and for a
+    token llama.cpp could not follow, the request is refused naming ``grammar``.
     """
 
     def __init__(
-        self, runtime: LlamaRuntime, grammar: str | None, sampling: Any, window: int, prompt_tokens: Sequence[int] = ()
+        self, runtime: LlamaRuntime, grammar: CheckedGrammar | None, sampling: Any, window: int,
+        prompt_tokens: Sequence[int] = (),
     ) -> None:
         L = runtime._L
         self._L, self._runtime = L, runtime
         self.greedy = sampling.greedy
+        self.stacks = GrammarStacks(grammar) if grammar is not None else None
         self.chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         try:
             self._add_logit_bias(sampling)
             if grammar is not None:
-                g = L.llama_sampler_init_grammar(runtime.vocab, grammar.encode(), b"root")
+                g = L.llama_sampler_init_grammar(runtime.vocab, grammar.text.encode(), b"root")
                 if not g:
                     raise NativeError("llama.cpp rejected the grammar")
                 L.llama_sampler_chain_add(self.chain, g)
@@ -110,14 +122,28 @@ class Sampler:
         # 0xFFFFFFFF is LLAMA_DEFAULT_SEED ("pick a random one"): a given seed never maps to it.
         L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_dist(int(seed) % 0xFFFFFFFF))
 
-    def sample(self, output: int = -1) -> int:
-        """Choose the next token from the last decode's output ``output`` (and advance the grammar and penalties)."""
-        return int(self._L.llama_sampler_sample(self.chain, self._runtime.ctx, output))
+    def sample(self, output: int = -1) -> int | None:
+        """Choose the next token from the last decode's output ``output`` (and advance the grammar and penalties);
+        None when the grammar is complete and nothing else may follow (see the class)."""
+        if self.stacks is None:
+            return int(self._L.llama_sampler_sample(self.chain, self._runtime.ctx, output))
+        return self._pick(self._runtime.last_logits(output))[0]
 
-    def sample_with_probs(self, logits: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+    def sample_with_probs(self, logits: np.ndarray) -> tuple[int | None, np.ndarray, np.ndarray]:
         """Choose the next token from ``logits`` (the output's row) as :meth:`sample` does, and return what the
         chain left with it: ``(token, ids, probabilities)`` of the tokens it kept (llama-server's post-sampling
         probabilities). ``llama_sampler_sample``'s own steps over an array held here: the same token."""
+        token, kept, selected = self._pick(logits)
+        size = kept.size
+        probs = kept["p"].astype(np.float64)
+        if self.greedy:  # argmax computes no probabilities: the chain keeps that one token, as llama-server's temp 0
+            probs = np.zeros(size)
+            probs[selected] = 1.0
+        return token, kept["id"].copy(), probs
+
+    def _pick(self, logits: np.ndarray) -> tuple[int | None, np.ndarray, int]:
+        """``llama_sampler_sample``'s steps over ``logits``: the chain applied, its token accepted (None: the
+        grammar's end, nothing accepted); with the tokens the chain kept and the chosen one's index."""
         L = self._L
         data = np.zeros(logits.size, dtype=_TOKEN_DATA)
         data["id"] = np.arange(logits.size, dtype=np.int32)
@@ -131,12 +157,16 @@ class Sampler:
         raw = ctypes.cast(array.data, ctypes.POINTER(ctypes.c_uint8 * (size * _TOKEN_DATA.itemsize))).contents
         kept = np.frombuffer(bytes(raw), dtype=_TOKEN_DATA)
         token = int(kept["id"][selected])
+        if self.stacks is not None:
+            if kept["logit"][selected] == -math.inf:  # the bias and the grammar left nothing: any token would abort
+                if self.stacks.complete:
+                    return None, kept, selected
+                raise InvalidInputError("grammar", "no token of the vocabulary can continue the answer here (the "
+                                                   "grammar allows none, or only tokens logit_bias or ignore_eos bans)")
+            runtime = self._runtime
+            self.stacks.accept(token, runtime.piece(token, True), runtime.is_eog(token))
         L.llama_sampler_accept(self.chain, token)
-        probs = kept["p"].astype(np.float64)
-        if self.greedy:  # argmax computes no probabilities: the chain keeps that one token, as llama-server's temp 0
-            probs = np.zeros(size)
-            probs[selected] = 1.0
-        return token, kept["id"].copy(), probs
+        return token, kept, selected
 
     def free(self) -> None:
         """Release the chain (and the samplers it owns). Idempotent."""

@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence, TypeVar
 
 from ...errors import GenerationError
 from ...families import FAMILIES
-from ...images import ImageInput
+from ...inputs.images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
 from ..base import Backend, Execution, Generation, PreparedRequest
 from ..hf.grid import grid_tokens
@@ -167,6 +167,11 @@ class VLLMBackend(Backend):
     def vocab_size(self) -> int:
         """Rows of the language model's output layer (the width of ``return_logits``)."""
         return self.encoder.vocab_size
+
+    def prompt_text_of(self, request: GenerationRequest) -> str:
+        """The prompt as the encoder's processor renders it (the checkpoint's chat template, which vLLM renders
+        too, bounded here), so an empty one is refused before anything is sent."""
+        return self.encoder.prompt_text_of(request)
 
     def image_tokens(self, segments: Sequence[Any]) -> list[int]:
         """Prompt tokens of each image in order: prod(grid) / merge² (a fresh image: the grid of its resized size),

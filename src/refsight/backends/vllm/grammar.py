@@ -32,7 +32,7 @@ def json_schema_ebnf(schema: dict) -> str:
     Raises ValueError for a schema xgrammar cannot compile, and ImportError (naming the extra
     to install) when xgrammar is absent.
     """
-    from ...extras import require
+    from ...support.extras import require
 
     xgr = require("xgrammar", "vllm", "a JSON schema on the vLLM backend")
     # any_whitespace=False: free whitespace would let a weak model pad forever and would

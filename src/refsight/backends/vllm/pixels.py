@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from ...errors import CorruptPackageError
-from ...images import ImageInput
+from ...inputs.images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
 from ..hf.grid import grid_tokens, merge_size, resize_to_grid
 

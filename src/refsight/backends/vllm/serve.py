@@ -58,14 +58,17 @@ def resolve_model_dir(model: str) -> tuple[Path, bool]:
     raise InvalidInputError(model, f"not a model folder with config.json nor a built-in vLLM model ({', '.join(names)})")
 
 
-def encoder_cache_flag(store: str | os.PathLike, *, max_bytes: int = 0) -> list[str]:
+def encoder_cache_flag(store: str | os.PathLike, *, max_bytes: int = 0, bucket: str | None = None) -> list[str]:
     """``--ec-transfer-config`` for refsight's connector on ``store`` (``max_bytes``: the store's one quota over
-    packages and encoder outputs, 0 = none)."""
+    packages and encoder outputs, 0 = none; ``bucket``: a bucket store's ``s3://`` URL, shared by the fleet)."""
     from ...vllm_connector import CONNECTOR_CLASS, CONNECTOR_MODULE
 
+    extra: dict = {"store": str(Path(store).expanduser().resolve()), "max_bytes": int(max_bytes)}
+    if bucket:
+        extra["bucket"] = bucket
     config = {
         "ec_connector": CONNECTOR_CLASS, "ec_connector_module_path": CONNECTOR_MODULE, "ec_role": "ec_both",
-        "ec_connector_extra_config": {"store": str(Path(store).expanduser().resolve()), "max_bytes": int(max_bytes)},
+        "ec_connector_extra_config": extra,
     }
     return ["--ec-transfer-config", json.dumps(config)]
 
@@ -187,11 +190,13 @@ def start_server(
     cancel: Callable[[], bool] | None = None,
     encoder_cache: str | os.PathLike | None = None,
     encoder_cache_bytes: int = 0,
+    encoder_cache_bucket: str | None = None,
 ) -> VLLMServer | None:
     """Start vLLM for ``model`` (folder or tiny name) and return once it answers ``/v1/models``.
 
     ``encoder_cache``: a refsight store whose ``vllm-encoder/`` folder keeps vLLM's encoder
-    outputs (refsight's connector, bounded by ``encoder_cache_bytes``; 0 = no bound).
+    outputs (refsight's connector, bounded by ``encoder_cache_bytes``; 0 = no bound), shared through
+    ``encoder_cache_bucket`` (an ``s3://`` URL) when given.
     The vLLM venv must exist (``refsight vllm-env``); its output goes to ``log``
     (default: this process's stderr). Raises :class:`BackendError` if the server
     exits or does not answer within ``timeout`` seconds. When ``cancel()`` turns true
@@ -209,7 +214,7 @@ def start_server(
     env = _server_env(encoder_cache is not None, one_process)
     extra = list(extra_args)
     if encoder_cache is not None:
-        extra += encoder_cache_flag(encoder_cache, max_bytes=encoder_cache_bytes)
+        extra += encoder_cache_flag(encoder_cache, max_bytes=encoder_cache_bytes, bucket=encoder_cache_bucket)
     cmd = server_command(python, model_dir, port, tiny=tiny, image_limit=image_limit, extra=extra, one_process=one_process)
     process = subprocess.Popen(
         cmd, stdout=log or sys.stderr, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,

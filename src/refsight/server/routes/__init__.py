@@ -1,11 +1,12 @@
-"""The app's own routes, one router per group: references, judging (compare, search), service (health, stats,
+"""The app's own routes, one router per group: references, judging (compare, search), monitoring (health, stats,
 metrics), and one module per dialect: OpenAI's chat completions and models (:mod:`.openai`) and text completions
 (:mod:`.completions`), llama-server's native endpoints (:mod:`.llama_server`), Ollama's native API (:mod:`.ollama`:
-chat and generate; :mod:`.ollama_models`: the model endpoints) and Anthropic's Messages API (:mod:`.anthropic`).
+chat and generate; :mod:`.ollama_models`: the model endpoints; :mod:`.ollama_bodies`: their request bodies) and
+Anthropic's Messages API (:mod:`.anthropic`).
 
 Each module holds a module-level ``router``; its routes declare what they need
-(:mod:`refsight.server.deps`) instead of closing over it. The page (:mod:`refsight.server.page`) is a router of
-the same kind.
+(:mod:`refsight.server.deps`) instead of closing over it. The page (:mod:`.page`) is a router of the same kind,
+included when the web UI is on.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from .ollama import router as ollama_router
 from .ollama_models import router as ollama_models_router
 from .openai import router as openai_router
 from .references import router as references_router
-from .service import router as service_router
+from .monitoring import router as monitoring_router
 
 __all__ = ["ROUTERS"]
 
 #: In the order the app includes them.
 ROUTERS = (
-    service_router, references_router, judging_router, llama_server_router, completions_router, ollama_router,
+    monitoring_router, references_router, judging_router, llama_server_router, completions_router, ollama_router,
     ollama_models_router, anthropic_router, openai_router,
 )

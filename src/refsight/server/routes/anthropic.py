@@ -1,6 +1,6 @@
 """Anthropic's Messages API (``POST /v1/messages``, ``/v1/messages/count_tokens``), as llama-server serves it.
 
-A request is translated into the OpenAI chat route's messages (:mod:`..openai_parts`) and runs the
+A request is translated into the OpenAI chat route's messages (:mod:`..intake.messages`) and runs the
 same service call: the same images (a ``base64`` source is a data URL; a ``url`` source is fetched
 only where the operator allows remote media, else a 400), references, prefix states and limits.
 ``system`` (a string or text blocks) opens the conversation; a final ``assistant`` message is
@@ -12,13 +12,13 @@ temperature is given); ``metadata`` and blocks' ``cache_control`` are hints. Too
 ``tool_choice`` other than ``none``/``auto``, ``tool_use``/``tool_result`` blocks), extended
 ``thinking`` and any other field are refused by name, in Anthropic's error shape
 (``{"type": "error", "error": {"type": "invalid_request_error", "message"}}``,
-:func:`~..errors.anthropic_error_body`).
+:func:`~..edge.http_errors.anthropic_error_body`).
 
 ``stream: true`` answers with Anthropic's events: ``message_start``, ``content_block_start``,
 ``content_block_delta`` (``text_delta``), ``content_block_stop``, ``message_delta`` (the
 ``stop_reason`` and the usage) and ``message_stop``. ``message_start`` counts the prompt's text as
 the template renders it (images are counted once they are encoded: ``message_delta`` has the
-whole prompt). ``count_tokens`` is :mod:`..input_tokens`' count (llama-server's ``/chat/completions/input_tokens``
+whole prompt). ``count_tokens`` is :mod:`..intake.input_tokens`' count (llama-server's ``/chat/completions/input_tokens``
 too): a fresh image on llama.cpp, whose layout mtmd decides as it encodes, is not counted (then a lower bound).
 ``usage``: ``input_tokens`` the prompt tokens evaluated, ``cache_read_input_tokens`` those served from a stored
 reference-prefix state, ``output_tokens`` the answer's.
@@ -34,18 +34,18 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from ... import InvalidInputError
-from ..answers import Answer
-from ..bodies import Integer, Number
-from ..completion_parts import stop_type
+from ..replies.answers import Answer
+from ..intake.bodies import Integer, Number
+from ..intake.completion_parts import stop_type
 from ..deps import ConfigDep, MediaUuidsDep, Namespace, PoolDep, ServiceDep
-from ..disconnect import run_watched
-from ..errors import ERROR_RESPONSES, ApiError
-from ..generation_body import GenerationBody, check_generation
-from ..openai_parts import chat_prompt_end, prompt_end_of
-from ..input_tokens import input_tokens, template_tokens
-from ..openai_parts import ContentPart, ImageURL, Message, PartResolver, messages_to_segments
-from ..prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
-from ..streaming import EventStreamResponse, answer_events, open_stream
+from ..edge.disconnect import run_watched
+from ..edge.http_errors import ERROR_RESPONSES, ApiError
+from ..intake.generation_body import GenerationBody, check_generation
+from ..intake.messages import chat_prompt_end, prompt_end_of
+from ..intake.input_tokens import input_tokens, template_tokens
+from ..intake.messages import ContentPart, ImageURL, Message, PartResolver, messages_to_segments
+from ..intake.prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
+from ..replies.streaming import EventStreamResponse, answer_events, open_stream
 
 __all__ = ["router"]
 

@@ -2,7 +2,7 @@
 
 The prompt is raw text (no chat template added); a list of prompts is answered one after the
 other, a choice each (``index`` in the list's order, the usage summed). The generation
-fields are the chat endpoint's (:mod:`..generation_body`: OpenAI's, vLLM's and
+fields are the chat endpoint's (:mod:`..intake.generation_body`: OpenAI's, vLLM's and
 llama-server's names). ``stream: true`` answers one prompt with ``text_completion`` chunks, then
 ``data: [DONE]``. Images are not taken here (use ``/v1/chat/completions`` or llama-server's
 ``/completion``): a prompt holding the media marker is a 400.
@@ -18,15 +18,15 @@ from fastapi import APIRouter, Request
 from pydantic import Field
 
 from ...results import GenerateResult
-from ..answers import SYSTEM_FINGERPRINT, finish_reason, refsight_extra, usage
-from ..completion_parts import MAX_PROMPTS, check_raw_prompt, raw_prompt
-from ..disconnect import run_watched
+from ..replies.answers import SYSTEM_FINGERPRINT, finish_reason, refsight_extra, usage
+from ..intake.completion_parts import MAX_PROMPTS, check_raw_prompt, raw_prompt
+from ..edge.disconnect import run_watched
 from ..deps import ConfigDep, PoolDep, ServiceDep, Namespace
-from ..errors import ERROR_RESPONSES, ApiError
-from ..bodies import IntegerOrNull, StreamOptions
-from ..generation_body import GenerationBody, check_generation
-from ..logprob_fields import completion_logprobs, piece_logprobs
-from ..streaming import SSE_DONE, EventStreamResponse, PromptProgress, answer_events, open_stream, progress_hook, sse_event
+from ..edge.http_errors import ERROR_RESPONSES, ApiError
+from ..intake.bodies import IntegerOrNull, StreamOptions
+from ..intake.generation_body import GenerationBody, check_generation
+from ..replies.logprob_fields import completion_logprobs, piece_logprobs
+from ..replies.streaming import SSE_DONE, EventStreamResponse, PromptProgress, answer_events, open_stream, progress_hook, sse_event
 
 __all__ = ["router"]
 

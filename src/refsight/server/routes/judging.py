@@ -8,11 +8,11 @@ from fastapi import APIRouter, Request
 
 from ...retrieval.vectors import validate_where
 from ...requests import CompareRequest, SearchRequest
-from ..bodies import CompareBody, SearchBody, body_schema, decode_image_field, read_body
-from ..disconnect import run_watched, stop_between_steps
+from ..intake.bodies import CompareBody, SearchBody, body_schema, decode_image_field, read_body
+from ..edge.disconnect import run_watched, stop_between_steps
 from ..deps import MetricsDep, PoolDep, ProgressDep, ServiceDep, Namespace
-from ..errors import ERROR_RESPONSES, ApiError, fields_named, inputs_as_fields
-from ..progress import PROGRESS_HEADER, check_token
+from ..edge.http_errors import ERROR_RESPONSES, ApiError, fields_named, inputs_as_fields
+from ..replies.progress import PROGRESS_HEADER, check_token
 
 __all__ = ["router"]
 

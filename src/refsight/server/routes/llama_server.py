@@ -7,7 +7,7 @@ model worker), ``POST /tokenize``,
 ``/detokenize``, ``/apply-template`` (the served model's own tokenizer and chat
 template) and ``POST /completion`` (and ``/completions``, as llama-server): a raw prompt (no chat template added) with a media
 marker per image and the images in ``multimodal_data`` (base64, or a stored reference:
-:mod:`..completion_parts`), the sampling fields of :mod:`..generation_body`, ``stream``.
+:mod:`..intake.completion_parts`), the sampling fields of :mod:`..intake.generation_body`, ``stream``.
 Every field is honoured, accepted as a no-op, or refused with a 400 naming it.
 """
 
@@ -25,19 +25,19 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 from ... import __version__
 from ...results import GenerateResult
 from ...settings import torch_threads
-from ..answers import Answer
-from ..completion_parts import MAX_PROMPTS, RawPrompt, check_raw_prompt, fill_context, mixed_prompt_text, raw_prompt, stop_type
+from ..replies.answers import Answer
+from ..intake.completion_parts import MAX_PROMPTS, RawPrompt, check_raw_prompt, fill_context, mixed_prompt_text, raw_prompt, stop_type
 from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
-from ..errors import ERROR_RESPONSES, ApiError
-from ..bodies import IntegerOrNull
-from ..generation_body import GenerationBody, check_generation
-from ..logprob_fields import piece_logprobs, token_entries
-from ..openai_parts import prompt_end_of
-from ..disconnect import run_watched
-from ..openai_parts import Message, PartResolver, template_segments
-from ..prompt_limit import check_prompt_chars
-from ..streaming import EventStreamResponse, PromptProgress, answer_events, open_stream, progress_hook, sse_event
-from ..timings import TokenClock
+from ..edge.http_errors import ERROR_RESPONSES, ApiError
+from ..intake.bodies import IntegerOrNull
+from ..intake.generation_body import GenerationBody, check_generation
+from ..replies.logprob_fields import piece_logprobs, token_entries
+from ..intake.messages import prompt_end_of
+from ..edge.disconnect import run_watched
+from ..intake.messages import Message, PartResolver, template_segments
+from ..intake.prompt_limit import check_prompt_chars
+from ..replies.streaming import EventStreamResponse, PromptProgress, answer_events, open_stream, progress_hook, sse_event
+from ..replies.timings import TokenClock
 
 __all__ = ["router"]
 
@@ -215,7 +215,7 @@ class CompletionBody(GenerationBody):
 
     def raw_prompts(self, marker: str, service: Any) -> list[RawPrompt]:
         """Each prompt split at the media markers, with its images (token ids read as their text:
-        :func:`~..completion_parts.mixed_prompt_text`). Runs the tokenizer: call it off the event loop."""
+        :func:`~..intake.completion_parts.mixed_prompt_text`). Runs the tokenizer: call it off the event loop."""
         prompts = _prompts(self.prompt, service)
         if len(prompts) > 1 and self.multimodal_data is not None:
             raise ApiError(400, "invalid_input", "multimodal_data: with several prompts, give each its own in a prompt "

@@ -2,7 +2,7 @@
 
 So the ``ollama`` Python and JS libraries, LangChain's ``ChatOllama`` and every other Ollama client work
 unchanged against ``refsight serve`` (``--port 11434`` is Ollama's port). The bodies and what each
-field means are :mod:`..ollama_bodies`; the generation is the engine's, as on every other text route.
+field means are :mod:`.ollama_bodies`; the generation is the engine's, as on every other text route.
 
 ``stream`` defaults to **true**: NDJSON lines (``application/x-ndjson``), one per piece of text with
 ``done: false``, then the last with ``done: true``, ``done_reason`` and the counts and durations
@@ -15,7 +15,7 @@ Ollama's way of loading a model (``"unload"`` with ``keep_alive: 0``; the model 
 Each answer also carries refsight's own ``refsight`` object (references cached, timings; with
 ``options.num_ctx`` sent, ``num_ctx``: the context the answer had, the served one, since the context is
 fixed when the server starts). A whole answer
-(``stream: false``) stops its generation when the client leaves (:func:`..disconnect.run_watched`), as a
+(``stream: false``) stops its generation when the client leaves (:func:`..edge.disconnect.run_watched`), as a
 stream does.
 """
 
@@ -27,18 +27,18 @@ from typing import Any, AsyncIterator, Callable
 
 from fastapi import APIRouter, Request
 
-from ..completion_parts import check_raw_prompt, raw_prompt
+from ..intake.completion_parts import check_raw_prompt, raw_prompt
 from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
-from ..disconnect import run_watched
-from ..errors import ERROR_RESPONSES, ApiError
-from ..ollama_bodies import (
+from ..edge.disconnect import run_watched
+from ..edge.http_errors import ERROR_RESPONSES, ApiError
+from .ollama_bodies import (
     OllamaChatBody, OllamaGenerateBody, OllamaMessage, chat_segments, check_model, check_refused, generation,
     ollama_name, schema_of,
 )
-from ..answers import Answer, finish_reason, refsight_extra
-from ..openai_parts import PartResolver
-from ..prompt_limit import check_prompt_chars, check_prompt_tokens
-from ..streaming import NDJSON, EventStreamResponse, answer_events, ndjson_line, open_stream
+from ..replies.answers import Answer, finish_reason, refsight_extra
+from ..intake.messages import PartResolver
+from ..intake.prompt_limit import check_prompt_chars, check_prompt_tokens
+from ..replies.streaming import NDJSON, EventStreamResponse, answer_events, ndjson_line, open_stream
 from .ollama_models import model_facts
 
 __all__ = ["router", "created_at"]

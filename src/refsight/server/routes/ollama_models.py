@@ -23,9 +23,9 @@ from typing import Any
 from fastapi import APIRouter
 
 from ..deps import ServiceDep, Namespace
-from ..errors import ERROR_RESPONSES, ApiError
+from ..edge.http_errors import ERROR_RESPONSES, ApiError
 from ..model_facts import ModelDetails
-from ..ollama_bodies import OllamaShowBody, check_model, ollama_name
+from .ollama_bodies import OllamaShowBody, check_model, ollama_name
 
 __all__ = ["router", "model_facts", "OLLAMA_API_VERSION"]
 

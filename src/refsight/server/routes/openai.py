@@ -1,13 +1,13 @@
 """``POST /v1/chat/completions`` in the shape the OpenAI Python SDK sends and parses.
 
-Messages carry ``text`` and ``image_url`` parts (:mod:`..openai_parts`). An image is a
+Messages carry ``text`` and ``image_url`` parts (:mod:`..intake.messages`). An image is a
 base64 ``data:`` URL (with vLLM's ``uuid`` beside it: also remembered under that uuid;
 ``image_url: null`` with a ``uuid``: the image sent before under it), or a stored
 reference named without its bytes: ``refsight://ref/<id>`` or this server's
 ``http://HOST:PORT/v1/references/<id>/image``. References and uuids resolve in the
 caller's namespace only, so another tenant's id is a 404 exactly like an absent one.
 Other ``http(s)`` (and ``file://``) URLs are refused unless the operator opted in
-(:mod:`..remote_media`): by default the server makes no request on a client's behalf. The reply's
+(:mod:`..intake.remote_media`): by default the server makes no request on a client's behalf. The reply's
 ``refsight.media_uuids`` says what each uuid did.
 
 Conversations: ``system``/``developer``, ``user`` and ``assistant`` messages, in any
@@ -21,10 +21,10 @@ the turns. ``stream: true`` with ``return_progress: true`` sends llama-server's 
 the prompt's evaluation starts and once it is done, before the first token.
 
 ``stream: true`` answers with server-sent ``chat.completion.chunk`` events as tokens are
-generated (:mod:`..streaming`); a client that disconnects stops generation. ``model`` is
+generated (:mod:`..replies.streaming`); a client that disconnects stops generation. ``model`` is
 optional and, as llama-server ignores it, any name is served by the one model (the reply's
 ``model`` says which) unless ``strict_model_names`` makes another name a 404. Sampling
-(:mod:`..generation_body`): ``temperature`` (default 0: greedy, unlike OpenAI's 1, so answers are
+(:mod:`..intake.generation_body`): ``temperature`` (default 0: greedy, unlike OpenAI's 1, so answers are
 reproducible), ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty`` (``repeat_penalty``), ``seed``, ``stop``,
 ``frequency_penalty``, ``presence_penalty`` where the served backend honours them; pure
 hints (``cache_prompt``, ``id_slot`` ...) are accepted; any other field, or one the
@@ -36,7 +36,7 @@ tokens served from cached packages.
 ``json_schema``) is passed to the engine's constrained decoding. The answer is a standard ``chat.completion`` plus a
 ``refsight`` object (``random_weights``, ``references_cached``, ``timings_ms``); text
 from a random-weight model is labelled there, since it carries no meaning. Errors use
-OpenAI's error shape (:func:`refsight.server.errors.openai_error_body`).
+OpenAI's error shape (:func:`refsight.server.edge.http_errors.openai_error_body`).
 """
 
 from __future__ import annotations
@@ -49,21 +49,21 @@ from fastapi import APIRouter, Request
 from pydantic import Field
 
 from ... import Sampling
-from ..answers import SYSTEM_FINGERPRINT, Answer, finish_reason, refsight_extra, usage
+from ..replies.answers import SYSTEM_FINGERPRINT, Answer, finish_reason, refsight_extra, usage
 from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
-from ..bodies import IntegerOrNull, StreamOptions
-from ..generation_body import GenerationBody, check_generation
-from ..input_tokens import input_tokens
-from ..logprob_fields import chat_logprobs, piece_logprobs
-from ..errors import ERROR_RESPONSES, ApiError, inputs_as_fields
-from ..disconnect import run_watched
-from ..completion_parts import stop_type
-from ..openai_parts import Message, PartResolver, chat_prompt_end, messages_to_segments, template_segments
-from ..prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
-from ..streaming import (
+from ..intake.bodies import IntegerOrNull, StreamOptions
+from ..intake.generation_body import GenerationBody, check_generation
+from ..intake.input_tokens import input_tokens
+from ..replies.logprob_fields import chat_logprobs, piece_logprobs
+from ..edge.http_errors import ERROR_RESPONSES, ApiError, inputs_as_fields
+from ..edge.disconnect import run_watched
+from ..intake.completion_parts import stop_type
+from ..intake.messages import Message, PartResolver, chat_prompt_end, messages_to_segments, template_segments
+from ..intake.prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
+from ..replies.streaming import (
     SSE_DONE, EventStreamResponse, PromptProgress, answer_events, open_stream, progress_hook, sse_event,
 )
-from ..timings import TokenClock
+from ..replies.timings import TokenClock
 
 __all__ = ["router", "ChatBody"]
 
@@ -71,7 +71,7 @@ router = APIRouter(tags=["openai"])
 
 
 class ChatBody(GenerationBody):
-    """The OpenAI chat body (and the vLLM and llama-server fields, :mod:`..generation_body`); any other field is a 400.
+    """The OpenAI chat body (and the vLLM and llama-server fields, :mod:`..intake.generation_body`); any other field is a 400.
 
     The service builds the :class:`refsight.requests.GenerationRequest` the engine takes from what it holds."""
 
@@ -105,7 +105,7 @@ class ChatBody(GenerationBody):
 
     def check_choices(self) -> None:
         """400 naming what one answer cannot honour: several choices, the stream's own options,
-        two token bounds that differ (how the prompt ends: :func:`..openai_parts.prompt_end_of`)."""
+        two token bounds that differ (how the prompt ends: :func:`..intake.messages.prompt_end_of`)."""
         if self.n not in (None, 1):
             raise ApiError(400, "unsupported", "n: only one choice (n=1) is supported", param="n")
         if self.stream_options is not None and not self.stream:
@@ -278,7 +278,7 @@ async def chat_input_tokens(
     uuids: MediaUuidsDep,
 ) -> dict[str, int]:
     """llama-server's count of a chat's prompt tokens (``input_tokens``), images included; nothing is generated
-    (:mod:`~refsight.server.input_tokens`: a fresh image on llama.cpp counts once encoded, so not here)."""
+    (:mod:`~refsight.server.intake.input_tokens`: a fresh image on llama.cpp counts once encoded, so not here)."""
     prompt_end = chat_prompt_end(service, body.messages, body.add_generation_prompt, body.continue_final_message)
     check_prompt_chars(prompt_texts(body.messages), config.max_prompt_tokens)
     resolver = PartResolver.for_request(request, service, namespace, uuids, config)

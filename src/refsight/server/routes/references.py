@@ -11,11 +11,11 @@ from fastapi.responses import JSONResponse, Response
 
 from ...inputs.ref_ids import validate_ref_id
 from ...requests import AddRequest
-from ..auth import REF_ID_PATH as _REF_ID
-from ..bodies import AddReferenceBody, body_schema, decode_image_field, read_body
+from ..edge.auth import REF_ID_PATH as _REF_ID
+from ..intake.bodies import AddReferenceBody, body_schema, decode_image_field, read_body
 from ..deps import PoolDep, ServiceDep, Namespace
-from ..errors import ERROR_RESPONSES
-from ..responses import TextSafeJSONResponse
+from ..edge.http_errors import ERROR_RESPONSES
+from ..edge.responses import TextSafeJSONResponse
 
 __all__ = ["router"]
 

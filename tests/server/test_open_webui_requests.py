@@ -1,0 +1,99 @@
+"""Every request Open WebUI 0.12.4 sends to refsight, replayed byte for byte: each must be answered 2xx with a
+reply Open WebUI reads (issue 61).
+
+The bodies were captured from a real Open WebUI connected to ``refsight serve tiny-qwen2-vl-gguf`` through
+its Ollama and its OpenAI connection (``benchmarks/open_webui.py --save-fixtures tests/server/data/open_webui``,
+which needs Open WebUI's own venv; CI has none): its model lists, its page's chats (text, image, attached
+file: its built-in tools attached, as for every user), the tasks it runs (title, tags, follow-ups, search
+queries), and every advanced parameter at the value its UI fills in. Here they go to an in-process server
+on the same GGUF, and :func:`open_webui_replay.unreadable` reads each reply as Open WebUI's code does.
+
+Requests refsight refuses today are listed in :data:`REFUSED_TODAY` with the exact refusal: they xfail
+(strict) only while refsight answers exactly that; when a fix makes one pass, the run fails (XPASS) until its
+line is deleted, and a different refusal fails at once.
+"""
+
+from __future__ import annotations
+
+import pytest
+from runtimes import require_module
+
+from live_server import LiveServer
+from open_webui_replay import load_requests, send, unreadable
+from refsight.server import ServerConfig, create_app
+
+GGUF = "tiny-qwen2-vl-gguf"
+REQUESTS = load_requests()
+
+_TOOLS_OLLAMA = "400: tools: tool calling is not supported by refsight"
+_TOOLS_OPENAI = "400: tools: only [] (no effect) is supported"
+_UNKNOWN = "400: {}: this field is not supported by refsight"
+_THINK_OLLAMA = "400: think: thinking is not supported by refsight (send think: false or leave it out)"
+
+#: The requests refsight refuses today, by fixture name, with its refusal (see the module docstring).
+REFUSED_TODAY: dict[str, str] = {
+    # Open WebUI's page attaches its built-in tools to every chat (issue 61, items 1 and 3).
+    "ollama.chat.text": _TOOLS_OLLAMA, "ollama.chat.image": _TOOLS_OLLAMA, "ollama.chat.file": _TOOLS_OLLAMA,
+    "openai.chat.text": _TOOLS_OPENAI, "openai.chat.image": _TOOLS_OPENAI, "openai.chat.file": _TOOLS_OPENAI,
+    # Advanced parameters at their UI values, Ollama connection (in ``options``, ``think`` at the top).
+    'ollama.params.reasoning_effort="medium"': "400: options.reasoning_effort: not an option refsight knows",
+    'ollama.params.logit_bias=""': "400: options.logit_bias: not an option refsight knows",
+    "ollama.params.repeat_last_n=64": "400: options.repeat_last_n: only -1 (no effect) is supported",
+    "ollama.params.think=true": _THINK_OLLAMA, 'ollama.params.think="medium"': _THINK_OLLAMA,
+    # OpenAI connection: Open WebUI sends every parameter at the top level, Ollama's included.
+    'openai.params.reasoning_effort="medium"': _UNKNOWN.format("reasoning_effort"),
+    'openai.params.logit_bias=""': "400: logit_bias.dict[str,union[float,bool]]: Input should be a valid "
+                                   "dictionary; logit_bias.list[list[any]]: Input should be a valid list",
+    "openai.params.max_tokens=-1": "400: max_tokens: Input should be greater than or equal to 1",
+    "openai.params.repeat_last_n=64": "400: repeat_last_n: only -1 (no effect) is supported",
+    **{f"openai.params.{field}": _UNKNOWN.format(field.split("=")[0]) for field in (
+        "mirostat_eta=0.1", "mirostat_tau=5", "use_mmap=true", "use_mlock=true", "think=true", 'think="medium"',
+        "think=false", 'format="json"', "num_keep=24", "num_ctx=2048", "num_batch=512", "num_thread=2",
+        "num_gpu=0", 'keep_alive="5m"')},
+}
+
+
+class StillRefused(AssertionError):
+    """refsight refuses the request exactly as :data:`REFUSED_TODAY` records (the only xfail accepted)."""
+
+
+def _cases() -> list:
+    cases = []
+    for request in REQUESTS:
+        refusal = REFUSED_TODAY.get(request["name"])
+        marks = [pytest.mark.xfail(strict=True, raises=StillRefused, reason=(
+            f"refsight refuses it today ({refusal}); when a fix makes it pass, delete its REFUSED_TODAY line"))
+        ] if refusal else []
+        cases.append(pytest.param(request, id=request["name"], marks=marks))
+    return cases
+
+
+#: The answer's bound where a body names none (llama-server's ``-n``): a deployment's setting, not the body's,
+#: kept short so the replay stays cheap (random weights rarely end a text early).
+N_PREDICT = 16
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    """One in-process server on the tiny GGUF for every request (the model loads once)."""
+    require_module("llama_cpp.mtmd_cpp", "pip install 'refsight[llamacpp]'")
+    from refsight.builtin_models.gguf import ensure_gguf
+
+    ensure_gguf(GGUF)
+    config = ServerConfig(store=tmp_path_factory.mktemp("store"), model=GGUF, keys={}, n_predict=N_PREDICT)
+    server = LiveServer(create_app(config)).start()
+    yield server
+    server.stop()
+
+
+def test_every_refusal_today_names_a_captured_request():
+    assert set(REFUSED_TODAY) <= {request["name"] for request in REQUESTS}
+
+
+@pytest.mark.parametrize("request_", _cases())
+def test_open_webui_request_is_answered_as_open_webui_reads_it(live, request_):
+    with live.client(timeout=300) as client:
+        problem = unreadable(request_, send(client, request_))
+    if problem is not None and problem == REFUSED_TODAY.get(request_["name"]):
+        raise StillRefused(problem)
+    assert problem is None, f"{request_['method']} {request_['path']} ({request_['kind']}): {problem}"
