@@ -158,3 +158,8 @@ def test_every_detected_format_but_dots1_renders_and_an_undetected_one_is_refuse
     for source, words in (("{{ messages }}", "none of llama.cpp's built-in formats"), ("<|endofuserprompt|>", "'dots1'")):
         with pytest.raises(ValueError, match=words):
             builtin_format(source)
+
+
+def test_no_jinja_on_a_runtime_that_renders_no_template_here_is_refused_naming_the_flag(capsys, tmp_path):
+    assert main(["serve", "toy", "--no-jinja", "--store", str(tmp_path / "s"), "--port", "1"]) == 2
+    assert "refsight: error: --no-jinja: toy does not render its chats here" in capsys.readouterr().err

@@ -114,9 +114,10 @@ def _use_template(backend: Backend, template: str | None, *, jinja: bool) -> Non
     it cannot."""
     try:
         if not jinja:
-            source = template if template is not None else backend.chat_template_source()
+            # llama.cpp formats a model without a template of its own as ChatML (llama_chat_apply_template's default)
+            source = template if template is not None else backend.chat_template_source() or "chatml"
             try:
-                template = builtin_format(source or "")
+                template = builtin_format(source)
             except ValueError as e:
                 raise InvalidInputError("jinja", str(e)) from None
         backend.use_chat_template(template)

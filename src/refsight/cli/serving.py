@@ -187,10 +187,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     keys = api_keys(args)
     # A template is tried at load (compiled, rendered once under the renders' bounds): one that cannot serve, or one
     # no built-in format matches without Jinja, is one line naming the flag that gave it, exit 2.
-    if options.chat_template is not None:
-        flag = "--chat-template" if args.chat_template_file is None else f"--chat-template-file {args.chat_template_file}"
-        args.fields = {**args.fields, "chat_template": flag}
-    args.fields = {**args.fields, "jinja": "--no-jinja"}
+    flag = "--chat-template" if args.chat_template_file is None else f"--chat-template-file {args.chat_template_file}"
+    args.fields = {**args.fields, "chat_template": flag if options.chat_template is not None else "--no-jinja",
+                   "jinja": "--no-jinja"}
     log_table_flags(verdicts)
     apply_environment(args)
     # N slots need N requests reaching the model at once, and -np 1 is one slot (llama-server's /slots).
