@@ -120,6 +120,8 @@ $SUITE_SELECT (a file of test ids, one a line), only those tests run; each outco
 import os
 import sys
 
+import pytest
+
 _PROGRESS = os.fdopen(os.dup(2), "w")  # the real stderr, before pytest captures it
 _DONE = [0]
 
@@ -130,6 +132,7 @@ def pytest_sessionstart(session):
         utils.ServerPreset.load_all = staticmethod(lambda: None)
 
 
+@pytest.hookimpl(trylast=True)  # after -m "not slow" has deselected its tests: the count is of those that run
 def pytest_collection_modifyitems(config, items):
     select = os.environ.get("SUITE_SELECT")
     if select:
@@ -261,11 +264,11 @@ def compare(results: dict[str, dict[str, dict]]) -> dict:
     return {**totals, "gap_share": None if share is None else round(share, 4), "by_file": by_file, "gaps": gaps}
 
 
-def real_server(choice: str) -> tuple[Path, str]:
-    """The llama-server binary the real side runs and how the line names it: an sdist's (built when missing)
-    or a path."""
+def real_server(choice: str, *, runs: bool) -> tuple[Path, str]:
+    """The llama-server binary the real side runs (an sdist's, built when missing, or a path; none when it does not
+    run) and how the line names it."""
     if choice in SDISTS:
-        return ensure_llama_server(SDISTS[choice]), SDISTS[choice].label
+        return (ensure_llama_server(SDISTS[choice]) if runs else Path()), SDISTS[choice].label
     binary = Path(choice).expanduser()
     if not binary.is_file():
         raise SystemExit(f"--llama-server {choice}: neither {', '.join(SDISTS)} nor a llama-server binary")
@@ -294,7 +297,8 @@ def run(args: argparse.Namespace) -> tuple[dict, dict[str, dict]]:
     """Both sides' outcomes (or those asked for) and how the line names the real server."""
     from refsight.builtin_models.gguf import ensure_gguf
 
-    binary, label = real_server(args.llama_server) if args.only != "refsight" else (Path(), "")
+    runs = args.only != "refsight" and args.llama_server_outcomes is None
+    binary, label = real_server(args.llama_server, runs=runs)
     model, mmproj = ensure_gguf(args.model)
     with tempfile.TemporaryDirectory(prefix="llama-suite-") as tmp:
         work = Path(tmp)
