@@ -38,7 +38,8 @@ REAL_DEMO_MODEL = "hf:HuggingFaceTB/SmolVLM-256M-Instruct"
 #: steps, not ~220 byte-sized ones: :mod:`refsight.builtin_models.shape_vocab`), so the demo stays quick on a laptop's CPU.
 FALLBACK_DEMO_MODEL = "shape-smolvlm-256m"
 #: One 512×512 tile per image (SmolVLM-256M's tile size): a few seconds an encode on 2 CPU cores, where the
-#: model's default tiling (up to 4×4 tiles and a global one) costs ~17× that (docs/benchmarks.md#image-cost).
+#: model's default tiling (up to 4×4 tiles and a global one) costs ~10× that and 13× the image tokens
+#: (docs/benchmarks.md#image-cost).
 FALLBACK_MAX_PIXELS = 512 * 512
 #: The options the demo encodes with, per model: written into the demo's store (its ``refsight.toml``), so the
 #: ``refsight serve --store …`` line it prints, and every other command on that store, encodes the same way and
