@@ -436,5 +436,11 @@ class Backend(TextAccess, abc.ABC):
         """How this backend runs, for people (``/v1/models``, ``/props``, the serve start-up line). Default: nothing."""
         return {}
 
+    def weights_info(self) -> dict[str, Any]:
+        """What its weights are, as Ollama's model endpoints report them: ``parameter_count`` (the language model's
+        and vision tower's weights, where known) and ``quantization`` (``F32``, ``BF16``, ``Q4_K_M`` ...). Default:
+        nothing known."""
+        return {}
+
     def close(self) -> None:
         """Release resources (models, threads). Idempotent."""

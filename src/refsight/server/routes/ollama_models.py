@@ -29,7 +29,7 @@ from ..edge.http_errors import ERROR_RESPONSES, ApiError
 from ..model_facts import ModelDetails
 from .ollama_bodies import OllamaShowBody, check_model, ollama_name
 
-__all__ = ["router", "model_facts", "OLLAMA_API_VERSION"]
+__all__ = ["router", "model_facts", "human_number", "OLLAMA_API_VERSION"]
 
 router = APIRouter(tags=["ollama"])
 #: The Ollama API version whose shapes these routes answer in (clients compare it to enable features).
@@ -43,14 +43,27 @@ def model_facts(service: Any) -> dict[str, Any]:
     model = service.model_details()
     if model.ollama_model is not None:
         return model.ollama_model
-    arch = model.arch
+    arch, count = model.arch, model.weights.get("parameter_count")
+    # The params a request gets when it sets none: the runtime's sampling defaults and the context it was started with.
+    params = {**service.sampling_defaults, **({"num_ctx": service.context_size} if service.context_size else {})}
     return {
         "name": ollama_name(service), "digest": model.digest, "size": sum(p.stat().st_size for p in model.files),
-        "modified_at": datetime.fromtimestamp(0, timezone.utc).isoformat(),
+        "modified_at": datetime.fromtimestamp(model.modified or 0, timezone.utc).isoformat(),
         "details": {"parent_model": "", "format": "gguf" if arch else "refsight", "family": arch or model.name,
-                    "families": [arch or model.name], "parameter_size": "", "quantization_level": ""},
-        "template": None, "system": None, "params": {},
+                    "families": [arch or model.name], "parameter_size": human_number(count) if count else "",
+                    "quantization_level": model.weights.get("quantization", "")},
+        "template": None, "system": None, "params": params,
     }
+
+
+def human_number(count: int) -> str:
+    """A parameter count as Ollama writes ``parameter_size`` (its ``format.HumanNumber``): ``8B``, ``2.2B``,
+    ``256.15M``, ``12K``."""
+    for unit, scale, decimals in (("B", 1e9, 1), ("M", 1e6, 2), ("K", 1e3, 0)):
+        if count >= scale:
+            number = count / scale
+            return f"{number:.0f}{unit}" if number == int(number) else f"{number:.{decimals}f}{unit}"
+    return str(count)
 
 
 def _entry(service: Any) -> dict[str, Any]:
