@@ -32,7 +32,7 @@ from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
 from ..edge.disconnect import run_watched
 from ..edge.http_errors import ERROR_RESPONSES, ApiError
 from .ollama_bodies import (
-    OllamaChatBody, OllamaGenerateBody, OllamaMessage, chat_segments, check_model, check_refused, generation,
+    OllamaChatBody, OllamaGenerateBody, OllamaMessage, chat_segments, check_refused, check_requested_model, generation,
     ollama_name, schema_of,
 )
 from ..replies.answers import Answer, finish_reason, refsight_extra
@@ -162,7 +162,7 @@ async def chat(
     uuids: MediaUuidsDep,
 ) -> Any:
     """Ollama's chat: ``messages`` (with ``images``) in the model's chat template; NDJSON unless ``stream: false``."""
-    check_model(body.model, service)
+    check_requested_model(body.model, service)
     check_refused(body)
     if not body.messages:
         return _loaded(service, "message", body.keep_alive)
@@ -197,7 +197,7 @@ async def generate(
 ) -> Any:
     """Ollama's completion of ``prompt`` (with ``images`` and ``system``) in the model's chat template, or
     ``raw``: the prompt as given, one media marker per image (``GET /props``' ``media_marker``)."""
-    check_model(body.model, service)
+    check_requested_model(body.model, service)
     check_refused(body)
     _check_generate(body)
     if not body.prompt and not body.images:

@@ -31,7 +31,7 @@ from ..intake.messages import PartResolver
 
 __all__ = [
     "OllamaMessage", "OllamaChatBody", "OllamaGenerateBody", "OllamaShowBody", "OPTION_FIELDS", "RUNTIME_HINTS",
-    "ollama_name", "check_model", "check_refused", "check_num_ctx", "generation", "schema_of", "chat_segments",
+    "ollama_name", "check_model", "check_requested_model", "check_refused", "check_num_ctx", "generation", "schema_of", "chat_segments",
 ]
 
 #: Ollama's option → the :class:`~..intake.generation_body.GenerationBody` field that carries it.
@@ -115,6 +115,14 @@ def ollama_name(service: Any) -> str:
     if name.startswith("ollama:"):
         name = name[len("ollama:"):]
     return name if ":" in name.rsplit("/", 1)[-1] else name + _LATEST
+
+
+def check_requested_model(model: str, service: Any) -> None:
+    """A generation's ``model`` by the rule every generation route follows (``/v1``, llama-server's, Ollama's): any
+    name is answered by the served model, the reply's ``model`` saying which, unless ``--strict-model-name`` makes
+    another name a 404. A lookup by name (``/api/show``, ``GET /v1/models/{id}``) is always exact."""
+    if service.config.strict_model_names:
+        check_model(model, service)
 
 
 def check_model(model: str, service: Any) -> None:
