@@ -152,6 +152,9 @@ class Backend(TextAccess, abc.ABC):
     #: What a served request gets for the sampling fields it leaves unset: its runtime's server defaults (llama.cpp:
     #: llama-server's; an Ollama model: Ollama's under its params). A library :class:`Sampling` is as written.
     sampling_defaults: Mapping[str, Any] = MappingProxyType({})
+    #: What its weights are, as Ollama's model endpoints report them (``/api/show``): ``parameter_count`` and
+    #: ``quantization`` (``F32``, ``BF16``, ``Q4_K_M`` ...), where known.
+    weights: Mapping[str, Any] = MappingProxyType({})
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -436,11 +439,6 @@ class Backend(TextAccess, abc.ABC):
         """How this backend runs, for people (``/v1/models``, ``/props``, the serve start-up line). Default: nothing."""
         return {}
 
-    def weights_info(self) -> dict[str, Any]:
-        """What its weights are, as Ollama's model endpoints report them: ``parameter_count`` (the language model's
-        and vision tower's weights, where known) and ``quantization`` (``F32``, ``BF16``, ``Q4_K_M`` ...). Default:
-        nothing known."""
-        return {}
 
     def close(self) -> None:
         """Release resources (models, threads). Idempotent."""

@@ -76,7 +76,7 @@ class ModelDetails:
     chat_template: str | None
     #: An ``ollama:`` model's own facts (read from Ollama's store: digest, size, details, template, params), else None.
     ollama_model: dict[str, Any] | None
-    #: What its weights are (:meth:`~refsight.backends.base.Backend.weights_info`): ``parameter_count``, ``quantization``.
+    #: What its weights are (:attr:`~refsight.backends.base.Backend.weights`): ``parameter_count``, ``quantization``.
     weights: dict[str, Any]
     #: When its files last changed (seconds since the epoch; the newest of the files its fingerprint hashes), else None.
     modified: float | None
@@ -89,7 +89,7 @@ class ModelDetails:
             name=backend.name, digest=backend.fingerprint().digest, arch=getattr(backend, "arch", None),
             files=tuple(p for p in files if p is not None), device=getattr(backend, "device", "cpu"),
             chat_template=backend.chat_template_source(), ollama_model=getattr(backend, "ollama_model", None),
-            weights=dict(backend.weights_info()), modified=_modified(backend.fingerprint_sources()),
+            weights=dict(backend.weights), modified=_modified(backend.fingerprint_sources()),
         )
 
 

@@ -230,7 +230,8 @@ class HFBackend(Backend):
 
     # ------------------------------------------------------------------- encode
 
-    def weights_info(self) -> dict[str, Any]:
+    @property
+    def weights(self) -> dict[str, Any]:
         """The checkpoint's parameters, counted, and its dtype in GGUF's words (``F32``, ``BF16``)."""
         count = sum(p.numel() for p in self.model.parameters())
         short = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}

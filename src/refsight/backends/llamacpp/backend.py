@@ -43,7 +43,7 @@ from ..turns import split_final_turn
 from ...sampling import OUTPUT_FIELDS, SAMPLING_FIELDS, TOKEN_FIELDS
 from . import package_format as fmt
 from .grammar import check_grammar, schema_to_gbnf
-from .native import GGUF_FILE_TYPES, Bitmap, LlamaRuntime, RuntimeSettings, llama_cpp_version
+from .native import Bitmap, LlamaRuntime, RuntimeSettings, llama_cpp_version
 from .prompt import chat_template, render_prompt
 from .sampler import eog_tokens
 
@@ -101,6 +101,7 @@ class LlamaCppBackend(Backend):
             self.arch = self.runtime.meta("general.architecture") or "unknown"
             self.model_id = model_id or self.runtime.meta("general.name") or self.model_path.stem
             self._template = self.runtime.chat_template()
+            self.weights = fmt.weights_of(self.runtime.n_params, self.runtime.meta("general.file_type"))
             self._fingerprint = fmt.make_fingerprint(
                 arch=self.arch,
                 model_id=self.model_id,
@@ -238,13 +239,6 @@ class LlamaCppBackend(Backend):
     def runtime_info(self) -> dict[str, Any]:
         """llama.cpp's threads (``--threads``/``-t``, else every core: it runs one thread team at a time)."""
         return {"llama_threads": self.runtime.settings.threads()}
-
-    def weights_info(self) -> dict[str, Any]:
-        """The language model's parameters (llama.cpp's count) and the GGUF's file type (``Q4_K_M``, ``F16`` ...)."""
-        with self._lock:
-            count, file_type = self.runtime.parameter_count(), self.runtime.meta("general.file_type")
-        kind = GGUF_FILE_TYPES.get(int(file_type)) if file_type is not None and file_type.isdigit() else None
-        return {"parameter_count": count, **({"quantization": kind} if kind else {})}
 
     def count_text_tokens(self, text: str) -> int:
         """The exact number of tokens the model's own vocabulary makes of ``text`` (special tokens not parsed)."""

@@ -48,11 +48,6 @@ INVARIANT_STEP_ROWS = 3
 #: their products go through llamafile's tinyBLAS from 2 rows up (``n < 2`` in llamafile/sgemm.cpp) and
 #: ggml's dot products below, so only a call of one sequence gives a sequence's lone numbers.
 FLOAT_FILE_TYPES = frozenset({0, 1, 32})
-#: ``general.file_type`` (llama.h's ``llama_ftype``) in the words Ollama reports it (``quantization_level``).
-GGUF_FILE_TYPES = {
-    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S",
-    12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K", 32: "BF16",
-}
 #: Each sequence's context when none is asked for (or the model's trained context, when that is smaller).
 DEFAULT_N_CTX = 4096
 
@@ -176,6 +171,7 @@ class LlamaRuntime:
             self.vocab = L.llama_model_get_vocab(self.model)
             self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
             self.n_embd_inp = int(L.llama_model_n_embd_inp(self.model))
+            self.n_params = int(L.llama_model_n_params(self.model))  # the language model's (Ollama's parameter_size)
             file_type = self.meta("general.file_type")
             #: the most sequences a decode call may carry with each getting its lone numbers (:mod:`.slots`)
             self.invariant_step_rows = 1 if file_type is None or int(file_type) in FLOAT_FILE_TYPES else INVARIANT_STEP_ROWS
@@ -238,10 +234,6 @@ class LlamaRuntime:
         buf = ctypes.create_string_buffer(4096)
         n = self._L.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
-
-    def parameter_count(self) -> int:
-        """The language model's parameter count (llama.cpp's ``llama_model_n_params``)."""
-        return int(self._L.llama_model_n_params(self.model))
 
     def chat_template(self) -> str | None:
         """The chat template stored in the GGUF, if any."""
