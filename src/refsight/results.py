@@ -200,11 +200,14 @@ class GenerateResult:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields (``logprobs`` by :meth:`TokenLogprob.to_dict`, and only when the request asked for them)."""
-        data = asdict(replace(self, logprobs=None))
-        del data["logprobs"]
+        """JSON-ready fields (``logprobs`` by :meth:`TokenLogprob.to_dict`, and only when the request asked for them;
+        ``tool_calls`` only when the answer made some: ``id``, ``name``, ``arguments``)."""
+        data = asdict(replace(self, logprobs=None, tool_calls=()))
+        del data["logprobs"], data["tool_calls"]
         if self.logprobs is not None:
             data["logprobs"] = [lp.to_dict() for lp in self.logprobs]
+        if self.tool_calls:
+            data["tool_calls"] = [asdict(call) for call in self.tool_calls]
         return data
 
 
