@@ -80,18 +80,20 @@ EMITTED = [
                "days:3}<tool_call|>", "", [("get_current_temperature", {**PARIS, "days": 3})]),
 ]
 
+IDS = [f"{name}-{i}" for i, (name, *_) in enumerate(EMITTED)]
+
 
 def _read(name: str, answer: str, use: ToolUse = USE) -> tuple[str, list[tuple[str, dict]]]:
     text, calls = ToolReader(use, format_named(name)).finish(answer)
     return text, [(call.name, json.loads(call.arguments)) for call in calls]
 
 
-@pytest.mark.parametrize(("name", "answer", "text", "calls"), EMITTED, ids=[f"{e[0]}-{i}" for i, e in enumerate(EMITTED)])
+@pytest.mark.parametrize(("name", "answer", "text", "calls"), EMITTED, ids=IDS)
 def test_each_format_reads_what_its_models_emit(name, answer, text, calls):
     assert _read(name, answer) == (text, calls)
 
 
-@pytest.mark.parametrize(("name", "answer", "text", "calls"), EMITTED, ids=[f"{e[0]}-{i}" for i, e in enumerate(EMITTED)])
+@pytest.mark.parametrize(("name", "answer", "text", "calls"), EMITTED, ids=IDS)
 def test_streamed_piece_by_piece_the_answer_reads_as_it_does_whole(name, answer, text, calls):
     pieces, sent = [], []
     reader = ToolReader(USE, format_named(name))
@@ -218,7 +220,8 @@ def test_the_real_templates_render_the_tools_the_call_and_its_result(name, call,
 
 def test_transformers_renders_tools_as_apply_chat_template_hands_them_over():
     """The transformers flavour's messages: parts for text, a tool result's content as its text, the tool fields."""
-    messages = chat_messages(["Weather?", "", '{"temperature": 21}'], [("user", 1), ("assistant", 1), ("tool", 1)], TOOLS)
+    turns = [("user", 1), ("assistant", 1), ("tool", 1)]
+    messages = chat_messages(["Weather?", "", '{"temperature": 21}'], turns, TOOLS)
     assert messages[2] == {"role": "tool", "content": '{"temperature": 21}', "tool_call_id": CALL.id,
                            "name": "get_current_temperature"}
     assert messages[1]["tool_calls"][0]["function"]["arguments"] == PARIS  # an object, as transformers takes it

@@ -266,14 +266,14 @@ class Engine:
     def chat(
         self, request: GenerationRequest | Sequence[str | ReferenceSegment | ImageSource], /, *,
         on_text: Callable[[str], None] | None = None, stop_event: threading.Event | None = None,
-        on_prompt: Callable[[int, int, int], None] | None = None, on_tool_call: Callable[[ToolCall], None] | None = None,
-        **options: Any) -> GenerateResult:
+        on_prompt: Callable[[int, int, int], None] | None = None,
+        on_tool_call: Callable[[ToolCall], None] | None = None, **options: Any) -> GenerateResult:
         """Generate from segments in order: text (``str``), :class:`ReferenceSegment`, or an image.
 
         ``request`` is a :class:`~refsight.requests.GenerationRequest`, or the segments with the request's
         fields as keywords: ``max_new_tokens`` (64), ``json_schema``, ``sampling``, ``turns``,
-        ``raw_prompt``, ``max_prompt_tokens``, ``use_cache``, ``prefix_states``, ``model``, ``namespace``, ``prompt_end``,
-        ``tools``, ``tool_turns``.
+        ``raw_prompt``, ``max_prompt_tokens``, ``use_cache``, ``prefix_states``, ``model``, ``namespace``,
+        ``prompt_end``, ``tools``, ``tool_turns``.
 
         References come from their durable packages, other images through the package cache under the
         engine's ``remember_images`` policy (:mod:`refsight.settings.remembering`: candidates in memory only, or

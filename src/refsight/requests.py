@@ -185,7 +185,8 @@ class GenerationRequest:
     assistant turn). ``tools`` (a :class:`~refsight.tools.ToolUse`) offers the model functions, rendered by its chat
     template, the answer read into calls (a forced call, ``tool_choice`` ``required`` or named, is its ``json_schema``);
     ``tool_turns`` has each turn's tool fields (an assistant turn's calls, a tool result's call id; None: none).
-    ``use_cache`` / ``prefix_states``, ``model`` and ``namespace`` become the request context at the engine's front door.
+    ``use_cache`` / ``prefix_states``, ``model`` and ``namespace`` become the request context at the engine's front
+    door.
 
     What the engine (or a pipeline) sets as it resolves the prompt: ``prefix_segments``, how many
     leading segments depend only on the references (0: none), and ``prefix_cache``, where a backend
@@ -215,7 +216,8 @@ class GenerationRequest:
     tool_turns: Sequence[ToolTurn | None] | None = None
 
     def __post_init__(self) -> None:
-        # The order errors are found in: the token bound, the prompt's end, its texts, the tools, the schema, the sampling.
+        # The order errors are found in: the token bound, the prompt's end, its texts, the tools, the schema, the
+        # sampling.
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise InvalidInputError("max_new_tokens", f"must be a positive integer, not {self.max_new_tokens!r}")
         check_prompt_end(self.prompt_end, self.raw_prompt)
@@ -250,7 +252,8 @@ class GenerationRequest:
 
     @property
     def chat_tools(self) -> ChatTools | None:
-        """What the chat template is given about tools (its ``tools`` variable, the turns' tool fields); None: nothing."""
+        """What the chat template is given about tools (its ``tools`` variable, the turns' tool fields); None:
+        nothing."""
         if self.tools is None and not self.tool_turns:
             return None
         return ChatTools(self.tools, tuple(self.tool_turns or ()))

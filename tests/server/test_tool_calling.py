@@ -100,7 +100,8 @@ def test_a_streamed_required_call_arrives_as_one_delta(live):
 def test_tool_choice_none_renders_the_tools_and_answers_in_text(live):
     client = _openai(live)
     for choice in ("none", "auto"):  # random weights: the model never calls by itself, and nothing is guessed
-        answer = client.chat.completions.create(model="any", messages=ASK, tools=TOOLS, tool_choice=choice, max_tokens=8)
+        answer = client.chat.completions.create(model="any", messages=ASK, tools=TOOLS, tool_choice=choice,
+                                                max_tokens=8)
         assert answer.choices[0].message.tool_calls is None and answer.choices[0].finish_reason in ("stop", "length")
     assert '"name": "get_weather"' in _rendered(live, ASK)
 
@@ -119,6 +120,7 @@ def test_an_image_chat_with_tools_is_answered_in_plain_text(live):
 def test_the_ollama_library_reads_calls_and_sends_results(live):
     ollama = require_module("ollama", "pip install ollama")
     client = ollama.Client(host=live.url)
+    assert "tools" in client.show(GGUF).capabilities  # the template teaches a call format
     options = {"num_predict": TOKENS}
     answer = client.chat(model=GGUF, messages=ASK, tools=TOOLS, format=CALL_SCHEMA, options=options)
     (call,) = answer.message.tool_calls
@@ -168,7 +170,8 @@ def test_a_langchain_agent_calls_the_tool_and_reads_its_result(live):
 
     # The agent's loop: the model asks for the tool (constrained to a call by format), the tool runs, its result goes
     # back, the model answers.
-    calling = ChatOllama(model=GGUF, base_url=live.url, format=CALL_SCHEMA, num_predict=TOKENS).bind_tools([get_weather])
+    calling = ChatOllama(model=GGUF, base_url=live.url, format=CALL_SCHEMA, num_predict=TOKENS)
+    calling = calling.bind_tools([get_weather])
     messages = [HumanMessage("What is the weather in Paris?")]
     asked = calling.invoke(messages)
     (call,) = asked.tool_calls

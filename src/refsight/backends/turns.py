@@ -66,8 +66,8 @@ def check_prompt_form(backend: Any, i: int, request: Any) -> None:
     if any(not isinstance(s, str) for s in segments[len(segments) - int(turns[-1][1]):]):
         raise InvalidInputError("prompt_end", "the continued assistant turn takes text only")
     if request.tool_turns and request.tool_turns[-1] is not None and request.tool_turns[-1].calls:
-        raise InvalidInputError("messages", "cannot continue an assistant message that holds tool calls (llama-server's "
-                                "rule): send its result as a tool message")
+        raise InvalidInputError("messages", "cannot continue an assistant message that holds tool calls "
+                                "(llama-server's rule): send its result as a tool message")
 
 
 def split_final_turn(

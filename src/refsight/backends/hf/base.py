@@ -310,8 +310,8 @@ class HFBackend(Backend):
         raise InvalidInputError("messages", f"{self.family or self.name} renders a single user turn only")
 
     def build_prompt(
-        self, segments: Sequence[str | VisualPackage], turns: list[tuple[str, int]] | None = None, generation_prompt: bool = True,
-        tools: Any = None,
+        self, segments: Sequence[str | VisualPackage], turns: list[tuple[str, int]] | None = None,
+        generation_prompt: bool = True, tools: Any = None,
     ) -> str:
         """The full prompt text of one request whose images are all packages by now.
 

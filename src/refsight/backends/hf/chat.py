@@ -2,9 +2,9 @@
 
 ``ProcessorMixin.apply_chat_template(processor, messages, tokenize=False, ...)`` resolves the processor's template
 (its ``default`` where it holds several), and renders it with the conversation, ``tools`` and ``documents`` (None
-when no tool is offered), ``add_generation_prompt`` and the tokenizer's special tokens (``bos_token``, ``eos_token`` ...), all as plain
-data. :func:`render_chat` gives the template exactly that, in the renderer's ``transformers`` flavour (the
-environment transformers compiles templates in), so the text is the same byte for byte
+when no tool is offered), ``add_generation_prompt`` and the tokenizer's special tokens (``bos_token``,
+``eos_token`` ...), all as plain data. :func:`render_chat` gives the template exactly that, in the renderer's
+``transformers`` flavour (the environment transformers compiles templates in), so the text is the same byte for byte
 (``tests/backends/test_template_renders.py`` holds every built-in family to it) but never runs in this process.
 """
 
@@ -19,9 +19,9 @@ __all__ = ["chat_messages", "render_chat", "resolved_template"]
 
 
 def chat_messages(segments: list[Any], turns: list[tuple[str, int]] | None, tools: Any = None) -> list[dict[str, Any]]:
-    """Chat messages with content parts: text as ``{"type": "text"}``, anything else (an image) as ``{"type": "image"}``;
-    a tool result's content as its text (the templates write it as a string, as transformers' examples send it), and
-    each message's tool fields from ``tools`` (a :class:`~refsight.tools.ChatTools`)."""
+    """Chat messages with content parts: text as ``{"type": "text"}``, anything else (an image) as
+    ``{"type": "image"}``; a tool result's content as its text (the templates write it as a string, as transformers'
+    examples send it), and each message's tool fields from ``tools`` (a :class:`~refsight.tools.ChatTools`)."""
     turns = turns or [("user", len(segments))]
     messages, start = [], 0
     for i, (role, count) in enumerate(turns):

@@ -270,11 +270,11 @@ class GenericBackend(HFBackend):
         return str(package.metadata["placeholder"])
 
     def build_prompt(
-        self, segments: Sequence[str | VisualPackage], turns: list[tuple[str, int]] | None = None, generation_prompt: bool = True,
-        tools: Any = None,
+        self, segments: Sequence[str | VisualPackage], turns: list[tuple[str, int]] | None = None,
+        generation_prompt: bool = True, tools: Any = None,
     ) -> str:
-        """The checkpoint's chat template over the turns (``generation_prompt``: with the opening of the answer's
-        turn; ``tools``: a :class:`~refsight.tools.ChatTools`), each image token replaced by its package's placeholder."""
+        """The checkpoint's chat template over the turns (``generation_prompt``: the answer's turn opened;
+        ``tools``: a :class:`~refsight.tools.ChatTools`), each image token replaced by its package's placeholder."""
         packages = [s for s in segments if isinstance(s, VisualPackage)]
         text = self._render(list(segments), turns, generation_prompt, tools)
         pieces = text.split(self.image_token)

@@ -290,7 +290,8 @@ class LlamaCppBackend(Backend):
         text as given (without the BOS, which is no text of the caller's)."""
         if request.raw_prompt:
             return super().prompt_text_of(request)
-        return self.prompt_text(request.segments, request.turns, prompt_end=request.prompt_end, tools=request.chat_tools)
+        tools = request.chat_tools
+        return self.prompt_text(request.segments, request.turns, prompt_end=request.prompt_end, tools=tools)
 
     def prepare(self, requests: list[GenerationRequest], grammars: list[Any]) -> list[PreparedRequest]:
         """The base's, then each request's prompt rendered and its prefix planned: here, before the runtime's lock

@@ -166,8 +166,8 @@ def plan_prefix(backend: Any, request: Any, template: str) -> PromptPrefix | Non
     head = list(request.segments[:n_segments])
     if any(isinstance(s, ImageInput) for s in head) or not any(isinstance(s, VisualPackage) for s in head):
         return None
-    # Rendered with the request's tools (a template may write them before the references).
-    text = render_prefix(partial(backend.prompt_text, tools=request.chat_tools), request.segments, request.turns, n_segments)
+    render = partial(backend.prompt_text, tools=request.chat_tools)  # a template may write the tools before them
+    text = render_prefix(render, request.segments, request.turns, n_segments)
     if text is None:
         return None
     packages = [s for s in head if isinstance(s, VisualPackage)]

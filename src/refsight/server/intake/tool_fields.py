@@ -27,7 +27,8 @@ from ...tools import TOOL_CHOICES, ChatTools, ToolCall, ToolTurn, ToolUse
 from ..edge.http_errors import ApiError
 
 __all__ = [
-    "openai_tool_use", "anthropic_tool_use", "tool_turns_of", "check_tools", "chat_tools_of", "history_call", "tool_texts",
+    "openai_tool_use", "anthropic_tool_use", "tool_turns_of", "check_tools", "chat_tools_of", "history_call",
+    "tool_texts",
 ]
 
 

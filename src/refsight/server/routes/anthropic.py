@@ -19,10 +19,10 @@ shape (``{"type": "error", "error": {"type": "invalid_request_error", "message"}
 
 ``stream: true`` answers with Anthropic's events: ``message_start``, ``content_block_start``,
 ``content_block_delta`` (``text_delta``; a ``tool_use`` block's arguments in one ``input_json_delta``),
-``content_block_stop``, ``message_delta`` (the ``stop_reason`` and the usage) and ``message_stop``. ``message_start`` counts the prompt's text as
-the template renders it (images are counted once they are encoded: ``message_delta`` has the
-whole prompt). ``count_tokens`` is :mod:`..intake.input_tokens`' count (llama-server's ``/chat/completions/input_tokens``
-too): a fresh image on llama.cpp, whose layout mtmd decides as it encodes, is not counted (then a lower bound).
+``content_block_stop``, ``message_delta`` (the ``stop_reason`` and the usage) and ``message_stop``.
+``message_start`` counts the prompt's text as the template renders it (images are counted once they are encoded:
+``message_delta`` has the whole prompt). ``count_tokens`` is :mod:`..intake.input_tokens`' count (llama-server's
+``/chat/completions/input_tokens`` too): a fresh image on llama.cpp, whose layout mtmd decides as it encodes, is not counted (then a lower bound).
 ``usage``: ``input_tokens`` the prompt tokens evaluated, ``cache_read_input_tokens`` those served from a stored
 reference-prefix state, ``output_tokens`` the answer's.
 """
@@ -127,14 +127,13 @@ class CountBody(BaseModel):
             if isinstance(content, str):
                 out.append(Message(role=message.role, content=content))
                 continue
-            blocks = list(enumerate(content))
-            out += [_tool_result(block, f"messages[{i}].content[{j}]") for j, block in blocks if block.type == "tool_result"]
-            calls = [_call(block, f"messages[{i}].content[{j}]") for j, block in blocks if block.type == "tool_use"]
+            blocks = [(f"messages[{i}].content[{j}]", block) for j, block in enumerate(content)]
+            out += [_tool_result(block, where) for where, block in blocks if block.type == "tool_result"]
+            calls = [_call(block, where) for where, block in blocks if block.type == "tool_use"]
             if calls and message.role != "assistant":
                 raise ApiError(400, "invalid_input", f"messages[{i}]: tool_use blocks are the assistant's",
                                param=f"messages[{i}]")
-            parts = [_part(block, f"messages[{i}].content[{j}]") for j, block in blocks
-                     if block.type not in ("tool_use", "tool_result")]
+            parts = [_part(block, where) for where, block in blocks if block.type not in ("tool_use", "tool_result")]
             if parts or calls or not content:
                 out.append(Message(role=message.role, content=parts, tool_calls=calls or None))
         return out
@@ -169,7 +168,8 @@ def _tool_result(block: Block, where: str) -> Message:
     """A ``tool_result`` block as a tool message answering its call (its text; an image is refused, as in any
     message but a user's)."""
     if not block.tool_use_id:
-        raise ApiError(400, "invalid_input", f"{where}.tool_use_id: a tool_result answers a tool_use by its id", param=where)
+        raise ApiError(400, "invalid_input", f"{where}.tool_use_id: a tool_result answers a tool_use by its id",
+                       param=where)
     content = block.content
     if isinstance(content, list):
         if any(part.type != "text" for part in content):
@@ -314,12 +314,12 @@ async def _events(start: dict[str, Any], first: Any, source: AsyncIterator[Any],
 
     def piece(text: str) -> bytes:
         nonlocal blocks, opened
-        start = b""
+        opening = b""
         if not opened:
             blocks, opened = blocks + 1, True
-            start = _event("content_block_start", {"type": "content_block_start", "index": blocks - 1,
-                                                   "content_block": {"type": "text", "text": ""}})
-        return start + _event("content_block_delta", {"type": "content_block_delta", "index": blocks - 1,
+            opening = _event("content_block_start", {"type": "content_block_start", "index": blocks - 1,
+                                                     "content_block": {"type": "text", "text": ""}})
+        return opening + _event("content_block_delta", {"type": "content_block_delta", "index": blocks - 1,
                                                       "delta": {"type": "text_delta", "text": str(text)}})
 
     def close() -> list[bytes]:

@@ -229,7 +229,8 @@ def ollama_tool_turns(messages: list[OllamaMessage], system: str | None = None) 
     ``tool_name`` (and ``tool_call_id``, which LangChain sends); None when no message has any."""
     turns: list[ToolTurn | None] = [None] if system and not any(m.role == "system" for m in messages) else []
     for i, message in enumerate(messages):
-        calls = [_history_call(call, f"messages[{i}].tool_calls[{j}]") for j, call in enumerate(message.tool_calls or [])]
+        calls = [_history_call(call, f"messages[{i}].tool_calls[{j}]")
+                 for j, call in enumerate(message.tool_calls or [])]
         if calls and message.role != "assistant":
             raise ApiError(400, "invalid_input", f"messages[{i}].tool_calls: only an assistant message calls tools",
                            param=f"messages[{i}].tool_calls")
