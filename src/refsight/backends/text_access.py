@@ -114,8 +114,8 @@ class TextAccess:
 
     def tool_format(self) -> ToolFormat | None:
         """The tool-call format the chat template teaches the model (:func:`refsight.tools.format_of`): how a tool
-        call is read out of its answers; None (answers are text) without a template that teaches one, or one rendered
-        here."""
+        call is read out of its answers; None where its answers are text (a template that teaches no format, or a
+        backend that renders no template here)."""
         return format_of(self.chat_template_source()) if self.supports_tools else None
 
     def use_chat_template(self, template: str) -> None:
