@@ -43,6 +43,7 @@ from .package import VisualPackage
 from .inputs.rubric import Rubric, parse_rubric
 from .sampling import RANGES as SAMPLING_RANGES
 from .sampling import Sampling
+from .tools import ChatTools, ToolTurn, ToolUse
 
 __all__ = [
     "CompareRequest", "GenerationRequest", "SearchRequest", "AddRequest", "Sampling", "SAMPLING_RANGES", "MAX_SHORTLIST",
@@ -181,8 +182,11 @@ class GenerationRequest:
     ``supports_constrained_decoding``; kept in 2020-12's form, draft-07's tuple ``items`` as
     ``prefixItems``); ``max_prompt_tokens`` bounds the prompt (text and image tokens); ``prompt_end``
     how the chat prompt ends after its turns (:data:`PROMPT_ENDS`: ``continue`` continues a final
-    assistant turn). ``use_cache`` / ``prefix_states``, ``model`` and
-    ``namespace`` become the request context at the engine's front door.
+    assistant turn). ``tools`` (a :class:`~refsight.tools.ToolUse`) offers the model functions, rendered by its chat
+    template, the answer read into calls (a forced call, ``tool_choice`` ``required`` or named, is its ``json_schema``);
+    ``tool_turns`` has each turn's tool fields (an assistant turn's calls, a tool result's call id; None: none).
+    ``use_cache`` / ``prefix_states``, ``model`` and ``namespace`` become the request context at the engine's front
+    door.
 
     What the engine (or a pipeline) sets as it resolves the prompt: ``prefix_segments``, how many
     leading segments depend only on the references (0: none), and ``prefix_cache``, where a backend
@@ -208,13 +212,17 @@ class GenerationRequest:
     prefix_segments: int = 0
     prefix_cache: Any = None
     reference_keys: frozenset[str] | None = None
+    tools: ToolUse | None = None
+    tool_turns: Sequence[ToolTurn | None] | None = None
 
     def __post_init__(self) -> None:
-        # The order errors are found in: the token bound, the prompt's end, its texts, the schema, the sampling.
+        # The order errors are found in: the token bound, the prompt's end, its texts, the tools, the schema, the
+        # sampling.
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise InvalidInputError("max_new_tokens", f"must be a positive integer, not {self.max_new_tokens!r}")
         check_prompt_end(self.prompt_end, self.raw_prompt)
         object.__setattr__(self, "segments", _checked_segments(self.segments))
+        _check_tools(self)
         if self.json_schema is not None:
             check_texts(self.json_schema, "json_schema")
             # Kept in 2020-12's form, the one every grammar compiler takes: written once, here, not by each backend.
@@ -243,6 +251,14 @@ class GenerationRequest:
         return out
 
     @property
+    def chat_tools(self) -> ChatTools | None:
+        """What the chat template is given about tools (its ``tools`` variable, the turns' tool fields); None:
+        nothing."""
+        if self.tools is None and not self.tool_turns:
+            return None
+        return ChatTools(self.tools, tuple(self.tool_turns or ()))
+
+    @property
     def packages(self) -> list[VisualPackage]:
         """The cached packages among the segments, in order."""
         return [s for s in self.segments if isinstance(s, VisualPackage)]
@@ -251,6 +267,33 @@ class GenerationRequest:
     def fresh_images(self) -> list[ImageInput]:
         """The fresh images among the segments, in order."""
         return [s for s in self.segments if isinstance(s, ImageInput)]
+
+
+def _check_tools(request: GenerationRequest) -> None:
+    """The tools' types and the turns they belong to; a forced call's schema becomes the request's ``json_schema`` (the
+    same schema again is no conflict: a request replaced is checked again)."""
+    if request.tools is not None and not isinstance(request.tools, ToolUse):
+        raise InvalidInputError("tools", f"expected a ToolUse, got {type(request.tools).__name__}")
+    if request.tool_turns is not None:
+        turns = tuple(request.tool_turns)
+        if any(t is not None and not isinstance(t, ToolTurn) for t in turns):
+            raise InvalidInputError("tool_turns", "each turn's tool fields are a ToolTurn or None")
+        if all(t is None for t in turns):
+            turns = None  # no turn has any: the same request as without them (its turns may be planned away)
+        elif request.turns is None or len(turns) != len(request.turns):
+            raise InvalidInputError("tool_turns", "give one entry (or None) per turn")
+        for i, (turn, (role, _)) in enumerate(zip(turns or (), request.turns or ())):
+            if turn is not None and ((turn.calls and role != "assistant") or (turn.call_id and role != "tool")):
+                raise InvalidInputError(f"tool_turns[{i}]", f"a {role} turn carries no calls or call id")
+        object.__setattr__(request, "tool_turns", turns)
+    forced = request.tools.forced_schema() if request.tools is not None else None
+    if forced is None:
+        return
+    forced = check_json_schema(forced, "tool_choice")
+    if request.json_schema is not None and check_json_schema(request.json_schema) != forced:
+        raise InvalidInputError("tool_choice", "a forced tool call constrains the answer itself: give no JSON schema "
+                                "beside it")
+    object.__setattr__(request, "json_schema", forced)
 
 
 def _checked_segments(segments: Sequence[Any]) -> list[Any]:

@@ -130,10 +130,11 @@ def test_generate_refuses_what_it_cannot_honour(client, body, named):
     assert response.status_code == 400 and response.json()["error"].startswith(named), response.text
 
 
-def test_tool_and_thinking_messages_are_refused(client):
-    for message in ({"role": "tool", "content": "42"}, {"role": "assistant", "content": "", "thinking": "hm"}):
+def test_thinking_is_refused_and_tool_messages_where_no_template_renders_them(client):
+    for message, said in (({"role": "tool", "content": "42"}, "cannot offer tools"),  # the toy echo has no template
+                          ({"role": "assistant", "content": "", "thinking": "hm"}, "not supported")):
         response = client.post("/api/chat", json={"model": "toy", "messages": [message]})
-        assert "not supported" in _ollama_error(response, 400, "unsupported")
+        assert said in _ollama_error(response, 400, "unsupported")
 
 
 def test_bearer_keys_are_tenants_and_errors_before_the_route_keep_ollamas_shape(make_server):

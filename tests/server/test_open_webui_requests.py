@@ -25,16 +25,11 @@ from refsight.server import ServerConfig, create_app
 GGUF = "tiny-qwen2-vl-gguf"
 REQUESTS = load_requests()
 
-_TOOLS_OLLAMA = "400: tools: tool calling is not supported by refsight"
-_TOOLS_OPENAI = "400: tools: only [] (no effect) is supported"
 _UNKNOWN = "400: {}: this field is not supported by refsight"
 _THINK_OLLAMA = "400: think: thinking is not supported by refsight (send think: false or leave it out)"
 
 #: The requests refsight refuses today, by fixture name, with its refusal (see the module docstring).
 REFUSED_TODAY: dict[str, str] = {
-    # Open WebUI's page attaches its built-in tools to every chat (issue 61, items 1 and 3).
-    "ollama.chat.text": _TOOLS_OLLAMA, "ollama.chat.image": _TOOLS_OLLAMA, "ollama.chat.file": _TOOLS_OLLAMA,
-    "openai.chat.text": _TOOLS_OPENAI, "openai.chat.image": _TOOLS_OPENAI, "openai.chat.file": _TOOLS_OPENAI,
     # Advanced parameters at their UI values, Ollama connection (in ``options``, ``think`` at the top).
     'ollama.params.reasoning_effort="medium"': "400: options.reasoning_effort: not an option refsight knows",
     'ollama.params.logit_bias=""': "400: options.logit_bias: not an option refsight knows",

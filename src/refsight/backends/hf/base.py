@@ -74,6 +74,8 @@ class HFBackend(Backend):
     #: is reported as generate starts and as its first token comes (the prompt's evaluation is behind it).
     prompt_ends: ClassVar[frozenset[str]] = frozenset(PROMPT_ENDS)
     supports_prompt_progress: ClassVar[bool] = True
+    #: Tools render in the checkpoint's template as ``apply_chat_template(tools=...)`` renders them.
+    supports_tools: ClassVar[bool] = True
     #: Short family name, part of the fingerprint ("qwen2_vl", "qwen3_vl", "smolvlm").
     family: ClassVar[str] = ""
     #: ``config.model_type`` values this family serves.
@@ -147,10 +149,11 @@ class HFBackend(Backend):
         then the final turn's text, as llama-server renders a prefill)."""
         if request.raw_prompt:
             return self.raw_text(segments)
+        tools = request.chat_tools
         if request.prompt_end == "continue":
             head, head_turns, tail = split_final_turn(segments, request.turns or [])
-            return self.build_prompt(head, head_turns) + tail
-        return self.build_prompt(segments, request.turns, request.prompt_end == "generation_prompt")
+            return self.build_prompt(head, head_turns, tools=tools) + tail
+        return self.build_prompt(segments, request.turns, request.prompt_end == "generation_prompt", tools=tools)
 
     def count_text_tokens(self, text: str) -> int:
         """The exact number of tokens the model's tokenizer makes of ``text`` (no special tokens added).
@@ -307,13 +310,17 @@ class HFBackend(Backend):
         raise InvalidInputError("messages", f"{self.family or self.name} renders a single user turn only")
 
     def build_prompt(
-        self, segments: Sequence[str | VisualPackage], turns: list[tuple[str, int]] | None = None, generation_prompt: bool = True
+        self, segments: Sequence[str | VisualPackage], turns: list[tuple[str, int]] | None = None,
+        generation_prompt: bool = True, tools: Any = None,
     ) -> str:
         """The full prompt text of one request whose images are all packages by now.
 
         Without ``turns`` it is one user turn, exactly as :meth:`chat_prompt` renders it; this default always
-        opens the answer's turn (a family that renders its template itself takes ``generation_prompt=False``).
+        opens the answer's turn and renders no tools (a family that renders its template itself takes
+        ``generation_prompt=False`` and ``tools``).
         """
+        if tools is not None:
+            raise InvalidInputError("tools", f"{self.family or self.name} renders no tools")
         if not generation_prompt:
             raise InvalidInputError("prompt_end", f"{self.family or self.name} always opens the answer's turn")
         parts = [s if isinstance(s, str) else self.image_placeholder(s) for s in segments]

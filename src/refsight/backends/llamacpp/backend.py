@@ -85,6 +85,8 @@ class LlamaCppBackend(Backend):
     supports_prompt_progress: ClassVar[bool] = True
     #: Raw prompts (llama-server's ``/completion``): the text as given, after a BOS when the GGUF asks for one.
     supports_raw_prompt: ClassVar[bool] = True
+    #: Tools render in the GGUF's template as llama-server's ``--jinja`` renders them.
+    supports_tools: ClassVar[bool] = True
 
     def __init__(self, name: str, *, model_path: Path, mmproj_path: Path, settings: RuntimeSettings,
                  model_id: str | None = None, random_weights: bool = False) -> None:
@@ -276,17 +278,20 @@ class LlamaCppBackend(Backend):
             return b"".join(self.runtime.piece(t, special=True) for t in tokens).decode("utf-8", "replace")
 
     def template_text(
-        self, texts: Sequence[str], turns: list[tuple[str, int]] | None = None, *, generation_prompt: bool = True
+        self, texts: Sequence[str], turns: list[tuple[str, int]] | None = None, *, generation_prompt: bool = True,
+        tools: Any = None,
     ) -> str:
         """The GGUF's chat template around ``texts`` (:meth:`prompt_text`)."""
-        return self.prompt_text(list(texts), turns, prompt_end="generation_prompt" if generation_prompt else "none")
+        ending = "generation_prompt" if generation_prompt else "none"
+        return self.prompt_text(list(texts), turns, prompt_end=ending, tools=tools)
 
     def prompt_text_of(self, request: GenerationRequest) -> str:
         """The GGUF's chat template over ``request`` as generation renders it (:meth:`prompt_text`); a raw prompt's
         text as given (without the BOS, which is no text of the caller's)."""
         if request.raw_prompt:
             return super().prompt_text_of(request)
-        return self.prompt_text(request.segments, request.turns, prompt_end=request.prompt_end)
+        tools = request.chat_tools
+        return self.prompt_text(request.segments, request.turns, prompt_end=request.prompt_end, tools=tools)
 
     def prepare(self, requests: list[GenerationRequest], grammars: list[Any]) -> list[PreparedRequest]:
         """The base's, then each request's prompt rendered and its prefix planned: here, before the runtime's lock
@@ -295,7 +300,7 @@ class LlamaCppBackend(Backend):
         for one in prepared:
             request = one.request
             one.prompt = self.prompt_text(one.segments, request.turns, raw=request.raw_prompt,
-                                          prompt_end=request.prompt_end)
+                                          prompt_end=request.prompt_end, tools=request.chat_tools)
             one.prefix = self.prefix_plan(request)
         return prepared
 
@@ -346,7 +351,7 @@ class LlamaCppBackend(Backend):
 
     def prompt_text(
         self, segments: Sequence[Any], turns: list[tuple[str, int]] | None = None, *, raw: bool = False,
-        prompt_end: str = "generation_prompt",
+        prompt_end: str = "generation_prompt", tools: Any = None,
     ) -> str:
         """The rendered prompt of ``segments`` (each image a media marker), as mtmd will tokenize it.
 
@@ -355,6 +360,7 @@ class LlamaCppBackend(Backend):
         the whole prompt, after a BOS when the vocabulary wants one (as llama-server's ``/completion``).
         ``prompt_end`` (:data:`refsight.requests.PROMPT_ENDS`): ``none`` leaves out the opening of the answer's turn;
         ``continue`` renders the turns before the final one with it, then the final turn's text (llama-server's).
+        ``tools``: the request's :class:`~refsight.tools.ChatTools`, rendered as llama-server renders them.
         """
         if raw:
             import llama_cpp
@@ -366,13 +372,13 @@ class LlamaCppBackend(Backend):
             return opening + "".join(s if isinstance(s, str) else self.runtime.marker for s in segments)
         if prompt_end == "continue":
             head, head_turns, tail = split_final_turn(segments, turns or [])
-            return self.prompt_text(head, head_turns) + tail
+            return self.prompt_text(head, head_turns, tools=tools) + tail
         request = GenerationRequest(list(segments), turns=turns)
         content = [
             (role, "".join(s if isinstance(s, str) else self.runtime.marker for s in part))
             for role, part in request.turn_segments()
         ]
-        return render_prompt(self._template, self.arch, content, bos=self._special_text("bos"),
+        return render_prompt(self._template, self.arch, content, bos=self._special_text("bos"), tools=tools,
                              eos=self._special_text("eos"), generation_prompt=prompt_end == "generation_prompt")
 
     def prefix_plan(self, request: GenerationRequest) -> Any:

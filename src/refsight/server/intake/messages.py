@@ -58,7 +58,7 @@ REF_URL_PREFIX = "refsight://ref/"
 #: The path of a reference's image on this server (``GET`` serves it; as a part's url it names the reference).
 REFERENCE_IMAGE_PATH = re.compile(r"/v1/references/(?P<id>[^/]+)/image")
 #: The chat role each OpenAI role is rendered as.
-_ROLE = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_ROLE = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 
 class ImageURL(BaseModel):
@@ -81,12 +81,33 @@ class ContentPart(BaseModel):
     )
 
 
-class Message(BaseModel):
-    """A chat message."""
+class CalledFunction(BaseModel):
+    """The ``function`` of a tool call in a conversation's history: its name and arguments (JSON text, as OpenAI
+    sends them; an object is taken too)."""
 
     model_config = ConfigDict(extra="allow")
-    role: Literal["system", "developer", "user", "assistant"]
+    name: str
+    arguments: str | dict[str, Any] | None = None
+
+
+class HistoryCall(BaseModel):
+    """A tool call an assistant message made earlier (``tool_calls``), sent back with the conversation."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
+class Message(BaseModel):
+    """A chat message: ``tool_calls`` on an assistant's, ``tool_call_id`` (and ``name``) on a tool result."""
+
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
+    tool_calls: list[HistoryCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
 
 @dataclass

@@ -67,5 +67,6 @@ def refsight_extra(answer: GenerateResult) -> dict[str, Any]:
 
 
 def finish_reason(answer: GenerateResult) -> str:
-    """The finish reason a client may be sent: ``length``, else ``stop`` (a cancelled answer has no reader)."""
-    return "length" if answer.finish_reason == "length" else "stop"
+    """The finish reason a client may be sent: ``length``, ``tool_calls`` (the answer called tools), else ``stop`` (a
+    cancelled answer has no reader)."""
+    return answer.finish_reason if answer.finish_reason in ("length", "tool_calls") else "stop"

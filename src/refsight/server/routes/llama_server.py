@@ -35,6 +35,7 @@ from ..replies.logprob_fields import piece_logprobs, token_entries
 from ..intake.messages import prompt_end_of
 from ..edge.disconnect import run_watched
 from ..intake.messages import Message, PartResolver, template_segments
+from ..intake.tool_fields import chat_tools_of, check_tools, openai_tool_use, tool_texts, tool_turns_of
 from ..intake.prompt_limit import check_prompt_chars
 from ..replies.streaming import EventStreamResponse, PromptProgress, answer_events, open_stream, progress_hook, sse_event
 from ..replies.timings import TokenClock
@@ -167,10 +168,12 @@ class ApplyTemplateBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     messages: list[Message] = Field(min_length=1, max_length=256)
     # llama-server's fields: false leaves out the opening of the answer's turn; a final assistant message is
-    # continued (prefilled) as in a chat; tools only null or [] (none are rendered).
+    # continued (prefilled) as in a chat; tools rendered as a chat renders them.
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None
     tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
 
 @router.post("/apply-template", responses=_ERRORS)
@@ -178,13 +181,16 @@ async def apply_template(
     body: ApplyTemplateBody, namespace: Namespace, service: ServiceDep, pool: PoolDep, config: ConfigDep
 ) -> dict[str, str]:
     """The served model's chat template around ``messages``, images as the media marker (for ``/completion``),
-    ended as the chat would be: a final assistant message continued (llama-server's prefill)."""
-    if body.tools:
-        raise ApiError(400, "unsupported", "tools: tool definitions are not supported; send null or []", param="tools")
+    ended as the chat would be: a final assistant message continued (llama-server's prefill), its ``tools`` and the
+    messages' tool calls and results rendered as a chat renders them."""
+    tools = openai_tool_use(body.tools, body.tool_choice, body.parallel_tool_calls)
+    tool_turns = tool_turns_of(body.messages)
+    check_tools(service, tools, tool_turns)
     texts, turns = template_segments(body.messages, service.media_marker)
-    check_prompt_chars(texts, config.max_prompt_tokens)
+    check_prompt_chars(texts + tool_texts(tools, tool_turns, service), config.max_prompt_tokens)
     ending, _ = prompt_end_of(body.messages, body.add_generation_prompt, body.continue_final_message)
-    return {"prompt": await pool.run_light(service.render_chat, texts, turns, ending)}
+    rendered = await pool.run_light(service.render_chat, texts, turns, ending, chat_tools_of(tools, tool_turns))
+    return {"prompt": rendered}
 
 
 class PromptObject(BaseModel):

@@ -33,8 +33,10 @@ from ..edge.disconnect import run_watched
 from ..edge.http_errors import ERROR_RESPONSES, ApiError
 from .ollama_bodies import (
     OllamaChatBody, OllamaGenerateBody, OllamaMessage, chat_segments, check_model, check_refused, generation,
-    ollama_name, schema_of,
+    ollama_name, ollama_tool_turns, schema_of,
 )
+from ..intake.tool_fields import check_tools, openai_tool_use, tool_texts
+from ..replies.tool_calls import ollama_calls
 from ..replies.answers import Answer, finish_reason, refsight_extra
 from ..intake.messages import PartResolver
 from ..intake.prompt_limit import check_prompt_chars, check_prompt_tokens
@@ -84,11 +86,12 @@ class _Answer:
         self.model = ollama_name(service)
 
     def work(self, on_text: Callable[[str], None] | None = None, stop_event: Any = None) -> Answer:
-        """The blocking generation (in a pool slot); its result with the clock's marks."""
+        """The blocking generation (in a pool slot); its result with the clock's marks (a tool call streamed is an
+        item of the stream itself)."""
         segments, turns = self.make_segments()
         clock = _Clock(on_text)
         result = self.service.chat(segments, namespace=self.namespace, turns=turns, on_text=clock,
-                                   stop_event=stop_event, **self.options)
+                                   stop_event=stop_event, on_tool_call=on_text, **self.options)
         ended = time.perf_counter()
         first = clock.first or ended
         return Answer.of(result, prompt_s=first - clock.began, eval_s=ended - first)
@@ -97,11 +100,20 @@ class _Answer:
         """One streamed line (``done: false``)."""
         return {"model": self.model, "created_at": created_at(), **self._text(text), "done": False}
 
-    def final(self, result: Answer, text: str) -> dict[str, Any]:
-        """The last (or only) object: the text, ``done_reason``, the counts and the durations in nanoseconds."""
+    def call(self, call: Any, index: int) -> dict[str, Any]:
+        """A streamed line carrying one tool call (``done: false``), the answer's ``index``-th."""
+        message = {"role": "assistant", "content": "", "tool_calls": ollama_calls([call], index)}
+        return {"model": self.model, "created_at": created_at(), "message": message, "done": False}
+
+    def final(self, result: Answer, text: str, calls: Any = ()) -> dict[str, Any]:
+        """The last (or only) object: the text (and the tool calls not streamed), ``done_reason`` (``stop`` after tool
+        calls, as Ollama says), the counts and the durations in nanoseconds."""
+        said = self._text(text)
+        if calls:
+            said["message"]["tool_calls"] = ollama_calls(calls)
         return {
-            "model": self.model, "created_at": created_at(), **self._text(text), "done": True,
-            "done_reason": finish_reason(result),
+            "model": self.model, "created_at": created_at(), **said, "done": True,
+            "done_reason": "stop" if result.finish_reason == "tool_calls" else finish_reason(result),
             "total_duration": _ns(time.perf_counter() - self.began),
             "load_duration": _ns(result.timings_ms.get("reference_load", 0.0) / 1000),
             "prompt_eval_count": result.prompt_tokens, "prompt_eval_duration": _ns(result.prompt_s),
@@ -116,7 +128,7 @@ class _Answer:
         """The whole answer, or the NDJSON stream of it."""
         if not stream:
             result = await run_watched(pool, request, self.work)  # a client that leaves frees its worker
-            return self.final(result, result.text)
+            return self.final(result, result.text, result.tool_calls)
         first, source, stop = await open_stream(pool, self.work, request)
         return EventStreamResponse(self._lines(first, source), stop, media_type=NDJSON)
 
@@ -124,9 +136,16 @@ class _Answer:
         def error(shape: dict[str, Any]) -> bytes:
             return ndjson_line({"error": shape["message"], "code": shape["code"]})
 
+        calls = 0
+
+        def call(item: Any) -> bytes:
+            nonlocal calls
+            calls += 1
+            return ndjson_line(self.call(item, calls - 1))
+
         pieces = answer_events(
             first, source, lambda text: ndjson_line(self.piece(text)),
-            lambda result: [ndjson_line(self.final(result, ""))], error,
+            lambda result: [ndjson_line(self.final(result, ""))], error, call=call,
         )
         async for line in pieces:
             yield line
@@ -161,15 +180,21 @@ async def chat(
     request: Request, body: OllamaChatBody, namespace: Namespace, service: ServiceDep, pool: PoolDep, config: ConfigDep,
     uuids: MediaUuidsDep,
 ) -> Any:
-    """Ollama's chat: ``messages`` (with ``images``) in the model's chat template; NDJSON unless ``stream: false``."""
+    """Ollama's chat: ``messages`` (with ``images``, tool calls and results) and ``tools`` in the model's chat template;
+    NDJSON unless ``stream: false``."""
     check_model(body.model, service)
     check_refused(body)
     if not body.messages:
         return _loaded(service, "message", body.keep_alive)
     max_new_tokens, sampling = generation(body.options, service, config.max_new_tokens)
-    options = {"max_new_tokens": max_new_tokens, "sampling": sampling, "json_schema": schema_of(body.format)}
-    await _check_texts([m.content for m in body.messages], pool, config.max_prompt_tokens, service)
-    resolver, system = _resolver(request, service, namespace, uuids, config), model_facts(service).get("system")
+    system = model_facts(service).get("system")
+    tools, tool_turns = openai_tool_use(body.tools), ollama_tool_turns(body.messages, system)  # the model chooses
+    check_tools(service, tools, tool_turns)
+    options = {"max_new_tokens": max_new_tokens, "sampling": sampling, "json_schema": schema_of(body.format),
+               "tools": tools, "tool_turns": tool_turns}
+    texts = [m.content for m in body.messages] + tool_texts(tools, tool_turns, service)
+    await _check_texts(texts, pool, config.max_prompt_tokens, service)
+    resolver = _resolver(request, service, namespace, uuids, config)
     answer = _Answer("message", service, namespace, lambda: chat_segments(body.messages, resolver, system), options,
                      _context_note(body.options, service))
     return await answer.reply(pool, request, body.stream)

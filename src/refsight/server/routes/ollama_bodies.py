@@ -8,9 +8,10 @@ are honoured, accepted or refused by the same rule: ``temperature``, ``top_k``, 
 says (the context is fixed at start, ``refsight serve -c N``; the reply's ``refsight.num_ctx`` names it);
 the runtime's resource knobs (``num_gpu``, ``num_thread`` ...) are hints that cannot change an answer;
 any other option is a 400 naming it. ``format`` ``"json"`` or a JSON schema is the constrained decoder's
-schema. ``think``, ``tools``, ``logprobs`` and tool messages are refused by name (no model refsight
-serves thinks or calls tools through it); ``keep_alive`` is accepted (the model stays loaded for the
-server's life).
+schema. ``tools`` are rendered by the model's chat template and its calls read back into ``message.tool_calls``
+(:mod:`..intake.tool_fields`), an assistant message's ``tool_calls`` and a ``tool`` message (with ``tool_name``)
+rendered on the next turn. ``think`` and ``logprobs`` are refused by name (no model refsight serves thinks through
+it); ``keep_alive`` is accepted (the model stays loaded for the server's life).
 
 Images are base64, or a stored reference: ``refsight://ref/<id>`` as the entry, or as the base64 of
 that text (what a client that encodes every image sends for ``b"refsight://ref/<id>"``). In a message
@@ -28,10 +29,13 @@ from ..edge.http_errors import ApiError
 from ..intake.bodies import IntegerOrNull, Number
 from ..intake.generation_body import GenerationBody, check_generation, check_schema
 from ..intake.messages import PartResolver
+from ..intake.tool_fields import history_call
+from ...tools import ToolTurn
 
 __all__ = [
     "OllamaMessage", "OllamaChatBody", "OllamaGenerateBody", "OllamaShowBody", "OPTION_FIELDS", "RUNTIME_HINTS",
     "ollama_name", "check_model", "check_refused", "check_num_ctx", "generation", "schema_of", "chat_segments",
+    "ollama_tool_turns",
 ]
 
 #: Ollama's option → the :class:`~..intake.generation_body.GenerationBody` field that carries it.
@@ -65,6 +69,7 @@ class OllamaMessage(BaseModel):
     thinking: str | None = None
     tool_calls: list[Any] | None = None
     tool_name: str | None = None
+    tool_call_id: str | None = None
 
 
 class _OllamaRequest(BaseModel):
@@ -128,12 +133,10 @@ def check_model(model: str, service: Any) -> None:
 
 
 def check_refused(body: _OllamaRequest) -> None:
-    """400 naming what refsight does not do: thinking, tools, log probabilities."""
+    """400 naming what refsight does not do: thinking, log probabilities."""
     if body.think not in (None, False):
         raise ApiError(400, "unsupported", "think: thinking is not supported by refsight (send think: false or leave it out)",
                        param="think")
-    if getattr(body, "tools", None):
-        raise ApiError(400, "unsupported", "tools: tool calling is not supported by refsight", param="tools")
     if body.logprobs or body.top_logprobs:
         raise ApiError(400, "unsupported", "logprobs: log probabilities are not returned", param="logprobs")
 
@@ -220,10 +223,31 @@ def chat_segments(
     return segments, turns
 
 
-def _check_message(message: OllamaMessage, where: str) -> None:
-    if message.role == "tool" or message.tool_calls or message.tool_name:
-        raise ApiError(400, "unsupported", f"{where}: tool messages and tool calls are not supported by refsight",
+def ollama_tool_turns(messages: list[OllamaMessage], system: str | None = None) -> list[ToolTurn | None] | None:
+    """Each message's tool fields, in the turns :func:`chat_segments` lays out (after the model's own system turn where
+    it adds one): an assistant's ``tool_calls`` (``function.name``, ``function.arguments`` an object), a tool result's
+    ``tool_name`` (and ``tool_call_id``, which LangChain sends); None when no message has any."""
+    turns: list[ToolTurn | None] = [None] if system and not any(m.role == "system" for m in messages) else []
+    for i, message in enumerate(messages):
+        calls = [_history_call(call, f"messages[{i}].tool_calls[{j}]")
+                 for j, call in enumerate(message.tool_calls or [])]
+        if calls and message.role != "assistant":
+            raise ApiError(400, "invalid_input", f"messages[{i}].tool_calls: only an assistant message calls tools",
+                           param=f"messages[{i}].tool_calls")
+        tool = ToolTurn(call_id=message.tool_call_id, name=message.tool_name) if message.role == "tool" else None
+        turns.append(ToolTurn(calls) if calls else tool)
+    return turns if any(t is not None for t in turns) else None
+
+
+def _history_call(call: Any, where: str) -> Any:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict):
+        raise ApiError(400, "invalid_input", f"{where}: a tool call is {{\"function\": {{\"name\", \"arguments\"}}}}",
                        param=where)
+    return history_call(call.get("id"), function.get("name"), function.get("arguments"), where)
+
+
+def _check_message(message: OllamaMessage, where: str) -> None:
     if message.thinking:
         raise ApiError(400, "unsupported", f"{where}.thinking: thinking is not supported by refsight", param=where)
     if message.images and message.role != "user":

@@ -22,6 +22,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from ...tools import format_of
 from ..deps import ServiceDep, Namespace
 from ..edge.http_errors import ERROR_RESPONSES, ApiError
 from ..model_facts import ModelDetails
@@ -178,8 +179,8 @@ def _modelfile(service: Any, model: ModelDetails, facts: dict[str, Any], templat
 
 @router.post("/api/show", responses={k: ERROR_RESPONSES[k] for k in (400, 404)})
 async def show(body: OllamaShowBody, namespace: Namespace, service: ServiceDep) -> dict[str, Any]:
-    """The served model's details, Modelfile, chat template, parameters and capabilities (``vision``, ``completion``),
-    as Ollama's ``/api/show`` returns them."""
+    """The served model's details, Modelfile, chat template, parameters and capabilities (``vision``, ``completion``,
+    ``tools``), as Ollama's ``/api/show`` returns them."""
     model = body.model or body.name
     if not model:
         raise ApiError(400, "invalid_input", "model: give the model's name", param="model")
@@ -189,7 +190,10 @@ async def show(body: OllamaShowBody, namespace: Namespace, service: ServiceDep) 
     info: dict[str, Any] = {"general.architecture": facts["details"]["family"]}
     if service.context_size:
         info[f"{facts['details']['family']}.context_length"] = service.context_size
-    capabilities = ["completion", "vision"]  # every model refsight serves is a VLM; no tools, thinking or insert
+    # Every model refsight serves is a VLM; tools where its template teaches a call format (as Ollama reads a
+    # template's tool support); no thinking or insert.
+    tools = service.generation_support().tools and format_of(service.facts.chat_template) is not None
+    capabilities = ["completion", "vision", *(["tools"] if tools else [])]
     return {
         "modelfile": _modelfile(service, details, facts, template), "parameters": _parameters(facts.get("params") or {}),
         "template": template[0], "system": facts.get("system") or "", "details": facts["details"], "model_info": info,

@@ -33,7 +33,11 @@ real prompt (text and image tokens), with ``prompt_tokens_details.cached_tokens`
 tokens served from cached packages.
 
 ``response_format`` ``json_schema`` (or ``json_object``; llama-server's top-level
-``json_schema``) is passed to the engine's constrained decoding. The answer is a standard ``chat.completion`` plus a
+``json_schema``) is passed to the engine's constrained decoding. ``tools``, ``tool_choice`` and
+``parallel_tool_calls`` are llama-server's ``--jinja`` tool calling (:mod:`..intake.tool_fields`): the tools rendered
+by the model's chat template, its answer read into ``tool_calls`` (:mod:`..replies.tool_calls`; ``required`` and a
+named function constrained to their JSON schema, as vLLM does), ``tool`` messages and an assistant's ``tool_calls``
+rendered on the next turn. The answer is a standard ``chat.completion`` plus a
 ``refsight`` object (``random_weights``, ``references_cached``, ``timings_ms``); text
 from a random-weight model is labelled there, since it carries no meaning. Errors use
 OpenAI's error shape (:func:`refsight.server.edge.http_errors.openai_error_body`).
@@ -60,10 +64,12 @@ from ..edge.disconnect import run_watched
 from ..intake.completion_parts import stop_type
 from ..intake.messages import Message, PartResolver, chat_prompt_end, messages_to_segments, template_segments
 from ..intake.prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
+from ..intake.tool_fields import chat_tools_of, check_tools, openai_tool_use, tool_texts, tool_turns_of
 from ..replies.streaming import (
     SSE_DONE, EventStreamResponse, PromptProgress, answer_events, open_stream, progress_hook, sse_event,
 )
 from ..replies.timings import TokenClock
+from ..replies.tool_calls import openai_delta, openai_message
 
 __all__ = ["router", "ChatBody"]
 
@@ -94,6 +100,21 @@ class ChatBody(GenerationBody):
     verbose: bool | None = Field(
         None, description="llama-server: add __verbose, the answer as /completion gives it (with the rendered prompt)"
     )
+    tools: list[Any] | None = Field(None, description="functions the model may call, rendered by its chat template")
+    tool_choice: str | dict[str, Any] | None = Field(
+        None, description="auto (default), none, required, or {\"type\": \"function\", \"function\": {\"name\"}}"
+    )
+    parallel_tool_calls: bool | None = Field(None, description="false: at most one call in an answer")
+
+    def tool_use(self) -> Any:
+        """The request's tools (:func:`..intake.tool_fields.openai_tool_use`); 400 naming what tools cannot go with:
+        a GBNF ``grammar`` (llama-server's rule) and streamed log probabilities."""
+        use = openai_tool_use(self.tools, self.tool_choice, self.parallel_tool_calls)
+        if use is not None and use.choice != "none" and self.grammar:
+            raise ApiError(400, "invalid_input", "grammar: cannot be used with tools", param="grammar")
+        if use is not None and self.stream and (self.logprobs or self.n_probs):
+            raise ApiError(400, "unsupported", "logprobs: not supported with tools and stream", param="logprobs")
+        return use
 
     def requested_logprobs(self) -> tuple[int | None, str]:
         """OpenAI's ``logprobs`` (with ``top_logprobs`` alternatives, 0 unless given), else llama-server's ``n_probs``."""
@@ -141,16 +162,17 @@ async def chat_completions(
     events, ``data: [DONE]`` last.
     """
     max_new_tokens, sampling, prompt_end = _check_request(body, service, config.max_new_tokens)
-    json_schema = body.schema()
+    json_schema, tools, tool_turns = body.schema(), body.tool_use(), tool_turns_of(body.messages)
+    check_tools(service, tools, tool_turns)
     # Before any model work: a character bound on the event loop, then the tokenizer's
     # count in the shared thread pool (never in a model worker).
-    texts = prompt_texts(body.messages)
+    texts = prompt_texts(body.messages) + tool_texts(tools, tool_turns, service)
     check_prompt_chars(texts, config.max_prompt_tokens)
     await pool.run_light(check_prompt_tokens, texts, config.max_prompt_tokens, service.count_text_tokens)
     completion_id, created = f"chatcmpl-{uuidlib.uuid4().hex}", int(time.time())
     resolver = PartResolver.for_request(request, service, namespace, uuids, config)
     clock = TokenClock()
-    verbose = await _verbose_of(body, service, pool, prompt_end, clock, sampling.stop)
+    verbose = await _verbose_of(body, service, pool, prompt_end, clock, sampling.stop, chat_tools_of(tools, tool_turns))
 
     def work(on_text=None, stop_event=None) -> Answer:
         segments, turns = messages_to_segments(body.messages, resolver)
@@ -159,7 +181,8 @@ async def chat_completions(
             result = service.chat(
                 segments, namespace=namespace, turns=turns, max_new_tokens=max_new_tokens, json_schema=json_schema,
                 sampling=sampling, on_text=clock.wrap(on_text), stop_event=stop_event, prompt_end=prompt_end,
-                on_prompt=progress_hook(on_text, body.return_progress),
+                on_prompt=progress_hook(on_text, body.return_progress), tools=tools, tool_turns=tool_turns,
+                on_tool_call=on_text,  # the stream's own channel: each call an item of it
             )
         finally:
             clock.stop()
@@ -174,15 +197,17 @@ async def chat_completions(
                     verbose), stop
         )
     result = await run_watched(pool, request, work)  # a client that leaves frees its worker
-    choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
-              "finish_reason": result.finish_reason, "logprobs": chat_logprobs(result.logprobs)}
+    choice = {"index": 0, "message": openai_message(result.text, result.tool_calls),
+              "finish_reason": finish_reason(result), "logprobs": chat_logprobs(result.logprobs)}
     return {"id": completion_id, "object": "chat.completion", "created": created, "model": service.served_model,
             "system_fingerprint": SYSTEM_FINGERPRINT, "choices": [choice], "usage": usage(result),
             "timings": clock.final(result), "refsight": refsight_extra(result),
             **({"__verbose": verbose(result)} if verbose else {})}
 
 
-async def _verbose_of(body: ChatBody, service: Any, pool: Any, ending: str, clock: TokenClock, stop: tuple[str, ...]) -> Any:
+async def _verbose_of(
+    body: ChatBody, service: Any, pool: Any, ending: str, clock: TokenClock, stop: tuple[str, ...], tools: Any = None,
+) -> Any:
     """With ``verbose``, what makes llama-server's ``__verbose`` of an answer: the answer as ``/completion``
     gives it, with the prompt as rendered in the chat template (images as the media marker), less its
     ``generation_settings``; None without ``verbose``."""
@@ -190,7 +215,7 @@ async def _verbose_of(body: ChatBody, service: Any, pool: Any, ending: str, cloc
         return None
     texts, turns = template_segments(body.messages, service.media_marker)
     with inputs_as_fields(messages="verbose"):  # a backend without its template as text: a 400 naming verbose
-        prompt = await pool.run_light(service.render_chat, texts, turns, ending)
+        prompt = await pool.run_light(service.render_chat, texts, turns, ending, tools)
 
     def of(result: Answer) -> dict[str, Any]:
         kind, word = stop_type(result, stop, service)
@@ -247,7 +272,14 @@ async def _chunks(
     def progress(item: PromptProgress) -> bytes:  # llama-server's: a role chunk carrying the prompt's progress
         return chunk({"role": "assistant", "content": None}, prompt_progress=item.to_dict())
 
-    async for event in answer_events(first, source, piece, finish, progress=progress):
+    calls = 0
+
+    def call(item: Any) -> bytes:  # one whole tool call per chunk, numbered in the answer
+        nonlocal calls
+        calls += 1
+        return chunk(openai_delta(item, calls - 1))
+
+    async for event in answer_events(first, source, piece, finish, progress=progress, call=call):
         yield event
 
 
@@ -280,9 +312,12 @@ async def chat_input_tokens(
     """llama-server's count of a chat's prompt tokens (``input_tokens``), images included; nothing is generated
     (:mod:`~refsight.server.intake.input_tokens`: a fresh image on llama.cpp counts once encoded, so not here)."""
     prompt_end = chat_prompt_end(service, body.messages, body.add_generation_prompt, body.continue_final_message)
-    check_prompt_chars(prompt_texts(body.messages), config.max_prompt_tokens)
+    tools, tool_turns = body.tool_use(), tool_turns_of(body.messages)
+    check_tools(service, tools, tool_turns)
+    check_prompt_chars(prompt_texts(body.messages) + tool_texts(tools, tool_turns, service), config.max_prompt_tokens)
     resolver = PartResolver.for_request(request, service, namespace, uuids, config)
-    return {"input_tokens": await pool.run_light(input_tokens, service, body.messages, prompt_end, resolver, namespace)}
+    return {"input_tokens": await pool.run_light(input_tokens, service, body.messages, prompt_end, resolver, namespace,
+                                                 chat_tools_of(tools, tool_turns))}
 
 
 @router.get("/v1/models")
