@@ -22,6 +22,7 @@ never used.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from collections.abc import Sequence
@@ -165,7 +166,8 @@ def plan_prefix(backend: Any, request: Any, template: str) -> PromptPrefix | Non
     head = list(request.segments[:n_segments])
     if any(isinstance(s, ImageInput) for s in head) or not any(isinstance(s, VisualPackage) for s in head):
         return None
-    text = render_prefix(backend.prompt_text, request.segments, request.turns, n_segments)
+    render = functools.partial(backend.prompt_text, variables=request.template_variables)
+    text = render_prefix(render, request.segments, request.turns, n_segments)
     if text is None:
         return None
     packages = [s for s in head if isinstance(s, VisualPackage)]

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -82,6 +82,8 @@ __all__ = [
     "fields_named",
     "inputs_as_fields",
     "error_response_for",
+    "error_field",
+    "validation_message",
 ]
 
 log = logging.getLogger("refsight.server")
@@ -308,12 +310,32 @@ def _param_of(error: RefsightError) -> str | None:
     return named if isinstance(named, str) and len(named) <= 80 else None
 
 
-def _validation_message(exc: RequestValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:5]:
-        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
-        parts.append(f"{where}: {err.get('msg', 'invalid')}")
+#: A step of a validation error's location that names a type a union tried, not a field (``dict[str,float]``,
+#: ``list[ContentPart]``, ``str``, ``PromptObject``).
+_TYPE_STEP = re.compile(r".*\[.*|str|int|float|bool|none|dict|list|[A-Z][A-Za-z]*")
+
+
+def error_field(error: Mapping[str, Any]) -> str:
+    """The field a pydantic error is about, as the client wrote it (``logit_bias.1``; ``messages.0.content``), the
+    union's type names left out; ``body`` when it is the whole body."""
+    steps = [str(s) for s in error.get("loc", ()) if s != "body"]
+    return ".".join(s for s in steps if not _TYPE_STEP.fullmatch(s)) or "body"
+
+
+def validation_message(errors: Sequence[Mapping[str, Any]]) -> str:
+    """pydantic's errors as one line, each field once: what each type of a union wanted joined (``think: Input should
+    be a valid boolean, or 'low', 'medium' or 'high'``)."""
+    wanted: dict[str, list[str]] = {}
+    for err in errors:
+        said = wanted.setdefault(error_field(err), [])
+        message = str(err.get("msg", "invalid"))
+        said.append(message if not said else message.removeprefix("Input should be "))
+    parts = [f"{where}: {', or '.join(dict.fromkeys(said))}" for where, said in list(wanted.items())[:5]]
     return "; ".join(parts) or "the request is invalid"
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    return validation_message(exc.errors())
 
 
 def _with_details(response: JSONResponse, details: dict[str, Any] | None) -> JSONResponse:
@@ -353,7 +375,7 @@ def install_error_handlers(app: FastAPI) -> None:
         if request.url.path.startswith((*OPENAI_PATHS, *OLLAMA_PATHS, *ANTHROPIC_PATHS)):
             # OpenAI, Ollama and Anthropic answer a malformed request with 400 (OpenAI names the field).
             first = (exc.errors() or [{}])[0]
-            param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+            param = error_field(first) if first.get("loc") else None
             return _respond(request, 400, "invalid_input", _validation_message(exc), param=param)
         return error_response(422, "validation_error", _validation_message(exc))
 
