@@ -108,3 +108,15 @@ def test_repeat_last_n_is_read_as_llama_server_and_ollama_read_it():
 
     with pytest.raises(InvalidInputError, match="repeat_last_n"):
         Sampling(repetition_penalty=1.1, repeat_last_n=-2)
+
+
+def test_vllm_refuses_a_window_only_where_it_would_change_the_answer():
+    # vLLM's repetition penalty has no window: refused by name while the penalty is on, taken when it is off.
+    from refsight.backends.vllm.backend import VLLMBackend
+
+    def refused(**given):
+        return Sampling.merged(given).unsupported(VLLMBackend.sampling_fields)
+
+    assert refused(repetition_penalty=1.1, repeat_last_n=64) == ["repeat_last_n"]
+    assert refused(repetition_penalty=1.1, repeat_last_n=0) == refused(repeat_last_n=64) == []
+    assert refused(repetition_penalty=1.1, repeat_last_n=-1) == []

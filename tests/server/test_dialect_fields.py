@@ -170,3 +170,17 @@ def test_an_ignored_field_is_logged_once(toy, caplog):
             assert toy.post("/v1/chat/completions", json=body).status_code == 200
     logged = [r.getMessage() for r in caplog.records if "a_field_nobody_sent_before" in r.getMessage()]
     assert len(logged) == 1 and "/v1/chat/completions" in logged[0] and "messages_name" in logged[0], logged
+
+
+def test_the_servers_verbose_adds_no_verbose_where_the_template_is_not_text(tmp_path):
+    # refsight serve -v is llama-server's --verbose (every chat's __verbose); a backend that shows no template as
+    # text answers without it, unless the request asks for it by name.
+    live = LiveServer(create_app(ServerConfig(store=tmp_path, model="toy", keys={}, verbose=True))).start()
+    try:
+        with live.client() as client:
+            plain = client.post("/v1/chat/completions", json={"messages": HI})
+            assert plain.status_code == 200 and "__verbose" not in plain.json(), plain.text
+            asked = client.post("/v1/chat/completions", json={"messages": HI, "verbose": True})
+            assert asked.status_code == 400 and asked.json()["error"]["param"] == "verbose", asked.text
+    finally:
+        live.stop()

@@ -288,10 +288,8 @@ class GenericBackend(HFBackend):
             placeholders = self.processor._prepend_local_ids([text], placeholders, self.image_token)
         return pieces[0] + "".join(placeholder + rest for placeholder, rest in zip(placeholders, pieces[1:]))
 
-    def template_text(
-        self, texts: Sequence[str], turns: list[tuple[str, int]] | None = None, *, generation_prompt: bool = True,
-        variables: Mapping[str, Any] | None = None,
-    ) -> str:
+    def template_text(self, texts: Sequence[str], turns: list[tuple[str, int]] | None = None, *,
+                      generation_prompt: bool = True, variables: Mapping[str, Any] | None = None) -> str:
         """The chat template around ``texts``, each media marker in them rendered as the template renders an
         image (Qwen: ``<|vision_start|>`` marker ``<|vision_end|>``), so ``/completion`` on the text is the chat
         prompt; ``generation_prompt=False``: without the opening of the answer's turn."""

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -62,6 +62,7 @@ from ...errors import (
     UnknownModelError,
 )
 from .responses import TextSafeJSONResponse
+from .validation import error_field, validation_message
 
 __all__ = [
     "ApiError",
@@ -82,8 +83,6 @@ __all__ = [
     "fields_named",
     "inputs_as_fields",
     "error_response_for",
-    "error_field",
-    "validation_message",
 ]
 
 log = logging.getLogger("refsight.server")
@@ -308,30 +307,6 @@ def _param_of(error: RefsightError) -> str | None:
     # An InvalidInputError names its input; only a field name (a short string) is a param.
     named = getattr(error, "input", None)
     return named if isinstance(named, str) and len(named) <= 80 else None
-
-
-#: A step of a validation error's location that names a type a union tried, not a field (``dict[str,float]``,
-#: ``list[ContentPart]``, ``str``, ``PromptObject``).
-_TYPE_STEP = re.compile(r".*\[.*|str|int|float|bool|none|dict|list|[A-Z][A-Za-z]*")
-
-
-def error_field(error: Mapping[str, Any]) -> str:
-    """The field a pydantic error is about, as the client wrote it (``logit_bias.1``; ``messages.0.content``), the
-    union's type names left out; ``body`` when it is the whole body."""
-    steps = [str(s) for s in error.get("loc", ()) if s != "body"]
-    return ".".join(s for s in steps if not _TYPE_STEP.fullmatch(s)) or "body"
-
-
-def validation_message(errors: Sequence[Mapping[str, Any]]) -> str:
-    """pydantic's errors as one line, each field once: what each type of a union wanted joined (``think: Input should
-    be a valid boolean, or 'low', 'medium' or 'high'``)."""
-    wanted: dict[str, list[str]] = {}
-    for err in errors:
-        said = wanted.setdefault(error_field(err), [])
-        message = str(err.get("msg", "invalid"))
-        said.append(message if not said else message.removeprefix("Input should be "))
-    parts = [f"{where}: {', or '.join(dict.fromkeys(said))}" for where, said in list(wanted.items())[:5]]
-    return "; ".join(parts) or "the request is invalid"
 
 
 def _validation_message(exc: RequestValidationError) -> str:

@@ -21,7 +21,8 @@ from pydantic import BaseModel, Field, ValidationError
 from ...retrieval.vectors import MAX_WHERE_KEYS
 from ...inputs.jsonlimits import load_json
 from ...inputs.text import check_text, check_texts
-from ..edge.http_errors import ApiError, validation_message
+from ..edge.http_errors import ApiError
+from ..edge.validation import validation_message
 from .dialect_body import DialectBody, StrictBody
 
 __all__ = [

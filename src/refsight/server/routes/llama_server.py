@@ -301,13 +301,12 @@ async def completion(
     """llama-server's native completion: the prompt as given (no chat template), images at its media markers.
     Several prompts are answered one after the other, as a JSON array in their order (not streamed)."""
     max_new_tokens, sampling = check_generation(body, service, None, config.max_new_tokens)
-    ignored = log_ignored(request.url.path, body.ignored_fields())
+    ignored = ignored_extra(log_ignored(request.url.path, body.ignored_fields()))
     schema = body.schema()
     prompts = await _checked_prompts(body, service, pool, config)
     resolver = PartResolver.for_request(request, service, namespace, uuids, config)
     # ignore_eos bans the end tokens: generation_settings shows them (the first ask walks the vocabulary: off the loop)
     ends = await pool.run_light(service.end_tokens) if sampling.ignore_eos else ()
-
     fill = body.until_the_limit()
 
     def work_of(prompt: RawPrompt, clock: TokenClock) -> Any:
@@ -343,8 +342,7 @@ async def completion(
                                     "timings_per_token": bool(body.timings_per_token)},
             "prompt": service.media_marker.join(prompt.texts), "has_new_line": "\n" in result.text, "truncated": result.truncated,
             "stop_type": kind, "stopping_word": word, "timings": clock.final(result),
-            "refsight": {"random_weights": result.random_weights, "references_cached": result.references_cached,
-                         **ignored_extra(ignored)},
+            "refsight": {"random_weights": result.random_weights, "references_cached": result.references_cached, **ignored},
             **probs,
         }, body.response_fields)
 

@@ -30,7 +30,8 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, ValidationError
 
 from ..intake.completion_parts import media_segment
-from ..edge.http_errors import ApiError, error_field, validation_message
+from ..edge.http_errors import ApiError
+from ..edge.validation import error_field, validation_message
 from ..intake.dialect_body import DialectBody
 from ..intake.generation_body import GenerationBody, check_generation, check_schema
 from ..intake.messages import PartResolver
