@@ -79,6 +79,11 @@ def test_unknown_fields_and_hints_are_accepted_and_named_in_refsight_ignored(toy
     assert READERS[reader](response)["ignored"] == ignored
 
 
+def test_a_model_that_cannot_think_says_so_and_show_names_what_it_ignored(toy):
+    shown = toy.post("/api/show", json={"model": "toy", "wat": 1}).json()
+    assert "thinking" not in shown["capabilities"] and shown["refsight"] == {"ignored": ["wat"]}
+
+
 def test_a_reply_without_ignored_fields_names_none(toy):
     assert "ignored" not in toy.post("/v1/chat/completions", json={"messages": HI}).json()["refsight"]
     assert "refsight" not in toy.post("/v1/messages", json={"max_tokens": 4, "messages": HI}).json()

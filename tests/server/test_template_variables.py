@@ -82,6 +82,7 @@ def test_the_chat_its_count_and_every_dialect_render_with_them(live):
     assert counted.json()["input_tokens"] == off["usage"]["prompt_tokens"]
     # Ollama's think: honoured where the template can think (no 400), in its chat's prompt.
     name = live.get("/api/tags").json()["models"][0]["model"]
+    assert "thinking" in live.post("/api/show", json={"model": name}).json()["capabilities"]  # as Ollama decides it
     ollama = [live.post("/api/chat", json={"model": name, "stream": False, "messages": HI, "think": think}).json()
               for think in (True, False)]
     assert ollama[1]["prompt_eval_count"] == off["usage"]["prompt_tokens"] > ollama[0]["prompt_eval_count"]

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 from ... import __version__
 from ...results import GenerateResult
 
-__all__ = ["Answer", "usage", "refsight_extra", "ignored_extra", "finish_reason", "RANDOM_WEIGHTS_NOTICE", "SYSTEM_FINGERPRINT"]
+__all__ = ["Answer", "usage", "refsight_extra", "ignored_extra", "ignored_object", "finish_reason", "RANDOM_WEIGHTS_NOTICE", "SYSTEM_FINGERPRINT"]
 
 #: OpenAI's ``system_fingerprint`` (llama-server sends its build): the refsight version that answered.
 SYSTEM_FINGERPRINT = f"refsight-{__version__}"
@@ -71,6 +71,12 @@ def ignored_extra(ignored: Sequence[str]) -> dict[str, Any]:
     """``{"ignored": [...]}``: the paths of the request's fields that refsight did not use (unknown fields and hints,
     :mod:`~..intake.dialect_body`), where there are any; else nothing."""
     return {"ignored": list(ignored)} if ignored else {}
+
+
+def ignored_object(ignored: Sequence[str]) -> dict[str, Any]:
+    """``{"refsight": {"ignored": [...]}}`` for a reply that carries no ``refsight`` object otherwise (a count, a
+    template, tokens, Anthropic's message, Ollama's load), where any field was ignored; else nothing."""
+    return {"refsight": ignored_extra(ignored)} if ignored else {}
 
 
 def finish_reason(answer: GenerateResult) -> str:

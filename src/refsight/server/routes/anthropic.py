@@ -38,7 +38,7 @@ from fastapi import APIRouter, Request
 from pydantic import Field
 
 from ... import InvalidInputError
-from ..replies.answers import Answer, ignored_extra
+from ..replies.answers import Answer, ignored_object
 from ..intake.dialect_body import DialectBody, log_ignored
 from ..intake.completion_parts import stop_type
 from ..deps import ConfigDep, MediaUuidsDep, Namespace, PoolDep, ServiceDep
@@ -217,7 +217,7 @@ async def count_tokens(
 
     ending = prompt_end_of(messages)[0]
     count = await pool.run_light(input_tokens, service, messages, ending, resolver, namespace, variables)
-    return {"input_tokens": count, **({"refsight": ignored_extra(ignored)} if ignored else {})}
+    return {"input_tokens": count, **ignored_object(ignored)}
 
 
 @router.post("/v1/messages", responses=_ERRORS)
@@ -229,7 +229,7 @@ async def messages(
     body.check_fields()
     max_new_tokens, sampling = _generation(body, service, config.max_new_tokens)
     variables, ignored = body.variables(service, request.url.path)
-    extra = {"refsight": ignored_extra(ignored)} if ignored else {}
+    extra = ignored_object(ignored)
     schema = check_schema(body.output_format.schema_, "output_format.schema") if body.output_format else None
     chat = body.chat_messages()
     prompt_end = chat_prompt_end(service, chat)  # a final assistant message: Anthropic's prefill, continued

@@ -27,7 +27,7 @@ from pydantic import Field, ValidationError
 from ... import __version__
 from ...results import GenerateResult
 from ...settings import torch_threads
-from ..replies.answers import Answer, ignored_extra
+from ..replies.answers import Answer, ignored_extra, ignored_object
 from ..intake.completion_parts import MAX_PROMPTS, RawPrompt, check_raw_prompt, fill_context, mixed_prompt_text, raw_prompt, stop_type
 from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
 from ..edge.http_errors import ERROR_RESPONSES, ApiError
@@ -130,7 +130,7 @@ class TokenizeBody(DialectBody):
 def _noting_ignored(request: Request, body: DialectBody) -> dict[str, Any]:
     """The ``refsight`` object of a reply that carries none otherwise: the fields refsight did not use, if any."""
     ignored = log_ignored(request.url.path, body.ignored_fields())
-    return {"refsight": ignored_extra(ignored)} if ignored else {}
+    return ignored_object(ignored)
 
 
 @router.post("/tokenize", responses=_ERRORS)
@@ -201,7 +201,7 @@ async def apply_template(
     ending, _ = prompt_end_of(body.messages, body.add_generation_prompt, body.continue_final_message)
     ignored = log_ignored(request.url.path, [*body.ignored_fields(), *unread])
     prompt = await pool.run_light(service.render_chat, texts, turns, ending, variables)
-    return {"prompt": prompt, **({"refsight": ignored_extra(ignored)} if ignored else {})}
+    return {"prompt": prompt, **ignored_object(ignored)}
 
 
 class PromptObject(DialectBody):

@@ -36,7 +36,7 @@ from .ollama_bodies import (
     ollama_name, schema_of, thinking,
 )
 from ..intake.dialect_body import log_ignored
-from ..replies.answers import Answer, finish_reason, ignored_extra, refsight_extra
+from ..replies.answers import Answer, finish_reason, ignored_extra, ignored_object, refsight_extra
 from ..intake.messages import PartResolver
 from ..intake.prompt_limit import check_prompt_chars, check_prompt_tokens
 from ..replies.streaming import NDJSON, EventStreamResponse, answer_events, ndjson_line, open_stream
@@ -138,7 +138,7 @@ def _loaded(service: Any, key: str, keep_alive: Any, ignored: list[str]) -> dict
     unload = keep_alive in (0, "0", "0s", "0m")
     text = {"message": {"role": "assistant", "content": ""}} if key == "message" else {"response": ""}
     return {"model": ollama_name(service), "created_at": created_at(), **text, "done": True,
-            "done_reason": "unload" if unload else "load", **({"refsight": ignored_extra(ignored)} if ignored else {})}
+            "done_reason": "unload" if unload else "load", **ignored_object(ignored)}
 
 
 def _note(options: Any, service: Any, ignored: list[str]) -> dict[str, Any]:

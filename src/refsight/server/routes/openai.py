@@ -52,7 +52,7 @@ from fastapi import APIRouter, Request
 from pydantic import Field
 
 from ... import InvalidInputError, Sampling
-from ..replies.answers import SYSTEM_FINGERPRINT, Answer, finish_reason, ignored_extra, refsight_extra, usage
+from ..replies.answers import SYSTEM_FINGERPRINT, Answer, finish_reason, ignored_object, refsight_extra, usage
 from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
 from ..intake.bodies import StreamOptions
 from ..intake.dialect_body import log_ignored
@@ -309,7 +309,7 @@ async def chat_input_tokens(
     check_prompt_chars(prompt_texts(body.messages), config.max_prompt_tokens)
     resolver = PartResolver.for_request(request, service, namespace, uuids, config)
     count = await pool.run_light(input_tokens, service, body.messages, prompt_end, resolver, namespace, variables)
-    return {"input_tokens": count, **({"refsight": ignored_extra(ignored)} if ignored else {})}
+    return {"input_tokens": count, **ignored_object(ignored)}
 
 
 @router.get("/v1/models")
