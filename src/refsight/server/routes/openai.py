@@ -119,7 +119,6 @@ class ChatBody(GenerationBody):
             raise ApiError(400, "invalid_input", "max_tokens: differs from max_completion_tokens; give one", param="max_tokens")
 
 
-
 @dataclass(frozen=True)
 class _Checked:
     """What the checks of a chat body make of it: the token bound, the sampling, the prompt's end, the template's
