@@ -25,7 +25,7 @@ naming the field and the reason; the engine takes the value whole and never chec
 The requests sit on the ground floor: they import only ground-floor rooms (the errors, image intake, the
 hostile-input checks of :mod:`refsight.inputs`, :mod:`refsight.inputs.rubric`, :mod:`refsight.sampling`), and the
 checks of the fields the rooms above also apply live here (:func:`check_search`, :func:`check_recall_mode`,
-:func:`check_sources`, :func:`check_prompt_end`, the reranker names).
+:func:`check_sources`, :func:`check_prompt_end`, :func:`check_template_variables`, the reranker names).
 """
 
 from __future__ import annotations
@@ -48,8 +48,13 @@ from .tools import ChatTools, ToolTurn, ToolUse
 __all__ = [
     "CompareRequest", "GenerationRequest", "SearchRequest", "AddRequest", "Sampling", "SAMPLING_RANGES", "MAX_SHORTLIST",
     "MAX_K", "PROMPT_ENDS", "RECALL_MODES", "RECORD_SOURCES", "RERANKERS", "check_json_schema", "check_prompt_end",
-    "check_query_text", "check_recall_mode", "check_search", "check_sources",
+    "check_query_text", "check_recall_mode", "check_search", "check_sources", "check_template_variables",
+    "RESERVED_TEMPLATE_VARIABLES",
 ]
+
+#: The chat template variables refsight's render sets itself from the request: a request's own may not name them.
+RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "tools",
+                                         "documents"})
 
 #: Most references one compare may recall, rerank or judge.
 MAX_SHORTLIST = 1000
@@ -182,9 +187,12 @@ class GenerationRequest:
     ``supports_constrained_decoding``; kept in 2020-12's form, draft-07's tuple ``items`` as
     ``prefixItems``); ``max_prompt_tokens`` bounds the prompt (text and image tokens); ``prompt_end``
     how the chat prompt ends after its turns (:data:`PROMPT_ENDS`: ``continue`` continues a final
-    assistant turn). ``tools`` (a :class:`~refsight.tools.ToolUse`) offers the model functions, rendered by its chat
-    template, the answer read into calls (a forced call, ``tool_choice`` ``required`` or named, is its ``json_schema``);
-    ``tool_turns`` has each turn's tool fields (an assistant turn's calls, a tool result's call id; None: none).
+    assistant turn); ``template_variables`` the chat template's variables beside the conversation
+    (``enable_thinking``, ``reasoning_effort``: vLLM's and llama-server's ``chat_template_kwargs``), honoured where the
+    backend renders a template (:attr:`~refsight.backends.base.Backend.renders_template_variables`). ``tools`` (a
+    :class:`~refsight.tools.ToolUse`) offers the model functions, rendered by its chat template, the answer read into
+    calls (a forced call, ``tool_choice`` ``required`` or named, is its ``json_schema``); ``tool_turns`` has each
+    turn's tool fields (an assistant turn's calls, a tool result's call id; None: none).
     ``use_cache`` / ``prefix_states``, ``model`` and ``namespace`` become the request context at the engine's front
     door.
 
@@ -209,6 +217,7 @@ class GenerationRequest:
     model: str | None = None
     namespace: str | None = None
     prompt_end: str = "generation_prompt"
+    template_variables: Mapping[str, Any] = field(default_factory=dict)
     prefix_segments: int = 0
     prefix_cache: Any = None
     reference_keys: frozenset[str] | None = None
@@ -221,6 +230,7 @@ class GenerationRequest:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise InvalidInputError("max_new_tokens", f"must be a positive integer, not {self.max_new_tokens!r}")
         check_prompt_end(self.prompt_end, self.raw_prompt)
+        object.__setattr__(self, "template_variables", check_template_variables(self.template_variables, self.raw_prompt))
         object.__setattr__(self, "segments", _checked_segments(self.segments))
         _check_tools(self)
         if self.json_schema is not None:
@@ -409,6 +419,20 @@ def check_prompt_end(prompt_end: Any, raw_prompt: bool) -> None:
         raise InvalidInputError("prompt_end", f"must be one of {', '.join(PROMPT_ENDS)}, not {prompt_end!r}")
     if raw_prompt and prompt_end != "generation_prompt":
         raise InvalidInputError("prompt_end", "a raw prompt is the whole prompt: no chat template to end")
+
+
+def check_template_variables(variables: Any, raw_prompt: bool = False) -> dict[str, Any]:
+    """``variables`` as a dict of the chat template's variables (names, not :data:`RESERVED_TEMPLATE_VARIABLES`; values
+    of valid text); a raw prompt has no template, so it takes none. InvalidInputError naming ``template_variables``."""
+    if not isinstance(variables, Mapping) or any(not isinstance(name, str) or not name for name in variables):
+        raise InvalidInputError("template_variables", "give a mapping of variable names to values")
+    if variables and raw_prompt:
+        raise InvalidInputError("template_variables", "a raw prompt is the whole prompt: no chat template to read them")
+    reserved = sorted(RESERVED_TEMPLATE_VARIABLES & set(variables))
+    if reserved:
+        raise InvalidInputError("template_variables", f"refsight's render sets {reserved[0]} itself")
+    check_texts(dict(variables), "template_variables")
+    return dict(variables)
 
 
 def check_sources(sources: Sequence[str], what: str = "attributes") -> tuple[str, ...]:

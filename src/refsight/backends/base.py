@@ -143,6 +143,8 @@ class Backend(TextAccess, abc.ABC):
     supports_prompt_progress: ClassVar[bool] = False
     #: The ``GenerationRequest.prompt_end`` values this backend renders.
     prompt_ends: ClassVar[frozenset[str]] = frozenset({"generation_prompt"})
+    #: Hands ``GenerationRequest.template_variables`` to the chat template it renders (a backend without one refuses).
+    renders_template_variables: ClassVar[bool] = False
     #: Special tokens a user's text may not contain (they would shift the image placeholders).
     reserved_tokens: tuple[str, ...] = ()
     #: Images encoded per forward pass.

@@ -14,8 +14,8 @@ stands for an image itself (:attr:`TextAccess.media_tokens`) is refused in it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import ClassVar
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 from ..errors import InvalidInputError
 from ..tools import ChatTools, ToolFormat, format_of
@@ -76,25 +76,29 @@ class TextAccess:
 
     def template_text(
         self, texts: Sequence[str], turns: list[tuple[str, int]] | None = None, *, generation_prompt: bool = True,
-        tools: ChatTools | None = None,
+        tools: ChatTools | None = None, variables: Mapping[str, Any] | None = None,
     ) -> str:
         """The chat template around ``texts`` (``turns`` as in a request), images already written as the marker;
-        ``generation_prompt=False``: without the opening of the answer's turn; ``tools``: what it is given of them."""
+        ``generation_prompt=False``: without the opening of the answer's turn; ``tools``: what it is given of them;
+        ``variables``: the template's own."""
         raise InvalidInputError("messages", f"{self.name} does not expose its chat template as text")
 
     def chat_text(self, texts: Sequence[str], turns: Sequence[tuple[str, int]] | None = None,
-                  prompt_end: str = "generation_prompt", tools: ChatTools | None = None) -> str:
+                  prompt_end: str = "generation_prompt", tools: ChatTools | None = None,
+                  variables: Mapping[str, Any] | None = None) -> str:
         """The whole prompt a chat of ``texts`` (images already written as the marker) renders to: the chat template
         over ``turns`` (None: one user turn) ended as ``prompt_end`` says (``continue``: the turns before the final one
         with the opening of the answer's turn, then the final turn's text, as llama-server renders a prefill), given
-        ``tools``. InvalidInputError when that prompt is nothing to generate from (:func:`check_prompt_text`)."""
+        ``tools`` and the template's ``variables`` (``GenerationRequest.template_variables``). InvalidInputError when
+        that prompt is nothing to generate from (:func:`check_prompt_text`)."""
         texts = list(texts)
         turns = list(turns or [("user", len(texts))])
         if prompt_end == "continue":
             head, head_turns, tail = split_final_turn(texts, turns)
-            text = self.template_text(head, head_turns, tools=tools) + tail
+            text = self.template_text(head, head_turns, tools=tools, variables=variables) + tail
         else:
-            text = self.template_text(texts, turns, generation_prompt=prompt_end == "generation_prompt", tools=tools)
+            text = self.template_text(texts, turns, generation_prompt=prompt_end == "generation_prompt", tools=tools,
+                                      variables=variables)
         return check_prompt_text(text, sum(t.count(self.media_marker) for t in texts), self.media_marker)
 
     def probe_chat_template(self) -> None:

@@ -44,7 +44,8 @@ def plan_turns(
 
 def check_prompt_form(backend: Any, i: int, request: Any) -> None:
     """InvalidInputError for a raw prompt ``backend`` cannot take (or one with turns), or a ``prompt_end`` it does
-    not render (its ``prompt_ends``) or the prompt cannot take: ``continue`` needs a final assistant turn of text
+    not render (its ``prompt_ends``), template variables where it renders no template, or a ``prompt_end`` the prompt
+    cannot take: ``continue`` needs a final assistant turn of text
     only (its text is written as is after the opening of the answer's turn)."""
     if request.raw_prompt and not backend.supports_raw_prompt:
         raise InvalidInputError(f"requests[{i}].raw_prompt", f"{backend.name} renders every prompt in its chat template")
@@ -56,6 +57,8 @@ def check_prompt_form(backend: Any, i: int, request: Any) -> None:
             raise InvalidInputError(where, "a raw prompt is the whole prompt: it takes no tools or tool turns")
         raise InvalidInputError(where, f"{backend.name} cannot offer tools to its model: tool calling needs the chat "
                                 "template rendered by refsight (the transformers and llama.cpp runtimes)")
+    if request.template_variables and not backend.renders_template_variables:
+        raise InvalidInputError("template_variables", f"{backend.name} renders no chat template to hand them to")
     if request.prompt_end != "generation_prompt" and request.prompt_end not in backend.prompt_ends:
         raise InvalidInputError("prompt_end", f"{backend.name} cannot end a prompt with {request.prompt_end!r}")
     if request.prompt_end != "continue":

@@ -27,7 +27,7 @@ import gc
 import io
 import time
 from dataclasses import fields as dataclass_fields
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from PIL import Image
 
@@ -200,18 +200,19 @@ class Service:
             image = self.engine.reference_package(self.engine.reference(image.ref_id, namespace=namespace)).package
         return self.engine.backend().image_token_count(image)
 
-    def render_chat(self, texts: list[str], turns: list[tuple[str, int]], ending: str, tools: Any = None) -> str:
+    def render_chat(self, texts: list[str], turns: list[tuple[str, int]], ending: str, tools: Any = None,
+                    variables: Mapping[str, Any] | None = None) -> str:
         """The chat template's text of ``texts`` in ``turns``, ended as ``ending`` says (``continue``: the earlier
         turns with the answer's opening, then the final message's text, as a chat renders it), given ``tools`` (a
-        :class:`~refsight.tools.ChatTools`, as a chat renders them); rendered under the renders' bounds, and refused
-        (400) when it is nothing to generate from, as a chat would be."""
+        :class:`~refsight.tools.ChatTools`, as a chat renders them) and the template's ``variables``; rendered under
+        the renders' bounds, and refused (400) when it is nothing to generate from, as a chat would be."""
         backend = self.engine.backend()
         if tools is not None and not backend.supports_tools:
             raise InvalidInputError("tools", f"{backend.name} cannot offer tools to its model")
-        return backend.chat_text(texts, turns, ending, tools)
+        return backend.chat_text(texts, turns, ending, tools, variables)
 
     def template_reads(self, variable: str) -> bool:
-        """Whether the served chat template could read ``variable`` (a ``chat_template_kwargs`` key)."""
+        """Whether the served chat template could read ``variable`` (a template variable a request sets)."""
         return self.engine.backend().chat_template_reads(variable)
 
     def end_tokens(self) -> tuple[int, ...]:

@@ -48,11 +48,13 @@ def resolved_template(processor: Any) -> str:
     return template
 
 
-def render_chat(processor: Any, messages: list[dict[str, Any]], generation_prompt: bool, tools: Any = None) -> str:
+def render_chat(processor: Any, messages: list[dict[str, Any]], generation_prompt: bool, tools: Any = None,
+                variables: Mapping[str, Any] | None = None) -> str:
     """``messages`` in the processor's chat template, as ``apply_chat_template(tokenize=False)`` renders them (with the
-    ``tools`` its :class:`~refsight.tools.ChatTools` offers)."""
+    ``tools`` its :class:`~refsight.tools.ChatTools` offers); ``variables``: the template's own, as
+    ``apply_chat_template``'s keyword arguments hand them over."""
     special = {key: _plain(value) for key, value in processor.tokenizer.special_tokens_map.items()}
-    context = {**special, "messages": messages, "tools": None, "documents": None,
+    context = {**special, **(variables or {}), "messages": messages, "tools": None, "documents": None,
                "add_generation_prompt": generation_prompt, **(tools.variables() if tools is not None else {})}
     return render(resolved_template(processor), context, flavour="transformers")
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 from ...errors import BackendError, CorruptPackageError, InvalidInputError, ModelLoadError
 from ...families.entry import Traits
@@ -271,12 +271,13 @@ class GenericBackend(HFBackend):
 
     def build_prompt(
         self, segments: Sequence[str | VisualPackage], turns: list[tuple[str, int]] | None = None,
-        generation_prompt: bool = True, tools: Any = None,
+        generation_prompt: bool = True, tools: Any = None, variables: Mapping[str, Any] | None = None,
     ) -> str:
         """The checkpoint's chat template over the turns (``generation_prompt``: the answer's turn opened;
-        ``tools``: a :class:`~refsight.tools.ChatTools`), each image token replaced by its package's placeholder."""
+        ``tools``: a :class:`~refsight.tools.ChatTools`; ``variables``: the template's own), each image token replaced
+        by its package's placeholder."""
         packages = [s for s in segments if isinstance(s, VisualPackage)]
-        text = self._render(list(segments), turns, generation_prompt, tools)
+        text = self._render(list(segments), turns, generation_prompt, tools, variables)
         pieces = text.split(self.image_token)
         if len(pieces) != len(packages) + 1:
             raise BackendError(self.name, f"the chat template placed {len(pieces) - 1} image token(s) for "
@@ -289,7 +290,7 @@ class GenericBackend(HFBackend):
 
     def template_text(
         self, texts: Sequence[str], turns: list[tuple[str, int]] | None = None, *, generation_prompt: bool = True,
-        tools: Any = None,
+        tools: Any = None, variables: Mapping[str, Any] | None = None,
     ) -> str:
         """The chat template around ``texts``, each media marker in them rendered as the template renders an
         image (Qwen: ``<|vision_start|>`` marker ``<|vision_end|>``), so ``/completion`` on the text is the chat
@@ -304,7 +305,7 @@ class GenericBackend(HFBackend):
             segments += parts
             image_turns.append((role, len(parts)))
             start += count
-        return self._render(segments, image_turns, generation_prompt, tools).replace(self.image_token, marker)
+        return self._render(segments, image_turns, generation_prompt, tools, variables).replace(self.image_token, marker)
 
     def prompt_text_of(self, request: GenerationRequest) -> str:
         """The checkpoint's chat template over ``request``, each image as the media marker (:meth:`chat_text`); a raw
@@ -312,15 +313,16 @@ class GenericBackend(HFBackend):
         if request.raw_prompt:
             return super().prompt_text_of(request)
         texts = [s if isinstance(s, str) else self.media_marker for s in request.segments]
-        return self.chat_text(texts, request.turns, request.prompt_end, request.chat_tools)
+        return self.chat_text(texts, request.turns, request.prompt_end, request.chat_tools, request.template_variables)
 
     def _render(self, segments: list[Any], turns: list[tuple[str, int]] | None, generation_prompt: bool = True,
-                tools: Any = None) -> str:
+                tools: Any = None, variables: Mapping[str, Any] | None = None) -> str:
         """The template over text and image segments (anything not a string is an image): one image token
         per image, after the processor's own rewrite. The mixin's rendering (:mod:`.chat`; the few processors that
         override it, SmolVLM's, only add video arguments the image-only processor has no use for)."""
         try:
-            text = render_chat(self.processor, chat_messages(segments, turns, tools), generation_prompt, tools)
+            text = render_chat(self.processor, chat_messages(segments, turns, tools), generation_prompt, tools,
+                               variables)
         except InvalidInputError:  # the bounded renderer's word on the template (a ValueError too)
             raise
         except ValueError as e:  # the processor has no template to render

@@ -265,7 +265,7 @@ def state_layout(backend: Any) -> str:
 
 def _prefix_text(backend: Any, row: list[Any], request: GenerationRequest, full: str) -> str | None:
     """The text of the prompt up to the end of the prefix segments, or None when it is not a head of ``full``."""
-    render = partial(backend.build_prompt, tools=request.chat_tools)  # a template may write the tools before it
+    render = partial(backend.build_prompt, tools=request.chat_tools, variables=request.template_variables)
     text = render_prefix(render, row, request.turns, request.prefix_segments)
     return text if text is not None and full.startswith(text) else None
 

@@ -166,7 +166,7 @@ def plan_prefix(backend: Any, request: Any, template: str) -> PromptPrefix | Non
     head = list(request.segments[:n_segments])
     if any(isinstance(s, ImageInput) for s in head) or not any(isinstance(s, VisualPackage) for s in head):
         return None
-    render = partial(backend.prompt_text, tools=request.chat_tools)  # a template may write the tools before them
+    render = partial(backend.prompt_text, tools=request.chat_tools, variables=request.template_variables)
     text = render_prefix(render, request.segments, request.turns, n_segments)
     if text is None:
         return None

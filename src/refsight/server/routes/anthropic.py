@@ -8,13 +8,18 @@ continued (Anthropic's prefill, rendered as llama-server renders its assistant p
 with the opening of the answer's turn, then that message's text; a backend that cannot is a 400 naming
 ``messages``). ``max_tokens`` is required (Anthropic's rule); ``stop_sequences``,
 ``temperature``, ``top_p`` and ``top_k`` are honoured as on the chat route (greedy unless a
-temperature is given); ``metadata`` and blocks' ``cache_control`` are hints. Tool use as llama-server takes it:
-``tools`` (``name``, ``description``, ``input_schema``) rendered by the model's chat template, ``tool_choice``
-(``auto``, ``any``, ``tool`` with its ``name``, ``none``; ``disable_parallel_tool_use``), the answer's calls as
-``tool_use`` blocks with ``stop_reason: "tool_use"``, and a conversation's ``tool_use`` blocks (an assistant's calls)
-and ``tool_result`` blocks (each a tool message, before the rest of its user message) rendered on the next turn
-(:mod:`..intake.tool_fields`). Extended ``thinking`` and any other field are refused by name, in Anthropic's error
-shape (``{"type": "error", "error": {"type": "invalid_request_error", "message"}}``,
+temperature is given), and so is ``output_format`` (a ``json_schema`` the answer follows); ``thinking``
+``{"type": "disabled"}`` sets the chat template's ``enable_thinking`` false where the template reads it.
+``metadata``, ``service_tier``, ``container``, ``context_management`` and blocks' ``cache_control`` are hints, and
+a field or block member refsight does not know is accepted: both are named in the reply's ``refsight.ignored``
+(the message's ``refsight`` object, or ``message_start``'s, present when there is one; every type is strict:
+``"max_tokens": "5"`` is refused naming it). Tool use as llama-server takes it: ``tools`` (``name``,
+``description``, ``input_schema``) rendered by the model's chat template, ``tool_choice`` (``auto``, ``any``,
+``tool`` with its ``name``, ``none``; ``disable_parallel_tool_use``), the answer's calls as ``tool_use`` blocks with
+``stop_reason: "tool_use"``, and a conversation's ``tool_use`` blocks (an assistant's calls) and ``tool_result``
+blocks (each a tool message, before the rest of its user message) rendered on the next turn
+(:mod:`..intake.tool_fields`). Remote ``mcp_servers`` and extended ``thinking`` are refused by name, in Anthropic's
+error shape (``{"type": "error", "error": {"type": "invalid_request_error", "message"}}``,
 :func:`~..edge.http_errors.anthropic_error_body`).
 
 ``stream: true`` answers with Anthropic's events: ``message_start``, ``content_block_start``,
@@ -31,19 +36,20 @@ from __future__ import annotations
 
 import json
 import uuid as uuidlib
-from typing import Any, AsyncIterator, Literal
+from typing import Any, AsyncIterator, ClassVar, Literal
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from ... import InvalidInputError
-from ..replies.answers import Answer
-from ..intake.bodies import Integer, Number
+from ..replies.answers import Answer, ignored_object
+from ..intake.dialect_body import DialectBody, log_ignored
 from ..intake.completion_parts import stop_type
 from ..deps import ConfigDep, MediaUuidsDep, Namespace, PoolDep, ServiceDep
 from ..edge.disconnect import run_watched
 from ..edge.http_errors import ERROR_RESPONSES, ApiError
-from ..intake.generation_body import GenerationBody, check_generation
+from ..intake.generation_body import GenerationBody, check_generation, check_schema
+from ..intake.template_variables import template_variables
 from ..intake.messages import chat_prompt_end, prompt_end_of
 from ..intake.input_tokens import input_tokens, template_tokens
 from ..intake.messages import (
@@ -58,8 +64,6 @@ __all__ = ["router"]
 
 router = APIRouter(tags=["anthropic"])
 _ERRORS = {k: ERROR_RESPONSES[k] for k in (400, 404)}
-#: Fields accepted that change nothing here.
-_HINTS = frozenset({"metadata", "service_tier"})
 #: Block types refused by name, with the reason.
 _REFUSED_BLOCKS = {
     "thinking": "extended thinking is not supported", "redacted_thinking": "extended thinking is not supported",
@@ -67,11 +71,11 @@ _REFUSED_BLOCKS = {
 }
 
 
-class Block(BaseModel):
+class Block(DialectBody):
     """One content block: ``text``, ``image`` with its ``source``, ``tool_use`` (``id``, ``name``, ``input``) or
     ``tool_result`` (``tool_use_id``, ``content``); other types are refused by name."""
 
-    model_config = ConfigDict(extra="allow")
+    hints: ClassVar[frozenset[str]] = frozenset({"cache_control"})
     type: str
     text: str | None = None
     source: dict[str, Any] | None = None
@@ -80,38 +84,50 @@ class Block(BaseModel):
     input: dict[str, Any] | None = None
     tool_use_id: str | None = None
     content: str | list["Block"] | None = None
+    cache_control: dict[str, Any] | None = None
 
 
-class AnthropicMessage(BaseModel):
+class AnthropicMessage(DialectBody):
     """A message of the conversation."""
 
-    model_config = ConfigDict(extra="forbid")
     role: Literal["user", "assistant"]
     content: str | list[Block]
 
 
-class CountBody(BaseModel):
+class CountBody(DialectBody):
     """``POST /v1/messages/count_tokens``: the conversation alone."""
 
-    model_config = ConfigDict(extra="allow")
+    hints: ClassVar[frozenset[str]] = frozenset({"metadata", "service_tier", "container", "context_management"})
     model: str | None = None
     messages: list[AnthropicMessage] = Field(min_length=1, max_length=256)
     system: str | list[Block] | None = None
     tools: list[Any] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
+    mcp_servers: list[Any] | None = None
+    metadata: dict[str, Any] | None = None
+    service_tier: str | None = None
+    container: str | dict[str, Any] | None = None
+    context_management: dict[str, Any] | None = None
 
     def check_fields(self) -> None:
-        """400 naming the first field refsight cannot honour (extended thinking, an unknown field)."""
-        for name in sorted(self.model_extra or {}):
-            if name not in _HINTS and name not in MessagesBody.model_fields:
-                raise ApiError(400, "unsupported", f"{name}: this field is not supported by refsight", param=name)
+        """400 naming the first field refsight cannot honour (remote MCP servers, extended thinking)."""
+        if self.mcp_servers:
+            raise ApiError(400, "unsupported", "mcp_servers: remote MCP servers are not supported; send tools",
+                           param="mcp_servers")
         if self.thinking is not None and self.thinking.get("type") != "disabled":
             raise ApiError(400, "unsupported", "thinking: extended thinking is not supported", param="thinking")
 
     def tool_use(self) -> Any:
         """The tools offered and ``tool_choice`` (:func:`~..intake.tool_fields.anthropic_tool_use`)."""
         return anthropic_tool_use(self.tools, self.tool_choice)
+
+    def variables(self, service: Any, route: str) -> tuple[dict[str, Any], list[str]]:
+        """The chat template's variables (``thinking`` disabled: ``enable_thinking`` false, where it is read) and the
+        fields named in ``refsight.ignored`` (logged)."""
+        think = False if self.thinking is not None else None
+        variables, unread = template_variables(service, think=think)
+        return variables, log_ignored(route, [*self.ignored_fields(), *("thinking" for _ in unread)])
 
     def chat_messages(self) -> list[Message]:
         """The conversation as the OpenAI chat route's messages (``system`` first; an assistant's ``tool_use`` blocks
@@ -139,15 +155,23 @@ class CountBody(BaseModel):
         return out
 
 
+class OutputFormat(DialectBody):
+    """``output_format``: ``{"type": "json_schema", "schema": {...}}``, the JSON schema the answer follows."""
+
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
 class MessagesBody(CountBody):
     """``POST /v1/messages``."""
 
-    max_tokens: Integer = Field(ge=1)
+    max_tokens: int = Field(ge=1)
     stop_sequences: list[str] | None = None
-    temperature: Number | None = None
-    top_p: Number | None = None
-    top_k: Integer | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
     stream: bool | None = None
+    output_format: OutputFormat | None = None
 
 
 def _text_block(block: Block, where: str) -> str:
@@ -217,10 +241,11 @@ def _generation(body: MessagesBody, service: Any, limit: int) -> tuple[int, Any]
         raise
 
 
-def _opening_count(service: Any, messages: list[Message], texts: list[str], tools: Any = None) -> int:
+def _opening_count(service: Any, messages: list[Message], texts: list[str], tools: Any,
+                   variables: dict[str, Any]) -> int:
     """``message_start``'s ``input_tokens``: the template's tokens, or the texts' where a backend renders none."""
     try:
-        return template_tokens(service, messages, prompt_end_of(messages)[0], tools)  # a prefill continued
+        return template_tokens(service, messages, prompt_end_of(messages)[0], tools, variables)  # a prefill continued
     except InvalidInputError:
         return service.count_text_tokens("\n".join(texts))
 
@@ -229,9 +254,10 @@ def _opening_count(service: Any, messages: list[Message], texts: list[str], tool
 async def count_tokens(
     request: Request, body: CountBody, namespace: Namespace, service: ServiceDep, pool: PoolDep, config: ConfigDep,
     uuids: MediaUuidsDep,
-) -> dict[str, int]:
+) -> dict[str, Any]:
     """The prompt's tokens (``input_tokens``), images included: nothing is generated."""
     body.check_fields()
+    variables, ignored = body.variables(service, request.url.path)
     messages = body.chat_messages()
     tools, tool_turns = body.tool_use(), tool_turns_of(messages)
     check_tools(service, tools, tool_turns)
@@ -239,8 +265,9 @@ async def count_tokens(
     resolver = PartResolver.for_request(request, service, namespace, uuids, config)
 
     ending = prompt_end_of(messages)[0]
-    return {"input_tokens": await pool.run_light(input_tokens, service, messages, ending, resolver, namespace,
-                                                 chat_tools_of(tools, tool_turns))}
+    count = await pool.run_light(input_tokens, service, messages, ending, resolver, namespace,
+                                 chat_tools_of(tools, tool_turns), variables)
+    return {"input_tokens": count, **ignored_object(ignored)}
 
 
 @router.post("/v1/messages", responses=_ERRORS)
@@ -251,6 +278,9 @@ async def messages(
     """Anthropic's Messages API over the served model: the chat route's work, Anthropic's shapes."""
     body.check_fields()
     max_new_tokens, sampling = _generation(body, service, config.max_new_tokens)
+    variables, ignored = body.variables(service, request.url.path)
+    extra = ignored_object(ignored)
+    schema = check_schema(body.output_format.schema_, "output_format.schema") if body.output_format else None
     chat = body.chat_messages()
     prompt_end = chat_prompt_end(service, chat)  # a final assistant message: Anthropic's prefill, continued
     tools, tool_turns = body.tool_use(), tool_turns_of(chat)
@@ -265,7 +295,8 @@ async def messages(
         segments, turns = messages_to_segments(chat, resolver)
         result = service.chat(segments, namespace=namespace, turns=turns, max_new_tokens=max_new_tokens,
                               sampling=sampling, on_text=on_text, stop_event=stop_event, prompt_end=prompt_end,
-                              tools=tools, tool_turns=tool_turns, on_tool_call=on_text)
+                              json_schema=schema, template_variables=variables, tools=tools, tool_turns=tool_turns,
+                              on_tool_call=on_text)
         return Answer.of(result, media_uuids=[use.to_dict() for use in resolver.commit()])
 
     def ending(result: Answer) -> tuple[str, str | None]:
@@ -281,16 +312,18 @@ async def messages(
         text = [{"type": "text", "text": result.text}] if result.text else []
         return {"id": message_id, "type": "message", "role": "assistant",
                 "content": text + [anthropic_block(call) for call in result.tool_calls],
-                "model": service.served_model, "stop_reason": reason, "stop_sequence": sequence, "usage": _usage(result)}
+                "model": service.served_model, "stop_reason": reason, "stop_sequence": sequence, "usage": _usage(result),
+                **extra}
 
     if not body.stream:
         return message(await run_watched(pool, request, work))  # a client that leaves frees its worker
-    prompt_tokens = await pool.run_light(_opening_count, service, chat, texts, chat_tools_of(tools, tool_turns))
+    prompt_tokens = await pool.run_light(_opening_count, service, chat, texts, chat_tools_of(tools, tool_turns),
+                                         variables)
     first, source, stop = await open_stream(pool, work, request)
     start = {"id": message_id, "type": "message", "role": "assistant", "content": [], "model": service.served_model,
              "stop_reason": None, "stop_sequence": None,
              "usage": {"input_tokens": prompt_tokens, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0,
-                       "output_tokens": 0}}
+                       "output_tokens": 0}, **extra}
     return EventStreamResponse(_events(start, first, source, ending), stop)
 
 
