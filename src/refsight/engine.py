@@ -1,22 +1,18 @@
-"""The :class:`Engine`: refsight's public front. It builds the parts and runs the pipelines.
-
-The parts, each a module with one concern:
+"""The :class:`Engine`, refsight's public front: builds the parts (one concern a module), runs the pipelines.
 
 - :class:`~refsight.cache.packages.PackageCache`: the one get-or-encode (cache policy, counters);
 - :class:`~refsight.references.ReferenceBook`: ingest and reference CRUD;
 - :class:`~refsight.retrieval.store_index.StoreIndex`: recall, kept in sync with the catalog;
-- :class:`~refsight.maintenance.Maintenance`: verify, repair, re-encode, stats, gc;
-- the judge (:mod:`refsight.judge`) and the model backends (:mod:`refsight.backends`).
+- :class:`~refsight.maintenance.Maintenance`: verify, repair, re-encode, stats, gc; the judge (:mod:`refsight.judge`);
+- :class:`~refsight.ranking.Ranking`: vectors of inputs and documents scored; the backends (:mod:`refsight.backends`).
 
-The engine runs three pipelines over them: ``compare`` (recall → attribute prefilter → rerank →
-judge, in :mod:`refsight.compare`), ``chat`` /
-``generate`` and ``search``. Every method takes a ``namespace`` (default: the engine's),
-so one engine serves every tenant of a server. With ``share_packages=False`` the
-namespace also salts every package key, so tenants never share (or observe) encodes.
+The engine runs its pipelines over them: ``compare`` (recall → attribute prefilter → rerank → judge, in
+:mod:`refsight.compare`), ``chat`` / ``generate``, ``search``, and ``embed`` / ``rerank`` (:mod:`refsight.ranking`).
+Every method takes a ``namespace`` (default: the engine's), so one engine serves every tenant of a server; with
+``share_packages=False`` the namespace also salts every package key, so tenants never share (or observe) encodes.
 
-Each public method is a front door: it resolves its keywords ONCE into a
-:class:`~refsight.context.RequestContext` (namespace → scope, model → backend and merged
-options, the cache switches) and hands that one value down.
+Each public method is a front door: it resolves its keywords ONCE into a :class:`~refsight.context.RequestContext`
+(namespace → scope, model → backend and merged options, the cache switches) and hands that one value down.
 """
 
 from __future__ import annotations
@@ -51,6 +47,7 @@ from .results import (
     StoreStats, VerifyReport,
 )
 from .embedders.base import Embedder
+from .ranking import EmbedRequest, EmbedResult, Ranking, RerankRequest, RerankResult
 from .retrieval.store_index import StoreIndex
 from .settings import Settings, load_settings, open_configured_store
 from .store import DEFAULT_NAMESPACE, Reference, RememberedImage, Store
@@ -69,20 +66,19 @@ _DEFAULT_LIMITS = IntakeLimits()
 class Engine:
     """Store + backend + retrieval + judge behind one object.
 
-    ``store`` is a directory (default: ``$REFSIGHT_STORE`` or the user cache dir) or an
-    open :class:`~refsight.store.Store` (then the caller closes it); with ``catalog`` (``postgresql://...``)
-    the directory is a blob directory shared by replicas, the catalog in PostgreSQL, derived data in
-    ``local_dir``; ``"s3://BUCKET/PREFIX"`` with ``catalog`` is a bucket shared by replicas, each with a disk cache
-    of ``local_cache_bytes`` in ``local_dir``; ``redis``, ``max_package_bytes``: see :func:`~refsight.store.open_store`; ``model`` a
-    registered model name (default: ``$REFSIGHT_MODEL`` or ``tiny-qwen2-vl``), loaded on
-    first use with ``backend_options`` over the config file's (``settings``); ``embedder`` the retrieval
-    embedder, an :class:`~refsight.embedders.base.Embedder` or a registry name (``conse``, the
-    default: EfficientNet-Lite0 + MiniLM; ``clip:PATH``; ``vlm:MODEL``), loaded on first use;
-    ``attribute_schema`` the VLM attribute record's schema (an ``AttributeSchema``, a mapping
-    ``name → allowed values or None``, or a JSON/YAML file; default: fur, ears, colour, markings);
-    ``remember_images`` what the store keeps of images a chat sends inline: ``off``, ``recurring`` (those
-    sent again) or ``all`` (default: ``$REFSIGHT_REMEMBER_IMAGES``, else ``[store] remember_images``, else
-    ``recurring``; :mod:`refsight.settings.remembering`).
+    ``store`` is a directory (default: ``$REFSIGHT_STORE`` or the user cache dir) or an open
+    :class:`~refsight.store.Store` (then the caller closes it); with ``catalog`` (``postgresql://...``) the directory
+    is a blob directory shared by replicas, the catalog in PostgreSQL, derived data in ``local_dir``;
+    ``"s3://BUCKET/PREFIX"`` with ``catalog`` is a bucket shared by replicas, each with a disk cache of
+    ``local_cache_bytes`` in ``local_dir``; ``redis``, ``max_package_bytes``: see :func:`~refsight.store.open_store`;
+    ``model`` a registered model name (default: ``$REFSIGHT_MODEL`` or ``tiny-qwen2-vl``), loaded on first use with
+    ``backend_options`` over the config file's (``settings``); ``embedder`` the retrieval embedder, an
+    :class:`~refsight.embedders.base.Embedder` or a registry name (``conse``, the default: EfficientNet-Lite0 +
+    MiniLM; ``clip:PATH``; ``vlm:MODEL``), loaded on first use; ``attribute_schema`` the VLM attribute record's schema
+    (an ``AttributeSchema``, a mapping ``name → allowed values or None``, or a JSON/YAML file; default: fur, ears,
+    colour, markings); ``remember_images`` what the store keeps of images a chat sends inline: ``off``,
+    ``recurring`` (those sent again) or ``all`` (default: ``$REFSIGHT_REMEMBER_IMAGES``, else ``[store]
+    remember_images``, else ``recurring``; :mod:`refsight.settings.remembering`).
     """
 
     def __init__(
@@ -137,6 +133,7 @@ class Engine:
             prefixes=self.prefixes, limits=limits, progress=lambda: self.progress,
         )
         self.maintenance = Maintenance(self.store, self.packages, self.book, self._progress_bar)
+        self.ranking = Ranking(self.book, self.packages, self.retrieval)
 
     # -- lifecycle ---------------------------------------------------------------------
     def close(self) -> None:
@@ -338,6 +335,16 @@ class Engine:
         """Bring the retrieval index up to date (``rebuild``: from the store, from scratch)."""
         context = self.context(namespace)
         return self.retrieval.sync(context.namespace, rebuild=rebuild, scope=context.scope)
+
+    @holding_packages
+    def embed(self, request: EmbedRequest, /) -> EmbedResult:
+        """Unit vectors of the request's inputs, an image's kept by content and embedder (:mod:`refsight.ranking`)."""
+        return self.ranking.embed(self.context(request.namespace, use_cache=request.use_cache), request)
+
+    @holding_packages
+    def rerank(self, request: RerankRequest, /) -> RerankResult:
+        """The request's documents scored against its query, one score each (:mod:`refsight.ranking.rerank`)."""
+        return self.ranking.rerank(self.context(request.namespace, request.model, use_cache=request.use_cache), request)
 
     def ingest(
         self, source: str | Path | Sequence[Any], *, ray: str | None = None, actors: int = 1, gpus_per_actor: float = 0.0,

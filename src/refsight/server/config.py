@@ -18,6 +18,9 @@ __all__ = ["ServerConfig"]
 
 MiB = 1024 * 1024
 
+#: The ``pooling`` values served (llama-server's ``--pooling``): None, the served model's last token, rank.
+POOLINGS = (None, "last", "rank")
+
 
 @dataclass
 class ServerConfig:
@@ -130,6 +133,15 @@ class ServerConfig:
     max_incomplete_requests: int = 256
     #: The retrieval embedder by name (``conse``, ``clip:PATH``, ``vlm:MODEL``; None: the default).
     embedder: str | None = None
+    #: llama-server's ``--embedding``: the served model embeds (the VLM2Vec / Qwen3-VL-Embedding recipe, last-token
+    #: pooling) what an embedding request naming no model sends; False: the retrieval ``embedder`` does.
+    embedding: bool = False
+    #: llama-server's ``--pooling``: None, ``last`` (the served model embeds, as ``embedding``) or ``rank`` (the rerank
+    #: routes score with the served model: their default anyway); ``mean``, ``cls``, ``none`` are not served.
+    pooling: str | None = None
+    #: llama-server's ``--reranking``: the rerank routes are served whatever it says (refsight's rerankers need no
+    #: reranking model); kept so a command line that gives it is taken.
+    reranking: bool = False
     #: Attribute records computed when a reference is added (``imagenet``, ``vlm``), so the first
     #: comparison against it does no reference work; ``()`` defers them to the first comparison.
     ingest_attributes: tuple[str, ...] = ("imagenet",)
@@ -156,6 +168,9 @@ class ServerConfig:
         sleep = self.sleep_idle_seconds
         if sleep is not None and (isinstance(sleep, bool) or not isinstance(sleep, (int, float)) or not 0 < sleep < 1e9):
             raise InvalidInputError("sleep_idle_seconds", f"must be a positive number of seconds, got {sleep!r}")
+        if self.pooling not in POOLINGS:
+            raise InvalidInputError("pooling", f"{self.pooling!r} is not served: the served model's embeddings pool its "
+                                    "last token (last); rank scores documents; leave it out for the retrieval embedder")
         if self.request_timeout_s < self.header_timeout_s:
             raise InvalidInputError("request_timeout_s", "bounds the whole request, head included: not below header_timeout_s")
         if not isinstance(self.max_incomplete_requests, int) or self.max_incomplete_requests < 1:
