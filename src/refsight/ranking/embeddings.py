@@ -211,7 +211,10 @@ def ids_as_text(embedder: Embedder, parts: Sequence[Any], name: str) -> list[Any
             run.append(part)
             continue
         if run:
-            text = embedder.token_text(run)
+            try:
+                text = embedder.token_text(run)
+            except InvalidInputError as exc:
+                raise InvalidInputError(name, exc.reason) from None
             tokens = embedder.text_tokens(text)
             if tokens is not None and not _within(run, tokens):
                 raise InvalidInputError(name, f"these token ids do not read back as the same tokens of {embedder.name} "

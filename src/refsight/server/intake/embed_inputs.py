@@ -15,13 +15,14 @@ or an image still to resolve. The forms, read once here for every route:
 - ``{"text": ...}`` or ``{"image": ...}`` (Jina's documents): one input;
 - vLLM's ``messages`` (:func:`messages_input`): every message's parts in order, one input.
 
-Images are admitted against the request's bounds (``max_images_per_request``, ``max_request_pixels``) and decoded
-when the inputs are resolved, in the work pool (:func:`resolved`), never on the event loop.
+Images are admitted against the request's bounds (``max_images_per_request`` per input: :func:`per_item`;
+``max_request_pixels`` per request) and decoded when the inputs are resolved, in the work pool (:func:`resolved`),
+never on the event loop.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..edge.http_errors import ApiError
@@ -29,7 +30,9 @@ from .completion_parts import media_segment
 from .messages import ContentPart, ImageURL, Message, PartResolver, check_image_role
 from .prompt_limit import check_prompt_chars
 
-__all__ = ["ImagePart", "MediaItem", "check_input_chars", "messages_input", "read_input", "read_inputs", "resolved"]
+__all__ = [
+    "ImagePart", "MediaItem", "check_input_chars", "messages_input", "per_item", "read_input", "read_inputs", "resolved",
+]
 
 
 @dataclass(frozen=True)
@@ -48,8 +51,13 @@ class MediaItem:
     where: str
 
 
+def _field(where: str) -> str:
+    """The body's field a path is in (``input[2].content[0]``: ``input``), the error's ``param``."""
+    return where.split("[")[0].split(".")[0]
+
+
 def _bad(where: str, reason: str) -> ApiError:
-    return ApiError(400, "invalid_input", f"{where}: {reason}", param=where.split("[")[0])
+    return ApiError(400, "invalid_input", f"{where}: {reason}", param=_field(where))
 
 
 def _is_id(value: Any) -> bool:
@@ -110,7 +118,7 @@ def content_parts(parts: Any, where: str) -> list[Any]:
             out.append(ImagePart(ContentPart(type="image_url", image_url=ImageURL(url=url)), here))
         elif kind in ("input_audio", "input_video", "video_url", "audio_url", "image_embeds"):
             raise ApiError(400, "unsupported", f"{here}: {kind} parts are not embedded here (text and images are)",
-                           param=where.split("[")[0])
+                           param=_field(where))
         else:
             raise _bad(here, "a content part is {\"type\": \"text\", \"text\"} or {\"type\": \"image_url\", "
                        "\"image_url\": {\"url\"}}")
@@ -155,6 +163,13 @@ def check_input_chars(inputs: list[list[Any]], limit: int, field: str) -> None:
     """Each input's texts within the prompt limit's characters (before any tokenizer sees them)."""
     for i, parts in enumerate(inputs):
         check_prompt_chars([p for p in parts if isinstance(p, str)], limit, f"{field}[{i}]" if len(inputs) > 1 else field)
+
+
+def per_item(resolver: PartResolver, items: int) -> PartResolver:
+    """``resolver`` bounding the images per input (or per document), not per request: each input is a vector (a
+    document a prompt) of its own, so ``max_images_per_request`` bounds each; the decoded pixels stay bounded per
+    request (``max_request_pixels``), each image released once hashed."""
+    return replace(resolver, max_images=resolver.max_images * max(items, 1))
 
 
 def resolved(inputs: list[list[Any]], resolver: PartResolver) -> list[list[Any]]:

@@ -41,7 +41,7 @@ from ...ranking import EmbedRequest, EmbedResult
 from ..deps import ConfigDep, MediaUuidsDep, Namespace, PoolDep, ServiceDep
 from ..edge.disconnect import run_watched
 from ..edge.http_errors import ERROR_RESPONSES, ApiError
-from ..intake.embed_inputs import check_input_chars, messages_input, read_inputs, resolved
+from ..intake.embed_inputs import check_input_chars, messages_input, per_item, read_inputs, resolved
 from ..intake.messages import Message, PartResolver
 
 __all__ = ["EmbeddingsBody", "embedder_for", "ignored_fields", "router", "served_embedder"]
@@ -151,7 +151,7 @@ async def embedded(
     field, inputs = _inputs_of(body, service.facts.media_marker)
     check_input_chars(inputs, config.max_prompt_tokens, field)
     embedder, shown = embedder_for(body.model, service)
-    resolver = PartResolver.for_request(request, service, namespace, uuids, config)
+    resolver = per_item(PartResolver.for_request(request, service, namespace, uuids, config), len(inputs))
 
     def work(stop_event: Any = None) -> EmbedResult:
         with named_as(inputs=field):

@@ -22,7 +22,7 @@ from ...ranking import EmbedRequest, EmbedResult
 from ..deps import ConfigDep, MediaUuidsDep, Namespace, PoolDep, ServiceDep
 from ..edge.disconnect import run_watched
 from ..edge.http_errors import ERROR_RESPONSES
-from ..intake.embed_inputs import MediaItem, check_input_chars, resolved
+from ..intake.embed_inputs import MediaItem, check_input_chars, per_item, resolved
 from ..intake.messages import PartResolver
 from .embeddings import ignored_fields, named_as, served_embedder
 from .ollama_bodies import check_model
@@ -72,7 +72,7 @@ async def _embedded(
     """The vectors of ``inputs`` (images resolved in the work pool) and the nanoseconds they took."""
     embedder = ollama_embedder(body.model, service)
     check_input_chars(inputs, config.max_prompt_tokens, "input")
-    resolver = PartResolver.for_request(request, service, namespace, uuids, config)
+    resolver = per_item(PartResolver.for_request(request, service, namespace, uuids, config), len(inputs))
     began = time.perf_counter_ns()
 
     def work(stop_event: Any = None) -> EmbedResult:

@@ -29,7 +29,7 @@ from ...ranking import RerankRequest, RerankResult
 from ..deps import ConfigDep, MediaUuidsDep, Namespace, PoolDep, ServiceDep
 from ..edge.disconnect import run_watched
 from ..edge.http_errors import ERROR_RESPONSES, ApiError
-from ..intake.embed_inputs import check_input_chars, content_parts, read_input, resolved
+from ..intake.embed_inputs import check_input_chars, content_parts, per_item, read_input, resolved
 from ..intake.messages import PartResolver
 from .embeddings import ignored_fields, named_as
 
@@ -145,7 +145,7 @@ async def scored(
     check_input_chars(queries, config.max_prompt_tokens, query_field)
     check_input_chars(documents, config.max_prompt_tokens, document_field)
     reranker, shown = reranker_for(body.model, service)
-    resolver = PartResolver.for_request(request, service, namespace, uuids, config)
+    resolver = per_item(PartResolver.for_request(request, service, namespace, uuids, config), len(documents))
 
     def work(stop_event: Any = None) -> RerankResult:
         with named_as(queries=query_field, documents=document_field):
