@@ -16,7 +16,9 @@ import pytest
 
 from live_server import LiveServer, b64, data_url, photo_png
 from runtimes import require_module
+from refsight import InvalidInputError
 from refsight.server import ServerConfig, create_app
+from refsight.server.service import Service
 
 CAT, COFFEE = photo_png("chelsea"), photo_png("coffee")
 LIFE = "I believe the meaning of life is"
@@ -208,8 +210,19 @@ def test_ollama_embed_takes_images_and_gives_the_same_vectors(c, live):
     assert missing.status_code == 404 and "not found" in missing.json()["error"]
 
 
+def test_pooling_none_is_not_served_and_last_needs_a_model_that_embeds(tmp_path):
+    with pytest.raises(InvalidInputError, match="pooling"):
+        ServerConfig(model="toy", pooling="none", keys={}).validate({})
+    service = Service(ServerConfig(model="toy", store=tmp_path, keys={}, pooling="last"), share_packages=True)
+    try:
+        with pytest.raises(InvalidInputError, match="pooling: last: toy cannot embed"):
+            service.open()  # at start, not a 400 for every request
+    finally:
+        service.close()
+
+
 def test_the_served_vlm_reranks_by_p_yes_and_embeds(make_server):
-    server = make_server(model="tiny-qwen2-vl")
+    server = make_server(model="tiny-qwen2-vl", pooling="last")  # llama-server's --pooling last: it embeds too
     with server.client() as c:
         assert c.post("/v1/references", json={"image": b64(CAT), "id": "chelsea"}).status_code == 201
         documents = [{"content": [{"type": "image_url", "image_url": {"url": "refsight://ref/chelsea"}}]},
@@ -218,6 +231,6 @@ def test_the_served_vlm_reranks_by_p_yes_and_embeds(make_server):
         assert body["model"] == "tiny-qwen2-vl" and body["refsight"]["reranker"] == "vlm-yes-no"
         assert body["refsight"]["random_weights"] is True and all(0 < r["relevance_score"] < 1 for r in body["results"])
         image = {"content": [{"type": "image_url", "image_url": {"url": data_url(COFFEE)}}]}
-        reply = c.post("/v1/embeddings", json={"model": "tiny-qwen2-vl", "input": [image, "a cup"]})
+        reply = c.post("/v1/embeddings", json={"input": [image, "a cup"]})  # no model: the served one (--pooling last)
         assert reply.json()["model"] == "tiny-qwen2-vl" and reply.json()["refsight"]["random_weights"] is True
         assert _vectors(reply).shape == (2, 64)

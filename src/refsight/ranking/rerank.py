@@ -2,7 +2,7 @@
 
 - ``reranker="vlm"``: the Qwen3-VL-Reranker recipe refsight's compare reranks with
   (:class:`~refsight.compare.rerank.VlmReranker`): per (query, document) one forward pass over
-  ``<Instruct> <Query> ... <Document> ... Answer "yes" or "no".`` and the softmax of the yes/no logits at the
+  ``<Instruct> <Query> ... <Document> ... Answer "yes" or "no".`` (:func:`refsight.judge.prompts.yes_no_segments`) and the softmax of the yes/no logits at the
   answer's position, no decoding. The whole request's images are resolved once, as a chat's are
   (:meth:`~refsight.references.ReferenceBook.resolve_segments`): a stored reference from its durable package (no
   encoder), an image sent inline through the package cache under the ``remember_images`` policy, so a query image
@@ -17,26 +17,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..backends.base import Backend
-from ..compare.rerank import RERANK_SYSTEM
 from ..context import RequestContext
 from ..errors import InvalidInputError
 from ..package import VisualPackage
+from ..judge.prompts import yes_no_segments
 from ..references import ReferenceBook, ReferenceSegment
 from ..requests import GenerationRequest
 from .embeddings import Embeddings, count_tokens
 from .requests import VLM_RERANKER, RerankRequest, RerankResult
 
-__all__ = ["QUERY_INSTRUCTION", "Reranking", "can_score", "yes_no_segments"]
-
-#: What the model decides for a query and a document (Qwen3-VL-Reranker's default instruction).
-QUERY_INSTRUCTION = "Given a search query, retrieve relevant candidates that answer the query."
-
-
-def yes_no_segments(query: Sequence[Any], document: Sequence[Any], instruction: str = QUERY_INSTRUCTION) -> list[Any]:
-    """The yes/no prompt of one (query, document) pair, each one or more parts (texts, images) in order."""
-    return [f"{RERANK_SYSTEM}\n<Instruct>: {instruction}\n<Query>:", *query, "<Document>:", *document,
-            'Answer "yes" or "no".']
-
+__all__ = ["Reranking", "can_score"]
 
 def can_score(backend: Backend) -> bool:
     """Whether ``backend`` gives P("yes") (its runtime implements the scoring pass)."""

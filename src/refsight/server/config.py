@@ -18,8 +18,8 @@ __all__ = ["ServerConfig"]
 
 MiB = 1024 * 1024
 
-#: The ``pooling`` values served (llama-server's ``--pooling``): None, the served model's last token, rank.
-POOLINGS = (None, "last", "rank")
+#: The ``pooling`` values taken (llama-server's ``--pooling``; ``none``, a vector per token, is not served).
+POOLINGS = (None, "last", "mean", "cls", "rank")
 
 
 @dataclass
@@ -133,15 +133,12 @@ class ServerConfig:
     max_incomplete_requests: int = 256
     #: The retrieval embedder by name (``conse``, ``clip:PATH``, ``vlm:MODEL``; None: the default).
     embedder: str | None = None
-    #: llama-server's ``--embedding``: the served model embeds (the VLM2Vec / Qwen3-VL-Embedding recipe, last-token
-    #: pooling) what an embedding request naming no model sends; False: the retrieval ``embedder`` does.
-    embedding: bool = False
-    #: llama-server's ``--pooling``: None, ``last`` (the served model embeds, as ``embedding``) or ``rank`` (the rerank
-    #: routes score with the served model: their default anyway); ``mean``, ``cls``, ``none`` are not served.
+    #: llama-server's ``--pooling``: ``last``: the served model embeds what an embedding request naming no model
+    #: sends (the VLM2Vec / Qwen3-VL-Embedding recipe: its last token's final hidden state; checked at start);
+    #: None, ``mean``, ``cls``, ``rank``: the retrieval ``embedder`` does, by its own recipe (a GGUF embedding model's
+    #: pooling is not what refsight serves); ``none`` (a vector per token) is not served. (``--embedding`` and
+    #: ``--reranking`` need no field: the embedding and rerank routes are always served.)
     pooling: str | None = None
-    #: llama-server's ``--reranking``: the rerank routes are served whatever it says (refsight's rerankers need no
-    #: reranking model); kept so a command line that gives it is taken.
-    reranking: bool = False
     #: Attribute records computed when a reference is added (``imagenet``, ``vlm``), so the first
     #: comparison against it does no reference work; ``()`` defers them to the first comparison.
     ingest_attributes: tuple[str, ...] = ("imagenet",)
@@ -169,8 +166,8 @@ class ServerConfig:
         if sleep is not None and (isinstance(sleep, bool) or not isinstance(sleep, (int, float)) or not 0 < sleep < 1e9):
             raise InvalidInputError("sleep_idle_seconds", f"must be a positive number of seconds, got {sleep!r}")
         if self.pooling not in POOLINGS:
-            raise InvalidInputError("pooling", f"{self.pooling!r} is not served: the served model's embeddings pool its "
-                                    "last token (last); rank scores documents; leave it out for the retrieval embedder")
+            raise InvalidInputError("pooling", f"{self.pooling!r} is not served (a vector per token): refsight's "
+                                    "embeddings are pooled (last: the served model's last token; else the embedder's)")
         if self.request_timeout_s < self.header_timeout_s:
             raise InvalidInputError("request_timeout_s", "bounds the whole request, head included: not below header_timeout_s")
         if not isinstance(self.max_incomplete_requests, int) or self.max_incomplete_requests < 1:

@@ -32,10 +32,10 @@ from typing import Any, Callable, Sequence
 
 from PIL import Image
 
-from .. import AddFailure, Engine, ImageInput, InvalidInputError, ReferenceSegment
+from .. import AddFailure, EmbedRequest, EmbedResult, Engine, ImageInput, InvalidInputError, ReferenceSegment
+from .. import RerankRequest, RerankResult
 from ..embedders.registry import DEFAULT_EMBEDDER
 from ..inputs.images import IntakeLimits, load_image
-from ..ranking import EmbedRequest, EmbedResult, RerankRequest, RerankResult
 from ..support.environment import default_store_dir
 from ..requests import AddRequest, GenerationRequest, CompareRequest, SearchRequest
 from ..results import GenerateResult
@@ -97,6 +97,11 @@ class Service:
         )
         self.engine.backend().fingerprint()
         self.facts = ModelFacts.of(self.engine.backend())
+        if self.config.pooling == "last":  # llama-server's --pooling last: the served model embeds; here, at start
+            try:
+                self.engine.embed(EmbedRequest(["pooling"], embedder="vlm:" + self.engine.model))
+            except InvalidInputError as exc:
+                raise InvalidInputError("pooling", f"last: {exc.reason}") from None
 
     # -- sleep (llama-server's --sleep-idle-seconds; server/edge/sleep.py decides when) ---------------------
     @property
@@ -308,7 +313,7 @@ class Service:
     @property
     def embedder_name(self) -> str:
         """The configured embedder's registry name (``--embedder``, else ``conse``): what an embedding request naming no
-        model gets (unless the served model embeds: ``ServerConfig.embedding``)."""
+        model gets (unless the served model embeds: ``ServerConfig.pooling`` ``last``)."""
         return self.config.embedder or DEFAULT_EMBEDDER
 
     def embed(self, request: EmbedRequest) -> EmbedResult:

@@ -11,7 +11,7 @@ form, ``messages`` (one vector of every message's texts and images). Images are 
 by default) gets it; naming the served model (any of its names, or ``vlm:MODEL``) gets the served model's embedder
 (the VLM2Vec / Qwen3-VL-Embedding recipe: last-token pooling, where its runtime gives hidden states; else a 400 naming
 ``model``); no ``model``, or another name (as llama-server ignores it; ``--strict-model-name``: a 404), gets the
-default: the retrieval embedder, or the served model with llama-server's ``--embedding`` / ``--pooling last``. The
+default: the retrieval embedder, or the served model with llama-server's ``--pooling last``. The
 reply's ``model`` says which answered, ``refsight.random_weights`` whether its vectors carry meaning.
 
 The fields: ``encoding_format`` ``float`` or ``base64`` (little-endian float32, or ``endianness``), ``dimensions``
@@ -36,8 +36,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from ... import InvalidInputError
-from ...ranking import EmbedRequest, EmbedResult
+from ... import EmbedRequest, EmbedResult, InvalidInputError
 from ..deps import ConfigDep, MediaUuidsDep, Namespace, PoolDep, ServiceDep
 from ..edge.disconnect import run_watched
 from ..edge.http_errors import ERROR_RESPONSES, ApiError
@@ -110,7 +109,7 @@ def embedder_for(model: str | None, service: Any, *, strict: bool | None = None)
     if model is not None and (config.strict_model_names if strict is None else strict):
         raise ApiError(404, "model_not_found", f"model {model!r} is not served here: embeddings come from "
                        f"{service.embedder_name!r} or the served model {service.served_model!r}", param="model")
-    if config.embedding or config.pooling == "last":
+    if config.pooling == "last":
         return served_embedder(service)
     return None, service.embedder_name
 

@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from ...ranking import EmbedRequest, EmbedResult
+from ... import EmbedRequest, EmbedResult
 from ..deps import ConfigDep, MediaUuidsDep, Namespace, PoolDep, ServiceDep
 from ..edge.disconnect import run_watched
 from ..edge.http_errors import ERROR_RESPONSES
