@@ -9,9 +9,11 @@ fresh store:
 2. **repeated**: the same calls again, as a vector database re-indexing the same photos: every vector comes from the
    store, no encoder runs (``repeat_images_per_s``; ``repeat_from_store``: every image flagged so by the reply);
 3. **baseline**: the same embedder's vectors computed in plain Python in this process (``get_embedder(...)``,
-   ``load_image`` then ``embed_images`` in the same batches; no server, no store): ``plain_images_per_s``;
-   ``first_vs_plain`` and ``repeat_vs_plain`` are the ratios to it, ``vectors_equal`` whether the server's vectors
-   are the plain ones (to 1e-5).
+   ``load_image`` then ``embed_images`` in the same batches; no server, no store), with the torch threads one
+   worker of ``refsight serve`` gets (its thread budget: the cores shared out among its 2 workers; ``threads``), so
+   the ratios compare the same compute: ``plain_images_per_s``; ``first_vs_plain`` and ``repeat_vs_plain`` are the
+   ratios to it (above 1: faster than plain Python), ``vectors_equal`` whether the server's vectors are the plain
+   ones (to 1e-5). (torch's default, every core, is slower on a loaded machine: threads fight.)
 
 **Rerank** (``--model``'s P("yes"), the VLM reranker): a new photo of the cat and the question against D stored
 references (``refsight://ref/<id>``, each D of ``--documents``), on the same server (the references' packages stored
@@ -68,12 +70,15 @@ def _embed_over_http(url: str, images: list[bytes], batch: int, embedder: str) -
     return time.perf_counter() - began, np.array(vectors, np.float32), from_store
 
 
-def _embed_in_python(images: list[bytes], batch: int, embedder: str) -> tuple[float, np.ndarray]:
-    """The same embedder called directly (its model loaded first, as the server's is): (seconds, the vectors)."""
+def _embed_in_python(images: list[bytes], batch: int, embedder: str, threads: int) -> tuple[float, np.ndarray]:
+    """The same embedder called directly (its model loaded first, as the server's is), on ``threads`` torch threads:
+    (seconds, the vectors)."""
     from refsight.embedders import get_embedder
     from refsight.inputs.images import load_image
+    from refsight.support.threads import apply_threads
 
     model = get_embedder(embedder)
+    apply_threads(threads)
     model.embed_images([load_image(images[0])])  # the load and the first call's warm-up are not the steady rate
     began = time.perf_counter()
     vectors = [model.embed_images([load_image(png) for png in images[start:start + batch]])
@@ -122,8 +127,11 @@ def run(args: argparse.Namespace) -> dict:
     """Both scenarios (see the module docstring); the figures of the one JSON line."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout stops the servers too
     counts = [int(n) for n in args.documents.split(",")]
+    from refsight.support.threads import thread_budget
+
     images = _images(args.images, args.size)
-    plain_s, plain = _embed_in_python(images, args.batch, args.embedder)
+    threads = thread_budget(workers=2)  # what each of refsight serve's 2 workers gets by default
+    plain_s, plain = _embed_in_python(images, args.batch, args.embedder, threads)
     with tempfile.TemporaryDirectory(prefix="refsight-embeddings-bench-") as tmp:
         store = Path(tmp) / "store"
         with Serve(args.model, store, "--embedder", args.embedder) as server:
@@ -138,7 +146,7 @@ def run(args: argparse.Namespace) -> dict:
         "repeat_vs_plain": round(plain_s / repeat_s, 2), "repeat_vs_first": round(first_s / repeat_s, 2),
         "repeat_from_store": from_store,
         "vectors_equal": bool(np.allclose(first, plain, atol=1e-5) and np.array_equal(first, repeat)),
-        **rerank, "documents": counts, "cpus": os.cpu_count(),
+        **rerank, "documents": counts, "threads": threads, "cpus": os.cpu_count(),
     }
 
 

@@ -210,6 +210,20 @@ def test_ollama_embed_takes_images_and_gives_the_same_vectors(c, live):
     assert missing.status_code == 404 and "not found" in missing.json()["error"]
 
 
+def test_images_are_bounded_per_input_and_their_pixels_per_request(make_server):
+    server = make_server(max_images_per_request=2, max_request_pixels=3 * 64 * 48)
+    image = {"type": "image_url", "image_url": {"url": data_url(CAT)}}
+    with server.client() as c:
+        assert c.post("/v1/embeddings", json={"input": [{"content": [image]}] * 3}).status_code == 200  # 2 an input
+        crowded = c.post("/v1/embeddings", json={"input": {"content": [image] * 3}})
+        assert crowded.status_code == 400 and crowded.json()["error"]["code"] == "too_many_images"
+        heavy = c.post("/v1/embeddings", json={"input": [{"content": [image]}] * 4})  # 4 of 64x48 > 3 of them
+        assert heavy.status_code == 400 and heavy.json()["error"]["code"] == "too_many_pixels"
+        documents = [{"content": [image]}] * 4
+        assert c.post("/v1/rerank", json={"model": "conse", "query": "a cat", "documents": documents}).json()[
+            "error"]["code"] == "too_many_pixels"
+
+
 def test_pooling_none_is_not_served_and_last_needs_a_model_that_embeds(tmp_path):
     with pytest.raises(InvalidInputError, match="pooling"):
         ServerConfig(model="toy", pooling="none", keys={}).validate({})

@@ -61,6 +61,7 @@ class _Input:
 
     @property
     def lone_image(self) -> bool:
+        """Whether the input is one image and nothing else (its vector is the cached one, whatever the embedder)."""
         return not self.text.strip() and len(self.images) == 1
 
 
@@ -118,12 +119,12 @@ class Embeddings:
         self, context: RequestContext, embedder: Embedder, inputs: list[_Input], named: dict[str, Reference],
     ) -> tuple[np.ndarray, list[bool]]:
         """One unit vector per input, and per image embedded through the cache whether its vector was stored."""
-        whole = [i for i, item in enumerate(inputs) if embedder.joint and item.images and not item.lone_image]
+        whole = {i for i, item in enumerate(inputs) if embedder.joint and item.images and not item.lone_image}
         through_cache = [image for i, item in enumerate(inputs) if i not in whole for image in item.images]
         image_vectors, cached = self.image_vectors(context, embedder, through_cache, named)
         texts = [i for i, item in enumerate(inputs) if i not in whole and item.text.strip()]
         text_vectors = dict(zip(texts, embedder.embed_texts([inputs[i].text for i in texts])))
-        joint = dict(zip(whole, self._read_whole(context, embedder, [inputs[i] for i in whole], named)))
+        joint = dict(zip(sorted(whole), self._read_whole(context, embedder, [inputs[i] for i in sorted(whole)], named)))
         out, images = [], iter(image_vectors)
         for i, item in enumerate(inputs):
             if i in joint:
