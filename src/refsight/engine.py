@@ -3,8 +3,8 @@
 - :class:`~refsight.cache.packages.PackageCache`: the one get-or-encode (cache policy, counters);
 - :class:`~refsight.references.ReferenceBook`: ingest and reference CRUD;
 - :class:`~refsight.retrieval.store_index.StoreIndex`: recall, kept in sync with the catalog;
-- :class:`~refsight.maintenance.Maintenance`: verify, repair, re-encode, stats, gc; the judge (:mod:`refsight.judge`);
-- :class:`~refsight.ranking.Ranking`: vectors of inputs and documents scored; the backends (:mod:`refsight.backends`).
+- :class:`~refsight.maintenance.Maintenance`: verify, repair, re-encode, stats, gc; the judge and the model backends;
+- :class:`~refsight.ranking.Ranking`: the retrieval stage on its own (vectors of inputs, documents scored).
 
 The engine runs its pipelines over them: ``compare`` (recall → attribute prefilter → rerank → judge, in
 :mod:`refsight.compare`), ``chat`` / ``generate``, ``search``, and ``embed`` / ``rerank`` (:mod:`refsight.ranking`).

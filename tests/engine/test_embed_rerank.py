@@ -139,3 +139,6 @@ def test_the_vlm_embeds_and_reranks_stored_references_from_their_packages(tmp_pa
         assert again.images_cached == (True,) and np.array_equal(again.vectors[0], first.vectors[0])
         assert np.allclose(first.vectors[0], engine.ranking.embeddings.embedder(
             engine.context(), name).embed_images([load_image(_png("rocket"))])[0], atol=1e-5)
+        ids = engine.backend().tokenize("a tabby cat", add_special=False, parse_special=False)
+        as_ids, as_text = engine.embed(EmbedRequest([ids, "a tabby cat"], embedder=name)).vectors  # the VLM's ids
+        assert np.allclose(as_ids, as_text)

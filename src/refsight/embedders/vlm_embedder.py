@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from refsight.errors import ModelLoadError
+from refsight.errors import InvalidInputError, ModelLoadError
 from refsight.inputs.images import ImageInput
 from refsight.embedders._errors import embedder_errors
 from refsight.embedders.base import Embedder
@@ -83,6 +83,9 @@ class VlmEmbedder(Embedder):
         """The text of ``tokens`` in the VLM's vocabulary."""
         if self._custom or not hasattr(self.backend, "detokenize"):
             return super().token_text(tokens)
+        size = len(self.backend.tokenizer)
+        if any(not 0 <= t < size for t in tokens):
+            raise InvalidInputError("input", f"a token id outside the vocabulary of {size} ({self.name}'s)")
         return self.backend.detokenize(list(tokens))
 
     def embed_rows(self, rows: Sequence[Sequence[Any]]) -> np.ndarray:
