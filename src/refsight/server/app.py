@@ -69,7 +69,7 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
     config.validate(keys)
     tenants = Tenants(keys)
     # Tenants are isolated (keys salted by namespace) unless the operator chose to share packages.
-    service = Service(config, share_packages=config.share_packages or not tenants.enabled)
+    service = Service(config, share_packages=config.share_packages or not tenants.enabled, tenants=tenants.namespaces)
     pool = WorkPool(config.workers, config.queue)
     # --sleep-idle-seconds: the model unloads when idle and loads again at the next request (server/edge/sleep.py).
     sleep_watch = SleepWatch(service, pool, config.sleep_idle_seconds) if config.sleep_idle_seconds else None

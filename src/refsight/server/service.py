@@ -15,8 +15,10 @@ for this tenant, an image never seen — encoded afresh, with real timings — s
 value or timing of a reply depends on another tenant's data. ``share_packages=True`` in
 :class:`~refsight.server.config.ServerConfig` (``refsight serve --share-packages``) shares
 packages across tenants to save encodes, at the price of revealing, by timing, that some
-tenant holds an image. Without keys there is a single tenant, and packages are shared
-with the CLI's (same keys). The thumbnail cache (:mod:`~refsight.server.thumbnails`) is
+tenant holds an image. Under a byte quota (``--max-package-bytes``) isolated tenants each hold an equal
+share, and only a tenant's own writes evict its packages (:mod:`refsight.store.lifecycle`), so which of
+them stay cached depends on nothing another tenant sends. Without keys there is a single tenant, and
+packages are shared with the CLI's (same keys). The thumbnail cache (:mod:`~refsight.server.thumbnails`) is
 scoped the same way; what isolation leaves is listed in ``docs/architecture/policies.md`` (policy 4).
 """
 
@@ -58,10 +60,12 @@ def _format_of(data: bytes) -> str | None:
 class Service:
     """One engine for every tenant; every method is blocking and names the tenant's namespace."""
 
-    def __init__(self, config: ServerConfig, *, share_packages: bool) -> None:
+    def __init__(self, config: ServerConfig, *, share_packages: bool, tenants: Sequence[str] = ()) -> None:
         self.config = config
         self.limits = IntakeLimits(max_pixels=config.max_image_pixels, max_bytes=config.max_body_bytes)
         self.share_packages = share_packages
+        #: The tenants' namespaces: with packages isolated, each holds an equal share of the byte quota.
+        self.tenants = tuple(tenants)
         self.engine: Engine | None = None
         #: The served model's facts, taken when it loads (:meth:`open`).
         self.facts: ModelFacts | None = None
@@ -89,7 +93,7 @@ class Service:
             redis=self.config.redis,
             max_package_bytes=self.config.max_package_bytes,
             local_cache_bytes=self.config.local_cache_bytes,
-            remember_images=self.config.remember_images,
+            remember_images=self.config.remember_images, quota_shares=self.tenants,
             **options,
         )
         self.engine.backend().fingerprint()
