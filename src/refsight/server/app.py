@@ -32,6 +32,7 @@ from .replies.progress import CompareProgress
 from .edge.methods import HeadAsGetMiddleware
 from .edge.json_content import JsonContentMiddleware
 from .edge.origins import OriginGuardMiddleware
+from .edge.single_headers import SingleHeadersMiddleware
 from .edge.llama_metrics import LlamaCollector
 from .edge.metrics import Metrics, TimingMiddleware
 from .edge.responses import TextSafeJSONResponse
@@ -141,6 +142,9 @@ def _add_middlewares(
     app.add_middleware(HeadAsGetMiddleware)
     # llama-server's and Ollama's routes read JSON whatever the Content-Type says; so do these.
     app.add_middleware(JsonContentMiddleware)
+    # Outermost: the headers every middleware above decides by (Host, Origin, the body's type and framing), each
+    # given once, so no two of them can read different copies.
+    app.add_middleware(SingleHeadersMiddleware)
 
 
 def _cache_stats(service: Service) -> dict[str, Any]:
