@@ -120,9 +120,10 @@ def _add_middlewares(
     app: FastAPI, config: ServerConfig, tenants: Tenants, metrics: Metrics, sleep_watch: SleepWatch | None
 ) -> None:
     """The middleware stack, innermost first (each added one wraps those before it)."""
-    # Innermost: a request that got past every check below wakes a sleeping model (a failed load is a JSON 500).
+    # Innermost: a request that got past every check below, to a route that may need the model, wakes a sleeping
+    # model (a failed load is a JSON 500).
     if sleep_watch is not None:
-        app.add_middleware(SleepMiddleware, watch=sleep_watch)
+        app.add_middleware(SleepMiddleware, watch=sleep_watch, routes=lambda: app.routes)
     # Crashes become JSON 500s that the timing middleware then counts.
     app.add_middleware(CatchAllMiddleware)
     app.add_middleware(TimingMiddleware, metrics=metrics)

@@ -67,8 +67,10 @@ class Service:
         #: The tenants' namespaces: with packages isolated, each holds an equal share of the byte quota.
         self.tenants = tuple(tenants)
         self.engine: Engine | None = None
-        #: The served model's facts, taken when it loads (:meth:`open`).
+        #: The served model's facts, taken when it loads (:meth:`open`); what it honours and its files, likewise.
         self.facts: ModelFacts | None = None
+        self._support: GenerationSupport | None = None
+        self._details: ModelDetails | None = None
         #: JPEG thumbnails, per tenant unless packages are shared (see :mod:`~refsight.server.thumbnails`).
         self.thumbnails = ThumbnailCache()
         #: Every generation's tokens and times (llama-server's ``llamacpp:*`` metrics).
@@ -96,8 +98,10 @@ class Service:
             remember_images=self.config.remember_images, quota_shares=self.tenants,
             **options,
         )
-        self.engine.backend().fingerprint()
-        self.facts = ModelFacts.of(self.engine.backend())
+        backend = self.engine.backend()
+        backend.fingerprint()
+        self.facts = ModelFacts.of(backend)
+        self._support, self._details = GenerationSupport.of(backend), ModelDetails.of(backend)
 
     # -- sleep (llama-server's --sleep-idle-seconds; server/edge/sleep.py decides when) ---------------------
     @property
@@ -177,8 +181,8 @@ class Service:
 
     @property
     def media_marker(self) -> str:
-        """The text that stands for an image in a raw prompt (where its tokens go)."""
-        return self.engine.backend().media_marker
+        """The text that stands for an image in a raw prompt (where its tokens go), from the facts taken at load."""
+        return self.facts.media_marker
 
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
         """The served model's token ids of ``text`` (``add_special``: a BOS where the vocabulary wants one;
@@ -220,12 +224,13 @@ class Service:
         return tuple(getattr(self.engine.backend(), "end_tokens", tuple)())
 
     def generation_support(self) -> GenerationSupport:
-        """What the served backend honours in a generation request (sampling fields, prompt ends, progress)."""
-        return GenerationSupport.of(self.engine.backend())
+        """What the served backend honours in a generation request (sampling fields, prompt ends, progress), as
+        read at load: asking never wakes a sleeping model (a reload serves the same model with the same options)."""
+        return self._support
 
     def model_details(self) -> ModelDetails:
-        """The served model's origin and files (Ollama's model endpoints describe it by them)."""
-        return ModelDetails.of(self.engine.backend())
+        """The served model's origin and files (Ollama's model endpoints describe it by them), as read at load."""
+        return self._details
 
     # -- helpers -----------------------------------------------------------------------
     def decode(self, data: bytes, label: str) -> ImageInput:

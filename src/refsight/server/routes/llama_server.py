@@ -34,6 +34,7 @@ from ..intake.generation_body import GenerationBody, check_generation
 from ..replies.logprob_fields import piece_logprobs, token_entries
 from ..intake.messages import prompt_end_of
 from ..edge.disconnect import run_watched
+from ..edge.sleep import needs_no_model
 from ..intake.messages import Message, PartResolver, template_segments
 from ..intake.prompt_limit import check_prompt_chars
 from ..replies.streaming import EventStreamResponse, PromptProgress, answer_events, open_stream, progress_hook, sse_event
@@ -49,6 +50,7 @@ MAX_DETOKENIZE = 1 << 16
 
 @router.get("/health", responses={503: ERROR_RESPONSES[503]})
 @router.get("/v1/health", responses={503: ERROR_RESPONSES[503]})
+@needs_no_model
 async def health(service: ServiceDep) -> Any:
     """llama-server's readiness check (no key): 503 while the model loads, then 200 ``{"status": "ok"}``."""
     if not service.is_ready:
@@ -58,6 +60,7 @@ async def health(service: ServiceDep) -> Any:
 
 
 @router.get("/props")
+@needs_no_model
 async def props(namespace: Namespace, service: ServiceDep, config: ConfigDep, pool: PoolDep) -> dict[str, Any]:
     """The server's properties as llama-server reports them (read-only, from the facts taken at load: asking
     never wakes a sleeping model); ``refsight.threads``: the thread budget, and torch's threads as a worker
@@ -89,6 +92,7 @@ async def props(namespace: Namespace, service: ServiceDep, config: ConfigDep, po
 
 
 @router.get("/slots")
+@needs_no_model
 async def slots(
     request: Request, namespace: Namespace, service: ServiceDep, pool: PoolDep, config: ConfigDep
 ) -> list[dict[str, Any]]:

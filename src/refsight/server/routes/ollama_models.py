@@ -24,6 +24,7 @@ from fastapi import APIRouter
 
 from ..deps import ServiceDep, Namespace
 from ..edge.http_errors import ERROR_RESPONSES, ApiError
+from ..edge.sleep import needs_no_model
 from ..model_facts import ModelDetails
 from .ollama_bodies import OllamaShowBody, check_model, ollama_name
 
@@ -59,14 +60,19 @@ def _entry(service: Any) -> dict[str, Any]:
 
 
 @router.get("/api/tags")
+@needs_no_model
 async def tags(namespace: Namespace, service: ServiceDep) -> dict[str, Any]:
     """The served model, as ``ollama list`` shows models."""
     return {"models": [_entry(service)]}
 
 
 @router.get("/api/ps")
+@needs_no_model
 async def running(namespace: Namespace, service: ServiceDep) -> dict[str, Any]:
-    """The served model, loaded (it stays loaded for the server's life)."""
+    """The served model while it is loaded (none while it sleeps: ``--sleep-idle-seconds``), as Ollama lists the
+    models in memory."""
+    if service.is_sleeping:
+        return {"models": []}
     expires = (datetime.now(timezone.utc) + _FOREVER).isoformat()
     device = service.model_details().device
     entry = _entry(service)
@@ -177,6 +183,7 @@ def _modelfile(service: Any, model: ModelDetails, facts: dict[str, Any], templat
 
 
 @router.post("/api/show", responses={k: ERROR_RESPONSES[k] for k in (400, 404)})
+@needs_no_model
 async def show(body: OllamaShowBody, namespace: Namespace, service: ServiceDep) -> dict[str, Any]:
     """The served model's details, Modelfile, chat template, parameters and capabilities (``vision``, ``completion``),
     as Ollama's ``/api/show`` returns them."""

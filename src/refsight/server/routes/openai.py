@@ -57,6 +57,7 @@ from ..intake.input_tokens import input_tokens
 from ..replies.logprob_fields import chat_logprobs, piece_logprobs
 from ..edge.http_errors import ERROR_RESPONSES, ApiError, inputs_as_fields
 from ..edge.disconnect import run_watched
+from ..edge.sleep import needs_no_model
 from ..intake.completion_parts import stop_type
 from ..intake.messages import Message, PartResolver, chat_prompt_end, messages_to_segments, template_segments
 from ..intake.prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
@@ -287,6 +288,7 @@ async def chat_input_tokens(
 
 @router.get("/v1/models")
 @router.get("/models", include_in_schema=False)  # llama-server's path without /v1
+@needs_no_model
 async def list_models(namespace: Namespace, service: ServiceDep) -> dict[str, Any]:
     """The served model, in the OpenAI ``/v1/models`` shape with llama-server's ``models`` list beside ``data``
     (its ``data`` entry with llama-server's ``aliases`` and ``tags``); answered from the facts taken at load, so
@@ -299,6 +301,7 @@ async def list_models(namespace: Namespace, service: ServiceDep) -> dict[str, An
 
 
 @router.get("/v1/models/{model_id:path}", responses={404: ERROR_RESPONSES[404]})
+@needs_no_model
 async def retrieve_model(model_id: str, namespace: Namespace, service: ServiceDep) -> dict[str, Any]:
     """One model (the SDK's ``models.retrieve``): the served one by any of its names, else 404 ``model_not_found``."""
     if model_id not in service.model_names:
