@@ -4,10 +4,13 @@
 every call; its methods take their arguments as the engine's do (the input first, the
 ``namespace`` a keyword); it reads no store tier itself. Its methods are plain synchronous calls that
 the routes run in the :class:`~refsight.server.edge.limits.WorkPool`, so model work never
-blocks the event loop, and they return JSON-ready dicts (the edge of the library; a generation
-stays a typed :class:`~refsight.results.GenerateResult` for the text routes to format), every
-string printable (:func:`~refsight.server.edge.responses.printable_data`: a stored value that is not
-valid Unicode shows as U+FFFD instead of failing the reply).
+blocks the event loop: every method that decodes an image, tokenizes or runs the model is
+:func:`~refsight.server.edge.limits.model_work`, which runs only inside a work pool job (anywhere else it
+raises), so the pool's bound holds on every route that reaches the model (a chat template renders under
+bounds of its own, in a worker process: :meth:`Service.render_chat`). They return JSON-ready
+dicts (the edge of the library; a generation stays a typed :class:`~refsight.results.GenerateResult` for the
+text routes to format), every string printable (:func:`~refsight.server.edge.responses.printable_data`: a
+stored value that is not valid Unicode shows as U+FFFD instead of failing the reply).
 
 **Tenants learn nothing about each other.** With API keys, each tenant's namespace salts
 its package keys (``Engine(share_packages=False)``): an image another tenant stored is,
@@ -40,6 +43,7 @@ from ..requests import AddRequest, GenerationRequest, CompareRequest, SearchRequ
 from ..results import GenerateResult
 from ..settings import Settings, load_settings
 from .config import ServerConfig
+from .edge.limits import model_work
 from .edge.llama_metrics import GenerationCounters
 from .model_facts import GenerationSupport, ModelDetails, ModelFacts
 from .edge.responses import printable_data
@@ -184,23 +188,28 @@ class Service:
         """The text that stands for an image in a raw prompt (where its tokens go), from the facts taken at load."""
         return self.facts.media_marker
 
+    @model_work
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
         """The served model's token ids of ``text`` (``add_special``: a BOS where the vocabulary wants one;
         ``parse_special``: special tokens written out in the text are read as themselves)."""
         return self.engine.backend().tokenize(text, add_special=add_special, parse_special=parse_special)
 
+    @model_work
     def detokenize(self, tokens: Sequence[int]) -> str:
         """The text of ``tokens`` in the served model's vocabulary."""
         return self.engine.backend().detokenize(tokens)
 
+    @model_work
     def token_piece(self, token: int) -> bytes:
         """One token's bytes (special tokens written out); InvalidInputError for an id outside the vocabulary."""
         return self.engine.backend().token_piece(token)
 
+    @model_work
     def count_text_tokens(self, text: str) -> int:
         """How many tokens ``text`` becomes in a prompt, images not counted (the prompt limit's count)."""
         return self.engine.backend().count_text_tokens(text)
 
+    @model_work
     def image_token_count(self, image: Any, *, namespace: str) -> int | None:
         """Prompt tokens an image segment takes, or None where the served runtime cannot tell before running the
         model. A stored reference counts by its package's layout (encoded now when missing, as a chat would)."""
@@ -211,13 +220,16 @@ class Service:
     def render_chat(self, texts: list[str], turns: list[tuple[str, int]], ending: str) -> str:
         """The chat template's text of ``texts`` in ``turns``, ended as ``ending`` says (``continue``: the earlier
         turns with the answer's opening, then the final message's text, as a chat renders it); rendered under the
-        renders' bounds, and refused (400) when it is nothing to generate from, as a chat would be."""
+        renders' own bounds (a worker process, its deadline, its memory: ``backends/templates``), so it takes no
+        model worker, and refused (400) when it is nothing to generate from, as a chat would be."""
         return self.engine.backend().chat_text(texts, turns, ending)
 
+    @model_work
     def template_reads(self, variable: str) -> bool:
         """Whether the served chat template could read ``variable`` (a ``chat_template_kwargs`` key)."""
         return self.engine.backend().chat_template_reads(variable)
 
+    @model_work
     def end_tokens(self) -> tuple[int, ...]:
         """The tokens that end a generation, where the backend honours ``ignore_eos`` (llama.cpp: what it bans);
         else none. Asked only for a request that sets ``ignore_eos``: the first ask walks the vocabulary."""
@@ -233,6 +245,7 @@ class Service:
         return self._details
 
     # -- helpers -----------------------------------------------------------------------
+    @model_work
     def decode(self, data: bytes, label: str) -> ImageInput:
         """Decode an uploaded image under the server's limits; ImageError names ``label``."""
         return load_image(data, limits=self.limits, name=label)
@@ -242,6 +255,7 @@ class Service:
         return printable_data({**ref.to_dict(), "cached": state.cached, "in_memory": state.in_memory})
 
     # -- references ----------------------------------------------------------------------
+    @model_work
     def add(self, request: AddRequest) -> dict[str, Any]:
         """Add the request's reference (the request names the tenant's namespace); the same fields as
         ``refsight add --json``."""
@@ -299,18 +313,21 @@ class Service:
         return data, f"image/{kind}" if kind else "application/octet-stream"
 
     # -- model work --------------------------------------------------------------------------
+    @model_work
     def compare(self, request: CompareRequest, *, on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:
         """``engine.compare`` of the request (which names the tenant's namespace) → the JSON of ``refsight compare --json``."""
         if request.namespace is None:  # a tenant's compare never falls back to the engine's namespace
             raise ValueError("a server's CompareRequest names the tenant's namespace")
         return printable_data(self.engine.compare(request, on_stage=on_stage).to_dict())
 
+    @model_work
     def search(self, request: SearchRequest) -> dict[str, Any]:
         """``engine.search`` of the request (which names the tenant's namespace) → the JSON of ``refsight search --json``."""
         if request.namespace is None:  # a tenant's search never falls back to the engine's namespace
             raise ValueError("a server's SearchRequest names the tenant's namespace")
         return printable_data(self.engine.search(request).to_dict())
 
+    @model_work
     def chat(
         self, segments: Sequence[Any], *, namespace: str, on_text: Callable[[str], None] | None = None,
         stop_event: Any = None, on_prompt: Callable[[int, int, int], None] | None = None, **fields: Any,

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ... import InvalidInputError
 from ..replies.answers import Answer
 from ..intake.bodies import Integer, Number
-from ..intake.completion_parts import stop_type
+from ..intake.completion_parts import stop_type, with_stopping_word
 from ..deps import ConfigDep, MediaUuidsDep, Namespace, PoolDep, ServiceDep
 from ..edge.disconnect import run_watched
 from ..edge.http_errors import ERROR_RESPONSES, ApiError
@@ -173,6 +173,19 @@ def _generation(body: MessagesBody, service: Any, limit: int) -> tuple[int, Any]
         raise
 
 
+def _checked(body: MessagesBody, service: Any, config: Any) -> tuple[int, Any, list[Message], str, list[str]]:
+    """The checks against the served model, in the work pool (they tokenize): the token bound and the sampling, the
+    conversation as chat messages, how its prompt ends (a final assistant message: Anthropic's prefill, continued)
+    and its texts, within the prompt limit."""
+    max_new_tokens, sampling = _generation(body, service, config.max_new_tokens)
+    chat = body.chat_messages()
+    prompt_end = chat_prompt_end(service, chat)
+    texts = prompt_texts(chat)
+    check_prompt_chars(texts, config.max_prompt_tokens)
+    check_prompt_tokens(texts, config.max_prompt_tokens, service.count_text_tokens)
+    return max_new_tokens, sampling, chat, prompt_end, texts
+
+
 def _opening_count(service: Any, messages: list[Message], texts: list[str]) -> int:
     """``message_start``'s ``input_tokens``: the template's tokens, or the texts' where a backend renders none."""
     try:
@@ -193,7 +206,7 @@ async def count_tokens(
     resolver = PartResolver.for_request(request, service, namespace, uuids, config)
 
     ending = prompt_end_of(messages)[0]
-    return {"input_tokens": await pool.run_light(input_tokens, service, messages, ending, resolver, namespace)}
+    return {"input_tokens": await pool.run(input_tokens, service, messages, ending, resolver, namespace)}
 
 
 @router.post("/v1/messages", responses=_ERRORS)
@@ -203,12 +216,7 @@ async def messages(
 ) -> Any:
     """Anthropic's Messages API over the served model: the chat route's work, Anthropic's shapes."""
     body.check_fields()
-    max_new_tokens, sampling = _generation(body, service, config.max_new_tokens)
-    chat = body.chat_messages()
-    prompt_end = chat_prompt_end(service, chat)  # a final assistant message: Anthropic's prefill, continued
-    texts = prompt_texts(chat)
-    check_prompt_chars(texts, config.max_prompt_tokens)
-    await pool.run_light(check_prompt_tokens, texts, config.max_prompt_tokens, service.count_text_tokens)
+    max_new_tokens, sampling, chat, prompt_end, texts = await pool.run(_checked, body, service, config)
     resolver = PartResolver.for_request(request, service, namespace, uuids, config)
     message_id = f"msg_{uuidlib.uuid4().hex}"
 
@@ -216,12 +224,13 @@ async def messages(
         segments, turns = messages_to_segments(chat, resolver)
         result = service.chat(segments, namespace=namespace, turns=turns, max_new_tokens=max_new_tokens,
                               sampling=sampling, on_text=on_text, stop_event=stop_event, prompt_end=prompt_end)
-        return Answer.of(result, media_uuids=[use.to_dict() for use in resolver.commit()])
+        answer = Answer.of(result, media_uuids=[use.to_dict() for use in resolver.commit()])
+        return with_stopping_word(answer, sampling.stop, service)
 
     def ending(result: Answer) -> tuple[str, str | None]:
         if result.finish_reason == "length":
             return "max_tokens", None
-        kind, word = stop_type(result, sampling.stop, service)
+        kind, word = stop_type(result)
         return ("stop_sequence", word) if kind == "word" else ("end_turn", None)
 
     def message(result: Answer) -> dict[str, Any]:
@@ -232,7 +241,7 @@ async def messages(
 
     if not body.stream:
         return message(await run_watched(pool, request, work))  # a client that leaves frees its worker
-    prompt_tokens = await pool.run_light(_opening_count, service, chat, texts)
+    prompt_tokens = await pool.run(_opening_count, service, chat, texts)
     first, source, stop = await open_stream(pool, work, request)
     start = {"id": message_id, "type": "message", "role": "assistant", "content": [], "model": service.served_model,
              "stop_reason": None, "stop_sequence": None,

@@ -26,7 +26,11 @@ from ... import __version__
 from ...results import GenerateResult
 from ...settings import torch_threads
 from ..replies.answers import Answer
-from ..intake.completion_parts import MAX_PROMPTS, RawPrompt, check_raw_prompt, fill_context, mixed_prompt_text, raw_prompt, stop_type
+from ..intake.completion_parts import (
+    MAX_PROMPTS, RawPrompt, check_raw_prompt, fill_context, mixed_prompt_text, raw_prompt, stop_type,
+    with_piece_tokens, with_stopping_word,
+)
+from ..edge.responses import TextSafeJSONResponse
 from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
 from ..edge.http_errors import ERROR_RESPONSES, ApiError
 from ..intake.bodies import IntegerOrNull
@@ -134,13 +138,22 @@ async def tokenize(body: TokenizeBody, namespace: Namespace, service: ServiceDep
     """The served model's own tokens of ``content`` (with ``with_pieces``: each token's text, or its bytes)."""
     check_prompt_chars([body.content], config.max_prompt_tokens, "content")
 
-    def work() -> dict[str, Any]:
+    def work() -> TextSafeJSONResponse:
         ids = service.tokenize(body.content, add_special=body.add_special, parse_special=body.parse_special)
-        if not body.with_pieces:
-            return {"tokens": ids}
-        return {"tokens": [{"id": t, "piece": _piece(service.token_piece(t))} for t in ids]}
+        tokens = _with_pieces(ids, service) if body.with_pieces else ids
+        # Rendered here, in the worker: a prompt's worth of pieces is a second of JSON, never the event loop's.
+        return TextSafeJSONResponse({"tokens": tokens})
 
-    return await pool.run_light(work)
+    return await pool.run(work)
+
+
+def _with_pieces(ids: list[int], service: Any) -> list[dict[str, Any]]:
+    """Each token with its ``piece``; each distinct token's piece read once (a text repeats its tokens)."""
+    pieces: dict[int, str | list[int]] = {}
+    for token in ids:
+        if token not in pieces:
+            pieces[token] = _piece(service.token_piece(token))
+    return [{"id": token, "piece": pieces[token]} for token in ids]
 
 
 def _piece(data: bytes) -> str | list[int]:
@@ -162,7 +175,7 @@ class DetokenizeBody(BaseModel):
 @router.post("/detokenize", responses=_ERRORS)
 async def detokenize(body: DetokenizeBody, namespace: Namespace, service: ServiceDep, pool: PoolDep) -> dict[str, str]:
     """The text of ``tokens`` in the served model's vocabulary."""
-    return {"content": await pool.run_light(service.detokenize, body.tokens)}
+    return {"content": await pool.run(service.detokenize, body.tokens)}
 
 
 class ApplyTemplateBody(BaseModel):
@@ -188,7 +201,7 @@ async def apply_template(
     texts, turns = template_segments(body.messages, service.media_marker)
     check_prompt_chars(texts, config.max_prompt_tokens)
     ending, _ = prompt_end_of(body.messages, body.add_generation_prompt, body.continue_final_message)
-    return {"prompt": await pool.run_light(service.render_chat, texts, turns, ending)}
+    return {"prompt": await pool.run_light(service.render_chat, texts, turns, ending)}  # the renders' own bound
 
 
 class PromptObject(BaseModel):
@@ -219,7 +232,7 @@ class CompletionBody(GenerationBody):
 
     def raw_prompts(self, marker: str, service: Any) -> list[RawPrompt]:
         """Each prompt split at the media markers, with its images (token ids read as their text:
-        :func:`~..intake.completion_parts.mixed_prompt_text`). Runs the tokenizer: call it off the event loop."""
+        :func:`~..intake.completion_parts.mixed_prompt_text`). Runs the tokenizer: call it in the work pool."""
         prompts = _prompts(self.prompt, service)
         if len(prompts) > 1 and self.multimodal_data is not None:
             raise ApiError(400, "invalid_input", "multimodal_data: with several prompts, give each its own in a prompt "
@@ -267,15 +280,19 @@ def _one_prompt(item: Any, index: int, service: Any) -> str | PromptObject:
     return item
 
 
-async def _checked_prompts(body: CompletionBody, service: Any, pool: Any, config: Any) -> list[RawPrompt]:
-    """The body's prompts, each within the prompt limit; 400 for several streamed (they are one JSON array)."""
-    prompts = await pool.run_light(body.raw_prompts, service.media_marker, service)
+def _checked(body: CompletionBody, service: Any, config: Any) -> tuple[int, Any, Any, list[RawPrompt], tuple[int, ...]]:
+    """The checks of a completion against the served model, in the work pool (they tokenize): the token bound, the
+    sampling, the JSON schema, the prompts (each within the prompt limit; 400 for several streamed: they are one JSON
+    array) and, with ``ignore_eos``, the end tokens it bans (their first ask walks the vocabulary)."""
+    max_new_tokens, sampling = check_generation(body, service, None, config.max_new_tokens)
+    schema = body.schema()
+    prompts = body.raw_prompts(service.media_marker, service)
     if len(prompts) > 1 and body.stream:
         raise ApiError(400, "unsupported", f"stream: {len(prompts)} prompts are answered as one JSON array; stream "
                        "one prompt per request", param="stream")
     for prompt in prompts:
-        await check_raw_prompt(prompt, pool, config.max_prompt_tokens, service)
-    return prompts
+        check_raw_prompt(prompt, config.max_prompt_tokens, service)
+    return max_new_tokens, sampling, schema, prompts, service.end_tokens() if sampling.ignore_eos else ()
 
 
 @router.post("/completion", responses=_ERRORS)
@@ -286,12 +303,8 @@ async def completion(
 ) -> Any:
     """llama-server's native completion: the prompt as given (no chat template), images at its media markers.
     Several prompts are answered one after the other, as a JSON array in their order (not streamed)."""
-    max_new_tokens, sampling = check_generation(body, service, None, config.max_new_tokens)
-    schema = body.schema()
-    prompts = await _checked_prompts(body, service, pool, config)
+    max_new_tokens, sampling, schema, prompts, ends = await pool.run(_checked, body, service, config)
     resolver = PartResolver.for_request(request, service, namespace, uuids, config)
-    # ignore_eos bans the end tokens: generation_settings shows them (the first ask walks the vocabulary: off the loop)
-    ends = await pool.run_light(service.end_tokens) if sampling.ignore_eos else ()
 
     fill = body.n_predict == -1 and body.max_tokens is None
 
@@ -300,22 +313,24 @@ async def completion(
             def generate(limit: int) -> GenerateResult:
                 return service.chat(
                     prompt.segments(resolver), namespace=namespace, max_new_tokens=limit, json_schema=schema,
-                    sampling=sampling, on_text=clock.wrap(on_text), stop_event=stop_event, raw_prompt=True,
-                    on_prompt=progress_hook(on_text, body.return_progress),
+                    sampling=sampling, on_text=clock.wrap(with_piece_tokens(on_text, service)), stop_event=stop_event,
+                    raw_prompt=True, on_prompt=progress_hook(on_text, body.return_progress),
                 )
 
             clock.begin()
             try:
                 if fill:  # n_predict -1: the rest of the context
-                    return fill_context(generate, service.context_size, max_new_tokens)
-                return Answer.of(generate(max_new_tokens))
+                    answer = fill_context(generate, service.context_size, max_new_tokens)
+                else:
+                    answer = Answer.of(generate(max_new_tokens))
+                return with_stopping_word(answer, sampling.stop, service)
             finally:
                 clock.stop()
 
         return work
 
     def final(prompt: RawPrompt, clock: TokenClock, index: int, result: Answer, streamed: bool = False) -> dict[str, Any]:
-        kind, word = stop_type(result, sampling.stop, service)
+        kind, word = stop_type(result)
         # Streamed, each event carried its tokens' probabilities already (llama-server sends none at the end).
         probs = {} if streamed or result.logprobs is None else {"completion_probabilities": token_entries(result.logprobs)}
         return _fields({
@@ -339,12 +354,10 @@ async def completion(
     (prompt,), (clock,) = prompts, clocks
     first, source, stop = await open_stream(pool, work_of(prompt, clock), request)
     per_token = clock.partial if body.model_extra.get("timings_per_token") else None
-    return EventStreamResponse(_events(first, source, functools.partial(final, prompt, clock, 0), service, per_token), stop)
+    return EventStreamResponse(_events(first, source, functools.partial(final, prompt, clock, 0), per_token), stop)
 
 
-async def _events(
-    first: Any, source: AsyncIterator[Any], final: Any, service: Any, per_token: Any = None
-) -> AsyncIterator[bytes]:
+async def _events(first: Any, source: AsyncIterator[Any], final: Any, per_token: Any = None) -> AsyncIterator[bytes]:
     """llama-server's stream: one event per piece (``stop: false``) with its ``tokens`` (and, with
     ``timings_per_token``, the ``timings`` so far), then the final object (``stop: true``). With ``n_probs``
     each token has its own event, as in llama-server: a piece of several tokens (a character split over
@@ -361,8 +374,8 @@ async def _events(
 
     def piece(text: str) -> bytes:
         logprobs = piece_logprobs(text)
-        if not logprobs:  # its ids are its text in the served vocabulary (a few characters: cheap on the event loop)
-            return piece_event(str(text), service.tokenize(text, add_special=False, parse_special=False))
+        if not logprobs:  # its ids: its text in the served vocabulary, read in the worker (with_piece_tokens)
+            return piece_event(str(text), list(getattr(text, "tokens", ())))
         *before, last = logprobs
         return b"".join([*(piece_event("", [lp.token], [lp]) for lp in before),
                          piece_event(str(text), [last.token], [last])])

@@ -27,7 +27,7 @@ from typing import Any, AsyncIterator, Callable
 
 from fastapi import APIRouter, Request
 
-from ..intake.completion_parts import check_raw_prompt, raw_prompt
+from ..intake.completion_parts import RawPrompt, check_raw_prompt, raw_prompt
 from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
 from ..edge.disconnect import run_watched
 from ..edge.http_errors import ERROR_RESPONSES, ApiError
@@ -150,10 +150,20 @@ def _resolver(request: Request, service: Any, namespace: str, uuids: Any, config
     return PartResolver.for_request(request, service, namespace, uuids, config)
 
 
-async def _check_texts(texts: list[str], pool: Any, limit: int, service: Any) -> None:
-    """The prompt-token limit before any model work: characters here, tokens in the shared thread pool."""
-    check_prompt_chars(texts, limit)
-    await pool.run_light(check_prompt_tokens, texts, limit, service.count_text_tokens)
+def _checked(
+    options: dict[str, Any] | None, prompt: list[str] | Callable[[], RawPrompt], service: Any, config: Any
+) -> tuple[int, Any, list[str] | RawPrompt]:
+    """The checks against the served model, in the work pool (they tokenize): ``options`` as the token bound and the
+    sampling, then the prompt within the prompt limit, characters then tokens: its texts, or its raw prompt (made
+    by ``prompt()``, after the options' checks)."""
+    max_new_tokens, sampling = generation(options, service, config.max_new_tokens)
+    if callable(prompt):
+        prompt = prompt()
+        check_raw_prompt(prompt, config.max_prompt_tokens, service)
+    else:
+        check_prompt_chars(prompt, config.max_prompt_tokens)
+        check_prompt_tokens(prompt, config.max_prompt_tokens, service.count_text_tokens)
+    return max_new_tokens, sampling, prompt
 
 
 @router.post("/api/chat", responses=_ERRORS)
@@ -166,9 +176,9 @@ async def chat(
     check_refused(body)
     if not body.messages:
         return _loaded(service, "message", body.keep_alive)
-    max_new_tokens, sampling = generation(body.options, service, config.max_new_tokens)
+    max_new_tokens, sampling, _ = await pool.run(_checked, body.options, [m.content for m in body.messages], service,
+                                                 config)
     options = {"max_new_tokens": max_new_tokens, "sampling": sampling, "json_schema": schema_of(body.format)}
-    await _check_texts([m.content for m in body.messages], pool, config.max_prompt_tokens, service)
     resolver, system = _resolver(request, service, namespace, uuids, config), model_facts(service).get("system")
     answer = _Answer("message", service, namespace, lambda: chat_segments(body.messages, resolver, system), options,
                      _context_note(body.options, service))
@@ -202,18 +212,20 @@ async def generate(
     _check_generate(body)
     if not body.prompt and not body.images:
         return _loaded(service, "response", body.keep_alive)
-    max_new_tokens, sampling = generation(body.options, service, config.max_new_tokens)
+    def raw() -> RawPrompt:
+        return raw_prompt(body.prompt or "", body.images, service.media_marker, "prompt")
+
+    texts = [body.prompt or "", body.system or ""]
+    prompt_of = raw if body.raw else texts
+    max_new_tokens, sampling, prompt = await pool.run(_checked, body.options, prompt_of, service, config)
     options = {"max_new_tokens": max_new_tokens, "sampling": sampling, "json_schema": schema_of(body.format)}
     resolver = _resolver(request, service, namespace, uuids, config)
     if body.raw:
-        prompt = raw_prompt(body.prompt or "", body.images, service.media_marker, "prompt")
-        await check_raw_prompt(prompt, pool, config.max_prompt_tokens, service)
         answer = _Answer("response", service, namespace, lambda: (prompt.segments(resolver), None),
                          {**options, "raw_prompt": True}, _context_note(body.options, service))
         return await answer.reply(pool, request, body.stream)
     system = body.system or model_facts(service).get("system")
     messages = [OllamaMessage(role="user", content=body.prompt or "", images=body.images)]
-    await _check_texts([body.prompt or "", body.system or ""], pool, config.max_prompt_tokens, service)
     answer = _Answer("response", service, namespace, lambda: chat_segments(messages, resolver, system, ""), options,
                      _context_note(body.options, service))
     return await answer.reply(pool, request, body.stream)

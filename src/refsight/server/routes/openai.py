@@ -58,7 +58,7 @@ from ..replies.logprob_fields import chat_logprobs, piece_logprobs
 from ..edge.http_errors import ERROR_RESPONSES, ApiError, inputs_as_fields
 from ..edge.disconnect import run_watched
 from ..edge.sleep import needs_no_model
-from ..intake.completion_parts import stop_type
+from ..intake.completion_parts import stop_type, with_stopping_word
 from ..intake.messages import Message, PartResolver, chat_prompt_end, messages_to_segments, template_segments
 from ..intake.prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
 from ..replies.streaming import (
@@ -116,8 +116,10 @@ class ChatBody(GenerationBody):
 
 
 
-def _check_request(body: ChatBody, service: Any, max_limit: int) -> tuple[int, Sampling, str]:
-    """Refuse what cannot be honoured (400 naming the field); the token bound, the sampling and the prompt's end."""
+def _check_request(body: ChatBody, service: Any, config: Any) -> tuple[int, Sampling, str, Any]:
+    """Refuse what cannot be honoured (400 naming the field); the token bound, the sampling, the prompt's end and the
+    JSON schema. Then the prompt's text within the prompt limit: characters, then tokens. In the work pool: it reads
+    the served model's template and tokenizer."""
     body.check_choices()
     prompt_end = chat_prompt_end(service, body.messages, body.add_generation_prompt, body.continue_final_message)
     for key in sorted(body.chat_template_kwargs or {}):
@@ -126,7 +128,12 @@ def _check_request(body: ChatBody, service: Any, max_limit: int) -> tuple[int, S
                 400, "unsupported", f"chat_template_kwargs.{key}: the served chat template reads it; "
                 "template variables are not supported", param=f"chat_template_kwargs.{key}",
             )
-    return (*check_generation(body, service, body.max_completion_tokens, max_limit), prompt_end)
+    max_new_tokens, sampling = check_generation(body, service, body.max_completion_tokens, config.max_new_tokens)
+    json_schema = body.schema()
+    texts = prompt_texts(body.messages)
+    check_prompt_chars(texts, config.max_prompt_tokens)
+    check_prompt_tokens(texts, config.max_prompt_tokens, service.count_text_tokens)
+    return max_new_tokens, sampling, prompt_end, json_schema
 
 
 @router.post("/v1/chat/completions", responses={k: ERROR_RESPONSES[k] for k in (400, 404)})
@@ -141,17 +148,11 @@ async def chat_completions(
     With ``stream: true`` the answer is ``text/event-stream`` of ``chat.completion.chunk``
     events, ``data: [DONE]`` last.
     """
-    max_new_tokens, sampling, prompt_end = _check_request(body, service, config.max_new_tokens)
-    json_schema = body.schema()
-    # Before any model work: a character bound on the event loop, then the tokenizer's
-    # count in the shared thread pool (never in a model worker).
-    texts = prompt_texts(body.messages)
-    check_prompt_chars(texts, config.max_prompt_tokens)
-    await pool.run_light(check_prompt_tokens, texts, config.max_prompt_tokens, service.count_text_tokens)
+    max_new_tokens, sampling, prompt_end, json_schema = await pool.run(_check_request, body, service, config)
     completion_id, created = f"chatcmpl-{uuidlib.uuid4().hex}", int(time.time())
     resolver = PartResolver.for_request(request, service, namespace, uuids, config)
     clock = TokenClock()
-    verbose = await _verbose_of(body, service, pool, prompt_end, clock, sampling.stop)
+    verbose = await _verbose_of(body, service, pool, prompt_end, clock)
 
     def work(on_text=None, stop_event=None) -> Answer:
         segments, turns = messages_to_segments(body.messages, resolver)
@@ -164,7 +165,8 @@ async def chat_completions(
             )
         finally:
             clock.stop()
-        return Answer.of(result, media_uuids=[use.to_dict() for use in resolver.commit()])
+        answer = Answer.of(result, media_uuids=[use.to_dict() for use in resolver.commit()])
+        return with_stopping_word(answer, sampling.stop, service) if verbose else answer
 
     if body.stream:
         first, source, stop = await open_stream(pool, work, request)
@@ -183,7 +185,7 @@ async def chat_completions(
             **({"__verbose": verbose(result)} if verbose else {})}
 
 
-async def _verbose_of(body: ChatBody, service: Any, pool: Any, ending: str, clock: TokenClock, stop: tuple[str, ...]) -> Any:
+async def _verbose_of(body: ChatBody, service: Any, pool: Any, ending: str, clock: TokenClock) -> Any:
     """With ``verbose``, what makes llama-server's ``__verbose`` of an answer: the answer as ``/completion``
     gives it, with the prompt as rendered in the chat template (images as the media marker), less its
     ``generation_settings``; None without ``verbose``."""
@@ -191,10 +193,10 @@ async def _verbose_of(body: ChatBody, service: Any, pool: Any, ending: str, cloc
         return None
     texts, turns = template_segments(body.messages, service.media_marker)
     with inputs_as_fields(messages="verbose"):  # a backend without its template as text: a 400 naming verbose
-        prompt = await pool.run_light(service.render_chat, texts, turns, ending)
+        prompt = await pool.run_light(service.render_chat, texts, turns, ending)  # the renders' own bound
 
     def of(result: Answer) -> dict[str, Any]:
-        kind, word = stop_type(result, stop, service)
+        kind, word = stop_type(result)
         return {
             "index": 0, "content": result.text, "tokens": [], "id_slot": 0, "stop": True, "model": service.served_model,
             "tokens_predicted": len(result.tokens), "tokens_evaluated": result.prompt_tokens,
@@ -283,7 +285,7 @@ async def chat_input_tokens(
     prompt_end = chat_prompt_end(service, body.messages, body.add_generation_prompt, body.continue_final_message)
     check_prompt_chars(prompt_texts(body.messages), config.max_prompt_tokens)
     resolver = PartResolver.for_request(request, service, namespace, uuids, config)
-    return {"input_tokens": await pool.run_light(input_tokens, service, body.messages, prompt_end, resolver, namespace)}
+    return {"input_tokens": await pool.run(input_tokens, service, body.messages, prompt_end, resolver, namespace)}
 
 
 @router.get("/v1/models")
