@@ -8,7 +8,8 @@ generic ``internal_error``: stack traces and internals never leave the process.
 Codes, by status::
 
     400 invalid_input, invalid_image, invalid_rubric, invalid_reference_id, unsupported,
-        media_not_allowed, media_unavailable (an image URL: remote_media.py)
+        media_not_allowed, media_unavailable (an image URL: remote_media.py),
+        duplicate_header (a header the edge decides by, given twice: single_headers.py)
     401 unauthorized          403 forbidden         404 not_found, reference_not_found, model_not_found
     405 method_not_allowed    408 request_timeout (the request did not arrive in time; see connections.py)
     413 body_too_large        415 unsupported_media_type
