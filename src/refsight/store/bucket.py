@@ -46,9 +46,10 @@ __all__ = ["BucketPackageStore", "BucketImages", "unavailable", "package_object"
 log = logging.getLogger("refsight.store.bucket")
 
 
-def unavailable(objects: ObjectStore, exc: BaseException, doing: str) -> StoreUnavailableError:
-    """The store's error for an object store that did not answer."""
-    return StoreUnavailableError(f"object store {objects.url} is unavailable: cannot {doing}", str(exc))
+def unavailable(objects: ObjectStore, exc: BucketUnavailable, doing: str) -> StoreUnavailableError:
+    """The store's error for an object store that did not answer (a 503 whose Retry-After is the bucket's back-off)."""
+    return StoreUnavailableError(f"object store {objects.url} is unavailable: cannot {doing}", str(exc),
+                                 retry_after=exc.retry_after)
 
 
 def package_object(key: str, checksum: str) -> str:
