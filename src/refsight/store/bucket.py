@@ -35,9 +35,9 @@ import xxhash
 
 from ..errors import CorruptPackageError, NotFoundError, StoreError, StoreUnavailableError
 from ..package import VisualPackage
+from ..vllm_connector.refsight_codec import Compressed
 from ..vllm_connector.refsight_objects import BucketUnavailable, ObjectStore
 from ._files import HEX_KEY, SAFETENSORS_SUFFIX
-from ._codec import Compressed
 from .disk import DiskPackageStore, PackageRecord
 from .images import KeptImages, check_sha
 
