@@ -10,7 +10,7 @@ from architecture_helpers import IMPORTS, MODULES, Import, report, under
 #: or one below, never one above; a new room takes its place here.
 FLOORS = (
     ("errors", "results", "version", "support", "samples", "inputs", "package", "report", "vllm_connector", "sampling",
-     "requests", "families"),
+     "requests", "families", "tools"),
     ("store", "builtin_models"),
     ("backends",),
     ("embedders", "settings"),

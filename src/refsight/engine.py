@@ -55,6 +55,7 @@ from .retrieval.store_index import StoreIndex
 from .settings import Settings, load_settings, open_configured_store
 from .store import DEFAULT_NAMESPACE, Reference, RememberedImage, Store
 from .inputs.text import check_text
+from .tools import ToolCall, ToolReader
 from .support.timing import elapsed_ms, progress_bar
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -265,13 +266,14 @@ class Engine:
     def chat(
         self, request: GenerationRequest | Sequence[str | ReferenceSegment | ImageSource], /, *,
         on_text: Callable[[str], None] | None = None, stop_event: threading.Event | None = None,
-        on_prompt: Callable[[int, int, int], None] | None = None, **options: Any,
-    ) -> GenerateResult:
+        on_prompt: Callable[[int, int, int], None] | None = None,
+        on_tool_call: Callable[[ToolCall], None] | None = None, **options: Any) -> GenerateResult:
         """Generate from segments in order: text (``str``), :class:`ReferenceSegment`, or an image.
 
         ``request`` is a :class:`~refsight.requests.GenerationRequest`, or the segments with the request's
         fields as keywords: ``max_new_tokens`` (64), ``json_schema``, ``sampling``, ``turns``,
-        ``raw_prompt``, ``max_prompt_tokens``, ``use_cache``, ``prefix_states``, ``model``, ``namespace``, ``prompt_end``.
+        ``raw_prompt``, ``max_prompt_tokens``, ``use_cache``, ``prefix_states``, ``model``, ``namespace``,
+        ``prompt_end``, ``tools``, ``tool_turns``.
 
         References come from their durable packages, other images through the package cache under the
         engine's ``remember_images`` policy (:mod:`refsight.settings.remembering`: candidates in memory only, or
@@ -286,7 +288,8 @@ class Engine:
         A prompt whose text and image tokens exceed ``max_prompt_tokens`` or the backend's context is a
         :class:`~refsight.errors.ContextLengthError` before the language model runs (:mod:`refsight.inputs.prompt_size`).
         ``on_prompt(total, cached, processed)``, with ``on_text``, hears of the prompt's tokens as their evaluation
-        starts and ends (a backend with ``supports_prompt_progress``; any other refuses it by name).
+        starts and ends (a backend with ``supports_prompt_progress``; any other refuses it by name). With ``tools``: the
+        answer's ``tool_calls`` (:class:`~refsight.tools.ToolReader`), each streamed to ``on_tool_call`` once read.
         """
         chat = GenerationRequest.of(request, options)
         context = self.context(chat.namespace, chat.model, use_cache=chat.use_cache, prefix_states=chat.prefix_states)
@@ -306,14 +309,17 @@ class Engine:
             planned, segments=resolved.segments, prefix_segments=resolved.prefix_segments,
             prefix_cache=None if chat.raw_prompt else self.prefixes.for_request(context),
         )
-        generation = backend.generate_one(request, on_text=on_text, stop_event=stop_event, on_prompt=on_prompt)
+        reader = ToolReader.of(request, backend.tool_format())
+        generation = backend.generate_one(request, on_text=reader.watch(on_text, on_tool_call), stop_event=stop_event,
+                                          on_prompt=on_prompt)
+        text, calls = reader.finish(generation.text)
         timings = {k: round(v, 3) for k, v in generation.timings_ms.items()}
         timings["encode"] = round(timings.get("encode", 0.0) + resolved.encode_ms, 3)
         timings["reference_load"] = round(load_ms, 3)
         timings["total"] = elapsed_ms(start)
         return GenerateResult.of(
             generation, model=backend.name, random_weights=backend.random_weights, references_cached=resolved.cached,
-            timings_ms=timings, max_new_tokens=chat.max_new_tokens,
+            timings_ms=timings, max_new_tokens=chat.max_new_tokens, text=text, tool_calls=calls,
         )
 
     # -- retrieval -------------------------------------------------------------------------

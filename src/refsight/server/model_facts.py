@@ -51,12 +51,14 @@ class GenerationSupport:
     prompt_ends: frozenset[str]
     #: Whether it reports its prompt's evaluation (``return_progress``).
     prompt_progress: bool
+    #: Whether it renders tools and tool turns in its chat template (tool calling).
+    tools: bool = False
 
     @classmethod
     def of(cls, backend: Any) -> GenerationSupport:
         """What a loaded ``backend`` honours."""
         return cls(sampling_fields=frozenset(backend.sampling_fields), prompt_ends=frozenset(backend.prompt_ends),
-                   prompt_progress=bool(backend.supports_prompt_progress))
+                   prompt_progress=bool(backend.supports_prompt_progress), tools=bool(backend.supports_tools))
 
 
 @dataclass(frozen=True)

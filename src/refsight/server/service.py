@@ -27,7 +27,7 @@ import gc
 import io
 import time
 from dataclasses import fields as dataclass_fields
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from PIL import Image
 
@@ -200,14 +200,19 @@ class Service:
             image = self.engine.reference_package(self.engine.reference(image.ref_id, namespace=namespace)).package
         return self.engine.backend().image_token_count(image)
 
-    def render_chat(self, texts: list[str], turns: list[tuple[str, int]], ending: str) -> str:
+    def render_chat(self, texts: list[str], turns: list[tuple[str, int]], ending: str, tools: Any = None,
+                    variables: Mapping[str, Any] | None = None) -> str:
         """The chat template's text of ``texts`` in ``turns``, ended as ``ending`` says (``continue``: the earlier
-        turns with the answer's opening, then the final message's text, as a chat renders it); rendered under the
-        renders' bounds, and refused (400) when it is nothing to generate from, as a chat would be."""
-        return self.engine.backend().chat_text(texts, turns, ending)
+        turns with the answer's opening, then the final message's text, as a chat renders it), given ``tools`` (a
+        :class:`~refsight.tools.ChatTools`, as a chat renders them) and the template's ``variables``; rendered under
+        the renders' bounds, and refused (400) when it is nothing to generate from, as a chat would be."""
+        backend = self.engine.backend()
+        if tools is not None and not backend.supports_tools:
+            raise InvalidInputError("tools", f"{backend.name} cannot offer tools to its model")
+        return backend.chat_text(texts, turns, ending, tools, variables)
 
     def template_reads(self, variable: str) -> bool:
-        """Whether the served chat template could read ``variable`` (a ``chat_template_kwargs`` key)."""
+        """Whether the served chat template could read ``variable`` (a template variable a request sets)."""
         return self.engine.backend().chat_template_reads(variable)
 
     def end_tokens(self) -> tuple[int, ...]:
@@ -304,11 +309,13 @@ class Service:
 
     def chat(
         self, segments: Sequence[Any], *, namespace: str, on_text: Callable[[str], None] | None = None,
-        stop_event: Any = None, on_prompt: Callable[[int, int, int], None] | None = None, **fields: Any,
+        stop_event: Any = None, on_prompt: Callable[[int, int, int], None] | None = None,
+        on_tool_call: Callable[[Any], None] | None = None, **fields: Any,
     ) -> GenerateResult:
         """A route's generation: ONE :class:`~refsight.requests.GenerationRequest` of its ``fields`` with the server's
         policy merged in (built here, once), taken whole by ``engine.chat`` → the generation, typed, its strings
-        printable (the routes format it by attribute). ``on_prompt``: the prompt's progress (``engine.chat``'s)."""
+        printable (the routes format it by attribute). ``on_prompt``: the prompt's progress, ``on_tool_call``: each
+        tool call as it is read (``engine.chat``'s)."""
         # The prompt limit counts every image's tokens too, checked in the engine before any prefill.
         policy: dict[str, Any] = {"max_prompt_tokens": self.config.max_prompt_tokens}
         if not self.config.use_cache:  # ``--no-cache``: every image through the runtime's fresh path (a benchmark's baseline)
@@ -323,11 +330,12 @@ class Service:
             on_text(piece)
 
         result = self.engine.chat(request, on_text=None if on_text is None else noting, stop_event=stop_event,
-                                  on_prompt=on_prompt)
+                                  on_prompt=on_prompt, on_tool_call=on_tool_call)
         self.generations.add(result, began, first, time.perf_counter())
-        # Strings made printable; the log probabilities stay typed (their pieces are bytes, formatted per dialect).
-        plain = {f.name: getattr(result, f.name) for f in dataclass_fields(result) if f.name != "logprobs"}
-        return GenerateResult(**printable_data(plain), logprobs=result.logprobs)
+        # Strings made printable; the log probabilities and tool calls stay typed (each dialect formats them).
+        typed = ("logprobs", "tool_calls")
+        plain = {f.name: getattr(result, f.name) for f in dataclass_fields(result) if f.name not in typed}
+        return GenerateResult(**printable_data(plain), logprobs=result.logprobs, tool_calls=result.tool_calls)
 
     # -- stats -----------------------------------------------------------------------------
     def stats(self, *, namespace: str, tenants: bool) -> dict[str, Any]:

@@ -64,6 +64,7 @@ from ...errors import (
     UnknownModelError,
 )
 from .responses import TextSafeJSONResponse
+from .validation import error_field, validation_message
 
 __all__ = [
     "ApiError",
@@ -313,11 +314,7 @@ def _param_of(error: RefsightError) -> str | None:
 
 
 def _validation_message(exc: RequestValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:5]:
-        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
-        parts.append(f"{where}: {err.get('msg', 'invalid')}")
-    return "; ".join(parts) or "the request is invalid"
+    return validation_message(exc.errors())
 
 
 def _with_details(response: JSONResponse, details: dict[str, Any] | None) -> JSONResponse:
@@ -357,7 +354,7 @@ def install_error_handlers(app: FastAPI) -> None:
         if request.url.path.startswith((*OPENAI_PATHS, *OLLAMA_PATHS, *ANTHROPIC_PATHS)):
             # OpenAI, Ollama and Anthropic answer a malformed request with 400 (OpenAI names the field).
             first = (exc.errors() or [{}])[0]
-            param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+            param = error_field(first) if first.get("loc") else None
             return _respond(request, 400, "invalid_input", _validation_message(exc), param=param)
         return error_response(422, "validation_error", _validation_message(exc))
 

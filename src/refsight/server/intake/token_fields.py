@@ -2,7 +2,8 @@
 
 Two forms, as llama-server takes them: an object ``{"15043": 1.5, "Hello": false}`` (OpenAI's
 form: keys are token ids; llama-server also takes text, every token of which gets the bias) and
-an array of pairs ``[[15043, 1.5], ["Hello", false]]``. A bias is a number, or ``false``: the
+an array of pairs ``[[15043, 1.5], ["Hello", false]]``; ``""`` (what Open WebUI sends for a bias left empty) is
+none. A bias is a number, or ``false``: the
 token is banned (``-inf``). Where llama-server skips an entry it cannot read, refsight answers a
 400 naming it: nothing is silently ignored.
 """
@@ -49,6 +50,8 @@ def logit_bias_pairs(value: Any, tokenize: Callable[[str], list[int]]) -> list[t
 
     ``tokenize(text)``: the served model's tokens of a text key (no special tokens added or parsed).
     """
+    if value == "":  # an empty setting: nothing to bias
+        return []
     if isinstance(value, dict):
         entries = list(value.items())
     elif isinstance(value, list):

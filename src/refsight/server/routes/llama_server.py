@@ -8,7 +8,9 @@ model worker), ``POST /tokenize``,
 template) and ``POST /completion`` (and ``/completions``, as llama-server): a raw prompt (no chat template added) with a media
 marker per image and the images in ``multimodal_data`` (base64, or a stored reference:
 :mod:`..intake.completion_parts`), the sampling fields of :mod:`..intake.generation_body`, ``stream``.
-Every field is honoured, accepted as a no-op, or refused with a 400 naming it.
+Every field is honoured, or refused with a 400 naming it, or (a hint, or a field refsight does not know) accepted
+and named in the reply's ``refsight.ignored`` (on ``/tokenize``, ``/detokenize`` and ``/apply-template`` a
+``refsight`` object carries it when there is one).
 """
 
 from __future__ import annotations
@@ -16,25 +18,27 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, ClassVar, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import Field, ValidationError
 
 from ... import __version__
 from ...results import GenerateResult
 from ...settings import torch_threads
-from ..replies.answers import Answer
+from ..replies.answers import Answer, ignored_extra, ignored_object
 from ..intake.completion_parts import MAX_PROMPTS, RawPrompt, check_raw_prompt, fill_context, mixed_prompt_text, raw_prompt, stop_type
 from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
 from ..edge.http_errors import ERROR_RESPONSES, ApiError
-from ..intake.bodies import IntegerOrNull
+from ..intake.dialect_body import DialectBody, log_ignored
 from ..intake.generation_body import GenerationBody, check_generation
+from ..intake.template_variables import template_variables
 from ..replies.logprob_fields import piece_logprobs, token_entries
 from ..intake.messages import prompt_end_of
 from ..edge.disconnect import run_watched
 from ..intake.messages import Message, PartResolver, template_segments
+from ..intake.tool_fields import chat_tools_of, check_tools, openai_tool_use, tool_texts, tool_turns_of
 from ..intake.prompt_limit import check_prompt_chars
 from ..replies.streaming import EventStreamResponse, PromptProgress, answer_events, open_stream, progress_hook, sse_event
 from ..replies.timings import TokenClock
@@ -115,18 +119,25 @@ async def slots(
     ]
 
 
-class TokenizeBody(BaseModel):
+class TokenizeBody(DialectBody):
     """``POST /tokenize``."""
 
-    model_config = ConfigDict(extra="forbid")
     content: str
     add_special: bool = False
     parse_special: bool = True
     with_pieces: bool = False
 
 
+def _noting_ignored(request: Request, body: DialectBody) -> dict[str, Any]:
+    """The ``refsight`` object of a reply that carries none otherwise: the fields refsight did not use, if any."""
+    ignored = log_ignored(request.url.path, body.ignored_fields())
+    return ignored_object(ignored)
+
+
 @router.post("/tokenize", responses=_ERRORS)
-async def tokenize(body: TokenizeBody, namespace: Namespace, service: ServiceDep, pool: PoolDep, config: ConfigDep) -> Any:
+async def tokenize(
+    request: Request, body: TokenizeBody, namespace: Namespace, service: ServiceDep, pool: PoolDep, config: ConfigDep
+) -> Any:
     """The served model's own tokens of ``content`` (with ``with_pieces``: each token's text, or its bytes)."""
     check_prompt_chars([body.content], config.max_prompt_tokens, "content")
 
@@ -136,7 +147,7 @@ async def tokenize(body: TokenizeBody, namespace: Namespace, service: ServiceDep
             return {"tokens": ids}
         return {"tokens": [{"id": t, "piece": _piece(service.token_piece(t))} for t in ids]}
 
-    return await pool.run_light(work)
+    return {**await pool.run_light(work), **_noting_ignored(request, body)}
 
 
 def _piece(data: bytes) -> str | list[int]:
@@ -147,50 +158,61 @@ def _piece(data: bytes) -> str | list[int]:
         return list(data)
 
 
-class DetokenizeBody(BaseModel):
+class DetokenizeBody(DialectBody):
     """``POST /detokenize``."""
 
-    model_config = ConfigDict(extra="forbid")
-    # Strict: "1" and true are not token ids (lax parsing would take them as 1).
-    tokens: list[StrictInt] = Field(default_factory=list, max_length=MAX_DETOKENIZE)
+    tokens: list[int] = Field(default_factory=list, max_length=MAX_DETOKENIZE)
 
 
 @router.post("/detokenize", responses=_ERRORS)
-async def detokenize(body: DetokenizeBody, namespace: Namespace, service: ServiceDep, pool: PoolDep) -> dict[str, str]:
+async def detokenize(
+    request: Request, body: DetokenizeBody, namespace: Namespace, service: ServiceDep, pool: PoolDep
+) -> dict[str, Any]:
     """The text of ``tokens`` in the served model's vocabulary."""
-    return {"content": await pool.run_light(service.detokenize, body.tokens)}
+    return {"content": await pool.run_light(service.detokenize, body.tokens), **_noting_ignored(request, body)}
 
 
-class ApplyTemplateBody(BaseModel):
-    """``POST /apply-template``: chat messages as ``/v1/chat/completions`` takes them."""
+class ApplyTemplateBody(DialectBody):
+    """``POST /apply-template``: chat messages as ``/v1/chat/completions`` takes them, and the template's variables."""
 
-    model_config = ConfigDict(extra="forbid")
     messages: list[Message] = Field(min_length=1, max_length=256)
     # llama-server's fields: false leaves out the opening of the answer's turn; a final assistant message is
-    # continued (prefilled) as in a chat; tools only null or [] (none are rendered).
+    # continued (prefilled) as in a chat; tools rendered as a chat renders them.
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None
     tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
+    think: bool | Literal["low", "medium", "high"] | None = None
 
 
 @router.post("/apply-template", responses=_ERRORS)
 async def apply_template(
-    body: ApplyTemplateBody, namespace: Namespace, service: ServiceDep, pool: PoolDep, config: ConfigDep
-) -> dict[str, str]:
-    """The served model's chat template around ``messages``, images as the media marker (for ``/completion``),
-    ended as the chat would be: a final assistant message continued (llama-server's prefill)."""
-    if body.tools:
-        raise ApiError(400, "unsupported", "tools: tool definitions are not supported; send null or []", param="tools")
+    request: Request, body: ApplyTemplateBody, namespace: Namespace, service: ServiceDep, pool: PoolDep,
+    config: ConfigDep,
+) -> dict[str, Any]:
+    """The served model's chat template around ``messages`` (with the request's template variables), images as the
+    media marker (for ``/completion``), ended as the chat would be: a final assistant message continued
+    (llama-server's prefill), its ``tools`` and the messages' tool calls and results rendered as a chat renders
+    them."""
+    tools = openai_tool_use(body.tools, body.tool_choice, body.parallel_tool_calls)
+    tool_turns = tool_turns_of(body.messages)
+    check_tools(service, tools, tool_turns)
+    variables, unread = template_variables(service, body.chat_template_kwargs, body.reasoning_effort, body.think)
     texts, turns = template_segments(body.messages, service.media_marker)
-    check_prompt_chars(texts, config.max_prompt_tokens)
+    check_prompt_chars(texts + tool_texts(tools, tool_turns, service), config.max_prompt_tokens)
     ending, _ = prompt_end_of(body.messages, body.add_generation_prompt, body.continue_final_message)
-    return {"prompt": await pool.run_light(service.render_chat, texts, turns, ending)}
+    ignored = log_ignored(request.url.path, [*body.ignored_fields(), *unread])
+    prompt = await pool.run_light(service.render_chat, texts, turns, ending, chat_tools_of(tools, tool_turns),
+                                  variables)
+    return {"prompt": prompt, **ignored_object(ignored)}
 
 
-class PromptObject(BaseModel):
+class PromptObject(DialectBody):
     """llama-server's JSON prompt: ``{"prompt_string": ..., "multimodal_data": [base64, ...]}``."""
 
-    model_config = ConfigDict(extra="forbid")
     prompt_string: str
     multimodal_data: list[str] | None = Field(None, max_length=64)
 
@@ -198,11 +220,13 @@ class PromptObject(BaseModel):
 class CompletionBody(GenerationBody):
     """``POST /completion``: a raw prompt, its images, and the generation fields."""
 
+    hints: ClassVar[frozenset[str]] = GenerationBody.hints - {"return_tokens"}
+
     prompt: str | PromptObject | list[Any]
     multimodal_data: list[str] | None = Field(None, max_length=64, description="base64 images, one per media marker")
     stream: bool | None = None
     model: str | None = None
-    logprobs: IntegerOrNull = Field(None, ge=0, description="llama-server's alias of n_probs (read when n_probs is not given)")
+    logprobs: int | None = Field(None, ge=0, description="llama-server's alias of n_probs (read when n_probs is not given)")
     response_fields: list[str] | None = Field(
         None, max_length=256, description="llama-server: answer only these fields ('a/b': field b of object a)"
     )
@@ -283,13 +307,13 @@ async def completion(
     """llama-server's native completion: the prompt as given (no chat template), images at its media markers.
     Several prompts are answered one after the other, as a JSON array in their order (not streamed)."""
     max_new_tokens, sampling = check_generation(body, service, None, config.max_new_tokens)
+    ignored = ignored_extra(log_ignored(request.url.path, body.ignored_fields()))
     schema = body.schema()
     prompts = await _checked_prompts(body, service, pool, config)
     resolver = PartResolver.for_request(request, service, namespace, uuids, config)
     # ignore_eos bans the end tokens: generation_settings shows them (the first ask walks the vocabulary: off the loop)
     ends = await pool.run_light(service.end_tokens) if sampling.ignore_eos else ()
-
-    fill = body.n_predict == -1 and body.max_tokens is None
+    fill = body.until_the_limit()
 
     def work_of(prompt: RawPrompt, clock: TokenClock) -> Any:
         def work(on_text=None, stop_event=None) -> Answer:
@@ -316,15 +340,15 @@ async def completion(
         probs = {} if streamed or result.logprobs is None else {"completion_probabilities": token_entries(result.logprobs)}
         return _fields({
             "index": index, "content": "" if streamed else result.text,
-            "tokens": result.tokens if body.model_extra.get("return_tokens") else [],
+            "tokens": result.tokens if body.return_tokens else [],
             "id_slot": 0, "stop": True, "model": service.served_model, "tokens_predicted": len(result.tokens),
             "tokens_evaluated": result.prompt_tokens, "tokens_cached": result.prefix_tokens_reused,
             "generation_settings": {**_settings(sampling, -1 if fill else max_new_tokens, service.context_size, ends),
                                     "model": service.served_model, "stream": bool(body.stream),
-                                    "timings_per_token": bool(body.model_extra.get("timings_per_token"))},
+                                    "timings_per_token": bool(body.timings_per_token)},
             "prompt": service.media_marker.join(prompt.texts), "has_new_line": "\n" in result.text, "truncated": result.truncated,
             "stop_type": kind, "stopping_word": word, "timings": clock.final(result),
-            "refsight": {"random_weights": result.random_weights, "references_cached": result.references_cached},
+            "refsight": {"random_weights": result.random_weights, "references_cached": result.references_cached, **ignored},
             **probs,
         }, body.response_fields)
 
@@ -334,7 +358,7 @@ async def completion(
         return answers if len(answers) > 1 else answers[0]
     (prompt,), (clock,) = prompts, clocks
     first, source, stop = await open_stream(pool, work_of(prompt, clock), request)
-    per_token = clock.partial if body.model_extra.get("timings_per_token") else None
+    per_token = clock.partial if body.timings_per_token else None
     return EventStreamResponse(_events(first, source, functools.partial(final, prompt, clock, 0), service, per_token), stop)
 
 
@@ -400,8 +424,8 @@ def _settings(sampling: Any, n_predict: int, n_ctx: int | None, end_tokens: Sequ
         "seed": -1 if sampling.seed is None else sampling.seed, "stop": list(sampling.stop),
         # The rest of llama-server's fields, at the values refsight always uses (any other is refused by name).
         "max_tokens": n_predict, "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "typical_p": 1.0,
-        "xtc_probability": 0.0, "xtc_threshold": 0.1, "repeat_last_n": -1, "dry_multiplier": 0.0, "dry_base": 1.75,
-        "dry_allowed_length": 2, "dry_penalty_last_n": -1, "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
+        "xtc_probability": 0.0, "xtc_threshold": 0.1, "repeat_last_n": sampling.repeat_last_n, "dry_multiplier": 0.0,
+        "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1, "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
         "n_keep": 0, "n_discard": 0, "ignore_eos": sampling.ignore_eos, "n_probs": sampling.logprobs or 0, "min_keep": 0,
         # llama-server's shape; a banned token's -inf is JSON's null, as llama-server writes it.
         "logit_bias": [{"bias": bias if math.isfinite(bias) else None, "token": token} for token, bias in [*sampling.logit_bias, *banned]],

@@ -20,11 +20,15 @@ from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
+from ...tools import format_of
 from ..deps import ServiceDep, Namespace
 from ..edge.http_errors import ERROR_RESPONSES, ApiError
+from ..intake.dialect_body import log_ignored
+from ..intake.template_variables import THINKING_VARIABLES
 from ..model_facts import ModelDetails
+from ..replies.answers import ignored_object
 from .ollama_bodies import OllamaShowBody, check_model, ollama_name
 
 __all__ = ["router", "model_facts", "OLLAMA_API_VERSION"]
@@ -177,9 +181,10 @@ def _modelfile(service: Any, model: ModelDetails, facts: dict[str, Any], templat
 
 
 @router.post("/api/show", responses={k: ERROR_RESPONSES[k] for k in (400, 404)})
-async def show(body: OllamaShowBody, namespace: Namespace, service: ServiceDep) -> dict[str, Any]:
-    """The served model's details, Modelfile, chat template, parameters and capabilities (``vision``, ``completion``),
-    as Ollama's ``/api/show`` returns them."""
+async def show(request: Request, body: OllamaShowBody, namespace: Namespace, service: ServiceDep) -> dict[str, Any]:
+    """The served model's details, Modelfile, chat template, parameters and capabilities (``vision``, ``completion``,
+    ``tools`` where the template teaches a call format, ``thinking`` where it reads a thinking variable), as Ollama's
+    ``/api/show`` returns them (a field refsight does not know named in a ``refsight`` object)."""
     model = body.model or body.name
     if not model:
         raise ApiError(400, "invalid_input", "model: give the model's name", param="model")
@@ -189,11 +194,17 @@ async def show(body: OllamaShowBody, namespace: Namespace, service: ServiceDep) 
     info: dict[str, Any] = {"general.architecture": facts["details"]["family"]}
     if service.context_size:
         info[f"{facts['details']['family']}.context_length"] = service.context_size
-    capabilities = ["completion", "vision"]  # every model refsight serves is a VLM; no tools, thinking or insert
+    # Every model refsight serves is a VLM; tools where its template teaches a call format (as Ollama reads a
+    # template's tool support); thinking as Ollama decides it: the template reads a thinking variable (where it does
+    # not, a thinking request is Ollama's 400: ..intake.template_variables); no insert.
+    tools = service.generation_support().tools and format_of(service.facts.chat_template) is not None
+    thinking = any(service.template_reads(name) for name in THINKING_VARIABLES)
+    capabilities = ["completion", "vision", *(["tools"] if tools else []), *(["thinking"] if thinking else [])]
     return {
         "modelfile": _modelfile(service, details, facts, template), "parameters": _parameters(facts.get("params") or {}),
         "template": template[0], "system": facts.get("system") or "", "details": facts["details"], "model_info": info,
         "capabilities": capabilities, "modified_at": facts["modified_at"],
+        **ignored_object(log_ignored(request.url.path, body.ignored_fields())),
     }
 
 
