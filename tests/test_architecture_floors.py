@@ -17,7 +17,7 @@ FLOORS = (
     ("retrieval", "context"),
     ("cache",),
     ("judge", "references"),
-    ("compare", "ingest", "maintenance"),
+    ("compare", "ingest", "maintenance", "ranking"),
     ("engine",),
     ("refsight",),
     ("demo", "server"),

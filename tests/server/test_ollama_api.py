@@ -92,7 +92,7 @@ def test_show_writes_modelfile_parameters_and_template_as_ollama_does(client):
 
 
 @pytest.mark.parametrize(("path", "method"), [("/api/pull", "POST"), ("/api/push", "POST"), ("/api/create", "POST"),
-                                              ("/api/delete", "DELETE"), ("/api/copy", "POST"), ("/api/embed", "POST")])
+                                              ("/api/delete", "DELETE"), ("/api/copy", "POST")])
 def test_store_management_is_refused_saying_what_refsight_serves(client, path, method):
     message = _ollama_error(client.request(method, path, json={"model": "x"}), 400, "unsupported")
     assert "refsight" in message

@@ -27,11 +27,14 @@ import gc
 import io
 import time
 from dataclasses import fields as dataclass_fields
+from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
 from PIL import Image
 
-from .. import AddFailure, Engine, ImageInput, InvalidInputError, ReferenceSegment
+from .. import AddFailure, EmbedRequest, EmbedResult, Engine, ImageInput, InvalidInputError, ReferenceSegment
+from .. import RerankRequest, RerankResult
+from ..embedders.registry import DEFAULT_EMBEDDER
 from ..inputs.images import IntakeLimits, load_image
 from ..support.environment import default_store_dir
 from ..requests import AddRequest, GenerationRequest, CompareRequest, SearchRequest
@@ -94,6 +97,11 @@ class Service:
         )
         self.engine.backend().fingerprint()
         self.facts = ModelFacts.of(self.engine.backend())
+        if self.config.pooling == "last":  # llama-server's --pooling last: the served model embeds; here, at start
+            try:
+                self.engine.embed(EmbedRequest(["pooling"], embedder="vlm:" + self.engine.model))
+            except InvalidInputError as exc:
+                raise InvalidInputError("pooling", f"last: {exc.reason}") from None
 
     # -- sleep (llama-server's --sleep-idle-seconds; server/edge/sleep.py decides when) ---------------------
     @property
@@ -306,6 +314,24 @@ class Service:
         if request.namespace is None:  # a tenant's search never falls back to the engine's namespace
             raise ValueError("a server's SearchRequest names the tenant's namespace")
         return printable_data(self.engine.search(request).to_dict())
+
+    @property
+    def embedder_name(self) -> str:
+        """The configured embedder's registry name (``--embedder``, else ``conse``): what an embedding request naming no
+        model gets (unless the served model embeds: ``ServerConfig.pooling`` ``last``)."""
+        return self.config.embedder or DEFAULT_EMBEDDER
+
+    def embed(self, request: EmbedRequest) -> EmbedResult:
+        """``engine.embed`` of the request (which names the tenant's namespace), under the server's cache policy."""
+        if request.namespace is None:  # a tenant's request never falls back to the engine's namespace
+            raise ValueError("a server's EmbedRequest names the tenant's namespace")
+        return self.engine.embed(request if self.config.use_cache else replace(request, use_cache=False))
+
+    def rerank(self, request: RerankRequest) -> RerankResult:
+        """``engine.rerank`` of the request (which names the tenant's namespace), under the server's cache policy."""
+        if request.namespace is None:
+            raise ValueError("a server's RerankRequest names the tenant's namespace")
+        return self.engine.rerank(request if self.config.use_cache else replace(request, use_cache=False))
 
     def chat(
         self, segments: Sequence[Any], *, namespace: str, on_text: Callable[[str], None] | None = None,

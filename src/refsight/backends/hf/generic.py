@@ -273,9 +273,8 @@ class GenericBackend(HFBackend):
         self, segments: Sequence[str | VisualPackage], turns: list[tuple[str, int]] | None = None,
         generation_prompt: bool = True, tools: Any = None, variables: Mapping[str, Any] | None = None,
     ) -> str:
-        """The checkpoint's chat template over the turns (``generation_prompt``: the answer's turn opened;
-        ``tools``: a :class:`~refsight.tools.ChatTools`; ``variables``: the template's own), each image token replaced
-        by its package's placeholder."""
+        """The checkpoint's chat template over the turns (``generation_prompt``: the answer's turn opened; ``tools``: a
+        :class:`~refsight.tools.ChatTools`; ``variables``: the template's own), each image token its placeholder."""
         packages = [s for s in segments if isinstance(s, VisualPackage)]
         text = self._render(list(segments), turns, generation_prompt, tools, variables)
         pieces = text.split(self.image_token)
@@ -321,8 +320,7 @@ class GenericBackend(HFBackend):
         per image, after the processor's own rewrite. The mixin's rendering (:mod:`.chat`; the few processors that
         override it, SmolVLM's, only add video arguments the image-only processor has no use for)."""
         try:
-            text = render_chat(self.processor, chat_messages(segments, turns, tools), generation_prompt, tools,
-                               variables)
+            text = render_chat(self.processor, chat_messages(segments, turns, tools), generation_prompt, tools, variables)
         except InvalidInputError:  # the bounded renderer's word on the template (a ValueError too)
             raise
         except ValueError as e:  # the processor has no template to render

@@ -122,7 +122,9 @@ class ApiError(Exception):
 
 
 #: Route prefixes that answer errors in the OpenAI shape.
-OPENAI_PATHS = ("/v1/chat/", "/chat/", "/v1/models", "/models", "/v1/completions", "/completion", "/tokenize", "/detokenize", "/apply-template")
+OPENAI_PATHS = ("/v1/chat/", "/chat/", "/v1/models", "/models", "/v1/completions", "/completion", "/tokenize", "/detokenize",
+                "/apply-template", "/v1/embeddings", "/embedding", "/v1/rerank", "/rerank", "/v2/rerank", "/v1/reranking",
+                "/score", "/v1/score")
 
 #: Route prefixes that answer errors in Ollama's shape (:func:`ollama_error_body`).
 OLLAMA_PATHS = ("/api/",)

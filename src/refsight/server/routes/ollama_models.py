@@ -1,6 +1,6 @@
 """Ollama's model endpoints: what is served (``/api/tags``, ``/api/show``, ``/api/ps``, ``/api/version``), and
 the store-management ones refsight does not do (``/api/pull``, ``push``, ``create``, ``delete``, ``copy``,
-``blobs``, and the embedding endpoints), answered with a 400 that says so.
+``blobs``), answered with a 400 that says so. (Its embedding endpoints are :mod:`.ollama_embed`.)
 
 refsight serves the one model it was started with (``refsight serve ollama:NAME[:TAG]`` reads it from
 Ollama's own store); the listing describes it in Ollama's words: an ``ollama:`` model with its store
@@ -246,10 +246,3 @@ for _refused in _REFUSED:
 async def blobs(digest: str, namespace: Namespace) -> None:
     """Refused: blobs are uploaded for ``/api/create``, which refsight does not do."""
     raise _refuse("blobs are uploaded with `ollama create`")
-
-
-@router.post("/api/embed", responses={400: ERROR_RESPONSES[400]})
-@router.post("/api/embeddings", responses={400: ERROR_RESPONSES[400]})
-async def embed(namespace: Namespace) -> None:
-    """Refused: refsight serves no embeddings API (its retrieval is ``POST /v1/search``)."""
-    raise ApiError(400, "unsupported", "embeddings are not served by refsight; search references with POST /v1/search")

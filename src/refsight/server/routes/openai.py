@@ -307,9 +307,10 @@ async def _chunks(
 
 
 def model_card(service: Any) -> dict[str, Any]:
-    """The served model in OpenAI's model shape (plus vLLM's ``max_model_len`` and refsight's ``random_weights``)."""
+    """The served model in OpenAI's model shape (plus vLLM's ``max_model_len``, refsight's ``random_weights`` and
+    ``embedder``: the name ``/v1/embeddings`` also answers to, the retrieval embedder)."""
     card = {"id": service.served_model, "object": "model", "created": 0, "owned_by": "refsight",
-            "random_weights": service.random_weights}
+            "random_weights": service.random_weights, "embedder": service.embedder_name}
     # How the runtime runs (a vllm: backend's image mode: pixels|embeds, uuids kept or not), where it says.
     card.update(service.facts.runtime_info if service.facts is not None else {})
     context = service.context_size
