@@ -4,7 +4,7 @@ Layout under ``root``::
 
     refsight.db                              index (and the catalog's tables)
     packages/ab/cd/<key>.safetensors         tensors + the package header as metadata, in the store's
-                                             codec's stored form (compressed, or the plain file: store/_codec.py)
+                                             codec's stored form (compressed, or the plain file: refsight_codec.py)
 
 The index row is the truth: a file without a row (a writer killed between its
 rename and its insert) is invisible to readers and removed by :meth:`gc`. Each row
@@ -28,7 +28,8 @@ import xxhash
 
 from ..errors import CorruptPackageError, InvalidInputError
 from ..package import EncoderFingerprint, VisualPackage, canonical_json, package_key, tensor_spec
-from . import _codec, _safetensors
+from ..vllm_connector.refsight_codec import CodecError, Compressed, decompress
+from . import _safetensors
 from ._files import HEX_KEY, SAFETENSORS_SUFFIX, TEMP_PREFIX, staged
 from .base import FingerprintUsage, PackageIndex, PackageStore, PackageUsage
 from .sqlite import SqliteDatabase, open_database
@@ -184,12 +185,12 @@ class DiskPackageStore(PackageStore, PackageIndex):
             # Tensors first: a non-tensor gets a clearer message than header() would give.
             prepared = _safetensors.prepare(package.tensors)
             header_text = canonical_json(package.header())
-            stored = _codec.compress_file(prepared, {_HEADER_FIELD: header_text})
+            stored = _safetensors.compress_file(prepared, {_HEADER_FIELD: header_text})
         except (TypeError, ValueError) as exc:
             raise InvalidInputError(f"package {key}", f"cannot be stored: {exc}") from exc
         return self._publish(package, stored)
 
-    def _publish(self, package: VisualPackage, stored: _codec.Compressed) -> int:
+    def _publish(self, package: VisualPackage, stored: Compressed) -> int:
         """Make the stored bytes durable and record their row: the blob directory's way (the bucket has its own)."""
         key = package.key
         # 1. Write and fsync a temp file next to the final name, outside any lock: the slow part
@@ -283,8 +284,8 @@ class DiskPackageStore(PackageStore, PackageIndex):
             raise CorruptPackageError(key, f"checksum mismatch (file {digest}, index {record.checksum})")
         try:
             # Bounded by the row: a file that claims another raw size is refused before anything is allocated.
-            return _codec.decompress(buf, expected=record.raw_bytes)
-        except _codec.CodecError as exc:
+            return decompress(buf, expected=record.raw_bytes)
+        except CodecError as exc:
             raise CorruptPackageError(key, f"unreadable file: {exc}") from None
 
     def _read_blob(self, record: PackageRecord) -> memoryview:
