@@ -26,7 +26,7 @@ first and ratio second: among candidates that encode at >= ``WRITE_FLOOR_MB_S``,
 ``READ_TIE`` of the best ``read_mb_s``, then the best ratio of those, is the kind's ``choice``; ``raw``
 when that ratio is under the store's ``MIN_RATIO`` or nothing reads faster than the raw bytes.
 ``overall`` is the one candidate with the least read time over every kind (the store has one codec);
-``store`` is what the store's codec (``refsight.store._codec``) does with the same bytes, end to end
+``store`` is what the store's codec (``refsight.vllm_connector.refsight_codec``) does with the same bytes, end to end
 (its frames, checks and checksums included).
 
 Prints ONE JSON line. Usage: ``python benchmarks/codec.py [--models a,b:bfloat16] [--size 448] [--repeats 5]``.
@@ -70,11 +70,12 @@ def _kind(file_kind: str, name: str, code: str, llamacpp: bool) -> str:
 
 def _store_frames(root: Path, model: str, kinds: dict) -> None:
     """Every tensor of the store's package and prefix files, raw (decoded by the store's codec), by kind."""
-    from refsight.store import _codec, _safetensors
+    from refsight.store import _safetensors
+    from refsight.vllm_connector import refsight_codec
 
     for file_kind, pattern in (("package", "packages/*/*/*.safetensors"), ("prefix", "prefixes/*/*.safetensors")):
         for path in sorted(root.glob(pattern)):
-            raw = _codec.decompress(memoryview(path.read_bytes()))
+            raw = refsight_codec.decompress(memoryview(path.read_bytes()))
             layout = _safetensors.describe(raw)
             for name, (code, _, begin, end) in layout.entries.items():
                 data = bytes(raw[layout.start + begin : layout.start + end])
@@ -147,7 +148,7 @@ def _unbitshuffle(data: bytes, plane: int, raw_len: int) -> bytes:
 
 
 def _transforms():
-    from refsight.store._codec import shuffle, unshuffle_into
+    from refsight.vllm_connector.refsight_codec import shuffle, unshuffle_into
 
     def byte_decode(data, plane, dest):
         unshuffle_into(data, dest, plane) if plane > 1 else dest.__setitem__(slice(None), data)
@@ -198,7 +199,7 @@ def _adaptive():
     """Per frame, the smaller of zstd-1 over its byte planes and over its plain bytes (what the store does)."""
     import zstandard
 
-    from refsight.store._codec import shuffle, unshuffle_into
+    from refsight.vllm_connector.refsight_codec import shuffle, unshuffle_into
 
     cctx, dctx = zstandard.ZstdCompressor(level=1), zstandard.ZstdDecompressor()
 
@@ -268,20 +269,21 @@ def _figures(frames: list[tuple[bytes, int]], stored_bytes: int, compress_s: flo
 
 def measure_store(frames: list[tuple[bytes, int]], repeats: int) -> dict:
     """What the store's own codec does with the kind's frames (one entry per frame, as the store writes tensors:
-    an opaque byte blob as :data:`~refsight.store._codec.OPAQUE_PLANE`-byte planes), checks and checksums included."""
-    from refsight.store import _codec
+    an opaque byte blob as :data:`~refsight.store._safetensors.OPAQUE_PLANE`-byte planes), checks and checksums included."""
+    from refsight.store._safetensors import OPAQUE_PLANE
+    from refsight.vllm_connector import refsight_codec
 
-    planes = [(data, _codec.OPAQUE_PLANE if plane == 1 else plane) for data, plane in frames]
+    planes = [(data, OPAQUE_PLANE if plane == 1 else plane) for data, plane in frames]
 
     def encode():
-        return [b"".join(bytes(c) for c in _codec.compress([(data, plane)]).chunks) for data, plane in planes]
+        return [b"".join(bytes(c) for c in refsight_codec.compress([(data, plane)]).chunks) for data, plane in planes]
 
     stored = encode()
     compress_s = _best_s(encode, repeats)
-    decompress_s = _best_s(lambda: [_codec.decompress(memoryview(s)) for s in stored], repeats)
-    if any(bytes(_codec.decompress(memoryview(s))) != data for s, (data, _) in zip(stored, frames)):
+    decompress_s = _best_s(lambda: [refsight_codec.decompress(memoryview(s)) for s in stored], repeats)
+    if any(bytes(refsight_codec.decompress(memoryview(s))) != data for s, (data, _) in zip(stored, frames)):
         raise SystemExit("the store's codec decoded other bytes")
-    tables = [_codec.frames(memoryview(s)) for s in stored]
+    tables = [refsight_codec.frames(memoryview(s)) for s in stored]
     return {
         **_figures(frames, sum(len(s) for s in stored), compress_s, decompress_s),
         "kept_raw": sum(not table for table in tables),
@@ -294,7 +296,7 @@ def choose(figures: dict[str, dict]) -> str:
     """The rule, read speed first: among candidates that encode at >= WRITE_FLOOR_MB_S, those whose ``read_mb_s`` is
     within READ_TIE of the best; then the best ratio of those. ``raw`` when that ratio is under the store's
     ``MIN_RATIO`` or no candidate reads faster than the raw bytes do (the bar)."""
-    from refsight.store._codec import MIN_RATIO
+    from refsight.vllm_connector.refsight_codec import MIN_RATIO
 
     writable = {name: f for name, f in figures.items() if f["compress_ms_per_mb"] <= 1000 / WRITE_FLOOR_MB_S}
     if not writable:

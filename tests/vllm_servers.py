@@ -51,18 +51,20 @@ def vllm_python() -> Path:
 
 
 class Server:
-    """One ``refsight vllm-serve`` process and the URL it printed (``store``: with refsight's encoder-cache connector).
+    """One ``refsight vllm-serve`` process and the URL it printed (``store``: with refsight's encoder-cache connector;
+    a bucket's ``s3://`` URL with ``local_dir``, the server's own folder).
 
     Constructing it launches the command; :meth:`ready` waits for the URL (at once for a server in use)."""
 
-    def __init__(self, model: str, image_limit: int, log_dir: Path, store: Path | None = None,
-                 vllm_args: tuple[str, ...] = ()) -> None:
+    def __init__(self, model: str, image_limit: int, log_dir: Path, store: Path | str | None = None,
+                 vllm_args: tuple[str, ...] = (), local_dir: Path | None = None) -> None:
         self.model, self.image_limit, self.store = model, image_limit, store
         self.log = log_dir / f"vllm-{model}-{image_limit}-{time.monotonic_ns()}.log"
         self.began = time.monotonic()
         self.url: str | None = None
         self.pid: int | None = None
         extra = [] if store is None else ["--store", str(store)]
+        extra += ["--local-dir", str(local_dir)] if local_dir is not None else []
         extra += ["--vllm-args", " ".join(vllm_args)] if vllm_args else []
         with open(self.log, "w") as log:
             self.process = subprocess.Popen(
@@ -117,11 +119,11 @@ class ServerPool:
         #: How many servers a test may :meth:`prefetch` beside the one it uses.
         self.ahead = MAX_LIVE - 1
 
-    def get(self, model: str, image_limit: int = 8, store: Path | None = None, replica: int = 0,
-            vllm_args: tuple[str, ...] = ()) -> Server:
+    def get(self, model: str, image_limit: int = 8, store: Path | str | None = None, replica: int = 0,
+            vllm_args: tuple[str, ...] = (), local_dir: Path | None = None) -> Server:
         """The live server of these settings, started if need be (``replica`` tells apart two of the same;
-        ``vllm_args``: extra vLLM flags, e.g. its caches off)."""
-        key = (model, image_limit, store, replica, vllm_args)
+        ``vllm_args``: extra vLLM flags, e.g. its caches off; ``local_dir``: its own folder beside a bucket store)."""
+        key = (model, image_limit, store, replica, vllm_args, local_dir)
         server = self._launch(key)
         self.live.move_to_end(key)
         self.prefetched.discard(key)
@@ -135,11 +137,11 @@ class ServerPool:
             self.started.append((model, image_limit, round(server.start_s, 1), round(time.monotonic() - asked, 1)))
         return server
 
-    def prefetch(self, model: str, image_limit: int = 8, store: Path | None = None, replica: int = 0,
-                 vllm_args: tuple[str, ...] = ()) -> None:
+    def prefetch(self, model: str, image_limit: int = 8, store: Path | str | None = None, replica: int = 0,
+                 vllm_args: tuple[str, ...] = (), local_dir: Path | None = None) -> None:
         """Start the server :meth:`get` will be asked for next, without waiting for it; the least recently
         used other server makes room, so call it once the servers in use were got."""
-        key = (model, image_limit, store, replica, vllm_args)
+        key = (model, image_limit, store, replica, vllm_args, local_dir)
         if key not in self.live:
             self._launch(key)
             self.prefetched.add(key)
@@ -152,8 +154,8 @@ class ServerPool:
             oldest = next((k for k in self.live if k not in self.prefetched), next(iter(self.live)))
             self.prefetched.discard(oldest)
             self.live.pop(oldest).stop()
-        model, image_limit, store, _, vllm_args = key
-        self.live[key] = Server(model, image_limit, self.log_dir, store, vllm_args)
+        model, image_limit, store, _, vllm_args, local_dir = key
+        self.live[key] = Server(model, image_limit, self.log_dir, store, vllm_args, local_dir)
         return self.live[key]
 
     def stop(self, server: Server) -> None:

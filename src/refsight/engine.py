@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from functools import partial
@@ -79,7 +79,9 @@ class Engine:
     (an ``AttributeSchema``, a mapping ``name → allowed values or None``, or a JSON/YAML file; default: fur, ears,
     colour, markings); ``remember_images`` what the store keeps of images a chat sends inline: ``off``,
     ``recurring`` (those sent again) or ``all`` (default: ``$REFSIGHT_REMEMBER_IMAGES``, else ``[store]
-    remember_images``, else ``recurring``; :mod:`refsight.settings.remembering`).
+    remember_images``, else ``recurring``; :mod:`refsight.settings.remembering`); ``quota_shares`` the namespaces (a
+    server's tenants, with ``share_packages=False``) that split ``max_package_bytes`` into equal shares, each tenant's
+    packages evicted only by its own writes (:mod:`refsight.store.lifecycle`).
     """
 
     def __init__(
@@ -90,11 +92,13 @@ class Engine:
         backend_options: BackendOptions | None = None, settings: Settings | None = None, share_packages: bool = True,
         catalog: str | None = None, local_dir: str | Path | None = None,
         redis: str | None = None, max_package_bytes: int | str | None = None, remember_images: str | None = None,
-        local_cache_bytes: int | str | None = None,
+        local_cache_bytes: int | str | None = None, quota_shares: Iterable[str] = (),
     ) -> None:
         self.store, settings, self._owns_store = open_configured_store(
             store, settings, memory_bytes, redis, max_package_bytes, local_cache_bytes, catalog=catalog,
             local_dir=local_dir)
+        if not share_packages:  # shared packages have no owner to hold to a share
+            self.store.quota_shares = frozenset(quota_shares)
         self.model = model or default_model()
         self.namespace = namespace
         self.limits = limits
@@ -259,10 +263,8 @@ class Engine:
         on_tool_call: Callable[[ToolCall], None] | None = None, **options: Any) -> GenerateResult:
         """Generate from segments in order: text (``str``), :class:`ReferenceSegment`, or an image.
 
-        ``request`` is a :class:`~refsight.requests.GenerationRequest`, or the segments with the request's fields as
-        keywords: ``max_new_tokens`` (64), ``json_schema``, ``sampling``, ``turns``, ``raw_prompt``,
-        ``max_prompt_tokens``, ``use_cache``, ``prefix_states``, ``model``, ``namespace``, ``prompt_end``, ``tools``,
-        ``tool_turns``.
+        ``request`` is a :class:`~refsight.requests.GenerationRequest`, or the segments with its fields as keywords
+        (``max_new_tokens`` 64 unless given).
 
         References come from their durable packages, other images through the package cache under the engine's
         ``remember_images`` policy (:mod:`refsight.settings.remembering`: candidates in memory only, or remembered,

@@ -13,7 +13,7 @@
     │   └── UnknownModelError                   no backend registered under that name
     ├── CorruptPackageError                     a stored package failed its checks
     ├── StoreError                              the store itself cannot work
-    │   ├── StoreUnavailableError               its disk is full or read-only (retry later)
+    │   ├── StoreUnavailableError               its disk is full or read-only, its catalog or bucket unreachable (retry later)
     │   └── StoreConfigError                    its settings are wrong (credentials, a missing bucket)
     └── BackendError                            a model runtime failed
         ├── ModelLoadError                      weights/config could not be loaded
@@ -160,15 +160,17 @@ class StoreError(RefsightError):
 
 
 class StoreUnavailableError(StoreError):
-    """The store cannot be written for now: its disk is full, over quota, or read-only.
+    """The store cannot be used for now: its disk is full, over quota, or read-only; its catalog or bucket unreachable.
 
-    Nothing stored is lost; the write can succeed once space is freed. ``reason`` is
-    the condition in words (e.g. ``"no space left on device"``).
+    Nothing stored is lost; the call can succeed once space is freed or the service is back. ``reason`` is
+    the condition in words (e.g. ``"no space left on device"``); ``retry_after``, when known, the seconds until
+    the store tries the unreachable service again (a bucket's back-off).
     """
 
-    def __init__(self, message: str, reason: str) -> None:
+    def __init__(self, message: str, reason: str, *, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.reason = reason
+        self.retry_after = retry_after
 
 
 class StoreConfigError(StoreError):

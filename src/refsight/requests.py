@@ -18,7 +18,8 @@ naming the field and the reason; the engine takes the value whole and never chec
 - :class:`~refsight.sampling.Sampling`: how tokens are picked, with the one merge of a
   request's fields over the served model's defaults (:meth:`Sampling.merged`) and the one rule of
   what a backend honours (:meth:`Sampling.unsupported`). It is defined in :mod:`refsight.sampling`
-  (the backends read it there) and re-exported here with its declared ranges (``SAMPLING_RANGES``, for a schema);
+  (the backends read it there) and re-exported here with its declared ranges (``SAMPLING_RANGES``, for a schema)
+  and its most ``logit_bias`` pairs (``MAX_LOGIT_BIAS``, for a front end to bound a request before tokenizing it);
 - :func:`~refsight.inputs.json_schema.check_json_schema`: the one check of a JSON schema before any
   grammar is built (re-exported so a front door can name the field that carried it).
 
@@ -41,15 +42,16 @@ from .inputs.ref_ids import validate_ref_id
 from .inputs.text import check_text, check_texts
 from .package import VisualPackage
 from .inputs.rubric import Rubric, parse_rubric
+from .sampling import MAX_LOGIT_BIAS
 from .sampling import RANGES as SAMPLING_RANGES
 from .sampling import Sampling
 from .tools import ChatTools, ToolTurn, ToolUse
 
 __all__ = [
-    "CompareRequest", "GenerationRequest", "SearchRequest", "AddRequest", "Sampling", "SAMPLING_RANGES", "MAX_SHORTLIST",
-    "MAX_K", "PROMPT_ENDS", "RECALL_MODES", "RECORD_SOURCES", "RERANKERS", "check_json_schema", "check_prompt_end",
-    "check_query_text", "check_recall_mode", "check_search", "check_sources", "check_template_variables",
-    "RESERVED_TEMPLATE_VARIABLES",
+    "CompareRequest", "GenerationRequest", "SearchRequest", "AddRequest", "Sampling", "SAMPLING_RANGES",
+    "MAX_LOGIT_BIAS", "MAX_SHORTLIST", "MAX_K", "PROMPT_ENDS", "RECALL_MODES", "RECORD_SOURCES", "RERANKERS",
+    "check_json_schema", "check_prompt_end", "check_query_text", "check_recall_mode", "check_search", "check_sources",
+    "check_template_variables", "RESERVED_TEMPLATE_VARIABLES",
 ]
 
 #: The chat template variables refsight's render sets itself from the request: a request's own may not name them.

@@ -87,10 +87,10 @@ def run_cached_path(worker: Path, tmp: Path, photos: dict[str, Any], backends: d
 def codec_use(root: Path) -> dict[str, int]:
     """How the store's codec kept the package files under ``root``: how many files, how many compressed, and how
     many of their tensors' frames are zstd-compressed byte planes (the header is frame 0)."""
-    from refsight.store import _codec
+    from refsight.vllm_connector import refsight_codec
 
     files = [memoryview(path.read_bytes()) for path in (root / "packages").rglob("*.safetensors")]
-    tables = [_codec.frames(data) for data in files]
+    tables = [refsight_codec.frames(data) for data in files]
     return {
         "files": len(files),
         "compressed": sum(bool(table) for table in tables),

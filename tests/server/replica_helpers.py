@@ -98,3 +98,30 @@ def noise_png(seed: int, size: int = 32) -> bytes:
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
+
+
+#: The compare rubric of the replica tests.
+RUBRIC = "same colours\nsame texture"
+
+
+def add_references(replica: Replica, count: int) -> list[int]:
+    """Add ``r0`` ... ``r{count-1}`` (a noise image each) through ``replica``, four at a time: the statuses in order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with replica.client() as client, ThreadPoolExecutor(4) as pool:
+        return list(pool.map(
+            lambda i: client.post("/v1/references", json={"image": b64(noise_png(i)), "id": f"r{i}"}).status_code,
+            range(count),
+        ))
+
+
+def compare_all(replica: Replica, count: int, round_: int) -> list[int]:
+    """Compares covering ``r0`` ... ``r{count-1}`` four at a time, with new candidates each round (so no memory tier
+    holds them): the statuses."""
+    statuses = []
+    with replica.client() as client:
+        for first in range(0, count, 4):
+            body = {"candidate": b64(noise_png(1000 + 100 * round_ + first)), "criteria": RUBRIC,
+                    "ref_ids": [f"r{first + j}" for j in range(4)]}
+            statuses.append(client.post("/v1/compare", json=body).status_code)
+    return statuses

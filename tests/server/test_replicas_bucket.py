@@ -2,37 +2,37 @@
 ``--local-dir``) on one PostgreSQL, one Redis and one bucket (SeaweedFS; tests/services.py).
 
 References added through one replica are served cached by the others (from Redis, or with Redis
-emptied from the bucket); every replica restarted, nothing is encoded again; the object store stopped
-mid-run, no request fails. The replicas run without a memory tier (``[store] memory_bytes = 0`` in
-each one's own config file), so every reference lookup reaches a shared tier or the local disk.
+emptied from the bucket); every replica restarted, nothing is encoded again. The object store hung
+(SIGSTOP) under one replica and down under another, request by request: what a replica holds (its
+disk, Redis) answers, images sent inline are encoded and answered (a remembered one too), compares
+and searches answer; what needs the bucket (an add, a reference only the bucket holds) is a 503
+``store_unavailable`` naming the bucket, with the bucket's back-off as Retry-After; no request loses
+more than one short timeout; back, the bucket serves again by itself. The replicas run without a
+memory tier (``[store] memory_bytes = 0`` in each one's own config file), so every reference lookup
+reaches a shared tier or the local disk, and remember every inline image (``remember_images = "all"``).
 A hybrid model's reference-prefix state goes through the bucket too (two stores, in process).
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
+from live_server import assert_error, data_url
 from runtimes import require_module
-from replica_helpers import Replica, b64, noise_png
+from replica_helpers import Replica, add_references, b64, compare_all, noise_png
 
 redis = require_module("redis", "pip install 'refsight[redis]'")
 require_module("psycopg", "pip install 'refsight[postgres]'")
 require_module("boto3", "pip install 'refsight[s3]'")
 
-RUBRIC = "same colours\nsame texture"
 N = 8
-
-
-def _compare_all(replica: Replica, round_: int) -> list[int]:
-    """Two compares covering every reference once; new candidates each round (memory holds none)."""
-    statuses = []
-    with replica.client() as client:
-        for first in range(0, N, 4):
-            body = {"candidate": b64(noise_png(1000 + 100 * round_ + first)), "criteria": RUBRIC,
-                    "ref_ids": [f"r{first + j}" for j in range(4)]}
-            statuses.append(client.post("/v1/compare", json=body).status_code)
-    return statuses
+#: The bucket's read timeout (ObjectStore's default): the most an outage may cost one request.
+TIMEOUT_S = 2.0
 
 
 def _replicas(tmp_path, url: str, catalog: str, redis_url: str) -> list[Replica]:
@@ -40,7 +40,7 @@ def _replicas(tmp_path, url: str, catalog: str, redis_url: str) -> list[Replica]
     for name in ("a", "b", "c"):
         own = tmp_path / name  # everything of this replica, and nothing of the others
         own.mkdir()
-        (own / "refsight.toml").write_text("[store]\nmemory_bytes = 0\n")
+        (own / "refsight.toml").write_text('[store]\nmemory_bytes = 0\nremember_images = "all"\n')
         replicas.append(Replica(name, url, catalog, own / "local", extra=(
             "--redis", redis_url, "--config", str(own / "refsight.toml"))))
     return replicas
@@ -51,6 +51,55 @@ def _restart(replicas: list[Replica]) -> None:
         replica.stop()
     with ThreadPoolExecutor(len(replicas)) as pool:
         list(pool.map(lambda r: r.start(), replicas))
+
+
+def _chat(replica: Replica, image_url: str) -> httpx.Response:
+    content = [{"type": "text", "text": "Describe."}, {"type": "image_url", "image_url": {"url": image_url}}]
+    with replica.client() as client:
+        return client.post("/v1/chat/completions", json={"model": "toy", "max_tokens": 2,
+                                                          "messages": [{"role": "user", "content": content}]})
+
+
+def _add(replica: Replica, i: int) -> httpx.Response:
+    with replica.client() as client:
+        return client.post("/v1/references", json={"image": b64(noise_png(i)), "id": f"r{i}"})
+
+
+def _search(replica: Replica) -> httpx.Response:
+    with replica.client() as client:
+        return client.post("/v1/search", json={"text": "a pattern", "k": 3})
+
+
+def _unavailable(response: httpx.Response, url: str) -> None:
+    """A 503 store_unavailable that names the bucket, with the bucket's back-off as Retry-After."""
+    error = assert_error(response, 503, "store_unavailable")
+    assert url in error["message"] and 1 <= int(response.headers["Retry-After"]) <= 30, (error, response.headers)
+
+
+def _answers_through_an_outage(replica: Replica, remembered: bytes, url: str, round_: int) -> None:
+    """Request by request, with the bucket away: each answered as decided, none losing more than one timeout."""
+    timed = []
+
+    def timed_call(call):
+        started = time.monotonic()
+        response = call()
+        timed.append(time.monotonic() - started)
+        return response
+
+    def answered(call) -> None:
+        response = timed_call(call)
+        assert response.status_code == 200, (replica.name, response.text, replica.output())
+
+    # An image sent inline, new: its durable write fails (a HEAD first: the reads' timeout), it is answered
+    answered(lambda: _chat(replica, data_url(noise_png(600 + round_))))
+    answered(lambda: _chat(replica, "refsight://ref/r0"))  # on this replica's disk
+    # Remembered by another replica, only in the bucket: encoded again and answered, never a 503
+    answered(lambda: _chat(replica, data_url(remembered)))
+    assert timed_call(lambda: compare_all(replica, N, round_)) == [200, 200]
+    answered(lambda: _search(replica))
+    _unavailable(timed_call(lambda: _add(replica, N + 1 + round_)), url)  # its durable write cannot happen
+    _unavailable(timed_call(lambda: _chat(replica, f"refsight://ref/r{N}")), url)  # only the bucket holds it
+    assert max(timed) < 2 * TIMEOUT_S, timed  # one timeout at most (two would be 2 * TIMEOUT_S)
 
 
 @pytest.mark.slow
@@ -65,34 +114,48 @@ def test_three_replicas_with_no_directory_in_common_share_one_bucket(
     try:
         with ThreadPoolExecutor(3) as pool:
             a, b, c = pool.map(lambda r: r.start(), replicas)
-        with a.client() as client, ThreadPoolExecutor(4) as pool:
-            statuses = list(pool.map(
-                lambda i: client.post("/v1/references", json={"image": b64(noise_png(i)), "id": f"r{i}"}).status_code,
-                range(N)))
-        assert statuses == [201] * N
+        assert add_references(a, N) == [201] * N
 
         # B reads every reference from Redis, C (Redis emptied) from the bucket: not one encoded again
-        assert _compare_all(b, 0) == [200, 200]
+        assert compare_all(b, N, 0) == [200, 200]
         assert b.stats()["replica"]["misses"] == 2 and b.stats()["tiers"]["redis"]["hits"] == N  # candidates only
         keys.flushall()
-        assert _compare_all(c, 0) == [200, 200]
+        assert compare_all(c, N, 0) == [200, 200]
         stats = c.stats()
         assert stats["replica"]["misses"] == 2 and stats["tiers"]["bucket"]["hits"] == N
 
         # Every replica restarted: each serves every reference cached (its own disk, Redis or the bucket)
         _restart(replicas)
         for round_, replica in enumerate(replicas, start=1):
-            assert _compare_all(replica, round_) == [200, 200]
+            assert compare_all(replica, N, round_) == [200, 200]
             assert replica.stats()["replica"]["misses"] == 2, replica.name
 
-        # The object store stopped mid-run: no request fails
+        # A remembers an image sent inline and adds one reference more. B and C read the N references from the bucket
+        # onto their own disks (a Redis hit is no disk write) and index the new one for search (from its kept image);
+        # Redis emptied: they hold the N on their disks alone, and the bucket alone holds the new package and image.
+        # Then the object store hangs under B, and is down under C.
+        remembered = noise_png(500)
+        assert _chat(a, data_url(remembered)).status_code == 200 and _add(a, N).status_code == 201
+        keys.flushall()
+        assert compare_all(b, N, 4) == compare_all(c, N, 5) == [200, 200]
+        assert _search(b).status_code == _search(c).status_code == 200
+        keys.flushall()
+        weed = s3_server._proc.pid
+        os.kill(weed, signal.SIGSTOP)  # accepts connections, answers nothing
+        try:
+            _answers_through_an_outage(b, remembered, url, 10)
+        finally:
+            os.kill(weed, signal.SIGCONT)
         s3_server.stop()
         try:
-            for round_, replica in enumerate(replicas, start=10):
-                assert _compare_all(replica, round_) == [200, 200], replica.output()
-                assert replica.stats()["replica"]["misses"] == 4, replica.name
+            _answers_through_an_outage(c, remembered, url, 11)
         finally:
             s3_server.start()
+        deadline = time.monotonic() + 30
+        while (response := _chat(c, f"refsight://ref/r{N}")).status_code != 200:  # a probe rides on a request
+            assert response.status_code == 503 and time.monotonic() < deadline, response.text
+            time.sleep(0.5)
+        assert c.stats()["tiers"]["bucket"]["available"] is True
     finally:
         for replica in replicas:
             replica.stop()

@@ -13,24 +13,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from runtimes import require_module
-from replica_helpers import Replica, b64, noise_png
+from replica_helpers import Replica, add_references, compare_all
 
 redis = require_module("redis", "pip install 'refsight[redis]'")
 require_module("psycopg", "pip install 'refsight[postgres]'")
 
-RUBRIC = "same colours\nsame texture"
 N = 12
-
-
-def _compare_all(replica: Replica, round_: int) -> list[int]:
-    """Three compares covering every reference once; new candidates each round (memory holds none)."""
-    statuses = []
-    with replica.client() as client:
-        for first in range(0, N, 4):
-            body = {"candidate": b64(noise_png(1000 + 100 * round_ + first)), "criteria": RUBRIC,
-                    "ref_ids": [f"r{first + j}" for j in range(4)]}
-            statuses.append(client.post("/v1/compare", json=body).status_code)
-    return statuses
 
 
 @pytest.mark.slow
@@ -46,22 +34,17 @@ def test_two_replicas_share_one_redis_and_survive_its_outage(tmp_path, postgres_
     try:
         with ThreadPoolExecutor(2) as pool:
             a, b = pool.map(lambda r: r.start(), replicas)
-        with a.client() as client, ThreadPoolExecutor(4) as pool:
-            statuses = list(pool.map(
-                lambda i: client.post("/v1/references", json={"image": b64(noise_png(i)), "id": f"r{i}"}).status_code,
-                range(N),
-            ))
-        assert statuses == [201] * N and len(keys.keys("refsight:pkg:*")) == N
+        assert add_references(a, N) == [201] * N and len(keys.keys("refsight:pkg:*")) == N
 
         # B compares against every reference: not one encoded again, every one read from Redis
-        assert _compare_all(b, 0) == [200] * 3
+        assert compare_all(b, N, 0) == [200] * 3
         stats = b.stats()
         assert stats["replica"]["misses"] == 3  # the three candidates (compared images) only
         assert stats["tiers"]["redis"]["hits"] == N and stats["tiers"]["disk"]["hits"] == 0
 
         # Redis stops mid-run: B serves every request from the shared blob directory
         redis_server.stop()
-        assert _compare_all(b, 1) == [200] * 3
+        assert compare_all(b, N, 1) == [200] * 3
         stats = b.stats()
         assert stats["tiers"]["redis"]["available"] is False and stats["tiers"]["disk"]["hits"] == N
         assert stats["replica"]["misses"] == 6  # still no reference encoded
@@ -71,14 +54,14 @@ def test_two_replicas_share_one_redis_and_survive_its_outage(tmp_path, postgres_
         deadline = time.monotonic() + 30
         round_ = 2
         while not b.stats()["tiers"]["redis"]["available"]:
-            assert _compare_all(b, round_) == [200] * 3
+            assert compare_all(b, N, round_) == [200] * 3
             assert time.monotonic() < deadline, "the Redis tier did not come back"
             round_ += 1
             time.sleep(0.3)
-        assert _compare_all(b, round_) == [200] * 3
+        assert compare_all(b, N, round_) == [200] * 3
         assert len(keys.keys("refsight:pkg:*")) == N  # the references (candidates never go to Redis)
         hits = b.stats()["tiers"]["redis"]["hits"]
-        assert _compare_all(b, round_ + 1) == [200] * 3
+        assert compare_all(b, N, round_ + 1) == [200] * 3
         stats = b.stats()
         assert stats["tiers"]["redis"]["hits"] == hits + N
         assert stats["replica"]["misses"] == 3 * (round_ + 2)  # candidates only, all along

@@ -44,11 +44,11 @@ def written_before_the_codec(store, key: str) -> bytes:
     """Turn the stored package ``key`` into what refsight wrote before its codec: the plain safetensors file
     (byte for byte the codec's raw form: ``_safetensors.encode``'s chunks, as that refsight's ``put`` wrote
     them) and a row naming that file's size and checksum. Returns the file's bytes."""
-    from refsight.store import _codec
     from refsight.store._files import checksum
+    from refsight.vllm_connector import refsight_codec
 
     path = store.local.path_for(key)
-    raw = bytes(_codec.decompress(memoryview(path.read_bytes())))
+    raw = bytes(refsight_codec.decompress(memoryview(path.read_bytes())))
     path.write_bytes(raw)
     with store.local._db.write() as conn:
         conn.execute("UPDATE packages SET bytes = ?, checksum = ?, raw_bytes = ? WHERE key = ?",

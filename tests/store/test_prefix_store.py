@@ -10,8 +10,9 @@ import torch
 
 from refsight.backends.prefix import PrefixState, prefix_key, reusable_prefix
 from refsight.cache.prefix_states import PrefixStateCache
-from refsight.store import _codec, open_store
+from refsight.store import open_store
 from refsight.store.prefixes import PrefixStore
+from refsight.vllm_connector import refsight_codec
 
 MODEL = "f" * 64 + ":cpu"
 PACKAGES = ["a" * 64, "b" * 64]
@@ -110,10 +111,10 @@ def test_a_damaged_file_is_detected_deleted_counted_and_never_served(tmp_path, d
         if damage == "flip-data":
             data[-5] ^= 0x01
         elif damage == "flip-header":  # inside the JSON header text, under a sound codec layer
-            raw = bytearray(_codec.decompress(memoryview(bytes(data))))
+            raw = bytearray(refsight_codec.decompress(memoryview(bytes(data))))
             at = raw.index(b'tokens\\":5') + len(b'tokens\\":')
             raw[at] = ord("6")
-            data = bytearray(b"".join(bytes(c) for c in _codec.compress([(raw, 1)]).chunks))
+            data = bytearray(b"".join(bytes(c) for c in refsight_codec.compress([(raw, 1)]).chunks))
         elif damage == "truncate":
             data = data[: len(data) // 2]
         elif damage == "empty":

@@ -11,12 +11,13 @@ import zstandard
 from store_helpers import make_package, written_before_the_codec
 
 from refsight.backends.prefix import prefix_key
-from refsight.store import _codec, _packed, _safetensors, open_store
+from refsight.store import _packed, _safetensors, open_store
 from refsight.store.prefixes import PrefixStore
+from refsight.vllm_connector import refsight_codec
 
 
 def _stored(tensors: dict, metadata: dict | None = None) -> bytes:
-    stored = _codec.compress_file(_safetensors.prepare(tensors), metadata or {"k": "v"})
+    stored = _safetensors.compress_file(_safetensors.prepare(tensors), metadata or {"k": "v"})
     data = b"".join(bytes(chunk) for chunk in stored.chunks)
     assert len(data) == stored.stored_bytes
     return data
@@ -40,10 +41,10 @@ def _tensors() -> dict:
 def test_every_dtype_round_trips_bit_for_bit_through_zstd_frames():
     tensors = _tensors()
     stored = _stored(tensors)
-    assert stored.startswith(_codec.MAGIC)
-    table = _codec.frames(memoryview(stored))
+    assert stored.startswith(refsight_codec.MAGIC)
+    table = refsight_codec.frames(memoryview(stored))
     assert {(method, plane) for method, plane, *_ in table} >= {("zstd", 4), ("zstd", 2)}  # byte planes, compressed
-    raw = _codec.decompress(memoryview(stored))
+    raw = refsight_codec.decompress(memoryview(stored))
     assert bytes(raw) == b"".join(bytes(c) for c in _safetensors.encode(_safetensors.prepare(tensors), {"k": "v"}))
     decoded, meta = _safetensors.decode(raw)
     assert meta == {"k": "v"} and decoded.keys() == tensors.keys()
@@ -54,17 +55,17 @@ def test_every_dtype_round_trips_bit_for_bit_through_zstd_frames():
 def test_bytes_that_do_not_shrink_are_stored_as_the_plain_file():
     noise = torch.frombuffer(bytearray(torch.randint(0, 256, (1 << 16,), dtype=torch.uint8).numpy()), dtype=torch.uint8)
     stored = _stored({"noise": noise})
-    assert not stored.startswith(_codec.MAGIC) and _codec.frames(memoryview(stored)) == []
-    assert _codec.raw_size(stored[:16], len(stored)) == len(stored)
+    assert not stored.startswith(refsight_codec.MAGIC) and refsight_codec.frames(memoryview(stored)) == []
+    assert refsight_codec.raw_size(stored[:16], len(stored)) == len(stored)
     raw = memoryview(stored)
-    assert _codec.decompress(raw) is raw  # the plain file is its own raw form: read as before the codec
+    assert refsight_codec.decompress(raw) is raw  # the plain file is its own raw form: read as before the codec
 
 
 def _container(frames: list[list], body: bytes, raw_bytes: int, raw_xxh3: str = "0" * 32) -> bytes:
     # A container as an attacker (or a bug) could write it: every check of the layout passes, the checksum too.
     head = json.dumps({"raw_xxh3": raw_xxh3, "frames": frames}).encode()
     rest = len(head).to_bytes(4, "little") + head + body
-    return _codec.MAGIC + raw_bytes.to_bytes(8, "little") + xxhash.xxh3_128_digest(rest) + rest
+    return refsight_codec.MAGIC + raw_bytes.to_bytes(8, "little") + xxhash.xxh3_128_digest(rest) + rest
 
 
 def test_a_decompression_bomb_is_refused_before_anything_is_allocated():
@@ -74,24 +75,24 @@ def test_a_decompression_bomb_is_refused_before_anything_is_allocated():
         "a small size": [["zstd", 1, 1000, len(bomb)]],  # the frame itself declares 16 MiB
     }
     for frames in claims.values():
-        with pytest.raises(_codec.CodecError):
-            _codec.decompress(memoryview(_container(frames, bomb, frames[0][2])))
+        with pytest.raises(refsight_codec.CodecError):
+            refsight_codec.decompress(memoryview(_container(frames, bomb, frames[0][2])))
     # A header claiming a terabyte that no frame accounts for.
-    with pytest.raises(_codec.CodecError, match="add up"):
-        _codec.decompress(memoryview(_container([["raw", 1, 4, 4]], b"abcd", 1 << 40)))
+    with pytest.raises(refsight_codec.CodecError, match="add up"):
+        refsight_codec.decompress(memoryview(_container([["raw", 1, 4, 4]], b"abcd", 1 << 40)))
     # A frame without a declared size.
     quiet = zstandard.ZstdCompressor(write_content_size=False).compress(b"x" * 4000)
-    with pytest.raises(_codec.CodecError, match="declares"):
-        _codec.decompress(memoryview(_container([["zstd", 1, 4000, len(quiet)]], quiet, 4000)))
+    with pytest.raises(refsight_codec.CodecError, match="declares"):
+        refsight_codec.decompress(memoryview(_container([["zstd", 1, 4000, len(quiet)]], quiet, 4000)))
 
 
 def test_a_well_formed_container_with_other_bytes_than_its_checksum_is_refused():
     packed = zstandard.ZstdCompressor().compress(b"y" * 4000)
-    with pytest.raises(_codec.CodecError, match="raw checksum"):
-        _codec.decompress(memoryview(_container([["zstd", 1, 4000, len(packed)]], packed, 4000)))
+    with pytest.raises(refsight_codec.CodecError, match="raw checksum"):
+        refsight_codec.decompress(memoryview(_container([["zstd", 1, 4000, len(packed)]], packed, 4000)))
     for frames in ([["lzma", 1, 4, 4]], [["zstd", 3, 4000, len(packed)]], [["raw", 1, 5, 4]], [[1, 2]]):
-        with pytest.raises(_codec.CodecError):
-            _codec.decompress(memoryview(_container(frames, b"abcd" if frames[0][0] != "zstd" else packed, 4)))
+        with pytest.raises(refsight_codec.CodecError):
+            refsight_codec.decompress(memoryview(_container(frames, b"abcd" if frames[0][0] != "zstd" else packed, 4)))
 
 
 def test_every_damaged_byte_and_every_truncation_is_caught():
@@ -99,15 +100,15 @@ def test_every_damaged_byte_and_every_truncation_is_caught():
     for at in range(0, len(stored), max(1, len(stored) // 97)):
         damaged = bytearray(stored)
         damaged[at] ^= 0x40
-        if at < len(_codec.MAGIC):
+        if at < len(refsight_codec.MAGIC):
             continue  # no longer a container: the plain-file reader (safetensors' checks) judges it
-        with pytest.raises(_codec.CodecError):
-            _codec.decompress(memoryview(damaged))
-    for cut in (len(_codec.MAGIC) + 3, 40, len(stored) // 2, len(stored) - 1):
-        with pytest.raises(_codec.CodecError):
-            _codec.decompress(memoryview(stored[:cut]))
-    with pytest.raises(_codec.CodecError, match="recorded"):
-        _codec.decompress(memoryview(stored), expected=123)
+        with pytest.raises(refsight_codec.CodecError):
+            refsight_codec.decompress(memoryview(damaged))
+    for cut in (len(refsight_codec.MAGIC) + 3, 40, len(stored) // 2, len(stored) - 1):
+        with pytest.raises(refsight_codec.CodecError):
+            refsight_codec.decompress(memoryview(stored[:cut]))
+    with pytest.raises(refsight_codec.CodecError, match="recorded"):
+        refsight_codec.decompress(memoryview(stored), expected=123)
 
 
 def test_entries_written_before_the_codec_still_read_in_every_tier(tmp_path):
@@ -116,7 +117,7 @@ def test_entries_written_before_the_codec_still_read_in_every_tier(tmp_path):
     with open_store(tmp_path / "store") as store:
         store.packages.put(package)
         old = written_before_the_codec(store, package.key)
-        assert not old.startswith(_codec.MAGIC) and _safetensors.describe(memoryview(old)).metadata
+        assert not old.startswith(refsight_codec.MAGIC) and _safetensors.describe(memoryview(old)).metadata
         store.memory.clear()
         loaded = store.packages.get(package.key)
         assert store.local.verify(package.key) is None and store.local.check(package.key).nbytes == package.nbytes
@@ -133,7 +134,7 @@ def test_entries_written_before_the_codec_still_read_in_every_tier(tmp_path):
     state = {"key.0": torch.linspace(0, 1, 4096).reshape(1, 2, 64, 32), "state": b"\x00\x01llama" * 999}
     states.put(key, state, meta={"layers": 1}, tokens=2, build_ms=3.0)
     path = states.path_for(key)
-    path.write_bytes(bytes(_codec.decompress(memoryview(path.read_bytes()))))
+    path.write_bytes(bytes(refsight_codec.decompress(memoryview(path.read_bytes()))))
     states.clear_memory()
     got = states.get(key)
     assert got is not None and torch.equal(got.tensors["key.0"], state["key.0"])
@@ -147,7 +148,7 @@ def test_a_package_whose_raw_size_disagrees_with_its_row_is_corrupt(tmp_path):
         store.packages.put(package)
         path = store.local.path_for(package.key)
         stored = path.read_bytes()
-        assert stored.startswith(_codec.MAGIC)
+        assert stored.startswith(refsight_codec.MAGIC)
         record = store.local.record(package.key)
         assert record.bytes == len(stored) < record.raw_bytes
         # A file whose raw size disagrees with its row: refused before decompression (the row bounds it).

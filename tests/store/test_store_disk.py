@@ -14,7 +14,8 @@ from store_helpers import image_hash, make_package, run_threads
 
 from refsight.errors import CorruptPackageError, InvalidInputError
 from refsight.package import VisualPackage
-from refsight.store import DiskPackageStore, _codec
+from refsight.store import DiskPackageStore
+from refsight.vllm_connector import refsight_codec
 
 
 @pytest.fixture
@@ -73,12 +74,12 @@ def test_files_are_compressed_safetensors_with_the_header_as_metadata(open_local
     path = store.path_for(package.key)
     assert path.parent.parent.name == package.key[:2] and path.parent.name == package.key[2:4]
     stored = path.read_bytes()
-    assert stored.startswith(_codec.MAGIC)  # bf16 features and a JSON header: the codec saves enough to keep
+    assert stored.startswith(refsight_codec.MAGIC)  # bf16 features and a JSON header: the codec saves enough to keep
     record = store.record(package.key)
     assert record.bytes == len(stored) < record.raw_bytes
     # Decompressed, the file is plain safetensors: what refsight wrote before its codec.
     path = tmp_path / "raw.safetensors"
-    path.write_bytes(_codec.decompress(memoryview(stored)))
+    path.write_bytes(refsight_codec.decompress(memoryview(stored)))
     assert path.stat().st_size == record.raw_bytes
     loaded = safetensors.torch.load_file(path)
     for name, tensor in package.tensors.items():

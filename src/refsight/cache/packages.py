@@ -15,6 +15,11 @@ Every visual package refsight uses goes through :class:`PackageCache`, under one
   reference's is (written from the memory tier without encoding when it is there) and a row names the
   namespace (:mod:`refsight.store.remembered`). :meth:`PackageCache.served_prompt` says whether each package
   it served is durable, so a reference prefix may run through it.
+- **An image in hand never waits on the store.** A compared or inline image whose stored package cannot be
+  read now (a bucket outage: ``StoreUnavailableError``) is encoded into memory and answered; a remembered one is
+  served so, and kept at a later sighting. A durable write the store cannot take keeps its encode in memory (no
+  second encode for the fallback or the retry). A reference, whose package and kept image only the store holds,
+  fails then (503 ``store_unavailable``, Retry-After the bucket's back-off).
 - **A prompt's keys, derived once.** :meth:`PackageCache.served_prompt` takes a chat's references and inline
   images together, with the backend the request loaded: one fingerprint, one key per image, and an image
   sent twice is one lookup.
@@ -215,7 +220,7 @@ class PackageCache:
                     self._write(package, quota=False)
                     found[key] = CachedPackage(package, cached=False)
                 # Once for the batch; the caller's request() scope keeps them pinned until linked.
-                self.store.enforce_quota(protect=tuple(keys))
+                self.store.enforce_quota(protect=tuple(keys), scope=context.scope)
             return found
 
     def stored(self, key: str) -> StoredPackage | None:
@@ -265,11 +270,11 @@ class PackageCache:
         return found
 
     def _candidate(self, context: RequestContext, backend: Backend, image: ImageInput, key: str) -> CachedPackage:
-        """A stored package under ``key`` when one exists, else ``image`` encoded into the memory tier only."""
-        found = self._hit(key)
+        """A stored package under ``key`` when one can be read, else ``image`` encoded into the memory tier only."""
+        found = self._readable_hit(key)
         if found is None:
             with PACKAGE_LOCKS.hold(key):
-                found = self._hit(key)
+                found = self._readable_hit(key)
                 if found is None:
                     package = self._encode(backend, [image], context.scope)[0]
                     self.store.pins.note(key)
@@ -320,6 +325,14 @@ class PackageCache:
     def _served(found: CachedPackage, *, lasting: bool) -> ServedImage:
         return ServedImage(found.package, found.cached, found.encode_ms, lasting=lasting)
 
+    def _readable_hit(self, key: str) -> CachedPackage | None:
+        """:meth:`_hit`, or None while the durable tier cannot be read (a bucket outage): the caller has the image in
+        hand and encodes it, where a reference's lookup would have to fail."""
+        try:
+            return self._hit(key)
+        except StoreUnavailableError:
+            return None
+
     def _hit(self, key: str) -> CachedPackage | None:
         started = time.perf_counter()
         package = self._read(key, self.store.packages.get)
@@ -356,15 +369,21 @@ class PackageCache:
         if found is not None and not self.store.local.contains(key):
             # In memory (or Redis) only: a reference's package must survive a restart.
             self.store.local.put(found.package)
-            self.store.enforce_quota(protect=(key,))
+            self.store.enforce_quota(protect=(key,), scope=found.package.scope)
         return found
 
     def _write(self, package: VisualPackage, *, quota: bool = True) -> None:
         """Write a durable package to every tier; then, unless told otherwise, hold the byte quota."""
         self.store.pins.note(package.key)
-        self.store.packages.put(package)
+        try:
+            self.store.packages.put(package)
+        except StoreUnavailableError:
+            # The durable tier cannot take it now (a bucket outage): the encode stays in memory, so serving the image
+            # as a candidate meanwhile, or the write once the store is back, runs no encoder again.
+            self.store.memory.put(package)
+            raise
         if quota:
-            self.store.enforce_quota(protect=(package.key,))
+            self.store.enforce_quota(protect=(package.key,), scope=package.scope)
 
     def _encode(self, backend: Backend, images: list[ImageInput], scope: str | None) -> list[VisualPackage]:
         packages = encode_packages(backend, images, scope)

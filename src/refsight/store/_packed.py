@@ -2,7 +2,7 @@
 
 Layout: ``MAGIC`` (8 bytes) + xxh3-128 of the rest (16 raw bytes) + a safetensors file
 whose ``__metadata__`` holds the package header, in the store's codec's stored form: the same
-bytes the disk tier writes (compressed, or the plain file: :mod:`refsight.store._codec`; a value
+bytes the disk tier writes (compressed, or the plain file: :mod:`refsight.vllm_connector.refsight_codec`; a value
 written before the codec holds the plain file and reads as it did).
 A value is trusted only when all of these hold: the magic, the checksum over every
 following byte, a well-formed safetensors body, and a header whose image hash,
@@ -18,7 +18,8 @@ import xxhash
 
 from ..errors import CorruptPackageError
 from ..package import EncoderFingerprint, VisualPackage, canonical_json, package_key, tensor_spec
-from . import _codec, _safetensors
+from ..vllm_connector import refsight_codec
+from . import _safetensors
 
 __all__ = ["MAGIC", "pack", "unpack", "raw_size"]
 
@@ -31,7 +32,7 @@ _DIGEST_BYTES = 16
 def pack(package: VisualPackage) -> bytes:
     """The package as one byte string (header, tensors, checksum), compressed as the disk tier stores it."""
     prepared = _safetensors.prepare(package.tensors)
-    stored = _codec.compress_file(prepared, {_HEADER_FIELD: canonical_json(package.header())})
+    stored = _safetensors.compress_file(prepared, {_HEADER_FIELD: canonical_json(package.header())})
     body = b"".join(bytes(chunk) for chunk in stored.chunks)
     return MAGIC + xxhash.xxh3_128_digest(body) + body
 
@@ -39,7 +40,7 @@ def pack(package: VisualPackage) -> bytes:
 def raw_size(value: bytes) -> int:
     """The bytes a :func:`pack` value's package file holds before compression (read from its header, unchecked)."""
     start = len(MAGIC) + _DIGEST_BYTES
-    return _codec.raw_size(value[start : start + 16], len(value) - start)
+    return refsight_codec.raw_size(value[start : start + 16], len(value) - start)
 
 
 def unpack(key: str, value: bytes) -> VisualPackage:
@@ -51,7 +52,7 @@ def unpack(key: str, value: bytes) -> VisualPackage:
     if xxhash.xxh3_128_digest(body) != value[len(MAGIC) : start]:
         raise CorruptPackageError(key, "checksum mismatch")
     try:
-        raw = _codec.decompress(body)  # a new writable buffer, or ``body`` when the value was stored raw
+        raw = refsight_codec.decompress(body)  # a new writable buffer, or ``body`` when the value was stored raw
         # A writable copy of a raw value: the tensors are views of it (torch.frombuffer wants writable memory).
         tensors, meta = _safetensors.decode(raw if raw is not body else memoryview(bytearray(body)))
         header = json.loads(meta[_HEADER_FIELD])

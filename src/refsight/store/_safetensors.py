@@ -4,7 +4,8 @@ Format (https://github.com/huggingface/safetensors): 8-byte little-endian header
 length N, N bytes of JSON (``{"__metadata__": {str: str}, name: {"dtype", "shape",
 "data_offsets": [begin, end]}}``, padded with spaces to 8 bytes), then the tensor
 bytes back to back. Files written here load with ``safetensors.torch.load_file``; the store
-keeps them in its codec's stored form (:mod:`refsight.store._codec`), which decompresses to exactly them.
+keeps them in the codec's stored form (:func:`compress_file`, :mod:`refsight.vllm_connector.refsight_codec`),
+which decompresses to exactly them.
 
 Writing streams each tensor's own memory (no joined buffer); reading builds every
 tensor as a view of the one buffer that was read from disk (no second copy). torch
@@ -21,7 +22,12 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-__all__ = ["prepare", "encode", "decode", "describe", "read_buffer", "SafetensorsFormatError", "Layout"]
+from ..vllm_connector.refsight_codec import Compressed, compress
+
+__all__ = [
+    "prepare", "encode", "compress_file", "decode", "describe", "read_buffer", "SafetensorsFormatError", "Layout",
+    "OPAQUE_PLANE",
+]
 
 if sys.byteorder != "little":  # pragma: no cover - every platform refsight targets is little-endian
     raise ImportError("refsight's package store needs a little-endian machine (safetensors is little-endian)")
@@ -127,6 +133,24 @@ def encode(prepared: list[tuple[str, Any]], metadata: Mapping[str, str]) -> list
     text = json.dumps(header, separators=(",", ":"), ensure_ascii=True).encode()
     text += b" " * (-len(text) % _ALIGN)
     return [len(text).to_bytes(8, "little") + text, *chunks]
+
+
+#: Byte planes of an opaque ``uint8`` blob (a llama.cpp sequence state: mostly f16 KV cells).
+OPAQUE_PLANE = 2
+
+
+def compress_file(prepared: list[tuple[str, Any]], metadata: Mapping[str, str]) -> Compressed:
+    """The safetensors file of ``prepared`` (:func:`prepare`) in the codec's stored form.
+
+    Frames: the header, then each tensor's bytes with its element size as the byte planes (an opaque
+    ``uint8`` blob: :data:`OPAQUE_PLANE`).
+    """
+    chunks = encode(prepared, metadata)
+    planes = [1] + [
+        OPAQUE_PLANE if str(tensor.dtype) == "torch.uint8" else tensor.element_size()
+        for _, tensor in prepared if tensor.numel()
+    ]
+    return compress(zip(chunks, planes, strict=True))
 
 
 def read_buffer(path: str | os.PathLike, size: int) -> Any:

@@ -35,9 +35,9 @@ import xxhash
 
 from ..errors import CorruptPackageError, NotFoundError, StoreError, StoreUnavailableError
 from ..package import VisualPackage
+from ..vllm_connector.refsight_codec import Compressed
 from ..vllm_connector.refsight_objects import BucketUnavailable, ObjectStore
 from ._files import HEX_KEY, SAFETENSORS_SUFFIX
-from ._codec import Compressed
 from .disk import DiskPackageStore, PackageRecord
 from .images import KeptImages, check_sha
 
@@ -46,9 +46,10 @@ __all__ = ["BucketPackageStore", "BucketImages", "unavailable", "package_object"
 log = logging.getLogger("refsight.store.bucket")
 
 
-def unavailable(objects: ObjectStore, exc: BaseException, doing: str) -> StoreUnavailableError:
-    """The store's error for an object store that did not answer."""
-    return StoreUnavailableError(f"object store {objects.url} is unavailable: cannot {doing}", str(exc))
+def unavailable(objects: ObjectStore, exc: BucketUnavailable, doing: str) -> StoreUnavailableError:
+    """The store's error for an object store that did not answer (a 503 whose Retry-After is the bucket's back-off)."""
+    return StoreUnavailableError(f"object store {objects.url} is unavailable: cannot {doing}", str(exc),
+                                 retry_after=exc.retry_after)
 
 
 def package_object(key: str, checksum: str) -> str:

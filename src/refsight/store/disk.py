@@ -4,7 +4,7 @@ Layout under ``root``::
 
     refsight.db                              index (and the catalog's tables)
     packages/ab/cd/<key>.safetensors         tensors + the package header as metadata, in the store's
-                                             codec's stored form (compressed, or the plain file: store/_codec.py)
+                                             codec's stored form (compressed, or the plain file: refsight_codec.py)
 
 The index row is the truth: a file without a row (a writer killed between its
 rename and its insert) is invisible to readers and removed by :meth:`gc`. Each row
@@ -28,7 +28,8 @@ import xxhash
 
 from ..errors import CorruptPackageError, InvalidInputError
 from ..package import EncoderFingerprint, VisualPackage, canonical_json, package_key, tensor_spec
-from . import _codec, _safetensors
+from ..vllm_connector.refsight_codec import CodecError, Compressed, decompress
+from . import _safetensors
 from ._files import HEX_KEY, SAFETENSORS_SUFFIX, TEMP_PREFIX, staged
 from .base import FingerprintUsage, PackageIndex, PackageStore, PackageUsage
 from .sqlite import SqliteDatabase, open_database
@@ -40,6 +41,8 @@ __all__ = ["DiskPackageStore", "PackageRecord", "StoredPackage"]
 
 _HEADER_FIELD = "refsight.header"
 _KEY_PAGE = 1000
+#: What the lifecycle reads of a package (:class:`~refsight.store.base.PackageUsage`).
+_USAGE = "SELECT key, bytes, last_used, fingerprint_digest, scope FROM packages"
 _Read = TypeVar("_Read")
 _COLUMNS = (
     "key, image_sha256, fingerprint_digest, fingerprint_json, bytes, spec_json, created_at, encode_ms, checksum, scope, "
@@ -182,12 +185,12 @@ class DiskPackageStore(PackageStore, PackageIndex):
             # Tensors first: a non-tensor gets a clearer message than header() would give.
             prepared = _safetensors.prepare(package.tensors)
             header_text = canonical_json(package.header())
-            stored = _codec.compress_file(prepared, {_HEADER_FIELD: header_text})
+            stored = _safetensors.compress_file(prepared, {_HEADER_FIELD: header_text})
         except (TypeError, ValueError) as exc:
             raise InvalidInputError(f"package {key}", f"cannot be stored: {exc}") from exc
         return self._publish(package, stored)
 
-    def _publish(self, package: VisualPackage, stored: _codec.Compressed) -> int:
+    def _publish(self, package: VisualPackage, stored: Compressed) -> int:
         """Make the stored bytes durable and record their row: the blob directory's way (the bucket has its own)."""
         key = package.key
         # 1. Write and fsync a temp file next to the final name, outside any lock: the slow part
@@ -281,8 +284,8 @@ class DiskPackageStore(PackageStore, PackageIndex):
             raise CorruptPackageError(key, f"checksum mismatch (file {digest}, index {record.checksum})")
         try:
             # Bounded by the row: a file that claims another raw size is refused before anything is allocated.
-            return _codec.decompress(buf, expected=record.raw_bytes)
-        except _codec.CodecError as exc:
+            return decompress(buf, expected=record.raw_bytes)
+        except CodecError as exc:
             raise CorruptPackageError(key, f"unreadable file: {exc}") from None
 
     def _read_blob(self, record: PackageRecord) -> memoryview:
@@ -366,18 +369,22 @@ class DiskPackageStore(PackageStore, PackageIndex):
                 yield key, problem
 
     # -- lifecycle (PackageIndex) ----------------------------------------------------
-    def total_bytes(self) -> int:
-        """Bytes of every indexed package file."""
-        return self.stats()["bytes"]
+    def total_bytes(self, *, scope: str | None = None) -> int:
+        """Bytes of every indexed package file (``scope``: of the packages salted by that scope)."""
+        if scope is None:
+            return self.stats()["bytes"]
+        row = self._db.connection().execute("SELECT SUM(bytes) FROM packages WHERE scope = ?", (scope,)).fetchone()
+        return int(row[0] or 0)
 
-    def least_recently_used(self, limit: int, *, after: tuple[float, str] | None = None) -> list[PackageUsage]:
-        """Up to ``limit`` packages, least recently used first (ties by key), after ``(last_used, key)``."""
-        sql = "SELECT key, bytes, last_used, fingerprint_digest FROM packages"
-        params: tuple = ()
-        if after is not None:
-            sql += " WHERE (last_used, key) > (?, ?)"
-            params = tuple(after)
-        rows = self._db.connection().execute(f"{sql} ORDER BY last_used, key LIMIT ?", (*params, int(limit)))
+    def least_recently_used(
+        self, limit: int, *, after: tuple[float, str] | None = None, scope: str | None = None
+    ) -> list[PackageUsage]:
+        """Up to ``limit`` packages (``scope``: salted by it), least recently used first, after ``(last_used, key)``."""
+        conditions = {"(last_used, key) > (?, ?)": after, "scope = ?": None if scope is None else (scope,)}
+        given = {sql: params for sql, params in conditions.items() if params is not None}  # ties go by key
+        where = f" WHERE {' AND '.join(given)}" if given else ""
+        rows = self._db.connection().execute(f"{_USAGE}{where} ORDER BY last_used, key LIMIT ?",
+                                             (*(p for params in given.values() for p in params), int(limit)))
         return [PackageUsage(*row) for row in rows.fetchall()]
 
     def touch(self, uses: Mapping[str, float]) -> None:
@@ -404,11 +411,8 @@ class DiskPackageStore(PackageStore, PackageIndex):
 
     def packages_of(self, fingerprint_digest: str) -> list[PackageUsage]:
         """Every package made under ``fingerprint_digest``, least recently used first."""
-        rows = self._db.connection().execute(
-            "SELECT key, bytes, last_used, fingerprint_digest FROM packages WHERE fingerprint_digest = ? "
-            "ORDER BY last_used, key",
-            (fingerprint_digest,),
-        )
+        rows = self._db.connection().execute(f"{_USAGE} WHERE fingerprint_digest = ? ORDER BY last_used, key",
+                                             (fingerprint_digest,))
         return [PackageUsage(*row) for row in rows.fetchall()]
 
     # -- maintenance --------------------------------------------------------------

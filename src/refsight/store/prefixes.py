@@ -9,7 +9,7 @@ Layout::
     <store>/prefixes/ab/<key>.safetensors
 
 Each file is the safetensors file below in the store's codec's stored form (compressed, or the
-plain file when compression saves too little: :mod:`refsight.store._codec`, whose own checks run
+plain file when compression saves too little: :mod:`refsight.vllm_connector.refsight_codec`, whose own checks run
 first), self-describing and checked on every read: the safetensors header holds
 ``refsight.prefix`` (key, format, token count, build time, the backend's metadata and the
 tensor spec) and ``refsight.checksum``, the xxh3-128 of that JSON text followed by every
@@ -44,8 +44,9 @@ from typing import Any, Iterator, Mapping
 import xxhash
 
 from ..package import canonical_json, tensor_spec
+from ..vllm_connector.refsight_codec import CodecError, decompress, raw_size
 from ..vllm_connector.refsight_objects import BucketUnavailable, ObjectStore
-from . import _codec, _safetensors
+from . import _safetensors
 from ._files import HEX_KEY, SAFETENSORS_SUFFIX, TEMP_PREFIX, staged
 
 __all__ = ["PrefixStore", "StoredPrefix", "PREFIX_DIR", "DEFAULT_PREFIX_MEMORY_BYTES", "DEFAULT_PREFIX_DISK_BYTES"]
@@ -157,8 +158,8 @@ class PrefixStore:
         if buf is None:
             return None
         try:
-            entry = _parse(key, _codec.decompress(memoryview(buf)))
-        except (_codec.CodecError, _Corrupt) as exc:
+            entry = _parse(key, decompress(memoryview(buf)))
+        except (CodecError, _Corrupt) as exc:
             self._unshare(key)
             if self.on_corrupt is not None:
                 self.on_corrupt(key, f"bucket object: {exc}")
@@ -189,8 +190,8 @@ class PrefixStore:
             self._corrupt(key, path, stat.st_ino if "stat" in locals() else None, f"cannot read: {exc}")
             return None
         try:
-            entry = _parse(key, _codec.decompress(buf))
-        except _codec.CodecError as exc:
+            entry = _parse(key, decompress(buf))
+        except CodecError as exc:
             self._corrupt(key, path, stat.st_ino, f"unreadable file: {exc}")
             return None
         except _Corrupt as exc:
@@ -232,7 +233,7 @@ class PrefixStore:
         hasher = xxhash.xxh3_128(info_text.encode())
         for chunk in data:
             hasher.update(chunk)
-        stored = _codec.compress_file(prepared, {_INFO: info_text, _CHECKSUM: hasher.hexdigest()})
+        stored = _safetensors.compress_file(prepared, {_INFO: info_text, _CHECKSUM: hasher.hexdigest()})
         final = self.path_for(key)
         # The store's one publish path; no row to record: the file checks itself on every read.
         with staged(final, stored.chunks, what=f"prefix state {key}") as file:
@@ -325,7 +326,7 @@ def _raw_size(path: Path, size: int) -> int:
     # What the codec's fixed header says (16 bytes read, nothing checked: a statistic); a raw file: its size.
     try:
         with open(path, "rb") as f:
-            return _codec.raw_size(f.read(16), size)
+            return raw_size(f.read(16), size)
     except OSError:
         return size  # removed meanwhile
 

@@ -12,7 +12,8 @@ Redis is a cache, never the truth:
   ``socket_timeout`` seconds; after a failure the tier is skipped (every call a miss, no
   network) for a back-off that doubles from ``min_backoff_s`` to ``max_backoff_s``; then ONE
   call probes, and on success the tier is used again (and refills as packages are read).
-  Requests never fail because of Redis; errors are counted and logged once per outage.
+  Requests never fail because of Redis; errors are counted and logged once per outage. The
+  back-off is the bucket's too: one :class:`~refsight.vllm_connector.refsight_breaker.Breaker`.
 - Keys are content-addressed, so a value that outlived a delete during an outage still holds
   exactly the package its key names.
 
@@ -30,6 +31,7 @@ from urllib.parse import urlsplit, urlunsplit
 from ..errors import CorruptPackageError, InvalidInputError, StoreError
 from ..support.extras import install_command
 from ..package import VisualPackage
+from ..vllm_connector.refsight_breaker import Breaker
 from ._packed import pack, raw_size, unpack
 from .base import PackageStore
 
@@ -88,19 +90,14 @@ class RedisPackageStore(PackageStore):
             retry_on_timeout=False,
             health_check_interval=0,
         )
-        self._clock = clock
-        self._min_backoff = min_backoff_s
-        self._max_backoff = max_backoff_s
+        self.breaker = Breaker(f"Redis cache {self.url}", logger=log, meanwhile="serving from disk",
+                               min_backoff_s=min_backoff_s, max_backoff_s=max_backoff_s, clock=clock)
         self._lock = threading.Lock()
-        self._backoff = min_backoff_s
-        self._retry_at: float | None = None  # None: healthy
-        self._probing = False
         self._checked = False  # server version looked at (on the first successful contact)
         self.disabled: str | None = None  # why the tier is off for good (an old server)
         self.server: dict[str, Any] = {}
         # bytes_written: the values' bytes (compressed); raw_bytes_written: their package files' bytes before compression
-        self.counts = {"writes": 0, "bytes_written": 0, "raw_bytes_written": 0, "errors": 0, "skipped": 0, "corrupt": 0,
-                       "outages": 0}
+        self.counts = {"writes": 0, "bytes_written": 0, "raw_bytes_written": 0, "corrupt": 0}
         # At open, an old server is a configuration error worth failing for; an unreachable one
         # is an outage like any other (the tier starts backing off and serves nothing meanwhile).
         if self._call(lambda c: c.ping()) is True and self.disabled:
@@ -110,48 +107,15 @@ class RedisPackageStore(PackageStore):
     @property
     def available(self) -> bool:
         """Whether the tier is in use now (not backing off after a failure, not disabled)."""
-        return self.disabled is None and self._retry_at is None
+        return self.disabled is None and self.breaker.available
 
-    def _may_try(self) -> bool:
+    def _reached(self) -> None:
+        """Redis answered: healthy; on the first contact, look at the server once."""
+        self.breaker.succeeded()
         with self._lock:
-            if self.disabled is not None:
-                return False
-            if self._retry_at is None:
-                return True
-            if self._probing or self._clock() < self._retry_at:
-                return False
-            self._probing = True  # this caller probes; the others keep skipping meanwhile
-            return True
-
-    def _succeeded(self) -> None:
-        with self._lock:
-            was_down = self._retry_at is not None
-            self._retry_at, self._probing, self._backoff = None, False, self._min_backoff
-            check = not self._checked
-            self._checked = True
-        if was_down:
-            log.warning("refsight: Redis cache %s is reachable again", self.url)
+            check, self._checked = not self._checked, True
         if check:
             self._check_server()
-
-    def _failed(self, exc: BaseException) -> None:
-        with self._lock:
-            self.counts["errors"] += 1
-            now = self._clock()
-            if self._retry_at is None:
-                self.counts["outages"] += 1
-                self._retry_at = now + self._backoff
-                first = True
-            elif self._probing:
-                self._backoff = min(self._backoff * 2, self._max_backoff)
-                self._retry_at = now + self._backoff
-                first = False
-            else:
-                first = False
-            self._probing = False
-        if first:
-            log.warning("refsight: Redis cache %s failed (%s); serving from disk, retrying in %.1f s",
-                        self.url, exc, self._backoff)
 
     def _check_server(self) -> None:
         try:
@@ -166,7 +130,7 @@ class RedisPackageStore(PackageStore):
         except Exception as exc:  # noqa: BLE001 - as in _call: the tier never raises to its callers
             with self._lock:
                 self._checked = False  # look again on the next successful contact
-            self._failed(exc)
+            self.breaker.failed(exc)
             return
         if int(version.split(".")[0] or 0) < MIN_REDIS_MAJOR:
             self.disabled = f"Redis cache {self.url} runs Redis {version}; refsight needs Redis >= {MIN_REDIS_MAJOR}"
@@ -176,23 +140,22 @@ class RedisPackageStore(PackageStore):
                         "packages; set maxmemory-policy allkeys-lru", self.url)
 
     def _call(self, operation: Callable[[Any], Any]) -> Any:
-        if not self._may_try():
-            with self._lock:
-                self.counts["skipped"] += 1
+        if self.disabled is not None:
+            self.breaker.skip()
+            return _SKIPPED
+        if not self.breaker.allow():
             return _SKIPPED
         try:
             result = operation(self._client)
         except self._redis.exceptions.ResponseError as exc:
             # The server answered (e.g. OOM under noeviction): not an outage, no back-off.
-            with self._lock:
-                self.counts["errors"] += 1
-                self._probing = False
+            self.breaker.refused()
             log.debug("refsight: Redis cache refused a command: %s", exc)
             return _FAILED
         except Exception as exc:  # noqa: BLE001 - whatever the client raises, the tier must not fail a request
-            self._failed(exc)
+            self.breaker.failed(exc)
             return _FAILED
-        self._succeeded()
+        self._reached()
         return result
 
     # -- PackageStore ---------------------------------------------------------------------
@@ -212,9 +175,8 @@ class RedisPackageStore(PackageStore):
 
     def put(self, package: VisualPackage) -> int:
         """Store the package (an existing value is replaced); returns the value's size, 0 when not stored."""
-        if not self.available and not self._may_try_soon():
-            with self._lock:
-                self.counts["skipped"] += 1
+        if self.disabled is not None or not self.breaker.due():
+            self.breaker.skip()
             return 0  # skip the packing too while Redis is away
         value = pack(package)
         if self._call(lambda c: c.set(KEY_PREFIX + package.key, value)) is not True:
@@ -224,10 +186,6 @@ class RedisPackageStore(PackageStore):
             self.counts["bytes_written"] += len(value)
             self.counts["raw_bytes_written"] += raw_size(value)
         return len(value)
-
-    def _may_try_soon(self) -> bool:
-        with self._lock:
-            return self.disabled is None and (self._retry_at is None or self._clock() >= self._retry_at)
 
     def contains(self, key: str) -> bool:
         """Whether Redis holds a value under ``key`` now (False when unavailable)."""
@@ -246,7 +204,7 @@ class RedisPackageStore(PackageStore):
         """Per-process figures of this tier (writes, errors, skipped calls, corrupt values) and its state."""
         with self._lock:
             counts = dict(self.counts)
-        return {**counts, "available": self.available, "url": self.url, **self.server,
+        return {**counts, **self.breaker.info(), "available": self.available, "url": self.url, **self.server,
                 **({"disabled": self.disabled} if self.disabled else {})}
 
     def close(self) -> None:

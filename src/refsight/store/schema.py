@@ -90,7 +90,7 @@ CREATE TABLE remembered_packages (
     PRIMARY KEY (namespace, package_key)
 ) WITHOUT ROWID;
 CREATE INDEX remembered_packages_by_key ON remembered_packages (package_key);
--- version 6: each package's bytes before the store's codec compressed them (store/_codec.py): ``bytes``
+-- version 6: each package's bytes before the store's codec compressed them (vllm_connector/refsight_codec.py): ``bytes``
 -- stays what the file holds, the size the quota counts, and every older file was written raw
 ALTER TABLE packages ADD COLUMN raw_bytes INTEGER NOT NULL DEFAULT 0;
 UPDATE packages SET raw_bytes = bytes;

@@ -1,7 +1,8 @@
 """refsight's encoder-cache connector for vLLM: vLLM's encoder outputs kept durably in a refsight store.
 
 Runs inside the vLLM server (its environment, its dependencies only: torch, safetensors
-and :mod:`refsight_ec_store` beside this file). Switched on with one flag
+and :mod:`refsight_ec_store` beside this file, which keeps the files in refsight's codec,
+:mod:`refsight_codec`, with the zstandard and xxhash the environment's recipe installs). Switched on with one flag
 (``refsight vllm-serve MODEL --store DIR`` adds it)::
 
     PYTHONPATH=<this folder> vllm serve MODEL --ec-transfer-config \\
@@ -20,8 +21,8 @@ refsight's packages together; least recently used files evicted; 0 = none) and
   an item without a uuid gets a per-process counter as its id from vLLM, and must never
   be served to another process or after a restart.
 - **Checked before vLLM is told it is there**: the scheduler's lookup reads the whole file
-  and checks it (:func:`refsight_ec_store.read_file`: header, size, uuid, fingerprint,
-  sha256); a bad file is a miss (moved aside, counted) and vLLM encodes the item again, so a
+  and checks it (:func:`refsight_ec_store.read_file`: the codec's checks, then header, size, uuid,
+  fingerprint, sha256); a bad file is a miss (moved aside, counted) and vLLM encodes the item again, so a
   corrupt or truncated file never reaches ``safetensors.load`` in the worker (which would
   kill the server). The checked bytes are copied to a staging file of this server's own
   (under the temp dir, named by its engine id), which the worker reads and checks again:

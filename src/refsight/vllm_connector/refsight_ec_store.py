@@ -1,17 +1,21 @@
 """The store side of refsight's vLLM encoder-cache connector: files, checks, index, quota, counters.
 
-Self-contained on purpose (standard library only): it runs inside vLLM's own environment,
-where refsight is not installed, as a top-level module next to :mod:`refsight_ec_connector`
-(the folder holding both is put on vLLM's ``PYTHONPATH``); refsight imports it too, to read
-the counters for ``refsight stats`` and ``/metrics``.
+Self-contained on purpose (the standard library and refsight's codec beside it, :mod:`refsight_codec`:
+xxhash, zstandard and numpy): it runs inside vLLM's own environment, where refsight is not
+installed, as a top-level module next to :mod:`refsight_ec_connector` (the folder holding them is
+put on vLLM's ``PYTHONPATH``); refsight imports it too, to read the counters for ``refsight stats``
+and ``/metrics``.
 
 Layout, under ``<refsight store>/vllm-encoder/`` (a blob directory replicas may share):
 
 - ``ab/<name>.safetensors``: one encoder output, ``name = sha256(fingerprint NUL uuid)``,
   so the same uuid under another model, dtype, vLLM version or processor setting is
   another file. A file is a safetensors file whose header metadata carries the uuid, the
-  fingerprint and the sha256 of its tensor bytes; it is written to a temp file, fsynced
-  and renamed into place, so a reader sees a whole file or none;
+  fingerprint and the sha256 of its tensor bytes. It is kept in the codec's stored form, as
+  refsight's packages are (the header and the tensor as zstd frames, the tensor over its byte
+  planes; a file the codec would save too little on is kept plain, and plain files written
+  before it read as they did); written to a temp file, fsynced and renamed into place, so a
+  reader sees a whole file or none;
 - ``index.sqlite``: each file's size and last use (the quota's least-recently-used order),
   the bytes refsight's own packages hold in the same store (``external``: the quota is one
   quota over both, written by refsight at each of its quota checks) and the counters
@@ -43,9 +47,14 @@ import threading
 import time
 from pathlib import Path
 
+if __package__:  # refsight imports this module from its package
+    from .refsight_codec import CodecError, compress, decompress
+else:  # inside vLLM, a top-level module beside the codec (this folder is on PYTHONPATH)
+    from refsight_codec import CodecError, compress, decompress
+
 __all__ = [
     "COUNTERS", "DIRNAME", "ECStore", "check_blob", "eligible", "pixels_digest_of", "read_counters", "read_file",
-    "serialize",
+    "serialize", "stored_form",
 ]
 
 #: The folder under a refsight store.
@@ -80,17 +89,31 @@ def serialize(data: bytes, dtype: str, shape: list[int], *, uuid: str, fingerpri
     return len(raw).to_bytes(8, "little") + raw + data
 
 
+def stored_form(blob: bytes) -> bytes:
+    """The file :func:`serialize` made, in the codec's stored form: its header and its tensor as frames (the tensor
+    over byte planes of its element size), or ``blob`` itself when compressing saves too little."""
+    size = int.from_bytes(blob[:8], "little")
+    (entry,) = (v for k, v in json.loads(blob[8:8 + size]).items() if k != "__metadata__")
+    frames = [(blob[:8 + size], 1), (blob[8 + size:], _DTYPE_BYTES[entry["dtype"]])]
+    return b"".join(bytes(chunk) for chunk in compress(frames).chunks)
+
+
 def read_file(path: Path, uuid: str, fingerprint: str) -> bytes | None:
-    """The file's bytes if every check passes (:func:`check_blob`), else None. Never raises for a bad file."""
+    """The file's safetensors bytes if every check passes (:func:`check_blob`), else None. Never raises for a bad file."""
     try:
         return check_blob(path.read_bytes(), uuid, fingerprint)
     except OSError:
         return None
 
 
-def check_blob(blob: bytes, uuid: str, fingerprint: str) -> bytes | None:
-    """``blob`` if every check passes (header, one tensor whose size fits its shape and dtype, uuid,
-    fingerprint, checksum of the data), else None. Never raises for bad bytes."""
+def check_blob(stored: bytes, uuid: str, fingerprint: str) -> bytes | None:
+    """The safetensors file ``stored`` holds (the codec's stored form, or a plain file) if every check passes
+    (the codec's, then header, one tensor whose size fits its shape and dtype, uuid, fingerprint, checksum of the
+    data), else None. Never raises for bad bytes."""
+    try:
+        blob = bytes(decompress(memoryview(stored)))
+    except CodecError:
+        return None
     try:
         size = int.from_bytes(blob[:8], "little")
         if len(blob) < 8 or not 0 < size <= _MAX_HEADER:
@@ -105,7 +128,7 @@ def check_blob(blob: bytes, uuid: str, fingerprint: str) -> bytes | None:
         fits = list(entry["data_offsets"]) == [0, len(data)] and len(data) == count * _DTYPE_BYTES[entry["dtype"]]
         named = metadata.get("uuid") == uuid and metadata.get("fingerprint") == fingerprint
         if fits and named and metadata.get("sha256") == hashlib.sha256(data).hexdigest():
-            return bytes(blob)
+            return blob
     except (ValueError, KeyError, TypeError, AttributeError):
         pass
     return None
@@ -153,7 +176,8 @@ class ECStore:
         return self.root / name[:2] / f"{name}.safetensors"
 
     def load(self, uuid: str) -> bytes | None:
-        """The checked bytes of ``uuid``'s file (a hit), or None (a miss; a bad file is moved aside and counted)."""
+        """The checked safetensors bytes of ``uuid``'s file (a hit), or None (a miss; a bad file is moved aside and
+        counted)."""
         if not eligible(uuid):
             return None
         path = self.path(uuid)
@@ -198,15 +222,16 @@ class ECStore:
             pass
 
     def save(self, uuid: str, blob: bytes) -> bool:
-        """Publish ``blob`` for ``uuid`` atomically, here and in the bucket (False: not eligible, or a whole
-        file is already there)."""
+        """Publish ``blob`` (:func:`serialize`'s file) for ``uuid`` atomically, in the codec's stored form, here and
+        in the bucket (False: not eligible, or a whole file is already there)."""
         path = self.path(uuid)
         if not eligible(uuid) or read_file(path, uuid, self.fingerprint) is not None:
             return False
-        self._publish(uuid, blob)
+        stored = stored_form(blob)
+        self._publish(uuid, stored)
         if self.shared is not None:
             try:
-                self.shared.put(self._object(uuid), [blob])
+                self.shared.put(self._object(uuid), [stored])
             except Exception:  # noqa: BLE001 - the bucket away: this replica keeps it; another encodes once more
                 pass
         self.count(saves=1)

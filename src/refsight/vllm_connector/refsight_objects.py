@@ -1,9 +1,10 @@
 """An S3-compatible bucket, as refsight's stores use it: whole objects up and down, fast, never a hang.
 
-Self-contained on purpose (boto3 and the standard library only): refsight's store reads and
-writes its packages, kept images and prefix states through it, and refsight's vLLM connector
-its encoder outputs, inside vLLM's own environment (where refsight is not installed), as a
-top-level module next to :mod:`refsight_ec_store`.
+Self-contained on purpose (boto3, the standard library and its sibling :mod:`refsight_breaker`):
+refsight's store reads and writes its packages, kept images and prefix states through it, and
+refsight's vLLM connector its encoder outputs, inside vLLM's own environment (where refsight is
+not installed), as a top-level module next to :mod:`refsight_ec_store`. So it imports the breaker
+relatively inside refsight's package and as a top-level module inside vLLM (``__package__`` says which).
 
 Configured as every S3 tool is: ``AWS_ENDPOINT_URL`` (or ``AWS_ENDPOINT_URL_S3``; unset: AWS),
 ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (or ``AWS_PROFILE`` and the profiles of
@@ -14,10 +15,14 @@ Ceph RGW) is addressed path-style unless its profile says ``s3 = addressing_styl
   multipart upload whose parts go up in parallel and which is completed (atomically) or
   aborted; a writer killed mid-upload leaves an incomplete upload, never an object.
 - **Large objects come down in parallel ranges** of :data:`PART_BYTES` into one buffer.
-- **An outage costs one short timeout, then nothing** (as refsight's Redis tier): no client
-  retries; a failed or timed-out call starts a back-off (``min_backoff_s`` doubling to
-  ``max_backoff_s``) during which every call raises :class:`BucketUnavailable` at once;
-  then ONE call probes, and on success the bucket is used again.
+- **An outage costs one short timeout, then nothing** (as refsight's Redis tier, through the same
+  :class:`refsight_breaker.Breaker`): no client retries; a failed or timed-out call, or a server
+  error (5xx: a store restarting, or asking to slow down), starts a back-off (``min_backoff_s``,
+  2 s, doubling to ``max_backoff_s``, 30 s) during which every call raises :class:`BucketUnavailable`
+  at once, saying when the bucket is tried again (``retry_after``); then ONE call probes, and on
+  success the bucket is used again. A write may wait longer for its
+  answer (``write_timeout_s``: a server may first have to make room), so it first asks the bucket
+  (a HEAD, with the reads' short timeout): a store that hangs costs a write a read's timeout too.
 - **Configuration errors say which setting**: :meth:`ObjectStore.check` raises
   :class:`BucketConfigError` for refused credentials or a missing bucket, in one line.
 """
@@ -32,6 +37,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 from urllib.parse import urlsplit
+
+if __package__:  # refsight's store imports this module from its package
+    from .refsight_breaker import Breaker
+else:  # inside vLLM, a top-level module beside the breaker (this folder is on PYTHONPATH)
+    from refsight_breaker import Breaker
 
 __all__ = [
     "ObjectStore", "ObjectEntry", "BucketConfigError", "BucketUnavailable", "is_bucket_url", "PART_BYTES",
@@ -61,7 +71,12 @@ class BucketConfigError(Exception):
 
 
 class BucketUnavailable(Exception):
-    """The object store did not answer (down, hanging, backing off): try again later; nothing is lost."""
+    """The object store did not answer (down, hanging, backing off): try again later (``retry_after`` seconds
+    from now it is tried again); nothing is lost."""
+
+    def __init__(self, message: str, retry_after: float = 0.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 @dataclass(frozen=True)
@@ -78,25 +93,25 @@ class ObjectStore:
 
     def __init__(
         self, url: str, *, timeout_s: float = 2.0, write_timeout_s: float = 15.0, connect_timeout_s: float = 1.0,
-        min_backoff_s: float = 0.5, max_backoff_s: float = 30.0, workers: int = 8,
+        min_backoff_s: float = 2.0, max_backoff_s: float = 30.0, workers: int = 8,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.bucket, self.prefix = _parse(url)
         self.url = f"{_SCHEME}{self.bucket}/{self.prefix}".rstrip("/")
-        # Reads wait at most timeout_s for an answer; a write may wait longer (a server may first have
-        # to make room: SeaweedFS grows a volume, a busy MinIO queues), and follows an encode anyway.
+        # Reads wait at most timeout_s for an answer; a write may wait longer (a server may first have to make
+        # room: SeaweedFS grows a volume, a busy MinIO queues). A write asks the bucket first (put), so a store
+        # that hangs costs it no more than a read.
         self._client, self.endpoint = _client(timeout_s, connect_timeout_s, workers)
         self._writer, _ = _client(write_timeout_s, connect_timeout_s, workers)
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="refsight-bucket")
-        self._clock = clock
-        self._min_backoff, self._max_backoff = min_backoff_s, max_backoff_s
+        # The first back-off is as long as a read's timeout: the calls a request makes right after the one that
+        # failed are skipped, not probes, so a request loses one timeout, not two (a retry after 0.5 s, as Redis's
+        # 0.25 s timeout allows, would often fall inside the same request).
+        self.breaker = Breaker(f"object store {self.url}", logger=log, min_backoff_s=min_backoff_s,
+                               max_backoff_s=max_backoff_s, clock=clock)
         self._lock = threading.Lock()
-        self._backoff = min_backoff_s
-        self._retry_at: float | None = None  # None: healthy
-        self._probing = False
         self.list_page = 1000  # keys per listing request (S3's largest page)
-        self.counts = {"reads": 0, "bytes_read": 0, "writes": 0, "bytes_written": 0, "errors": 0, "skipped": 0,
-                       "outages": 0}
+        self.counts = {"reads": 0, "bytes_read": 0, "writes": 0, "bytes_written": 0}
 
     # -- names -------------------------------------------------------------------------
     def key(self, name: str) -> str:
@@ -107,54 +122,41 @@ class ObjectStore:
     @property
     def available(self) -> bool:
         """Whether the bucket is in use now (not backing off after a failure)."""
-        return self._retry_at is None
+        return self.breaker.available
 
-    def _may_try(self) -> bool:
-        with self._lock:
-            if self._retry_at is None:
-                return True
-            if self._probing or self._clock() < self._retry_at:
-                return False
-            self._probing = True  # this caller probes; the others keep skipping meanwhile
-            return True
+    def _unavailable(self, message: str) -> BucketUnavailable:
+        return BucketUnavailable(message, self.breaker.retry_in())
 
-    def _succeeded(self) -> None:
-        with self._lock:
-            was_down = self._retry_at is not None
-            self._retry_at, self._probing, self._backoff = None, False, self._min_backoff
-        if was_down:
-            log.warning("refsight: object store %s is reachable again", self.url)
-
-    def _failed(self, exc: BaseException) -> None:
-        with self._lock:
-            self.counts["errors"] += 1
-            first = self._retry_at is None
-            if first:
-                self.counts["outages"] += 1
-            elif self._probing:
-                self._backoff = min(self._backoff * 2, self._max_backoff)
-            if first or self._probing:
-                self._retry_at = self._clock() + self._backoff
-            self._probing = False
-        if first:
-            log.warning("refsight: object store %s failed (%s); retrying in %.1f s", self.url, exc, self._backoff)
+    def _failed(self, exc: BaseException, doing: str) -> BucketUnavailable:
+        self.breaker.failed(exc)
+        return self._unavailable(f"object store {self.url} {doing}: {exc}")
 
     def _call(self, operation: Callable[[Any], Any], *, write: bool = False) -> Any:
         """``operation(client)``; raises BucketUnavailable when backing off or when the store fails to answer."""
-        if not self._may_try():
-            with self._lock:
-                self.counts["skipped"] += 1
-            raise BucketUnavailable(f"object store {self.url} is unavailable (backing off)")
+        if not self.breaker.allow():
+            raise self._unavailable(f"object store {self.url} is unavailable (backing off)")
         try:
             result = operation(self._writer if write else self._client)
-        except Exception as exc:  # noqa: BLE001 - sorted below: an answer is no outage, anything else is
-            if _code(exc) is not None:
-                self._succeeded()  # the server answered (404, 403 ...): the caller decides what it means
+        except Exception as exc:  # noqa: BLE001 - sorted below: a refusal is no outage, anything else is
+            if _code(exc) is not None and not _server_error(exc):
+                self.breaker.succeeded()  # the server answered (404, 403 ...): the caller decides what it means
                 raise
-            self._failed(exc)
-            raise BucketUnavailable(f"object store {self.url} failed: {exc}") from exc
-        self._succeeded()
+            # No answer, or a server error (500 InternalError, 503 SlowDown: a store restarting, or overloaded)
+            raise self._failed(exc, "failed") from exc
+        self.breaker.succeeded()
         return result
+
+    def _answers(self) -> None:
+        """Return once the store answers a HEAD of the bucket within the reads' timeout (any answer will do)."""
+
+        def head(client: Any) -> None:
+            try:
+                client.head_bucket(Bucket=self.bucket)
+            except Exception as exc:  # noqa: BLE001 - a refusal is an answer too: the write that follows says more
+                if _code(exc) is None:
+                    raise
+
+        self._call(head)
 
     # -- start ----------------------------------------------------------------------------
     def check(self) -> None:
@@ -162,7 +164,7 @@ class ObjectStore:
         try:
             self._call(lambda c: c.head_bucket(Bucket=self.bucket))
         except BucketUnavailable as exc:
-            raise BucketUnavailable(f"cannot reach the object store at {self.endpoint} (AWS_ENDPOINT_URL): "
+            raise self._unavailable(f"cannot reach the object store at {self.endpoint} (AWS_ENDPOINT_URL): "
                                     f"{exc.__cause__ or exc}") from None
         except Exception as exc:  # noqa: BLE001 - an answer of the server: say which setting it refused
             raise BucketConfigError(self._config_problem(exc)) from None
@@ -187,7 +189,7 @@ class ObjectStore:
         except Exception as exc:  # noqa: BLE001
             if _code(exc) in _NOT_FOUND or _code(exc) == "InvalidRange":  # InvalidRange: an empty object
                 return None
-            raise BucketUnavailable(f"object store {self.url}: cannot read {name}: {_code(exc)}") from exc
+            raise self._unavailable(f"object store {self.url}: cannot read {name}: {_code(exc)}") from exc
         total = _total_size(first)
         buffer = bytearray(total)  # every part is read straight into it: no copy of the bytes
         view = memoryview(buffer)
@@ -215,15 +217,15 @@ class ObjectStore:
                 got += n
             extra = body.read(1)
         except Exception as exc:  # noqa: BLE001 - a read timeout mid-body is an outage like any other
-            self._failed(exc)
-            raise BucketUnavailable(f"object store {self.url} failed mid-read: {exc}") from exc
+            raise self._failed(exc, "failed mid-read") from exc
         if got != len(into) or extra:
-            raise BucketUnavailable(f"object store {self.url}: {key} changed while it was read")
+            raise self._unavailable(f"object store {self.url}: {key} changed while it was read")
 
     def put(self, name: str, chunks: Iterable[bytes | bytearray | memoryview]) -> int:
         """Write the object whole (multipart above :data:`MULTIPART_BYTES`); returns its size."""
         data = b"".join(chunks)
         key = self.key(name)
+        self._answers()  # a store that hangs: found within the reads' timeout, not the write's
         if len(data) <= MULTIPART_BYTES:
             self._call(lambda c: c.put_object(Bucket=self.bucket, Key=key, Body=data), write=True)
         else:
@@ -260,7 +262,7 @@ class ObjectStore:
         except Exception as exc:  # noqa: BLE001
             if _code(exc) in _NOT_FOUND:
                 return False
-            raise BucketUnavailable(f"object store {self.url}: cannot look at {name}: {_code(exc)}") from exc
+            raise self._unavailable(f"object store {self.url}: cannot look at {name}: {_code(exc)}") from exc
         return True
 
     def delete(self, name: str) -> None:
@@ -307,7 +309,7 @@ class ObjectStore:
         """This process's figures (reads, writes, errors, skipped calls, outages) and the store's state."""
         with self._lock:
             counts = dict(self.counts)
-        return {**counts, "available": self.available, "url": self.url, "endpoint": self.endpoint}
+        return {**counts, **self.breaker.info(), "url": self.url, "endpoint": self.endpoint}
 
     def close(self) -> None:
         """Stop the transfer threads and close the connections. Idempotent."""
@@ -354,6 +356,13 @@ def _code(exc: BaseException) -> str | None:
     if not isinstance(response, dict):
         return None
     return str(response.get("Error", {}).get("Code") or response.get("ResponseMetadata", {}).get("HTTPStatusCode"))
+
+
+def _server_error(exc: BaseException) -> bool:
+    """Whether the server answered with a 5xx (it cannot serve now: an outage, as no answer is)."""
+    response = getattr(exc, "response", None)
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode") if isinstance(response, dict) else None
+    return isinstance(status, int) and status >= 500
 
 
 def _total_size(answer: dict) -> int:

@@ -61,6 +61,28 @@ def test_ineligible_uuids_are_never_saved_nor_looked_up(store, tmp_path):
     assert ec.read_counters(tmp_path)["misses"] == 0  # not even looked for
 
 
+def test_a_file_is_kept_compressed_by_refsights_codec_and_read_back_bit_for_bit(store):
+    """The same codec as refsight's packages (bf16 features shrink: their exponent planes repeat); a plain file, as
+    written before the codec, reads as it did; a damaged container is a miss."""
+    import torch
+
+    from refsight.vllm_connector import refsight_codec
+
+    uuid, old = _uuid(10), _uuid(11)
+    features = torch.randn(256, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    blob = ec.serialize(features.view(torch.uint8).numpy().tobytes(), "BF16", [256, 64], uuid=uuid, fingerprint=FINGERPRINT)
+    assert store.save(uuid, blob)
+    stored = store.path(uuid).read_bytes()
+    assert stored.startswith(refsight_codec.MAGIC) and len(stored) < 0.8 * len(blob)
+    assert store.load(uuid) == blob and ec.read_counters(store.root.parent)["bytes"] == len(stored)
+    plain = ec.serialize(features.view(torch.uint8).numpy().tobytes(), "BF16", [256, 64], uuid=old, fingerprint=FINGERPRINT)
+    store.path(old).parent.mkdir(parents=True, exist_ok=True)
+    store.path(old).write_bytes(plain)
+    assert store.load(old) == plain
+    store.path(uuid).write_bytes(stored[:100] + bytes([stored[100] ^ 1]) + stored[101:])
+    assert store.load(uuid) is None and store.path(uuid).with_name(store.path(uuid).name + ".bad").exists()
+
+
 @pytest.mark.parametrize("damage", ["flip a data byte", "truncate", "empty", "garbage header", "other uuid", "other fingerprint"])
 def test_a_damaged_or_foreign_file_is_a_miss_moved_aside_and_counted(store, tmp_path, damage):
     uuid = _uuid(2)
@@ -158,7 +180,8 @@ def test_the_connector_folder_imports_nothing_of_refsight():
 
     from refsight.vllm_connector import CONNECTOR_PATH
 
-    allowed = {"vllm", "torch", "safetensors", "refsight_ec_store", "refsight_objects", "boto3", "botocore", "__future__"}
+    allowed = {"vllm", "torch", "safetensors", "refsight_ec_store", "refsight_objects", "refsight_breaker",
+               "refsight_codec", "boto3", "botocore", "xxhash", "zstandard", "numpy", "__future__"}
     for path in CONNECTOR_PATH.glob("refsight_*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (

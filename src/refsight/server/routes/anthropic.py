@@ -44,7 +44,7 @@ from pydantic import Field
 from ... import InvalidInputError
 from ..replies.answers import Answer, ignored_object
 from ..intake.dialect_body import DialectBody, log_ignored
-from ..intake.completion_parts import stop_type
+from ..intake.completion_parts import stop_type, with_stopping_word
 from ..deps import ConfigDep, MediaUuidsDep, Namespace, PoolDep, ServiceDep
 from ..edge.disconnect import run_watched
 from ..edge.http_errors import ERROR_RESPONSES, ApiError
@@ -241,6 +241,21 @@ def _generation(body: MessagesBody, service: Any, limit: int) -> tuple[int, Any]
         raise
 
 
+def _checked(body: MessagesBody, tools: Any, service: Any, config: Any) -> tuple[int, Any, list[Message], str, list[str], Any]:
+    """The checks against the served model, in the work pool (they tokenize): the token bound and the sampling, the
+    conversation as chat messages, how its prompt ends (a final assistant message: Anthropic's prefill, continued),
+    its tool turns (with ``tools``, checked against the backend) and its texts, within the prompt limit."""
+    max_new_tokens, sampling = _generation(body, service, config.max_new_tokens)
+    chat = body.chat_messages()
+    prompt_end = chat_prompt_end(service, chat)
+    tool_turns = tool_turns_of(chat)
+    check_tools(service, tools, tool_turns)
+    texts = prompt_texts(chat) + tool_texts(tools, tool_turns, service)
+    check_prompt_chars(texts, config.max_prompt_tokens)
+    check_prompt_tokens(texts, config.max_prompt_tokens, service.count_text_tokens)
+    return max_new_tokens, sampling, chat, prompt_end, texts, tool_turns
+
+
 def _opening_count(service: Any, messages: list[Message], texts: list[str], tools: Any,
                    variables: dict[str, Any]) -> int:
     """``message_start``'s ``input_tokens``: the template's tokens, or the texts' where a backend renders none."""
@@ -265,8 +280,8 @@ async def count_tokens(
     resolver = PartResolver.for_request(request, service, namespace, uuids, config)
 
     ending = prompt_end_of(messages)[0]
-    count = await pool.run_light(input_tokens, service, messages, ending, resolver, namespace,
-                                 chat_tools_of(tools, tool_turns), variables)
+    count = await pool.run(input_tokens, service, messages, ending, resolver, namespace,
+                           chat_tools_of(tools, tool_turns), variables)
     return {"input_tokens": count, **ignored_object(ignored)}
 
 
@@ -277,17 +292,11 @@ async def messages(
 ) -> Any:
     """Anthropic's Messages API over the served model: the chat route's work, Anthropic's shapes."""
     body.check_fields()
-    max_new_tokens, sampling = _generation(body, service, config.max_new_tokens)
     variables, ignored = body.variables(service, request.url.path)
     extra = ignored_object(ignored)
     schema = check_schema(body.output_format.schema_, "output_format.schema") if body.output_format else None
-    chat = body.chat_messages()
-    prompt_end = chat_prompt_end(service, chat)  # a final assistant message: Anthropic's prefill, continued
-    tools, tool_turns = body.tool_use(), tool_turns_of(chat)
-    check_tools(service, tools, tool_turns)
-    texts = prompt_texts(chat) + tool_texts(tools, tool_turns, service)
-    check_prompt_chars(texts, config.max_prompt_tokens)
-    await pool.run_light(check_prompt_tokens, texts, config.max_prompt_tokens, service.count_text_tokens)
+    tools = body.tool_use()
+    max_new_tokens, sampling, chat, prompt_end, texts, tool_turns = await pool.run(_checked, body, tools, service, config)
     resolver = PartResolver.for_request(request, service, namespace, uuids, config)
     message_id = f"msg_{uuidlib.uuid4().hex}"
 
@@ -297,14 +306,15 @@ async def messages(
                               sampling=sampling, on_text=on_text, stop_event=stop_event, prompt_end=prompt_end,
                               json_schema=schema, template_variables=variables, tools=tools, tool_turns=tool_turns,
                               on_tool_call=on_text)
-        return Answer.of(result, media_uuids=[use.to_dict() for use in resolver.commit()])
+        answer = Answer.of(result, media_uuids=[use.to_dict() for use in resolver.commit()])
+        return with_stopping_word(answer, sampling.stop, service)
 
     def ending(result: Answer) -> tuple[str, str | None]:
         if result.tool_calls:
             return "tool_use", None
         if result.finish_reason == "length":
             return "max_tokens", None
-        kind, word = stop_type(result, sampling.stop, service)
+        kind, word = stop_type(result)
         return ("stop_sequence", word) if kind == "word" else ("end_turn", None)
 
     def message(result: Answer) -> dict[str, Any]:
@@ -317,8 +327,7 @@ async def messages(
 
     if not body.stream:
         return message(await run_watched(pool, request, work))  # a client that leaves frees its worker
-    prompt_tokens = await pool.run_light(_opening_count, service, chat, texts, chat_tools_of(tools, tool_turns),
-                                         variables)
+    prompt_tokens = await pool.run(_opening_count, service, chat, texts, chat_tools_of(tools, tool_turns), variables)
     first, source, stop = await open_stream(pool, work, request)
     start = {"id": message_id, "type": "message", "role": "assistant", "content": [], "model": service.served_model,
              "stop_reason": None, "stop_sequence": None,

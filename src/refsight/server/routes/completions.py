@@ -69,12 +69,8 @@ async def completions(request: Request, body: CompletionsBody, namespace: Namesp
     """A text completion of the raw prompt (OpenAI's ``text_completion`` shape)."""
     if body.n not in (None, 1):
         raise ApiError(400, "unsupported", "n: only one choice (n=1) is supported", param="n")
-    max_new_tokens, sampling = check_generation(body, service, None, config.max_new_tokens)
+    max_new_tokens, sampling, schema, prompts = await pool.run(_checked, body, service, config)
     ignored = log_ignored(request.url.path, body.ignored_fields())
-    schema = body.schema()
-    prompts = [raw_prompt(text, [], service.media_marker) for text in body.texts()]
-    for prompt in prompts:
-        await check_raw_prompt(prompt, pool, config.max_prompt_tokens, service)
     completion_id, created = f"cmpl-{uuidlib.uuid4().hex}", int(time.time())
 
     def work_of(text: str) -> Any:
@@ -100,6 +96,17 @@ async def completions(request: Request, body: CompletionsBody, namespace: Namesp
     first, source, stop = await open_stream(pool, work_of(prompts[0].texts[0]), request)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return EventStreamResponse(_chunks(first, source, lambda *a: response(choice(*a)), include_usage, ignored), stop)
+
+
+def _checked(body: CompletionsBody, service: Any, config: Any) -> tuple[int, Any, Any, list[Any]]:
+    """The checks against the served model, in the work pool (they tokenize): the token bound, the sampling, the
+    JSON schema and the prompts, each within the prompt limit."""
+    max_new_tokens, sampling = check_generation(body, service, None, config.max_new_tokens)
+    schema = body.schema()
+    prompts = [raw_prompt(text, [], service.media_marker) for text in body.texts()]
+    for prompt in prompts:
+        check_raw_prompt(prompt, config.max_prompt_tokens, service)
+    return max_new_tokens, sampling, schema, prompts
 
 
 def _choices(results: list[GenerateResult], choice: Any, ignored: list[str]) -> list[dict[str, Any]]:

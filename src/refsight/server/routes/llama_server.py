@@ -3,14 +3,11 @@
 ``GET /health`` (and ``/v1/health``; no key: 503 ``Loading model`` until the model is
 loaded, then ``{"status": "ok"}``), ``GET /props`` (the model, its context size, the
 modalities and the media marker ``/completion`` prompts use), ``GET /slots`` (one per
-model worker), ``POST /tokenize``,
-``/detokenize``, ``/apply-template`` (the served model's own tokenizer and chat
-template) and ``POST /completion`` (and ``/completions``, as llama-server): a raw prompt (no chat template added) with a media
+model worker) and ``POST /completion`` (and ``/completions``, as llama-server): a raw prompt (no chat template added) with a media
 marker per image and the images in ``multimodal_data`` (base64, or a stored reference:
 :mod:`..intake.completion_parts`), the sampling fields of :mod:`..intake.generation_body`, ``stream``.
 Every field is honoured, or refused with a 400 naming it, or (a hint, or a field refsight does not know) accepted
-and named in the reply's ``refsight.ignored`` (on ``/tokenize``, ``/detokenize`` and ``/apply-template`` a
-``refsight`` object carries it when there is one).
+and named in the reply's ``refsight.ignored``. The tokenizer's and the chat template's endpoints: :mod:`.llama_text`.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from typing import Any, AsyncIterator, ClassVar, Literal
+from typing import Any, AsyncIterator, ClassVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -27,19 +24,19 @@ from pydantic import Field, ValidationError
 from ... import __version__
 from ...results import GenerateResult
 from ...settings import torch_threads
-from ..replies.answers import Answer, ignored_extra, ignored_object
-from ..intake.completion_parts import MAX_PROMPTS, RawPrompt, check_raw_prompt, fill_context, mixed_prompt_text, raw_prompt, stop_type
+from ..replies.answers import Answer, ignored_extra
+from ..intake.completion_parts import (
+    MAX_PROMPTS, RawPrompt, check_raw_prompt, fill_context, mixed_prompt_text, raw_prompt, stop_type,
+    with_piece_tokens, with_stopping_word,
+)
 from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
 from ..edge.http_errors import ERROR_RESPONSES, ApiError
 from ..intake.dialect_body import DialectBody, log_ignored
 from ..intake.generation_body import GenerationBody, check_generation
-from ..intake.template_variables import template_variables
 from ..replies.logprob_fields import piece_logprobs, token_entries
-from ..intake.messages import prompt_end_of
 from ..edge.disconnect import run_watched
-from ..intake.messages import Message, PartResolver, template_segments
-from ..intake.tool_fields import chat_tools_of, check_tools, openai_tool_use, tool_texts, tool_turns_of
-from ..intake.prompt_limit import check_prompt_chars
+from ..edge.sleep import needs_no_model
+from ..intake.messages import PartResolver
 from ..replies.streaming import EventStreamResponse, PromptProgress, answer_events, open_stream, progress_hook, sse_event
 from ..replies.timings import TokenClock
 
@@ -47,12 +44,11 @@ __all__ = ["router"]
 
 router = APIRouter(tags=["llama-server"])
 _ERRORS = {k: ERROR_RESPONSES[k] for k in (400, 404)}
-#: Most token ids one /detokenize request may carry.
-MAX_DETOKENIZE = 1 << 16
 
 
 @router.get("/health", responses={503: ERROR_RESPONSES[503]})
 @router.get("/v1/health", responses={503: ERROR_RESPONSES[503]})
+@needs_no_model
 async def health(service: ServiceDep) -> Any:
     """llama-server's readiness check (no key): 503 while the model loads, then 200 ``{"status": "ok"}``."""
     if not service.is_ready:
@@ -62,6 +58,7 @@ async def health(service: ServiceDep) -> Any:
 
 
 @router.get("/props")
+@needs_no_model
 async def props(namespace: Namespace, service: ServiceDep, config: ConfigDep, pool: PoolDep) -> dict[str, Any]:
     """The server's properties as llama-server reports them (read-only, from the facts taken at load: asking
     never wakes a sleeping model); ``refsight.threads``: the thread budget, and torch's threads as a worker
@@ -93,6 +90,7 @@ async def props(namespace: Namespace, service: ServiceDep, config: ConfigDep, po
 
 
 @router.get("/slots")
+@needs_no_model
 async def slots(
     request: Request, namespace: Namespace, service: ServiceDep, pool: PoolDep, config: ConfigDep
 ) -> list[dict[str, Any]]:
@@ -117,97 +115,6 @@ async def slots(
          **({"id_task": -1, "params": params} if i < ran else {})}
         for i in range(config.workers)
     ]
-
-
-class TokenizeBody(DialectBody):
-    """``POST /tokenize``."""
-
-    content: str
-    add_special: bool = False
-    parse_special: bool = True
-    with_pieces: bool = False
-
-
-def _noting_ignored(request: Request, body: DialectBody) -> dict[str, Any]:
-    """The ``refsight`` object of a reply that carries none otherwise: the fields refsight did not use, if any."""
-    ignored = log_ignored(request.url.path, body.ignored_fields())
-    return ignored_object(ignored)
-
-
-@router.post("/tokenize", responses=_ERRORS)
-async def tokenize(
-    request: Request, body: TokenizeBody, namespace: Namespace, service: ServiceDep, pool: PoolDep, config: ConfigDep
-) -> Any:
-    """The served model's own tokens of ``content`` (with ``with_pieces``: each token's text, or its bytes)."""
-    check_prompt_chars([body.content], config.max_prompt_tokens, "content")
-
-    def work() -> dict[str, Any]:
-        ids = service.tokenize(body.content, add_special=body.add_special, parse_special=body.parse_special)
-        if not body.with_pieces:
-            return {"tokens": ids}
-        return {"tokens": [{"id": t, "piece": _piece(service.token_piece(t))} for t in ids]}
-
-    return {**await pool.run_light(work), **_noting_ignored(request, body)}
-
-
-def _piece(data: bytes) -> str | list[int]:
-    """llama-server's ``piece``: the text when it is valid UTF-8, else the list of bytes."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return list(data)
-
-
-class DetokenizeBody(DialectBody):
-    """``POST /detokenize``."""
-
-    tokens: list[int] = Field(default_factory=list, max_length=MAX_DETOKENIZE)
-
-
-@router.post("/detokenize", responses=_ERRORS)
-async def detokenize(
-    request: Request, body: DetokenizeBody, namespace: Namespace, service: ServiceDep, pool: PoolDep
-) -> dict[str, Any]:
-    """The text of ``tokens`` in the served model's vocabulary."""
-    return {"content": await pool.run_light(service.detokenize, body.tokens), **_noting_ignored(request, body)}
-
-
-class ApplyTemplateBody(DialectBody):
-    """``POST /apply-template``: chat messages as ``/v1/chat/completions`` takes them, and the template's variables."""
-
-    messages: list[Message] = Field(min_length=1, max_length=256)
-    # llama-server's fields: false leaves out the opening of the answer's turn; a final assistant message is
-    # continued (prefilled) as in a chat; tools rendered as a chat renders them.
-    add_generation_prompt: bool | None = None
-    continue_final_message: bool | None = None
-    tools: list[Any] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-    reasoning_effort: str | None = None
-    think: bool | Literal["low", "medium", "high"] | None = None
-
-
-@router.post("/apply-template", responses=_ERRORS)
-async def apply_template(
-    request: Request, body: ApplyTemplateBody, namespace: Namespace, service: ServiceDep, pool: PoolDep,
-    config: ConfigDep,
-) -> dict[str, Any]:
-    """The served model's chat template around ``messages`` (with the request's template variables), images as the
-    media marker (for ``/completion``), ended as the chat would be: a final assistant message continued
-    (llama-server's prefill), its ``tools`` and the messages' tool calls and results rendered as a chat renders
-    them."""
-    tools = openai_tool_use(body.tools, body.tool_choice, body.parallel_tool_calls)
-    tool_turns = tool_turns_of(body.messages)
-    check_tools(service, tools, tool_turns)
-    variables, unread = template_variables(service, body.chat_template_kwargs, body.reasoning_effort, body.think)
-    texts, turns = template_segments(body.messages, service.media_marker)
-    check_prompt_chars(texts + tool_texts(tools, tool_turns, service), config.max_prompt_tokens)
-    ending, _ = prompt_end_of(body.messages, body.add_generation_prompt, body.continue_final_message)
-    ignored = log_ignored(request.url.path, [*body.ignored_fields(), *unread])
-    prompt = await pool.run_light(service.render_chat, texts, turns, ending, chat_tools_of(tools, tool_turns),
-                                  variables)
-    return {"prompt": prompt, **ignored_object(ignored)}
 
 
 class PromptObject(DialectBody):
@@ -239,7 +146,7 @@ class CompletionBody(GenerationBody):
 
     def raw_prompts(self, marker: str, service: Any) -> list[RawPrompt]:
         """Each prompt split at the media markers, with its images (token ids read as their text:
-        :func:`~..intake.completion_parts.mixed_prompt_text`). Runs the tokenizer: call it off the event loop."""
+        :func:`~..intake.completion_parts.mixed_prompt_text`). Runs the tokenizer: call it in the work pool."""
         prompts = _prompts(self.prompt, service)
         if len(prompts) > 1 and self.multimodal_data is not None:
             raise ApiError(400, "invalid_input", "multimodal_data: with several prompts, give each its own in a prompt "
@@ -287,15 +194,19 @@ def _one_prompt(item: Any, index: int, service: Any) -> str | PromptObject:
     return item
 
 
-async def _checked_prompts(body: CompletionBody, service: Any, pool: Any, config: Any) -> list[RawPrompt]:
-    """The body's prompts, each within the prompt limit; 400 for several streamed (they are one JSON array)."""
-    prompts = await pool.run_light(body.raw_prompts, service.media_marker, service)
+def _checked(body: CompletionBody, service: Any, config: Any) -> tuple[int, Any, Any, list[RawPrompt], tuple[int, ...]]:
+    """The checks of a completion against the served model, in the work pool (they tokenize): the token bound, the
+    sampling, the JSON schema, the prompts (each within the prompt limit; 400 for several streamed: they are one JSON
+    array) and, with ``ignore_eos``, the end tokens it bans (their first ask walks the vocabulary)."""
+    max_new_tokens, sampling = check_generation(body, service, None, config.max_new_tokens)
+    schema = body.schema()
+    prompts = body.raw_prompts(service.media_marker, service)
     if len(prompts) > 1 and body.stream:
         raise ApiError(400, "unsupported", f"stream: {len(prompts)} prompts are answered as one JSON array; stream "
                        "one prompt per request", param="stream")
     for prompt in prompts:
-        await check_raw_prompt(prompt, pool, config.max_prompt_tokens, service)
-    return prompts
+        check_raw_prompt(prompt, config.max_prompt_tokens, service)
+    return max_new_tokens, sampling, schema, prompts, service.end_tokens() if sampling.ignore_eos else ()
 
 
 @router.post("/completion", responses=_ERRORS)
@@ -306,13 +217,9 @@ async def completion(
 ) -> Any:
     """llama-server's native completion: the prompt as given (no chat template), images at its media markers.
     Several prompts are answered one after the other, as a JSON array in their order (not streamed)."""
-    max_new_tokens, sampling = check_generation(body, service, None, config.max_new_tokens)
+    max_new_tokens, sampling, schema, prompts, ends = await pool.run(_checked, body, service, config)
     ignored = ignored_extra(log_ignored(request.url.path, body.ignored_fields()))
-    schema = body.schema()
-    prompts = await _checked_prompts(body, service, pool, config)
     resolver = PartResolver.for_request(request, service, namespace, uuids, config)
-    # ignore_eos bans the end tokens: generation_settings shows them (the first ask walks the vocabulary: off the loop)
-    ends = await pool.run_light(service.end_tokens) if sampling.ignore_eos else ()
     fill = body.until_the_limit()
 
     def work_of(prompt: RawPrompt, clock: TokenClock) -> Any:
@@ -320,22 +227,24 @@ async def completion(
             def generate(limit: int) -> GenerateResult:
                 return service.chat(
                     prompt.segments(resolver), namespace=namespace, max_new_tokens=limit, json_schema=schema,
-                    sampling=sampling, on_text=clock.wrap(on_text), stop_event=stop_event, raw_prompt=True,
-                    on_prompt=progress_hook(on_text, body.return_progress),
+                    sampling=sampling, on_text=clock.wrap(with_piece_tokens(on_text, service)), stop_event=stop_event,
+                    raw_prompt=True, on_prompt=progress_hook(on_text, body.return_progress),
                 )
 
             clock.begin()
             try:
                 if fill:  # n_predict -1: the rest of the context
-                    return fill_context(generate, service.context_size, max_new_tokens)
-                return Answer.of(generate(max_new_tokens))
+                    answer = fill_context(generate, service.context_size, max_new_tokens)
+                else:
+                    answer = Answer.of(generate(max_new_tokens))
+                return with_stopping_word(answer, sampling.stop, service)
             finally:
                 clock.stop()
 
         return work
 
     def final(prompt: RawPrompt, clock: TokenClock, index: int, result: Answer, streamed: bool = False) -> dict[str, Any]:
-        kind, word = stop_type(result, sampling.stop, service)
+        kind, word = stop_type(result)
         # Streamed, each event carried its tokens' probabilities already (llama-server sends none at the end).
         probs = {} if streamed or result.logprobs is None else {"completion_probabilities": token_entries(result.logprobs)}
         return _fields({
@@ -359,12 +268,10 @@ async def completion(
     (prompt,), (clock,) = prompts, clocks
     first, source, stop = await open_stream(pool, work_of(prompt, clock), request)
     per_token = clock.partial if body.timings_per_token else None
-    return EventStreamResponse(_events(first, source, functools.partial(final, prompt, clock, 0), service, per_token), stop)
+    return EventStreamResponse(_events(first, source, functools.partial(final, prompt, clock, 0), per_token), stop)
 
 
-async def _events(
-    first: Any, source: AsyncIterator[Any], final: Any, service: Any, per_token: Any = None
-) -> AsyncIterator[bytes]:
+async def _events(first: Any, source: AsyncIterator[Any], final: Any, per_token: Any = None) -> AsyncIterator[bytes]:
     """llama-server's stream: one event per piece (``stop: false``) with its ``tokens`` (and, with
     ``timings_per_token``, the ``timings`` so far), then the final object (``stop: true``). With ``n_probs``
     each token has its own event, as in llama-server: a piece of several tokens (a character split over
@@ -381,8 +288,8 @@ async def _events(
 
     def piece(text: str) -> bytes:
         logprobs = piece_logprobs(text)
-        if not logprobs:  # its ids are its text in the served vocabulary (a few characters: cheap on the event loop)
-            return piece_event(str(text), service.tokenize(text, add_special=False, parse_special=False))
+        if not logprobs:  # its ids: its text in the served vocabulary, read in the worker (with_piece_tokens)
+            return piece_event(str(text), list(getattr(text, "tokens", ())))
         *before, last = logprobs
         return b"".join([*(piece_event("", [lp.token], [lp]) for lp in before),
                          piece_event(str(text), [last.token], [last])])

@@ -27,13 +27,13 @@ from typing import Any, AsyncIterator, Callable
 
 from fastapi import APIRouter, Request
 
-from ..intake.completion_parts import check_raw_prompt, raw_prompt
+from ..intake.completion_parts import RawPrompt, check_raw_prompt, raw_prompt
 from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
 from ..edge.disconnect import run_watched
 from ..edge.http_errors import ERROR_RESPONSES, ApiError
 from .ollama_bodies import (
-    OllamaChatBody, OllamaGenerateBody, OllamaMessage, chat_segments, check_refused, check_requested_model, generation,
-    ollama_name, ollama_tool_turns, schema_of, thinking,
+    OllamaChatBody, OllamaGenerateBody, OllamaMessage, OllamaOptions, chat_segments, check_refused, check_requested_model,
+    generation, ollama_name, ollama_tool_turns, schema_of, thinking,
 )
 from ..intake.dialect_body import log_ignored
 from ..intake.tool_fields import check_tools, openai_tool_use, tool_texts
@@ -171,10 +171,20 @@ def _resolver(request: Request, service: Any, namespace: str, uuids: Any, config
     return PartResolver.for_request(request, service, namespace, uuids, config)
 
 
-async def _check_texts(texts: list[str], pool: Any, limit: int, service: Any) -> None:
-    """The prompt-token limit before any model work: characters here, tokens in the shared thread pool."""
-    check_prompt_chars(texts, limit)
-    await pool.run_light(check_prompt_tokens, texts, limit, service.count_text_tokens)
+def _checked(
+    options: dict[str, Any] | None, prompt: list[str] | Callable[[], RawPrompt], service: Any, config: Any
+) -> tuple[int, Any, OllamaOptions, list[str] | RawPrompt]:
+    """The checks against the served model, in the work pool (they tokenize): ``options`` as the token bound, the
+    sampling and the options read, then the prompt within the prompt limit, characters then tokens: its texts, or
+    its raw prompt (made by ``prompt()``, after the options' checks)."""
+    max_new_tokens, sampling, read = generation(options, service, config.max_new_tokens)
+    if callable(prompt):
+        prompt = prompt()
+        check_raw_prompt(prompt, config.max_prompt_tokens, service)
+    else:
+        check_prompt_chars(prompt, config.max_prompt_tokens)
+        check_prompt_tokens(prompt, config.max_prompt_tokens, service.count_text_tokens)
+    return max_new_tokens, sampling, read, prompt
 
 
 @router.post("/api/chat", responses=_ERRORS)
@@ -186,18 +196,17 @@ async def chat(
     NDJSON unless ``stream: false``."""
     check_requested_model(body.model, service)
     check_refused(body)
-    max_new_tokens, sampling, read = generation(body.options, service, config.max_new_tokens)
+    system = model_facts(service).get("system")
+    tools, tool_turns = openai_tool_use(body.tools), ollama_tool_turns(body.messages, system)  # the model chooses
+    check_tools(service, tools, tool_turns)
+    texts = [m.content for m in body.messages] + tool_texts(tools, tool_turns, service)
+    max_new_tokens, sampling, read, _ = await pool.run(_checked, body.options, texts, service, config)
     variables, unread = thinking(body, read, service)
     ignored = log_ignored(request.url.path, [*body.ignored_fields(), *read.ignored_fields("options."), *unread])
     if not body.messages:
         return _loaded(service, "message", body.keep_alive, ignored)
-    system = model_facts(service).get("system")
-    tools, tool_turns = openai_tool_use(body.tools), ollama_tool_turns(body.messages, system)  # the model chooses
-    check_tools(service, tools, tool_turns)
     options = {"max_new_tokens": max_new_tokens, "sampling": sampling, "json_schema": schema_of(body.format),
                "template_variables": variables, "tools": tools, "tool_turns": tool_turns}
-    texts = [m.content for m in body.messages] + tool_texts(tools, tool_turns, service)
-    await _check_texts(texts, pool, config.max_prompt_tokens, service)
     resolver = _resolver(request, service, namespace, uuids, config)
     answer = _Answer("message", service, namespace, lambda: chat_segments(body.messages, resolver, system), options,
                      _note(read, service, ignored))
@@ -229,22 +238,25 @@ async def generate(
     check_requested_model(body.model, service)
     check_refused(body)
     _check_generate(body)
-    max_new_tokens, sampling, read = generation(body.options, service, config.max_new_tokens)
+
+    def raw() -> RawPrompt:
+        return raw_prompt(body.prompt or "", body.images, service.media_marker, "prompt")
+
+    loading = not body.prompt and not body.images  # Ollama's load: the options checked, nothing generated
+    prompt_of = raw if body.raw and not loading else [body.prompt or "", body.system or ""]
+    max_new_tokens, sampling, read, prompt = await pool.run(_checked, body.options, prompt_of, service, config)
     variables, unread = thinking(body, read, service, raw=body.raw)
     ignored = log_ignored(request.url.path, [*body.ignored_fields(), *read.ignored_fields("options."), *unread])
-    if not body.prompt and not body.images:
+    if loading:
         return _loaded(service, "response", body.keep_alive, ignored)
     options = {"max_new_tokens": max_new_tokens, "sampling": sampling, "json_schema": schema_of(body.format)}
     resolver, note = _resolver(request, service, namespace, uuids, config), _note(read, service, ignored)
     if body.raw:
-        prompt = raw_prompt(body.prompt or "", body.images, service.media_marker, "prompt")
-        await check_raw_prompt(prompt, pool, config.max_prompt_tokens, service)
         answer = _Answer("response", service, namespace, lambda: (prompt.segments(resolver), None),
                          {**options, "raw_prompt": True}, note)
         return await answer.reply(pool, request, body.stream)
     system = body.system or model_facts(service).get("system")
     messages = [OllamaMessage(role="user", content=body.prompt or "", images=body.images)]
-    await _check_texts([body.prompt or "", body.system or ""], pool, config.max_prompt_tokens, service)
     answer = _Answer("response", service, namespace, lambda: chat_segments(messages, resolver, system, ""),
                      {**options, "template_variables": variables}, note)
     return await answer.reply(pool, request, body.stream)

@@ -27,8 +27,8 @@ from fastapi import APIRouter, Request
 from ...tools import format_of
 from ..deps import ServiceDep, Namespace
 from ..edge.http_errors import ERROR_RESPONSES, ApiError
+from ..edge.sleep import needs_no_model
 from ..intake.dialect_body import log_ignored
-from ..intake.template_variables import THINKING_VARIABLES
 from ..model_facts import ModelDetails
 from ..replies.answers import ignored_object
 from .ollama_bodies import OllamaShowBody, check_model, ollama_name
@@ -78,14 +78,19 @@ def _entry(service: Any) -> dict[str, Any]:
 
 
 @router.get("/api/tags")
+@needs_no_model
 async def tags(namespace: Namespace, service: ServiceDep) -> dict[str, Any]:
     """The served model, as ``ollama list`` shows models."""
     return {"models": [_entry(service)]}
 
 
 @router.get("/api/ps")
+@needs_no_model
 async def running(namespace: Namespace, service: ServiceDep) -> dict[str, Any]:
-    """The served model, loaded (it stays loaded for the server's life)."""
+    """The served model while it is loaded (none while it sleeps: ``--sleep-idle-seconds``), as Ollama lists the
+    models in memory."""
+    if service.is_sleeping:
+        return {"models": []}
     expires = (datetime.now(timezone.utc) + _FOREVER).isoformat()
     device = service.model_details().device
     entry = _entry(service)
@@ -197,6 +202,7 @@ def _modelfile(service: Any, model: ModelDetails, facts: dict[str, Any], templat
 
 
 @router.post("/api/show", responses={k: ERROR_RESPONSES[k] for k in (400, 404)})
+@needs_no_model
 async def show(request: Request, body: OllamaShowBody, namespace: Namespace, service: ServiceDep) -> dict[str, Any]:
     """The served model's details, Modelfile, chat template, parameters and capabilities (``vision``, ``completion``,
     ``tools`` where the template teaches a call format, ``thinking`` where it reads a thinking variable), as Ollama's
@@ -217,8 +223,7 @@ async def show(request: Request, body: OllamaShowBody, namespace: Namespace, ser
     # template's tool support); thinking as Ollama decides it: the template reads a thinking variable (where it does
     # not, a thinking request is Ollama's 400: ..intake.template_variables); no insert.
     tools = service.generation_support().tools and format_of(service.facts.chat_template) is not None
-    thinking = any(service.template_reads(name) for name in THINKING_VARIABLES)
-    capabilities = ["completion", "vision", *(["tools"] if tools else []), *(["thinking"] if thinking else [])]
+    capabilities = ["completion", "vision", *(["tools"] if tools else []), *(["thinking"] if service.facts.thinks else [])]
     return {
         "modelfile": _modelfile(service, details, facts, template), "parameters": _parameters(facts.get("params") or {}),
         "template": template[0], "system": facts.get("system") or "", "details": facts["details"], "model_info": info,

@@ -67,7 +67,8 @@ from ..intake.input_tokens import input_tokens
 from ..replies.logprob_fields import chat_logprobs, piece_logprobs
 from ..edge.http_errors import ERROR_RESPONSES, ApiError, inputs_as_fields
 from ..edge.disconnect import run_watched
-from ..intake.completion_parts import stop_type
+from ..edge.sleep import needs_no_model
+from ..intake.completion_parts import stop_type, with_stopping_word
 from ..intake.messages import Message, PartResolver, chat_prompt_end, messages_to_segments, template_segments
 from ..intake.prompt_limit import check_prompt_chars, check_prompt_tokens, prompt_texts
 from ..intake.tool_fields import chat_tools_of, check_tools, openai_tool_use, tool_texts, tool_turns_of
@@ -151,16 +152,26 @@ class _Checked:
     prompt_end: str
     variables: dict[str, Any]
     ignored: list[str]
+    json_schema: Any
+    tools: Any
+    tool_turns: Any
 
 
-def _check_request(body: ChatBody, service: Any, max_limit: int, route: str) -> _Checked:
-    """Refuse what cannot be honoured (400 naming the field); what the chat makes of the rest."""
+def _check_request(body: ChatBody, service: Any, config: Any, route: str) -> _Checked:
+    """Refuse what cannot be honoured (400 naming the field); what the chat makes of the rest. Then the prompt's text
+    (the tools' too) within the prompt limit: characters, then tokens. In the work pool: it reads the served model's
+    template and tokenizer."""
     body.check_choices()
     prompt_end = chat_prompt_end(service, body.messages, body.add_generation_prompt, body.continue_final_message)
     variables, unread = template_variables(service, body.chat_template_kwargs, body.reasoning_effort, body.think)
-    max_new_tokens, sampling = check_generation(body, service, body.max_completion_tokens, max_limit)
+    max_new_tokens, sampling = check_generation(body, service, body.max_completion_tokens, config.max_new_tokens)
+    json_schema, tools, tool_turns = body.schema(), body.tool_use(), tool_turns_of(body.messages)
+    check_tools(service, tools, tool_turns)
+    texts = prompt_texts(body.messages) + tool_texts(tools, tool_turns, service)
+    check_prompt_chars(texts, config.max_prompt_tokens)
+    check_prompt_tokens(texts, config.max_prompt_tokens, service.count_text_tokens)
     ignored = log_ignored(route, [*body.ignored_fields(), *unread])
-    return _Checked(max_new_tokens, sampling, prompt_end, variables, ignored)
+    return _Checked(max_new_tokens, sampling, prompt_end, variables, ignored, json_schema, tools, tool_turns)
 
 
 @router.post("/v1/chat/completions", responses={k: ERROR_RESPONSES[k] for k in (400, 404)})
@@ -175,18 +186,11 @@ async def chat_completions(
     With ``stream: true`` the answer is ``text/event-stream`` of ``chat.completion.chunk``
     events, ``data: [DONE]`` last.
     """
-    checked = _check_request(body, service, config.max_new_tokens, request.url.path)
-    json_schema, tools, tool_turns = body.schema(), body.tool_use(), tool_turns_of(body.messages)
-    check_tools(service, tools, tool_turns)
-    # Before any model work: a character bound on the event loop, then the tokenizer's
-    # count in the shared thread pool (never in a model worker).
-    texts = prompt_texts(body.messages) + tool_texts(tools, tool_turns, service)
-    check_prompt_chars(texts, config.max_prompt_tokens)
-    await pool.run_light(check_prompt_tokens, texts, config.max_prompt_tokens, service.count_text_tokens)
+    checked = await pool.run(_check_request, body, service, config, request.url.path)
     completion_id, created = f"chatcmpl-{uuidlib.uuid4().hex}", int(time.time())
     resolver = PartResolver.for_request(request, service, namespace, uuids, config)
     clock = TokenClock()
-    verbose = await _verbose_of(body, service, pool, checked, clock, config.verbose, chat_tools_of(tools, tool_turns))
+    verbose = await _verbose_of(body, service, pool, checked, clock, config.verbose)
 
     def closing(result: Answer) -> dict[str, Any]:  # what the answer's last object (or finishing chunk) adds
         return {"refsight": refsight_extra(result, checked.ignored), **({"__verbose": verbose(result)} if verbose else {})}
@@ -197,14 +201,15 @@ async def chat_completions(
         try:
             result = service.chat(
                 segments, namespace=namespace, turns=turns, max_new_tokens=checked.max_new_tokens,
-                json_schema=json_schema, sampling=checked.sampling, on_text=clock.wrap(on_text), stop_event=stop_event,
-                prompt_end=checked.prompt_end, template_variables=checked.variables,
-                on_prompt=progress_hook(on_text, body.return_progress), tools=tools, tool_turns=tool_turns,
+                json_schema=checked.json_schema, sampling=checked.sampling, on_text=clock.wrap(on_text),
+                stop_event=stop_event, prompt_end=checked.prompt_end, template_variables=checked.variables,
+                on_prompt=progress_hook(on_text, body.return_progress), tools=checked.tools, tool_turns=checked.tool_turns,
                 on_tool_call=on_text,  # the stream's own channel: each call an item of it
             )
         finally:
             clock.stop()
-        return Answer.of(result, media_uuids=[use.to_dict() for use in resolver.commit()])
+        answer = Answer.of(result, media_uuids=[use.to_dict() for use in resolver.commit()])
+        return with_stopping_word(answer, checked.sampling.stop, service) if verbose else answer
 
     if body.stream:
         first, source, stop = await open_stream(pool, work, request)
@@ -222,25 +227,26 @@ async def chat_completions(
 
 
 async def _verbose_of(body: ChatBody, service: Any, pool: Any, checked: _Checked, clock: TokenClock,
-                      server_verbose: bool, tools: Any = None) -> Any:
+                      server_verbose: bool) -> Any:
     """With ``verbose`` (by default the server's ``--verbose``, as llama-server's), what makes llama-server's
     ``__verbose`` of an answer: the answer as ``/completion`` gives it, with the prompt as rendered in the chat
-    template (images as the media marker, with ``tools``), less its ``generation_settings``; None without
+    template (images as the media marker, with the tools), less its ``generation_settings``; None without
     ``verbose``, or with the server's alone on a backend that shows no template as text."""
     if not (server_verbose if body.verbose is None else body.verbose):
         return None
     texts, turns = template_segments(body.messages, service.media_marker)
+    tools = chat_tools_of(checked.tools, checked.tool_turns)
     try:
         with inputs_as_fields(messages="verbose"):  # a backend without its template as text: a 400 naming verbose
             prompt = await pool.run_light(service.render_chat, texts, turns, checked.prompt_end, tools,
-                                          checked.variables)
+                                          checked.variables)  # the renders' own bound
     except InvalidInputError as e:
         if body.verbose or e.input != "verbose":
             raise
         return None
 
     def of(result: Answer) -> dict[str, Any]:
-        kind, word = stop_type(result, checked.sampling.stop, service)
+        kind, word = stop_type(result)
         return {
             "index": 0, "content": result.text, "tokens": [], "id_slot": 0, "stop": True, "model": service.served_model,
             "tokens_predicted": len(result.tokens), "tokens_evaluated": result.prompt_tokens,
@@ -343,13 +349,14 @@ async def chat_input_tokens(
     ignored = log_ignored(request.url.path, [*body.ignored_fields(), *unread])
     check_prompt_chars(prompt_texts(body.messages) + tool_texts(tools, tool_turns, service), config.max_prompt_tokens)
     resolver = PartResolver.for_request(request, service, namespace, uuids, config)
-    count = await pool.run_light(input_tokens, service, body.messages, prompt_end, resolver, namespace,
-                                 chat_tools_of(tools, tool_turns), variables)
+    count = await pool.run(input_tokens, service, body.messages, prompt_end, resolver, namespace,
+                           chat_tools_of(tools, tool_turns), variables)
     return {"input_tokens": count, **ignored_object(ignored)}
 
 
 @router.get("/v1/models")
 @router.get("/models", include_in_schema=False)  # llama-server's path without /v1
+@needs_no_model
 async def list_models(namespace: Namespace, service: ServiceDep) -> dict[str, Any]:
     """The served model, in the OpenAI ``/v1/models`` shape with llama-server's ``models`` list beside ``data``
     (its ``data`` entry with llama-server's ``aliases`` and ``tags``); answered from the facts taken at load, so
@@ -362,6 +369,7 @@ async def list_models(namespace: Namespace, service: ServiceDep) -> dict[str, An
 
 
 @router.get("/v1/models/{model_id:path}", responses={404: ERROR_RESPONSES[404]})
+@needs_no_model
 async def retrieve_model(model_id: str, namespace: Namespace, service: ServiceDep) -> dict[str, Any]:
     """One model (the SDK's ``models.retrieve``): the served one by any of its names, else 404 ``model_not_found``."""
     if model_id not in service.model_names:

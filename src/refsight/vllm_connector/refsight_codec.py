@@ -1,16 +1,21 @@
-"""The store's lossless codec: the bytes every tier keeps of a package or a prefix state.
+"""refsight's lossless codec: the bytes every tier keeps of a package, a prefix state or a vLLM encoder output.
 
-A safetensors file (:mod:`refsight.store._safetensors`) is cut into frames: its header, then
-each tensor's bytes. A tensor of ``k``-byte elements may be split into ``k`` byte planes (byte
-``j`` of every element together, as blosc's shuffle and ZipNN do): the planes that hold a float's
-sign and exponent repeat a few values and compress, the low mantissa planes are noise and do not,
-and keeping them apart lets zstd store those as they are. Each frame is compressed with zstd at
-:data:`LEVEL`, over its byte planes and over its plain bytes, and the smaller is kept (planes win
-on dense floats, plain bytes on runs of zero elements, as in post-ReLU features); a frame that does
-not shrink by :data:`MIN_RATIO` is kept raw, and so is a whole entry: a file whose container would
-save too little is written as the plain safetensors file (a "raw" entry is one without the magic).
-``benchmarks/codec.py`` measured these choices on every kind the store holds
-(``docs/architecture/replicas.md``).
+It lives beside the vLLM connector (xxhash, zstandard and numpy; nothing of refsight) because the
+connector stores vLLM's encoder outputs with it, inside vLLM's own environment where only this
+folder is importable: the same codec in every tier. refsight's store imports it as
+``refsight.vllm_connector.refsight_codec`` (its safetensors files: :func:`refsight.store._safetensors.compress_file`),
+the connector's :mod:`refsight_ec_store` as the top-level ``refsight_codec``.
+
+A safetensors file is cut into frames: its header, then each tensor's bytes. A tensor of ``k``-byte
+elements may be split into ``k`` byte planes (byte ``j`` of every element together, as blosc's shuffle
+and ZipNN do): the planes that hold a float's sign and exponent repeat a few values and compress, the
+low mantissa planes are noise and do not, and keeping them apart lets zstd store those as they are.
+Each frame is compressed with zstd at :data:`LEVEL`, over its byte planes and over its plain bytes,
+and the smaller is kept (planes win on dense floats, plain bytes on runs of zero elements, as in
+post-ReLU features); a frame that does not shrink by :data:`MIN_RATIO` is kept raw, and so is a whole
+entry: a file whose container would save too little is written as the plain safetensors file (a
+"raw" entry is one without the magic). ``benchmarks/codec.py`` measured these choices on every kind
+the store holds (``docs/architecture/replicas.md``).
 
 Stored form of a compressed entry::
 
@@ -40,8 +45,8 @@ from typing import Any, Iterable
 import xxhash
 
 __all__ = [
-    "MAGIC", "LEVEL", "MIN_RATIO", "MAX_RATIO", "CodecError", "Compressed", "compress", "compress_file", "decompress",
-    "frames", "raw_size", "shuffle", "unshuffle_into",
+    "MAGIC", "LEVEL", "MIN_RATIO", "MAX_RATIO", "CodecError", "Compressed", "compress", "decompress", "frames",
+    "raw_size", "shuffle", "unshuffle_into",
 ]
 
 #: Opens a compressed entry; as a little-endian u64 it is ~5e17, far above safetensors' 100 MB header limit.
@@ -55,8 +60,6 @@ LEVEL = 1
 MIN_RATIO = 1.1
 #: The most raw bytes a stored byte may stand for: the bound on what decoding any input may cost.
 MAX_RATIO = 256
-#: Byte planes of an opaque ``uint8`` blob (a llama.cpp sequence state: mostly f16 KV cells).
-OPAQUE_PLANE = 2
 _PREFIX = len(MAGIC) + 8 + 16 + 4
 _MAX_TABLE = 16 * 1024 * 1024
 _WORDS = {2: "uint16", 4: "uint32", 8: "uint64"}
@@ -114,22 +117,6 @@ def unshuffle_into(planes: Any, dest: Any, plane: int) -> None:
     for j in range(plane - 2, -1, -1):
         words <<= 8
         words |= source[j]
-
-
-def compress_file(prepared: list[tuple[str, Any]], metadata: dict[str, str]) -> Compressed:
-    """The safetensors file of ``prepared`` (:func:`~refsight.store._safetensors.prepare`) in its stored form.
-
-    Frames: the header, then each tensor's bytes with its element size as the byte planes (an opaque
-    ``uint8`` blob: :data:`OPAQUE_PLANE`).
-    """
-    from . import _safetensors
-
-    chunks = _safetensors.encode(prepared, metadata)
-    planes = [1] + [
-        OPAQUE_PLANE if str(tensor.dtype) == "torch.uint8" else tensor.element_size()
-        for _, tensor in prepared if tensor.numel()
-    ]
-    return compress(zip(chunks, planes, strict=True))
 
 
 def compress(frames: Iterable[tuple[Any, int]]) -> Compressed:
