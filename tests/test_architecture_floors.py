@@ -37,6 +37,7 @@ SERVER_FLOORS = (
     ("deps",),
     ("routes",),
     ("app",),
+    ("http_reference",),  # the docs' HTTP reference, read off the app's route table
     ("server",),
 )
 SERVER_FLOOR = {room: n for n, rooms in enumerate(SERVER_FLOORS) for room in rooms}
