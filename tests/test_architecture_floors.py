@@ -32,7 +32,7 @@ SERVER_FLOORS = (
     ("edge",),
     ("replies",),
     ("intake",),
-    ("config", "model_facts", "thumbnails"),
+    ("config", "model_facts"),
     ("connections", "service"),
     ("deps",),
     ("routes",),
