@@ -32,6 +32,20 @@ def real_photo() -> Callable[..., Image.Image]:
     return load_photo
 
 
+#: The real photos :func:`photo_files` writes (four of ``refsight.samples``: different subjects and colours).
+PHOTO_FILES = ("chelsea", "coffee", "rocket", "astronaut")
+
+
+@pytest.fixture
+def photo_files(tmp_path: Path) -> dict[str, Path]:
+    """The :data:`PHOTO_FILES` as PNGs in the test's directory (``{"chelsea": path, ...}``, ``real_photo``'s size)."""
+    paths = {}
+    for name in PHOTO_FILES:
+        paths[name] = tmp_path / f"{name}.png"
+        load_photo(name).save(paths[name])
+    return paths
+
+
 @pytest.fixture
 def bad_image_corpus(tmp_path: Path) -> dict[str, Path]:
     """:func:`build_bad_image_corpus` written into a fresh temporary directory."""
