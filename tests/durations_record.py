@@ -1,8 +1,9 @@
 """Where the suite's time goes: a pytest plugin that times every test and every module/session fixture.
 
-Loaded by the root conftest (``pytest_plugins``). :class:`DurationsRecorder` measures each test's setup, call and teardown in wall
-seconds and in CPU seconds (user + system of this process and of the children it reaped: a subprocess's model
-load counts, a machine shared with other runs does not; on a loaded machine CPU time is the steadier figure).
+Loaded by the root conftest (``pytest_plugins``). :class:`DurationsRecorder` measures each test's setup, call
+and teardown in wall seconds and in CPU seconds (user + system of this process and of the children it reaped:
+a subprocess's model load counts, other runs on a shared machine do not; on a loaded machine CPU time is the
+steadier figure).
 Module- and session-scoped fixture setups are timed on their own too: a module fixture's setup is part of the
 first test that asks for it, a session fixture's is paid once for the whole run, wherever it first lands.
 
@@ -74,11 +75,12 @@ class DurationsRecorder:
 
     def _timed(self, item: pytest.Item, phase: str):
         start, cpu = time.perf_counter(), _cpu()
-        outcome = yield
-        entry = self._entry(item)
-        entry["wall"][phase] = round(time.perf_counter() - start, 4)
-        entry["cpu"][phase] = round(_cpu() - cpu, 4)
-        return outcome
+        try:
+            return (yield)
+        finally:  # a failing phase raises out of the yield: its seconds count all the same
+            entry = self._entry(item)
+            entry["wall"][phase] = round(time.perf_counter() - start, 4)
+            entry["cpu"][phase] = round(_cpu() - cpu, 4)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_setup(self, item):
@@ -157,10 +159,11 @@ class DurationsRecorder:
         if path is not None:
             terminalreporter.write_line(f"durations record: {path}")
         if self.config.getoption("record_module_durations"):
-            from slow_set import RECORD, fold_into_record
+            from slow_set import fold_into_record, record_path
 
-            changed = fold_into_record(record, RECORD, self.root)
-            terminalreporter.write_line(f"module durations: {len(changed)} module(s) updated in {RECORD}")
+            path = record_path(self.config)
+            changed = fold_into_record(record, path, self.root)
+            terminalreporter.write_line(f"module durations: {len(changed)} module(s) updated in {path}")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

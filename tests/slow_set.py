@@ -1,7 +1,7 @@
 """The ``slow`` mark, derived from measured module durations (no list kept by hand).
 
 ``pytest -m "not slow and not vllm"`` is the quick inner loop; CI runs everything. A test module is slow when
-its committed measured duration (:data:`RECORD`, ``tests/module_durations.json``) is over :data:`SLOW_SECONDS`,
+its committed measured duration (:data:`RECORD`) is over :data:`SLOW_SECONDS`,
 or when it has not been measured yet: a new module starts in the slow set (it may start servers, processes or
 models; nobody has timed it) and leaves it once ``pytest --record-module-durations`` measured it under the
 threshold. Tests marked ``slow`` by their own marks (``pytestmark``, decorators, a slow parameter) stay slow
@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["RECORD", "SLOW_SECONDS", "fold_into_record", "module_figures", "slow_modules"]
+__all__ = ["RECORD", "SLOW_SECONDS", "fold_into_record", "module_figures", "record_path", "slow_modules"]
 
-#: The committed record of measured module durations.
-RECORD = Path(__file__).with_name("module_durations.json")
+#: The committed record of measured module durations, relative to the repository root (pytest's rootdir).
+RECORD = "tests/module_durations.json"
 
 #: A module whose quick-loop tests take longer than this (wall seconds, as measured for :data:`RECORD`) is slow.
 SLOW_SECONDS = 5.0
@@ -40,7 +40,12 @@ def slow_modules(modules: set[str], measured: dict[str, dict]) -> set[str]:
     return {m for m in modules if m not in measured or measured[m]["wall"] > SLOW_SECONDS}
 
 
-def read_record(path: Path = RECORD) -> dict[str, dict]:
+def record_path(config: pytest.Config) -> Path:
+    """Where the run's record lives: :data:`RECORD` under pytest's rootdir."""
+    return Path(str(config.rootpath)) / RECORD
+
+
+def read_record(path: Path) -> dict[str, dict]:
     """``module -> {"wall": s, "cpu": s}`` from the record (empty when there is none yet)."""
     return json.loads(path.read_text())["modules"] if path.exists() else {}
 
@@ -106,6 +111,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     by_module: dict[str, list[pytest.Item]] = defaultdict(list)
     for item in items:
         by_module[item.nodeid.split("::", 1)[0]].append(item)
-    for module in slow_modules({m for m in by_module if (root / m).is_file()}, read_record()):
+    for module in slow_modules({m for m in by_module if (root / m).is_file()}, read_record(record_path(config))):
         for item in by_module[module]:
             item.add_marker(pytest.mark.slow)
