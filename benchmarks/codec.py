@@ -88,7 +88,7 @@ def _model_kinds(models: list[str], size: int, kinds: dict) -> bool:
     """Run each model through an Engine (2 references, one request); returns whether any had random weights."""
     from refsight import Engine
     from refsight.backends.options import BackendOptions
-    from refsight.images import load_image
+    from refsight.inputs.images import load_image
     from refsight.samples import load_sample
 
     random_weights = False

@@ -10,14 +10,14 @@ from architecture_helpers import IMPORTS, MODULES, Import, report, under
 #: or one below, never one above; a new room takes its place here.
 FLOORS = (
     ("errors", "results", "version", "support", "samples", "inputs", "package", "report", "vllm_connector", "sampling",
-     "requests", "families"),
+     "requests", "families", "tools"),
     ("store", "builtin_models"),
     ("backends",),
     ("embedders", "settings"),
     ("retrieval", "context"),
     ("cache",),
     ("judge", "references"),
-    ("compare", "ingest", "maintenance"),
+    ("compare", "ingest", "maintenance", "ranking"),
     ("engine",),
     ("refsight",),
     ("demo", "server"),

@@ -27,8 +27,9 @@ RUNTIME_EXCEPTIONS = {
 #: ``where`` filter's checks, the model registry and family table) ...
 PUBLIC_API = (
     "refsight", "refsight.errors", "refsight.results", "refsight.support.environment", "refsight.report",
-    "refsight.settings", "refsight.requests", "refsight.support.extras", "refsight.store.base",
+    "refsight.settings", "refsight.requests", "refsight.tools", "refsight.support.extras", "refsight.store.base",
     "refsight.retrieval.vectors", "refsight.backends.registry", "refsight.backends.family_table",
+    "refsight.embedders.registry",
 )
 #: ... the intake and hostile-input primitives every front end applies (refsight/inputs/: images, rubrics, files,
 #: JSON, text) ...

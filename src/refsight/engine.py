@@ -1,29 +1,25 @@
-"""The :class:`Engine`: refsight's public front. It builds the parts and runs the pipelines.
-
-The parts, each a module with one concern:
+"""The :class:`Engine`, refsight's public front: builds the parts (one concern a module), runs the pipelines.
 
 - :class:`~refsight.cache.packages.PackageCache`: the one get-or-encode (cache policy, counters);
 - :class:`~refsight.references.ReferenceBook`: ingest and reference CRUD;
 - :class:`~refsight.retrieval.store_index.StoreIndex`: recall, kept in sync with the catalog;
-- :class:`~refsight.maintenance.Maintenance`: verify, repair, re-encode, stats, gc;
-- the judge (:mod:`refsight.judge`) and the model backends (:mod:`refsight.backends`).
+- :class:`~refsight.maintenance.Maintenance`: verify, repair, re-encode, stats, gc; the judge and the model backends;
+- :class:`~refsight.ranking.Ranking`: the retrieval stage on its own (vectors of inputs, documents scored).
 
-The engine runs three pipelines over them: ``compare`` (recall → attribute prefilter → rerank →
-judge, in :mod:`refsight.compare`), ``chat`` /
-``generate`` and ``search``. Every method takes a ``namespace`` (default: the engine's),
-so one engine serves every tenant of a server. With ``share_packages=False`` the
-namespace also salts every package key, so tenants never share (or observe) encodes.
+The engine runs its pipelines over them: ``compare`` (recall → attribute prefilter → rerank → judge, in
+:mod:`refsight.compare`), ``chat`` / ``generate``, ``search``, and ``embed`` / ``rerank`` (:mod:`refsight.ranking`).
+Every method takes a ``namespace`` (default: the engine's), so one engine serves every tenant of a server; with
+``share_packages=False`` the namespace also salts every package key, so tenants never share (or observe) encodes.
 
-Each public method is a front door: it resolves its keywords ONCE into a
-:class:`~refsight.context.RequestContext` (namespace → scope, model → backend and merged
-options, the cache switches) and hands that one value down.
+Each public method is a front door: it resolves its keywords ONCE into a :class:`~refsight.context.RequestContext`
+(namespace → scope, model → backend and merged options, the cache switches) and hands that one value down.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from functools import partial
@@ -51,10 +47,12 @@ from .results import (
     StoreStats, VerifyReport,
 )
 from .embedders.base import Embedder
+from .ranking import EmbedRequest, EmbedResult, Ranking, RerankRequest, RerankResult
 from .retrieval.store_index import StoreIndex
 from .settings import Settings, load_settings, open_configured_store
 from .store import DEFAULT_NAMESPACE, Reference, RememberedImage, Store
 from .inputs.text import check_text
+from .tools import ToolCall, ToolReader
 from .support.timing import elapsed_ms, progress_bar
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -69,43 +67,38 @@ _DEFAULT_LIMITS = IntakeLimits()
 class Engine:
     """Store + backend + retrieval + judge behind one object.
 
-    ``store`` is a directory (default: ``$REFSIGHT_STORE`` or the user cache dir) or an
-    open :class:`~refsight.store.Store` (then the caller closes it); with ``catalog`` (``postgresql://...``)
-    the directory is a blob directory shared by replicas, the catalog in PostgreSQL, derived data in
-    ``local_dir``; ``"s3://BUCKET/PREFIX"`` with ``catalog`` is a bucket shared by replicas, each with a disk cache
-    of ``local_cache_bytes`` in ``local_dir``; ``redis``, ``max_package_bytes``: see :func:`~refsight.store.open_store`; ``model`` a
-    registered model name (default: ``$REFSIGHT_MODEL`` or ``tiny-qwen2-vl``), loaded on
-    first use with ``backend_options`` over the config file's (``settings``); ``embedder`` the retrieval
-    embedder, an :class:`~refsight.embedders.base.Embedder` or a registry name (``conse``, the
-    default: EfficientNet-Lite0 + MiniLM; ``clip:PATH``; ``vlm:MODEL``), loaded on first use;
-    ``attribute_schema`` the VLM attribute record's schema (an ``AttributeSchema``, a mapping
-    ``name → allowed values or None``, or a JSON/YAML file; default: fur, ears, colour, markings);
-    ``remember_images`` what the store keeps of images a chat sends inline: ``off``, ``recurring`` (those
-    sent again) or ``all`` (default: ``$REFSIGHT_REMEMBER_IMAGES``, else ``[store] remember_images``, else
-    ``recurring``; :mod:`refsight.settings.remembering`).
+    ``store`` is a directory (default: ``$REFSIGHT_STORE`` or the user cache dir) or an open
+    :class:`~refsight.store.Store` (then the caller closes it); with ``catalog`` (``postgresql://...``) the directory
+    is a blob directory shared by replicas, the catalog in PostgreSQL, derived data in ``local_dir``;
+    ``"s3://BUCKET/PREFIX"`` with ``catalog`` is a bucket shared by replicas, each with a disk cache of
+    ``local_cache_bytes`` in ``local_dir``; ``redis``, ``max_package_bytes``: see :func:`~refsight.store.open_store`;
+    ``model`` a registered model name (default: ``$REFSIGHT_MODEL`` or ``tiny-qwen2-vl``), loaded on first use with
+    ``backend_options`` over the config file's (``settings``); ``embedder`` the retrieval embedder, an
+    :class:`~refsight.embedders.base.Embedder` or a registry name (``conse``, the default: EfficientNet-Lite0 +
+    MiniLM; ``clip:PATH``; ``vlm:MODEL``), loaded on first use; ``attribute_schema`` the VLM attribute record's schema
+    (an ``AttributeSchema``, a mapping ``name → allowed values or None``, or a JSON/YAML file; default: fur, ears,
+    colour, markings); ``remember_images`` what the store keeps of images a chat sends inline: ``off``,
+    ``recurring`` (those sent again) or ``all`` (default: ``$REFSIGHT_REMEMBER_IMAGES``, else ``[store]
+    remember_images``, else ``recurring``; :mod:`refsight.settings.remembering`); ``quota_shares`` the namespaces (a
+    server's tenants, with ``share_packages=False``) that split ``max_package_bytes`` into equal shares, each tenant's
+    packages evicted only by its own writes (:mod:`refsight.store.lifecycle`).
     """
 
     def __init__(
-        self,
-        store: str | Path | Store | None = None,
-        *,
-        model: str | None = None,
-        namespace: str = DEFAULT_NAMESPACE,
-        limits: IntakeLimits = _DEFAULT_LIMITS,
-        memory_bytes: int | None = None,
-        progress: bool = False,
+        self, store: str | Path | Store | None = None, *, model: str | None = None, namespace: str = DEFAULT_NAMESPACE,
+        limits: IntakeLimits = _DEFAULT_LIMITS, memory_bytes: int | None = None, progress: bool = False,
         embedder: Embedder | str | None = None,
         attribute_schema: AttributeSchema | Mapping[str, Any] | str | Path | None = None,
-        backend_options: BackendOptions | None = None,
-        settings: Settings | None = None,
-        share_packages: bool = True,
+        backend_options: BackendOptions | None = None, settings: Settings | None = None, share_packages: bool = True,
         catalog: str | None = None, local_dir: str | Path | None = None,
         redis: str | None = None, max_package_bytes: int | str | None = None, remember_images: str | None = None,
-        local_cache_bytes: int | str | None = None,
+        local_cache_bytes: int | str | None = None, quota_shares: Iterable[str] = (),
     ) -> None:
         self.store, settings, self._owns_store = open_configured_store(
             store, settings, memory_bytes, redis, max_package_bytes, local_cache_bytes, catalog=catalog,
             local_dir=local_dir)
+        if not share_packages:  # shared packages have no owner to hold to a share
+            self.store.quota_shares = frozenset(quota_shares)
         self.model = model or default_model()
         self.namespace = namespace
         self.limits = limits
@@ -137,6 +130,7 @@ class Engine:
             prefixes=self.prefixes, limits=limits, progress=lambda: self.progress,
         )
         self.maintenance = Maintenance(self.store, self.packages, self.book, self._progress_bar)
+        self.ranking = Ranking(self.book, self.packages, self.retrieval)
 
     # -- lifecycle ---------------------------------------------------------------------
     def close(self) -> None:
@@ -265,28 +259,28 @@ class Engine:
     def chat(
         self, request: GenerationRequest | Sequence[str | ReferenceSegment | ImageSource], /, *,
         on_text: Callable[[str], None] | None = None, stop_event: threading.Event | None = None,
-        on_prompt: Callable[[int, int, int], None] | None = None, **options: Any,
-    ) -> GenerateResult:
+        on_prompt: Callable[[int, int, int], None] | None = None,
+        on_tool_call: Callable[[ToolCall], None] | None = None, **options: Any) -> GenerateResult:
         """Generate from segments in order: text (``str``), :class:`ReferenceSegment`, or an image.
 
-        ``request`` is a :class:`~refsight.requests.GenerationRequest`, or the segments with the request's
-        fields as keywords: ``max_new_tokens`` (64), ``json_schema``, ``sampling``, ``turns``,
-        ``raw_prompt``, ``max_prompt_tokens``, ``use_cache``, ``prefix_states``, ``model``, ``namespace``, ``prompt_end``.
+        ``request`` is a :class:`~refsight.requests.GenerationRequest`, or the segments with its fields as keywords
+        (``max_new_tokens`` 64 unless given).
 
-        References come from their durable packages, other images through the package cache under the
-        engine's ``remember_images`` policy (:mod:`refsight.settings.remembering`: candidates in memory only, or
-        remembered, durable, when sent again); ``use_cache=False`` sends pixels (the runtime's own fresh path).
-        ``references_cached`` has one flag per image. ``sampling`` (default greedy) may set only
-        fields the backend honours; ``turns`` splits the segments into chat turns (``(role,
-        count)``, see :func:`~refsight.backends.turns.plan_turns`); ``on_text`` streams the answer
-        as it is generated; a set ``stop_event`` ends it early (``finish_reason="cancelled"``). When the
-        segments open with references (or remembered images), the language model's state after them is reused
-        across requests (:mod:`refsight.cache.prefix_states`) unless ``prefix_states=False``. ``raw_prompt``: the
-        segments are the whole prompt, no chat template added (:mod:`refsight.backends.text_access`).
-        A prompt whose text and image tokens exceed ``max_prompt_tokens`` or the backend's context is a
-        :class:`~refsight.errors.ContextLengthError` before the language model runs (:mod:`refsight.inputs.prompt_size`).
-        ``on_prompt(total, cached, processed)``, with ``on_text``, hears of the prompt's tokens as their evaluation
-        starts and ends (a backend with ``supports_prompt_progress``; any other refuses it by name).
+        References come from their durable packages, other images through the package cache under the engine's
+        ``remember_images`` policy (:mod:`refsight.settings.remembering`: candidates in memory only, or remembered,
+        durable, when sent again); ``use_cache=False`` sends pixels (the runtime's own fresh path).
+        ``references_cached`` has one flag per image. ``sampling`` (default greedy) may set only fields the backend
+        honours; ``turns`` splits the segments into chat turns (``(role, count)``, see
+        :func:`~refsight.backends.turns.plan_turns`); ``on_text`` streams the answer as it is generated; a set
+        ``stop_event`` ends it early (``finish_reason="cancelled"``). When the segments open with references (or
+        remembered images), the language model's state after them is reused across requests
+        (:mod:`refsight.cache.prefix_states`) unless ``prefix_states=False``. ``raw_prompt``: the segments are the whole
+        prompt, no chat template added (:mod:`refsight.backends.text_access`). A prompt whose text and image tokens
+        exceed ``max_prompt_tokens`` or the backend's context is a :class:`~refsight.errors.ContextLengthError` before
+        the language model runs (:mod:`refsight.inputs.prompt_size`). ``on_prompt(total, cached, processed)``, with
+        ``on_text``, hears of the prompt's tokens as their evaluation starts and ends (a backend with
+        ``supports_prompt_progress``; any other refuses it by name). With ``tools``: the answer's ``tool_calls``
+        (:class:`~refsight.tools.ToolReader`), each streamed to ``on_tool_call`` once read.
         """
         chat = GenerationRequest.of(request, options)
         context = self.context(chat.namespace, chat.model, use_cache=chat.use_cache, prefix_states=chat.prefix_states)
@@ -306,14 +300,17 @@ class Engine:
             planned, segments=resolved.segments, prefix_segments=resolved.prefix_segments,
             prefix_cache=None if chat.raw_prompt else self.prefixes.for_request(context),
         )
-        generation = backend.generate_one(request, on_text=on_text, stop_event=stop_event, on_prompt=on_prompt)
+        reader = ToolReader.of(request, backend.tool_format())
+        generation = backend.generate_one(request, on_text=reader.watch(on_text, on_tool_call), stop_event=stop_event,
+                                          on_prompt=on_prompt)
+        text, calls = reader.finish(generation.text)
         timings = {k: round(v, 3) for k, v in generation.timings_ms.items()}
         timings["encode"] = round(timings.get("encode", 0.0) + resolved.encode_ms, 3)
         timings["reference_load"] = round(load_ms, 3)
         timings["total"] = elapsed_ms(start)
         return GenerateResult.of(
             generation, model=backend.name, random_weights=backend.random_weights, references_cached=resolved.cached,
-            timings_ms=timings, max_new_tokens=chat.max_new_tokens,
+            timings_ms=timings, max_new_tokens=chat.max_new_tokens, text=text, tool_calls=calls,
         )
 
     # -- retrieval -------------------------------------------------------------------------
@@ -338,6 +335,16 @@ class Engine:
         """Bring the retrieval index up to date (``rebuild``: from the store, from scratch)."""
         context = self.context(namespace)
         return self.retrieval.sync(context.namespace, rebuild=rebuild, scope=context.scope)
+
+    @holding_packages
+    def embed(self, request: EmbedRequest, /) -> EmbedResult:
+        """Unit vectors of the request's inputs, an image's kept by content and embedder (:mod:`refsight.ranking`)."""
+        return self.ranking.embed(self.context(request.namespace, use_cache=request.use_cache), request)
+
+    @holding_packages
+    def rerank(self, request: RerankRequest, /) -> RerankResult:
+        """The request's documents scored against its query, one score each (:mod:`refsight.ranking.rerank`)."""
+        return self.ranking.rerank(self.context(request.namespace, request.model, use_cache=request.use_cache), request)
 
     def ingest(
         self, source: str | Path | Sequence[Any], *, ray: str | None = None, actors: int = 1, gpus_per_actor: float = 0.0,

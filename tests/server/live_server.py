@@ -55,6 +55,15 @@ class LiveServer:
     def service(self):
         return self.app.state.service
 
+    @staticmethod
+    def in_pool(func, *args):
+        """``func(*args)`` as a work pool's job (a pool of its own, on this thread's event loop): the only place the
+        service's model work runs."""
+        import anyio
+        from refsight.server.edge.limits import WorkPool
+
+        return anyio.run(WorkPool(1, 0).run, func, *args)
+
 
 def photo_png(name: str = "chelsea", size: tuple[int, int] = (64, 48), *, flip: bool = False) -> bytes:
     """A bundled real photo (``refsight.samples``) as PNG bytes (``flip`` mirrors it: a different image)."""

@@ -21,4 +21,4 @@ def test_the_add_route_builds_a_request_with_the_servers_attribute_policy(make_s
 
 def test_the_service_takes_only_a_request_naming_the_tenants_namespace(server):
     with pytest.raises(ValueError, match="names the tenant's namespace"):
-        server.app.state.service.add(AddRequest(sample_paths()["chelsea"]))
+        server.in_pool(server.service.add, AddRequest(sample_paths()["chelsea"]))

@@ -76,15 +76,20 @@ def test_what_refsight_cannot_honour_is_refused_by_name_in_anthropics_shape(toy)
         _refused(post(tools=[{"name": "f", "input_schema": {"type": "object"}}]), "tools")
         _refused(post(tool_choice={"type": "any"}), "tool_choice")
         _refused(post(thinking={"type": "enabled", "budget_tokens": 1024}), "thinking")
-        _refused(post(container="x"), "container")
         _refused(post(messages=[*MESSAGES, {"role": "assistant", "content": "Hi"}]), "messages", "invalid_request_error")
         _refused(post(stop_sequences=["a", "b", "c", "d", "e"]), "stop_sequences")
+        # A tool result is a tool message: the toy echo renders no chat template to offer tools in.
         _refused(post(messages=[{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "1"}]}]),
-                 "messages[0].content[0]")
+                 "messages")
         _refused(client.post("/v1/messages", json={"messages": MESSAGES}), "max_tokens")
         refused = post(messages=[{"role": "user", "content": [image, {"type": "text", "text": "?"}]}])
         assert refused.status_code == 400 and refused.json()["type"] == "error", refused.text  # no remote media here
-        assert post(metadata={"user_id": "u"}, thinking={"type": "disabled"}, tool_choice={"type": "none"}).status_code == 200
+        _refused(post(max_tokens="5"), "max_tokens")  # strict types: a string is no number
+        _refused(post(stream="yes"), "stream")
+        hints = post(metadata={"user_id": "u"}, thinking={"type": "disabled"}, tool_choice={"type": "none"}, container="x",
+                     made_up=1)
+        assert hints.status_code == 200, hints.text  # the toy reads no template: thinking's variable changes nothing
+        assert hints.json()["refsight"]["ignored"] == ["container", "made_up", "metadata", "thinking"]
 
 
 @pytest.mark.slow  # a server on the tiny GGUF (llama-cpp-python: an optional runtime)

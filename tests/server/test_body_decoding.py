@@ -7,7 +7,9 @@
 - a body of more values than the limit is refused before it is parsed; a path no route serves (404) or
   serves with another method (405) is answered before its body is read at all;
 - Ollama's routes read JSON whatever the ``Content-Type`` (``curl -d`` sends form-urlencoded), as Ollama does;
-- ``true`` is no number in any dialect's numeric fields (it was taken as 1).
+- ``true`` is no number in any dialect's numeric fields (it was taken as 1), and (issue 60, group 7) a string is no
+  number or boolean, nor a number a boolean, in any field of any body: pydantic's strict types, one mechanism
+  (field-by-field tables of every dialect: ``test_dialect_fields.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pydantic import BaseModel, ValidationError
 
 from refsight.server.intake.bodies import AddReferenceBody, CompareBody
 from refsight.server.edge.gate import flat_routes
-from refsight.server.intake.generation_body import GenerationBody
+from refsight.server.routes.ollama_bodies import OllamaOptions
 from refsight.server.edge.json_content import MAX_BODY_VALUES
 
 BAD = "\ud800"
@@ -178,18 +180,14 @@ def test_a_boolean_is_no_number_in_any_dialect(client, path, body, named):
     assert 400 <= status < 500 and message.startswith(named), message
 
 
-def _numeric(annotation: Any) -> bool:
-    """Whether a field annotation is a number (int or float, alone or in a union) and admits no boolean."""
-    def members(ann: Any) -> list[Any]:
-        origin = typing.get_origin(ann)
-        if origin is Annotated:
-            return members(typing.get_args(ann)[0])
-        if origin in (Union, types.UnionType):
-            return [m for arg in typing.get_args(ann) for m in members(arg)]
-        return [ann]
-
-    found = members(annotation)
-    return bool({int, float} & set(found)) and bool not in found
+def _kinds(annotation: Any) -> set[Any]:
+    """The types a field annotation admits (its union's members, through ``Annotated``)."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _kinds(typing.get_args(annotation)[0])
+    if origin in (Union, types.UnionType):
+        return {kind for arg in typing.get_args(annotation) for kind in _kinds(arg)}
+    return {annotation}
 
 
 def _body_models() -> set[type[BaseModel]]:
@@ -198,7 +196,7 @@ def _body_models() -> set[type[BaseModel]]:
     from refsight.server import ServerConfig, create_app
 
     app = create_app(ServerConfig(store="/nonexistent", model="toy", keys={}))
-    stack: list[Any] = [AddReferenceBody, CompareBody, GenerationBody]  # GenerationBody: Ollama's options
+    stack: list[Any] = [AddReferenceBody, CompareBody, OllamaOptions]  # OllamaOptions: Ollama's options
     stack += [p.field_info.annotation for _, route in flat_routes(app.routes) if isinstance(route, APIRoute)
               for p in route.dependant.body_params]
     models: set[type[BaseModel]] = set()
@@ -213,24 +211,30 @@ def _body_models() -> set[type[BaseModel]]:
     return models
 
 
-def test_every_numeric_field_of_every_body_refuses_a_boolean():
-    """The mechanism, not the examples: each int/float field of each dialect's bodies (a new one included)."""
+def test_every_number_and_boolean_field_of_every_body_takes_its_own_type_alone():
+    """The mechanism, not the examples: each int/float field of each body refuses ``true`` and ``"1"``, each
+    boolean refuses ``1`` and ``"true"`` (a new field included)."""
     checked = []
     for model in _body_models():
         for name, field in model.model_fields.items():
-            if not _numeric(field.annotation):
+            kinds = _kinds(field.annotation)
+            wrong = [*((True, "1") if kinds & {int, float} else ()), *((1, "true") if bool in kinds else ())]
+            if not wrong or str in kinds:
                 continue
             key = field.alias or name
-            with pytest.raises(ValidationError) as e:
-                model.model_validate({key: True})
-            assert any(err["loc"][:1] == (key,) for err in e.value.errors()), (model.__name__, key)
+            for value in wrong:
+                with pytest.raises(ValidationError) as e:
+                    model.model_validate({key: value})
+                assert any(err["loc"][:1] == (key,) for err in e.value.errors()), (model.__name__, key, value)
             checked.append(f"{model.__name__}.{key}")
-    assert {"GenerationBody.n_predict", "GenerationBody.temperature", "ChatBody.max_completion_tokens",
-            "SearchBody.k", "OllamaChatBody.top_logprobs"} <= set(checked), sorted(checked)
+    assert {"OllamaOptions.n_predict", "ChatBody.temperature", "ChatBody.max_completion_tokens", "SearchBody.k",
+            "OllamaChatBody.top_logprobs", "MessagesBody.max_tokens", "MessagesBody.stream", "CompletionBody.n_probs",
+            "CompletionBody.timings_per_token", "TokenizeBody.add_special", "ChatBody.num_ctx",
+            "OllamaOptions.use_mmap"} <= set(checked), sorted(checked)
 
 
 def test_the_bounds_of_every_numeric_field_reach_the_schema_as_json_schema_words():
-    """``IntegerOrNull``, not ``Integer | None``: pydantic writes a union member's ``ge`` raw, which no client reads."""
+    """pydantic writes a bound as ``minimum``/``maximum``, never raw (``ge``, which no client reads)."""
     from refsight.server import ServerConfig, create_app
 
     stack: list[Any] = [create_app(ServerConfig(store="/nonexistent", model="toy", keys={})).openapi()]

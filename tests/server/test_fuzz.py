@@ -32,6 +32,12 @@ NOT_FUZZED = {
     ("POST", "/chat/completions"): _ALIAS,
     ("POST", "/chat/completions/input_tokens"): _ALIAS,
     ("POST", "/completions"): "llama-server's alias of /completion: the same handler, fuzzed as /completion",
+    ("POST", "/embedding"): "llama-server's older name of /embeddings: the same handler, fuzzed as /embeddings",
+    ("POST", "/rerank"): "an alias of /v1/rerank (Jina's, vLLM's): the same handler, fuzzed as /v1/rerank",
+    ("POST", "/v2/rerank"): "Cohere v2's path of /v1/rerank: the same handler, fuzzed as /v1/rerank",
+    ("POST", "/reranking"): "llama-server's name of /v1/rerank: the same handler, fuzzed as /v1/rerank",
+    ("POST", "/v1/reranking"): "llama-server's name of /v1/rerank: the same handler, fuzzed as /v1/rerank",
+    ("POST", "/v1/score"): "vLLM's older path of /score: the same handler, fuzzed as /score",
 }
 
 

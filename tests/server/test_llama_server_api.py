@@ -147,6 +147,8 @@ def test_tokenize_and_detokenize_equal_llama_cpp_python(llama, reference_llama):
 
 @pytest.mark.slow  # a server on the tiny model converted to GGUF (llama-cpp-python: an optional runtime)
 @pytest.mark.parametrize("fields", [{}, {"repeat_penalty": 1.3}, {"top_k": 5, "min_p": 0.1},
+                                    # llama-server's (and Ollama's) repeat_last_n: the penalty's window.
+                                    {"repeat_penalty": 1.6, "repeat_last_n": 3}, {"repeat_penalty": 1.6, "repeat_last_n": 0},
                                     # Sampled: llama-server's sampler defaults and order, one seed on both sides.
                                     {"temperature": 0.8, "seed": 7}, {"temperature": 1.5, "seed": 7, "top_k": 3},
                                     {"temperature": 2.0, "seed": 7, "min_p": 0.3}, {"temperature": 0.2, "seed": 7, "top_p": 0.5}])
@@ -160,6 +162,7 @@ def test_completion_equals_llama_cpp_python_on_the_same_gguf(llama, reference_ll
                "min_p": fields.get("min_p", 0.05), "repeat_penalty": fields.get("repeat_penalty", 1.0)}
     prompt_ids = reference_llama.tokenize(PROMPT.encode(), add_bos=True, special=True)
     reference_llama.set_seed(fields.get("seed", 1))  # its draw's seed (greedy decoding draws nothing)
+    reference_llama.last_n_tokens_size = fields.get("repeat_last_n", 64)  # its penalty_last_n
     their_tokens = []
     for token in reference_llama.generate(prompt_ids, reset=True, **options):
         their_tokens.append(token)
@@ -311,14 +314,16 @@ def test_v1_completions_with_the_openai_sdk(llama):
 
 
 @pytest.mark.slow  # a server on the tiny model converted to GGUF (llama-cpp-python: an optional runtime)
-def test_chat_template_kwargs_the_template_never_reads_are_accepted(llama):
+def test_chat_template_kwargs_the_template_never_reads_are_named_as_ignored(llama):
+    # The variables a template reads reach it (tests/server/test_template_variables.py).
     client = openai.OpenAI(base_url=f"{llama.url}/v1", api_key="none", max_retries=0)
     hi = [{"role": "user", "content": "hi"}]
     plain = client.chat.completions.create(model="local", messages=hi, max_tokens=4)
     thinking_off = client.chat.completions.create(
         model="local", messages=hi, max_tokens=4, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert thinking_off.choices[0].message.content == plain.choices[0].message.content
-    with pytest.raises(openai.BadRequestError) as info:  # the GGUF's template reads this one: it would change the prompt
+    assert thinking_off.model_extra["refsight"]["ignored"] == ["chat_template_kwargs.enable_thinking"]
+    with pytest.raises(openai.BadRequestError) as info:  # refsight's render sets it from the request itself
         client.chat.completions.create(model="local", messages=hi, max_tokens=4,
                                        extra_body={"chat_template_kwargs": {"add_generation_prompt": False}})
     assert info.value.body["param"] == "chat_template_kwargs.add_generation_prompt"

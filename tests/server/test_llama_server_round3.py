@@ -259,8 +259,10 @@ def test_metrics_count_the_served_tokens_as_llama_server_does(llama):
 
 #: Run in a process of its own: freed memory shows in RSS only where no earlier test's allocations sit around it.
 _SLEEP_PROBE = """
-import json, sys
+import functools, json, sys
+import anyio
 from refsight.server import ServerConfig
+from refsight.server.edge.limits import WorkPool
 from refsight.server.service import Service
 
 def rss_mib():
@@ -274,7 +276,8 @@ try:
     awake = rss_mib()
     slept = service.sleep() and service.is_sleeping and bool(service.context_size)
     asleep = rss_mib()
-    answer = service.chat([sys.argv[3]], namespace="default", max_new_tokens=3, raw_prompt=True)
+    chat = functools.partial(service.chat, [sys.argv[3]], namespace="default", max_new_tokens=3, raw_prompt=True)
+    answer = anyio.run(WorkPool(1, 0).run, chat)  # model work runs in a work pool's job
     print(json.dumps({"awake": awake, "asleep": asleep, "slept": slept, "tokens": len(answer.tokens),
                       "woke": not service.is_sleeping}))
 finally:

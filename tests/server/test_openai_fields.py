@@ -1,5 +1,6 @@
 """The fields llama.cpp and vLLM clients send, over a real socket with the openai SDK and raw HTTP:
-``model`` optional, ``models.retrieve``, sampling fields honoured or refused by name, pure hints accepted."""
+``model`` optional, ``models.retrieve``, sampling fields honoured or refused by name (the policy's tables, field by
+field and dialect by dialect: ``test_dialect_fields.py``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import openai
 import pytest
 
 from live_server import LiveServer, assert_error
-from refsight.server.intake.generation_body import DEFAULT_MAX_TOKENS, NO_OP_VALUES, REFUSED_FIELDS
+from refsight.server.intake.generation_body import DEFAULT_MAX_TOKENS
+from refsight.server.intake.generation_fields import NEUTRAL
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -48,22 +50,17 @@ def test_model_is_optional_and_retrievable_by_each_of_its_names(make_server):
     assert info.value.body["code"] == "model_not_found"
 
 
-def test_hints_are_accepted_and_no_op_values_too_but_nothing_else(toy):
+def test_neutral_values_are_taken_and_a_backend_refuses_what_it_cannot_honour_by_name(toy):
     with toy.client() as c:
         def chat(**fields):
             return c.post("/v1/chat/completions", json={"messages": HI, **fields})
 
-        hints = {"cache_prompt": True, "id_slot": 2, "user": "me", "chat_template_kwargs": {"enable_thinking": False},
-                 "top_k": -1, "seed": -1}
-        assert chat(**hints).status_code == 200
-        assert chat(**NO_OP_VALUES).status_code == 200
-        assert chat(logit_bias=[]).status_code == 200  # llama-server's empty list is no bias either
+        assert chat(**{name: rule.values[0] for name, rule in NEUTRAL.items() if rule.values}).status_code == 200
+        assert chat(logit_bias=[], top_k=-1, seed=-1).status_code == 200  # llama-server's empty list is no bias either
         assert_error(chat(ignore_eos=True), 400, "unsupported")["param"] == "ignore_eos"
         assert assert_error(chat(n_probs=3), 400, "unsupported")["param"] == "n_probs"  # the toy has no logits
-        for name in REFUSED_FIELDS:
-            error = assert_error(chat(**{name: "root ::= x"}), 400, "unsupported")
-            assert error["param"] == name and error["message"].startswith(f"{name}: ")
-        assert assert_error(chat(made_up=1), 400, "unsupported")["param"] == "made_up"
+        error = assert_error(chat(lora=[{"id": 0, "scale": 1.0}]), 400, "unsupported")
+        assert error["param"] == "lora" and error["message"].startswith("lora: LoRA adapters are not supported")
         # The toy echo honours no sampling field: each is refused by name, never ignored.
         for name, value in (("top_k", 5), ("min_p", 0.1), ("repeat_penalty", 1.1), ("repetition_penalty", 1.2)):
             error = assert_error(chat(**{name: value}), 400, "unsupported")

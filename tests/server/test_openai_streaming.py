@@ -214,7 +214,7 @@ BAD = [
     ({"logprobs": True}, "logprobs"),
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
-    ({"tool_choice": "auto"}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),  # a call asked for, no tools offered
     ({"logit_bias": {"1": 5}}, "logit_bias"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"extra_body": {"top_k": 5}}, "top_k"),

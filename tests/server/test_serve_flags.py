@@ -143,7 +143,7 @@ def test_several_hosts_short_and_several_api_keys(tmp_path):
 
 
 @pytest.mark.parametrize(("args", "named"), [
-    (("--chat-template-file", "absent.jinja"), "--chat-template-file"), (("--no-jinja",), "--no-jinja"),
+    (("--chat-template-file", "absent.jinja"), "--chat-template-file"), (("--lora", "a.gguf"), "--lora a.gguf"),
     (("--chat-template", "nonesuch"), "--chat-template"),
     (("--slot-save-path", "slots"), "--slot-save-path"),
     (("-ctk", "q8_0"), "--cache-type-k"), (("-ctv", "q4_0"), "--cache-type-v"), (("-n", "-2"), "--n-predict"),

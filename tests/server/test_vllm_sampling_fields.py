@@ -51,7 +51,7 @@ def test_repetition_penalty_reaches_vllm_with_transformers_meaning(live):
 
     backend = live.service.engine.backend()
     encoder = backend.encoder
-    image = live.service.decode(photo_png(), "image")
+    image = live.in_pool(live.service.decode, photo_png(), "image")
     # Each runtime its own package of the image (the vLLM server encodes pixels: its packages are
     # pixel packages, keyed apart from the transformers encoder's features).
     packages = {id(backend): backend.encode([image])[0], id(encoder): encoder.encode([image])[0]}

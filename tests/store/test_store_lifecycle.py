@@ -38,6 +38,42 @@ def test_the_quota_evicts_by_last_use_and_skips_pinned_and_protected_keys(opener
         assert counters["quota_evictions"] == 2 and counters["quota_evicted_bytes"] == report.evicted_bytes
 
 
+def test_under_shares_a_tenant_evicts_only_its_own_packages(opener, tmp_path):
+    """Issue 60 group 6: with tenants' shares, a write of tenant b never evicts tenant a's packages, however old;
+    b is held to its half of the quota from its own, least recently used first, and the tenants' shares add up to the
+    quota (a package of no tenant goes first when the store is over it)."""
+    import dataclasses
+
+    def scoped(n: int, scope: str | None):
+        return dataclasses.replace(make_package(n), scope=scope)
+
+    with opener(tmp_path / "s", memory_bytes=1 << 20) as store:
+        store.quota_shares = frozenset({"a", "b"})
+        a_old = scoped(0, "a")
+        store.packages.put(a_old)  # the oldest in the store
+        size = store.local.total_bytes()
+        store.max_package_bytes = 6 * size + size // 2  # 3.25 packages a tenant
+        orphan = scoped(1, None)
+        store.packages.put(orphan)  # shared (no tenant's): the quota's to take
+        evicted = []
+        for n in range(2, 9):  # b writes 7 packages, one at a time
+            time.sleep(0.002)
+            package = scoped(n, "b")
+            store.packages.put(package)
+            report = store.enforce_quota(protect=(package.key,), scope="b")
+            evicted += report.evicted if report else []
+        held = set(_sizes(store))
+        assert a_old.key in held, "tenant b's writes evicted tenant a's package"
+        assert store.local.total_bytes(scope="b") <= store.max_package_bytes // 2
+        b_keys = [scoped(n, "b").key for n in range(2, 9)]
+        assert evicted and evicted == b_keys[:len(evicted)]  # b's own, least recently used first
+        assert held >= set(b_keys[len(evicted):])
+        assert orphan.key in held  # the store stayed within the quota without it: b's share held b
+        store.max_package_bytes = store.local.total_bytes() - 1  # over the quota as a whole: what no tenant owns goes
+        report = store.enforce_quota()
+        assert report.evicted == [orphan.key] and a_old.key in set(_sizes(store))
+
+
 def test_one_quota_over_packages_and_the_vllm_connectors_encoder_outputs(opener, tmp_path):
     """Packages and vLLM's encoder outputs (refsight's connector, same store) go in one least-recently-used
     order, and the connector is told what the packages hold for its own checks."""

@@ -40,7 +40,7 @@ from ..inputs.prompt_size import check_prompt_size
 from ..requests import GenerationRequest
 from ..sampling import Sampling, check_supported
 from .text_access import TextAccess, check_prompt_text
-from .turns import check_prompt_form, plan_turns
+from .turns import check_prompt_form, plan_turns, tool_texts
 
 __all__ = ["Backend", "Execution", "Generation", "PreparedRequest", "Segment", "Sampling", "TextCallback"]
 
@@ -143,6 +143,8 @@ class Backend(TextAccess, abc.ABC):
     supports_prompt_progress: ClassVar[bool] = False
     #: The ``GenerationRequest.prompt_end`` values this backend renders.
     prompt_ends: ClassVar[frozenset[str]] = frozenset({"generation_prompt"})
+    #: Hands ``GenerationRequest.template_variables`` to the chat template it renders (a backend without one refuses).
+    renders_template_variables: ClassVar[bool] = False
     #: Special tokens a user's text may not contain (they would shift the image placeholders).
     reserved_tokens: tuple[str, ...] = ()
     #: Images encoded per forward pass.
@@ -366,7 +368,8 @@ class Backend(TextAccess, abc.ABC):
                 check(segment, f"requests[{i}].segments[{j}]")
         check_prompt_form(self, i, request)  # a raw prompt, or how the chat template's prompt ends
         check_supported(request.sampling, self.sampling_fields, self.name)
-        check_prompt_size(self, request.segments, request.max_prompt_tokens, request.raw_prompt)
+        counted = [*request.segments, *tool_texts(self, request)]  # the tools' definitions and calls are text too
+        check_prompt_size(self, counted, request.max_prompt_tokens, request.raw_prompt)
         images = sum(1 for s in request.segments if not isinstance(s, str))
         check_prompt_text(self.prompt_text_of(request), images, self.media_marker, raw=request.raw_prompt)
 

@@ -28,6 +28,11 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 FLASH_ATTN = ("auto", "on", "off")
 #: Accepted ``vllm_images`` values (how a ``vllm:`` backend sends images).
 VLLM_IMAGES = ("pixels", "embeds")
+#: Accepted ``n_ctx_over_trained`` values: what llama.cpp does with a context above the model's trained one.
+N_CTX_OVER_TRAINED = ("refuse", "cap")
+
+#: The options that take one of a few values, and those values.
+_CHOICES = {"dtype": DTYPES, "flash_attn": FLASH_ATTN, "vllm_images": VLLM_IMAGES, "n_ctx_over_trained": N_CTX_OVER_TRAINED}
 
 _DEVICE = re.compile(r"(auto|cpu|mps|cuda(:\d{1,3})?)")
 
@@ -74,16 +79,23 @@ class BackendOptions:
     #: A Jinja chat template that replaces the model's own for rendering chats (``refsight serve
     #: --chat-template``/``--chat-template-file``); applied by the registry after the load (:func:`~.registry.get_backend`).
     chat_template: str | None = None
+    #: False (``refsight serve --no-jinja``, as llama-server's): chats render in llama.cpp's built-in format detected
+    #: from the chat template (``chat_template``, a built-in name or a template's text, else the model's own), as
+    #: llama-server renders them without Jinja; applied by the registry after the load, as ``chat_template`` is.
+    jinja: bool | None = None
+    #: llama.cpp, a context (``n_ctx``) above the one the model was trained for: "refuse" (the default: an error
+    #: naming both) or "cap" (a warning, and each slot's context is the trained one: llama-server's ``-c``).
+    n_ctx_over_trained: str | None = None
 
     def __post_init__(self) -> None:
         if self.device is not None and not (isinstance(self.device, str) and _DEVICE.fullmatch(self.device)):
             raise InvalidInputError(f"device {self.device!r}", f"use one of {', '.join(DEVICES)} or cuda:N")
-        if self.dtype is not None and self.dtype not in DTYPES:
-            raise InvalidInputError(f"dtype {self.dtype!r}", f"use one of {', '.join(DTYPES)}")
-        if self.flash_attn is not None and self.flash_attn not in FLASH_ATTN:
-            raise InvalidInputError(f"flash_attn {self.flash_attn!r}", f"use one of {', '.join(FLASH_ATTN)}")
-        if self.vllm_images is not None and self.vllm_images not in VLLM_IMAGES:
-            raise InvalidInputError(f"vllm_images {self.vllm_images!r}", f"use one of {', '.join(VLLM_IMAGES)}")
+        for name, choices in _CHOICES.items():
+            value = getattr(self, name)
+            if value is not None and value not in choices:
+                raise InvalidInputError(f"{name} {value!r}", f"use one of {', '.join(choices)}")
+        if self.jinja is not None and not isinstance(self.jinja, bool):
+            raise InvalidInputError("jinja", f"must be true or false, got {self.jinja!r}")
         for name in ("min_pixels", "max_pixels", "batch_size", "n_ctx", "parallel"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

@@ -23,6 +23,7 @@ from ..package import canonical_json
 from ..support.plugins import find_target, load_factory
 from .base import Backend
 from .builtin import BUILTINS
+from .chat_formats import builtin_format
 
 __all__ = [
     "register_backend", "available_models", "get_backend", "release_backend", "resolve_factory", "HF_PREFIX", "LLAMACPP_PREFIX",
@@ -88,6 +89,7 @@ def get_backend(name: str, **options: Any) -> Backend:
     # The chat template is no runtime's load option: every backend takes it after its load, in one place,
     # and a backend with its own template is another instance (the key holds the template).
     template = options.pop("chat_template", None)
+    jinja = options.pop("jinja", None)
     with _lock:
         backend = _instances.get(key)
         if backend is None:
@@ -98,17 +100,26 @@ def get_backend(name: str, **options: Any) -> Backend:
                 raise
             except Exception as e:  # runtime errors become ours, here and only here
                 raise BackendError(name, f"{type(e).__name__}: {e}") from e
-            if template is not None:
-                _use_template(backend, template)
+            if template is not None or jinja is False:
+                _use_template(backend, template, jinja=jinja is not False)
             else:
                 _probe_own_template(name, backend)
             _instances[key] = backend
         return backend
 
 
-def _use_template(backend: Backend, template: str) -> None:
-    """``backend`` renders chats in ``template`` from now on (probed first); closed again when it cannot."""
+def _use_template(backend: Backend, template: str | None, *, jinja: bool) -> None:
+    """``backend`` renders chats in ``template`` from now on (probed first), or without Jinja (llama-server's
+    ``--no-jinja``) in llama.cpp's built-in format detected from ``template`` (or the model's own); closed again when
+    it cannot."""
     try:
+        if not jinja:
+            # llama.cpp formats a model without a template of its own as ChatML (llama_chat_apply_template's default)
+            source = template if template is not None else backend.chat_template_source() or "chatml"
+            try:
+                template = builtin_format(source)
+            except ValueError as e:
+                raise InvalidInputError("jinja", str(e)) from None
         backend.use_chat_template(template)
     except BaseException:
         backend.close()

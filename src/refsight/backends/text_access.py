@@ -14,10 +14,11 @@ stands for an image itself (:attr:`TextAccess.media_tokens`) is refused in it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import ClassVar
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 from ..errors import InvalidInputError
+from ..tools import ChatTools, ToolFormat, format_of
 from .templates import TemplateRaised
 from .turns import split_final_turn
 
@@ -52,6 +53,8 @@ class TextAccess:
     supports_raw_prompt: ClassVar[bool] = False
     #: Text that stands for an image in the model's vocabulary: refused in any text, raw prompts included.
     media_tokens: ClassVar[tuple[str, ...]] = ()
+    #: Renders a request's tools and tool turns in its chat template (``tools``, ``tool_calls``, ``tool_call_id``).
+    supports_tools: ClassVar[bool] = False
     name: str
 
     @property
@@ -72,25 +75,30 @@ class TextAccess:
         raise InvalidInputError("detokenize", f"{self.name} does not expose its tokenizer")
 
     def template_text(
-        self, texts: Sequence[str], turns: list[tuple[str, int]] | None = None, *, generation_prompt: bool = True
+        self, texts: Sequence[str], turns: list[tuple[str, int]] | None = None, *, generation_prompt: bool = True,
+        tools: ChatTools | None = None, variables: Mapping[str, Any] | None = None,
     ) -> str:
         """The chat template around ``texts`` (``turns`` as in a request), images already written as the marker;
-        ``generation_prompt=False``: without the opening of the answer's turn."""
+        ``generation_prompt=False``: without the opening of the answer's turn; ``tools``: what it is given of them;
+        ``variables``: the template's own."""
         raise InvalidInputError("messages", f"{self.name} does not expose its chat template as text")
 
     def chat_text(self, texts: Sequence[str], turns: Sequence[tuple[str, int]] | None = None,
-                  prompt_end: str = "generation_prompt") -> str:
+                  prompt_end: str = "generation_prompt", tools: ChatTools | None = None,
+                  variables: Mapping[str, Any] | None = None) -> str:
         """The whole prompt a chat of ``texts`` (images already written as the marker) renders to: the chat template
         over ``turns`` (None: one user turn) ended as ``prompt_end`` says (``continue``: the turns before the final one
-        with the opening of the answer's turn, then the final turn's text, as llama-server renders a prefill).
-        InvalidInputError when that prompt is nothing to generate from (:func:`check_prompt_text`)."""
+        with the opening of the answer's turn, then the final turn's text, as llama-server renders a prefill), given
+        ``tools`` and the template's ``variables`` (``GenerationRequest.template_variables``). InvalidInputError when
+        that prompt is nothing to generate from (:func:`check_prompt_text`)."""
         texts = list(texts)
         turns = list(turns or [("user", len(texts))])
         if prompt_end == "continue":
             head, head_turns, tail = split_final_turn(texts, turns)
-            text = self.template_text(head, head_turns) + tail
+            text = self.template_text(head, head_turns, tools=tools, variables=variables) + tail
         else:
-            text = self.template_text(texts, turns, generation_prompt=prompt_end == "generation_prompt")
+            text = self.template_text(texts, turns, generation_prompt=prompt_end == "generation_prompt", tools=tools,
+                                      variables=variables)
         return check_prompt_text(text, sum(t.count(self.media_marker) for t in texts), self.media_marker)
 
     def probe_chat_template(self) -> None:
@@ -107,6 +115,12 @@ class TextAccess:
     def chat_template_source(self) -> str | None:
         """The chat template's own source (Jinja), where the model carries one; None otherwise."""
         return None
+
+    def tool_format(self) -> ToolFormat | None:
+        """The tool-call format the chat template teaches the model (:func:`refsight.tools.format_of`): how a tool
+        call is read out of its answers; None where its answers are text (a template that teaches no format, or a
+        backend that renders no template here)."""
+        return format_of(self.chat_template_source()) if self.supports_tools else None
 
     def use_chat_template(self, template: str) -> None:
         """Render chats in ``template`` (Jinja) instead of the model's own (``refsight serve --chat-template``);

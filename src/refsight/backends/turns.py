@@ -8,10 +8,10 @@ from typing import Any
 
 from ..errors import InvalidInputError
 
-__all__ = ["ROLES", "plan_turns", "check_prompt_form", "split_final_turn"]
+__all__ = ["ROLES", "plan_turns", "check_prompt_form", "split_final_turn", "tool_texts"]
 
-#: The chat roles a turn may have.
-ROLES = ("system", "user", "assistant")
+#: The chat roles a turn may have (``tool``: a tool's result, :class:`refsight.tools.ToolTurn` names its call).
+ROLES = ("system", "user", "assistant", "tool")
 
 
 def plan_turns(
@@ -44,12 +44,21 @@ def plan_turns(
 
 def check_prompt_form(backend: Any, i: int, request: Any) -> None:
     """InvalidInputError for a raw prompt ``backend`` cannot take (or one with turns), or a ``prompt_end`` it does
-    not render (its ``prompt_ends``) or the prompt cannot take: ``continue`` needs a final assistant turn of text
+    not render (its ``prompt_ends``), template variables where it renders no template, or a ``prompt_end`` the prompt
+    cannot take: ``continue`` needs a final assistant turn of text
     only (its text is written as is after the opening of the answer's turn)."""
     if request.raw_prompt and not backend.supports_raw_prompt:
         raise InvalidInputError(f"requests[{i}].raw_prompt", f"{backend.name} renders every prompt in its chat template")
     if request.raw_prompt and request.turns is not None:
         raise InvalidInputError(f"requests[{i}].raw_prompt", "a raw prompt is the whole prompt: it takes no turns")
+    if request.chat_tools is not None and (request.raw_prompt or not backend.supports_tools):
+        where = "tools" if request.tools is not None else "messages"
+        if request.raw_prompt:
+            raise InvalidInputError(where, "a raw prompt is the whole prompt: it takes no tools or tool turns")
+        raise InvalidInputError(where, f"{backend.name} cannot offer tools to its model: tool calling needs the chat "
+                                "template rendered by refsight (the transformers and llama.cpp runtimes)")
+    if request.template_variables and not backend.renders_template_variables:
+        raise InvalidInputError("template_variables", f"{backend.name} renders no chat template to hand them to")
     if request.prompt_end != "generation_prompt" and request.prompt_end not in backend.prompt_ends:
         raise InvalidInputError("prompt_end", f"{backend.name} cannot end a prompt with {request.prompt_end!r}")
     if request.prompt_end != "continue":
@@ -59,6 +68,9 @@ def check_prompt_form(backend: Any, i: int, request: Any) -> None:
         raise InvalidInputError("prompt_end", "continue needs a final assistant turn to continue")
     if any(not isinstance(s, str) for s in segments[len(segments) - int(turns[-1][1]):]):
         raise InvalidInputError("prompt_end", "the continued assistant turn takes text only")
+    if request.tool_turns and request.tool_turns[-1] is not None and request.tool_turns[-1].calls:
+        raise InvalidInputError("messages", "cannot continue an assistant message that holds tool calls "
+                                "(llama-server's rule): send its result as a tool message")
 
 
 def split_final_turn(
@@ -69,3 +81,10 @@ def split_final_turn(
     count = int(turns[-1][1])
     head = list(segments)[: len(segments) - count]
     return head, [(str(role), int(n)) for role, n in turns[:-1]], "".join(segments[len(segments) - count:])
+
+
+def tool_texts(backend: Any, request: Any) -> list[str]:
+    """The text a request's tools add to its prompt where ``backend``'s template renders them (the definitions, the
+    calls in its turns), counted in its size."""
+    tools = request.chat_tools
+    return tools.texts(backend.chat_template_reads) if tools is not None else []

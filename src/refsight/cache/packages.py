@@ -215,7 +215,7 @@ class PackageCache:
                     self._write(package, quota=False)
                     found[key] = CachedPackage(package, cached=False)
                 # Once for the batch; the caller's request() scope keeps them pinned until linked.
-                self.store.enforce_quota(protect=tuple(keys))
+                self.store.enforce_quota(protect=tuple(keys), scope=context.scope)
             return found
 
     def stored(self, key: str) -> StoredPackage | None:
@@ -356,7 +356,7 @@ class PackageCache:
         if found is not None and not self.store.local.contains(key):
             # In memory (or Redis) only: a reference's package must survive a restart.
             self.store.local.put(found.package)
-            self.store.enforce_quota(protect=(key,))
+            self.store.enforce_quota(protect=(key,), scope=found.package.scope)
         return found
 
     def _write(self, package: VisualPackage, *, quota: bool = True) -> None:
@@ -364,7 +364,7 @@ class PackageCache:
         self.store.pins.note(package.key)
         self.store.packages.put(package)
         if quota:
-            self.store.enforce_quota(protect=(package.key,))
+            self.store.enforce_quota(protect=(package.key,), scope=package.scope)
 
     def _encode(self, backend: Backend, images: list[ImageInput], scope: str | None) -> list[VisualPackage]:
         packages = encode_packages(backend, images, scope)

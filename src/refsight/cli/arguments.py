@@ -23,7 +23,7 @@ from ..support.environment import default_model
 from ..settings import OPTION_HELP
 
 __all__ = [
-    "Command", "CommandParser", "UsageError", "text_argument", "path_argument", "namespace_argument", "parse_pairs", "store_options",
+    "Command", "CommandParser", "UsageError", "dashed", "text_argument", "path_argument", "namespace_argument", "parse_pairs", "store_options",
     "model_options", "EMBEDDER_HELP", "SCHEMA_HELP",
 ]
 
@@ -77,7 +77,7 @@ class CommandParser(argparse.ArgumentParser):
     def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
         """argparse's, but an unknown flag is refused by the command it was given to (its usage, not the top
         level's), with the closest flag that command knows."""
-        self._typed = list(sys.argv[1:] if args is None else args)
+        self._typed = dashed(list(sys.argv[1:] if args is None else args))
         parsed, extras = self.parse_known_args(self._typed, namespace)
         if extras:
             owner = self._command_parser(getattr(parsed, "command", None))
@@ -109,6 +109,18 @@ class CommandParser(argparse.ArgumentParser):
             if isinstance(action, argparse._SubParsersAction) and command in action.choices:
                 return action.choices[command]
         return self
+
+
+def dashed(argv: list[str]) -> list[str]:
+    """``argv`` with each ``--flag_name`` spelled ``--flag-name`` (llama.cpp's rule, which llama-server command
+    lines rely on: ``--backend_sampling``); values, and everything after a bare ``--``, as typed."""
+    out: list[str] = []
+    for i, token in enumerate(argv):
+        if token == "--":
+            return out + argv[i:]
+        name, sep, value = token.partition("=")
+        out.append(name.replace("_", "-") + sep + value if token.startswith("--") else token)
+    return out
 
 
 #: argparse's message for a value outside ``choices`` (a command name, a ``--reranker`` kind ...).

@@ -63,6 +63,22 @@ def _table(parser: argparse.ArgumentParser, shown: frozenset[str] = frozenset())
     return rows
 
 
+def _llama_server_flags() -> list[str]:
+    """Every flag of llama-server and what ``refsight serve`` does with it (:mod:`.llama_flag_table`)."""
+    from .llama_flag_table import LLAMA_SERVER_FLAGS
+
+    lines = ["", "## llama-server's flags", "", "`refsight serve` takes llama-server's command lines: each of its flags is "
+             "honoured, accepted where it cannot change an answer here (the startup log names it), recorded for the "
+             "server to honour (named in the startup log as not yet served), or refused by name (exit 2). A refused or "
+             "recorded flag given a value that changes nothing here is accepted.", "",
+             "| flag | refsight serve | why | accepted as |", "|---|---|---|---|"]
+    for flag in LLAMA_SERVER_FLAGS:
+        spelled = ", ".join(f"`{s}`" for s in flag.spellings) + (f" `{_cell(flag.value)}`" if flag.value else "")
+        neutral = ", ".join(f"`{value}`" if value else "(empty)" for value in flag.neutral)
+        lines.append(f"| {spelled} | {flag.status} | {_cell(flag.why)} | {neutral} |")
+    return lines
+
+
 def markdown() -> str:
     """The whole CLI reference page: global flags, each command's flags, the environment."""
     from . import build_parser
@@ -76,6 +92,7 @@ def markdown() -> str:
     for name, sub in commands.choices.items():
         lines += ["", f"## refsight {name}", "", _cell(sub.description), ""]
         lines += _table(sub, every)
+    lines += _llama_server_flags()
     lines += ["", "## Environment", "", "| variable | sets |", "|---|---|"]
     lines += [f"| `{name}` | {meaning} |" for name, meaning in ENVIRONMENT.items()]
     return "\n".join(lines) + "\n"

@@ -2,8 +2,8 @@
 
 It takes the flags llama-server and ``vllm serve`` users type (``refsight serve MODEL``, ``-m``,
 ``--mmproj``, ``--api-key``, ``--served-model-name``/``--alias``, ``-c``/``--ctx-size``/``--max-model-len``,
-``-np``/``--parallel``, ``-fa``/``--flash-attn``)
-and loads the model before it binds the port.
+``-np``/``--parallel``, ``-fa``/``--flash-attn``), every other flag of llama-server's command line with the status
+:mod:`.llama_flag_table` gives it, and loads the model before it binds the port.
 """
 
 from __future__ import annotations
@@ -15,21 +15,43 @@ import sys
 from .arguments import EMBEDDER_HELP, Command, UsageError, path_argument, text_argument
 from ..support.extras import install_command
 from .command import backend_options, settings_of
-from .llama_flags import add_llama_server_arguments, chat_template, llama_server_settings, slot_context
+from ..settings import BackendOptions
+from .llama_flags import (
+    add_llama_server_arguments, add_table_flags, api_keys, apply_environment, chat_template, llama_server_settings,
+    log_table_flags, mtmd_settings, slot_context, table_verdicts,
+)
 
 __all__ = ["COMMANDS"]
 
 #: The model-name prefix of a GGUF file (the llama.cpp backend's; cli/ names no backend module).
 _LLAMACPP = "llamacpp:"
+#: The model names llama.cpp serves: a GGUF file, a model of Ollama's store.
+_LLAMA_CPP_NAMES = (_LLAMACPP, "ollama:")
 
 
 def _slots_arguments(p: argparse.ArgumentParser) -> None:
     """llama-server's ``--slots``/``--no-slots`` (whether ``GET /slots`` is served) and ``-v``/``--verbose``."""
-    p.add_argument("-v", "--verbose", action="store_true", help="log at debug level (as llama-server's -v)")
+    p.add_argument("-v", "--verbose", "--log-verbose", action="store_true", help="log at debug level (as llama-server's -v)")
     p.add_argument("--slots", dest="slots_endpoint", action="store_true", default=True,
                    help="serve GET /slots (the default, as llama-server's)")
     p.add_argument("--no-slots", dest="slots_endpoint", action="store_false",
                    help="no GET /slots: it answers 501, as llama-server's --no-slots")
+
+
+def _listen_arguments(p: argparse.ArgumentParser) -> None:
+    """Where the server listens and whom it answers: ``--host``, ``--port``, ``--cors-origins``, ``--allowed-hosts``."""
+    p.add_argument("--host", default="127.0.0.1", help=(
+        "address(es) to bind, comma-separated as llama-server's (127.0.0.1,::1); non-loopback needs API keys"))
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--cors-origins", default="localhost", metavar="ORIGINS",
+        help="origins allowed cross-origin, comma-separated (* for any; localhost, the default: every loopback "
+             "origin, as llama-server's localhost mode; an empty value: none)",
+    )
+    p.add_argument(
+        "--allowed-hosts", default="", metavar="NAMES",
+        help="without API keys, Host names served beside loopback and --host, comma-separated",
+    )
 
 
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,25 +67,17 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_llama_server_arguments(p)
     p.add_argument(
-        "--served-model-name", "--alias", dest="served_model_names", nargs="+", metavar="NAME",
+        "--served-model-name", "--alias", "-a", dest="served_model_names", nargs="+", metavar="NAME",
         help="the name(s) clients send as model, space- or comma-separated (the first is shown in replies)",
     )
     p.add_argument(
-        "-c", "--ctx-size", "--max-model-len", dest="ctx_size", type=int, metavar="N",
-        help="context size in tokens, where the runtime has a limit (llama.cpp)",
+        "-c", "--ctx-size", dest="ctx_size", type=int, metavar="N",
+        help="context size in tokens, where the runtime has a limit (llama.cpp); a slot's context above the model's "
+             "trained one is capped at it with a warning, as llama-server's",
     )
-    p.add_argument("--host", default="127.0.0.1", help=(
-        "address(es) to bind, comma-separated as llama-server's (127.0.0.1,::1); non-loopback needs API keys"))
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument(
-        "--cors-origins", default="localhost", metavar="ORIGINS",
-        help="origins allowed cross-origin, comma-separated (* for any; localhost, the default: every loopback "
-             "origin, as llama-server's localhost mode; an empty value: none)",
-    )
-    p.add_argument(
-        "--allowed-hosts", default="", metavar="NAMES",
-        help="without API keys, Host names served beside loopback and --host, comma-separated",
-    )
+    p.add_argument("--max-model-len", dest="max_model_len", type=int, metavar="N",
+                   help="as -c, vLLM's spelling: above the model's trained context it is refused, as vLLM's")
+    _listen_arguments(p)
     p.add_argument(
         "-np", "--parallel", dest="parallel", type=int, metavar="N",
         help="requests decoded together, each its own sequence (llama.cpp, as llama-server's -np; default 1)",
@@ -91,6 +105,9 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         "--attributes", choices=("imagenet", "vlm", "none"), default="imagenet",
         help="attribute record computed when a reference is added over HTTP (default: imagenet; none: skip)",
     )
+    add_table_flags(p)  # llama-server's other flags: last, so it registers only the spellings parsed nowhere else
+    p.epilog = ("llama-server's other flags are taken too: accepted where they cannot change an answer here (the "
+                "startup log names them), recorded for the server, or refused by name (the CLI reference lists each)")
 
 
 def _remember_images_argument(p: argparse.ArgumentParser) -> None:
@@ -127,6 +144,29 @@ def _model(args: argparse.Namespace) -> str | None:
     return model
 
 
+def _backend_options(args: argparse.Namespace) -> BackendOptions:
+    """The backend options the flags set: the model options, then llama-server's context, slots, template, images."""
+    options = backend_options(args)
+    if args.ctx_size is not None and args.max_model_len is not None:
+        raise UsageError("-c/--ctx-size and --max-model-len both give the context; give one")
+    context = slot_context(args)
+    if context is not None:
+        options = dataclasses.replace(options, n_ctx=context)
+    if args.ctx_size is not None and (_model(args) or "").startswith(_LLAMA_CPP_NAMES):
+        # llama-server's -c: a slot above the trained context is capped, with a warning
+        options = dataclasses.replace(options, n_ctx_over_trained="cap")
+    if args.parallel is not None:
+        options = dataclasses.replace(options, parallel=args.parallel)
+    template = chat_template(args)
+    if template is not None:
+        options = dataclasses.replace(options, chat_template=template)
+    if args.jinja is False:
+        options = dataclasses.replace(options, jinja=False)
+    if mtmd_settings(args):
+        options = dataclasses.replace(options, processor_kwargs={**options.processor_kwargs, **mtmd_settings(args)})
+    return options
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """refsight serve [MODEL] [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--alias NAME] [-c N] [--keys FILE] ..."""
     # Without the extra, say how to get it (exit 2, a usage-level error) instead of an ImportError traceback.
@@ -140,19 +180,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     from ..server import ServerConfig, serve
 
-    llama_settings = llama_server_settings(args)  # a refused llama-server flag: exit 2 before anything loads
-    options = backend_options(args)
-    if args.ctx_size is not None:
-        options = dataclasses.replace(options, n_ctx=slot_context(args))
-    if args.parallel is not None:
-        options = dataclasses.replace(options, parallel=args.parallel)
-    template = chat_template(args)
-    if template is not None:
-        options = dataclasses.replace(options, chat_template=template)
-        # Tried at load (compiled, rendered once under the renders' bounds): a template that cannot serve is one line
-        # naming the flag that gave it, exit 2.
-        flag = "--chat-template" if args.chat_template_file is None else f"--chat-template-file {args.chat_template_file}"
-        args.fields = {**args.fields, "chat_template": flag}
+    # A refused llama-server flag: exit 2 before anything loads; the accepted and recorded ones are logged.
+    verdicts = table_verdicts(args)
+    llama_settings = llama_server_settings(args)
+    options = _backend_options(args)
+    keys = api_keys(args)
+    # A template is tried at load (compiled, rendered once under the renders' bounds): one that cannot serve, or one
+    # no built-in format matches without Jinja, is one line naming the flag that gave it, exit 2.
+    flag = "--chat-template" if args.chat_template_file is None else f"--chat-template-file {args.chat_template_file}"
+    args.fields = {**args.fields, "chat_template": flag if options.chat_template is not None else "--no-jinja",
+                   "jinja": "--no-jinja"}
+    log_table_flags(verdicts)
+    apply_environment(args)
     # N slots need N requests reaching the model at once, and -np 1 is one slot (llama-server's /slots).
     workers = args.workers if args.workers is not None else (args.parallel or 2)
     if args.parallel is not None and workers < args.parallel:
@@ -165,7 +204,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         store=args.store, catalog=args.catalog, local_dir=args.local_dir, model=_model(args),
         backend_options=options, settings=settings_of(args), config_file=args.config,
         host=args.host, port=args.port, workers=workers, threads=args.threads, keys_file=args.keys, share_packages=args.share_packages,
-        api_key=",".join(args.api_key) if args.api_key else None, served_model_names=_aliases(args.served_model_names),
+        api_key=keys, served_model_names=_aliases(args.served_model_names),
         embedder=args.embedder, max_prompt_tokens=args.max_prompt_tokens,
         ingest_attributes=() if args.attributes == "none" else (args.attributes,),
         redis=args.redis, max_package_bytes=args.max_package_bytes, local_cache_bytes=args.local_cache_bytes,

@@ -28,6 +28,7 @@ from ..inputs.images import ImageInput
 from ..package import VisualPackage
 from ..cache.packages import PackageCache
 from ..embedders.base import Embedder
+from ..judge.prompts import YES_NO_SYSTEM
 from ..retrieval.query import query_vector
 from ..store import Reference
 
@@ -35,12 +36,6 @@ __all__ = ["RERANK_INSTRUCTION", "EmbeddingReranker", "RerankQuery", "Reranker",
 
 #: What the VLM reranker is asked to decide (the "Instruct" of the Qwen3-VL-Reranker prompt).
 RERANK_INSTRUCTION = "Does the reference image (the Document) meet the criteria for the candidate image (the Query)?"
-
-_SYSTEM = (
-    'Judge whether the Document meets the requirements based on the Query and the Instruct provided. '
-    'Note that the answer can only be "yes" or "no".'
-)
-
 
 @dataclass(frozen=True)
 class RerankQuery:
@@ -81,7 +76,7 @@ def rerank_segments(reference: object, candidate: object, criteria: Sequence[str
     """The yes/no prompt of one (reference, candidate, rubric): query (candidate + criteria), then document."""
     rubric = "\n".join(f"- {c}" for c in criteria)
     return [
-        f"{_SYSTEM}\n<Instruct>: {instruction}\n<Query>: the candidate image",
+        f"{YES_NO_SYSTEM}\n<Instruct>: {instruction}\n<Query>: the candidate image",
         candidate,
         f"Criteria:\n{rubric}\n<Document>: the reference image",
         reference,

@@ -33,6 +33,16 @@ class Embedder(abc.ABC):
     name: str = "embedder"
     #: vectors per model call
     batch_size: int = 16
+    #: The leading dimensions at which a vector, cut there and renormalised, keeps its meaning (the Matryoshka
+    #: property; OpenAI's ``dimensions``): empty, only the whole vector.
+    truncations: tuple[int, ...] = ()
+    #: Most tokens of a text the model reads (it cuts the rest); None: no bound of its own.
+    max_tokens: int | None = None
+    #: True: an input of several parts (texts and images) is read in one pass (a VLM reading them together);
+    #: False: it is the normalised sum of its text's vector and each image's.
+    joint: bool = False
+    #: Whether the weights are random (the vectors carry no meaning: tests and offline demos).
+    random_weights: bool = False
 
     @property
     @abc.abstractmethod
@@ -55,6 +65,14 @@ class Embedder(abc.ABC):
     @abc.abstractmethod
     def _embed_texts(self, texts: list[str], instruction: str | None) -> np.ndarray:
         """Embed one batch of texts (not necessarily normalised)."""
+
+    def text_tokens(self, text: str) -> list[int] | None:
+        """The token ids the model reads for ``text`` (its special tokens included); None: it cannot say."""
+        return None
+
+    def token_text(self, tokens: Sequence[int]) -> str:
+        """The text of ``tokens`` in the model's vocabulary (its special tokens left out), for inputs sent as ids."""
+        raise InvalidInputError("input", f"{self.name} reads no token ids; send the text")
 
     def embed_images(self, images: Sequence[ImageInput]) -> np.ndarray:
         """Unit float32 vectors [n, dim] for reference or query images."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,9 @@ class EfficientNetConSEEmbedder(Embedder):
     """
 
     name = "efficientnet-lite0-conse"
+    #: Cut at 384 (and renormalised) a vector is its ConSE part alone: text and images in one space, the CNN
+    #: features dropped (a text's vector is unchanged). Any other cut mixes the two.
+    truncations = (384,)
 
     def __init__(self, *, top_t: int = 10, conse_weight: float = 0.25, label_template: str = "a photo of a {}"):
         if not isinstance(top_t, int) or not 1 <= top_t <= 1000:
@@ -57,7 +61,7 @@ class EfficientNetConSEEmbedder(Embedder):
         if "{}" not in label_template:
             raise InvalidInputError("label_template", "must contain '{}' where the class name goes")
         from refsight.embedders.efficientnet_lite import classifier_fingerprint
-        from refsight.embedders.minilm import load_minilm
+        from refsight.embedders.minilm import MAX_TOKENS, load_minilm
 
         with embedder_errors(self.name, ModelLoadError, "cannot load the ConSE models"):
             # The classifier loads when an image is first embedded: a text search never needs it.
@@ -69,6 +73,7 @@ class EfficientNetConSEEmbedder(Embedder):
         self.label_template = label_template
         self._a = float(np.sqrt(conse_weight))
         self._b = float(np.sqrt(1.0 - conse_weight))
+        self.max_tokens = MAX_TOKENS
 
     @property
     def classifier(self) -> Any:
@@ -93,6 +98,17 @@ class EfficientNetConSEEmbedder(Embedder):
             "conse_weight": self.conse_weight,
             "label_template": self.label_template,
         }
+
+    def text_tokens(self, text: str) -> list[int]:
+        """MiniLM's WordPiece ids of ``text`` (``[CLS]`` and ``[SEP]`` included), uncut."""
+        return self.text_encoder.tokens(text)
+
+    def token_text(self, tokens: Sequence[int]) -> str:
+        """The text of MiniLM WordPiece ids (special tokens left out)."""
+        try:
+            return self.text_encoder.text_of(tokens)
+        except ValueError as exc:
+            raise InvalidInputError("input", f"{exc} (MiniLM's, which {self.name} reads texts with)") from None
 
     def conse(self, probabilities: np.ndarray) -> np.ndarray:
         """ConSE vectors [n, 384] from class probabilities [n, 1000]."""

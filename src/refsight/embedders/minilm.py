@@ -60,6 +60,10 @@ class TextEncoder:
             # the batch's longest, cut at MAX_TOKENS.
             self.tokenizer.enable_truncation(MAX_TOKENS)
             self.tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
+            # The same vocabulary uncut and unpadded: a text's whole length, and ids read back as text.
+            self.counter = Tokenizer.from_file(str(path / "tokenizer.json"))
+            self.counter.no_truncation()
+            self.counter.no_padding()
             self.model = BertEncoder(path)
         except Exception as exc:
             raise ModelLoadError(MODEL_ID, f"cannot load from {path}: {exc}") from exc
@@ -77,6 +81,16 @@ class TextEncoder:
             "normalize": "l2",
             "max_tokens": MAX_TOKENS,
         }
+
+    def tokens(self, text: str) -> list[int]:
+        """The ids the model reads for ``text``, ``[CLS]`` and ``[SEP]`` included, before the cut at ``MAX_TOKENS``."""
+        return self.counter.encode(text).ids
+
+    def text_of(self, ids: Sequence[int]) -> str:
+        """The text of WordPiece ``ids`` (``[CLS]``, ``[SEP]`` and padding left out); ValueError for an unknown id."""
+        if any(not 0 <= i < self.counter.get_vocab_size() for i in ids):
+            raise ValueError(f"a token id outside the vocabulary of {self.counter.get_vocab_size()}")
+        return self.counter.decode(list(ids), skip_special_tokens=True)
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """Embed each text: mean of token states over the attention mask, L2-normalised."""

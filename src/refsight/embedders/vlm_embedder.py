@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from refsight.errors import ModelLoadError
+from refsight.errors import InvalidInputError, ModelLoadError
 from refsight.inputs.images import ImageInput
 from refsight.embedders._errors import embedder_errors
 from refsight.embedders.base import Embedder
@@ -35,6 +35,8 @@ class VlmEmbedder(Embedder):
 
     default_instruction = "Represent the given image for retrieving similar images."
     default_text_instruction = "Find an image that matches the given text."
+    #: An input of text and images is read in one pass, as the recipe reads a query.
+    joint = True
 
     def __init__(self, backend: Any, *, instruction: str | None = None):
         if isinstance(backend, str):
@@ -56,6 +58,7 @@ class VlmEmbedder(Embedder):
             cfg = backend.model.config
             self._dim = int(getattr(getattr(cfg, "text_config", cfg), "hidden_size"))
         self.batch_size = 4
+        self.random_weights = bool(getattr(backend, "random_weights", False))
 
     @property
     def dim(self) -> int:
@@ -70,6 +73,29 @@ class VlmEmbedder(Embedder):
             "backend": fp.to_dict() if hasattr(fp, "to_dict") else fp,
             "image_instruction": self.image_instruction,
         }
+
+    def text_tokens(self, text: str) -> list[int] | None:
+        """The VLM's token ids of ``text`` (the backend's tokenizer); None for a backend that embeds by itself."""
+        tokenize = getattr(self.backend, "tokenize", None)
+        return None if self._custom or tokenize is None else tokenize(text, add_special=False, parse_special=False)
+
+    def token_text(self, tokens: Sequence[int]) -> str:
+        """The text of ``tokens`` in the VLM's vocabulary."""
+        if self._custom or not hasattr(self.backend, "detokenize"):
+            return super().token_text(tokens)
+        size = len(self.backend.tokenizer)
+        if any(not 0 <= t < size for t in tokens):
+            raise InvalidInputError("input", f"a token id outside the vocabulary of {size} ({self.name}'s)")
+        return self.backend.detokenize(list(tokens))
+
+    def embed_rows(self, rows: Sequence[Sequence[Any]]) -> np.ndarray:
+        """Unit vectors of inputs read whole: each row its texts and images (packages, or pixels encoded now) in
+        order, after the image instruction (an input that holds an image is read as the recipe reads an image)."""
+        if self._custom:
+            raise ModelLoadError(self.name, "this backend embeds images itself; send each image alone")
+        with embedder_errors(self.name, what="embed inputs"):
+            rows = [[self.backend.encode([p])[0] if isinstance(p, ImageInput) else p for p in row] for row in rows]
+            return self._batched(rows, lambda chunk: self._pool([[self.image_instruction, *row] for row in chunk]))
 
     def embed_packages(self, packages: Sequence[Any]) -> np.ndarray:
         """Unit vectors for references from their cached visual packages (no vision tower run)."""

@@ -27,10 +27,29 @@ __all__ = [
     "criteria_block",
     "build_judge_request",
     "build_attribute_request",
+    "YES_NO_SYSTEM",
+    "QUERY_INSTRUCTION",
+    "yes_no_segments",
 ]
 
 #: Fixed opening text; part of the shared prefix.
 JUDGE_PREAMBLE = "You compare a candidate image with reference images, one criterion at a time."
+
+#: What a reranking model is told before every yes/no pair (the Qwen3-VL-Reranker prompt): a compare's reranker
+#: (:mod:`refsight.compare.rerank`) and the rerank endpoints (:mod:`refsight.ranking.rerank`) alike.
+YES_NO_SYSTEM = (
+    'Judge whether the Document meets the requirements based on the Query and the Instruct provided. '
+    'Note that the answer can only be "yes" or "no".'
+)
+
+#: What the model decides for a query and a document (Qwen3-VL-Reranker's default instruction).
+QUERY_INSTRUCTION = "Given a search query, retrieve relevant candidates that answer the query."
+
+
+def yes_no_segments(query: Sequence[Any], document: Sequence[Any], instruction: str = QUERY_INSTRUCTION) -> list[Any]:
+    """The yes/no prompt of one (query, document) pair, each one or more parts (texts, images) in order."""
+    return [f"{YES_NO_SYSTEM}\n<Instruct>: {instruction}\n<Query>:", *query, "<Document>:", *document,
+            'Answer "yes" or "no".']
 
 
 def _check_visual(item: object, what: str) -> None:

@@ -61,6 +61,7 @@ class StoreIndex:
         self.registry_name: str | None = None if isinstance(embedder, Embedder) else (embedder or DEFAULT_EMBEDDER)
         self._progress = progress
         self._retriever: Retriever | None = None
+        self._vectors: VectorDB | None = None
         self._lock = threading.RLock()
 
     def retriever(self) -> Retriever:
@@ -69,6 +70,15 @@ class StoreIndex:
             if self._retriever is None:
                 self._retriever = Retriever(self.root, self.embedder())
             return self._retriever
+
+    def vector_db(self) -> VectorDB:
+        """The retrieval database, its vector cache included, opened without loading any embedder."""
+        with self._lock:
+            if self._retriever is not None:
+                return self._retriever.db
+            if self._vectors is None:
+                self._vectors = VectorDB(self.root / "retrieval" / DB_NAME)
+            return self._vectors
 
     def embedder(self) -> Embedder:
         """The embedder (loaded from the registry now when it was given by name)."""
@@ -191,3 +201,6 @@ class StoreIndex:
         if self._retriever is not None:
             self._retriever.close()
             self._retriever = None
+        if self._vectors is not None:
+            self._vectors.close()
+            self._vectors = None

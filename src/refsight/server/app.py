@@ -32,6 +32,7 @@ from .replies.progress import CompareProgress
 from .edge.methods import HeadAsGetMiddleware
 from .edge.json_content import JsonContentMiddleware
 from .edge.origins import OriginGuardMiddleware
+from .edge.single_headers import SingleHeadersMiddleware
 from .edge.llama_metrics import LlamaCollector
 from .edge.metrics import Metrics, TimingMiddleware
 from .edge.responses import TextSafeJSONResponse
@@ -69,7 +70,7 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
     config.validate(keys)
     tenants = Tenants(keys)
     # Tenants are isolated (keys salted by namespace) unless the operator chose to share packages.
-    service = Service(config, share_packages=config.share_packages or not tenants.enabled)
+    service = Service(config, share_packages=config.share_packages or not tenants.enabled, tenants=tenants.namespaces)
     pool = WorkPool(config.workers, config.queue)
     # --sleep-idle-seconds: the model unloads when idle and loads again at the next request (server/edge/sleep.py).
     sleep_watch = SleepWatch(service, pool, config.sleep_idle_seconds) if config.sleep_idle_seconds else None
@@ -119,9 +120,10 @@ def _add_middlewares(
     app: FastAPI, config: ServerConfig, tenants: Tenants, metrics: Metrics, sleep_watch: SleepWatch | None
 ) -> None:
     """The middleware stack, innermost first (each added one wraps those before it)."""
-    # Innermost: a request that got past every check below wakes a sleeping model (a failed load is a JSON 500).
+    # Innermost: a request that got past every check below, to a route that may need the model, wakes a sleeping
+    # model (a failed load is a JSON 500).
     if sleep_watch is not None:
-        app.add_middleware(SleepMiddleware, watch=sleep_watch)
+        app.add_middleware(SleepMiddleware, watch=sleep_watch, routes=lambda: app.routes)
     # Crashes become JSON 500s that the timing middleware then counts.
     app.add_middleware(CatchAllMiddleware)
     app.add_middleware(TimingMiddleware, metrics=metrics)
@@ -141,6 +143,9 @@ def _add_middlewares(
     app.add_middleware(HeadAsGetMiddleware)
     # llama-server's and Ollama's routes read JSON whatever the Content-Type says; so do these.
     app.add_middleware(JsonContentMiddleware)
+    # Outermost: the headers every middleware above decides by (Host, Origin, the body's type and framing), each
+    # given once, so no two of them can read different copies.
+    app.add_middleware(SingleHeadersMiddleware)
 
 
 def _cache_stats(service: Service) -> dict[str, Any]:

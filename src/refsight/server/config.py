@@ -18,6 +18,9 @@ __all__ = ["ServerConfig"]
 
 MiB = 1024 * 1024
 
+#: The ``pooling`` values taken (llama-server's ``--pooling``; ``none``, a vector per token, is not served).
+POOLINGS = (None, "last", "mean", "cls", "rank")
+
 
 @dataclass
 class ServerConfig:
@@ -130,6 +133,12 @@ class ServerConfig:
     max_incomplete_requests: int = 256
     #: The retrieval embedder by name (``conse``, ``clip:PATH``, ``vlm:MODEL``; None: the default).
     embedder: str | None = None
+    #: llama-server's ``--pooling``: ``last``: the served model embeds what an embedding request naming no model
+    #: sends (the VLM2Vec / Qwen3-VL-Embedding recipe: its last token's final hidden state; checked at start);
+    #: None, ``mean``, ``cls``, ``rank``: the retrieval ``embedder`` does, by its own recipe (a GGUF embedding model's
+    #: pooling is not what refsight serves); ``none`` (a vector per token) is not served. (``--embedding`` and
+    #: ``--reranking`` need no field: the embedding and rerank routes are always served.)
+    pooling: str | None = None
     #: Attribute records computed when a reference is added (``imagenet``, ``vlm``), so the first
     #: comparison against it does no reference work; ``()`` defers them to the first comparison.
     ingest_attributes: tuple[str, ...] = ("imagenet",)
@@ -156,6 +165,9 @@ class ServerConfig:
         sleep = self.sleep_idle_seconds
         if sleep is not None and (isinstance(sleep, bool) or not isinstance(sleep, (int, float)) or not 0 < sleep < 1e9):
             raise InvalidInputError("sleep_idle_seconds", f"must be a positive number of seconds, got {sleep!r}")
+        if self.pooling not in POOLINGS:
+            raise InvalidInputError("pooling", f"{self.pooling!r} is not served (a vector per token): refsight's "
+                                    "embeddings are pooled (last: the served model's last token; else the embedder's)")
         if self.request_timeout_s < self.header_timeout_s:
             raise InvalidInputError("request_timeout_s", "bounds the whole request, head included: not below header_timeout_s")
         if not isinstance(self.max_incomplete_requests, int) or self.max_incomplete_requests < 1:

@@ -36,6 +36,7 @@ def _app_state(name: str) -> Callable[[Request], Any]:
         return getattr(request.app.state, name)
 
     from_state.__name__ = f"app_state_{name}"  # one name per dependency in the OpenAPI schema and tracebacks
+    from_state.app_state = name  # what edge/sleep.py reads: a route that takes the service may need the model
     return from_state
 
 

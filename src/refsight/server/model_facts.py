@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .intake.template_variables import THINKING_VARIABLES
+
 __all__ = ["ModelFacts", "GenerationSupport", "ModelDetails"]
 
 
@@ -29,6 +31,8 @@ class ModelFacts:
     runtime_info: dict[str, Any]
     #: The sampling its requests get for the fields they leave unset (the runtime's server defaults).
     sampling_defaults: dict[str, Any]
+    #: Whether its chat template reads a thinking variable (Ollama's ``thinking`` capability).
+    thinks: bool = False
 
     @classmethod
     def of(cls, backend: Any) -> ModelFacts:
@@ -38,6 +42,7 @@ class ModelFacts:
             random_weights=bool(backend.random_weights), media_marker=backend.media_marker,
             chat_template=backend.chat_template_source(), raw_prompt=backend.supports_raw_prompt,
             runtime_info=dict(backend.runtime_info()), sampling_defaults=dict(backend.sampling_defaults),
+            thinks=any(backend.chat_template_reads(name) for name in THINKING_VARIABLES),
         )
 
 
@@ -51,12 +56,14 @@ class GenerationSupport:
     prompt_ends: frozenset[str]
     #: Whether it reports its prompt's evaluation (``return_progress``).
     prompt_progress: bool
+    #: Whether it renders tools and tool turns in its chat template (tool calling).
+    tools: bool = False
 
     @classmethod
     def of(cls, backend: Any) -> GenerationSupport:
         """What a loaded ``backend`` honours."""
         return cls(sampling_fields=frozenset(backend.sampling_fields), prompt_ends=frozenset(backend.prompt_ends),
-                   prompt_progress=bool(backend.supports_prompt_progress))
+                   prompt_progress=bool(backend.supports_prompt_progress), tools=bool(backend.supports_tools))
 
 
 @dataclass(frozen=True)

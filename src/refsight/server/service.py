@@ -4,10 +4,13 @@
 every call; its methods take their arguments as the engine's do (the input first, the
 ``namespace`` a keyword); it reads no store tier itself. Its methods are plain synchronous calls that
 the routes run in the :class:`~refsight.server.edge.limits.WorkPool`, so model work never
-blocks the event loop, and they return JSON-ready dicts (the edge of the library; a generation
-stays a typed :class:`~refsight.results.GenerateResult` for the text routes to format), every
-string printable (:func:`~refsight.server.edge.responses.printable_data`: a stored value that is not
-valid Unicode shows as U+FFFD instead of failing the reply).
+blocks the event loop: every method that decodes an image, tokenizes or runs the model is
+:func:`~refsight.server.edge.limits.model_work`, which runs only inside a work pool job (anywhere else it
+raises), so the pool's bound holds on every route that reaches the model (a chat template renders under
+bounds of its own, in a worker process: :meth:`Service.render_chat`). They return JSON-ready
+dicts (the edge of the library; a generation stays a typed :class:`~refsight.results.GenerateResult` for the
+text routes to format), every string printable (:func:`~refsight.server.edge.responses.printable_data`: a
+stored value that is not valid Unicode shows as U+FFFD instead of failing the reply).
 
 **Tenants learn nothing about each other.** With API keys, each tenant's namespace salts
 its package keys (``Engine(share_packages=False)``): an image another tenant stored is,
@@ -15,8 +18,10 @@ for this tenant, an image never seen — encoded afresh, with real timings — s
 value or timing of a reply depends on another tenant's data. ``share_packages=True`` in
 :class:`~refsight.server.config.ServerConfig` (``refsight serve --share-packages``) shares
 packages across tenants to save encodes, at the price of revealing, by timing, that some
-tenant holds an image. Without keys there is a single tenant, and packages are shared
-with the CLI's (same keys). The thumbnail cache (:mod:`~refsight.server.thumbnails`) is
+tenant holds an image. Under a byte quota (``--max-package-bytes``) isolated tenants each hold an equal
+share, and only a tenant's own writes evict its packages (:mod:`refsight.store.lifecycle`), so which of
+them stay cached depends on nothing another tenant sends. Without keys there is a single tenant, and
+packages are shared with the CLI's (same keys). The thumbnail cache (:mod:`~refsight.server.thumbnails`) is
 scoped the same way; what isolation leaves is listed in ``docs/architecture/policies.md`` (policy 4).
 """
 
@@ -27,17 +32,21 @@ import gc
 import io
 import time
 from dataclasses import fields as dataclass_fields
-from typing import Any, Callable, Sequence
+from dataclasses import replace
+from typing import Any, Callable, Mapping, Sequence
 
 from PIL import Image
 
-from .. import AddFailure, Engine, ImageInput, InvalidInputError, ReferenceSegment
+from .. import AddFailure, EmbedRequest, EmbedResult, Engine, ImageInput, InvalidInputError, ReferenceSegment
+from .. import RerankRequest, RerankResult
+from ..embedders.registry import DEFAULT_EMBEDDER
 from ..inputs.images import IntakeLimits, load_image
 from ..support.environment import default_store_dir
 from ..requests import AddRequest, GenerationRequest, CompareRequest, SearchRequest
 from ..results import GenerateResult
 from ..settings import Settings, load_settings
 from .config import ServerConfig
+from .edge.limits import model_work
 from .edge.llama_metrics import GenerationCounters
 from .model_facts import GenerationSupport, ModelDetails, ModelFacts
 from .edge.responses import printable_data
@@ -58,13 +67,17 @@ def _format_of(data: bytes) -> str | None:
 class Service:
     """One engine for every tenant; every method is blocking and names the tenant's namespace."""
 
-    def __init__(self, config: ServerConfig, *, share_packages: bool) -> None:
+    def __init__(self, config: ServerConfig, *, share_packages: bool, tenants: Sequence[str] = ()) -> None:
         self.config = config
         self.limits = IntakeLimits(max_pixels=config.max_image_pixels, max_bytes=config.max_body_bytes)
         self.share_packages = share_packages
+        #: The tenants' namespaces: with packages isolated, each holds an equal share of the byte quota.
+        self.tenants = tuple(tenants)
         self.engine: Engine | None = None
-        #: The served model's facts, taken when it loads (:meth:`open`).
+        #: The served model's facts, taken when it loads (:meth:`open`); what it honours and its files, likewise.
         self.facts: ModelFacts | None = None
+        self._support: GenerationSupport | None = None
+        self._details: ModelDetails | None = None
         #: JPEG thumbnails, per tenant unless packages are shared (see :mod:`~refsight.server.thumbnails`).
         self.thumbnails = ThumbnailCache()
         #: Every generation's tokens and times (llama-server's ``llamacpp:*`` metrics).
@@ -89,11 +102,18 @@ class Service:
             redis=self.config.redis,
             max_package_bytes=self.config.max_package_bytes,
             local_cache_bytes=self.config.local_cache_bytes,
-            remember_images=self.config.remember_images,
+            remember_images=self.config.remember_images, quota_shares=self.tenants,
             **options,
         )
-        self.engine.backend().fingerprint()
-        self.facts = ModelFacts.of(self.engine.backend())
+        backend = self.engine.backend()
+        backend.fingerprint()
+        self.facts = ModelFacts.of(backend)
+        self._support, self._details = GenerationSupport.of(backend), ModelDetails.of(backend)
+        if self.config.pooling == "last":  # llama-server's --pooling last: the served model embeds; here, at start
+            try:
+                self.engine.embed(EmbedRequest(["pooling"], embedder="vlm:" + self.engine.model))
+            except InvalidInputError as exc:
+                raise InvalidInputError("pooling", f"last: {exc.reason}") from None
 
     # -- sleep (llama-server's --sleep-idle-seconds; server/edge/sleep.py decides when) ---------------------
     @property
@@ -173,26 +193,31 @@ class Service:
 
     @property
     def media_marker(self) -> str:
-        """The text that stands for an image in a raw prompt (where its tokens go)."""
-        return self.engine.backend().media_marker
+        """The text that stands for an image in a raw prompt (where its tokens go), from the facts taken at load."""
+        return self.facts.media_marker
 
+    @model_work
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
         """The served model's token ids of ``text`` (``add_special``: a BOS where the vocabulary wants one;
         ``parse_special``: special tokens written out in the text are read as themselves)."""
         return self.engine.backend().tokenize(text, add_special=add_special, parse_special=parse_special)
 
+    @model_work
     def detokenize(self, tokens: Sequence[int]) -> str:
         """The text of ``tokens`` in the served model's vocabulary."""
         return self.engine.backend().detokenize(tokens)
 
+    @model_work
     def token_piece(self, token: int) -> bytes:
         """One token's bytes (special tokens written out); InvalidInputError for an id outside the vocabulary."""
         return self.engine.backend().token_piece(token)
 
+    @model_work
     def count_text_tokens(self, text: str) -> int:
         """How many tokens ``text`` becomes in a prompt, images not counted (the prompt limit's count)."""
         return self.engine.backend().count_text_tokens(text)
 
+    @model_work
     def image_token_count(self, image: Any, *, namespace: str) -> int | None:
         """Prompt tokens an image segment takes, or None where the served runtime cannot tell before running the
         model. A stored reference counts by its package's layout (encoded now when missing, as a chat would)."""
@@ -200,30 +225,40 @@ class Service:
             image = self.engine.reference_package(self.engine.reference(image.ref_id, namespace=namespace)).package
         return self.engine.backend().image_token_count(image)
 
-    def render_chat(self, texts: list[str], turns: list[tuple[str, int]], ending: str) -> str:
+    def render_chat(self, texts: list[str], turns: list[tuple[str, int]], ending: str, tools: Any = None,
+                    variables: Mapping[str, Any] | None = None) -> str:
         """The chat template's text of ``texts`` in ``turns``, ended as ``ending`` says (``continue``: the earlier
-        turns with the answer's opening, then the final message's text, as a chat renders it); rendered under the
-        renders' bounds, and refused (400) when it is nothing to generate from, as a chat would be."""
-        return self.engine.backend().chat_text(texts, turns, ending)
+        turns with the answer's opening, then the final message's text, as a chat renders it), given ``tools`` (a
+        :class:`~refsight.tools.ChatTools`, as a chat renders them) and the template's ``variables``; rendered under
+        the renders' own bounds (a worker process, its deadline, its memory: ``backends/templates``), so it takes no
+        model worker, and refused (400) when it is nothing to generate from, as a chat would be."""
+        backend = self.engine.backend()
+        if tools is not None and not backend.supports_tools:
+            raise InvalidInputError("tools", f"{backend.name} cannot offer tools to its model")
+        return backend.chat_text(texts, turns, ending, tools, variables)
 
     def template_reads(self, variable: str) -> bool:
-        """Whether the served chat template could read ``variable`` (a ``chat_template_kwargs`` key)."""
+        """Whether the served chat template could read ``variable`` (a template variable a request sets): a search of
+        the template's text, no model work, so a route asks it on the event loop."""
         return self.engine.backend().chat_template_reads(variable)
 
+    @model_work
     def end_tokens(self) -> tuple[int, ...]:
         """The tokens that end a generation, where the backend honours ``ignore_eos`` (llama.cpp: what it bans);
         else none. Asked only for a request that sets ``ignore_eos``: the first ask walks the vocabulary."""
         return tuple(getattr(self.engine.backend(), "end_tokens", tuple)())
 
     def generation_support(self) -> GenerationSupport:
-        """What the served backend honours in a generation request (sampling fields, prompt ends, progress)."""
-        return GenerationSupport.of(self.engine.backend())
+        """What the served backend honours in a generation request (sampling fields, prompt ends, progress), as
+        read at load: asking never wakes a sleeping model (a reload serves the same model with the same options)."""
+        return self._support
 
     def model_details(self) -> ModelDetails:
-        """The served model's origin and files (Ollama's model endpoints describe it by them)."""
-        return ModelDetails.of(self.engine.backend())
+        """The served model's origin and files (Ollama's model endpoints describe it by them), as read at load."""
+        return self._details
 
     # -- helpers -----------------------------------------------------------------------
+    @model_work
     def decode(self, data: bytes, label: str) -> ImageInput:
         """Decode an uploaded image under the server's limits; ImageError names ``label``."""
         return load_image(data, limits=self.limits, name=label)
@@ -233,6 +268,7 @@ class Service:
         return printable_data({**ref.to_dict(), "cached": state.cached, "in_memory": state.in_memory})
 
     # -- references ----------------------------------------------------------------------
+    @model_work
     def add(self, request: AddRequest) -> dict[str, Any]:
         """Add the request's reference (the request names the tenant's namespace); the same fields as
         ``refsight add --json``."""
@@ -290,25 +326,50 @@ class Service:
         return data, f"image/{kind}" if kind else "application/octet-stream"
 
     # -- model work --------------------------------------------------------------------------
+    @model_work
     def compare(self, request: CompareRequest, *, on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:
         """``engine.compare`` of the request (which names the tenant's namespace) → the JSON of ``refsight compare --json``."""
         if request.namespace is None:  # a tenant's compare never falls back to the engine's namespace
             raise ValueError("a server's CompareRequest names the tenant's namespace")
         return printable_data(self.engine.compare(request, on_stage=on_stage).to_dict())
 
+    @model_work
     def search(self, request: SearchRequest) -> dict[str, Any]:
         """``engine.search`` of the request (which names the tenant's namespace) → the JSON of ``refsight search --json``."""
         if request.namespace is None:  # a tenant's search never falls back to the engine's namespace
             raise ValueError("a server's SearchRequest names the tenant's namespace")
         return printable_data(self.engine.search(request).to_dict())
 
+    @property
+    def embedder_name(self) -> str:
+        """The configured embedder's registry name (``--embedder``, else ``conse``): what an embedding request naming no
+        model gets (unless the served model embeds: ``ServerConfig.pooling`` ``last``)."""
+        return self.config.embedder or DEFAULT_EMBEDDER
+
+    @model_work
+    def embed(self, request: EmbedRequest) -> EmbedResult:
+        """``engine.embed`` of the request (which names the tenant's namespace), under the server's cache policy."""
+        if request.namespace is None:  # a tenant's request never falls back to the engine's namespace
+            raise ValueError("a server's EmbedRequest names the tenant's namespace")
+        return self.engine.embed(request if self.config.use_cache else replace(request, use_cache=False))
+
+    @model_work
+    def rerank(self, request: RerankRequest) -> RerankResult:
+        """``engine.rerank`` of the request (which names the tenant's namespace), under the server's cache policy."""
+        if request.namespace is None:
+            raise ValueError("a server's RerankRequest names the tenant's namespace")
+        return self.engine.rerank(request if self.config.use_cache else replace(request, use_cache=False))
+
+    @model_work
     def chat(
         self, segments: Sequence[Any], *, namespace: str, on_text: Callable[[str], None] | None = None,
-        stop_event: Any = None, on_prompt: Callable[[int, int, int], None] | None = None, **fields: Any,
+        stop_event: Any = None, on_prompt: Callable[[int, int, int], None] | None = None,
+        on_tool_call: Callable[[Any], None] | None = None, **fields: Any,
     ) -> GenerateResult:
         """A route's generation: ONE :class:`~refsight.requests.GenerationRequest` of its ``fields`` with the server's
         policy merged in (built here, once), taken whole by ``engine.chat`` → the generation, typed, its strings
-        printable (the routes format it by attribute). ``on_prompt``: the prompt's progress (``engine.chat``'s)."""
+        printable (the routes format it by attribute). ``on_prompt``: the prompt's progress, ``on_tool_call``: each
+        tool call as it is read (``engine.chat``'s)."""
         # The prompt limit counts every image's tokens too, checked in the engine before any prefill.
         policy: dict[str, Any] = {"max_prompt_tokens": self.config.max_prompt_tokens}
         if not self.config.use_cache:  # ``--no-cache``: every image through the runtime's fresh path (a benchmark's baseline)
@@ -323,11 +384,12 @@ class Service:
             on_text(piece)
 
         result = self.engine.chat(request, on_text=None if on_text is None else noting, stop_event=stop_event,
-                                  on_prompt=on_prompt)
+                                  on_prompt=on_prompt, on_tool_call=on_tool_call)
         self.generations.add(result, began, first, time.perf_counter())
-        # Strings made printable; the log probabilities stay typed (their pieces are bytes, formatted per dialect).
-        plain = {f.name: getattr(result, f.name) for f in dataclass_fields(result) if f.name != "logprobs"}
-        return GenerateResult(**printable_data(plain), logprobs=result.logprobs)
+        # Strings made printable; the log probabilities and tool calls stay typed (each dialect formats them).
+        typed = ("logprobs", "tool_calls")
+        plain = {f.name: getattr(result, f.name) for f in dataclass_fields(result) if f.name not in typed}
+        return GenerateResult(**printable_data(plain), logprobs=result.logprobs, tool_calls=result.tool_calls)
 
     # -- stats -----------------------------------------------------------------------------
     def stats(self, *, namespace: str, tenants: bool) -> dict[str, Any]:

@@ -121,6 +121,8 @@ class Store:
         faster = [tier for tier in (self.memory, redis, self.cache) if tier is not None]
         self.packages = TieredPackageStore([*faster, self.local])
         self.max_package_bytes = None if max_package_bytes is None else parse_bytes(max_package_bytes)
+        #: The scopes (a server's tenants) splitting the quota into equal shares (:mod:`.lifecycle`); none: one LRU.
+        self.quota_shares: frozenset[str] = frozenset()
         self._encoder_outputs: EncoderOutputs | None = None  # found on first need: a connector may start later
         # Prefix states are derived data of one replica's language model: kept beside its retrieval index,
         # and shared through the bucket of a bucket store.
@@ -135,12 +137,13 @@ class Store:
             self._encoder_outputs = EncoderOutputs.of(self.root)
         return self._encoder_outputs
 
-    def enforce_quota(self, *, protect: tuple[str, ...] = ()) -> QuotaReport | None:
+    def enforce_quota(self, *, protect: tuple[str, ...] = (), scope: str | None = None) -> QuotaReport | None:
         """Evict least recently used packages and vLLM encoder outputs down to ``max_package_bytes``
-        (None: no quota, or under it)."""
+        (None: no quota, or under it); ``scope``: the scope of the packages just written (a tenant's is held to
+        its share of :attr:`quota_shares` first)."""
         if self.max_package_bytes is None:
             return None
-        return enforce_quota(self, self.max_package_bytes, protect=protect)
+        return enforce_quota(self, self.max_package_bytes, protect=protect, scope=scope)
 
     def prune(self, fingerprint_digests: list[str], *, dry_run: bool = False) -> PruneReport:
         """Remove the packages of these fingerprints and their links (see :mod:`refsight.store.lifecycle`)."""

@@ -138,12 +138,14 @@ class PackageStore(abc.ABC):
 
 
 class PackageUsage(NamedTuple):
-    """One durable package as the store lifecycle sees it: size, last use, model."""
+    """One durable package as the store lifecycle sees it: size, last use, model, and the isolation scope
+    salting its key (a tenant's namespace; None: shared, or not a package)."""
 
     key: str
     bytes: int
     last_used: float
     fingerprint_digest: str
+    scope: str | None = None
 
 
 class FingerprintUsage(NamedTuple):
@@ -165,12 +167,15 @@ class PackageIndex(abc.ABC):
     """
 
     @abc.abstractmethod
-    def total_bytes(self) -> int:
-        """Bytes of every durable package."""
+    def total_bytes(self, *, scope: str | None = None) -> int:
+        """Bytes of every durable package (``scope``: of those salted by that scope only)."""
 
     @abc.abstractmethod
-    def least_recently_used(self, limit: int, *, after: tuple[float, str] | None = None) -> list[PackageUsage]:
-        """Up to ``limit`` packages, least recently used first (ties by key), after ``(last_used, key)``."""
+    def least_recently_used(
+        self, limit: int, *, after: tuple[float, str] | None = None, scope: str | None = None
+    ) -> list[PackageUsage]:
+        """Up to ``limit`` packages, least recently used first (ties by key), after ``(last_used, key)``
+        (``scope``: only those salted by that scope)."""
 
     @abc.abstractmethod
     def touch(self, uses: Mapping[str, float]) -> None:

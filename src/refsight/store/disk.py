@@ -40,6 +40,8 @@ __all__ = ["DiskPackageStore", "PackageRecord", "StoredPackage"]
 
 _HEADER_FIELD = "refsight.header"
 _KEY_PAGE = 1000
+#: What the lifecycle reads of a package (:class:`~refsight.store.base.PackageUsage`).
+_USAGE = "SELECT key, bytes, last_used, fingerprint_digest, scope FROM packages"
 _Read = TypeVar("_Read")
 _COLUMNS = (
     "key, image_sha256, fingerprint_digest, fingerprint_json, bytes, spec_json, created_at, encode_ms, checksum, scope, "
@@ -366,18 +368,22 @@ class DiskPackageStore(PackageStore, PackageIndex):
                 yield key, problem
 
     # -- lifecycle (PackageIndex) ----------------------------------------------------
-    def total_bytes(self) -> int:
-        """Bytes of every indexed package file."""
-        return self.stats()["bytes"]
+    def total_bytes(self, *, scope: str | None = None) -> int:
+        """Bytes of every indexed package file (``scope``: of the packages salted by that scope)."""
+        if scope is None:
+            return self.stats()["bytes"]
+        row = self._db.connection().execute("SELECT SUM(bytes) FROM packages WHERE scope = ?", (scope,)).fetchone()
+        return int(row[0] or 0)
 
-    def least_recently_used(self, limit: int, *, after: tuple[float, str] | None = None) -> list[PackageUsage]:
-        """Up to ``limit`` packages, least recently used first (ties by key), after ``(last_used, key)``."""
-        sql = "SELECT key, bytes, last_used, fingerprint_digest FROM packages"
-        params: tuple = ()
-        if after is not None:
-            sql += " WHERE (last_used, key) > (?, ?)"
-            params = tuple(after)
-        rows = self._db.connection().execute(f"{sql} ORDER BY last_used, key LIMIT ?", (*params, int(limit)))
+    def least_recently_used(
+        self, limit: int, *, after: tuple[float, str] | None = None, scope: str | None = None
+    ) -> list[PackageUsage]:
+        """Up to ``limit`` packages (``scope``: salted by it), least recently used first, after ``(last_used, key)``."""
+        conditions = {"(last_used, key) > (?, ?)": after, "scope = ?": None if scope is None else (scope,)}
+        given = {sql: params for sql, params in conditions.items() if params is not None}  # ties go by key
+        where = f" WHERE {' AND '.join(given)}" if given else ""
+        rows = self._db.connection().execute(f"{_USAGE}{where} ORDER BY last_used, key LIMIT ?",
+                                             (*(p for params in given.values() for p in params), int(limit)))
         return [PackageUsage(*row) for row in rows.fetchall()]
 
     def touch(self, uses: Mapping[str, float]) -> None:
@@ -404,11 +410,8 @@ class DiskPackageStore(PackageStore, PackageIndex):
 
     def packages_of(self, fingerprint_digest: str) -> list[PackageUsage]:
         """Every package made under ``fingerprint_digest``, least recently used first."""
-        rows = self._db.connection().execute(
-            "SELECT key, bytes, last_used, fingerprint_digest FROM packages WHERE fingerprint_digest = ? "
-            "ORDER BY last_used, key",
-            (fingerprint_digest,),
-        )
+        rows = self._db.connection().execute(f"{_USAGE} WHERE fingerprint_digest = ? ORDER BY last_used, key",
+                                             (fingerprint_digest,))
         return [PackageUsage(*row) for row in rows.fetchall()]
 
     # -- maintenance --------------------------------------------------------------

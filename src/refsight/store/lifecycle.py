@@ -18,6 +18,13 @@ interface, so the embedded SQLite store and a shared catalog run the same code.
   exact; another process's uses are at most a flush interval old. A package a request in another
   process has already loaded stays readable (a mapped file outlives its unlink); one it has not
   loaded yet is a miss, re-encoded.
+- **Shares** (``Store.quota_shares``: a server's tenants, when each tenant's packages are salted by its namespace):
+  the quota is split into equal shares, one per tenant. A write that puts its tenant's packages over that
+  tenant's share evicts that tenant's own least recently used packages (:func:`_hold_share`), and the pass
+  over the whole store never evicts a tenant's package: it evicts only what belongs to no tenant (shared
+  packages, those of a namespace no longer served, vLLM's encoder outputs). So which of a tenant's packages
+  stay depends on its own requests alone, never on another tenant's images (policy 4 in
+  ``docs/architecture/policies.md``); the tenants' shares add up to the quota.
 - **Prune** (``refsight prune --fingerprint DIGEST | --model NAME``): every package of those
   fingerprints, and the references' links to them, are removed (``dry_run`` lists them only).
 """
@@ -78,18 +85,23 @@ def parse_bytes(value: object, *, name: str = "max_package_bytes", minimum: int 
 _quota_lock = threading.Lock()
 
 
-def enforce_quota(store: Store, max_bytes: int, *, protect: Iterable[str] = ()) -> QuotaReport | None:
+def enforce_quota(
+    store: Store, max_bytes: int, *, protect: Iterable[str] = (), scope: str | None = None
+) -> QuotaReport | None:
     """Evict least recently used packages and vLLM encoder outputs until ``store`` holds at most ``max_bytes``;
     None when it already did.
 
     One quota over both (:mod:`refsight.store.encoder_outputs`): they are evicted in one
     least-recently-used order. ``protect`` (the keys just written) and the keys pinned by running
     requests are never evicted; when only those are left the store stays over its quota until
-    they are released.
+    they are released. ``scope``: the scope of the packages just written; a tenant's (one of
+    ``store.quota_shares``) is first held to its share, from its own packages (see the module).
     """
     outputs = store.encoder_outputs()
+    share = max_bytes // len(store.quota_shares) if scope in store.quota_shares else None
+    over_share = share is not None and store.local.total_bytes(scope=scope) > share
     total = _total(store, outputs, tell_connector=True)
-    if total <= max_bytes:
+    if total <= max_bytes and not over_share:
         return None
     # One pass at a time in this process; another process may run its own, and a key both
     # pick is deleted once (deletes are idempotent).
@@ -100,6 +112,8 @@ def enforce_quota(store: Store, max_bytes: int, *, protect: Iterable[str] = ()) 
             log.debug("refsight: could not write package uses before a quota pass", exc_info=True)
         total = _total(store, outputs)
         report = QuotaReport(max_bytes=max_bytes, before=total, after=total)
+        if share is not None:
+            _hold_share(store, scope, share, report, set(protect))
         _evict_oldest(store, outputs, report, set(protect))
         report.after = _total(store, outputs, tell_connector=True)
     if report.evicted:
@@ -122,9 +136,25 @@ def _total(store: Store, outputs: EncoderOutputs | None, *, tell_connector: bool
     return packages + outputs.total_bytes()
 
 
+def _hold_share(store: Store, scope: str, share: int, report: QuotaReport, protected: set[str]) -> None:
+    """Evict ``scope``'s own least recently used packages until they hold at most ``share`` bytes."""
+    held = store.local.total_bytes(scope=scope)
+    for usage in _oldest(store.local, scope):
+        if held <= share:
+            return
+        if usage.key in protected or usage.key in store.pins:
+            report.skipped_in_use += 1
+        elif _evict(store, usage):
+            report.evicted.append(usage.key)
+            report.evicted_bytes += usage.bytes
+            report.after -= usage.bytes
+            held -= usage.bytes
+
+
 def _evict_oldest(store: Store, outputs: EncoderOutputs | None, report: QuotaReport, protected: set[str]) -> None:
-    """Evict in one least-recently-used order over packages and encoder outputs until the report fits."""
-    streams = [((False, usage) for usage in _oldest(store.local))]
+    """Evict in one least-recently-used order over packages and encoder outputs until the report fits; a
+    tenant's package (its scope one of ``store.quota_shares``) is held to its share by its own writes instead."""
+    streams = [((False, usage) for usage in _oldest(store.local) if usage.scope not in store.quota_shares)]
     if outputs is not None:
         streams.append((True, usage) for usage in _oldest(outputs))
     for is_output, usage in heapq.merge(*streams, key=lambda item: (item[1].last_used, item[1].key)):
@@ -143,10 +173,12 @@ def _evict_oldest(store: Store, outputs: EncoderOutputs | None, report: QuotaRep
             report.after -= usage.bytes
 
 
-def _oldest(index: PackageIndex | EncoderOutputs) -> Iterator[PackageUsage]:
-    """Every entry of ``index``, least recently used first, a page at a time (deletes behind the cursor are safe)."""
+def _oldest(index: PackageIndex | EncoderOutputs, scope: str | None = None) -> Iterator[PackageUsage]:
+    """Every entry of ``index`` (``scope``: its packages salted by that scope), least recently used first, a page at
+    a time (deletes behind the cursor are safe)."""
     after: tuple[float, str] | None = None
-    while page := index.least_recently_used(_PAGE, after=after):
+    while page := (index.least_recently_used(_PAGE, after=after, scope=scope) if scope is not None
+                   else index.least_recently_used(_PAGE, after=after)):
         yield from page
         after = (page[-1].last_used, page[-1].key)
 

@@ -58,6 +58,27 @@ def test_backend_names_never_share_keys_with_hf(gguf):
         assert gguf(name).fingerprint().backend.startswith("llamacpp-")
 
 
+def test_a_context_above_the_trained_one_is_refused_or_capped_as_llama_server_caps_it(gguf_files, caplog):
+    model, mmproj = gguf_files(QWEN)  # trained for 4096 positions
+    with pytest.raises(InvalidInputError, match="8192 tokens per sequence is above the 4096 the model was trained for"):
+        _load(model, mmproj=str(mmproj), n_ctx=8192)
+    with caplog.at_level(logging.WARNING, logger="refsight.backends.llamacpp"):
+        backend = _load(model, mmproj=str(mmproj), n_ctx=8192, n_ctx_over_trained="cap")  # refsight serve -c 8192
+    assert backend.runtime.settings.n_ctx == 4096
+    assert "the slot context (8192) exceeds the training context of the model (4096) - capping" in caplog.text
+
+
+def test_without_jinja_chats_render_in_the_builtin_format_detected_from_the_template(gguf, gguf_files):
+    from refsight.backends.chat_templates import BUILTIN_TEMPLATES
+
+    model, mmproj = gguf_files(QWEN)  # its template is ChatML's Jinja: llama.cpp detects chatml
+    assert gguf(f"llamacpp:{model}", mmproj=str(mmproj), jinja=False).chat_template_source() == BUILTIN_TEMPLATES["chatml"]
+    named = gguf(f"llamacpp:{model}", mmproj=str(mmproj), jinja=False, chat_template="gemma")  # --chat-template gemma
+    assert named.template_text(["hi"]) == "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
+    with pytest.raises(InvalidInputError, match="jinja: the chat template is none of llama.cpp's built-in"):
+        gguf(f"llamacpp:{model}", mmproj=str(mmproj), jinja=False, chat_template="{{ messages[0]['content'] }}")
+
+
 def test_model_without_mmproj_is_a_clear_load_error(gguf_files):
     model, _ = gguf_files(QWEN)
     with pytest.raises(ModelLoadError, match="mmproj"):

@@ -25,13 +25,13 @@ import functools
 import importlib.util
 import time
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 from ...errors import BackendError, InvalidInputError
 from ...inputs.images import ImageInput
 from ...package import EncoderFingerprint, VisualPackage
 from ..base import Backend, Execution, Generation, PreparedRequest
-from ...sampling import OUTPUT_FIELDS, SAMPLING_FIELDS
+from ...sampling import OUTPUT_FIELDS, SAMPLING_FIELDS, WINDOW_FIELDS
 from ...requests import PROMPT_ENDS, GenerationRequest
 from ..turns import split_final_turn
 from .loading import MARKER_FILE, refuse_other_backend_options
@@ -66,14 +66,18 @@ class HFBackend(Backend):
     """
 
     # The model's own log probabilities; the sampler chain's (post_sampling_probs) are llama.cpp's alone.
-    sampling_fields: ClassVar[frozenset[str]] = frozenset((*SAMPLING_FIELDS, *OUTPUT_FIELDS)) - {"post_sampling_probs"}
+    sampling_fields: ClassVar[frozenset[str]] = frozenset((*SAMPLING_FIELDS, *WINDOW_FIELDS, *OUTPUT_FIELDS)) - {
+        "post_sampling_probs"}
     supports_raw_prompt: ClassVar[bool] = True
     supports_turns: ClassVar[bool] = True
     supports_streaming: ClassVar[bool] = True
     #: Chats end as asked (a continued final assistant turn: llama-server's prefill); a streamed answer's prompt
     #: is reported as generate starts and as its first token comes (the prompt's evaluation is behind it).
     prompt_ends: ClassVar[frozenset[str]] = frozenset(PROMPT_ENDS)
+    renders_template_variables: ClassVar[bool] = True
     supports_prompt_progress: ClassVar[bool] = True
+    #: Tools render in the checkpoint's template as ``apply_chat_template(tools=...)`` renders them.
+    supports_tools: ClassVar[bool] = True
     #: Short family name, part of the fingerprint ("qwen2_vl", "qwen3_vl", "smolvlm").
     family: ClassVar[str] = ""
     #: ``config.model_type`` values this family serves.
@@ -147,10 +151,12 @@ class HFBackend(Backend):
         then the final turn's text, as llama-server renders a prefill)."""
         if request.raw_prompt:
             return self.raw_text(segments)
+        tools, variables = request.chat_tools, request.template_variables
         if request.prompt_end == "continue":
             head, head_turns, tail = split_final_turn(segments, request.turns or [])
-            return self.build_prompt(head, head_turns) + tail
-        return self.build_prompt(segments, request.turns, request.prompt_end == "generation_prompt")
+            return self.build_prompt(head, head_turns, tools=tools, variables=variables) + tail
+        return self.build_prompt(segments, request.turns, request.prompt_end == "generation_prompt", tools=tools,
+                                 variables=variables)
 
     def count_text_tokens(self, text: str) -> int:
         """The exact number of tokens the model's tokenizer makes of ``text`` (no special tokens added).
@@ -307,13 +313,19 @@ class HFBackend(Backend):
         raise InvalidInputError("messages", f"{self.family or self.name} renders a single user turn only")
 
     def build_prompt(
-        self, segments: Sequence[str | VisualPackage], turns: list[tuple[str, int]] | None = None, generation_prompt: bool = True
+        self, segments: Sequence[str | VisualPackage], turns: list[tuple[str, int]] | None = None,
+        generation_prompt: bool = True, tools: Any = None, variables: Mapping[str, Any] | None = None,
     ) -> str:
         """The full prompt text of one request whose images are all packages by now.
 
         Without ``turns`` it is one user turn, exactly as :meth:`chat_prompt` renders it; this default always
-        opens the answer's turn (a family that renders its template itself takes ``generation_prompt=False``).
+        opens the answer's turn and renders no tools and reads no template variables (a family that renders its
+        template itself takes ``generation_prompt=False``, ``tools`` and ``variables``).
         """
+        if tools is not None:
+            raise InvalidInputError("tools", f"{self.family or self.name} renders no tools")
+        if variables:
+            raise InvalidInputError("template_variables", f"{self.family or self.name} renders no chat template of its own")
         if not generation_prompt:
             raise InvalidInputError("prompt_end", f"{self.family or self.name} always opens the answer's turn")
         parts = [s if isinstance(s, str) else self.image_placeholder(s) for s in segments]

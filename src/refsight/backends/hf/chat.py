@@ -2,9 +2,9 @@
 
 ``ProcessorMixin.apply_chat_template(processor, messages, tokenize=False, ...)`` resolves the processor's template
 (its ``default`` where it holds several), and renders it with the conversation, ``tools`` and ``documents`` (None
-here), ``add_generation_prompt`` and the tokenizer's special tokens (``bos_token``, ``eos_token`` ...), all as plain
-data. :func:`render_chat` gives the template exactly that, in the renderer's ``transformers`` flavour (the
-environment transformers compiles templates in), so the text is the same byte for byte
+when no tool is offered), ``add_generation_prompt`` and the tokenizer's special tokens (``bos_token``,
+``eos_token`` ...), all as plain data. :func:`render_chat` gives the template exactly that, in the renderer's
+``transformers`` flavour (the environment transformers compiles templates in), so the text is the same byte for byte
 (``tests/backends/test_template_renders.py`` holds every built-in family to it) but never runs in this process.
 """
 
@@ -18,15 +18,19 @@ from ..templates import render
 __all__ = ["chat_messages", "render_chat", "resolved_template"]
 
 
-def chat_messages(segments: list[Any], turns: list[tuple[str, int]] | None) -> list[dict[str, Any]]:
-    """Chat messages with content parts: text as ``{"type": "text"}``, anything else (an image) as ``{"type": "image"}``."""
+def chat_messages(segments: list[Any], turns: list[tuple[str, int]] | None, tools: Any = None) -> list[dict[str, Any]]:
+    """Chat messages with content parts: text as ``{"type": "text"}``, anything else (an image) as
+    ``{"type": "image"}``; a tool result's content as its text (the templates write it as a string, as transformers'
+    examples send it), and each message's tool fields from ``tools`` (a :class:`~refsight.tools.ChatTools`)."""
     turns = turns or [("user", len(segments))]
     messages, start = [], 0
-    for role, count in turns:
-        content = [
+    for i, (role, count) in enumerate(turns):
+        content: Any = [
             {"type": "text", "text": s} if isinstance(s, str) else {"type": "image"} for s in segments[start:start + count]
         ]
-        messages.append({"role": role, "content": content})
+        if role == "tool":
+            content = "".join(part.get("text", "") for part in content)
+        messages.append({"role": role, "content": content, **(tools.message_fields(i) if tools is not None else {})})
         start += count
     return messages
 
@@ -44,11 +48,14 @@ def resolved_template(processor: Any) -> str:
     return template
 
 
-def render_chat(processor: Any, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
-    """``messages`` in the processor's chat template, as ``apply_chat_template(tokenize=False)`` renders them."""
+def render_chat(processor: Any, messages: list[dict[str, Any]], generation_prompt: bool, tools: Any = None,
+                variables: Mapping[str, Any] | None = None) -> str:
+    """``messages`` in the processor's chat template, as ``apply_chat_template(tokenize=False)`` renders them (with the
+    ``tools`` its :class:`~refsight.tools.ChatTools` offers); ``variables``: the template's own, as
+    ``apply_chat_template``'s keyword arguments hand them over."""
     special = {key: _plain(value) for key, value in processor.tokenizer.special_tokens_map.items()}
-    context = {**special, "messages": messages, "tools": None, "documents": None,
-               "add_generation_prompt": generation_prompt}
+    context = {**special, **(variables or {}), "messages": messages, "tools": None, "documents": None,
+               "add_generation_prompt": generation_prompt, **(tools.variables() if tools is not None else {})}
     return render(resolved_template(processor), context, flavour="transformers")
 
 

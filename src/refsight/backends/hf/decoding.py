@@ -18,7 +18,7 @@ import torch
 from transformers import LogitsProcessor, StoppingCriteria
 from transformers.generation.streamers import BaseStreamer
 
-from ...sampling import Sampling, StopText
+from ...sampling import WHOLE_CONTEXT, Sampling, StopText
 
 __all__ = ["SamplingProcessor", "StopStrings", "CancelOnEvent", "StreamerStopped", "TextStreamer", "row_generator"]
 
@@ -38,13 +38,17 @@ class SamplingProcessor(LogitsProcessor):
 
     ``prompt_length`` is the (padded) prompt width: tokens after it are the generated ones
     the OpenAI penalties count. ``pad_id``: the left padding a repetition penalty skips (a
-    padded row counts the tokens an unpadded one would).
+    padded row counts the tokens an unpadded one would). ``image_ids``: the tokens that stand for
+    images, which a windowed repetition penalty (``repeat_last_n``) skips as llama.cpp's does (its window
+    counts the prompt's text and the answer).
     """
 
-    def __init__(self, samplings: Sequence[Sampling], prompt_length: int, device: Any, pad_id: int | None = None) -> None:
+    def __init__(self, samplings: Sequence[Sampling], prompt_length: int, device: Any, pad_id: int | None = None,
+                 image_ids: Sequence[int] = ()) -> None:
         self.samplings = list(samplings)
         self.prompt_length = prompt_length
         self.pad_id = pad_id
+        self.image_ids = torch.tensor(sorted(image_ids), dtype=torch.long, device=device)
         self.generators = [row_generator(s, device) for s in self.samplings]
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
@@ -62,8 +66,9 @@ class SamplingProcessor(LogitsProcessor):
 
     def _penalised(self, logits: torch.Tensor, ids: torch.Tensor, sampling: Sampling) -> torch.Tensor:
         if sampling.repetition_penalty != 1.0:
-            # transformers' and vLLM's rule, over the prompt and the answer: each token seen once is enough.
-            seen = torch.unique(self._unpadded(ids))
+            # transformers' and vLLM's rule, over the prompt and the answer (or its last repeat_last_n text tokens,
+            # llama.cpp's window): each token seen once is enough.
+            seen = torch.unique(self._window(self._unpadded(ids), sampling.repeat_last_n))
             seen = seen[seen < logits.shape[0]]
             picked = logits[seen]
             logits = logits.clone()
@@ -76,6 +81,14 @@ class SamplingProcessor(LogitsProcessor):
         counts = torch.bincount(generated, minlength=logits.shape[0])[: logits.shape[0]].to(logits)
         return logits - sampling.frequency_penalty * counts - sampling.presence_penalty * (counts > 0).to(logits)
 
+
+    def _window(self, ids: torch.Tensor, window: int) -> torch.Tensor:
+        """The tokens a repetition penalty counts: all of ``ids``, or the last ``window`` that are no image's."""
+        if window == WHOLE_CONTEXT:
+            return ids
+        if self.image_ids.numel():
+            ids = ids[~torch.isin(ids, self.image_ids.to(ids.device))]
+        return ids[ids.numel() - window:] if window else ids[:0]
 
     def _unpadded(self, ids: torch.Tensor) -> torch.Tensor:
         """The row without its left padding (the pads before the prompt's first real token)."""

@@ -113,7 +113,8 @@ def controls(backend: Any, batch: list[PreparedRequest], execution: Execution, w
     # Only when some row asks for it: greedy rows without penalties keep the plain path (log probabilities
     # change no token).
     if any(set(r.sampling.non_default()) - {"logprobs"} for r in requests):
-        out.processors.append(SamplingProcessor([r.sampling for r in requests], width, backend.device, backend.pad_id()))
+        out.processors.append(SamplingProcessor([r.sampling for r in requests], width, backend.device, backend.pad_id(),
+                                                backend.image_token_ids))
     _text_controls(out, backend, requests, execution, width)
     if execution.stop_event is not None:
         out.cancel = CancelOnEvent(execution.stop_event)

@@ -1,20 +1,19 @@
 """One transformers backend for every VLM family with the precomputed-features seam.
 
-transformers 5 gives each VLM the same two doors: ``get_image_features(pixel_values, ...,
-return_dict=True)`` runs the vision tower and projector, and ``mm_encoder_outputs={"image":
-...}`` feeds such an output back in place of pixels (``generate`` itself uses this pair).
-The processor classes share one pipeline too: ``_process_images`` runs the image processor
-and asks ``replace_image_token`` for each image's expanded placeholder text.
+transformers 5 gives each VLM the same two doors: ``get_image_features(pixel_values, ..., return_dict=True)`` runs
+the vision tower and projector, and ``mm_encoder_outputs={"image": ...}`` feeds such an output back in place of
+pixels (``generate`` itself uses this pair). The processor classes share one pipeline too: ``_process_images`` runs
+the image processor and asks ``replace_image_token`` for each image's expanded placeholder text.
 
 :class:`GenericBackend` therefore needs no family code. A package holds what
 ``get_image_features`` returned for one image (``features``, or ``features.0`` ... when the
 output is a list of per-tile tensors) and, as metadata, what the processor derived from the
-pixels: the expanded ``placeholder`` text and the processor's other outputs (``image_sizes``,
-``num_patches``, ``image_grid_thw`` ... under ``layout``). A prompt is the checkpoint's own
-chat template rendered by the processor, each image token replaced by its package's
-placeholder, exactly as the processor would; the prompt-time extras the processor adds
-(``token_type_ids`` for Gemma 3 and PaliGemma, ``mm_token_type_ids`` for the M-RoPE
-families) are rebuilt from the token ids. Per-family exceptions are data (:mod:`refsight.families`).
+pixels: the expanded ``placeholder`` text and the processor's other outputs (``image_sizes``, ``num_patches``,
+``image_grid_thw`` ... under ``layout``). A prompt is the checkpoint's own
+chat template rendered by the processor (tools included), each image token replaced by its package's placeholder,
+exactly as the processor would; the prompt-time extras the processor adds (``token_type_ids`` for Gemma 3 and
+PaliGemma, ``mm_token_type_ids`` for the M-RoPE families) are rebuilt from the token ids. Per-family exceptions
+are data (:mod:`refsight.families`).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 from ...errors import BackendError, CorruptPackageError, InvalidInputError, ModelLoadError
 from ...families.entry import Traits
@@ -271,12 +270,13 @@ class GenericBackend(HFBackend):
         return str(package.metadata["placeholder"])
 
     def build_prompt(
-        self, segments: Sequence[str | VisualPackage], turns: list[tuple[str, int]] | None = None, generation_prompt: bool = True
+        self, segments: Sequence[str | VisualPackage], turns: list[tuple[str, int]] | None = None,
+        generation_prompt: bool = True, tools: Any = None, variables: Mapping[str, Any] | None = None,
     ) -> str:
-        """The checkpoint's chat template over the turns (``generation_prompt``: with the opening of the answer's
-        turn), each image token replaced by its package's placeholder."""
+        """The checkpoint's chat template over the turns (``generation_prompt``: the answer's turn opened; ``tools``: a
+        :class:`~refsight.tools.ChatTools`; ``variables``: the template's own), each image token its placeholder."""
         packages = [s for s in segments if isinstance(s, VisualPackage)]
-        text = self._render(list(segments), turns, generation_prompt)
+        text = self._render(list(segments), turns, generation_prompt, tools, variables)
         pieces = text.split(self.image_token)
         if len(pieces) != len(packages) + 1:
             raise BackendError(self.name, f"the chat template placed {len(pieces) - 1} image token(s) for "
@@ -288,7 +288,8 @@ class GenericBackend(HFBackend):
         return pieces[0] + "".join(placeholder + rest for placeholder, rest in zip(placeholders, pieces[1:]))
 
     def template_text(
-        self, texts: Sequence[str], turns: list[tuple[str, int]] | None = None, *, generation_prompt: bool = True
+        self, texts: Sequence[str], turns: list[tuple[str, int]] | None = None, *, generation_prompt: bool = True,
+        tools: Any = None, variables: Mapping[str, Any] | None = None,
     ) -> str:
         """The chat template around ``texts``, each media marker in them rendered as the template renders an
         image (Qwen: ``<|vision_start|>`` marker ``<|vision_end|>``), so ``/completion`` on the text is the chat
@@ -303,7 +304,7 @@ class GenericBackend(HFBackend):
             segments += parts
             image_turns.append((role, len(parts)))
             start += count
-        return self._render(segments, image_turns, generation_prompt).replace(self.image_token, marker)
+        return self._render(segments, image_turns, generation_prompt, tools, variables).replace(self.image_token, marker)
 
     def prompt_text_of(self, request: GenerationRequest) -> str:
         """The checkpoint's chat template over ``request``, each image as the media marker (:meth:`chat_text`); a raw
@@ -311,14 +312,15 @@ class GenericBackend(HFBackend):
         if request.raw_prompt:
             return super().prompt_text_of(request)
         texts = [s if isinstance(s, str) else self.media_marker for s in request.segments]
-        return self.chat_text(texts, request.turns, request.prompt_end)
+        return self.chat_text(texts, request.turns, request.prompt_end, request.chat_tools, request.template_variables)
 
-    def _render(self, segments: list[Any], turns: list[tuple[str, int]] | None, generation_prompt: bool = True) -> str:
+    def _render(self, segments: list[Any], turns: list[tuple[str, int]] | None, generation_prompt: bool = True,
+                tools: Any = None, variables: Mapping[str, Any] | None = None) -> str:
         """The template over text and image segments (anything not a string is an image): one image token
         per image, after the processor's own rewrite. The mixin's rendering (:mod:`.chat`; the few processors that
         override it, SmolVLM's, only add video arguments the image-only processor has no use for)."""
         try:
-            text = render_chat(self.processor, chat_messages(segments, turns), generation_prompt)
+            text = render_chat(self.processor, chat_messages(segments, turns, tools), generation_prompt, tools, variables)
         except InvalidInputError:  # the bounded renderer's word on the template (a ValueError too)
             raise
         except ValueError as e:  # the processor has no template to render

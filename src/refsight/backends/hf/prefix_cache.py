@@ -60,6 +60,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from ...package import VisualPackage
@@ -264,7 +265,8 @@ def state_layout(backend: Any) -> str:
 
 def _prefix_text(backend: Any, row: list[Any], request: GenerationRequest, full: str) -> str | None:
     """The text of the prompt up to the end of the prefix segments, or None when it is not a head of ``full``."""
-    text = render_prefix(backend.build_prompt, row, request.turns, request.prefix_segments)
+    render = partial(backend.build_prompt, tools=request.chat_tools, variables=request.template_variables)
+    text = render_prefix(render, row, request.turns, request.prefix_segments)
     return text if text is not None and full.startswith(text) else None
 
 

@@ -21,13 +21,17 @@ sampling), :mod:`.backend` (the :class:`~refsight.backends.base.Backend`).
 from __future__ import annotations
 
 import json
+import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ...errors import InvalidInputError, ModelLoadError
 from ...support.extras import install_command
 from ..options import FLASH_ATTN
+
+log = logging.getLogger(__name__)
 
 __all__ = ["LLAMACPP_PREFIX", "load_llamacpp_backend", "SUPPORTED_OPTIONS"]
 
@@ -37,7 +41,7 @@ MARKER_FILE = "refsight_model.json"
 #: Options the factory takes; any other option is refused by name.
 SUPPORTED_OPTIONS = (
     "mmproj", "device", "dtype", "batch_size", "processor_kwargs", "n_ctx", "n_threads",
-    "image_min_tokens", "image_max_tokens", "parallel", "flash_attn",
+    "image_min_tokens", "image_max_tokens", "parallel", "flash_attn", "n_ctx_over_trained",
 )
 #: llama.cpp's own bound on the sequences of one context (``LLAMA_MAX_SEQ``).
 MAX_PARALLEL = 256
@@ -169,7 +173,9 @@ def load_llamacpp_backend(name: str, *, source: str | None = None, model_id: str
     chunks and so the keys; also accepted in ``processor_kwargs``), ``n_ctx``,
     ``n_threads``, ``parallel`` (requests decoded together, each its own sequence of
     ``n_ctx`` positions: llama-server's ``-np``; default 1, one at a time), ``flash_attn``
-    ("auto", "on" or "off": llama-server's ``-fa``; default "auto", and "off" with parallel slots);
+    ("auto", "on" or "off": llama-server's ``-fa``; default "auto", and "off" with parallel slots),
+    ``n_ctx_over_trained`` ("refuse", the default, or "cap": an ``n_ctx`` above the trained context is capped at it
+    with a warning, as llama-server's ``-c``);
     ``dtype`` only as "auto"/"float32" (the GGUF fixes the weights).
     Anything else (``attn``, ``min_pixels``, ``revision`` ...) raises
     :class:`InvalidInputError` naming it. Missing or mismatched files raise
@@ -193,13 +199,22 @@ def load_llamacpp_backend(name: str, *, source: str | None = None, model_id: str
     from .backend import LlamaCppBackend
     from .native import ContextTooLarge, NativeError
 
+    def load(settings):
+        return LlamaCppBackend(name, model_path=model_path, mmproj_path=mmproj_path, settings=settings,
+                               model_id=model_id, random_weights=random_weights)
+
     try:
-        return LlamaCppBackend(
-            name, model_path=model_path, mmproj_path=mmproj_path, settings=settings,
-            model_id=model_id, random_weights=random_weights,
-        )
-    except ContextTooLarge as e:
-        raise InvalidInputError("n_ctx", f"{e}; give at most {e.trained} (refsight serve -c / --ctx-size, "
-                                "--max-model-len; with --parallel, -c is shared by the slots)") from None
+        try:
+            return load(settings)
+        except ContextTooLarge as e:
+            if options.get("n_ctx_over_trained") != "cap":
+                raise InvalidInputError("n_ctx", f"{e}; give at most {e.trained} (refsight serve -c / --ctx-size, "
+                                        "--max-model-len; with --parallel, -c is shared by the slots)") from None
+            # llama-server's words (server-context.cpp): it keeps the larger KV cache and caps each slot at the trained
+            # context; a slot here is a sequence of its own, so its cache is the trained size. Refused before any KV
+            # cache existed, the load is done again (the weights are mapped, not read).
+            log.warning("the slot context (%d) exceeds the training context of the model (%d) - capping",
+                        e.n_ctx, e.trained)
+            return load(replace(settings, n_ctx=e.trained))
     except NativeError as e:
         raise ModelLoadError(name, str(e)) from e

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -40,7 +40,7 @@ from ...package import EncoderFingerprint, VisualPackage
 from ..base import Backend, Execution, Generation, PreparedRequest
 from ...requests import PROMPT_ENDS, GenerationRequest
 from ..turns import split_final_turn
-from ...sampling import OUTPUT_FIELDS, SAMPLING_FIELDS, TOKEN_FIELDS
+from ...sampling import OUTPUT_FIELDS, SAMPLING_FIELDS, TOKEN_FIELDS, WINDOW_FIELDS
 from . import package_format as fmt
 from .grammar import check_grammar, schema_to_gbnf
 from .native import Bitmap, LlamaRuntime, RuntimeSettings, llama_cpp_version
@@ -72,7 +72,7 @@ class LlamaCppBackend(Backend):
     supports_constrained_decoding: ClassVar[bool] = True
     #: Every Sampling field: llama.cpp's chain has temperature, top-p, a seeded draw and OpenAI-style penalties,
     #: llama-server's token constraints (logit bias, ignore_eos, a GBNF grammar) and each token's log probabilities.
-    sampling_fields: ClassVar[frozenset[str]] = frozenset((*SAMPLING_FIELDS, *TOKEN_FIELDS, *OUTPUT_FIELDS))
+    sampling_fields: ClassVar[frozenset[str]] = frozenset((*SAMPLING_FIELDS, *WINDOW_FIELDS, *TOKEN_FIELDS, *OUTPUT_FIELDS))
     #: llama-server's sampler defaults (llama.cpp's ``common_params_sampling``): a served request that samples
     #: and sets none of these draws as it would from llama-server. Greedy decoding never reads them.
     sampling_defaults = MappingProxyType({"top_k": 40, "top_p": 0.95, "min_p": 0.05})
@@ -82,9 +82,12 @@ class LlamaCppBackend(Backend):
     #: (a continued final assistant turn: llama-server's prefill); the prompt's evaluation is reported as it runs.
     supports_turns: ClassVar[bool] = True
     prompt_ends: ClassVar[frozenset[str]] = frozenset(PROMPT_ENDS)
+    renders_template_variables: ClassVar[bool] = True
     supports_prompt_progress: ClassVar[bool] = True
     #: Raw prompts (llama-server's ``/completion``): the text as given, after a BOS when the GGUF asks for one.
     supports_raw_prompt: ClassVar[bool] = True
+    #: Tools render in the GGUF's template as llama-server's ``--jinja`` renders them.
+    supports_tools: ClassVar[bool] = True
 
     def __init__(self, name: str, *, model_path: Path, mmproj_path: Path, settings: RuntimeSettings,
                  model_id: str | None = None, random_weights: bool = False) -> None:
@@ -276,17 +279,20 @@ class LlamaCppBackend(Backend):
             return b"".join(self.runtime.piece(t, special=True) for t in tokens).decode("utf-8", "replace")
 
     def template_text(
-        self, texts: Sequence[str], turns: list[tuple[str, int]] | None = None, *, generation_prompt: bool = True
+        self, texts: Sequence[str], turns: list[tuple[str, int]] | None = None, *, generation_prompt: bool = True,
+        tools: Any = None, variables: Mapping[str, Any] | None = None,
     ) -> str:
         """The GGUF's chat template around ``texts`` (:meth:`prompt_text`)."""
-        return self.prompt_text(list(texts), turns, prompt_end="generation_prompt" if generation_prompt else "none")
+        ending = "generation_prompt" if generation_prompt else "none"
+        return self.prompt_text(list(texts), turns, prompt_end=ending, tools=tools, variables=variables)
 
     def prompt_text_of(self, request: GenerationRequest) -> str:
         """The GGUF's chat template over ``request`` as generation renders it (:meth:`prompt_text`); a raw prompt's
         text as given (without the BOS, which is no text of the caller's)."""
         if request.raw_prompt:
             return super().prompt_text_of(request)
-        return self.prompt_text(request.segments, request.turns, prompt_end=request.prompt_end)
+        return self.prompt_text(request.segments, request.turns, prompt_end=request.prompt_end,
+                                tools=request.chat_tools, variables=request.template_variables)
 
     def prepare(self, requests: list[GenerationRequest], grammars: list[Any]) -> list[PreparedRequest]:
         """The base's, then each request's prompt rendered and its prefix planned: here, before the runtime's lock
@@ -295,7 +301,8 @@ class LlamaCppBackend(Backend):
         for one in prepared:
             request = one.request
             one.prompt = self.prompt_text(one.segments, request.turns, raw=request.raw_prompt,
-                                          prompt_end=request.prompt_end)
+                                          prompt_end=request.prompt_end, tools=request.chat_tools,
+                                          variables=request.template_variables)
             one.prefix = self.prefix_plan(request)
         return prepared
 
@@ -346,7 +353,7 @@ class LlamaCppBackend(Backend):
 
     def prompt_text(
         self, segments: Sequence[Any], turns: list[tuple[str, int]] | None = None, *, raw: bool = False,
-        prompt_end: str = "generation_prompt",
+        prompt_end: str = "generation_prompt", tools: Any = None, variables: Mapping[str, Any] | None = None,
     ) -> str:
         """The rendered prompt of ``segments`` (each image a media marker), as mtmd will tokenize it.
 
@@ -355,6 +362,8 @@ class LlamaCppBackend(Backend):
         the whole prompt, after a BOS when the vocabulary wants one (as llama-server's ``/completion``).
         ``prompt_end`` (:data:`refsight.requests.PROMPT_ENDS`): ``none`` leaves out the opening of the answer's turn;
         ``continue`` renders the turns before the final one with it, then the final turn's text (llama-server's).
+        ``tools``: the request's :class:`~refsight.tools.ChatTools`, rendered as llama-server renders them;
+        ``variables``: the template's own variables (``GenerationRequest.template_variables``).
         """
         if raw:
             import llama_cpp
@@ -366,14 +375,15 @@ class LlamaCppBackend(Backend):
             return opening + "".join(s if isinstance(s, str) else self.runtime.marker for s in segments)
         if prompt_end == "continue":
             head, head_turns, tail = split_final_turn(segments, turns or [])
-            return self.prompt_text(head, head_turns) + tail
+            return self.prompt_text(head, head_turns, tools=tools, variables=variables) + tail
         request = GenerationRequest(list(segments), turns=turns)
         content = [
             (role, "".join(s if isinstance(s, str) else self.runtime.marker for s in part))
             for role, part in request.turn_segments()
         ]
-        return render_prompt(self._template, self.arch, content, bos=self._special_text("bos"),
-                             eos=self._special_text("eos"), generation_prompt=prompt_end == "generation_prompt")
+        return render_prompt(self._template, self.arch, content, bos=self._special_text("bos"), tools=tools,
+                             eos=self._special_text("eos"), generation_prompt=prompt_end == "generation_prompt",
+                             variables=variables)
 
     def prefix_plan(self, request: GenerationRequest) -> Any:
         """The :class:`~.prefix.PromptPrefix` of ``request``'s reference prefix, or None (:func:`~.prefix.plan_prefix`;

@@ -26,6 +26,7 @@ import hashlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -165,7 +166,8 @@ def plan_prefix(backend: Any, request: Any, template: str) -> PromptPrefix | Non
     head = list(request.segments[:n_segments])
     if any(isinstance(s, ImageInput) for s in head) or not any(isinstance(s, VisualPackage) for s in head):
         return None
-    text = render_prefix(backend.prompt_text, request.segments, request.turns, n_segments)
+    render = partial(backend.prompt_text, tools=request.chat_tools, variables=request.template_variables)
+    text = render_prefix(render, request.segments, request.turns, n_segments)
     if text is None:
         return None
     packages = [s for s in head if isinstance(s, VisualPackage)]

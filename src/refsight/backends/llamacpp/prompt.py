@@ -10,6 +10,9 @@ llama-cpp-python render chat templates with, and ``raise_exception``), never in 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from ..templates import render
 
 __all__ = ["render_prompt", "chat_template", "FALLBACK_TEMPLATES"]
@@ -39,16 +42,24 @@ def chat_template(template: str | None, arch: str) -> str:
 
 def render_prompt(
     template: str | None, arch: str, content: str | list[tuple[str, str]], *, bos: str = "", eos: str = "",
-    generation_prompt: bool = True,
+    generation_prompt: bool = True, tools: Any = None, variables: Mapping[str, Any] | None = None,
 ) -> str:
     """The full prompt, ready for generation: one user turn ``content``, or ``(role, content)`` turns
-    (roles system / user / assistant), media markers included; ``generation_prompt=False`` leaves out the
-    opening of the answer's turn (llama-server's ``add_generation_prompt: false``)."""
+    (roles system / user / assistant / tool), media markers included; ``generation_prompt=False`` leaves out the
+    opening of the answer's turn (llama-server's ``add_generation_prompt: false``). ``tools``
+    (a :class:`~refsight.tools.ChatTools`): the ``tools`` variable where tools are offered, and each message's tool
+    fields, as llama-server hands them to its template (an assistant's calls with their arguments as objects);
+    ``variables``: the template's own beside them (llama-server's ``chat_template_kwargs``)."""
     template = chat_template(template, arch)
     turns = [("user", content)] if isinstance(content, str) else content
+    messages = [{"role": role, "content": text} for role, text in turns]
+    if tools is not None:
+        messages = [{**message, **tools.message_fields(i)} for i, message in enumerate(messages)]
     return render(template, {
-        "messages": [{"role": role, "content": text} for role, text in turns],
+        **(variables or {}),
+        "messages": messages,
         "add_generation_prompt": generation_prompt,
         "bos_token": bos,
         "eos_token": eos,
+        **(tools.variables() if tools is not None else {}),
     }, flavour="llama.cpp")

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import InvalidInputError
+from ...sampling import WHOLE_CONTEXT
 from .grammar_stacks import CheckedGrammar, GrammarStacks
 from .native import LlamaRuntime, NativeError
 
@@ -37,8 +38,8 @@ class Sampler:
 
     In order: the logit bias (``sampling.logit_bias``, and ``-inf`` on every end-of-generation
     token with ``sampling.ignore_eos``, as llama-server fills it), the GBNF grammar (when there
-    is one: a JSON schema's, or ``sampling.grammar``), the repetition penalty over the
-    ``prompt_tokens`` and every sampled token (only when set), the OpenAI frequency/presence
+    is one: a JSON schema's, or ``sampling.grammar``), the repetition penalty over the last
+    ``sampling.repeat_last_n`` of the ``prompt_tokens`` and every sampled token (only when set), the OpenAI frequency/presence
     penalties over the last ``window`` sampled tokens (only when set), then greedy
     (temperature 0 or below the greedy threshold: the chain every default request has always
     had; llama.cpp divides float32 logits by the temperature, which overflows for tiny ones) or top-k, top-p,
@@ -70,7 +71,7 @@ class Sampler:
                     raise NativeError("llama.cpp rejected the grammar")
                 L.llama_sampler_chain_add(self.chain, g)
             if sampling.repetition_penalty != 1.0:
-                self._add_repetition_penalty(float(sampling.repetition_penalty), prompt_tokens)
+                self._add_repetition_penalty(float(sampling.repetition_penalty), sampling.repeat_last_n, prompt_tokens)
             if sampling.frequency_penalty or sampling.presence_penalty:
                 L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_penalties(
                     runtime.n_vocab, max(int(window), 1), 1.0,
@@ -95,12 +96,14 @@ class Sampler:
             raise NativeError("llama.cpp refused the logit bias")
         L.llama_sampler_chain_add(self.chain, bias)  # it copies the pairs: the array may go
 
-    def _add_repetition_penalty(self, penalty: float, prompt_tokens: Sequence[int]) -> None:
-        """llama.cpp's ``repeat_penalty`` over the whole context: the prompt's tokens, then each sampled one."""
+    def _add_repetition_penalty(self, penalty: float, window: int, prompt_tokens: Sequence[int]) -> None:
+        """llama.cpp's ``repeat_penalty`` over the last ``window`` tokens (llama-server's ``repeat_last_n``; -1: the
+        whole context) of the prompt's text and the answer: the prompt's tokens, then each sampled one."""
         L, runtime = self._L, self._runtime
-        repeat = L.llama_sampler_init_penalties(runtime.n_vocab, int(runtime.settings.n_ctx), penalty, 0.0, 0.0)
+        window = int(runtime.settings.n_ctx) if window == WHOLE_CONTEXT else int(window)
+        repeat = L.llama_sampler_init_penalties(runtime.n_vocab, window, penalty, 0.0, 0.0)
         L.llama_sampler_chain_add(self.chain, repeat)  # the chain owns it; accepting into it alone is fine
-        for token in prompt_tokens:
+        for token in prompt_tokens[len(prompt_tokens) - window:] if window else ():  # it keeps the last window alone
             L.llama_sampler_accept(repeat, int(token))
 
     def _add_pick(self, sampling: Any) -> None:

@@ -99,6 +99,7 @@ class VLLMBackend(Backend):
     #: Conversations go to vLLM as one message per turn, rendered in the model's own chat template, ended as asked.
     supports_turns: ClassVar[bool] = True
     prompt_ends: ClassVar[frozenset[str]] = frozenset(PROMPT_ENDS)
+    renders_template_variables: ClassVar[bool] = True
 
     def __init__(
         self, name: str, *, client: VLLMClient, served_model: str, encoder: HFBackend, encodes_images: bool = False,

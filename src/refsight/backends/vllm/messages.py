@@ -93,7 +93,7 @@ def chat_body(
 ) -> dict[str, Any]:
     """The OpenAI chat request of ``segments`` (the prepared request's): one message per turn; vLLM renders
     them in the model's chat template, ended as the request's ``prompt_end`` asks (vLLM's own
-    ``add_generation_prompt`` and ``continue_final_message``). ``image_part`` writes each image's part;
+    ``add_generation_prompt`` and ``continue_final_message``), with its ``template_variables`` (``chat_template_kwargs``). ``image_part`` writes each image's part;
     ``grammar`` is the EBNF of the request's JSON schema."""
     messages = []
     for role, turn in GenerationRequest(segments, turns=request.turns).turn_segments():
@@ -113,6 +113,8 @@ def chat_body(
     if request.prompt_end != "generation_prompt":
         body["add_generation_prompt"] = False
         body["continue_final_message"] = request.prompt_end == "continue"
+    if request.template_variables:  # vLLM's own field: the template reads them (it ignores those it does not)
+        body["chat_template_kwargs"] = dict(request.template_variables)
     if grammar is not None:
         # vLLM's structured output, given refsight's own grammar for the schema (the one
         # the HF backend uses): compact, with strict strings. A plain json_schema would

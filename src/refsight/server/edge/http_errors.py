@@ -8,7 +8,8 @@ generic ``internal_error``: stack traces and internals never leave the process.
 Codes, by status::
 
     400 invalid_input, invalid_image, invalid_rubric, invalid_reference_id, unsupported,
-        media_not_allowed, media_unavailable (an image URL: remote_media.py)
+        media_not_allowed, media_unavailable (an image URL: remote_media.py),
+        duplicate_header (a header the edge decides by, given twice: single_headers.py)
     401 unauthorized          403 forbidden         404 not_found, reference_not_found, model_not_found
     405 method_not_allowed    408 request_timeout (the request did not arrive in time; see connections.py)
     413 body_too_large        415 unsupported_media_type
@@ -62,6 +63,7 @@ from ...errors import (
     UnknownModelError,
 )
 from .responses import TextSafeJSONResponse
+from .validation import error_field, validation_message
 
 __all__ = [
     "ApiError",
@@ -119,7 +121,9 @@ class ApiError(Exception):
 
 
 #: Route prefixes that answer errors in the OpenAI shape.
-OPENAI_PATHS = ("/v1/chat/", "/chat/", "/v1/models", "/models", "/v1/completions", "/completion", "/tokenize", "/detokenize", "/apply-template")
+OPENAI_PATHS = ("/v1/chat/", "/chat/", "/v1/models", "/models", "/v1/completions", "/completion", "/tokenize", "/detokenize",
+                "/apply-template", "/v1/embeddings", "/embedding", "/v1/rerank", "/rerank", "/v2/rerank", "/v1/reranking",
+                "/score", "/v1/score")
 
 #: Route prefixes that answer errors in Ollama's shape (:func:`ollama_error_body`).
 OLLAMA_PATHS = ("/api/",)
@@ -309,11 +313,7 @@ def _param_of(error: RefsightError) -> str | None:
 
 
 def _validation_message(exc: RequestValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:5]:
-        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
-        parts.append(f"{where}: {err.get('msg', 'invalid')}")
-    return "; ".join(parts) or "the request is invalid"
+    return validation_message(exc.errors())
 
 
 def _with_details(response: JSONResponse, details: dict[str, Any] | None) -> JSONResponse:
@@ -353,7 +353,7 @@ def install_error_handlers(app: FastAPI) -> None:
         if request.url.path.startswith((*OPENAI_PATHS, *OLLAMA_PATHS, *ANTHROPIC_PATHS)):
             # OpenAI, Ollama and Anthropic answer a malformed request with 400 (OpenAI names the field).
             first = (exc.errors() or [{}])[0]
-            param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+            param = error_field(first) if first.get("loc") else None
             return _respond(request, 400, "invalid_input", _validation_message(exc), param=param)
         return error_response(422, "validation_error", _validation_message(exc))
 

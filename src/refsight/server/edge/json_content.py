@@ -37,7 +37,8 @@ __all__ = ["JsonContentMiddleware", "JSON_ROUTES", "MAX_BODY_VALUES", "checked_j
 #: /v1) and Ollama's (``/api/delete`` is a DELETE; ``/api/blobs/...`` takes raw bytes, so it is not here).
 JSON_ROUTES = frozenset({
     "/completion", "/completions", "/v1/completions", "/chat/completions", "/v1/chat/completions",
-    "/tokenize", "/detokenize", "/apply-template",
+    "/tokenize", "/detokenize", "/apply-template", "/embedding", "/embeddings", "/v1/embeddings", "/rerank",
+    "/reranking", "/v1/rerank", "/v1/reranking",
     "/api/chat", "/api/generate", "/api/show", "/api/embed", "/api/embeddings", "/api/pull", "/api/push",
     "/api/create", "/api/copy", "/api/delete",
 })

@@ -15,6 +15,12 @@
 - :class:`WorkPool` runs blocking model work in a bounded set of threads (off the
   event loop). At most ``workers`` jobs run and at most ``queue`` wait; one more is
   refused at once with 429 ``overloaded`` instead of piling up unbounded latency.
+  It is the only way in to model work: a method marked :func:`model_work` (every
+  :class:`~refsight.server.service.Service` method that decodes an image, tokenizes
+  or runs the model) runs only inside a :meth:`WorkPool.run` job
+  and raises :class:`OutsideWorkPool` anywhere else (the event loop, the shared thread
+  pool of :meth:`WorkPool.run_light`), so a route cannot escape the pool's bound (its
+  workers, its queue, one decoded image per worker) by accident.
 
 Image pixel limits are the library's own (:class:`refsight.inputs.images.IntakeLimits`), applied
 by the engines the app builds.
@@ -22,7 +28,9 @@ by the engines the app builds.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
+from contextvars import ContextVar
 from typing import Any, Callable, TypeVar
 
 import anyio
@@ -33,7 +41,7 @@ from .http_errors import ApiError, error_response, error_response_for
 from .gate import flat_routes
 from .json_content import checked_json_body, is_json
 
-__all__ = ["BodyLimitMiddleware", "WorkPool"]
+__all__ = ["BodyLimitMiddleware", "WorkPool", "model_work", "OutsideWorkPool", "is_model_work"]
 
 T = TypeVar("T")
 
@@ -140,8 +148,46 @@ async def _checked(body: bytes) -> bytes:
     return checked_json_body(body)
 
 
+#: True in a worker thread while it runs a :meth:`WorkPool.run` job (each job's thread sets it for itself).
+_IN_WORK_POOL: ContextVar[bool] = ContextVar("refsight_in_work_pool", default=False)
+
+
+class OutsideWorkPool(RuntimeError):
+    """Model work was called outside a :meth:`WorkPool.run` job: a route's mistake (a 500), never a client's."""
+
+
+def model_work(method: Callable[..., T]) -> Callable[..., T]:
+    """Mark ``method`` as model work: it runs only inside a :meth:`WorkPool.run` job, else :class:`OutsideWorkPool`
+    naming it (the check is one context-variable read)."""
+
+    @functools.wraps(method)
+    def in_work_pool(*args: Any, **kwargs: Any) -> T:
+        if not _IN_WORK_POOL.get():
+            raise OutsideWorkPool(f"{method.__qualname__} is model work: call it inside WorkPool.run (the work pool's "
+                                  "bound), never on the event loop or in run_light")
+        return method(*args, **kwargs)
+
+    in_work_pool.model_work = True  # type: ignore[attr-defined]
+    return in_work_pool
+
+
+def is_model_work(method: Any) -> bool:
+    """Whether ``method`` is marked :func:`model_work`."""
+    return bool(getattr(method, "model_work", False))
+
+
+def _pool_job(func: Callable[..., T], *args: Any) -> T:
+    """``func(*args)`` as a work pool job: model work may run inside it."""
+    token = _IN_WORK_POOL.set(True)
+    try:
+        return func(*args)
+    finally:
+        _IN_WORK_POOL.reset(token)
+
+
 class WorkPool:
-    """Runs blocking callables in at most ``workers`` threads with at most ``queue`` waiting."""
+    """Runs blocking callables in at most ``workers`` threads with at most ``queue`` waiting; the only place
+    :func:`model_work` may run."""
 
     def __init__(self, workers: int, queue: int) -> None:
         self.workers = workers
@@ -155,7 +201,8 @@ class WorkPool:
         return self._pending
 
     async def run(self, func: Callable[..., T], *args: Any) -> T:
-        """Run ``func(*args)`` in a worker thread; raise 429 ``overloaded`` when the queue is full."""
+        """Run ``func(*args)`` in a worker thread, where it may do model work; raise 429 ``overloaded`` when the
+        queue is full."""
         if self._pending >= self.workers + self.queue:
             raise ApiError(
                 429, "overloaded",
@@ -164,10 +211,11 @@ class WorkPool:
             )
         self._pending += 1
         try:
-            return await anyio.to_thread.run_sync(func, *args, limiter=self._capacity)
+            return await anyio.to_thread.run_sync(_pool_job, func, *args, limiter=self._capacity)
         finally:
             self._pending -= 1
 
     async def run_light(self, func: Callable[..., T], *args: Any) -> T:
-        """Run cheap blocking work (catalog reads, thumbnails) in the shared thread pool, never refused."""
+        """Run cheap blocking work (catalog reads, thumbnails under their own bound) in the shared thread pool, never
+        refused; no model work (:func:`model_work`) may run here."""
         return await anyio.to_thread.run_sync(func, *args)

@@ -2,7 +2,9 @@
 
 ``POST /v1/references`` and ``POST /v1/compare`` take either JSON (images as base64
 or ``data:`` URLs) or ``multipart/form-data`` (images as file parts); both are read
-into the same pydantic model, so validation and its errors are the same either way.
+into the same pydantic model, so validation and its errors are the same either way. Every body's types are
+strict (:class:`~.dialect_body.StrictBody`: ``"top_k": "5"`` or ``true`` is no integer); a multipart form's fields
+are text, so there a number's text is read as the number.
 """
 
 from __future__ import annotations
@@ -11,24 +13,21 @@ import base64
 import binascii
 import json
 import re
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from fastapi import Request
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, Field, ValidationError
 
 from ...retrieval.vectors import MAX_WHERE_KEYS
 from ...inputs.jsonlimits import load_json
 from ...inputs.text import check_text, check_texts
 from ..edge.http_errors import ApiError
+from ..edge.validation import validation_message
+from .dialect_body import DialectBody, StrictBody
 
 __all__ = [
     "AddReferenceBody",
     "CompareBody",
-    "Integer",
-    "IntegerOrNull",
-    "Number",
-    "NumberOrNull",
     "SearchBody",
     "StreamOptions",
     "body_schema",
@@ -37,56 +36,34 @@ __all__ = [
     "read_body",
 ]
 
-def _not_a_boolean(value: Any) -> Any:
-    """``value`` unless it is ``true``/``false``, which pydantic's lax mode would take as 1 and 0."""
-    if isinstance(value, bool):
-        raise PydanticCustomError("number_type", "Input should be a number, not a boolean ({value})",
-                                  {"value": str(value).lower()})
-    return value
-
-
-#: The integer of every request body (each dialect's numeric fields): ``true`` is not 1.
-Integer = Annotated[int, BeforeValidator(_not_a_boolean)]
-#: The number of every request body (sampling fields and the like): ``true`` is not 1.0.
-Number = Annotated[float, BeforeValidator(_not_a_boolean)]
-#: :data:`Integer` or null. One type, not ``IntegerOrNull``: a field's bounds (``ge``, ``le``) then reach the
-#: JSON schema as ``minimum``/``maximum`` (pydantic writes them raw into a union of a validated type).
-IntegerOrNull = Annotated[int | None, BeforeValidator(_not_a_boolean)]
-#: :data:`Number` or null (one type, as :data:`IntegerOrNull`).
-NumberOrNull = Annotated[float | None, BeforeValidator(_not_a_boolean)]
-
 _DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(?:;[\w.+-]+=[^;,]*)*)(?P<b64>;base64)?,(?P<data>.*)", re.DOTALL)
 
 
-class AddReferenceBody(BaseModel):
+class AddReferenceBody(StrictBody):
     """A reference to add: the image, an optional id (default: from the image hash) and metadata."""
-
-    model_config = ConfigDict(extra="forbid")
 
     image: str = Field(description="the image as base64 or a data: URL (multipart: a file part)")
     id: str | None = Field(None, description="reference id: letters, digits and . _ - @ + =, at most 128")
     metadata: dict[str, Any] | None = Field(None, description="JSON object stored with the reference")
 
 
-class CompareBody(BaseModel):
+class CompareBody(StrictBody):
     """A comparison: a candidate image, a rubric, and the references (by id, or the top k recalled)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     candidate: str = Field(description="the candidate image as base64 or a data: URL (multipart: a file part)")
     criteria: str | list[Any] | dict[str, Any] = Field(
         description="the rubric: free text (one criterion a line), or JSON/YAML criteria"
     )
     ref_ids: list[str] = Field(default_factory=list, max_length=64, description="references to judge against")
-    top_k: IntegerOrNull = Field(None, ge=1, le=64, description="recall this many references first, then judge them")
+    top_k: int | None = Field(None, ge=1, le=64, description="recall this many references first, then judge them")
     query: str | None = Field(None, max_length=2000, description="recall by this text instead of the rubric")
     recall: Literal["image", "text", "both"] | None = Field(
         None, description="recall query: candidate image, text (query, else the rubric) or both (default; text with query)"
     )
-    rerank: IntegerOrNull = Field(
+    rerank: int | None = Field(
         None, ge=1, le=1000, description="recall this many, rerank them, then judge the top_k best (needs top_k)"
     )
-    recall_k: IntegerOrNull = Field(
+    recall_k: int | None = Field(
         None, ge=1, le=1000, description="recall this many (default: rerank, else top_k); the best rerank go on (needs top_k)"
     )
     reranker: Literal["vlm", "embedding"] = Field("vlm", description="vlm: P(yes) in one forward pass; embedding: cosine")
@@ -97,14 +74,12 @@ class CompareBody(BaseModel):
     force_vlm: bool = Field(False, description="send every criterion to the VLM, none to the attribute records")
 
 
-class SearchBody(BaseModel):
+class SearchBody(StrictBody):
     """A search: text or an image, how many results, and optional metadata filters."""
-
-    model_config = ConfigDict(extra="forbid")
 
     text: str | None = Field(None, max_length=2000)
     image: str | None = Field(None, description="a query image as base64 or a data: URL")
-    k: Integer = Field(10, ge=1, le=1000)
+    k: int = Field(10, ge=1, le=1000)
     where: dict[str, str | int | float | bool] | None = Field(
         None,
         description=f"metadata filters, KEY: VALUE (at most {MAX_WHERE_KEYS} keys)",
@@ -138,11 +113,7 @@ def _b64(text: str, field: str) -> bytes:
 
 
 def _validation_error(exc: ValidationError) -> ApiError:
-    parts = []
-    for err in exc.errors()[:5]:
-        where = ".".join(str(p) for p in err.get("loc", ())) or "body"
-        parts.append(f"{where}: {err.get('msg', 'invalid')}")
-    return ApiError(422, "validation_error", "; ".join(parts))
+    return ApiError(422, "validation_error", validation_message(exc.errors()))
 
 
 class _DuplicateKey(ValueError):
@@ -214,8 +185,8 @@ async def _read_multipart(request: Request, model: type[BaseModel], files: set[s
     for name, value in data.items():  # (JSON bodies are checked by BodyLimitMiddleware, before any route)
         check_text(name, "multipart field name")
         check_texts(value, name)
-    try:
-        return model.model_validate(data), blobs
+    try:  # a form's fields are text: a number's text is the number there
+        return model.model_validate(data, strict=False), blobs
     except ValidationError as e:
         raise _validation_error(e) from None
 
@@ -266,8 +237,7 @@ def body_schema(model: type[BaseModel], *, files: set[str], multipart: bool = Tr
     return {"requestBody": {"required": True, "content": content}}
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(DialectBody):
     """``stream_options``: ``include_usage`` adds a last chunk with the usage."""
 
-    model_config = ConfigDict(extra="forbid")
     include_usage: bool | None = None

@@ -27,8 +27,8 @@ from .messages import REF_URL_PREFIX, ContentPart, ImageURL, PartResolver
 from .prompt_limit import check_prompt_chars, check_prompt_tokens
 
 __all__ = [
-    "RawPrompt", "raw_prompt", "media_segment", "check_raw_prompt", "stop_type", "fill_context", "mixed_prompt_text",
-    "MAX_PROMPT_IDS", "MAX_PROMPTS",
+    "RawPrompt", "raw_prompt", "media_segment", "check_raw_prompt", "stop_type", "with_stopping_word", "fill_context",
+    "mixed_prompt_text", "with_piece_tokens", "MAX_PROMPT_IDS", "MAX_PROMPTS",
 ]
 
 #: The most token ids one prompt may give (a context's worth; longer prompts are text).
@@ -126,22 +126,51 @@ def _piece(token: int, service: Any, where: str) -> str:
         raise ApiError(400, "invalid_input", f"{where}: {e.reason}", param="prompt") from None
 
 
-async def check_raw_prompt(prompt: RawPrompt, pool: Any, limit: int, service: Any) -> None:
-    """The prompt-token limit, before any model work: characters here, tokens in the shared thread pool."""
+def check_raw_prompt(prompt: RawPrompt, limit: int, service: Any) -> None:
+    """The prompt-token limit, before the generation: characters first, then tokens (the tokenizer: call it in the
+    work pool, as every tokenizing is)."""
     check_prompt_chars(prompt.texts, limit, prompt.field)
-    await pool.run_light(check_prompt_tokens, prompt.texts, limit, service.count_text_tokens, prompt.field)
+    check_prompt_tokens(prompt.texts, limit, service.count_text_tokens, prompt.field)
 
 
-def stop_type(result: GenerateResult, stop: tuple[str, ...], service: Any) -> tuple[str, str]:
-    """llama-server's ``stop_type`` and ``stopping_word``: ``limit``, ``word`` (a stop string) or ``eos``."""
-    if result.finish_reason == "length":
+def with_stopping_word(answer: Answer, stop: tuple[str, ...], service: Any) -> Answer:
+    """``answer`` with llama-server's ``stopping_word``: the stop string its tokens' text holds, where it did not
+    run out of tokens (the tokens are read back: call it in the work pool, beside the generation)."""
+    if answer.finish_reason != "length" and stop:
+        text = service.detokenize(answer.tokens)
+        answer.stopping_word = next((word for word in stop if word in text), "")
+    return answer
+
+
+def stop_type(answer: Answer) -> tuple[str, str]:
+    """llama-server's ``stop_type`` and ``stopping_word``: ``limit``, ``word`` (a stop string) or ``eos``
+    (the word found by :func:`with_stopping_word`)."""
+    if answer.finish_reason == "length":
         return "limit", ""
-    if stop:
-        text = service.detokenize(result.tokens)
-        for word in stop:
-            if word in text:
-                return "word", word
-    return "eos", ""
+    return ("word", answer.stopping_word) if answer.stopping_word else ("eos", "")
+
+
+class _TokenPiece(str):
+    """A streamed piece of text with its token ids in the served vocabulary, read in the worker."""
+
+    tokens: list[int]
+
+
+def with_piece_tokens(on_text: Callable[[str], None] | None, service: Any) -> Callable[[str], None] | None:
+    """``on_text`` handed each piece with its ``tokens`` (llama-server's stream sends them; a piece with log
+    probabilities carries its own), read in the worker as the piece is made: tokenizing is model work, never the
+    event loop's."""
+    if on_text is None:
+        return None
+
+    def send(text: str) -> None:
+        if not getattr(text, "logprobs", ()):
+            piece = _TokenPiece(text)
+            piece.tokens = service.tokenize(text, add_special=False, parse_special=False)
+            text = piece
+        on_text(text)
+
+    return send
 
 
 def fill_context(generate: Callable[[int], GenerateResult], n_ctx: int | None, limit: int) -> Answer:

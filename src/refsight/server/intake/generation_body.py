@@ -1,59 +1,49 @@
-"""The generation fields every text route shares (OpenAI chat and completions, llama-server's ``/completion``).
+"""The generation fields every text route shares (OpenAI chat and completions, llama-server's ``/completion``,
+Ollama's ``options``, Anthropic's fields as the chat route reads them).
 
-One rule for all of them: a field is **honoured** (it changes the answer exactly as its
-runtime documents), **accepted as a hint** (it cannot change the answer: ``cache_prompt``,
-``id_slot`` ...), **accepted at its no-op value** (``typical_p: 1.0``, ``n_probs: 0`` ...;
-any other value is a 400 naming it), or **refused** with a 400 naming it. Nothing is
-silently ignored. The names are OpenAI's, vLLM's and llama-server's: ``n_predict`` is
-``max_tokens``; ``repeat_penalty`` is ``repetition_penalty``; vLLM's ``top_k: -1`` is
-``top_k: 0`` (no limit); llama-server's top-level ``json_schema`` is a ``response_format``
-JSON schema. llama-server's token constraints (``logit_bias``, ``ignore_eos``, a GBNF
-``grammar``) are :class:`Sampling` fields: honoured where the backend lists them (llama.cpp),
-a 400 naming the field elsewhere. ``return_progress`` (with ``stream``) sends llama-server's
-``prompt_progress`` events where the backend reports its prompt's evaluation (llama.cpp,
-transformers), a 400 naming it elsewhere. The chat's ``add_generation_prompt`` and
-``continue_final_message`` are the chat body's (:mod:`..routes.openai`); on a raw prompt they have
-no template to act on, so only their no-op values are taken there. :func:`check_generation` is the
-one check every dialect's text route makes of a body against the served model (OpenAI's, vLLM's,
-llama-server's, Ollama's and Anthropic's).
+The rule every dialect follows (:mod:`.dialect_body`): a field is **honoured** (it changes the answer exactly
+as its runtime documents: the fields :class:`GenerationBody` declares), **a hint** (its value cannot change the
+answer: :data:`~.generation_fields.HINTS`, named in the reply's ``refsight.ignored``), **taken at its neutral
+value** (:data:`~.generation_fields.NEUTRAL`: ``typical_p: 1.0``, ``mirostat: 0`` ...; any other value is a 400
+naming it and the reason), or **unknown** (accepted and named in ``refsight.ignored``). Every type is strict:
+``"n_probs": "5"`` is refused, naming the field. The names are OpenAI's, vLLM's, llama-server's and Ollama's:
+``n_predict`` is ``max_tokens`` (``-1``: up to the server's limit, on every route); ``repeat_penalty`` is
+``repetition_penalty``, over the last ``repeat_last_n`` tokens (llama.cpp's and Ollama's window, honoured where
+the backend lists it; 0: no penalty); vLLM's ``top_k: -1`` is ``top_k: 0`` (no limit); llama-server's top-level
+``json_schema`` and Ollama's ``format`` (``"json"`` or a schema; Open WebUI sends it at the top level of a
+``/v1`` body) are a ``response_format`` JSON schema. llama-server's token constraints (``logit_bias``,
+``""`` being none, ``ignore_eos``, a GBNF ``grammar``) are :class:`Sampling` fields: honoured where the backend
+lists them (llama.cpp), a 400 naming the field elsewhere. ``return_progress`` (with ``stream``) sends
+llama-server's ``prompt_progress`` events where the backend reports its prompt's evaluation (llama.cpp,
+transformers), a 400 naming it elsewhere. The chat template's variables (``chat_template_kwargs``,
+``reasoning_effort``, ``think``) are read by the routes that render a chat (:mod:`.template_variables`); a raw
+prompt has no template, so there they are hints. :func:`check_generation` is the one check every dialect's text
+route makes of a body against the served model.
 """
 
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Callable, ClassVar, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from ... import InvalidInputError, Sampling
 from ...requests import SAMPLING_RANGES, check_json_schema
-from .bodies import IntegerOrNull, NumberOrNull
 from ..edge.http_errors import ApiError
+from .dialect_body import DialectBody
+from .generation_fields import HINTS, NEUTRAL, GenerationFields, Neutral
 from .token_fields import logit_bias_pairs
 
-__all__ = [
-    "GenerationBody", "check_generation", "ResponseFormat", "HINT_FIELDS", "NO_OP_VALUES", "REFUSED_FIELDS", "DEFAULT_MAX_TOKENS",
-    "check_schema",
-]
+__all__ = ["GenerationBody", "check_generation", "ResponseFormat", "DEFAULT_MAX_TOKENS", "check_schema",
+           "TEMPLATE_FIELDS", "UNTIL_THE_LIMIT"]
 
 #: ``max_tokens`` when a request names none (OpenAI's chat default is "the rest of the context").
 DEFAULT_MAX_TOKENS = 128
-#: Fields accepted whatever their value: they cannot change the answer.
-HINT_FIELDS = frozenset({"user", "cache_prompt", "id_slot", "return_tokens", "timings_per_token"})
-#: Fields accepted at the value that changes nothing (their default in llama-server or vLLM); any other is a 400.
-NO_OP_VALUES: dict[str, Any] = {
-    "min_tokens": 0, "skip_special_tokens": True,
-    "include_stop_str_in_output": False, "spaces_between_special_tokens": True, "echo": False,
-    "add_generation_prompt": True, "continue_final_message": False, "typical_p": 1.0, "tfs_z": 1.0,
-    "mirostat": 0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "n_keep": 0,
-    "best_of": 1, "suffix": None, "tools": [], "tool_choice": "none", "parallel_tool_calls": False,
-    "repeat_last_n": -1,  # the whole context: what repetition_penalty counts here
-    "t_max_predict_ms": 0,
-}
-#: Fields refused by name with the reason (what is not supported, and what to send instead).
-REFUSED_FIELDS: dict[str, str] = {
-    "lora": "LoRA adapters are not supported",
-}
+#: ``max_tokens`` / ``n_predict`` of an answer as long as the server allows (llama-server's "until the end").
+UNTIL_THE_LIMIT = -1
+#: The fields that set a chat template's variables (:mod:`.template_variables`): hints where no template renders.
+TEMPLATE_FIELDS = frozenset({"chat_template_kwargs", "reasoning_effort", "think"})
 
 
 def _declared(name: str, description: str | None = None) -> Any:
@@ -63,66 +53,63 @@ def _declared(name: str, description: str | None = None) -> Any:
     return Field(None, description=description, json_schema_extra=bounds)
 
 
-def _no_op(expected: Any, value: Any) -> bool:
-    """Whether ``value`` is the no-op ``expected`` (None: not set; an empty list or object: either empty).
-
-    ``true``/``false`` are no number here (``typical_p: true`` is not 1.0), nor a number a boolean."""
-    if value is None:
-        return True
-    if isinstance(value, bool) != isinstance(expected, bool):
-        return False
-    if value == expected:
-        return True
-    return expected in ({}, []) and value in ({}, [])
-
-
-class JSONSchemaFormat(BaseModel):
+class JSONSchemaFormat(DialectBody):
     """The ``json_schema`` member of ``response_format``."""
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
     name: str | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema")
     strict: bool | None = None
+    description: str | None = None
 
 
-class ResponseFormat(BaseModel):
+class ResponseFormat(DialectBody):
     """``{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}`` (llama-server: ``json_object`` with ``schema``)."""
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JSONSchemaFormat | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema")
 
 
-class GenerationBody(BaseModel):
+class GenerationBody(GenerationFields):
     """Sampling, the token bound and the JSON constraint, in every spelling the clients send."""
 
-    model_config = ConfigDict(extra="allow")
-    max_tokens: IntegerOrNull = Field(None, ge=1)
-    n_predict: IntegerOrNull = Field(None, ge=-1, description="llama-server's max_tokens (-1: up to the server's limit)")
+    #: Fields sent here whose value cannot change the answer (named in ``refsight.ignored``).
+    hints: ClassVar[frozenset[str]] = frozenset({*HINTS, *TEMPLATE_FIELDS, "verbose", "return_tokens"})
+    #: The known fields taken only at their neutral value, on this route.
+    neutral: ClassVar[Mapping[str, Neutral]] = NEUTRAL
+
+    max_tokens: int | None = Field(None, ge=UNTIL_THE_LIMIT, description="-1: up to the server's limit (llama-server)")
+    n_predict: int | None = Field(None, ge=UNTIL_THE_LIMIT, description="llama-server's max_tokens (-1: up to the server's limit)")
     # The sampling fields' ranges are declared for the schema, and checked by Sampling alone (one check).
-    temperature: NumberOrNull = _declared("temperature")
-    top_p: NumberOrNull = _declared("top_p")
-    top_k: IntegerOrNull = Field(
+    temperature: float | None = _declared("temperature")
+    top_p: float | None = _declared("top_p")
+    top_k: int | None = Field(
         None, description="keep the k most likely tokens (0 or -1: no limit)", json_schema_extra={"minimum": -1}
     )
-    min_p: NumberOrNull = _declared("min_p")
-    repetition_penalty: NumberOrNull = _declared("repetition_penalty")
-    repeat_penalty: NumberOrNull = _declared("repetition_penalty", "llama.cpp's name of repetition_penalty")
-    seed: IntegerOrNull = Field(
+    min_p: float | None = _declared("min_p")
+    repetition_penalty: float | None = _declared("repetition_penalty")
+    repeat_penalty: float | None = _declared("repetition_penalty", "llama.cpp's name of repetition_penalty")
+    repeat_last_n: int | None = Field(
+        None, ge=-1, description="the repetition penalty's window in tokens (llama.cpp, Ollama; -1: all, 0: no penalty)"
+    )
+    seed: int | None = Field(
         None, description="-1 (llama-server): a fresh seed", json_schema_extra={"minimum": -1, "exclusiveMaximum": 2**63}
     )
     stop: str | list[str] | None = None
-    frequency_penalty: NumberOrNull = _declared("frequency_penalty")
-    presence_penalty: NumberOrNull = _declared("presence_penalty")
+    frequency_penalty: float | None = _declared("frequency_penalty")
+    presence_penalty: float | None = _declared("presence_penalty")
     response_format: ResponseFormat | None = None
     json_schema: dict[str, Any] | None = Field(None, description="llama-server: constrain the answer to this schema")
+    format: Literal["", "json"] | dict[str, Any] | None = Field(
+        None, description="Ollama's (Open WebUI sends it on /v1 too): \"json\" or a JSON schema the answer follows"
+    )
     grammar: str | None = Field(None, description="llama-server: a GBNF grammar the answer follows (not with a schema)")
-    logit_bias: dict[str, float | bool] | list[list[Any]] | None = Field(
-        None, description="token id (or text) to a bias added to its logit; false bans it (llama-server's forms)"
+    logit_bias: dict[str, float | bool] | list[list[Any]] | Literal[""] | None = Field(
+        None, description="token id (or text) to a bias added to its logit; false bans it (llama-server's forms; "
+        "\"\": none)"
     )
     ignore_eos: bool | None = Field(None, description="llama-server: never end at an end-of-generation token")
-    n_probs: IntegerOrNull = Field(
+    n_probs: int | None = Field(
         None, ge=0, description="llama-server: each token's log probability and its N most likely alternatives (0: none)"
     )
     post_sampling_probs: bool | None = Field(
@@ -131,25 +118,31 @@ class GenerationBody(BaseModel):
     return_progress: bool | None = Field(
         None, description="llama-server: with stream, prompt_progress events (total, cache, processed, time_ms) before the answer"
     )
+    timings_per_token: bool | None = Field(None, description="llama-server: timings on every streamed piece")
+    return_tokens: bool | None = Field(None, description="llama-server (/completion): the answer's token ids")
+    verbose: bool | None = Field(None, description="llama-server (chat): add __verbose (the default: refsight serve -v)")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="the chat template's variables (vLLM, llama-server): each one the template reads is set"
+    )
+    reasoning_effort: str | None = Field(
+        None, description="the template's reasoning_effort variable (\"none\": enable_thinking false), as llama-server"
+    )
+    think: bool | Literal["low", "medium", "high"] | None = Field(
+        None, description="Ollama's (Open WebUI sends it on /v1 too): the template's enable_thinking (a level: and its "
+        "reasoning_effort)"
+    )
 
     def requested_logprobs(self) -> tuple[int | None, str]:
         """``Sampling.logprobs`` of the request (None: none asked) and the field that asked (a 400 names it)."""
         return (self.n_probs or None), "n_probs"
 
     def check_fields(self) -> None:
-        """400 naming the first field that is refused, or set away from its no-op value, or unknown."""
-        for name, value in sorted((self.model_extra or {}).items()):
-            if name in HINT_FIELDS:
-                continue
-            if name in REFUSED_FIELDS:
-                raise ApiError(400, "unsupported", f"{name}: {REFUSED_FIELDS[name]}", param=name)
-            if name in NO_OP_VALUES:
-                if not _no_op(NO_OP_VALUES[name], value):
-                    raise ApiError(
-                        400, "unsupported", f"{name}: only {NO_OP_VALUES[name]!r} (no effect) is supported", param=name
-                    )
-                continue
-            raise ApiError(400, "unsupported", f"{name}: this field is not supported by refsight", param=name)
+        """400 naming the first known field set away from the neutral value it is taken at, or two spellings of one
+        field that differ."""
+        for name, rule in self.neutral.items():
+            value = getattr(self, name, None)
+            if value is not None and value not in rule.values:
+                raise ApiError(400, "unsupported", rule.refusal(name), param=name)
         if self.repetition_penalty is not None and self.repeat_penalty is not None and (
             self.repetition_penalty != self.repeat_penalty
         ):
@@ -157,17 +150,23 @@ class GenerationBody(BaseModel):
                 400, "invalid_input", "repeat_penalty: differs from repetition_penalty; give one", param="repeat_penalty"
             )
 
+    def until_the_limit(self) -> bool:
+        """Whether the answer may run to the server's limit (``max_tokens`` or ``n_predict`` -1: llama-server's)."""
+        return UNTIL_THE_LIMIT in (self.max_tokens, self.n_predict)
+
     def token_limit(
         self, limit: int, given: int | None = None, name: str = "max_tokens", default: int = DEFAULT_MAX_TOKENS
     ) -> int:
         """The answer's token bound: ``given`` (or ``max_tokens``), else ``n_predict``, else ``default``
-        (the server's ``--n-predict``; -1: ``limit``)."""
+        (the server's ``--n-predict``); -1 in any of them: ``limit``."""
         given = self.max_tokens if given is None else given
         if given is not None and self.n_predict is not None and self.n_predict != given:
             raise ApiError(400, "invalid_input", f"n_predict: differs from {name}; give one", param="n_predict")
-        if self.n_predict == 0:
-            raise ApiError(400, "unsupported", "n_predict: 0 (evaluate the prompt only) is not supported", param="n_predict")
-        wanted = given or (limit if self.n_predict == -1 else self.n_predict) or (limit if default == -1 else default)
+        for param, value in ((name, given), ("n_predict", self.n_predict)):
+            if value == 0:
+                raise ApiError(400, "unsupported", f"{param}: 0 (evaluate the prompt only) is not supported", param=param)
+        wanted = next((v for v in (given, self.n_predict, default) if v is not None))
+        wanted = limit if wanted == UNTIL_THE_LIMIT else wanted
         if wanted > limit:
             param = name if given is not None else "n_predict"
             raise ApiError(400, "invalid_input", f"{param}: {wanted} is over the limit of {limit}", param=param)
@@ -186,7 +185,8 @@ class GenerationBody(BaseModel):
         given = {
             "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed, "top_k": self.top_k,
             "stop": self.stop, "frequency_penalty": self.frequency_penalty, "presence_penalty": self.presence_penalty,
-            "min_p": self.min_p, "repetition_penalty": penalty, "ignore_eos": self.ignore_eos, "grammar": self.grammar or None,
+            "min_p": self.min_p, "repetition_penalty": penalty, "repeat_last_n": self.repeat_last_n,
+            "ignore_eos": self.ignore_eos, "grammar": self.grammar or None,
         }
         if self.grammar and self.schema() is not None:
             raise ApiError(400, "invalid_input", "grammar: give a GBNF grammar or a JSON schema, not both", param="grammar")
@@ -202,12 +202,18 @@ class GenerationBody(BaseModel):
             raise ApiError(400, "invalid_input", str(e), param=str(e.input)) from None
 
     def schema(self) -> dict[str, Any] | None:
-        """The JSON schema the answer must follow (``response_format`` or ``json_schema``), checked; None: free text."""
+        """The JSON schema the answer must follow (``response_format``, ``json_schema`` or Ollama's ``format``),
+        checked; None: free text."""
         fmt = self.response_format
+        given = [name for name, value in (("response_format", fmt is not None and fmt.type != "text"),
+                                          ("json_schema", self.json_schema is not None), ("format", bool(self.format)))
+                 if value]
+        if len(given) > 1:
+            raise ApiError(400, "invalid_input", f"{given[1]}: give it or {given[0]}, not both", param=given[1])
         if self.json_schema is not None:
-            if fmt is not None and fmt.type != "text":
-                raise ApiError(400, "invalid_input", "json_schema: give it or response_format, not both", param="json_schema")
             return check_schema(self.json_schema, "json_schema")
+        if self.format:
+            return {"type": "object"} if self.format == "json" else check_schema(self.format, "format")
         if fmt is None or fmt.type == "text":
             return None
         if fmt.type == "json_object":
@@ -246,7 +252,7 @@ def check_schema(schema: dict[str, Any], where: str) -> dict[str, Any]:
             Draft7Validator.check_schema(schema)
     except SchemaError as e:
         path = "/".join(str(p) for p in e.absolute_path) or "(root)"
-        param = "json_schema" if where == "json_schema" else "response_format"
+        param = where.partition(".")[0]
         raise ApiError(
             400, "invalid_input", f"{where}: not a valid JSON Schema at {path}: {e.message[:300]}", param=param
         ) from None

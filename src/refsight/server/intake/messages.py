@@ -33,15 +33,16 @@ import io
 import re
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Callable, ClassVar, Literal
 from urllib.parse import unquote, urlsplit
 
 from PIL import Image
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from ... import ReferenceSegment
 from ...inputs.text import check_text
 from .bodies import decode_data_url
+from .dialect_body import DialectBody
 from ..edge.disconnect import client_stop
 from ..edge.http_errors import ApiError
 from .fetch_deadline import FetchDeadline
@@ -58,21 +59,21 @@ REF_URL_PREFIX = "refsight://ref/"
 #: The path of a reference's image on this server (``GET`` serves it; as a part's url it names the reference).
 REFERENCE_IMAGE_PATH = re.compile(r"/v1/references/(?P<id>[^/]+)/image")
 #: The chat role each OpenAI role is rendered as.
-_ROLE = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_ROLE = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 
-class ImageURL(BaseModel):
-    """The ``image_url`` object of a part: a data URL, ``refsight://ref/<id>`` or this server's reference URL."""
+class ImageURL(DialectBody):
+    """The ``image_url`` object of a part: a data URL, ``refsight://ref/<id>`` or this server's reference URL
+    (OpenAI's ``detail`` is a hint: every image is read at the size the model's processor gives it)."""
 
-    model_config = ConfigDict(extra="allow")
+    hints: ClassVar[frozenset[str]] = frozenset({"detail"})
     url: str = ""
     detail: str | None = None
 
 
-class ContentPart(BaseModel):
+class ContentPart(DialectBody):
     """One part of a message: text, or an image (``image_url``, a ``uuid``, or both)."""
 
-    model_config = ConfigDict(extra="allow")
     type: Literal["text", "image_url"]
     text: str | None = None
     image_url: ImageURL | None = None
@@ -81,12 +82,35 @@ class ContentPart(BaseModel):
     )
 
 
-class Message(BaseModel):
-    """A chat message."""
+class CalledFunction(DialectBody):
+    """The ``function`` of a tool call in a conversation's history: its name and arguments (JSON text, as OpenAI
+    sends them; an object is taken too)."""
 
-    model_config = ConfigDict(extra="allow")
-    role: Literal["system", "developer", "user", "assistant"]
+    name: str
+    arguments: str | dict[str, Any] | None = None
+
+
+class HistoryCall(DialectBody):
+    """A tool call an assistant message made earlier (``tool_calls``), sent back with the conversation."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
+class Message(DialectBody):
+    """A chat message: ``tool_calls`` on an assistant's, ``tool_call_id`` (and ``name``) on a tool result."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
+    tool_calls: list[HistoryCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def ignored_fields(self, where: str = "") -> list[str]:
+        """The base's, and ``name`` on any message but a tool result's (a participant's name no template reads)."""
+        names = super().ignored_fields(where)
+        return sorted([*names, f"{where}name"]) if self.name is not None and self.role != "tool" else names
 
 
 @dataclass

@@ -10,12 +10,12 @@ exist once, for OpenAI's chat and completions and for Ollama's ``refsight`` obje
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Sequence
 
 from ... import __version__
 from ...results import GenerateResult
 
-__all__ = ["Answer", "usage", "refsight_extra", "finish_reason", "RANDOM_WEIGHTS_NOTICE", "SYSTEM_FINGERPRINT"]
+__all__ = ["Answer", "usage", "refsight_extra", "ignored_extra", "ignored_object", "finish_reason", "RANDOM_WEIGHTS_NOTICE", "SYSTEM_FINGERPRINT"]
 
 #: OpenAI's ``system_fingerprint`` (llama-server sends its build): the refsight version that answered.
 SYSTEM_FINGERPRINT = f"refsight-{__version__}"
@@ -34,6 +34,8 @@ class Answer(GenerateResult):
     #: seconds to the first token and after it (Ollama's ``prompt_eval_duration`` / ``eval_duration``)
     prompt_s: float = 0.0
     eval_s: float = 0.0
+    #: llama-server's ``stopping_word``: the stop string that ended the answer ("" when none), found in the worker
+    stopping_word: str = ""
 
     @classmethod
     def of(cls, result: GenerateResult, **added: Any) -> Answer:
@@ -52,8 +54,9 @@ def usage(answer: GenerateResult) -> dict[str, Any]:
     }
 
 
-def refsight_extra(answer: GenerateResult) -> dict[str, Any]:
-    """The ``refsight`` object of an answer: random weights (and the notice), references cached, timings, uuids."""
+def refsight_extra(answer: GenerateResult, ignored: Sequence[str] = ()) -> dict[str, Any]:
+    """The ``refsight`` object of an answer: random weights (and the notice), references cached, timings, uuids, and
+    the request's fields refsight did not use (:func:`ignored_extra`)."""
     extra: dict[str, Any] = {
         "random_weights": answer.random_weights,
         "references_cached": answer.references_cached,
@@ -63,9 +66,22 @@ def refsight_extra(answer: GenerateResult) -> dict[str, Any]:
         extra["media_uuids"] = answer.media_uuids
     if answer.random_weights:
         extra["notice"] = RANDOM_WEIGHTS_NOTICE
-    return extra
+    return {**extra, **ignored_extra(ignored)}
+
+
+def ignored_extra(ignored: Sequence[str]) -> dict[str, Any]:
+    """``{"ignored": [...]}``: the paths of the request's fields that refsight did not use (unknown fields and hints,
+    :mod:`~..intake.dialect_body`), where there are any; else nothing."""
+    return {"ignored": list(ignored)} if ignored else {}
+
+
+def ignored_object(ignored: Sequence[str]) -> dict[str, Any]:
+    """``{"refsight": {"ignored": [...]}}`` for a reply that carries no ``refsight`` object otherwise (a count, a
+    template, tokens, Anthropic's message, Ollama's load), where any field was ignored; else nothing."""
+    return {"refsight": ignored_extra(ignored)} if ignored else {}
 
 
 def finish_reason(answer: GenerateResult) -> str:
-    """The finish reason a client may be sent: ``length``, else ``stop`` (a cancelled answer has no reader)."""
-    return "length" if answer.finish_reason == "length" else "stop"
+    """The finish reason a client may be sent: ``length``, ``tool_calls`` (the answer called tools), else ``stop`` (a
+    cancelled answer has no reader)."""
+    return answer.finish_reason if answer.finish_reason in ("length", "tool_calls") else "stop"

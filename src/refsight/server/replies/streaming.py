@@ -24,6 +24,7 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ...tools import ToolCall
 from ..edge.disconnect import watched, with_client_stop
 from ..edge.limits import WorkPool
 
@@ -153,17 +154,24 @@ def _sse_error(error: dict[str, Any]) -> bytes:
 async def answer_events(
     first: Any, source: AsyncIterator[Any], piece: Callable[[str], bytes], finish: Callable[[Any], Iterable[bytes]],
     error: Callable[[dict[str, Any]], bytes] = _sse_error, progress: Callable[[PromptProgress], bytes] | None = None,
+    call: Callable[[ToolCall], bytes] | None = None,
 ) -> AsyncIterator[bytes]:
     """The one loop of a streamed answer (from :func:`open_stream`): ``piece(text)`` per text piece (``progress``
-    per :class:`PromptProgress`, in a stream that asked for them), then ``finish(result)``'s events; an error after
-    the headers becomes ``error(stream_error(e))``, the last event.
+    per :class:`PromptProgress`, in a stream that asked for them; ``call`` per :class:`~refsight.tools.ToolCall`, in
+    a chat that offered tools), then ``finish(result)``'s events; an error after the headers becomes
+    ``error(stream_error(e))``, the last event.
 
     Each wire format brings only its formatters (OpenAI chunks, llama-server events, Ollama's NDJSON lines).
     """
     item = first
     try:
         while not isinstance(item, Finished):
-            yield progress(item) if isinstance(item, PromptProgress) and progress is not None else piece(item)
+            if isinstance(item, PromptProgress) and progress is not None:
+                yield progress(item)
+            elif isinstance(item, ToolCall) and call is not None:
+                yield call(item)
+            else:
+                yield piece(item)
             item = await source.__anext__()
     except Exception as e:  # noqa: BLE001 -- after the headers an error can only be an event
         yield error(stream_error(e))

@@ -3,7 +3,8 @@
 The prompt is raw text (no chat template added); a list of prompts is answered one after the
 other, a choice each (``index`` in the list's order, the usage summed). The generation
 fields are the chat endpoint's (:mod:`..intake.generation_body`: OpenAI's, vLLM's and
-llama-server's names). ``stream: true`` answers one prompt with ``text_completion`` chunks, then
+llama-server's names; fields refsight does not use, the chat template's variables among them, named in the
+``refsight.ignored`` of the reply, or of each choice of several). ``stream: true`` answers one prompt with ``text_completion`` chunks, then
 ``data: [DONE]``. Images are not taken here (use ``/v1/chat/completions`` or llama-server's
 ``/completion``): a prompt holding the media marker is a 400.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import time
 import uuid as uuidlib
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, ClassVar
 
 from fastapi import APIRouter, Request
 from pydantic import Field
@@ -23,7 +24,8 @@ from ..intake.completion_parts import MAX_PROMPTS, check_raw_prompt, raw_prompt
 from ..edge.disconnect import run_watched
 from ..deps import ConfigDep, PoolDep, ServiceDep, Namespace
 from ..edge.http_errors import ERROR_RESPONSES, ApiError
-from ..intake.bodies import IntegerOrNull, StreamOptions
+from ..intake.bodies import StreamOptions
+from ..intake.dialect_body import log_ignored
 from ..intake.generation_body import GenerationBody, check_generation
 from ..replies.logprob_fields import completion_logprobs, piece_logprobs
 from ..replies.streaming import SSE_DONE, EventStreamResponse, PromptProgress, answer_events, open_stream, progress_hook, sse_event
@@ -36,10 +38,12 @@ router = APIRouter(tags=["openai"])
 class CompletionsBody(GenerationBody):
     """OpenAI's completions request."""
 
+    hints: ClassVar[frozenset[str]] = GenerationBody.hints | {"timings_per_token"}
+
     model: str | None = None
     prompt: str | list[str] = Field(description="the raw prompt, or a list of prompts (a choice each)")
-    n: IntegerOrNull = Field(None, ge=1)
-    logprobs: IntegerOrNull = Field(None, ge=0, description="each token's log probability and the N most likely alternatives")
+    n: int | None = Field(None, ge=1)
+    logprobs: int | None = Field(None, ge=0, description="each token's log probability and the N most likely alternatives")
     stream: bool | None = None
     stream_options: StreamOptions | None = None
 
@@ -65,11 +69,8 @@ async def completions(request: Request, body: CompletionsBody, namespace: Namesp
     """A text completion of the raw prompt (OpenAI's ``text_completion`` shape)."""
     if body.n not in (None, 1):
         raise ApiError(400, "unsupported", "n: only one choice (n=1) is supported", param="n")
-    max_new_tokens, sampling = check_generation(body, service, None, config.max_new_tokens)
-    schema = body.schema()
-    prompts = [raw_prompt(text, [], service.media_marker) for text in body.texts()]
-    for prompt in prompts:
-        await check_raw_prompt(prompt, pool, config.max_prompt_tokens, service)
+    max_new_tokens, sampling, schema, prompts = await pool.run(_checked, body, service, config)
+    ignored = log_ignored(request.url.path, body.ignored_fields())
     completion_id, created = f"cmpl-{uuidlib.uuid4().hex}", int(time.time())
 
     def work_of(text: str) -> Any:
@@ -91,30 +92,45 @@ async def completions(request: Request, body: CompletionsBody, namespace: Namesp
 
     if not body.stream:
         results = [await run_watched(pool, request, work_of(p.texts[0])) for p in prompts]  # a client that leaves frees its worker
-        return {**response(*_choices(results, choice)), **_answers_usage(results)}
+        return {**response(*_choices(results, choice, ignored)), **_answers_usage(results, ignored)}
     first, source, stop = await open_stream(pool, work_of(prompts[0].texts[0]), request)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return EventStreamResponse(_chunks(first, source, lambda *a: response(choice(*a)), include_usage), stop)
+    return EventStreamResponse(_chunks(first, source, lambda *a: response(choice(*a)), include_usage, ignored), stop)
 
 
-def _choices(results: list[GenerateResult], choice: Any) -> list[dict[str, Any]]:
+def _checked(body: CompletionsBody, service: Any, config: Any) -> tuple[int, Any, Any, list[Any]]:
+    """The checks against the served model, in the work pool (they tokenize): the token bound, the sampling, the
+    JSON schema and the prompts, each within the prompt limit."""
+    max_new_tokens, sampling = check_generation(body, service, None, config.max_new_tokens)
+    schema = body.schema()
+    prompts = [raw_prompt(text, [], service.media_marker) for text in body.texts()]
+    for prompt in prompts:
+        check_raw_prompt(prompt, config.max_prompt_tokens, service)
+    return max_new_tokens, sampling, schema, prompts
+
+
+def _choices(results: list[GenerateResult], choice: Any, ignored: list[str]) -> list[dict[str, Any]]:
     """One choice per answer, in order; with several, each carries its own answer's ``refsight`` object."""
     choices = [choice(r.text, finish_reason(r), completion_logprobs(r.logprobs), i) for i, r in enumerate(results)]
-    return choices if len(results) == 1 else [{**c, "refsight": refsight_extra(r)} for c, r in zip(choices, results)]
+    if len(results) == 1:
+        return choices
+    return [{**c, "refsight": refsight_extra(r, ignored)} for c, r in zip(choices, results)]
 
 
-def _answers_usage(results: list[GenerateResult]) -> dict[str, Any]:
+def _answers_usage(results: list[GenerateResult], ignored: list[str]) -> dict[str, Any]:
     """The response's ``usage``, summed over the answers (and, for one answer, its ``refsight`` object)."""
     counts = [usage(r) for r in results]
     total = {k: sum(u[k] for u in counts) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
     total["prompt_tokens_details"] = {"cached_tokens": sum(u["prompt_tokens_details"]["cached_tokens"] for u in counts)}
-    return {"usage": total, **({"refsight": refsight_extra(results[0])} if len(results) == 1 else {})}
+    return {"usage": total, **({"refsight": refsight_extra(results[0], ignored)} if len(results) == 1 else {})}
 
 
-async def _chunks(first: Any, source: AsyncIterator[Any], chunk: Any, include_usage: bool) -> AsyncIterator[bytes]:
+async def _chunks(
+    first: Any, source: AsyncIterator[Any], chunk: Any, include_usage: bool, ignored: list[str]
+) -> AsyncIterator[bytes]:
     """The SSE events of one streamed answer; ``chunk(text, finish, logprobs)`` is one ``text_completion`` chunk."""
     def finish(result: GenerateResult) -> list[bytes]:
-        events = [sse_event({**chunk("", finish_reason(result)), "refsight": refsight_extra(result)})]
+        events = [sse_event({**chunk("", finish_reason(result)), "refsight": refsight_extra(result, ignored)})]
         if include_usage:
             events.append(sse_event({**chunk("", None), "choices": [], "usage": usage(result)}))
         return [*events, SSE_DONE]

@@ -3,12 +3,11 @@
 ``GET /health`` (and ``/v1/health``; no key: 503 ``Loading model`` until the model is
 loaded, then ``{"status": "ok"}``), ``GET /props`` (the model, its context size, the
 modalities and the media marker ``/completion`` prompts use), ``GET /slots`` (one per
-model worker), ``POST /tokenize``,
-``/detokenize``, ``/apply-template`` (the served model's own tokenizer and chat
-template) and ``POST /completion`` (and ``/completions``, as llama-server): a raw prompt (no chat template added) with a media
+model worker) and ``POST /completion`` (and ``/completions``, as llama-server): a raw prompt (no chat template added) with a media
 marker per image and the images in ``multimodal_data`` (base64, or a stored reference:
 :mod:`..intake.completion_parts`), the sampling fields of :mod:`..intake.generation_body`, ``stream``.
-Every field is honoured, accepted as a no-op, or refused with a 400 naming it.
+Every field is honoured, or refused with a 400 naming it, or (a hint, or a field refsight does not know) accepted
+and named in the reply's ``refsight.ignored``. The tokenizer's and the chat template's endpoints: :mod:`.llama_text`.
 """
 
 from __future__ import annotations
@@ -16,26 +15,28 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, ClassVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import Field, ValidationError
 
 from ... import __version__
 from ...results import GenerateResult
 from ...settings import torch_threads
-from ..replies.answers import Answer
-from ..intake.completion_parts import MAX_PROMPTS, RawPrompt, check_raw_prompt, fill_context, mixed_prompt_text, raw_prompt, stop_type
+from ..replies.answers import Answer, ignored_extra
+from ..intake.completion_parts import (
+    MAX_PROMPTS, RawPrompt, check_raw_prompt, fill_context, mixed_prompt_text, raw_prompt, stop_type,
+    with_piece_tokens, with_stopping_word,
+)
 from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
 from ..edge.http_errors import ERROR_RESPONSES, ApiError
-from ..intake.bodies import IntegerOrNull
+from ..intake.dialect_body import DialectBody, log_ignored
 from ..intake.generation_body import GenerationBody, check_generation
 from ..replies.logprob_fields import piece_logprobs, token_entries
-from ..intake.messages import prompt_end_of
 from ..edge.disconnect import run_watched
-from ..intake.messages import Message, PartResolver, template_segments
-from ..intake.prompt_limit import check_prompt_chars
+from ..edge.sleep import needs_no_model
+from ..intake.messages import PartResolver
 from ..replies.streaming import EventStreamResponse, PromptProgress, answer_events, open_stream, progress_hook, sse_event
 from ..replies.timings import TokenClock
 
@@ -43,12 +44,11 @@ __all__ = ["router"]
 
 router = APIRouter(tags=["llama-server"])
 _ERRORS = {k: ERROR_RESPONSES[k] for k in (400, 404)}
-#: Most token ids one /detokenize request may carry.
-MAX_DETOKENIZE = 1 << 16
 
 
 @router.get("/health", responses={503: ERROR_RESPONSES[503]})
 @router.get("/v1/health", responses={503: ERROR_RESPONSES[503]})
+@needs_no_model
 async def health(service: ServiceDep) -> Any:
     """llama-server's readiness check (no key): 503 while the model loads, then 200 ``{"status": "ok"}``."""
     if not service.is_ready:
@@ -58,6 +58,7 @@ async def health(service: ServiceDep) -> Any:
 
 
 @router.get("/props")
+@needs_no_model
 async def props(namespace: Namespace, service: ServiceDep, config: ConfigDep, pool: PoolDep) -> dict[str, Any]:
     """The server's properties as llama-server reports them (read-only, from the facts taken at load: asking
     never wakes a sleeping model); ``refsight.threads``: the thread budget, and torch's threads as a worker
@@ -89,6 +90,7 @@ async def props(namespace: Namespace, service: ServiceDep, config: ConfigDep, po
 
 
 @router.get("/slots")
+@needs_no_model
 async def slots(
     request: Request, namespace: Namespace, service: ServiceDep, pool: PoolDep, config: ConfigDep
 ) -> list[dict[str, Any]]:
@@ -115,82 +117,9 @@ async def slots(
     ]
 
 
-class TokenizeBody(BaseModel):
-    """``POST /tokenize``."""
-
-    model_config = ConfigDict(extra="forbid")
-    content: str
-    add_special: bool = False
-    parse_special: bool = True
-    with_pieces: bool = False
-
-
-@router.post("/tokenize", responses=_ERRORS)
-async def tokenize(body: TokenizeBody, namespace: Namespace, service: ServiceDep, pool: PoolDep, config: ConfigDep) -> Any:
-    """The served model's own tokens of ``content`` (with ``with_pieces``: each token's text, or its bytes)."""
-    check_prompt_chars([body.content], config.max_prompt_tokens, "content")
-
-    def work() -> dict[str, Any]:
-        ids = service.tokenize(body.content, add_special=body.add_special, parse_special=body.parse_special)
-        if not body.with_pieces:
-            return {"tokens": ids}
-        return {"tokens": [{"id": t, "piece": _piece(service.token_piece(t))} for t in ids]}
-
-    return await pool.run_light(work)
-
-
-def _piece(data: bytes) -> str | list[int]:
-    """llama-server's ``piece``: the text when it is valid UTF-8, else the list of bytes."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return list(data)
-
-
-class DetokenizeBody(BaseModel):
-    """``POST /detokenize``."""
-
-    model_config = ConfigDict(extra="forbid")
-    # Strict: "1" and true are not token ids (lax parsing would take them as 1).
-    tokens: list[StrictInt] = Field(default_factory=list, max_length=MAX_DETOKENIZE)
-
-
-@router.post("/detokenize", responses=_ERRORS)
-async def detokenize(body: DetokenizeBody, namespace: Namespace, service: ServiceDep, pool: PoolDep) -> dict[str, str]:
-    """The text of ``tokens`` in the served model's vocabulary."""
-    return {"content": await pool.run_light(service.detokenize, body.tokens)}
-
-
-class ApplyTemplateBody(BaseModel):
-    """``POST /apply-template``: chat messages as ``/v1/chat/completions`` takes them."""
-
-    model_config = ConfigDict(extra="forbid")
-    messages: list[Message] = Field(min_length=1, max_length=256)
-    # llama-server's fields: false leaves out the opening of the answer's turn; a final assistant message is
-    # continued (prefilled) as in a chat; tools only null or [] (none are rendered).
-    add_generation_prompt: bool | None = None
-    continue_final_message: bool | None = None
-    tools: list[Any] | None = None
-
-
-@router.post("/apply-template", responses=_ERRORS)
-async def apply_template(
-    body: ApplyTemplateBody, namespace: Namespace, service: ServiceDep, pool: PoolDep, config: ConfigDep
-) -> dict[str, str]:
-    """The served model's chat template around ``messages``, images as the media marker (for ``/completion``),
-    ended as the chat would be: a final assistant message continued (llama-server's prefill)."""
-    if body.tools:
-        raise ApiError(400, "unsupported", "tools: tool definitions are not supported; send null or []", param="tools")
-    texts, turns = template_segments(body.messages, service.media_marker)
-    check_prompt_chars(texts, config.max_prompt_tokens)
-    ending, _ = prompt_end_of(body.messages, body.add_generation_prompt, body.continue_final_message)
-    return {"prompt": await pool.run_light(service.render_chat, texts, turns, ending)}
-
-
-class PromptObject(BaseModel):
+class PromptObject(DialectBody):
     """llama-server's JSON prompt: ``{"prompt_string": ..., "multimodal_data": [base64, ...]}``."""
 
-    model_config = ConfigDict(extra="forbid")
     prompt_string: str
     multimodal_data: list[str] | None = Field(None, max_length=64)
 
@@ -198,11 +127,13 @@ class PromptObject(BaseModel):
 class CompletionBody(GenerationBody):
     """``POST /completion``: a raw prompt, its images, and the generation fields."""
 
+    hints: ClassVar[frozenset[str]] = GenerationBody.hints - {"return_tokens"}
+
     prompt: str | PromptObject | list[Any]
     multimodal_data: list[str] | None = Field(None, max_length=64, description="base64 images, one per media marker")
     stream: bool | None = None
     model: str | None = None
-    logprobs: IntegerOrNull = Field(None, ge=0, description="llama-server's alias of n_probs (read when n_probs is not given)")
+    logprobs: int | None = Field(None, ge=0, description="llama-server's alias of n_probs (read when n_probs is not given)")
     response_fields: list[str] | None = Field(
         None, max_length=256, description="llama-server: answer only these fields ('a/b': field b of object a)"
     )
@@ -215,7 +146,7 @@ class CompletionBody(GenerationBody):
 
     def raw_prompts(self, marker: str, service: Any) -> list[RawPrompt]:
         """Each prompt split at the media markers, with its images (token ids read as their text:
-        :func:`~..intake.completion_parts.mixed_prompt_text`). Runs the tokenizer: call it off the event loop."""
+        :func:`~..intake.completion_parts.mixed_prompt_text`). Runs the tokenizer: call it in the work pool."""
         prompts = _prompts(self.prompt, service)
         if len(prompts) > 1 and self.multimodal_data is not None:
             raise ApiError(400, "invalid_input", "multimodal_data: with several prompts, give each its own in a prompt "
@@ -263,15 +194,19 @@ def _one_prompt(item: Any, index: int, service: Any) -> str | PromptObject:
     return item
 
 
-async def _checked_prompts(body: CompletionBody, service: Any, pool: Any, config: Any) -> list[RawPrompt]:
-    """The body's prompts, each within the prompt limit; 400 for several streamed (they are one JSON array)."""
-    prompts = await pool.run_light(body.raw_prompts, service.media_marker, service)
+def _checked(body: CompletionBody, service: Any, config: Any) -> tuple[int, Any, Any, list[RawPrompt], tuple[int, ...]]:
+    """The checks of a completion against the served model, in the work pool (they tokenize): the token bound, the
+    sampling, the JSON schema, the prompts (each within the prompt limit; 400 for several streamed: they are one JSON
+    array) and, with ``ignore_eos``, the end tokens it bans (their first ask walks the vocabulary)."""
+    max_new_tokens, sampling = check_generation(body, service, None, config.max_new_tokens)
+    schema = body.schema()
+    prompts = body.raw_prompts(service.media_marker, service)
     if len(prompts) > 1 and body.stream:
         raise ApiError(400, "unsupported", f"stream: {len(prompts)} prompts are answered as one JSON array; stream "
                        "one prompt per request", param="stream")
     for prompt in prompts:
-        await check_raw_prompt(prompt, pool, config.max_prompt_tokens, service)
-    return prompts
+        check_raw_prompt(prompt, config.max_prompt_tokens, service)
+    return max_new_tokens, sampling, schema, prompts, service.end_tokens() if sampling.ignore_eos else ()
 
 
 @router.post("/completion", responses=_ERRORS)
@@ -282,49 +217,47 @@ async def completion(
 ) -> Any:
     """llama-server's native completion: the prompt as given (no chat template), images at its media markers.
     Several prompts are answered one after the other, as a JSON array in their order (not streamed)."""
-    max_new_tokens, sampling = check_generation(body, service, None, config.max_new_tokens)
-    schema = body.schema()
-    prompts = await _checked_prompts(body, service, pool, config)
+    max_new_tokens, sampling, schema, prompts, ends = await pool.run(_checked, body, service, config)
+    ignored = ignored_extra(log_ignored(request.url.path, body.ignored_fields()))
     resolver = PartResolver.for_request(request, service, namespace, uuids, config)
-    # ignore_eos bans the end tokens: generation_settings shows them (the first ask walks the vocabulary: off the loop)
-    ends = await pool.run_light(service.end_tokens) if sampling.ignore_eos else ()
-
-    fill = body.n_predict == -1 and body.max_tokens is None
+    fill = body.until_the_limit()
 
     def work_of(prompt: RawPrompt, clock: TokenClock) -> Any:
         def work(on_text=None, stop_event=None) -> Answer:
             def generate(limit: int) -> GenerateResult:
                 return service.chat(
                     prompt.segments(resolver), namespace=namespace, max_new_tokens=limit, json_schema=schema,
-                    sampling=sampling, on_text=clock.wrap(on_text), stop_event=stop_event, raw_prompt=True,
-                    on_prompt=progress_hook(on_text, body.return_progress),
+                    sampling=sampling, on_text=clock.wrap(with_piece_tokens(on_text, service)), stop_event=stop_event,
+                    raw_prompt=True, on_prompt=progress_hook(on_text, body.return_progress),
                 )
 
             clock.begin()
             try:
                 if fill:  # n_predict -1: the rest of the context
-                    return fill_context(generate, service.context_size, max_new_tokens)
-                return Answer.of(generate(max_new_tokens))
+                    answer = fill_context(generate, service.context_size, max_new_tokens)
+                else:
+                    answer = Answer.of(generate(max_new_tokens))
+                return with_stopping_word(answer, sampling.stop, service)
             finally:
                 clock.stop()
 
         return work
 
     def final(prompt: RawPrompt, clock: TokenClock, index: int, result: Answer, streamed: bool = False) -> dict[str, Any]:
-        kind, word = stop_type(result, sampling.stop, service)
+        kind, word = stop_type(result)
         # Streamed, each event carried its tokens' probabilities already (llama-server sends none at the end).
         probs = {} if streamed or result.logprobs is None else {"completion_probabilities": token_entries(result.logprobs)}
         return _fields({
             "index": index, "content": "" if streamed else result.text,
-            "tokens": result.tokens if body.model_extra.get("return_tokens") else [],
+            "tokens": result.tokens if body.return_tokens else [],
             "id_slot": 0, "stop": True, "model": service.served_model, "tokens_predicted": len(result.tokens),
             "tokens_evaluated": result.prompt_tokens, "tokens_cached": result.prefix_tokens_reused,
             "generation_settings": {**_settings(sampling, -1 if fill else max_new_tokens, service.context_size, ends),
                                     "model": service.served_model, "stream": bool(body.stream),
-                                    "timings_per_token": bool(body.model_extra.get("timings_per_token"))},
+                                    "timings_per_token": bool(body.timings_per_token)},
             "prompt": service.media_marker.join(prompt.texts), "has_new_line": "\n" in result.text, "truncated": result.truncated,
             "stop_type": kind, "stopping_word": word, "timings": clock.final(result),
-            "refsight": {"random_weights": result.random_weights, "references_cached": result.references_cached},
+            "refsight": {"random_weights": result.random_weights, "references_cached": result.references_cached, **ignored},
             **probs,
         }, body.response_fields)
 
@@ -334,13 +267,11 @@ async def completion(
         return answers if len(answers) > 1 else answers[0]
     (prompt,), (clock,) = prompts, clocks
     first, source, stop = await open_stream(pool, work_of(prompt, clock), request)
-    per_token = clock.partial if body.model_extra.get("timings_per_token") else None
-    return EventStreamResponse(_events(first, source, functools.partial(final, prompt, clock, 0), service, per_token), stop)
+    per_token = clock.partial if body.timings_per_token else None
+    return EventStreamResponse(_events(first, source, functools.partial(final, prompt, clock, 0), per_token), stop)
 
 
-async def _events(
-    first: Any, source: AsyncIterator[Any], final: Any, service: Any, per_token: Any = None
-) -> AsyncIterator[bytes]:
+async def _events(first: Any, source: AsyncIterator[Any], final: Any, per_token: Any = None) -> AsyncIterator[bytes]:
     """llama-server's stream: one event per piece (``stop: false``) with its ``tokens`` (and, with
     ``timings_per_token``, the ``timings`` so far), then the final object (``stop: true``). With ``n_probs``
     each token has its own event, as in llama-server: a piece of several tokens (a character split over
@@ -357,8 +288,8 @@ async def _events(
 
     def piece(text: str) -> bytes:
         logprobs = piece_logprobs(text)
-        if not logprobs:  # its ids are its text in the served vocabulary (a few characters: cheap on the event loop)
-            return piece_event(str(text), service.tokenize(text, add_special=False, parse_special=False))
+        if not logprobs:  # its ids: its text in the served vocabulary, read in the worker (with_piece_tokens)
+            return piece_event(str(text), list(getattr(text, "tokens", ())))
         *before, last = logprobs
         return b"".join([*(piece_event("", [lp.token], [lp]) for lp in before),
                          piece_event(str(text), [last.token], [last])])
@@ -400,8 +331,8 @@ def _settings(sampling: Any, n_predict: int, n_ctx: int | None, end_tokens: Sequ
         "seed": -1 if sampling.seed is None else sampling.seed, "stop": list(sampling.stop),
         # The rest of llama-server's fields, at the values refsight always uses (any other is refused by name).
         "max_tokens": n_predict, "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "typical_p": 1.0,
-        "xtc_probability": 0.0, "xtc_threshold": 0.1, "repeat_last_n": -1, "dry_multiplier": 0.0, "dry_base": 1.75,
-        "dry_allowed_length": 2, "dry_penalty_last_n": -1, "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
+        "xtc_probability": 0.0, "xtc_threshold": 0.1, "repeat_last_n": sampling.repeat_last_n, "dry_multiplier": 0.0,
+        "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1, "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
         "n_keep": 0, "n_discard": 0, "ignore_eos": sampling.ignore_eos, "n_probs": sampling.logprobs or 0, "min_keep": 0,
         # llama-server's shape; a banned token's -inf is JSON's null, as llama-server writes it.
         "logit_bias": [{"bias": bias if math.isfinite(bias) else None, "token": token} for token, bias in [*sampling.logit_bias, *banned]],

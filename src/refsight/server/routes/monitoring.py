@@ -11,6 +11,7 @@ from ... import __version__
 from ..edge.auth import require_operator
 from ..deps import MetricsDep, PoolDep, ServiceDep, Namespace, TenantsDep
 from ..edge.metrics import CONTENT_TYPE_LATEST
+from ..edge.sleep import needs_no_model
 
 __all__ = ["router"]
 
@@ -18,6 +19,7 @@ router = APIRouter(tags=["service"])
 
 
 @router.get("/healthz")
+@needs_no_model
 async def healthz(service: ServiceDep) -> dict[str, Any]:
     """Liveness: the model name and whether its weights are random. Needs no key."""
     return {"status": "ok", "model": service.model, "random_weights": service.random_weights, "version": __version__}
@@ -34,6 +36,7 @@ async def prometheus(metrics: MetricsDep) -> Response:
 
 
 @router.get("/v1/stats")
+@needs_no_model
 async def stats(namespace: Namespace, service: ServiceDep, pool: PoolDep, tenants: TenantsDep) -> dict[str, Any]:
     """Cache statistics; with tenants, only the caller's references and packages (counters are operator-level)."""
     return await pool.run_light(lambda: service.stats(namespace=namespace, tenants=tenants.enabled))

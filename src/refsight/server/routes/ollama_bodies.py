@@ -1,16 +1,24 @@
 """Ollama's request bodies (``/api/chat``, ``/api/generate``, ``/api/show``) and what they mean to refsight.
 
-The sampling ``options`` become the fields every text route reads (:mod:`..intake.generation_body`), so they
-are honoured, accepted or refused by the same rule: ``temperature``, ``top_k``, ``top_p``, ``min_p``,
-``seed``, ``stop``, ``num_predict`` (-1 and -2: the server's limit), ``repeat_penalty``,
-``presence_penalty``, ``frequency_penalty`` are honoured; ``repeat_last_n``, ``typical_p``, ``tfs_z``,
-``mirostat`` only at their no-op values; ``num_ctx`` is accepted, the served context used whatever it
-says (the context is fixed at start, ``refsight serve -c N``; the reply's ``refsight.num_ctx`` names it);
-the runtime's resource knobs (``num_gpu``, ``num_thread`` ...) are hints that cannot change an answer;
-any other option is a 400 naming it. ``format`` ``"json"`` or a JSON schema is the constrained decoder's
-schema. ``think``, ``tools``, ``logprobs`` and tool messages are refused by name (no model refsight
-serves thinks or calls tools through it); ``keep_alive`` is accepted (the model stays loaded for the
-server's life).
+The ``options`` are read as the generation fields every text route reads (:class:`OllamaOptions`, a
+:class:`~..intake.generation_body.GenerationBody`), so they are honoured, taken at a neutral value or named as
+ignored by the same rule and with the same strict types (``"num_predict": "5"`` is a 400 naming
+``options.num_predict``): ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed``, ``stop``, ``num_predict``
+(-1 and -2: the server's limit), ``repeat_penalty`` over the last ``repeat_last_n`` tokens (where the backend
+honours the window; 0: no penalty), ``presence_penalty``, ``frequency_penalty``, and what Open WebUI also puts in
+``options``: ``logit_bias`` (``""``: none) and ``reasoning_effort`` (the template's variable) are honoured;
+``typical_p``, ``tfs_z``, ``mirostat`` only at their neutral values; ``num_ctx`` is accepted, the served context
+used whatever it says (the context is fixed at start, ``refsight serve -c N``; the reply's ``refsight.num_ctx``
+names it); the runtime's resource knobs (``num_gpu``, ``num_thread`` ...) are hints; every option refsight does not
+know or does not read here is named in the reply's ``refsight.ignored`` as ``options.NAME`` (Ollama logs and
+ignores an option it does not know). ``format`` ``"json"`` or a JSON schema is the constrained decoder's schema.
+``tools`` are rendered by the model's chat template and its calls read back into ``message.tool_calls``
+(:mod:`..intake.tool_fields`), an assistant message's ``tool_calls`` and a ``tool`` message (with ``tool_name``)
+rendered on the next turn. ``think`` sets the chat template's ``enable_thinking`` (a level: and its
+``reasoning_effort``) where the template reads it; on a model whose template reads neither, a thinking request is
+Ollama's own 400 (``"MODEL" does not support thinking``) and ``think: false`` changes nothing
+(:mod:`..intake.template_variables`). ``logprobs`` is refused by name; ``keep_alive`` is accepted (the model stays loaded for the
+server's life); a top-level field refsight does not know is named in ``refsight.ignored``.
 
 Images are base64, or a stored reference: ``refsight://ref/<id>`` as the entry, or as the base64 of
 that text (what a client that encodes every image sends for ``b"refsight://ref/<id>"``). In a message
@@ -19,66 +27,76 @@ they come before its text, as Ollama places them.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from ..intake.completion_parts import media_segment
 from ..edge.http_errors import ApiError
-from ..intake.bodies import IntegerOrNull, Number
+from ..edge.validation import error_field, validation_message
+from ..intake.dialect_body import DialectBody
 from ..intake.generation_body import GenerationBody, check_generation, check_schema
 from ..intake.messages import PartResolver
+from ..intake.template_variables import template_variables
+from ..intake.tool_fields import history_call
+from ...tools import ToolTurn
 
 __all__ = [
-    "OllamaMessage", "OllamaChatBody", "OllamaGenerateBody", "OllamaShowBody", "OPTION_FIELDS", "RUNTIME_HINTS",
-    "ollama_name", "check_model", "check_refused", "check_num_ctx", "generation", "schema_of", "chat_segments",
+    "OllamaMessage", "OllamaChatBody", "OllamaGenerateBody", "OllamaShowBody", "OllamaOptions",
+    "ollama_name", "check_model", "check_refused", "generation", "schema_of", "chat_segments", "thinking",
+    "ollama_tool_turns",
 ]
 
-#: Ollama's option → the :class:`~..intake.generation_body.GenerationBody` field that carries it.
-OPTION_FIELDS = {
-    "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "seed": "seed", "stop": "stop",
-    "num_predict": "n_predict", "repeat_penalty": "repeat_penalty", "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty", "repeat_last_n": "repeat_last_n", "typical_p": "typical_p",
-    "tfs_z": "tfs_z", "mirostat": "mirostat",
-}
-#: Options about the runtime's resources (or settings only read with mirostat on): they cannot change an answer here.
-RUNTIME_HINTS = frozenset({
-    "numa", "num_batch", "num_gpu", "main_gpu", "low_vram", "use_mmap", "use_mlock", "num_thread", "logits_all",
-    "num_keep", "penalize_newline", "mirostat_tau", "mirostat_eta",
-})
-#: The hints Ollama types as numbers (the others are booleans): even ignored, ``true`` is no number.
-_NUMBER_HINTS = frozenset({"num_batch", "num_gpu", "main_gpu", "num_thread", "num_keep", "mirostat_tau", "mirostat_eta"})
-_FIELD_OPTIONS = {field: option for option, field in OPTION_FIELDS.items()}
+#: Ollama's options whose generation field has another name.
+_RENAMED = {"num_predict": "n_predict"}
+_FIELD_OPTIONS = {field: option for option, field in _RENAMED.items()}
 #: An Ollama name without a tag means ``:latest``.
 _LATEST = ":latest"
 
 Format = Literal["", "json"] | dict[str, Any] | None
 
 
-class OllamaMessage(BaseModel):
+class OllamaOptions(GenerationBody):
+    """Ollama's ``options`` as the generation fields (``num_predict`` is ``n_predict``). The fields the Ollama
+    routes take elsewhere or not at all (the schema is ``format`` at the top level, there are no log
+    probabilities or progress events in Ollama's replies) are hints here; ``reasoning_effort`` is honoured."""
+
+    hints: ClassVar[frozenset[str]] = (GenerationBody.hints - {"reasoning_effort"}) | {
+        "response_format", "json_schema", "format", "return_progress", "timings_per_token", "n_probs",
+        "post_sampling_probs"}
+
+    def requested_logprobs(self) -> tuple[int | None, str]:
+        """None: an Ollama reply carries no log probabilities."""
+        return None, "n_probs"
+
+
+class OllamaMessage(DialectBody):
     """A chat message: ``role``, ``content``, ``images`` (base64, or a stored reference)."""
 
-    model_config = ConfigDict(extra="forbid")
     role: Literal["system", "user", "assistant", "tool"]
     content: str = ""
     images: list[str] | None = Field(None, max_length=64)
     thinking: str | None = None
     tool_calls: list[Any] | None = None
     tool_name: str | None = None
+    tool_call_id: str | None = None
 
 
-class _OllamaRequest(BaseModel):
+class _OllamaRequest(DialectBody):
     """What ``/api/chat`` and ``/api/generate`` share."""
 
-    model_config = ConfigDict(extra="forbid")
+    #: Ollama's fields that cannot change the answer here (context shifting: refsight never shifts).
+    hints: ClassVar[frozenset[str]] = frozenset({"shift", "truncate"})
     model: str = Field(min_length=1)
     format: Format = None
     options: dict[str, Any] | None = None
     stream: bool = Field(True, description="NDJSON lines as tokens come (Ollama's default); false: one object")
-    keep_alive: Number | str | None = Field(None, description="accepted: the model stays loaded for the server's life")
+    keep_alive: float | str | None = Field(None, description="accepted: the model stays loaded for the server's life")
     think: bool | Literal["low", "medium", "high"] | None = None
     logprobs: bool | None = None
-    top_logprobs: IntegerOrNull = None
+    top_logprobs: int | None = None
+    shift: bool | None = None
+    truncate: bool | None = None
 
 
 class OllamaChatBody(_OllamaRequest):
@@ -100,10 +118,9 @@ class OllamaGenerateBody(_OllamaRequest):
     images: list[str] | None = Field(None, max_length=64)
 
 
-class OllamaShowBody(BaseModel):
+class OllamaShowBody(DialectBody):
     """``POST /api/show`` (``name`` is the older spelling of ``model``)."""
 
-    model_config = ConfigDict(extra="forbid")
     model: str | None = None
     name: str | None = None
     verbose: bool | None = None
@@ -128,62 +145,45 @@ def check_model(model: str, service: Any) -> None:
 
 
 def check_refused(body: _OllamaRequest) -> None:
-    """400 naming what refsight does not do: thinking, tools, log probabilities."""
-    if body.think not in (None, False):
-        raise ApiError(400, "unsupported", "think: thinking is not supported by refsight (send think: false or leave it out)",
-                       param="think")
-    if getattr(body, "tools", None):
-        raise ApiError(400, "unsupported", "tools: tool calling is not supported by refsight", param="tools")
+    """400 naming what refsight does not do: log probabilities."""
     if body.logprobs or body.top_logprobs:
         raise ApiError(400, "unsupported", "logprobs: log probabilities are not returned", param="logprobs")
 
 
-def generation(options: dict[str, Any] | None, service: Any, limit: int) -> tuple[int, Any]:
-    """``options`` as the token bound and the :class:`~refsight.Sampling` (the model's params fill what is unset)."""
-    options = dict(options or {})
-    check_num_ctx(options.pop("num_ctx", None))
-    unknown = sorted(set(options) - set(OPTION_FIELDS) - RUNTIME_HINTS)
-    if unknown:
-        raise ApiError(400, "unsupported", f"options.{unknown[0]}: not an option refsight knows", param=f"options.{unknown[0]}")
-    _check_number_hints(options)
-    fields = {OPTION_FIELDS[k]: v for k, v in options.items() if k in OPTION_FIELDS}
+def generation(options: dict[str, Any] | None, service: Any, limit: int) -> tuple[int, Any, OllamaOptions]:
+    """``options`` as the token bound, the :class:`~refsight.Sampling` (the model's params fill what is unset) and
+    the options read (:class:`OllamaOptions`); every 400 names ``options.NAME``."""
+    fields = {_RENAMED.get(name, name): value for name, value in (options or {}).items()}
     if fields.get("n_predict") == -2:  # Ollama: fill the context; here: up to the server's limit, as -1
         fields["n_predict"] = -1
     try:
-        body = GenerationBody.model_validate(fields)
-        return check_generation(body, service, None, limit)
+        body = OllamaOptions.model_validate(fields)
+        return (*check_generation(body, service, None, limit), body)
     except ValidationError as e:
-        error = e.errors()[0]
-        where = _option(".".join(str(p) for p in error.get("loc", ())))
-        raise ApiError(400, "invalid_input", f"{where}: {error.get('msg', 'invalid')}", param=where) from None
+        where = _option(error_field(e.errors()[0]))
+        message = validation_message([err for err in e.errors() if error_field(err) == error_field(e.errors()[0])])
+        raise ApiError(400, "invalid_input", f"{where}:{message.partition(':')[2]}", param=where) from None
     except ApiError as e:
         where = _option(e.param or "")
         raise ApiError(e.status, e.code, e.message.replace(f"{e.param}:", f"{where}:", 1), param=where) from None
 
 
-def _check_number_hints(options: dict[str, Any]) -> None:
-    """400 naming a runtime hint that Ollama types as a number but that is not one (``true`` included)."""
-    for name in sorted(_NUMBER_HINTS & set(options)):
-        value = options[name]
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ApiError(400, "invalid_input", f"options.{name}: must be a number, not {value!r}"[:200],
-                           param=f"options.{name}")
+def thinking(body: _OllamaRequest, options: OllamaOptions | None, service: Any, raw: bool = False) -> tuple[dict, list]:
+    """The chat template's variables of ``think`` and ``options.reasoning_effort``, and the fields named ignored;
+    Ollama's 400 for a thinking request to a model that cannot think. A raw prompt renders no template: its
+    ``think`` and ``reasoning_effort`` are named ignored (after that check)."""
+    effort = options.reasoning_effort if options is not None else None
+    variables, unread = template_variables(service, None, effort, body.think, refuse_unthinking=ollama_name(service))
+    if raw:
+        unread = [name for name, value in (("think", body.think), ("reasoning_effort", effort)) if value is not None]
+        variables = {}
+    return variables, [f"options.{name}" if name == "reasoning_effort" else name for name in unread]
 
 
 def _option(field: str) -> str:
     """The ``options.NAME`` an Ollama client sent for the :class:`GenerationBody` ``field`` (``n_predict.0`` too)."""
     head, dot, rest = field.partition(".")
     return f"options.{_FIELD_OPTIONS.get(head, head)}{dot}{rest}"
-
-
-def check_num_ctx(num_ctx: Any) -> int | None:
-    """``options.num_ctx``: a positive integer (clients send it whenever their user sets a context length), or
-    None. It cannot resize the context, which is fixed at start (``refsight serve -c N``): the answer has the
-    served context whatever the value, and says so (the reply's ``refsight.num_ctx``)."""
-    if num_ctx is not None and (isinstance(num_ctx, bool) or not isinstance(num_ctx, int) or num_ctx < 1):
-        raise ApiError(400, "invalid_input", f"options.num_ctx: must be a positive integer, not {num_ctx!r}",
-                       param="options.num_ctx")
-    return num_ctx
 
 
 def schema_of(fmt: Format) -> dict[str, Any] | None:
@@ -220,10 +220,31 @@ def chat_segments(
     return segments, turns
 
 
-def _check_message(message: OllamaMessage, where: str) -> None:
-    if message.role == "tool" or message.tool_calls or message.tool_name:
-        raise ApiError(400, "unsupported", f"{where}: tool messages and tool calls are not supported by refsight",
+def ollama_tool_turns(messages: list[OllamaMessage], system: str | None = None) -> list[ToolTurn | None] | None:
+    """Each message's tool fields, in the turns :func:`chat_segments` lays out (after the model's own system turn where
+    it adds one): an assistant's ``tool_calls`` (``function.name``, ``function.arguments`` an object), a tool result's
+    ``tool_name`` (and ``tool_call_id``, which LangChain sends); None when no message has any."""
+    turns: list[ToolTurn | None] = [None] if system and not any(m.role == "system" for m in messages) else []
+    for i, message in enumerate(messages):
+        calls = [_history_call(call, f"messages[{i}].tool_calls[{j}]")
+                 for j, call in enumerate(message.tool_calls or [])]
+        if calls and message.role != "assistant":
+            raise ApiError(400, "invalid_input", f"messages[{i}].tool_calls: only an assistant message calls tools",
+                           param=f"messages[{i}].tool_calls")
+        tool = ToolTurn(call_id=message.tool_call_id, name=message.tool_name) if message.role == "tool" else None
+        turns.append(ToolTurn(calls) if calls else tool)
+    return turns if any(t is not None for t in turns) else None
+
+
+def _history_call(call: Any, where: str) -> Any:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict):
+        raise ApiError(400, "invalid_input", f"{where}: a tool call is {{\"function\": {{\"name\", \"arguments\"}}}}",
                        param=where)
+    return history_call(call.get("id"), function.get("name"), function.get("arguments"), where)
+
+
+def _check_message(message: OllamaMessage, where: str) -> None:
     if message.thinking:
         raise ApiError(400, "unsupported", f"{where}.thinking: thinking is not supported by refsight", param=where)
     if message.images and message.role != "user":

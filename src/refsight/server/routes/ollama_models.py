@@ -1,6 +1,6 @@
 """Ollama's model endpoints: what is served (``/api/tags``, ``/api/show``, ``/api/ps``, ``/api/version``), and
 the store-management ones refsight does not do (``/api/pull``, ``push``, ``create``, ``delete``, ``copy``,
-``blobs``, and the embedding endpoints), answered with a 400 that says so.
+``blobs``), answered with a 400 that says so. (Its embedding endpoints are :mod:`.ollama_embed`.)
 
 refsight serves the one model it was started with (``refsight serve ollama:NAME[:TAG]`` reads it from
 Ollama's own store); the listing describes it in Ollama's words: an ``ollama:`` model with its store
@@ -20,11 +20,15 @@ from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
+from ...tools import format_of
 from ..deps import ServiceDep, Namespace
 from ..edge.http_errors import ERROR_RESPONSES, ApiError
+from ..edge.sleep import needs_no_model
+from ..intake.dialect_body import log_ignored
 from ..model_facts import ModelDetails
+from ..replies.answers import ignored_object
 from .ollama_bodies import OllamaShowBody, check_model, ollama_name
 
 __all__ = ["router", "model_facts", "OLLAMA_API_VERSION"]
@@ -59,14 +63,19 @@ def _entry(service: Any) -> dict[str, Any]:
 
 
 @router.get("/api/tags")
+@needs_no_model
 async def tags(namespace: Namespace, service: ServiceDep) -> dict[str, Any]:
     """The served model, as ``ollama list`` shows models."""
     return {"models": [_entry(service)]}
 
 
 @router.get("/api/ps")
+@needs_no_model
 async def running(namespace: Namespace, service: ServiceDep) -> dict[str, Any]:
-    """The served model, loaded (it stays loaded for the server's life)."""
+    """The served model while it is loaded (none while it sleeps: ``--sleep-idle-seconds``), as Ollama lists the
+    models in memory."""
+    if service.is_sleeping:
+        return {"models": []}
     expires = (datetime.now(timezone.utc) + _FOREVER).isoformat()
     device = service.model_details().device
     entry = _entry(service)
@@ -177,9 +186,11 @@ def _modelfile(service: Any, model: ModelDetails, facts: dict[str, Any], templat
 
 
 @router.post("/api/show", responses={k: ERROR_RESPONSES[k] for k in (400, 404)})
-async def show(body: OllamaShowBody, namespace: Namespace, service: ServiceDep) -> dict[str, Any]:
-    """The served model's details, Modelfile, chat template, parameters and capabilities (``vision``, ``completion``),
-    as Ollama's ``/api/show`` returns them."""
+@needs_no_model
+async def show(request: Request, body: OllamaShowBody, namespace: Namespace, service: ServiceDep) -> dict[str, Any]:
+    """The served model's details, Modelfile, chat template, parameters and capabilities (``vision``, ``completion``,
+    ``tools`` where the template teaches a call format, ``thinking`` where it reads a thinking variable), as Ollama's
+    ``/api/show`` returns them (a field refsight does not know named in a ``refsight`` object)."""
     model = body.model or body.name
     if not model:
         raise ApiError(400, "invalid_input", "model: give the model's name", param="model")
@@ -189,11 +200,16 @@ async def show(body: OllamaShowBody, namespace: Namespace, service: ServiceDep) 
     info: dict[str, Any] = {"general.architecture": facts["details"]["family"]}
     if service.context_size:
         info[f"{facts['details']['family']}.context_length"] = service.context_size
-    capabilities = ["completion", "vision"]  # every model refsight serves is a VLM; no tools, thinking or insert
+    # Every model refsight serves is a VLM; tools where its template teaches a call format (as Ollama reads a
+    # template's tool support); thinking as Ollama decides it: the template reads a thinking variable (where it does
+    # not, a thinking request is Ollama's 400: ..intake.template_variables); no insert.
+    tools = service.generation_support().tools and format_of(service.facts.chat_template) is not None
+    capabilities = ["completion", "vision", *(["tools"] if tools else []), *(["thinking"] if service.facts.thinks else [])]
     return {
         "modelfile": _modelfile(service, details, facts, template), "parameters": _parameters(facts.get("params") or {}),
         "template": template[0], "system": facts.get("system") or "", "details": facts["details"], "model_info": info,
         "capabilities": capabilities, "modified_at": facts["modified_at"],
+        **ignored_object(log_ignored(request.url.path, body.ignored_fields())),
     }
 
 
@@ -235,10 +251,3 @@ for _refused in _REFUSED:
 async def blobs(digest: str, namespace: Namespace) -> None:
     """Refused: blobs are uploaded for ``/api/create``, which refsight does not do."""
     raise _refuse("blobs are uploaded with `ollama create`")
-
-
-@router.post("/api/embed", responses={400: ERROR_RESPONSES[400]})
-@router.post("/api/embeddings", responses={400: ERROR_RESPONSES[400]})
-async def embed(namespace: Namespace) -> None:
-    """Refused: refsight serves no embeddings API (its retrieval is ``POST /v1/search``)."""
-    raise ApiError(400, "unsupported", "embeddings are not served by refsight; search references with POST /v1/search")

@@ -14,6 +14,7 @@ from ...requests import AddRequest
 from ..edge.auth import REF_ID_PATH as _REF_ID
 from ..intake.bodies import AddReferenceBody, body_schema, decode_image_field, read_body
 from ..deps import PoolDep, ServiceDep, Namespace
+from ..edge.sleep import needs_no_model
 from ..edge.http_errors import ERROR_RESPONSES
 from ..edge.responses import TextSafeJSONResponse
 
@@ -61,6 +62,7 @@ async def get_reference(namespace: Namespace, service: ServiceDep, pool: PoolDep
     "/v1/references/{ref_id}/thumbnail", response_class=Response,
     responses={200: {"content": {"image/jpeg": {}}}, **_ERRORS},
 )
+@needs_no_model
 async def thumbnail(
     namespace: Namespace, service: ServiceDep, pool: PoolDep, ref_id: str = _REF_ID,
     size: int = Query(256, ge=16, le=1024),
@@ -76,6 +78,7 @@ async def thumbnail(
     "/v1/references/{ref_id}/image", response_class=Response,
     responses={200: {"content": {"image/png": {}, "image/jpeg": {}}}, **_ERRORS},
 )
+@needs_no_model
 async def reference_image(namespace: Namespace, service: ServiceDep, pool: PoolDep, ref_id: str = _REF_ID) -> Response:
     """The reference image as it was added. Its URL is also how a chat part names the reference
     (for clients that accept only http URLs, as ``refsight://ref/<id>`` does for the others)."""
