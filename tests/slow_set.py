@@ -54,7 +54,8 @@ def module_figures(record: dict) -> dict[str, dict]:
     """``module -> {"wall", "cpu"}`` for the modules of a durations record (``durations_record``) that ran whole.
 
     Left out: a module named with ``::`` on the command line or with quick-loop tests deselected (only part of
-    it ran), one with a failed test, one whose every test skipped (a missing runtime measures nothing).
+    it ran), one with a failed test, one whose every test skipped (a missing runtime measures nothing), one whose
+    every test is marked slow by its own marks.
     """
     session = defaultdict(lambda: [0.0, 0.0])
     for fixture in record["fixtures"]:
@@ -75,8 +76,8 @@ def module_figures(record: dict) -> dict[str, dict]:
         figure["wall"] += sum(test["wall"].values()) - wall
         figure["cpu"] += sum(test["cpu"].values()) - cpu
     whole = {m for m, seen in outcomes.items() if m not in partial and "failed" not in seen and seen != {"skipped"}}
-    return {m: {k: round(max(v, 0.0), 2) for k, v in figures.get(m, {"wall": 0.0, "cpu": 0.0}).items()}
-            for m in sorted(whole)}
+    # A module whose every test marks itself slow has no quick-loop figure: it stays out (and slow).
+    return {m: {k: round(max(v, 0.0), 2) for k, v in figures[m].items()} for m in sorted(whole & figures.keys())}
 
 
 def fold_into_record(record: dict, path: Path, root: Path) -> list[str]:

@@ -58,6 +58,8 @@ def test_only_modules_that_ran_whole_and_passed_are_measured():
     )
     # A deselected slow-marked test leaves the quick loop's figure whole (`-m "not slow"` still measures).
     assert set(module_figures(record)) == {"tests/ok.py", "tests/quick_only.py"}
+    # A module whose every test marks itself slow has nothing in the quick loop to measure.
+    assert module_figures(_record([_test("tests/all_slow.py::t", 9.0, marked_slow=True)])) == {}
 
 
 def test_folding_a_run_updates_its_modules_keeps_the_others_and_drops_deleted_ones(tmp_path):
