@@ -37,8 +37,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from PIL import Image
 
-from .. import AddFailure, EmbedRequest, EmbedResult, Engine, ImageInput, InvalidInputError, ReferenceSegment
-from .. import RerankRequest, RerankResult
+from .. import AddFailure, Engine, ImageInput, InvalidInputError, ReferenceSegment
+from ..ranking import EmbedRequest, EmbedResult, RerankRequest, RerankResult
 from ..embedders.registry import DEFAULT_EMBEDDER
 from ..inputs.images import IntakeLimits, load_image
 from ..support.environment import default_store_dir
