@@ -32,6 +32,20 @@ def real_photo() -> Callable[..., Image.Image]:
     return load_photo
 
 
+#: The real photos :func:`photo_files` writes (four of ``refsight.samples``: different subjects and colours).
+PHOTO_FILES = ("chelsea", "coffee", "rocket", "astronaut")
+
+
+@pytest.fixture
+def photo_files(tmp_path: Path) -> dict[str, Path]:
+    """The :data:`PHOTO_FILES` as PNGs in the test's directory (``{"chelsea": path, ...}``, ``real_photo``'s size)."""
+    paths = {}
+    for name in PHOTO_FILES:
+        paths[name] = tmp_path / f"{name}.png"
+        load_photo(name).save(paths[name])
+    return paths
+
+
 @pytest.fixture
 def bad_image_corpus(tmp_path: Path) -> dict[str, Path]:
     """:func:`build_bad_image_corpus` written into a fresh temporary directory."""
@@ -89,22 +103,13 @@ def backend_registry() -> Iterator[None]:
         backend.close()
 
 
-#: Test modules that load a model, start a process or need a service (measured: each takes seconds).
-#: ``pytest -m "not slow and not vllm"`` leaves them out for a quick inner loop (with the modules and tests
-#: marked ``slow`` in place: ``pytestmark`` or ``@pytest.mark.slow``); CI runs everything.
-SLOW_MODULES = Path(__file__).with_name("slow_modules.txt")
-
-
 def pytest_configure(config):
     """Keep Python's fault handler armed for the whole run, whatever native library replaces it (:mod:`fault_handler`)."""
     config.pluginmanager.register(FaultHandlerGuard(), "refsight-fault-handler")
 
 
-def pytest_collection_modifyitems(config, items):
-    """Mark every test of a module listed in :data:`SLOW_MODULES` as ``slow``."""
-    listed = {line.strip() for line in SLOW_MODULES.read_text().splitlines() if line.strip() and not line.startswith("#")}
-    root = Path(__file__).resolve().parent.parent
-    for item in items:
-        module = Path(str(item.fspath)).resolve()
-        if module.is_relative_to(root) and str(module.relative_to(root)) in listed:
-            item.add_marker(pytest.mark.slow)
+# CI time in plain sight (issue 64 item 5): durations_record times every test and module/session fixture and
+# writes the record (JSON, and a table at the end of the log); slow_set marks `slow` every test of a module whose
+# measured duration (tests/module_durations.json) is over its threshold, or that was never measured. Both replace
+# the hand-kept tests/slow_modules.txt: a new module needs no list entry (it is slow until measured).
+pytest_plugins = ["durations_record", "slow_set"]

@@ -32,11 +32,12 @@ SERVER_FLOORS = (
     ("edge",),
     ("replies",),
     ("intake",),
-    ("config", "model_facts", "thumbnails"),
+    ("config", "model_facts"),
     ("connections", "service"),
     ("deps",),
     ("routes",),
     ("app",),
+    ("http_reference",),  # the docs' HTTP reference, read off the app's route table
     ("server",),
 )
 SERVER_FLOOR = {room: n for n, rooms in enumerate(SERVER_FLOORS) for room in rooms}

@@ -29,7 +29,7 @@ PUBLIC_API = (
     "refsight", "refsight.errors", "refsight.results", "refsight.support.environment", "refsight.report",
     "refsight.settings", "refsight.requests", "refsight.tools", "refsight.support.extras", "refsight.store.base",
     "refsight.retrieval.vectors", "refsight.backends.registry", "refsight.backends.family_table",
-    "refsight.embedders.registry",
+    "refsight.embedders.registry", "refsight.ranking",
 )
 #: ... the intake and hostile-input primitives every front end applies (refsight/inputs/: images, rubrics, files,
 #: JSON, text) ...

@@ -30,16 +30,6 @@ def store(tmp_path) -> Path:
     return tmp_path / "store"
 
 
-@pytest.fixture
-def photos(tmp_path, real_photo) -> dict[str, Path]:
-    paths = {}
-    for name in ("chelsea", "coffee", "rocket"):
-        path = tmp_path / f"{name}.png"
-        real_photo(name).save(path)
-        paths[name] = path
-    return paths
-
-
 def snapshot(store: Path) -> dict[str, bytes]:
     """Every file in the store except SQLite's own journal files, by relative path."""
     return {
@@ -49,16 +39,16 @@ def snapshot(store: Path) -> dict[str, bytes]:
     }
 
 
-def test_add_prints_one_json_line_per_input_and_second_add_is_cached(capsys, store, photos):
+def test_add_prints_one_json_line_per_input_and_second_add_is_cached(capsys, store, photo_files):
     code, lines, _ = run(
-        capsys, "add", str(photos["chelsea"]), str(photos["coffee"]), "--store", str(store), "--json", "--model", "toy"
+        capsys, "add", str(photo_files["chelsea"]), str(photo_files["coffee"]), "--store", str(store), "--json", "--model", "toy"
     )
     assert code == 0
     assert [line["ref_id"] for line in lines] == ["chelsea", "coffee"]
     for line in lines:
         assert set(line) == {"ref_id", "image_sha256", "package_key", "model", "cached", "encode_ms", "bytes"}
         assert line["cached"] is False and line["model"] == "toy" and line["bytes"] > 0
-    code, again, _ = run(capsys, "add", str(photos["chelsea"]), "--store", str(store), "--json", "--model", "toy")
+    code, again, _ = run(capsys, "add", str(photo_files["chelsea"]), "--store", str(store), "--json", "--model", "toy")
     assert code == 0
     assert again[0]["cached"] is True and again[0]["encode_ms"] == 0
     assert again[0]["package_key"] == lines[0]["package_key"]
@@ -76,20 +66,20 @@ def test_add_prints_one_json_line_per_input_and_second_add_is_cached(capsys, sto
     assert set(stats[0]["tiers"]) == {"memory", "disk"}  # fastest first; "redis" between them with --redis
 
 
-def test_cached_add_runs_no_encoder(store, photos):
+def test_cached_add_runs_no_encoder(store, photo_files):
     from refsight import Engine
     from refsight.backends.registry import get_backend
 
     toy = get_backend("toy")
     with Engine(store, model="toy") as engine:
-        engine.add(photos["chelsea"])
+        engine.add(photo_files["chelsea"])
         before = toy.images_encoded
-        result = engine.add(photos["chelsea"], ref_id="chelsea-again")
+        result = engine.add(photo_files["chelsea"], ref_id="chelsea-again")
     assert result.cached and toy.images_encoded == before
 
 
-def test_bad_inputs_fail_alone_exit_1_and_leave_the_store_unchanged(capsys, store, photos, bad_image_corpus):
-    run(capsys, "add", str(photos["chelsea"]), "--store", str(store), "--model", "toy")
+def test_bad_inputs_fail_alone_exit_1_and_leave_the_store_unchanged(capsys, store, photo_files, bad_image_corpus):
+    run(capsys, "add", str(photo_files["chelsea"]), "--store", str(store), "--model", "toy")
     before = snapshot(store)
     bad = [str(bad_image_corpus[name]) for name in ("zero_bytes", "text_as_jpeg", "truncated_jpeg", "bomb_header_png")]
     code, lines, err = run(capsys, "add", *bad, "--store", str(store), "--json", "--model", "toy")
@@ -101,7 +91,7 @@ def test_bad_inputs_fail_alone_exit_1_and_leave_the_store_unchanged(capsys, stor
 
     # A mixed batch: the good one is stored, the bad ones reported, exit code 1.
     code, lines, _ = run(
-        capsys, "add", bad[0], str(photos["coffee"]), bad[1], "--store", str(store), "--json", "--model", "toy"
+        capsys, "add", bad[0], str(photo_files["coffee"]), bad[1], "--store", str(store), "--json", "--model", "toy"
     )
     assert code == 1
     assert [("error" in line) for line in lines] == [True, False, True]
@@ -109,11 +99,11 @@ def test_bad_inputs_fail_alone_exit_1_and_leave_the_store_unchanged(capsys, stor
     assert sorted(r["ref_id"] for r in refs) == ["chelsea", "coffee"]
 
 
-def test_id_and_metadata_show_and_remove(capsys, store, photos):
+def test_id_and_metadata_show_and_remove(capsys, store, photo_files):
     code, lines, _ = run(
         capsys,
         "add",
-        str(photos["rocket"]),
+        str(photo_files["rocket"]),
         "--id",
         "r-1",
         "--meta",
@@ -145,8 +135,8 @@ def test_id_and_metadata_show_and_remove(capsys, store, photos):
         (["add", "IMG", "--model", "no-such-model"], "unknown model"),
     ],
 )
-def test_errors_are_clean_messages_with_exit_1(capsys, store, photos, argv, needle):
-    argv = [str(photos["chelsea"]) if a == "IMG" else a for a in argv]
+def test_errors_are_clean_messages_with_exit_1(capsys, store, photo_files, argv, needle):
+    argv = [str(photo_files["chelsea"]) if a == "IMG" else a for a in argv]
     code, lines, err = run(capsys, *argv, "--store", str(store), "--json")
     assert code == 1
     assert needle in err and "Traceback" not in err
@@ -171,8 +161,8 @@ def test_errors_are_clean_messages_with_exit_1(capsys, store, photos, argv, need
         (["gc", "--grace", "inf"], "argument --grace: 'inf'"),
     ],
 )
-def test_usage_errors_exit_2_with_a_clean_message(capsys, store, photos, argv, needle):
-    argv = [str(photos["chelsea"]) if a == "IMG" else a for a in argv]
+def test_usage_errors_exit_2_with_a_clean_message(capsys, store, photo_files, argv, needle):
+    argv = [str(photo_files["chelsea"]) if a == "IMG" else a for a in argv]
     try:
         code, lines, err = run(capsys, *argv, "--store", str(store), "--json")
     except SystemExit as exited:  # argparse's own usage errors (a bad --grace ...)
@@ -181,23 +171,23 @@ def test_usage_errors_exit_2_with_a_clean_message(capsys, store, photos, argv, n
     assert needle in err and "Traceback" not in err
 
 
-def test_same_id_with_another_image_is_refused_and_keeps_the_first(capsys, store, photos):
-    run(capsys, "add", str(photos["chelsea"]), "--id", "x", "--store", str(store), "--model", "toy")
+def test_same_id_with_another_image_is_refused_and_keeps_the_first(capsys, store, photo_files):
+    run(capsys, "add", str(photo_files["chelsea"]), "--id", "x", "--store", str(store), "--model", "toy")
     code, lines, _ = run(
-        capsys, "add", str(photos["coffee"]), "--id", "x", "--store", str(store), "--json", "--model", "toy"
+        capsys, "add", str(photo_files["coffee"]), "--id", "x", "--store", str(store), "--json", "--model", "toy"
     )
     assert code == 1 and "error" in lines[0]
     code, shown, _ = run(capsys, "show", "x", "--store", str(store), "--json")
     assert shown[0]["image_sha256"] == json.loads(json.dumps(shown[0]))["image_sha256"]
     code, first, _ = run(
-        capsys, "add", str(photos["chelsea"]), "--id", "x", "--store", str(store), "--json", "--model", "toy"
+        capsys, "add", str(photo_files["chelsea"]), "--id", "x", "--store", str(store), "--json", "--model", "toy"
     )
     assert first[0]["cached"] is True and first[0]["image_sha256"] == shown[0]["image_sha256"]
 
 
-def test_verify_catches_a_flipped_byte_and_repair_restores_it(capsys, store, photos):
+def test_verify_catches_a_flipped_byte_and_repair_restores_it(capsys, store, photo_files):
     code, lines, _ = run(
-        capsys, "add", str(photos["chelsea"]), str(photos["coffee"]), "--store", str(store), "--json", "--model", "toy"
+        capsys, "add", str(photo_files["chelsea"]), str(photo_files["coffee"]), "--store", str(store), "--json", "--model", "toy"
     )
     key = lines[0]["package_key"]
     code, report, _ = run(capsys, "verify", "--store", str(store), "--json", "--model", "toy")
@@ -214,11 +204,11 @@ def test_verify_catches_a_flipped_byte_and_repair_restores_it(capsys, store, pho
     assert code == 0 and report[0]["corrupt"] == []
 
 
-def test_a_corrupt_package_is_never_served_but_re_encoded(store, photos):
+def test_a_corrupt_package_is_never_served_but_re_encoded(store, photo_files):
     from refsight import Engine
 
     with Engine(store, model="toy") as engine:
-        added = engine.add(photos["chelsea"])
+        added = engine.add(photo_files["chelsea"])
         ref = engine.reference(added.ref_id)
         expected = engine.reference_package(ref).package.tensors["features"].clone()
     path = next((store / "packages").rglob(f"{added.package_key}*"))
@@ -231,12 +221,12 @@ def test_a_corrupt_package_is_never_served_but_re_encoded(store, photos):
     assert found.package.tensors["features"].equal(expected)
 
 
-def test_reencode_encodes_every_reference_for_another_model(capsys, store, photos, backend_registry):
+def test_reencode_encodes_every_reference_for_another_model(capsys, store, photo_files, backend_registry):
     from refsight.backends.registry import register_backend
     from refsight.backends.toy import ToyBackend
 
     register_backend("toy-grid4", lambda name: ToyBackend(name, grid=4))
-    run(capsys, "add", str(photos["chelsea"]), str(photos["coffee"]), "--store", str(store), "--model", "toy")
+    run(capsys, "add", str(photo_files["chelsea"]), str(photo_files["coffee"]), "--store", str(store), "--model", "toy")
     code, lines, _ = run(capsys, "reencode", "--model", "toy-grid4", "--store", str(store), "--json")
     assert code == 0 and [line["cached"] for line in lines] == [False, False]
     code, lines, _ = run(capsys, "reencode", "--model", "toy-grid4", "--store", str(store), "--json")
@@ -245,10 +235,10 @@ def test_reencode_encodes_every_reference_for_another_model(capsys, store, photo
     assert len(shown[0]["packages"]) == 2
 
 
-def test_store_defaults_to_the_environment_variable(tmp_path, photos):
+def test_store_defaults_to_the_environment_variable(tmp_path, photo_files):
     env = {**os.environ, "REFSIGHT_STORE": str(tmp_path / "env-store")}
     done = subprocess.run(
-        [sys.executable, "-m", "refsight.cli", "add", str(photos["chelsea"]), "--json", "--model", "toy"],
+        [sys.executable, "-m", "refsight.cli", "add", str(photo_files["chelsea"]), "--json", "--model", "toy"],
         env=env,
         capture_output=True,
         text=True,
@@ -259,15 +249,15 @@ def test_store_defaults_to_the_environment_variable(tmp_path, photos):
     assert (tmp_path / "env-store").is_dir()
 
 
-def test_compare_then_add_in_the_cli_stores_the_reference_durably(capsys, store, photos):
+def test_compare_then_add_in_the_cli_stores_the_reference_durably(capsys, store, photo_files):
     model = ("--model", "tiny-qwen2-vl")
-    run(capsys, "add", str(photos["coffee"]), "--id", "cup", "--store", str(store), *model)
+    run(capsys, "add", str(photo_files["coffee"]), "--id", "cup", "--store", str(store), *model)
     code, _, err = run(
-        capsys, "compare", str(photos["chelsea"]), "--ref", "cup", "--criteria", "short fur", "--no-attributes",
+        capsys, "compare", str(photo_files["chelsea"]), "--ref", "cup", "--criteria", "short fur", "--no-attributes",
         "--store", str(store), "--json", *model,
     )
     assert code == 0, err
-    code, added, err = run(capsys, "add", str(photos["chelsea"]), "--id", "cat", "--store", str(store), "--json", *model)
+    code, added, err = run(capsys, "add", str(photo_files["chelsea"]), "--id", "cat", "--store", str(store), "--json", *model)
     assert code == 0 and added[0]["ref_id"] == "cat", err
     code, report, _ = run(capsys, "verify", "--store", str(store), "--json")
     assert code == 0 and report[0]["checked"] == 2  # both packages on disk, sound
@@ -275,9 +265,9 @@ def test_compare_then_add_in_the_cli_stores_the_reference_durably(capsys, store,
     assert code == 0 and all(row["cached"] for row in again)
 
 
-def test_verify_fresh_reports_no_drift_on_an_untouched_store(capsys, store, photos):
+def test_verify_fresh_reports_no_drift_on_an_untouched_store(capsys, store, photo_files):
     model = ("--model", "tiny-qwen2-vl")
-    run(capsys, "add", str(photos["chelsea"]), str(photos["coffee"]), "--store", str(store), *model)
+    run(capsys, "add", str(photo_files["chelsea"]), str(photo_files["coffee"]), "--store", str(store), *model)
     code, report, err = run(capsys, "verify", "--fresh", "2", "--store", str(store), "--json", *model)
     assert code == 0, err
     # The references were encoded together in one batch, the check encodes one at a time: float32
@@ -286,7 +276,7 @@ def test_verify_fresh_reports_no_drift_on_an_untouched_store(capsys, store, phot
 
 
 def test_a_model_named_on_the_command_line_is_loaded_with_its_own_table_not_the_default_models(
-    capsys, tmp_path, photos, monkeypatch, backend_registry
+    capsys, tmp_path, photo_files, monkeypatch, backend_registry
 ):
     """The config file is read once and laid under the flags per model by the engine: the default
     model's ``[models."NAME"]`` table reaches that model only (it used to reach every model named)."""
@@ -304,14 +294,14 @@ def test_a_model_named_on_the_command_line_is_loaded_with_its_own_table_not_the_
     code, lines, err = run(capsys, "prune", "--model", "toy-old", "--dry-run", *where)
     assert code == 0, err
     assert lines[0]["fingerprints"] == []
-    code, lines, err = run(capsys, "add", str(photos["chelsea"]), "--model", "toy-old", *where)
+    code, lines, err = run(capsys, "add", str(photo_files["chelsea"]), "--model", "toy-old", *where)
     assert code == 0, err
     assert lines[0]["model"] == "toy-old"
     code, lines, err = run(capsys, "reencode", "--model", "toy-old", *where)
     assert code == 0 and lines[0]["cached"] is True, err
 
     # The default model does get its table (and toy takes no max_pixels, which is how it shows).
-    code, _, err = run(capsys, "add", str(photos["coffee"]), *where)
+    code, _, err = run(capsys, "add", str(photo_files["coffee"]), *where)
     assert code == 1 and "max_pixels" in err, err
 
 

@@ -10,7 +10,6 @@ import importlib.util
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
@@ -28,26 +27,16 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 @pytest.fixture
-def photos(tmp_path, real_photo) -> dict[str, Path]:
-    paths = {}
-    for name in ("chelsea", "coffee"):
-        path = tmp_path / f"{name}.png"
-        real_photo(name).save(path)
-        paths[name] = path
-    return paths
-
-
-@pytest.fixture
-def store(tmp_path, photos, capsys) -> str:
+def store(tmp_path, photo_files, capsys) -> str:
     store = str(tmp_path / "store")
-    assert main(["add", str(photos["chelsea"]), str(photos["coffee"]), "--store", store, "--model", "toy",
+    assert main(["add", str(photo_files["chelsea"]), str(photo_files["coffee"]), "--store", store, "--model", "toy",
                  "--meta", "species=pet", "--attributes", "none"]) == 0
     capsys.readouterr()
     return store
 
 
-def test_add_prints_a_header_once_then_one_line_per_image(capsys, tmp_path, photos):
-    code, out, _ = run(capsys, "add", str(photos["chelsea"]), str(photos["coffee"]), "--store", str(tmp_path / "s"),
+def test_add_prints_a_header_once_then_one_line_per_image(capsys, tmp_path, photo_files):
+    code, out, _ = run(capsys, "add", str(photo_files["chelsea"]), str(photo_files["coffee"]), "--store", str(tmp_path / "s"),
                        "--model", "toy", "--attributes", "none")
     lines = out.strip().splitlines()
     assert code == 0 and lines[0].split()[:4] == ["reference", "package", "encode", "size"]
@@ -72,8 +61,8 @@ def test_list_and_show_name_the_model_and_date_the_reference(capsys, store):
     assert isinstance(data["created_at"], float) and all(len(k) == 64 for k in data["packages"])
 
 
-def test_stats_reads_as_figures_with_a_hit_rate(capsys, store, photos):
-    assert main(["add", str(photos["chelsea"]), "--store", store, "--model", "toy", "--attributes", "none"]) == 0
+def test_stats_reads_as_figures_with_a_hit_rate(capsys, store, photo_files):
+    assert main(["add", str(photo_files["chelsea"]), "--store", store, "--model", "toy", "--attributes", "none"]) == 0
     capsys.readouterr()
     code, out, _ = run(capsys, "stats", "--store", store)
     assert code == 0 and "{" not in out and "'" not in out  # no dict reprs
@@ -125,8 +114,8 @@ def test_verdicts_show_no_confidence_for_uncertain_and_random_evidence_as_such()
     assert "judge 1.2 s" in text
 
 
-def test_namespace_on_every_command_keeps_references_apart(capsys, store, photos):
-    assert main(["add", str(photos["coffee"]), "--id", "mug", "--store", store, "--model", "toy",
+def test_namespace_on_every_command_keeps_references_apart(capsys, store, photo_files):
+    assert main(["add", str(photo_files["coffee"]), "--id", "mug", "--store", store, "--model", "toy",
                  "--namespace", "acme", "--attributes", "none"]) == 0
     capsys.readouterr()
     _, out, _ = run(capsys, "list", "--store", store, "--json", "--namespace", "acme")

@@ -51,10 +51,6 @@ def __getattr__(name: str):
         from . import requests
 
         return getattr(requests, name)
-    if name in ("EmbedRequest", "RerankRequest", "EmbedResult", "RerankResult"):
-        from .ranking import requests as ranking_requests
-
-        return getattr(ranking_requests, name)
     if name == "open_store":
         from .store import open_store
 
@@ -69,10 +65,6 @@ __all__ = [
     "GenerationRequest",
     "SearchRequest",
     "AddRequest",
-    "EmbedRequest",
-    "RerankRequest",
-    "EmbedResult",
-    "RerankResult",
     "ImageInput",
     "ReferenceSegment",
     "Sampling",

@@ -21,18 +21,6 @@ from refsight.cli import main
 from refsight.errors import InvalidInputError
 from refsight.settings import load_settings
 
-PHOTOS = ("chelsea", "coffee", "rocket", "astronaut")
-
-
-@pytest.fixture
-def photos(tmp_path, real_photo) -> dict[str, Path]:
-    paths = {}
-    for name in PHOTOS:
-        paths[name] = tmp_path / f"{name}.png"
-        real_photo(name).save(paths[name])
-    return paths
-
-
 def _key(engine: Engine, ref_id: str, model: str | None = None) -> str:
     ref = engine.reference(ref_id)
     return engine.context(model=model).package_key(ref.image_sha256)
@@ -42,25 +30,25 @@ def _on_disk(engine: Engine, ref_id: str, model: str | None = None) -> bool:
     return engine.store.local.contains(_key(engine, ref_id, model))
 
 
-def _package_bytes(tmp_path: Path, photos: dict[str, Path]) -> int:
+def _package_bytes(tmp_path: Path, photo_files: dict[str, Path]) -> int:
     """The largest package file of these photos under the toy encoder (sizes differ by a few header bytes)."""
     with Engine(tmp_path / "probe", model="toy") as engine:
-        list(engine.add_many(list(photos.values())))
+        list(engine.add_many(list(photo_files.values())))
         return max(r.bytes for r in engine.store.local.records())
 
 
-def test_the_quota_evicts_least_recently_used_first_and_never_references(tmp_path, photos):
-    size = _package_bytes(tmp_path, photos)
+def test_the_quota_evicts_least_recently_used_first_and_never_references(tmp_path, photo_files):
+    size = _package_bytes(tmp_path, photo_files)
     store = tmp_path / "store"
     with Engine(store, model="toy", memory_bytes=0, max_package_bytes=3 * size + size // 2) as engine:
         for name in ("chelsea", "coffee", "rocket"):
-            engine.add(photos[name])
+            engine.add(photo_files[name])
             time.sleep(0.01)
         original = engine.reference_package(engine.reference("coffee")).package.tensors["features"].clone()
         time.sleep(0.01)
         engine.reference_package(engine.reference("chelsea"))  # used: now younger than coffee and rocket
         time.sleep(0.01)
-        engine.add(photos["astronaut"])  # a 4th package: one must go, the least recently used
+        engine.add(photo_files["astronaut"])  # a 4th package: one must go, the least recently used
         assert [_on_disk(engine, n) for n in ("chelsea", "coffee", "rocket", "astronaut")] == [True, True, False, True]
         stats = engine.stats()
         assert stats.quota_evictions == 1 and stats.packages == 3 and stats.bytes <= 3 * size + size // 2
@@ -92,33 +80,33 @@ class BlockingToy(ToyBackend):
         return super().generate(requests, return_logits=return_logits)
 
 
-def test_the_quota_never_evicts_what_a_running_request_holds(tmp_path, photos, backend_registry):
+def test_the_quota_never_evicts_what_a_running_request_holds(tmp_path, photo_files, backend_registry):
     backend = BlockingToy("toy-blocking")
     register_backend("toy-blocking", lambda name: backend)
     with Engine(tmp_path / "store", model="toy-blocking", memory_bytes=0, max_package_bytes=1) as engine:
-        engine.add(photos["chelsea"])  # alone over a 1-byte quota: nothing else to evict, it stays
+        engine.add(photo_files["chelsea"])  # alone over a 1-byte quota: nothing else to evict, it stays
         held = _key(engine, "chelsea")
         answers: list = []
         worker = threading.Thread(target=lambda: answers.append(engine.generate("describe", ref_ids=["chelsea"])))
         worker.start()
         assert backend.entered.wait(30)  # the request holds chelsea's package now
-        engine.add(photos["coffee"])  # over quota: everything idle goes, the held package stays
+        engine.add(photo_files["coffee"])  # over quota: everything idle goes, the held package stays
         assert engine.store.local.contains(held) and held in engine.store.pins
         assert engine.stats().quota_evictions == 0
         backend.release.set()
         worker.join(30)
         assert answers and answers[0].references_cached == [True]
         assert held not in engine.store.pins
-        engine.add(photos["rocket"])  # released: now chelsea (and coffee) may go
+        engine.add(photo_files["rocket"])  # released: now chelsea (and coffee) may go
         assert not engine.store.local.contains(held) and not _on_disk(engine, "coffee")
         assert engine.stats().quota_evictions == 2 and _on_disk(engine, "rocket")
 
 
-def test_prune_drops_a_models_packages_and_keeps_the_references(tmp_path, photos, backend_registry, capsys):
+def test_prune_drops_a_models_packages_and_keeps_the_references(tmp_path, photo_files, backend_registry, capsys):
     register_backend("toy-grid4", lambda name: ToyBackend(name, grid=4))
     store = tmp_path / "store"
     with Engine(store, model="toy", memory_bytes=0) as engine:
-        list(engine.add_many([photos[n] for n in ("chelsea", "coffee", "rocket")]))
+        list(engine.add_many([photo_files[n] for n in ("chelsea", "coffee", "rocket")]))
         assert all(not r.cached for r in engine.reencode(model="toy-grid4"))
         listing = engine.prune()  # nothing named: the fingerprints, nothing removed
         assert listing.dry_run and {f["model_id"] for f in listing.fingerprints} == {"toy", "toy-grid4"}
@@ -143,12 +131,12 @@ def test_prune_drops_a_models_packages_and_keeps_the_references(tmp_path, photos
     assert "fingerprint" in capsys.readouterr().err
 
 
-def test_quota_and_cache_come_from_the_config_file_and_flags_win(tmp_path, photos, capsys):
+def test_quota_and_cache_come_from_the_config_file_and_flags_win(tmp_path, photo_files, capsys):
     store = tmp_path / "store"
     store.mkdir()
     (store / "refsight.toml").write_text('[store]\nmax_package_bytes = "1B"\nmemory_bytes = 0\n')
     for name in ("chelsea", "coffee"):
-        assert main(["add", str(photos[name]), "--store", str(store), "--model", "toy", "--attributes", "none"]) == 0
+        assert main(["add", str(photo_files[name]), "--store", str(store), "--model", "toy", "--attributes", "none"]) == 0
     assert main(["stats", "--store", str(store), "--json"]) == 0
     stats = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert stats["max_package_bytes"] == 1 and stats["quota_evictions"] == 1 and stats["packages"] == 1

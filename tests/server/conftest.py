@@ -1,7 +1,8 @@
 """Fixtures that run the real app under uvicorn on 127.0.0.1 (a free port) in a thread.
 
 Tests talk to it over real sockets with real clients (httpx, the openai SDK,
-Chromium). The ``toy`` model keeps most of them instant.
+Chromium). The ``toy`` model keeps most of them instant; :func:`tiny` serves the real tiny random
+Qwen2-VL (one fixture for every module: a module names its own settings in ``tiny_options``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,12 @@ import httpx
 import pytest
 
 from live_server import LiveServer
+from runtimes import require_module
+
 from refsight.server import ServerConfig, create_app
+
+#: The real model of :func:`tiny` (random weights, built once per session in the session's model cache).
+TINY = "tiny-qwen2-vl"
 
 
 @pytest.fixture
@@ -45,3 +51,24 @@ def client(server: LiveServer) -> Iterator[httpx.Client]:
     """An httpx client of :func:`server`."""
     with server.client() as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def tiny_options() -> dict:
+    """The :class:`ServerConfig` fields a module's :func:`tiny` server takes (a module overrides this fixture)."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, model_cache, tiny_options) -> Iterator[LiveServer]:
+    """A live server on the real tiny random Qwen2-VL (:data:`TINY`), no API keys unless ``tiny_options`` names some.
+
+    One server per module, not per session: a module's requests add references and warm the package tiers that
+    another module's counts must not see. Its model loads once per process all the same (the backend registry
+    keeps it), so a second module's server costs a store and a socket, not a model load.
+    """
+    require_module("transformers")
+    config = ServerConfig(**{"store": tmp_path_factory.mktemp("tiny"), "model": TINY, "keys": {}, **tiny_options})
+    live = LiveServer(create_app(config)).start()
+    yield live
+    live.stop()

@@ -32,15 +32,6 @@ def _png(size: tuple[int, int]) -> bytes:
     return buffer.getvalue()
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory, model_cache) -> LiveServer:
-    from refsight.server import ServerConfig, create_app
-
-    live = LiveServer(create_app(ServerConfig(store=tmp_path_factory.mktemp("store"), model="tiny-qwen2-vl", keys={}))).start()
-    yield live
-    live.stop()
-
-
 @pytest.mark.parametrize("size", EXTREME)
 def test_extreme_aspect_ratios_are_a_bad_image_on_every_door(tiny, tmp_path, capsys, size):
     image = _png(size)

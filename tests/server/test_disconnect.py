@@ -19,14 +19,9 @@ GIVE_UP_S = 0.3
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory, model_cache) -> LiveServer:
-    from refsight.server import ServerConfig, create_app
-
-    config = ServerConfig(store=tmp_path_factory.mktemp("store"), model="tiny-qwen2-vl", keys={}, workers=1,
-                          max_new_tokens=TOKENS)
-    live = LiveServer(create_app(config)).start()
-    yield live
-    live.stop()
+def tiny_options() -> dict:
+    """One worker (the one a request that was left must free), answers as long as :data:`TOKENS`."""
+    return {"workers": 1, "max_new_tokens": TOKENS}
 
 
 def _busy_after_giving_up(live: LiveServer, path: str, body: dict) -> tuple[float, float]:

@@ -375,21 +375,15 @@ def test_sampling_outside_its_range_is_400_naming_the_parameter(live, fields, pa
 
 
 @pytest.fixture(scope="module")
-def tiny_live(tmp_path_factory):
-    """The real transformers code (a tiny random Qwen2-VL) behind the server: where 1e-300 used to be a 500."""
-    from runtimes import require_module
-
-    require_module("transformers")
-    app = create_app(ServerConfig(store=tmp_path_factory.mktemp("hostile-tiny"), model="tiny-qwen2-vl",
-                                  keys={TENANT_KEY: "team"}))
-    server = LiveServer(app).start()
-    yield server
-    server.stop()
+def tiny_options() -> dict:
+    """The shared real-model server (tests/server/conftest.py; the real transformers code, where 1e-300 used to be
+    a 500), with the tenant key the tests send."""
+    return {"keys": {TENANT_KEY: "team"}}
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_sampling_at_the_edges_of_its_range_answers_on_a_real_model(tiny_live, stream):
-    with tiny_live.client(TENANT_KEY) as c:
+def test_sampling_at_the_edges_of_its_range_answers_on_a_real_model(tiny, stream):
+    with tiny.client(TENANT_KEY) as c:
         for fields in SAMPLING_EDGES:
             body = {"model": "tiny-qwen2-vl", "messages": _HI, "max_tokens": 3, "stream": stream, **fields}
             response = c.post("/v1/chat/completions", json=body)

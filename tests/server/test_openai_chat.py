@@ -7,10 +7,8 @@ import json
 import jsonschema
 import openai
 import pytest
-from runtimes import require_module
 
 from live_server import LiveServer, b64, data_url, photo_png
-from refsight.server import ServerConfig, create_app
 
 KEY = "sdk-tenant-key-0001"
 OTHER = "sdk-tenant-key-0002"
@@ -75,13 +73,9 @@ def test_sdk_errors_map_to_the_sdk_exceptions(toy):
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> LiveServer:
-    """A real tiny random Qwen2-VL behind the server (loads once for the module)."""
-    require_module("transformers")
-    app = create_app(ServerConfig(store=tmp_path_factory.mktemp("tiny-store"), model="tiny-qwen2-vl", keys={KEY: "one"}))
-    live = LiveServer(app).start()
-    yield live
-    live.stop()
+def tiny_options() -> dict:
+    """The shared real-model server (tests/server/conftest.py), with the tenant key the SDK sends."""
+    return {"keys": {KEY: "one"}}
 
 
 def _count_encodes(backend):

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import openai
 import pytest
-from runtimes import require_module
 
 from live_server import LiveServer, assert_error
-from refsight.server import ServerConfig, create_app
 from refsight.server.intake.generation_body import DEFAULT_MAX_TOKENS
 from refsight.server.intake.generation_fields import NEUTRAL
 
@@ -73,14 +71,6 @@ def test_neutral_values_are_taken_and_a_backend_refuses_what_it_cannot_honour_by
         assert chat(n_predict=5, max_tokens=5).status_code == 200
         assert assert_error(chat(n_predict=5000), 400, "invalid_input")["param"] == "n_predict"
         assert_error(chat(json_schema={"type": "object"}, response_format={"type": "json_object"}), 400, "invalid_input")
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> LiveServer:
-    require_module("transformers")
-    live = LiveServer(create_app(ServerConfig(store=tmp_path_factory.mktemp("fields"), model="tiny-qwen2-vl", keys={}))).start()
-    yield live
-    live.stop()
 
 
 def test_a_real_model_honours_the_llama_cpp_and_vllm_sampling_fields(tiny):

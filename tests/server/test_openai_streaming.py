@@ -12,10 +12,8 @@ import time
 
 import openai
 import pytest
-from runtimes import require_module
 
 from live_server import LiveServer, b64, data_url, photo_png
-from refsight.server import ServerConfig, create_app
 
 KEY = "stream-tenant-key-0001"
 MODEL = "tiny-qwen2-vl"
@@ -23,15 +21,17 @@ ASK = [{"role": "user", "content": "Describe the picture in detail."}]
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> LiveServer:
-    """A real tiny random Qwen2-VL behind the server, one model worker (loads once for the module)."""
-    require_module("transformers")
-    app = create_app(ServerConfig(store=tmp_path_factory.mktemp("stream-store"), model=MODEL, keys={KEY: "one"}, workers=1))
-    live = LiveServer(app).start()
-    with live.client(KEY) as c:
+def tiny_options() -> dict:
+    """The shared real-model server (tests/server/conftest.py): one model worker, the tenant key the SDK sends."""
+    return {"keys": {KEY: "one"}, "workers": 1}
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny) -> LiveServer:
+    """The module's real-model server with the reference ``cat`` the tests name."""
+    with tiny.client(KEY) as c:
         assert c.post("/v1/references", json={"image": b64(photo_png("chelsea", (56, 56))), "id": "cat"}).status_code == 201
-    yield live
-    live.stop()
+    return tiny
 
 
 def sdk(live: LiveServer) -> openai.OpenAI:

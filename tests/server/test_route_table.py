@@ -133,7 +133,7 @@ LIGHT_SERVICE = {
     "generation_support": "facts", "model_details": "facts",
     "references": "catalog", "reference_count": "catalog", "reference": "catalog", "remove": "catalog",
     "remembered": "catalog", "forget_remembered": "catalog", "reference_image": "the kept bytes, not decoded",
-    "thumbnail": "its own bound: two renders at once, draft decoding (server/thumbnails.py)",
+    "thumbnail": "its own bound: two renders at once, draft decoding (server/replies/thumbnails.py)",
     "render_chat": "its own bound: a render worker process, its deadline and memory (backends/templates)",
     "stats": "catalog", "global_stats": "catalog",
     "template_reads": "a search of the template's text", "embedder_name": "facts",

@@ -21,7 +21,7 @@ packages across tenants to save encodes, at the price of revealing, by timing, t
 tenant holds an image. Under a byte quota (``--max-package-bytes``) isolated tenants each hold an equal
 share, and only a tenant's own writes evict its packages (:mod:`refsight.store.lifecycle`), so which of
 them stay cached depends on nothing another tenant sends. Without keys there is a single tenant, and
-packages are shared with the CLI's (same keys). The thumbnail cache (:mod:`~refsight.server.thumbnails`) is
+packages are shared with the CLI's (same keys). The thumbnail cache (:mod:`~refsight.server.replies.thumbnails`) is
 scoped the same way; what isolation leaves is listed in ``docs/architecture/policies.md`` (policy 4).
 """
 
@@ -37,8 +37,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from PIL import Image
 
-from .. import AddFailure, EmbedRequest, EmbedResult, Engine, ImageInput, InvalidInputError, ReferenceSegment
-from .. import RerankRequest, RerankResult
+from .. import AddFailure, Engine, ImageInput, InvalidInputError, ReferenceSegment
+from ..ranking import EmbedRequest, EmbedResult, RerankRequest, RerankResult
 from ..embedders.registry import DEFAULT_EMBEDDER
 from ..inputs.images import IntakeLimits, load_image
 from ..support.environment import default_store_dir
@@ -50,7 +50,7 @@ from .edge.limits import model_work
 from .edge.llama_metrics import GenerationCounters
 from .model_facts import GenerationSupport, ModelDetails, ModelFacts
 from .edge.responses import printable_data
-from .thumbnails import ThumbnailCache, render_thumbnail, snap_size
+from .replies.thumbnails import ThumbnailCache, render_thumbnail, snap_size
 
 __all__ = ["Service", "ReferenceSegment"]
 
@@ -78,7 +78,7 @@ class Service:
         self.facts: ModelFacts | None = None
         self._support: GenerationSupport | None = None
         self._details: ModelDetails | None = None
-        #: JPEG thumbnails, per tenant unless packages are shared (see :mod:`~refsight.server.thumbnails`).
+        #: JPEG thumbnails, per tenant unless packages are shared (see :mod:`~refsight.server.replies.thumbnails`).
         self.thumbnails = ThumbnailCache()
         #: Every generation's tokens and times (llama-server's ``llamacpp:*`` metrics).
         self.generations = GenerationCounters()

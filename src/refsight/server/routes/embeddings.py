@@ -36,7 +36,8 @@ import numpy as np
 from fastapi import APIRouter, Request
 from pydantic import Field, StrictBool, StrictInt, StrictStr
 
-from ... import EmbedRequest, EmbedResult, InvalidInputError
+from ... import InvalidInputError
+from ...ranking import EmbedRequest, EmbedResult
 from ..deps import ConfigDep, MediaUuidsDep, Namespace, PoolDep, ServiceDep
 from ..edge.disconnect import run_watched
 from ..edge.http_errors import ERROR_RESPONSES, ApiError

@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import Field, StrictBool, StrictInt, StrictStr
 
-from ... import EmbedRequest, EmbedResult
+from ...ranking import EmbedRequest, EmbedResult
 from ..deps import ConfigDep, MediaUuidsDep, Namespace, PoolDep, ServiceDep
 from ..edge.disconnect import run_watched
 from ..edge.http_errors import ERROR_RESPONSES

@@ -25,7 +25,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import Field, StrictBool, StrictInt, StrictStr
 
-from ... import RerankRequest, RerankResult
+from ...ranking import RerankRequest, RerankResult
 from ..deps import ConfigDep, MediaUuidsDep, Namespace, PoolDep, ServiceDep
 from ..edge.disconnect import run_watched
 from ..edge.http_errors import ERROR_RESPONSES, ApiError

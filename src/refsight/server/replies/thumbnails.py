@@ -25,8 +25,8 @@ from collections.abc import Callable
 
 from PIL import Image, ImageOps
 
-from .. import ImageError
-from ..inputs.images import IntakeLimits
+from ... import ImageError
+from ...inputs.images import IntakeLimits
 
 __all__ = ["ThumbnailCache", "SIZES", "snap_size", "render_thumbnail"]
 
