@@ -112,11 +112,17 @@ def free_port() -> int:
 class ServeProcess:
     """``refsight serve`` in a subprocess; its stderr+stdout are collected in :attr:`log`."""
 
-    def __init__(self, store: Path, *extra: str, keys: Path | None = None, model: str = "toy") -> None:
+    def __init__(
+        self, store: Path | None, *extra: str, keys: Path | None = None, model: str = "toy", command: list[str] | None = None
+    ) -> None:
+        """``command``: a ``refsight serve ...`` line's words as a user types them (``store`` and ``model`` unused),
+        run with a free ``--port`` added."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         argv = [sys.executable, "-m", "refsight.cli", "--store", str(store), "serve", "--port", str(self.port),
                 "--model", model, "--workers", "1", *extra]
+        if command is not None:
+            argv = [sys.executable, "-m", "refsight.cli", *command[1:], "--port", str(self.port), *extra]
         if keys is not None:
             argv += ["--keys", str(keys)]
         self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env())

@@ -53,6 +53,48 @@ def test_a_wrong_reference_fails_before_any_model_loads(capsys, tmp_path, real_p
     assert loads == []  # the check is a catalog read: no model was asked for
 
 
+def test_a_mistyped_reference_gets_the_close_ids_and_the_command_that_lists_them(capsys, tmp_path, real_photo):
+    image, store = tmp_path / "cat.png", str(tmp_path / "s")
+    real_photo("chelsea", size=(32, 24)).save(image)
+    assert main(["add", str(image), "--id", "chelsea", "--model", "toy", "--attributes", "none", "--store", store]) == 0
+    capsys.readouterr()
+    for command in (["show", "chelsae"], ["remove", "chelse"]):
+        assert main([*command, "--store", store]) == 1
+        err = capsys.readouterr().err
+        assert "did you mean 'chelsea'?" in err and "'refsight list' shows the store's references" in err, err
+    assert main(["show", "zzz", "--store", store]) == 1
+    assert "did you mean" not in (err := capsys.readouterr().err) and "'refsight list'" in err
+
+
+def test_a_directory_given_to_add_names_ingest_and_a_missing_file_is_named_once(capsys, tmp_path):
+    store = str(tmp_path / "s")
+    assert main(["add", str(tmp_path), "--model", "toy", "--store", store]) == 1
+    err = capsys.readouterr().err
+    assert f"run: refsight ingest {tmp_path}" in err and err.count(str(tmp_path)) == 2, err  # the path, the command
+    missing = str(tmp_path / "nope.jpg")
+    assert main(["add", missing, "--model", "toy", "--store", store]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == f"refsight: cannot add {missing}: no such file", err
+
+
+def test_compare_in_an_empty_store_says_so_in_the_commands_words_before_any_model_loads(
+    capsys, tmp_path, real_photo, backend_registry
+):
+    from refsight.backends.registry import register_backend
+
+    loads = []
+    register_backend("counted-model", lambda **options: loads.append(options))
+    image, store = tmp_path / "new.png", str(tmp_path / "s")
+    real_photo("chelsea", size=(32, 24)).save(image)
+    base = ["compare", str(image), "--criteria", "fur", "--model", "counted-model", "--store", store]
+    assert main([*base, "--top-k", "1"]) == 1
+    assert "the store has no references (namespace 'default'); add some first" in capsys.readouterr().err
+    assert main(base) != 0
+    err = capsys.readouterr().err
+    assert "--ref: no reference to compare with: give reference ids (--ref), or recall them with --top-k" in err, err
+    assert "top_k" not in err and loads == []
+
+
 def test_generated_text_is_printed_with_control_characters_escaped():
     from refsight.cli.judging import _generated_text
 

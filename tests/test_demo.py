@@ -96,3 +96,58 @@ def test_without_real_weights_the_demo_uses_a_real_size_vision_tower(monkeypatch
     said: list[str] = []
     assert demo._choose_model(None, said.append) == "shape-smolvlm-256m" == demo.FALLBACK_DEMO_MODEL
     assert "RANDOM weights" in said[0]
+
+
+
+def test_the_serve_line_the_demo_prints_answers_its_references_from_the_cache(tmp_path, monkeypatch):
+    # The hand-off a new user makes: the demo fills its store with its model's options (written into the store's
+    # refsight.toml), then the `refsight serve` line it prints, run as printed (on a free port), must find those
+    # packages: no encode, the reference's image tokens counted as cached. tiny-smolvlm stands in for the demo's
+    # model (the same family and tiling; its default is 2×2 tiles, one 32² tile with these options) so the test
+    # costs seconds; the demo model's own options reaching `serve` is the test below.
+    import shlex
+
+    import httpx
+
+    from hardening_helpers import ServeProcess
+    from refsight import demo
+    from refsight.samples import sample_paths
+
+    monkeypatch.setitem(demo.DEMO_OPTIONS, "tiny-smolvlm", {"max_pixels": 32 * 32})
+    store = tmp_path / "demo"
+    with demo.demo_engine(store, "tiny-smolvlm") as engine:  # the demo's first step, on one photo
+        assert engine.add(sample_paths()["chelsea"]).to_dict()["ref_id"] == "chelsea"
+    line = demo.browse_hint(str(store), "tiny-smolvlm").partition(", then open")[0]
+    assert line == f"refsight serve --store {store} --model tiny-smolvlm"
+    server = ServeProcess(None, command=shlex.split(line))
+    try:
+        server.wait_ready(timeout=180)
+        chat = {"model": "tiny-smolvlm", "max_tokens": 1, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "refsight://ref/chelsea"}}, {"type": "text", "text": "Who?"}]}]}
+        reply = httpx.post(f"{server.url}/v1/chat/completions", json=chat, timeout=120)
+        assert reply.status_code == 200, reply.text
+        stats = httpx.get(f"{server.url}/v1/stats", timeout=10).json()
+    finally:
+        server.stop()
+    body = reply.json()
+    assert body["refsight"]["references_cached"] == [True]
+    assert body["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert stats["replica"]["misses"] == 0 and stats["replica"]["hits"] >= 1, stats  # no encode in the server
+
+
+def test_the_demo_models_options_are_the_ones_its_serve_line_loads(tmp_path):
+    # No model loads: the options the demo's engine encodes with, and those the printed `refsight serve` line's
+    # flags and the store's refsight.toml give the same model, are one and the same (one 512² tile an image).
+    import shlex
+
+    from refsight.cli import _resolve_store_options, build_parser
+    from refsight.cli.command import backend_options, settings_of
+    from refsight.demo import DEMO_OPTIONS, FALLBACK_DEMO_MODEL, FALLBACK_MAX_PIXELS, browse_hint, demo_engine
+
+    store = tmp_path / "demo"
+    with demo_engine(store, FALLBACK_DEMO_MODEL) as engine:
+        used = engine.models.options(FALLBACK_DEMO_MODEL)
+    assert used.max_pixels == FALLBACK_MAX_PIXELS == DEMO_OPTIONS[FALLBACK_DEMO_MODEL]["max_pixels"]
+    args = build_parser().parse_args(shlex.split(browse_hint(str(store), FALLBACK_DEMO_MODEL).partition(",")[0])[1:])
+    _resolve_store_options(args)  # as `refsight` does before any command
+    assert settings_of(args).backend_options(args.model, backend_options(args)) == used

@@ -97,7 +97,9 @@ def test_errors_carry_their_data():
     assert str(near) == "unknown model 'tiny-qwen2vl'; did you mean 'tiny-qwen2-vl'? ('refsight models' lists all 21)"
     many = errors.UnknownModelError("zzz", [f"model-{i}" for i in range(20)])
     assert str(many) == "unknown model 'zzz'; 'refsight models' lists the 20 known models"
-    assert str(errors.ReferenceNotFoundError("cat")) == "reference not found: 'cat'"
+    assert str(errors.ReferenceNotFoundError("cat")) == "reference not found: 'cat' ('refsight list' shows the store's references)"
+    assert str(errors.ReferenceNotFoundError("cat", close=["cats", "car"])).startswith(
+        "reference not found: 'cat'; did you mean 'cats' or 'car'? ")
 
 
 @pytest.mark.parametrize("module_name", PUBLIC_MODULES)

@@ -89,3 +89,22 @@ def test_bad_keys_and_values_name_file_and_key(tmp_path, text, match):
     (tmp_path / CONFIG_NAME).write_text(text)
     with pytest.raises(InvalidInputError, match=match):
         load_settings(tmp_path)
+
+
+def test_a_store_remembers_the_options_it_was_filled_with_and_keeps_a_table_already_there(tmp_path):
+    from refsight.settings import remember_model_options
+
+    # No file yet: one is made, and every command opening the store reads the model's table from it.
+    options = BackendOptions(max_pixels=262144, processor_kwargs={"do_image_splitting": False})
+    assert remember_model_options(tmp_path, "shape-smolvlm-256m", options) == options
+    assert load_settings(tmp_path).backend_options("shape-smolvlm-256m") == options
+    # A file of the user's: the new table is added after it, what was there is kept.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / CONFIG_NAME).write_text(CONFIG)
+    assert remember_model_options(other, "tiny-smolvlm", BackendOptions(max_pixels=1024)).max_pixels == 1024
+    assert load_settings(other).backend_options("tiny-qwen2-vl").max_pixels == 12544
+    # A table already there for that model is whoever wrote it's choice: nothing written, its options answered.
+    before = (other / CONFIG_NAME).read_text()
+    assert remember_model_options(other, "tiny-qwen2-vl", BackendOptions(max_pixels=1)).max_pixels == 12544
+    assert (other / CONFIG_NAME).read_text() == before

@@ -17,6 +17,7 @@ with random weights the ranking shown comes from those real parts.
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import sys
 import tempfile
@@ -26,7 +27,8 @@ from typing import Any, Callable
 
 from .report import format_ms
 
-__all__ = ["run_demo", "write_samples", "cache_figures", "real_ranking", "SAMPLE_RUBRIC", "DEMO_RUBRIC", "REAL_DEMO_MODEL", "FALLBACK_DEMO_MODEL"]
+__all__ = ["run_demo", "write_samples", "cache_figures", "real_ranking", "SAMPLE_RUBRIC", "DEMO_RUBRIC", "REAL_DEMO_MODEL", "FALLBACK_DEMO_MODEL",
+           "DEMO_OPTIONS", "demo_engine", "browse_hint"]
 
 #: The real model the demo prefers, when its weights are already on this machine.
 REAL_DEMO_MODEL = "hf:HuggingFaceTB/SmolVLM-256M-Instruct"
@@ -35,8 +37,14 @@ REAL_DEMO_MODEL = "hf:HuggingFaceTB/SmolVLM-256M-Instruct"
 #: wall times; its language model is one layer and its vocabulary 4096 tokens (a verdict is a few dozen decode
 #: steps, not ~220 byte-sized ones: :mod:`refsight.builtin_models.shape_vocab`), so the demo stays quick on a laptop's CPU.
 FALLBACK_DEMO_MODEL = "shape-smolvlm-256m"
-#: One 512×512 tile per image (SmolVLM-256M's tile size): a few seconds an encode on 2 CPU cores.
+#: One 512×512 tile per image (SmolVLM-256M's tile size): a few seconds an encode on 2 CPU cores, where the
+#: model's default tiling (up to 4×4 tiles and a global one) costs ~10× that and 13× the image tokens
+#: (docs/benchmarks.md#image-cost).
 FALLBACK_MAX_PIXELS = 512 * 512
+#: The options the demo encodes with, per model: written into the demo's store (its ``refsight.toml``), so the
+#: ``refsight serve --store …`` line it prints, and every other command on that store, encodes the same way and
+#: finds the demo's packages cached.
+DEMO_OPTIONS: dict[str, dict[str, Any]] = {FALLBACK_DEMO_MODEL: {"max_pixels": FALLBACK_MAX_PIXELS}}
 DEMO_RUBRIC = "- is a cat\n- short fur\n- triangular ears\n- dark forehead stripes"
 #: Short evidence keeps a random-weight model (which always writes to the bound) quick.
 DEMO_EVIDENCE_CHARS = 16
@@ -111,8 +119,8 @@ def browse_hint(store: str | None, model: str) -> str:
     """The command line that serves the demo's references, and where to open them."""
     from .support.environment import default_model
 
-    flags = "" if store is None else f" --store {store}"
-    flags += "" if model == default_model() else f" --model {model}"
+    flags = "" if store is None else f" --store {shlex.quote(store)}"
+    flags += "" if model == default_model() else f" --model {shlex.quote(model)}"
     return f"refsight serve{flags}, then open http://127.0.0.1:8000/"
 
 
@@ -149,8 +157,6 @@ def run_demo(
     commands use, so its photos never mix with the user's references); they stay there to be
     browsed, and a second run finds them all cached.
     """
-    from . import Engine
-    from .backends.options import BackendOptions
     from .support.environment import demo_store_dir
     from .samples import sample_paths
 
@@ -158,13 +164,17 @@ def run_demo(
     started = time.perf_counter()
     model = _choose_model(model, say)
     store_dir = Path(store) if store else demo_store_dir()
-    say(f"The demo keeps its references in a store of its own: {store_dir} (later runs find them cached).\n")
+    say(f"The demo keeps its references in a store of its own: {store_dir} (later runs find them cached).")
+    if model in DEMO_OPTIONS:
+        said = ", ".join(f"{name} = {value}" for name, value in DEMO_OPTIONS[model].items())
+        say(f"It encodes with {said}, kept in the store's refsight.toml: every command "
+            "on this store encodes the same way and finds these references cached.")
+    say("")
     scratch = Path(tempfile.mkdtemp(prefix="refsight-demo-"))  # only the candidate photo is scratch
     try:
         photos = sample_paths()
         # Bars only on a terminal: piped or logged output gets the figures, not carriage returns.
-        options = BackendOptions(max_pixels=FALLBACK_MAX_PIXELS) if model == FALLBACK_DEMO_MODEL else None
-        with Engine(store_dir, model=model, progress=not as_json and sys.stderr.isatty(), backend_options=options) as engine:
+        with demo_engine(store_dir, model, progress=not as_json and sys.stderr.isatty()) as engine:
             added = _add_photos(engine, photos, model, say)
             found = _search(engine, say)
             candidate = _candidate(photos["chelsea"], scratch)
@@ -185,6 +195,17 @@ def run_demo(
         return 0 if summary["verdicts_identical"] and summary["all_references_cached"] else 1
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def demo_engine(store_dir: Path, model: str, *, progress: bool = False) -> Any:
+    """The demo's engine on ``store_dir``: the model's demo options (:data:`DEMO_OPTIONS`) written into the
+    store's ``refsight.toml`` first, and read from there, as every later command on the store reads them."""
+    from . import Engine
+    from .settings import BackendOptions, remember_model_options
+
+    if model in DEMO_OPTIONS:
+        remember_model_options(store_dir, model, BackendOptions(**DEMO_OPTIONS[model]))
+    return Engine(store_dir, model=model, progress=progress)
 
 
 def _choose_model(model: str | None, say: Callable[..., None]) -> str:

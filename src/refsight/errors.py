@@ -25,6 +25,8 @@ attributes, so callers never need to parse messages.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 __all__ = [
     "RefsightError",
     "InvalidInputError",
@@ -106,10 +108,16 @@ class NotFoundError(RefsightError, KeyError):
 
 
 class ReferenceNotFoundError(NotFoundError):
-    """No reference has this id (in this namespace)."""
+    """No reference has this id (in this namespace); ``close`` holds the namespace's ids that look like it."""
 
-    def __init__(self, ref_id: str) -> None:
+    def __init__(self, ref_id: str, close: Sequence[str] = ()) -> None:
+        self.close = list(close)
         super().__init__(ref_id, "reference")
+
+    def __str__(self) -> str:
+        # A typo's fix first, then where every id is listed: the message says what to run next.
+        guess = f"; did you mean {' or '.join(repr(c) for c in self.close)}?" if self.close else ""
+        return f"reference not found: {self.name!r}{guess} ('refsight list' shows the store's references)"
 
 
 class PackageNotFoundError(NotFoundError):

@@ -248,6 +248,10 @@ class ReferenceBook:
         """One reference; raises ReferenceNotFoundError (also for another namespace's id)."""
         return self.store.catalog.get_reference(validate_ref_id(ref_id), namespace=namespace)
 
+    def count(self, *, namespace: str) -> int:
+        """How many references ``namespace`` holds."""
+        return self.store.catalog.count_references(namespace=namespace)
+
     def list(self, *, namespace: str) -> list[Reference]:
         """Every reference of ``namespace``, oldest first."""
         return self.store.catalog.list_references(namespace=namespace)

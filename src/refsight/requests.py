@@ -152,6 +152,9 @@ class CompareRequest:
         for name in ("top_k", "rerank", "recall_k"):
             _count(name, getattr(self, name))
         self._check_depths()
+        if not self.ref_ids and self.top_k is None:  # said before any model loads, not after it
+            raise InvalidInputError("ref_ids", "no reference to compare with: give reference ids (ref_ids), "
+                                    "or recall them with top_k")
         # A reranker given as an object is anything that scores (refsight.compare.rerank.Reranker's one call): the request
         # names no class above the ground floor.
         if not callable(getattr(self.reranker, "score", None)) and self.reranker not in RERANKERS:

@@ -117,7 +117,7 @@ def test_the_rules_between_fields_are_the_librarys_and_name_the_field(refs_clien
     cases = [
         ("/v1/compare", {"candidate": candidate, "criteria": RUBRIC, "rerank": 2}, "rerank: "),
         ("/v1/compare", {"candidate": candidate, "criteria": RUBRIC, "top_k": 1, "recall_k": 2, "rerank": 3}, "recall_k: "),
-        ("/v1/compare", {"candidate": candidate, "criteria": RUBRIC}, "references: "),
+        ("/v1/compare", {"candidate": candidate, "criteria": RUBRIC}, "ref_ids: "),
         ("/v1/search", {"k": 3}, "query: "),
         ("/v1/search", {"text": "   "}, "text: "),  # the library names the empty text by its value; the route by its field
     ]

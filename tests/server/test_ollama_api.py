@@ -112,11 +112,28 @@ def test_store_management_is_refused_saying_what_refsight_serves(client, path, m
     ({"options": {"top_k": 5}}, 400, "unsupported", "options.top_k"),  # the toy echo samples nothing
     ({"format": {"type": "nope"}}, 400, "invalid_input", "format"),
     ({"stream": "yes please"}, 400, "invalid_input", "stream"),
-    ({"model": "llava:7b"}, 404, "model_not_found", 'model "llava:7b" not found'),
 ])
 def test_bad_input_is_ollamas_error_shape_naming_the_field(client, body, status, code, named):
     request = {"model": "toy", "messages": [{"role": "user", "content": "hi"}], **body}
     assert named in _ollama_error(client.post("/api/chat", json=request), status, code)
+
+
+def test_a_name_not_served_follows_one_rule_on_every_generation_route(client, make_server):
+    # Ollama's routes as /v1 and llama-server's: another name is answered by the served model, the reply naming it;
+    # with --strict-model-name it is a 404 on each; /api/show is a lookup, always exact.
+    chat = {"model": "llava:7b", "stream": False, "messages": [{"role": "user", "content": "hi"}]}
+    generate = {"model": "llava:7b", "stream": False, "prompt": "hi"}
+    openai = {"model": "llava:7b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    for path, body, named in (("/api/chat", chat, "model"), ("/api/generate", generate, "model"),
+                              ("/v1/chat/completions", openai, "model")):
+        reply = client.post(path, json=body)
+        assert reply.status_code == 200 and reply.json()[named].startswith("toy"), (path, reply.text)
+    assert 'model "llava:7b" not found' in _ollama_error(client.post("/api/show", json={"model": "llava:7b"}), 404,
+                                                        "model_not_found")
+    with make_server(strict_model_names=True).client() as strict:
+        for path, body in (("/api/chat", chat), ("/api/generate", generate)):
+            assert 'model "llava:7b" not found' in _ollama_error(strict.post(path, json=body), 404, "model_not_found")
+        assert strict.post("/v1/chat/completions", json=openai).status_code == 404
 
 
 @pytest.mark.parametrize(("body", "named"), [

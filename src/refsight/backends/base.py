@@ -154,6 +154,9 @@ class Backend(TextAccess, abc.ABC):
     #: What a served request gets for the sampling fields it leaves unset: its runtime's server defaults (llama.cpp:
     #: llama-server's; an Ollama model: Ollama's under its params). A library :class:`Sampling` is as written.
     sampling_defaults: Mapping[str, Any] = MappingProxyType({})
+    #: What its weights are, as Ollama's model endpoints report them (``/api/show``): ``parameter_count`` and
+    #: ``quantization`` (``F32``, ``BF16``, ``Q4_K_M`` ...), where known.
+    weights: Mapping[str, Any] = MappingProxyType({})
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -438,6 +441,7 @@ class Backend(TextAccess, abc.ABC):
     def runtime_info(self) -> dict[str, Any]:
         """How this backend runs, for people (``/v1/models``, ``/props``, the serve start-up line). Default: nothing."""
         return {}
+
 
     def close(self) -> None:
         """Release resources (models, threads). Idempotent."""

@@ -164,7 +164,7 @@ def _generated_text(d: dict, ref_ids: Sequence[str], candidate: str | None) -> s
 
 #: The library's names for each command's inputs → the arguments (see refsight.cli.describe_error).
 _COMPARE_FIELDS = {
-    "top_k": "--top-k", "rerank": "--rerank", "recall_k": "--recall-k", "query": "--query", "recall": "--recall",
+    "ref_ids": "--ref", "top_k": "--top-k", "rerank": "--rerank", "recall_k": "--recall-k", "query": "--query", "recall": "--recall",
     "reranker": "--reranker",
 }
 _SEARCH_FIELDS = {"query": "TEXT query or --image PATH", "text": "TEXT", "image": "--image", "k": "--k"}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+from pathlib import Path
 
 from ..inputs.terminal import escape_controls
 from .arguments import SCHEMA_HELP, Command, UsageError, parse_pairs, path_argument
@@ -37,7 +39,7 @@ def cmd_add(args: argparse.Namespace) -> int:
             data = result.to_dict()
             if "error" in data:
                 failed += 1
-                say(f"refsight: cannot add {data['input']}: {data['error']}")
+                say(_cannot_add(data["input"], data["error"]))
                 if args.json:
                     show(json.dumps(data))
                 continue
@@ -46,6 +48,15 @@ def cmd_add(args: argparse.Namespace) -> int:
                 header_shown = True
             emit(args, data, _added_line)
     return 1 if failed else 0
+
+
+def _cannot_add(image: str, error: str) -> str:
+    """The line saying why ``image`` was not added: the path named once, and for a directory the command that
+    adds every image in it."""
+    reason = error.removeprefix(f"{image}: ")
+    if Path(image).is_dir():
+        reason = f"{reason}; to add every image in a directory, run: refsight ingest {shlex.quote(image)}"
+    return f"refsight: cannot add {image}: {reason}"
 
 
 #: The columns of ``add``'s lines, printed once above the first (each line is printed as its image is stored).

@@ -129,6 +129,10 @@ class ComparePipeline:
         """The named references looked up, then the model loaded (its first load timed as start-up)."""
         for ref_id in options.ref_ids:  # a mistyped name fails in a catalog read, not after the model's load
             self.book.get(ref_id, namespace=context.namespace)
+        if not options.ref_ids and not self.book.count(namespace=context.namespace):  # nothing to recall: say so now
+            raise InvalidInputError("references", f"no reference to compare with: the store has no references "
+                                    f"(namespace {context.namespace!r}); add some first (refsight add IMAGE..., "
+                                    "refsight ingest DIR, POST /v1/references)")
         if not context.models.is_loaded(context.model):
             # The model's first load in this process (imports, weights: seconds) is start-up, not a
             # stage: booked to whichever stage first touched the backend, it read "candidate encode 4 s".
@@ -207,7 +211,7 @@ class ComparePipeline:
     def _shortlist(self, request: _Request, found: SearchResult | None) -> _Shortlist:
         ref_ids = list(request.options.ref_ids) if found is None else found.ref_ids
         if not ref_ids:
-            raise InvalidInputError("references", "no reference to compare with: give reference ids, or recall them with top_k")
+            raise InvalidInputError("references", "no reference to compare with: recall found none")
         shortlist = _Shortlist(refs=[self.book.get(r, namespace=request.context.namespace) for r in ref_ids])
         shortlist.stage = {ref.ref_id: "recalled" for ref in shortlist.refs}
         if found is not None:

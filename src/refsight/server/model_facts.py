@@ -83,6 +83,10 @@ class ModelDetails:
     chat_template: str | None
     #: An ``ollama:`` model's own facts (read from Ollama's store: digest, size, details, template, params), else None.
     ollama_model: dict[str, Any] | None
+    #: What its weights are (:attr:`~refsight.backends.base.Backend.weights`): ``parameter_count``, ``quantization``.
+    weights: dict[str, Any]
+    #: When its files last changed (seconds since the epoch; the newest of the files its fingerprint hashes), else None.
+    modified: float | None
 
     @classmethod
     def of(cls, backend: Any) -> ModelDetails:
@@ -92,4 +96,11 @@ class ModelDetails:
             name=backend.name, digest=backend.fingerprint().digest, arch=getattr(backend, "arch", None),
             files=tuple(p for p in files if p is not None), device=getattr(backend, "device", "cpu"),
             chat_template=backend.chat_template_source(), ollama_model=getattr(backend, "ollama_model", None),
+            weights=dict(backend.weights), modified=_modified(backend.fingerprint_sources()),
         )
+
+
+def _modified(sources: Any) -> float | None:
+    """The newest modification time of ``sources`` (a backend's fingerprinted files), None when it has none."""
+    times = [Path(source).stat().st_mtime for source in sources or () if Path(source).exists()]
+    return max(times, default=None)

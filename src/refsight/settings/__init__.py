@@ -30,6 +30,7 @@ options (command-line flags, ``Engine(backend_options=...)``) overlay both, in o
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -44,12 +45,14 @@ from ..inputs.jsonlimits import MAX_JSON_DEPTH, json_depth
 from ..inputs.reading import FileReadError, read_regular_file
 from .remembering import REMEMBER_IMAGES, check_remember_images
 from ..store import Store, is_bucket_url, open_store, parse_bytes
+from ..support.atomic import replace_atomically
 from ..support.threads import apply_threads, available_cores, thread_budget, torch_threads
 
 # The options themselves are defined beside the backends that take them; front ends (CLI,
 # server) reach them here, with the config file, as one public module.
 __all__ = [
     "CONFIG_NAME", "BUILTIN_TEMPLATES", "builtin_template", "Settings", "StoreSettings", "load_settings", "open_configured_store", "BackendOptions", "OPTION_HELP",
+    "remember_model_options",
     "parse_key_values", "parse_bytes", "is_bucket_url", "REMEMBER_IMAGES", "apply_threads", "available_cores", "thread_budget", "torch_threads",
 ]
 
@@ -209,3 +212,40 @@ def _store(data: Any, file: Path) -> StoreSettings:
     if remember is not None:
         check_remember_images(remember, f"{file} [store] remember_images")
     return StoreSettings(redis=redis, remember_images=remember, **sizes)
+
+
+def remember_model_options(store_dir: str | os.PathLike, model: str, options: BackendOptions) -> BackendOptions:
+    """Write ``options`` as ``[models."MODEL"]`` into the store's ``refsight.toml`` (made when missing), so every
+    later command that opens the store (``serve``, ``compare`` ...) reads the preprocessing it was filled with and
+    its packages' keys match; returns the options the store now gives ``model``.
+
+    A store whose file already has a table for ``model`` keeps it as written (whoever wrote it chose), and nothing
+    is written. Numbers, strings and booleans are written; any other value is refused by name.
+    """
+    directory = Path(store_dir).expanduser()
+    settings = load_settings(directory)
+    if model in settings.models:
+        return settings.backend_options(model)
+    table = options.as_kwargs()
+    extra = table.pop("processor_kwargs", {})
+    lines = [f"[models.{_toml_value(model)}]", *(f"{name} = {_toml_value(value)}" for name, value in table.items())]
+    if extra:
+        lines += [f"[models.{_toml_value(model)}.processor_kwargs]", *(f"{k} = {_toml_value(v)}" for k, v in extra.items())]
+    file = directory / CONFIG_NAME
+    before = read_regular_file(file, _MAX_CONFIG_BYTES).decode("utf-8") if settings.path is not None else (
+        "# Written when this store was first filled: the options its packages were encoded with.\n")
+    text = before.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n"
+    directory.mkdir(parents=True, exist_ok=True)
+    replace_atomically(file, lambda temp: Path(temp).write_text(text, encoding="utf-8"))
+    return load_settings(directory).backend_options(model)
+
+
+def _toml_value(value: Any) -> str:
+    """One scalar as TOML writes it (a JSON string is a TOML basic string)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    raise InvalidInputError(f"option value {value!r}", "only numbers, strings and booleans are written to refsight.toml")

@@ -31,6 +31,8 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["SqlCatalog"]
 
 _COLUMNS = "namespace, ref_id, image_sha256, metadata, created_at"
+#: How many of a namespace's ids a missing id is compared with for close matches (the store may hold millions).
+CLOSE_IDS_SCANNED = 10_000
 
 
 def _check_namespace(namespace: object) -> str:
@@ -72,6 +74,15 @@ class SqlCatalog(Catalog):
             f'SELECT {_COLUMNS} FROM "references" WHERE namespace = ? AND ref_id = ?', (namespace, ref_id)
         ).fetchone()
 
+    def _close_ids(self, conn, namespace: str, ref_id: str) -> list[str]:
+        """Up to 3 of the namespace's ids that look like ``ref_id`` (a typo's fix), among its first
+        :data:`CLOSE_IDS_SCANNED` ids: a mistyped id costs one bounded read, whatever the store's size."""
+        import difflib  # only when an id is missing
+
+        rows = conn.execute('SELECT ref_id FROM "references" WHERE namespace = ? ORDER BY ref_id LIMIT ?',
+                            (namespace, CLOSE_IDS_SCANNED)).fetchall()
+        return difflib.get_close_matches(ref_id, [row[0] for row in rows], n=3, cutoff=0.6)
+
     def _select(self, where: str, params: tuple) -> list[Reference]:
         conn = self._db.connection()
         # One read transaction, so the rows and their links are one consistent snapshot.
@@ -89,7 +100,7 @@ class SqlCatalog(Catalog):
         validate_ref_id(ref_id)
         found = self._select("namespace = ? AND ref_id = ?", (_check_namespace(namespace), ref_id))
         if not found:
-            raise ReferenceNotFoundError(ref_id)
+            raise ReferenceNotFoundError(ref_id, close=self._close_ids(self._db.connection(), namespace, ref_id))
         return found[0]
 
     def find_references(self, image_sha256: str, *, namespace: str = DEFAULT_NAMESPACE) -> list[Reference]:
@@ -196,7 +207,7 @@ class SqlCatalog(Catalog):
         with self._db.write() as conn:
             row = self._row(conn, namespace, ref_id)
             if row is None:
-                raise ReferenceNotFoundError(ref_id)
+                raise ReferenceNotFoundError(ref_id, close=self._close_ids(conn, namespace, ref_id))
             reference = self._reference(conn, row)
             conn.execute("DELETE FROM reference_packages WHERE namespace = ? AND ref_id = ?", (namespace, ref_id))
             conn.execute('DELETE FROM "references" WHERE namespace = ? AND ref_id = ?', (namespace, ref_id))

@@ -45,10 +45,21 @@ def test_prefix_loads_through_the_registry_with_mmproj(gguf_files):
     assert backend.fingerprint().model_id == "refsight/tiny-qwen2-vl-gguf"
 
 
+def test_a_builtin_given_by_path_is_random_and_keyed_as_by_name_wherever_its_copy_lies(gguf, gguf_files, tmp_path):
+    # The weights, not the spelling: a copy of a built-in's GGUF under another folder and name (no marker file
+    # beside it) is the built-in, with random weights, and its packages have the key the name gives them.
+    model, mmproj = gguf_files(QWEN)
+    copy = shutil.copyfile(model, tmp_path / "downloaded.gguf")
+    backend = _load(copy, mmproj=str(mmproj))
+    assert backend.random_weights is True
+    assert backend.fingerprint().model_id == "refsight/tiny-qwen2-vl-gguf"
+    assert backend.fingerprint().digest == gguf(QWEN).fingerprint().digest
+
+
 def test_a_users_gguf_is_not_marked_random(gguf_files, tmp_path):
     model, mmproj = gguf_files(QWEN)
-    copy = shutil.copyfile(model, tmp_path / "model.gguf")  # no marker file beside it
-    backend = _load(copy, mmproj=str(mmproj))
+    own = _tweaked_copy(model, tmp_path, "model.gguf")  # a built-in's size, other bytes: not a built-in
+    backend = _load(own, mmproj=str(mmproj))
     assert backend.random_weights is False
     assert backend.fingerprint().model_id != "refsight/tiny-qwen2-vl-gguf"
 

@@ -237,6 +237,13 @@ class HFBackend(Backend):
     # ------------------------------------------------------------------- encode
 
     @property
+    def weights(self) -> dict[str, Any]:
+        """The checkpoint's parameters, counted, and its dtype in GGUF's words (``F32``, ``BF16``)."""
+        count = sum(p.numel() for p in self.model.parameters())
+        short = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+        return {"parameter_count": count, "quantization": short.get(self.dtype_name, self.dtype_name.upper())}
+
+    @property
     def dtype_name(self) -> str:
         """The model's dtype as text ("float32", "bfloat16" ...)."""
         return str(self.model.dtype).removeprefix("torch.")

@@ -37,6 +37,8 @@ __all__ = ["LLAMACPP_PREFIX", "load_llamacpp_backend", "SUPPORTED_OPTIONS"]
 
 LLAMACPP_PREFIX = "llamacpp:"
 MARKER_FILE = "refsight_model.json"
+#: The name every built-in GGUF's language model has in its model-cache folder (builtin_models.gguf_converter).
+BUILT_MODEL_FILE = "model.gguf"
 
 #: Options the factory takes; any other option is refused by name.
 SUPPORTED_OPTIONS = (
@@ -155,12 +157,38 @@ def _use_gpu(device: str) -> bool:
     return True
 
 
-def _marker(model_path: Path) -> dict[str, Any]:
-    """The ``refsight_model.json`` refsight writes beside the GGUFs it builds (random weights), or {}."""
+def _read_marker(directory: Path) -> dict[str, Any]:
     try:
-        return json.loads((model_path.parent / MARKER_FILE).read_text())
+        return json.loads((directory / MARKER_FILE).read_text())
     except (OSError, ValueError):
         return {}
+
+
+def _marker(model_path: Path) -> dict[str, Any]:
+    """The ``refsight_model.json`` of the GGUF refsight built whose bytes ``model_path`` holds (random weights),
+    or {} for a GGUF refsight did not build.
+
+    Beside the file where it was built; else, for a copy (another folder, another name), the marker of the
+    built GGUF in the model cache with the same bytes: the weights, not the path, say what the model is, so
+    a built-in given by path reports random weights and has the package key it has by name. Only built GGUFs
+    of the copy's exact size are hashed (their hashes are memoised), so a foreign GGUF costs a directory listing.
+    """
+    beside = _read_marker(model_path.parent)
+    if beside:
+        return beside
+    from ...support.environment import model_cache_dir
+    from .package_format import file_sha256
+
+    size = model_path.stat().st_size
+    same_size = [built for built in sorted(model_cache_dir().glob(f"*/{BUILT_MODEL_FILE}"))
+                 if built.is_file() and built.stat().st_size == size and (built.parent / MARKER_FILE).is_file()]
+    if not same_size:
+        return {}
+    digest = file_sha256(model_path)
+    for built in same_size:
+        if file_sha256(built) == digest:
+            return _read_marker(built.parent)
+    return {}
 
 
 def load_llamacpp_backend(name: str, *, source: str | None = None, model_id: str | None = None,

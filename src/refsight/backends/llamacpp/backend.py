@@ -104,6 +104,7 @@ class LlamaCppBackend(Backend):
             self.arch = self.runtime.meta("general.architecture") or "unknown"
             self.model_id = model_id or self.runtime.meta("general.name") or self.model_path.stem
             self._template = self.runtime.chat_template()
+            self.weights = fmt.weights_of(self.runtime.n_params, self.runtime.meta("general.file_type"))
             self._fingerprint = fmt.make_fingerprint(
                 arch=self.arch,
                 model_id=self.model_id,

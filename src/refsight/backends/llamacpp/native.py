@@ -171,6 +171,7 @@ class LlamaRuntime:
             self.vocab = L.llama_model_get_vocab(self.model)
             self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
             self.n_embd_inp = int(L.llama_model_n_embd_inp(self.model))
+            self.n_params = int(L.llama_model_n_params(self.model))  # the language model's (Ollama's parameter_size)
             file_type = self.meta("general.file_type")
             #: the most sequences a decode call may carry with each getting its lone numbers (:mod:`.slots`)
             self.invariant_step_rows = 1 if file_type is None or int(file_type) in FLOAT_FILE_TYPES else INVARIANT_STEP_ROWS

@@ -46,6 +46,19 @@ def file_sha256(path: str | os.PathLike) -> str:
     return "sha256:" + shared_file_sha256(path)
 
 
+#: ``general.file_type`` (llama.h's ``llama_ftype``) in the words Ollama reports it (``quantization_level``).
+GGUF_FILE_TYPES = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S",
+    12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K", 32: "BF16",
+}
+
+
+def weights_of(parameter_count: int, file_type: str | None) -> dict[str, Any]:
+    """A GGUF's :attr:`~refsight.backends.base.Backend.weights`: its parameter count and its file type's name."""
+    kind = GGUF_FILE_TYPES.get(int(file_type)) if file_type is not None and file_type.isdigit() else None
+    return {"parameter_count": parameter_count, **({"quantization": kind} if kind else {})}
+
+
 def make_fingerprint(
     *,
     arch: str,

@@ -32,8 +32,8 @@ from ..deps import ConfigDep, MediaUuidsDep, PoolDep, ServiceDep, Namespace
 from ..edge.disconnect import run_watched
 from ..edge.http_errors import ERROR_RESPONSES, ApiError
 from .ollama_bodies import (
-    OllamaChatBody, OllamaGenerateBody, OllamaMessage, OllamaOptions, chat_segments, check_model, check_refused, generation,
-    ollama_name, ollama_tool_turns, schema_of, thinking,
+    OllamaChatBody, OllamaGenerateBody, OllamaMessage, OllamaOptions, chat_segments, check_refused, check_requested_model,
+    generation, ollama_name, ollama_tool_turns, schema_of, thinking,
 )
 from ..intake.dialect_body import log_ignored
 from ..intake.tool_fields import check_tools, openai_tool_use, tool_texts
@@ -194,7 +194,7 @@ async def chat(
 ) -> Any:
     """Ollama's chat: ``messages`` (with ``images``, tool calls and results) and ``tools`` in the model's chat template;
     NDJSON unless ``stream: false``."""
-    check_model(body.model, service)
+    check_requested_model(body.model, service)
     check_refused(body)
     system = model_facts(service).get("system")
     tools, tool_turns = openai_tool_use(body.tools), ollama_tool_turns(body.messages, system)  # the model chooses
@@ -235,7 +235,7 @@ async def generate(
 ) -> Any:
     """Ollama's completion of ``prompt`` (with ``images`` and ``system``) in the model's chat template, or
     ``raw``: the prompt as given, one media marker per image (``GET /props``' ``media_marker``)."""
-    check_model(body.model, service)
+    check_requested_model(body.model, service)
     check_refused(body)
     _check_generate(body)
 

@@ -43,8 +43,8 @@ from ...tools import ToolTurn
 
 __all__ = [
     "OllamaMessage", "OllamaChatBody", "OllamaGenerateBody", "OllamaShowBody", "OllamaOptions",
-    "ollama_name", "check_model", "check_refused", "generation", "schema_of", "chat_segments", "thinking",
-    "ollama_tool_turns",
+    "ollama_name", "check_model", "check_requested_model", "check_refused", "generation", "schema_of", "chat_segments",
+    "thinking", "ollama_tool_turns",
 ]
 
 #: Ollama's options whose generation field has another name.
@@ -132,6 +132,14 @@ def ollama_name(service: Any) -> str:
     if name.startswith("ollama:"):
         name = name[len("ollama:"):]
     return name if ":" in name.rsplit("/", 1)[-1] else name + _LATEST
+
+
+def check_requested_model(model: str, service: Any) -> None:
+    """A generation's ``model`` by the rule every generation route follows (``/v1``, llama-server's, Ollama's): any
+    name is answered by the served model, the reply's ``model`` saying which, unless ``--strict-model-name`` makes
+    another name a 404. A lookup by name (``/api/show``, ``GET /v1/models/{id}``) is always exact."""
+    if service.config.strict_model_names:
+        check_model(model, service)
 
 
 def check_model(model: str, service: Any) -> None:
