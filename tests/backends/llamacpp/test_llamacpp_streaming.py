@@ -10,7 +10,7 @@ import pytest
 from llama_models import require_llama_cpp
 
 from refsight.requests import GenerationRequest
-from refsight.sampling import OUTPUT_FIELDS, SAMPLING_FIELDS, TOKEN_FIELDS, Sampling
+from refsight.sampling import OUTPUT_FIELDS, SAMPLING_FIELDS, TOKEN_FIELDS, WINDOW_FIELDS, Sampling
 
 require_llama_cpp()
 pytestmark = pytest.mark.slow  # converts the tiny models to GGUF (llama-cpp-python: an optional runtime)
@@ -25,7 +25,8 @@ def _request(photos, max_new_tokens: int = 24, **sampling) -> GenerationRequest:
 @pytest.mark.parametrize("name", [QWEN, SMOL])
 def test_streamed_pieces_are_the_greedy_text_and_arrive_while_generating(gguf, photos, name):
     backend = gguf(name)
-    assert backend.supports_streaming and backend.sampling_fields == frozenset((*SAMPLING_FIELDS, *TOKEN_FIELDS, *OUTPUT_FIELDS))
+    assert backend.supports_streaming and backend.sampling_fields == frozenset(
+        (*SAMPLING_FIELDS, *WINDOW_FIELDS, *TOKEN_FIELDS, *OUTPUT_FIELDS))
     plain = backend.generate([_request(photos, 48)])[0]
     assert plain.finish_reason in ("stop", "length")
     pieces: list[str] = []
