@@ -124,8 +124,9 @@ class Embeddings:
         self, context: RequestContext, embedder: Embedder, inputs: list[_Input], named: dict[str, Reference],
     ) -> tuple[np.ndarray, list[bool]]:
         """One unit vector per input, and per image embedded through the cache whether its vector was stored."""
-        whole = sorted(i for i, item in enumerate(inputs) if embedder.joint and item.mixed)
-        apart = [i for i in range(len(inputs)) if i not in whole]
+        read_whole = [embedder.joint and item.mixed for item in inputs]
+        whole = [i for i, read in enumerate(read_whole) if read]
+        apart = [i for i, read in enumerate(read_whole) if not read]
         image_vectors, cached = self.image_vectors(context, embedder, [im for i in apart for im in inputs[i].images], named)
         text_vectors = _text_vectors(embedder, {i: inputs[i].text for i in apart})
         joint = dict(zip(whole, self._read_whole(context, embedder, [inputs[i] for i in whole], named)))
