@@ -45,7 +45,7 @@ from .inputs.rubric import Rubric, parse_rubric
 from .sampling import MAX_LOGIT_BIAS
 from .sampling import RANGES as SAMPLING_RANGES
 from .sampling import Sampling
-from .tools import ChatTools, ToolTurn, ToolUse
+from .tools import ChatTools, ToolTurn, ToolUse, checked_tool_turns
 
 __all__ = [
     "CompareRequest", "GenerationRequest", "SearchRequest", "AddRequest", "Sampling", "SAMPLING_RANGES",
@@ -290,17 +290,7 @@ def _check_tools(request: GenerationRequest) -> None:
     if request.tools is not None and not isinstance(request.tools, ToolUse):
         raise InvalidInputError("tools", f"expected a ToolUse, got {type(request.tools).__name__}")
     if request.tool_turns is not None:
-        turns = tuple(request.tool_turns)
-        if any(t is not None and not isinstance(t, ToolTurn) for t in turns):
-            raise InvalidInputError("tool_turns", "each turn's tool fields are a ToolTurn or None")
-        if all(t is None for t in turns):
-            turns = None  # no turn has any: the same request as without them (its turns may be planned away)
-        elif request.turns is None or len(turns) != len(request.turns):
-            raise InvalidInputError("tool_turns", "give one entry (or None) per turn")
-        for i, (turn, (role, _)) in enumerate(zip(turns or (), request.turns or ())):
-            if turn is not None and ((turn.calls and role != "assistant") or (turn.call_id and role != "tool")):
-                raise InvalidInputError(f"tool_turns[{i}]", f"a {role} turn carries no calls or call id")
-        object.__setattr__(request, "tool_turns", turns)
+        object.__setattr__(request, "tool_turns", checked_tool_turns(request.tool_turns, request.turns))
     forced = request.tools.forced_schema() if request.tools is not None else None
     if forced is None:
         return

@@ -34,6 +34,15 @@ N_CTX_OVER_TRAINED = ("refuse", "cap")
 #: The options that take one of a few values, and those values.
 _CHOICES = {"dtype": DTYPES, "flash_attn": FLASH_ATTN, "vllm_images": VLLM_IMAGES, "n_ctx_over_trained": N_CTX_OVER_TRAINED}
 
+#: The options of one kind each, what a value of it is, and what the error says it must be (unset is always fine).
+_KINDS = (
+    (("jinja",), lambda v: isinstance(v, bool), "must be true or false"),
+    (("min_pixels", "max_pixels", "batch_size", "n_ctx", "parallel"),
+     lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "must be a positive integer"),
+    (("attn", "revision", "mmproj", "encoder", "chat_template"),
+     lambda v: isinstance(v, str) and bool(v.strip()), "must be a non-empty string"),
+)
+
 _DEVICE = re.compile(r"(auto|cpu|mps|cuda(:\d{1,3})?)")
 
 #: One line of help per option, used by the CLI flags and the docs.
@@ -88,30 +97,34 @@ class BackendOptions:
     n_ctx_over_trained: str | None = None
 
     def __post_init__(self) -> None:
-        if self.device is not None and not (isinstance(self.device, str) and _DEVICE.fullmatch(self.device)):
-            raise InvalidInputError(f"device {self.device!r}", f"use one of {', '.join(DEVICES)} or cuda:N")
-        for name, choices in _CHOICES.items():
-            value = getattr(self, name)
-            if value is not None and value not in choices:
-                raise InvalidInputError(f"{name} {value!r}", f"use one of {', '.join(choices)}")
-        if self.jinja is not None and not isinstance(self.jinja, bool):
-            raise InvalidInputError("jinja", f"must be true or false, got {self.jinja!r}")
-        for name in ("min_pixels", "max_pixels", "batch_size", "n_ctx", "parallel"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise InvalidInputError(name, f"must be a positive integer, got {value!r}")
-        if self.min_pixels and self.max_pixels and self.min_pixels > self.max_pixels:
-            raise InvalidInputError("min_pixels", f"{self.min_pixels} is larger than max_pixels {self.max_pixels}")
-        for name in ("attn", "revision", "mmproj", "encoder", "chat_template"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not value.strip()):
-                raise InvalidInputError(name, f"must be a non-empty string, got {value!r}")
+        self._check_values()
+        self._check_pixels()
         if not isinstance(self.processor_kwargs, Mapping) or not all(
             isinstance(k, str) and k for k in self.processor_kwargs
         ):
             raise InvalidInputError("processor_kwargs", "must map setting names to values")
         # A private, sorted copy: options are compared and hashed by value.
         object.__setattr__(self, "processor_kwargs", dict(sorted(self.processor_kwargs.items())))
+
+    def _check_values(self) -> None:
+        """Each option set has its kind's type and range: a device name, one of its choices, or a value of its kind
+        (:data:`_KINDS`)."""
+        if self.device is not None and not (isinstance(self.device, str) and _DEVICE.fullmatch(self.device)):
+            raise InvalidInputError(f"device {self.device!r}", f"use one of {', '.join(DEVICES)} or cuda:N")
+        for name, choices in _CHOICES.items():
+            value = getattr(self, name)
+            if value is not None and value not in choices:
+                raise InvalidInputError(f"{name} {value!r}", f"use one of {', '.join(choices)}")
+        for names, fits, must in _KINDS:
+            for name in names:
+                value = getattr(self, name)
+                if value is not None and not fits(value):
+                    raise InvalidInputError(name, f"{must}, got {value!r}")
+
+    def _check_pixels(self) -> None:
+        """The image area bounds in order (each is already a positive integer or unset)."""
+        if self.min_pixels and self.max_pixels and self.min_pixels > self.max_pixels:
+            raise InvalidInputError("min_pixels", f"{self.min_pixels} is larger than max_pixels {self.max_pixels}")
 
     def as_kwargs(self) -> dict[str, Any]:
         """The options the user set, as keyword arguments for a backend factory."""

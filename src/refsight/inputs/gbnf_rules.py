@@ -47,15 +47,34 @@ def check_rules(grammar: GbnfRules, name: str) -> GbnfRules:
     """``grammar``, refused (naming ``name``) unless its rules are all defined, ``root`` among them, none is
     left-recursive, each can end, llama.cpp's work on them stays within the budgets and no token reference
     stands where llama.cpp's sampler mishandles it; its token references' :attr:`~TokenReference.after` set."""
+    _check_defined(grammar, name)
     rules = grammar.rules
-    for rule_name, rule_id in grammar.names.items():
-        if rule_id not in rules:
-            raise InvalidInputError(name, f"rule {rule_name!r} is used ({grammar.used_at[rule_name]}) but never defined")
-    if "root" not in grammar.names:
-        raise InvalidInputError(name, "has no 'root' rule (generation starts from root ::= ...)")
     nullable = _closure(rules, lambda alternative: min(alternative, default=0) >= 0)
     edges = list(_start_edges(rules, nullable))
     components = _components(rules, edges)
+    llama_edges, llama_components = _check_left_recursion(grammar, name, nullable, edges, components)
+    _check_endless(grammar, name)
+    _check_left_walk(grammar, name, llama_edges, llama_components)
+    _check_branches(grammar, name, edges, components)
+    grammar.tokens = _placed_tokens(grammar, name, nullable, edges)
+    return grammar
+
+
+def _check_defined(grammar: GbnfRules, name: str) -> None:
+    """Every rule used is defined, and ``root`` among them."""
+    for rule_name, rule_id in grammar.names.items():
+        if rule_id not in grammar.rules:
+            raise InvalidInputError(name, f"rule {rule_name!r} is used ({grammar.used_at[rule_name]}) but never defined")
+    if "root" not in grammar.names:
+        raise InvalidInputError(name, "has no 'root' rule (generation starts from root ::= ...)")
+
+
+def _check_left_recursion(
+    grammar: GbnfRules, name: str, nullable: set[int], edges: list[_Edge], components: dict[int, int],
+) -> tuple[list[_Edge], dict[int, int]]:
+    """No rule reaches itself before a character, as llama.cpp sees it or hidden from it; llama.cpp's own start edges
+    and their components (what its left-recursion check walks)."""
+    rules = grammar.rules
     # llama.cpp refuses a cycle through the rules it knows to be empty (those with an empty alternative). It
     # misses the cycles through rules that match "" otherwise; with more to match after the reference, its
     # stack then grows forever. A cycle of references that each end their alternative (``("a"?)*``) keeps the
@@ -68,16 +87,17 @@ def check_rules(grammar: GbnfRules, name: str) -> GbnfRules:
     if cycles:
         raise InvalidInputError(name, f"{_where(grammar, cycles[0][0])} is left-recursive: it can reach itself "
                                       "before matching any character, which llama.cpp cannot run")
-    endless = sorted(set(rules) - _closure(rules, lambda alternative: True))
+    return llama_edges, llama_components
+
+
+def _check_endless(grammar: GbnfRules, name: str) -> None:
+    """Every rule matches some finite text."""
+    endless = sorted(set(grammar.rules) - _closure(grammar.rules, lambda alternative: True))
     if endless:
         owners = list(dict.fromkeys(grammar.owner[rule] for rule in endless))
         raise InvalidInputError(name, f"{'rule' if len(owners) == 1 else 'rules'} {', '.join(map(repr, owners[:5]))} "
                                       "can never end: no finite text matches them (each alternative needs a rule "
                                       "that never ends)")
-    _check_left_walk(grammar, name, llama_edges, llama_components)
-    _check_branches(grammar, name, edges, components)
-    grammar.tokens = _placed_tokens(grammar, name, nullable, edges)
-    return grammar
 
 
 def _where(grammar: GbnfRules, rule: int) -> str:
@@ -142,25 +162,8 @@ def _closure(rules: _Rules, usable: Callable[[tuple[int, ...]], bool]) -> set[in
     """The rules with a ``usable`` alternative whose references all lie in the result (a least fixpoint):
     with ``usable`` refusing terminals, the rules that match the empty text; with all usable, those that
     match some finite text."""
+    ready, open_refs, owners, waiting = _alternatives_waiting(rules, usable)
     found: set[int] = set()
-    ready: list[int] = []
-    open_refs: list[int] = []  # per alternative waiting on references: how many are not found yet
-    owners: list[int] = []  # ... and its rule
-    waiting: dict[int, list[int]] = defaultdict(list)  # a rule -> the alternatives that wait on it
-    for rule, alternatives in rules.items():
-        for alternative in alternatives:
-            if not usable(alternative):
-                continue
-            refs = set(alternative)
-            if min(refs, default=0) < 0:
-                refs = {item for item in refs if item >= 0}
-            if not refs:
-                ready.append(rule)
-                continue
-            for ref in refs:
-                waiting[ref].append(len(open_refs))
-            open_refs.append(len(refs))
-            owners.append(rule)
     while ready:
         rule = ready.pop()
         if rule in found:
@@ -171,6 +174,29 @@ def _closure(rules: _Rules, usable: Callable[[tuple[int, ...]], bool]) -> set[in
             if open_refs[k] == 0:
                 ready.append(owners[k])
     return found
+
+
+def _alternatives_waiting(
+    rules: _Rules, usable: Callable[[tuple[int, ...]], bool],
+) -> tuple[list[int], list[int], list[int], dict[int, list[int]]]:
+    """Where :func:`_closure` starts: the rules with a usable alternative of terminals only (``ready``), and per
+    usable alternative waiting on references how many are not found yet (``open_refs``) and its rule (``owners``);
+    ``waiting``: a rule -> the alternatives that wait on it."""
+    ready: list[int] = []
+    open_refs: list[int] = []
+    owners: list[int] = []
+    waiting: dict[int, list[int]] = defaultdict(list)
+    for rule, alternatives in rules.items():
+        for alternative in filter(usable, alternatives):
+            refs = {item for item in alternative if item >= 0}
+            if not refs:
+                ready.append(rule)
+                continue
+            for ref in refs:
+                waiting[ref].append(len(open_refs))
+            open_refs.append(len(refs))
+            owners.append(rule)
+    return ready, open_refs, owners, waiting
 
 
 def _start_edges(rules: _Rules, passable: set[int]) -> Iterator[_Edge]:
@@ -291,6 +317,12 @@ def _chars_before_tokens(grammar: GbnfRules, nullable: set[int], edges: list[_Ed
                     after = 0
                 open_end = False
     _spread(follow, feeds, rules)
+    return _by_token(chars_then, follow)
+
+
+def _by_token(chars_then: set[tuple[CharSet, int, int | None]], follow: dict[int, int]) -> dict[int, set[CharSet]]:
+    """Each token reference's (by index) characters before it, from each character terminal's tokens after it (and
+    its rule's follow where the rest of its alternative can be empty)."""
     before: dict[int, set[CharSet]] = defaultdict(set)
     for chars, after, rule in chars_then:
         tokens = after | (follow[rule] if rule is not None else 0)

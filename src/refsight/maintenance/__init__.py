@@ -111,17 +111,7 @@ class Maintenance:
         automatic prefix caching: ``prefix_cache_stats()``) report it in ``runtime_prefix_cache``.
         """
         if tenant_view and namespace is not None:
-            refs = self.references.list(namespace=namespace)
-            records = [self.store.local.record(k) for k in {k for ref in refs for k in ref.packages.values()}]
-            remembered, remembered_bytes = self.store.remembered.totals(namespace=namespace)
-            return StoreStats(
-                references=len(refs),
-                packages=sum(r is not None for r in records),
-                bytes=sum(r.bytes for r in records if r is not None),
-                raw_bytes=sum(r.raw_bytes for r in records if r is not None),
-                hits=None, misses=None, evictions=None, encode_ms_saved=None,
-                scope="namespace", remembered=remembered, remembered_bytes=remembered_bytes,
-            )
+            return self._namespace_stats(namespace)
         self.store.counters.flush()  # so the figures include this process's latest counts
         tiers = self.store.packages.tier_stats()
         counters = self.store.catalog.counters()
@@ -133,32 +123,34 @@ class Maintenance:
             packages=local["packages"],
             bytes=local["bytes"],
             raw_bytes=local["raw_bytes"],
-            hits=int(counters.get("hits", 0)),
-            misses=int(counters.get("misses", 0)),
-            evictions=int(counters.get("evictions", 0)),
-            encode_ms_saved=round(float(counters.get("encode_ms_saved", 0.0)), 3),
-            load_ms=round(float(counters.get("load_ms", 0.0)), 3),
+            **{name: int(counters.get(name, 0)) for name in _COUNTS},
+            **{name: round(float(counters.get(name, 0.0)), 3) for name in _MILLISECONDS},
             memory_bytes=self.store.memory.nbytes,
             max_package_bytes=self.store.max_package_bytes,
-            quota_evictions=int(counters.get("quota_evictions", 0)),
-            quota_evicted_bytes=int(counters.get("quota_evicted_bytes", 0)),
-            pruned=int(counters.get("pruned", 0)),
             tiers=tiers,
             replica={k: v for k, v in self.store.counters.totals().items() if not k.startswith(MODEL_COUNTER_PREFIX)}
             | {f"{tier}_hits": c["hits"] for tier, c in tiers.items()},
             models=self._per_model(counters),
-            prefix_hits=int(counters.get("prefix_hits", 0)),
-            prefix_misses=int(counters.get("prefix_misses", 0)),
             prefix_bytes=prefixes["bytes"],
             prefix_raw_bytes=prefixes["raw_bytes"],
-            prefix_ms_saved=round(float(counters.get("prefix_ms_saved", 0.0)), 3),
-            prefix_tokens_reused=int(counters.get("prefix_tokens_reused", 0)),
-            corrupt=int(counters.get("corrupt", 0)),
-            prefix_corrupt=int(counters.get("prefix_corrupt", 0)),
             runtime_prefix_cache=_runtime_prefix_caches(backends),
             vllm_encoder_cache=_vllm_encoder_cache(self.store.root),
             remembered=remembered,
             remembered_bytes=remembered_bytes,
+        )
+
+    def _namespace_stats(self, namespace: str) -> StoreStats:
+        """A tenant's view: its references and the packages they use, what it remembered; no store-wide counters."""
+        refs = self.references.list(namespace=namespace)
+        records = [self.store.local.record(k) for k in {k for ref in refs for k in ref.packages.values()}]
+        remembered, remembered_bytes = self.store.remembered.totals(namespace=namespace)
+        return StoreStats(
+            references=len(refs),
+            packages=sum(r is not None for r in records),
+            bytes=sum(r.bytes for r in records if r is not None),
+            raw_bytes=sum(r.raw_bytes for r in records if r is not None),
+            hits=None, misses=None, evictions=None, encode_ms_saved=None,
+            scope="namespace", remembered=remembered, remembered_bytes=remembered_bytes,
         )
 
     def _per_model(self, counters: dict[str, float]) -> list[dict[str, Any]]:
@@ -243,6 +235,10 @@ def _model_digests(model: str, usage: Sequence[Any], backend: Callable[[str], Ba
     return [u.fingerprint_digest for u in usage if u.model_id == model_id]
 
 
+#: The store's counters a StoreStats reports as whole counts, and those it reports as milliseconds (3 decimals).
+_COUNTS = ("hits", "misses", "evictions", "quota_evictions", "quota_evicted_bytes", "pruned", "prefix_hits",
+           "prefix_misses", "prefix_tokens_reused", "corrupt", "prefix_corrupt")
+_MILLISECONDS = ("encode_ms_saved", "load_ms", "prefix_ms_saved")
 _MODEL_COUNTER = re.compile(re.escape(MODEL_COUNTER_PREFIX) + r"([0-9a-f]{16})_(hits|encode_ms|load_ms)")
 
 

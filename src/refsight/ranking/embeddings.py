@@ -64,6 +64,11 @@ class _Input:
         """Whether the input is one image and nothing else (its vector is the cached one, whatever the embedder)."""
         return not self.text.strip() and len(self.images) == 1
 
+    @property
+    def mixed(self) -> bool:
+        """Whether the input holds images and more (text, or other images): what a joint embedder reads whole."""
+        return bool(self.images) and not self.lone_image
+
 
 class Embeddings:
     """Embeds a request's inputs over the engine's parts: the reference book (references, decoding), the package cache
@@ -119,21 +124,13 @@ class Embeddings:
         self, context: RequestContext, embedder: Embedder, inputs: list[_Input], named: dict[str, Reference],
     ) -> tuple[np.ndarray, list[bool]]:
         """One unit vector per input, and per image embedded through the cache whether its vector was stored."""
-        whole = {i for i, item in enumerate(inputs) if embedder.joint and item.images and not item.lone_image}
-        through_cache = [image for i, item in enumerate(inputs) if i not in whole for image in item.images]
-        image_vectors, cached = self.image_vectors(context, embedder, through_cache, named)
-        texts = [i for i, item in enumerate(inputs) if i not in whole and item.text.strip()]
-        text_vectors = dict(zip(texts, embedder.embed_texts([inputs[i].text for i in texts])))
-        joint = dict(zip(sorted(whole), self._read_whole(context, embedder, [inputs[i] for i in sorted(whole)], named)))
-        out, images = [], iter(image_vectors)
-        for i, item in enumerate(inputs):
-            if i in joint:
-                out.append(joint[i])
-                continue
-            parts = [text_vectors[i]] if i in text_vectors else []
-            parts += [next(images) for _ in item.images]
-            out.append(np.sum(parts, axis=0))
-        return l2_normalise(np.stack(out)), cached
+        read_whole = [embedder.joint and item.mixed for item in inputs]
+        whole = [i for i, read in enumerate(read_whole) if read]
+        apart = [i for i, read in enumerate(read_whole) if not read]
+        image_vectors, cached = self.image_vectors(context, embedder, [im for i in apart for im in inputs[i].images], named)
+        text_vectors = _text_vectors(embedder, {i: inputs[i].text for i in apart})
+        joint = dict(zip(whole, self._read_whole(context, embedder, [inputs[i] for i in whole], named)))
+        return l2_normalise(np.stack(_summed(inputs, joint, text_vectors, image_vectors))), cached
 
     def image_vectors(
         self, context: RequestContext, embedder: Embedder, images: list[Any], named: dict[str, Reference],
@@ -147,6 +144,17 @@ class Embeddings:
         database, key = self.retrieval.vector_db(), vector_key(embedder.digest, context.scope)
         found = database.get_vectors(key, list(dict.fromkeys(shas)))
         missing = {sha: image for sha, image in zip(shas, images) if sha not in found}
+        fresh = self._embed_missing(context, embedder, (database, key), missing, found, named)
+        return [found.get(sha, fresh.get(sha)) for sha in shas], [sha in found for sha in shas]
+
+    def _embed_missing(
+        self, context: RequestContext, embedder: Embedder, where: tuple[Any, str], missing: dict[str, Any],
+        found: dict[str, np.ndarray], named: dict[str, Reference],
+    ) -> dict[str, np.ndarray]:
+        """The vectors of the ``missing`` images (by content hash) embedded now, each under its key's lock, and kept
+        in the vector cache (``where``: the database and the key) where they may be; ``found`` gains those another
+        request stored meanwhile."""
+        database, key = where
         with ExitStack() as held:
             for sha in sorted(missing):  # in one order, so two requests never wait on each other
                 held.enter_context(VECTOR_LOCKS.hold(f"{key}/{sha}"))
@@ -156,7 +164,7 @@ class Embeddings:
             kept = {sha: v for sha, v in fresh.items() if self._keeps(still[sha])}
             if kept:
                 database.put_vectors(key, kept)
-        return [found.get(sha, fresh.get(sha)) for sha in shas], [sha in found for sha in shas]
+        return fresh
 
     def _keeps(self, image: Any) -> bool:
         """Whether an image's vector is kept: a reference's always, one sent inline unless ``remember_images`` is off."""
@@ -200,6 +208,28 @@ class Embeddings:
             ref = named[image.ref_id]
             return self.book.kept_image(ref.image_sha256, label=f"reference {ref.ref_id}")
         return image
+
+
+def _text_vectors(embedder: Embedder, texts: dict[int, str]) -> dict[int, np.ndarray]:
+    """The vectors of the texts that are not blank, by their inputs' index."""
+    given = [i for i, text in texts.items() if text.strip()]
+    return dict(zip(given, embedder.embed_texts([texts[i] for i in given])))
+
+
+def _summed(
+    inputs: list[_Input], joint: dict[int, np.ndarray], text_vectors: dict[int, np.ndarray], image_vectors: list[Any],
+) -> list[np.ndarray]:
+    """Each input's vector before normalising: a joint embedder's reading of it whole, else the sum of its text's
+    vector and its images' (``image_vectors``: every other input's images, in input order)."""
+    out, images = [], iter(image_vectors)
+    for i, item in enumerate(inputs):
+        if i in joint:
+            out.append(joint[i])
+            continue
+        parts = [text_vectors[i]] if i in text_vectors else []
+        parts += [next(images) for _ in item.images]
+        out.append(np.sum(parts, axis=0))
+    return out
 
 
 def ids_as_text(embedder: Embedder, parts: Sequence[Any], name: str) -> list[Any]:

@@ -94,18 +94,21 @@ def checked_inputs(inputs: Any, name: str, most: int, *, token_ids: bool = False
         raise InvalidInputError(name, "expected a list of inputs")
     if not 1 <= len(inputs) <= most:
         raise InvalidInputError(name, f"give 1 to {most} inputs, not {len(inputs)}")
-    out = []
-    for i, item in enumerate(inputs):
-        parts = tuple(item) if isinstance(item, (list, tuple)) else (item,)
-        for part in parts:
-            if isinstance(part, str):
-                check_text(part, f"{name}[{i}]")
-            elif isinstance(part, (int, float)) and not (token_ids and is_token_id(part)):
-                raise InvalidInputError(f"{name}[{i}]", f"{part!r} is no {'token id' if token_ids else 'text or image'}")
-        if not any(not isinstance(part, str) or part.strip() for part in parts):
-            raise InvalidInputError(f"{name}[{i}]", "is empty: give some text or an image")
-        out.append(parts)
-    return tuple(out)
+    return tuple(_checked_input(item, f"{name}[{i}]", token_ids) for i, item in enumerate(inputs))
+
+
+def _checked_input(item: Any, where: str, token_ids: bool) -> tuple[Any, ...]:
+    """One input as a tuple of parts (a lone part is an input of one): valid texts, token ids where allowed, and
+    something in it (an image, an id or some text)."""
+    parts = tuple(item) if isinstance(item, (list, tuple)) else (item,)
+    for part in parts:
+        if isinstance(part, str):
+            check_text(part, where)
+        elif isinstance(part, (int, float)) and not (token_ids and is_token_id(part)):
+            raise InvalidInputError(where, f"{part!r} is no {'token id' if token_ids else 'text or image'}")
+    if not any(not isinstance(part, str) or part.strip() for part in parts):
+        raise InvalidInputError(where, "is empty: give some text or an image")
+    return parts
 
 
 def is_token_id(part: Any) -> bool:

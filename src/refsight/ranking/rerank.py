@@ -72,20 +72,30 @@ class Reranking:
         decoded = self.book.decode_images(flat)
         # One resolution for the whole request: an image in every pair is one lookup (one sighting, one encode).
         resolved = self.book.resolve_segments(context, backend, decoded, named).segments
-        requests, start, tokens = [], 0, 0
-        for prompt in prompts:
-            segments = resolved[start:start + len(prompt)]
-            references = frozenset(
-                s.key for s, given in zip(segments, decoded[start:start + len(prompt)])
-                if isinstance(given, ReferenceSegment) and isinstance(s, VisualPackage))
-            requests.append(GenerationRequest(segments=segments, max_new_tokens=1, reference_keys=references or None))
-            tokens += _prompt_tokens(backend, segments)
-            start += len(prompt)
+        requests, tokens = _pair_requests(backend, [len(prompt) for prompt in prompts], decoded, resolved)
         step = max(1, int(getattr(backend, "batch_size", 1) or 1))
         scores: list[float] = []
         for first in range(0, len(requests), step):
             scores += backend.score_yes_no(requests[first:first + step])
         return RerankResult(tuple(float(s) for s in scores), "vlm-yes-no", backend.name, backend.random_weights, tokens)
+
+
+def _pair_requests(
+    backend: Backend, lengths: list[int], given: list[Any], resolved: list[Any],
+) -> tuple[list[GenerationRequest], int]:
+    """One one-token request per pair (``lengths``: each pair's count of segments, ``given`` as the request gave
+    them, ``resolved`` as the backend takes them), its stored references named (their packages are the reference
+    keys), and the prompts' tokens together."""
+    requests, start, tokens = [], 0, 0
+    for length in lengths:
+        segments = resolved[start:start + length]
+        references = frozenset(
+            s.key for s, was in zip(segments, given[start:start + length])
+            if isinstance(was, ReferenceSegment) and isinstance(s, VisualPackage))
+        requests.append(GenerationRequest(segments=segments, max_new_tokens=1, reference_keys=references or None))
+        tokens += _prompt_tokens(backend, segments)
+        start += length
+    return requests, tokens
 
 
 def _prompt_tokens(backend: Backend, segments: Sequence[Any]) -> int:

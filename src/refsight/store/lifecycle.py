@@ -142,12 +142,7 @@ def _hold_share(store: Store, scope: str, share: int, report: QuotaReport, prote
     for usage in _oldest(store.local, scope):
         if held <= share:
             return
-        if usage.key in protected or usage.key in store.pins:
-            report.skipped_in_use += 1
-        elif _evict(store, usage):
-            report.evicted.append(usage.key)
-            report.evicted_bytes += usage.bytes
-            report.after -= usage.bytes
+        if _evict_package(store, usage, report, protected):
             held -= usage.bytes
 
 
@@ -161,16 +156,31 @@ def _evict_oldest(store: Store, outputs: EncoderOutputs | None, report: QuotaRep
         if report.after <= report.max_bytes:
             return
         if is_output:
-            if outputs is not None and outputs.delete(usage.key):
-                report.encoder_outputs_evicted += 1
-                report.encoder_outputs_evicted_bytes += usage.bytes
-                report.after -= usage.bytes
-        elif usage.key in protected or usage.key in store.pins:
-            report.skipped_in_use += 1
-        elif _evict(store, usage):
-            report.evicted.append(usage.key)
-            report.evicted_bytes += usage.bytes
-            report.after -= usage.bytes
+            _evict_output(outputs, usage, report)
+        else:
+            _evict_package(store, usage, report, protected)
+
+
+def _evict_package(store: Store, usage: PackageUsage, report: QuotaReport, protected: set[str]) -> bool:
+    """Evict one package, counted in the report, unless it is in use (``protected``, pinned: counted as skipped);
+    whether it went."""
+    if usage.key in protected or usage.key in store.pins:
+        report.skipped_in_use += 1
+        return False
+    if not _evict(store, usage):
+        return False
+    report.evicted.append(usage.key)
+    report.evicted_bytes += usage.bytes
+    report.after -= usage.bytes
+    return True
+
+
+def _evict_output(outputs: EncoderOutputs | None, usage: PackageUsage, report: QuotaReport) -> None:
+    """Evict one encoder output, counted in the report."""
+    if outputs is not None and outputs.delete(usage.key):
+        report.encoder_outputs_evicted += 1
+        report.encoder_outputs_evicted_bytes += usage.bytes
+        report.after -= usage.bytes
 
 
 def _oldest(index: PackageIndex | EncoderOutputs, scope: str | None = None) -> Iterator[PackageUsage]:

@@ -21,7 +21,7 @@ from ..inputs.json_schema import check_json_schema
 from ..inputs.text import check_texts
 from .calls import MAX_NAME_CHARS, ToolCall
 
-__all__ = ["ToolUse", "ToolTurn", "ChatTools", "TOOL_CHOICES", "MAX_TOOLS", "NO_PARAMETERS"]
+__all__ = ["ToolUse", "ToolTurn", "ChatTools", "TOOL_CHOICES", "MAX_TOOLS", "NO_PARAMETERS", "checked_tool_turns"]
 
 #: What ``tool_choice`` may say besides a function's name.
 TOOL_CHOICES = ("auto", "none", "required")
@@ -36,10 +36,8 @@ def _checked_function(function: Any, where: str) -> dict[str, Any]:
     naming ``where`` for anything else."""
     if not isinstance(function, Mapping):
         raise InvalidInputError(where, f"a tool is a function definition object, not {type(function).__name__}")
-    name, description = function.get("name"), function.get("description")
+    name, description = _checked_name(function.get("name"), where), function.get("description")
     parameters = function.get("parameters")
-    if not isinstance(name, str) or not name or len(name) > MAX_NAME_CHARS or any(c.isspace() for c in name):
-        raise InvalidInputError(f"{where}.name", f"a function's name is 1 to {MAX_NAME_CHARS} characters, no spaces")
     if description is not None and not isinstance(description, str):
         raise InvalidInputError(f"{where}.description", "must be a string")
     if parameters is not None and not isinstance(parameters, Mapping):
@@ -47,6 +45,27 @@ def _checked_function(function: Any, where: str) -> dict[str, Any]:
     checked = {"name": name, "description": description or "",
                "parameters": dict(parameters) if parameters is not None else dict(NO_PARAMETERS)}
     return check_texts(checked, where)
+
+
+def _checked_name(name: Any, where: str) -> str:
+    """A function's name: what a call names it by, so one word of bounded length."""
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME_CHARS or any(c.isspace() for c in name):
+        raise InvalidInputError(f"{where}.name", f"a function's name is 1 to {MAX_NAME_CHARS} characters, no spaces")
+    return name
+
+
+def _checked_functions(functions: Any) -> tuple[dict[str, Any], ...]:
+    """The offered function definitions, checked: a list of 1 to :data:`MAX_TOOLS`, no name twice."""
+    if isinstance(functions, (str, bytes, Mapping)) or not isinstance(functions, Sequence):
+        raise InvalidInputError("tools", "a list of function definitions")
+    if not 1 <= len(functions) <= MAX_TOOLS:
+        raise InvalidInputError("tools", f"offer 1 to {MAX_TOOLS} tools (none: leave tools out)")
+    checked = tuple(_checked_function(f, f"tools[{i}].function") for i, f in enumerate(functions))
+    names = [f["name"] for f in checked]
+    if len(set(names)) != len(names):
+        twice = next(n for n in names if names.count(n) > 1)
+        raise InvalidInputError("tools", f"the function {twice!r} is offered twice")
+    return checked
 
 
 @dataclass(frozen=True)
@@ -61,20 +80,11 @@ class ToolUse:
     parallel: bool = True
 
     def __post_init__(self) -> None:
-        if isinstance(self.functions, (str, bytes, Mapping)) or not isinstance(self.functions, Sequence):
-            raise InvalidInputError("tools", "a list of function definitions")
-        if not 1 <= len(self.functions) <= MAX_TOOLS:
-            raise InvalidInputError("tools", f"offer 1 to {MAX_TOOLS} tools (none: leave tools out)")
-        functions = tuple(_checked_function(f, f"tools[{i}].function") for i, f in enumerate(self.functions))
-        names = [f["name"] for f in functions]
-        if len(set(names)) != len(names):
-            twice = next(n for n in names if names.count(n) > 1)
-            raise InvalidInputError("tools", f"the function {twice!r} is offered twice")
-        object.__setattr__(self, "functions", functions)
+        object.__setattr__(self, "functions", _checked_functions(self.functions))
         if self.choice not in TOOL_CHOICES:
             raise InvalidInputError("tool_choice", f"must be one of {', '.join(TOOL_CHOICES)} or a function, "
                                     f"not {self.choice!r}")
-        if self.function is not None and self.function not in names:
+        if self.function is not None and self.function not in self.names:
             raise InvalidInputError("tool_choice", f"names the function {self.function!r}, which no tool offers")
         if not isinstance(self.parallel, bool):
             raise InvalidInputError("parallel_tool_calls", "must be true or false")
@@ -155,6 +165,27 @@ class ToolTurn:
             if value is not None and not isinstance(value, str):
                 raise InvalidInputError(where, "must be a string")
             check_texts(value, where)
+
+    def belongs_on(self, role: str) -> bool:
+        """Whether these fields may sit on a turn of ``role``: calls on an assistant's, a call id on a tool's."""
+        return not ((self.calls and role != "assistant") or (self.call_id and role != "tool"))
+
+
+def checked_tool_turns(tool_turns: Sequence[ToolTurn | None], turns: Sequence[tuple[str, int]] | None,
+                       ) -> tuple[ToolTurn | None, ...] | None:
+    """A chat's tool fields as a tuple, one entry per turn of ``turns`` (``(role, count)`` pairs), each on a turn of
+    the role its fields belong to (calls on an assistant's, a call id on a tool's); None where no turn has any."""
+    checked = tuple(tool_turns)
+    if any(t is not None and not isinstance(t, ToolTurn) for t in checked):
+        raise InvalidInputError("tool_turns", "each turn's tool fields are a ToolTurn or None")
+    if all(t is None for t in checked):
+        return None  # no turn has any: the same request as without them (its turns may be planned away)
+    if turns is None or len(checked) != len(turns):
+        raise InvalidInputError("tool_turns", "give one entry (or None) per turn")
+    for i, (turn, (role, _)) in enumerate(zip(checked, turns)):
+        if turn is not None and not turn.belongs_on(role):
+            raise InvalidInputError(f"tool_turns[{i}]", f"a {role} turn carries no calls or call id")
+    return checked
 
 
 @dataclass(frozen=True)

@@ -106,25 +106,31 @@ def read_mistral(text: str, final: bool, types: Callable[[str, str], str | None]
     ``[CALL_ID]`` and ``[ARGS]`` before the arguments object."""
     calls: list[tuple[str, dict[str, Any]]] = []
     for chunk in text.split("[TOOL_CALLS]")[1:]:
-        chunk = chunk.strip()
-        if chunk.startswith("["):
-            found = _decoded(chunk)
-            if found is None:
-                return calls if not final else None
-            items = found if isinstance(found, list) else [None]
-            listed = [_named_call(item, "arguments", "parameters") for item in items]
-            if None in listed:
-                return None
-            calls += listed
-            continue
-        named = re.match(r"([^\s\[{]+)\s*(?:\[CALL_ID\][^\[{]*)?(?:\[ARGS\])?\s*", chunk)
-        arguments = _decoded(chunk[named.end():]) if named is not None else None
-        if arguments is None:
-            return calls if not final and named is not None else None
-        if not isinstance(arguments, dict):
+        found, state = _mistral_chunk(chunk.strip())
+        if state == "bad" or (state == "open" and final):
             return None
-        calls.append((named.group(1), arguments))
+        if state == "open":
+            return calls  # the calls before it; the rest may still be streaming
+        calls += found
     return calls
+
+
+def _mistral_chunk(chunk: str) -> tuple[list[tuple[str, dict[str, Any]]], str]:
+    """One ``[TOOL_CALLS]`` chunk's calls, and how it reads: "done", "open" (its JSON is not complete: more may come)
+    or "bad" (no call can be read from it)."""
+    if chunk.startswith("["):
+        found = _decoded(chunk)
+        if found is None:
+            return [], "open"
+        listed = [_named_call(item, "arguments", "parameters") for item in (found if isinstance(found, list) else [None])]
+        return (listed, "done") if None not in listed else ([], "bad")
+    named = re.match(r"([^\s\[{]+)\s*(?:\[CALL_ID\][^\[{]*)?(?:\[ARGS\])?\s*", chunk)
+    if named is None:
+        return [], "bad"
+    arguments = _decoded(chunk[named.end():])
+    if arguments is None:
+        return [], "open"
+    return ([(named.group(1), arguments)], "done") if isinstance(arguments, dict) else ([], "bad")
 
 
 def _decoded(text: str) -> Any:

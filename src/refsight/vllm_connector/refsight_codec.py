@@ -209,22 +209,34 @@ def _read_table(stored: memoryview) -> tuple[int, dict[str, Any], int]:
     length = int.from_bytes(stored[_PREFIX - 4 : _PREFIX], "little")
     if length > min(_MAX_TABLE, len(stored) - _PREFIX):
         raise CodecError(f"a table of {length} bytes does not fit the entry")
+    table = _parsed_table(bytes(stored[_PREFIX : _PREFIX + length]))
+    frames_at = _PREFIX + length
+    _check_frames(table["frames"], raw_bytes, len(stored) - frames_at)
+    return raw_bytes, table, frames_at
+
+
+def _parsed_table(text: bytes) -> dict[str, Any]:
+    # The table's JSON with its frames as (method, plane, raw length, stored length) tuples and a checksum given.
     try:
-        table = json.loads(bytes(stored[_PREFIX : _PREFIX + length]))
+        table = json.loads(text)
         frames = [(str(m), int(p), int(r), int(s)) for m, p, r, s in table["frames"]]
         str(table["raw_xxh3"])
     except (KeyError, TypeError, ValueError) as exc:
         raise CodecError(f"unreadable table in a compressed entry: {exc!r}") from None
     table["frames"] = frames
-    frames_at = _PREFIX + length
-    if sum(s for *_, s in frames) != len(stored) - frames_at or sum(r for _, _, r, _ in frames) != raw_bytes:
+    return table
+
+
+def _check_frames(frames: list[tuple[str, int, int, int]], raw_bytes: int, stored_bytes: int) -> None:
+    # The frames add up to the entry's sizes, and each is of a kind this codec writes, with lengths that fit it: a
+    # forged table can neither overrun the entry nor ask for more memory than its ratio bound allows.
+    if sum(s for *_, s in frames) != stored_bytes or sum(r for _, _, r, _ in frames) != raw_bytes:
         raise CodecError("the table's frame lengths do not add up to the entry's sizes")
     for method, plane, raw_len, stored_len in frames:
         if min(raw_len, stored_len) < 0 or raw_len > MAX_RATIO * stored_len or (method, plane) not in _FRAME_KINDS:
             raise CodecError(f"a frame ({method}, plane {plane}, {stored_len} -> {raw_len} bytes) is not one this codec writes")
         if method == _RAW and raw_len != stored_len or raw_len % plane:
             raise CodecError("a frame's lengths do not fit its method")
-    return raw_bytes, table, frames_at
 
 
 _FRAME_KINDS = {(_RAW, 1), (_ZSTD, 1), *((_ZSTD, plane) for plane in _WORDS)}

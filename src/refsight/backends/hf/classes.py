@@ -8,18 +8,20 @@ which output field of ``get_image_features`` holds the features, the processor s
 change an image's placeholder layout (and so go into the key), narrow workarounds of
 transformers bugs, the load options a family takes beyond the common ones (Qwen's pixel
 bounds, SmolVLM's tiles: :mod:`.load_options`), and what a user must install. Every model type
-with the seam, Qwen and SmolVLM included, is served by :class:`~.generic.GenericBackend`.
+with the seam (:func:`seam_problem` says why one has not), Qwen and SmolVLM included, is served by
+:class:`~.generic.GenericBackend`.
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
 from ...families import family
 from ...families.entry import Traits
 
-__all__ = ["FamilyClasses", "family_classes", "image_processor_class", "processor_class", "traits_for"]
+__all__ = ["FamilyClasses", "family_classes", "image_processor_class", "processor_class", "seam_problem", "traits_for"]
 
 
 def traits_for(model_type: str) -> Traits:
@@ -107,3 +109,42 @@ def family_classes(model_type: str) -> FamilyClasses:
         torchvision_image_processor=images.get("torchvision"),
         base_model=base if isinstance(base := MODEL_MAPPING_NAMES.get(model_type), str) else None,
     )
+
+
+def seam_problem(model_type: str, classes: FamilyClasses) -> str:
+    """Why ``model_type`` cannot be served through the seam here ("" when it can)."""
+    traits = traits_for(model_type)
+    if traits.unavailable:
+        return traits.unavailable
+    if classes.model is None or classes.processor is None:
+        return "transformers has no image-text-to-text model and processor for it"
+    return _model_problem(classes) or _processor_problem(classes)
+
+
+def _model_problem(classes: FamilyClasses) -> str:
+    """Why the model class cannot take cached features: no ``mm_encoder_outputs`` seam, or no ``get_image_features``
+    on it or its base model ("" when it can)."""
+    import transformers
+
+    model_class = getattr(transformers, classes.model, None)
+    if model_class is None or "mm_encoder_outputs" not in inspect.signature(model_class.forward).parameters:
+        return f"{classes.model} lacks the precomputed-features seam (mm_encoder_outputs)"
+    base_class = getattr(transformers, classes.base_model or "", None)
+    if not hasattr(model_class, "get_image_features") and not hasattr(base_class, "get_image_features"):
+        return f"neither {classes.model} nor its base model has get_image_features"
+    return ""
+
+
+def _processor_problem(classes: FamilyClasses) -> str:
+    """Why the processors cannot lay out a cached image's placeholder: a processor that expands images from the text
+    alone, no image processor, or a torchvision one without torchvision ("" when they can)."""
+    from transformers import ProcessorMixin
+
+    processor = processor_class(classes.processor)
+    if isinstance(processor, type) and getattr(processor, "replace_image_token", None) is ProcessorMixin.replace_image_token:
+        return f"{classes.processor} has no replace_image_token (it expands images from the text alone)"
+    if classes.image_processor is None and classes.torchvision_image_processor is None:
+        return "transformers names no image processor for it"
+    from ...support.torchvision_cpu import missing_torchvision
+
+    return missing_torchvision(classes)

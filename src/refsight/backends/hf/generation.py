@@ -234,7 +234,6 @@ def generate_batch(backend: Any, batch: list[PreparedRequest], execution: Execut
     import torch
 
     requests = [p.request for p in batch]
-    limits = [r.max_new_tokens for r in requests]
     outputs: dict[int, RowOutput] = {}  # by batch row, filled part by part
     prefix_ms: dict[str, float] = {}
     began = time.perf_counter()
@@ -242,22 +241,30 @@ def generate_batch(backend: Any, batch: list[PreparedRequest], execution: Execut
         backend.name, GenerationError, "generation failed", device=backend.device, dtype=backend.dtype_name
     ), torch.inference_mode():
         for inputs in prompt_inputs(backend, [p.segments for p in batch], requests):
-            members = [batch[b] for b in inputs.rows]
-            ctl = controls(backend, members, execution, inputs.width)
-            if execution.on_prompt is not None and ctl.streamer is not None:
-                _report_prompt(execution.on_prompt, inputs, ctl.streamer)
-            n_probs = [requests[b].sampling.logprobs for b in inputs.rows]
-            wants_logits = execution.return_logits or any(n is not None for n in n_probs)
-            output = _call_generate(backend, inputs, ctl, max(limits[b] for b in inputs.rows), wants_logits)
-            for row, b in enumerate(inputs.rows):
-                outputs[b] = _row_output(
-                    backend, output, inputs, ctl, row, limits[b], execution.return_logits, n_probs[row]
-                )
+            _generate_part(backend, batch, inputs, execution, outputs)
             if inputs.plan is not None:
                 prefix_ms["prefix_build"] = prefix_ms.get("prefix_build", 0.0) + inputs.plan.build_ms
                 prefix_ms["prefix_load"] = prefix_ms.get("prefix_load", 0.0) + inputs.plan.load_ms
     lm_ms = (time.perf_counter() - began) * 1000
     return [_generation(backend, outputs[b], lm_ms, p, prefix_ms) for b, p in enumerate(batch)]
+
+
+def _generate_part(
+    backend: Any, batch: list[PreparedRequest], inputs: PromptInputs, execution: Execution, outputs: dict[int, RowOutput],
+) -> None:
+    """One ``model.generate`` call over one part of the batch (its rows: ``inputs.rows``); each row's output into
+    ``outputs`` under its batch row."""
+    requests = [batch[b].request for b in inputs.rows]
+    ctl = controls(backend, [batch[b] for b in inputs.rows], execution, inputs.width)
+    if execution.on_prompt is not None and ctl.streamer is not None:
+        _report_prompt(execution.on_prompt, inputs, ctl.streamer)
+    n_probs = [r.sampling.logprobs for r in requests]
+    wants_logits = execution.return_logits or any(n is not None for n in n_probs)
+    output = _call_generate(backend, inputs, ctl, max(r.max_new_tokens for r in requests), wants_logits)
+    for row, b in enumerate(inputs.rows):
+        outputs[b] = _row_output(
+            backend, output, inputs, ctl, row, requests[row].max_new_tokens, execution.return_logits, n_probs[row]
+        )
 
 
 def score_batch(backend: Any, batch: list[PreparedRequest]) -> list[float]:

@@ -30,12 +30,12 @@ from ...package import VisualPackage
 from ...requests import GenerationRequest
 from .base import HFBackend
 from .chat import chat_messages, render_chat
-from .classes import FamilyClasses, family_classes, traits_for
+from .classes import family_classes, seam_problem, traits_for
 from .encoder_outputs import MAIN, join, pack, split, tensor_names
 from .fingerprint import jsonable
 from .load_options import mapping_for
 
-__all__ = ["GenericBackend", "generic_family", "seam_problem"]
+__all__ = ["GenericBackend", "generic_family"]
 
 #: The prompt-time token type inputs a processor may emit, rebuilt from the token ids.
 TOKEN_TYPE_KEYS = ("token_type_ids", "mm_token_type_ids")
@@ -234,17 +234,8 @@ class GenericBackend(HFBackend):
 
     def check_package(self, package: VisualPackage) -> None:
         """Placeholder, feature tensors and their row count agree with the metadata."""
-        meta, tensors = package.metadata, package.tensors
-        if not isinstance(meta.get("placeholder"), str) or not meta["placeholder"]:
-            raise CorruptPackageError(package.key, "no placeholder text for the image")
-        try:
-            names = tensor_names(meta["structure"])
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise CorruptPackageError(package.key, f"unreadable feature structure: {type(e).__name__}: {e}") from None
-        missing = [n for n in names if n not in tensors]
-        if missing:
-            raise CorruptPackageError(package.key, f"missing tensor(s) {', '.join(missing)}")
-        main = [tensors[n] for n in names if n.split(".")[0] == MAIN]
+        meta = package.metadata
+        main = _main_tensors(package)
         rows = _rows(main)
         if rows != int(meta.get("feature_rows", -1)):
             raise CorruptPackageError(package.key, f"features hold {rows} rows, metadata says {meta.get('feature_rows')}")
@@ -389,40 +380,23 @@ def _plain(value: Any) -> Any:
     return value.tolist() if hasattr(value, "tolist") else value
 
 
+def _main_tensors(package: VisualPackage) -> list[Any]:
+    """The package's main feature tensors, once its placeholder is there and its structure names tensors it holds."""
+    meta, tensors = package.metadata, package.tensors
+    if not isinstance(meta.get("placeholder"), str) or not meta["placeholder"]:
+        raise CorruptPackageError(package.key, "no placeholder text for the image")
+    try:
+        names = tensor_names(meta["structure"])
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise CorruptPackageError(package.key, f"unreadable feature structure: {type(e).__name__}: {e}") from None
+    missing = [n for n in names if n not in tensors]
+    if missing:
+        raise CorruptPackageError(package.key, f"missing tensor(s) {', '.join(missing)}")
+    return [tensors[n] for n in names if n.split(".")[0] == MAIN]
+
+
 def _rows(tensors: Any) -> int:
-    total = 0
-    for t in tensors:
-        total += int(t.numel()) // max(1, int(t.shape[-1]))
-    return total
-
-
-def seam_problem(model_type: str, classes: FamilyClasses) -> str:
-    """Why ``model_type`` cannot be served through the seam here ("" when it can)."""
-    import transformers
-
-    traits = traits_for(model_type)
-    if traits.unavailable:
-        return traits.unavailable
-    if classes.model is None or classes.processor is None:
-        return "transformers has no image-text-to-text model and processor for it"
-    model_class = getattr(transformers, classes.model, None)
-    if model_class is None or "mm_encoder_outputs" not in inspect.signature(model_class.forward).parameters:
-        return f"{classes.model} lacks the precomputed-features seam (mm_encoder_outputs)"
-    base_class = getattr(transformers, classes.base_model or "", None)
-    if not hasattr(model_class, "get_image_features") and not hasattr(base_class, "get_image_features"):
-        return f"neither {classes.model} nor its base model has get_image_features"
-    from transformers import ProcessorMixin
-
-    from .classes import processor_class
-
-    processor = processor_class(classes.processor)
-    if isinstance(processor, type) and getattr(processor, "replace_image_token", None) is ProcessorMixin.replace_image_token:
-        return f"{classes.processor} has no replace_image_token (it expands images from the text alone)"
-    if classes.image_processor is None and classes.torchvision_image_processor is None:
-        return "transformers names no image processor for it"
-    from ...support.torchvision_cpu import missing_torchvision
-
-    return missing_torchvision(classes)
+    return sum(int(t.numel()) // max(1, int(t.shape[-1])) for t in tensors)
 
 
 def generic_family(model_type: str, name: str = "") -> type[GenericBackend]:

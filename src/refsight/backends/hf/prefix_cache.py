@@ -61,7 +61,7 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Callable
 
 from ...package import VisualPackage
 from ...requests import GenerationRequest
@@ -271,35 +271,47 @@ def _prefix_text(backend: Any, row: list[Any], request: GenerationRequest, full:
 
 
 def _row_plan(backend: Any, row: list[Any], request: GenerationRequest, full: str, model: str, template: str) -> _Row:
+    """One row's plan: its prompt's token ids and, where its prefix holds references and tokenizes as the head of
+    the prompt, the prefix state's length and key."""
     tokenize = lambda text: backend.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     ids = list(tokenize(full))
-    packages = [s for s in row if isinstance(s, VisualPackage)]
-    plan = _Row(ids=ids, packages=packages)
-    k = request.prefix_segments
-    if request.prefix_cache is None or k <= 0 or any(not isinstance(s, (str, VisualPackage)) for s in row[:k]):
-        return plan
-    inside = [s for s in row[:k] if isinstance(s, VisualPackage)]
-    if not inside:
-        return plan  # text alone: nothing worth keeping a state for
-    text = _prefix_text(backend, row, request, full)
+    plan = _Row(ids=ids, packages=[s for s in row if isinstance(s, VisualPackage)])
+    inside = _prefix_packages(row, request)
+    text = _prefix_text(backend, row, request, full) if inside else None
     if text is None:
         return plan
+    prefix_ids = _prefix_ids(backend, tokenize, ids, text, inside)
+    # A prefix equal to the whole prompt leaves no token to start generation from.
+    if prefix_ids is not None and len(prefix_ids) < len(ids):
+        plan.prefix_len = len(prefix_ids)
+        plan.prefix_packages = len(inside)
+        plan.cache = request.prefix_cache
+        plan.key = prefix_key(model, [p.key for p in inside], prefix_ids, template)
+    return plan
+
+
+def _prefix_packages(row: list[Any], request: GenerationRequest) -> list[VisualPackage]:
+    """The cached packages in the row's prefix segments; none where the request keeps no prefix state or its prefix
+    holds anything but text and packages (text alone is not worth keeping a state for)."""
+    k = request.prefix_segments
+    if request.prefix_cache is None or k <= 0 or any(not isinstance(s, (str, VisualPackage)) for s in row[:k]):
+        return []
+    return [s for s in row[:k] if isinstance(s, VisualPackage)]
+
+
+def _prefix_ids(
+    backend: Any, tokenize: Callable[[str], list[int]], ids: list[int], text: str, inside: list[VisualPackage],
+) -> list[int] | None:
+    """The prefix's token ids, a head of the prompt's ``ids`` holding all its packages' image tokens: the whole prefix
+    text first; else cut back to the end of the last reference's placeholder. None when neither is."""
     image_ids = backend.image_token_ids
     image_tokens = sum(int(p.metadata["num_tokens"]) for p in inside)
     last = backend.image_placeholder(inside[-1])
-    # The whole prefix text first; else cut back to the end of the last reference's placeholder.
     for candidate in (text, text[: text.rfind(last) + len(last)]):
         prefix_ids = list(tokenize(candidate))
         if ids[: len(prefix_ids)] == prefix_ids and sum(t in image_ids for t in prefix_ids) == image_tokens:
-            plan.prefix_len = len(prefix_ids)
-            plan.prefix_packages = len(inside)
-            plan.cache = request.prefix_cache
-            plan.key = prefix_key(model, [p.key for p in inside], prefix_ids, template)
-            break
-    # A prefix equal to the whole prompt leaves no token to start generation from.
-    if plan.prefix_len >= len(ids):
-        plan.prefix_len, plan.prefix_packages, plan.key, plan.cache = 0, 0, None, None
-    return plan
+            return prefix_ids
+    return None
 
 
 def plan_prefixes(backend: Any, rows: list[list[Any]], requests: list[GenerationRequest], texts: list[str]) -> PrefixBatch | None:

@@ -75,48 +75,62 @@ def decode_prompt(
     ``prompt_progress``).
     """
     bitmaps, cached = _bitmaps(segments)
-    encode_ms = 0.0
     try:
         runtime.clear(seq)
         with runtime.tokenized(text, bitmaps) as chunks:
             infos = [runtime.chunk_info(c) for c in chunks]
             saved = {image_id: _saved_chunks(package, image_id, infos) for image_id, package in cached.items()}
-            per_image: dict[str, int] = {}
-            for info in infos:
-                if info.kind == "image":  # an image may span several chunks (SmolVLM tiles)
-                    per_image[info.image_id] = per_image.get(info.image_id, 0) + info.n_tokens
-            counts = [sum(info.n_tokens for info in infos), *per_image.values()]
-            # Each token takes a KV cell: with M-RoPE an image has fewer positions than tokens, so both must fit.
-            total = max(sum(info.n_pos for info in infos), counts[0])
-            if total >= runtime.settings.n_ctx:
-                raise ContextLengthError(
-                    "prompt", f"needs {total} positions; the context holds {runtime.settings.n_ctx}",
-                    n_prompt_tokens=total, n_ctx=runtime.settings.n_ctx,
-                )
-            first, n_past, cached = 0, 0, 0
-            split = prefix.split(runtime, infos, bitmaps) if prefix is not None else None
-            if split is not None:
-                first = split.chunk
-                if prefix.restore(runtime, split, seq):
-                    n_past, cached = split.n_past, prefix.prefix_tokens
-                    for info in infos[:first]:  # restored, not decoded: their saved features go unused
-                        if info.kind == "image" and info.image_id in saved:
-                            saved[info.image_id].pop(0)
-                    split = None  # nothing left to evaluate or save before the rest
+            counts = _token_counts(runtime, infos)
+            first, n_past, cached_tokens, split = _restored_prefix(runtime, prefix, infos, bitmaps, saved, seq)
             if on_prompt is not None:
-                on_prompt(counts[0], cached, cached)
-            if split is not None:
-                n_past, ms = _evaluate(runtime, chunks[:first], infos[:first], saved, n_past, False, seq)
-                encode_ms += ms
+                on_prompt(counts[0], cached_tokens, cached_tokens)
+            encode_ms = 0.0
+            if split is not None:  # the prefix is evaluated on its own, to be saved before the rest
+                n_past, encode_ms = _evaluate(runtime, chunks[:first], infos[:first], saved, n_past, False, seq)
                 prefix.save(runtime, split, seq)
             n_past, ms = _evaluate(runtime, chunks[first:], infos[first:], saved, n_past, True, seq)
             encode_ms += ms
             if on_prompt is not None:
-                on_prompt(counts[0], cached, counts[0])
+                on_prompt(counts[0], cached_tokens, counts[0])
     finally:
         for b in bitmaps:
             b.free()
     return n_past, {"encode": encode_ms}, counts
+
+
+def _token_counts(runtime: LlamaRuntime, infos: Sequence[Any]) -> list[int]:
+    """The prompt's token count, then each image's in prompt order; ContextLengthError when the prompt does not fit
+    the context."""
+    per_image: dict[str, int] = {}
+    for info in infos:
+        if info.kind == "image":  # an image may span several chunks (SmolVLM tiles)
+            per_image[info.image_id] = per_image.get(info.image_id, 0) + info.n_tokens
+    counts = [sum(info.n_tokens for info in infos), *per_image.values()]
+    # Each token takes a KV cell: with M-RoPE an image has fewer positions than tokens, so both must fit.
+    total = max(sum(info.n_pos for info in infos), counts[0])
+    if total >= runtime.settings.n_ctx:
+        raise ContextLengthError(
+            "prompt", f"needs {total} positions; the context holds {runtime.settings.n_ctx}",
+            n_prompt_tokens=total, n_ctx=runtime.settings.n_ctx,
+        )
+    return counts
+
+
+def _restored_prefix(
+    runtime: LlamaRuntime, prefix: PromptPrefix | None, infos: Sequence[Any], bitmaps: list[Bitmap],
+    saved: dict[str, list[np.ndarray]], seq: int,
+) -> tuple[int, int, int, Any]:
+    """Where evaluation starts: ``(first chunk, n_past, cached tokens, split)``, the prefix's saved KV state restored
+    where one matches; ``split`` is the prefix still to evaluate and offer for saving (None: nothing to save)."""
+    split = prefix.split(runtime, infos, bitmaps) if prefix is not None else None
+    if split is None:
+        return 0, 0, 0, None
+    if not prefix.restore(runtime, split, seq):
+        return split.chunk, 0, 0, split
+    for info in infos[:split.chunk]:  # restored, not decoded: their saved features go unused
+        if info.kind == "image" and info.image_id in saved:
+            saved[info.image_id].pop(0)
+    return split.chunk, split.n_past, prefix.prefix_tokens, None
 
 
 def _evaluate(
@@ -256,18 +270,7 @@ class TokenLoop:
         if self.stop_event is not None and self.stop_event.is_set():
             self.finish = "cancelled"
             return True
-        row = self.runtime.last_logits(output) if self.return_logits or self.n_probs is not None else None
-        if self.return_logits:
-            self.rows.append(row)
-        logprob = None
-        if self.post_sampling:
-            token, ids, probs = self.sampler.sample_with_probs(row)
-            if token is not None:
-                logprob = chain_logprob(token, ids, probs, self.n_probs, self.runtime.piece)
-        else:
-            token = self.sampler.sample(output)
-            if self.n_probs is not None and token is not None:
-                logprob = token_logprob(row, token, self.n_probs, self.runtime.piece)
+        token, logprob = self._sample(output)
         if token is None:  # the grammar is complete and its end-of-generation tokens are banned: it ends here
             self.finish = "stop"
             return True
@@ -283,6 +286,22 @@ class TokenLoop:
             self.finish = "stop"
             return True
         return len(self.tokens) >= self.max_new_tokens
+
+    def _sample(self, output: int) -> tuple[int | None, TokenLogprob | None]:
+        """The next token (None: the grammar is complete) and its log probability where asked: the raw logits', or
+        the sampler chain's with ``post_sampling_probs``; the logits row kept where asked."""
+        row = self.runtime.last_logits(output) if self.return_logits or self.n_probs is not None else None
+        if self.return_logits:
+            self.rows.append(row)
+        if self.post_sampling:
+            token, ids, probs = self.sampler.sample_with_probs(row)
+            if token is None:
+                return None, None
+            return token, chain_logprob(token, ids, probs, self.n_probs, self.runtime.piece)
+        token = self.sampler.sample(output)
+        if self.n_probs is None or token is None:
+            return token, None
+        return token, token_logprob(row, token, self.n_probs, self.runtime.piece)
 
     def advance(self) -> None:
         """Note that :attr:`token` was decoded at :attr:`n_past`."""

@@ -171,23 +171,26 @@ def plan_prefix(backend: Any, request: Any, template: str) -> PromptPrefix | Non
     if text is None:
         return None
     packages = [s for s in head if isinstance(s, VisualPackage)]
-    settings = backend.runtime.settings
-    # One stream and llama.cpp's default attention: the key states were always stored under.
-    streams = f":streams={settings.n_seq}" if settings.n_seq > 1 else ""
-    attention = f":fa={settings.flash_attn}" if settings.flash_attn != "auto" else ""
-    weights = "" if repack_weights() else ":repack=off"
-    context = f"n_batch={backend.runtime._n_batch()}:kv=f16{streams}{attention}{weights}"
     return PromptPrefix(
         text=text,
         n_images=len(packages),
         package_keys=tuple(p.key for p in packages),
         states=states,
-        # The numbers of a state also depend on the device, the batch split, the KV type, the
-        # attention kernel and the weights' kernels (repacked or not); llama.cpp writes the
-        # context's stream count into a state and loads it only there.
-        model=f"{backend.fingerprint().digest}:{backend.device}:{context}",
+        model=f"{backend.fingerprint().digest}:{backend.device}:{_state_context(backend.runtime)}",
         template=hashlib.sha256(template.encode()).hexdigest(),
     )
+
+
+def _state_context(runtime: LlamaRuntime) -> str:
+    """What of the context a state's numbers depend on besides the model and the device: the batch split, the KV
+    type, the attention kernel and the weights' kernels (repacked or not); llama.cpp writes the context's stream count
+    into a state and loads it only there."""
+    settings = runtime.settings
+    # One stream and llama.cpp's default attention: the key states were always stored under.
+    streams = f":streams={settings.n_seq}" if settings.n_seq > 1 else ""
+    attention = f":fa={settings.flash_attn}" if settings.flash_attn != "auto" else ""
+    weights = "" if repack_weights() else ":repack=off"
+    return f"n_batch={runtime._n_batch()}:kv=f16{streams}{attention}{weights}"
 
 
 def _past_the_window(runtime: LlamaRuntime, n_past: int) -> bool:
