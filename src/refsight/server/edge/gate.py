@@ -26,7 +26,7 @@ from .auth import authenticate, credential_headers, require_operator, require_te
 from .http_errors import ApiError, error_response
 from .tenants import Tenants
 
-__all__ = ["AuthGateMiddleware", "flat_routes", "route_guard"]
+__all__ = ["AuthGateMiddleware", "dependency_calls", "flat_routes", "route_guard"]
 
 TENANT, OPERATOR, PUBLIC = "tenant", "operator", "public"
 
@@ -48,18 +48,23 @@ def flat_routes(routes: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
             yield route, route
 
 
-def route_guard(route: Any) -> str:
-    """``"tenant"``, ``"operator"`` or ``"public"``: what a key must be to call ``route``."""
+def dependency_calls(route: Any) -> Iterator[Any]:
+    """The calls of ``route``'s dependency tree, the route's own first, then what each dependency depends on."""
     stack = [getattr(route, "dependant", None)]
     while stack:
         dependant = stack.pop()
-        if dependant is None:
-            continue
-        if dependant.call is require_tenant:
+        if dependant is not None:
+            yield dependant.call
+            stack.extend(dependant.dependencies)
+
+
+def route_guard(route: Any) -> str:
+    """``"tenant"``, ``"operator"`` or ``"public"``: what a key must be to call ``route``."""
+    for call in dependency_calls(route):
+        if call is require_tenant:
             return TENANT
-        if dependant.call is require_operator:
+        if call is require_operator:
             return OPERATOR
-        stack.extend(dependant.dependencies)
     return PUBLIC
 
 

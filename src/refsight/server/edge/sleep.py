@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import anyio.to_thread
 from starlette.routing import Match
 
-from .gate import flat_routes
+from .gate import dependency_calls, flat_routes
 
 __all__ = ["SleepWatch", "SleepMiddleware", "needs_no_model", "wakes"]
 
@@ -51,15 +51,7 @@ def needs_no_model(endpoint: F) -> F:
 
 def _takes_service(route: Any) -> bool:
     """Whether ``route``'s dependencies hand it the service (``deps.ServiceDep``: its call names the state it reads)."""
-    stack = [getattr(route, "dependant", None)]
-    while stack:
-        dependant = stack.pop()
-        if dependant is None:
-            continue
-        if getattr(dependant.call, "app_state", None) == "service":
-            return True
-        stack.extend(dependant.dependencies)
-    return False
+    return any(getattr(call, "app_state", None) == "service" for call in dependency_calls(route))
 
 
 def wakes(route: Any) -> bool:
