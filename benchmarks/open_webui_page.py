@@ -5,6 +5,7 @@ error. The page attaches its built-in tools and runs its tasks as it does for ev
 
 from __future__ import annotations
 
+import re
 import time
 
 from open_webui_app import ADMIN, Session
@@ -13,6 +14,8 @@ CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 MESSAGE = "Describe a cat in one short sentence."
+#: A chat's page (``/c/ID``), its id the group.
+CHAT_URL = re.compile(r"/c/([^/?#]+)")
 
 
 def page_chat(url: str, session: Session, model_id: str) -> None:
@@ -64,10 +67,16 @@ def pick_model(page, model_id: str) -> None:
 
 
 def wait_for_chat_url(page, timeout_s: float = 60) -> str:
-    """The new chat's id, once the page has moved to ``/c/ID``."""
-    deadline = time.monotonic() + timeout_s
-    while "/c/" not in page.url:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the page never opened the new chat (still at {page.url})")
-        time.sleep(0.1)
-    return page.url.rsplit("/c/", 1)[1].split("?")[0]
+    """The new chat's id, once the page has moved to ``/c/ID`` (Open WebUI 0.12 replaces the URL when its
+    ``/api/chat/completions`` answers with the chat it created).
+
+    Playwright's own wait, not a loop over ``page.url``: the sync API takes in the browser's events only
+    inside its own calls, so ``page.url`` read between ``time.sleep``s stays at the URL of the last call.
+    """
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_url(CHAT_URL, timeout=timeout_s * 1000)
+    except PlaywrightTimeout:
+        raise RuntimeError(f"the page never opened the new chat in {timeout_s:g} s (still at {page.url})") from None
+    return CHAT_URL.search(page.url).group(1)
