@@ -56,11 +56,30 @@ def test_the_suites_command_lines_start_and_their_flags_are_named():
     assert {"--ubatch-size", "--swa-full", "--cache-ram", "--no-cache-idle-slots", "--backend-sampling",
             "--n-gpu-layers", "--cont-batching", "--metrics", "--spec-type"} <= accepted
     assert verdicts.recorded == {"embedding": True, "rerank": True, "pooling": "mean", "context-shift": True,
-                                 "reasoning-format": "deepseek", "reasoning": "off", "ui-mcp-proxy": True, "tools": "all"}
+                                 "reasoning-format": "deepseek", "ui-mcp-proxy": True, "tools": "all"}
     options = _backend_options(args)
     assert (options.jinja, options.chat_template, options.n_ctx, options.n_ctx_over_trained) == (False, "chatml", 512, "cap")  # -kvu: the whole -c
     settings = llama_server_settings(args)
     assert settings["sampling_defaults"] == {"temperature": 0.8, "seed": 42} and settings["webui"] is False
+    assert settings["template_variables"] == {"enable_thinking": False}  # --reasoning off
+
+
+@pytest.mark.parametrize(("line", "variables"), [
+    ("--reasoning on", {"enable_thinking": True}), ("-rea auto", {"enable_thinking": True}),
+    ("--reasoning disabled", {"enable_thinking": False}),
+    ("--chat-template-kwargs {\"x\":[1],\"enable_thinking\":true} --reasoning off", {"x": [1], "enable_thinking": False}),
+    ("--reasoning maybe", "--reasoning maybe: give on, off or auto"),
+    ("--chat-template-kwargs [1]", "--chat-template-kwargs: give a JSON object"),
+    ("--chat-template-kwargs {", "--chat-template-kwargs: not JSON"),
+    ("--chat-template-kwargs {\"messages\":1}", "--chat-template-kwargs: refsight's render sets messages itself"),
+])
+def test_reasoning_and_chat_template_kwargs_are_the_templates_variables_for_every_request(line, variables):
+    args = _parsed(line)
+    if isinstance(variables, str):
+        with pytest.raises(UsageError, match=variables.replace("[", "\\[")):
+            llama_server_settings(args)
+    else:
+        assert llama_server_settings(args)["template_variables"] == variables
 
 
 @pytest.mark.parametrize(("line", "named"), [

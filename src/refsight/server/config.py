@@ -9,6 +9,7 @@ from typing import Any
 
 from ..settings import BackendOptions, Settings
 from ..errors import InvalidInputError
+from ..requests import check_template_variables
 from ..support.environment import default_api_key
 from .edge.binding import split_hosts
 from .intake.generation_body import DEFAULT_MAX_TOKENS
@@ -82,6 +83,9 @@ class ServerConfig:
     n_predict: int = DEFAULT_MAX_TOKENS
     #: Sampling fields a request that leaves them unset gets (``--temp``, ``--seed``: ``temperature``, ``seed``).
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
+    #: The chat template's variables every request gets unless it sets them itself (llama-server's ``--reasoning``:
+    #: ``enable_thinking``; ``--chat-template-kwargs``), handed where the template reads them.
+    template_variables: dict[str, Any] = field(default_factory=dict)
     #: Domain names whose ``http(s)`` image URLs are fetched (``--allowed-media-domains``; empty: none, the default).
     allowed_media_domains: tuple[str, ...] = ()
     #: The directory ``file://`` image URLs may read from (``--media-path``; None: none, the default).
@@ -168,6 +172,7 @@ class ServerConfig:
         if self.pooling not in POOLINGS:
             raise InvalidInputError("pooling", f"{self.pooling!r} is not served (a vector per token): refsight's "
                                     "embeddings are pooled (last: the served model's last token; else the embedder's)")
+        check_template_variables(self.template_variables)
         if self.request_timeout_s < self.header_timeout_s:
             raise InvalidInputError("request_timeout_s", "bounds the whole request, head included: not below header_timeout_s")
         if not isinstance(self.max_incomplete_requests, int) or self.max_incomplete_requests < 1:
