@@ -182,3 +182,23 @@ def test_every_detected_format_but_dots1_renders_and_an_undetected_one_is_refuse
 def test_no_jinja_on_a_runtime_that_renders_no_template_here_is_refused_naming_the_flag(capsys, tmp_path):
     assert main(["serve", "toy", "--no-jinja", "--store", str(tmp_path / "s"), "--port", "1"]) == 2
     assert "refsight: error: --no-jinja: toy does not render its chats here" in capsys.readouterr().err
+
+
+def test_c_and_np_with_no_model_are_router_modes_and_named_not_applied(capsys, monkeypatch):
+    """llama.cpp's suite starts its router (no model) with ``-c 1024 -np 1``: refsight serves its default model,
+    which takes neither, and says so; with a model named, or a llama.cpp default, they are that model's."""
+    from refsight.cli.serving import _router_mode_settings
+
+    monkeypatch.delenv("REFSIGHT_MODEL", raising=False)
+    args = _parsed("-c 1024 -np 1 --cors-origins localhost")
+    _router_mode_settings(args)
+    assert (args.ctx_size, args.parallel) == (None, None)
+    assert ("refsight serve: llama-server's -c 1024, -np 1 with no model: router mode's settings for the models it "
+            "loads later; refsight serves its default model tiny-qwen2-vl, which takes neither: not applied"
+            ) in capsys.readouterr().err
+    for line, env in (("-m /m.gguf -c 1024 -np 1", None), ("-c 1024 -np 1", "llamacpp:/m.gguf")):
+        if env:
+            monkeypatch.setenv("REFSIGHT_MODEL", env)
+        args = _parsed(line)
+        _router_mode_settings(args)
+        assert (args.ctx_size, args.parallel) == (1024, 1) and not capsys.readouterr().err

@@ -13,8 +13,9 @@ import dataclasses
 import sys
 
 from .arguments import EMBEDDER_HELP, Command, UsageError, path_argument, text_argument
+from ..support.environment import default_model
 from ..support.extras import install_command
-from .command import backend_options, settings_of
+from .command import backend_options, say, settings_of
 from ..settings import BackendOptions
 from .llama_flags import (
     add_llama_server_arguments, add_table_flags, api_keys, apply_environment, chat_template, llama_server_settings,
@@ -144,6 +145,21 @@ def _model(args: argparse.Namespace) -> str | None:
     return model
 
 
+def _router_mode_settings(args: argparse.Namespace) -> None:
+    """llama-server started with no model is a router, and its ``-c``/``-np`` are the settings of the models it loads
+    later (llama.cpp's own suite starts it so). refsight loads no model later: it serves its default model, and where
+    that one takes no context or slots (not llama.cpp's) the two are left out, named in the startup log."""
+    given = {"-c": args.ctx_size, "-np": args.parallel}
+    given = {flag: value for flag, value in given.items() if value is not None}
+    default = default_model()
+    if _model(args) is not None or not given or default.startswith(_LLAMA_CPP_NAMES):
+        return
+    typed = ", ".join(f"{flag} {value}" for flag, value in given.items())
+    say(f"refsight serve: llama-server's {typed} with no model: router mode's settings for the models it loads later; "
+        f"refsight serves its default model {default}, which takes neither: not applied")
+    args.ctx_size = args.parallel = None
+
+
 def _backend_options(args: argparse.Namespace) -> BackendOptions:
     """The backend options the flags set: the model options, then llama-server's context, slots, template, images."""
     options = backend_options(args)
@@ -182,6 +198,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     # A refused llama-server flag: exit 2 before anything loads; the accepted and recorded ones are logged.
     verdicts = table_verdicts(args)
+    _router_mode_settings(args)
     llama_settings = llama_server_settings(args)
     options = _backend_options(args)
     keys = api_keys(args)
