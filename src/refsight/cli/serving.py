@@ -45,9 +45,10 @@ def _listen_arguments(p: argparse.ArgumentParser) -> None:
         "address(es) to bind, comma-separated as llama-server's (127.0.0.1,::1); non-loopback needs API keys"))
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
-        "--cors-origins", default="localhost", metavar="ORIGINS",
-        help="origins allowed cross-origin, comma-separated (* for any; localhost, the default: every loopback "
-             "origin, as llama-server's localhost mode; an empty value: none)",
+        "--cors-origins", default=None, metavar="ORIGINS",
+        help="origins allowed cross-origin, comma-separated (* for any; localhost: every loopback origin, as "
+             "llama-server's localhost mode; an empty value: none; default: * with API keys, as llama-server's, "
+             "localhost without)",
     )
     p.add_argument(
         "--allowed-hosts", default="", metavar="NAMES",
@@ -227,7 +228,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         redis=args.redis, max_package_bytes=args.max_package_bytes, local_cache_bytes=args.local_cache_bytes,
         use_cache=not args.no_cache,
         remember_images=args.remember_images, slots_endpoint=args.slots_endpoint, verbose=args.verbose,
-        cors_origins=_names(args.cors_origins), allowed_hosts=_names(args.allowed_hosts), **llama_settings,
+        cors_origins=None if args.cors_origins is None else _names(args.cors_origins), allowed_hosts=_names(args.allowed_hosts), **llama_settings,
     ))
     return 0
 

@@ -126,9 +126,10 @@ class ServerConfig:
     media_uuid_entries: int = 4096
     #: Without keys, the ``Host`` names accepted beside loopback and ``host`` (``--allowed-hosts``).
     allowed_hosts: tuple[str, ...] = ()
-    #: Origins allowed cross-origin (``--cors-origins``; ``*`` any; ``localhost``, the default: every loopback
-    #: origin, as llama-server's ``localhost`` mode): CORS headers and preflights (:mod:`~refsight.server.edge.origins`).
-    cors_origins: tuple[str, ...] = ("localhost",)
+    #: Origins allowed cross-origin (``--cors-origins``; ``*`` any; ``localhost`` every loopback origin, as
+    #: llama-server's ``localhost`` mode); None, the default: ``*`` with API keys (llama-server's default), ``localhost``
+    #: without: CORS headers and preflights (:mod:`~refsight.server.edge.origins`).
+    cors_origins: tuple[str, ...] | None = None
     #: Seconds a request's head (request line and headers) may take to arrive (see :mod:`~refsight.server.connections`).
     header_timeout_s: float = 10.0
     #: Seconds a whole request, body included, may take to arrive (a 32 MiB upload at 1 MB/s takes 32 s).
