@@ -296,7 +296,8 @@ async def _events(first: Any, source: AsyncIterator[Any], final: Any, per_token:
 
     def progress(item: PromptProgress) -> bytes:  # llama-server's: an event with no text, the prompt's progress
         return sse_event({"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": 0, "tokens_predicted": 0,
-                          "tokens_evaluated": item.total, "prompt_progress": item.to_dict()})
+                          "tokens_evaluated": item.total, "prompt_progress": item.to_dict(),
+                          **({"timings": item.timings()} if per_token is not None else {})})
 
     async for event in answer_events(first, source, piece, lambda result: [sse_event(final(result, True))],
                                      progress=progress):
