@@ -88,6 +88,9 @@ def test_the_chat_its_count_and_every_dialect_render_with_them(live):
     assert ollama[1]["prompt_eval_count"] == off["usage"]["prompt_tokens"] > ollama[0]["prompt_eval_count"]
     anthropic = live.post("/v1/messages", json={"max_tokens": 4, "messages": HI, "thinking": {"type": "disabled"}})
     assert anthropic.json()["usage"]["input_tokens"] == off["usage"]["prompt_tokens"], anthropic.text
+    enabled = live.post("/v1/messages", json={"max_tokens": 4, "messages": HI,
+                                              "thinking": {"type": "enabled", "budget_tokens": 2}}).json()
+    assert enabled["usage"]["input_tokens"] == on["usage"]["prompt_tokens"] and "refsight" not in enabled, enabled
 
 
 def test_a_raw_prompt_names_them_and_every_field_refsight_does_not_use(live):
