@@ -83,8 +83,8 @@ def add_llama_server_arguments(p: argparse.ArgumentParser) -> None:
                         f"({', '.join(sorted(BUILTIN_TEMPLATES))}) or the Jinja template itself")
     p.add_argument("--chat-template-file", dest="chat_template_file", type=path_argument, metavar="FILE",
                    help="render chats in the Jinja template in FILE instead of the model's")
-    p.add_argument("-rea", "--reasoning", dest="reasoning", type=text_argument, metavar="on|off|auto",
-                   help="the template's enable_thinking for every request that sets none (on, auto: true; off: false; "
+    p.add_argument("-rea", "--reasoning", dest="reasoning", type=text_argument, metavar="MODE",
+                   help="on, off or auto: the template's enable_thinking for every request that sets none (on, auto: true; off: false; "
                         "as llama-server's, where the template reads it)")
     p.add_argument("--chat-template-kwargs", dest="chat_template_kwargs", type=text_argument, metavar="JSON",
                    help="the template's variables for every request (a JSON object), under the request's own")

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
+from typing import Any
 
 from .arguments import EMBEDDER_HELP, Command, UsageError, path_argument, text_argument
 from ..support.environment import default_model
@@ -153,12 +155,28 @@ def _router_mode_settings(args: argparse.Namespace) -> None:
     given = {"-c": args.ctx_size, "-np": args.parallel}
     given = {flag: value for flag, value in given.items() if value is not None}
     default = default_model()
-    if _model(args) is not None or not given or default.startswith(_LLAMA_CPP_NAMES):
-        return
+    if _model(args) is not None or not given or default.startswith(_LLAMA_CPP_NAMES) or args.max_model_len is not None:
+        return  # (with vLLM's --max-model-len too: not a llama-server command line, and -c with it is refused)
     typed = ", ".join(f"{flag} {value}" for flag, value in given.items())
     say(f"refsight serve: llama-server's {typed} with no model: router mode's settings for the models it loads later; "
         f"refsight serves its default model {default}, which takes neither: not applied")
     args.ctx_size = args.parallel = None
+
+
+def vertex_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Vertex AI's environment, read as llama-server reads it: with ``AIP_MODE=PREDICTION`` the predict route
+    (``AIP_PREDICT_ROUTE``, default ``/predict``), the health route (``AIP_HEALTH_ROUTE``), and ``AIP_HTTP_PORT`` in
+    place of ``--port`` (named in the startup log)."""
+    if os.environ.get("AIP_MODE", "") != "PREDICTION":
+        return {}
+    port = os.environ.get("AIP_HTTP_PORT", "8080")
+    if not port.isdigit():
+        raise UsageError(f"AIP_HTTP_PORT={port}: give a port number")
+    if int(port) != args.port:
+        say(f"refsight serve: Vertex AI (AIP_MODE=PREDICTION): serving on AIP_HTTP_PORT {port}, not --port {args.port}")
+        args.port = int(port)
+    return {"vertex_predict_route": os.environ.get("AIP_PREDICT_ROUTE") or "/predict",
+            "vertex_health_route": os.environ.get("AIP_HEALTH_ROUTE") or None}
 
 
 def _backend_options(args: argparse.Namespace) -> BackendOptions:
@@ -200,7 +218,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # A refused llama-server flag: exit 2 before anything loads; the accepted and recorded ones are logged.
     verdicts = table_verdicts(args)
     _router_mode_settings(args)
-    llama_settings = llama_server_settings(args)
+    llama_settings = {**llama_server_settings(args), **vertex_settings(args)}
     options = _backend_options(args)
     keys = api_keys(args)
     # A template is tried at load (compiled, rendered once under the renders' bounds): one that cannot serve, or one

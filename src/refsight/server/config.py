@@ -86,6 +86,10 @@ class ServerConfig:
     #: The chat template's variables every request gets unless it sets them itself (llama-server's ``--reasoning``:
     #: ``enable_thinking``; ``--chat-template-kwargs``), handed where the template reads them.
     template_variables: dict[str, Any] = field(default_factory=dict)
+    #: Vertex AI's prediction route (llama-server's ``AIP_MODE=PREDICTION``: ``AIP_PREDICT_ROUTE``, default
+    #: ``/predict``; :mod:`~refsight.server.routes.vertex`), and ``AIP_HEALTH_ROUTE``; None: not served.
+    vertex_predict_route: str | None = None
+    vertex_health_route: str | None = None
     #: Domain names whose ``http(s)`` image URLs are fetched (``--allowed-media-domains``; empty: none, the default).
     allowed_media_domains: tuple[str, ...] = ()
     #: The directory ``file://`` image URLs may read from (``--media-path``; None: none, the default).
