@@ -27,6 +27,7 @@ from starlette.responses import Response
 from ...tools import ToolCall
 from ..edge.disconnect import watched, with_client_stop
 from ..edge.limits import WorkPool
+from .timings import rate
 
 __all__ = [
     "Finished", "stream_in_pool", "open_stream", "stream_error", "EventStreamResponse", "sse_event", "SSE_DONE",
@@ -88,9 +89,9 @@ class PromptProgress:
         """llama-server's ``timings`` of a progress event (``timings_per_token``): the prompt's so far, no answer yet
         (the first report: all zeros)."""
         prompt_n, prompt_ms = max(self.processed - self.cache, 0), round(self.elapsed_ms, 3)
-        per_token = prompt_ms / prompt_n if prompt_n and prompt_ms else 0.0
+        per_token, per_second = rate(prompt_n, prompt_ms)
         return {"cache_n": self.cache, "prompt_n": prompt_n, "prompt_ms": prompt_ms, "prompt_per_token_ms": per_token,
-                "prompt_per_second": 1e3 / prompt_ms * prompt_n if prompt_n and prompt_ms else 0.0,
+                "prompt_per_second": per_second,
                 "predicted_n": 0, "predicted_ms": 0.0, "predicted_per_token_ms": 0.0, "predicted_per_second": 0.0}
 
 
