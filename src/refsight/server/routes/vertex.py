@@ -8,7 +8,8 @@ route's own JSON reply (an error reply included, as llama-server answers it). An
 (the protocol has no streams). At most :data:`MAX_INSTANCES` instances (llama-server's bound), run at most
 ``workers`` at a time.
 
-Each instance is a request to this app in-process, with the caller's ``Authorization``, ``X-Api-Key`` and ``Host``:
+Each instance is a request to this app in-process (ASGI, no HTTP client), with the caller's ``Authorization``,
+``X-Api-Key`` and ``Host``:
 the same key check, limits, work pool and dialect rules as if it had been sent alone. ``AIP_HEALTH_ROUTE`` serves
 ``/health`` under that path too. :func:`vertex_routes` adds both to an app whose config names them
 (:attr:`~refsight.server.ServerConfig.vertex_predict_route`; ``refsight serve`` reads the environment as
@@ -21,9 +22,9 @@ import asyncio
 import json
 from typing import Any
 
-import httpx
 from fastapi import Depends, FastAPI, Request
 
+from ...errors import InvalidInputError
 from ..edge.auth import require_tenant
 from ..edge.gate import flat_routes
 from ..edge.http_errors import ApiError
@@ -56,7 +57,7 @@ def vertex_routes(app: FastAPI, predict_route: str, health_route: str | None, wo
     routes = [route for _, route in flat_routes(app.routes) if getattr(route, "path", None)]
     posts = [route.path for route in routes if "POST" in (getattr(route, "methods", None) or ()) and "{" not in route.path]
     if predict_route in posts:
-        raise ValueError(f"AIP_PREDICT_ROUTE={predict_route} is one of the server's own routes")
+        raise InvalidInputError("vertex_predict_route", f"{predict_route} is one of the server's own routes")
     aliases: dict[str, str] = {}
     for path in posts:  # the first registration wins, as in llama-server
         aliases.setdefault(request_format(path), path)
@@ -66,21 +67,21 @@ def vertex_routes(app: FastAPI, predict_route: str, health_route: str | None, wo
     async def predict(request: Request) -> dict[str, Any]:
         """Vertex AI's prediction request: each instance answered by the route its ``@requestFormat`` names."""
         instances = _instances(await request.json())
-        headers = {name: request.headers[name] for name in _FORWARDED if name in request.headers}
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url=str(request.base_url), timeout=None) as client:
-            async def one(instance: Any) -> Any:
-                path, payload = _dispatch(instance, aliases, paths)
-                if path is None:
-                    return payload
-                async with slots:
-                    reply = await client.post(path, json=payload, headers=headers)
-                try:
-                    return reply.json()
-                except json.JSONDecodeError:
-                    return reply.text
+        headers = [(name.encode(), request.headers[name].encode("latin-1"))
+                   for name in _FORWARDED if name in request.headers]
 
-            return {"predictions": await asyncio.gather(*(one(instance) for instance in instances))}
+        async def one(instance: Any) -> Any:
+            path, payload = _dispatch(instance, aliases, paths)
+            if path is None:
+                return payload
+            async with slots:
+                reply = await _post(app, request.scope, path, headers, json.dumps(payload).encode())
+            try:
+                return json.loads(reply)
+            except ValueError:
+                return reply.decode("utf-8", "replace")
+
+        return {"predictions": await asyncio.gather(*(one(instance) for instance in instances))}
 
     # A tenant's route, as each instance's is: the caller's key is checked before any instance runs.
     app.add_api_route(predict_route, predict, methods=["POST"], include_in_schema=False,
@@ -88,6 +89,31 @@ def vertex_routes(app: FastAPI, predict_route: str, health_route: str | None, wo
     if health_route:
         health = next(route for route in routes if route.path == "/health")
         app.add_api_route(health_route, health.endpoint, methods=["GET"], include_in_schema=False)
+
+
+async def _post(app: Any, outer: dict[str, Any], path: str, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes:
+    """The body of the app's reply to ``POST path`` sent in-process (the whole middleware stack, as from outside),
+    from the caller's connection (``outer``: its client, server and scheme)."""
+    scope = {"type": "http", "asgi": outer.get("asgi", {"version": "3.0"}), "http_version": "1.1", "method": "POST",
+             "scheme": outer.get("scheme", "http"), "path": path, "raw_path": path.encode(), "query_string": b"",
+             "root_path": "", "headers": [*headers, (b"content-type", b"application/json"),
+                                           (b"content-length", str(len(body)).encode())],
+             "client": outer.get("client"), "server": outer.get("server"), "state": dict(outer.get("state") or {})}
+    sent, chunks = False, []
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if sent:  # the body was read: what follows is the client staying, never a disconnect
+            await asyncio.Event().wait()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+
+    await app(scope, receive, send)
+    return b"".join(chunks)
 
 
 def _instances(body: Any) -> list[Any]:
