@@ -9,8 +9,8 @@ route's own JSON reply (an error reply included, as llama-server answers it). An
 ``workers`` at a time.
 
 Each instance is a request to this app in-process (ASGI, no HTTP client), with the caller's ``Authorization``,
-``X-Api-Key`` and ``Host``:
-the same key check, limits, work pool and dialect rules as if it had been sent alone. ``AIP_HEALTH_ROUTE`` serves
+``X-Api-Key`` and ``Host``: the same key check, limits, work pool and dialect rules as if it had been sent alone (a
+caller that leaves does not stop the instances under way: each is bounded as it would be alone). ``AIP_HEALTH_ROUTE`` serves
 ``/health`` under that path too. :func:`vertex_routes` adds both to an app whose config names them
 (:attr:`~refsight.server.ServerConfig.vertex_predict_route`; ``refsight serve`` reads the environment as
 llama-server does).
