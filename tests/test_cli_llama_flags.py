@@ -56,11 +56,30 @@ def test_the_suites_command_lines_start_and_their_flags_are_named():
     assert {"--ubatch-size", "--swa-full", "--cache-ram", "--no-cache-idle-slots", "--backend-sampling",
             "--n-gpu-layers", "--cont-batching", "--metrics", "--spec-type"} <= accepted
     assert verdicts.recorded == {"embedding": True, "rerank": True, "pooling": "mean", "context-shift": True,
-                                 "reasoning-format": "deepseek", "reasoning": "off", "ui-mcp-proxy": True, "tools": "all"}
+                                 "reasoning-format": "deepseek", "ui-mcp-proxy": True, "tools": "all"}
     options = _backend_options(args)
     assert (options.jinja, options.chat_template, options.n_ctx, options.n_ctx_over_trained) == (False, "chatml", 512, "cap")  # -kvu: the whole -c
     settings = llama_server_settings(args)
     assert settings["sampling_defaults"] == {"temperature": 0.8, "seed": 42} and settings["webui"] is False
+    assert settings["template_variables"] == {"enable_thinking": False}  # --reasoning off
+
+
+@pytest.mark.parametrize(("line", "variables"), [
+    ("--reasoning on", {"enable_thinking": True}), ("-rea auto", {"enable_thinking": True}),
+    ("--reasoning disabled", {"enable_thinking": False}),
+    ("--chat-template-kwargs {\"x\":[1],\"enable_thinking\":true} --reasoning off", {"x": [1], "enable_thinking": False}),
+    ("--reasoning maybe", "--reasoning maybe: give on, off or auto"),
+    ("--chat-template-kwargs [1]", "--chat-template-kwargs: give a JSON object"),
+    ("--chat-template-kwargs {", "--chat-template-kwargs: not JSON"),
+    ("--chat-template-kwargs {\"messages\":1}", "--chat-template-kwargs: refsight's render sets messages itself"),
+])
+def test_reasoning_and_chat_template_kwargs_are_the_templates_variables_for_every_request(line, variables):
+    args = _parsed(line)
+    if isinstance(variables, str):
+        with pytest.raises(UsageError, match=variables.replace("[", "\\[")):
+            llama_server_settings(args)
+    else:
+        assert llama_server_settings(args)["template_variables"] == variables
 
 
 @pytest.mark.parametrize(("line", "named"), [
@@ -163,3 +182,23 @@ def test_every_detected_format_but_dots1_renders_and_an_undetected_one_is_refuse
 def test_no_jinja_on_a_runtime_that_renders_no_template_here_is_refused_naming_the_flag(capsys, tmp_path):
     assert main(["serve", "toy", "--no-jinja", "--store", str(tmp_path / "s"), "--port", "1"]) == 2
     assert "refsight: error: --no-jinja: toy does not render its chats here" in capsys.readouterr().err
+
+
+def test_c_and_np_with_no_model_are_router_modes_and_named_not_applied(capsys, monkeypatch):
+    """llama.cpp's suite starts its router (no model) with ``-c 1024 -np 1``: refsight serves its default model,
+    which takes neither, and says so; with a model named, or a llama.cpp default, they are that model's."""
+    from refsight.cli.serving import _router_mode_settings
+
+    monkeypatch.delenv("REFSIGHT_MODEL", raising=False)
+    args = _parsed("-c 1024 -np 1 --cors-origins localhost")
+    _router_mode_settings(args)
+    assert (args.ctx_size, args.parallel) == (None, None)
+    assert ("refsight serve: llama-server's -c 1024, -np 1 with no model: router mode's settings for the models it "
+            "loads later; refsight serves its default model tiny-qwen2-vl, which takes neither: not applied"
+            ) in capsys.readouterr().err
+    for line, env in (("-m /m.gguf -c 1024 -np 1", None), ("-c 1024 -np 1", "llamacpp:/m.gguf")):
+        if env:
+            monkeypatch.setenv("REFSIGHT_MODEL", env)
+        args = _parsed(line)
+        _router_mode_settings(args)
+        assert (args.ctx_size, args.parallel) == (1024, 1) and not capsys.readouterr().err

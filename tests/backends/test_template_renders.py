@@ -262,3 +262,24 @@ def test_a_render_that_reads_the_clock_runs_each_time_and_any_other_is_remembere
     remembered = len(templates._memo)  # noqa: SLF001 - the memo itself: a second render adds nothing to it
     assert render("{{ messages[0]['content'] }}", context, flavour="llama.cpp") == first == "remember me"
     assert len(templates._memo) == remembered and remembered <= templates.MEMO_ENTRIES  # noqa: SLF001
+
+
+def test_the_llama_cpp_flavour_reads_what_llama_cpps_own_jinja_reads():
+    """llama-server's templates (Command R7B's ``{% break %}``, Llama 3.3's date, firefunction's undefined
+    ``functions``) render as llama.cpp renders them; the transformers flavour keeps Jinja's strict undefined."""
+    from datetime import date
+
+    from refsight.backends.llamacpp.prompt import render_prompt
+
+    loops = "{% for m in messages %}{% if loop.index > 2 %}{% break %}{% endif %}{% if m == 'b' %}{% continue %}" \
+            "{% endif %}{{ m }}{% endfor %}"
+    assert render(loops, {"messages": ["a", "b", "c", "d"]}, flavour="llama.cpp") == "a"
+    assert render("{{ strftime_now('%Y') }}", {}, flavour="llama.cpp") == str(date.today().year)
+    lenient = "{{ 'x' + functions + 'y' }}|{{ functions.name.first }}|{% for f in functions %}{{ f }}{% endfor %}"
+    assert render(lenient, {}, flavour="llama.cpp") == "xy||"
+    with pytest.raises(TemplateRaised, match="functions"):
+        render(lenient, {}, flavour="transformers")
+    with pytest.raises(TemplateRaised, match="UndefinedError"):
+        render("{{ functions * 2 }}", {}, flavour="llama.cpp")  # anything else done with it still fails
+    dated = render_prompt("{{ date_string }}|{{ datetime }}", "qwen2", "hi")
+    assert dated == date.today().strftime("%d %b %Y|%b %d %Y")

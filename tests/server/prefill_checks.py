@@ -79,8 +79,13 @@ def check_progress(client: httpx.Client, ref_id: str) -> None:
     assert 0 <= start["time_ms"] <= done["time_ms"]
     assert all(chunks[i]["choices"][0]["delta"] == {"role": "assistant", "content": None} for i in reports)
     events = _events(client, "/completion", {"prompt": "Name a colour:", "n_predict": 3, "stream": True,
-                                             "return_progress": True})
-    progress = [e["prompt_progress"] for e in events if "prompt_progress" in e]
-    assert [p["processed"] for p in progress] == [0, events[-1]["tokens_evaluated"]] and events[-1]["stop"]
+                                             "return_progress": True, "timings_per_token": True})
+    progress = [e for e in events if "prompt_progress" in e]
+    assert [p["prompt_progress"]["processed"] for p in progress] == [0, events[-1]["tokens_evaluated"]]
+    assert events[-1]["stop"]
+    # with timings_per_token each report has llama-server's timings: the prompt's so far, nothing predicted
+    first, last = (p["timings"] for p in (progress[0], progress[-1]))
+    assert (first["prompt_n"], first["prompt_ms"], first["predicted_n"], first["predicted_ms"]) == (0, 0.0, 0, 0.0)
+    assert last["prompt_n"] == events[-1]["tokens_evaluated"] and last["prompt_ms"] > 0 and last["predicted_n"] == 0
     assert not any("prompt_progress" in c for c in _events(client, "/v1/chat/completions",
                                                             {"messages": messages, "max_tokens": 2, "stream": True}))

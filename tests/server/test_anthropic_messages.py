@@ -75,7 +75,12 @@ def test_what_refsight_cannot_honour_is_refused_by_name_in_anthropics_shape(toy)
 
         _refused(post(tools=[{"name": "f", "input_schema": {"type": "object"}}]), "tools")
         _refused(post(tool_choice={"type": "any"}), "tool_choice")
-        _refused(post(thinking={"type": "enabled", "budget_tokens": 1024}), "thinking")
+        _refused(post(thinking={"type": "enabled", "budget_tokens": 1024}), "thinking.budget_tokens")  # >= max_tokens
+        _refused(post(thinking={"type": "enabled", "budget_tokens": "4"}), "thinking.budget_tokens")
+        _refused(post(thinking={"type": "adaptive"}), "thinking.type")
+        # enabled: the template's enable_thinking, as llama-server sets it (the toy reads no template: named)
+        thinking = post(thinking={"type": "enabled", "budget_tokens": 4})
+        assert thinking.status_code == 200 and thinking.json()["refsight"]["ignored"] == ["thinking"], thinking.text
         _refused(post(messages=[*MESSAGES, {"role": "assistant", "content": "Hi"}]), "messages", "invalid_request_error")
         _refused(post(stop_sequences=["a", "b", "c", "d", "e"]), "stop_sequences")
         # A tool result is a tool message: the toy echo renders no chat template to offer tools in.

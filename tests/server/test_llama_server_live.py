@@ -237,7 +237,7 @@ def test_tuple_schema_apply_template_and_bodies_without_json_content_type(server
 @_slow
 def test_one_slot_and_the_keyless_preflight(servers):
     """Item 7: -np 1 is one slot of the whole -c; a keyless preflight is 200 on both (CORS headers: llama-server
-    allows every origin by default, refsight only --cors-origins: see test_llama_server_live_flags.py)."""
+    allows every origin by default, refsight without keys loopback origins: see test_llama_server_live_flags.py)."""
     theirs, ours = (r.json() for r in both(servers, "GET", "/slots"))
     assert len(theirs) == len(ours) == 1 and theirs[0]["n_ctx"] == ours[0]["n_ctx"] == N_CTX
     theirs, ours = (r.json() for r in both(servers, "GET", "/props"))
@@ -246,7 +246,7 @@ def test_one_slot_and_the_keyless_preflight(servers):
     theirs, ours = both(servers, "OPTIONS", "/v1/chat/completions", headers=preflight)
     assert theirs.status_code == ours.status_code == 200
     assert theirs.headers["access-control-allow-origin"] == "http://example.com"  # llama-server's default: any origin
-    assert "access-control-allow-origin" not in ours.headers  # refsight: CORS is opt-in (docs/http.md)
+    assert "access-control-allow-origin" not in ours.headers  # refsight without keys: loopback origins (docs/http.md)
 
 
 @_slow

@@ -238,7 +238,7 @@ def test_metrics_in_llama_servers_names_beside_refsights(tmp_path):
         figures = _metrics(client)
         scraped = client.get("/metrics")
         assert "refsight_request_seconds_count" in scraped.text
-        assert 0 < int(scraped.headers["Process-Start-Time-Unix"]) <= time.time()  # llama-server's header
+        assert 0 < int(dict(scraped.headers.raw)[b"Process-Start-Time-Unix"]) <= time.time()  # llama-server's header
     for name in ("prompt_tokens_total", "prompt_tokens_cached_total", "prompt_seconds_total", "tokens_predicted_total",
                  "tokens_predicted_seconds_total", "n_tokens_max", "prompt_tokens_seconds", "predicted_tokens_seconds",
                  "requests_processing", "requests_deferred", "spec_decode_num_drafts_total"):

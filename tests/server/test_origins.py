@@ -45,7 +45,9 @@ def test_with_keys_nothing_changes_for_api_clients(make_server):
     with server.client("key-a-12345678") as c:
         headers = {"Host": "api.example.com", "Origin": ATTACKER}
         assert c.get("/v1/references", headers=headers).status_code == 200
-        assert "access-control-allow-origin" not in c.get("/v1/references", headers=headers).headers
+        # llama-server's default CORS where keys guard the server: any origin echoed (a page without a key reads
+        # refusals only)
+        assert c.get("/v1/references", headers=headers).headers["access-control-allow-origin"] == ATTACKER
 
 
 def test_cors_is_opt_in_and_preflights_come_before_the_key_check(make_server):
@@ -58,17 +60,25 @@ def test_cors_is_opt_in_and_preflights_come_before_the_key_check(make_server):
         assert reply.status_code == 200
         assert reply.headers["access-control-allow-origin"] == app
         assert "authorization" in reply.headers["access-control-allow-headers"]
+        # llama-server's shape and spellings (llama.cpp's tests read the names into a plain dict), the page's headers
+        names = dict(reply.headers.raw)
+        assert names[b"Access-Control-Allow-Origin"] == app.encode() and names[b"Vary"] == b"Origin"
+        assert names[b"Access-Control-Allow-Credentials"] == b"true"
+        assert names[b"Access-Control-Allow-Methods"] == b"GET, POST, DELETE, OPTIONS"
+        assert names[b"Access-Control-Allow-Headers"] == b"authorization, content-type"
         foreign = anonymous.options("/v1/chat/completions", headers={**preflight, "Origin": ATTACKER})
         assert "access-control-allow-origin" not in foreign.headers
     with server.client("key-a-12345678") as c:
-        assert c.get("/v1/references", headers={"Origin": app}).headers["access-control-allow-origin"] == app
+        read = c.get("/v1/references", headers={"Origin": app})
+        assert dict(read.headers.raw)[b"Access-Control-Allow-Origin"] == app.encode()
 
 
 def test_localhost_origins_are_reflected_by_default_as_llama_servers_localhost_mode(make_server):
-    """Issue 51 item 3: llama-server's ``--cors-origins localhost`` (refsight's default) reflects a loopback origin on
-    any port, parsed (``localhost.evil.com`` and user info are not local); keys change nothing; ``""``: none."""
+    """Issue 51 item 3: llama-server's ``--cors-origins localhost`` (refsight's default without keys) reflects a
+    loopback origin on any port, parsed (``localhost.evil.com`` and user info are not local); ``""``: none. With keys
+    the default is llama-server's own, ``*``: any origin echoed, credentials allowed (issue 61 item 2)."""
     preflight = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "Authorization"}
-    server = make_server(keys={"key-a-12345678": "a"})
+    server = make_server(keys={"key-a-12345678": "a"}, cors_origins=("localhost",))
     with server.client() as anonymous:
         for origin in ("http://localhost", "http://localhost:8080", "http://127.0.0.1:3000", "http://[::1]:3000",
                        "https://localhost"):
@@ -81,6 +91,17 @@ def test_localhost_origins_are_reflected_by_default_as_llama_servers_localhost_m
     with server.client("key-a-12345678") as c:
         reply = c.get("/v1/models", headers={"Origin": "http://localhost:5173"})
         assert reply.headers["access-control-allow-origin"] == "http://localhost:5173"
+    keyless = make_server()
+    with keyless.client() as anonymous:
+        for origin, reflected in (("http://localhost:8080", True), ("http://web.mydomain.fr", False)):
+            reply = anonymous.options("/completions", headers={**preflight, "Origin": origin})
+            assert ("access-control-allow-origin" in reply.headers) is reflected, origin
+    keyed = make_server(keys={"key-a-12345678": "a"})
+    with keyed.client() as anonymous:
+        for origin in ("web.mydomain.fr", "http://evil.example", "localhost"):
+            reply = anonymous.options("/completions", headers={**preflight, "Origin": origin})
+            assert reply.headers["access-control-allow-origin"] == origin, origin
+            assert reply.headers["access-control-allow-credentials"] == "true"
     off = make_server(cors_origins=())
     with off.client() as c:
         assert "access-control-allow-origin" not in c.get("/v1/models", headers={"Origin": "http://localhost"}).headers

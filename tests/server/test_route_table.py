@@ -56,6 +56,8 @@ ROUTES: dict[str, tuple[tuple[str, str, Any], int, bool, bool]] = {
     "GET /health": (("GET", "/health", None), 200, False, False),
     "GET /props": (("GET", "/props", None), 200, False, False),
     "GET /slots": (("GET", "/slots", None), 200, False, False),
+    "GET /cors-proxy": (("GET", "/cors-proxy?url=http://127.0.0.1/", None), 403, False, False),  # never a proxy
+    "POST /cors-proxy": (("POST", "/cors-proxy?url=http://127.0.0.1/", {}), 403, False, False),
     "POST /tokenize": (("POST", "/tokenize", {"content": "hi", "with_pieces": True}), 200, True, True),
     "POST /detokenize": (("POST", "/detokenize", {"tokens": [1, 2]}), 200, True, True),
     # A render takes no model worker: the renders' own bound (worker processes, a deadline: backends/templates).

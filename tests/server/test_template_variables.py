@@ -88,6 +88,9 @@ def test_the_chat_its_count_and_every_dialect_render_with_them(live):
     assert ollama[1]["prompt_eval_count"] == off["usage"]["prompt_tokens"] > ollama[0]["prompt_eval_count"]
     anthropic = live.post("/v1/messages", json={"max_tokens": 4, "messages": HI, "thinking": {"type": "disabled"}})
     assert anthropic.json()["usage"]["input_tokens"] == off["usage"]["prompt_tokens"], anthropic.text
+    enabled = live.post("/v1/messages", json={"max_tokens": 4, "messages": HI,
+                                              "thinking": {"type": "enabled", "budget_tokens": 2}}).json()
+    assert enabled["usage"]["input_tokens"] == on["usage"]["prompt_tokens"] and "refsight" not in enabled, enabled
 
 
 def test_a_raw_prompt_names_them_and_every_field_refsight_does_not_use(live):
@@ -103,3 +106,24 @@ def test_a_raw_prompt_names_them_and_every_field_refsight_does_not_use(live):
     stream = live.post("/completion", json={**body, "stream": True}).text
     last = json.loads([line for line in stream.splitlines() if line.startswith("data:")][-1][5:])
     assert last["refsight"]["ignored"] == ["cache_prompt", "made_up", "think"]
+
+
+def test_the_servers_own_variables_go_under_the_requests(tmp_path):
+    """llama-server's ``--reasoning off`` / ``--chat-template-kwargs``: every request's template gets them unless the
+    request sets its own; a variable the template never reads is not handed to it, and no request field is named."""
+    require_module("llama_cpp.mtmd_cpp", "pip install 'refsight[llamacpp]'")
+    from refsight.builtin_models.gguf import ensure_gguf
+
+    ensure_gguf("tiny-qwen2-vl-gguf")
+    config = ServerConfig(store=tmp_path, model="tiny-qwen2-vl-gguf", keys={}, n_predict=2,
+                          backend_options=BackendOptions(chat_template=THINKING),
+                          template_variables={"enable_thinking": False, "reasoning_effort": "low", "nobody_reads": 1})
+    server = LiveServer(create_app(config)).start()
+    try:
+        with server.client(timeout=300) as client:
+            defaults = _prompt(client)
+            assert defaults.endswith(OFF + "\n\n[effort low]")
+            assert _prompt(client, chat_template_kwargs={"enable_thinking": True}) == defaults.replace(OFF + "\n\n", "")
+            assert _prompt(client, reasoning_effort="high").endswith(OFF + "\n\n[effort high]")
+    finally:
+        server.stop()

@@ -120,6 +120,9 @@ def _use_template(backend: Backend, template: str | None, *, jinja: bool) -> Non
                 template = builtin_format(source)
             except ValueError as e:
                 raise InvalidInputError("jinja", str(e)) from None
+            # A built-in format renders no tools: llama-server without Jinja refuses them ("tools param requires
+            # --jinja flag"), and so does this backend now.
+            backend.supports_tools = False
         backend.use_chat_template(template)
     except BaseException:
         backend.close()

@@ -70,7 +70,8 @@ LLAMA_SERVER_FLAGS: tuple[LlamaFlag, ...] = (
            ("--tags", "STRING"), ("--host", "HOST"), ("--port", "PORT"), ("--cors-origins", "ORIGINS"),
            ("--api-key", "KEY"), ("--api-key-file", "FNAME"), ("--slots --no-slots", ""), ("--media-path", "PATH"),
            ("--jinja --no-jinja", ""), ("--chat-template", "JINJA_TEMPLATE"),
-           ("--chat-template-file", "JINJA_TEMPLATE_FILE"), ("--sleep-idle-seconds", "SECONDS"),
+           ("--chat-template-file", "JINJA_TEMPLATE_FILE"), ("-rea --reasoning", "[on|off|auto]"),
+           ("--chat-template-kwargs", "STRING"), ("--sleep-idle-seconds", "SECONDS"),
            ("--ui --webui --no-ui --no-webui", ""), ("-hft --hf-token", "TOKEN"), ("--offline", "")),
     *_rows(ACCEPTED, "where and how fast llama.cpp computes (threads, CPUs, devices, memory placement), not what: "
            "refsight's llama.cpp runs where --device and -t say",
@@ -143,11 +144,11 @@ LLAMA_SERVER_FLAGS: tuple[LlamaFlag, ...] = (
            ("--keep", "N", "0")),
     *_rows(RECORDED, "reasoning and template options: recorded for the chat templates' work; here answers are all "
            "content and templates render with their own defaults",
-           ("--reasoning-format", "FORMAT", "none"), ("-rea --reasoning", "[on|off|auto]", "auto"),
+           ("--reasoning-format", "FORMAT", "none"),
            ("--reasoning-effort", "LEVEL", "default"), ("--reasoning-budget", "N", "-1"),
            ("--reasoning-budget-message", "MESSAGE"),
            ("--reasoning-preserve --no-reasoning-preserve", "", "--reasoning-preserve"),
-           ("--chat-template-kwargs", "STRING"), ("--prefill-assistant --no-prefill-assistant", "", "--prefill-assistant")),
+           ("--prefill-assistant --no-prefill-assistant", "", "--prefill-assistant")),
     *_rows(RECORDED, "CORS and llama-server's own endpoints (POST /props, its web UI's CORS proxy, built-in tools, "
            "MCP servers): recorded for the server; the chat endpoints answer the same",
            ("--cors-methods", "METHODS"), ("--cors-headers", "HEADERS"),

@@ -7,7 +7,9 @@ alone (``--n-predict``, ``--temp``, ``--seed``, the sampler defaults ``--top-k``
 ``--repeat-penalty``, ``--presence-penalty``, ``--frequency-penalty`` and ``--ignore-eos``, ``--no-ui``,
 ``--chat-template NAME|JINJA`` and ``--chat-template-file FILE``: the template renders every chat instead of the
 model's own, and prefix states are keyed by it; ``--no-jinja``: chats render in llama.cpp's built-in format
-detected from the template, as llama-server renders them without Jinja; ``--api-key-file``, ``--offline``,
+detected from the template, as llama-server renders them without Jinja; ``--reasoning on|off|auto`` and
+``--chat-template-kwargs JSON``: the template's variables every request gets unless it sets them itself
+(:func:`template_defaults`); ``--api-key-file``, ``--offline``,
 ``--hf-token``, ``--image-min-tokens``/``--image-max-tokens``, ``-ctk``/``-ctv f16``, the KV cache's only type here)
 and registers every other flag of the table (:func:`add_table_flags`), whose verdicts :func:`table_verdicts` gives
 after parsing: the accepted and recorded ones are named in the startup log (:func:`log_table_flags`).
@@ -22,12 +24,14 @@ A slot's context above the one the model was trained for is capped at it with ll
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .. import InvalidInputError, Sampling, __version__
+from ..requests import check_template_variables
 from ..settings import BUILTIN_TEMPLATES, builtin_template
 from .arguments import UsageError, path_argument, text_argument
 from .command import say
@@ -79,6 +83,11 @@ def add_llama_server_arguments(p: argparse.ArgumentParser) -> None:
                         f"({', '.join(sorted(BUILTIN_TEMPLATES))}) or the Jinja template itself")
     p.add_argument("--chat-template-file", dest="chat_template_file", type=path_argument, metavar="FILE",
                    help="render chats in the Jinja template in FILE instead of the model's")
+    p.add_argument("-rea", "--reasoning", dest="reasoning", type=text_argument, metavar="MODE",
+                   help="on, off or auto: the template's enable_thinking for every request that sets none (on, auto: true; off: false; "
+                        "as llama-server's, where the template reads it)")
+    p.add_argument("--chat-template-kwargs", dest="chat_template_kwargs", type=text_argument, metavar="JSON",
+                   help="the template's variables for every request (a JSON object), under the request's own")
     _add_model_flags(p)
     _add_serving_flags(p)
 
@@ -280,7 +289,35 @@ def llama_server_settings(args: argparse.Namespace) -> dict[str, Any]:
     if args.n_predict is not None:
         settings["n_predict"] = args.n_predict
     settings["sampling_defaults"] = _sampling_defaults(args)
+    settings["template_variables"] = template_defaults(args)
     return settings
+
+
+#: llama-server's spellings of ``--reasoning``'s values (``common/arg.cpp``: is_truthy, is_falsey, is_autoy).
+_REASONING = {**dict.fromkeys(("on", "enabled", "1", "true"), True), **dict.fromkeys(("off", "disabled", "0", "false"), False),
+              "auto": True}
+
+
+def template_defaults(args: argparse.Namespace) -> dict[str, Any]:
+    """The template's variables every request gets unless it sets them: ``--chat-template-kwargs`` (a JSON object),
+    then ``--reasoning``'s ``enable_thinking`` (``auto`` as ``on``: llama-server's auto thinks wherever the template
+    can); UsageError naming the flag for a value that is neither."""
+    variables: dict[str, Any] = {}
+    if args.chat_template_kwargs is not None:
+        try:
+            variables = json.loads(args.chat_template_kwargs)
+        except ValueError as e:
+            raise UsageError(f"--chat-template-kwargs: not JSON: {e}") from None
+        if not isinstance(variables, dict):
+            raise UsageError("--chat-template-kwargs: give a JSON object of the template's variables")
+    if args.reasoning is not None:
+        if args.reasoning.lower() not in _REASONING:
+            raise UsageError(f"--reasoning {args.reasoning}: give on, off or auto")
+        variables["enable_thinking"] = _REASONING[args.reasoning.lower()]
+    try:
+        return check_template_variables(variables)
+    except InvalidInputError as e:
+        raise UsageError(f"--chat-template-kwargs: {e.reason}") from None
 
 
 def _sampling_defaults(args: argparse.Namespace) -> dict[str, Any]:

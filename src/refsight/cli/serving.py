@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
+from typing import Any
 
 from .arguments import EMBEDDER_HELP, Command, UsageError, path_argument, text_argument
+from ..support.environment import default_model
 from ..support.extras import install_command
-from .command import backend_options, settings_of
+from .command import backend_options, say, settings_of
 from ..settings import BackendOptions
 from .llama_flags import (
     add_llama_server_arguments, add_table_flags, api_keys, apply_environment, chat_template, llama_server_settings,
@@ -44,9 +47,10 @@ def _listen_arguments(p: argparse.ArgumentParser) -> None:
         "address(es) to bind, comma-separated as llama-server's (127.0.0.1,::1); non-loopback needs API keys"))
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
-        "--cors-origins", default="localhost", metavar="ORIGINS",
-        help="origins allowed cross-origin, comma-separated (* for any; localhost, the default: every loopback "
-             "origin, as llama-server's localhost mode; an empty value: none)",
+        "--cors-origins", default=None, metavar="ORIGINS",
+        help="origins allowed cross-origin, comma-separated (* for any; localhost: every loopback origin, as "
+             "llama-server's localhost mode; an empty value: none; default: * with API keys, as llama-server's, "
+             "localhost without)",
     )
     p.add_argument(
         "--allowed-hosts", default="", metavar="NAMES",
@@ -144,6 +148,37 @@ def _model(args: argparse.Namespace) -> str | None:
     return model
 
 
+def _router_mode_settings(args: argparse.Namespace) -> None:
+    """llama-server started with no model is a router, and its ``-c``/``-np`` are the settings of the models it loads
+    later (llama.cpp's own suite starts it so). refsight loads no model later: it serves its default model, and where
+    that one takes no context or slots (not llama.cpp's) the two are left out, named in the startup log."""
+    given = {"-c": args.ctx_size, "-np": args.parallel}
+    given = {flag: value for flag, value in given.items() if value is not None}
+    default = default_model()
+    if _model(args) is not None or not given or default.startswith(_LLAMA_CPP_NAMES) or args.max_model_len is not None:
+        return  # (with vLLM's --max-model-len too: not a llama-server command line, and -c with it is refused)
+    typed = ", ".join(f"{flag} {value}" for flag, value in given.items())
+    say(f"refsight serve: llama-server's {typed} with no model: router mode's settings for the models it loads later; "
+        f"refsight serves its default model {default}, which takes neither: not applied")
+    args.ctx_size = args.parallel = None
+
+
+def vertex_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Vertex AI's environment, read as llama-server reads it: with ``AIP_MODE=PREDICTION`` the predict route
+    (``AIP_PREDICT_ROUTE``, default ``/predict``), the health route (``AIP_HEALTH_ROUTE``), and ``AIP_HTTP_PORT`` in
+    place of ``--port`` (named in the startup log)."""
+    if os.environ.get("AIP_MODE", "") != "PREDICTION":
+        return {}
+    port = os.environ.get("AIP_HTTP_PORT", "8080")
+    if not port.isdigit():
+        raise UsageError(f"AIP_HTTP_PORT={port}: give a port number")
+    if int(port) != args.port:
+        say(f"refsight serve: Vertex AI (AIP_MODE=PREDICTION): serving on AIP_HTTP_PORT {port}, not --port {args.port}")
+        args.port = int(port)
+    return {"vertex_predict_route": os.environ.get("AIP_PREDICT_ROUTE") or "/predict",
+            "vertex_health_route": os.environ.get("AIP_HEALTH_ROUTE") or None}
+
+
 def _backend_options(args: argparse.Namespace) -> BackendOptions:
     """The backend options the flags set: the model options, then llama-server's context, slots, template, images."""
     options = backend_options(args)
@@ -182,7 +217,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     # A refused llama-server flag: exit 2 before anything loads; the accepted and recorded ones are logged.
     verdicts = table_verdicts(args)
-    llama_settings = llama_server_settings(args)
+    _router_mode_settings(args)
+    llama_settings = {**llama_server_settings(args), **vertex_settings(args)}
     options = _backend_options(args)
     keys = api_keys(args)
     # A template is tried at load (compiled, rendered once under the renders' bounds): one that cannot serve, or one
@@ -210,7 +246,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         redis=args.redis, max_package_bytes=args.max_package_bytes, local_cache_bytes=args.local_cache_bytes,
         use_cache=not args.no_cache,
         remember_images=args.remember_images, slots_endpoint=args.slots_endpoint, verbose=args.verbose,
-        cors_origins=_names(args.cors_origins), allowed_hosts=_names(args.allowed_hosts), **llama_settings,
+        cors_origins=None if args.cors_origins is None else _names(args.cors_origins), allowed_hosts=_names(args.allowed_hosts), **llama_settings,
     ))
     return 0
 

@@ -38,6 +38,7 @@ from .edge.metrics import Metrics, TimingMiddleware
 from .edge.responses import TextSafeJSONResponse
 from .routes.page import router as page_router
 from .routes import ROUTERS
+from .routes.vertex import vertex_routes
 from .service import Service
 from .edge.sleep import SleepMiddleware, SleepWatch
 from .edge.tenants import Tenants, unserved_references_warning
@@ -113,6 +114,8 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
     # --no-webui (llama-server's flag): the API only, no page at /.
     for router in (*ROUTERS, *((page_router,) if config.webui else ())):
         app.include_router(router)
+    if config.vertex_predict_route:  # Vertex AI's protocol: its instances dispatched to the routes above
+        vertex_routes(app, config.vertex_predict_route, config.vertex_health_route, config.workers)
     return app
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..settings import BackendOptions, Settings
 from ..errors import InvalidInputError
+from ..requests import check_template_variables
 from ..support.environment import default_api_key
 from .edge.binding import split_hosts
 from .intake.generation_body import DEFAULT_MAX_TOKENS
@@ -82,6 +83,13 @@ class ServerConfig:
     n_predict: int = DEFAULT_MAX_TOKENS
     #: Sampling fields a request that leaves them unset gets (``--temp``, ``--seed``: ``temperature``, ``seed``).
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
+    #: The chat template's variables every request gets unless it sets them itself (llama-server's ``--reasoning``:
+    #: ``enable_thinking``; ``--chat-template-kwargs``), handed where the template reads them.
+    template_variables: dict[str, Any] = field(default_factory=dict)
+    #: Vertex AI's prediction route (llama-server's ``AIP_MODE=PREDICTION``: ``AIP_PREDICT_ROUTE``, default
+    #: ``/predict``; :mod:`~refsight.server.routes.vertex`), and ``AIP_HEALTH_ROUTE``; None: not served.
+    vertex_predict_route: str | None = None
+    vertex_health_route: str | None = None
     #: Domain names whose ``http(s)`` image URLs are fetched (``--allowed-media-domains``; empty: none, the default).
     allowed_media_domains: tuple[str, ...] = ()
     #: The directory ``file://`` image URLs may read from (``--media-path``; None: none, the default).
@@ -122,9 +130,10 @@ class ServerConfig:
     media_uuid_entries: int = 4096
     #: Without keys, the ``Host`` names accepted beside loopback and ``host`` (``--allowed-hosts``).
     allowed_hosts: tuple[str, ...] = ()
-    #: Origins allowed cross-origin (``--cors-origins``; ``*`` any; ``localhost``, the default: every loopback
-    #: origin, as llama-server's ``localhost`` mode): CORS headers and preflights (:mod:`~refsight.server.edge.origins`).
-    cors_origins: tuple[str, ...] = ("localhost",)
+    #: Origins allowed cross-origin (``--cors-origins``; ``*`` any; ``localhost`` every loopback origin, as
+    #: llama-server's ``localhost`` mode); None, the default: ``*`` with API keys (llama-server's default), ``localhost``
+    #: without: CORS headers and preflights (:mod:`~refsight.server.edge.origins`).
+    cors_origins: tuple[str, ...] | None = None
     #: Seconds a request's head (request line and headers) may take to arrive (see :mod:`~refsight.server.connections`).
     header_timeout_s: float = 10.0
     #: Seconds a whole request, body included, may take to arrive (a 32 MiB upload at 1 MB/s takes 32 s).
@@ -168,6 +177,7 @@ class ServerConfig:
         if self.pooling not in POOLINGS:
             raise InvalidInputError("pooling", f"{self.pooling!r} is not served (a vector per token): refsight's "
                                     "embeddings are pooled (last: the served model's last token; else the embedder's)")
+        check_template_variables(self.template_variables)
         if self.request_timeout_s < self.header_timeout_s:
             raise InvalidInputError("request_timeout_s", "bounds the whole request, head included: not below header_timeout_s")
         if not isinstance(self.max_incomplete_requests, int) or self.max_incomplete_requests < 1:

@@ -83,7 +83,10 @@ def test_without_jinja_chats_render_in_the_builtin_format_detected_from_the_temp
     from refsight.backends.chat_templates import BUILTIN_TEMPLATES
 
     model, mmproj = gguf_files(QWEN)  # its template is ChatML's Jinja: llama.cpp detects chatml
-    assert gguf(f"llamacpp:{model}", mmproj=str(mmproj), jinja=False).chat_template_source() == BUILTIN_TEMPLATES["chatml"]
+    plain = gguf(f"llamacpp:{model}", mmproj=str(mmproj), jinja=False)
+    assert plain.chat_template_source() == BUILTIN_TEMPLATES["chatml"]
+    # no tools without Jinja, as llama-server ("tools param requires --jinja flag"); with it, the template's
+    assert not plain.supports_tools and gguf(f"llamacpp:{model}", mmproj=str(mmproj)).supports_tools
     named = gguf(f"llamacpp:{model}", mmproj=str(mmproj), jinja=False, chat_template="gemma")  # --chat-template gemma
     assert named.template_text(["hi"]) == "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
     with pytest.raises(InvalidInputError, match="jinja: the chat template is none of llama.cpp's built-in"):

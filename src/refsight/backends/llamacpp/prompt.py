@@ -5,17 +5,20 @@ default media marker; mtmd expands each marker into the model's own image tokens
 (``<|vision_start|>`` ... for Qwen, tiles with ``<row_i_col_j>`` for SmolVLM).
 A GGUF without a template falls back to its family's known one. The template renders in the bounded
 renderer (:mod:`refsight.backends.templates`, the ``llama.cpp`` flavour: the settings Hugging Face and
-llama-cpp-python render chat templates with, and ``raise_exception``), never in this process.
+llama-cpp-python render chat templates with, and what llama.cpp's own Jinja engine adds), never in this process.
+As llama-server's, every render is given today's date (:func:`date_variables`: ``datetime`` and ``date_string``,
+which Llama 3's and firefunction's templates print).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from ..templates import render
 
-__all__ = ["render_prompt", "chat_template", "FALLBACK_TEMPLATES"]
+__all__ = ["render_prompt", "chat_template", "date_variables", "FALLBACK_TEMPLATES"]
 
 _CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
@@ -40,6 +43,14 @@ def chat_template(template: str | None, arch: str) -> str:
     return template or FALLBACK_TEMPLATES.get(arch, _CHATML)
 
 
+def date_variables() -> dict[str, str]:
+    """Today's date as llama.cpp hands it to every template (``common_chat_extra_context``): ``datetime``
+    (``Dec 07 2026``) and ``date_string`` (``07 Dec 2026``). A value, not a global: a render is remembered by its
+    whole context, so tomorrow's renders are new ones."""
+    now = datetime.now()
+    return {"datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y")}
+
+
 def render_prompt(
     template: str | None, arch: str, content: str | list[tuple[str, str]], *, bos: str = "", eos: str = "",
     generation_prompt: bool = True, tools: Any = None, variables: Mapping[str, Any] | None = None,
@@ -56,6 +67,7 @@ def render_prompt(
     if tools is not None:
         messages = [{**message, **tools.message_fields(i)} for i, message in enumerate(messages)]
     return render(template, {
+        **date_variables(),
         **(variables or {}),
         "messages": messages,
         "add_generation_prompt": generation_prompt,

@@ -16,8 +16,11 @@ What no rule here can size (a loop of 1e10 steps, a string doubled with ``~``) i
 in: :mod:`.workers` kills it at the render's deadline, and its address space is capped (``RLIMIT_AS``), so a huge
 allocation is a ``MemoryError`` here, never memory of the server's.
 
-Two **flavours**, each the environment one of refsight's paths rendered in before (byte-identical output):
-``llama.cpp`` (the GGUF path's own: ``trim_blocks``, ``lstrip_blocks``, ``raise_exception``) and ``transformers``
+Two **flavours**, each the environment one of refsight's paths rendered in before (byte-identical output for every
+template that rendered there): ``llama.cpp`` (the GGUF path's own: ``trim_blocks``, ``lstrip_blocks``,
+``raise_exception``; and what llama.cpp's own Jinja engine has beyond it, which llama-server's templates are written
+for: ``{% break %}``/``{% continue %}`` (Jinja's ``loopcontrols``), ``strftime_now``, and an undefined name read as
+nothing: an attribute of it is undefined too, and ``+`` with a string is the string) and ``transformers``
 (``apply_chat_template``'s: also ``loopcontrols``, the ``{% generation %}`` tag, its ``tojson``, ``strftime_now``,
 ``dict`` and ``namespace``).
 
@@ -75,6 +78,24 @@ def _strftime_now(format: str) -> str:
     return datetime.now().strftime(format)
 
 
+class _LlamaUndefined(jinja2.ChainableUndefined):
+    """llama.cpp's undefined value (``common/jinja/runtime.cpp``): printed and iterated as nothing, an attribute or
+    item of it undefined too, and joined to a string by ``+`` as the empty string (firefunction's
+    ``suffix + "\\n" + functions`` where no ``functions`` is given). Anything else done with it still fails."""
+
+    __slots__ = ()
+
+    def __add__(self, other: Any) -> Any:
+        if isinstance(other, str):
+            return other
+        return super().__add__(other)
+
+    def __radd__(self, other: Any) -> Any:
+        if isinstance(other, str):
+            return other
+        return super().__radd__(other)
+
+
 class _TemplateDict:
     """transformers' ``dict`` global: builds dicts, and nothing of the dict class is reachable through it."""
 
@@ -123,14 +144,16 @@ class _GenerationTag(jinja2.ext.Extension):
         return caller()
 
 
-#: Flavour → (extensions, globals, filters): the environment each of refsight's rendering paths used.
-FLAVOURS: dict[str, tuple[tuple[Any, ...], dict[str, Any], dict[str, Any]]] = {
-    "llama.cpp": ((), {"raise_exception": _raise_value_error}, {}),
+#: Flavour → (extensions, globals, filters, undefined): the environment each of refsight's rendering paths used.
+FLAVOURS: dict[str, tuple[tuple[Any, ...], dict[str, Any], dict[str, Any], type[jinja2.Undefined]]] = {
+    "llama.cpp": ((jinja2.ext.loopcontrols,), {"raise_exception": _raise_value_error, "strftime_now": _strftime_now},
+                  {}, _LlamaUndefined),
     "transformers": (
         (_GenerationTag, jinja2.ext.loopcontrols),
         {"raise_exception": _raise_template_error, "strftime_now": _strftime_now, "dict": _TemplateDict(),
          "namespace": _TemplateNamespace},
         {"tojson": _tojson},
+        jinja2.Undefined,
     ),
 }
 
@@ -267,8 +290,8 @@ def _unfolded(env: BoundedEnvironment, function: Callable[..., Any]) -> Callable
 @functools.lru_cache(maxsize=4)
 def environment(flavour: str) -> BoundedEnvironment:
     """The bounded environment of ``flavour`` (one per flavour in a worker)."""
-    extensions, globals_, filters = FLAVOURS[flavour]
-    env = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=list(extensions))
+    extensions, globals_, filters, undefined = FLAVOURS[flavour]
+    env = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=list(extensions), undefined=undefined)
     env.globals.update(globals_)
     env.filters.update(filters)
     env.filters.update({name: _unfolded(env, function) for name, function in env.filters.items()})

@@ -21,10 +21,17 @@ page's own login), so nothing changes for API clients.
 ``localhost`` for every loopback origin): a listed origin gets ``Access-Control-Allow-Origin`` (its
 own value, reflected) on every reply, and a preflight ``OPTIONS`` is answered 200 before the key
 check, as llama-server answers it; an origin not listed gets no CORS header, so its page cannot read a
-reply. The default is ``localhost``, llama-server's own ``localhost`` mode: a page served from
-``http(s)://localhost``, ``127.0.0.1`` or ``[::1]`` on any port may read replies (it could reach the
-server anyway); any other origin needs listing (llama-server's ``*`` default is not followed: every
-web page could read a keyless server's replies).
+reply. The default depends on the keys. With API keys it is llama-server's own, ``*``: any origin is echoed
+(llama-server answers it so, credentials allowed), since a page without a key reads nothing but refusals.
+Without keys it is ``localhost``, llama-server's ``localhost`` mode: a page served from ``http(s)://localhost``,
+``127.0.0.1`` or ``[::1]`` on any port may read replies (it could reach the server anyway); any other origin needs
+listing (llama-server's ``*`` is not followed there: every web page could read a keyless server's replies).
+
+A preflight is answered in llama-server's shape (``Access-Control-Allow-Credentials: true``, its methods ``GET, POST,
+DELETE, OPTIONS``), but with the headers the page asked for, not llama-server's ``*``: no browser lets ``*`` cover
+``Authorization``, so a page sending a key could not call. The CORS headers are written with llama-server's
+capitals (``Access-Control-Allow-Origin``), not lower-cased as Starlette writes names: HTTP names are
+case-insensitive, but clients that read them into a plain dict (llama.cpp's own tests) look for those spellings.
 """
 
 from __future__ import annotations
@@ -32,8 +39,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from typing import Any
-
-from starlette.responses import Response
 
 from .http_errors import error_response
 from .tenants import Tenants, is_loopback
@@ -71,11 +76,14 @@ class OriginGuardMiddleware:
     """ASGI middleware: the ``Host``/``Origin`` rules of a keyless server and opt-in CORS (see the module)."""
 
     def __init__(
-        self, app: Any, tenants: Tenants, host: str, allowed_hosts: Iterable[str] = (), cors_origins: Iterable[str] = ()
+        self, app: Any, tenants: Tenants, host: str, allowed_hosts: Iterable[str] = (),
+        cors_origins: Iterable[str] | None = (),
     ) -> None:
         self.app = app
         self.tenants = tenants
         self.names = frozenset(authority_host(name) or name.strip().lower() for name in (host, *allowed_hosts))
+        if cors_origins is None:  # the default: llama-server's where keys guard the server (see the module)
+            cors_origins = ("*",) if tenants.enabled else (LOCALHOST,)
         self.cors = frozenset(origin.strip().rstrip("/").lower() for origin in cors_origins if origin.strip())
 
     def _own(self, name: str | None) -> bool:
@@ -103,7 +111,7 @@ class OriginGuardMiddleware:
         if scope["method"] == "OPTIONS" and any(h in headers for h in _PREFLIGHT_HEADERS):
             # A preflight carries no credentials: answered before the key check, as llama-server does.
             extra = _preflight_headers(headers) if allowed else {}
-            await _empty(200, {**self._cors_headers(origin), **extra} if allowed else {})(scope, receive, send)
+            await _empty(200, {**self._cors_headers(origin), **extra} if allowed else {}, send)
             return
         await self.app(scope, receive, _with_headers(send, self._cors_headers(origin)) if allowed else send)
 
@@ -124,25 +132,34 @@ class OriginGuardMiddleware:
         )
 
     def _cors_headers(self, origin: str) -> dict[str, str]:
-        return {"Access-Control-Allow-Origin": "*" if "*" in self.cors else origin, "Vary": "Origin"}
+        # ``*`` echoes the origin, as llama-server does with credentials allowed (a literal ``*`` would refuse them)
+        return {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
 
 
 def _preflight_headers(headers: dict[bytes, bytes]) -> dict[str, str]:
     requested = headers.get(b"access-control-request-headers", b"").decode("latin-1")
     return {
-        "Access-Control-Allow-Methods": "GET, POST, PUT, PATCH, DELETE, OPTIONS",
+        "Access-Control-Allow-Credentials": "true",
+        "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
         "Access-Control-Allow-Headers": requested or "Authorization, Content-Type, X-API-Key",
         "Access-Control-Max-Age": "600",
     }
 
 
-def _empty(status: int, headers: dict[str, str]) -> Response:
-    return Response(b"", status_code=status, headers=headers)
+def _raw(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    """``headers`` as ASGI's raw pairs, the names as written (llama-server's capitals: see the module)."""
+    return [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
+
+
+async def _empty(status: int, headers: dict[str, str], send: Callable) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*_raw(headers), (b"content-length", b"0")]})
+    await send({"type": "http.response.body", "body": b""})
 
 
 def _with_headers(send: Callable, headers: dict[str, str]) -> Callable:
     """``send`` with ``headers`` added to the response's start."""
-    extra = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    extra = _raw(headers)
 
     async def send_with_headers(message: dict) -> None:
         if message["type"] == "http.response.start":

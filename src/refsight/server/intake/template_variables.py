@@ -11,6 +11,9 @@ one it never reads changes nothing, so the field that set it is named in the rep
 llama-server answers a model that cannot think (200, the variable unread). Ollama answers ``think`` on such a model
 with a 400 (``"MODEL" does not support thinking``): its routes ask for that (``refuse_unthinking``). A variable
 refsight's render sets itself (:data:`~refsight.requests.RESERVED_TEMPLATE_VARIABLES`) is refused by name.
+
+The server's own (:attr:`~refsight.server.ServerConfig.template_variables`: llama-server's ``--reasoning`` and
+``--chat-template-kwargs``) go under the request's: a variable the request sets is the request's.
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ def template_variables(
                            param=field)
         variables[variable] = value
         by.setdefault(variable, field)
-    read = {name: value for name, value in variables.items() if service.template_reads(name)}
+    defaults = service.config.template_variables
+    read = {name: value for name, value in {**defaults, **variables}.items() if service.template_reads(name)}
     used = {field for field, variable, _ in setting if variable in read}
     if refuse_unthinking is not None and think not in (None, False) and "think" not in used:
         # Ollama's own words (its %q of the model's name).

@@ -128,6 +128,9 @@ def check_tools(service: Any, use: ToolUse | None, turns: list[ToolTurn | None] 
     a vLLM server renders its own)."""
     if (use is not None or turns) and not service.generation_support().tools:
         field = "tools" if use is not None else "messages"
+        if service.config.backend_options.jinja is False:  # llama-server's words: "tools param requires --jinja flag"
+            raise ApiError(400, "unsupported", f"{field}: tools need the Jinja chat template; this server renders "
+                           "chats without it (--no-jinja), as llama-server refuses them there", param=field)
         raise ApiError(400, "unsupported", f"{field}: the served backend ({service.model}) cannot offer tools to its "
                        "model: tool calling needs its chat template rendered by refsight (the transformers and "
                        "llama.cpp runtimes)", param=field)

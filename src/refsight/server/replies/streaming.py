@@ -27,6 +27,7 @@ from starlette.responses import Response
 from ...tools import ToolCall
 from ..edge.disconnect import watched, with_client_stop
 from ..edge.limits import WorkPool
+from .timings import rate
 
 __all__ = [
     "Finished", "stream_in_pool", "open_stream", "stream_error", "EventStreamResponse", "sse_event", "SSE_DONE",
@@ -77,10 +78,21 @@ class PromptProgress:
     cache: int
     processed: int
     time_ms: int
+    #: ``time_ms`` to the microsecond (the timings' ``prompt_ms``)
+    elapsed_ms: float = 0.0
 
     def to_dict(self) -> dict[str, int]:
         """The ``prompt_progress`` object, as llama-server writes it."""
         return {"total": self.total, "cache": self.cache, "processed": self.processed, "time_ms": self.time_ms}
+
+    def timings(self) -> dict[str, Any]:
+        """llama-server's ``timings`` of a progress event (``timings_per_token``): the prompt's so far, no answer yet
+        (the first report: all zeros)."""
+        prompt_n, prompt_ms = max(self.processed - self.cache, 0), round(self.elapsed_ms, 3)
+        per_token, per_second = rate(prompt_n, prompt_ms)
+        return {"cache_n": self.cache, "prompt_n": prompt_n, "prompt_ms": prompt_ms, "prompt_per_token_ms": per_token,
+                "prompt_per_second": per_second,
+                "predicted_n": 0, "predicted_ms": 0.0, "predicted_per_token_ms": 0.0, "predicted_per_second": 0.0}
 
 
 def progress_hook(send: Callable[[Any], None] | None, wanted: bool | None) -> Callable[[int, int, int], None] | None:
@@ -94,7 +106,8 @@ def progress_hook(send: Callable[[Any], None] | None, wanted: bool | None) -> Ca
         now = time.perf_counter()
         if not began:  # time_ms counts from the first report: as the prompt's evaluation starts
             began.append(now)
-        send(PromptProgress(int(total), int(cached), int(processed), int((now - began[0]) * 1000)))
+        elapsed = (now - began[0]) * 1000
+        send(PromptProgress(int(total), int(cached), int(processed), int(elapsed), elapsed))
 
     return on_prompt
 

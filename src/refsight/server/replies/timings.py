@@ -21,14 +21,15 @@ from typing import Any, Callable
 
 from ...results import GenerateResult
 
-__all__ = ["TokenClock"]
+__all__ = ["TokenClock", "rate"]
 
 
-def _rate(count: int, ms: float) -> tuple[float, float]:
-    """(ms per token, tokens per second) of ``count`` tokens in ``ms``; zeros when either is zero."""
+def rate(count: int, ms: float) -> tuple[float, float]:
+    """(ms per token, tokens per second) of ``count`` tokens in ``ms`` (the ``ms`` the reply shows: a client that
+    recomputes the rate from it gets the same number, unrounded as llama-server's); zeros when either is zero."""
     if count <= 0 or ms <= 0:
         return 0.0, 0.0
-    return round(ms / count, 3), round(count * 1000.0 / ms, 3)
+    return ms / count, 1e3 / ms * count
 
 
 class TokenClock:
@@ -77,22 +78,22 @@ class TokenClock:
 
         The prompt's token count is known only when the answer ends, so it is in the final timings only.
         """
-        prompt_ms, predicted_ms = self._split()
-        per_token, per_second = _rate(self.pieces - 1, predicted_ms)
-        return {"prompt_ms": round(prompt_ms, 3), "predicted_n": self.pieces, "predicted_ms": round(predicted_ms, 3),
+        prompt_ms, predicted_ms = (round(ms, 3) for ms in self._split())
+        per_token, per_second = rate(self.pieces - 1, predicted_ms)
+        return {"prompt_ms": prompt_ms, "predicted_n": self.pieces, "predicted_ms": predicted_ms,
                 "predicted_per_token_ms": per_token, "predicted_per_second": per_second}
 
     def final(self, result: GenerateResult) -> dict[str, Any]:
         """llama-server's ``timings`` of a finished answer (call when the work has returned)."""
-        prompt_ms, predicted_ms = self._split(result)
+        prompt_ms, predicted_ms = (round(ms, 3) for ms in self._split(result))
         cache_n = int(result.prefix_tokens_reused or 0)
         prompt_n = max(int(result.prompt_tokens) - cache_n, 0)
         predicted_n = len(result.tokens)
-        prompt_per_token, prompt_per_second = _rate(prompt_n, prompt_ms)
-        per_token, per_second = _rate(predicted_n - 1, predicted_ms)
+        prompt_per_token, prompt_per_second = rate(prompt_n, prompt_ms)
+        per_token, per_second = rate(predicted_n - 1, predicted_ms)
         return {
-            "cache_n": cache_n, "prompt_n": prompt_n, "prompt_ms": round(prompt_ms, 3),
+            "cache_n": cache_n, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
             "prompt_per_token_ms": prompt_per_token, "prompt_per_second": prompt_per_second,
-            "predicted_n": predicted_n, "predicted_ms": round(predicted_ms, 3),
+            "predicted_n": predicted_n, "predicted_ms": predicted_ms,
             "predicted_per_token_ms": per_token, "predicted_per_second": per_second,
         }

@@ -9,7 +9,11 @@ with the opening of the answer's turn, then that message's text; a backend that 
 ``messages``). ``max_tokens`` is required (Anthropic's rule); ``stop_sequences``,
 ``temperature``, ``top_p`` and ``top_k`` are honoured as on the chat route (greedy unless a
 temperature is given), and so is ``output_format`` (a ``json_schema`` the answer follows); ``thinking``
-``{"type": "disabled"}`` sets the chat template's ``enable_thinking`` false where the template reads it.
+``{"type": "disabled"}`` sets the chat template's ``enable_thinking`` false where the template reads it, and
+``{"type": "enabled", "budget_tokens": N}`` true, as llama-server sets it: the thinking is then the answer's text (refsight
+parses no reasoning out of answers, as llama-server with ``--reasoning-format none``), and ``budget_tokens`` (a
+positive integer below ``max_tokens``, Anthropic's rule) bounds nothing ``max_tokens`` does not (Anthropic's budget is
+a target, not a limit).
 ``metadata``, ``service_tier``, ``container``, ``context_management`` and blocks' ``cache_control`` are hints, and
 a field or block member refsight does not know is accepted: both are named in the reply's ``refsight.ignored``
 (the message's ``refsight`` object, or ``message_start``'s, present when there is one; every type is strict:
@@ -18,7 +22,8 @@ a field or block member refsight does not know is accepted: both are named in th
 ``tool`` with its ``name``, ``none``; ``disable_parallel_tool_use``), the answer's calls as ``tool_use`` blocks with
 ``stop_reason: "tool_use"``, and a conversation's ``tool_use`` blocks (an assistant's calls) and ``tool_result``
 blocks (each a tool message, before the rest of its user message) rendered on the next turn
-(:mod:`..intake.tool_fields`). Remote ``mcp_servers`` and extended ``thinking`` are refused by name, in Anthropic's
+(:mod:`..intake.tool_fields`). Remote ``mcp_servers``, another ``thinking`` type and ``thinking`` blocks in the
+conversation are refused by name, in Anthropic's
 error shape (``{"type": "error", "error": {"type": "invalid_request_error", "message"}}``,
 :func:`~..edge.http_errors.anthropic_error_body`).
 
@@ -111,21 +116,32 @@ class CountBody(DialectBody):
     context_management: dict[str, Any] | None = None
 
     def check_fields(self) -> None:
-        """400 naming the first field refsight cannot honour (remote MCP servers, extended thinking)."""
+        """400 naming the first field refsight cannot honour (remote MCP servers, a thinking type but enabled and
+        disabled, a budget that is not a positive integer below ``max_tokens``)."""
         if self.mcp_servers:
             raise ApiError(400, "unsupported", "mcp_servers: remote MCP servers are not supported; send tools",
                            param="mcp_servers")
-        if self.thinking is not None and self.thinking.get("type") != "disabled":
-            raise ApiError(400, "unsupported", "thinking: extended thinking is not supported", param="thinking")
+        kind = None if self.thinking is None else self.thinking.get("type")
+        if self.thinking is not None and kind not in ("enabled", "disabled"):
+            raise ApiError(400, "unsupported", f"thinking.type: {kind!r} is not supported (enabled or disabled)",
+                           param="thinking.type")
+        if kind == "enabled":
+            budget = self.thinking.get("budget_tokens")
+            if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+                raise ApiError(400, "invalid_input", "thinking.budget_tokens: give a positive integer of tokens",
+                               param="thinking.budget_tokens")
+            if budget >= getattr(self, "max_tokens", budget + 1):
+                raise ApiError(400, "invalid_input", "thinking.budget_tokens: must be below max_tokens",
+                               param="thinking.budget_tokens")
 
     def tool_use(self) -> Any:
         """The tools offered and ``tool_choice`` (:func:`~..intake.tool_fields.anthropic_tool_use`)."""
         return anthropic_tool_use(self.tools, self.tool_choice)
 
     def variables(self, service: Any, route: str) -> tuple[dict[str, Any], list[str]]:
-        """The chat template's variables (``thinking`` disabled: ``enable_thinking`` false, where it is read) and the
-        fields named in ``refsight.ignored`` (logged)."""
-        think = False if self.thinking is not None else None
+        """The chat template's variables (``thinking``: ``enable_thinking``, where it is read) and the fields named in
+        ``refsight.ignored`` (logged)."""
+        think = None if self.thinking is None else self.thinking.get("type") == "enabled"
         variables, unread = template_variables(service, think=think)
         return variables, log_ignored(route, [*self.ignored_fields(), *("thinking" for _ in unread)])
 

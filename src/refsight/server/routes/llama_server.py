@@ -89,6 +89,16 @@ async def props(namespace: Namespace, service: ServiceDep, config: ConfigDep, po
     }
 
 
+@router.get("/cors-proxy", include_in_schema=False)
+@router.post("/cors-proxy", include_in_schema=False)
+@needs_no_model
+async def cors_proxy(namespace: Namespace) -> None:
+    """llama-server's web UI's CORS proxy: never served here (refsight's page needs none, and a proxy to any URL the
+    server reaches is a door into its network): 403, llama-server's answer while its ``--ui-mcp-proxy`` is off."""
+    raise ApiError(403, "cors_proxy_disabled", "the web UI's CORS proxy is not served by refsight "
+                   "(llama-server's --ui-mcp-proxy)")
+
+
 @router.get("/slots")
 @needs_no_model
 async def slots(
@@ -296,7 +306,8 @@ async def _events(first: Any, source: AsyncIterator[Any], final: Any, per_token:
 
     def progress(item: PromptProgress) -> bytes:  # llama-server's: an event with no text, the prompt's progress
         return sse_event({"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": 0, "tokens_predicted": 0,
-                          "tokens_evaluated": item.total, "prompt_progress": item.to_dict()})
+                          "tokens_evaluated": item.total, "prompt_progress": item.to_dict(),
+                          **({"timings": item.timings()} if per_token is not None else {})})
 
     async for event in answer_events(first, source, piece, lambda result: [sse_event(final(result, True))],
                                      progress=progress):

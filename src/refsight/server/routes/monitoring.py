@@ -32,7 +32,10 @@ async def prometheus(metrics: MetricsDep) -> Response:
     import anyio.to_thread
 
     body = await anyio.to_thread.run_sync(metrics.render)
-    return Response(body, media_type=CONTENT_TYPE_LATEST, headers={"Process-Start-Time-Unix": str(metrics.started)})
+    response = Response(body, media_type=CONTENT_TYPE_LATEST)
+    # Spelled as llama-server spells it (Starlette would lower-case it): clients read it into a plain dict.
+    response.raw_headers.append((b"Process-Start-Time-Unix", str(metrics.started).encode()))
+    return response
 
 
 @router.get("/v1/stats")
