@@ -304,10 +304,10 @@ def test_an_invalid_reference_id_has_one_code_in_bodies_and_paths(seeded):
 
 
 def test_http_errors_use_http_words(server):
-    with server.client() as c:  # an empty store: top_k recalls nothing
+    with server.client() as c:  # an empty store: top_k recalls nothing, and the error says why and how to fill it
         error = assert_error(c.post("/v1/compare", json={"candidate": b64(photo_png()), "criteria": "fur", "top_k": 2},
                                     timeout=300), 400, "invalid_input")
-    assert "--" not in error["message"] and "top_k" in error["message"], error
+    assert "--" not in error["message"] and "POST /v1/references" in error["message"], error
 
 
 def test_http_wording_translates_flags():
