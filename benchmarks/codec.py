@@ -314,6 +314,8 @@ def overall(report: dict[str, dict]) -> str:
     names = set.intersection(*(set(entry["candidates"]) for entry in report.values()))
     writable = [n for n in names if all(e["candidates"][n]["compress_ms_per_mb"] <= 1000 / WRITE_FLOOR_MB_S
                                        for e in report.values())]
+    # A machine too loaded for any candidate to write at the floor cannot rank them by it: read time alone decides.
+    writable = writable or sorted(names)
     return min(writable, key=lambda n: sum(1 / e["candidates"][n]["read_mb_s"] for e in report.values()))
 
 
