@@ -37,6 +37,8 @@ def test_instances_are_dispatched_to_the_routes_their_format_names(make_server):
         assert client.get("/ping").json() == client.get("/health").json()
         too_many = client.post("/predict", json={"instances": [{"@requestFormat": "messages"}] * (MAX_INSTANCES + 1)})
         assert too_many.status_code == 400 and "instances" in too_many.text
+        broken = client.post("/predict", content=b'{"instances": [', headers={"content-type": "application/json"})
+        assert broken.status_code == 400 and broken.json()["error"]["message"], broken.text  # named, never a 500
     with server.client() as anonymous:  # the caller's key is each instance's key
         assert anonymous.post("/predict", json=body).status_code == 401
 

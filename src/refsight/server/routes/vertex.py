@@ -66,7 +66,11 @@ def vertex_routes(app: FastAPI, predict_route: str, health_route: str | None, wo
 
     async def predict(request: Request) -> dict[str, Any]:
         """Vertex AI's prediction request: each instance answered by the route its ``@requestFormat`` names."""
-        instances = _instances(await request.json())
+        try:
+            body = json.loads(await request.body())
+        except ValueError as e:  # malformed JSON or text: the caller's mistake, named (never a 500)
+            raise ApiError(400, "invalid_input", f"body: not JSON ({e})", param="body") from None
+        instances = _instances(body)
         headers = [(name.encode(), request.headers[name].encode("latin-1"))
                    for name in _FORWARDED if name in request.headers]
 
