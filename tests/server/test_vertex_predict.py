@@ -39,6 +39,9 @@ def test_instances_are_dispatched_to_the_routes_their_format_names(make_server):
         assert too_many.status_code == 400 and "instances" in too_many.text
         broken = client.post("/predict", content=b'{"instances": [', headers={"content-type": "application/json"})
         assert broken.status_code == 400 and broken.json()["error"]["message"], broken.text  # named, never a 500
+        # Read as JSON whatever its label, as llama-server reads it, so the edge's bounds hold for it too.
+        deep = client.post("/predict", content=b"[" * 200_000, headers={"content-type": "text/plain"})
+        assert deep.status_code == 400 and "nested" in deep.json()["error"]["message"], deep.text
     with server.client() as anonymous:  # the caller's key is each instance's key
         assert anonymous.post("/predict", json=body).status_code == 401
 

@@ -30,7 +30,7 @@ from .edge.limits import BodyLimitMiddleware, WorkPool
 from .intake.media_uuids import MediaUuids
 from .replies.progress import CompareProgress
 from .edge.methods import HeadAsGetMiddleware
-from .edge.json_content import JsonContentMiddleware
+from .edge.json_content import JSON_ROUTES, JsonContentMiddleware
 from .edge.origins import OriginGuardMiddleware
 from .edge.single_headers import SingleHeadersMiddleware
 from .edge.llama_metrics import LlamaCollector
@@ -144,8 +144,10 @@ def _add_middlewares(
     app.add_middleware(ErrorShapeMiddleware)
     # HEAD is GET without a body, for every middleware and route alike.
     app.add_middleware(HeadAsGetMiddleware)
-    # llama-server's and Ollama's routes read JSON whatever the Content-Type says; so do these.
-    app.add_middleware(JsonContentMiddleware)
+    # llama-server's and Ollama's routes read JSON whatever the Content-Type says; so do these, and Vertex AI's
+    # predict route (so its body is checked at the edge as every JSON body is).
+    predict = {config.vertex_predict_route} if config.vertex_predict_route else set()
+    app.add_middleware(JsonContentMiddleware, routes=JSON_ROUTES | predict)
     # Outermost: the headers every middleware above decides by (Host, Origin, the body's type and framing), each
     # given once, so no two of them can read different copies.
     app.add_middleware(SingleHeadersMiddleware)

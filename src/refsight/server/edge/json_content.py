@@ -51,13 +51,15 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
 class JsonContentMiddleware:
-    """ASGI middleware: a request to :data:`JSON_ROUTES` without a JSON media type is labelled ``application/json``."""
+    """ASGI middleware: a request to one of ``routes`` (:data:`JSON_ROUTES`, and a route the config adds, as Vertex
+    AI's predict route) without a JSON media type is labelled ``application/json``."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, routes: frozenset[str] = JSON_ROUTES) -> None:
         self.app = app
+        self.routes = routes
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["method"] in _BODY_METHODS and scope["path"] in JSON_ROUTES:
+        if scope["type"] == "http" and scope["method"] in _BODY_METHODS and scope["path"] in self.routes:
             # ASGI header names are lower-case bytes; a charset parameter keeps an application/json label as it is.
             labels = [v.split(b";")[0].strip().lower() for k, v in scope["headers"] if k == b"content-type"]
             if labels != [b"application/json"]:
